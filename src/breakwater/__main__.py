@@ -1,0 +1,5 @@
+import sys
+
+from breakwater.cli import main
+
+sys.exit(main())

@@ -1,0 +1,50 @@
+"""The `breakwater` command line.
+
+Each sub-command lives in the module of its concept; this file only routes.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+
+
+def _testserver(argv: list[str]) -> int:
+    from breakwater.testserver import main
+
+    return main(argv)
+
+
+def _lab(argv: list[str]) -> int:
+    from breakwater.lab.cli import main
+
+    return main(argv)
+
+
+_COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
+    "testserver": ("run the misbehaving MCP test server", _testserver),
+    "lab": ("the fleet lab: a deterministic simulator of an MCP server fleet", _lab),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: breakwater COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<12} {doc}" for name, (doc, _) in _COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if args else 2
+    command = _COMMANDS.get(args[0])
+    if command is None:
+        print(f"breakwater: unknown command {args[0]!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    return command[1](args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
