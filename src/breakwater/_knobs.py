@@ -1,0 +1,209 @@
+"""Knobs: every tunable value, defined once.
+
+A policy is a frozen, keyword-only dataclass whose fields are declared with `knob()`. The field
+carries its default, its environment variable and a one-line description, so the README's table
+(`breakwater config knobs --markdown`), the environment overrides and validation all read one
+source. Precedence, lowest first: the code default, `[defaults]` in breakwater.toml, the
+environment variable, then a server's (or tool's) own table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from breakwater.errors import ConfigError
+
+__all__ = ["Knob", "build_policy", "env_layer", "iter_knobs", "knob", "render_markdown"]
+
+T = TypeVar("T")
+P = TypeVar("P")
+
+_META_KEY = "breakwater.knob"
+ENV_PREFIX = "BREAKWATER_"
+
+
+@dataclass(frozen=True, kw_only=True)
+class KnobInfo:
+    doc: str
+    env: str | None
+    minimum: float | None
+    choices: tuple[str, ...] | None
+
+
+def knob(
+    default: T,
+    doc: str,
+    *,
+    env: str | None = None,
+    minimum: float | None = None,
+    choices: tuple[str, ...] | None = None,
+) -> T:
+    """Declare a policy field: its default, a one-line description and (optionally) its env variable."""
+    info = KnobInfo(doc=doc, env=env, minimum=minimum, choices=choices)
+    field: T = dataclasses.field(default=default, metadata={_META_KEY: info})
+    return field
+
+
+@dataclass(frozen=True, kw_only=True)
+class Knob:
+    """One knob as rendered for people: where it lives and what it does."""
+
+    section: str
+    name: str
+    type_name: str
+    default: Any
+    env: str | None
+    doc: str
+
+
+def _info(f: dataclasses.Field[Any]) -> KnobInfo:
+    info = f.metadata.get(_META_KEY)
+    if not isinstance(info, KnobInfo):
+        raise TypeError(f"field {f.name} is not declared with knob()")
+    return info
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is typing.Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "none"
+    return {float: "seconds/number", int: "integer", bool: "boolean", str: "string"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
+
+
+def iter_knobs(section: str, policy_cls: type[Any]) -> Iterator[Knob]:
+    """The knobs of one policy class, in declaration order."""
+    hints = typing.get_type_hints(policy_cls)
+    for f in dataclasses.fields(policy_cls):
+        info = _info(f)
+        yield Knob(
+            section=section,
+            name=f.name,
+            type_name=_type_name(hints[f.name]),
+            default=f.default,
+            env=info.env,
+            doc=info.doc,
+        )
+
+
+def _coerce(value: Any, tp: Any, *, where: str, path: str | None, name: str, info: KnobInfo) -> Any:
+    """Check (and gently convert) one value against its declared type; raise a ConfigError that says how to fix it."""
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        tp = next(a for a in args if a is not type(None))
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+        raise ConfigError(
+            f"expected true or false, got {value!r}", path=path, key=where, fix=f"set {name} = true|false"
+        )
+    if tp in (int, float):
+        if isinstance(value, bool):
+            raise ConfigError(f"expected a number, got {value!r}", path=path, key=where, fix=f"set {name} to a number")
+        try:
+            number = tp(value) if isinstance(value, str) else value
+        except ValueError:
+            raise ConfigError(
+                f"expected a number, got {value!r}", path=path, key=where, fix=f"set {name} to a number"
+            ) from None
+        if not isinstance(number, (int, float)) or (
+            tp is int and isinstance(number, float) and not number.is_integer()
+        ):
+            kind = "a whole number" if tp is int else "a number"
+            raise ConfigError(f"expected {kind}, got {value!r}", path=path, key=where, fix=f"set {name} to {kind}")
+        number = tp(number)
+        if info.minimum is not None and number < info.minimum:
+            raise ConfigError(
+                f"must be at least {info.minimum}, got {value!r}",
+                path=path,
+                key=where,
+                fix=f"set {name} to {info.minimum} or more",
+            )
+        return number
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"expected a string, got {value!r}", path=path, key=where, fix=f'set {name} = "..."')
+        if info.choices is not None and value not in info.choices:
+            raise ConfigError(
+                f"expected one of {', '.join(info.choices)}, got {value!r}",
+                path=path,
+                key=where,
+                fix=f"set {name} to one of: {', '.join(info.choices)}",
+            )
+        return value
+    return value
+
+
+def build_policy(
+    policy_cls: type[P],
+    layers: list[tuple[Mapping[str, Any], str | None, str]],
+) -> P:
+    """Build a policy from layered mappings (lowest precedence first).
+
+    Each layer is `(values, file_path, key_prefix)`. Unknown keys are refused with a suggestion.
+    """
+    hints = typing.get_type_hints(policy_cls)
+    fields = {f.name: f for f in dataclasses.fields(policy_cls)}  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+    for mapping, path, prefix in layers:
+        for key, raw in mapping.items():
+            where = f"{prefix}.{key}" if prefix else key
+            f = fields.get(key)
+            if f is None:
+                close = difflib.get_close_matches(key, list(fields), n=1)
+                fix = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(fields)}"
+                raise ConfigError("unknown key", path=path, key=where, fix=fix)
+            values[key] = _coerce(raw, hints[key], where=where, path=path, name=key, info=_info(f))
+    return policy_cls(**values)
+
+
+def env_layer(
+    policy_cls: type[Any], environ: Mapping[str, str] | None = None
+) -> tuple[Mapping[str, Any], str | None, str]:
+    """The values that environment variables set for one policy class, as a layer for `build_policy`."""
+    environ = os.environ if environ is None else environ
+    found: dict[str, Any] = {}
+    for f in dataclasses.fields(policy_cls):
+        info = _info(f)
+        if info.env and info.env in environ:
+            found[f.name] = environ[info.env]
+    return found, "environment", ""
+
+
+def _fmt_default(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return str(value)
+
+
+def render_markdown(knobs: list[Knob]) -> str:
+    """The knob table as Markdown, for the README."""
+    lines = [
+        "| key | default | environment | description |",
+        "|---|---|---|---|",
+    ]
+    for k in knobs:
+        env = f"`{k.env}`" if k.env else "—"
+        lines.append(f"| `{k.section}.{k.name}` | `{_fmt_default(k.default)}` | {env} | {k.doc} |")
+    return "\n".join(lines) + "\n"
