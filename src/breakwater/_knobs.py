@@ -78,9 +78,7 @@ def _type_name(tp: Any) -> str:
         return " | ".join(repr(a) for a in typing.get_args(tp))
     if tp is type(None):
         return "none"
-    return {float: "seconds/number", int: "integer", bool: "boolean", str: "string"}.get(
-        tp, getattr(tp, "__name__", str(tp))
-    )
+    return {float: "seconds/number", int: "integer", bool: "boolean", str: "string"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 
 def iter_knobs(section: str, policy_cls: type[Any]) -> Iterator[Knob]:
@@ -111,21 +109,15 @@ def _coerce(value: Any, tp: Any, *, where: str, path: str | None, name: str, inf
             return value
         if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
             return value.lower() in ("1", "true", "yes", "on")
-        raise ConfigError(
-            f"expected true or false, got {value!r}", path=path, key=where, fix=f"set {name} = true|false"
-        )
+        raise ConfigError(f"expected true or false, got {value!r}", path=path, key=where, fix=f"set {name} = true|false")
     if tp in (int, float):
         if isinstance(value, bool):
             raise ConfigError(f"expected a number, got {value!r}", path=path, key=where, fix=f"set {name} to a number")
         try:
             number = tp(value) if isinstance(value, str) else value
         except ValueError:
-            raise ConfigError(
-                f"expected a number, got {value!r}", path=path, key=where, fix=f"set {name} to a number"
-            ) from None
-        if not isinstance(number, (int, float)) or (
-            tp is int and isinstance(number, float) and not number.is_integer()
-        ):
+            raise ConfigError(f"expected a number, got {value!r}", path=path, key=where, fix=f"set {name} to a number") from None
+        if not isinstance(number, (int, float)) or (tp is int and isinstance(number, float) and not number.is_integer()):
             kind = "a whole number" if tp is int else "a number"
             raise ConfigError(f"expected {kind}, got {value!r}", path=path, key=where, fix=f"set {name} to {kind}")
         number = tp(number)
@@ -174,9 +166,7 @@ def build_policy(
     return policy_cls(**values)
 
 
-def env_layer(
-    policy_cls: type[Any], environ: Mapping[str, str] | None = None
-) -> tuple[Mapping[str, Any], str | None, str]:
+def env_layer(policy_cls: type[Any], environ: Mapping[str, str] | None = None) -> tuple[Mapping[str, Any], str | None, str]:
     """The values that environment variables set for one policy class, as a layer for `build_policy`."""
     environ = os.environ if environ is None else environ
     found: dict[str, Any] = {}

@@ -9,6 +9,18 @@ import sys
 from collections.abc import Callable, Sequence
 
 
+def _status(argv: list[str]) -> int:
+    from breakwater._commands import status_main
+
+    return status_main(argv)
+
+
+def _config(argv: list[str]) -> int:
+    from breakwater._commands import config_main
+
+    return config_main(argv)
+
+
 def _testserver(argv: list[str]) -> int:
     from breakwater.testserver import main
 
@@ -22,6 +34,8 @@ def _lab(argv: list[str]) -> int:
 
 
 _COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
+    "status": ("connect to every server and report each one's state", _status),
+    "config": ("check the config, list every knob", _config),
     "testserver": ("run the misbehaving MCP test server", _testserver),
     "lab": ("the fleet lab: a deterministic simulator of an MCP server fleet", _lab),
 }

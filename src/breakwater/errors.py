@@ -1,14 +1,55 @@
 """The one exception hierarchy.
 
 BreakwaterError
-├── ConfigError            a config file is broken: names the file, the key and the fix (exit code 2)
-└── CallError              a tool call failed; each leaf maps one-to-one to an error code the model sees
-    └── …                  (see `CallError.code`)
+├── ConfigError                 a config file is broken: names the file, the key and the fix (exit code 2)
+└── CallError                   a tool call failed; each leaf maps one-to-one to an error code the model sees
+    ├── CallTimeoutError        TIMEOUT              the call did not answer within its deadline
+    ├── OutcomeUnknownError     OUTCOME_UNKNOWN      a non-retryable call was cut; it may have run
+    ├── CircuitOpenError        CIRCUIT_OPEN         this tool's breaker is open
+    ├── ServerCircuitOpenError  SERVER_CIRCUIT_OPEN  the whole server's breaker is open
+    ├── OverloadedError         OVERLOADED           the server's in-flight cap is full
+    ├── BudgetExhaustedError    BUDGET_EXHAUSTED     the turn's time budget cannot cover an attempt
+    ├── ServerConnectingError   SERVER_CONNECTING    the server is still starting
+    ├── ServerUnavailableError  SERVER_UNAVAILABLE   the server is down or failed to start
+    ├── UnknownToolError        UNKNOWN_TOOL         no such tool on that server
+    ├── UpstreamError           UPSTREAM_ERROR       transport or protocol failure
+    ├── ToolError               TOOL_ERROR           the tool's own isError result (content passed through)
+    ├── CallCancelledError      CANCELLED            the caller cancelled the call
+    └── InvalidArgumentsError   INVALID_ARGUMENTS    the arguments do not fit the tool
+
+Every `CallError` carries the envelope fields the model reads (see `breakwater._envelope`), so one
+object is both the typed exception a library user catches and the `isError` result the model sees.
 """
 
 from __future__ import annotations
 
-__all__ = ["BreakwaterError", "ConfigError"]
+import enum
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from mcp.types import ContentBlock
+
+__all__ = [
+    "CODE_TO_ERROR",
+    "BreakwaterError",
+    "BudgetExhaustedError",
+    "CallCancelledError",
+    "CallError",
+    "CallTimeoutError",
+    "CircuitOpenError",
+    "ConfigError",
+    "ErrorCode",
+    "InvalidArgumentsError",
+    "OutcomeUnknownError",
+    "OverloadedError",
+    "ServerCircuitOpenError",
+    "ServerConnectingError",
+    "ServerUnavailableError",
+    "ToolError",
+    "UnknownToolError",
+    "UpstreamError",
+]
 
 
 class BreakwaterError(Exception):
@@ -28,3 +69,253 @@ class ConfigError(BreakwaterError):
         if fix:
             text += f"\n  fix: {fix}"
         super().__init__(text)
+
+
+class ErrorCode(enum.StrEnum):
+    """The codes a model sees in `structuredContent.code`; each names one distinct situation."""
+
+    TIMEOUT = "TIMEOUT"
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+    CIRCUIT_OPEN = "CIRCUIT_OPEN"
+    SERVER_CIRCUIT_OPEN = "SERVER_CIRCUIT_OPEN"
+    OVERLOADED = "OVERLOADED"
+    BUDGET_EXHAUSTED = "BUDGET_EXHAUSTED"
+    SERVER_CONNECTING = "SERVER_CONNECTING"
+    SERVER_UNAVAILABLE = "SERVER_UNAVAILABLE"
+    UNKNOWN_TOOL = "UNKNOWN_TOOL"
+    UPSTREAM_ERROR = "UPSTREAM_ERROR"
+    TOOL_ERROR = "TOOL_ERROR"
+    CANCELLED = "CANCELLED"
+    INVALID_ARGUMENTS = "INVALID_ARGUMENTS"
+
+
+# Keys every envelope has; extra detail may not shadow them.
+ENVELOPE_KEYS: tuple[str, ...] = (
+    "ok",
+    "code",
+    "retryable",
+    "retry_after_s",
+    "attempt",
+    "max_attempts",
+    "server",
+    "tool",
+    "operation_id",
+    "message",
+)
+
+
+class CallError(BreakwaterError):
+    """A tool call that failed, with everything the model needs to decide what to do next.
+
+    Subclasses set the class attributes; instances carry the facts of one failure. `attempt` is the
+    number of upstream attempts made (0 when breakwater refused before sending anything) and
+    `max_attempts` the number the retry policy allowed. `detail` holds extra keys for
+    `structuredContent` (e.g. `next_retry_at`, `reason`, `connect_attempt`).
+    """
+
+    code: ClassVar[ErrorCode]
+    #: Whether a later call may succeed, unless the instance says otherwise.
+    default_retryable: ClassVar[bool]
+    #: The situation in a few words (README table, default message).
+    summary: ClassVar[str]
+    #: What the model should do next; `{wait}` becomes "about N s" or "a moment".
+    advice: ClassVar[str]
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        server: str | None = None,
+        tool: str | None = None,
+        retryable: bool | None = None,
+        retry_after_s: float | None = None,
+        attempt: int = 0,
+        max_attempts: int = 1,
+        operation_id: str | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.message = message if message is not None else self.summary
+        self.server = server
+        self.tool = tool
+        self.retryable = self.default_retryable if retryable is None else retryable
+        self.retry_after_s = retry_after_s
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self.operation_id = operation_id
+        clash = set(detail or ()) & set(ENVELOPE_KEYS)
+        if clash:
+            raise ValueError(f"detail keys shadow envelope keys: {sorted(clash)}")
+        self.detail: dict[str, Any] = dict(detail or {})
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        where = "/".join(p for p in (self.server, self.tool) if p)
+        return f"{self.code.value}: {where}: {self.message}" if where else f"{self.code.value}: {self.message}"
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.message!r}, server={self.server!r}, tool={self.tool!r}, "
+            f"retryable={self.retryable!r}, retry_after_s={self.retry_after_s!r}, attempt={self.attempt!r})"
+        )
+
+    def advice_text(self) -> str:
+        """The "what to do next" sentence, with the wait filled in."""
+        if self.retry_after_s is not None and self.retry_after_s > 0:
+            wait = f"about {_fmt_seconds(self.retry_after_s)}"
+        else:
+            wait = "a moment"
+        return self.advice.format(wait=wait)
+
+
+def _fmt_seconds(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f} s".replace(".0 s", " s")
+    return f"{round(seconds)} s"
+
+
+class CallTimeoutError(CallError):
+    """The tool did not answer within its deadline; breakwater cancelled the call upstream.
+
+    Raised for tools that are safe or idempotent to repeat (a `never` tool reports
+    OUTCOME_UNKNOWN instead).
+    """
+
+    code = ErrorCode.TIMEOUT
+    default_retryable = True
+    summary = "The tool did not answer in time and the call was cancelled."
+    advice = "It may work if you wait {wait} and retry once; if it keeps timing out, use another tool."
+
+
+class OutcomeUnknownError(CallError):
+    """A call that must not be repeated timed out or was cut after it was sent; it may have run."""
+
+    code = ErrorCode.OUTCOME_UNKNOWN
+    default_retryable = False
+    summary = "The result could not be confirmed; the action may or may not have happened."
+    advice = "Do not retry it blindly: check whether it took effect (for example with a read-only tool) or ask the user."
+
+
+class CircuitOpenError(CallError):
+    """This tool failed repeatedly; breakwater is refusing calls to it for a while (nothing was sent)."""
+
+    code = ErrorCode.CIRCUIT_OPEN
+    default_retryable = True
+    summary = "This tool has been failing, so breakwater paused calls to it; nothing was sent."
+    advice = "Use another tool if one can do the job, or wait {wait} before trying this one again."
+
+
+class ServerCircuitOpenError(CallError):
+    """The whole server failed repeatedly; calls to every tool on it are refused for a while."""
+
+    code = ErrorCode.SERVER_CIRCUIT_OPEN
+    default_retryable = True
+    summary = "The server behind this tool has been failing, so breakwater paused calls to it; nothing was sent."
+    advice = "Use a tool from another server if possible, or wait {wait} before trying again."
+
+
+class OverloadedError(CallError):
+    """The server already has as many calls in flight as it is allowed; this one was refused at once."""
+
+    code = ErrorCode.OVERLOADED
+    default_retryable = True
+    summary = "The server is busy with other calls; this one was not sent."
+    advice = "Wait {wait} and retry, or do something else first."
+
+
+class BudgetExhaustedError(CallError):
+    """The turn's time budget cannot cover another attempt; nothing more was sent."""
+
+    code = ErrorCode.BUDGET_EXHAUSTED
+    default_retryable = False
+    summary = "The time budget for this turn is spent; the call was not attempted."
+    advice = "Do not retry in this turn: answer with what you have, or ask the user whether to continue."
+
+
+class ServerConnectingError(CallError):
+    """The server is still starting or reconnecting; the call was not sent."""
+
+    code = ErrorCode.SERVER_CONNECTING
+    default_retryable = True
+    summary = "The server is still starting up; the call was not sent."
+    advice = "Wait {wait} and retry, or use another tool meanwhile."
+
+
+class ServerUnavailableError(CallError):
+    """The server is down or failed to start; breakwater retries the connection in the background."""
+
+    code = ErrorCode.SERVER_UNAVAILABLE
+    default_retryable = True
+    summary = "The server is not available right now; the call was not sent."
+    advice = "Use a tool from another server, or tell the user this capability is down; retry after {wait} at the earliest."
+
+
+class UnknownToolError(CallError):
+    """The server has no tool by that name."""
+
+    code = ErrorCode.UNKNOWN_TOOL
+    default_retryable = False
+    summary = "There is no tool by that name on this server."
+    advice = "Do not retry: check the tool list and use a tool that exists."
+
+
+class UpstreamError(CallError):
+    """The transport or the protocol failed (connection lost, malformed reply, server-side crash)."""
+
+    code = ErrorCode.UPSTREAM_ERROR
+    default_retryable = True
+    summary = "The connection to the tool's server failed or it sent an invalid reply."
+    advice = "Wait {wait} and retry once; if it fails again, use another tool or tell the user."
+
+
+class ToolError(CallError):
+    """The tool ran and reported an error itself (`isError: true`); its own content is passed through."""
+
+    code = ErrorCode.TOOL_ERROR
+    default_retryable = False
+    summary = "The tool reported an error."
+    advice = "Read the tool's message above; fix the input or take another approach rather than repeating the same call."
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        content: Sequence[ContentBlock] = (),
+        upstream_structured_content: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        #: The upstream result's content blocks, unchanged.
+        self.content: list[ContentBlock] = list(content)
+        #: The upstream result's `structuredContent`, if it had one.
+        self.upstream_structured_content = upstream_structured_content
+
+
+class CallCancelledError(CallError):
+    """The caller cancelled the call; breakwater passed the cancellation upstream."""
+
+    code = ErrorCode.CANCELLED
+    default_retryable = False
+    summary = "The call was cancelled before it finished."
+    advice = "Do not retry unless the user still wants it done."
+
+
+class InvalidArgumentsError(CallError):
+    """The arguments do not fit the tool's input schema."""
+
+    code = ErrorCode.INVALID_ARGUMENTS
+    default_retryable = False
+    summary = "The arguments do not fit the tool's input schema."
+    advice = "Fix the arguments to match the tool's schema before calling it again."
+
+
+def _leaves() -> dict[ErrorCode, type[CallError]]:
+    found: dict[ErrorCode, type[CallError]] = {}
+    for cls in CallError.__subclasses__():
+        if cls.code in found:  # pragma: no cover - guarded by a test
+            raise TypeError(f"two classes for {cls.code}: {found[cls.code].__name__}, {cls.__name__}")
+        found[cls.code] = cls
+    return found
+
+
+#: Every error code and its one exception class.
+CODE_TO_ERROR: Mapping[ErrorCode, type[CallError]] = _leaves()

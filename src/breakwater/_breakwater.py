@@ -1,0 +1,118 @@
+"""`Breakwater`: the library entry point an agent holds for the life of its session."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import anyio
+import mcp.types as types
+from anyio.abc import TaskGroup
+
+from breakwater._admission import Admission, default_admission_dir
+from breakwater._clock import Clock, SystemClock
+from breakwater._upstream import Upstream
+from breakwater.config import Config, find_config, load_config
+from breakwater.status import ServerState, StatusReport
+
+__all__ = ["Breakwater"]
+
+
+class Breakwater:
+    """Connections to every configured MCP server, supervised, with a truthful status.
+
+    Use as an async context manager: entering starts every connect in the background (it never
+    blocks on a slow server); leaving closes them all. Enter and exit in the same task.
+
+    ```python
+    async with Breakwater.from_config("mcp.json") as bw:
+        await bw.wait_ready(timeout=30)
+        print(bw.status().to_json())
+    ```
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        admission_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.config = config
+        self._clock: Clock = clock or SystemClock()
+        self._rng = rng or random.Random()
+        directory = admission_dir or config.connect.admission_dir or default_admission_dir()
+        self._admission = Admission(clock=self._clock, rng=self._rng, directory=Path(directory))
+        self._changed = anyio.Event()
+        self._upstreams = {
+            spec.name: Upstream(spec, clock=self._clock, rng=self._rng, admission=self._admission, on_change=self._note_change)
+            for spec in config.servers
+        }
+        self._tg: TaskGroup | None = None
+
+    @classmethod
+    def from_config(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Breakwater:
+        """Build from a breakwater.toml or an mcpServers JSON file (default: found in the current directory)."""
+        return cls(load_config(path if path is not None else find_config()), **kwargs)
+
+    async def __aenter__(self) -> Breakwater:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        for upstream in self._upstreams.values():
+            self._tg.start_soon(upstream.run, name=f"breakwater upstream {upstream.spec.name}")
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        try:
+            return await self._tg.__aexit__(exc_type, exc, tb)
+        finally:
+            self._tg = None
+
+    def _note_change(self, _upstream: Upstream) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    # ---- status ----------------------------------------------------------------------------
+
+    def status(self) -> StatusReport:
+        """Every server's state right now."""
+        return StatusReport(servers=tuple(u.snapshot() for u in self._upstreams.values()))
+
+    async def wait_changed(self) -> None:
+        """Return at the next state change of any server."""
+        await self._changed.wait()
+
+    async def wait_ready(self, timeout: float | None = None) -> StatusReport:
+        """Wait until every server is ready or not worth waiting for (failed or disabled), or `timeout` passes.
+
+        Returns the status at that moment; never raises for servers that did not connect.
+        """
+        deadline = self._clock.monotonic() + (timeout if timeout is not None else float("inf"))
+        with self._clock.deadline_scope(deadline):
+            while not all(u.settled for u in self._upstreams.values()):
+                await self.wait_changed()
+        return self.status()
+
+    # ---- calls -------------------------------------------------------------------------------
+
+    def upstream(self, server: str) -> Upstream:
+        """The supervised connection to `server` (KeyError if it is not configured)."""
+        return self._upstreams[server]
+
+    async def call_tool(
+        self, server: str, tool: str, arguments: dict[str, Any] | None = None, *, timeout: float = 30.0
+    ) -> types.CallToolResult:
+        """Call a tool on a ready server (the call gate with breakers and retries builds on this)."""
+        upstream = self._upstreams[server]
+        client = upstream.client
+        if upstream.state is not ServerState.READY or client is None:
+            raise RuntimeError(f"server {server!r} is {upstream.state.value}")
+        return await client.call_tool(tool, arguments or {}, read_timeout_seconds=timeout)

@@ -1,0 +1,138 @@
+"""A stdio transport that keeps what the SDK's own throws away: the exit code and the last stderr lines.
+
+The SDK's `stdio_client` hides its process, so a server that dies during the handshake can only be
+reported as "connection closed". This transport spawns the process itself (same environment rules
+and the same graceful shutdown, reusing the SDK's helpers), keeps a tail of stderr in memory and
+exposes the process, so the supervisor can say "exited with code 3: ModuleNotFoundError: …".
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+from anyio.abc import Process
+from anyio.streams.text import TextReceiveStream
+from mcp.client.stdio import (  # the SDK's shutdown sequence, kept identical on purpose (pinned minor version)
+    _drain_stdout,
+    _parse_line,
+    _stop_server_process,
+    get_default_environment,
+)
+from mcp.shared.message import SessionMessage
+
+__all__ = ["StdioProcess"]
+
+logger = logging.getLogger("breakwater.stdio")
+
+STDERR_TAIL_LINES = 20
+
+
+class StdioProcess:
+    """One spawn of a stdio server; `open()` is the transport handed to `mcp.Client`."""
+
+    def __init__(
+        self,
+        command: str,
+        args: tuple[str, ...],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> None:
+        self.command = command
+        self.args = args
+        self.env = env or {}
+        self.cwd = cwd
+        self.process: Process | None = None
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self.exited = anyio.Event()
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.process is None else self.process.returncode
+
+    @asynccontextmanager
+    async def open(self) -> AsyncGenerator[tuple[Any, Any], None]:
+        """Spawn the process and bridge its pipes to the session's streams."""
+        process = await anyio.open_process(
+            [self.command, *self.args],
+            env=get_default_environment() | dict(self.env),
+            cwd=self.cwd,
+            start_new_session=True,
+        )
+        self.process = process
+        read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+        write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
+        shutting_down = False
+
+        async def stdout_reader() -> None:
+            assert process.stdout
+            try:
+                async with read_writer:
+                    try:
+                        buffer = ""
+                        async for chunk in TextReceiveStream(process.stdout, encoding="utf-8", errors="replace"):
+                            lines = (buffer + chunk).split("\n")
+                            buffer = lines.pop()
+                            for line in lines:
+                                if not line.strip():
+                                    continue
+                                try:
+                                    await read_writer.send(_parse_line(line))
+                                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                                    return
+                    finally:
+                        await _drain_stdout(process)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError):
+                if not shutting_down:
+                    logger.debug("stdout of %s ended", self.command)
+
+        async def stderr_reader() -> None:
+            assert process.stderr
+            with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError, OSError):
+                buffer = ""
+                async for chunk in TextReceiveStream(process.stderr, encoding="utf-8", errors="replace"):
+                    lines = (buffer + chunk).split("\n")
+                    buffer = lines.pop()
+                    self.stderr_tail.extend(line.rstrip() for line in lines if line.strip())
+                if buffer.strip():
+                    self.stderr_tail.append(buffer.rstrip())
+
+        async def stdin_writer() -> None:
+            assert process.stdin
+            try:
+                async with write_reader:
+                    async for message in write_reader:
+                        data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
+                        await process.stdin.send(data.encode())
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                await read_writer.aclose()
+
+        async def exit_watcher() -> None:
+            # Not process.wait(): on asyncio it also waits for pipe EOF, which a grandchild can hold open.
+            while process.returncode is None:
+                await anyio.sleep(0.05)
+            self.exited.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stdout_reader)
+            tg.start_soon(stderr_reader)
+            tg.start_soon(stdin_writer)
+            tg.start_soon(exit_watcher)
+            try:
+                yield read_stream, write_stream
+            finally:
+                shutting_down = True
+                with anyio.CancelScope(shield=True):
+                    read_stream.close()
+                    write_stream.close()
+                    await _stop_server_process(process)
+                    for stream in (read_stream, write_stream, read_writer, write_reader):
+                        await stream.aclose()
+                tg.cancel_scope.cancel()
+        await anyio.lowlevel.cancel_shielded_checkpoint()

@@ -1,0 +1,135 @@
+"""The per-server state contract that people, scripts and later parts rely on.
+
+States:
+
+* `pending`     not tried yet (waiting for its start-up slot)
+* `connecting`  attempt n in flight (possibly queued for an admission slot: `phase`)
+* `ready`       connected; tools known
+* `retrying`    the last attempt failed; waiting until `next_retry_at`
+* `failed`      the retry budget is spent (or the failure cannot heal by retrying soon);
+                background attempts continue at a slow cadence, see `next_retry_at`
+* `disabled`    turned off in config
+
+`breakwater status --json` prints `StatusReport.to_json()`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import enum
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ErrorInfo", "Reason", "ServerState", "ServerStatus", "StatusReport"]
+
+
+class ServerState(enum.StrEnum):
+    """Where one server stands."""
+
+    PENDING = "pending"
+    CONNECTING = "connecting"
+    READY = "ready"
+    RETRYING = "retrying"
+    FAILED = "failed"
+    DISABLED = "disabled"
+
+
+class Reason(enum.StrEnum):
+    """Why a connect attempt failed."""
+
+    SPAWN_FAILED = "spawn_failed"  # command not found or not executable
+    EXITED = "exited"  # the process exited (code and last stderr lines in the message)
+    TIMEOUT = "timeout"  # the attempt did not finish within attempt_timeout_s
+    REFUSED = "refused"  # nothing listening at the address
+    RESET = "reset"  # the peer cut the connection
+    UNREACHABLE = "unreachable"  # the host name did not resolve or the network is down
+    HTTP_STATUS = "http_status"  # an HTTP error status (in the message)
+    AUTH_REQUIRED = "auth_required"  # HTTP 401 or 403
+    PROTOCOL_ERROR = "protocol_error"  # the peer does not speak MCP as expected
+    TLS = "tls"  # certificate or TLS handshake failure
+    CONNECTION_LOST = "connection_lost"  # a ready connection dropped (reconnecting)
+    UNHEALTHY = "unhealthy"  # a ready server stopped answering its health check
+
+
+# Failures that more retries within seconds cannot heal: report `failed` at once (background
+# attempts continue) instead of burning the budget and keeping `status --wait` waiting.
+PERSISTENT_REASONS = frozenset({Reason.SPAWN_FAILED, Reason.AUTH_REQUIRED, Reason.TLS})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorInfo:
+    """A failure: a stable code for scripts and a message for people."""
+
+    code: Reason
+    message: str
+    http_status: int | None = None
+    exit_code: int | None = None
+    stderr_tail: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"code": self.code.value, "message": self.message}
+        if self.http_status is not None:
+            out["http_status"] = self.http_status
+        if self.exit_code is not None:
+            out["exit_code"] = self.exit_code
+        if self.stderr_tail:
+            out["stderr_tail"] = list(self.stderr_tail)
+        return out
+
+
+def iso(ts: float | None) -> str | None:
+    """An epoch timestamp as ISO 8601 UTC with milliseconds."""
+    if ts is None:
+        return None
+    return _dt.datetime.fromtimestamp(ts, _dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerStatus:
+    """A snapshot of one server."""
+
+    name: str
+    transport: str
+    state: ServerState
+    protocol: str | None = None
+    tools: int | None = None
+    attempts: int = 0
+    attempt: int = 0
+    phase: str | None = None
+    connect_ms: int | None = None
+    next_retry_at: float | None = None
+    error: ErrorInfo | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "transport": self.transport,
+            "state": self.state.value,
+            "protocol": self.protocol,
+            "tools": self.tools,
+            "attempts": self.attempts,
+            "connect_ms": self.connect_ms,
+            "next_retry_at": iso(self.next_retry_at),
+            "error": None if self.error is None else self.error.to_json(),
+        } | ({"phase": self.phase} if self.phase else {})
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatusReport:
+    """Every server at one instant."""
+
+    servers: tuple[ServerStatus, ...] = field(default_factory=tuple)
+
+    @property
+    def summary(self) -> dict[str, int]:
+        counts = Counter(s.state.value for s in self.servers)
+        return {state.value: counts[state.value] for state in ServerState if counts[state.value]}
+
+    @property
+    def all_ready(self) -> bool:
+        """True when every enabled server is ready."""
+        return all(s.state in (ServerState.READY, ServerState.DISABLED) for s in self.servers)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"servers": [s.to_json() for s in self.servers], "summary": self.summary}
