@@ -19,6 +19,8 @@ import anyio.lowlevel
 
 __all__ = ["Clock", "DeadlineScope", "FakeClock", "SystemClock"]
 
+WAKE_TOLERANCE_S = 1e-6
+
 
 @runtime_checkable
 class DeadlineScope(Protocol):
@@ -216,12 +218,14 @@ class FakeClock:
         if seconds < 0:
             raise ValueError("a clock does not go backwards")
         self._now += seconds
+        # Tolerance for deltas that went through wall time (epoch-sized floats keep ~0.2 us).
+        due = self._now + WAKE_TOLERANCE_S
         for sleeper in list(self._sleepers):
-            if sleeper.wake_at <= self._now:
+            if sleeper.wake_at <= due:
                 self._sleepers.remove(sleeper)
                 sleeper.event.set()
         for scope in list(self._scopes):
-            scope.fire_if_due(self._now)
+            scope.fire_if_due(due)
 
     def advance_to(self, when: float) -> None:
         """Move time forward to `when` (no-op if it has passed)."""

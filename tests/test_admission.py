@@ -1,0 +1,116 @@
+"""Admission caps hold across processes, and a dead holder never leaks a slot."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import anyio
+import pytest
+
+from breakwater import FakeClock, SystemClock
+from breakwater._admission import Admission, Slot
+
+pytestmark = pytest.mark.anyio
+
+
+def admission(tmp_path: Path, clock: FakeClock | SystemClock) -> Admission:
+    return Admission(clock=clock, rng=random.Random(1), directory=tmp_path)
+
+
+async def test_cap_is_shared_between_independent_holders(tmp_path: Path) -> None:
+    """Two slots: a third acquirer (another Admission, as another process would be) waits until one is released."""
+    clock = FakeClock()
+    first, second, third = (admission(tmp_path, clock) for _ in range(3))
+    slot = [Slot("server-x", 2)]
+    t1 = await first.acquire(slot)
+    await second.acquire(slot)
+    got: list[str] = []
+
+    async def wait_third() -> None:
+        ticket = await third.acquire(slot)
+        got.append("third")
+        ticket.release()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait_third)
+        await clock.wait_for_sleepers(1)  # it is polling: the cap is full
+        assert got == []
+        t1.release()
+        while not got:
+            await clock.step()
+    assert got == ["third"]
+
+
+async def test_all_or_nothing_across_slots(tmp_path: Path) -> None:
+    """A ticket holds every slot it needs, or none: a full second slot does not leave the first held."""
+    clock = FakeClock()
+    a, b = admission(tmp_path, clock), admission(tmp_path, clock)
+    held = await a.acquire([Slot("stdio", 1)])
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(b.acquire, [Slot("server-y", 1), Slot("stdio", 1)])
+        await clock.wait_for_sleepers(1)
+        # server-y must be free while b waits for stdio.
+        probe = admission(tmp_path, clock)
+        ticket = await probe.acquire([Slot("server-y", 1)])
+        ticket.release()
+        tg.cancel_scope.cancel()
+    held.release()
+
+
+async def test_local_slots_do_not_touch_the_lock_directory(tmp_path: Path) -> None:
+    """A per-process cap (shared=False) counts in memory only."""
+    clock = FakeClock()
+    a = admission(tmp_path, clock)
+    t = await a.acquire([Slot("http", 1, shared=False)])
+    assert not (tmp_path / "http").exists()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(a.acquire, [Slot("http", 1, shared=False)])
+        await clock.wait_for_sleepers(1)
+        t.release()
+        await clock.step()
+        tg.cancel_scope.cancel()
+
+
+async def test_slot_held_by_another_process_is_respected_and_freed_when_it_dies(tmp_path: Path) -> None:
+    """A real second process holds the only slot; when it is killed the kernel frees the lock and we get it."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import anyio, random, sys, time
+                from pathlib import Path
+                from breakwater._admission import Admission, Slot
+                from breakwater import SystemClock
+                async def main():
+                    a = Admission(clock=SystemClock(), rng=random.Random(), directory=Path({str(tmp_path)!r}))
+                    await a.acquire([Slot("server-z", 1)])
+                    print("held", flush=True)
+                    time.sleep(60)
+                anyio.run(main)
+                """
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+        ours = admission(tmp_path, SystemClock())
+        with anyio.move_on_after(0.3) as scope:
+            await ours.acquire([Slot("server-z", 1)])
+        assert scope.cancelled_caught, "the slot held by the other process must not be granted"
+        holder.kill()
+        holder.wait()
+        with anyio.fail_after(5):
+            ticket = await ours.acquire([Slot("server-z", 1)])
+        ticket.release()
+    finally:
+        holder.kill()
+        holder.wait()

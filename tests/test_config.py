@@ -1,0 +1,214 @@
+"""Config: both file shapes, every error names file, key and fix, knobs documented once."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from breakwater._knobs import render_markdown
+from breakwater.config import ConnectPolicy, all_knobs, find_config, load_config
+from breakwater.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write(path: Path, data: object) -> Path:
+    path.write_text(json.dumps(data) if not isinstance(data, str) else data)
+    return path
+
+
+def test_reads_claude_code_mcp_json_unchanged(tmp_path: Path) -> None:
+    """A .mcp.json as Claude Code writes it loads as is, stdio and HTTP entries alike."""
+    cfg = write(
+        tmp_path / ".mcp.json",
+        {
+            "mcpServers": {
+                "fs": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "/tmp"], "env": {"K": "v"}},
+                "remote": {"type": "http", "url": "https://example.test/mcp", "headers": {"Authorization": "Bearer abc"}},
+                "legacy": {"type": "sse", "url": "http://127.0.0.1:9/sse"},
+                "cline": {"command": "x", "disabled": True, "autoApprove": [], "alwaysAllow": []},
+            }
+        },
+    )
+    config = load_config(cfg)
+    fs, remote, legacy, cline = config.servers
+    assert (fs.transport, fs.command, fs.args, dict(fs.env)) == (
+        "stdio",
+        "npx",
+        ("-y", "@modelcontextprotocol/server-filesystem", "/tmp"),
+        {"K": "v"},
+    )
+    assert (remote.transport, remote.url, dict(remote.headers)) == ("http", "https://example.test/mcp", {"Authorization": "Bearer abc"})
+    assert legacy.transport == "sse"
+    assert cline.enabled is False
+    assert fs.connect == ConnectPolicy()
+
+
+def test_vscode_servers_key(tmp_path: Path) -> None:
+    """VS Code's "servers" + "inputs" shape loads too."""
+    cfg = write(tmp_path / "mcp.json", {"servers": {"a": {"type": "stdio", "command": "a"}}, "inputs": []})
+    assert [s.name for s in load_config(cfg).servers] == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("content", "key", "fix_fragment"),
+    [
+        ('{"mcpServers": {"a": {"command": "x",}}}', None, "JSON syntax"),
+        ({"mcpServers": {"a": {"comand": "x"}}}, "mcpServers.a.comand", "did you mean 'command'"),
+        ({"mcpServers": {"a": {"args": ["x"]}}}, "mcpServers.a.command", "add"),
+        ({"mcpServers": {"a": {"command": "x", "args": "--flag"}}}, "mcpServers.a.args", '"args": ['),
+        ({"mcpServers": {"a": {"command": "x", "env": {"K": ["v"]}}}}, "mcpServers.a.env.K", "quote"),
+        ({"mcpServers": {"a": {"type": "http"}}}, "mcpServers.a.url", "url"),
+        ({"mcpServers": {"a": {"type": "websocket", "url": "ws://x"}}}, "mcpServers.a.type", "stdio"),
+        ({"servrs": {}}, "mcpServers", "mcpServers"),
+    ],
+)
+def test_broken_json_names_file_key_and_fix(tmp_path: Path, content: object, key: str | None, fix_fragment: str) -> None:
+    """Each mistake is reported with the file, the key and a fix."""
+    cfg = write(tmp_path / "mcp.json", content)
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg)
+    err = info.value
+    assert err.path == str(cfg)
+    assert err.key == key
+    assert fix_fragment in (err.fix or "")
+    assert str(cfg) in str(err)
+
+
+def test_toml_policy_layers(tmp_path: Path) -> None:
+    """breakwater.toml points at the JSON, sets defaults, overrides per server, and defines servers inline."""
+    write(tmp_path / "servers.json", {"mcpServers": {"a": {"command": "a"}, "b": {"command": "b"}}})
+    cfg = write(
+        tmp_path / "breakwater.toml",
+        """
+servers_file = "servers.json"
+[connect]
+attempt_timeout_s = 12
+[servers.b]
+enabled = false
+[servers.b.connect]
+attempt_timeout_s = 40
+max_per_server_connects = 1
+[servers.c]
+url = "http://127.0.0.1:8000/mcp"
+""",
+    )
+    config = load_config(cfg, environ={})
+    a, b, c = config.servers
+    assert a.connect.attempt_timeout_s == 12
+    assert (b.enabled, b.connect.attempt_timeout_s, b.connect.max_per_server_connects) == (False, 40, 1)
+    assert (c.transport, c.connect.attempt_timeout_s) == ("http", 12)
+
+
+def test_environment_overrides_defaults_but_not_server_tables(tmp_path: Path) -> None:
+    """Precedence: code default < [connect] < environment < [servers.X.connect]."""
+    cfg = write(
+        tmp_path / "breakwater.toml",
+        """
+[connect]
+budget_s = 10
+[servers.a]
+command = "a"
+[servers.b]
+command = "b"
+[servers.b.connect]
+budget_s = 99
+""",
+    )
+    config = load_config(cfg, environ={"BREAKWATER_CONNECT_BUDGET_S": "50"})
+    assert [s.connect.budget_s for s in config.servers] == [50, 99]
+
+
+@pytest.mark.parametrize(
+    ("toml", "key", "fix_fragment"),
+    [
+        ("[connect]\nattempt_timout_s = 3\n", "connect.attempt_timout_s", "attempt_timeout_s"),
+        ('[connect]\nattempt_timeout_s = "soon"\n', "connect.attempt_timeout_s", "number"),
+        ("[connect]\nmax_stdio_connects = 0\n", "connect.max_stdio_connects", "1 or more"),
+        ('[connect]\nprotocol = "2024"\n', "connect.protocol", "2026-07-28"),
+        ("[servers.ghost]\nenabled = false\n", "servers.ghost", "command"),
+        ('servers_file = "nope.json"\n', "servers_file", "mcpServers"),
+        ("[conect]\n", "conect", "connect"),
+    ],
+)
+def test_broken_toml_names_file_key_and_fix(tmp_path: Path, toml: str, key: str, fix_fragment: str) -> None:
+    """Unknown keys, wrong types and out-of-range values in TOML are caught with a fix."""
+    cfg = write(tmp_path / "breakwater.toml", toml)
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg, environ={})
+    assert (info.value.path, info.value.key) == (str(cfg), key)
+    assert fix_fragment in (info.value.fix or "")
+
+
+def test_bad_environment_value_is_reported(tmp_path: Path) -> None:
+    """A malformed environment variable is an error that says which variable, not a silent default."""
+    cfg = write(tmp_path / "mcp.json", {"mcpServers": {}})
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg, environ={"BREAKWATER_CONNECT_BUDGET_S": "lots"})
+    assert info.value.path == "environment"
+
+
+def test_find_config_prefers_toml(tmp_path: Path) -> None:
+    """Without --config: breakwater.toml first, then .mcp.json, else a clear error."""
+    with pytest.raises(ConfigError, match="pass --config"):
+        find_config(tmp_path)
+    write(tmp_path / ".mcp.json", {"mcpServers": {}})
+    assert find_config(tmp_path).name == ".mcp.json"
+    write(tmp_path / "breakwater.toml", "")
+    assert find_config(tmp_path).name == "breakwater.toml"
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "breakwater", *args], capture_output=True, text=True, cwd=cwd, timeout=60, check=False
+    )
+
+
+def test_cli_config_error_exit_code_2(tmp_path: Path) -> None:
+    """`status` and `config check` exit 2 on a broken config and say where."""
+    cfg = write(tmp_path / "mcp.json", {"mcpServers": {"a": {"comand": "x"}}})
+    for command in (["status", "--wait", "0"], ["config", "check"]):
+        result = run_cli(*command, "--config", str(cfg))
+        assert result.returncode == 2
+        assert "mcpServers.a.comand" in result.stderr and "did you mean 'command'" in result.stderr
+
+
+def test_config_check_redacts_secrets(tmp_path: Path) -> None:
+    """`config check` shows what was understood without a single secret value."""
+    cfg = write(
+        tmp_path / "mcp.json",
+        {
+            "mcpServers": {
+                "a": {"command": "a", "env": {"API_KEY": "sk-planted-secret-1"}},
+                "b": {"type": "http", "url": "http://127.0.0.1:9/mcp", "headers": {"Authorization": "Bearer planted-secret-2"}},
+            }
+        },
+    )
+    for extra in ([], ["--json"]):
+        result = run_cli("config", "check", "--config", str(cfg), *extra)
+        assert result.returncode == 0, result.stderr
+        assert "API_KEY" in result.stdout and "Authorization" in result.stdout
+        assert "planted-secret" not in result.stdout + result.stderr
+
+
+def test_readme_knob_table_matches_code() -> None:
+    """The README's knob table is the output of `breakwater config knobs --markdown`."""
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(r"<!-- knobs:start -->\n(.*?)<!-- knobs:end -->", readme, re.S)
+    assert match, "README.md lacks the <!-- knobs:start --> ... <!-- knobs:end --> block"
+    assert match.group(1) == render_markdown(all_knobs()), "regenerate with: breakwater config knobs --markdown"
+
+
+def test_every_knob_is_documented_with_env() -> None:
+    """Every knob has a description and its own environment variable."""
+    knobs = all_knobs()
+    assert knobs
+    envs = [k.env for k in knobs]
+    assert all(k.doc and k.doc.endswith(".") for k in knobs)
+    assert all(e and e.startswith("BREAKWATER_") for e in envs)
+    assert len(set(envs)) == len(envs)
