@@ -1,6 +1,30 @@
-"""breakwater: the isolation layer between an AI agent and its MCP tool servers."""
+"""breakwater: the isolation layer between an AI agent and its MCP tool servers.
 
+The public API is what this module exports; everything in a module whose name starts with an
+underscore is private.
+"""
+
+from breakwater._breakwater import Breakwater
 from breakwater._clock import Clock, DeadlineScope, FakeClock, SystemClock
+from breakwater.config import Config, ConnectPolicy, ServerSpec, load_config
 from breakwater.errors import BreakwaterError, ConfigError
+from breakwater.status import ErrorInfo, Reason, ServerState, ServerStatus, StatusReport
 
-__all__ = ["BreakwaterError", "Clock", "ConfigError", "DeadlineScope", "FakeClock", "SystemClock"]
+__all__ = [
+    "Breakwater",
+    "BreakwaterError",
+    "Clock",
+    "Config",
+    "ConfigError",
+    "ConnectPolicy",
+    "DeadlineScope",
+    "ErrorInfo",
+    "FakeClock",
+    "Reason",
+    "ServerSpec",
+    "ServerState",
+    "ServerStatus",
+    "StatusReport",
+    "SystemClock",
+    "load_config",
+]

@@ -31,6 +31,7 @@ __all__ = ["StdioProcess"]
 logger = logging.getLogger("breakwater.stdio")
 
 STDERR_TAIL_LINES = 20
+EXIT_CODE_GRACE_S = 1.0
 
 
 class StdioProcess:
@@ -51,10 +52,8 @@ class StdioProcess:
         self.process: Process | None = None
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self.exited = anyio.Event()
-
-    @property
-    def returncode(self) -> int | None:
-        return None if self.process is None else self.process.returncode
+        # The exit code if the process ended on its own, before breakwater began closing it.
+        self.exit_code_before_close: int | None = None
 
     @asynccontextmanager
     async def open(self) -> AsyncGenerator[tuple[Any, Any], None]:
@@ -69,6 +68,7 @@ class StdioProcess:
         read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
         write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
         shutting_down = False
+        stdout_closed = anyio.Event()
 
         async def stdout_reader() -> None:
             assert process.stdout
@@ -86,6 +86,7 @@ class StdioProcess:
                                     await read_writer.send(_parse_line(line))
                                 except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                                     return
+                        stdout_closed.set()
                     finally:
                         await _drain_stdout(process)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError):
@@ -129,6 +130,12 @@ class StdioProcess:
             finally:
                 shutting_down = True
                 with anyio.CancelScope(shield=True):
+                    if stdout_closed.is_set():
+                        # The server closed its stdout: it is exiting on its own; give the event loop a
+                        # moment to reap it so the exit code is its own, not the one our shutdown causes.
+                        with anyio.move_on_after(EXIT_CODE_GRACE_S):
+                            await self.exited.wait()
+                    self.exit_code_before_close = process.returncode
                     read_stream.close()
                     write_stream.close()
                     await _stop_server_process(process)

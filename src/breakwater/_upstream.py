@@ -48,6 +48,7 @@ logger = logging.getLogger("breakwater.upstream")
 
 CLIENT_NAME = "breakwater"
 CONNECTION_CLOSED = -32000  # SDK-local code: the transport ended (mcp-sdk.md §5)
+UNSUPPORTED_PROTOCOL_VERSION = -32022
 BACKGROUND_JITTER = 0.5  # background attempts are spread over mean * [1 - j, 1 + j]
 
 
@@ -266,7 +267,7 @@ class Upstream:
         if self.error is None:  # pragma: no cover - every path above sets it
             self.error = ErrorInfo(code=Reason.PROTOCOL_ERROR, message="the connection ended during the handshake")
         if self.error.code is Reason.PROTOCOL_ERROR:
-            self._era = None  # a remembered revision may be what failed: probe afresh next time
+            self._next_era_after_protocol_error()
         return False
 
     async def _serve(self, client: Client, stdio: StdioProcess | None) -> None:
@@ -320,6 +321,24 @@ class Upstream:
             return {"mode": "2026-07-28", "prior_discover": self._prior_discover}
         return {"mode": "auto"}
 
+    def _next_era_after_protocol_error(self) -> None:
+        """Choose the revision to try next after a handshake the peer did not accept.
+
+        The SDK's auto mode probes `server/discover` for a fixed 10 s and then sends `initialize` on
+        the same connection; a server slower than that has already locked the connection to
+        2026-07-28 and refuses the `initialize`. That refusal is proof the server is modern, so pin
+        it; otherwise cycle: auto -> 2026-07-28 -> 2025-11-25 -> auto.
+        """
+        assert self.error is not None
+        modern_evidence = "2026-07-28" in self.error.message or str(UNSUPPORTED_PROTOCOL_VERSION) in self.error.message
+        if self._era is None:
+            self._era = "modern" if modern_evidence else "legacy"
+        elif self._era == "modern":
+            self._era = "legacy"
+        else:
+            self._era = None
+        self._prior_discover = None
+
     def _remember_era(self, client: Client) -> None:
         version = client.protocol_version or ""
         if version >= "2026":
@@ -335,14 +354,15 @@ class Upstream:
     # ---- failure classification -------------------------------------------------------------
 
     def _exited(self, stdio: StdioProcess | None) -> ErrorInfo | None:
-        if stdio is None or stdio.returncode is None:
+        code = None if stdio is None else stdio.exit_code_before_close
+        if stdio is None or code is None:
             return None
         tail = tuple(stdio.stderr_tail)
         last = f": {tail[-1]}" if tail else ""
         return ErrorInfo(
             code=Reason.EXITED,
-            message=f"the process exited with code {stdio.returncode}{last}",
-            exit_code=stdio.returncode,
+            message=f"the process exited with code {code}{last}",
+            exit_code=code,
             stderr_tail=tail[-5:],
         )
 
@@ -410,7 +430,8 @@ class Upstream:
             if isinstance(leaf, MCPError) and leaf.code == CONNECTION_CLOSED:
                 return ErrorInfo(code=Reason.RESET, message=f"the connection closed during the handshake: {leaf.message}")
             if isinstance(leaf, MCPError | ValidationError | RuntimeError):
-                return ErrorInfo(code=Reason.PROTOCOL_ERROR, message=f"protocol error: {_describe(leaf)}")
+                code = f" ({leaf.code})" if isinstance(leaf, MCPError) else ""
+                return ErrorInfo(code=Reason.PROTOCOL_ERROR, message=f"protocol error{code}: {_describe(leaf)}")
         return ErrorInfo(code=Reason.PROTOCOL_ERROR, message=f"unexpected failure: {_describe(leaves[0])}")
 
 

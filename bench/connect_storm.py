@@ -1,0 +1,244 @@
+"""Connect storm: S agent sessions x M servers connecting at the same instant.
+
+Every session is its own process (14 agent sessions with their own configs are 14 processes), all
+released at one instant. The M servers are `breakwater testserver` processes on 127.0.0.1 that
+share one congestion model: each handshake needs W seconds of service and C "cores" are shared by
+every handshake in flight on the machine (processor sharing), so latency grows with the number of
+handshakes in flight, as it does when 238 connects land on one host.
+
+Two clients, in the same run:
+
+* naive: every connect at t=0, 30 s attempt timeout, fixed retries at 0.5 / 1.5 / 4 s, no jitter
+  (what several agents' built-in clients do);
+* breakwater: `Breakwater(config)` with its defaults (jitter, admission caps shared across the
+  session processes through lock files, per-attempt timeout, full-jitter backoff inside a budget).
+
+Printed for each: share connected, time until all ready (p50/p99 over repeats), attempts per
+connect, peak handshakes in flight, and the capacity bound S*M*W/C.
+
+    python bench/connect_storm.py                      # 14 x 17, W=1 s, C=4 (2x the 30 s timeout)
+    python bench/connect_storm.py --sessions 4 --servers 5 --work 0.2 --repeats 1   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+NAIVE_TIMEOUT_S = 30.0
+NAIVE_RETRY_DELAYS_S = (0.5, 1.5, 4.0)
+SESSION_DEADLINE_S = 300.0
+
+
+# ---- the session processes ----------------------------------------------------------------
+
+
+async def naive_session(urls: dict[str, str], t0: float) -> dict[str, Any]:
+    from mcp import Client
+
+    results: dict[str, Any] = {}
+
+    async def connect(name: str, url: str) -> None:
+        attempts = 0
+        for delay in (*NAIVE_RETRY_DELAYS_S, None):
+            attempts += 1
+            try:
+                with anyio.fail_after(NAIVE_TIMEOUT_S):
+                    async with Client(url) as client:
+                        await client.list_tools()
+                        results[name] = {"ok": True, "t": time.time() - t0, "attempts": attempts}
+                        return
+            except Exception:
+                pass
+            if delay is None:
+                break
+            await anyio.sleep(delay)
+        results[name] = {"ok": False, "t": None, "attempts": attempts}
+
+    async with anyio.create_task_group() as tg:
+        for name, url in urls.items():
+            tg.start_soon(connect, name, url)
+    return results
+
+
+async def breakwater_session(config_path: str, t0: float) -> dict[str, Any]:
+    from breakwater import Breakwater
+
+    ready_at: dict[str, float] = {}
+    async with Breakwater.from_config(config_path) as bw:
+        with anyio.move_on_after(SESSION_DEADLINE_S):
+            while True:
+                report = bw.status()
+                for s in report.servers:
+                    if s.state.value == "ready" and s.name not in ready_at:
+                        ready_at[s.name] = time.time() - t0
+                if report.all_ready:
+                    break
+                await bw.wait_changed()
+        report = bw.status()
+    return {
+        s.name: {"ok": s.name in ready_at, "t": ready_at.get(s.name), "attempts": s.attempts} for s in report.servers
+    }
+
+
+def session_main(kind: str, config_path: str) -> None:
+    urls = {name: entry["url"] for name, entry in json.loads(Path(config_path).read_text())["mcpServers"].items()}
+    print("armed", flush=True)
+    sys.stdin.readline()  # the orchestrator releases every session at once
+    t0 = float(sys.stdin.readline())
+    if kind == "naive":
+        out = anyio.run(naive_session, urls, t0)
+    else:
+        out = anyio.run(breakwater_session, config_path, t0)
+    print(json.dumps(out), flush=True)
+
+
+# ---- the orchestrator ---------------------------------------------------------------------
+
+
+def start_servers(n: int, congestion_dir: Path, work: float, cores: float, sigma: float, tmp: Path) -> list[Any]:
+    servers = []
+    for i in range(n):
+        port_file = tmp / f"port-{i}"
+        cmd = [
+            sys.executable, "-m", "breakwater", "testserver", "--http", "--port", "0", "--port-file", str(port_file),
+            "--name", f"s{i}", "--seed", str(i), "--congestion-dir", str(congestion_dir),
+            "--congestion-work", str(work), "--congestion-cores", str(cores), "--congestion-sigma", str(sigma),
+        ]  # fmt: skip
+        servers.append((subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL), port_file))
+    ports = []
+    deadline = time.monotonic() + 60
+    for proc, port_file in servers:
+        while not port_file.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"a testserver failed to start: {proc.args}")
+            time.sleep(0.05)
+        ports.append(int(port_file.read_text()))
+    return [(proc, port) for (proc, _), port in zip(servers, ports, strict=True)]
+
+
+def run_once(kind: str, sessions: int, config: Path, congestion_dir: Path, env: dict[str, str]) -> dict[str, Any]:
+    for marker in congestion_dir.iterdir():
+        marker.unlink()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--session", kind, "--config", str(config)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(sessions)
+    ]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == "armed"
+    t0 = time.time()
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write(f"go\n{t0}\n")
+        p.stdin.flush()
+    peak = 0
+    while any(p.poll() is None for p in procs):
+        peak = max(peak, sum(1 for m in congestion_dir.iterdir() if m.name.endswith(".handshake")))
+        time.sleep(0.02)
+    results = []
+    for p in procs:
+        assert p.stdout is not None
+        results.append(json.loads(p.stdout.read().strip().splitlines()[-1]))
+    connects = [r for session in results for r in session.values()]
+    ok = [r for r in connects if r["ok"]]
+    all_ready = max(r["t"] for r in ok) if len(ok) == len(connects) else math.inf
+    return {
+        "connected": len(ok) / len(connects),
+        "all_ready_s": all_ready,
+        "attempts_per_connect": sum(r["attempts"] for r in connects) / len(connects),
+        "peak_in_flight": peak,
+    }
+
+
+def pct(values: list[float], q: float) -> float:
+    if any(math.isinf(v) for v in values):
+        finite = sorted(values)
+        return finite[min(len(finite) - 1, math.ceil(q * len(finite)) - 1)]
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1] if len(values) > 1 else values[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--session", choices=("naive", "breakwater"), help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    parser.add_argument("--sessions", type=int, default=14)
+    parser.add_argument("--servers", type=int, default=17)
+    parser.add_argument("--work", type=float, default=1.0, help="service seconds per handshake (default 1.0)")
+    parser.add_argument("--cores", type=float, default=4.0, help="handshakes served at full speed at once (default 4)")
+    parser.add_argument("--sigma", type=float, default=0.5, help="lognormal sigma of the work (default 0.5)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", choices=("naive", "breakwater"), help="run one client only")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    args = parser.parse_args()
+    if args.session:
+        session_main(args.session, args.config)
+        return
+
+    tmp = Path(tempfile.mkdtemp(prefix="bw-storm-"))
+    congestion = tmp / "congestion"
+    congestion.mkdir()
+    servers = start_servers(args.servers, congestion, args.work, args.cores, args.sigma, tmp)
+    try:
+        config = tmp / "mcp.json"
+        config.write_text(
+            json.dumps({"mcpServers": {f"s{i}": {"type": "http", "url": f"http://127.0.0.1:{port}/mcp"} for i, (_, port) in enumerate(servers)}})
+        )
+        env = dict(os.environ, BREAKWATER_ADMISSION_DIR=str(tmp / "admission"))
+        bound = args.sessions * args.servers * args.work / args.cores
+        print(
+            f"connect storm: {args.sessions} sessions x {args.servers} servers = {args.sessions * args.servers} connects, "
+            f"W={args.work} s, C={args.cores}, sigma={args.sigma}; capacity bound {bound:.1f} s; {args.repeats} repeats"
+        )
+        figures: dict[str, Any] = {}
+        for kind in ("naive", "breakwater"):
+            if args.only and kind != args.only:
+                continue
+            runs = [run_once(kind, args.sessions, config, congestion, env) for _ in range(args.repeats)]
+            times = [r["all_ready_s"] for r in runs]
+            figures[kind] = {
+                "connected_min": min(r["connected"] for r in runs),
+                "all_ready_p50_s": pct(times, 0.5),
+                "all_ready_p99_s": pct(times, 0.99),
+                "attempts_per_connect": statistics.mean(r["attempts_per_connect"] for r in runs),
+                "peak_in_flight": max(r["peak_in_flight"] for r in runs),
+                "runs": runs,
+            }
+        print(f"{'client':<11} {'connected':>9} {'all ready p50':>13} {'p99':>8} {'x bound':>8} {'attempts/connect':>16} {'peak in flight':>14}")
+        for kind, f in figures.items():
+            p50, p99 = f["all_ready_p50_s"], f["all_ready_p99_s"]
+            shown = [("never" if math.isinf(v) else f"{v:.1f} s") for v in (p50, p99)]
+            ratio = "-" if math.isinf(p99) else f"{p99 / bound:.2f}"
+            print(
+                f"{kind:<11} {f['connected_min'] * 100:>8.1f}% {shown[0]:>13} {shown[1]:>8} {ratio:>8} "
+                f"{f['attempts_per_connect']:>16.2f} {f['peak_in_flight']:>14}"
+            )
+        if args.json:
+            print(json.dumps({"bound_s": bound, **figures}, default=str))
+    finally:
+        for proc, _ in servers:
+            proc.terminate()
+        for proc, _ in servers:
+            proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""The error envelope: one class per code, what the model reads, and the way back to typed errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent
+
+from breakwater._envelope import ENVELOPE_META_KEY, error_from_result, error_result, error_text, render_error_table
+from breakwater.errors import (
+    CODE_TO_ERROR,
+    BreakwaterError,
+    BudgetExhaustedError,
+    CallError,
+    CircuitOpenError,
+    ErrorCode,
+    OutcomeUnknownError,
+    ServerUnavailableError,
+    ToolError,
+)
+
+ENVELOPE = {
+    "ok",
+    "code",
+    "retryable",
+    "retry_after_s",
+    "attempt",
+    "max_attempts",
+    "server",
+    "tool",
+    "operation_id",
+    "message",
+}
+
+
+def all_leaves(cls: type[CallError] = CallError) -> list[type[CallError]]:
+    found: list[type[CallError]] = []
+    for sub in cls.__subclasses__():
+        found.append(sub)
+        found.extend(all_leaves(sub))
+    return found
+
+
+def test_one_class_per_code_and_one_code_per_class() -> None:
+    leaves = all_leaves()
+    assert set(CODE_TO_ERROR) == set(ErrorCode)
+    assert len(ErrorCode) == 13
+    assert sorted(c.__name__ for c in CODE_TO_ERROR.values()) == sorted(c.__name__ for c in leaves)
+    assert len({c.code for c in leaves}) == len(leaves)
+    for code, cls in CODE_TO_ERROR.items():
+        assert cls.code is code
+        assert issubclass(cls, CallError) and issubclass(cls, BreakwaterError)
+        assert cls.__doc__ and cls.summary and cls.advice
+
+
+def sample(code: ErrorCode) -> CallError:
+    cls = CODE_TO_ERROR[code]
+    return cls(
+        server="shop",
+        tool="create_order",
+        retry_after_s=4.25 if cls.default_retryable else None,
+        attempt=2,
+        max_attempts=3,
+        operation_id="op-123",
+        detail={"reason": "because", "next_retry_at": "2027-01-15T08:00:04Z"},
+    )
+
+
+@pytest.mark.parametrize("code", list(ErrorCode))
+def test_every_error_becomes_an_is_error_result_with_the_envelope(code: ErrorCode) -> None:
+    err = sample(code)
+    res = error_result(err)
+    wire = json.loads(res.model_dump_json(by_alias=True, exclude_none=True))
+    assert wire["isError"] is True
+    data = wire["structuredContent"]
+    assert set(data) >= ENVELOPE
+    assert data["ok"] is False
+    assert data["code"] == code.value
+    assert data["retryable"] is err.retryable
+    assert data["attempt"] == 2 and data["max_attempts"] == 3
+    assert (data["server"], data["tool"], data["operation_id"]) == ("shop", "create_order", "op-123")
+    assert data["reason"] == "because"
+    text = wire["content"][-1]["text"]
+    assert text.startswith("Tool 'create_order' on server 'shop': ")
+    assert err.advice_text() in text
+    assert len(text) < 400  # short: the model reads this on every failure
+
+
+@pytest.mark.parametrize("code", list(ErrorCode))
+def test_round_trip_to_a_typed_exception(code: ErrorCode) -> None:
+    err = sample(code)
+    back = error_from_result(error_result(err))
+    assert type(back) is type(err)
+    assert back is not None
+    for field in ("message", "server", "tool", "retryable", "retry_after_s", "attempt", "max_attempts", "operation_id"):
+        assert getattr(back, field) == getattr(err, field), field
+    assert back.detail == err.detail
+
+
+def test_the_text_says_what_to_do_next() -> None:
+    opened = error_text(CircuitOpenError(server="web", tool="search", retry_after_s=5.0))
+    assert "another tool" in opened and "about 5 s" in opened
+    unknown = error_text(OutcomeUnknownError(server="shop", tool="create_order", attempt=1))
+    assert "may or may not have happened" in unknown and "Do not retry" in unknown and "ask the user" in unknown
+    spent = error_text(BudgetExhaustedError())
+    assert "Do not retry" in spent and "ask the user" in spent
+    down = error_text(ServerUnavailableError(server="db", retry_after_s=42.4))
+    assert down.startswith("Server 'db': ") and "about 42 s" in down
+
+
+def test_a_tool_error_passes_the_upstream_content_through() -> None:
+    upstream: list[ContentBlock] = [
+        TextContent(type="text", text="order A1 is already shipped"),
+        ImageContent(type="image", data="aGk=", mime_type="image/png"),
+    ]
+    err = ToolError(
+        "order A1 is already shipped",
+        content=upstream,
+        upstream_structured_content={"state": "shipped"},
+        server="shop",
+        tool="cancel_order",
+        attempt=1,
+    )
+    res = error_result(err)
+    assert res.content[:2] == upstream  # the tool's own words first, unchanged
+    note = res.content[2]
+    assert isinstance(note, TextContent) and note.meta == {ENVELOPE_META_KEY: True}
+    assert res.structured_content["upstream"] == {"state": "shipped"}
+    back = error_from_result(res)
+    assert isinstance(back, ToolError)
+    assert back.content == upstream  # breakwater's note is stripped again
+    assert back.upstream_structured_content == {"state": "shipped"}
+
+
+def test_a_raw_upstream_error_result_becomes_a_tool_error() -> None:
+    raw = CallToolResult(
+        content=[TextContent(type="text", text="Error executing tool refund: card declined")],
+        structured_content={"retryable": True},
+        is_error=True,
+    )
+    err = error_from_result(raw)
+    assert isinstance(err, ToolError)
+    assert err.message == "Error executing tool refund: card declined"
+    assert err.retryable is True
+    assert err.content == raw.content
+    assert error_from_result(CallToolResult(content=[])) is None
+
+
+def test_detail_may_not_shadow_the_envelope() -> None:
+    with pytest.raises(ValueError, match="shadow"):
+        CircuitOpenError(detail={"code": "OK"})
+
+
+def test_str_names_code_and_place() -> None:
+    err = CircuitOpenError("paused", server="web", tool="search")
+    assert str(err) == "CIRCUIT_OPEN: web/search: paused"
+    assert CircuitOpenError().message == CircuitOpenError.summary
+
+
+def test_the_readme_table_is_rendered_from_the_classes() -> None:
+    table = render_error_table()
+    rows = table.strip().splitlines()[2:]
+    assert len(rows) == len(ErrorCode)
+    for code, row in zip(ErrorCode, rows, strict=True):
+        cls = CODE_TO_ERROR[code]
+        assert row.startswith(f"| `{code.value}` | `{cls.__name__}` |")
+        assert (cls.__doc__ or "").strip().splitlines()[0] in row
+        assert "{wait}" not in row
