@@ -21,7 +21,10 @@ from breakwater._clock import Clock
 
 __all__ = ["Admission", "Slot", "default_admission_dir"]
 
-POLL_INTERVAL_S = 0.025  # a cheap non-blocking try; jittered so waiters do not poll in lock-step
+# Waiting for a slot is a cheap non-blocking try, repeated with a jittered, growing interval.
+POLL_MIN_S = 0.01
+POLL_MAX_S = 0.25
+POLL_GROWTH = 1.5
 
 
 def default_admission_dir() -> Path:
@@ -44,20 +47,20 @@ class Slot:
 class Ticket:
     """Held slots; `release()` gives them back (idempotent)."""
 
+    _owner: Admission
     _fds: list[int] = field(default_factory=list)
     _local: list[str] = field(default_factory=list)
-    _owner: Admission | None = None
 
     def release(self) -> None:
+        """Unlock and close every held slot file, and return the in-process slots."""
         for fd in self._fds:
             with contextlib.suppress(OSError):
                 fcntl.flock(fd, fcntl.LOCK_UN)
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._fds.clear()
-        if self._owner is not None:
-            for key in self._local:
-                self._owner._local[key] -= 1
+        for key in self._local:
+            self._owner._local[key] -= 1
         self._local.clear()
 
 
@@ -81,41 +84,58 @@ class Admission:
         """A file-system-safe key for an arbitrary identity (a command line, an origin)."""
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
-    def _try_file(self, slot: Slot) -> int | None:
+    def _open_slots(self, slot: Slot) -> list[int]:
         assert self._dir is not None
         folder = self._dir / slot.key
         folder.mkdir(exist_ok=True)
-        # Try slots in random order so waiters do not all hammer slot 0.
-        for i in self._rng.sample(range(slot.limit), slot.limit):
-            fd = os.open(folder / f"{i}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            return fd
-        return None
+        return [os.open(folder / f"{i}.lock", os.O_RDWR | os.O_CREAT, 0o600) for i in range(slot.limit)]
 
-    def _try_all(self, slots: list[Slot], ticket: Ticket) -> bool:
+    def _try_all(self, slots: list[Slot], fds: dict[str, list[int]]) -> Ticket | None:
+        """Take every slot now, or none of them."""
+        locked: list[tuple[str, int]] = []
+        local: list[str] = []
         for slot in slots:
-            if slot.shared and self._dir is not None:
-                fd = self._try_file(slot)
-                if fd is None:
-                    return False
-                ticket._fds.append(fd)
-            else:
-                if self._local.get(slot.key, 0) >= slot.limit:
-                    return False
+            if slot.key in fds:
+                # Random order, so waiters do not all hammer slot 0.
+                for fd in self._rng.sample(fds[slot.key], len(fds[slot.key])):
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        continue
+                    locked.append((slot.key, fd))
+                    break
+                else:
+                    break
+            elif self._local.get(slot.key, 0) < slot.limit:
                 self._local[slot.key] = self._local.get(slot.key, 0) + 1
-                ticket._local.append(slot.key)
-        return True
+                local.append(slot.key)
+            else:
+                break
+        else:
+            for key, fd in locked:
+                fds[key].remove(fd)
+            return Ticket(self, [fd for _, fd in locked], local)
+        for _, fd in locked:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        for key in local:
+            self._local[key] -= 1
+        return None
 
     async def acquire(self, slots: list[Slot]) -> Ticket:
         """Wait until every slot has room, then hold them all (all or nothing, so no deadlock)."""
         ordered = sorted(slots, key=lambda s: s.key)
-        while True:
-            ticket = Ticket(_owner=self)
-            if self._try_all(ordered, ticket):
-                return ticket
-            ticket.release()
-            await self._clock.sleep(POLL_INTERVAL_S * self._rng.uniform(0.5, 1.5))
+        # Each waiter opens its own descriptors once: flock belongs to an open file description, so
+        # two waiters in one process must not share one, and re-opening on every poll costs syscalls.
+        fds = {s.key: self._open_slots(s) for s in ordered if s.shared and self._dir is not None}
+        interval = POLL_MIN_S
+        try:
+            while (ticket := self._try_all(ordered, fds)) is None:
+                await self._clock.sleep(interval * self._rng.uniform(0.5, 1.5))
+                # Back off while the caps stay full: hundreds of waiters polling at a fast fixed rate
+                # would burn the CPU that the handshakes they wait for need.
+                interval = min(POLL_MAX_S, interval * POLL_GROWTH)
+            return ticket
+        finally:
+            for remaining in fds.values():
+                for fd in remaining:
+                    os.close(fd)

@@ -29,10 +29,10 @@ ENVELOPE_META_KEY = "io.breakwater/envelope"
 def error_text(err: CallError) -> str:
     """The sentence pair the model reads: what happened, then what to do next."""
     where = _where(err)
-    text = f"{where}: {err.message}" if where else err.message
+    text = (f"{where}: {err.message}" if where else err.message).rstrip()
     if err.attempt > 1:
-        text += f" ({err.attempt} attempts made)"
-    if not text.endswith((".", "!", "?", ")")):
+        text = f"{text.rstrip('.')} (after {err.attempt} attempts)"
+    if not text.endswith((".", "!", "?")):
         text += "."
     return f"{text} {err.advice_text()}"
 

@@ -57,6 +57,21 @@ With --congestion-dir, every handshake (initialize or server/discover) needs --c
 seconds of service (lognormal around it with --congestion-sigma) from a processor shared by ALL
 processes using that directory: while n handshakes are in flight (one marker file each, named
 after the pid so markers of dead processes are ignored) each progresses at min(1, cores/n).
+--startup-delay S holds every request (so the handshake) until S seconds after the process
+started, while the process is already up and, on HTTP, already accepting connections.
+
+HTTP faults (per process)
+-------------------------
+--refuse-first N resets the first N TCP connections at accept (SO_LINGER 0) before reading a
+byte. HTTP requests are then counted in order: the first --reset-first N are read in full and
+the connection is reset with no response; the next --status-first M get --status (with
+--retry-after as Retry-After).
+
+Python API
+----------
+launch_command(*flags) -> argv; stdio_params(*flags) -> StdioServerParameters;
+`async with serve_http(*flags) as srv:` (srv.url, srv.port, srv.process);
+read_state(path), read_ledger(path), count_ledger(path, tool=, operation_id=).
 """
 
 from __future__ import annotations
@@ -104,13 +119,13 @@ __all__ = [
     "RunningServer",
     "ToolSpec",
     "count_ledger",
+    "launch_command",
     "main",
     "parse_tool_spec",
     "read_ledger",
     "read_state",
     "serve_http",
     "stdio_params",
-    "testserver_command",
 ]
 
 OPERATION_ID_META_KEY = "io.breakwater/operationId"
@@ -718,12 +733,12 @@ class _HttpFaults:
     transports: dict[tuple[str, int], asyncio.Transport] = dataclasses.field(default_factory=dict)
 
 
-def _rst(transport: asyncio.BaseTransport) -> None:
+def _rst(transport: asyncio.Transport) -> None:
     """Close with a TCP RST instead of a FIN: SO_LINGER on with a zero timeout, then abort."""
     sock = transport.get_extra_info("socket")
     if sock is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    transport.abort()  # type: ignore[attr-defined]
+    transport.abort()
 
 
 def _faulty_protocol(faults: _HttpFaults) -> type[asyncio.Protocol]:
@@ -763,8 +778,10 @@ def _faulty_app(app: ASGIApp, faults: _HttpFaults) -> ASGIApp:
             faults.reset_left -= 1
             client = scope.get("client")
             transport = faults.transports.get((client[0], client[1])) if client else None
-            if transport is not None:
-                _rst(transport)
+            if transport is None:
+                # Not ours to reset (never expected); uvicorn answers 500 rather than leaving the caller hanging.
+                return
+            _rst(transport)
             while (await receive())["type"] != "http.disconnect":
                 pass
             return
@@ -945,14 +962,14 @@ def main(argv: list[str]) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def testserver_command(*flags: str) -> list[str]:
+def launch_command(*flags: str) -> list[str]:
     """The argv that launches a testserver subprocess with `flags`."""
     return [sys.executable, "-m", "breakwater", "testserver", *flags]
 
 
 def stdio_params(*flags: str, env: Mapping[str, str] | None = None) -> StdioServerParameters:
     """`StdioServerParameters` for `mcp.Client` that launch a stdio testserver with `flags`."""
-    cmd = testserver_command(*flags)
+    cmd = launch_command(*flags)
     return StdioServerParameters(command=cmd[0], args=cmd[1:], env=dict(env) if env is not None else None)
 
 
@@ -979,7 +996,7 @@ async def serve_http(
     """Start a testserver on a free HTTP port, yield it once it listens, terminate it on exit."""
     tmp = Path(tempfile.mkdtemp(prefix="bw-testserver-"))
     port_file = tmp / "port"
-    cmd = testserver_command("--http", "--port", "0", "--port-file", str(port_file), *flags)
+    cmd = launch_command("--http", "--port", "0", "--port-file", str(port_file), *flags)
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
     try:
         with anyio.fail_after(start_timeout):

@@ -91,7 +91,7 @@ DEFAULT_ROUTING: Final[Routing] = "affinity"
 DEFAULT_REPLICAS: Final = 3
 DEFAULT_IDLE_TIMEOUT_S: Final = 60
 DEFAULT_DRAIN_S: Final = 30
-DEFAULT_SEED: Final = 3
+DEFAULT_SEED: Final = 1
 REPLICAS_RANGE: Final = (1, 8)
 IDLE_TIMEOUT_RANGE_S: Final = (10, 300)
 IDLE_TIMEOUT_STEP_S: Final = 5
@@ -182,7 +182,7 @@ class LabConfig:
         `LabConfigError` naming the key for unknown keys and bad values.
         """
         names = [f.name for f in dataclasses.fields(cls)]
-        changes: dict[str, object] = {}
+        changes: dict[str, Any] = {}
         for key, raw in data.items():
             if key not in names:
                 close = difflib.get_close_matches(key, names, n=1)

@@ -12,9 +12,12 @@ runs after the deadline (phase 2), so it is too late, as the tie rule demands.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import deque
 from collections.abc import Sequence
-from typing import Final
+from heapq import heappop as _heappop
+from heapq import heappush as _heappush
+from typing import Any, Final
 
 from breakwater.lab.config import (
     DEPLOY_START_MS,
@@ -73,7 +76,6 @@ HOP_POST: Final = 1
 HOP_RESUME: Final = 2
 
 MAX_ATTEMPTS: Final = 1 + MAX_REISSUES
-_N_BUCKETS: Final = HARD_STOP_MS // BUCKET_MS + 1
 
 
 class _Call:
@@ -87,6 +89,7 @@ class _Call:
         "duration",
         "id",
         "init_hops",
+        "max_silence",
         "mut_at",
         "progress",
         "resume_hops",
@@ -101,6 +104,10 @@ class _Call:
         # Offset of the side effect from execution start, or -1 for a read-only call.
         self.mut_at = round(spec.mut_frac * self.duration) if spec.mutating else -1
         self.progress = spec.progress_offsets_ms(slow_tools)
+        # Longest byte-free stretch of an execution that starts at once: decides whether a stream
+        # opened on an idle replica can ever be cut.
+        marks = (0, *self.progress, self.duration)
+        self.max_silence = max(b - a for a, b in itertools.pairwise(marks))
         self.attempts_used = 0
         self.status = PENDING
         self.commits = 0
@@ -172,7 +179,9 @@ class _Replica:
 class _Sim:
     """One run. Not reusable: build, `run()`, read the result."""
 
-    def __init__(self, config: LabConfig, calls: Sequence[CallSpec]) -> None:
+    def __init__(self, config: LabConfig, calls: Sequence[CallSpec], hard_stop_ms: int) -> None:
+        self.hard_stop = hard_stop_ms
+        n_buckets = hard_stop_ms // BUCKET_MS + 1
         self.cfg = config
         self.n = config.replicas
         self.stateless = config.mode == "2026-07-28"
@@ -216,34 +225,15 @@ class _Sim:
         self.s_busy: list[list[int]] = [[] for _ in range(self.n)]
         self.s_queue: list[list[int]] = [[] for _ in range(self.n)]
         self.s_state: list[list[int]] = [[] for _ in range(self.n)]
-        self.c_cuts = [0] * _N_BUCKETS
-        self.c_404 = [0] * _N_BUCKETS
-        self.c_kills = [0] * _N_BUCKETS
-        self.c_reissues = [0] * _N_BUCKETS
-        self.c_failures = [0] * _N_BUCKETS
-        self.c_dups = [0] * _N_BUCKETS
-        self.c_done = [0] * _N_BUCKETS
+        self.c_cuts = [0] * n_buckets
+        self.c_404 = [0] * n_buckets
+        self.c_kills = [0] * n_buckets
+        self.c_reissues = [0] * n_buckets
+        self.c_failures = [0] * n_buckets
+        self.c_dups = [0] * n_buckets
+        self.c_done = [0] * n_buckets
 
     # -- plumbing ------------------------------------------------------------------------------
-
-    def push(self, t: int, phase: int, kind: int, obj: object, arg: int = 0) -> None:
-        self.seq += 1
-        heapq.heappush(self.heap, (t, phase, self.seq, kind, obj, arg))
-
-    def note(
-        self, kind: str, call: _Call | None, attempt: _Attempt | None, replica: int | None, detail: str | int | None = None
-    ) -> None:
-        self.log.append(
-            (
-                self.now,
-                self.phase,
-                kind,
-                call.id if call is not None else None,
-                attempt.no if attempt is not None else None,
-                replica,
-                detail,
-            )
-        )
 
     def sample(self, t: int) -> None:
         # Gauges at the start of every bucket up to t, before any event at or after that instant.
@@ -271,7 +261,8 @@ class _Sim:
     def want_refill(self, rep: _Replica, t: int) -> None:
         if not rep.refill_pending and rep.queue and len(rep.running) < SLOTS:
             rep.refill_pending = True
-            self.push(t, P_REFILL, _REFILL, rep)
+            self.seq += 1
+            _heappush(self.heap, (t, P_REFILL, self.seq, _REFILL, rep, 0))
 
     # -- load balancer (§3.8) --------------------------------------------------------------------
 
@@ -291,7 +282,9 @@ class _Sim:
             reps = self.replicas
             new = min(routable, key=lambda i: (len(reps[i].running) + len(reps[i].queue), i))
         self.pins[client] = new
-        self.note("pin", call, None, new, f"client {client}: {pin if pin is not None else '-'} -> {new}")
+        self.log.append(
+            (self.now, self.phase, "pin", call.id, None, new, f"client {client}: {pin if pin is not None else '-'} -> {new}")
+        )
         return new
 
     # -- sessions (2025-11-25) -----------------------------------------------------------------
@@ -310,7 +303,7 @@ class _Sim:
         self.sessions_created += 1
         if reinit:
             self.reinits += 1
-        self.note("reinit" if reinit else "init", call, None, r, self.sid)
+        self.log.append((self.now, self.phase, "reinit" if reinit else "init", call.id, None, r, self.sid))
 
     # -- client side (§3.9) --------------------------------------------------------------------
 
@@ -321,7 +314,7 @@ class _Sim:
             call.status = FAILED
             self.pending -= 1
             self.c_failures[t // BUCKET_MS] += 1
-            self.note("fail", call, None, None)
+            self.log.append((self.now, self.phase, "fail", call.id, None, None, None))
             return
         call.attempts_used += 1
         if call.attempts_used > 1:
@@ -332,7 +325,7 @@ class _Sim:
         if not self.routable:
             # Only with N = 1 during a deploy: the proxy holds the request, with no idle clock.
             self.held.append((_SEND, call))
-            self.note("hold", call, None, None, "post")
+            self.log.append((self.now, self.phase, "hold", call.id, None, None, "post"))
             return
         no = call.attempts_used
         session: _Session | None = None
@@ -341,11 +334,11 @@ class _Sim:
                 self.initialize(call, no, reinit=False)
             session = self.sessions[call.client]
         r = self.route(call, no, HOP_POST, 0)
-        self.note("post", call, None, r, no)
+        self.log.append((self.now, self.phase, "post", call.id, None, r, no))
         if not self.stateless and not self.visible(session, r):
             self.http_404 += 1
             self.c_404[t // BUCKET_MS] += 1
-            self.note("404", call, None, r, "post")
+            self.log.append((self.now, self.phase, "404", call.id, None, r, "post"))
             self.initialize(call, no, reinit=True)
             self.send(call, t)
             return
@@ -356,11 +349,15 @@ class _Sim:
         a = _Attempt(len(self.attempts), call, r, session, t)
         self.attempts.append(a)
         rep.queue.append(a)
+        self.log.append((t, self.phase, "accept", call.id, a.no, r, len(rep.queue)))
         if len(rep.queue) > rep.peak_queue:
             rep.peak_queue = len(rep.queue)
-        # Stream open is a byte (priming event or headers); queued time is silent time.
-        if self.cuts_on:
-            self.push(t + self.T, P_DEADLINE, _CUT, a, a.conn)
+        # Stream open is a byte (priming event or headers); queued time is silent time. An attempt
+        # that starts at this very instant and is never silent for T needs no idle timer: skipping
+        # it only saves a no-op event.
+        if self.cuts_on and not (len(rep.queue) == 1 and len(rep.running) < SLOTS and call.max_silence < self.T):
+            self.seq += 1
+            _heappush(self.heap, (t + self.T, P_DEADLINE, self.seq, _CUT, a, a.conn))
         self.want_refill(rep, t)
 
     def deliver(self, a: _Attempt, t: int) -> None:
@@ -372,43 +369,40 @@ class _Sim:
             call.completion = t
             self.pending -= 1
             self.c_done[t // BUCKET_MS] += 1
-            self.note("deliver", call, a, a.replica, t - call.arrival)
+            self.log.append((self.now, self.phase, "deliver", call.id, a.no, a.replica, t - call.arrival))
 
     def orphan_and_resend(self, a: _Attempt, t: int) -> None:
         a.orphaned = True
-        self.note("orphan", a.call, a, a.replica)
+        self.log.append((self.now, self.phase, "orphan", a.call.id, a.no, a.replica, None))
         self.send(a.call, t)
 
     # -- event handlers ------------------------------------------------------------------------
 
-    def on_arrive(self, t: int, call: object, _: int) -> None:
-        assert isinstance(call, _Call)
+    def on_arrive(self, t: int, call: Any, _: int) -> None:
         self.pending += 1
-        self.note("arrive", call, None, None, call.client)
+        self.log.append((self.now, self.phase, "arrive", call.id, None, None, call.client))
         self.send(call, t)
 
-    def on_send(self, t: int, call: object, _: int) -> None:
-        assert isinstance(call, _Call)
+    def on_send(self, t: int, call: Any, _: int) -> None:
         self.send(call, t)
 
-    def on_resume(self, t: int, a: object, _: int) -> None:
-        assert isinstance(a, _Attempt)
+    def on_resume(self, t: int, a: Any, _: int) -> None:
         call = a.call
         if call.status != PENDING:
             return
         if not self.routable:
             self.held.append((_RESUME, a))
-            self.note("hold", call, a, None, "resume")
+            self.log.append((self.now, self.phase, "hold", call.id, a.no, None, "resume"))
             return
         self.resume_attempts += 1
         r = self.route(call, a.no, HOP_RESUME, call.resume_hops)
         call.resume_hops += 1
-        self.note("resume", call, a, r)
+        self.log.append((self.now, self.phase, "resume", call.id, a.no, r, None))
         if not self.visible(a.session, r):
             self.http_404 += 1
             self.c_404[t // BUCKET_MS] += 1
             self.resumes_failed += 1
-            self.note("404", call, a, r, "resume")
+            self.log.append((self.now, self.phase, "404", call.id, a.no, r, "resume"))
             current = self.sessions.get(call.client)
             # Re-initialize only if no other call has done so since this stream's session.
             if current is not None and a.session is not None and current.sid == a.session.sid:
@@ -418,34 +412,36 @@ class _Sim:
         if a.state == KILLED:
             # The producer is dead: a shared buffer cannot bring back the final response.
             self.resumes_failed += 1
-            self.note("resume_failed", call, a, r, "killed")
+            self.log.append((self.now, self.phase, "resume_failed", call.id, a.no, r, "killed"))
             self.orphan_and_resend(a, t)
             return
         self.resumes_ok += 1
         a.connected = True
         a.last = t
         a.conn += 1
-        self.note("resume_ok", call, a, r)
+        self.log.append((self.now, self.phase, "resume_ok", call.id, a.no, r, None))
         if a.final_emitted:
             self.deliver(a, t)
         elif self.cuts_on:
-            self.push(t + self.T, P_DEADLINE, _CUT, a, a.conn)
+            self.seq += 1
+            _heappush(self.heap, (t + self.T, P_DEADLINE, self.seq, _CUT, a, a.conn))
 
-    def on_cut(self, t: int, a: object, conn: int) -> None:
-        assert isinstance(a, _Attempt)
+    def on_cut(self, t: int, a: Any, conn: int) -> None:
         if not a.connected or a.conn != conn:
             return
         due = a.last + self.T
         if due > t:
-            self.push(due, P_DEADLINE, _CUT, a, conn)
+            self.seq += 1
+            _heappush(self.heap, (due, P_DEADLINE, self.seq, _CUT, a, conn))
             return
         self.stream_cuts += 1
         self.c_cuts[t // BUCKET_MS] += 1
         a.connected = False
-        self.note("cut", a.call, a, a.replica)
+        self.log.append((self.now, self.phase, "cut", a.call.id, a.no, a.replica, None))
         if not self.stateless:
             # Disconnection is not cancellation: the work goes on; the client resumes.
-            self.push(t + RECONNECT_DELAY_MS, P_CLIENT, _RESUME, a)
+            self.seq += 1
+            _heappush(self.heap, (t + RECONNECT_DELAY_MS, P_CLIENT, self.seq, _RESUME, a, 0))
             return
         # 2026-07-28: closing the stream cancels the request.
         self.cancellations += 1
@@ -458,15 +454,15 @@ class _Sim:
             self.want_refill(rep, t)
         a.state = CANCELLED
         a.end = t
-        self.note("cancel", a.call, a, a.replica)
-        self.push(t + REISSUE_DELAY_MS, P_CLIENT, _SEND, a.call)
+        self.log.append((self.now, self.phase, "cancel", a.call.id, a.no, a.replica, None))
+        self.seq += 1
+        _heappush(self.heap, (t + REISSUE_DELAY_MS, P_CLIENT, self.seq, _SEND, a.call, 0))
 
-    def on_kill(self, t: int, rep: object, _: int) -> None:
-        assert isinstance(rep, _Replica)
+    def on_kill(self, t: int, rep: Any, _: int) -> None:
         self.busy_change(rep, t)
         self.set_state(rep, DOWN)
         rep.epoch += 1  # memory-mode sessions and buffers die with the process
-        self.note("down", None, None, rep.index, rep.epoch)
+        self.log.append((self.now, self.phase, "down", None, None, rep.index, rep.epoch))
         victims = [*rep.running.values(), *rep.queue]
         rep.running.clear()
         rep.queue.clear()
@@ -475,23 +471,23 @@ class _Sim:
             self.c_kills[t // BUCKET_MS] += 1
             a.state = KILLED
             a.end = t
-            self.note("kill", a.call, a, rep.index)
+            self.log.append((self.now, self.phase, "kill", a.call.id, a.no, rep.index, None))
             if a.connected:
                 a.connected = False
                 if self.stateless:
-                    self.push(t + REISSUE_DELAY_MS, P_CLIENT, _SEND, a.call)
+                    self.seq += 1
+                    _heappush(self.heap, (t + REISSUE_DELAY_MS, P_CLIENT, self.seq, _SEND, a.call, 0))
                 else:
-                    self.push(t + RECONNECT_DELAY_MS, P_CLIENT, _RESUME, a)
+                    self.seq += 1
+                    _heappush(self.heap, (t + RECONNECT_DELAY_MS, P_CLIENT, self.seq, _RESUME, a, 0))
 
-    def on_drain(self, t: int, rep: object, _: int) -> None:
-        assert isinstance(rep, _Replica)
+    def on_drain(self, t: int, rep: Any, _: int) -> None:
         self.set_state(rep, DRAINING)
-        self.note("drain", None, None, rep.index)
+        self.log.append((self.now, self.phase, "drain", None, None, rep.index, None))
 
-    def on_reboot(self, t: int, rep: object, _: int) -> None:
-        assert isinstance(rep, _Replica)
+    def on_reboot(self, t: int, rep: Any, _: int) -> None:
         self.set_state(rep, UP)
-        self.note("up", None, None, rep.index, rep.epoch)
+        self.log.append((self.now, self.phase, "up", None, None, rep.index, rep.epoch))
         held, self.held = self.held, []
         for kind, obj in held:
             if kind == _SEND:
@@ -500,13 +496,12 @@ class _Sim:
             else:
                 self.on_resume(t, obj, 0)
 
-    def on_mutate(self, t: int, a: object, _: int) -> None:
-        assert isinstance(a, _Attempt)
+    def on_mutate(self, t: int, a: Any, _: int) -> None:
         if a.state != RUNNING:
             return
         call = a.call
         # Logged identically either way: idempotency must not change the log (invariant 5).
-        self.note("mutation", call, a, a.replica)
+        self.log.append((self.now, self.phase, "mutation", call.id, a.no, a.replica, None))
         if self.idem and call.applied:
             self.dedup_hits += 1
             return
@@ -515,16 +510,14 @@ class _Sim:
         if call.commits > 1:
             self.c_dups[t // BUCKET_MS] += 1
 
-    def on_progress(self, t: int, a: object, _: int) -> None:
-        assert isinstance(a, _Attempt)
+    def on_progress(self, t: int, a: Any, _: int) -> None:
         if a.state != RUNNING:
             return
         if a.connected:
             a.last = t
-        self.note("progress", a.call, a, a.replica)
+        self.log.append((self.now, self.phase, "progress", a.call.id, a.no, a.replica, None))
 
-    def on_finish(self, t: int, a: object, _: int) -> None:
-        assert isinstance(a, _Attempt)
+    def on_finish(self, t: int, a: Any, _: int) -> None:
         if a.state != RUNNING:
             return
         rep = self.replicas[a.replica]
@@ -533,13 +526,12 @@ class _Sim:
         a.state = FINISHED
         a.end = t
         a.final_emitted = True
-        self.note("finish", a.call, a, a.replica)
+        self.log.append((self.now, self.phase, "finish", a.call.id, a.no, a.replica, None))
         self.want_refill(rep, t)
         if a.connected:
             self.deliver(a, t)
 
-    def on_refill(self, t: int, rep: object, _: int) -> None:
-        assert isinstance(rep, _Replica)
+    def on_refill(self, t: int, rep: Any, _: int) -> None:
         rep.refill_pending = False
         queue = rep.queue
         running = rep.running
@@ -550,28 +542,36 @@ class _Sim:
             a.state = RUNNING
             a.start = t
             call = a.call
-            self.note("start", call, a, rep.index)
+            self.log.append((self.now, self.phase, "start", call.id, a.no, rep.index, None))
             if call.mut_at >= 0:
-                self.push(t + call.mut_at, P_WORK, _MUTATE, a)
+                self.seq += 1
+                _heappush(self.heap, (t + call.mut_at, P_WORK, self.seq, _MUTATE, a, 0))
             for offset in call.progress:
-                self.push(t + offset, P_WORK, _PROGRESS, a)
-            self.push(t + call.duration, P_WORK, _FINISH, a)
+                self.seq += 1
+                _heappush(self.heap, (t + offset, P_WORK, self.seq, _PROGRESS, a, 0))
+            self.seq += 1
+            _heappush(self.heap, (t + call.duration, P_WORK, self.seq, _FINISH, a, 0))
 
     # -- the run ----------------------------------------------------------------------------------
 
     def run(self) -> LabResult:
         cfg = self.cfg
-        for call in self.calls:
-            self.push(call.arrival, P_CLIENT, _ARRIVE, call)
+        # Arrivals first, in order, so they take the lowest seqs; heapify beats 1 800 pushes.
+        self.heap = [(c.arrival, P_CLIENT, i, _ARRIVE, c, 0) for i, c in enumerate(self.calls, 1)]
+        heapq.heapify(self.heap)
+        self.seq = len(self.calls)
         if cfg.rolling_deploy:
             w = cfg.drain_s * 1000
             for rep in self.replicas:
                 # Pushed drain, kill, reboot per replica in index order, so at one instant replica
                 # i's reboot (lower seq) precedes replica i+1's drain, as §3.15 phase 1 requires.
                 start = DEPLOY_START_MS + rep.index * (w + REBOOT_MS)
-                self.push(start, P_LIFECYCLE, _DRAIN, rep)
-                self.push(start + w, P_DEADLINE, _KILL, rep)
-                self.push(start + w + REBOOT_MS, P_LIFECYCLE, _REBOOT, rep)
+                self.seq += 1
+                _heappush(self.heap, (start, P_LIFECYCLE, self.seq, _DRAIN, rep, 0))
+                self.seq += 1
+                _heappush(self.heap, (start + w, P_DEADLINE, self.seq, _KILL, rep, 0))
+                self.seq += 1
+                _heappush(self.heap, (start + w + REBOOT_MS, P_LIFECYCLE, self.seq, _REBOOT, rep, 0))
             self.deploy_end = DEPLOY_START_MS + self.n * (w + REBOOT_MS)
         handlers = (
             self.on_arrive,
@@ -587,12 +587,12 @@ class _Sim:
             self.on_refill,
         )
         heap = self.heap
-        pop = heapq.heappop
+        pop = _heappop
         end = 0
         stopped = False
         while heap:
             t, phase, _, kind, obj, arg = pop(heap)
-            if t > HARD_STOP_MS:
+            if t > self.hard_stop:
                 stopped = True
                 break
             if t >= self.next_sample:
@@ -601,7 +601,7 @@ class _Sim:
             self.phase = phase
             end = t
             handlers[kind](t, obj, arg)
-        end = HARD_STOP_MS if stopped else max(end, WINDOW_MS)
+        end = self.hard_stop if stopped else max(end, WINDOW_MS)
         self.sample(end)
         return self.result(end)
 
@@ -668,10 +668,11 @@ class _Sim:
         return LabResult(config=self.cfg, metrics=metrics, series=series, latency=LatencyHistogram.of(ok_lat), log=self.log)
 
 
-def run(config: LabConfig, calls: Sequence[CallSpec]) -> LabResult:
+def run(config: LabConfig, calls: Sequence[CallSpec], *, hard_stop_ms: int = HARD_STOP_MS) -> LabResult:
     """Simulate `calls` (ordered by arrival) under `config`; the seed in `config` keys routing only.
 
     Most callers want `simulate()`, which generates the traffic from the seed. This entry point lets
-    tests run crafted one-call scenarios.
+    tests run crafted one-call scenarios and the benchmark run a day of traffic (with a later
+    `hard_stop_ms`).
     """
-    return _Sim(config, calls).run()
+    return _Sim(config, calls, hard_stop_ms).run()

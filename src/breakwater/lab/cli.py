@@ -1,0 +1,197 @@
+"""`breakwater lab ...`: run the simulator in the terminal.
+
+Parses, builds a `LabConfig`, calls the library and renders; no model logic lives here.
+Exit codes: 0 success, 2 usage or config error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Final
+
+from rich.console import Console
+from rich.table import Table
+
+from breakwater.lab import (
+    LabConfig,
+    LabConfigError,
+    LabResult,
+    get_mission,
+    is_exploration,
+    score_mission,
+    simulate,
+)
+from breakwater.lab.chart import bar_chart, downsample
+from breakwater.lab.config import MODES, ROUTINGS
+from breakwater.lab.missions import MISSIONS
+
+__all__ = ["main"]
+
+CHART_WIDTH: Final = 72
+# Flag dest -> LabConfig field. Flags left unset keep the mission's (or the default) value.
+_CONTROL_FLAGS: Final = {
+    "mode": "mode",
+    "routing": "routing",
+    "replicas": "replicas",
+    "idle_timeout": "idle_timeout_s",
+    "keepalive": "keepalive_s",
+    "drain": "drain_s",
+    "idempotency": "idempotency",
+    "slow_tools": "slow_tools",
+    "rolling_deploy": "rolling_deploy",
+    "hot_client": "hot_client",
+    "seed": "seed",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="breakwater lab", description="The fleet lab: an MCP fleet simulator.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="simulate ten minutes of traffic and print metrics, stars and a chart")
+    run.add_argument("--mission", type=int, metavar="N", help="load mission N's set-up (1-6) and score it")
+    fix = run.add_mutually_exclusive_group()
+    fix.add_argument("--fix", action="store_true", help="apply the mission's 3-star reference fix")
+    fix.add_argument("--variant", metavar="KEY", help="apply one of the mission's references or traps by key")
+    controls = run.add_argument_group("controls (override the mission set-up or the defaults)")
+    controls.add_argument("--mode", choices=MODES, help="protocol revision and state model")
+    controls.add_argument("--routing", choices=ROUTINGS, help="load-balancer routing")
+    controls.add_argument("--replicas", type=int, metavar="N", help="number of replicas, 1-8")
+    controls.add_argument("--idle-timeout", type=int, metavar="S", help="proxy idle timeout T in seconds, 10-300")
+    controls.add_argument("--keepalive", metavar="S|off", help="SSE keep-alive interval K in seconds (5-120) or off")
+    controls.add_argument("--drain", type=int, metavar="S", help="deploy drain window W in seconds, 0-300")
+    bool_flag = argparse.BooleanOptionalAction
+    controls.add_argument("--idempotency", action=bool_flag, default=None, help="idempotent mutating tools")
+    injections = run.add_argument_group("injections")
+    injections.add_argument("--slow-tools", action=bool_flag, default=None, help="2%% of calls run 60-240 s")
+    injections.add_argument("--rolling-deploy", action=bool_flag, default=None, help="drain and reboot each replica")
+    injections.add_argument("--hot-client", action=bool_flag, default=None, help="client 0 sends 5 extra calls/s")
+    run.add_argument("--seed", type=int, metavar="S", help="traffic seed (a mission scores only at its pinned seed)")
+    run.add_argument("--json", action="store_true", help="print one JSON object instead of tables and charts")
+    run.add_argument("--full", action="store_true", help="with --json: add series, histogram and the event log")
+    run.add_argument("--width", type=int, default=CHART_WIDTH, metavar="COLS", help="chart width in columns")
+
+    missions = sub.add_parser("missions", help="list the missions: set-up, goal, star rules, references, traps")
+    missions.add_argument("--json", action="store_true", help="print a JSON array")
+    return parser
+
+
+def _build_config(args: argparse.Namespace) -> LabConfig:
+    config = LabConfig()
+    if args.mission is not None:
+        mission = get_mission(args.mission)
+        config = mission.setup
+        if args.fix:
+            config = mission.fix.apply(config)
+        elif args.variant is not None:
+            config = mission.variant(args.variant).apply(config)
+    elif args.fix or args.variant is not None:
+        raise LabConfigError("--fix and --variant need --mission", key="mission")
+    changes: dict[str, Any] = {}
+    for dest, name in _CONTROL_FLAGS.items():
+        value = getattr(args, dest)
+        if value is not None:
+            changes[name] = value
+    return LabConfig.from_dict(changes, base=config) if changes else config
+
+
+def _chart_lines(result: LabResult, width: int) -> list[str]:
+    series = result.series
+    n = len(series.in_flight)
+    per_col = n / min(n, width) if n else 1.0
+    lines = bar_chart("calls in flight", downsample(series.in_flight, width), seconds_per_value=per_col)
+    lines.append("")
+    lines += bar_chart("failed calls", downsample(series.failures, width, sum), seconds_per_value=per_col, height=3)
+    trouble = [c + h + k for c, h, k in zip(series.cuts, series.http_404, series.kills, strict=True)]
+    if any(trouble):
+        lines.append("")
+        lines += bar_chart("cuts + 404s + kills", downsample(trouble, width, sum), seconds_per_value=per_col, height=3)
+    return lines
+
+
+def _print_human(console: Console, config: LabConfig, result: LabResult, mission_id: int | None, width: int) -> None:
+    keepalive = "off" if config.keepalive_s is None else f"{config.keepalive_s} s"
+    injections = [n for n in ("slow_tools", "rolling_deploy", "hot_client") if getattr(config, n)]
+    console.print(
+        f"{config.mode} · {config.routing} · {config.replicas} replicas · T {config.idle_timeout_s} s · "
+        f"K {keepalive} · W {config.drain_s} s · idempotency {'on' if config.idempotency else 'off'} · "
+        f"injections: {', '.join(injections) or 'none'} · seed {config.seed}",
+        markup=False,
+        highlight=False,
+    )
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in result.metrics.to_dict().items():
+        if isinstance(value, list):
+            shown = ", ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in value)
+        elif isinstance(value, float):
+            shown = f"{value:.2f}"
+        else:
+            shown = "-" if value is None else str(value)
+        table.add_row(name, shown)
+    console.print(table)
+    if mission_id is not None:
+        mission = get_mission(mission_id)
+        if is_exploration(mission_id, config):
+            console.print(
+                f"Mission {mission_id} ({mission.name}): exploration at seed {config.seed}; stars are awarded "
+                f"only at the pinned seed {mission.pinned_seed}.",
+                markup=False,
+            )
+        else:
+            stars = score_mission(mission_id, config, result)
+            shown = "★" * stars + "☆" * (3 - stars)
+            console.print(f"Mission {mission_id} ({mission.name}): {shown} {stars} star(s)", markup=False)
+            console.print(f"  goal: {mission.goal_text}\n  3 stars: {mission.three_star_text}", markup=False)
+    console.print("\n".join(_chart_lines(result, width)), markup=False, highlight=False)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        config = _build_config(args)
+    except (LabConfigError, KeyError) as exc:
+        print(f"breakwater lab: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
+        return 2
+    result = simulate(config)
+    if args.json:
+        out: dict[str, object] = (
+            result.to_dict() if args.full else {"config": config.to_dict(), "metrics": result.metrics.to_dict()}
+        )
+        if args.mission is not None:
+            exploring = is_exploration(args.mission, config)
+            out["mission"] = args.mission
+            out["exploration"] = exploring
+            out["stars"] = 0 if exploring else score_mission(args.mission, config, result)
+        print(json.dumps(out))
+        return 0
+    _print_human(Console(), config, result, args.mission, max(10, args.width))
+    return 0
+
+
+def _missions(args: argparse.Namespace) -> int:
+    if args.json:
+        print(json.dumps([m.to_dict() for m in MISSIONS]))
+        return 0
+    console = Console()
+    for m in MISSIONS:
+        console.print(f"[bold]M{m.id} · {m.name}[/bold] (pinned seed {m.pinned_seed})")
+        console.print(f"  {m.lesson}\n  set-up: {m.setup.to_dict()}", markup=False)
+        console.print(f"  goal (1 star): {m.goal_text}\n  3 stars: {m.three_star_text}", markup=False)
+        for v in m.variants:
+            console.print(f"  {v.kind} {v.key!r}: {v.label} -> {v.stars} star(s) {v.outcome}", markup=False)
+        console.print()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """Run `breakwater lab` with `argv` (without the `lab`); returns the exit code."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on usage errors and 0 on --help
+        return int(exc.code or 0)
+    if args.command == "run":
+        return _run(args)
+    return _missions(args)
