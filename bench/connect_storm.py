@@ -36,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from mcp import Client
+
+from breakwater import Breakwater
 
 NAIVE_TIMEOUT_S = 30.0
 NAIVE_RETRY_DELAYS_S = (0.5, 1.5, 4.0)
@@ -46,8 +49,6 @@ SESSION_DEADLINE_S = 300.0
 
 
 async def naive_session(urls: dict[str, str], t0: float) -> dict[str, Any]:
-    from mcp import Client
-
     results: dict[str, Any] = {}
 
     async def connect(name: str, url: str) -> None:
@@ -74,8 +75,6 @@ async def naive_session(urls: dict[str, str], t0: float) -> dict[str, Any]:
 
 
 async def breakwater_session(config_path: str, t0: float) -> dict[str, Any]:
-    from breakwater import Breakwater
-
     ready_at: dict[str, float] = {}
     async with Breakwater.from_config(config_path) as bw:
         with anyio.move_on_after(SESSION_DEADLINE_S):
@@ -88,9 +87,7 @@ async def breakwater_session(config_path: str, t0: float) -> dict[str, Any]:
                     break
                 await bw.wait_changed()
         report = bw.status()
-    return {
-        s.name: {"ok": s.name in ready_at, "t": ready_at.get(s.name), "attempts": s.attempts} for s in report.servers
-    }
+    return {s.name: {"ok": s.name in ready_at, "t": ready_at.get(s.name), "attempts": s.attempts} for s in report.servers}
 
 
 def session_main(kind: str, config_path: str) -> None:
@@ -98,10 +95,7 @@ def session_main(kind: str, config_path: str) -> None:
     print("armed", flush=True)
     sys.stdin.readline()  # the orchestrator releases every session at once
     t0 = float(sys.stdin.readline())
-    if kind == "naive":
-        out = anyio.run(naive_session, urls, t0)
-    else:
-        out = anyio.run(breakwater_session, config_path, t0)
+    out = anyio.run(naive_session, urls, t0) if kind == "naive" else anyio.run(breakwater_session, config_path, t0)
     print(json.dumps(out), flush=True)
 
 
@@ -198,9 +192,8 @@ def main() -> None:
     servers = start_servers(args.servers, congestion, args.work, args.cores, args.sigma, tmp)
     try:
         config = tmp / "mcp.json"
-        config.write_text(
-            json.dumps({"mcpServers": {f"s{i}": {"type": "http", "url": f"http://127.0.0.1:{port}/mcp"} for i, (_, port) in enumerate(servers)}})
-        )
+        entries = {f"s{i}": {"type": "http", "url": f"http://127.0.0.1:{port}/mcp"} for i, (_, port) in enumerate(servers)}
+        config.write_text(json.dumps({"mcpServers": entries}))
         env = dict(os.environ, BREAKWATER_ADMISSION_DIR=str(tmp / "admission"))
         bound = args.sessions * args.servers * args.work / args.cores
         print(
@@ -221,7 +214,8 @@ def main() -> None:
                 "peak_in_flight": max(r["peak_in_flight"] for r in runs),
                 "runs": runs,
             }
-        print(f"{'client':<11} {'connected':>9} {'all ready p50':>13} {'p99':>8} {'x bound':>8} {'attempts/connect':>16} {'peak in flight':>14}")
+        header = ("client", "connected", "all ready p50", "p99", "x bound", "attempts/connect", "peak in flight")
+        print("{:<11} {:>9} {:>13} {:>8} {:>8} {:>16} {:>14}".format(*header))
         for kind, f in figures.items():
             p50, p99 = f["all_ready_p50_s"], f["all_ready_p99_s"]
             shown = [("never" if math.isinf(v) else f"{v:.1f} s") for v in (p50, p99)]

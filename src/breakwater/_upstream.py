@@ -16,6 +16,7 @@ The connect loop:
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
@@ -31,7 +32,6 @@ import mcp.types as types
 from mcp import Client, MCPError
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from pydantic import ValidationError
 
 from breakwater._admission import Admission, Slot
@@ -49,7 +49,10 @@ logger = logging.getLogger("breakwater.upstream")
 CLIENT_NAME = "breakwater"
 CONNECTION_CLOSED = -32000  # SDK-local code: the transport ended (mcp-sdk.md §5)
 UNSUPPORTED_PROTOCOL_VERSION = -32022
-BACKGROUND_JITTER = 0.5  # background attempts are spread over mean * [1 - j, 1 + j]
+BACKGROUND_JITTER = 0.5
+# The SDK's own defaults (mcp.shared._httpx_utils): connect/write/pool 30 s, read 300 s for SSE streams.
+HTTP_TIMEOUT_S = 30.0
+HTTP_READ_TIMEOUT_S = 300.0  # background attempts are spread over mean * [1 - j, 1 + j]
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -226,8 +229,12 @@ class Upstream:
                     elif self.spec.transport == "sse":
                         transport = sse_client(self.spec.url or "", headers=dict(self.spec.headers))
                     else:
-                        http_client = create_mcp_http_client(headers=dict(self.spec.headers))
-                        http_client.event_hooks = {"response": [self._record_status]}
+                        http_client = httpx2.AsyncClient(
+                            headers=dict(self.spec.headers),
+                            timeout=httpx2.Timeout(HTTP_TIMEOUT_S, read=HTTP_READ_TIMEOUT_S),
+                            verify=_tls_context(),
+                            event_hooks={"response": [self._record_status]},
+                        )
                         await stack.enter_async_context(http_client)
                         transport = streamable_http_client(self.spec.url or "", http_client=http_client)
                     client = Client(transport, cache=None, client_info=_client_info(), **self._mode_kwargs())
@@ -433,6 +440,13 @@ class Upstream:
                 code = f" ({leaf.code})" if isinstance(leaf, MCPError) else ""
                 return ErrorInfo(code=Reason.PROTOCOL_ERROR, message=f"protocol error{code}: {_describe(leaf)}")
         return ErrorInfo(code=Reason.PROTOCOL_ERROR, message=f"unexpected failure: {_describe(leaves[0])}")
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One TLS context per process: building one (the OS trust store) costs ~30 ms of CPU, which a
+    storm of hundreds of connects would pay again and again."""
+    return httpx2.create_ssl_context()
 
 
 def _describe(exc: BaseException) -> str:

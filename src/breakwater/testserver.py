@@ -421,6 +421,8 @@ class _Congestion:
         self._sigma = sigma
         self._seq = itertools.count()
         self._liveness: dict[int, tuple[bool, float]] = {}
+        self._count = 0
+        self._counted_at = -math.inf
         directory.mkdir(parents=True, exist_ok=True)
 
     def _alive(self, pid: int) -> bool:
@@ -441,7 +443,19 @@ class _Congestion:
         return alive
 
     def in_flight(self) -> int:
-        """Handshakes in flight machine-wide (live markers in the directory)."""
+        """Handshakes in flight machine-wide (live markers in the directory), re-counted at most once a tick.
+
+        Every in-flight handshake asks each tick; listing the directory once per process and tick keeps
+        the model's own CPU cost from becoming the congestion it models.
+        """
+        now = time.monotonic()
+        if now - self._counted_at < _CONGESTION_TICK_S / 2:
+            return self._count
+        self._count = self._list_in_flight()
+        self._counted_at = now
+        return self._count
+
+    def _list_in_flight(self) -> int:
         n = 0
         for entry in os.listdir(self._dir):
             pid_text = entry.partition("-")[0]
@@ -457,7 +471,9 @@ class _Congestion:
 
     async def serve(self, rng: random.Random) -> float:
         """Hold one handshake until it has received its share of service; returns the work drawn."""
-        work = self._work_s if self._sigma <= 0 else rng.lognormvariate(math.log(self._work_s), self._sigma)
+        # --congestion-work is the mean, so S*M*work/cores is the capacity bound a benchmark quotes.
+        mu = math.log(self._work_s) - self._sigma**2 / 2
+        work = self._work_s if self._sigma <= 0 else rng.lognormvariate(mu, self._sigma)
         marker = self._dir / f"{os.getpid()}-{next(self._seq)}.handshake"
         marker.touch()
         try:
