@@ -113,6 +113,16 @@ async def test_process_that_exits_reports_code_and_stderr(tmp_path: Path) -> Non
     assert snap.next_retry_at is not None
 
 
+async def test_crash_loop_is_failed_before_the_budget_is_spent(tmp_path: Path) -> None:
+    """A process that exits the same way three times in a row is a crash loop: `failed`, not `retrying` for minutes."""
+    spec = stdio("crashloop", "--exit-at-start", "1", "--exit-message", "config file missing")
+    async with breakwater(tmp_path, spec) as bw:
+        await until(bw, "crashloop", ServerState.FAILED)
+        snap = bw.status().servers[0]
+    assert snap.attempts == 3
+    assert snap.error is not None and snap.error.code is Reason.EXITED
+
+
 async def test_silent_server_times_out_and_is_not_left_running(tmp_path: Path) -> None:
     """A server that never answers the handshake: `timeout` after attempt_timeout_s, and its process is gone."""
     marker = f"silent-{os.getpid()}-{time.monotonic_ns()}"

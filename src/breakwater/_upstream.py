@@ -50,6 +50,7 @@ CLIENT_NAME = "breakwater"
 CONNECTION_CLOSED = -32000  # SDK-local code: the transport ended (mcp-sdk.md §5)
 UNSUPPORTED_PROTOCOL_VERSION = -32022
 BACKGROUND_JITTER = 0.5
+CRASH_LOOP_EXITS = 3  # identical exits in a row that make a server `failed` before its budget is spent
 # The SDK's own defaults (mcp.shared._httpx_utils): connect/write/pool 30 s, read 300 s for SSE streams.
 HTTP_TIMEOUT_S = 30.0
 HTTP_READ_TIMEOUT_S = 300.0  # background attempts are spread over mean * [1 - j, 1 + j]
@@ -166,17 +167,22 @@ class Upstream:
         round_started = self._clock.monotonic()
         self.round_attempt = 0
         failed = False
+        same_exit = 0
         while True:
+            previous = self.error
             connected = await self._attempt()
             if connected:
                 # A drop starts a fresh round with the full budget: the server was healthy a moment ago.
                 round_started = self._clock.monotonic()
                 self.round_attempt = 0
                 failed = False
+                same_exit = 0
                 continue
             assert self.error is not None
+            same_exit = same_exit + 1 if _same_exit(previous, self.error) else 0
             now = self._clock.monotonic()
-            if failed or self.error.code in PERSISTENT_REASONS:
+            # A process that exits the same way again and again is a crash loop, not a slow start.
+            if failed or self.error.code in PERSISTENT_REASONS or same_exit + 1 >= CRASH_LOOP_EXITS:
                 failed = True
             else:
                 delay = self._backoff.delay(self.round_attempt - 1, self._rng)
@@ -447,6 +453,15 @@ def _tls_context() -> ssl.SSLContext:
     """One TLS context per process: building one (the OS trust store) costs ~30 ms of CPU, which a
     storm of hundreds of connects would pay again and again."""
     return httpx2.create_ssl_context()
+
+
+def _same_exit(previous: ErrorInfo | None, current: ErrorInfo) -> bool:
+    return (
+        previous is not None
+        and previous.code is Reason.EXITED
+        and current.code is Reason.EXITED
+        and (previous.exit_code, previous.stderr_tail[-1:]) == (current.exit_code, current.stderr_tail[-1:])
+    )
 
 
 def _describe(exc: BaseException) -> str:

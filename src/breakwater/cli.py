@@ -21,6 +21,12 @@ def _config(argv: list[str]) -> int:
     return config_main(argv)
 
 
+def _demo(argv: list[str]) -> int:
+    from breakwater._demo import demo_main
+
+    return demo_main(argv)
+
+
 def _testserver(argv: list[str]) -> int:
     from breakwater.testserver import main
 
@@ -36,6 +42,7 @@ def _lab(argv: list[str]) -> int:
 _COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "status": ("connect to every server and report each one's state", _status),
     "config": ("check the config, list every knob", _config),
+    "demo": ("the whole story on built-in local servers, in under a minute", _demo),
     "testserver": ("run the misbehaving MCP test server", _testserver),
     "lab": ("the fleet lab: a deterministic simulator of an MCP server fleet", _lab),
 }

@@ -1,4 +1,4 @@
-"""`breakwater lab ...`: run the simulator in the terminal.
+"""`breakwater lab ...`: run the simulator in the terminal, or serve its web page (`serve`).
 
 Parses, builds a `LabConfig`, calls the library and renders; no model logic lives here.
 Exit codes: 0 success, 2 usage or config error.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, Final
 
@@ -75,6 +76,16 @@ def _parser() -> argparse.ArgumentParser:
 
     missions = sub.add_parser("missions", help="list the missions: set-up, goal, star rules, references, traps")
     missions.add_argument("--json", action="store_true", help="print a JSON array")
+
+    serve = sub.add_parser("serve", help="serve the lab's web page (controls, missions, charts) on 127.0.0.1")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need a token)")
+    serve.add_argument("--port", type=int, default=8765, help="port to listen on (default 8765; 0 picks a free one)")
+    serve.add_argument("--open", action="store_true", help="open the page in a web browser")
+    serve.add_argument(
+        "--token",
+        default=None,
+        help="API token, required to bind a non-loopback host (default: $BREAKWATER_LAB_TOKEN)",
+    )
     return parser
 
 
@@ -194,4 +205,10 @@ def main(argv: list[str]) -> int:
         return int(exc.code or 0)
     if args.command == "run":
         return _run(args)
+    if args.command == "serve":
+        # Imported here: the terminal commands need no HTTP machinery.
+        from breakwater.lab.web import TOKEN_ENV, serve
+
+        token = args.token or os.environ.get(TOKEN_ENV) or None
+        return serve(args.host, args.port, token=token, open_browser=args.open)
     return _missions(args)
