@@ -104,6 +104,7 @@ def session_main(kind: str, config_path: str) -> None:
 
 def start_servers(n: int, congestion_dir: Path, work: float, cores: float, sigma: float, tmp: Path) -> list[Any]:
     servers = []
+    quiet = subprocess.DEVNULL
     for i in range(n):
         port_file = tmp / f"port-{i}"
         cmd = [
@@ -111,7 +112,7 @@ def start_servers(n: int, congestion_dir: Path, work: float, cores: float, sigma
             "--name", f"s{i}", "--seed", str(i), "--congestion-dir", str(congestion_dir),
             "--congestion-work", str(work), "--congestion-cores", str(cores), "--congestion-sigma", str(sigma),
         ]  # fmt: skip
-        servers.append((subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL), port_file))
+        servers.append((subprocess.Popen(cmd, stdin=quiet, stdout=quiet, stderr=quiet), port_file))
     ports = []
     deadline = time.monotonic() + 60
     for proc, port_file in servers:
@@ -123,9 +124,30 @@ def start_servers(n: int, congestion_dir: Path, work: float, cores: float, sigma
     return [(proc, port) for (proc, _), port in zip(servers, ports, strict=True)]
 
 
-def run_once(kind: str, sessions: int, config: Path, congestion_dir: Path, env: dict[str, str]) -> dict[str, Any]:
-    for marker in congestion_dir.iterdir():
-        marker.unlink()
+def run_once(kind: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """One storm against freshly started servers (no leftover work from an earlier run)."""
+    congestion = tmp / "congestion"
+    shutil.rmtree(congestion, ignore_errors=True)
+    congestion.mkdir()
+    servers = start_servers(args.servers, congestion, args.work, args.cores, args.sigma, tmp)
+    try:
+        entries = {f"s{i}": {"type": "http", "url": f"http://127.0.0.1:{port}/mcp"} for i, (_, port) in enumerate(servers)}
+        config = tmp / "mcp.json"
+        config.write_text(json.dumps({"mcpServers": entries}))
+        admission = tmp / "admission"
+        shutil.rmtree(admission, ignore_errors=True)
+        env = dict(os.environ, BREAKWATER_ADMISSION_DIR=str(admission))
+        return storm(kind, args.sessions, config, congestion, env)
+    finally:
+        for proc, _ in servers:
+            proc.terminate()
+        for proc, _ in servers:
+            proc.wait()
+        for port_file in tmp.glob("port-*"):
+            port_file.unlink()
+
+
+def storm(kind: str, sessions: int, config: Path, congestion_dir: Path, env: dict[str, str]) -> dict[str, Any]:
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, "--session", kind, "--config", str(config)],
@@ -187,14 +209,7 @@ def main() -> None:
         return
 
     tmp = Path(tempfile.mkdtemp(prefix="bw-storm-"))
-    congestion = tmp / "congestion"
-    congestion.mkdir()
-    servers = start_servers(args.servers, congestion, args.work, args.cores, args.sigma, tmp)
     try:
-        config = tmp / "mcp.json"
-        entries = {f"s{i}": {"type": "http", "url": f"http://127.0.0.1:{port}/mcp"} for i, (_, port) in enumerate(servers)}
-        config.write_text(json.dumps({"mcpServers": entries}))
-        env = dict(os.environ, BREAKWATER_ADMISSION_DIR=str(tmp / "admission"))
         bound = args.sessions * args.servers * args.work / args.cores
         print(
             f"connect storm: {args.sessions} sessions x {args.servers} servers = {args.sessions * args.servers} connects, "
@@ -204,7 +219,7 @@ def main() -> None:
         for kind in ("naive", "breakwater"):
             if args.only and kind != args.only:
                 continue
-            runs = [run_once(kind, args.sessions, config, congestion, env) for _ in range(args.repeats)]
+            runs = [run_once(kind, args, tmp) for _ in range(args.repeats)]
             times = [r["all_ready_s"] for r in runs]
             figures[kind] = {
                 "connected_min": min(r["connected"] for r in runs),
@@ -227,10 +242,6 @@ def main() -> None:
         if args.json:
             print(json.dumps({"bound_s": bound, **figures}, default=str))
     finally:
-        for proc, _ in servers:
-            proc.terminate()
-        for proc, _ in servers:
-            proc.wait()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
