@@ -189,3 +189,132 @@ def config_main(argv: list[str]) -> int:
             if "connect" in entry:
                 console.print(f"    connect overrides: {entry['connect']}")
     return EXIT_OK
+
+
+# ---- the gateway ------------------------------------------------------------------------------
+
+
+def _gateway_parts(config: Config) -> tuple[Any, Any]:
+    from pathlib import Path
+
+    from breakwater._catalog import Catalog, default_catalog_dir
+    from breakwater._gateway import GatewayPolicy
+    from breakwater._knobs import build_policy, env_layer
+
+    policy = build_policy(GatewayPolicy, [env_layer(GatewayPolicy)])
+    directory = Path(policy.catalog_dir) if policy.catalog_dir else default_catalog_dir()
+    return policy, Catalog(template=policy.tool_name_template, directory=directory)
+
+
+def _parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep:
+        host, port = "127.0.0.1", value
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected [HOST:]PORT, got {value!r}")
+    return host, int(port)
+
+
+async def _serve(config: Config, listen: tuple[str, int] | None, token: str | None, port_file: str | None) -> int:
+    import socket
+
+    from breakwater._gateway import LOOPBACK_HOSTS, Gateway, http_app
+
+    policy, catalog = _gateway_parts(config)
+    async with Breakwater(config) as bw:
+        gateway = Gateway(bw, policy, catalog=catalog)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gateway.watch)
+            if listen is None:
+                from mcp.server.stdio import stdio_server
+
+                async with stdio_server() as (read, write):
+                    await gateway.server.run(read, write, gateway.server.create_initialization_options())
+            else:
+                import uvicorn
+
+                host, port = listen
+                family = socket.AF_INET6 if ":" in host else socket.AF_INET
+                sock = socket.socket(family, socket.SOCK_STREAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((host, port))
+                # Listen before announcing the port: a client that reads it may connect at once.
+                sock.listen(128)
+                bound = sock.getsockname()[1]
+                shown = f"[{host}]" if ":" in host else host
+                print(f"breakwater: serving MCP on http://{shown}:{bound}/mcp", file=sys.stderr, flush=True)
+                if host not in LOOPBACK_HOSTS:
+                    print("breakwater: non-loopback listener: every request needs the bearer token", file=sys.stderr)
+                if port_file:
+                    from pathlib import Path
+
+                    Path(port_file).write_text(str(bound))
+                app = http_app(gateway, host=host, token=token)
+                server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+                await server.serve(sockets=[sock])
+            tg.cancel_scope.cancel()
+    return EXIT_OK
+
+
+def serve_main(argv: list[str]) -> int:
+    """`breakwater serve`: one MCP server in front of every configured server."""
+    import os
+
+    from breakwater._gateway import LOOPBACK_HOSTS
+
+    parser = argparse.ArgumentParser(
+        prog="breakwater serve",
+        description="Serve every configured server's tools as one MCP server, through the call gate. "
+        "stdio by default (what Claude Code, Cursor, Claude Desktop and VS Code launch).",
+    )
+    _add_config_flag(parser)
+    parser.add_argument(
+        "--http",
+        metavar="[HOST:]PORT",
+        type=_parse_listen,
+        help="serve streamable HTTP instead (default host 127.0.0.1; any other host needs --token)",
+    )
+    parser.add_argument("--token", help="bearer token HTTP clients must send (default: $BREAKWATER_TOKEN)")
+    parser.add_argument("--port-file", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    token = args.token or os.environ.get("BREAKWATER_TOKEN") or None
+    if args.http and args.http[0] not in LOOPBACK_HOSTS and not token:
+        print(
+            f"breakwater: refusing to listen on {args.http[0]} without a token: anyone who can reach it could call "
+            "your tools.\n  fix: pass --token (or set BREAKWATER_TOKEN), or listen on 127.0.0.1",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
+    config = load_or_exit(args.config)
+    return anyio.run(_serve, config, args.http, token, args.port_file)
+
+
+async def _tools(config: Config, query: str, as_json: bool, wait: float) -> int:
+    from breakwater._gateway import Gateway
+
+    policy, catalog = _gateway_parts(config)
+    async with Breakwater(config) as bw:
+        gateway = Gateway(bw, policy, catalog=catalog)
+        await bw.wait_ready(timeout=wait)
+        answer = await gateway.search(query, wait_s=0)
+    if as_json:
+        print(json.dumps(answer.to_json(), indent=2))
+    else:
+        print(answer.text())
+    return EXIT_OK
+
+
+def tools_main(argv: list[str]) -> int:
+    """`breakwater tools [QUERY]`: the search tool's answer on the command line."""
+    parser = argparse.ArgumentParser(
+        prog="breakwater tools",
+        description="List or search every server's tools. The answer names the servers that could not be searched.",
+    )
+    _add_config_flag(parser)
+    parser.add_argument("query", nargs="*", help="words to look for (none: list every tool)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--wait", type=float, default=DEFAULT_STATUS_WAIT_S, metavar="SECONDS", help="wait for servers")
+    args = parser.parse_args(argv)
+    config = load_or_exit(args.config)
+    return anyio.run(_tools, config, " ".join(args.query), args.json, args.wait)

@@ -21,6 +21,18 @@ def _config(argv: list[str]) -> int:
     return config_main(argv)
 
 
+def _serve(argv: list[str]) -> int:
+    from breakwater._commands import serve_main
+
+    return serve_main(argv)
+
+
+def _tools(argv: list[str]) -> int:
+    from breakwater._commands import tools_main
+
+    return tools_main(argv)
+
+
 def _demo(argv: list[str]) -> int:
     from breakwater._demo import demo_main
 
@@ -40,6 +52,8 @@ def _lab(argv: list[str]) -> int:
 
 
 _COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
+    "serve": ("serve every server's tools as one MCP server (stdio or --http)", _serve),
+    "tools": ("list or search every server's tools", _tools),
     "status": ("connect to every server and report each one's state", _status),
     "config": ("check the config, list every knob", _config),
     "demo": ("the whole story on built-in local servers, in under a minute", _demo),

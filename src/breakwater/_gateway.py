@@ -1,0 +1,413 @@
+"""The gateway: one MCP server in front of all the others.
+
+`breakwater serve` exposes every upstream tool under a namespaced name, through the call gate,
+over stdio (what Claude Code, Cursor, Claude Desktop and VS Code launch) or streamable HTTP on
+127.0.0.1 (one shared gateway for many agent sessions). It answers "where is tool X?" three ways:
+the tool does not exist, its server is still connecting, or its server failed (with the reason and
+the next retry) — never "no such tool" for a server that is merely down.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import mcp.types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.models import InitializationOptions
+from mcp.server.session import ServerSession
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from breakwater._breakwater import Breakwater
+from breakwater._catalog import Catalog, Entry, entry_json, rank
+from breakwater._envelope import error_result
+from breakwater._knobs import knob
+from breakwater.errors import UnknownToolError
+from breakwater.status import ServerState, ServerStatus, iso
+
+__all__ = ["DEADLINE_META_KEY", "Gateway", "GatewayPolicy", "SearchAnswer"]
+
+logger = logging.getLogger("breakwater.gateway")
+
+DEADLINE_META_KEY = "io.breakwater/deadlineMs"
+SEARCH_LIMIT = 10
+NOT_READY = (ServerState.PENDING, ServerState.CONNECTING, ServerState.RETRYING, ServerState.FAILED)
+STILL_CONNECTING = (ServerState.PENDING, ServerState.CONNECTING, ServerState.RETRYING)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayPolicy:
+    """How the gateway names, lists and explains tools."""
+
+    tool_name_template: str = knob(
+        "{server}__{tool}",
+        "Downstream tool name; {server} and {tool} are replaced, other characters outside A-Z a-z 0-9 _ - . become _.",
+        env="BREAKWATER_TOOL_NAME_TEMPLATE",
+    )
+    list_unready_tools: bool = knob(
+        True,
+        "List the last-known tools of servers that are not ready, so agents can see (and call) them.",
+        env="BREAKWATER_LIST_UNREADY_TOOLS",
+    )
+    catalog_dir: str = knob(
+        "",
+        "Directory of the last-known tool lists; empty = the user cache dir.",
+        env="BREAKWATER_CATALOG_DIR",
+    )
+    search_tool: str = knob(
+        "breakwater_search_tools",
+        "Name of the built-in tool search; empty turns it off.",
+        env="BREAKWATER_SEARCH_TOOL",
+    )
+    status_tool: str = knob(
+        "breakwater_status",
+        "Name of the built-in status tool; empty turns it off.",
+        env="BREAKWATER_STATUS_TOOL",
+    )
+    search_wait_s: float = knob(
+        2.0,
+        "The search tool waits up to this long for connecting servers that may hold a match.",
+        env="BREAKWATER_SEARCH_WAIT_S",
+        minimum=0.0,
+    )
+
+
+class _GatewayServer(Server[Any]):
+    """The SDK's low-level server, announcing `tools.listChanged` to handshake-era clients."""
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        # The HTTP session manager calls this with no arguments; the gateway does send list_changed.
+        return super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True), experimental_capabilities, extensions
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchAnswer:
+    """What `breakwater_search_tools` (and `breakwater tools QUERY`) answers."""
+
+    query: str
+    matches: list[Entry]
+    unsearched: list[ServerStatus]  # servers that could not be searched live
+    servers: int
+
+    @property
+    def complete(self) -> bool:
+        """Every server was searched live: an empty answer really means "no such tool"."""
+        return not self.unsearched
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "query": self.query,
+            "matches": [entry_json(e) for e in self.matches],
+            "complete": self.complete,
+            "not_searched": [_server_note_json(s) for s in self.unsearched],
+        }
+
+    def text(self) -> str:
+        lines: list[str] = []
+        if self.matches:
+            lines.append(f"Tools matching {self.query!r}:" if self.query else "Tools:")
+            for e in self.matches:
+                desc = entry_json(e)["description"]
+                flag = "" if e.live else f" [server {e.server} is not ready: last-known definition]"
+                lines.append(f"- {e.name}: {desc}{flag}")
+        elif self.complete:
+            lines.append(f"No such tool: nothing matches {self.query!r} on any of the {self.servers} servers (all searched).")
+        else:
+            lines.append(f"Nothing matches {self.query!r} among the servers that answered; not every server could be searched.")
+        if self.unsearched:
+            lines.append("Not searched live (their tools may exist; do not conclude they are missing):")
+            lines.extend(f"- {_server_note(s)}" for s in self.unsearched)
+        return "\n".join(lines)
+
+
+def _server_note(s: ServerStatus) -> str:
+    if s.state is ServerState.RETRYING and s.error is not None:
+        return (
+            f"{s.name}: still connecting; attempt {s.attempts} failed ({s.error.code.value}: {s.error.message}); "
+            f"next attempt at {iso(s.next_retry_at)}"
+        )
+    if s.state in STILL_CONNECTING:
+        return f"{s.name}: still connecting (attempt {max(1, s.attempts)})"
+    reason = f"{s.error.code.value}: {s.error.message}" if s.error else "unavailable"
+    retry = f"; next retry at {iso(s.next_retry_at)}" if s.next_retry_at else ""
+    return f"{s.name}: failed ({reason}){retry}"
+
+
+def _server_note_json(s: ServerStatus) -> dict[str, Any]:
+    return {
+        "server": s.name,
+        "state": s.state.value,
+        "attempts": s.attempts,
+        "error": None if s.error is None else s.error.to_json(),
+        "next_retry_at": iso(s.next_retry_at),
+    }
+
+
+def _text_result(text: str, structured: dict[str, Any]) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=structured)
+
+
+class Gateway:
+    """The MCP server face of a `Breakwater`."""
+
+    def __init__(self, bw: Breakwater, policy: GatewayPolicy, *, catalog: Catalog) -> None:
+        self.bw = bw
+        self.policy = policy
+        self.catalog = catalog
+        self.bus = InMemorySubscriptionBus()
+        self._legacy_sessions: dict[int, ServerSession] = {}
+        self._signature: tuple[Any, ...] = ()
+        from importlib.metadata import version
+
+        self.server = _GatewayServer(
+            "breakwater",
+            version=version("mcp-breakwater"),
+            instructions=(
+                "breakwater is a gateway in front of several MCP servers. Tool names are server__tool. "
+                "If a tool you expect is missing or its server is down, call "
+                f"{policy.search_tool or 'the search tool'} before concluding it does not exist."
+            ),
+            on_list_tools=self._on_list_tools,
+            on_call_tool=self._on_call_tool,
+            on_subscriptions_listen=ListenHandler(self.bus),
+        )
+        self._builtins: dict[str, Callable[[ServerRequestContext[Any], Mapping[str, Any]], Awaitable[types.CallToolResult]]] = {}
+        if policy.search_tool:
+            self._builtins[policy.search_tool] = self._search_tool
+        if policy.status_tool:
+            self._builtins[policy.status_tool] = self._status_tool
+
+    # ---- the catalog as the gateway shows it ----------------------------------------------------
+
+    def entries(self) -> list[Entry]:
+        """Every tool the gateway lists: live tools of ready servers, last-known tools of the others."""
+        triples = []
+        for spec in self.bw.config.servers:
+            if not spec.enabled:
+                continue
+            upstream = self.bw.upstream(spec.name)
+            fingerprint = spec.fingerprint()
+            if upstream.state is ServerState.READY:
+                self.catalog.remember(spec.name, fingerprint, upstream.tools)
+                triples.append((spec.name, True, list(upstream.tools)))
+            elif self.policy.list_unready_tools:
+                triples.append((spec.name, False, self.catalog.load(spec.name, fingerprint)))
+        return self.catalog.entries(triples)
+
+    def _builtin_tools(self) -> list[types.Tool]:
+        tools = []
+        if self.policy.search_tool:
+            tools.append(
+                types.Tool(
+                    name=self.policy.search_tool,
+                    description=(
+                        "Search every connected MCP server's tools by name and description. The answer always says "
+                        "which servers could not be searched (still connecting, or failed with a reason and the next "
+                        "retry), so a missing tool is never mistaken for one that does not exist."
+                    ),
+                    input_schema={
+                        "type": "object",
+                        "properties": {"query": {"type": "string", "description": "words to look for"}},
+                        "required": ["query"],
+                    },
+                    annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
+                )
+            )
+        if self.policy.status_tool:
+            tools.append(
+                types.Tool(
+                    name=self.policy.status_tool,
+                    description="Each upstream MCP server's state (ready, connecting, retrying, failed) and why.",
+                    input_schema={"type": "object", "properties": {}},
+                    annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
+                )
+            )
+        return tools
+
+    def _resolve(self, name: str) -> tuple[str, str] | None:
+        """The (server, tool) behind a downstream name: from the catalog, else from the name's shape."""
+        for entry in self.entries():
+            if entry.name == name:
+                return entry.server, entry.tool.name
+        # A server that was never seen has no catalog yet: still route its tools by prefix, so the
+        # caller hears "connecting" or "failed" instead of "no such tool".
+        for spec in self.bw.config.servers:
+            prefix = self.catalog.template.format(server=spec.name, tool="")
+            if prefix and name.startswith(prefix) and len(name) > len(prefix):
+                return spec.name, name[len(prefix) :]
+        return None
+
+    # ---- change notifications ------------------------------------------------------------------
+
+    def _current_signature(self) -> tuple[Any, ...]:
+        states = tuple((s.name, s.state is ServerState.READY) for s in self.bw.status().servers)
+        names = tuple(e.name for e in self.entries())
+        return states, names
+
+    async def watch(self) -> None:
+        """Tell downstream clients when the tool list changes: a server becomes ready, changes its tools or fails."""
+        self._signature = self._current_signature()
+        while True:
+            await self.bw.wait_changed()
+            signature = self._current_signature()
+            if signature == self._signature:
+                continue
+            self._signature = signature
+            await self.notify_tools_changed()
+
+    async def notify_tools_changed(self) -> None:
+        """`notifications/tools/list_changed` to every downstream client that can receive it."""
+        await self.bus.publish(ToolsListChanged())
+        for key, session in list(self._legacy_sessions.items()):
+            try:
+                await session.send_tool_list_changed()
+            except Exception:  # a client that went away must not stop the others from hearing
+                logger.debug("dropping a downstream connection that cannot take notifications", exc_info=True)
+                self._legacy_sessions.pop(key, None)
+
+    def _track(self, ctx: ServerRequestContext[Any]) -> None:
+        # A ServerSession is per request; the connection behind it is what lives. Handshake-era
+        # clients get list_changed on the connection's own channel; 2026-07-28 clients listen.
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            connection = getattr(ctx.session, "_connection", ctx.session)
+            self._legacy_sessions[id(connection)] = ctx.session
+
+    # ---- request handlers -----------------------------------------------------------------------
+
+    async def _on_list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        self._track(ctx)
+        tools = self._builtin_tools() + [e.downstream() for e in self.entries()]
+        return types.ListToolsResult(tools=tools)
+
+    async def _on_call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+        self._track(ctx)
+        arguments = dict(params.arguments or {})
+        builtin = self._builtins.get(params.name)
+        if builtin is not None:
+            return await builtin(ctx, arguments)
+        target = self._resolve(params.name)
+        if target is None:
+            message = f"There is no tool named {params.name!r}."
+            if self.policy.search_tool:
+                message += f" Call {self.policy.search_tool} to find the right one."
+            return error_result(UnknownToolError(message, tool=params.name))
+        server, tool = target
+        finished = False
+
+        async def relay_progress(progress: float, total: float | None, message: str | None) -> None:
+            # The SDK may deliver the last progress after the call returned; the request is gone by then.
+            if not finished:
+                await ctx.session.report_progress(progress, total, message)
+
+        meta = ctx.meta or {}
+        deadline_ms = meta.get(DEADLINE_META_KEY) if isinstance(meta, Mapping) else None
+        try:
+            if isinstance(deadline_ms, int | float) and not isinstance(deadline_ms, bool) and deadline_ms >= 0:
+                async with self.bw.budget(seconds=deadline_ms / 1000):
+                    return await self.bw.call_tool(server, tool, arguments, progress_callback=relay_progress)
+            return await self.bw.call_tool(server, tool, arguments, progress_callback=relay_progress)
+        finally:
+            finished = True
+
+    # ---- built-in tools -------------------------------------------------------------------------
+
+    async def search(self, query: str, *, wait_s: float | None = None) -> SearchAnswer:
+        """Rank tools for `query`; first wait briefly for connecting servers that might hold a match."""
+        wait = self.policy.search_wait_s if wait_s is None else wait_s
+        deadline = time.monotonic() + wait
+        while True:
+            entries = self.entries()
+            statuses = [s for s in self.bw.status().servers if s.state is not ServerState.DISABLED]
+            pending = [s for s in statuses if s.state in STILL_CONNECTING and self._might_match(s.name, query, entries)]
+            remaining = deadline - time.monotonic()
+            if not pending or remaining <= 0:
+                break
+            with anyio.move_on_after(remaining):
+                await self.bw.wait_changed()
+        matches = [e for _, e in rank(entries, query, limit=SEARCH_LIMIT)] if query.strip() else entries
+        unsearched = [s for s in statuses if s.state in NOT_READY]
+        return SearchAnswer(query=query, matches=matches, unsearched=unsearched, servers=len(statuses))
+
+    def _might_match(self, server: str, query: str, entries: Sequence[Entry]) -> bool:
+        terms = [t for t in query.lower().split() if t]
+        if not terms or any(t in server.lower() for t in terms):
+            return True
+        known = [e for e in entries if e.server == server]
+        return not known or bool(rank(known, query, limit=1))
+
+    async def _search_tool(self, ctx: ServerRequestContext[Any], arguments: Mapping[str, Any]) -> types.CallToolResult:
+        query = arguments.get("query")
+        if not isinstance(query, str):
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text="Pass a text 'query', e.g. {\"query\": \"create invoice\"}.")],
+                is_error=True,
+            )
+        answer = await self.search(query)
+        return _text_result(answer.text(), answer.to_json())
+
+    async def _status_tool(self, ctx: ServerRequestContext[Any], arguments: Mapping[str, Any]) -> types.CallToolResult:
+        report = self.bw.status().to_json()
+        return _text_result(json.dumps(report, indent=2), report)
+
+
+# ---- running it ---------------------------------------------------------------------------------
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+class BearerAuth:
+    """ASGI middleware: every request must carry `Authorization: Bearer <token>`."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        import hmac
+
+        if scope["type"] == "http":
+            headers = dict(scope.get("headers") or [])
+            if not hmac.compare_digest(headers.get(b"authorization", b""), self._expected):
+                body = b'{"error": "missing or wrong bearer token"}'
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+def http_app(gateway: Gateway, *, host: str, token: str | None, allowed_origins: Sequence[str] = ()) -> Any:
+    """The gateway's streamable-HTTP ASGI app, with Host/Origin checks and, when given, a bearer token."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
+    origins = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
+    if host not in LOOPBACK_HOSTS:
+        hosts.append(f"{host}:*" if ":" not in host else f"[{host}]:*")
+        origins.append(f"http://{host}:*")
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=[*origins, *allowed_origins]
+    )
+    app = gateway.server.streamable_http_app(host=host, transport_security=security)
+    return BearerAuth(app, token) if token else app

@@ -1,0 +1,315 @@
+"""`breakwater serve`: a real MCP server in front of real upstream processes, seen by the SDK's client."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, cast
+
+import anyio
+import httpx2
+import mcp.types as types
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.types import RequestParamsMeta
+
+from breakwater.testserver import launch_command, read_state
+
+pytestmark = pytest.mark.anyio
+
+BREAKWATER = [sys.executable, "-m", "breakwater"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def stdio_entry(*flags: str) -> dict[str, Any]:
+    cmd = launch_command(*flags)
+    return {"command": cmd[0], "args": cmd[1:]}
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """Isolated caches, so one test's last-known tools never leak into another's."""
+    yield dict(
+        os.environ,
+        BREAKWATER_ADMISSION_DIR=str(tmp_path / "admission"),
+        BREAKWATER_CATALOG_DIR=str(tmp_path / "catalog"),
+        BREAKWATER_CONNECT_STARTUP_JITTER_S="0",
+        BREAKWATER_CONNECT_BACKOFF_BASE_S="0.2",
+    )
+
+
+def write_config(tmp_path: Path, servers: dict[str, Any]) -> Path:
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": servers}))
+    return path
+
+
+@asynccontextmanager
+async def gateway_stdio(config: Path, env: dict[str, str], **client_kw: Any) -> AsyncIterator[Client]:
+    params = StdioServerParameters(command=BREAKWATER[0], args=[*BREAKWATER[1:], "serve", "--config", str(config)], env=env)
+    async with Client(params, **client_kw) as client:
+        yield client
+
+
+async def wait_for_tool(client: Client, name: str, timeout: float = 30) -> types.Tool:
+    with anyio.fail_after(timeout):
+        while True:
+            for tool in (await client.list_tools()).tools:
+                if tool.name == name:
+                    return tool
+            await anyio.sleep(0.2)
+
+
+async def wait_ready(client: Client, servers: int, timeout: float = 30) -> None:
+    """Wait until the gateway reports `servers` upstreams ready (through its status tool)."""
+    with anyio.fail_after(timeout):
+        while (await client.call_tool("breakwater_status", {})).structured_content["summary"].get("ready", 0) < servers:  # type: ignore[index]
+            await anyio.sleep(0.1)
+
+
+async def call_until_ready(client: Client, name: str, args: dict[str, Any], timeout: float = 30) -> types.CallToolResult:
+    """Call until the server behind `name` has connected (the gateway answers SERVER_CONNECTING before)."""
+    with anyio.fail_after(timeout):
+        while True:
+            result = await client.call_tool(name, args)
+            if (result.structured_content or {}).get("code") != "SERVER_CONNECTING":
+                return result
+            await anyio.sleep(0.2)
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_tools_pass_through_namespaced_and_unchanged(tmp_path: Path, env: dict[str, str], mode: str) -> None:
+    """Both protocol revisions downstream: tools are listed as server__tool with description, schemas and
+    annotations unchanged, and a call goes through."""
+    config = write_config(tmp_path, {"files": stdio_entry("--tool", "read_file:latency=0.01,readonly")})
+    async with gateway_stdio(config, env, mode=mode) as client:
+        assert client.protocol_version == ("2025-11-25" if mode == "legacy" else "2026-07-28")
+        tool = await wait_for_tool(client, "files__read_file")
+        async with Client(
+            StdioServerParameters(
+                command=launch_command()[0], args=[*launch_command("--tool", "read_file:latency=0.01,readonly")[1:]]
+            ),
+            mode=mode,
+        ) as direct:
+            (upstream,) = [t for t in (await direct.list_tools()).tools if t.name == "read_file"]
+        assert tool.model_dump(exclude={"name"}) == upstream.model_dump(exclude={"name"})
+        assert tool.annotations is not None and tool.annotations.read_only_hint is True
+        names = [t.name for t in (await client.list_tools()).tools]
+        assert {"breakwater_search_tools", "breakwater_status"} <= set(names)
+        result = await call_until_ready(client, "files__read_file", {"payload": "x"})
+        assert not result.is_error, result
+        assert (result.structured_content or {})["tool"] == "read_file"
+
+
+async def test_failed_server_answers_unavailable_and_search_names_it(tmp_path: Path, env: dict[str, str]) -> None:
+    """A tool of a server that failed answers SERVER_UNAVAILABLE with its reason, never UNKNOWN_TOOL; the search
+    tool names the failed server; a name that belongs to no server is UNKNOWN_TOOL."""
+    config = write_config(
+        tmp_path,
+        {
+            "files": stdio_entry("--tool", "read_file:latency=0.01,readonly"),
+            "erp": {"command": "breakwater-no-such-erp-server"},
+        },
+    )
+    async with gateway_stdio(config, env) as client:
+        await wait_for_tool(client, "files__read_file")
+        with anyio.fail_after(20):
+            while True:
+                result = await client.call_tool("erp__create_invoice", {"amount": 3})
+                sc = result.structured_content or {}
+                if sc.get("code") == "SERVER_UNAVAILABLE":
+                    break
+                await anyio.sleep(0.2)
+        assert result.is_error
+        assert "spawn_failed" in json.dumps(sc) and sc["retry_after_s"] is not None and sc["retry_after_s"] > 0
+        search = await client.call_tool("breakwater_search_tools", {"query": "invoice"})
+        text = search.content[0].text  # type: ignore[union-attr]
+        assert "erp" in text and "spawn_failed" in text and "No such tool" not in text
+        assert (search.structured_content or {})["complete"] is False
+        unknown = await client.call_tool("nothing_here", {})
+        assert (unknown.structured_content or {})["code"] == "UNKNOWN_TOOL"
+
+
+async def test_server_coming_up_mid_session_triggers_list_changed(tmp_path: Path, env: dict[str, str]) -> None:
+    """A server that becomes ready after the client connected: the client hears tools/list_changed and can call it."""
+    config = write_config(tmp_path, {"late": stdio_entry("--startup-delay", "3", "--tool", "ping:latency=0.01,readonly")})
+    changed = anyio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.set()
+
+    async with gateway_stdio(config, env, mode="legacy", message_handler=on_message) as client:
+        names = [t.name for t in (await client.list_tools()).tools]
+        assert "late__ping" not in names  # never seen before: no last-known list yet
+        early = await client.call_tool("late__ping", {})
+        assert (early.structured_content or {})["code"] == "SERVER_CONNECTING"
+        with anyio.fail_after(30):
+            await changed.wait()
+        await wait_for_tool(client, "late__ping", timeout=5)
+        result = await client.call_tool("late__ping", {})
+        assert not result.is_error
+
+
+async def test_last_known_tools_are_listed_while_the_server_is_down(tmp_path: Path, env: dict[str, str]) -> None:
+    """The catalog remembers a server's tools on disk: after a restart, its tools are listed while it is connecting."""
+    config = write_config(tmp_path, {"slowpoke": stdio_entry("--tool", "ping:latency=0.01,readonly")})
+    async with gateway_stdio(config, env) as client:
+        await wait_for_tool(client, "slowpoke__ping")
+    # Same server, same config fingerprint, but now it takes a long time to start.
+    slow = stdio_entry("--tool", "ping:latency=0.01,readonly")
+    config.write_text(json.dumps({"mcpServers": {"slowpoke": slow}}))
+    env_slow = dict(env, BREAKWATER_CONNECT_STARTUP_JITTER_S="30")  # still pending for the whole test
+    async with gateway_stdio(config, env_slow) as client:
+        names = [t.name for t in (await client.list_tools()).tools]
+        assert "slowpoke__ping" in names
+        result = await client.call_tool("slowpoke__ping", {})
+        assert (result.structured_content or {})["code"] == "SERVER_CONNECTING"
+
+
+async def test_progress_is_relayed_and_cancel_reaches_upstream(tmp_path: Path, env: dict[str, str]) -> None:
+    """Upstream progress reaches the downstream caller; a downstream cancel stops the upstream tool."""
+    state = tmp_path / "state.json"
+    config = write_config(
+        tmp_path,
+        {"work": stdio_entry("--state-file", str(state), "--tool", "crunch:latency=60,progress=0.2,readonly")},
+    )
+    seen: list[float] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(progress)
+
+    env_long = dict(env, BREAKWATER_CALL_TIMEOUT_S="120", BREAKWATER_CALL_IDLE_TIMEOUT_S="5")
+    async with gateway_stdio(config, env_long) as client:
+        await wait_ready(client, 1)
+        async with anyio.create_task_group() as tg:
+
+            async def call() -> None:
+                await client.call_tool("work__crunch", {}, progress_callback=on_progress)
+
+            tg.start_soon(call)
+            with anyio.fail_after(20):
+                while len(seen) < 3:
+                    await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+        assert len(seen) >= 3 and seen == sorted(seen)
+        with anyio.fail_after(10):
+            while read_state(state)["in_flight"].get("crunch", 0) != 0:
+                await anyio.sleep(0.05)
+        assert read_state(state)["cancelled"].get("crunch", 0) == 1
+
+
+async def test_deadline_in_meta_becomes_the_budget(tmp_path: Path, env: dict[str, str]) -> None:
+    """`_meta["io.breakwater/deadlineMs"]` bounds the call: a 60 s tool with 500 ms left ends in well under 5 s."""
+    config = write_config(tmp_path, {"work": stdio_entry("--tool", "crunch:latency=60,readonly")})
+    env_long = dict(env, BREAKWATER_CALL_TIMEOUT_S="120")
+    async with gateway_stdio(config, env_long) as client:
+        await wait_ready(client, 1)
+        started = time.monotonic()
+        meta = cast(RequestParamsMeta, {"io.breakwater/deadlineMs": 500})
+        result = await client.call_tool("work__crunch", {}, meta=meta)
+        assert time.monotonic() - started < 5
+        assert result.is_error
+        assert (result.structured_content or {})["code"] in ("BUDGET_EXHAUSTED", "TIMEOUT")
+
+
+# ---- HTTP ------------------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def gateway_http(tmp_path: Path, config: Path, env: dict[str, str], *extra: str) -> AsyncIterator[str]:
+    port_file = tmp_path / "gw-port"
+    port_file.unlink(missing_ok=True)
+    proc = subprocess.Popen(
+        [*BREAKWATER, "serve", "--config", str(config), "--http", "127.0.0.1:0", "--port-file", str(port_file), *extra],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        with anyio.fail_after(30):
+            while not port_file.exists() or not port_file.read_text():
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                await anyio.sleep(0.05)
+        yield f"http://127.0.0.1:{int(port_file.read_text())}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_http_gateway_serves_both_revisions(tmp_path: Path, env: dict[str, str], mode: str) -> None:
+    """Streamable HTTP on 127.0.0.1: both revisions list and call upstream tools."""
+    config = write_config(tmp_path, {"files": stdio_entry("--tool", "read_file:latency=0.01,readonly")})
+    async with gateway_http(tmp_path, config, env) as url, Client(url, mode=mode) as client:
+        await wait_for_tool(client, "files__read_file")
+        result = await call_until_ready(client, "files__read_file", {})
+        assert not result.is_error
+
+
+async def test_http_rejects_foreign_origin_and_requires_token_when_set(tmp_path: Path, env: dict[str, str]) -> None:
+    """DNS-rebinding protection: a foreign Origin is refused; with --token, a request without it is 401."""
+    config = write_config(tmp_path, {})
+    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}  # fmt: skip
+    headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+    async with gateway_http(tmp_path, config, env) as url, httpx2.AsyncClient() as http:
+        evil = await http.post(url, json=body, headers={**headers, "origin": "http://evil.example"})
+        assert evil.status_code == 403
+        ok = await http.post(url, json=body, headers={**headers, "origin": url.rsplit("/", 1)[0]})
+        assert ok.status_code == 200
+    async with gateway_http(tmp_path, config, env, "--token", "s3cret-token") as url, httpx2.AsyncClient() as http:
+        assert (await http.post(url, json=body, headers=headers)).status_code == 401
+        authed = await http.post(url, json=body, headers={**headers, "authorization": "Bearer s3cret-token"})
+        assert authed.status_code == 200
+
+
+def test_non_loopback_listener_needs_a_token(tmp_path: Path, env: dict[str, str]) -> None:
+    """Listening on 0.0.0.0 without a token is refused with exit code 2 and a fix."""
+    config = write_config(tmp_path, {})
+    env_no_token = {k: v for k, v in env.items() if k != "BREAKWATER_TOKEN"}
+    result = subprocess.run(
+        [*BREAKWATER, "serve", "--config", str(config), "--http", f"0.0.0.0:{free_port()}"],
+        capture_output=True,
+        text=True,
+        env=env_no_token,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "--token" in result.stderr
+
+
+def test_tools_command_gives_the_search_answer(tmp_path: Path, env: dict[str, str]) -> None:
+    """`breakwater tools QUERY --json` answers like the search tool, naming servers it could not search."""
+    config = write_config(
+        tmp_path,
+        {"files": stdio_entry("--tool", "read_file:latency=0.01,readonly"), "gone": {"command": "breakwater-gone-cmd"}},
+    )
+    result = subprocess.run(
+        [*BREAKWATER, "tools", "read", "--config", str(config), "--json", "--wait", "20"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert [m["name"] for m in answer["matches"]] == ["files__read_file"]
+    assert answer["complete"] is False
+    assert [s["server"] for s in answer["not_searched"]] == ["gone"]
+    assert answer["not_searched"][0]["error"]["code"] == "spawn_failed"
