@@ -43,7 +43,11 @@ def test_reads_claude_code_mcp_json_unchanged(tmp_path: Path) -> None:
         ("-y", "@modelcontextprotocol/server-filesystem", "/tmp"),
         {"K": "v"},
     )
-    assert (remote.transport, remote.url, dict(remote.headers)) == ("http", "https://example.test/mcp", {"Authorization": "Bearer abc"})
+    assert (remote.transport, remote.url, dict(remote.headers)) == (
+        "http",
+        "https://example.test/mcp",
+        {"Authorization": "Bearer abc"},
+    )
     assert legacy.transport == "sse"
     assert cline.enabled is False
     assert fs.connect == ConnectPolicy()

@@ -309,4 +309,14 @@ def test_status_cli_acceptance(tmp_path: Path, free_port: int) -> None:
     assert by_name["nothing"]["error"]["code"] == "refused"
     assert by_name["nothing"]["next_retry_at"] is not None
     assert report["summary"]["ready"] == 3
-    assert set(by_name["healthy"]) >= {"name", "transport", "state", "protocol", "tools", "attempts", "connect_ms", "next_retry_at", "error"}
+    assert set(by_name["healthy"]) >= {
+        "name",
+        "transport",
+        "state",
+        "protocol",
+        "tools",
+        "attempts",
+        "connect_ms",
+        "next_retry_at",
+        "error",
+    }

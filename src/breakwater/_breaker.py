@@ -78,55 +78,55 @@ class BreakerPolicy:
 
     window_s: float = knob(
         120.0,
-        "sliding window over which failure and slow-call rates are measured",
+        "Sliding window over which failure and slow-call rates are measured.",
         env="BREAKWATER_BREAKER_WINDOW_S",
         minimum=1.0,
     )
     minimum_calls: int = knob(
         5,
-        "calls needed in the window before a rate can trip the breaker",
+        "Calls needed in the window before a rate can trip the breaker.",
         env="BREAKWATER_BREAKER_MINIMUM_CALLS",
         minimum=1,
     )
     failure_rate: float = knob(
         0.5,
-        "trip when this share of calls in the window failed (0–1)",
+        "Trip when this share of calls in the window failed (0–1).",
         env="BREAKWATER_BREAKER_FAILURE_RATE",
         minimum=0.0,
     )
     consecutive_failures: int = knob(
         4,
-        "trip after this many failures in a row, whatever the window says",
+        "Trip after this many failures in a row, whatever the window says.",
         env="BREAKWATER_BREAKER_CONSECUTIVE_FAILURES",
         minimum=1,
     )
     slow_call_rate: float = knob(
         0.8,
-        "trip when this share of calls in the window were slow (over the tool's expected latency; 0–1)",
+        "Trip when this share of calls in the window were slow (over the tool's expected latency; 0–1).",
         env="BREAKWATER_BREAKER_SLOW_CALL_RATE",
         minimum=0.0,
     )
     open_base_s: float = knob(
         5.0,
-        "how long the breaker stays open the first time; doubles per consecutive re-open",
+        "How long the breaker stays open the first time; doubles per consecutive re-open.",
         env="BREAKWATER_BREAKER_OPEN_BASE_S",
         minimum=0.001,
     )
     open_max_s: float = knob(
         300.0,
-        "the longest the breaker stays open",
+        "The longest the breaker stays open.",
         env="BREAKWATER_BREAKER_OPEN_MAX_S",
         minimum=0.001,
     )
     open_jitter: float = knob(
         0.2,
-        "random spread of the open duration (0.2 = ±20 %), so replicas do not probe in lock-step",
+        "Random spread of the open duration (0.2 = ±20 %), so replicas do not probe in lock-step.",
         env="BREAKWATER_BREAKER_OPEN_JITTER",
         minimum=0.0,
     )
     probe_lease_s: float = knob(
         30.0,
-        "a half-open probe that has not reported back after this long is given up and another is allowed",
+        "A half-open probe that has not reported back after this long is given up and another is allowed.",
         env="BREAKWATER_BREAKER_PROBE_LEASE_S",
         minimum=0.001,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -13,10 +14,13 @@ import mcp.types as types
 from anyio.abc import TaskGroup
 
 from breakwater._admission import Admission, default_admission_dir
+from breakwater._classify import Classifier
 from breakwater._clock import Clock, SystemClock
+from breakwater._gate import CallGate, LearnedTimeout, ProgressCallback
+from breakwater._turn_budget import TurnBudgetScope, turn_budget
 from breakwater._upstream import Upstream
 from breakwater.config import Config, find_config, load_config
-from breakwater.status import ServerState, StatusReport
+from breakwater.status import StatusReport
 
 __all__ = ["Breakwater"]
 
@@ -41,7 +45,12 @@ class Breakwater:
         clock: Clock | None = None,
         rng: random.Random | None = None,
         admission_dir: str | os.PathLike[str] | None = None,
+        learned_timeout: LearnedTimeout | None = None,
+        classifier: Classifier | None = None,
     ) -> None:
+        """`learned_timeout(server, tool)` may supply a timeout learned from observed latencies (it
+        ranks below per-tool and per-server config, above the default); `classifier` may override
+        how an attempt's result or exception is classified (see `breakwater._classify`)."""
         self.config = config
         self._clock: Clock = clock or SystemClock()
         self._rng = rng or random.Random()
@@ -53,6 +62,9 @@ class Breakwater:
             for spec in config.servers
         }
         self._tg: TaskGroup | None = None
+        self._gate = CallGate(
+            self._upstreams, clock=self._clock, rng=self._rng, learned_timeout=learned_timeout, classifier=classifier
+        )
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Breakwater:
@@ -108,11 +120,51 @@ class Breakwater:
         return self._upstreams[server]
 
     async def call_tool(
-        self, server: str, tool: str, arguments: dict[str, Any] | None = None, *, timeout: float = 30.0
+        self,
+        server: str,
+        tool: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        progress_callback: ProgressCallback | None = None,
+        raise_on_error: bool = False,
     ) -> types.CallToolResult:
-        """Call a tool on a ready server (the call gate with breakers and retries builds on this)."""
-        upstream = self._upstreams[server]
-        client = upstream.client
-        if upstream.state is not ServerState.READY or client is None:
-            raise RuntimeError(f"server {server!r} is {upstream.state.value}")
-        return await client.call_tool(tool, arguments or {}, read_timeout_seconds=timeout)
+        """Call `tool` on `server` through the call gate; see the README's "Calls and errors".
+
+        Returns the tool's `CallToolResult`. Every failure (breakwater's own refusals, timeouts,
+        transport errors, the tool's own `isError` result) is also a `CallToolResult` with
+        `isError: true` and the error envelope in `structuredContent`, unless `raise_on_error` is
+        set: then it is raised as the `CallError` subclass for its code. `timeout` overrides the
+        resolved per-attempt timeout for this call; `progress_callback` receives the tool's
+        progress notifications. Cancelling the caller cancels the call upstream and is re-raised.
+        """
+        if raise_on_error:
+            return await self._gate.call_or_raise(server, tool, arguments, timeout=timeout, progress_callback=progress_callback)
+        return await self._gate.call(server, tool, arguments, timeout=timeout, progress_callback=progress_callback)
+
+    def budget(self, seconds: float | None = None, *, deadline: float | None = None, enforce: bool = False) -> TurnBudgetScope:
+        """A whole-turn budget: `async with bw.budget(seconds=60):` bounds every call inside it.
+
+        Each call's deadline is the earlier of its own and the budget's; no attempt starts that the
+        budget cannot cover (BUDGET_EXHAUSTED) and retries stop when it runs low. Nested budgets
+        keep the earlier deadline; the budget follows the calls into tasks they spawn. `deadline`
+        is an absolute time on this instance's clock (`monotonic()`); `enforce=True` also cancels
+        the body at the deadline.
+        """
+        return turn_budget(seconds, clock=self._clock, deadline=deadline, enforce=enforce)
+
+    def gate_status(self) -> dict[str, Any]:
+        """Breakers, retry budgets and in-flight counts of the call gate, JSON-ready (for `status`)."""
+        return {
+            "breakers": [b.as_dict() for b in self._gate.breaker_snapshots()],
+            "retry_budgets": {
+                name: {"tokens": round(b.tokens, 3), "retries_granted": b.retries_granted, "retries_refused": b.retries_refused}
+                for name, b in self._gate.retry_budget_snapshots().items()
+            },
+            "in_flight": self._gate.in_flight(),
+        }
+
+    @property
+    def gate(self) -> CallGate:
+        """The call gate itself (breakers, retry budgets, resolved timeouts)."""
+        return self._gate

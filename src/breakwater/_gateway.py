@@ -171,6 +171,9 @@ class Gateway:
         self.bus = InMemorySubscriptionBus()
         self._legacy_sessions: dict[int, ServerSession] = {}
         self._signature: tuple[Any, ...] = ()
+        self._entries: list[Entry] = []
+        self._index: dict[str, Entry] = {}
+        self._watching = False
         from importlib.metadata import version
 
         self.server = _GatewayServer(
@@ -193,8 +196,8 @@ class Gateway:
 
     # ---- the catalog as the gateway shows it ----------------------------------------------------
 
-    def entries(self) -> list[Entry]:
-        """Every tool the gateway lists: live tools of ready servers, last-known tools of the others."""
+    def refresh(self) -> list[Entry]:
+        """Recompute the listed tools from the servers' states (and remember ready servers' tools on disk)."""
         triples = []
         for spec in self.bw.config.servers:
             if not spec.enabled:
@@ -206,7 +209,15 @@ class Gateway:
                 triples.append((spec.name, True, list(upstream.tools)))
             elif self.policy.list_unready_tools:
                 triples.append((spec.name, False, self.catalog.load(spec.name, fingerprint)))
-        return self.catalog.entries(triples)
+        self._entries = self.catalog.entries(triples)
+        self._index = {e.name: e for e in self._entries}
+        return self._entries
+
+    def entries(self) -> list[Entry]:
+        """Every tool the gateway lists: live tools of ready servers, last-known tools of the others."""
+        if self._watching:
+            return self._entries
+        return self.refresh()
 
     def _builtin_tools(self) -> list[types.Tool]:
         tools = []
@@ -240,9 +251,10 @@ class Gateway:
 
     def _resolve(self, name: str) -> tuple[str, str] | None:
         """The (server, tool) behind a downstream name: from the catalog, else from the name's shape."""
-        for entry in self.entries():
-            if entry.name == name:
-                return entry.server, entry.tool.name
+        self.entries()
+        entry = self._index.get(name)
+        if entry is not None:
+            return entry.server, entry.tool.name
         # A server that was never seen has no catalog yet: still route its tools by prefix, so the
         # caller hears "connecting" or "failed" instead of "no such tool".
         for spec in self.bw.config.servers:
@@ -255,12 +267,14 @@ class Gateway:
 
     def _current_signature(self) -> tuple[Any, ...]:
         states = tuple((s.name, s.state is ServerState.READY) for s in self.bw.status().servers)
-        names = tuple(e.name for e in self.entries())
+        names = tuple(e.name for e in self.refresh())
         return states, names
 
     async def watch(self) -> None:
         """Tell downstream clients when the tool list changes: a server becomes ready, changes its tools or fails."""
         self._signature = self._current_signature()
+        # From here on the watcher keeps the listing current, so calls read it instead of rebuilding it.
+        self._watching = True
         while True:
             await self.bw.wait_changed()
             signature = self._current_signature()
@@ -355,7 +369,7 @@ class Gateway:
         query = arguments.get("query")
         if not isinstance(query, str):
             return types.CallToolResult(
-                content=[types.TextContent(type="text", text="Pass a text 'query', e.g. {\"query\": \"create invoice\"}.")],
+                content=[types.TextContent(type="text", text='Pass a text \'query\', e.g. {"query": "create invoice"}.')],
                 is_error=True,
             )
         answer = await self.search(query)

@@ -40,43 +40,43 @@ class RetryPolicy:
 
     max_attempts: int = knob(
         3,
-        "attempts per call, the first one included (1 = never retry)",
+        "Attempts per call, the first one included (1 = never retry).",
         env="BREAKWATER_RETRY_MAX_ATTEMPTS",
         minimum=1,
     )
     backoff_base_s: float = knob(
         0.5,
-        "ceiling of the random wait before the first retry; doubles per retry (full jitter)",
+        "Ceiling of the random wait before the first retry; doubles per retry (full jitter).",
         env="BREAKWATER_RETRY_BACKOFF_BASE_S",
         minimum=0.001,
     )
     backoff_cap_s: float = knob(
         10.0,
-        "the longest wait between two attempts, before any retry-after hint",
+        "The longest wait between two attempts, before any retry-after hint.",
         env="BREAKWATER_RETRY_BACKOFF_CAP_S",
         minimum=0.001,
     )
     max_retry_after_s: float = knob(
         30.0,
-        "a server's retry-after hint longer than this is not waited for; the call fails instead",
+        "A server's retry-after hint longer than this is not waited for; the call fails instead.",
         env="BREAKWATER_RETRY_MAX_RETRY_AFTER_S",
         minimum=0.0,
     )
     budget_ratio: float = knob(
         0.1,
-        "retry tokens a server earns per first-attempt success (0.1: retries may add about 10 %)",
+        "Retry tokens a server earns per first-attempt success (0.1: retries may add about 10 %).",
         env="BREAKWATER_RETRY_BUDGET_RATIO",
         minimum=0.0,
     )
     budget_floor_per_min: float = knob(
         3.0,
-        "retry tokens a server earns per minute regardless of traffic, so rarely called tools can retry",
+        "Retry tokens a server earns per minute regardless of traffic, so rarely called tools can retry.",
         env="BREAKWATER_RETRY_BUDGET_FLOOR_PER_MIN",
         minimum=0.0,
     )
     budget_max_tokens: float = knob(
         10.0,
-        "most retry tokens a server can bank (the bucket starts full)",
+        "Most retry tokens a server can bank (the bucket starts full).",
         env="BREAKWATER_RETRY_BUDGET_MAX_TOKENS",
         minimum=0.0,
     )

@@ -5,7 +5,10 @@ Two file shapes are read:
 * an `mcpServers` JSON file as Claude Code (`.mcp.json`), Claude Desktop, Cursor and VS Code
   (`"servers"`) write it, unchanged, with default policy;
 * a `breakwater.toml`, which may point at such a file (`servers_file`), define servers inline
-  (`[servers.NAME]`), and set policy: `[connect]` for every server, `[servers.NAME.connect]` for one.
+  (`[servers.NAME]`), and set policy: `[connect]`, `[call]`, `[breaker]` and `[retry]` for every
+  server, `[servers.NAME.connect]` (`.call`, `.breaker`, `.retry`) for one, and
+  `[servers.NAME.tools.TOOL]` for one tool (any `[call]` knob but `max_in_flight`, plus
+  `max_attempts`).
 
 Without `--config`, breakwater looks for `breakwater.toml`, then `.mcp.json`, in the current
 directory. Every error names the file, the key and the fix.
@@ -18,16 +21,23 @@ import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from dataclasses import fields as dc_fields
 from pathlib import Path
 from typing import Any, Literal
 
+from breakwater._breaker import BreakerPolicy
 from breakwater._knobs import Knob, build_policy, env_layer, iter_knobs, knob
+from breakwater._retry_budget import RetryPolicy
 from breakwater.errors import ConfigError
 
 __all__ = [
+    "BreakerPolicy",
+    "CallPolicy",
     "Config",
     "ConnectPolicy",
+    "RetryPolicy",
     "ServerSpec",
+    "ToolSettings",
     "all_knobs",
     "find_config",
     "load_config",
@@ -115,6 +125,85 @@ class ConnectPolicy:
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class CallPolicy:
+    """How one tool call is bounded: its deadlines, the server's in-flight cap and the retry class.
+
+    The default timeout is tight on purpose (a few seconds, not the 60 s most clients use): a slow
+    tool should cost the agent seconds, not a minute per attempt. Tools that legitimately run long
+    either send progress (each notification resets the idle timer, up to `max_s`) or get their own
+    `timeout_s` in `[servers.NAME.tools.TOOL]`.
+    """
+
+    timeout_s: float = knob(
+        5.0,
+        "Deadline of one attempt of a tool call that sends no progress; it is cancelled upstream when it passes.",
+        env="BREAKWATER_CALL_TIMEOUT_S",
+        minimum=0.001,
+    )
+    idle_timeout_s: float | None = knob(
+        None,
+        "Once a call sends progress, the longest gap allowed between notifications; unset = timeout_s.",
+        env="BREAKWATER_CALL_IDLE_TIMEOUT_S",
+        minimum=0.001,
+    )
+    max_s: float = knob(
+        120.0,
+        "Hard cap on one attempt, however much progress it sends (never below timeout_s).",
+        env="BREAKWATER_CALL_MAX_S",
+        minimum=0.001,
+    )
+    max_in_flight: int = knob(
+        32,
+        "Calls in flight to one server at once (the bulkhead); one more is refused at once with OVERLOADED.",
+        env="BREAKWATER_CALL_MAX_IN_FLIGHT",
+        minimum=1,
+    )
+    min_attempt_s: float = knob(
+        0.25,
+        "An attempt is not started with less than this left in the turn budget (or its timeout, if shorter).",
+        env="BREAKWATER_CALL_MIN_ATTEMPT_S",
+        minimum=0.0,
+    )
+    slow_call_s: float | None = knob(
+        None,
+        "A call longer than this counts as slow for the breaker's slow-call rate; unset = slow calls are not counted.",
+        env="BREAKWATER_CALL_SLOW_CALL_S",
+        minimum=0.0,
+    )
+    retry: str = knob(
+        "auto",
+        "Retry class: auto (from the tool's MCP annotations), safe, idempotent or never.",
+        env="BREAKWATER_CALL_RETRY",
+        choices=("auto", "safe", "idempotent", "never"),
+    )
+
+    @property
+    def idle_s(self) -> float:
+        """The idle timeout in force (`idle_timeout_s`, else `timeout_s`)."""
+        return self.timeout_s if self.idle_timeout_s is None else self.idle_timeout_s
+
+    @property
+    def hard_s(self) -> float:
+        """The hard cap in force (`max_s`, raised to `timeout_s` if set lower)."""
+        return max(self.max_s, self.timeout_s)
+
+
+# Keys a `[servers.NAME.tools.TOOL]` table accepts and the policy each one belongs to.
+_TOOL_CALL_KEYS = frozenset(f.name for f in dc_fields(CallPolicy)) - {"max_in_flight"}
+_TOOL_RETRY_KEYS = frozenset({"max_attempts"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolSettings:
+    """One tool's own settings from `[servers.NAME.tools.TOOL]`, layered over its server's."""
+
+    call: CallPolicy
+    retry: RetryPolicy
+    #: The keys the tool's table set itself (they win over a learned timeout).
+    explicit: frozenset[str] = frozenset()
+
+
 def _secret_keys(values: Mapping[str, str]) -> dict[str, str]:
     return dict(values)
 
@@ -136,20 +225,34 @@ class ServerSpec:
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     enabled: bool = True
     connect: ConnectPolicy = field(default_factory=ConnectPolicy)
+    call: CallPolicy = field(default_factory=CallPolicy)
+    breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    #: Keys set in this server's own `[servers.NAME.call]` (they win over a learned timeout).
+    call_explicit: frozenset[str] = frozenset()
+    #: Per-tool settings, by tool name.
+    tools: Mapping[str, ToolSettings] = field(default_factory=dict)
     source: str | None = None
 
     def describe(self) -> dict[str, Any]:
-        """What was understood, safe to print: secret values are replaced by their key names."""
+        """What was understood, safe to print: secret values are replaced by their key names.
+
+        A secret value that also appears in the command line (`--token` arguments) is masked there too,
+        and a URL loses its user-info and query string.
+        """
+        from breakwater._redact import Redactor, display_url
+
+        redact = Redactor(self.secrets)
         out: dict[str, Any] = {"name": self.name, "transport": self.transport, "enabled": self.enabled}
         if self.transport == "stdio":
-            out["command"] = self.command
-            out["args"] = list(self.args)
+            out["command"] = redact(self.command or "")
+            out["args"] = [redact(a) for a in self.args]
             if self.cwd:
                 out["cwd"] = self.cwd
             if self.env:
                 out["env"] = {k: "<redacted>" for k in sorted(self.env)}
         else:
-            out["url"] = self.url
+            out["url"] = display_url(self.url or "")
             if self.headers:
                 out["headers"] = {k: "<redacted>" for k in sorted(self.headers)}
         return out
@@ -183,6 +286,9 @@ class Config:
 
     servers: tuple[ServerSpec, ...]
     connect: ConnectPolicy = field(default_factory=ConnectPolicy)
+    call: CallPolicy = field(default_factory=CallPolicy)
+    breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
     path: str | None = None
 
     def server(self, name: str) -> ServerSpec:
@@ -202,7 +308,12 @@ class Config:
         return replace(self, servers=servers)
 
 
-POLICY_SECTIONS: dict[str, type[Any]] = {"connect": ConnectPolicy}
+POLICY_SECTIONS: dict[str, type[Any]] = {
+    "connect": ConnectPolicy,
+    "call": CallPolicy,
+    "breaker": BreakerPolicy,
+    "retry": RetryPolicy,
+}
 
 
 def all_knobs() -> list[Knob]:
@@ -329,7 +440,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _servers_from_json(path: Path, connect: ConnectPolicy) -> list[ServerSpec]:
+def _servers_from_json(path: Path, defaults: Mapping[str, Any]) -> list[ServerSpec]:
     data = _read_json(path)
     top = "mcpServers" if "mcpServers" in data else "servers" if "servers" in data else None
     if top is None:
@@ -344,7 +455,7 @@ def _servers_from_json(path: Path, connect: ConnectPolicy) -> list[ServerSpec]:
     specs = []
     for name, entry in entries.items():
         fields, _ = _parse_entry(name, entry, path=str(path), where=f"{top}.{name}")
-        specs.append(ServerSpec(name=name, connect=connect, source=str(path), **fields))
+        specs.append(ServerSpec(name=name, source=str(path), **defaults, **fields))
     return specs
 
 
@@ -352,6 +463,43 @@ def _policy_table(value: Any, path: str, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise _fail("expected a table", path, where, f"write [{where}] with key = value lines")
     return value
+
+
+_SERVER_POLICY_KEYS = frozenset({*POLICY_SECTIONS, "tools"})
+
+
+def _layered(
+    section: str,
+    defaults: Mapping[str, Any],
+    spath: str,
+    environ: Mapping[str, str],
+    *more: tuple[Mapping[str, Any], str | None, str],
+) -> Any:
+    cls = POLICY_SECTIONS[section]
+    return build_policy(cls, [(defaults, spath, section), env_layer(cls, environ), *more])
+
+
+def _tool_settings(
+    table: Mapping[str, Any], *, spath: str, where: str, call: CallPolicy, retry: RetryPolicy
+) -> dict[str, ToolSettings]:
+    tools: dict[str, ToolSettings] = {}
+    for tool, raw in table.items():
+        twhere = f"{where}.tools.{tool}"
+        values = _policy_table(raw, spath, twhere)
+        for key in values:
+            if key not in _TOOL_CALL_KEYS | _TOOL_RETRY_KEYS:
+                raise _unknown_key(spath, twhere, key, _TOOL_CALL_KEYS | _TOOL_RETRY_KEYS)
+        call_values = {k: v for k, v in values.items() if k in _TOOL_CALL_KEYS}
+        retry_values = {k: v for k, v in values.items() if k in _TOOL_RETRY_KEYS}
+        # Layer the tool's keys over its server's resolved policy: unset keys inherit.
+        tool_call = build_policy(CallPolicy, [(_as_values(call), None, ""), (call_values, spath, twhere)])
+        tool_retry = build_policy(RetryPolicy, [(_as_values(retry), None, ""), (retry_values, spath, twhere)])
+        tools[tool] = ToolSettings(call=tool_call, retry=tool_retry, explicit=frozenset(values))
+    return tools
+
+
+def _as_values(policy: Any) -> dict[str, Any]:
+    return {f.name: getattr(policy, f.name) for f in dc_fields(policy)}
 
 
 def _load_toml(path: Path, environ: Mapping[str, str]) -> Config:
@@ -365,8 +513,8 @@ def _load_toml(path: Path, environ: Mapping[str, str]) -> Config:
     for key in data:
         if key not in _TOML_TOP_KEYS:
             raise _unknown_key(spath, "", key, _TOML_TOP_KEYS)
-    connect_defaults = _policy_table(data.get("connect", {}), spath, "connect")
-    connect = build_policy(ConnectPolicy, [(connect_defaults, spath, "connect"), env_layer(ConnectPolicy, environ)])
+    top = {section: _policy_table(data.get(section, {}), spath, section) for section in POLICY_SECTIONS}
+    defaults = {section: _layered(section, top[section], spath, environ) for section in POLICY_SECTIONS}
 
     specs: dict[str, ServerSpec] = {}
     servers_file = data.get("servers_file")
@@ -376,23 +524,21 @@ def _load_toml(path: Path, environ: Mapping[str, str]) -> Config:
         json_path = (path.parent / os.path.expanduser(servers_file)).resolve()
         if not json_path.exists():
             raise _fail(f"{json_path} does not exist", spath, "servers_file", "point servers_file at an mcpServers JSON file")
-        for spec in _servers_from_json(json_path, connect):
+        for spec in _servers_from_json(json_path, defaults):
             specs[spec.name] = spec
 
     servers = _policy_table(data.get("servers", {}), spath, "servers")
     for name, table in servers.items():
         where = f"servers.{name}"
         table = _policy_table(table, spath, where)
-        overrides = _policy_table(table.get("connect", {}), spath, f"{where}.connect")
-        policy_keys = frozenset({"connect"})
         if any(k in table for k in ("command", "url")):
-            fields, _ = _parse_entry(name, table, path=spath, where=where, extra_keys=policy_keys)
+            fields, _ = _parse_entry(name, table, path=spath, where=where, extra_keys=_SERVER_POLICY_KEYS)
             base_spec = ServerSpec(name=name, source=spath, **fields)
         elif name in specs:
             base_spec = specs[name]
             for key in table:
-                if key not in policy_keys | {"enabled"}:
-                    raise _unknown_key(spath, where, key, policy_keys | {"enabled", "command", "url"})
+                if key not in _SERVER_POLICY_KEYS | {"enabled"}:
+                    raise _unknown_key(spath, where, key, _SERVER_POLICY_KEYS | {"enabled", "command", "url"})
             if "enabled" in table:
                 if not isinstance(table["enabled"], bool):
                     raise _fail("expected true or false", spath, f"{where}.enabled", "enabled = false")
@@ -404,16 +550,20 @@ def _load_toml(path: Path, environ: Mapping[str, str]) -> Config:
                 where,
                 'add command = "..." (stdio) or url = "..." (http), or fix the name',
             )
-        policy = build_policy(
-            ConnectPolicy,
-            [
-                (connect_defaults, spath, "connect"),
-                env_layer(ConnectPolicy, environ),
-                (overrides, spath, f"{where}.connect"),
-            ],
+        own = {section: _policy_table(table.get(section, {}), spath, f"{where}.{section}") for section in POLICY_SECTIONS}
+        policies = {
+            section: _layered(section, top[section], spath, environ, (own[section], spath, f"{where}.{section}"))
+            for section in POLICY_SECTIONS
+        }
+        tools = _tool_settings(
+            _policy_table(table.get("tools", {}), spath, f"{where}.tools"),
+            spath=spath,
+            where=where,
+            call=policies["call"],
+            retry=policies["retry"],
         )
-        specs[name] = replace(base_spec, connect=policy)
-    return Config(servers=tuple(specs.values()), connect=connect, path=spath)
+        specs[name] = replace(base_spec, **policies, call_explicit=frozenset(own["call"]), tools=tools)
+    return Config(servers=tuple(specs.values()), **defaults, path=spath)
 
 
 def load_config(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> Config:
@@ -422,8 +572,8 @@ def load_config(path: str | os.PathLike[str], *, environ: Mapping[str, str] | No
     env = os.environ if environ is None else environ
     if p.suffix == ".toml":
         return _load_toml(p, env)
-    connect = build_policy(ConnectPolicy, [env_layer(ConnectPolicy, env)])
-    return Config(servers=tuple(_servers_from_json(p, connect)), connect=connect, path=str(p))
+    defaults = {section: build_policy(cls, [env_layer(cls, env)]) for section, cls in POLICY_SECTIONS.items()}
+    return Config(servers=tuple(_servers_from_json(p, defaults)), **defaults, path=str(p))
 
 
 def find_config(cwd: str | os.PathLike[str] | None = None) -> Path:

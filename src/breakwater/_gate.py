@@ -1,0 +1,544 @@
+"""The call gate: every tool call passes through one place that bounds it, isolates it and explains it.
+
+One logical call, in order:
+
+1. the server must be ready (else SERVER_CONNECTING / SERVER_UNAVAILABLE), and have the tool (else
+   UNKNOWN_TOOL — only asked of a ready server, whose list is known);
+2. per attempt: the turn budget must cover at least a minimal attempt (BUDGET_EXHAUSTED), the
+   server breaker and the tool breaker must admit it (SERVER_CIRCUIT_OPEN, CIRCUIT_OPEN), and the
+   server's bulkhead must have a free slot (OVERLOADED). These refusals send nothing and record
+   nothing: local overload protection never feeds back into upstream health;
+3. the attempt runs inside one deadline scope on the injected clock: `timeout_s`, pushed out by
+   each progress notification (`idle_timeout_s`) but never past the hard cap `max_s`, and never
+   past the turn budget. When the scope fires, the SDK sees its awaiting scope cancelled and sends
+   `notifications/cancelled` upstream (mcp-sdk.md §3.6–3.7), so the server stops working and the
+   slot is free again;
+4. `classify()` decides what the breakers learn, the code the model sees, and whether another
+   attempt is allowed; retries wait a full-jitter backoff (a server's retry-after hint is a floor),
+   need a token from the server's retry budget and must fit the turn budget;
+5. an idempotent tool gets one operation id per logical call, sent on every attempt in
+   `_meta["io.breakwater/operationId"]` (and as the `operationId` argument when its input schema
+   has one), so a server can deduplicate the retries.
+
+The caller's own cancellation is never retried and never turned into a result: it is re-raised,
+so a cancelled caller stays cancelled (the SDK has already told the server).
+
+No task is spawned per call and nothing touches disk or the network besides the call itself: the
+overhead is a few dictionary lookups, two breaker admissions and one cancel scope.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import anyio
+import mcp.types as types
+from mcp import MCPError
+
+from breakwater._breaker import BreakerRegistry, BreakerSnapshot, CircuitBreaker, Outcome, Permit, Rejection
+from breakwater._classify import Classifier, RetryClass, Verdict, classify, retry_class_for
+from breakwater._clock import Clock
+from breakwater._envelope import error_result
+from breakwater._retry_budget import RetryBudget, RetryBudgetSnapshot
+from breakwater._turn_budget import TurnBudget, current_budget
+from breakwater._upstream import Upstream
+from breakwater.config import CallPolicy, RetryPolicy
+from breakwater.errors import (
+    CODE_TO_ERROR,
+    BudgetExhaustedError,
+    CallCancelledError,
+    CallError,
+    CallTimeoutError,
+    CircuitOpenError,
+    ErrorCode,
+    OutcomeUnknownError,
+    OverloadedError,
+    ServerCircuitOpenError,
+    ServerConnectingError,
+    ServerUnavailableError,
+    ToolError,
+    UnknownToolError,
+    UpstreamError,
+)
+from breakwater.status import ServerState, iso
+
+__all__ = ["OPERATION_ID_ARGUMENT", "OPERATION_ID_META_KEY", "CallGate", "LearnedTimeout", "ProgressCallback"]
+
+#: Where the operation id rides in `params._meta` (a vendor-prefixed key: the spec has no idempotency field).
+OPERATION_ID_META_KEY = "io.breakwater/operationId"
+#: The argument that also carries it when a tool's input schema declares it.
+OPERATION_ID_ARGUMENT = "operationId"
+
+#: `(server, tool) -> seconds or None`: a timeout learned from observed latencies (None: nothing learned).
+LearnedTimeout = Callable[[str, str], float | None]
+#: The SDK's progress callback shape.
+ProgressCallback = Callable[[float, float | None, str | None], Awaitable[None]]
+
+_CONNECTION_CLOSED = -32000  # SDK-local: the transport ended (mcp-sdk.md §5)
+# Failures that say something about the server as a whole (a tool's own error says nothing about it).
+_SERVER_FAILURE_CODES = frozenset({ErrorCode.TIMEOUT, ErrorCode.UPSTREAM_ERROR, ErrorCode.OUTCOME_UNKNOWN})
+# A probe's lease must outlive its call, or a second probe would be let in while the first still runs.
+_PROBE_LEASE_MARGIN_S = 5.0
+_DEFAULT_CONNECT_ESTIMATE_S = 2.0
+_MAX_LISTED_TOOLS = 50
+_MAX_UPSTREAM_TEXT = 500
+
+
+def _nothing_learned(_server: str, _tool: str) -> float | None:
+    return None
+
+
+@dataclass(slots=True)
+class _Tool:
+    """Everything about one tool the gate needs per call, resolved once per tool list."""
+
+    name: str
+    retry_class: RetryClass
+    call: CallPolicy
+    retry: RetryPolicy
+    #: The timeout set in config (tool or server table); None lets a learned value decide.
+    configured_timeout_s: float | None
+    operation_id_argument: bool
+    breaker: CircuitBreaker
+
+
+class _Server:
+    """The gate's per-server state: breaker, retry budget, bulkhead count and the resolved tools."""
+
+    __slots__ = ("breaker", "in_flight", "name", "retry_budget", "tools", "tools_source", "upstream")
+
+    def __init__(self, upstream: Upstream, breakers: BreakerRegistry, clock: Clock) -> None:
+        self.name = upstream.spec.name
+        self.upstream = upstream
+        self.breaker = breakers.server(self.name)
+        self.retry_budget = RetryBudget(upstream.spec.retry, clock=clock)
+        self.in_flight = 0
+        self.tools: dict[str, _Tool] = {}
+        self.tools_source: list[types.Tool] | None = None
+
+
+class CallGate:
+    """The orchestration of every tool call: see the module docstring."""
+
+    def __init__(
+        self,
+        upstreams: Mapping[str, Upstream],
+        *,
+        clock: Clock,
+        rng: random.Random,
+        learned_timeout: LearnedTimeout | None = None,
+        classifier: Classifier | None = None,
+    ) -> None:
+        self._clock = clock
+        self._rng = rng
+        self._learned = learned_timeout or _nothing_learned
+        self._classifier = classifier
+        specs = {name: u.spec for name, u in upstreams.items()}
+        self.breakers = BreakerRegistry(clock=clock, rng=rng, policy_for=lambda server, _tool: specs[server].breaker)
+        self._servers = {name: _Server(u, self.breakers, clock) for name, u in upstreams.items()}
+
+    # ---- public -------------------------------------------------------------------------------
+
+    async def call(
+        self,
+        server: str,
+        tool: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        progress_callback: ProgressCallback | None = None,
+    ) -> types.CallToolResult:
+        """One logical call; every failure comes back as an `isError` envelope."""
+        try:
+            return await self.call_or_raise(server, tool, arguments, timeout=timeout, progress_callback=progress_callback)
+        except CallError as err:
+            return error_result(err)
+
+    async def call_or_raise(
+        self,
+        server: str,
+        tool: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        progress_callback: ProgressCallback | None = None,
+    ) -> types.CallToolResult:
+        """One logical call; every failure is raised as its `CallError` subclass."""
+        srv = self._servers.get(server)
+        if srv is None:
+            raise UnknownToolError(
+                f"There is no server named '{server}'.",
+                server=server,
+                tool=tool,
+                detail={"reason": "unknown_server", "servers": sorted(self._servers)[:_MAX_LISTED_TOOLS]},
+            )
+        upstream = srv.upstream
+        if upstream.state is not ServerState.READY or upstream.client is None:
+            raise self._not_ready(srv, tool)
+        info = self._tool(srv, tool)
+        if info is None:
+            raise UnknownToolError(
+                server=server,
+                tool=tool,
+                detail={"tools": sorted(srv.tools)[:_MAX_LISTED_TOOLS]},
+            )
+        return await self._run(srv, info, dict(arguments or {}), timeout, progress_callback)
+
+    def breaker_snapshots(self) -> list[BreakerSnapshot]:
+        """Every breaker created so far (servers and tools), by name."""
+        return self.breakers.snapshots()
+
+    def retry_budget_snapshots(self) -> dict[str, RetryBudgetSnapshot]:
+        """Each server's retry budget."""
+        return {name: srv.retry_budget.snapshot() for name, srv in self._servers.items()}
+
+    def in_flight(self) -> dict[str, int]:
+        """Calls in flight per server (what the bulkhead counts)."""
+        return {name: srv.in_flight for name, srv in self._servers.items()}
+
+    def resolved_timeout(self, server: str, tool: str) -> float | None:
+        """The per-attempt timeout a call of `tool` would get now (None if the tool is not known yet)."""
+        srv = self._servers[server]
+        info = self._tool(srv, tool)
+        return None if info is None else self._timeout(srv, info)
+
+    # ---- resolution ---------------------------------------------------------------------------
+
+    def _tool(self, srv: _Server, name: str) -> _Tool | None:
+        listed = srv.upstream.tools
+        if listed is not srv.tools_source:
+            # The upstream replaces its list object on every (re)list, so identity is the cheap change test.
+            srv.tools = {t.name: self._resolve(srv, t) for t in listed}
+            srv.tools_source = listed
+        return srv.tools.get(name)
+
+    def _resolve(self, srv: _Server, tool: types.Tool) -> _Tool:
+        spec = srv.upstream.spec
+        own = spec.tools.get(tool.name)
+        call = own.call if own is not None else spec.call
+        retry = own.retry if own is not None else spec.retry
+        if own is not None and "timeout_s" in own.explicit:
+            configured: float | None = own.call.timeout_s
+        elif "timeout_s" in spec.call_explicit:
+            configured = spec.call.timeout_s
+        else:
+            configured = None
+        properties = tool.input_schema.get("properties") if isinstance(tool.input_schema, dict) else None
+        return _Tool(
+            name=tool.name,
+            retry_class=retry_class_for(tool.annotations, None if call.retry == "auto" else call.retry),
+            call=call,
+            retry=retry,
+            configured_timeout_s=configured,
+            operation_id_argument=isinstance(properties, dict) and OPERATION_ID_ARGUMENT in properties,
+            breaker=self.breakers.tool(srv.name, tool.name),
+        )
+
+    def _timeout(self, srv: _Server, info: _Tool) -> float:
+        # Per-tool config, per-server config, learned value, default (issue #3's order).
+        if info.configured_timeout_s is not None:
+            return info.configured_timeout_s
+        learned = self._learned(srv.name, info.name)
+        if learned is not None and learned > 0:
+            return learned
+        return info.call.timeout_s
+
+    def _not_ready(self, srv: _Server, tool: str) -> CallError:
+        snap = srv.upstream.snapshot()
+        retry_after = None if snap.next_retry_at is None else max(0.0, snap.next_retry_at - self._clock.time())
+        common: dict[str, Any] = {"server": srv.name, "tool": tool}
+        if snap.state is ServerState.DISABLED:
+            return ServerUnavailableError(
+                "The server is disabled in the configuration; the call was not sent.",
+                retryable=False,
+                detail={"state": snap.state.value, "reason": "disabled"},
+                **common,
+            )
+        if snap.state is ServerState.FAILED:
+            detail: dict[str, Any] = {"state": snap.state.value, "next_retry_at": iso(snap.next_retry_at)}
+            if snap.error is not None:
+                detail["reason"] = snap.error.code.value
+                detail["reason_message"] = snap.error.message
+            message = "The server is not available right now; the call was not sent."
+            if snap.error is not None:
+                message = f"The server is not available ({snap.error.message}); the call was not sent."
+            return ServerUnavailableError(message, retry_after_s=retry_after, detail=detail, **common)
+        # pending, connecting, retrying (or ready without a client for an instant): it is on its way.
+        estimate = retry_after
+        if estimate is None:
+            estimate = snap.connect_ms / 1000 if snap.connect_ms else _DEFAULT_CONNECT_ESTIMATE_S
+        detail = {"state": snap.state.value, "connect_attempt": snap.attempt}
+        if snap.phase:
+            detail["phase"] = snap.phase
+        if snap.error is not None:
+            detail["last_error"] = snap.error.message
+        return ServerConnectingError(retry_after_s=estimate, detail=detail, **common)
+
+    # ---- the attempt loop ---------------------------------------------------------------------
+
+    async def _run(
+        self,
+        srv: _Server,
+        info: _Tool,
+        arguments: dict[str, Any],
+        timeout: float | None,
+        progress_callback: ProgressCallback | None,
+    ) -> types.CallToolResult:
+        timeout_s = timeout if timeout is not None else self._timeout(srv, info)
+        policy, retry = info.call, info.retry
+        max_attempts = retry.max_attempts
+        op_id: str | None = None
+        meta: types.RequestParamsMeta | None = None
+        if info.retry_class is RetryClass.IDEMPOTENT:
+            given = arguments.get(OPERATION_ID_ARGUMENT)
+            # A caller's own idempotency key is the operation; otherwise one id for every attempt.
+            op_id = given if isinstance(given, str) and given else uuid.uuid4().hex
+            # An open TypedDict (extra_items=Any): vendor keys are allowed, mypy cannot see that.
+            meta = cast(types.RequestParamsMeta, {OPERATION_ID_META_KEY: op_id})
+            if info.operation_id_argument:
+                arguments.setdefault(OPERATION_ID_ARGUMENT, op_id)
+        budget = current_budget()
+        needed = min(policy.min_attempt_s, timeout_s)
+        attempt = 0
+        last: CallError | None = None
+        while True:
+            if budget is not None and not budget.can_start(needed):
+                if last is not None:
+                    raise _stopped(last, "the turn budget cannot cover another attempt")
+                raise BudgetExhaustedError(
+                    server=srv.name,
+                    tool=info.name,
+                    max_attempts=max_attempts,
+                    operation_id=op_id,
+                    detail={"budget_left_s": round(budget.remaining(), 3), "needed_s": needed},
+                )
+            server_permit = srv.breaker.acquire(lease_s=policy.hard_s + _PROBE_LEASE_MARGIN_S)
+            if isinstance(server_permit, Rejection):
+                raise ServerCircuitOpenError(
+                    server=srv.name,
+                    tool=info.name,
+                    retry_after_s=server_permit.retry_after_s,
+                    attempt=attempt,
+                    max_attempts=max_attempts,
+                    operation_id=op_id,
+                    detail={"breaker": server_permit.state.value, "reason": server_permit.reason},
+                )
+            tool_permit = info.breaker.acquire(slow_threshold_s=policy.slow_call_s, lease_s=policy.hard_s + _PROBE_LEASE_MARGIN_S)
+            if isinstance(tool_permit, Rejection):
+                server_permit.release()
+                raise CircuitOpenError(
+                    server=srv.name,
+                    tool=info.name,
+                    retry_after_s=tool_permit.retry_after_s,
+                    attempt=attempt,
+                    max_attempts=max_attempts,
+                    operation_id=op_id,
+                    detail={"breaker": tool_permit.state.value, "reason": tool_permit.reason},
+                )
+            if srv.in_flight >= srv.upstream.spec.call.max_in_flight:
+                server_permit.release()
+                tool_permit.release()
+                raise OverloadedError(
+                    server=srv.name,
+                    tool=info.name,
+                    attempt=attempt,
+                    max_attempts=max_attempts,
+                    operation_id=op_id,
+                    detail={"in_flight": srv.in_flight, "max_in_flight": srv.upstream.spec.call.max_in_flight},
+                )
+            attempt += 1
+            outcome = await self._attempt(
+                srv, info, arguments, meta, timeout_s, budget, progress_callback, server_permit, tool_permit
+            )
+            if isinstance(outcome, types.CallToolResult):
+                srv.retry_budget.record_success(was_retry=attempt > 1)
+                return outcome
+            verdict, err = outcome
+            err.attempt, err.max_attempts, err.operation_id = attempt, max_attempts, op_id
+            if verdict.outcome is Outcome.SUCCESS:
+                srv.retry_budget.record_success(was_retry=attempt > 1)
+            if not verdict.retryable or attempt >= max_attempts:
+                raise err
+            delay = retry.delay(attempt - 1, self._rng, verdict.retry_after_s)
+            if delay is None:
+                raise _stopped(err, "the server asked for a longer wait than breakwater retries after")
+            if budget is not None and not budget.can_start(delay + needed):
+                raise _stopped(err, "the turn budget cannot cover another attempt")
+            if not srv.retry_budget.try_acquire():
+                raise _stopped(err, "the server's retry budget is spent (too many recent failures)")
+            last = err
+            await self._clock.sleep(delay)
+
+    async def _attempt(
+        self,
+        srv: _Server,
+        info: _Tool,
+        arguments: dict[str, Any],
+        meta: types.RequestParamsMeta | None,
+        timeout_s: float,
+        budget: TurnBudget | None,
+        progress_callback: ProgressCallback | None,
+        server_permit: Permit,
+        tool_permit: Permit,
+    ) -> types.CallToolResult | tuple[Verdict, CallError]:
+        """One upstream attempt; returns the result to pass on, or the verdict and the error it stands for."""
+        client = srv.upstream.client
+        if client is None or srv.upstream.state is not ServerState.READY:
+            # Lost between attempts: nothing was sent, so nothing is learned.
+            server_permit.release()
+            tool_permit.release()
+            raise self._not_ready(srv, info.name)
+        clock = self._clock
+        policy = info.call
+        started = clock.monotonic()
+        hard = started + max(policy.hard_s, timeout_s)
+        deadline = started + timeout_s
+        by_budget = False
+        if budget is not None:
+            hard = min(hard, budget.deadline)
+            if budget.deadline < deadline:
+                deadline, by_budget = budget.deadline, True
+        # Without its own idle timeout a tool's gap between progress notifications is its timeout.
+        idle_s = policy.idle_timeout_s if policy.idle_timeout_s is not None else timeout_s
+        scope = clock.deadline_scope(deadline)
+        finished = False
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            # The SDK may run this after the call returned (mcp-sdk.md §8.14): then it moves nothing.
+            if not finished:
+                pushed = min(hard, clock.monotonic() + idle_s)
+                if pushed > scope.deadline:
+                    scope.deadline = pushed
+            if progress_callback is not None:
+                await progress_callback(progress, total, message)
+
+        srv.in_flight += 1
+        result: types.CallToolResult | None = None
+        failure: BaseException | None = None
+        try:
+            with scope:
+                result = await client.call_tool(info.name, arguments, progress_callback=on_progress, meta=meta)
+        except anyio.get_cancelled_exc_class():
+            task = asyncio.current_task()
+            if task is not None and task.cancelling() > 0:
+                # The caller cancelled: the SDK already told the server; stay cancelled, learn nothing.
+                server_permit.release()
+                tool_permit.release()
+                raise
+            failure = CallCancelledError("The call was cancelled from outside breakwater before it finished.")
+        except (Exception, BaseExceptionGroup) as exc:
+            failure = exc
+        finally:
+            finished = True
+            srv.in_flight -= 1
+        elapsed = clock.monotonic() - started
+        if scope.cancelled_caught:
+            failure = TimeoutError()
+        if result is not None and failure is None:
+            attempt_result: types.CallToolResult | BaseException = result
+        else:
+            assert failure is not None
+            attempt_result = failure
+            if _connection_closed(failure):
+                srv.upstream.report_lost()
+        verdict = classify(
+            attempt_result,
+            retry_class=info.retry_class,
+            server=srv.name,
+            tool=info.name,
+            classifier=self._classifier,
+        )
+        if isinstance(failure, CallCancelledError):
+            verdict = Verdict(outcome=Outcome.IGNORED, code=ErrorCode.CANCELLED, retryable=False, outcome_unknown=True)
+        # Read before recording: was this tool already failing before this attempt?
+        tool_streak = info.breaker.snapshot().consecutive_failures if verdict.outcome is Outcome.FAILURE else 0
+        tool_permit.record(verdict.outcome, elapsed)
+        server_permit.record(_server_outcome(verdict, tool_streak), elapsed)
+        if verdict.ok and result is not None:
+            return result
+        return verdict, self._error(srv, info, verdict, attempt_result, timeout_s, elapsed, by_budget)
+
+    def _error(
+        self,
+        srv: _Server,
+        info: _Tool,
+        verdict: Verdict,
+        attempt: types.CallToolResult | BaseException,
+        timeout_s: float,
+        elapsed: float,
+        by_budget: bool,
+    ) -> CallError:
+        code = verdict.code or ErrorCode.UPSTREAM_ERROR
+        common: dict[str, Any] = {"server": srv.name, "tool": info.name, "retry_after_s": verdict.retry_after_s}
+        if isinstance(attempt, types.CallToolResult):
+            text = next((b.text for b in attempt.content if isinstance(b, types.TextContent)), "")
+            if code is ErrorCode.TOOL_ERROR:
+                return ToolError(
+                    content=attempt.content,
+                    upstream_structured_content=attempt.structured_content,
+                    retryable=verdict.retryable,
+                    detail={"reason": verdict.reason} if verdict.reason else None,
+                    **common,
+                )
+            return CODE_TO_ERROR[code](detail={"upstream_message": text[:_MAX_UPSTREAM_TEXT]}, **common)
+        if isinstance(attempt, CallError):
+            attempt.server, attempt.tool = srv.name, info.name
+            return attempt
+        detail: dict[str, Any] = {"elapsed_s": round(elapsed, 3)}
+        if verdict.reason:
+            detail["reason"] = verdict.reason
+        if isinstance(attempt, TimeoutError):
+            detail["timeout_s"] = round(timeout_s, 3)
+            if by_budget:
+                detail["cut_by"] = "turn budget"
+        if code is ErrorCode.OUTCOME_UNKNOWN:
+            return OutcomeUnknownError(detail=detail, **common)
+        if code is ErrorCode.TIMEOUT:
+            what = "the turn budget ran out" if by_budget else f"no answer within {_seconds(timeout_s)}"
+            return CallTimeoutError(
+                f"The tool did not answer in time ({what}) and the call was cancelled.", detail=detail, **common
+            )
+        if code is ErrorCode.UPSTREAM_ERROR:
+            return UpstreamError(retryable=verdict.retryable, detail=detail, **common)
+        return CODE_TO_ERROR[code](retryable=verdict.retryable, detail=detail, **common)
+
+
+def _server_outcome(verdict: Verdict, tool_streak: int) -> Outcome:
+    """What the server breaker learns from one attempt.
+
+    Only failures that may mean the server itself is in trouble (timeouts, transport and protocol
+    failures), and of those only a tool's first failure in a row, plus every lost connection. A
+    single slow tool then costs the server breaker one failure per streak and its own breaker
+    handles the rest, while a wedged server, where every tool fails, still trips it after a few
+    calls instead of each tool paying its own timeouts first. A tool's own `isError` answer says
+    the server is up, so it counts as a success.
+    """
+    if verdict.outcome is not Outcome.FAILURE:
+        return verdict.outcome
+    if verdict.code not in _SERVER_FAILURE_CODES:
+        return Outcome.SUCCESS
+    if tool_streak == 0 or verdict.reason.startswith("connection"):
+        return Outcome.FAILURE
+    return Outcome.IGNORED
+
+
+def _connection_closed(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_connection_closed(e) for e in exc.exceptions)
+    return isinstance(exc, MCPError) and exc.code == _CONNECTION_CLOSED
+
+
+def _stopped(err: CallError, why: str) -> CallError:
+    """`err`, noting why no further attempt was made."""
+    err.detail.setdefault("retry_stopped", why)
+    return err
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3g} s" if math.isfinite(value) else "ever"

@@ -1,0 +1,373 @@
+"""The call gate against real `breakwater testserver` processes.
+
+Behaviour that involves a server (cancellation reaching it, the ledger of side effects, in-flight
+counts, progress notifications) is proven here with real processes over stdio and the system clock;
+the gate's timing logic on its own is in test_gate_logic.py on the fake clock. Durations are short
+and bounds generous.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp.types import CallToolResult
+
+from breakwater import Breakwater, Config, ConnectPolicy, ServerSpec, ServerState
+from breakwater._breaker import BreakerPolicy
+from breakwater._envelope import error_from_result
+from breakwater.config import CallPolicy, RetryPolicy, ToolSettings
+from breakwater.errors import ENVELOPE_KEYS, CallTimeoutError, OutcomeUnknownError, UnknownToolError
+from breakwater.testserver import OPERATION_ID_META_KEY, count_ledger, launch_command, read_ledger, read_state
+
+pytestmark = pytest.mark.anyio
+
+FAST_CONNECT = ConnectPolicy(startup_jitter_s=0, backoff_base_s=0.1, backoff_cap_s=0.5, budget_s=20, attempt_timeout_s=15)
+# Retries in tests wait milliseconds, not the default half second.
+FAST_RETRY = RetryPolicy(backoff_base_s=0.01, backoff_cap_s=0.05)
+
+
+def server(name: str, *flags: str, **policies: Any) -> ServerSpec:
+    cmd = launch_command("--name", name, *flags)
+    policies.setdefault("connect", FAST_CONNECT)
+    policies.setdefault("retry", FAST_RETRY)
+    return ServerSpec(name=name, transport="stdio", command=cmd[0], args=tuple(cmd[1:]), **policies)
+
+
+@asynccontextmanager
+async def gate(tmp_path: Path, *specs: ServerSpec, ready: bool = True) -> AsyncIterator[Breakwater]:
+    async with Breakwater(Config(servers=specs), admission_dir=tmp_path / "admission") as bw:
+        if ready:
+            report = await bw.wait_ready(timeout=30)
+            assert all(s.state is ServerState.READY for s in report.servers), report.to_json()
+        yield bw
+
+
+def envelope(result: CallToolResult) -> dict[str, Any]:
+    assert result.is_error, result
+    assert isinstance(result.structured_content, dict)
+    return result.structured_content
+
+
+def code(result: CallToolResult) -> str | None:
+    return envelope(result)["code"] if result.is_error else None
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    with anyio.fail_after(timeout):
+        while not check():
+            await anyio.sleep(0.02)
+
+
+def control(path: Path, tools: dict[str, dict[str, Any]]) -> None:
+    # The server re-reads the file when its mtime or size changes; a fresh name per write is
+    # overkill, but make sure two writes in the same mtime tick still differ in size.
+    path.write_text(json.dumps({"tools": tools}) + " " * (time.monotonic_ns() % 7))
+
+
+async def test_success_passes_the_result_through(tmp_path: Path) -> None:
+    """A healthy call returns the tool's own result, untouched."""
+    async with gate(tmp_path, server("s")) as bw:
+        result = await bw.call_tool("s", "add", {"a": 2, "b": 3})
+        assert not result.is_error
+        assert result.structured_content is not None and result.structured_content["sum"] == 5
+
+
+async def test_half_open_admits_exactly_one_probe_under_50_callers(tmp_path: Path) -> None:
+    """Once the open period ends, 50 concurrent callers: one probe reaches the server, 49 are refused."""
+    ctl, state = tmp_path / "control.json", tmp_path / "state.json"
+    control(ctl, {"t": {"error": 1}})
+    spec = server(
+        "s",
+        "--tool",
+        "t:readonly",
+        "--control-file",
+        str(ctl),
+        "--state-file",
+        str(state),
+        breaker=BreakerPolicy(open_base_s=0.3, open_jitter=0.0, consecutive_failures=4),
+    )
+    async with gate(tmp_path, spec) as bw:
+        for _ in range(4):
+            assert code(await bw.call_tool("s", "t")) == "TOOL_ERROR"
+        assert code(await bw.call_tool("s", "t")) == "CIRCUIT_OPEN"
+        control(ctl, {"t": {"latency": 0.5}})
+        await anyio.sleep(0.35)
+        started_before = read_state(state)["started"]["t"]
+        results: list[CallToolResult] = []
+
+        async def one() -> None:
+            results.append(await bw.call_tool("s", "t"))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(50):
+                tg.start_soon(one)
+        codes = [code(r) for r in results]
+        assert codes.count(None) == 1, codes
+        assert codes.count("CIRCUIT_OPEN") == 49
+        assert read_state(state)["started"]["t"] - started_before == 1
+        # The probe succeeded, so the breaker closed again.
+        assert code(await bw.call_tool("s", "t")) is None
+
+
+async def test_local_rejections_record_no_failure(tmp_path: Path) -> None:
+    """OVERLOADED, BUDGET_EXHAUSTED and an unknown tool leave every breaker's window untouched."""
+    spec = server("s", call=CallPolicy(max_in_flight=2))
+    async with gate(tmp_path, spec) as bw:
+        async with anyio.create_task_group() as tg:
+            for _ in range(2):
+                tg.start_soon(lambda: bw.call_tool("s", "hang", timeout=30))
+            await eventually(lambda: bw.gate.in_flight()["s"] == 2)
+            before = {b.name: b.calls_in_window for b in bw.gate.breaker_snapshots()}
+            overflow = await bw.call_tool("s", "echo", {"x": 1})
+            assert code(overflow) == "OVERLOADED"
+            assert envelope(overflow)["attempt"] == 0
+            async with bw.budget(seconds=0.0):
+                assert code(await bw.call_tool("s", "echo")) == "BUDGET_EXHAUSTED"
+            assert code(await bw.call_tool("s", "no_such_tool")) == "UNKNOWN_TOOL"
+            after = {b.name: b.calls_in_window for b in bw.gate.breaker_snapshots()}
+            tg.cancel_scope.cancel()
+        assert all(after.get(name, 0) == before.get(name, 0) for name in after), (before, after)
+        assert all(b.failures_in_window == 0 for b in bw.gate.breaker_snapshots())
+
+
+async def test_never_tool_timeout_is_outcome_unknown_and_sent_once(tmp_path: Path) -> None:
+    """A destructive tool that times out is called exactly once and reported as OUTCOME_UNKNOWN."""
+    ledger = tmp_path / "ledger.jsonl"
+    spec = server("s", "--tool", "order:mutating,destructive,latency=5", "--ledger", str(ledger))
+    async with gate(tmp_path, spec) as bw:
+        result = await bw.call_tool("s", "order", {"item": "x"}, timeout=0.3)
+        env = envelope(result)
+        assert env["code"] == "OUTCOME_UNKNOWN"
+        assert env["attempt"] == 1 and env["retryable"] is False
+        assert "may or may not" in result.content[-1].text  # type: ignore[union-attr]
+        await anyio.sleep(0.2)
+        assert count_ledger(ledger, tool="order") == 1
+        with pytest.raises(OutcomeUnknownError):
+            await bw.call_tool("s", "order", {"item": "y"}, timeout=0.3, raise_on_error=True)
+
+
+async def test_safe_flaky_tool_succeeds_through_retries(tmp_path: Path) -> None:
+    """A read-only tool failing 50 % of the time (retryable) succeeds through the gate's retries."""
+    state = tmp_path / "state.json"
+    # At 50 % failed attempts the default breaker (trip at >= 50 %) rightly opens; this test is about retries.
+    lenient = BreakerPolicy(failure_rate=1.0, consecutive_failures=50)
+    # And the retry budget is sized for ~10 % failures; give it room so every call gets its 3 attempts.
+    roomy = replace(FAST_RETRY, budget_max_tokens=100)
+    spec = server(
+        "s",
+        "--seed",
+        "7",
+        "--tool",
+        "flaky:retryable_error=0.5,readonly",
+        "--state-file",
+        str(state),
+        breaker=lenient,
+        retry=roomy,
+    )
+    async with gate(tmp_path, spec) as bw:
+        results = [await bw.call_tool("s", "flaky") for _ in range(20)]
+        ok = sum(not r.is_error for r in results)
+        attempts = read_state(state)["started"]["flaky"]
+        # 3 attempts at 50 %: 87.5 % per call; the seed makes it exact, the bound keeps it honest.
+        # Without retries about 10 of 20 would succeed; with 3 attempts at 50 % about 17.5.
+        assert ok >= 15, [code(r) for r in results]
+        assert all(envelope(r)["attempt"] == 3 for r in results if r.is_error)
+        assert attempts > 20
+
+
+async def test_upstream_in_flight_returns_to_zero_after_timeouts_and_cancellations(tmp_path: Path) -> None:
+    """Timed-out calls and cancelled callers both cancel the work on the server."""
+    state = tmp_path / "state.json"
+    hangers = ("--tool", "hang:hang=1,readonly", "--tool", "hang2:hang=1,readonly")
+    spec = server("s", *hangers, "--state-file", str(state), retry=replace(FAST_RETRY, max_attempts=1))
+    async with gate(tmp_path, spec) as bw:
+        results: list[CallToolResult] = []
+
+        async def timed_out() -> None:
+            results.append(await bw.call_tool("s", "hang", timeout=0.3))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(timed_out)
+        assert [code(r) for r in results] == ["TIMEOUT"] * 5
+        await eventually(lambda: read_state(state)["in_flight"]["hang"] == 0 and read_state(state)["cancelled"]["hang"] == 5)
+
+        cancelled = 0
+
+        async def caller() -> None:
+            nonlocal cancelled
+            with anyio.move_on_after(0.3) as scope:
+                # hang's breaker opened after the timeouts above; hang2 is fresh.
+                await bw.call_tool("s", "hang2", timeout=30)
+            # The caller's own cancellation came back to it: no result was made up.
+            cancelled += scope.cancelled_caught
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(caller)
+        assert cancelled == 5
+        await eventually(lambda: read_state(state)["in_flight"]["hang2"] == 0 and read_state(state)["cancelled"]["hang2"] == 5)
+        assert bw.gate.in_flight()["s"] == 0
+        # A caller's cancellation is nobody's failure.
+        hang2 = next(b for b in bw.gate.breaker_snapshots() if b.name == "s/hang2")
+        assert hang2.calls_in_window == 0 and hang2.state.value == "closed"
+
+
+async def test_progress_keeps_a_call_alive_but_the_hard_cap_cuts_it(tmp_path: Path) -> None:
+    """Progress resets the idle timer; the hard maximum is never extended; silence is cut at the timeout."""
+    spec = server(
+        "s",
+        "--tool",
+        "talker:latency=1.2,progress=0.1,readonly",
+        "--tool",
+        "mute:latency=1.2,readonly",
+        call=CallPolicy(timeout_s=0.4, max_s=3.0),
+        retry=replace(FAST_RETRY, max_attempts=1),
+    )
+    seen: list[float] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(progress)
+
+    async with gate(tmp_path, spec) as bw:
+        t0 = time.monotonic()
+        result = await bw.call_tool("s", "talker", progress_callback=on_progress)
+        assert not result.is_error and time.monotonic() - t0 >= 1.1
+        assert len(seen) >= 5
+
+        t0 = time.monotonic()
+        assert code(await bw.call_tool("s", "mute")) == "TIMEOUT"
+        assert 0.35 <= time.monotonic() - t0 < 0.9
+
+    capped = replace(spec, call=CallPolicy(timeout_s=0.4, max_s=0.7))
+    async with gate(tmp_path, capped) as bw:
+        t0 = time.monotonic()
+        result = await bw.call_tool("s", "talker")
+        elapsed = time.monotonic() - t0
+        assert code(result) == "TIMEOUT"
+        assert 0.65 <= elapsed < 1.1, elapsed
+
+
+async def test_operation_id_is_the_same_on_every_attempt(tmp_path: Path) -> None:
+    """An idempotent tool's retries carry one operation id, in _meta and in the operationId argument."""
+    ledger, state = tmp_path / "ledger.jsonl", tmp_path / "state.json"
+    spec = server("s", "--tool", "pay:mutating,idempotent,retryable_error=1", "--ledger", str(ledger), "--state-file", str(state))
+    async with gate(tmp_path, spec) as bw:
+        result = await bw.call_tool("s", "pay", {"amount": 3})
+        env = envelope(result)
+        assert env["code"] == "TOOL_ERROR" and env["attempt"] == 3
+        op_id = env["operation_id"]
+        assert isinstance(op_id, str) and op_id
+        records = read_ledger(ledger)
+        assert len(records) == 3
+        assert {r["operation_id"] for r in records} == {op_id}
+        assert len({r["args_sha256"] for r in records}) == 1  # the same arguments every time
+        # A second logical call gets a new id.
+        await bw.call_tool("s", "pay", {"amount": 3})
+        assert len({r["operation_id"] for r in read_ledger(ledger)}) == 2
+        assert OPERATION_ID_META_KEY == "io.breakwater/operationId"
+
+
+async def test_turn_budget_stops_attempts(tmp_path: Path) -> None:
+    """A budget cuts the call in flight, stops the retries, and refuses the next call outright."""
+    state = tmp_path / "state.json"
+    spec = server("s", "--state-file", str(state), call=CallPolicy(timeout_s=5.0))
+    async with gate(tmp_path, spec) as bw:
+        t0 = time.monotonic()
+        async with bw.budget(seconds=0.5):
+            first = await bw.call_tool("s", "hang")
+            env = envelope(first)
+            assert env["code"] == "TIMEOUT" and env["attempt"] == 1
+            assert env["cut_by"] == "turn budget"
+            second = await bw.call_tool("s", "echo")
+            assert code(second) == "BUDGET_EXHAUSTED"
+            assert envelope(second)["attempt"] == 0
+        assert time.monotonic() - t0 < 1.5
+        assert read_state(state)["started"]["hang"] == 1
+        assert read_state(state)["started"]["echo"] == 0
+
+
+async def test_server_unavailable_names_the_reason(tmp_path: Path) -> None:
+    """A server that failed to start: SERVER_UNAVAILABLE with the reason and when it is retried."""
+    spec = server(
+        "dead",
+        "--exit-at-start",
+        "3",
+        "--exit-message",
+        "database password rejected",
+        connect=replace(FAST_CONNECT, budget_s=0),
+    )
+    async with gate(tmp_path, spec, ready=False) as bw:
+        await bw.wait_ready(timeout=30)
+        result = await bw.call_tool("dead", "anything")
+        env = envelope(result)
+        assert env["code"] == "SERVER_UNAVAILABLE"
+        assert env["reason"] == "exited"
+        assert "database password rejected" in env["reason_message"]
+        assert env["next_retry_at"] and env["retry_after_s"] > 0
+
+
+async def test_server_connecting_before_ready(tmp_path: Path) -> None:
+    """A server still starting: SERVER_CONNECTING with the connect attempt and an estimate, never UNKNOWN_TOOL."""
+    spec = server("late", "--startup-delay", "2")
+    async with gate(tmp_path, spec, ready=False) as bw:
+        result = await bw.call_tool("late", "no_such_tool")
+        env = envelope(result)
+        assert env["code"] == "SERVER_CONNECTING"
+        assert env["retry_after_s"] > 0 and "connect_attempt" in env
+
+
+async def test_unknown_tool_on_a_ready_server(tmp_path: Path) -> None:
+    """A ready server without that tool: UNKNOWN_TOOL, not retryable, with the tools it does have."""
+    async with gate(tmp_path, server("s")) as bw:
+        env = envelope(await bw.call_tool("s", "no_such_tool"))
+        assert env["code"] == "UNKNOWN_TOOL" and env["retryable"] is False
+        assert "echo" in env["tools"]
+        with pytest.raises(UnknownToolError):
+            await bw.call_tool("s", "no_such_tool", raise_on_error=True)
+        assert code(await bw.call_tool("nowhere", "echo")) == "UNKNOWN_TOOL"
+
+
+async def test_envelope_fields(tmp_path: Path) -> None:
+    """Every failure carries the documented structuredContent keys, in order, and round-trips to its class."""
+    async with gate(tmp_path, server("s", retry=replace(FAST_RETRY, max_attempts=2))) as bw:
+        result = await bw.call_tool("s", "hang", timeout=0.2)
+        env = envelope(result)
+        assert list(env)[: len(ENVELOPE_KEYS)] == list(ENVELOPE_KEYS)
+        assert env["ok"] is False and env["code"] == "TIMEOUT" and env["retryable"] is True
+        assert (env["attempt"], env["max_attempts"], env["server"], env["tool"]) == (2, 2, "s", "hang")
+        assert env["operation_id"] is None  # hang is read-only: no operation id
+        assert env["timeout_s"] == 0.2
+        text = result.content[0].text  # type: ignore[union-attr]
+        assert text.startswith("Tool 'hang' on server 's'") and "after 2 attempts" in text
+        err = error_from_result(result)
+        assert isinstance(err, CallTimeoutError) and err.attempt == 2
+
+
+async def test_per_tool_config_overrides_timeout_and_retry_class(tmp_path: Path) -> None:
+    """`[servers.NAME.tools.TOOL]` wins over annotations and over the server's timeout."""
+    ledger = tmp_path / "ledger.jsonl"
+    tools = {
+        # The annotation says read-only; config says never, so a timeout is OUTCOME_UNKNOWN and not retried.
+        "slowread": ToolSettings(
+            call=CallPolicy(timeout_s=0.3, retry="never"),
+            retry=FAST_RETRY,
+            explicit=frozenset({"timeout_s", "retry"}),
+        )
+    }
+    spec = server("s", "--tool", "slowread:latency=3,readonly,mutating", "--ledger", str(ledger), tools=tools)
+    async with gate(tmp_path, spec) as bw:
+        assert bw.gate.resolved_timeout("s", "slowread") == 0.3
+        t0 = time.monotonic()
+        env = envelope(await bw.call_tool("s", "slowread"))
+        assert env["code"] == "OUTCOME_UNKNOWN" and env["attempt"] == 1
+        assert time.monotonic() - t0 < 1.0
+        assert count_ledger(ledger) == 1

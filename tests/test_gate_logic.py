@@ -1,0 +1,333 @@
+"""The call gate's timing and retry logic on the fake clock, against a scripted in-process client.
+
+What a real server must prove (cancellation reaching it, ledgers, in-flight counts) is in
+test_gate.py; here the clock only moves when every task is blocked, so timeouts, backoff, budgets
+and progress deadlines are checked to the microsecond in milliseconds of real time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import re
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import MCPError
+from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
+
+from breakwater._admission import Admission
+from breakwater._breaker import BreakerPolicy
+from breakwater._clock import FakeClock
+from breakwater._envelope import render_error_table
+from breakwater._gate import OPERATION_ID_META_KEY, CallGate
+from breakwater._turn_budget import turn_budget
+from breakwater._upstream import Upstream
+from breakwater.config import CallPolicy, RetryPolicy, ServerSpec, ToolSettings, load_config
+from breakwater.errors import ConfigError
+from breakwater.status import ServerState
+
+pytestmark = pytest.mark.anyio
+
+Behaviour = Callable[[int, dict[str, Any], Any, Any], Awaitable[CallToolResult]]
+
+
+class FakeClient:
+    """Stands in for `mcp.Client`: each call runs `behaviour(call_no, arguments, meta, progress)`."""
+
+    def __init__(self, behaviour: Behaviour) -> None:
+        self.behaviour = behaviour
+        self.calls: list[dict[str, Any]] = []
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], *, progress_callback: Any = None, meta: Any = None
+    ) -> CallToolResult:
+        self.calls.append({"name": name, "arguments": dict(arguments), "meta": meta})
+        return await self.behaviour(len(self.calls), arguments, meta, progress_callback)
+
+
+def ok(text: str = "ok") -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content={"ok": True})
+
+
+def tool(name: str, *, readonly: bool = False, idempotent: bool = False, op_arg: bool = False) -> Tool:
+    props = {"operationId": {"type": "string"}} if op_arg else {}
+    annotations = ToolAnnotations(read_only_hint=readonly or None, idempotent_hint=idempotent or None)
+    return Tool(name=name, input_schema={"type": "object", "properties": props}, annotations=annotations)
+
+
+def make_gate(
+    clock: FakeClock,
+    behaviour: Behaviour,
+    listed: list[Tool],
+    *,
+    learned: float | None = None,
+    **spec_kw: Any,
+) -> tuple[CallGate, FakeClient, Upstream]:
+    spec_kw.setdefault("breaker", BreakerPolicy(consecutive_failures=1000, failure_rate=1.0))
+    spec = ServerSpec(name="s", transport="stdio", command="unused", **spec_kw)
+    rng = random.Random(1)
+    upstream = Upstream(spec, clock=clock, rng=rng, admission=Admission(clock=clock, rng=rng, directory=None))
+    client = FakeClient(behaviour)
+    upstream.state = ServerState.READY
+    upstream.client = client  # type: ignore[assignment]
+    upstream.tools = listed
+    gate = CallGate({"s": upstream}, clock=clock, rng=rng, learned_timeout=lambda _s, _t: learned)
+    return gate, client, upstream
+
+
+async def drive(clock: FakeClock, fn: Callable[[], Awaitable[Any]]) -> Any:
+    """Run `fn` to completion, moving the fake clock to the next sleeper or deadline whenever all tasks block."""
+    box: list[Any] = []
+    async with anyio.create_task_group() as tg:
+
+        async def run() -> None:
+            box.append(await fn())
+
+        tg.start_soon(run)
+        while not box:
+            await anyio.wait_all_tasks_blocked()
+            if box:
+                break
+            due = [*clock.sleepers, *(s.deadline for s in clock._scopes)]
+            assert due, "blocked with nothing scheduled on the clock"
+            clock.advance_to(min(due))
+    return box[0]
+
+
+def sleeper(seconds: float, clock: FakeClock, result: CallToolResult | None = None) -> Behaviour:
+    async def behave(_n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
+        await clock.sleep(seconds)
+        return result or ok()
+
+    return behave
+
+
+async def test_timeout_resolution_order() -> None:
+    """Per-tool config, then per-server config, then the learned value, then the default."""
+    clock = FakeClock()
+    tools = [tool("a"), tool("b")]
+    gate, _, _ = make_gate(clock, sleeper(0, clock), tools, learned=None)
+    assert gate.resolved_timeout("s", "a") == CallPolicy().timeout_s == 5.0
+    gate, _, _ = make_gate(clock, sleeper(0, clock), tools, learned=1.5)
+    assert gate.resolved_timeout("s", "a") == 1.5
+    gate, _, _ = make_gate(
+        clock, sleeper(0, clock), tools, learned=1.5, call=CallPolicy(timeout_s=3), call_explicit=frozenset({"timeout_s"})
+    )
+    assert gate.resolved_timeout("s", "a") == 3
+    per_tool = {"b": ToolSettings(call=CallPolicy(timeout_s=9), retry=RetryPolicy(), explicit=frozenset({"timeout_s"}))}
+    gate, _, _ = make_gate(
+        clock,
+        sleeper(0, clock),
+        tools,
+        learned=1.5,
+        call=CallPolicy(timeout_s=3),
+        call_explicit=frozenset({"timeout_s"}),
+        tools=per_tool,
+    )
+    assert (gate.resolved_timeout("s", "a"), gate.resolved_timeout("s", "b")) == (3, 9)
+
+
+async def test_timeout_is_exact_and_retries_back_off_with_full_jitter() -> None:
+    """A silent call is cut at its timeout; each retry waits a draw from [0, base * 2^n]."""
+    clock = FakeClock()
+    starts: list[float] = []
+
+    async def hang(_n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
+        starts.append(clock.monotonic())
+        await clock.sleep(1e9)
+        raise AssertionError("unreachable")
+
+    gate, client, _ = make_gate(clock, hang, [tool("t", readonly=True)], retry=RetryPolicy(backoff_base_s=1.0, backoff_cap_s=8.0))
+    t0 = clock.monotonic()
+    result = await drive(clock, lambda: gate.call("s", "t", timeout=2.0))
+    assert result.structured_content["code"] == "TIMEOUT"
+    assert len(client.calls) == 3
+    gaps = [b - a - 2.0 for a, b in itertools.pairwise(starts)]
+    assert 0 <= gaps[0] <= 1.0 and 0 <= gaps[1] <= 2.0
+    assert clock.monotonic() - t0 == pytest.approx(6.0 + sum(gaps))
+
+
+async def test_progress_pushes_the_idle_deadline_up_to_the_hard_cap() -> None:
+    """Progress every 1 s keeps a 2 s-timeout call alive; the 10 s hard cap still cuts it, to the tick."""
+    clock = FakeClock()
+
+    async def chatty(_n: int, _a: dict[str, Any], _m: Any, progress: Any) -> CallToolResult:
+        for i in range(100):
+            await clock.sleep(1.0)
+            await progress(float(i), None, None)
+        return ok()
+
+    gate, _, _ = make_gate(
+        clock, chatty, [tool("t", readonly=True)], call=CallPolicy(timeout_s=2.0, max_s=10.0), retry=RetryPolicy(max_attempts=1)
+    )
+    t0 = clock.monotonic()
+    result = await drive(clock, lambda: gate.call("s", "t"))
+    assert result.structured_content["code"] == "TIMEOUT"
+    assert clock.monotonic() - t0 == pytest.approx(10.0)
+
+
+async def test_retry_after_hint_is_a_floor_and_too_long_a_hint_stops_retries() -> None:
+    """A server's retry_after_s is waited for; one longer than max_retry_after_s ends the call instead."""
+    clock = FakeClock()
+    hint = {"value": 3.0}
+
+    async def shed(n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
+        if n == 1:
+            body = {"ok": False, "retryable": True, "retry_after_s": hint["value"]}
+            return CallToolResult(content=[TextContent(type="text", text="busy")], structured_content=body, is_error=True)
+        return ok()
+
+    gate, client, _ = make_gate(clock, shed, [tool("t", readonly=True)], retry=RetryPolicy(backoff_base_s=0.1, backoff_cap_s=0.2))
+    t0 = clock.monotonic()
+    result = await drive(clock, lambda: gate.call("s", "t"))
+    assert not result.is_error and len(client.calls) == 2
+    assert clock.monotonic() - t0 >= 3.0
+
+    hint["value"] = 600.0
+    gate, client, _ = make_gate(clock, shed, [tool("t", readonly=True)])
+    result = await drive(clock, lambda: gate.call("s", "t"))
+    assert result.structured_content["code"] == "TOOL_ERROR" and len(client.calls) == 1
+    assert "longer wait" in result.structured_content["retry_stopped"]
+
+
+async def test_budget_stops_retries_it_cannot_cover() -> None:
+    """With 3 s of budget and 2 s timeouts, the second attempt never starts if the backoff leaves too little."""
+    clock = FakeClock()
+    gate, client, _ = make_gate(
+        clock,
+        sleeper(1e9, clock),
+        [tool("t", readonly=True)],
+        call=CallPolicy(timeout_s=2.0, min_attempt_s=1.5),
+        retry=RetryPolicy(backoff_base_s=0.001, backoff_cap_s=0.001),
+    )
+
+    async def in_budget() -> CallToolResult:
+        with turn_budget(3.0, clock=clock):
+            return await gate.call("s", "t")
+
+    result = await drive(clock, in_budget)
+    assert result.structured_content["code"] == "TIMEOUT"
+    assert len(client.calls) == 1
+    assert "turn budget" in result.structured_content["retry_stopped"]
+
+
+async def test_full_outage_costs_at_most_about_one_attempt_per_call() -> None:
+    """At 100 % transport failure the retry budget keeps attempts per logical call near 1."""
+    clock = FakeClock()
+
+    async def down(_n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
+        raise MCPError(-32603, "Server returned an error response")
+
+    gate, client, _ = make_gate(clock, down, [tool("t", readonly=True)])
+    for _ in range(500):
+        await drive(clock, lambda: gate.call("s", "t"))
+        clock.advance(1.0)  # one logical call a second, so the floor trickles in as in real life
+    assert len(client.calls) / 500 <= 1.1
+
+
+async def test_caller_cancellation_is_reraised_not_retried_not_recorded() -> None:
+    """A cancelled caller stays cancelled; the gate makes no second attempt and records nothing."""
+    clock = FakeClock()
+    gate, client, _ = make_gate(clock, sleeper(1e9, clock), [tool("t", readonly=True)])
+    with anyio.CancelScope() as scope:
+
+        async def cancel_soon() -> None:
+            await anyio.wait_all_tasks_blocked()
+            scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(cancel_soon)
+            await gate.call("s", "t", timeout=60)
+            raise AssertionError("call_tool returned to a cancelled caller")
+    assert scope.cancelled_caught
+    assert len(client.calls) == 1
+    assert all(b.calls_in_window == 0 for b in gate.breaker_snapshots())
+    assert gate.in_flight()["s"] == 0
+
+
+async def test_operation_id_in_meta_and_argument_only_for_idempotent_tools() -> None:
+    """Idempotent: one id per logical call in _meta (and the operationId argument when declared); others: none."""
+    clock = FakeClock()
+
+    async def flaky(n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
+        if n % 2:
+            raise MCPError(-32000, "Connection closed")
+        return ok()
+
+    tools = [tool("idem", idempotent=True, op_arg=True), tool("read", readonly=True)]
+    gate, client, upstream = make_gate(clock, flaky, tools)
+    upstream.report_lost = lambda: None  # type: ignore[method-assign]
+    result = await drive(clock, lambda: gate.call("s", "idem", {"x": 1}))
+    assert not result.is_error
+    first, second = client.calls
+    op = first["meta"][OPERATION_ID_META_KEY]
+    assert second["meta"][OPERATION_ID_META_KEY] == op
+    assert first["arguments"] == second["arguments"] == {"x": 1, "operationId": op}
+    await drive(clock, lambda: gate.call("s", "read", {"x": 1}))
+    assert client.calls[2]["meta"] is None and "operationId" not in client.calls[2]["arguments"]
+
+
+def test_toml_call_breaker_retry_and_tool_sections(tmp_path: Path) -> None:
+    """`[call]`, `[breaker]`, `[retry]`, per server and per tool, layered with the environment."""
+    cfg = tmp_path / "breakwater.toml"
+    cfg.write_text(
+        """
+[call]
+timeout_s = 4
+[breaker]
+consecutive_failures = 6
+[retry]
+max_attempts = 2
+[servers.a]
+command = "a"
+[servers.a.call]
+max_in_flight = 3
+[servers.a.tools.create_order]
+retry = "never"
+timeout_s = 30
+[servers.a.tools.search]
+max_attempts = 5
+[servers.b]
+command = "b"
+"""
+    )
+    config = load_config(cfg, environ={"BREAKWATER_CALL_MAX_S": "90"})
+    a, b = config.servers
+    assert (a.call.timeout_s, a.call.max_in_flight, a.call.max_s) == (4, 3, 90)
+    assert a.call_explicit == frozenset({"max_in_flight"})
+    assert a.breaker.consecutive_failures == 6 and b.retry.max_attempts == 2
+    order, search = a.tools["create_order"], a.tools["search"]
+    assert (order.call.retry, order.call.timeout_s, order.call.max_in_flight) == ("never", 30, 3)
+    assert order.explicit == frozenset({"retry", "timeout_s"})
+    assert (search.retry.max_attempts, search.call.timeout_s) == (5, 4)
+    assert b.call_explicit == frozenset() and b.tools == {}
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "fix"),
+    [
+        ("[servers.a.tools.t]\ntimeout = 3", "servers.a.tools.t.timeout", "timeout_s"),
+        ("[servers.a.tools.t]\nmax_in_flight = 3", "servers.a.tools.t.max_in_flight", ""),
+        ('[servers.a.tools.t]\nretry = "sometimes"', "servers.a.tools.t.retry", "safe"),
+        ("[call]\ntimeout_s = -1", "call.timeout_s", "0.001"),
+    ],
+)
+def test_tool_section_errors_name_the_key(tmp_path: Path, body: str, key: str, fix: str) -> None:
+    """A wrong key or value in the new sections names the file, the key and a fix."""
+    cfg = tmp_path / "breakwater.toml"
+    cfg.write_text('[servers.a]\ncommand = "a"\n' + body + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg, environ={})
+    assert info.value.key == key and fix in (info.value.fix or "")
+
+
+def test_readme_error_table_matches_code() -> None:
+    """The README's error table is `render_error_table()`."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    match = re.search(r"<!-- errors:start -->\n(.*?)<!-- errors:end -->", readme, re.S)
+    assert match, "README.md lacks the <!-- errors:start --> ... <!-- errors:end --> block"
+    assert match.group(1) == render_error_table()
