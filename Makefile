@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck check bench clean
+.PHONY: demo test lint typecheck check docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,6 +26,10 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 check: lint typecheck test
+
+# Regenerate the README's knob and error tables from the code.
+docs: $(STAMP)
+	$(BIN)/python -m breakwater._docs README.md
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

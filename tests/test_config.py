@@ -205,7 +205,7 @@ def test_readme_knob_table_matches_code() -> None:
     readme = (ROOT / "README.md").read_text()
     match = re.search(r"<!-- knobs:start -->\n(.*?)<!-- knobs:end -->", readme, re.S)
     assert match, "README.md lacks the <!-- knobs:start --> ... <!-- knobs:end --> block"
-    assert match.group(1) == render_markdown(all_knobs()), "regenerate with: breakwater config knobs --markdown"
+    assert match.group(1) == render_markdown(all_knobs()), "regenerate with: make docs"
 
 
 def test_every_knob_is_documented_with_env() -> None:

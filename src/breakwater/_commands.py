@@ -198,10 +198,8 @@ def _gateway_parts(config: Config) -> tuple[Any, Any]:
     from pathlib import Path
 
     from breakwater._catalog import Catalog, default_catalog_dir
-    from breakwater._gateway import GatewayPolicy
-    from breakwater._knobs import build_policy, env_layer
 
-    policy = build_policy(GatewayPolicy, [env_layer(GatewayPolicy)])
+    policy = config.gateway
     directory = Path(policy.catalog_dir) if policy.catalog_dir else default_catalog_dir()
     return policy, Catalog(template=policy.tool_name_template, directory=directory)
 

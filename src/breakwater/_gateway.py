@@ -28,7 +28,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from breakwater._breakwater import Breakwater
 from breakwater._catalog import Catalog, Entry, entry_json, rank
 from breakwater._envelope import error_result
-from breakwater._knobs import knob
+from breakwater.config import GatewayPolicy
 from breakwater.errors import UnknownToolError
 from breakwater.status import ServerState, ServerStatus, iso
 
@@ -40,43 +40,6 @@ DEADLINE_META_KEY = "io.breakwater/deadlineMs"
 SEARCH_LIMIT = 10
 NOT_READY = (ServerState.PENDING, ServerState.CONNECTING, ServerState.RETRYING, ServerState.FAILED)
 STILL_CONNECTING = (ServerState.PENDING, ServerState.CONNECTING, ServerState.RETRYING)
-
-
-@dataclass(frozen=True, kw_only=True)
-class GatewayPolicy:
-    """How the gateway names, lists and explains tools."""
-
-    tool_name_template: str = knob(
-        "{server}__{tool}",
-        "Downstream tool name; {server} and {tool} are replaced, other characters outside A-Z a-z 0-9 _ - . become _.",
-        env="BREAKWATER_TOOL_NAME_TEMPLATE",
-    )
-    list_unready_tools: bool = knob(
-        True,
-        "List the last-known tools of servers that are not ready, so agents can see (and call) them.",
-        env="BREAKWATER_LIST_UNREADY_TOOLS",
-    )
-    catalog_dir: str = knob(
-        "",
-        "Directory of the last-known tool lists; empty = the user cache dir.",
-        env="BREAKWATER_CATALOG_DIR",
-    )
-    search_tool: str = knob(
-        "breakwater_search_tools",
-        "Name of the built-in tool search; empty turns it off.",
-        env="BREAKWATER_SEARCH_TOOL",
-    )
-    status_tool: str = knob(
-        "breakwater_status",
-        "Name of the built-in status tool; empty turns it off.",
-        env="BREAKWATER_STATUS_TOOL",
-    )
-    search_wait_s: float = knob(
-        2.0,
-        "The search tool waits up to this long for connecting servers that may hold a match.",
-        env="BREAKWATER_SEARCH_WAIT_S",
-        minimum=0.0,
-    )
 
 
 class _GatewayServer(Server[Any]):

@@ -289,6 +289,7 @@ class Config:
     call: CallPolicy = field(default_factory=CallPolicy)
     breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    gateway: GatewayPolicy = field(default_factory=lambda: GatewayPolicy())
     path: str | None = None
 
     def server(self, name: str) -> ServerSpec:
@@ -308,6 +309,43 @@ class Config:
         return replace(self, servers=servers)
 
 
+@dataclass(frozen=True, kw_only=True)
+class GatewayPolicy:
+    """How the gateway names, lists and explains tools."""
+
+    tool_name_template: str = knob(
+        "{server}__{tool}",
+        "Downstream tool name; {server} and {tool} are replaced, other characters outside A-Z a-z 0-9 _ - . become _.",
+        env="BREAKWATER_TOOL_NAME_TEMPLATE",
+    )
+    list_unready_tools: bool = knob(
+        True,
+        "List the last-known tools of servers that are not ready, so agents can see (and call) them.",
+        env="BREAKWATER_LIST_UNREADY_TOOLS",
+    )
+    catalog_dir: str = knob(
+        "",
+        "Directory of the last-known tool lists; empty = the user cache dir.",
+        env="BREAKWATER_CATALOG_DIR",
+    )
+    search_tool: str = knob(
+        "breakwater_search_tools",
+        "Name of the built-in tool search; empty turns it off.",
+        env="BREAKWATER_SEARCH_TOOL",
+    )
+    status_tool: str = knob(
+        "breakwater_status",
+        "Name of the built-in status tool; empty turns it off.",
+        env="BREAKWATER_STATUS_TOOL",
+    )
+    search_wait_s: float = knob(
+        2.0,
+        "The search tool waits up to this long for connecting servers that may hold a match.",
+        env="BREAKWATER_SEARCH_WAIT_S",
+        minimum=0.0,
+    )
+
+
 POLICY_SECTIONS: dict[str, type[Any]] = {
     "connect": ConnectPolicy,
     "call": CallPolicy,
@@ -316,16 +354,21 @@ POLICY_SECTIONS: dict[str, type[Any]] = {
 }
 
 
+# Sections that configure breakwater itself rather than each server: no per-server override.
+GLOBAL_SECTIONS: dict[str, type[Any]] = {"gateway": GatewayPolicy}
+
+
 def all_knobs() -> list[Knob]:
     """Every knob, for the README's generated table."""
-    return [k for section, cls in POLICY_SECTIONS.items() for k in iter_knobs(section, cls)]
+    sections = {**POLICY_SECTIONS, **GLOBAL_SECTIONS}
+    return [k for section, cls in sections.items() for k in iter_knobs(section, cls)]
 
 
 # Keys that other clients write into mcpServers entries and that mean nothing to a connection:
 # accepted so their files load unchanged, never used.
 _FOREIGN_ENTRY_KEYS = frozenset({"alwaysAllow", "autoApprove", "timeout", "description", "envFile", "oauth"})
 _ENTRY_KEYS = frozenset({"type", "transport", "command", "args", "env", "cwd", "url", "headers", "disabled", "enabled"})
-_TOML_TOP_KEYS = frozenset({"servers_file", "servers", *POLICY_SECTIONS})
+_TOML_TOP_KEYS = frozenset({"servers_file", "servers", *POLICY_SECTIONS, *GLOBAL_SECTIONS})
 
 
 def _fail(message: str, path: str, key: str, fix: str) -> ConfigError:
@@ -563,7 +606,11 @@ def _load_toml(path: Path, environ: Mapping[str, str]) -> Config:
             retry=policies["retry"],
         )
         specs[name] = replace(base_spec, **policies, call_explicit=frozenset(own["call"]), tools=tools)
-    return Config(servers=tuple(specs.values()), **defaults, path=spath)
+    gateway = build_policy(
+        GatewayPolicy,
+        [(_policy_table(data.get("gateway", {}), spath, "gateway"), spath, "gateway"), env_layer(GatewayPolicy, environ)],
+    )
+    return Config(servers=tuple(specs.values()), **defaults, gateway=gateway, path=spath)
 
 
 def load_config(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> Config:
@@ -573,7 +620,8 @@ def load_config(path: str | os.PathLike[str], *, environ: Mapping[str, str] | No
     if p.suffix == ".toml":
         return _load_toml(p, env)
     defaults = {section: build_policy(cls, [env_layer(cls, env)]) for section, cls in POLICY_SECTIONS.items()}
-    return Config(servers=tuple(_servers_from_json(p, defaults)), **defaults, path=str(p))
+    gateway = build_policy(GatewayPolicy, [env_layer(GatewayPolicy, env)])
+    return Config(servers=tuple(_servers_from_json(p, defaults)), **defaults, gateway=gateway, path=str(p))
 
 
 def find_config(cwd: str | os.PathLike[str] | None = None) -> Path:

@@ -97,14 +97,19 @@ def stream_rng(seed: int, label: str) -> random.Random:
     return random.Random(_seed64(seed, label))
 
 
+# Called for every round-robin hop: the layout is compiled once and the hash bound at import.
+_ROUTE_HOP: Final = struct.Struct(">QQBBH").pack
+_blake2b: Final = hashlib.blake2b
+
+
 def route_u(route_key: int, call_id: int, attempt: int, hop_kind: int, hop_index: int) -> float:
     """Counter-based uniform in [0, 1) for one routing decision.
 
     `route_key` is `_seed64(seed, "route")`. Being a hash of the decision's coordinates, a pick never
     depends on how many other draws happened before it.
     """
-    raw = struct.pack(">QQBBH", route_key, call_id, attempt, hop_kind, hop_index)
-    value: int = struct.unpack(">Q", hashlib.blake2b(raw, digest_size=8).digest())[0]
+    raw = _ROUTE_HOP(route_key, call_id, attempt, hop_kind, hop_index)
+    value = int.from_bytes(_blake2b(raw, digest_size=8).digest(), "big")
     return value / 18446744073709551616.0  # 2**64
 
 

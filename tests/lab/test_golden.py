@@ -1,0 +1,417 @@
+"""Golden outputs: the engine's full results, log included, must not change by a single byte.
+
+The digests were recorded from the engine as it was before the performance work of issue 8 (the
+lab's model is unchanged since), for every mission set-up, fix and variant at its pinned seed,
+some random configurations and three edge cases (one replica under a rolling deploy, in both
+protocol modes; a hard stop that leaves calls unfinished). A speed-up must leave them all equal.
+A deliberate change to the model changes them: print the new table with
+`.venv/bin/python tests/lab/test_golden.py` and say why in the commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from breakwater.lab import LabConfig, generate_traffic, run
+
+# (name, config changes from the defaults, hard stop in ms, sha256 of the JSON of `to_dict(log_limit=None)`)
+GOLDEN: list[tuple[str, dict[str, object], int, str]] = [
+    ("m1-affinity", {"keepalive_s": 15}, 3600000, "3a05930f9e5609165f72d3b88be00b3b39e2e00631275f78f58860676d019371"),
+    (
+        "m1-setup",
+        {"routing": "round_robin", "keepalive_s": 15},
+        3600000,
+        "e3e30de5014155687ea7c9647ca81ee56c4a8a8b64fe459b6e63b1d33a910cbb",
+    ),
+    (
+        "m1-shared-rr",
+        {"mode": "2025-11-25/shared", "routing": "round_robin", "keepalive_s": 15},
+        3600000,
+        "74b579aae002913a994c3699004fa41fc44e8f5d618086617affb43ca881723f",
+    ),
+    (
+        "m1-six-rr",
+        {"routing": "round_robin", "replicas": 6, "keepalive_s": 15},
+        3600000,
+        "2620c299f983d750ad283d1eea89a83f7019ea4a8fcb89448dc14c8686200f36",
+    ),
+    (
+        "m1-stateless-rr",
+        {"mode": "2026-07-28", "routing": "round_robin", "keepalive_s": 15},
+        3600000,
+        "5ec2a414fc678a1b9afb574016365c29eacf4a9c6b896856021ca03f1413fea2",
+    ),
+    (
+        "m2-idem-only",
+        {"mode": "2026-07-28", "routing": "round_robin", "idempotency": True, "slow_tools": True},
+        3600000,
+        "e0a55c93326e3470451837fab89350c80b11610607f6a7f764ed875a78df7bbb",
+    ),
+    (
+        "m2-k15",
+        {"mode": "2026-07-28", "routing": "round_robin", "keepalive_s": 15, "slow_tools": True},
+        3600000,
+        "54edddac98c6ad633dc4d5d66f76add42aef425ef26bade5643cbe5984cfceb4",
+    ),
+    (
+        "m2-k30",
+        {"mode": "2026-07-28", "routing": "round_robin", "keepalive_s": 30, "slow_tools": True},
+        3600000,
+        "5e84df3516c776496c30cb2af4b280eb8cff35abe3ef271f42f63a607ec995d3",
+    ),
+    (
+        "m2-k60",
+        {"mode": "2026-07-28", "routing": "round_robin", "keepalive_s": 60, "slow_tools": True},
+        3600000,
+        "0fede13c40385f7545dc7c75a81977c158fb7ec4a708c40d5e385570c129a25e",
+    ),
+    (
+        "m2-setup",
+        {"mode": "2026-07-28", "routing": "round_robin", "slow_tools": True},
+        3600000,
+        "23eac1554e3d572d97b0323349079570076c5b9c22c4715047cfa036a96abd91",
+    ),
+    (
+        "m2-shared",
+        {"mode": "2025-11-25/shared", "routing": "round_robin", "slow_tools": True},
+        3600000,
+        "caa7f8915f4c620d99976749b366f0f99151b57021cadcb33e07447fceff4440",
+    ),
+    (
+        "m2-t120",
+        {"mode": "2026-07-28", "routing": "round_robin", "idle_timeout_s": 120, "slow_tools": True},
+        3600000,
+        "aef808587316228700bb2ba70d0530a542035517cec7cd9237926103eb2cd744",
+    ),
+    (
+        "m3-idem-w30",
+        {"keepalive_s": 15, "idempotency": True, "slow_tools": True, "rolling_deploy": True},
+        3600000,
+        "63ef3a7403adc9dff5ca520f7caf4de95a5ff1869baa0c856b255095ddc0f4d6",
+    ),
+    (
+        "m3-setup",
+        {"keepalive_s": 15, "drain_s": 10, "slow_tools": True, "rolling_deploy": True},
+        3600000,
+        "d5a70684319e93a7fdb9c0a1e132a568256e323b1651cc1ce98ef0ebef44d14b",
+    ),
+    (
+        "m3-w250",
+        {"keepalive_s": 15, "drain_s": 250, "slow_tools": True, "rolling_deploy": True},
+        3600000,
+        "a3d52fa7f721f14f43fbed53a9023a818d185f098cca94a601c48f8e0679e1e2",
+    ),
+    (
+        "m4-affinity6",
+        {"replicas": 6, "keepalive_s": 15, "hot_client": True},
+        3600000,
+        "03bf41c6b72339937211370809322110bfde45a5feecdfa5a99898c33d16810e",
+    ),
+    (
+        "m4-memory-rr",
+        {"routing": "round_robin", "keepalive_s": 15, "hot_client": True},
+        3600000,
+        "d13eb863d80dabe807891dee09e25879ceabb95dcd998ea641c51b83676ad4ff",
+    ),
+    (
+        "m4-setup",
+        {"keepalive_s": 15, "hot_client": True},
+        3600000,
+        "37a18572d5d5b4e4534584eb7130734b8e37ba51b573c21f9c05c4c4d909afd1",
+    ),
+    (
+        "m4-shared-rr2",
+        {"mode": "2025-11-25/shared", "routing": "round_robin", "replicas": 2, "keepalive_s": 15, "hot_client": True},
+        3600000,
+        "84a2435fbad7d0588df6088514b535deb2992900a1b49fbd881aeaf7631fa90b",
+    ),
+    (
+        "m4-stateless-rr2",
+        {"mode": "2026-07-28", "routing": "round_robin", "replicas": 2, "keepalive_s": 15, "hot_client": True},
+        3600000,
+        "16a43eb49e2c0005fbae7be124e99ec695734d2043a7762f1d7c81d55ccf887e",
+    ),
+    (
+        "m4-stateless-rr3",
+        {"mode": "2026-07-28", "routing": "round_robin", "keepalive_s": 15, "hot_client": True},
+        3600000,
+        "28c689e91c9769ae821da97bf92e02d3ea7b8a1948279a0c057ab9939a17f726",
+    ),
+    (
+        "m5-idem-only",
+        {
+            "mode": "2026-07-28",
+            "routing": "round_robin",
+            "drain_s": 20,
+            "idempotency": True,
+            "slow_tools": True,
+            "rolling_deploy": True,
+        },
+        3600000,
+        "c585094e5a210c26c64879259de4db04d22ef724ad511051219dce3a2ec2fc15",
+    ),
+    (
+        "m5-k15-idem",
+        {
+            "mode": "2026-07-28",
+            "routing": "round_robin",
+            "keepalive_s": 15,
+            "drain_s": 20,
+            "idempotency": True,
+            "slow_tools": True,
+            "rolling_deploy": True,
+        },
+        3600000,
+        "9f33f7df79a31616670ba3e2f3de677b60d3310ff6695348de13d08ca9c575f3",
+    ),
+    (
+        "m5-k15-idem-w60",
+        {
+            "mode": "2026-07-28",
+            "routing": "round_robin",
+            "keepalive_s": 15,
+            "drain_s": 60,
+            "idempotency": True,
+            "slow_tools": True,
+            "rolling_deploy": True,
+        },
+        3600000,
+        "980b65a388a08566bd65278098265aa42baf17c34d7daa66762966f60d607e13",
+    ),
+    (
+        "m5-k15-only",
+        {
+            "mode": "2026-07-28",
+            "routing": "round_robin",
+            "keepalive_s": 15,
+            "drain_s": 20,
+            "slow_tools": True,
+            "rolling_deploy": True,
+        },
+        3600000,
+        "f5d9a59d190a6927e6e54a203e84a196488cdee69dbe290ad70b49ce2d2bdd46",
+    ),
+    (
+        "m5-k15-w250",
+        {
+            "mode": "2026-07-28",
+            "routing": "round_robin",
+            "keepalive_s": 15,
+            "drain_s": 250,
+            "slow_tools": True,
+            "rolling_deploy": True,
+        },
+        3600000,
+        "149f9786796a49be3ade3c256639a3a6822d15eaf14ef195e0585e554d876c6e",
+    ),
+    (
+        "m5-setup",
+        {"mode": "2026-07-28", "routing": "round_robin", "drain_s": 20, "slow_tools": True, "rolling_deploy": True},
+        3600000,
+        "5dbb5c6e8bb0825ceebe487fba201efce354a5884e8314184438a03e9753e615",
+    ),
+    (
+        "m6-setup",
+        {"replicas": 4, "drain_s": 20, "slow_tools": True, "rolling_deploy": True, "hot_client": True},
+        3600000,
+        "b4d44865f421a8ca665a7869cf8b98034a8198955934ba63895557221b5e9521",
+    ),
+    (
+        "m6-stateless-4",
+        {
+            "mode": "2026-07-28",
+            "routing": "round_robin",
+            "replicas": 4,
+            "keepalive_s": 15,
+            "drain_s": 120,
+            "idempotency": True,
+            "slow_tools": True,
+            "rolling_deploy": True,
+            "hot_client": True,
+        },
+        3600000,
+        "2311eeca017a47c250311d0583859d639070b4d40dfb895c93672e08f0ca3951",
+    ),
+    (
+        "m6-stateless-6",
+        {
+            "mode": "2026-07-28",
+            "routing": "round_robin",
+            "replicas": 6,
+            "keepalive_s": 15,
+            "drain_s": 120,
+            "idempotency": True,
+            "slow_tools": True,
+            "rolling_deploy": True,
+            "hot_client": True,
+        },
+        3600000,
+        "d51b9b9a9a2b85a8d2a64adb10fe9d5ce8a9aaf8b692f021ef3f9ebcabcebe43",
+    ),
+    (
+        "m6-stateless-8",
+        {
+            "mode": "2026-07-28",
+            "routing": "round_robin",
+            "replicas": 8,
+            "keepalive_s": 15,
+            "drain_s": 120,
+            "idempotency": True,
+            "slow_tools": True,
+            "rolling_deploy": True,
+            "hot_client": True,
+        },
+        3600000,
+        "afff1f2c3a42cd9d4b1c7e8cfbd3b51efa2d88b1720919ca9ca76783cecba6a7",
+    ),
+    (
+        "rand00",
+        {
+            "routing": "round_robin",
+            "replicas": 2,
+            "idle_timeout_s": 180,
+            "drain_s": 188,
+            "slow_tools": True,
+            "hot_client": True,
+            "seed": 709153,
+        },
+        3600000,
+        "0c03b714497edbc6a2bf243c6e3608a70888698b99bf23aad544b3c1c31bec7d",
+    ),
+    (
+        "rand08",
+        {"idle_timeout_s": 210, "drain_s": 230, "idempotency": True, "slow_tools": True, "hot_client": True, "seed": 209874},
+        3600000,
+        "2e8015381d15112a3cdc0ea2108288838f9aaea2ae0e259c940ad63390fba5ad",
+    ),
+    (
+        "rand16",
+        {
+            "mode": "2026-07-28",
+            "routing": "round_robin",
+            "replicas": 6,
+            "idle_timeout_s": 95,
+            "drain_s": 185,
+            "idempotency": True,
+            "slow_tools": True,
+            "rolling_deploy": True,
+            "hot_client": True,
+            "seed": 218202,
+        },
+        3600000,
+        "c7c94ec07679fc7db8d04958adba31b5d6fa1f709bdd824fdadd89e0b7ad3cae",
+    ),
+    (
+        "rand24",
+        {"routing": "round_robin", "replicas": 2, "idle_timeout_s": 165, "drain_s": 189, "hot_client": True, "seed": 994772},
+        3600000,
+        "f7750f0cb274b3543c205fbcc460b3bb51b3a87a59e59aeb0d8ee84ffbd7ee66",
+    ),
+    (
+        "rand32",
+        {
+            "mode": "2025-11-25/shared",
+            "routing": "round_robin",
+            "idle_timeout_s": 35,
+            "keepalive_s": 70,
+            "drain_s": 121,
+            "idempotency": True,
+            "rolling_deploy": True,
+            "hot_client": True,
+            "seed": 267590,
+        },
+        3600000,
+        "a9353b9b2c5135a22c055d083c124e006a79af0700588eabf1e6effc916e7958",
+    ),
+    (
+        "rand40",
+        {"routing": "round_robin", "idle_timeout_s": 45, "drain_s": 12, "slow_tools": True, "seed": 922197},
+        3600000,
+        "162801c7a63b222746d6637b6f4a1d743ea7f686fee941148fd812aca9df97c8",
+    ),
+    (
+        "rand48",
+        {"mode": "2025-11-25/shared", "replicas": 1, "drain_s": 258, "idempotency": True, "slow_tools": True, "seed": 21890},
+        3600000,
+        "03241f38c71af254ec3abca71eb7bf9ba79752ad4c0ce180a232861e47abe469",
+    ),
+    (
+        "rand56",
+        {"mode": "2025-11-25/shared", "replicas": 8, "idle_timeout_s": 25, "drain_s": 183, "slow_tools": True, "seed": 791102},
+        3600000,
+        "af0458e93a90498222944eb7796742b05e55d5c08c2eb7e40fa40a8c28b9151d",
+    ),
+    (
+        "rand64",
+        {
+            "mode": "2026-07-28",
+            "replicas": 7,
+            "idle_timeout_s": 190,
+            "drain_s": 211,
+            "idempotency": True,
+            "rolling_deploy": True,
+            "hot_client": True,
+            "seed": 833847,
+        },
+        3600000,
+        "ec9d890b1a986e3e536f7e4a7a02f9477284459584a2a0e7dc777feab48e980d",
+    ),
+    (
+        "rand72",
+        {
+            "mode": "2026-07-28",
+            "routing": "round_robin",
+            "replicas": 4,
+            "idle_timeout_s": 230,
+            "drain_s": 133,
+            "rolling_deploy": True,
+            "seed": 230018,
+        },
+        3600000,
+        "9b6200aae90293d333b4ec406b741e7d26f322e0d9bfe0e76416e25a3651019c",
+    ),
+    (
+        "n1-deploy-hot",
+        {"replicas": 1, "idle_timeout_s": 10, "rolling_deploy": True, "hot_client": True},
+        3600000,
+        "0a97745569422516d447e5713612cd7f8fb7143ba8891b6fc28854018cd2cd1c",
+    ),
+    (
+        "n1-deploy-stateless",
+        {
+            "mode": "2026-07-28",
+            "replicas": 1,
+            "idle_timeout_s": 10,
+            "slow_tools": True,
+            "rolling_deploy": True,
+            "hot_client": True,
+        },
+        3600000,
+        "c46be0e138514853f20ae1614f8a80632bfd70de8e095f2484564a20336c52f4",
+    ),
+    (
+        "hardstop",
+        {"slow_tools": True, "hot_client": True},
+        200000,
+        "2f76064d83bfd3684cb125241c4676e577b0a434a294f9e6c208fcb801dfe71a",
+    ),
+]
+
+
+def _digest(changes: dict[str, object], hard_stop_ms: int) -> str:
+    config = LabConfig.from_dict(changes)
+    result = run(config, generate_traffic(config.seed, config.hot_client), hard_stop_ms=hard_stop_ms)
+    return hashlib.sha256(json.dumps(result.to_dict(log_limit=None)).encode()).hexdigest()
+
+
+@pytest.mark.parametrize(("name", "changes", "hard_stop_ms", "digest"), GOLDEN, ids=[row[0] for row in GOLDEN])
+def test_result_is_bit_for_bit_unchanged(name: str, changes: dict[str, object], hard_stop_ms: int, digest: str) -> None:
+    assert _digest(changes, hard_stop_ms) == digest, f"{name}: the run's output changed"
+
+
+if __name__ == "__main__":
+    for name, changes, hard_stop_ms, _ in GOLDEN:
+        print(f"    ({name!r}, {changes!r}, {hard_stop_ms}, {_digest(changes, hard_stop_ms)!r}),")
