@@ -151,9 +151,14 @@ def _understood(config: Config) -> dict[str, Any]:
 
 
 def config_main(argv: list[str]) -> int:
-    """`breakwater config check|knobs`."""
+    """`breakwater config check|knobs|import`."""
+    if argv[:1] == ["import"]:
+        from breakwater._import import import_main
+
+        return import_main(argv[1:])
     parser = argparse.ArgumentParser(prog="breakwater config", description="Validate and explain configuration.")
     sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("import", help="turn an mcpServers file into a breakwater config plus the one entry your agent uses")
     check = sub.add_parser("check", help="validate the config and print what was understood (secrets redacted)")
     _add_config_flag(check)
     check.add_argument("--json", action="store_true", help="print JSON")

@@ -1,0 +1,121 @@
+"""`breakwater config import`: move an agent's mcpServers behind breakwater in one step.
+
+Given the file an agent reads today (Claude Code's `.mcp.json`, Cursor's `mcp.json`, Claude
+Desktop's config, VS Code's `mcp.json`), it writes, beside it:
+
+* `breakwater.servers.json` — the servers, exactly as they were;
+* `breakwater.toml` — breakwater's config, pointing at that file, with the policy knobs to tune;
+* the one-entry file the agent should use instead, which launches `breakwater serve`.
+
+With `--replace`, the original is kept as `<name>.bak` and replaced by the one-entry file. Nothing
+existing is overwritten without `--force`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from breakwater.config import load_config
+from breakwater.errors import ConfigError
+
+__all__ = ["import_main", "plan_import"]
+
+SERVERS_FILE = "breakwater.servers.json"
+TOML_FILE = "breakwater.toml"
+GATEWAY_NAME = "breakwater"
+
+TOML_TEMPLATE = """\
+# breakwater's config, written by `breakwater config import` from {source}.
+# The servers themselves are in {servers}, unchanged. Every knob: `breakwater config knobs`.
+servers_file = "{servers}"
+
+[call]
+timeout_s = 5          # one attempt of a tool call; slow tools get their own below
+
+# [servers.NAME.tools.TOOL]
+# timeout_s = 60
+# retry = "idempotent" # safe | idempotent | never (default: from the tool's annotations)
+"""
+
+
+def _breakwater_command() -> list[str]:
+    # An absolute path: agents often launch servers with a minimal PATH.
+    found = shutil.which("breakwater")
+    if found:
+        return [str(Path(found).resolve())]
+    return [sys.executable, "-m", "breakwater"]
+
+
+def plan_import(source: Path) -> dict[Path, str]:
+    """The files to write (path -> content) for `source`; validates the source first."""
+    load_config(source)  # a broken file is reported here, with file, key and fix
+    raw: dict[str, Any] = json.loads(source.read_text())
+    top = "mcpServers" if "mcpServers" in raw else "servers"
+    if GATEWAY_NAME in raw.get(top, {}):
+        raise ConfigError(
+            f"a server is already called {GATEWAY_NAME!r}",
+            path=str(source),
+            key=f"{top}.{GATEWAY_NAME}",
+            fix="this file may already go through breakwater; rename that server to import it",
+        )
+    folder = source.parent
+    toml_path = (folder / TOML_FILE).resolve()
+    command = _breakwater_command()
+    gateway_entry: dict[str, Any] = {"command": command[0], "args": [*command[1:], "serve", "--config", str(toml_path)]}
+    if top == "servers":
+        gateway_entry = {"type": "stdio", **gateway_entry}
+    agent_file = {key: value for key, value in raw.items() if key not in (top,)} | {top: {GATEWAY_NAME: gateway_entry}}
+    servers_file = {top: raw[top]}
+    return {
+        folder / SERVERS_FILE: json.dumps(servers_file, indent=2) + "\n",
+        folder / TOML_FILE: TOML_TEMPLATE.format(source=source.name, servers=SERVERS_FILE),
+        source: json.dumps(agent_file, indent=2) + "\n",
+    }
+
+
+def import_main(argv: list[str]) -> int:
+    """`breakwater config import PATH [--replace] [--force]`."""
+    parser = argparse.ArgumentParser(
+        prog="breakwater config import",
+        description="Turn an mcpServers file into a breakwater config plus the one-entry file your agent should use.",
+    )
+    parser.add_argument("path", type=Path, help="the agent's mcpServers file (.mcp.json, mcp.json, claude_desktop_config.json)")
+    parser.add_argument(
+        "--replace", action="store_true", help="replace PATH with the one-entry file (the original is kept as PATH.bak)"
+    )
+    parser.add_argument("--force", action="store_true", help="overwrite breakwater.toml / breakwater.servers.json if they exist")
+    args = parser.parse_args(argv)
+    source: Path = args.path
+    try:
+        files = plan_import(source)
+    except ConfigError as exc:
+        print(f"breakwater: config error: {exc}", file=sys.stderr)
+        return 2
+    agent_text = files.pop(source)
+    agent_path = source if args.replace else source.with_name(f"{source.stem}.breakwater{source.suffix}")
+    backup = source.with_name(source.name + ".bak")
+    clashes = [p for p in [*files, *([] if args.replace else [agent_path])] if p.exists()]
+    if args.replace and backup.exists():
+        clashes.append(backup)
+    if clashes and not args.force:
+        names = ", ".join(str(p) for p in clashes)
+        print(f"breakwater: would overwrite {names}\n  fix: pass --force, or move them away first", file=sys.stderr)
+        return 2
+    for path, text in files.items():
+        path.write_text(text)
+    if args.replace:
+        shutil.copy2(source, backup)
+    agent_path.write_text(agent_text)
+    print(f"wrote {', '.join(str(p) for p in files)}")
+    if args.replace:
+        print(f"replaced {source} with the one-entry file (original kept as {backup})")
+    else:
+        print(f"wrote {agent_path}: the one entry your agent should use instead of {source}:")
+        print(agent_text, end="")
+    print(f"check it with: breakwater status --config {next(p for p in files if p.suffix == '.toml')}")
+    return 0

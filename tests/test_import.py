@@ -1,0 +1,70 @@
+"""`breakwater config import`: an agent's mcpServers file moves behind breakwater, losing nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from breakwater.config import load_config
+
+
+def run_import(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "breakwater", "config", "import", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=60,
+        check=False,
+    )
+
+
+SERVERS = {
+    "mcpServers": {
+        "fs": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "/tmp"], "env": {"K": "v"}},
+        "remote": {"type": "http", "url": "https://example.test/mcp", "headers": {"Authorization": "Bearer t0ken"}},
+    }
+}
+
+
+def test_import_writes_config_and_one_entry_file(tmp_path: Path) -> None:
+    """The servers move to breakwater.servers.json unchanged; the agent gets one entry that runs `breakwater serve`."""
+    source = tmp_path / ".mcp.json"
+    source.write_text(json.dumps(SERVERS))
+    result = run_import(".mcp.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "breakwater.servers.json").read_text()) == SERVERS
+    assert json.loads(source.read_text()) == SERVERS, "without --replace the original is untouched"
+    agent = json.loads((tmp_path / ".mcp.breakwater.json").read_text())
+    (entry,) = agent["mcpServers"].values()
+    assert entry["args"][-3:] == ["serve", "--config", str((tmp_path / "breakwater.toml").resolve())]
+    config = load_config(tmp_path / "breakwater.toml", environ={})
+    original = load_config(source, environ={})
+    assert [s.describe() for s in config.servers] == [s.describe() for s in original.servers]
+    assert [dict(s.env) for s in config.servers] == [dict(s.env) for s in original.servers]
+
+
+def test_replace_keeps_a_backup_and_refuses_to_clobber(tmp_path: Path) -> None:
+    """--replace keeps the original as .bak; a second import refuses to overwrite without --force, and refuses
+    to import a file that already goes through breakwater."""
+    source = tmp_path / ".mcp.json"
+    source.write_text(json.dumps(SERVERS))
+    assert run_import(".mcp.json", "--replace", cwd=tmp_path).returncode == 0
+    assert json.loads((tmp_path / ".mcp.json.bak").read_text()) == SERVERS
+    assert list(json.loads(source.read_text())["mcpServers"]) == ["breakwater"]
+    again = run_import(".mcp.json", "--replace", "--force", cwd=tmp_path)
+    assert again.returncode == 2 and "already called 'breakwater'" in again.stderr
+    (tmp_path / "other.json").write_text(json.dumps(SERVERS))
+    clash = run_import("other.json", cwd=tmp_path)
+    assert clash.returncode == 2 and "--force" in clash.stderr
+
+
+def test_broken_source_is_a_config_error(tmp_path: Path) -> None:
+    """A broken file is reported with file, key and fix, and nothing is written."""
+    source = tmp_path / ".mcp.json"
+    source.write_text(json.dumps({"mcpServers": {"a": {"comand": "x"}}}))
+    result = run_import(".mcp.json", cwd=tmp_path)
+    assert result.returncode == 2 and "mcpServers.a.comand" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".mcp.json"]
