@@ -72,6 +72,7 @@ class Catalog:
         self.template = template
         self._dir = directory
         self._last_known: dict[str, list[types.Tool]] = {}
+        self._pins: dict[str, dict[str, str]] = {}
 
     def _path(self, server: str, fingerprint: str) -> Path | None:
         if self._dir is None:
@@ -107,6 +108,68 @@ class Catalog:
             payload = {"server": server, "tools": [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]}
             tmp.write_text(json.dumps(payload))
             tmp.replace(path)
+
+    # ---- definition pins (drift) -------------------------------------------------------------
+
+    def _pins_path(self, server: str, fingerprint: str) -> Path | None:
+        path = self._path(server, fingerprint)
+        return None if path is None else path.with_suffix(".pins.json")
+
+    def pins(self, server: str, fingerprint: str) -> dict[str, str]:
+        """The approved definition fingerprint of each tool of `server` (tool name -> fingerprint)."""
+        if server not in self._pins:
+            pins: dict[str, str] = {}
+            path = self._pins_path(server, fingerprint)
+            if path is not None and path.is_file():
+                with contextlib.suppress(OSError, ValueError):
+                    loaded = json.loads(path.read_text())
+                    pins = {str(k): str(v) for k, v in loaded.items()}
+            self._pins[server] = pins
+        return self._pins[server]
+
+    def _save_pins(self, server: str, fingerprint: str) -> None:
+        path = self._pins_path(server, fingerprint)
+        if path is None:
+            return
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self._pins[server], sort_keys=True))
+            tmp.replace(path)
+
+    def drifted(self, server: str, fingerprint: str, tools: Sequence[types.Tool]) -> list[str]:
+        """Tools whose definition differs from the approved one. A tool seen for the first time is
+        approved as it is (trust on first use), so only a change under a running setup is reported."""
+        pins = self.pins(server, fingerprint)
+        changed: list[str] = []
+        fresh = False
+        for tool in tools:
+            current = tool_fingerprint(tool)
+            approved = pins.get(tool.name)
+            if approved is None:
+                pins[tool.name] = current
+                fresh = True
+            elif approved != current:
+                changed.append(tool.name)
+        if fresh:
+            self._save_pins(server, fingerprint)
+        return changed
+
+    def accept(self, server: str, fingerprint: str, tools: Sequence[types.Tool], names: Iterable[str] | None = None) -> list[str]:
+        """Approve the current definitions (of `names`, or every tool); returns the tools whose pin changed."""
+        pins = self.pins(server, fingerprint)
+        wanted = None if names is None else set(names)
+        accepted = []
+        for tool in tools:
+            if wanted is not None and tool.name not in wanted:
+                continue
+            current = tool_fingerprint(tool)
+            if pins.get(tool.name) != current:
+                pins[tool.name] = current
+                accepted.append(tool.name)
+        if accepted:
+            self._save_pins(server, fingerprint)
+        return accepted
 
     def entries(self, servers: Iterable[tuple[str, bool, Sequence[types.Tool]]]) -> list[Entry]:
         """Entries for `(server, live, tools)` triples, in order, first name wins on a collision."""

@@ -293,13 +293,17 @@ def serve_main(argv: list[str]) -> int:
     return anyio.run(_serve, config, args.http, token, args.port_file)
 
 
-async def _tools(config: Config, query: str, as_json: bool, wait: float) -> int:
+async def _tools(config: Config, query: str, as_json: bool, wait: float, accept: bool) -> int:
     from breakwater._gateway import Gateway
 
     policy, catalog = _gateway_parts(config)
     async with Breakwater(config) as bw:
         gateway = Gateway(bw, policy, catalog=catalog)
         await bw.wait_ready(timeout=wait)
+        if accept:
+            accepted = gateway.accept(query.split())
+            print("accepted: " + (", ".join(accepted) if accepted else "nothing had changed"))
+            return EXIT_OK
         answer = await gateway.search(query, wait_s=0)
     if as_json:
         print(json.dumps(answer.to_json(), indent=2))
@@ -318,6 +322,11 @@ def tools_main(argv: list[str]) -> int:
     parser.add_argument("query", nargs="*", help="words to look for (none: list every tool)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--wait", type=float, default=DEFAULT_STATUS_WAIT_S, metavar="SECONDS", help="wait for servers")
+    parser.add_argument(
+        "--accept",
+        action="store_true",
+        help="approve the current definitions of the named tools (server__tool), or of every changed tool",
+    )
     args = parser.parse_args(argv)
     config = load_or_exit(args.config)
-    return anyio.run(_tools, config, " ".join(args.query), args.json, args.wait)
+    return anyio.run(_tools, config, " ".join(args.query), args.json, args.wait, args.accept)

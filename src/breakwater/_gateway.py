@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -29,7 +29,7 @@ from breakwater._breakwater import Breakwater
 from breakwater._catalog import Catalog, Entry, entry_json, rank
 from breakwater._envelope import error_result
 from breakwater.config import GatewayPolicy
-from breakwater.errors import UnknownToolError
+from breakwater.errors import ToolChangedError, UnknownToolError
 from breakwater.status import ServerState, ServerStatus, iso
 
 __all__ = ["DEADLINE_META_KEY", "Gateway", "GatewayPolicy", "SearchAnswer"]
@@ -65,6 +65,11 @@ class SearchAnswer:
     matches: list[Entry]
     unsearched: list[ServerStatus]  # servers that could not be searched live
     servers: int
+    drift: Mapping[str, Sequence[str]] = field(default_factory=dict)  # server -> tools changed since approved
+
+    def changed(self, entry: Entry) -> bool:
+        """Whether `entry`'s definition changed since it was approved."""
+        return entry.tool.name in self.drift.get(entry.server, ())
 
     @property
     def complete(self) -> bool:
@@ -74,7 +79,7 @@ class SearchAnswer:
     def to_json(self) -> dict[str, Any]:
         return {
             "query": self.query,
-            "matches": [entry_json(e) for e in self.matches],
+            "matches": [entry_json(e) | {"definition_changed": self.changed(e)} for e in self.matches],
             "complete": self.complete,
             "not_searched": [_server_note_json(s) for s in self.unsearched],
         }
@@ -86,6 +91,8 @@ class SearchAnswer:
             for e in self.matches:
                 desc = entry_json(e)["description"]
                 flag = "" if e.live else f" [server {e.server} is not ready: last-known definition]"
+                if self.changed(e):
+                    flag += " [definition changed since approved: review before relying on it]"
                 lines.append(f"- {e.name}: {desc}{flag}")
         elif self.complete:
             lines.append(f"No such tool: nothing matches {self.query!r} on any of the {self.servers} servers (all searched).")
@@ -137,6 +144,7 @@ class Gateway:
         self._entries: list[Entry] = []
         self._index: dict[str, Entry] = {}
         self._watching = False
+        self.drift: dict[str, list[str]] = {}  # server -> tools whose definition changed since approved
         from importlib.metadata import version
 
         self.server = _GatewayServer(
@@ -162,16 +170,27 @@ class Gateway:
     def refresh(self) -> list[Entry]:
         """Recompute the listed tools from the servers' states (and remember ready servers' tools on disk)."""
         triples = []
+        drift: dict[str, list[str]] = {}
         for spec in self.bw.config.servers:
             if not spec.enabled:
                 continue
             upstream = self.bw.upstream(spec.name)
             fingerprint = spec.fingerprint()
             if upstream.state is ServerState.READY:
-                self.catalog.remember(spec.name, fingerprint, upstream.tools)
-                triples.append((spec.name, True, list(upstream.tools)))
+                tools = list(upstream.tools)
+                self.catalog.remember(spec.name, fingerprint, tools)
+                changed = self.catalog.drifted(spec.name, fingerprint, tools)
+                if changed and self.policy.drift == "accept":
+                    logger.warning("server %s changed tools %s; accepted (drift = accept)", spec.name, changed)
+                    self.catalog.accept(spec.name, fingerprint, tools, changed)
+                elif changed:
+                    drift[spec.name] = changed
+                    if self.policy.drift == "block":
+                        tools = [t for t in tools if t.name not in changed]
+                triples.append((spec.name, True, tools))
             elif self.policy.list_unready_tools:
                 triples.append((spec.name, False, self.catalog.load(spec.name, fingerprint)))
+        self.drift = drift
         self._entries = self.catalog.entries(triples)
         self._index = {e.name: e for e in self._entries}
         return self._entries
@@ -285,6 +304,9 @@ class Gateway:
                 message += f" Call {self.policy.search_tool} to find the right one."
             return error_result(UnknownToolError(message, tool=params.name))
         server, tool = target
+        if self.policy.drift == "block" and tool in self.drift.get(server, ()):
+            message = f"The definition of {params.name!r} changed since it was approved."
+            return error_result(ToolChangedError(message, server=server, tool=tool))
         finished = False
 
         async def relay_progress(progress: float, total: float | None, message: str | None) -> None:
@@ -319,7 +341,7 @@ class Gateway:
                 await self.bw.wait_changed()
         matches = [e for _, e in rank(entries, query, limit=SEARCH_LIMIT)] if query.strip() else entries
         unsearched = [s for s in statuses if s.state in NOT_READY]
-        return SearchAnswer(query=query, matches=matches, unsearched=unsearched, servers=len(statuses))
+        return SearchAnswer(query=query, matches=matches, unsearched=unsearched, servers=len(statuses), drift=dict(self.drift))
 
     def _might_match(self, server: str, query: str, entries: Sequence[Entry]) -> bool:
         terms = [t for t in query.lower().split() if t]
@@ -338,8 +360,25 @@ class Gateway:
         answer = await self.search(query)
         return _text_result(answer.text(), answer.to_json())
 
+    def accept(self, names: Sequence[str] = ()) -> list[str]:
+        """Approve the current definitions of the named (downstream) tools, or of every changed tool."""
+        self.refresh()
+        wanted = set(names)
+        accepted: list[str] = []
+        for spec in self.bw.config.servers:
+            upstream = self.bw.upstream(spec.name)
+            if upstream.state is not ServerState.READY:
+                continue
+            live = self.catalog.entries([(spec.name, True, upstream.tools)])
+            todo = [e.tool.name for e in live if e.name in wanted] if wanted else self.drift.get(spec.name, [])
+            done = set(self.catalog.accept(spec.name, spec.fingerprint(), upstream.tools, todo))
+            accepted += [e.name for e in live if e.tool.name in done]
+        self.refresh()
+        return accepted
+
     async def _status_tool(self, ctx: ServerRequestContext[Any], arguments: Mapping[str, Any]) -> types.CallToolResult:
-        report = self.bw.status().to_json()
+        self.entries()
+        report = self.bw.status().to_json() | {"drift": {server: tools for server, tools in self.drift.items()}}
         return _text_result(json.dumps(report, indent=2), report)
 
 

@@ -338,6 +338,13 @@ class GatewayPolicy:
         "Name of the built-in status tool; empty turns it off.",
         env="BREAKWATER_STATUS_TOOL",
     )
+    drift: str = knob(
+        "warn",
+        "When a server changes a tool's definition: accept it, warn (status and search say so), or block the tool "
+        "until a person runs breakwater tools --accept.",
+        env="BREAKWATER_DRIFT",
+        choices=("accept", "warn", "block"),
+    )
     search_wait_s: float = knob(
         2.0,
         "The search tool waits up to this long for connecting servers that may hold a match.",

@@ -12,6 +12,7 @@ BreakwaterError
     ├── ServerConnectingError   SERVER_CONNECTING    the server is still starting
     ├── ServerUnavailableError  SERVER_UNAVAILABLE   the server is down or failed to start
     ├── UnknownToolError        UNKNOWN_TOOL         no such tool on that server
+    ├── ToolChangedError        TOOL_CHANGED         the tool's definition changed and is blocked until accepted
     ├── UpstreamError           UPSTREAM_ERROR       transport or protocol failure
     ├── ToolError               TOOL_ERROR           the tool's own isError result (content passed through)
     ├── CallCancelledError      CANCELLED            the caller cancelled the call
@@ -46,6 +47,7 @@ __all__ = [
     "ServerCircuitOpenError",
     "ServerConnectingError",
     "ServerUnavailableError",
+    "ToolChangedError",
     "ToolError",
     "UnknownToolError",
     "UpstreamError",
@@ -83,6 +85,7 @@ class ErrorCode(enum.StrEnum):
     SERVER_CONNECTING = "SERVER_CONNECTING"
     SERVER_UNAVAILABLE = "SERVER_UNAVAILABLE"
     UNKNOWN_TOOL = "UNKNOWN_TOOL"
+    TOOL_CHANGED = "TOOL_CHANGED"
     UPSTREAM_ERROR = "UPSTREAM_ERROR"
     TOOL_ERROR = "TOOL_ERROR"
     CANCELLED = "CANCELLED"
@@ -256,6 +259,15 @@ class UnknownToolError(CallError):
     default_retryable = False
     summary = "There is no tool by that name on this server."
     advice = "Do not retry: check the tool list and use a tool that exists."
+
+
+class ToolChangedError(CallError):
+    """The server changed this tool's definition since it was approved, and the config blocks changed tools."""
+
+    code = ErrorCode.TOOL_CHANGED
+    default_retryable = False
+    summary = "The tool's definition changed since a person approved it, so breakwater blocks it."
+    advice = "Do not retry: ask the user to review the change (breakwater tools --accept) or use another tool."
 
 
 class UpstreamError(CallError):

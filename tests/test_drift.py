@@ -1,0 +1,101 @@
+"""Definition drift: a server that changes a tool under a running setup is noticed, and can be blocked until accepted."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+
+from breakwater.testserver import launch_command
+
+pytestmark = pytest.mark.anyio
+
+
+def setup(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    """A server whose flags live in a file, so its tools can change while its config stays the same."""
+    flags = tmp_path / "flags"
+    cmd = " ".join(shlex.quote(part) for part in launch_command())
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"svc": {"command": "sh", "args": ["-c", f'exec {cmd} $(cat "{flags}")']}}}))
+    env = dict(
+        os.environ,
+        BREAKWATER_ADMISSION_DIR=str(tmp_path / "admission"),
+        BREAKWATER_CATALOG_DIR=str(tmp_path / "catalog"),
+        BREAKWATER_CONNECT_STARTUP_JITTER_S="0",
+    )
+    return config, flags, env
+
+
+async def session(config: Path, env: dict[str, str]) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+    """Connect through the gateway; return the listed tools, the status tool's answer and a call's envelope."""
+    params = StdioServerParameters(command=sys.executable, args=["-m", "breakwater", "serve", "--config", str(config)], env=env)
+    async with Client(params) as client:
+        with anyio.fail_after(30):
+            while True:
+                status = (await client.call_tool("breakwater_status", {})).structured_content or {}
+                if status["summary"].get("ready") == 1:
+                    break
+                await anyio.sleep(0.1)
+        names = [t.name for t in (await client.list_tools()).tools]
+        call = await client.call_tool("svc__lookup", {})
+        return names, status, {"is_error": call.is_error, **(call.structured_content or {})}
+
+
+def accept(config: Path, env: dict[str, str], *names: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "breakwater", "tools", *names, "--accept", "--config", str(config), "--wait", "20"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+async def test_block_mode_hides_a_changed_tool_until_a_person_accepts_it(tmp_path: Path) -> None:
+    """drift = block: a changed tool disappears from the list, calls answer TOOL_CHANGED, status names it;
+    `breakwater tools --accept` brings it back."""
+    config, flags, env = setup(tmp_path)
+    env["BREAKWATER_DRIFT"] = "block"
+    flags.write_text("--tool lookup:latency=0,readonly")
+    names, status, call = await session(config, env)
+    assert "svc__lookup" in names and call["is_error"] is False and status["drift"] == {}
+    flags.write_text("--tool lookup:latency=0,destructive")  # the server's new version: same name, new contract
+    names, status, call = await session(config, env)
+    assert "svc__lookup" not in names
+    assert status["drift"] == {"svc": ["lookup"]}
+    assert (call["is_error"], call["code"], call["retryable"]) == (True, "TOOL_CHANGED", False)
+    assert "accepted: svc__lookup" in accept(config, env, "svc__lookup")
+    names, status, call = await session(config, env)
+    assert "svc__lookup" in names and call["is_error"] is False and status["drift"] == {}
+
+
+async def test_warn_mode_keeps_the_tool_and_says_so(tmp_path: Path) -> None:
+    """drift = warn (the default): the changed tool stays usable; status and search flag it."""
+    config, flags, env = setup(tmp_path)
+    flags.write_text("--tool lookup:latency=0,readonly")
+    await session(config, env)
+    flags.write_text("--tool lookup:latency=0,idempotent")
+    names, status, call = await session(config, env)
+    assert "svc__lookup" in names and call["is_error"] is False
+    assert status["drift"] == {"svc": ["lookup"]}
+    result = subprocess.run(
+        [sys.executable, "-m", "breakwater", "tools", "lookup", "--json", "--config", str(config), "--wait", "20"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    (match,) = json.loads(result.stdout)["matches"]
+    assert match["name"] == "svc__lookup" and match["definition_changed"] is True
