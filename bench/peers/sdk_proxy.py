@@ -1,0 +1,38 @@
+"""The floor for one Python hop: a bare pass-through proxy on the SDK's low-level server, no gate.
+
+    python bench/peers/sdk_proxy.py -- UPSTREAM_COMMAND [ARGS...]      # stdio in, stdio upstream
+
+`bench/proxy_overhead.py` runs it as the `sdk-proxy` reference target: the difference between it and
+`breakwater-stdio` is what breakwater adds beyond the SDK's own cost of serving and calling.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import anyio
+import mcp.types as types
+from mcp import Client, StdioServerParameters
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import Server
+from mcp.server.stdio import stdio_server
+
+
+async def main(command: list[str]) -> None:
+    async with Client(StdioServerParameters(command=command[0], args=command[1:]), mode="legacy") as upstream:
+
+        async def list_tools(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
+            return await upstream.list_tools()
+
+        async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+            return await upstream.call_tool(params.name, params.arguments or {})
+
+        server = Server("sdk-proxy", on_list_tools=list_tools, on_call_tool=call_tool)
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+
+if __name__ == "__main__":
+    argv = sys.argv[1:]
+    anyio.run(main, argv[1:] if argv[:1] == ["--"] else argv)

