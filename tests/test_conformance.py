@@ -33,8 +33,7 @@ pytestmark = pytest.mark.anyio
 UPSTREAM = Path(__file__).parent / "conformance" / "server.py"
 SUITE_TIMEOUT_S = 180
 
-RESOURCES_PROMPTS = "the gateway does not serve resources/prompts (declared unsupported in its capabilities)"
-COMPLETION = "the gateway does not serve completion/complete (it completes prompt and resource-template arguments)"
+SUBSCRIBE = "the gateway does not proxy resources/subscribe (resource update notifications are not relayed)"
 LOGGING = "the gateway does not serve logging/setLevel"
 LOGGING_RELAY = LOGGING + ", and does not relay upstream notifications/message to the caller"
 SAMPLING = "the gateway does not relay upstream sampling/createMessage requests to the downstream client"
@@ -42,23 +41,8 @@ ELICITATION = "the gateway does not relay upstream elicitation/create requests t
 
 # Scenarios that pass directly but fail through breakwater today, and why (see the report / docs).
 KNOWN_GAPS: dict[str, str] = {
-    **{
-        s: RESOURCES_PROMPTS
-        for s in (
-            "resources-list",
-            "resources-read-text",
-            "resources-read-binary",
-            "resources-templates-read",
-            "resources-subscribe",
-            "resources-unsubscribe",
-            "prompts-list",
-            "prompts-get-simple",
-            "prompts-get-with-args",
-            "prompts-get-embedded-resource",
-            "prompts-get-with-image",
-        )
-    },
-    "completion-complete": COMPLETION,
+    "resources-subscribe": SUBSCRIBE,
+    "resources-unsubscribe": SUBSCRIBE,
     "logging-set-level": LOGGING,
     "tools-call-with-logging": LOGGING_RELAY,
     "tools-call-sampling": SAMPLING,

@@ -7,9 +7,10 @@ import random
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import anyio
+import anyio.to_thread
 import mcp.types as types
 from anyio.abc import TaskGroup
 
@@ -17,12 +18,16 @@ from breakwater._admission import Admission, default_admission_dir
 from breakwater._classify import Classifier
 from breakwater._clock import Clock, SystemClock
 from breakwater._gate import CallGate, LearnedTimeout, ProgressCallback
+from breakwater._journal import Journal
+from breakwater._state_store import MemoryStore, StateStore, open_store
 from breakwater._turn_budget import TurnBudgetScope, turn_budget
 from breakwater._upstream import Upstream
 from breakwater.config import Config, find_config, load_config
 from breakwater.status import StatusReport
 
 __all__ = ["Breakwater"]
+
+_JOURNAL_CLOSE_S = 2.0
 
 
 class Breakwater:
@@ -47,12 +52,26 @@ class Breakwater:
         admission_dir: str | os.PathLike[str] | None = None,
         learned_timeout: LearnedTimeout | None = None,
         classifier: Classifier | None = None,
+        journal: Journal | Literal["config"] | None = "config",
+        state_store: StateStore | None = None,
     ) -> None:
         """`learned_timeout(server, tool)` may supply a timeout learned from observed latencies (it
         ranks below per-tool and per-server config, above the default); `classifier` may override
-        how an attempt's result or exception is classified (see `breakwater._classify`)."""
+        how an attempt's result or exception is classified (see `breakwater._classify`).
+
+        `journal` records every attempt (see `breakwater._journal`): by default the one `[journal]`
+        configures (SQLite in the user's data directory unless `url` says otherwise), None for
+        none. Unless `learned_timeout` is given, the journal's learned timeouts are used (when
+        `[journal] learn_timeouts` is on). Its writer thread runs while the instance is entered.
+
+        `state_store` keeps breaker and retry-budget state (default: the one `[state]` configures,
+        in-process unless `url` names Redis); a shared store lets replicas share it."""
         self.config = config
         self._clock: Clock = clock or SystemClock()
+        #: The call journal, or None when it is off.
+        self.journal: Journal | None = Journal.from_policy(config.journal, clock=self._clock) if journal == "config" else journal
+        if learned_timeout is None and self.journal is not None and self.journal.policy.learn_timeouts:
+            learned_timeout = self.journal.learned_timeout
         self._rng = rng or random.Random()
         directory = admission_dir or config.connect.admission_dir or default_admission_dir()
         self._admission = Admission(clock=self._clock, rng=self._rng, directory=Path(directory))
@@ -65,6 +84,9 @@ class Breakwater:
         self._gate = CallGate(
             self._upstreams, clock=self._clock, rng=self._rng, learned_timeout=learned_timeout, classifier=classifier
         )
+        #: Where breaker and retry-budget state lives (`[state]`); in-process by default.
+        self.state_store: StateStore = state_store or open_store(config.state, clock=self._clock, rng=self._rng)
+        self._attach_store()
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Breakwater:
@@ -72,11 +94,28 @@ class Breakwater:
         return cls(load_config(path if path is not None else find_config()), **kwargs)
 
     async def __aenter__(self) -> Breakwater:
+        if self.journal is not None:
+            # A thread, not a task: the store's I/O never runs on (or waits for) the event loop.
+            self.journal.start()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
+        if not isinstance(self.state_store, MemoryStore):
+            self._tg.start_soon(self.state_store.run, name="breakwater state store")
+            # Bounded: an unreachable store leaves it degraded (local state), it never delays start-up for long.
+            await self.state_store.connect()
         for upstream in self._upstreams.values():
             self._tg.start_soon(upstream.run, name=f"breakwater upstream {upstream.spec.name}")
         return self
+
+    def _attach_store(self) -> None:
+        store = self.state_store
+        if isinstance(store, MemoryStore):
+            return  # the breakers and budgets keep their own state: nothing to attach, no overhead
+        self._gate.breakers.attach_store(store)
+        # The gate builds each server's retry budget itself; until it takes the store as an argument
+        # (see issue 6), attach it here through the gate's per-server records.
+        for name, srv in getattr(self._gate, "_servers", {}).items():
+            srv.retry_budget.attach(store.shared_budget(name, srv.retry_budget.policy))
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -87,6 +126,13 @@ class Breakwater:
             return await self._tg.__aexit__(exc_type, exc, tb)
         finally:
             self._tg = None
+            if not isinstance(self.state_store, MemoryStore):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
+                    await self.state_store.aclose()
+            if self.journal is not None:
+                with anyio.CancelScope(shield=True):
+                    # Bounded: a wedged store costs at most this at shutdown, and loses its queue.
+                    await anyio.to_thread.run_sync(self.journal.close, _JOURNAL_CLOSE_S)
 
     def _note_change(self, _upstream: Upstream) -> None:
         self._changed.set()
@@ -114,6 +160,11 @@ class Breakwater:
         return self.status()
 
     # ---- calls -------------------------------------------------------------------------------
+
+    @property
+    def clock(self) -> Clock:
+        """The clock every timeout and deadline of this instance runs on."""
+        return self._clock
 
     def upstream(self, server: str) -> Upstream:
         """The supervised connection to `server` (KeyError if it is not configured)."""
@@ -162,7 +213,16 @@ class Breakwater:
                 for name, b in self._gate.retry_budget_snapshots().items()
             },
             "in_flight": self._gate.in_flight(),
+            "state_store": self.state_store_status(),
         }
+
+    def state_store_status(self) -> dict[str, Any]:
+        """The state store's backend and health, JSON-ready: `{"backend": "redis", "state": "ok" | "degraded", ...}`.
+
+        "degraded" means the shared store is unreachable or slow and every breaker and budget runs
+        on local state; calls are unaffected.
+        """
+        return self.state_store.status().as_dict()
 
     @property
     def gate(self) -> CallGate:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import mcp.types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions, Server
@@ -28,6 +29,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from breakwater._breakwater import Breakwater
 from breakwater._catalog import Catalog, Entry, entry_json, rank
 from breakwater._envelope import error_result
+from breakwater._passthrough import Passthrough
 from breakwater.config import GatewayPolicy
 from breakwater.errors import ToolChangedError, UnknownToolError
 from breakwater.status import ServerState, ServerStatus, iso
@@ -38,6 +40,7 @@ logger = logging.getLogger("breakwater.gateway")
 
 DEADLINE_META_KEY = "io.breakwater/deadlineMs"
 SEARCH_LIMIT = 10
+PROGRESS_DRAIN_CHECKPOINTS = 3
 NOT_READY = (ServerState.PENDING, ServerState.CONNECTING, ServerState.RETRYING, ServerState.FAILED)
 STILL_CONNECTING = (ServerState.PENDING, ServerState.CONNECTING, ServerState.RETRYING)
 
@@ -158,6 +161,7 @@ class Gateway:
             on_list_tools=self._on_list_tools,
             on_call_tool=self._on_call_tool,
             on_subscriptions_listen=ListenHandler(self.bus),
+            **Passthrough(bw, template=policy.tool_name_template).handlers(),
         )
         self._builtins: dict[str, Callable[[ServerRequestContext[Any], Mapping[str, Any]], Awaitable[types.CallToolResult]]] = {}
         if policy.search_tool:
@@ -319,8 +323,14 @@ class Gateway:
         try:
             if isinstance(deadline_ms, int | float) and not isinstance(deadline_ms, bool) and deadline_ms >= 0:
                 async with self.bw.budget(seconds=deadline_ms / 1000):
-                    return await self.bw.call_tool(server, tool, arguments, progress_callback=relay_progress)
-            return await self.bw.call_tool(server, tool, arguments, progress_callback=relay_progress)
+                    result = await self.bw.call_tool(server, tool, arguments, progress_callback=relay_progress)
+            else:
+                result = await self.bw.call_tool(server, tool, arguments, progress_callback=relay_progress)
+            # The SDK hands each progress notification to the callback in a task of its own; let the
+            # ones already queued reach the caller before the result does.
+            for _ in range(PROGRESS_DRAIN_CHECKPOINTS):
+                await anyio.lowlevel.checkpoint()
+            return result
         finally:
             finished = True
 
