@@ -36,13 +36,14 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel
 
 from breakwater.idempotency import (
     DEFAULT_LEASE_S,
+    OPERATION_ID_META_KEY,
     OperationStore,
     PostgresStore,
     SQLiteStore,
@@ -165,24 +166,31 @@ class OrderBook:
 
 
 def build_server(
-    store: OperationStore, data_dir: Path, *, lease_s: float = DEFAULT_LEASE_S, payment_delay_s: float = 0.0
+    store: OperationStore,
+    data_dir: Path,
+    *,
+    lease_s: float = DEFAULT_LEASE_S,
+    payment_delay_s: float = 0.0,
+    finish_on_cancel: bool = False,
+    idempotency: bool = True,
 ) -> MCPServer:
-    """The orders server with its operation store, data directory and knobs."""
+    """The orders server with its operation store, data directory and knobs.
+
+    `idempotency=False` registers `place_order` without `@idempotent` (and with a fresh payment key
+    per execution), as a server that ignores operation ids would be: the chaos benchmark's baseline.
+    """
     data_dir.mkdir(parents=True, exist_ok=True)
     payments = PaymentAPI(data_dir, delay_s=payment_delay_s)
     orders = OrderBook(data_dir)
     mcp = MCPServer("orders", instructions="Place coffee orders. Send io.breakwater/operationId in _meta.")
 
-    @mcp.tool(annotations=ToolAnnotations(destructive_hint=False, idempotent_hint=True))
-    @idempotent(store=store, lease_s=lease_s, release_on=(UnknownItem,))
-    async def place_order(customer: str, item: str, quantity: int = 1) -> Receipt:
-        """Charge the customer and place an order. Runs once per operation id."""
+    async def place(customer: str, item: str, quantity: int, operation_id: str | None, *, dedup: bool) -> Receipt:
         if item not in PRICES_CENTS or quantity < 1:
             raise UnknownItem(f"cannot sell {quantity} x {item!r}; the menu is {sorted(PRICES_CENTS)}")
         amount = PRICES_CENTS[item] * quantity
         # The same operation id is the payment API's idempotency key: one logical call, one charge,
-        # end to end. Without an operation id the call is not deduplicated, so a fresh key is used.
-        key = current_operation_id() or f"adhoc-{uuid.uuid4()}"
+        # end to end. Without deduplication every execution is a new charge.
+        key = operation_id if dedup and operation_id else f"adhoc-{uuid.uuid4()}"
         charge = await payments.charge(customer=customer, amount_cents=amount, idempotency_key=key)
         receipt = Receipt(
             order_id=f"ord_{uuid.uuid4().hex[:12]}",
@@ -191,8 +199,27 @@ def build_server(
             quantity=quantity,
             amount_cents=amount,
         )
-        await orders.add({**receipt.model_dump(), "customer": customer, "operation_id": current_operation_id()})
+        await orders.add({**receipt.model_dump(), "customer": customer, "operation_id": operation_id})
         return receipt
+
+    annotations = ToolAnnotations(destructive_hint=False, idempotent_hint=True)
+    if idempotency:
+
+        @mcp.tool(annotations=annotations)
+        @idempotent(store=store, lease_s=lease_s, release_on=(UnknownItem,), finish_on_cancel=finish_on_cancel)
+        async def place_order(customer: str, item: str, quantity: int = 1) -> Receipt:
+            """Charge the customer and place an order. Runs once per operation id."""
+            return await place(customer, item, quantity, current_operation_id(), dedup=True)
+
+    else:
+
+        @mcp.tool(name="place_order", annotations=annotations)
+        async def place_order_every_time(ctx: Context, customer: str, item: str, quantity: int = 1) -> Receipt:
+            """Charge the customer and place an order (every call runs: no deduplication)."""
+            # The id is read only to label the order, so duplicates can be counted.
+            meta = ctx.request_context.meta or {}
+            op_id = meta.get(OPERATION_ID_META_KEY)
+            return await place(customer, item, quantity, op_id if isinstance(op_id, str) else None, dedup=False)
 
     @mcp.tool(annotations=ToolAnnotations(read_only_hint=True))
     async def get_order(order_id: str) -> dict[str, Any]:
@@ -218,10 +245,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pg-schema", default=None, help="PostgreSQL schema of the operations table")
     p.add_argument("--lease-s", type=float, default=DEFAULT_LEASE_S, help="claim lease (renewed while a tool runs)")
     p.add_argument("--payment-delay-s", type=float, default=0.0, help="simulated latency of the payment API")
+    p.add_argument(
+        "--finish-on-cancel", action="store_true", help="let place_order finish (and record its outcome) when the caller cancels"
+    )
+    p.add_argument("--no-idempotency", action="store_true", help="ignore operation ids (a baseline: every call runs)")
     ns = p.parse_args(argv)
 
     store: OperationStore = PostgresStore(ns.postgres, schema=ns.pg_schema) if ns.postgres else SQLiteStore(ns.db)
-    mcp = build_server(store, ns.data, lease_s=ns.lease_s, payment_delay_s=ns.payment_delay_s)
+    mcp = build_server(
+        store,
+        ns.data,
+        lease_s=ns.lease_s,
+        payment_delay_s=ns.payment_delay_s,
+        finish_on_cancel=ns.finish_on_cancel,
+        idempotency=not ns.no_idempotency,
+    )
     print(f"orders server: store={store!r} data={ns.data}", file=sys.stderr)
     if ns.http:
         mcp.run("streamable-http", host=ns.host, port=ns.port)

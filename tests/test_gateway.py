@@ -258,6 +258,14 @@ async def test_http_gateway_serves_both_revisions(tmp_path: Path, env: dict[str,
         await wait_for_tool(client, "files__read_file")
         result = await call_until_ready(client, "files__read_file", {})
         assert not result.is_error
+        # `breakwater status --gateway` asks the running gateway instead of connecting on its own.
+        status = await anyio.to_thread.run_sync(
+            lambda: subprocess.run(
+                [*BREAKWATER, "status", "--gateway", url, "--json"], capture_output=True, text=True, env=env, timeout=60
+            )
+        )
+        assert status.returncode == 0, status.stderr
+        assert [(s["name"], s["state"]) for s in json.loads(status.stdout)["servers"]] == [("files", "ready")]
 
 
 async def test_http_rejects_foreign_origin_and_requires_token_when_set(tmp_path: Path, env: dict[str, str]) -> None:

@@ -16,9 +16,10 @@ resilience-numbers.md §1.7 (pybreaker 1.4.1, aiobreaker 1.2.0, purgatory 3.0.1,
 
 Every transition happens in `CircuitBreaker._admit` and `CircuitBreaker._settle` over one plain
 `_BreakerData` record, with an `epoch` that increases on every transition and is stamped on each
-permit. That is the shape a shared store needs later (issue: Redis): run the same two functions
-atomically server-side and use the epoch as the fencing token, so a paused replica's stale permit
-cannot flip the state.
+permit. A shared store (`breakwater._state_store`) plugs in as a `SharedBreaker`: the same two
+steps then run atomically in the store (Lua scripts in Redis) with the epoch as the fencing token,
+so a paused replica's stale permit cannot flip the state. While the store is unreachable the
+breaker falls back to its own record, seeded from the last shared state it saw.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from breakwater._clock import Clock
 from breakwater._knobs import knob
@@ -41,10 +42,13 @@ __all__ = [
     "BreakerRegistry",
     "BreakerSnapshot",
     "BreakerState",
+    "BreakerStore",
     "CircuitBreaker",
     "Outcome",
     "Permit",
     "Rejection",
+    "SharedBreaker",
+    "SharedView",
 ]
 
 
@@ -217,6 +221,58 @@ class Rejection:
     reason: str
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SharedView:
+    """A shared breaker's state as this replica last saw it (times on the local monotonic line)."""
+
+    state: BreakerState
+    epoch: int
+    open_until: float
+    consecutive_opens: int
+    consecutive_failures: int
+    probe_lease_until: float
+    reason: str
+    calls: int = 0
+    failures: int = 0
+    slow: int = 0
+
+
+class SharedBreaker(Protocol):
+    """A breaker's state kept in a shared store (see `breakwater._state_store`).
+
+    Each method returns None / False when the store cannot be used right now: the breaker then
+    decides from its own record, so a store outage never fails or blocks a call.
+    """
+
+    def admit(self, now: float, lease_s: float) -> tuple[int, bool] | Rejection | None:
+        """`(epoch, is_probe)` for a permit, a `Rejection`, or None (store unavailable)."""
+        ...
+
+    def settle(self, epoch: int, is_probe: bool, outcome: Outcome, slow: bool) -> bool:
+        """Report a permit's outcome; False if the store cannot take it (settle locally instead)."""
+        ...
+
+    def view(self, now: float) -> SharedView | None:
+        """The last shared state seen (whatever the store's health now), or None if none was ever seen."""
+        ...
+
+    def available(self) -> bool:
+        """Whether the store can be used now."""
+        ...
+
+    def bind(self, breaker: CircuitBreaker) -> None:
+        """The breaker this state belongs to (reports the store could not take go back to it)."""
+        ...
+
+
+class BreakerStore(Protocol):
+    """What a `BreakerRegistry` needs from a state store."""
+
+    def shared_breaker(self, name: str, policy: BreakerPolicy, rng: random.Random) -> SharedBreaker | None:
+        """The shared state of breaker `name`, or None to keep it in the breaker."""
+        ...
+
+
 class Permit:
     """Leave to make one call. Report its outcome exactly once with `record()` (or `release()`).
 
@@ -224,15 +280,25 @@ class Permit:
     in flight when the breaker opened neither re-open nor extend it.
     """
 
-    __slots__ = ("_breaker", "_done", "epoch", "is_probe", "slow_threshold_s")
+    __slots__ = ("_breaker", "_done", "epoch", "is_probe", "shared", "slow_threshold_s")
 
-    def __init__(self, breaker: CircuitBreaker, epoch: int, *, is_probe: bool, slow_threshold_s: float | None) -> None:
+    def __init__(
+        self,
+        breaker: CircuitBreaker,
+        epoch: int,
+        *,
+        is_probe: bool,
+        slow_threshold_s: float | None,
+        shared: bool = False,
+    ) -> None:
         self._breaker = breaker
         self._done = False
         self.epoch = epoch
         #: True for the single half-open trial call.
         self.is_probe = is_probe
         self.slow_threshold_s = slow_threshold_s
+        #: Issued from the shared store's state (its epoch is the store's).
+        self.shared = shared
 
     def record(self, outcome: Outcome, duration_s: float) -> None:
         """Report how the call went and how long it took. Later reports are ignored."""
@@ -246,7 +312,7 @@ class Permit:
         self.record(Outcome.IGNORED, 0.0)
 
     def __repr__(self) -> str:
-        return f"Permit(epoch={self.epoch}, is_probe={self.is_probe}, done={self._done})"
+        return f"Permit(epoch={self.epoch}, is_probe={self.is_probe}, shared={self.shared}, done={self._done})"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -309,6 +375,9 @@ class CircuitBreaker:
         # serialisation (pybreaker holds its lock around the guarded call). Needed only if a breaker
         # is shared across threads; uncontended it costs tens of nanoseconds.
         self._lock = threading.Lock()
+        self._shared: SharedBreaker | None = None
+        # Whether the last decision came from the shared store (so a fallback must seed _data first).
+        self._use_shared = False
 
     # -- public -------------------------------------------------------------------------------
 
@@ -319,8 +388,47 @@ class CircuitBreaker:
         `lease_s`: how long a half-open probe may stay out before another is allowed (default: the
         policy's `probe_lease_s`); pass the call's own deadline so a probe outlives its timeout.
         """
+        lease = lease_s or self.policy.probe_lease_s
         with self._lock:
-            return self._admit(self._clock.monotonic(), slow_threshold_s, lease_s or self.policy.probe_lease_s)
+            now = self._clock.monotonic()
+            if self._shared is not None:
+                got = self._shared.admit(now, lease)
+                if got is not None:
+                    self._use_shared = True
+                    if isinstance(got, Rejection):
+                        return got
+                    epoch, is_probe = got
+                    return Permit(self, epoch, is_probe=is_probe, slow_threshold_s=slow_threshold_s, shared=True)
+                self._go_local(now)
+            return self._admit(now, slow_threshold_s, lease)
+
+    def attach(self, shared: SharedBreaker | None) -> None:
+        """Keep this breaker's state in a shared store from now on (None: in this process)."""
+        with self._lock:
+            self._shared = shared
+            self._use_shared = False
+        if shared is not None:
+            shared.bind(self)
+
+    def _go_local(self, now: float) -> None:
+        """The store is unavailable: continue from the last shared state seen (called under the lock)."""
+        if not self._use_shared or self._shared is None:
+            return
+        self._use_shared = False
+        view = self._shared.view(now)
+        if view is None:
+            return
+        d = self._data
+        # Keep the store's epoch so permits issued from it still settle here; an open breaker
+        # stays open and a probe elsewhere still counts: an outage must not close (or open) anything.
+        d.epoch = view.epoch
+        d.state = view.state
+        d.open_until = view.open_until if view.state is BreakerState.OPEN else -math.inf
+        d.consecutive_opens = view.consecutive_opens
+        d.consecutive_failures = view.consecutive_failures
+        d.probe_lease_until = view.probe_lease_until if view.state is BreakerState.HALF_OPEN else -math.inf
+        d.reason = view.reason
+        d.window.clear()
 
     @property
     def state(self) -> BreakerState:
@@ -331,6 +439,11 @@ class CircuitBreaker:
         """A consistent copy of the breaker's state."""
         with self._lock:
             now = self._clock.monotonic()
+            if self._shared is not None:
+                view = self._shared.view(now) if self._shared.available() else None
+                if view is not None:
+                    return self._shared_snapshot(view, now)
+                self._go_local(now)
             d = self._data
             calls, failures, slow = d.window.totals(now)
             state = d.state
@@ -361,6 +474,35 @@ class CircuitBreaker:
                 reason=d.reason,
             )
 
+    def _shared_snapshot(self, v: SharedView, now: float) -> BreakerSnapshot:
+        state = v.state
+        retry_after = 0.0
+        probe_in_flight = False
+        if state is BreakerState.OPEN:
+            retry_after = max(0.0, v.open_until - now)
+            if retry_after == 0.0:
+                state = BreakerState.HALF_OPEN
+        elif state is BreakerState.HALF_OPEN:
+            probe_in_flight = v.probe_lease_until > now
+            retry_after = max(0.0, min(v.probe_lease_until - now, self.policy.open_base_s)) if probe_in_flight else 0.0
+        is_open = v.state is BreakerState.OPEN
+        return BreakerSnapshot(
+            name=self.name,
+            state=state,
+            calls_in_window=v.calls,
+            failures_in_window=v.failures,
+            slow_in_window=v.slow,
+            failure_rate=v.failures / v.calls if v.calls else 0.0,
+            slow_call_rate=v.slow / v.calls if v.calls else 0.0,
+            consecutive_failures=v.consecutive_failures,
+            consecutive_opens=v.consecutive_opens,
+            open_until=v.open_until if is_open else None,
+            open_until_wall=self._clock.time() + (v.open_until - now) if is_open else None,
+            retry_after_s=retry_after,
+            probe_in_flight=probe_in_flight,
+            reason=v.reason,
+        )
+
     # -- transitions: the only code that changes _data ---------------------------------------
 
     def _admit(self, now: float, slow_threshold_s: float | None, lease_s: float) -> Permit | Rejection:
@@ -384,30 +526,42 @@ class CircuitBreaker:
         return max(0.0, min(self._data.probe_lease_until - now, self.policy.open_base_s))
 
     def _settle(self, permit: Permit, outcome: Outcome, duration_s: float) -> None:
+        slow = outcome is not Outcome.IGNORED and permit.slow_threshold_s is not None and duration_s > permit.slow_threshold_s
         with self._lock:
-            now = self._clock.monotonic()
-            d = self._data
-            if permit.epoch != d.epoch:
-                return  # stale: the breaker moved on since this permit was issued
-            slow = outcome is not Outcome.IGNORED and permit.slow_threshold_s is not None and duration_s > permit.slow_threshold_s
-            if d.state is BreakerState.HALF_OPEN:
-                if outcome is Outcome.IGNORED:
-                    d.probe_lease_until = -math.inf  # free the slot for the next caller's probe
-                elif outcome is Outcome.SUCCESS and not slow:
-                    self._move(BreakerState.CLOSED, now)
-                else:
-                    d.reason = "probe was slow" if outcome is Outcome.SUCCESS else "probe failed"
-                    self._move(BreakerState.OPEN, now)
+            if permit.shared and self._shared is not None and self._shared.settle(permit.epoch, permit.is_probe, outcome, slow):
                 return
-            if d.state is not BreakerState.CLOSED or outcome is Outcome.IGNORED:
-                return
-            failed = outcome is Outcome.FAILURE
-            d.window.add(now, failed=failed, slow=slow)
-            d.consecutive_failures = d.consecutive_failures + 1 if failed else 0
-            reason = self._trip_reason(now)
-            if reason:
-                d.reason = reason
+            self._settle_local(permit.epoch, outcome, slow)
+
+    def settle_lost(self, epoch: int, outcome: Outcome, slow: bool) -> None:
+        """A shared report the store could not take after all: apply it to the local state (store degraded)."""
+        with self._lock:
+            self._settle_local(epoch, outcome, slow)
+
+    def _settle_local(self, epoch: int, outcome: Outcome, slow: bool) -> None:
+        """Apply one outcome to the local record (called under the lock)."""
+        now = self._clock.monotonic()
+        self._go_local(now)
+        d = self._data
+        if epoch != d.epoch:
+            return  # stale: the breaker moved on since this permit was issued
+        if d.state is BreakerState.HALF_OPEN:
+            if outcome is Outcome.IGNORED:
+                d.probe_lease_until = -math.inf  # free the slot for the next caller's probe
+            elif outcome is Outcome.SUCCESS and not slow:
+                self._move(BreakerState.CLOSED, now)
+            else:
+                d.reason = "probe was slow" if outcome is Outcome.SUCCESS else "probe failed"
                 self._move(BreakerState.OPEN, now)
+            return
+        if d.state is not BreakerState.CLOSED or outcome is Outcome.IGNORED:
+            return
+        failed = outcome is Outcome.FAILURE
+        d.window.add(now, failed=failed, slow=slow)
+        d.consecutive_failures = d.consecutive_failures + 1 if failed else 0
+        reason = self._trip_reason(now)
+        if reason:
+            d.reason = reason
+            self._move(BreakerState.OPEN, now)
 
     def _trip_reason(self, now: float) -> str:
         p, d = self.policy, self._data
@@ -455,13 +609,22 @@ class BreakerRegistry:
         rng: random.Random | None = None,
         policy: BreakerPolicy | None = None,
         policy_for: Callable[[str, str | None], BreakerPolicy] | None = None,
+        store: BreakerStore | None = None,
     ) -> None:
-        """`policy_for(server, tool)` (tool None for the server breaker) overrides `policy` per key."""
+        """`policy_for(server, tool)` (tool None for the server breaker) overrides `policy` per key;
+        `store` (see `breakwater._state_store`) shares the breakers' state with other replicas."""
         self._clock = clock
         self._rng = rng or random.Random()
         self._policy = policy or BreakerPolicy()
         self._policy_for = policy_for
+        self._store = store
         self._breakers: dict[tuple[str, str | None], CircuitBreaker] = {}
+
+    def attach_store(self, store: BreakerStore | None) -> None:
+        """Keep every breaker's state (those made so far and those to come) in `store` (None: in this process)."""
+        self._store = store
+        for breaker in self:
+            breaker.attach(None if store is None else store.shared_breaker(breaker.name, breaker.policy, self._rng))
 
     def _get(self, server: str, tool: str | None) -> CircuitBreaker:
         key = (server, tool)
@@ -470,6 +633,8 @@ class BreakerRegistry:
             policy = self._policy_for(server, tool) if self._policy_for else self._policy
             name = server if tool is None else f"{server}/{tool}"
             breaker = CircuitBreaker(name, policy, clock=self._clock, rng=self._rng)
+            if self._store is not None:
+                breaker.attach(self._store.shared_breaker(name, policy, self._rng))
             self._breakers[key] = breaker
         return breaker
 

@@ -56,6 +56,8 @@ from breakwater._breaker import Outcome
 from breakwater.errors import CallError, ErrorCode
 
 __all__ = [
+    "OPERATION_IN_PROGRESS",
+    "OPERATION_OUTCOME_UNKNOWN",
     "AttemptContext",
     "Classifier",
     "RetryClass",
@@ -172,6 +174,13 @@ _UNKNOWN_TOOL = re.compile(r"^\s*unknown tool\b", re.IGNORECASE)
 _ARG_VALIDATION = re.compile(r"^Error executing tool \S+: \d+ validation errors? for ", re.IGNORECASE)
 _RETRY_AFTER_KEYS = ("retry_after_s", "retry_after", "retryAfter", "retryAfterSeconds")
 
+#: `breakwater.idempotency`'s reply to a repeated operation id whose first call still runs (HTTP 409).
+OPERATION_IN_PROGRESS = "OPERATION_IN_PROGRESS"
+#: The `Verdict.reason` of an OPERATION_IN_PROGRESS reply (the gate waits on it instead of counting a failure).
+IN_PROGRESS_REASON = "operation in progress"
+#: Its reply for an operation whose owner died or was cancelled mid-run: never re-run it.
+OPERATION_OUTCOME_UNKNOWN = "OPERATION_OUTCOME_UNKNOWN"
+
 
 def _retry_after(data: Any) -> float | None:
     if not isinstance(data, dict):
@@ -205,6 +214,26 @@ def _classify_result(result: CallToolResult) -> Verdict:
     data = result.structured_content
     hint = _retry_after(data)
     if isinstance(data, dict):
+        code = data.get("code")
+        if code == OPERATION_IN_PROGRESS:
+            # The server has the operation and is running it: healthy, and the same id must be asked
+            # again after its hint, never replaced by a new one.
+            return Verdict(
+                outcome=Outcome.SUCCESS,
+                code=ErrorCode.TOOL_ERROR,
+                retryable=True,
+                retry_after_s=hint,
+                reason=IN_PROGRESS_REASON,
+            )
+        if code == OPERATION_OUTCOME_UNKNOWN:
+            # The server itself cannot say whether the side effect happened: the client's OUTCOME_UNKNOWN.
+            return Verdict(
+                outcome=Outcome.SUCCESS,
+                code=ErrorCode.OUTCOME_UNKNOWN,
+                retryable=False,
+                outcome_unknown=True,
+                reason="the server reports the operation's outcome as unknown",
+            )
         if data.get("retryable") is True:
             # The server vouches that trying again is safe and may help (e.g. it shed the request).
             return Verdict(

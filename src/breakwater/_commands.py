@@ -1,4 +1,4 @@
-"""The `status` and `config` commands.
+"""The `status`, `config`, `serve`, `tools` and `stats` commands.
 
 Exit codes: 0 success (every enabled server ready), 1 some server not ready, 2 a config or usage error.
 """
@@ -24,7 +24,7 @@ from breakwater.config import Config, all_knobs, find_config, load_config
 from breakwater.errors import ConfigError
 from breakwater.status import ServerState, StatusReport
 
-__all__ = ["config_main", "load_or_exit", "status_main"]
+__all__ = ["config_main", "load_or_exit", "stats_main", "status_main"]
 
 EXIT_OK = 0
 EXIT_NOT_READY = 1
@@ -115,6 +115,24 @@ async def _run_status(config: Config, wait: float, as_json: bool) -> int:
     return EXIT_OK if report.all_ready else EXIT_NOT_READY
 
 
+async def _gateway_status(url: str, token: str | None, as_json: bool) -> int:
+    """Ask a running `breakwater serve --http` gateway instead of connecting from here."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    async with httpx2.AsyncClient(headers=headers) as http, Client(streamable_http_client(url, http_client=http)) as client:
+        result = await client.call_tool("breakwater_status", {})
+    data = result.structured_content or {}
+    if as_json:
+        print(json.dumps(data, indent=2))
+    report = StatusReport.from_json(data)
+    if not as_json:
+        Console().print(status_view(report))
+    return EXIT_OK if report.all_ready else EXIT_NOT_READY
+
+
 def status_main(argv: list[str]) -> int:
     """`breakwater status`: connect to every server and report each one's state."""
     parser = argparse.ArgumentParser(
@@ -131,9 +149,25 @@ def status_main(argv: list[str]) -> int:
         metavar="SECONDS",
         help=f"wait up to this long for servers to become ready (default {DEFAULT_STATUS_WAIT_S:g}; 0 reports at once)",
     )
+    parser.add_argument(
+        "--gateway", metavar="URL", help="ask a running `breakwater serve --http` gateway (e.g. http://127.0.0.1:8765/mcp)"
+    )
+    parser.add_argument("--token", help="bearer token for --gateway (default: $BREAKWATER_TOKEN)")
     args = parser.parse_args(argv)
     if args.wait < 0:
         parser.error("--wait must be 0 or more")
+    if args.gateway:
+        import os
+
+        token = args.token or os.environ.get("BREAKWATER_TOKEN") or None
+        try:
+            return anyio.run(_gateway_status, args.gateway, token, args.json)
+        except Exception as exc:
+            leaf: BaseException = exc
+            while isinstance(leaf, BaseExceptionGroup):  # the transports wrap their failures in groups
+                leaf = leaf.exceptions[0]
+            print(f"breakwater: cannot reach the gateway at {args.gateway}: {type(leaf).__name__}: {leaf}", file=sys.stderr)
+            return EXIT_NOT_READY
     config = load_or_exit(args.config)
     return anyio.run(_run_status, config, args.wait, args.json)
 
@@ -279,6 +313,12 @@ def serve_main(argv: list[str]) -> int:
         help="serve streamable HTTP instead (default host 127.0.0.1; any other host needs --token)",
     )
     parser.add_argument("--token", help="bearer token HTTP clients must send (default: $BREAKWATER_TOKEN)")
+    parser.add_argument(
+        "--state",
+        metavar="URL",
+        help="share breaker and retry-budget state with other replicas: redis://HOST:PORT/DB "
+        "(default: [state] url, $BREAKWATER_STATE_URL, else in-process)",
+    )
     parser.add_argument("--port-file", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     token = args.token or os.environ.get("BREAKWATER_TOKEN") or None
@@ -290,6 +330,14 @@ def serve_main(argv: list[str]) -> int:
         )
         return EXIT_CONFIG
     config = load_or_exit(args.config)
+    if args.state is not None:
+        from dataclasses import replace
+
+        try:
+            config = replace(config, state=replace(config.state, url=args.state))
+        except ConfigError as exc:
+            print(f"breakwater: --state: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
     return anyio.run(_serve, config, args.http, token, args.port_file)
 
 
@@ -330,3 +378,125 @@ def tools_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     config = load_or_exit(args.config)
     return anyio.run(_tools, config, " ".join(args.query), args.json, args.wait, args.accept)
+
+
+# ---- the journal -------------------------------------------------------------------------------
+
+DEFAULT_STATS_SINCE = "1h"
+
+
+def _journal_policy(config_path: str | None) -> Any:
+    """`[journal]` from the named config, else from one found here, else the defaults (and environment)."""
+    from breakwater._knobs import build_policy, env_layer
+    from breakwater.config import JournalPolicy
+
+    if config_path is None:
+        try:
+            config_path = str(find_config())
+        except ConfigError:
+            # No config is fine: `stats` reads the default journal.
+            return build_policy(JournalPolicy, [env_layer(JournalPolicy)])
+    return load_or_exit(config_path).journal
+
+
+def _ms(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def _pct(rate: float | None) -> str:
+    return "" if rate is None else f"{rate * 100:.1f} %" if rate < 0.9995 or rate == 1 else f"{rate * 100:.2f} %"
+
+
+def stats_view(stats: list[Any], *, since: str, location: str) -> Table:
+    """Per-tool journal statistics as a table."""
+    from breakwater._journal import summarize
+
+    table = Table(title=f"breakwater stats: last {since}", title_justify="left")
+    # Short headers: twelve columns must still read on an 80-column terminal.
+    columns = ("server", "tool", "calls", "ok", "p50", "p95", "p99", "timeouts", "retries", "opens", "unknown", "learned")
+    for column in columns:
+        table.add_column(column, no_wrap=True, justify="left" if column in ("server", "tool") else "right")
+    for s in stats:
+        success = s.success_rate
+        style = "green" if success is not None and success >= 0.99 else "yellow" if success and success >= 0.9 else "red"
+        table.add_row(
+            s.server,
+            s.tool,
+            str(s.calls),
+            f"[{style}]{_pct(success)}[/]" if success is not None else "",
+            _ms(s.p50_s),
+            _ms(s.p95_s),
+            _ms(s.p99_s),
+            f"{s.timeouts} ({_pct(s.timeout_rate)})" if s.timeouts else "0",
+            "" if s.retries_per_call is None else f"{s.retries_per_call:.2f}",
+            str(s.breaker_opens),
+            f"[red]{s.outcome_unknown}[/]" if s.outcome_unknown else "0",
+            _ms(s.learned_timeout_s),
+        )
+    totals = summarize(stats)
+    table.caption = f"{location}: {totals['calls']} calls, {totals['attempts']} attempts, {totals['timeouts']} timeouts"
+    return table
+
+
+def stats_main(argv: list[str]) -> int:
+    """`breakwater stats`: per-tool calls, success, latency percentiles and timeouts, from the journal."""
+    from breakwater._journal import Journal, JournalError, SQLiteJournalStore, open_store, parse_duration
+
+    parser = argparse.ArgumentParser(
+        prog="breakwater stats",
+        description="Per tool: calls, success rate, p50/p95/p99 latency of answered attempts, timeout rate, "
+        "retries per call, breaker opens, OUTCOME_UNKNOWN count and the learned timeout, read from the call "
+        "journal (whether or not a gateway is running).",
+    )
+    _add_config_flag(parser)
+    parser.add_argument("--since", default=DEFAULT_STATS_SINCE, metavar="DURATION", help="window: 90s, 15m, 1h, 2d (default 1h)")
+    parser.add_argument("--server", help="only this server")
+    parser.add_argument("--tool", help="only this tool")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument(
+        "--journal", metavar="URL", help="journal to read: a path, sqlite:///PATH or postgresql://... (default: [journal] url)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        since_s = parse_duration(args.since)
+    except ValueError as exc:
+        parser.error(f"--since: {exc}")
+    policy = _journal_policy(args.config)
+    try:
+        store = open_store(args.journal if args.journal is not None else policy.url)
+    except JournalError as exc:
+        print(f"breakwater: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if store is None:
+        print('breakwater: the journal is off ([journal] url = "off"); pass --journal URL to read one', file=sys.stderr)
+        return EXIT_CONFIG
+    journal = Journal(store, policy=policy)
+    try:
+        if isinstance(store, SQLiteJournalStore) and not store.path.exists():
+            # Never create a journal just to report that it is empty.
+            stats = []
+        else:
+            journal.refresh_learned()
+            stats = journal.stats(since_s, server=args.server, tool=args.tool)
+    except JournalError as exc:
+        print(f"breakwater: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except Exception as exc:
+        print(f"breakwater: cannot read the journal at {store.location}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_NOT_READY
+    finally:
+        store.close()
+    if args.json:
+        out = {
+            "journal": store.location,
+            "since_s": since_s,
+            "until": time.time(),
+            "tools": [s.to_json() for s in stats],
+        }
+        print(json.dumps(out, indent=2))
+    elif not stats:
+        where = "".join(f" {flag} {value}" for flag, value in (("--server", args.server), ("--tool", args.tool)) if value)
+        print(f"no calls recorded in the last {args.since}{where} (journal: {store.location})")
+    else:
+        Console().print(stats_view(stats, since=args.since, location=store.location))
+    return EXIT_OK

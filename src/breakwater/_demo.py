@@ -41,8 +41,8 @@ from breakwater.testserver import count_ledger, launch_command, serve_http
 
 __all__ = ["demo_main"]
 
-# The tax server answers nothing for this long after each start: longer than the SDK's 10 s
-# protocol probe, so its first attempt fails and the second (pinned to 2026-07-28) succeeds.
+# The tax server answers nothing for this long after it starts: it is still connecting while the
+# agent first looks for it, and comes up (with a list_changed notification) before the demo ends.
 SLOW_START_S = 15
 CRM_CRASH = "ModuleNotFoundError: No module named 'crm_sdk'"
 STARTUP_WATCH_S = 12

@@ -16,15 +16,27 @@ One logical call, in order:
 4. `classify()` decides what the breakers learn, the code the model sees, and whether another
    attempt is allowed; retries wait a full-jitter backoff (a server's retry-after hint is a floor),
    need a token from the server's retry budget and must fit the turn budget;
-5. an idempotent tool gets one operation id per logical call, sent on every attempt in
-   `_meta["io.breakwater/operationId"]` (and as the `operationId` argument when its input schema
-   has one), so a server can deduplicate the retries.
+5. a mutating tool (`idempotent` or `never`) gets one operation id per logical call, sent on every
+   attempt in `_meta["io.breakwater/operationId"]` (and as the `operationId` argument when its
+   input schema has one), so a server can deduplicate the retries, and named in every error
+   envelope, so the agent (or a person) can check what became of it;
+6. reconciliation: after a timeout or cut stream on an `idempotent` tool (the call may have run),
+   the gate waits for the server to be back (within the call's window), and if the server offers
+   `get_operation` (as `breakwater.idempotency.add_operation_tool` registers it) asks it first:
+   `completed` → the stored result, `failed` → the stored error, `unknown` → OUTCOME_UNKNOWN,
+   `pending`/`executing` → wait and ask again, `not_found` (or no answer) → re-issue with the same
+   id. A server's OPERATION_IN_PROGRESS reply is waited on the same way, never counted as a failure;
+   OPERATION_MISMATCH and OPERATION_OUTCOME_UNKNOWN are final. A `never` tool is not retried: a
+   cut call is OUTCOME_UNKNOWN with its operation id. The call's window is the turn budget, else
+   the tool's hard cap (`max_s`) from the first lost answer.
 
 The caller's own cancellation is never retried and never turned into a result: it is re-raised,
-so a cancelled caller stays cancelled (the SDK has already told the server).
+so a cancelled caller stays cancelled (the SDK has already told the server). A cancellation that
+did not come from the caller is reported as CANCELLED, also without a retry.
 
 No task is spawned per call and nothing touches disk or the network besides the call itself: the
-overhead is a few dictionary lookups, two breaker admissions and one cancel scope.
+overhead is a few dictionary lookups, two breaker admissions and one cancel scope. Reconciliation
+costs nothing until an answer is lost.
 """
 
 from __future__ import annotations
@@ -42,7 +54,7 @@ import mcp.types as types
 from mcp import MCPError
 
 from breakwater._breaker import BreakerRegistry, BreakerSnapshot, CircuitBreaker, Outcome, Permit, Rejection
-from breakwater._classify import Classifier, RetryClass, Verdict, classify, retry_class_for
+from breakwater._classify import IN_PROGRESS_REASON, Classifier, RetryClass, Verdict, classify, retry_class_for
 from breakwater._clock import Clock
 from breakwater._envelope import error_result
 from breakwater._retry_budget import RetryBudget, RetryBudgetSnapshot
@@ -68,12 +80,21 @@ from breakwater.errors import (
 )
 from breakwater.status import ServerState, iso
 
-__all__ = ["OPERATION_ID_ARGUMENT", "OPERATION_ID_META_KEY", "CallGate", "LearnedTimeout", "ProgressCallback"]
+__all__ = [
+    "GET_OPERATION_TOOL",
+    "OPERATION_ID_ARGUMENT",
+    "OPERATION_ID_META_KEY",
+    "CallGate",
+    "LearnedTimeout",
+    "ProgressCallback",
+]
 
 #: Where the operation id rides in `params._meta` (a vendor-prefixed key: the spec has no idempotency field).
 OPERATION_ID_META_KEY = "io.breakwater/operationId"
 #: The argument that also carries it when a tool's input schema declares it.
 OPERATION_ID_ARGUMENT = "operationId"
+#: A tool by this name on the same server reports an operation's record (`add_operation_tool`).
+GET_OPERATION_TOOL = "get_operation"
 
 #: `(server, tool) -> seconds or None`: a timeout learned from observed latencies (None: nothing learned).
 LearnedTimeout = Callable[[str, str], float | None]
@@ -88,6 +109,10 @@ _PROBE_LEASE_MARGIN_S = 5.0
 _DEFAULT_CONNECT_ESTIMATE_S = 2.0
 _MAX_LISTED_TOOLS = 50
 _MAX_UPSTREAM_TEXT = 500
+# Longest wait between two questions about a running operation when the server gives no hint:
+# the owner may finish any moment (the idempotency module caps its own hint at 2 s too).
+_MAX_POLL_S = 2.0
+_RUNNING_STATES = frozenset({"pending", "executing"})
 
 
 def _nothing_learned(_server: str, _tool: str) -> float | None:
@@ -290,12 +315,9 @@ class CallGate:
         timeout: float | None,
         progress_callback: ProgressCallback | None,
     ) -> types.CallToolResult:
-        timeout_s = timeout if timeout is not None else self._timeout(srv, info)
-        policy, retry = info.call, info.retry
-        max_attempts = retry.max_attempts
         op_id: str | None = None
         meta: types.RequestParamsMeta | None = None
-        if info.retry_class is RetryClass.IDEMPOTENT:
+        if info.retry_class is not RetryClass.SAFE:
             given = arguments.get(OPERATION_ID_ARGUMENT)
             # A caller's own idempotency key is the operation; otherwise one id for every attempt.
             op_id = given if isinstance(given, str) and given else uuid.uuid4().hex
@@ -303,10 +325,34 @@ class CallGate:
             meta = cast(types.RequestParamsMeta, {OPERATION_ID_META_KEY: op_id})
             if info.operation_id_argument:
                 arguments.setdefault(OPERATION_ID_ARGUMENT, op_id)
+        try:
+            return await self._attempts(srv, info, arguments, op_id, meta, timeout, progress_callback)
+        except CallError as err:
+            # Every envelope names the operation, whichever refusal or failure ended it.
+            if err.operation_id is None:
+                err.operation_id = op_id
+            raise
+
+    async def _attempts(
+        self,
+        srv: _Server,
+        info: _Tool,
+        arguments: dict[str, Any],
+        op_id: str | None,
+        meta: types.RequestParamsMeta | None,
+        timeout: float | None,
+        progress_callback: ProgressCallback | None,
+    ) -> types.CallToolResult:
+        timeout_s = timeout if timeout is not None else self._timeout(srv, info)
+        policy, retry = info.call, info.retry
+        max_attempts = retry.max_attempts
+        reconciles = info.retry_class is RetryClass.IDEMPOTENT and op_id is not None
         budget = current_budget()
         needed = min(policy.min_attempt_s, timeout_s)
         attempt = 0
         last: CallError | None = None
+        # Set when an answer is first lost: how long reconciliation may wait for the server or the operation.
+        window: float | None = None
         while True:
             if budget is not None and not budget.can_start(needed):
                 if last is not None:
@@ -318,6 +364,9 @@ class CallGate:
                     operation_id=op_id,
                     detail={"budget_left_s": round(budget.remaining(), 3), "needed_s": needed},
                 )
+            if last is not None and window is not None and not await self._wait_ready(srv, window):
+                # The answer was lost with the connection; re-sending needs the server back first.
+                raise _stopped(last, "the server did not come back within the call's window")
             server_permit = srv.breaker.acquire(lease_s=policy.hard_s + _PROBE_LEASE_MARGIN_S)
             if isinstance(server_permit, Rejection):
                 raise ServerCircuitOpenError(
@@ -353,9 +402,17 @@ class CallGate:
                     detail={"in_flight": srv.in_flight, "max_in_flight": srv.upstream.spec.call.max_in_flight},
                 )
             attempt += 1
-            outcome = await self._attempt(
-                srv, info, arguments, meta, timeout_s, budget, progress_callback, server_permit, tool_permit
-            )
+            try:
+                outcome = await self._attempt(
+                    srv, info, arguments, meta, timeout_s, budget, progress_callback, server_permit, tool_permit
+                )
+            except CallError as refused:
+                # The server went away between attempts, so nothing more was sent. After a lost answer
+                # that answer is the truth to report (the call may have run); "connecting" would
+                # invite a fresh call, which is how duplicates are made.
+                if last is not None:
+                    raise _stopped(last, "the server was not ready for another attempt") from refused
+                raise
             if isinstance(outcome, types.CallToolResult):
                 srv.retry_budget.record_success(was_retry=attempt > 1)
                 return outcome
@@ -363,6 +420,32 @@ class CallGate:
             err.attempt, err.max_attempts, err.operation_id = attempt, max_attempts, op_id
             if verdict.outcome is Outcome.SUCCESS:
                 srv.retry_budget.record_success(was_retry=attempt > 1)
+            in_progress = verdict.reason == IN_PROGRESS_REASON
+            if verdict.outcome_unknown and info.retry_class is RetryClass.NEVER and self._offers_get_operation(srv):
+                err.detail.setdefault("check_with", f"{GET_OPERATION_TOOL}(operation_id) on server '{srv.name}'")
+            if reconciles and verdict.retryable and (verdict.outcome_unknown or in_progress):
+                assert op_id is not None
+                if window is None:
+                    window = self._clock.monotonic() + policy.hard_s
+                    if budget is not None:
+                        window = min(window, budget.deadline)
+                if self._offers_get_operation(srv):
+                    settled = await self._reconcile(srv, info, op_id, err, timeout_s, window, verdict.retry_after_s)
+                    if settled is not None:
+                        srv.retry_budget.record_success(was_retry=True)
+                        return settled
+                    # Not found (or the server could not say): re-issue with the same id, which the
+                    # server deduplicates, as an ordinary retry (attempts, backoff, retry budget).
+                elif in_progress:
+                    # No way to ask: send the same id again after the server's hint, without spending
+                    # an attempt or a retry token on an operation that is merely still running.
+                    attempt -= 1
+                    delay = retry.delay(0, self._rng, verdict.retry_after_s)
+                    if delay is None or self._clock.monotonic() + delay + needed > window:
+                        raise _stopped(err, "the operation was still running when the call's window closed")
+                    last = err
+                    await self._clock.sleep(delay)
+                    continue
             if not verdict.retryable or attempt >= max_attempts:
                 raise err
             delay = retry.delay(attempt - 1, self._rng, verdict.retry_after_s)
@@ -374,6 +457,122 @@ class CallGate:
                 raise _stopped(err, "the server's retry budget is spent (too many recent failures)")
             last = err
             await self._clock.sleep(delay)
+
+    # ---- reconciliation -----------------------------------------------------------------------
+
+    def _offers_get_operation(self, srv: _Server) -> bool:
+        return self._tool(srv, GET_OPERATION_TOOL) is not None
+
+    async def _wait_ready(self, srv: _Server, deadline: float) -> bool:
+        """Wait (until `deadline`) for the server to be ready again; False if it is not."""
+        upstream = srv.upstream
+        if upstream.state is ServerState.READY and upstream.client is not None:
+            return True
+        if upstream.state in (ServerState.FAILED, ServerState.DISABLED):
+            # Given up on for now: its background retry is far longer than a call may wait.
+            return False
+        with self._clock.deadline_scope(deadline):
+            await upstream.ready_event.wait()
+        return upstream.state is ServerState.READY and upstream.client is not None
+
+    async def _reconcile(
+        self,
+        srv: _Server,
+        info: _Tool,
+        op_id: str,
+        err: CallError,
+        timeout_s: float,
+        window: float,
+        hint: float | None,
+    ) -> types.CallToolResult | None:
+        """Ask the server what became of `op_id` until it knows or the window closes.
+
+        Returns the stored result of a completed operation, or None when the operation is not
+        there (it never arrived, or was released before it started) and the same id should be
+        sent again. Raises the stored error of a failed one, OUTCOME_UNKNOWN for an unknown one,
+        and `err` (noting why) when the window closes first.
+        """
+        polls = 0
+        clock = self._clock
+        while True:
+            # An operation reported running is waited on; before the first question, the hint of
+            # an OPERATION_IN_PROGRESS reply (if that is what brought us here) is honoured too.
+            if polls or hint is not None:
+                delay = min(info.retry.backoff.delay(polls, self._rng), _MAX_POLL_S)
+                if hint is not None:
+                    delay = max(delay, hint)
+                if clock.monotonic() + delay >= window:
+                    raise _stopped(err, "the operation was still running when the call's window closed")
+                await clock.sleep(delay)
+            if not await self._wait_ready(srv, window):
+                raise _stopped(err, "the server did not come back within the call's window")
+            status = await self._ask(srv, op_id, min(timeout_s, window - clock.monotonic()))
+            if status is None:
+                return None
+            state = status.get("state")
+            err.detail["operation_state"] = state
+            if state == "completed":
+                try:
+                    return types.CallToolResult.model_validate(status.get("result"))
+                except ValueError:
+                    # A record we cannot read back: the same id replays it exactly, so ask for that.
+                    return None
+            if state == "failed":
+                raise self._stored_failure(srv, info, op_id, status)
+            if state == "unknown":
+                raise OutcomeUnknownError(
+                    "The server recorded that this operation stopped mid-run (its process died or the call was "
+                    "cancelled), so whether it took effect is unknown; it was not run again.",
+                    server=srv.name,
+                    tool=info.name,
+                    attempt=err.attempt,
+                    max_attempts=err.max_attempts,
+                    operation_id=op_id,
+                    detail={"operation_state": "unknown", "reason": status.get("reason") or "unknown"},
+                )
+            if state not in _RUNNING_STATES:
+                return None  # not_found: nothing ran under this id
+            polls += 1
+            hint = _retry_after_hint(status)
+
+    async def _ask(self, srv: _Server, op_id: str, timeout_s: float) -> dict[str, Any] | None:
+        """`get_operation(op_id)`'s structured answer, or None if the server could not say in time."""
+        client = srv.upstream.client
+        if client is None or timeout_s <= 0:
+            return None
+        srv.in_flight += 1
+        try:
+            with self._clock.deadline_scope(self._clock.monotonic() + timeout_s):
+                result = await client.call_tool(GET_OPERATION_TOOL, {"operation_id": op_id})
+        except (Exception, BaseExceptionGroup):
+            # A lost or refused question proves nothing; the caller re-sends the same id instead,
+            # which the server deduplicates anyway. Breakers learn from real attempts only.
+            return None
+        else:
+            data = result.structured_content
+            if result.is_error or not isinstance(data, dict) or not isinstance(data.get("state"), str):
+                return None
+            return data
+        finally:
+            srv.in_flight -= 1
+
+    def _stored_failure(self, srv: _Server, info: _Tool, op_id: str, status: Mapping[str, Any]) -> CallError:
+        """The error a failed operation recorded, as the call's answer (never retried: it would fail alike)."""
+        error = status.get("error") if isinstance(status.get("error"), dict) else {}
+        assert isinstance(error, dict)
+        kind = error.get("kind")
+        message = error.get("message")
+        if kind == "crash" or not isinstance(message, str) or not message:
+            # MCPServer shows only this for a crash; the exception text stays in the server's log.
+            message = f"Error executing tool {info.name}"
+        return ToolError(
+            server=srv.name,
+            tool=info.name,
+            content=[types.TextContent(type="text", text=message)],
+            retryable=False,
+            operation_id=op_id,
+            detail={"operation_state": "failed", "error_kind": kind},
+        )
 
     async def _attempt(
         self,
@@ -529,9 +728,19 @@ def _server_outcome(verdict: Verdict, tool_streak: int) -> Outcome:
 
 
 def _connection_closed(exc: BaseException) -> bool:
+    """The connection is gone: closed, or an HTTP session the server no longer knows (it restarted)."""
     if isinstance(exc, BaseExceptionGroup):
         return any(_connection_closed(e) for e in exc.exceptions)
-    return isinstance(exc, MCPError) and exc.code == _CONNECTION_CLOSED
+    if not isinstance(exc, MCPError):
+        return False
+    return exc.code == _CONNECTION_CLOSED or (exc.code == types.INVALID_REQUEST and "session terminated" in exc.message.lower())
+
+
+def _retry_after_hint(data: Mapping[str, Any]) -> float | None:
+    value = data.get("retry_after_s")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    return None
 
 
 def _stopped(err: CallError, why: str) -> CallError:

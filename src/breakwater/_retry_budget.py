@@ -18,6 +18,11 @@ succeeds gives its token back (the AWS SDK retry-quota idea):
 At 100 % failure nothing is deposited or refunded: retries are limited to the initial bucket plus
 the floor, ≈ 1.0× load over a long outage. At 10 % failure almost every retry succeeds and is
 refunded, so no retry is refused.
+
+With a shared state store (`breakwater._state_store`) the bucket is one per server for the whole
+deployment: each replica still decides from its local copy (no round trip per retry) and writes
+its token changes behind; the store applies them atomically, refills by its own clock and sends
+the shared count back, so replicas converge within one sync interval.
 """
 
 from __future__ import annotations
@@ -25,13 +30,30 @@ from __future__ import annotations
 import random
 import threading
 from dataclasses import dataclass
+from typing import Protocol
 
 from breakwater._backoff import Backoff
 from breakwater._clock import Clock
 from breakwater._knobs import knob
 from breakwater.errors import ConfigError
 
-__all__ = ["RetryBudget", "RetryBudgetSnapshot", "RetryPolicy"]
+__all__ = ["RetryBudget", "RetryBudgetSnapshot", "RetryPolicy", "SharedBudget"]
+
+
+class SharedBudget(Protocol):
+    """A retry bucket kept in a shared store (see `breakwater._state_store`)."""
+
+    def active(self) -> bool:
+        """Whether the store is usable now (else the local bucket stands alone)."""
+        ...
+
+    def note(self, delta: float) -> None:
+        """Tokens this replica took (negative) or earned (positive), to apply to the shared bucket."""
+        ...
+
+    def bind(self, budget: RetryBudget) -> None:
+        """The local bucket to update with the shared count after each sync."""
+        ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,6 +149,25 @@ class RetryBudget:
         self._granted = 0
         self._refused = 0
         self._lock = threading.Lock()
+        self._shared: SharedBudget | None = None
+
+    def attach(self, shared: SharedBudget | None) -> None:
+        """Share this bucket through a state store from now on (None: in this process)."""
+        self._shared = shared
+        if shared is not None:
+            shared.bind(self)
+
+    def adopt(self, tokens: float) -> None:
+        """The shared count after a sync (plus whatever this replica changed since it was sent)."""
+        with self._lock:
+            self._tokens = max(0.0, min(self.policy.budget_max_tokens, tokens))
+            # The store refilled up to its own now; refill locally only from here on.
+            self._stamp = self._clock.monotonic()
+
+    def _note(self, delta: float) -> None:
+        shared = self._shared
+        if shared is not None and delta and shared.active():
+            shared.note(delta)
 
     def _refill(self) -> None:
         now = self._clock.monotonic()
@@ -152,6 +193,7 @@ class RetryBudget:
             if self._tokens >= 1.0:
                 self._tokens -= 1.0
                 self._granted += 1
+                self._note(-1.0)
                 return True
             self._refused += 1
             return False
@@ -160,7 +202,10 @@ class RetryBudget:
         """An attempt succeeded: a first attempt earns `budget_ratio`, a retry gets its token back."""
         with self._lock:
             self._refill()
-            self._add(1.0 if was_retry else self.policy.budget_ratio)
+            earned = 1.0 if was_retry else self.policy.budget_ratio
+            self._add(earned)
+            # The nominal amount, not what fitted locally: the shared bucket may have room this one lacks.
+            self._note(earned)
 
     def snapshot(self) -> RetryBudgetSnapshot:
         """Tokens and counters."""

@@ -50,6 +50,7 @@ CLIENT_NAME = "breakwater"
 CONNECTION_CLOSED = -32000  # SDK-local code: the transport ended (mcp-sdk.md §5)
 UNSUPPORTED_PROTOCOL_VERSION = -32022
 BACKGROUND_JITTER = 0.5
+SDK_PROBE_TIMEOUT_S = 24 * 3600.0  # effectively none: the attempt deadline applies (see _lift_sdk_probe_timeout)
 CRASH_LOOP_EXITS = 3  # identical exits in a row that make a server `failed` before its budget is spent
 # The SDK's own defaults (mcp.shared._httpx_utils): connect/write/pool 30 s, read 300 s for SSE streams.
 HTTP_TIMEOUT_S = 30.0
@@ -74,6 +75,20 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return out
 
 
+def _lift_sdk_probe_timeout() -> None:
+    """Let the attempt deadline, not the SDK, bound the `server/discover` probe.
+
+    The SDK's auto mode gives the probe a fixed 10 s and then sends `initialize` on the same
+    connection. Under a connect storm a healthy server can take longer than that; the late probe
+    and the fallback then both occupy the server (more handshakes in flight than breakwater
+    admitted) and a dual-era server refuses the fallback. Breakwater bounds every attempt with its
+    own deadline, so the SDK's timer only has to stay out of the way (pinned SDK minor version).
+    """
+    import mcp.client.session as sdk_session
+
+    sdk_session.DISCOVER_TIMEOUT_SECONDS = SDK_PROBE_TIMEOUT_S
+
+
 class Upstream:
     """A supervised connection to one server, with a truthful state."""
 
@@ -86,6 +101,7 @@ class Upstream:
         admission: Admission,
         on_change: Callable[[Upstream], None] = lambda _u: None,
     ) -> None:
+        _lift_sdk_probe_timeout()
         self.spec = spec
         self._clock = clock
         self._rng = rng
@@ -281,6 +297,10 @@ class Upstream:
             self.error = ErrorInfo(code=Reason.PROTOCOL_ERROR, message="the connection ended during the handshake")
         if self.error.code is Reason.PROTOCOL_ERROR:
             self._next_era_after_protocol_error()
+        elif self.error.code is Reason.TIMEOUT and self._era is None and self.spec.connect.protocol == "auto":
+            # A server that never answered the server/discover probe may be one that swallows unknown
+            # methods; the initialize handshake works with every server of either era.
+            self._era = "legacy"
         return False
 
     async def _serve(self, client: Client, stdio: StdioProcess | None) -> None:

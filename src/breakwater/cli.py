@@ -33,6 +33,12 @@ def _tools(argv: list[str]) -> int:
     return tools_main(argv)
 
 
+def _stats(argv: list[str]) -> int:
+    from breakwater._commands import stats_main
+
+    return stats_main(argv)
+
+
 def _demo(argv: list[str]) -> int:
     from breakwater._demo import demo_main
 
@@ -55,6 +61,7 @@ _COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "serve": ("serve every server's tools as one MCP server (stdio or --http)", _serve),
     "tools": ("list or search every server's tools", _tools),
     "status": ("connect to every server and report each one's state", _status),
+    "stats": ("per-tool calls, latency percentiles and timeouts from the call journal", _stats),
     "config": ("check the config, list every knob", _config),
     "demo": ("the whole story on built-in local servers, in under a minute", _demo),
     "testserver": ("run the misbehaving MCP test server", _testserver),

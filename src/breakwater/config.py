@@ -28,6 +28,7 @@ from typing import Any, Literal
 from breakwater._breaker import BreakerPolicy
 from breakwater._knobs import Knob, build_policy, env_layer, iter_knobs, knob
 from breakwater._retry_budget import RetryPolicy
+from breakwater._state_store import StatePolicy
 from breakwater.errors import ConfigError
 
 __all__ = [
@@ -35,8 +36,10 @@ __all__ = [
     "CallPolicy",
     "Config",
     "ConnectPolicy",
+    "JournalPolicy",
     "RetryPolicy",
     "ServerSpec",
+    "StatePolicy",
     "ToolSettings",
     "all_knobs",
     "find_config",
@@ -290,6 +293,8 @@ class Config:
     breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     gateway: GatewayPolicy = field(default_factory=lambda: GatewayPolicy())
+    journal: JournalPolicy = field(default_factory=lambda: JournalPolicy())
+    state: StatePolicy = field(default_factory=StatePolicy)
     path: str | None = None
 
     def server(self, name: str) -> ServerSpec:
@@ -353,6 +358,88 @@ class GatewayPolicy:
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class JournalPolicy:
+    """The call journal: where attempts are recorded, for how long, and how timeouts are learned from them."""
+
+    url: str = knob(
+        "",
+        "Where the journal lives: empty = SQLite in the user data dir, a file path or sqlite:///PATH, "
+        "postgresql://... for a shared journal, or off.",
+        env="BREAKWATER_JOURNAL",
+    )
+    retention_days: float = knob(
+        14.0,
+        "Attempts older than this are deleted (checked every few minutes by the writer).",
+        env="BREAKWATER_JOURNAL_RETENTION_DAYS",
+        minimum=0.001,
+    )
+    queue_size: int = knob(
+        10_000,
+        "Attempts waiting to be written; when full, new ones are dropped and counted, never waited on.",
+        env="BREAKWATER_JOURNAL_QUEUE_SIZE",
+        minimum=1,
+    )
+    flush_interval_s: float = knob(
+        0.5,
+        "The writer writes what is queued at least this often (sooner when a batch fills).",
+        env="BREAKWATER_JOURNAL_FLUSH_INTERVAL_S",
+        minimum=0.001,
+    )
+    record_sizes: bool = knob(
+        False,
+        "Also record argument and result sizes and a hash of the arguments (never their content).",
+        env="BREAKWATER_JOURNAL_RECORD_SIZES",
+    )
+    learn_timeouts: bool = knob(
+        True,
+        "Learn each tool's timeout from its recorded latencies (configured timeouts still win).",
+        env="BREAKWATER_JOURNAL_LEARN_TIMEOUTS",
+    )
+    learn_min_samples: int = knob(
+        50,
+        "Completed calls of a tool in the window before its timeout is learned.",
+        env="BREAKWATER_JOURNAL_LEARN_MIN_SAMPLES",
+        minimum=1,
+    )
+    learn_window_s: float = knob(
+        3600.0,
+        "The latencies a learned timeout is computed from: this many recent seconds of attempts.",
+        env="BREAKWATER_JOURNAL_LEARN_WINDOW_S",
+        minimum=1.0,
+    )
+    learn_quantile: float = knob(
+        0.999,
+        "The latency quantile a learned timeout starts from (timed-out attempts count at their timeout).",
+        env="BREAKWATER_JOURNAL_LEARN_QUANTILE",
+        minimum=0.5,
+    )
+    learn_headroom: float = knob(
+        2.0,
+        "A learned timeout is the quantile times this factor.",
+        env="BREAKWATER_JOURNAL_LEARN_HEADROOM",
+        minimum=1.0,
+    )
+    learn_floor_s: float = knob(
+        1.0,
+        "Smallest learned timeout.",
+        env="BREAKWATER_JOURNAL_LEARN_FLOOR_S",
+        minimum=0.001,
+    )
+    learn_ceiling_s: float = knob(
+        120.0,
+        "Largest learned timeout.",
+        env="BREAKWATER_JOURNAL_LEARN_CEILING_S",
+        minimum=0.001,
+    )
+    learn_refresh_s: float = knob(
+        60.0,
+        "How often learned timeouts are recomputed from the journal (by the writer, off the call path).",
+        env="BREAKWATER_JOURNAL_LEARN_REFRESH_S",
+        minimum=0.01,
+    )
+
+
 POLICY_SECTIONS: dict[str, type[Any]] = {
     "connect": ConnectPolicy,
     "call": CallPolicy,
@@ -362,7 +449,7 @@ POLICY_SECTIONS: dict[str, type[Any]] = {
 
 
 # Sections that configure breakwater itself rather than each server: no per-server override.
-GLOBAL_SECTIONS: dict[str, type[Any]] = {"gateway": GatewayPolicy}
+GLOBAL_SECTIONS: dict[str, type[Any]] = {"gateway": GatewayPolicy, "journal": JournalPolicy, "state": StatePolicy}
 
 
 def all_knobs() -> list[Knob]:
@@ -617,7 +704,15 @@ def _load_toml(path: Path, environ: Mapping[str, str]) -> Config:
         GatewayPolicy,
         [(_policy_table(data.get("gateway", {}), spath, "gateway"), spath, "gateway"), env_layer(GatewayPolicy, environ)],
     )
-    return Config(servers=tuple(specs.values()), **defaults, gateway=gateway, path=spath)
+    journal = build_policy(
+        JournalPolicy,
+        [(_policy_table(data.get("journal", {}), spath, "journal"), spath, "journal"), env_layer(JournalPolicy, environ)],
+    )
+    state = build_policy(
+        StatePolicy,
+        [(_policy_table(data.get("state", {}), spath, "state"), spath, "state"), env_layer(StatePolicy, environ)],
+    )
+    return Config(servers=tuple(specs.values()), **defaults, gateway=gateway, journal=journal, state=state, path=spath)
 
 
 def load_config(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> Config:
@@ -628,7 +723,11 @@ def load_config(path: str | os.PathLike[str], *, environ: Mapping[str, str] | No
         return _load_toml(p, env)
     defaults = {section: build_policy(cls, [env_layer(cls, env)]) for section, cls in POLICY_SECTIONS.items()}
     gateway = build_policy(GatewayPolicy, [env_layer(GatewayPolicy, env)])
-    return Config(servers=tuple(_servers_from_json(p, defaults)), **defaults, gateway=gateway, path=str(p))
+    journal = build_policy(JournalPolicy, [env_layer(JournalPolicy, env)])
+    state = build_policy(StatePolicy, [env_layer(StatePolicy, env)])
+    return Config(
+        servers=tuple(_servers_from_json(p, defaults)), **defaults, gateway=gateway, journal=journal, state=state, path=str(p)
+    )
 
 
 def find_config(cwd: str | os.PathLike[str] | None = None) -> Path:

@@ -67,6 +67,17 @@ class ErrorInfo:
     exit_code: int | None = None
     stderr_tail: tuple[str, ...] = ()
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ErrorInfo:
+        """The inverse of `to_json` (for a status read from a running gateway)."""
+        return cls(
+            code=Reason(data["code"]),
+            message=str(data["message"]),
+            http_status=data.get("http_status"),
+            exit_code=data.get("exit_code"),
+            stderr_tail=tuple(data.get("stderr_tail", ())),
+        )
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"code": self.code.value, "message": self.message}
         if self.http_status is not None:
@@ -76,6 +87,11 @@ class ErrorInfo:
         if self.stderr_tail:
             out["stderr_tail"] = list(self.stderr_tail)
         return out
+
+
+def from_iso(text: str | None) -> float | None:
+    """The inverse of `iso`."""
+    return None if text is None else _dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def iso(ts: float | None) -> str | None:
@@ -133,3 +149,24 @@ class StatusReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"servers": [s.to_json() for s in self.servers], "summary": self.summary}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StatusReport:
+        """The inverse of `to_json` (for a status read from a running gateway)."""
+        return cls(
+            servers=tuple(
+                ServerStatus(
+                    name=s["name"],
+                    transport=s["transport"],
+                    state=ServerState(s["state"]),
+                    protocol=s.get("protocol"),
+                    tools=s.get("tools"),
+                    attempts=s.get("attempts", 0),
+                    phase=s.get("phase"),
+                    connect_ms=s.get("connect_ms"),
+                    next_retry_at=from_iso(s.get("next_retry_at")),
+                    error=None if s.get("error") is None else ErrorInfo.from_json(s["error"]),
+                )
+                for s in data.get("servers", [])
+            )
+        )

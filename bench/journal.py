@@ -1,0 +1,249 @@
+"""The call journal: what recording costs a call, what the writers sustain, how fast `stats`
+answers, and how often a learned timeout cuts a call that would have answered.
+
+* `record()` cost: a pre-built `AttemptRecord` queued while the SQLite writer runs; building the
+  record plus queueing it (what the gate pays per attempt); and the drop path (writer stalled,
+  queue full);
+* writer throughput: rows per second through `Journal` into SQLite and PostgreSQL (batches of 512);
+* `stats` over N rows spread over 20 tools (SQLite and PostgreSQL);
+* learned timeouts: a closed loop per latency distribution (the testserver's own `Latency`, seeded):
+  each call waits at most the timeout in force (learned, else 5 s); a longer call is recorded as a
+  timeout at that time; the journal refreshes every 100 calls. Reported: the learned timeout, the
+  false-timeout rate over the calls it decided, and the analytical tail probability at that timeout.
+
+    python bench/journal.py                     # 200k rows for stats, 20k calls per distribution
+    python bench/journal.py --rows 1000000      # the issue's 1M-row stats target
+    python bench/journal.py --no-postgres
+
+PostgreSQL: 127.0.0.1:5432, database `test` (or `$BREAKWATER_TEST_POSTGRES`), in a scratch schema
+dropped afterwards. Gateway latency with the journal on vs off needs the gate hook (not wired yet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from breakwater._clock import FakeClock
+from breakwater._journal import (
+    AttemptRecord,
+    Journal,
+    JournalStore,
+    PostgresJournalStore,
+    SQLiteJournalStore,
+    new_call_id,
+)
+from breakwater.config import JournalPolicy
+from breakwater.testserver import Latency
+
+PG = os.environ.get("BREAKWATER_TEST_POSTGRES") or "host=127.0.0.1 port=5432 dbname=test user=postgres connect_timeout=3"
+DISTRIBUTIONS = ("lognormal(0.2,0.5)", "lognormal(0.05,1.0)", "uniform(0.1,0.3)", "lognormal(2,0.3)")
+
+
+def make(clock_time: float, i: int, duration: float, tool: str = "t", outcome: str = "completed") -> AttemptRecord:
+    return AttemptRecord(
+        server="s",
+        tool=tool,
+        call_id=new_call_id(),
+        attempt=1,
+        started_at=clock_time,
+        duration_s=duration,
+        outcome=outcome,
+        server_breaker="closed",
+        tool_breaker="closed",
+    )
+
+
+def record_cost(tmp: Path, n: int) -> dict[str, float]:
+    """Mean and p99 ns of record() in three situations."""
+    out: dict[str, float] = {}
+    journal = Journal(SQLiteJournalStore(tmp / "cost.sqlite3"), policy=JournalPolicy(queue_size=n + 1))
+    journal.start()
+    now = time.time()
+    records = [make(now, i, 0.01) for i in range(n)]
+    costs = []
+    for r in records:
+        t0 = time.perf_counter_ns()
+        journal.record(r)
+        costs.append(time.perf_counter_ns() - t0)
+    out["record_mean_ns"], out["record_p99_ns"] = statistics.fmean(costs), _q(costs, 0.99)
+    costs = []
+    for _i in range(n // 10):
+        t0 = time.perf_counter_ns()
+        journal.record(
+            AttemptRecord(
+                server="s",
+                tool="t",
+                call_id=new_call_id(),
+                attempt=1,
+                started_at=time.time(),
+                duration_s=0.01,
+                outcome="completed",
+                retries=0,
+                server_breaker="closed",
+                tool_breaker="closed",
+            )
+        )
+        costs.append(time.perf_counter_ns() - t0)
+    out["build_and_record_mean_ns"], out["build_and_record_p99_ns"] = statistics.fmean(costs), _q(costs, 0.99)
+    journal.close(30)
+
+    class Stalled(SQLiteJournalStore):
+        gate = threading.Event()
+
+        def insert(self, records: Any) -> None:
+            self.gate.wait(30)
+
+    stalled = Stalled(tmp / "stalled.sqlite3")
+    journal = Journal(stalled, policy=JournalPolicy(queue_size=1000, flush_interval_s=0.01))
+    journal.start()
+    journal.record(records[0])
+    time.sleep(0.1)
+    for r in records[1:1001]:
+        journal.record(r)
+    costs = []
+    for r in records:
+        t0 = time.perf_counter_ns()
+        journal.record(r)
+        costs.append(time.perf_counter_ns() - t0)
+    out["dropped_mean_ns"], out["dropped_p99_ns"] = statistics.fmean(costs), _q(costs, 0.99)
+    out["dropped"] = journal.dropped
+    Stalled.gate.set()
+    journal.close(10)
+    return out
+
+
+def _q(values: list[int] | list[float], q: float) -> float:
+    s = sorted(values)
+    return float(s[min(len(s) - 1, int(q * len(s)))])
+
+
+def throughput(store: JournalStore, n: int) -> float:
+    """Rows per second written through the journal (queue → batches → store)."""
+    journal = Journal(store, policy=JournalPolicy(queue_size=n + 1, learn_timeouts=False))
+    journal.flush()  # open and migrate outside the timing
+    now = time.time()
+    records = [make(now, i, 0.01 + (i % 1000) / 1000, tool=f"t{i % 20}") for i in range(n)]
+    for r in records:
+        journal.record(r)
+    t0 = time.perf_counter()
+    journal.flush()
+    elapsed = time.perf_counter() - t0
+    assert journal.written == n, journal.counters()
+    journal.close()
+    return n / elapsed
+
+
+def stats_time(store: JournalStore, rows: int) -> tuple[float, int]:
+    """Fill `rows` attempts (20 tools, within the last hour), then time one `stats` over the last hour."""
+    journal = Journal(store, policy=JournalPolicy(queue_size=rows + 1, learn_timeouts=False))
+    rng = random.Random(5)
+    now = time.time()
+    # In time order, as a gateway writes them: rowids follow started_at.
+    for i, at in enumerate(sorted(now - rng.uniform(0, 3000) for _ in range(rows))):
+        outcome = "timeout" if i % 97 == 0 else "completed"
+        journal.record(make(at, i, rng.lognormvariate(math.log(0.05), 0.8), f"t{i % 20}", outcome))
+    journal.flush()
+    t0 = time.perf_counter()
+    result = journal.stats(3600)
+    elapsed = time.perf_counter() - t0
+    journal.close()
+    return elapsed, sum(s.calls for s in result)
+
+
+def tail(latency: Latency, x: float) -> float:
+    """P(X > x) for the testserver's distribution."""
+    if latency.kind == "lognormal":
+        return 0.5 * math.erfc((math.log(x) - math.log(latency.a)) / (latency.b * math.sqrt(2)))
+    if latency.kind == "uniform":
+        return min(1.0, max(0.0, (latency.b - x) / (latency.b - latency.a)))
+    return 1.0 if latency.a > x else 0.0
+
+
+def learned_loop(tmp: Path, spec: str, calls: int, policy: JournalPolicy) -> dict[str, Any]:
+    latency, rng, clock = Latency.parse(spec), random.Random(2026), FakeClock()
+    journal = Journal(SQLiteJournalStore(tmp / f"learn-{uuid.uuid4().hex[:6]}.sqlite3"), clock=clock, policy=policy)
+    false = judged = 0
+    for i in range(calls):
+        learned = journal.learned_timeout("s", "t")
+        timeout = learned if learned is not None else 5.0
+        d = latency.draw(rng)
+        journal.record(make(clock.time(), i, min(d, timeout), outcome="timeout" if d > timeout else "completed"))
+        if learned is not None:
+            judged += 1
+            false += d > timeout
+        clock.advance(1.0)
+        if i % 100 == 99:
+            journal.flush()
+    final = journal.learned_timeout("s", "t")
+    journal.close()
+    assert final is not None
+    return {"spec": spec, "learned": final, "false": false, "judged": judged, "tail": tail(latency, final)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=200_000, help="rows for the stats timing (default 200k)")
+    parser.add_argument("--writes", type=int, default=100_000, help="rows for the writer throughput (default 100k)")
+    parser.add_argument("--calls", type=int, default=20_000, help="calls per distribution in the learning loop")
+    parser.add_argument("--no-postgres", action="store_true")
+    args = parser.parse_args(argv)
+    import psycopg
+
+    with tempfile.TemporaryDirectory(prefix="bw-journal-bench-") as d:
+        tmp = Path(d)
+        cost = record_cost(tmp, 100_000)
+        print("record() cost, ns (mean / p99):")
+        for label, key in (
+            ("pre-built record, writer running", "record"),
+            ("build + record (the gate's cost)", "build_and_record"),
+            ("queue full, writer stalled (drop)", "dropped"),
+        ):
+            print(f"  {label:<36} {cost[key + '_mean_ns']:.0f} / {cost[key + '_p99_ns']:.0f}")
+
+        schemas: list[str] = []
+
+        def pg_store() -> JournalStore:
+            schemas.append(f"bw_bench_{uuid.uuid4().hex[:8]}")
+            return PostgresJournalStore(PG, schema=schemas[-1])
+
+        kinds: list[tuple[str, Any]] = [("SQLite", lambda: SQLiteJournalStore(tmp / f"{uuid.uuid4().hex[:6]}.sqlite3"))]
+        if not args.no_postgres:
+            kinds.append(("PostgreSQL", pg_store))
+        try:
+            for name, factory in kinds:
+                rate = throughput(factory(), args.writes)
+                elapsed, calls = stats_time(factory(), args.rows)
+                print(f"{name}: writer {rate:,.0f} rows/s; stats over {calls:,} rows (20 tools, 1 h) in {elapsed:.3f} s")
+        finally:
+            if schemas:
+                with psycopg.connect(PG, autocommit=True) as conn:
+                    for schema in schemas:
+                        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+        policy = JournalPolicy(learn_floor_s=0.01, learn_refresh_s=100)
+        defaults = JournalPolicy()
+        print(
+            f"learned timeouts: p{defaults.learn_quantile * 100:g} x {defaults.learn_headroom:g}, window "
+            f"{defaults.learn_window_s:g} s, {args.calls} calls at 1/s (floor lowered to 10 ms to expose the estimate)"
+        )
+        print("  distribution          learned   false timeouts        analytical P(X > learned)")
+        for spec in DISTRIBUTIONS:
+            r = learned_loop(tmp, spec, args.calls, policy)
+            rate = r["false"] / r["judged"]
+            print(f"  {spec:<21} {r['learned']:7.3f} s  {r['false']:>3}/{r['judged']} = {rate:.4%}   {r['tail']:.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,658 @@
+"""The call journal: the store contract (SQLite and PostgreSQL alike), the never-blocking queue,
+retention, stats percentiles, learned timeouts, `[journal]` config and `breakwater stats`.
+
+PostgreSQL tests use 127.0.0.1:5432, database `test` (override with `BREAKWATER_TEST_POSTGRES`),
+each in a schema of its own that is dropped afterwards. They skip when the server is unreachable,
+except under `CI=true`, where an unreachable server is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sqlite3
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+
+from breakwater import Breakwater, FakeClock
+from breakwater._journal import (
+    SCHEMA_VERSION,
+    AttemptRecord,
+    Journal,
+    JournalError,
+    JournalStore,
+    LearnInput,
+    PostgresJournalStore,
+    SQLiteJournalStore,
+    arguments_digest,
+    learned_value,
+    new_call_id,
+    open_store,
+    outcome_of,
+    parse_duration,
+    percentile,
+)
+from breakwater.cli import main as cli_main
+from breakwater.config import JournalPolicy, load_config
+from breakwater.errors import ConfigError, ErrorCode
+from breakwater.testserver import Latency, stdio_params
+
+# ---------------------------------------------------------------------------- PostgreSQL plumbing
+
+_PG_CANDIDATES = [
+    os.environ.get("BREAKWATER_TEST_POSTGRES", ""),
+    "host=127.0.0.1 port=5432 dbname=test user=postgres connect_timeout=3",
+    "host=127.0.0.1 port=5432 dbname=test user=root connect_timeout=3",
+]
+
+
+def _find_postgres() -> tuple[str | None, str]:
+    try:
+        import psycopg
+    except ImportError as exc:
+        return None, f"psycopg is not installed ({exc})"
+    errors = []
+    for conninfo in filter(None, _PG_CANDIDATES):
+        try:
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                conn.execute("SELECT 1")
+            return conninfo, ""
+        except Exception as exc:
+            errors.append(f"{conninfo!r}: {exc}".strip())
+    return None, "; ".join(errors)
+
+
+@pytest.fixture(scope="session")
+def pg_conninfo() -> str:
+    """A reachable PostgreSQL, or skip (fail under CI=true)."""
+    conninfo, why = _find_postgres()
+    if conninfo is None:
+        message = f"PostgreSQL on 127.0.0.1:5432 (database 'test') is unreachable: {why}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message + " — CI=true requires it")
+        pytest.skip(message)
+    return conninfo
+
+
+@pytest.fixture
+def pg_schema(pg_conninfo: str) -> Iterator[str]:
+    """A fresh schema for one test, dropped afterwards."""
+    import psycopg
+
+    schema = f"bw_journal_{uuid.uuid4().hex[:10]}"
+    yield schema
+    with psycopg.connect(pg_conninfo, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+StoreFactory = Callable[[], JournalStore]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
+    """Builds stores of the parametrized kind on one database (a real file, or a real server); closes them."""
+    made: list[JournalStore] = []
+    if request.param == "sqlite":
+        db = tmp_path / "journal.sqlite3"
+
+        def factory() -> JournalStore:
+            made.append(SQLiteJournalStore(db))
+            return made[-1]
+    else:
+        conninfo = request.getfixturevalue("pg_conninfo")
+        schema = request.getfixturevalue("pg_schema")
+
+        def factory() -> JournalStore:
+            made.append(PostgresJournalStore(conninfo, schema=schema))
+            return made[-1]
+
+    yield factory
+    for store in made:
+        store.close()
+
+
+def rec(clock: FakeClock, duration: float, *, outcome: str = "completed", **kw: Any) -> AttemptRecord:
+    fields: dict[str, Any] = {"server": "s", "tool": "t", "call_id": new_call_id(), "attempt": 1}
+    fields.update(kw)
+    return AttemptRecord(started_at=clock.time(), duration_s=duration, outcome=outcome, **fields)
+
+
+# ---------------------------------------------------------------------------- the store contract
+
+
+def test_rows_round_trip_with_every_field(make_store: StoreFactory) -> None:
+    clock = FakeClock()
+    store = make_store()
+    journal = Journal(store, clock=clock)
+    size, digest = arguments_digest({"b": 2, "a": [1, "x"]})
+    full = AttemptRecord(
+        server="orders",
+        tool="place",
+        call_id="call-1",
+        attempt=2,
+        started_at=clock.time(),
+        duration_s=0.125,
+        outcome=outcome_of(ErrorCode.TIMEOUT),
+        error_code=ErrorCode.TIMEOUT.value,
+        retries=1,
+        trace_id="trace-9",
+        operation_id="op-7",
+        server_breaker="closed",
+        tool_breaker="open",
+        breaker_opened=True,
+        client="claude-code",
+        arguments_size=size,
+        result_size=None,
+        arguments_hash=digest,
+    )
+    bare = rec(clock, 0.01, call_id="call-2")
+    assert journal.record(full) and journal.record(bare)
+    journal.flush()
+    assert journal.counters()["written"] == 2
+    got = store.recent(10)
+    assert [r.call_id for r in got] == ["call-2", "call-1"]  # newest first (same time: last written first)
+    assert next(r for r in got if r.call_id == "call-1") == full
+    assert next(r for r in got if r.call_id == "call-2") == bare
+    assert [r.call_id for r in store.recent(10, failures_only=True)] == ["call-1"]
+    assert store.recent(10, server="nope") == []
+    # Canonical: key order does not change the hash; the content does.
+    assert arguments_digest({"a": [1, "x"], "b": 2}) == (size, digest)
+    assert arguments_digest({"a": [1, "y"], "b": 2})[1] != digest
+    journal.close()
+
+
+def test_schema_is_versioned_and_migrates_once(make_store: StoreFactory) -> None:
+    first = make_store()
+    first.open()
+    assert first.schema_version() == SCHEMA_VERSION
+    second = make_store()
+    second.open()  # a second process (or replica) finds the schema in place
+    assert second.schema_version() == SCHEMA_VERSION
+    if isinstance(first, SQLiteJournalStore):
+        with sqlite3.connect(first.path) as conn:
+            versions = conn.execute("SELECT version FROM breakwater_journal_schema_version").fetchall()
+            conn.execute("INSERT INTO breakwater_journal_schema_version VALUES (99, 0, 'from the future')")
+    else:
+        import psycopg
+
+        assert isinstance(first, PostgresJournalStore)
+        with psycopg.connect(first.conninfo, autocommit=True) as pg:
+            table = f'"{first.schema}".breakwater_journal_schema_version'
+            versions = pg.execute(f"SELECT version FROM {table}").fetchall()
+            pg.execute(f"INSERT INTO {table} (version, description) VALUES (99, 'from the future')")
+    assert versions == [(1,)]
+    with pytest.raises(JournalError, match="newer than this breakwater"):
+        make_store().open()
+
+
+def test_stats_percentiles_and_rates_against_a_known_sample(make_store: StoreFactory) -> None:
+    clock = FakeClock()
+    store = make_store()
+    journal = Journal(store, clock=clock, policy=JournalPolicy(learn_timeouts=False))
+    answered = [i / 1000 for i in range(1, 1001)]  # 1 ms … 1000 ms: every percentile is known exactly
+    random.Random(7).shuffle(answered)
+    for i, d in enumerate(answered):
+        # 10 % of the answers are the tool's own errors: latency counts, success does not.
+        journal.record(rec(clock, d, outcome="tool_error" if i % 10 == 0 else "completed", error_code=None))
+    # 20 calls that timed out once and then completed (a retry each), 5 that timed out for good and
+    # opened the breaker, 3 that ended OUTCOME_UNKNOWN, 4 refused by the open breaker.
+    for _ in range(20):
+        call = new_call_id()
+        journal.record(rec(clock, 5.0, outcome="timeout", call_id=call, error_code="TIMEOUT"))
+        journal.record(rec(clock, 0.5, call_id=call, attempt=2, retries=1))
+    for _ in range(5):
+        journal.record(rec(clock, 5.0, outcome="timeout", error_code="TIMEOUT", breaker_opened=True))
+    for _ in range(3):
+        journal.record(rec(clock, 0.2, outcome="outcome_unknown", error_code="OUTCOME_UNKNOWN"))
+    for _ in range(4):
+        journal.record(rec(clock, 0.0, outcome="circuit_open", error_code="CIRCUIT_OPEN"))
+    journal.record(rec(clock, 0.3, tool="other"))
+    journal.flush()
+    stats = journal.stats(3600)
+    assert [(s.server, s.tool) for s in stats] == [("s", "other"), ("s", "t")]
+    t = stats[1]
+    assert t.calls == 1000 + 20 + 5 + 3 + 4
+    assert t.succeeded == 900 + 20
+    assert t.attempts == 1000 + 40 + 5 + 3
+    assert t.refused == 4
+    assert t.timeouts == 25
+    assert t.outcome_unknown == 3
+    assert t.breaker_opens == 5
+    # Answered attempts: the 1000 known values plus twenty 0.5 s retries.
+    values = sorted([*answered, *[0.5] * 20])
+    assert (t.p50_s, t.p95_s, t.p99_s) == (percentile(values, 0.5), percentile(values, 0.95), percentile(values, 0.99))
+    assert (t.p50_s, t.p95_s, t.p99_s) == (0.5, 0.949, 0.99)
+    assert t.success_rate == pytest.approx(920 / 1032)
+    assert t.timeout_rate == pytest.approx(25 / 1048)
+    assert t.retries == 20
+    assert t.retries_per_call == pytest.approx(20 / 1032)
+    assert journal.stats(3600, tool="other")[0].calls == 1
+    assert journal.stats(3600, server="nope") == []
+    clock.advance(3601)
+    assert journal.stats(3600) == []  # the window moved past every row
+    assert journal.stats(7200)[1].calls == t.calls
+    journal.close()
+
+
+def test_retention_is_enforced_by_the_writer(make_store: StoreFactory) -> None:
+    clock = FakeClock()
+    journal = Journal(make_store(), clock=clock, policy=JournalPolicy(retention_days=14, flush_interval_s=0.01))
+    journal.start()
+    try:
+        for _ in range(10):
+            journal.record(rec(clock, 0.1))
+        assert journal.flush()
+        clock.advance(13 * 86400)
+        journal.record(rec(clock, 0.1, tool="young"))
+        assert journal.flush()
+        assert journal.purged == 0
+        assert sum(s.calls for s in journal.stats(30 * 86400)) == 11
+        clock.advance(1.5 * 86400)  # the first ten are now 14.5 days old; the young one 1.5 days
+        assert journal.flush()
+        assert journal.purged == 10
+        assert [(s.tool, s.calls) for s in journal.stats(30 * 86400)] == [("young", 1)]
+    finally:
+        journal.close()
+
+
+def test_learned_timeout_from_a_seeded_lognormal(make_store: StoreFactory) -> None:
+    """The testserver's own lognormal(0.2, 0.5): the learned timeout is p99.9 × headroom, and the
+    analytical false-timeout rate at that timeout is far below 0.1 %."""
+    clock = FakeClock()
+    policy = JournalPolicy(learn_floor_s=0.01, learn_ceiling_s=60.0)
+    journal = Journal(make_store(), clock=clock, policy=policy)
+    latency, rng = Latency.parse("lognormal(0.2,0.5)"), random.Random(1234)
+    durations = [latency.draw(rng) for _ in range(2000)]
+    for i, d in enumerate(durations[:49]):
+        journal.record(rec(clock, d, call_id=f"c{i}"))
+    journal.flush()
+    journal.refresh_learned()
+    assert journal.learned_timeout("s", "t") is None  # 49 completed calls: below the 50 minimum
+    for i, d in enumerate(durations[49:], start=49):
+        journal.record(rec(clock, d, call_id=f"c{i}"))
+    journal.record(rec(clock, 0.1, outcome="circuit_open", call_id="refused"))  # not a latency sample
+    journal.flush()
+    journal.refresh_learned()
+    expected = percentile(sorted(durations), 0.999)
+    assert expected is not None
+    learned = journal.learned_timeout("s", "t")
+    assert learned is not None and learned == pytest.approx(expected * 2.0)
+    assert journal.stats(3600)[0].learned_timeout_s == learned
+    assert _lognormal_tail(learned, median=0.2, sigma=0.5) <= 0.001
+    # A timed-out attempt counts at the time it was cut: enough of them move the quantile up.
+    for _ in range(10):
+        journal.record(rec(clock, 5.0, outcome="timeout"))
+    journal.flush()
+    journal.refresh_learned()
+    assert journal.learned_timeout("s", "t") == pytest.approx(10.0)
+    # Outside the window, nothing is learned (and it never was for other tools).
+    clock.advance(policy.learn_window_s + 1)
+    journal.refresh_learned()
+    assert journal.learned_timeout("s", "t") is None
+    assert journal.learned_timeout("s", "other") is None
+    journal.close()
+
+
+def _lognormal_tail(x: float, *, median: float, sigma: float) -> float:
+    """P(X > x) for a lognormal with this median and sigma."""
+    return 0.5 * math.erfc((math.log(x) - math.log(median)) / (sigma * math.sqrt(2)))
+
+
+def test_learned_value_clamps_and_needs_samples() -> None:
+    policy = JournalPolicy(learn_min_samples=50, learn_headroom=2.0, learn_floor_s=1.0, learn_ceiling_s=30.0)
+    assert learned_value(LearnInput(server="s", tool="t", completed=49, quantile_s=2.0), policy) is None
+    assert learned_value(LearnInput(server="s", tool="t", completed=50, quantile_s=2.0), policy) == 4.0
+    assert learned_value(LearnInput(server="s", tool="t", completed=50, quantile_s=0.1), policy) == 1.0
+    assert learned_value(LearnInput(server="s", tool="t", completed=50, quantile_s=100.0), policy) == 30.0
+    assert learned_value(LearnInput(server="s", tool="t", completed=50, quantile_s=None), policy) is None
+
+
+# ---------------------------------------------------------------------------- never blocking
+
+
+class StalledStore:
+    """A store whose writes hang until released: a dead disk, a locked database."""
+
+    location = "stalled"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.rows = 0
+
+    def open(self) -> None:
+        pass
+
+    def schema_version(self) -> int:
+        return SCHEMA_VERSION
+
+    def insert(self, records: Any) -> None:
+        self.entered.set()
+        self.release.wait(30)
+        self.rows += len(records)
+
+    def purge(self, before: float) -> int:
+        return 0
+
+    def tool_stats(self, since: float, *, server: str | None = None, tool: str | None = None) -> list[Any]:
+        return []
+
+    def learn_inputs(self, since: float, quantile: float) -> list[LearnInput]:
+        return []
+
+    def recent(self, limit: int, **kw: Any) -> list[AttemptRecord]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def test_full_queue_drops_and_counts_without_blocking() -> None:
+    store = StalledStore()
+    journal = Journal(store, policy=JournalPolicy(queue_size=1000, flush_interval_s=0.01))
+    journal.start()
+    clock = FakeClock()
+    try:
+        journal.record(rec(clock, 0.1))
+        assert store.entered.wait(5), "the writer never started writing"
+        # The writer is now stuck inside insert(): everything from here on waits in the queue or is dropped.
+        records = [rec(clock, 0.1) for _ in range(20_000)]
+        costs = []
+        for r in records:
+            t0 = time.perf_counter()
+            journal.record(r)
+            costs.append(time.perf_counter() - t0)
+        assert journal.queued == 1000
+        assert journal.dropped == 19_000
+        mean_us = statistics.fmean(costs) * 1e6
+        worst_ms = max(costs) * 1e3
+        # A few hundred ns on this machine; generous bounds because other work shares the CPUs.
+        assert mean_us < 20, f"record() took {mean_us:.1f} us on average with the writer stalled"
+        assert worst_ms < 50, f"one record() took {worst_ms:.1f} ms"
+        store.release.set()
+        assert journal.flush(10)
+        assert store.rows == 1001
+        assert journal.counters() | {"location": None} == {
+            "location": None,
+            "recorded": 1001,
+            "dropped": 19_000,
+            "written": 1001,
+            "failed": 0,
+            "purged": 0,
+            "queued": 0,
+            "last_error": None,
+        }
+    finally:
+        store.release.set()
+        journal.close()
+
+
+def test_a_locked_sqlite_file_costs_rows_not_latency(tmp_path: Path) -> None:
+    """A real SQLite journal whose file another process holds locked: calls go on at full speed."""
+    db = tmp_path / "journal.sqlite3"
+    store = SQLiteJournalStore(db)
+    store.open()
+    store.close()
+    blocker = sqlite3.connect(db, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    journal = Journal(SQLiteJournalStore(db), policy=JournalPolicy(queue_size=500, flush_interval_s=0.01))
+    journal.start()
+    clock = FakeClock()
+    try:
+        t0 = time.perf_counter()
+        for _ in range(5000):
+            journal.record(rec(clock, 0.1))
+        elapsed = time.perf_counter() - t0
+        assert elapsed < 0.2, f"5000 record() calls took {elapsed * 1000:.0f} ms against a locked file"
+        assert journal.dropped >= 4000
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        assert journal.flush(40)
+        written = journal.counters()["written"]
+        assert written + journal.dropped == 5000
+        assert sum(s.calls for s in journal.stats(3600)) == written
+    finally:
+        journal.close()
+
+
+def test_an_unreachable_store_is_counted_not_raised(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    journal = Journal(SQLiteJournalStore(blocked / "journal.sqlite3"))
+    assert journal.record(rec(FakeClock(), 0.1))
+    journal.flush()
+    assert journal.last_error is not None and journal.last_error.startswith("open:")
+    journal.close()
+    assert journal.counters()["failed"] == 1
+    assert journal.learned_timeout("s", "t") is None
+
+
+# ---------------------------------------------------------------------------- adaptation, measured
+
+
+def simulate(
+    journal: Journal, clock: FakeClock, latency: Latency, rng: random.Random, calls: int, default_s: float
+) -> tuple[int, int]:
+    """Closed loop: each call waits at most the timeout in force (learned, else `default_s`); a call
+    longer than that is recorded as a timeout at that time. Returns (false timeouts, calls decided by
+    a learned timeout)."""
+    false = judged = 0
+    for i in range(calls):
+        learned = journal.learned_timeout("s", "t")
+        timeout = learned if learned is not None else default_s
+        d = latency.draw(rng)
+        if d > timeout:
+            journal.record(rec(clock, timeout, outcome="timeout"))
+        else:
+            journal.record(rec(clock, d))
+        if learned is not None:
+            judged += 1
+            false += d > timeout
+        clock.advance(1.0)
+        if i % 100 == 99:
+            journal.flush()  # runs the writer's maintenance: a refresh every learn_refresh_s
+    return false, judged
+
+
+def test_learned_timeouts_converge_and_adapt_with_few_false_timeouts(tmp_path: Path) -> None:
+    clock = FakeClock()
+    policy = JournalPolicy(learn_floor_s=0.01, learn_refresh_s=100)
+    journal = Journal(SQLiteJournalStore(tmp_path / "j.sqlite3"), clock=clock, policy=policy)
+    rng = random.Random(99)
+    false, judged = simulate(journal, clock, Latency.parse("lognormal(0.2,0.5)"), rng, 4000, default_s=5.0)
+    assert judged >= 3800
+    assert false / judged <= 0.001
+    before = journal.learned_timeout("s", "t")
+    assert before is not None and 0.5 < before < 2.5
+    # The tool turns 5x slower: the old timeout cuts calls, which raises the quantile, until it fits again.
+    slow = Latency.parse("lognormal(1.0,0.5)")
+    simulate(journal, clock, slow, rng, 1500, default_s=5.0)
+    after = journal.learned_timeout("s", "t")
+    assert after is not None and after > 3 * before
+    false, judged = simulate(journal, clock, slow, rng, 4000, default_s=5.0)
+    assert false / judged <= 0.001, f"{false} false timeouts in {judged} calls"
+    journal.close()
+
+
+# ---------------------------------------------------------------------------- a thin real path
+
+
+class JournaledClient:
+    """Records each `call_tool` of a real `mcp.Client` as the gate will: one attempt per call."""
+
+    def __init__(self, client: Client, journal: Journal, server: str) -> None:
+        self.client, self.journal, self.server = client, journal, server
+
+    async def call(self, tool: str, arguments: dict[str, Any], timeout: float) -> Any:
+        started, t0 = time.time(), time.monotonic()
+        result, code = None, None
+        try:
+            with anyio.fail_after(timeout):
+                result = await self.client.call_tool(tool, arguments)
+            code = ErrorCode.TOOL_ERROR if result.is_error else None
+        except TimeoutError:
+            code = ErrorCode.TIMEOUT
+        self.journal.record(
+            AttemptRecord(
+                server=self.server,
+                tool=tool,
+                call_id=new_call_id(),
+                attempt=1,
+                started_at=started,
+                duration_s=time.monotonic() - t0,
+                outcome=outcome_of(code),
+                error_code=None if code is None else code.value,
+                client="pytest",
+            )
+        )
+        return result
+
+
+@pytest.mark.anyio
+async def test_real_calls_against_the_testserver_land_in_stats(tmp_path: Path) -> None:
+    journal = Journal(SQLiteJournalStore(tmp_path / "j.sqlite3"), policy=JournalPolicy(flush_interval_s=0.05))
+    journal.start()
+    flags = ("--tool", "work:latency=lognormal(0.03,0.4),readonly", "--tool", "bad:error=1", "--tool", "slow:latency=3")
+    server_latencies = []
+    try:
+        async with Client(stdio_params(*flags), mode="legacy", read_timeout_seconds=10) as client:
+            jc = JournaledClient(client, journal, "ts")
+            for _ in range(40):
+                result = await jc.call("work", {}, timeout=5)
+                server_latencies.append(result.structured_content["latency_s"])
+            for _ in range(3):
+                await jc.call("bad", {}, timeout=5)
+            await jc.call("slow", {}, timeout=0.3)
+        assert await anyio.to_thread.run_sync(journal.flush)
+        stats = {s.tool: s for s in journal.stats(600)}
+    finally:
+        journal.close()
+    work = stats["work"]
+    assert (work.calls, work.succeeded, work.timeouts) == (40, 40, 0)
+    # The journal times the whole round trip: never shorter than the server's own latency, and close to it.
+    server_p50 = percentile(sorted(server_latencies), 0.5)
+    assert server_p50 is not None and work.p50_s is not None and work.p99_s is not None
+    # Each call's round trip is at least its server-side latency, so every order statistic is too.
+    assert server_p50 <= work.p50_s <= server_p50 + 0.1
+    assert work.p99_s >= (percentile(sorted(server_latencies), 0.99) or 0)
+    assert (stats["bad"].calls, stats["bad"].succeeded, stats["bad"].attempts) == (3, 0, 3)
+    assert (stats["slow"].timeouts, stats["slow"].timeout_rate) == (1, 1.0)
+    failures = journal.store.recent(10, failures_only=True)
+    assert sorted(r.outcome for r in failures) == ["timeout", "tool_error", "tool_error", "tool_error"]
+    assert {r.client for r in failures} == {"pytest"}
+    journal.store.close()
+
+
+# ---------------------------------------------------------------------------- config, construction, CLI
+
+
+def test_journal_section_in_toml_and_environment(tmp_path: Path) -> None:
+    toml = tmp_path / "breakwater.toml"
+    toml.write_text(
+        '[journal]\nurl = "postgresql://bw@db.internal/journal"\nretention_days = 3\nlearn_min_samples = 200\n'
+        '[servers.a]\ncommand = "true"\n'
+    )
+    config = load_config(toml, environ={"BREAKWATER_JOURNAL_LEARN_HEADROOM": "3"})
+    assert config.journal.url.startswith("postgresql://")
+    assert (config.journal.retention_days, config.journal.learn_min_samples, config.journal.learn_headroom) == (3, 200, 3)
+    assert isinstance(open_store(config.journal.url), PostgresJournalStore)
+    toml.write_text('[journal]\nretention_dayz = 3\n[servers.a]\ncommand = "true"\n')
+    with pytest.raises(ConfigError, match="retention_days"):
+        load_config(toml)
+    json_file = tmp_path / ".mcp.json"
+    json_file.write_text('{"mcpServers": {}}')
+    assert load_config(json_file, environ={"BREAKWATER_JOURNAL": "off"}).journal.url == "off"
+
+
+def test_urls_name_stores() -> None:
+    assert open_store("off") is None
+    default = open_store("")
+    assert isinstance(default, SQLiteJournalStore) and default.path.name == "journal.sqlite3"
+    assert isinstance(open_store("sqlite:////tmp/x.db"), SQLiteJournalStore)
+    assert str(open_store("sqlite:////tmp/x.db").path) == "/tmp/x.db"  # type: ignore[union-attr]
+    assert str(open_store("~/j.db").path).startswith(str(Path.home()))  # type: ignore[union-attr]
+    pg = open_store("postgresql://bw:s3cret@db.internal:5433/journal?sslmode=require")
+    assert isinstance(pg, PostgresJournalStore) and "s3cret" not in pg.location and "db.internal" in pg.location
+    with pytest.raises(JournalError, match="unknown journal URL scheme"):
+        open_store("mysql://x")
+    assert [parse_duration(x) for x in ("90", "90s", "15m", "1h", "2d", "250ms")] == [90, 90, 900, 3600, 172800, 0.25]
+    with pytest.raises(ValueError):
+        parse_duration("-1h")
+
+
+@pytest.mark.anyio
+async def test_breakwater_builds_the_configured_journal(tmp_path: Path) -> None:
+    db = tmp_path / "bw-journal.sqlite3"
+    toml = tmp_path / "breakwater.toml"
+    toml.write_text(f'[journal]\nurl = "{db}"\n[servers.a]\ncommand = "true"\nenabled = false\n')
+    bw = Breakwater(load_config(toml), admission_dir=tmp_path / "adm")
+    assert bw.journal is not None and bw.journal.store.location == str(db)
+    # The gate consults the journal's cache between per-server config and the default.
+    assert bw.gate._learned == bw.journal.learned_timeout
+    async with bw:
+        assert bw.journal.record(rec(FakeClock(), 0.1))
+    assert db.exists() and bw.journal.counters()["written"] == 1
+    off = Breakwater(load_config(toml), admission_dir=tmp_path / "adm", journal=None)
+    assert off.journal is None
+
+
+def test_stats_cli_reads_a_journal(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no config here: stats needs none
+    monkeypatch.setenv("COLUMNS", "160")
+    db = tmp_path / "j.sqlite3"
+    journal = Journal(SQLiteJournalStore(db))
+    now = time.time()
+    for i in range(1, 101):
+        journal.record(
+            AttemptRecord(
+                server="a", tool="q", call_id=f"c{i}", attempt=1, started_at=now, duration_s=i / 100, outcome="completed"
+            )
+        )
+    journal.record(AttemptRecord(server="a", tool="q", call_id="x", attempt=1, started_at=now, duration_s=5.0, outcome="timeout"))
+    journal.record(
+        AttemptRecord(server="b", tool="w", call_id="y", attempt=1, started_at=now - 7200, duration_s=1, outcome="completed")
+    )
+    journal.close()
+    assert cli_main(["stats", "--journal", str(db), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [(t["server"], t["tool"]) for t in out["tools"]] == [("a", "q")]
+    q = out["tools"][0]
+    assert (q["calls"], q["timeouts"], q["p50_s"], q["p95_s"], q["p99_s"]) == (101, 1, 0.5, 0.95, 0.99)
+    assert q["learned_timeout_s"] == pytest.approx(10.0)  # p99.9 is the 5 s timeout, times 2
+    assert cli_main(["stats", "--journal", str(db), "--since", "3h", "--server", "b", "--json"]) == 0
+    assert [t["tool"] for t in json.loads(capsys.readouterr().out)["tools"]] == ["w"]
+    assert cli_main(["stats", "--journal", str(db), "--since", "3h"]) == 0
+    table = capsys.readouterr().out
+    assert "q" in table and "w" in table and "500 ms" in table
+    assert cli_main(["stats", "--journal", str(tmp_path / "none.sqlite3")]) == 0
+    assert "no calls recorded" in capsys.readouterr().out
+    assert not (tmp_path / "none.sqlite3").exists()
+    assert cli_main(["stats", "--journal", "off"]) == 2
+    with pytest.raises(SystemExit):
+        cli_main(["stats", "--since", "soon"])
+
+
+def test_stats_cli_reads_postgresql(pg_conninfo: str, pg_schema: str, capsys: pytest.CaptureFixture[str]) -> None:
+    journal = Journal(PostgresJournalStore(pg_conninfo, schema=pg_schema))
+    now = time.time()
+    for i in range(1, 21):
+        journal.record(
+            AttemptRecord(
+                server="a", tool="q", call_id=f"c{i}", attempt=1, started_at=now, duration_s=i / 10, outcome="completed"
+            )
+        )
+    journal.close()
+    assert cli_main(["stats", "--journal", f"{pg_conninfo} options=-csearch_path={pg_schema}", "--json"]) == 0
+    q = json.loads(capsys.readouterr().out)["tools"][0]
+    assert (q["calls"], q["p50_s"], q["p95_s"]) == (20, 1.0, 1.9)
