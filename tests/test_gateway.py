@@ -321,3 +321,24 @@ def test_tools_command_gives_the_search_answer(tmp_path: Path, env: dict[str, st
     assert answer["complete"] is False
     assert [s["server"] for s in answer["not_searched"]] == ["gone"]
     assert answer["not_searched"][0]["error"]["code"] == "spawn_failed"
+
+
+async def test_downstream_operation_id_reaches_the_upstream(tmp_path: Path, env: dict[str, str]) -> None:
+    """An agent that sends `_meta["io.breakwater/operationId"]` gets that same id upstream, on every re-send."""
+    from breakwater.testserver import read_ledger
+
+    ledger = tmp_path / "ledger.jsonl"
+    config = write_config(
+        tmp_path, {"shop": stdio_entry("--ledger", str(ledger), "--tool", "order:latency=0,mutating,idempotent")}
+    )
+    async with gateway_stdio(config, env) as client:
+        await wait_ready(client, 1)
+        meta = cast(RequestParamsMeta, {"io.breakwater/operationId": "agent-op-42"})
+        for _ in range(2):
+            result = await client.call_tool("shop__order", {"payload": "x"}, meta=meta)
+            assert not result.is_error
+        fresh = await client.call_tool("shop__order", {"payload": "y"})
+        assert not fresh.is_error
+    ids = [row["operation_id"] for row in read_ledger(ledger)]
+    assert ids[:2] == ["agent-op-42", "agent-op-42"]
+    assert ids[2] not in (None, "agent-op-42")

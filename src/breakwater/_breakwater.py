@@ -179,6 +179,7 @@ class Breakwater:
         timeout: float | None = None,
         progress_callback: ProgressCallback | None = None,
         raise_on_error: bool = False,
+        operation_id: str | None = None,
     ) -> types.CallToolResult:
         """Call `tool` on `server` through the call gate; see the README's "Calls and errors".
 
@@ -188,10 +189,13 @@ class Breakwater:
         set: then it is raised as the `CallError` subclass for its code. `timeout` overrides the
         resolved per-attempt timeout for this call; `progress_callback` receives the tool's
         progress notifications. Cancelling the caller cancels the call upstream and is re-raised.
+        `operation_id` names the logical call (pass the same one when re-sending a call that may
+        have run); by default each call gets a fresh one.
         """
-        if raise_on_error:
-            return await self._gate.call_or_raise(server, tool, arguments, timeout=timeout, progress_callback=progress_callback)
-        return await self._gate.call(server, tool, arguments, timeout=timeout, progress_callback=progress_callback)
+        call = self._gate.call_or_raise if raise_on_error else self._gate.call
+        return await call(
+            server, tool, arguments, timeout=timeout, progress_callback=progress_callback, operation_id=operation_id
+        )
 
     def budget(self, seconds: float | None = None, *, deadline: float | None = None, enforce: bool = False) -> TurnBudgetScope:
         """A whole-turn budget: `async with bw.budget(seconds=60):` bounds every call inside it.

@@ -178,10 +178,13 @@ class CallGate:
         *,
         timeout: float | None = None,
         progress_callback: ProgressCallback | None = None,
+        operation_id: str | None = None,
     ) -> types.CallToolResult:
         """One logical call; every failure comes back as an `isError` envelope."""
         try:
-            return await self.call_or_raise(server, tool, arguments, timeout=timeout, progress_callback=progress_callback)
+            return await self.call_or_raise(
+                server, tool, arguments, timeout=timeout, progress_callback=progress_callback, operation_id=operation_id
+            )
         except CallError as err:
             return error_result(err)
 
@@ -193,8 +196,13 @@ class CallGate:
         *,
         timeout: float | None = None,
         progress_callback: ProgressCallback | None = None,
+        operation_id: str | None = None,
     ) -> types.CallToolResult:
-        """One logical call; every failure is raised as its `CallError` subclass."""
+        """One logical call; every failure is raised as its `CallError` subclass.
+
+        `operation_id` is the caller's own id for this logical call (a downstream agent re-sending a
+        call passes the same one); without it the gate makes one.
+        """
         srv = self._servers.get(server)
         if srv is None:
             raise UnknownToolError(
@@ -213,7 +221,7 @@ class CallGate:
                 tool=tool,
                 detail={"tools": sorted(srv.tools)[:_MAX_LISTED_TOOLS]},
             )
-        return await self._run(srv, info, dict(arguments or {}), timeout, progress_callback)
+        return await self._run(srv, info, dict(arguments or {}), timeout, progress_callback, operation_id)
 
     def breaker_snapshots(self) -> list[BreakerSnapshot]:
         """Every breaker created so far (servers and tools), by name."""
@@ -314,11 +322,12 @@ class CallGate:
         arguments: dict[str, Any],
         timeout: float | None,
         progress_callback: ProgressCallback | None,
+        operation_id: str | None = None,
     ) -> types.CallToolResult:
         op_id: str | None = None
         meta: types.RequestParamsMeta | None = None
         if info.retry_class is not RetryClass.SAFE:
-            given = arguments.get(OPERATION_ID_ARGUMENT)
+            given = operation_id or arguments.get(OPERATION_ID_ARGUMENT)
             # A caller's own idempotency key is the operation; otherwise one id for every attempt.
             op_id = given if isinstance(given, str) and given else uuid.uuid4().hex
             # An open TypedDict (extra_items=Any): vendor keys are allowed, mypy cannot see that.

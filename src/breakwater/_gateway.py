@@ -9,6 +9,7 @@ the next retry) — never "no such tool" for a server that is merely down.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -39,6 +40,7 @@ __all__ = ["DEADLINE_META_KEY", "Gateway", "GatewayPolicy", "SearchAnswer"]
 logger = logging.getLogger("breakwater.gateway")
 
 DEADLINE_META_KEY = "io.breakwater/deadlineMs"
+OPERATION_ID_META_KEY = "io.breakwater/operationId"
 SEARCH_LIMIT = 10
 PROGRESS_DRAIN_CHECKPOINTS = 3
 NOT_READY = (ServerState.PENDING, ServerState.CONNECTING, ServerState.RETRYING, ServerState.FAILED)
@@ -318,14 +320,19 @@ class Gateway:
             if not finished:
                 await ctx.session.report_progress(progress, total, message)
 
-        meta = ctx.meta or {}
-        deadline_ms = meta.get(DEADLINE_META_KEY) if isinstance(meta, Mapping) else None
+        meta = ctx.meta if isinstance(ctx.meta, Mapping) else {}
+        deadline_ms = meta.get(DEADLINE_META_KEY)
+        # An agent that re-sends a call with its own operation id gets the same operation upstream.
+        given = meta.get(OPERATION_ID_META_KEY)
+        operation_id = given if isinstance(given, str) and given else None
+        budget: Any = contextlib.nullcontext()
+        if isinstance(deadline_ms, int | float) and not isinstance(deadline_ms, bool) and deadline_ms >= 0:
+            budget = self.bw.budget(seconds=deadline_ms / 1000)
         try:
-            if isinstance(deadline_ms, int | float) and not isinstance(deadline_ms, bool) and deadline_ms >= 0:
-                async with self.bw.budget(seconds=deadline_ms / 1000):
-                    result = await self.bw.call_tool(server, tool, arguments, progress_callback=relay_progress)
-            else:
-                result = await self.bw.call_tool(server, tool, arguments, progress_callback=relay_progress)
+            async with budget:
+                result = await self.bw.call_tool(
+                    server, tool, arguments, progress_callback=relay_progress, operation_id=operation_id
+                )
             # The SDK hands each progress notification to the callback in a task of its own; let the
             # ones already queued reach the caller before the result does.
             for _ in range(PROGRESS_DRAIN_CHECKPOINTS):
@@ -388,7 +395,10 @@ class Gateway:
 
     async def _status_tool(self, ctx: ServerRequestContext[Any], arguments: Mapping[str, Any]) -> types.CallToolResult:
         self.entries()
-        report = self.bw.status().to_json() | {"drift": {server: tools for server, tools in self.drift.items()}}
+        report = self.bw.status().to_json() | {
+            "drift": {server: tools for server, tools in self.drift.items()},
+            "state_store": self.bw.state_store_status(),
+        }
         return _text_result(json.dumps(report, indent=2), report)
 
 
