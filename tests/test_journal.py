@@ -217,26 +217,30 @@ def test_stats_percentiles_and_rates_against_a_known_sample(make_store: StoreFac
         journal.record(rec(clock, 0.2, outcome="outcome_unknown", error_code="OUTCOME_UNKNOWN"))
     for _ in range(4):
         journal.record(rec(clock, 0.0, outcome="circuit_open", error_code="CIRCUIT_OPEN"))
+    # One call whose answer was lost, then settled by get_operation: a success, one attempt, no retry.
+    lost = new_call_id()
+    journal.record(rec(clock, 5.0, outcome="timeout", call_id=lost, error_code="TIMEOUT"))
+    journal.record(rec(clock, 0.05, outcome="reconciled", call_id=lost, attempt=2))
     journal.record(rec(clock, 0.3, tool="other"))
     journal.flush()
     stats = journal.stats(3600)
     assert [(s.server, s.tool) for s in stats] == [("s", "other"), ("s", "t")]
     t = stats[1]
-    assert t.calls == 1000 + 20 + 5 + 3 + 4
-    assert t.succeeded == 900 + 20
-    assert t.attempts == 1000 + 40 + 5 + 3
+    assert t.calls == 1000 + 20 + 5 + 3 + 4 + 1
+    assert t.succeeded == 900 + 20 + 1
+    assert t.attempts == 1000 + 40 + 5 + 3 + 1
     assert t.refused == 4
-    assert t.timeouts == 25
+    assert t.timeouts == 26
     assert t.outcome_unknown == 3
     assert t.breaker_opens == 5
     # Answered attempts: the 1000 known values plus twenty 0.5 s retries.
     values = sorted([*answered, *[0.5] * 20])
     assert (t.p50_s, t.p95_s, t.p99_s) == (percentile(values, 0.5), percentile(values, 0.95), percentile(values, 0.99))
     assert (t.p50_s, t.p95_s, t.p99_s) == (0.5, 0.949, 0.99)
-    assert t.success_rate == pytest.approx(920 / 1032)
-    assert t.timeout_rate == pytest.approx(25 / 1048)
+    assert t.success_rate == pytest.approx(921 / 1033)
+    assert t.timeout_rate == pytest.approx(26 / 1049)
     assert t.retries == 20
-    assert t.retries_per_call == pytest.approx(20 / 1032)
+    assert t.retries_per_call == pytest.approx(20 / 1033)
     assert journal.stats(3600, tool="other")[0].calls == 1
     assert journal.stats(3600, server="nope") == []
     clock.advance(3601)

@@ -54,6 +54,7 @@ __all__ = [
     "ANSWERED_OUTCOMES",
     "DOWNSTREAM_CLIENT",
     "JOURNAL_DB_ENV",
+    "RECONCILED",
     "REFUSAL_OUTCOMES",
     "SCHEMA_VERSION",
     "TRACE_ID",
@@ -102,6 +103,9 @@ REFUSAL_OUTCOMES = (
     "tool_changed",
     "invalid_arguments",
 )
+#: A call settled by asking the server what became of its operation (`get_operation` answered
+#: `completed`): a success, but not an attempt of the tool.
+RECONCILED = "reconciled"
 # What a learned timeout is computed from: answers, plus timeouts at the time they were cut (a
 # censored sample is at least that long; leaving it out would teach the gate ever shorter timeouts).
 _LEARN_OUTCOMES = (*ANSWERED_OUTCOMES, "timeout")
@@ -202,6 +206,11 @@ def arguments_digest(arguments: Mapping[str, Any] | None) -> tuple[int, str]:
 class AttemptObserver(Protocol):
     """What the call gate hands every attempt to. `record()` must be cheap and never block or raise."""
 
+    @property
+    def record_sizes(self) -> bool:
+        """Whether the gate should fill in argument/result sizes and the argument hash (costs a JSON dump)."""
+        ...
+
     def record(self, record: AttemptRecord) -> bool:
         """Take one attempt; False if it was dropped."""
         ...
@@ -231,7 +240,7 @@ class ToolStats:
     tool: str
     #: Logical calls (rows with attempt 1).
     calls: int
-    #: Calls with a completed attempt.
+    #: Calls with a completed attempt (or settled as completed by reconciliation).
     succeeded: int
     #: Attempts sent upstream (refusals excluded).
     attempts: int
@@ -379,15 +388,16 @@ def _stats_sql(table: str, where: str, percentiles: str) -> str:
     # refused) and successes as completed rows (a call completes at most once): COUNT(DISTINCT
     # call_id) would cost a temporary B-tree per group, several times the whole scan.
     refusals = ", ".join(f"'{o}'" for o in REFUSAL_OUTCOMES)
+    unsent = ", ".join(f"'{o}'" for o in (*REFUSAL_OUTCOMES, RECONCILED))
     return f"""SELECT server, tool,
-            SUM(CASE WHEN attempt = 1 THEN 1 ELSE 0 END),
-            SUM(CASE WHEN outcome = 'completed' THEN 1 ELSE 0 END),
-            SUM(CASE WHEN outcome NOT IN ({refusals}) THEN 1 ELSE 0 END),
+            SUM(CASE WHEN attempt = 1 AND outcome <> '{RECONCILED}' THEN 1 ELSE 0 END),
+            SUM(CASE WHEN outcome IN ('completed', '{RECONCILED}') THEN 1 ELSE 0 END),
+            SUM(CASE WHEN outcome NOT IN ({unsent}) THEN 1 ELSE 0 END),
             SUM(CASE WHEN outcome IN ({refusals}) THEN 1 ELSE 0 END),
             SUM(CASE WHEN outcome = 'timeout' THEN 1 ELSE 0 END),
             SUM(CASE WHEN outcome = 'outcome_unknown' THEN 1 ELSE 0 END),
             SUM(CASE WHEN breaker_opened THEN 1 ELSE 0 END),
-            SUM(CASE WHEN attempt > 1 AND outcome NOT IN ({refusals}) THEN 1 ELSE 0 END){percentiles}
+            SUM(CASE WHEN attempt > 1 AND outcome NOT IN ({unsent}) THEN 1 ELSE 0 END){percentiles}
         FROM {table} WHERE {where} GROUP BY server, tool ORDER BY server, tool"""
 
 
@@ -897,6 +907,11 @@ class Journal:
     def learned_timeouts(self) -> dict[tuple[str, str], float]:
         """Every learned timeout in force, by (server, tool)."""
         return dict(self._learned)
+
+    @property
+    def record_sizes(self) -> bool:
+        """`[journal] record_sizes`: the gate fills in sizes and the argument hash only when set."""
+        return self.policy.record_sizes
 
     @property
     def queued(self) -> int:
