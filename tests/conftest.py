@@ -1,7 +1,77 @@
+"""Fixtures shared by the whole suite: the asyncio backend, no writes to the user's journal, PostgreSQL."""
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+
+POSTGRES_CANDIDATES = [
+    os.environ.get("BREAKWATER_TEST_POSTGRES", ""),
+    "host=127.0.0.1 port=5432 dbname=test user=postgres connect_timeout=3",
+    "host=127.0.0.1 port=5432 dbname=test user=root connect_timeout=3",
+]
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     """Run `@pytest.mark.anyio` tests on asyncio only: uvicorn and the SDK's HTTP server need it."""
     return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def _stray_journal_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("stray-journal")
+
+
+@pytest.fixture(autouse=True)
+def _no_user_journal(monkeypatch: pytest.MonkeyPatch, _stray_journal_dir: Path) -> None:
+    """Tests never write to the user's real call journal.
+
+    `BREAKWATER_JOURNAL=off` turns it off wherever the environment is read (`load_config`, and every
+    `breakwater` subprocess, which inherits it); a `Config()` built in code ignores the environment,
+    so its default SQLite file is moved to a temporary directory as well. A test that wants a journal
+    sets its own.
+    """
+    monkeypatch.setenv("BREAKWATER_JOURNAL", "off")
+    monkeypatch.setenv("BREAKWATER_JOURNAL_DB", str(_stray_journal_dir / "journal.sqlite3"))
+
+
+def _find_postgres() -> tuple[str | None, str]:
+    try:
+        import psycopg
+    except ImportError as exc:
+        return None, f"psycopg is not installed ({exc})"
+    errors = []
+    for conninfo in filter(None, POSTGRES_CANDIDATES):
+        try:
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                conn.execute("SELECT 1")
+            return conninfo, ""
+        except Exception as exc:
+            errors.append(f"{conninfo!r}: {exc}".strip())
+    return None, "; ".join(errors)
+
+
+@pytest.fixture(scope="session")
+def pg_conninfo() -> str:
+    """A reachable PostgreSQL (127.0.0.1:5432, database `test`), or skip — but fail under CI=true."""
+    conninfo, why = _find_postgres()
+    if conninfo is None:
+        message = f"PostgreSQL on 127.0.0.1:5432 (database 'test') is unreachable: {why}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message + " — CI=true requires it")
+        pytest.skip(message)
+    return conninfo
+
+
+@pytest.fixture
+def pg_schema(pg_conninfo: str) -> Iterator[str]:
+    """A fresh schema for one test, dropped afterwards."""
+    import psycopg
+
+    schema = f"bw_test_{uuid.uuid4().hex[:10]}"
+    yield schema
+    with psycopg.connect(pg_conninfo, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

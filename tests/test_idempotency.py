@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -42,52 +42,7 @@ pytestmark = pytest.mark.anyio
 
 LEASE = 30.0
 
-# ---------------------------------------------------------------------------- PostgreSQL plumbing
-
-_PG_CANDIDATES = [
-    os.environ.get("BREAKWATER_TEST_POSTGRES", ""),
-    "host=127.0.0.1 port=5432 dbname=test user=postgres connect_timeout=3",
-    "host=127.0.0.1 port=5432 dbname=test user=root connect_timeout=3",
-]
-
-
-def _find_postgres() -> tuple[str | None, str]:
-    try:
-        import psycopg
-    except ImportError as exc:
-        return None, f"psycopg is not installed ({exc})"
-    errors = []
-    for conninfo in filter(None, _PG_CANDIDATES):
-        try:
-            with psycopg.connect(conninfo, autocommit=True) as conn:
-                conn.execute("SELECT 1")
-            return conninfo, ""
-        except Exception as exc:
-            errors.append(f"{conninfo!r}: {exc}".strip())
-    return None, "; ".join(errors)
-
-
-@pytest.fixture(scope="session")
-def pg_conninfo() -> str:
-    """A reachable PostgreSQL, or skip (fail under CI=true)."""
-    conninfo, why = _find_postgres()
-    if conninfo is None:
-        message = f"PostgreSQL on 127.0.0.1:5432 (database 'test') is unreachable: {why}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message + " — CI=true requires it")
-        pytest.skip(message)
-    return conninfo
-
-
-@pytest.fixture
-def pg_schema(pg_conninfo: str) -> Iterator[str]:
-    """A fresh schema for one test, dropped afterwards."""
-    import psycopg
-
-    schema = f"bw_test_{uuid.uuid4().hex[:10]}"
-    yield schema
-    with psycopg.connect(pg_conninfo, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+# PostgreSQL: the `pg_conninfo` and `pg_schema` fixtures are in conftest.py.
 
 
 StoreFactory = Callable[..., OperationStore]

@@ -8,13 +8,12 @@ Side effects are counted in the example's own files: `orders.jsonl` (one line pe
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, cast
@@ -30,44 +29,6 @@ pytestmark = pytest.mark.anyio
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "orders_server.py"
 ORDER = {"customer": "ann", "item": "espresso", "quantity": 2}
-
-_PG_CANDIDATES = [
-    os.environ.get("BREAKWATER_TEST_POSTGRES", ""),
-    "host=127.0.0.1 port=5432 dbname=test user=postgres connect_timeout=3",
-    "host=127.0.0.1 port=5432 dbname=test user=root connect_timeout=3",
-]
-
-
-@pytest.fixture(scope="session")
-def pg_conninfo() -> str:
-    """A reachable PostgreSQL, or skip (fail under CI=true)."""
-    errors = []
-    try:
-        import psycopg
-    except ImportError as exc:
-        errors.append(f"psycopg is not installed ({exc})")
-    else:
-        for conninfo in filter(None, _PG_CANDIDATES):
-            try:
-                with psycopg.connect(conninfo, autocommit=True) as conn:
-                    conn.execute("SELECT 1")
-                return conninfo
-            except Exception as exc:
-                errors.append(f"{conninfo!r}: {exc}")
-    message = "PostgreSQL on 127.0.0.1:5432 (database 'test') is unreachable: " + "; ".join(errors)
-    if os.environ.get("CI") == "true":
-        pytest.fail(message + " — CI=true requires it")
-    pytest.skip(message)
-
-
-@pytest.fixture
-def pg_schema(pg_conninfo: str) -> Iterator[str]:
-    import psycopg
-
-    schema = f"bw_test_{uuid.uuid4().hex[:10]}"
-    yield schema
-    with psycopg.connect(pg_conninfo, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def op_meta(operation_id: str) -> RequestParamsMeta:

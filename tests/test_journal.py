@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import sqlite3
 import statistics
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -48,52 +46,7 @@ from breakwater.config import JournalPolicy, load_config
 from breakwater.errors import ConfigError, ErrorCode
 from breakwater.testserver import Latency, stdio_params
 
-# ---------------------------------------------------------------------------- PostgreSQL plumbing
-
-_PG_CANDIDATES = [
-    os.environ.get("BREAKWATER_TEST_POSTGRES", ""),
-    "host=127.0.0.1 port=5432 dbname=test user=postgres connect_timeout=3",
-    "host=127.0.0.1 port=5432 dbname=test user=root connect_timeout=3",
-]
-
-
-def _find_postgres() -> tuple[str | None, str]:
-    try:
-        import psycopg
-    except ImportError as exc:
-        return None, f"psycopg is not installed ({exc})"
-    errors = []
-    for conninfo in filter(None, _PG_CANDIDATES):
-        try:
-            with psycopg.connect(conninfo, autocommit=True) as conn:
-                conn.execute("SELECT 1")
-            return conninfo, ""
-        except Exception as exc:
-            errors.append(f"{conninfo!r}: {exc}".strip())
-    return None, "; ".join(errors)
-
-
-@pytest.fixture(scope="session")
-def pg_conninfo() -> str:
-    """A reachable PostgreSQL, or skip (fail under CI=true)."""
-    conninfo, why = _find_postgres()
-    if conninfo is None:
-        message = f"PostgreSQL on 127.0.0.1:5432 (database 'test') is unreachable: {why}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message + " — CI=true requires it")
-        pytest.skip(message)
-    return conninfo
-
-
-@pytest.fixture
-def pg_schema(pg_conninfo: str) -> Iterator[str]:
-    """A fresh schema for one test, dropped afterwards."""
-    import psycopg
-
-    schema = f"bw_journal_{uuid.uuid4().hex[:10]}"
-    yield schema
-    with psycopg.connect(pg_conninfo, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+# PostgreSQL: the `pg_conninfo` and `pg_schema` fixtures are in conftest.py.
 
 
 StoreFactory = Callable[[], JournalStore]
@@ -596,7 +549,8 @@ def test_urls_name_stores() -> None:
 
 
 @pytest.mark.anyio
-async def test_breakwater_builds_the_configured_journal(tmp_path: Path) -> None:
+async def test_breakwater_builds_the_configured_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BREAKWATER_JOURNAL")  # conftest turns journals off; this one comes from the config file
     db = tmp_path / "bw-journal.sqlite3"
     toml = tmp_path / "breakwater.toml"
     toml.write_text(f'[journal]\nurl = "{db}"\n[servers.a]\ncommand = "true"\nenabled = false\n')

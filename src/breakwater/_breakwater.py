@@ -82,7 +82,12 @@ class Breakwater:
         }
         self._tg: TaskGroup | None = None
         self._gate = CallGate(
-            self._upstreams, clock=self._clock, rng=self._rng, learned_timeout=learned_timeout, classifier=classifier
+            self._upstreams,
+            clock=self._clock,
+            rng=self._rng,
+            learned_timeout=learned_timeout,
+            classifier=classifier,
+            observer=self.journal,
         )
         #: Where breaker and retry-budget state lives (`[state]`); in-process by default.
         self.state_store: StateStore = state_store or open_store(config.state, clock=self._clock, rng=self._rng)

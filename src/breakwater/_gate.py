@@ -6,8 +6,8 @@ One logical call, in order:
    UNKNOWN_TOOL — only asked of a ready server, whose list is known);
 2. per attempt: the turn budget must cover at least a minimal attempt (BUDGET_EXHAUSTED), the
    server breaker and the tool breaker must admit it (SERVER_CIRCUIT_OPEN, CIRCUIT_OPEN), and the
-   server's bulkhead must have a free slot (OVERLOADED). These refusals send nothing and record
-   nothing: local overload protection never feeds back into upstream health;
+   server's bulkhead must have a free slot (OVERLOADED). These refusals send nothing and teach
+   the breakers nothing: local overload protection never feeds back into upstream health;
 3. the attempt runs inside one deadline scope on the injected clock: `timeout_s`, pushed out by
    each progress notification (`idle_timeout_s`) but never past the hard cap `max_s`, and never
    past the turn budget. When the scope fires, the SDK sees its awaiting scope cancelled and sends
@@ -37,6 +37,10 @@ did not come from the caller is reported as CANCELLED, also without a retry.
 No task is spawned per call and nothing touches disk or the network besides the call itself: the
 overhead is a few dictionary lookups, two breaker admissions and one cancel scope. Reconciliation
 costs nothing until an answer is lost.
+
+With an `observer` (the call journal), every attempt sent, every local refusal above and every call
+settled by reconciliation is handed to it as one `AttemptRecord` (`observer.record()` only queues
+it); without one, the journal costs one `is not None` test per attempt.
 """
 
 from __future__ import annotations
@@ -53,10 +57,20 @@ import anyio
 import mcp.types as types
 from mcp import MCPError
 
-from breakwater._breaker import BreakerRegistry, BreakerSnapshot, CircuitBreaker, Outcome, Permit, Rejection
+from breakwater._breaker import BreakerRegistry, BreakerSnapshot, BreakerState, CircuitBreaker, Outcome, Permit, Rejection
 from breakwater._classify import IN_PROGRESS_REASON, Classifier, RetryClass, Verdict, classify, retry_class_for
 from breakwater._clock import Clock
 from breakwater._envelope import error_result
+from breakwater._journal import (
+    DOWNSTREAM_CLIENT,
+    RECONCILED,
+    TRACE_ID,
+    AttemptObserver,
+    AttemptRecord,
+    arguments_digest,
+    new_call_id,
+    outcome_of,
+)
 from breakwater._retry_budget import RetryBudget, RetryBudgetSnapshot
 from breakwater._turn_budget import TurnBudget, current_budget
 from breakwater._upstream import Upstream
@@ -133,6 +147,21 @@ class _Tool:
     breaker: CircuitBreaker
 
 
+@dataclass(slots=True)
+class _Journaled:
+    """One logical call as the journal records it; made only when the gate has an observer."""
+
+    call_id: str
+    trace_id: str
+    client: str | None
+    operation_id: str | None
+    #: Opt-in (`observer.record_sizes`): the arguments' JSON size and hash, once per call.
+    arguments_size: int | None
+    arguments_hash: str | None
+    #: Attempts sent so far, re-sends included (the number of the latest one).
+    sent: int = 0
+
+
 class _Server:
     """The gate's per-server state: breaker, retry budget, bulkhead count and the resolved tools."""
 
@@ -159,11 +188,14 @@ class CallGate:
         rng: random.Random,
         learned_timeout: LearnedTimeout | None = None,
         classifier: Classifier | None = None,
+        observer: AttemptObserver | None = None,
     ) -> None:
         self._clock = clock
         self._rng = rng
         self._learned = learned_timeout or _nothing_learned
         self._classifier = classifier
+        #: Where every attempt and refusal is recorded (the call journal), or None.
+        self._observer = observer
         specs = {name: u.spec for name, u in upstreams.items()}
         self.breakers = BreakerRegistry(clock=clock, rng=rng, policy_for=lambda server, _tool: specs[server].breaker)
         self._servers = {name: _Server(u, self.breakers, clock) for name, u in upstreams.items()}
@@ -334,8 +366,13 @@ class CallGate:
             meta = cast(types.RequestParamsMeta, {OPERATION_ID_META_KEY: op_id})
             if info.operation_id_argument:
                 arguments.setdefault(OPERATION_ID_ARGUMENT, op_id)
+        call: _Journaled | None = None
+        if self._observer is not None:
+            call_id = new_call_id()
+            size, digest = arguments_digest(arguments) if self._observer.record_sizes else (None, None)
+            call = _Journaled(call_id, TRACE_ID.get() or call_id, DOWNSTREAM_CLIENT.get(), op_id, size, digest)
         try:
-            return await self._attempts(srv, info, arguments, op_id, meta, timeout, progress_callback)
+            return await self._attempts(srv, info, arguments, op_id, meta, timeout, progress_callback, call)
         except CallError as err:
             # Every envelope names the operation, whichever refusal or failure ended it.
             if err.operation_id is None:
@@ -351,6 +388,7 @@ class CallGate:
         meta: types.RequestParamsMeta | None,
         timeout: float | None,
         progress_callback: ProgressCallback | None,
+        call: _Journaled | None,
     ) -> types.CallToolResult:
         timeout_s = timeout if timeout is not None else self._timeout(srv, info)
         policy, retry = info.call, info.retry
@@ -366,19 +404,22 @@ class CallGate:
             if budget is not None and not budget.can_start(needed):
                 if last is not None:
                     raise _stopped(last, "the turn budget cannot cover another attempt")
-                raise BudgetExhaustedError(
+                refusal: CallError = BudgetExhaustedError(
                     server=srv.name,
                     tool=info.name,
                     max_attempts=max_attempts,
                     operation_id=op_id,
                     detail={"budget_left_s": round(budget.remaining(), 3), "needed_s": needed},
                 )
+                if call is not None:
+                    self._observe(call, srv, info, refusal.code, attempt=call.sent + 1)
+                raise refusal
             if last is not None and window is not None and not await self._wait_ready(srv, window):
                 # The answer was lost with the connection; re-sending needs the server back first.
                 raise _stopped(last, "the server did not come back within the call's window")
             server_permit = srv.breaker.acquire(lease_s=policy.hard_s + _PROBE_LEASE_MARGIN_S)
             if isinstance(server_permit, Rejection):
-                raise ServerCircuitOpenError(
+                refusal = ServerCircuitOpenError(
                     server=srv.name,
                     tool=info.name,
                     retry_after_s=server_permit.retry_after_s,
@@ -387,10 +428,13 @@ class CallGate:
                     operation_id=op_id,
                     detail={"breaker": server_permit.state.value, "reason": server_permit.reason},
                 )
+                if call is not None:
+                    self._observe(call, srv, info, refusal.code, attempt=call.sent + 1)
+                raise refusal
             tool_permit = info.breaker.acquire(slow_threshold_s=policy.slow_call_s, lease_s=policy.hard_s + _PROBE_LEASE_MARGIN_S)
             if isinstance(tool_permit, Rejection):
                 server_permit.release()
-                raise CircuitOpenError(
+                refusal = CircuitOpenError(
                     server=srv.name,
                     tool=info.name,
                     retry_after_s=tool_permit.retry_after_s,
@@ -399,10 +443,13 @@ class CallGate:
                     operation_id=op_id,
                     detail={"breaker": tool_permit.state.value, "reason": tool_permit.reason},
                 )
+                if call is not None:
+                    self._observe(call, srv, info, refusal.code, attempt=call.sent + 1)
+                raise refusal
             if srv.in_flight >= srv.upstream.spec.call.max_in_flight:
                 server_permit.release()
                 tool_permit.release()
-                raise OverloadedError(
+                refusal = OverloadedError(
                     server=srv.name,
                     tool=info.name,
                     attempt=attempt,
@@ -410,10 +457,13 @@ class CallGate:
                     operation_id=op_id,
                     detail={"in_flight": srv.in_flight, "max_in_flight": srv.upstream.spec.call.max_in_flight},
                 )
+                if call is not None:
+                    self._observe(call, srv, info, refusal.code, attempt=call.sent + 1)
+                raise refusal
             attempt += 1
             try:
                 outcome = await self._attempt(
-                    srv, info, arguments, meta, timeout_s, budget, progress_callback, server_permit, tool_permit
+                    srv, info, arguments, meta, timeout_s, budget, progress_callback, server_permit, tool_permit, call
                 )
             except CallError as refused:
                 # The server went away between attempts, so nothing more was sent. After a lost answer
@@ -439,9 +489,13 @@ class CallGate:
                     if budget is not None:
                         window = min(window, budget.deadline)
                 if self._offers_get_operation(srv):
+                    asked = self._clock.monotonic()
                     settled = await self._reconcile(srv, info, op_id, err, timeout_s, window, verdict.retry_after_s)
                     if settled is not None:
                         srv.retry_budget.record_success(was_retry=True)
+                        if call is not None:
+                            spent = self._clock.monotonic() - asked
+                            self._observe(call, srv, info, None, attempt=call.sent, duration_s=spent, outcome=RECONCILED)
                         return settled
                     # Not found (or the server could not say): re-issue with the same id, which the
                     # server deduplicates, as an ordinary retry (attempts, backoff, retry budget).
@@ -594,6 +648,7 @@ class CallGate:
         progress_callback: ProgressCallback | None,
         server_permit: Permit,
         tool_permit: Permit,
+        call: _Journaled | None = None,
     ) -> types.CallToolResult | tuple[Verdict, CallError]:
         """One upstream attempt; returns the result to pass on, or the verdict and the error it stands for."""
         client = srv.upstream.client
@@ -638,6 +693,9 @@ class CallGate:
                 # The caller cancelled: the SDK already told the server; stay cancelled, learn nothing.
                 server_permit.release()
                 tool_permit.release()
+                if call is not None:
+                    call.sent += 1
+                    self._observe(call, srv, info, ErrorCode.CANCELLED, attempt=call.sent, duration_s=clock.monotonic() - started)
                 raise
             failure = CallCancelledError("The call was cancelled from outside breakwater before it finished.")
         except (Exception, BaseExceptionGroup) as exc:
@@ -666,11 +724,67 @@ class CallGate:
             verdict = Verdict(outcome=Outcome.IGNORED, code=ErrorCode.CANCELLED, retryable=False, outcome_unknown=True)
         # Read before recording: was this tool already failing before this attempt?
         tool_streak = info.breaker.snapshot().consecutive_failures if verdict.outcome is Outcome.FAILURE else 0
+        # The journal's breaker_opened: which breakers were open before this attempt's report.
+        open_before = None if call is None else (srv.breaker.state is BreakerState.OPEN, info.breaker.state is BreakerState.OPEN)
         tool_permit.record(verdict.outcome, elapsed)
         server_permit.record(_server_outcome(verdict, tool_streak), elapsed)
+        answer: types.CallToolResult | tuple[Verdict, CallError]
         if verdict.ok and result is not None:
-            return result
-        return verdict, self._error(srv, info, verdict, attempt_result, timeout_s, elapsed, by_budget)
+            answer = result
+        else:
+            answer = verdict, self._error(srv, info, verdict, attempt_result, timeout_s, elapsed, by_budget)
+        if call is not None:
+            call.sent += 1
+            code = None if isinstance(answer, types.CallToolResult) else answer[1].code
+            self._observe(call, srv, info, code, attempt=call.sent, duration_s=elapsed, open_before=open_before, result=result)
+        return answer
+
+    def _observe(
+        self,
+        call: _Journaled,
+        srv: _Server,
+        info: _Tool,
+        code: ErrorCode | None,
+        *,
+        attempt: int,
+        duration_s: float = 0.0,
+        outcome: str | None = None,
+        open_before: tuple[bool, bool] | None = None,
+        result: types.CallToolResult | None = None,
+    ) -> None:
+        """Hand one journal row to the observer: an attempt sent (with `open_before`), a refusal or a reconciliation."""
+        observer = self._observer
+        assert observer is not None
+        server_state, tool_state = srv.breaker.state, info.breaker.state
+        opened = open_before is not None and (
+            (server_state is BreakerState.OPEN and not open_before[0]) or (tool_state is BreakerState.OPEN and not open_before[1])
+        )
+        result_size = None
+        if result is not None and observer.record_sizes:
+            result_size = len(result.model_dump_json(by_alias=True, exclude_none=True).encode())
+        observer.record(
+            AttemptRecord(
+                server=srv.name,
+                tool=info.name,
+                call_id=call.call_id,
+                attempt=attempt,
+                # The attempt's start on the wall clock, from its duration on the monotonic one.
+                started_at=self._clock.time() - duration_s,
+                duration_s=duration_s,
+                outcome=outcome or outcome_of(code),
+                error_code=None if code is None else code.value,
+                retries=attempt - 1,
+                trace_id=call.trace_id,
+                operation_id=call.operation_id,
+                server_breaker=server_state.value,
+                tool_breaker=tool_state.value,
+                breaker_opened=opened,
+                client=call.client,
+                arguments_size=call.arguments_size,
+                result_size=result_size,
+                arguments_hash=call.arguments_hash,
+            )
+        )
 
     def _error(
         self,

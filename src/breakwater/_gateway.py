@@ -30,6 +30,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from breakwater._breakwater import Breakwater
 from breakwater._catalog import Catalog, Entry, entry_json, rank
 from breakwater._envelope import error_result
+from breakwater._journal import DOWNSTREAM_CLIENT
 from breakwater._passthrough import Passthrough
 from breakwater.config import GatewayPolicy
 from breakwater.errors import ToolChangedError, UnknownToolError
@@ -130,6 +131,16 @@ def _server_note_json(s: ServerStatus) -> dict[str, Any]:
         "error": None if s.error is None else s.error.to_json(),
         "next_retry_at": iso(s.next_retry_at),
     }
+
+
+def _client_name(ctx: ServerRequestContext[Any], meta: Mapping[str, Any]) -> str | None:
+    """The downstream client's name: from `initialize` on handshake-era connections, else the 2026-07-28 `_meta` envelope."""
+    params = ctx.session.client_params
+    if params is not None:
+        return params.client_info.name
+    info = meta.get(types.CLIENT_INFO_META_KEY)
+    name = info.get("name") if isinstance(info, Mapping) else None
+    return name if isinstance(name, str) else None
 
 
 def _text_result(text: str, structured: dict[str, Any]) -> types.CallToolResult:
@@ -328,6 +339,8 @@ class Gateway:
         budget: Any = contextlib.nullcontext()
         if isinstance(deadline_ms, int | float) and not isinstance(deadline_ms, bool) and deadline_ms >= 0:
             budget = self.bw.budget(seconds=deadline_ms / 1000)
+        # The journal names the agent behind each call.
+        client = DOWNSTREAM_CLIENT.set(_client_name(ctx, meta))
         try:
             async with budget:
                 result = await self.bw.call_tool(
@@ -340,6 +353,7 @@ class Gateway:
             return result
         finally:
             finished = True
+            DOWNSTREAM_CLIENT.reset(client)
 
     # ---- built-in tools -------------------------------------------------------------------------
 

@@ -1,0 +1,313 @@
+"""The call gate feeds the journal: what `breakwater stats` shows for calls made through a real gateway.
+
+End to end: `breakwater serve` (stdio) in front of a `breakwater testserver` whose latencies are
+drawn from a known distribution, with the journal in a temporary SQLite file; after the gateway
+exits, `breakwater stats --json --journal FILE` must show the right calls, percentiles, timeouts
+and refusals, and every row the downstream client's name. On the fake clock: the exact rows the
+gate hands its observer (numbering, durations, breaker states, refusals, reconciliation).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.types import CallToolResult, Implementation, TextContent, Tool, ToolAnnotations
+
+from breakwater._admission import Admission
+from breakwater._breaker import BreakerPolicy
+from breakwater._clock import FakeClock
+from breakwater._gate import GET_OPERATION_TOOL, CallGate
+from breakwater._journal import DOWNSTREAM_CLIENT, AttemptRecord, SQLiteJournalStore, percentile
+from breakwater._upstream import Upstream
+from breakwater.config import CallPolicy, RetryPolicy, ServerSpec
+from breakwater.status import ServerState
+from breakwater.testserver import launch_command
+
+pytestmark = pytest.mark.anyio
+
+BREAKWATER = [sys.executable, "-m", "breakwater"]
+CLIENT_NAME = "journal-e2e-agent"
+WORK_CALLS = 30
+LOW_S, HIGH_S = 0.05, 0.15  # the work tool's latency: uniform(LOW_S, HIGH_S)
+HANG_TIMEOUT_S = 0.3
+
+
+# ---------------------------------------------------------------------------- through a real gateway
+
+
+def gateway_env(tmp_path: Path, journal: Path) -> dict[str, str]:
+    # conftest turns journals off for every test; this one names its own.
+    return dict(
+        os.environ,
+        BREAKWATER_JOURNAL=str(journal),
+        BREAKWATER_JOURNAL_FLUSH_INTERVAL_S="0.05",
+        BREAKWATER_ADMISSION_DIR=str(tmp_path / "admission"),
+        BREAKWATER_CATALOG_DIR=str(tmp_path / "catalog"),
+        BREAKWATER_CONNECT_STARTUP_JITTER_S="0",
+    )
+
+
+def write_config(tmp_path: Path) -> Path:
+    cmd = launch_command(
+        "--seed", "7", "--tool", f"work:latency=uniform({LOW_S},{HIGH_S}),readonly", "--tool", "hang:hang=1,readonly"
+    )
+    config = tmp_path / "breakwater.toml"
+    config.write_text(
+        f"""
+[servers.ts]
+command = {json.dumps(cmd[0])}
+args = {json.dumps(cmd[1:])}
+[servers.ts.breaker]
+consecutive_failures = 2
+open_base_s = 60
+[servers.ts.retry]
+max_attempts = 2
+backoff_base_s = 0.05
+backoff_cap_s = 0.1
+[servers.ts.tools.hang]
+timeout_s = {HANG_TIMEOUT_S}
+"""
+    )
+    return config
+
+
+async def wait_ready(client: Client, timeout: float = 30) -> None:
+    with anyio.fail_after(timeout):
+        while (await client.call_tool("breakwater_status", {})).structured_content["summary"].get("ready", 0) < 1:  # type: ignore[index]
+            await anyio.sleep(0.1)
+
+
+def stats(journal: Path) -> dict[str, dict[str, Any]]:
+    out = subprocess.run(
+        [*BREAKWATER, "stats", "--json", "--journal", str(journal), "--since", "1h"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    return {t["tool"]: t for t in json.loads(out.stdout)["tools"]}
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_calls_through_the_gateway_land_in_stats(tmp_path: Path, mode: str) -> None:
+    """30 calls of a tool with a known latency, one call of a hanging tool (two timed-out attempts that open its
+    breaker), one call refused by that breaker: `stats` counts each exactly, and every row names the client."""
+    journal = tmp_path / "journal.sqlite3"
+    params = StdioServerParameters(
+        command=BREAKWATER[0],
+        args=[*BREAKWATER[1:], "serve", "--config", str(write_config(tmp_path))],
+        env=gateway_env(tmp_path, journal),
+    )
+    server_latencies = []
+    async with Client(params, mode=mode, client_info=Implementation(name=CLIENT_NAME, version="1.0")) as client:
+        assert client.protocol_version == ("2025-11-25" if mode == "legacy" else "2026-07-28")
+        await wait_ready(client)
+        for _ in range(WORK_CALLS):
+            result = await client.call_tool("ts__work", {})
+            assert not result.is_error, result
+            server_latencies.append(result.structured_content["latency_s"])  # type: ignore[index]
+        timed_out = (await client.call_tool("ts__hang", {})).structured_content or {}
+        assert (timed_out["code"], timed_out["attempt"]) == ("TIMEOUT", 2)
+        refused = (await client.call_tool("ts__hang", {})).structured_content or {}
+        assert refused["code"] == "CIRCUIT_OPEN"
+
+    # The gateway has exited and flushed its journal on the way out; allow a moment for a slow disk.
+    with anyio.fail_after(15):
+        while True:
+            tools = stats(journal)
+            if tools.get("work", {}).get("calls") == WORK_CALLS and tools.get("hang", {}).get("calls") == 2:
+                break
+            await anyio.sleep(0.2)
+
+    work, hang = tools["work"], tools["hang"]
+    assert work["server"] == "ts"
+    assert (work["succeeded"], work["attempts"], work["refused"], work["timeouts"], work["retries"]) == (
+        WORK_CALLS,
+        WORK_CALLS,
+        0,
+        0,
+        0,
+    )
+    # The journal times the gateway's round trip: at least the server's own latency, and close to it.
+    server_p50 = percentile(sorted(server_latencies), 0.5)
+    assert server_p50 is not None and LOW_S <= server_p50 <= HIGH_S
+    assert server_p50 <= work["p50_s"] <= server_p50 + 0.1
+    assert LOW_S <= work["p50_s"] <= work["p95_s"] <= work["p99_s"] <= HIGH_S + 0.25
+    # The hanging tool: one call whose two attempts timed out, one call refused by the breaker they opened.
+    assert (hang["calls"], hang["succeeded"], hang["attempts"], hang["retries"]) == (2, 0, 2, 1)
+    assert (hang["timeouts"], hang["timeout_rate"], hang["refused"], hang["breaker_opens"]) == (2, 1.0, 1, 1)
+    assert hang["p50_s"] is None  # timeouts are not latencies
+
+    store = SQLiteJournalStore(journal)
+    try:
+        rows = store.recent(100)
+    finally:
+        store.close()
+    assert len(rows) == WORK_CALLS + 3
+    assert {r.client for r in rows} == {CLIENT_NAME}
+    first, second, refusal = sorted((r for r in rows if r.tool == "hang"), key=lambda r: r.started_at)
+    assert (first.attempt, first.outcome, first.error_code, first.breaker_opened) == (1, "timeout", "TIMEOUT", False)
+    assert (second.attempt, second.outcome, second.retries, second.breaker_opened, second.tool_breaker) == (
+        2,
+        "timeout",
+        1,
+        True,
+        "open",
+    )
+    assert first.call_id == second.call_id != refusal.call_id
+    assert HANG_TIMEOUT_S <= first.duration_s < HANG_TIMEOUT_S + 0.5
+    assert (refusal.attempt, refusal.outcome, refusal.error_code, refusal.duration_s) == (1, "circuit_open", "CIRCUIT_OPEN", 0)
+    assert len({r.call_id for r in rows if r.tool == "work"}) == WORK_CALLS
+
+
+# ---------------------------------------------------------------------------- the rows, on the fake clock
+
+
+class Recorder:
+    """An `AttemptObserver` that keeps every row."""
+
+    record_sizes = True
+
+    def __init__(self) -> None:
+        self.rows: list[AttemptRecord] = []
+
+    def record(self, record: AttemptRecord) -> bool:
+        self.rows.append(record)
+        return True
+
+
+class ScriptedClient:
+    def __init__(self, script: Callable[[str, int], Awaitable[CallToolResult]]) -> None:
+        self.script = script
+        self.calls = 0
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], *, progress_callback: Any = None, meta: Any = None
+    ) -> CallToolResult:
+        self.calls += 1
+        return await self.script(name, self.calls)
+
+
+def ok(text: str = "ok") -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content={"ok": True})
+
+
+def make_gate(
+    clock: FakeClock, script: Callable[[str, int], Awaitable[CallToolResult]], listed: list[Tool]
+) -> tuple[CallGate, Recorder]:
+    spec = ServerSpec(
+        name="s",
+        transport="stdio",
+        command="unused",
+        call=CallPolicy(timeout_s=1.0, max_s=30.0),
+        breaker=BreakerPolicy(consecutive_failures=2, failure_rate=1.0, open_base_s=60),
+        retry=RetryPolicy(max_attempts=2, backoff_base_s=0.1, backoff_cap_s=0.1),
+    )
+    rng = random.Random(3)
+    upstream = Upstream(spec, clock=clock, rng=rng, admission=Admission(clock=clock, rng=rng, directory=None))
+    upstream.state = ServerState.READY
+    upstream.client = ScriptedClient(script)  # type: ignore[assignment]
+    upstream.tools = listed
+    upstream.report_lost = lambda: None  # type: ignore[method-assign]
+    recorder = Recorder()
+    return CallGate({"s": upstream}, clock=clock, rng=rng, observer=recorder), recorder
+
+
+async def drive(clock: FakeClock, fn: Callable[[], Awaitable[Any]]) -> Any:
+    """Run `fn`, moving the fake clock to the next sleeper or deadline whenever every task blocks."""
+    box: list[Any] = []
+    async with anyio.create_task_group() as tg:
+
+        async def run() -> None:
+            box.append(await fn())
+
+        tg.start_soon(run)
+        while not box:
+            await anyio.wait_all_tasks_blocked()
+            if box:
+                break
+            due = [*clock.sleepers, *(s.deadline for s in clock._scopes)]
+            assert due, "blocked with nothing scheduled on the clock"
+            clock.advance_to(min(due))
+    return box[0]
+
+
+async def test_gate_hands_the_observer_every_send_refusal_and_reconciliation() -> None:
+    clock = FakeClock()
+    readonly = Tool(name="t", input_schema={"type": "object"}, annotations=ToolAnnotations(read_only_hint=True))
+    idempotent = Tool(name="op", input_schema={"type": "object"}, annotations=ToolAnnotations(idempotent_hint=True))
+    get_op = Tool(name=GET_OPERATION_TOOL, input_schema={"type": "object"}, annotations=ToolAnnotations(read_only_hint=True))
+
+    async def script(name: str, n: int) -> CallToolResult:
+        if name == GET_OPERATION_TOOL:
+            stored = ok("stored").model_dump(mode="json", by_alias=True, exclude_none=True)
+            return CallToolResult(content=[], structured_content={"state": "completed", "result": stored})
+        if n in (1, 3, 4, 5):  # t: timeout then 0.25 s; t: two timeouts; op: lost answer
+            await anyio.sleep_forever()
+        await clock.sleep(0.25)
+        return ok()
+
+    gate, recorder = make_gate(clock, script, [readonly, idempotent, get_op])
+    token = DOWNSTREAM_CLIENT.set("agent-x")
+    try:
+        assert not (await drive(clock, lambda: gate.call("s", "t", {"q": 1}))).is_error
+        assert (await drive(clock, lambda: gate.call("s", "t", {"q": 2}))).structured_content["code"] == "TIMEOUT"  # type: ignore[index]
+        assert (await drive(clock, lambda: gate.call("s", "t", {"q": 3}))).structured_content["code"] == "CIRCUIT_OPEN"  # type: ignore[index]
+        assert not (await drive(clock, lambda: gate.call("s", "op", {}))).is_error
+    finally:
+        DOWNSTREAM_CLIENT.reset(token)
+    rows = recorder.rows
+    assert [(r.tool, r.attempt, r.retries, r.outcome, r.error_code) for r in rows] == [
+        ("t", 1, 0, "timeout", "TIMEOUT"),
+        ("t", 2, 1, "completed", None),
+        ("t", 1, 0, "timeout", "TIMEOUT"),
+        ("t", 2, 1, "timeout", "TIMEOUT"),
+        ("t", 1, 0, "circuit_open", "CIRCUIT_OPEN"),
+        ("op", 1, 0, "timeout", "TIMEOUT"),
+        ("op", 1, 0, "reconciled", None),
+    ]
+    a1, a2, b1, b2, c1, d1, d2 = rows
+    assert [r.duration_s for r in (a1, a2, b1, c1)] == [1.0, 0.25, 1.0, 0]
+    assert a1.call_id == a2.call_id == a1.trace_id and len({a1.call_id, b1.call_id, c1.call_id, d1.call_id}) == 4
+    assert b1.call_id == b2.call_id and d1.call_id == d2.call_id
+    # Wall-clock starts: the retry started after the first attempt's second and its backoff.
+    assert a2.started_at >= a1.started_at + 1.0 and a2.started_at + 0.25 <= clock.time()
+    # The second timeout in a row opened the tool's breaker (the refusal saw it open); op's timeout was the
+    # server's second failure (b2, a tool's repeat failure, taught it nothing), which opened the server's.
+    assert [r.breaker_opened for r in rows] == [False, False, False, True, False, True, False]
+    assert (b2.tool_breaker, b2.server_breaker, c1.tool_breaker) == ("open", "closed", "open")
+    assert (d1.server_breaker, d1.tool_breaker) == ("open", "closed")
+    assert all(r.client == "agent-x" for r in rows)
+    # An idempotent call names its operation; sizes and the hash only because the observer asked.
+    assert d1.operation_id is not None and d1.operation_id == d2.operation_id and a1.operation_id is None
+    assert a1.arguments_hash == a2.arguments_hash != b1.arguments_hash and a1.arguments_size == len('{"q":1}')
+    assert a1.result_size is None and a2.result_size is not None and a2.result_size > 0
+
+
+async def test_re_sends_of_a_running_operation_are_numbered_as_sends() -> None:
+    """OPERATION_IN_PROGRESS re-sends spend no attempt of the gate's, but each is a row of its own: one call, three sends."""
+    clock = FakeClock()
+    idempotent = Tool(name="op", input_schema={"type": "object"}, annotations=ToolAnnotations(idempotent_hint=True))
+
+    async def script(_name: str, n: int) -> CallToolResult:
+        if n <= 2:
+            body = {"ok": False, "code": "OPERATION_IN_PROGRESS", "retryable": True, "retry_after_s": 2.0, "message": "busy"}
+            return CallToolResult(content=[TextContent(type="text", text="busy")], structured_content=body, is_error=True)
+        return ok()
+
+    gate, recorder = make_gate(clock, script, [idempotent])
+    assert not (await drive(clock, lambda: gate.call("s", "op", {}))).is_error
+    rows = recorder.rows
+    assert [(r.attempt, r.retries, r.outcome) for r in rows] == [(1, 0, "tool_error"), (2, 1, "tool_error"), (3, 2, "completed")]
+    assert len({r.call_id for r in rows}) == 1 and len({r.operation_id for r in rows}) == 1
+    assert not any(r.breaker_opened for r in rows)
