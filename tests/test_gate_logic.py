@@ -80,22 +80,8 @@ def make_gate(
 
 
 async def drive(clock: FakeClock, fn: Callable[[], Awaitable[Any]]) -> Any:
-    """Run `fn` to completion, moving the fake clock to the next sleeper or deadline whenever all tasks block."""
-    box: list[Any] = []
-    async with anyio.create_task_group() as tg:
-
-        async def run() -> None:
-            box.append(await fn())
-
-        tg.start_soon(run)
-        while not box:
-            await anyio.wait_all_tasks_blocked()
-            if box:
-                break
-            due = [*clock.sleepers, *(s.deadline for s in clock._scopes)]
-            assert due, "blocked with nothing scheduled on the clock"
-            clock.advance_to(min(due))
-    return box[0]
+    """Run `fn` on the fake clock, jumping time whenever every task is blocked."""
+    return await clock.run(fn)
 
 
 def sleeper(seconds: float, clock: FakeClock, result: CallToolResult | None = None) -> Behaviour:
