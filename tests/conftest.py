@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+REDIS_URL = os.environ.get("BREAKWATER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 POSTGRES_CANDIDATES = [
     os.environ.get("BREAKWATER_TEST_POSTGRES", ""),
     "host=127.0.0.1 port=5432 dbname=test user=postgres connect_timeout=3",
@@ -75,3 +76,17 @@ def pg_schema(pg_conninfo: str) -> Iterator[str]:
     yield schema
     with psycopg.connect(pg_conninfo, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture(scope="session")
+def redis_available() -> None:
+    """A reachable Redis at REDIS_URL (the machine's, on 127.0.0.1:6379), or skip — but fail under CI=true."""
+    import redis
+
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_timeout=1, socket_connect_timeout=1).ping()
+    except Exception as exc:
+        message = f"Redis at {REDIS_URL} is unreachable ({type(exc).__name__}: {exc})"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message + " — CI=true requires it")
+        pytest.skip(message)

@@ -29,19 +29,6 @@ pytestmark = pytest.mark.anyio
 REDIS_URL = os.environ.get("BREAKWATER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
-def require_redis() -> None:
-    """A reachable Redis, or skip (fail under CI=true)."""
-    import redis
-
-    try:
-        redis.Redis.from_url(REDIS_URL, socket_timeout=1, socket_connect_timeout=1).ping()
-    except Exception as exc:
-        message = f"Redis at {REDIS_URL} is unreachable ({type(exc).__name__}: {exc})"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message + " — CI=true requires it")
-        pytest.skip(message)
-
-
 BREAKWATER = [sys.executable, "-m", "breakwater"]
 OPEN_S = 2.0
 
@@ -91,9 +78,8 @@ async def until_ready(client: Client) -> None:
 
 
 @pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[tuple[list[Client], Path, Path]]:
+async def cluster(tmp_path: Path, redis_available: None) -> AsyncIterator[tuple[list[Client], Path, Path]]:
     """(clients of replicas A, B, C; the upstream's control file; its state file)."""
-    require_redis()
     control, state = tmp_path / "control.json", tmp_path / "state.json"
     control.write_text(json.dumps({"tools": {}}))
     env = dict(

@@ -34,19 +34,6 @@ REDIS_URL = os.environ.get("BREAKWATER_TEST_REDIS_URL", "redis://127.0.0.1:6379/
 POLICY = BreakerPolicy(consecutive_failures=2, open_base_s=0.4, open_jitter=0.0, probe_lease_s=5.0)
 
 
-def require_redis() -> None:
-    """A reachable Redis, or skip (fail under CI=true)."""
-    import redis
-
-    try:
-        redis.Redis.from_url(REDIS_URL, socket_timeout=1, socket_connect_timeout=1).ping()
-    except Exception as exc:
-        message = f"Redis at {REDIS_URL} is unreachable ({type(exc).__name__}: {exc})"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message + " — CI=true requires it")
-        pytest.skip(message)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -164,8 +151,8 @@ def test_state_policy_validates() -> None:
 # ---- Redis ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("redis_available")
 async def test_open_reaches_other_replicas_within_100ms() -> None:
-    require_redis()
     async with replicas(3) as (a, b, c):
         b.tool("srv", "tool").acquire()  # B and C know the breaker (as a gateway does once it has been called)
         c.tool("srv", "tool").acquire()
@@ -181,8 +168,8 @@ async def test_open_reaches_other_replicas_within_100ms() -> None:
         assert snap.reason == "2 consecutive failures"
 
 
+@pytest.mark.usefixtures("redis_available")
 async def test_first_use_on_a_replica_sees_an_open_breaker() -> None:
-    require_redis()
     async with replicas(2) as (a, b):
         trip(a)
         await wait_until(lambda: a.tool("srv", "tool").snapshot().state is BreakerState.OPEN)
@@ -190,8 +177,8 @@ async def test_first_use_on_a_replica_sees_an_open_breaker() -> None:
         assert isinstance(b.tool("srv", "tool").acquire(), Rejection)
 
 
+@pytest.mark.usefixtures("redis_available")
 async def test_exactly_one_probe_cluster_wide_among_50_callers() -> None:
-    require_redis()
     async with replicas(3) as regs:
         trip(regs[0])
         await wait_until(lambda: all(r.tool("srv", "tool").snapshot().state is not BreakerState.CLOSED for r in regs))
@@ -204,9 +191,9 @@ async def test_exactly_one_probe_cluster_wide_among_50_callers() -> None:
         await wait_until(lambda: all(r.tool("srv", "tool").snapshot().state is BreakerState.CLOSED for r in regs))
 
 
+@pytest.mark.usefixtures("redis_available")
 async def test_a_late_probe_report_is_fenced_off() -> None:
     """A probe whose lease expired (its replica paused) cannot close the breaker afterwards."""
-    require_redis()
     async with replicas(2) as (a, b):
         trip(a)
         await anyio.sleep(POLICY.open_base_s + 0.05)
@@ -223,8 +210,8 @@ async def test_a_late_probe_report_is_fenced_off() -> None:
             assert reg.tool("srv", "tool").snapshot().state is BreakerState.OPEN
 
 
+@pytest.mark.usefixtures("redis_available")
 async def test_retry_budget_is_shared() -> None:
-    require_redis()
     state = StatePolicy(url=REDIS_URL, namespace=f"bwtest-{uuid.uuid4().hex[:10]}", timeout_s=0.5)
     clock = SystemClock()
     policy = RetryPolicy(budget_max_tokens=4.0, budget_floor_per_min=0.0, budget_ratio=0.0)
@@ -246,8 +233,8 @@ async def test_retry_budget_is_shared() -> None:
         await store.aclose()
 
 
+@pytest.mark.usefixtures("redis_available")
 async def test_learned_timeouts_are_shared() -> None:
-    require_redis()
     async with replicas(2) as (a, b):
         sa, sb = store_of(a), store_of(b)
         assert sb.learned_timeout("srv", "tool") is None  # type: ignore[attr-defined]
