@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +47,7 @@ __all__ = ["demo_main"]
 SLOW_START_S = 15
 CRM_CRASH = "ModuleNotFoundError: No module named 'crm_sdk'"
 STARTUP_WATCH_S = 12
+STATS_WIDTH = 120  # the stats table does not fit in 80 columns
 SLOW_TOOL_TIMEOUT_S = 1
 
 
@@ -210,6 +212,8 @@ async def _run(console: Console) -> int:
         os.environ,
         BREAKWATER_ADMISSION_DIR=str(workdir / "admission"),
         BREAKWATER_CATALOG_DIR=str(workdir / "catalog"),
+        # The demo's calls go to a journal of its own, not to the user's.
+        BREAKWATER_JOURNAL=str(workdir / "journal.sqlite3"),
     )
     notifications: list[float] = []
 
@@ -244,7 +248,17 @@ async def _run(console: Console) -> int:
                             while len(notifications) == heard:
                                 await anyio.sleep(0.1)
                     _summary(agent)
-                    agent.say("done")
+            # The gateway has exited and flushed its journal: what an on-call engineer would see.
+            console.rule("[bold]... and what the gateway's call journal recorded (breakwater stats)")
+            stats = subprocess.run(
+                [sys.executable, "-m", "breakwater", "stats", "--journal", env["BREAKWATER_JOURNAL"], "--since", "1h"],
+                capture_output=True,
+                text=True,
+                env={**env, "COLUMNS": str(console.width)},
+                check=False,
+            )
+            console.print(stats.stdout.rstrip() or stats.stderr.rstrip(), markup=False, highlight=False)
+            agent.say("done")
         return 0
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -255,4 +269,7 @@ def demo_main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
-    return anyio.run(_run, Console(highlight=False))
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, width=STATS_WIDTH)  # piped: wide enough for every table
+    return anyio.run(_run, console)
