@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from rich.console import Console, Group
@@ -23,6 +23,10 @@ from breakwater._knobs import render_markdown
 from breakwater.config import Config, all_knobs, find_config, load_config
 from breakwater.errors import ConfigError
 from breakwater.status import ServerState, StatusReport
+
+if TYPE_CHECKING:  # the gateway's modules load only for the commands that use them
+    from breakwater._catalog import Catalog
+    from breakwater.config import GatewayPolicy
 
 __all__ = ["config_main", "load_or_exit", "stats_main", "status_main"]
 
@@ -233,7 +237,7 @@ def config_main(argv: list[str]) -> int:
 # ---- the gateway ------------------------------------------------------------------------------
 
 
-def _gateway_parts(config: Config) -> tuple[Any, Any]:
+def _gateway_parts(config: Config) -> tuple[GatewayPolicy, Catalog]:
     from pathlib import Path
 
     from breakwater._catalog import Catalog, default_catalog_dir
