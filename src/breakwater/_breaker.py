@@ -432,8 +432,18 @@ class CircuitBreaker:
 
     @property
     def state(self) -> BreakerState:
-        """The state a caller would meet now (OPEN past its end reads as HALF_OPEN)."""
-        return self.snapshot().state
+        """The state a caller would meet now (OPEN past its end reads as HALF_OPEN).
+
+        Cheaper than `snapshot().state`: the call path (and the journal) reads it on every call, and
+        the window totals a snapshot computes are not needed for it.
+        """
+        if self._shared is not None:
+            return self.snapshot().state
+        with self._lock:
+            d = self._data
+            if d.state is BreakerState.OPEN and d.open_until <= self._clock.monotonic():
+                return BreakerState.HALF_OPEN
+            return d.state
 
     def snapshot(self) -> BreakerSnapshot:
         """A consistent copy of the breaker's state."""
