@@ -81,6 +81,7 @@ class Breakwater:
             for spec in config.servers
         }
         self._tg: TaskGroup | None = None
+        self._generation = 0
         self._gate = CallGate(
             self._upstreams,
             clock=self._clock,
@@ -140,8 +141,14 @@ class Breakwater:
                     await anyio.to_thread.run_sync(self.journal.close, _JOURNAL_CLOSE_S)
 
     def _note_change(self, _upstream: Upstream) -> None:
+        self._generation += 1
         self._changed.set()
         self._changed = anyio.Event()
+
+    @property
+    def generation(self) -> int:
+        """A counter that moves on every state or tool-list change of any server (for caches of derived views)."""
+        return self._generation
 
     # ---- status ----------------------------------------------------------------------------
 

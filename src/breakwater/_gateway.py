@@ -159,7 +159,7 @@ class Gateway:
         self._signature: tuple[Any, ...] = ()
         self._entries: list[Entry] = []
         self._index: dict[str, Entry] = {}
-        self._watching = False
+        self._generation = -1  # the Breakwater generation `_entries` was built from
         self.drift: dict[str, list[str]] = {}  # server -> tools whose definition changed since approved
         from importlib.metadata import version
 
@@ -186,6 +186,7 @@ class Gateway:
 
     def refresh(self) -> list[Entry]:
         """Recompute the listed tools from the servers' states (and remember ready servers' tools on disk)."""
+        self._generation = self.bw.generation
         triples = []
         drift: dict[str, list[str]] = {}
         for spec in self.bw.config.servers:
@@ -213,8 +214,12 @@ class Gateway:
         return self._entries
 
     def entries(self) -> list[Entry]:
-        """Every tool the gateway lists: live tools of ready servers, last-known tools of the others."""
-        if self._watching:
+        """Every tool the gateway lists: live tools of ready servers, last-known tools of the others.
+
+        Rebuilt only when a server's state or tools changed since the last build, so a call reads a
+        cached index, and never a stale one.
+        """
+        if self._generation == self.bw.generation:
             return self._entries
         return self.refresh()
 
@@ -272,8 +277,6 @@ class Gateway:
     async def watch(self) -> None:
         """Tell downstream clients when the tool list changes: a server becomes ready, changes its tools or fails."""
         self._signature = self._current_signature()
-        # From here on the watcher keeps the listing current, so calls read it instead of rebuilding it.
-        self._watching = True
         while True:
             await self.bw.wait_changed()
             signature = self._current_signature()
