@@ -331,6 +331,8 @@ async def test_congestion_shared_across_processes(tmp_path: Path) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(run, a.url)
             tg.start_soon(run, b.url)
-        assert len(times) == 2 and all(0.9 < t < 2.0 for t in times), times
+        # One core shared: the pair needs 1.0 s of service in all, so if the second handshake starts
+        # d seconds after the first, both take about 1.0 - d. Alone each would take 0.5 s.
+        assert len(times) == 2 and sum(times) > 1.6 and all(0.5 < t < 2.0 for t in times), times
     assert not any(p.name.startswith(f"{os.getpid()}-") for p in congestion.iterdir())
     assert not (congestion / f"{dead.pid}-0.handshake").exists()
