@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -18,7 +18,7 @@ from breakwater._admission import Admission, default_admission_dir
 from breakwater._classify import Classifier
 from breakwater._clock import Clock, SystemClock
 from breakwater._gate import CallGate, LearnedTimeout, ProgressCallback
-from breakwater._journal import Journal
+from breakwater._journal import AttemptObserver, Journal, fan_out
 from breakwater._state_store import MemoryStore, StateStore, open_store
 from breakwater._turn_budget import TurnBudgetScope, turn_budget
 from breakwater._upstream import Upstream
@@ -54,6 +54,7 @@ class Breakwater:
         classifier: Classifier | None = None,
         journal: Journal | Literal["config"] | None = "config",
         state_store: StateStore | None = None,
+        observers: Sequence[AttemptObserver] = (),
     ) -> None:
         """`learned_timeout(server, tool)` may supply a timeout learned from observed latencies (it
         ranks below per-tool and per-server config, above the default); `classifier` may override
@@ -65,7 +66,9 @@ class Breakwater:
         `[journal] learn_timeouts` is on). Its writer thread runs while the instance is entered.
 
         `state_store` keeps breaker and retry-budget state (default: the one `[state]` configures,
-        in-process unless `url` names Redis); a shared store lets replicas share it."""
+        in-process unless `url` names Redis); a shared store lets replicas share it.
+
+        `observers` are handed every attempt too, after the journal (metrics, telemetry)."""
         self.config = config
         self._clock: Clock = clock or SystemClock()
         #: The call journal, or None when it is off.
@@ -88,7 +91,7 @@ class Breakwater:
             rng=self._rng,
             learned_timeout=learned_timeout,
             classifier=classifier,
-            observer=self.journal,
+            observer=fan_out([o for o in (self.journal, *observers) if o is not None]),
         )
         #: Where breaker and retry-budget state lives (`[state]`); in-process by default.
         self.state_store: StateStore = state_store or open_store(config.state, clock=self._clock, rng=self._rng)

@@ -69,6 +69,7 @@ __all__ = [
     "ToolStats",
     "arguments_digest",
     "default_journal_path",
+    "fan_out",
     "learned_value",
     "new_call_id",
     "open_store",
@@ -214,6 +215,29 @@ class AttemptObserver(Protocol):
     def record(self, record: AttemptRecord) -> bool:
         """Take one attempt; False if it was dropped."""
         ...
+
+
+class _FanOut:
+    """Several observers as one: the gate keeps a single observer reference on its hot path."""
+
+    def __init__(self, observers: Sequence[AttemptObserver]) -> None:
+        self._observers = tuple(observers)
+        self.record_sizes = any(o.record_sizes for o in self._observers)
+
+    def record(self, record: AttemptRecord) -> bool:
+        kept = True
+        for o in self._observers:
+            kept = o.record(record) and kept
+        return kept
+
+
+def fan_out(observers: Sequence[AttemptObserver]) -> AttemptObserver | None:
+    """One observer handing each record to all of `observers` (None for none, the observer itself for one)."""
+    if not observers:
+        return None
+    if len(observers) == 1:
+        return observers[0]
+    return _FanOut(observers)
 
 
 # ---------------------------------------------------------------------------------------------- statistics
