@@ -258,7 +258,6 @@ def _parse_listen(value: str) -> tuple[str, int]:
 
 
 async def _serve(config: Config, listen: tuple[str, int] | None, token: str | None, port_file: str | None) -> int:
-    import socket
 
     from breakwater._gateway import LOOPBACK_HOSTS, Gateway, http_app
 
@@ -276,12 +275,9 @@ async def _serve(config: Config, listen: tuple[str, int] | None, token: str | No
                 import uvicorn
 
                 host, port = listen
-                family = socket.AF_INET6 if ":" in host else socket.AF_INET
-                sock = socket.socket(family, socket.SOCK_STREAM)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind((host, port))
-                # Listen before announcing the port: a client that reads it may connect at once.
-                sock.listen(128)
+                from breakwater._listen import tcp_listener
+
+                sock = tcp_listener(host, port)
                 bound = sock.getsockname()[1]
                 shown = f"[{host}]" if ":" in host else host
                 print(f"breakwater: serving MCP on http://{shown}:{bound}/mcp", file=sys.stderr, flush=True)

@@ -106,6 +106,8 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
+from breakwater._listen import tcp_listener
+
 if TYPE_CHECKING:
     import asyncio
 
@@ -834,9 +836,7 @@ async def _serve_http(
         timeout_graceful_shutdown=1,
     )
     server = uvicorn.Server(config)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
+    sock = tcp_listener("127.0.0.1", port)
     actual = int(sock.getsockname()[1])
 
     async def announce() -> None:
