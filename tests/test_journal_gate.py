@@ -14,6 +14,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,10 @@ from breakwater._admission import Admission
 from breakwater._breaker import BreakerPolicy
 from breakwater._clock import FakeClock
 from breakwater._gate import GET_OPERATION_TOOL, CallGate
-from breakwater._journal import DOWNSTREAM_CLIENT, AttemptRecord, SQLiteJournalStore, percentile
+from breakwater._journal import DOWNSTREAM_CLIENT, AttemptRecord, Journal, SQLiteJournalStore, percentile, timeout_in_force
 from breakwater._upstream import Upstream
-from breakwater.config import CallPolicy, RetryPolicy, ServerSpec
-from breakwater.status import ServerState
+from breakwater.config import CallPolicy, JournalPolicy, RetryPolicy, ServerSpec, ToolSettings
+from breakwater.status import ServerState, StatusReport, ToolTimeout
 from breakwater.testserver import launch_command
 
 pytestmark = pytest.mark.anyio
@@ -280,6 +281,25 @@ async def test_gate_hands_the_observer_every_send_refusal_and_reconciliation() -
     assert a1.result_size is None and a2.result_size is not None and a2.result_size > 0
 
 
+async def test_calls_refused_before_reaching_a_tool_are_journaled_too() -> None:
+    """SERVER_CONNECTING and UNKNOWN_TOOL answers are rows as well: they are what an outage looks like to the agent."""
+    clock = FakeClock()
+    gate, recorder = make_gate(clock, lambda _n, _i: anyio.sleep_forever(), [])  # type: ignore[arg-type,return-value]
+    upstream = gate._servers["s"].upstream
+    assert (await gate.call("s", "missing", {})).structured_content["code"] == "UNKNOWN_TOOL"  # type: ignore[index]
+    upstream.state = ServerState.CONNECTING
+    token = DOWNSTREAM_CLIENT.set("agent-y")
+    try:
+        assert (await gate.call("s", "later", {})).structured_content["code"] == "SERVER_CONNECTING"  # type: ignore[index]
+    finally:
+        DOWNSTREAM_CLIENT.reset(token)
+    assert [(r.tool, r.attempt, r.outcome, r.error_code, r.client) for r in recorder.rows] == [
+        ("missing", 1, "unknown_tool", "UNKNOWN_TOOL", None),
+        ("later", 1, "server_connecting", "SERVER_CONNECTING", "agent-y"),
+    ]
+    assert all(r.duration_s == 0 and r.server_breaker == "closed" for r in recorder.rows)
+
+
 async def test_re_sends_of_a_running_operation_are_numbered_as_sends() -> None:
     """OPERATION_IN_PROGRESS re-sends spend no attempt of the gate's, but each is a row of its own: one call, three sends."""
     clock = FakeClock()
@@ -297,3 +317,114 @@ async def test_re_sends_of_a_running_operation_are_numbered_as_sends() -> None:
     assert [(r.attempt, r.retries, r.outcome) for r in rows] == [(1, 0, "tool_error"), (2, 1, "tool_error"), (3, 2, "completed")]
     assert len({r.call_id for r in rows}) == 1 and len({r.operation_id for r in rows}) == 1
     assert not any(r.breaker_opened for r in rows)
+
+
+# ---------------------------------------------------------------------------- the timeout in force
+
+
+def gate_with_journal(clock: FakeClock, journal: Journal, latency: list[float]) -> tuple[CallGate, ServerSpec]:
+    """A gate whose `t` answers after `latency[0]` seconds (changed by the test), `fixed` has its own
+    configured timeout, and every call is journaled and timed by the journal's learned values."""
+    spec = ServerSpec(
+        name="s",
+        transport="stdio",
+        command="unused",
+        call=CallPolicy(timeout_s=5.0, max_s=30.0),
+        breaker=BreakerPolicy(consecutive_failures=1000, failure_rate=1.0),
+        retry=RetryPolicy(max_attempts=1),
+        tools={"fixed": ToolSettings(call=CallPolicy(timeout_s=3.0), retry=RetryPolicy(), explicit=frozenset({"timeout_s"}))},
+    )
+    rng = random.Random(8)
+    jitter = random.Random(9)
+
+    async def script(name: str, _n: int) -> CallToolResult:
+        await clock.sleep(latency[0] * jitter.lognormvariate(0, 0.3))
+        return ok()
+
+    upstream = Upstream(spec, clock=clock, rng=rng, admission=Admission(clock=clock, rng=rng, directory=None))
+    upstream.state = ServerState.READY
+    upstream.client = ScriptedClient(script)  # type: ignore[assignment]
+    readonly = ToolAnnotations(read_only_hint=True)
+    upstream.tools = [Tool(name=n, input_schema={"type": "object"}, annotations=readonly) for n in ("t", "fixed", "idle")]
+    upstream.report_lost = lambda: None  # type: ignore[method-assign]
+    gate = CallGate({"s": upstream}, clock=clock, rng=rng, learned_timeout=journal.learned_timeout, observer=journal)
+    return gate, spec
+
+
+async def test_the_gate_follows_the_learned_timeout_as_a_tool_slows_down(tmp_path: Path) -> None:
+    """Through the real gate on the fake clock: a tool's timeout is learned from its journaled calls,
+    shown with its source, and follows the tool when it turns 5x slower (timeouts at the old value
+    count at the time they were cut, which raises the quantile until it fits again)."""
+    clock = FakeClock()
+    policy = JournalPolicy(learn_min_samples=50, learn_floor_s=0.05, learn_refresh_s=2)
+    journal = Journal(SQLiteJournalStore(tmp_path / "j.sqlite3"), clock=clock, policy=policy)
+    latency = [0.1]
+    gate, spec = gate_with_journal(clock, journal, latency)
+
+    async def calls(n: int) -> list[str]:
+        codes = []
+        for i in range(n):
+            result = await drive(clock, lambda: gate.call("s", "t", {}))
+            codes.append((result.structured_content or {}).get("code", "OK"))
+            if i % 25 == 24:
+                journal.flush()  # the writer's maintenance: a refresh every learn_refresh_s of fake time
+        return codes
+
+    assert gate.timeout_in_force("s", "t") == (5.0, "default")
+    assert set(await calls(120)) == {"OK"}
+    learned = journal.learned_timeout("s", "t")
+    assert learned is not None and 0.1 < learned < 1.0  # p99.9 of ~0.1 s answers, times 2
+    assert gate.timeout_in_force("s", "t") == (learned, "learned") and gate.resolved_timeout("s", "t") == learned
+    assert gate.timeout_in_force("s", "fixed") == (3.0, "configured")  # configured wins over anything learned
+    assert gate.timeout_in_force("s", "idle") == (5.0, "default")  # never called: nothing learned
+    # The offline resolution (`breakwater stats`, no gate) agrees with the gate's own, tool by tool.
+    for tool in ("t", "fixed", "idle"):
+        assert timeout_in_force(spec, tool, journal.learned_timeout("s", tool)) == gate.timeout_in_force("s", tool)
+
+    latency[0] = 0.5  # five times slower: the old timeout now cuts most calls
+    codes = await calls(400)
+    assert "TIMEOUT" in codes[:50]
+    after = journal.learned_timeout("s", "t")
+    assert after is not None and after > 3 * learned
+    assert codes[-100:].count("TIMEOUT") <= 1, "the learned timeout did not catch up with the slower tool"
+    journal.flush()
+    (row,) = journal.stats(3600, tool="t")
+    assert (row.timeout_s, row.timeout_source) == (after, "learned")
+    journal.close()
+
+
+def test_status_json_shows_each_tools_timeout_and_its_source(tmp_path: Path) -> None:
+    """`breakwater status --json` against a real testserver: a configured timeout, one learned from the
+    journal a previous gateway left (read before the first call), and the default."""
+    journal = tmp_path / "journal.sqlite3"
+    seed = Journal(SQLiteJournalStore(journal))
+    now = time.time()
+    for i in range(60):
+        seed.record(
+            AttemptRecord(
+                server="ts", tool="work", call_id=f"c{i}", attempt=1, started_at=now - 60, duration_s=0.8, outcome="completed"
+            )
+        )
+    seed.close()
+    cmd = launch_command("--tool", "work:latency=0,readonly", "--tool", "hang:hang=1,readonly", "--tool", "echo:latency=0")
+    config = tmp_path / "breakwater.toml"
+    config.write_text(
+        f"[servers.ts]\ncommand = {json.dumps(cmd[0])}\nargs = {json.dumps(cmd[1:])}\n[servers.ts.tools.hang]\ntimeout_s = 0.3\n"
+    )
+    out = subprocess.run(
+        [*BREAKWATER, "status", "--json", "--config", str(config), "--wait", "30"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=gateway_env(tmp_path, journal),
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    timeouts = {t["tool"]: (t["timeout_s"], t["source"]) for t in report["timeouts"]}
+    default = (CallPolicy().timeout_s, "default")
+    assert timeouts == {"work": (pytest.approx(1.6, rel=0.01), "learned"), "hang": (0.3, "configured"), "echo": default} | {
+        "testserver_state": default
+    }
+    assert StatusReport.from_json(report).timeouts == tuple(
+        ToolTimeout(server="ts", tool=tool, timeout_s=value, source=source) for tool, (value, source) in timeouts.items()
+    )

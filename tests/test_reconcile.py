@@ -234,6 +234,22 @@ async def test_unanswered_question_falls_back_to_reissuing_the_same_id() -> None
     assert client.names() == ["place_order", GET_OPERATION_TOOL, "place_order"]
 
 
+async def test_question_that_outlasts_its_deadline_falls_back_to_reissuing_the_same_id() -> None:
+    """get_operation hanging past its share of the time is an unanswered question, not a crash of the call."""
+    clock = FakeClock()
+
+    async def script(name: str, _args: dict[str, Any], _meta: Any) -> CallToolResult:
+        calls = [n for n, *_ in client.calls]
+        if calls.count(name) == 1:  # the first place_order and the first question both hang
+            await anyio.sleep_forever()
+        return receipt()
+
+    gate, client = make_gate(clock, script, tools())
+    result = await drive(clock, lambda: gate.call("s", "place_order", ORDER))
+    assert not result.is_error, result
+    assert client.names()[:3] == ["place_order", GET_OPERATION_TOOL, "place_order"]
+
+
 async def test_in_progress_reply_is_waited_on_not_counted_as_a_failure() -> None:
     """Without get_operation, OPERATION_IN_PROGRESS is re-sent with the same id after its hint, not as a failure."""
     clock = FakeClock()

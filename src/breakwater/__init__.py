@@ -6,6 +6,7 @@ underscore is private.
 
 from breakwater._breakwater import Breakwater
 from breakwater._clock import Clock, DeadlineScope, FakeClock, SystemClock
+from breakwater._tasks import PendingTask, TaskStore
 from breakwater.config import Config, ConnectPolicy, ServerSpec, load_config
 from breakwater.errors import BreakwaterError, ConfigError
 from breakwater.status import ErrorInfo, Reason, ServerState, ServerStatus, StatusReport
@@ -20,11 +21,13 @@ __all__ = [
     "DeadlineScope",
     "ErrorInfo",
     "FakeClock",
+    "PendingTask",
     "Reason",
     "ServerSpec",
     "ServerState",
     "ServerStatus",
     "StatusReport",
     "SystemClock",
+    "TaskStore",
     "load_config",
 ]

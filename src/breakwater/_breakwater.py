@@ -7,7 +7,7 @@ import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import anyio.to_thread
@@ -17,13 +17,19 @@ from anyio.abc import TaskGroup
 from breakwater._admission import Admission, default_admission_dir
 from breakwater._classify import Classifier
 from breakwater._clock import Clock, SystemClock
+from breakwater._envelope import error_result
 from breakwater._gate import CallGate, LearnedTimeout, ProgressCallback
 from breakwater._journal import AttemptObserver, Journal, fan_out
 from breakwater._state_store import MemoryStore, StateStore, open_store
+from breakwater._tasks import PendingTask, TaskRuntime, TaskStore
 from breakwater._turn_budget import TurnBudgetScope, turn_budget
 from breakwater._upstream import Upstream
 from breakwater.config import Config, find_config, load_config
-from breakwater.status import StatusReport
+from breakwater.errors import CallError, ToolError
+from breakwater.status import ServerState, StatusReport, ToolTimeout
+
+if TYPE_CHECKING:  # imported only when telemetry is on: OpenTelemetry's SDK stays unloaded otherwise
+    from breakwater._telemetry import Telemetry
 
 __all__ = ["Breakwater"]
 
@@ -55,6 +61,8 @@ class Breakwater:
         journal: Journal | Literal["config"] | None = "config",
         state_store: StateStore | None = None,
         observers: Sequence[AttemptObserver] = (),
+        telemetry: Telemetry | Literal["config"] | None = "config",
+        task_store: TaskStore | None = None,
     ) -> None:
         """`learned_timeout(server, tool)` may supply a timeout learned from observed latencies (it
         ranks below per-tool and per-server config, above the default); `classifier` may override
@@ -68,13 +76,29 @@ class Breakwater:
         `state_store` keeps breaker and retry-budget state (default: the one `[state]` configures,
         in-process unless `url` names Redis); a shared store lets replicas share it.
 
-        `observers` are handed every attempt too, after the journal (metrics, telemetry)."""
+        `observers` are handed every attempt too, after the journal (metrics, telemetry).
+
+        `telemetry` emits OpenTelemetry spans and metrics for every call (`breakwater._telemetry`):
+        by default the one `[telemetry]` configures (off unless `enabled`; when off, OpenTelemetry's
+        SDK is never imported), None for none.
+
+        `task_store` remembers calls that servers turned into tasks, so they can be resumed after a
+        restart (`pending_tasks()`, `resume_task()`); default: `$BREAKWATER_TASKS_DB`, else
+        `tasks.sqlite3` in the user's data directory, opened only when a task is first met."""
         self.config = config
         self._clock: Clock = clock or SystemClock()
         #: The call journal, or None when it is off.
         self.journal: Journal | None = Journal.from_policy(config.journal, clock=self._clock) if journal == "config" else journal
         if learned_timeout is None and self.journal is not None and self.journal.policy.learn_timeouts:
             learned_timeout = self.journal.learned_timeout
+        if telemetry == "config":
+            telemetry = None
+            if config.telemetry.enabled:
+                from breakwater._telemetry import Telemetry
+
+                telemetry = Telemetry.from_policy(config.telemetry, clock=self._clock)
+        #: OpenTelemetry spans and metrics, or None when off.
+        self.telemetry: Telemetry | None = telemetry
         self._rng = rng or random.Random()
         directory = admission_dir or config.connect.admission_dir or default_admission_dir()
         self._admission = Admission(clock=self._clock, rng=self._rng, directory=Path(directory))
@@ -91,11 +115,16 @@ class Breakwater:
             rng=self._rng,
             learned_timeout=learned_timeout,
             classifier=classifier,
-            observer=fan_out([o for o in (self.journal, *observers) if o is not None]),
+            observer=fan_out([o for o in (self.journal, *observers, telemetry) if o is not None]),
         )
+        if telemetry is not None:
+            self._attach_telemetry(telemetry)
         #: Where breaker and retry-budget state lives (`[state]`); in-process by default.
         self.state_store: StateStore = state_store or open_store(config.state, clock=self._clock, rng=self._rng)
         self._attach_store()
+        #: Follows, persists and resumes calls that servers turned into tasks (see `breakwater._tasks`).
+        self.tasks = TaskRuntime(clock=self._clock, rng=self._rng, store=task_store or TaskStore())
+        self._gate.tasks = self.tasks
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Breakwater:
@@ -116,6 +145,15 @@ class Breakwater:
             self._tg.start_soon(upstream.run, name=f"breakwater upstream {upstream.spec.name}")
         return self
 
+    def _attach_telemetry(self, telemetry: Telemetry) -> None:
+        if not telemetry.transports:
+            telemetry.transports = {spec.name: spec.transport for spec in self.config.servers}
+        if telemetry.protocol_of is None:
+            upstreams = self._upstreams
+            telemetry.protocol_of = lambda name: upstreams[name].protocol if name in upstreams else None
+        telemetry.bind(self._gate)
+        self._gate.tracer = telemetry
+
     def _attach_store(self) -> None:
         store = self.state_store
         if isinstance(store, MemoryStore):
@@ -130,6 +168,8 @@ class Breakwater:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool | None:
         assert self._tg is not None
+        # Tasks still being polled stay running upstream and remembered, for the next start to resume.
+        self.tasks.closing = True
         self._tg.cancel_scope.cancel()
         try:
             return await self._tg.__aexit__(exc_type, exc, tb)
@@ -142,6 +182,10 @@ class Breakwater:
                 with anyio.CancelScope(shield=True):
                     # Bounded: a wedged store costs at most this at shutdown, and loses its queue.
                     await anyio.to_thread.run_sync(self.journal.close, _JOURNAL_CLOSE_S)
+            if self.telemetry is not None and self.telemetry.owned:
+                # In a thread: the last export may wait on an unreachable collector (its own timeouts bound it).
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_JOURNAL_CLOSE_S):
+                    await anyio.to_thread.run_sync(self.telemetry.shutdown, abandon_on_cancel=True)
 
     def _note_change(self, _upstream: Upstream) -> None:
         self._generation += 1
@@ -156,8 +200,16 @@ class Breakwater:
     # ---- status ----------------------------------------------------------------------------
 
     def status(self) -> StatusReport:
-        """Every server's state right now."""
-        return StatusReport(servers=tuple(u.snapshot() for u in self._upstreams.values()))
+        """Every server's state right now, and the timeout in force for each tool of a ready one."""
+        gate = self._gate
+        timeouts = []
+        for name, upstream in self._upstreams.items():
+            if upstream.state is ServerState.READY:
+                for tool in upstream.tools:
+                    found = gate.timeout_in_force(name, tool.name)
+                    if found is not None:
+                        timeouts.append(ToolTimeout(server=name, tool=tool.name, timeout_s=found[0], source=found[1]))
+        return StatusReport(servers=tuple(u.snapshot() for u in self._upstreams.values()), timeouts=tuple(timeouts))
 
     async def wait_changed(self) -> None:
         """Return at the next state change of any server."""
@@ -211,6 +263,44 @@ class Breakwater:
         return await call(
             server, tool, arguments, timeout=timeout, progress_callback=progress_callback, operation_id=operation_id
         )
+
+    def pending_tasks(self) -> list[PendingTask]:
+        """Tasks started through breakwater (by this or an earlier process) whose end no one has seen yet."""
+        return self.tasks.store.all() if self.tasks.store is not None else []
+
+    async def resume_task(self, task_id: str, *, server: str | None = None, raise_on_error: bool = False) -> types.CallToolResult:
+        """Poll a remembered task (see `pending_tasks()`) until it ends, and return its result.
+
+        For a process that restarted while a call it made was running as a task on a server: the
+        result comes back as `call_tool` would have returned it (an error envelope on failure, or
+        the `CallError` with `raise_on_error`). Its deadline is the one set when it started (and
+        the current turn budget, if shorter); when it passes, the task is cancelled upstream. It
+        waits for the server to be ready. Not counted by breakers or the bulkhead: the call was
+        admitted when it started. Raises `KeyError` for a task id that is not remembered (never
+        started here, already resumed, or given up).
+        """
+        pending = self.tasks.store.get(task_id, server) if self.tasks.store is not None else None
+        if pending is None:
+            raise KeyError(f"no remembered task {task_id!r}" + (f" on server {server!r}" if server else ""))
+        upstream = self._upstreams.get(pending.server)
+        if upstream is None:
+            raise KeyError(f"task {task_id!r} belongs to server {pending.server!r}, which is not configured here")
+        try:
+            result = await self.tasks.resume(upstream, pending, poll_timeout_s=upstream.spec.call.timeout_s)
+        except CallError as err:
+            err.server, err.tool, err.operation_id = pending.server, pending.tool, pending.operation_id
+            if raise_on_error:
+                raise
+            return error_result(err)
+        if raise_on_error and result.is_error:
+            raise ToolError(
+                server=pending.server,
+                tool=pending.tool,
+                content=result.content,
+                upstream_structured_content=result.structured_content,
+                operation_id=pending.operation_id,
+            )
+        return result
 
     def budget(self, seconds: float | None = None, *, deadline: float | None = None, enforce: bool = False) -> TurnBudgetScope:
         """A whole-turn budget: `async with bw.budget(seconds=60):` bounds every call inside it.

@@ -53,6 +53,7 @@ from mcp.types import (
 )
 
 from breakwater._breaker import Outcome
+from breakwater._http_cut import cut_info
 from breakwater.errors import CallError, ErrorCode
 
 __all__ = [
@@ -362,7 +363,14 @@ def _classify_mcp_error(exc: MCPError, ctx: AttemptContext) -> Verdict:
     if code == REQUEST_TIMEOUT:
         return _cut(ctx, ErrorCode.TIMEOUT, "request timed out (SDK read timeout)")
     if code == CONNECTION_CLOSED:
-        return _cut(ctx, ErrorCode.UPSTREAM_ERROR, f"connection closed: {message}")
+        cut = cut_info(exc.data)
+        if cut is None:
+            return _cut(ctx, ErrorCode.UPSTREAM_ERROR, f"connection closed: {message}")
+        # One HTTP request cut (see breakwater._http_cut): never sent is safe for any tool to repeat.
+        kind = str(cut.get("error", "transport error"))
+        if cut.get("sent") is False:
+            return _not_sent(f"could not connect: {kind}")
+        return _cut(ctx, ErrorCode.TIMEOUT if "Timeout" in kind else ErrorCode.UPSTREAM_ERROR, f"connection cut: {kind}")
     if code == _REQUEST_CANCELLED:
         return Verdict(outcome=Outcome.IGNORED, code=ErrorCode.CANCELLED, retryable=False, outcome_unknown=True)
     if code in (INVALID_PARAMS, _LEGACY_NOT_FOUND):

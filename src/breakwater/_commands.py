@@ -257,38 +257,73 @@ def _parse_listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
-async def _serve(config: Config, listen: tuple[str, int] | None, token: str | None, port_file: str | None) -> int:
+def _graceful_server_class() -> Any:
+    import contextlib
+    from collections.abc import Iterator
+
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        """uvicorn, minus its re-raise of SIGTERM/SIGINT after its own shutdown.
+
+        uvicorn raises the signal again once the HTTP side has stopped, which kills the process
+        before breakwater's shutdown runs: the journal's last batch was lost and stdio upstreams
+        were left to notice on their own. The signal still stops the server; the process then
+        exits normally, with code 0, once everything is closed.
+        """
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                yield
+                self._captured_signals.clear()
+
+    return GracefulServer
+
+
+async def _serve(
+    config: Config, listen: tuple[str, int] | None, token: str | None, port_file: str | None, allowed_hosts: tuple[str, ...] = ()
+) -> int:
 
     from breakwater._gateway import LOOPBACK_HOSTS, Gateway, http_app
+    from breakwater._metrics import Metrics
 
     policy, catalog = _gateway_parts(config)
-    async with Breakwater(config) as bw:
+    # Over HTTP the gateway also serves /metrics and the status page, fed by every attempt.
+    metrics = Metrics() if listen is not None else None
+    async with Breakwater(config, observers=[metrics] if metrics is not None else ()) as bw:
         gateway = Gateway(bw, policy, catalog=catalog)
         async with anyio.create_task_group() as tg:
             tg.start_soon(gateway.watch)
             if listen is None:
-                from mcp.server.stdio import stdio_server
+                from breakwater._stdio_server import stdio_server
 
                 async with stdio_server() as (read, write):
                     await gateway.server.run(read, write, gateway.server.create_initialization_options())
             else:
                 import uvicorn
 
+                server_class = _graceful_server_class()
                 host, port = listen
                 from breakwater._listen import tcp_listener
 
                 sock = tcp_listener(host, port)
                 bound = sock.getsockname()[1]
                 shown = f"[{host}]" if ":" in host else host
-                print(f"breakwater: serving MCP on http://{shown}:{bound}/mcp", file=sys.stderr, flush=True)
+                print(f"breakwater: serving MCP on http://{shown}:{bound}/mcp", file=sys.stderr)
+                print(
+                    f"breakwater: status page on http://{shown}:{bound}/ (also /metrics, /healthz, /readyz)",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 if host not in LOOPBACK_HOSTS:
                     print("breakwater: non-loopback listener: every request needs the bearer token", file=sys.stderr)
                 if port_file:
                     from pathlib import Path
 
                     Path(port_file).write_text(str(bound))
-                app = http_app(gateway, host=host, token=token)
-                server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+                app = http_app(gateway, host=host, token=token, metrics=metrics, allowed_hosts=allowed_hosts)
+                server = server_class(uvicorn.Config(app, log_level="warning", lifespan="on"))
                 await server.serve(sockets=[sock])
             tg.cancel_scope.cancel()
     return EXIT_OK
@@ -319,6 +354,14 @@ def serve_main(argv: list[str]) -> int:
         help="share breaker and retry-budget state with other replicas: redis://HOST:PORT/DB "
         "(default: [state] url, $BREAKWATER_STATE_URL, else in-process)",
     )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name clients use to reach a non-loopback listener (repeatable; the listen address and, "
+        "on 0.0.0.0 or ::, this machine's host name are always allowed)",
+    )
     parser.add_argument("--port-file", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     token = args.token or os.environ.get("BREAKWATER_TOKEN") or None
@@ -338,7 +381,7 @@ def serve_main(argv: list[str]) -> int:
         except ConfigError as exc:
             print(f"breakwater: --state: {exc}", file=sys.stderr)
             return EXIT_CONFIG
-    return anyio.run(_serve, config, args.http, token, args.port_file)
+    return anyio.run(_serve, config, args.http, token, args.port_file, tuple(args.allowed_host))
 
 
 async def _tools(config: Config, query: str, as_json: bool, wait: float, accept: bool) -> int:
@@ -385,8 +428,8 @@ def tools_main(argv: list[str]) -> int:
 DEFAULT_STATS_SINCE = "1h"
 
 
-def _journal_policy(config_path: str | None) -> Any:
-    """`[journal]` from the named config, else from one found here, else the defaults (and environment)."""
+def _journal_config(config_path: str | None) -> tuple[Any, Config | None]:
+    """`[journal]` and the config it came from: the named one, else one found here, else the defaults (and environment)."""
     from breakwater._knobs import build_policy, env_layer
     from breakwater.config import JournalPolicy
 
@@ -395,8 +438,9 @@ def _journal_policy(config_path: str | None) -> Any:
             config_path = str(find_config())
         except ConfigError:
             # No config is fine: `stats` reads the default journal.
-            return build_policy(JournalPolicy, [env_layer(JournalPolicy)])
-    return load_or_exit(config_path).journal
+            return build_policy(JournalPolicy, [env_layer(JournalPolicy)]), None
+    config = load_or_exit(config_path)
+    return config.journal, config
 
 
 def _ms(seconds: float | None) -> str:
@@ -407,13 +451,21 @@ def _pct(rate: float | None) -> str:
     return "" if rate is None else f"{rate * 100:.1f} %" if rate < 0.9995 or rate == 1 else f"{rate * 100:.2f} %"
 
 
+def _timeout_cell(seconds: float | None, source: str | None) -> str:
+    # The timeout in force, marked by where it came from: a learned one is what changes on its own.
+    if seconds is None:
+        return ""
+    mark = {"learned": " [cyan]learned[/]", "configured": " [dim]config[/]"}.get(source or "", " [dim]default[/]")
+    return _ms(seconds) + mark
+
+
 def stats_view(stats: list[Any], *, since: str, location: str) -> Table:
     """Per-tool journal statistics as a table."""
     from breakwater._journal import summarize
 
     table = Table(title=f"breakwater stats: last {since}", title_justify="left")
     # Short headers: twelve columns must still read on an 80-column terminal.
-    columns = ("server", "tool", "calls", "ok", "p50", "p95", "p99", "timeouts", "retries", "opens", "unknown", "learned")
+    columns = ("server", "tool", "calls", "ok", "p50", "p95", "p99", "timeouts", "retries", "opens", "unknown", "timeout")
     for column in columns:
         table.add_column(column, no_wrap=True, justify="left" if column in ("server", "tool") else "right")
     for s in stats:
@@ -431,7 +483,7 @@ def stats_view(stats: list[Any], *, since: str, location: str) -> Table:
             "" if s.retries_per_call is None else f"{s.retries_per_call:.2f}",
             str(s.breaker_opens),
             f"[red]{s.outcome_unknown}[/]" if s.outcome_unknown else "0",
-            _ms(s.learned_timeout_s),
+            _timeout_cell(s.timeout_s, s.timeout_source),
         )
     totals = summarize(stats)
     table.caption = f"{location}: {totals['calls']} calls, {totals['attempts']} attempts, {totals['timeouts']} timeouts"
@@ -445,8 +497,8 @@ def stats_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="breakwater stats",
         description="Per tool: calls, success rate, p50/p95/p99 latency of answered attempts, timeout rate, "
-        "retries per call, breaker opens, OUTCOME_UNKNOWN count and the learned timeout, read from the call "
-        "journal (whether or not a gateway is running).",
+        "retries per call, breaker opens, OUTCOME_UNKNOWN count and the timeout in force (configured, learned or "
+        "default), read from the call journal (whether or not a gateway is running).",
     )
     _add_config_flag(parser)
     parser.add_argument("--since", default=DEFAULT_STATS_SINCE, metavar="DURATION", help="window: 90s, 15m, 1h, 2d (default 1h)")
@@ -456,12 +508,17 @@ def stats_main(argv: list[str]) -> int:
     parser.add_argument(
         "--journal", metavar="URL", help="journal to read: a path, sqlite:///PATH or postgresql://... (default: [journal] url)"
     )
+    parser.add_argument(
+        "--exact",
+        action="store_true",
+        help="rank every raw attempt for exact percentiles (slower) instead of the per-minute rollups (within 1 %%)",
+    )
     args = parser.parse_args(argv)
     try:
         since_s = parse_duration(args.since)
     except ValueError as exc:
         parser.error(f"--since: {exc}")
-    policy = _journal_policy(args.config)
+    policy, config = _journal_config(args.config)
     try:
         store = open_store(args.journal if args.journal is not None else policy.url)
     except JournalError as exc:
@@ -477,7 +534,7 @@ def stats_main(argv: list[str]) -> int:
             stats = []
         else:
             journal.refresh_learned()
-            stats = journal.stats(since_s, server=args.server, tool=args.tool)
+            stats = journal.stats(since_s, server=args.server, tool=args.tool, exact=args.exact, config=config)
     except JournalError as exc:
         print(f"breakwater: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -46,10 +46,12 @@ it); without one, the journal costs one `is not None` test per attempt.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import math
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -59,19 +61,22 @@ from mcp import MCPError
 
 from breakwater._breaker import BreakerRegistry, BreakerSnapshot, BreakerState, CircuitBreaker, Outcome, Permit, Rejection
 from breakwater._classify import IN_PROGRESS_REASON, Classifier, RetryClass, Verdict, classify, retry_class_for
-from breakwater._clock import Clock
+from breakwater._clock import Clock, DeadlineScope
 from breakwater._envelope import error_result
+from breakwater._http_cut import cut_info
 from breakwater._journal import (
     DOWNSTREAM_CLIENT,
     RECONCILED,
     TRACE_ID,
     AttemptObserver,
     AttemptRecord,
+    CallTracer,
     arguments_digest,
     new_call_id,
     outcome_of,
 )
 from breakwater._retry_budget import RetryBudget, RetryBudgetSnapshot
+from breakwater._tasks import TASK_CALL, TaskRuntime
 from breakwater._turn_budget import TurnBudget, current_budget
 from breakwater._upstream import Upstream
 from breakwater.config import CallPolicy, RetryPolicy
@@ -177,6 +182,53 @@ class _Server:
         self.tools_source: list[types.Tool] | None = None
 
 
+class AttemptClock:
+    """One attempt's deadline, as what happens during the attempt may move it.
+
+    Progress from the server pushes it out by the idle timeout (`nudge`). While the caller itself is
+    being asked something on the upstream's behalf (a relayed elicitation or sampling request, often
+    answered by a person), the attempt's own timeout stops running (`waiting_on_caller`): only the
+    hard cap (`max_s`, or the turn budget) bounds the wait, and the timeout restarts from the answer.
+    """
+
+    __slots__ = ("_clock", "_scope", "_waiting", "finished", "hard", "idle_s")
+
+    def __init__(self, clock: Clock, scope: DeadlineScope, *, hard: float, idle_s: float) -> None:
+        self._clock = clock
+        self._scope = scope
+        self.hard = hard
+        self.idle_s = idle_s
+        self.finished = False
+        self._waiting = 0
+
+    def nudge(self) -> None:
+        """The server showed signs of life: give it `idle_s` more, up to the hard cap."""
+        if not self.finished:
+            pushed = min(self.hard, self._clock.monotonic() + self.idle_s)
+            if pushed > self._scope.deadline:
+                self._scope.deadline = pushed
+
+    @contextlib.contextmanager
+    def waiting_on_caller(self) -> Iterator[None]:
+        """While the body runs, only the hard cap bounds the attempt."""
+        self._waiting += 1
+        if not self.finished:
+            self._scope.deadline = max(self._scope.deadline, self.hard)
+        try:
+            yield
+        finally:
+            self._waiting -= 1
+            if not self._waiting and not self.finished:
+                self._scope.deadline = min(self.hard, self._clock.monotonic() + self.idle_s)
+
+
+#: Set by a caller that may be asked something mid-call on an upstream's behalf (the gateway's
+#: relay): handed each attempt's `AttemptClock` as the attempt starts, and None as it ends.
+ATTEMPT_WATCHER: contextvars.ContextVar[Callable[[AttemptClock | None], None] | None] = contextvars.ContextVar(
+    "breakwater_attempt_watcher", default=None
+)
+
+
 class CallGate:
     """The orchestration of every tool call: see the module docstring."""
 
@@ -196,6 +248,10 @@ class CallGate:
         self._classifier = classifier
         #: Where every attempt and refusal is recorded (the call journal), or None.
         self._observer = observer
+        #: Told when each logical call starts and ends (OpenTelemetry's call span; set by `Breakwater`), or None.
+        self.tracer: CallTracer | None = None
+        #: Follows calls a server turns into tasks (set by `Breakwater`); None leaves them to the SDK session.
+        self.tasks: TaskRuntime | None = None
         specs = {name: u.spec for name, u in upstreams.items()}
         self.breakers = BreakerRegistry(clock=clock, rng=rng, policy_for=lambda server, _tool: specs[server].breaker)
         self._servers = {name: _Server(u, self.breakers, clock) for name, u in upstreams.items()}
@@ -245,15 +301,38 @@ class CallGate:
             )
         upstream = srv.upstream
         if upstream.state is not ServerState.READY or upstream.client is None:
-            raise self._not_ready(srv, tool)
+            raise self._refused_early(srv, tool, self._not_ready(srv, tool))
         info = self._tool(srv, tool)
         if info is None:
-            raise UnknownToolError(
-                server=server,
-                tool=tool,
-                detail={"tools": sorted(srv.tools)[:_MAX_LISTED_TOOLS]},
+            raise self._refused_early(
+                srv, tool, UnknownToolError(server=server, tool=tool, detail={"tools": sorted(srv.tools)[:_MAX_LISTED_TOOLS]})
             )
         return await self._run(srv, info, dict(arguments or {}), timeout, progress_callback, operation_id)
+
+    def _refused_early(self, srv: _Server, tool: str, err: CallError) -> CallError:
+        """A call refused before it reached a known tool (its server is not ready, or has no such tool): journaled.
+
+        These are the answers an on-call engineer most needs to count ("how long was the agent told
+        the ERP server is connecting?"), so they get a row like any other refusal.
+        """
+        if self._observer is not None:
+            call_id = new_call_id()
+            self._observer.record(
+                AttemptRecord(
+                    server=srv.name,
+                    tool=tool,
+                    call_id=call_id,
+                    attempt=1,
+                    started_at=self._clock.time(),
+                    duration_s=0.0,
+                    outcome=outcome_of(err.code),
+                    error_code=err.code.value,
+                    trace_id=TRACE_ID.get() or call_id,
+                    server_breaker=srv.breaker.state.value,
+                    client=DOWNSTREAM_CLIENT.get(),
+                )
+            )
+        return err
 
     def breaker_snapshots(self) -> list[BreakerSnapshot]:
         """Every breaker created so far (servers and tools), by name."""
@@ -272,6 +351,19 @@ class CallGate:
         srv = self._servers[server]
         info = self._tool(srv, tool)
         return None if info is None else self._timeout(srv, info)
+
+    def timeout_in_force(self, server: str, tool: str) -> tuple[float, str] | None:
+        """`resolved_timeout` and its source: `configured`, `learned` or `default` (None if the tool is not known yet)."""
+        srv = self._servers[server]
+        info = self._tool(srv, tool)
+        if info is None:
+            return None
+        if info.configured_timeout_s is None:
+            learned = self._learned(srv.name, info.name)
+            if learned is not None and learned > 0:
+                return learned, "learned"
+            return info.call.timeout_s, "default"
+        return info.configured_timeout_s, "configured"
 
     # ---- resolution ---------------------------------------------------------------------------
 
@@ -367,17 +459,25 @@ class CallGate:
             if info.operation_id_argument:
                 arguments.setdefault(OPERATION_ID_ARGUMENT, op_id)
         call: _Journaled | None = None
+        tracer = self.tracer
+        # First, so the trace it opens is the one the journal's rows carry (TRACE_ID).
+        handle = None if tracer is None else tracer.call_started(srv.name, info.name, op_id)
         if self._observer is not None:
             call_id = new_call_id()
             size, digest = arguments_digest(arguments) if self._observer.record_sizes else (None, None)
             call = _Journaled(call_id, TRACE_ID.get() or call_id, DOWNSTREAM_CLIENT.get(), op_id, size, digest)
         try:
-            return await self._attempts(srv, info, arguments, op_id, meta, timeout, progress_callback, call)
-        except CallError as err:
+            result = await self._attempts(srv, info, arguments, op_id, meta, timeout, progress_callback, call)
+        except BaseException as err:
             # Every envelope names the operation, whichever refusal or failure ended it.
-            if err.operation_id is None:
+            if isinstance(err, CallError) and err.operation_id is None:
                 err.operation_id = op_id
+            if tracer is not None:
+                tracer.call_finished(handle, err)
             raise
+        if tracer is not None:
+            tracer.call_finished(handle, None)
+        return result
 
     async def _attempts(
         self,
@@ -604,7 +704,9 @@ class CallGate:
         if client is None or timeout_s <= 0:
             return None
         srv.in_flight += 1
+        result: types.CallToolResult | None = None
         try:
+            # The deadline scope swallows its own expiry: `result` then stays None.
             with self._clock.deadline_scope(self._clock.monotonic() + timeout_s):
                 result = await client.call_tool(GET_OPERATION_TOOL, {"operation_id": op_id})
         except (Exception, BaseExceptionGroup):
@@ -612,6 +714,8 @@ class CallGate:
             # which the server deduplicates anyway. Breakers learn from real attempts only.
             return None
         else:
+            if result is None:
+                return None
             data = result.structured_content
             if result.is_error or not isinstance(data, dict) or not isinstance(data.get("state"), str):
                 return None
@@ -670,20 +774,25 @@ class CallGate:
         # Without its own idle timeout a tool's gap between progress notifications is its timeout.
         idle_s = policy.idle_timeout_s if policy.idle_timeout_s is not None else timeout_s
         scope = clock.deadline_scope(deadline)
-        finished = False
+        attempt_clock = AttemptClock(clock, scope, hard=hard, idle_s=idle_s)
+        watcher = ATTEMPT_WATCHER.get()
+        if watcher is not None:
+            watcher(attempt_clock)
 
         async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-            # The SDK may run this after the call returned (mcp-sdk.md §8.14): then it moves nothing.
-            if not finished:
-                pushed = min(hard, clock.monotonic() + idle_s)
-                if pushed > scope.deadline:
-                    scope.deadline = pushed
+            attempt_clock.nudge()
             if progress_callback is not None:
                 await progress_callback(progress, total, message)
 
         srv.in_flight += 1
         result: types.CallToolResult | None = None
         failure: BaseException | None = None
+        # If the server answers with a task handle, the tasks resolver takes the call from here (see _tasks).
+        tasks = self.tasks
+        task_token = None
+        if tasks is not None:
+            task_call = tasks.attempt(srv.upstream, info.name, meta, info.retry_class, timeout_s, policy.task_max_s, scope)
+            task_token = TASK_CALL.set(task_call)
         try:
             with scope:
                 result = await client.call_tool(info.name, arguments, progress_callback=on_progress, meta=meta)
@@ -701,8 +810,13 @@ class CallGate:
         except (Exception, BaseExceptionGroup) as exc:
             failure = exc
         finally:
-            finished = True
+            # The SDK may run a progress callback after the call returned (mcp-sdk.md §8.14): it moves nothing now.
+            attempt_clock.finished = True
+            if watcher is not None:
+                watcher(None)
             srv.in_flight -= 1
+            if task_token is not None:
+                TASK_CALL.reset(task_token)
         elapsed = clock.monotonic() - started
         if scope.cancelled_caught:
             failure = TimeoutError()
@@ -856,6 +970,10 @@ def _connection_closed(exc: BaseException) -> bool:
         return any(_connection_closed(e) for e in exc.exceptions)
     if not isinstance(exc, MCPError):
         return False
+    cut = cut_info(exc.data)
+    if cut is not None:
+        # One HTTP request cut: the connection itself is fine unless the server could not be reached.
+        return cut.get("sent") is False
     return exc.code == _CONNECTION_CLOSED or (exc.code == types.INVALID_REQUEST and "session terminated" in exc.message.lower())
 
 

@@ -5,35 +5,51 @@ over stdio (what Claude Code, Cursor, Claude Desktop and VS Code launch) or stre
 127.0.0.1 (one shared gateway for many agent sessions). It answers "where is tool X?" three ways:
 the tool does not exist, its server is still connecting, or its server failed (with the reason and
 the next retry) — never "no such tool" for a server that is merely down.
+
+What an upstream sends back while it works on a call is relayed to the client that made the call
+(`_Relay`): sampling and elicitation requests (as server-to-client requests to 2025-11-25 clients,
+as `InputRequiredResult` rounds to 2026-07-28 ones) and log messages (at the caller's level).
+Resource subscriptions are relayed by `breakwater._passthrough.Subscriptions`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
+import secrets
+import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast, get_args
 
 import anyio
 import anyio.lowlevel
 import mcp.types as types
+from anyio.abc import TaskGroup
+from mcp import MCPError
+from mcp.client.session import ClientRequestContext
+from mcp.server.connection import allowed_log_levels
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.models import InitializationOptions
 from mcp.server.session import ServerSession
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.server.subscriptions import InMemorySubscriptionBus, ToolsListChanged
+from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel, ValidationError
 
 from breakwater._breakwater import Breakwater
 from breakwater._catalog import Catalog, Entry, entry_json, rank
 from breakwater._envelope import error_result
+from breakwater._gate import ATTEMPT_WATCHER, AttemptClock
 from breakwater._journal import DOWNSTREAM_CLIENT
-from breakwater._passthrough import Passthrough
-from breakwater.config import GatewayPolicy
-from breakwater.errors import ToolChangedError, UnknownToolError
+from breakwater._metrics import CallCounter, Metrics
+from breakwater._passthrough import Passthrough, RelayedListen, connection_of
+from breakwater.config import GatewayPolicy, ServerSpec
+from breakwater.errors import CallCancelledError, ToolChangedError, UnknownToolError
 from breakwater.status import ServerState, ServerStatus, iso
 
 __all__ = ["DEADLINE_META_KEY", "Gateway", "GatewayPolicy", "SearchAnswer"]
@@ -147,6 +163,363 @@ def _text_result(text: str, structured: dict[str, Any]) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=structured)
 
 
+# ---- relaying what upstream servers send back mid-request ---------------------------------------
+
+#: The downstream request whose upstream call is running in this context (see `_Relay`).
+_CALLER: contextvars.ContextVar[_Caller | None] = contextvars.ContextVar("breakwater_relay_caller", default=None)
+LOG_LEVELS: tuple[types.LoggingLevel, ...] = get_args(types.LoggingLevel)
+LOG_LEVEL_STATE = "breakwater.logLevel"  # in the downstream connection's `state`: its logging/setLevel
+#: Upstream connections opt into every log level; each downstream caller then gets what its own level admits.
+UPSTREAM_LOG_LEVEL: types.LoggingLevel = "debug"
+#: Transports whose wire does not say which request a server message belongs to.
+UNCORRELATED_TRANSPORTS = frozenset({"stdio", "sse"})
+#: How long a finished call waits for log messages still being relayed before it answers.
+RELAY_DRAIN_S = 1.0
+#: How long a finished 2026-07-28 multi-round call keeps its result for the client's next round.
+EXCHANGE_KEEP_S = 60.0
+EXCHANGE_STATE_PREFIX = "breakwater-exchange:"
+#: Checkpoints a round waits after the first input request, so requests issued together go out together.
+EXCHANGE_GATHER_CHECKPOINTS = 5
+
+
+@dataclass(eq=False)
+class _Caller:
+    """A downstream request in flight to one server: where that server's requests and log messages go."""
+
+    server: str
+    request: ServerRequestContext[Any] | None
+    connection: object
+    capabilities: types.ClientCapabilities | None
+    exchange: _Exchange | None = None
+    finished: bool = False
+    #: The upstream attempt in flight for this call, whose timeout pauses while the caller is asked something.
+    attempt: AttemptClock | None = None
+    _asks: set[anyio.CancelScope] = field(default_factory=set)
+    _deliveries: int = 0
+    _idle: anyio.Event = field(default_factory=anyio.Event)
+
+    @property
+    def ctx(self) -> ServerRequestContext[Any] | None:
+        """The downstream request to talk on now (a 2026-07-28 caller has none between rounds)."""
+        return self.exchange.ctx if self.exchange is not None else self.request
+
+    @contextlib.contextmanager
+    def asking(self) -> Iterator[anyio.CancelScope]:
+        """The scope of one relayed request: cancelled when the call ends, so it never waits on a caller that left.
+
+        Meanwhile the upstream attempt's own timeout stands still: the answer may come from a person,
+        and only the attempt's hard cap (`max_s`, or the turn budget) bounds the wait.
+        """
+        scope = anyio.CancelScope()
+        if self.finished:
+            scope.cancel()
+        self._asks.add(scope)
+        try:
+            with scope, self.attempt.waiting_on_caller() if self.attempt is not None else contextlib.nullcontext():
+                yield scope
+        finally:
+            self._asks.discard(scope)
+
+    @contextlib.contextmanager
+    def delivering(self) -> Iterator[None]:
+        """One relayed notification; the call answers only after those under way are delivered (`drain`)."""
+        self._deliveries += 1
+        try:
+            yield
+        finally:
+            self._deliveries -= 1
+            if not self._deliveries:
+                self._idle.set()
+
+    async def drain(self) -> None:
+        """Let messages that arrived before the result reach the caller before the result does."""
+        # The SDK hands each notification (and progress) to its callback in a task of its own.
+        for _ in range(PROGRESS_DRAIN_CHECKPOINTS):
+            await anyio.lowlevel.checkpoint()
+        if not self._deliveries:
+            return
+        with anyio.move_on_after(RELAY_DRAIN_S):
+            while self._deliveries:
+                self._idle = anyio.Event()
+                await self._idle.wait()
+
+    def finish(self) -> None:
+        self.finished = True
+        for scope in list(self._asks):
+            scope.cancel()
+
+
+@dataclass(eq=False)
+class _Question:
+    """An input request a 2026-07-28 caller is to answer in its next round."""
+
+    request: types.CreateMessageRequest | types.ElicitRequest
+    result_type: type[BaseModel]
+    answered: anyio.Event = field(default_factory=anyio.Event)
+    answer: Any = None
+
+
+@dataclass(eq=False)
+class _Exchange:
+    """A call from a 2026-07-28 client that an upstream asked for input (multi round-trip, SEP-2322).
+
+    That revision has no server-to-client requests: the gateway answers the round with an
+    `InputRequiredResult` carrying the upstream's questions and a `request_state` naming this
+    exchange, while the upstream call waits in a task of its own; the client's next round brings
+    the answers and waits for the result (or the next questions).
+    """
+
+    token: str
+    tool: str
+    ctx: ServerRequestContext[Any] | None = None  # the round in progress
+    questions: dict[str, _Question] = field(default_factory=dict)
+    result: types.CallToolResult | None = None
+    done: bool = False
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    collected: anyio.Event = field(default_factory=anyio.Event)
+    _changed: anyio.Event = field(default_factory=anyio.Event)
+    _count: int = 0
+
+    def poke(self) -> None:
+        self._changed.set()
+
+    async def ask(
+        self, caller: _Caller, kind: str, request: types.CreateMessageRequest | types.ElicitRequest, result_type: type[BaseModel]
+    ) -> Any:
+        """Put `request` to the client in its next round; its answer (or an error when the call ends first)."""
+        self._count += 1
+        key = f"{kind}-{self._count}"
+        question = self.questions[key] = _Question(request, result_type)
+        self.poke()
+        try:
+            with caller.asking():
+                await question.answered.wait()
+                return question.answer
+        finally:
+            self.questions.pop(key, None)
+        return types.ErrorData(code=types.INTERNAL_ERROR, message="breakwater: the call ended before the client answered")
+
+    def answer(self, responses: Mapping[str, Any] | None) -> None:
+        for key, response in (responses or {}).items():
+            question = self.questions.get(key)
+            if question is None or question.answered.is_set():
+                continue
+            raw = (
+                response.model_dump(by_alias=True, mode="json", exclude_none=True)
+                if isinstance(response, BaseModel)
+                else response
+            )
+            try:
+                question.answer = question.result_type.model_validate(raw, by_name=False)
+            except ValidationError:
+                question.answer = types.ErrorData(code=types.INVALID_PARAMS, message=f"the answer to {key!r} has the wrong shape")
+            question.answered.set()
+
+    def open_questions(self) -> dict[str, _Question]:
+        return {k: q for k, q in self.questions.items() if not q.answered.is_set()}
+
+    async def settle(self) -> None:
+        """Wait until the call finished or has a question open (new, or one the last round left unanswered)."""
+        while not self.done and not self.open_questions():
+            self._changed = anyio.Event()
+            await self._changed.wait()
+        for _ in range(EXCHANGE_GATHER_CHECKPOINTS):
+            await anyio.lowlevel.checkpoint()
+
+
+def _sampling_gap(caps: types.ClientCapabilities | None, params: types.CreateMessageRequestParams) -> str | None:
+    """Why the caller cannot take this sampling request (None: it can)."""
+    sampling = caps.sampling if caps is not None else None
+    if sampling is None:
+        return "does not support sampling"
+    if (params.tools or params.tool_choice) and sampling.tools is None:
+        return "does not support sampling with tools"
+    if params.include_context not in (None, "none") and sampling.context is None:
+        return "does not support sampling with included context"
+    return None
+
+
+def _elicitation_gap(caps: types.ClientCapabilities | None, params: types.ElicitRequestParams) -> str | None:
+    """Why the caller cannot take this elicitation request (None: it can)."""
+    elicitation = caps.elicitation if caps is not None else None
+    if elicitation is None:
+        return "does not support elicitation"
+    if isinstance(params, types.ElicitRequestURLParams):
+        return None if elicitation.url is not None else "does not support URL elicitation"
+    # An empty `elicitation: {}` means form mode (the 2025-06-18 shape).
+    return None if elicitation.form is not None or elicitation.url is None else "does not support form elicitation"
+
+
+def _refusal(message: str) -> types.ErrorData:
+    return types.ErrorData(code=types.INVALID_REQUEST, message=f"breakwater: {message}")
+
+
+class _Relay:
+    """Carries what an upstream sends back mid-request to the downstream request it belongs to.
+
+    Sampling and elicitation requests, log messages and resource updates reach the gateway through
+    callbacks on each upstream's `mcp.Client` (`client_kwargs`). A callback finds its downstream
+    request (a `_Caller`) from the context of the upstream request it belongs to: the SDK runs
+    it in that context for streamable HTTP upstreams (the message rode that request's stream) and
+    for 2026-07-28 input requests (asked inside the call). On stdio (and the old SSE transport)
+    the wire does not say which request a message belongs to: it goes to the caller when every
+    call in flight to that server comes from one downstream connection, and is refused (requests)
+    or dropped (log messages) when calls from several are in flight. A request nobody can answer
+    gets an MCP error at once; a relayed request never outlives its call.
+    """
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+        self._callers: dict[str, list[_Caller]] = {}
+        self.exchanges: dict[str, _Exchange] = {}
+
+    @contextlib.asynccontextmanager
+    async def calling(
+        self, ctx: ServerRequestContext[Any], server: str, *, exchange: _Exchange | None = None
+    ) -> AsyncIterator[_Caller]:
+        """Relay what `server` sends back while the body runs to the downstream request `ctx`."""
+        caller = _Caller(
+            server=server,
+            request=ctx,
+            connection=connection_of(ctx),
+            capabilities=ctx.session.client_capabilities,
+            exchange=exchange,
+        )
+        callers = self._callers.setdefault(server, [])
+        callers.append(caller)
+        token = _CALLER.set(caller)
+        watching = ATTEMPT_WATCHER.set(lambda attempt: setattr(caller, "attempt", attempt))
+        try:
+            yield caller
+        finally:
+            caller.finish()
+            ATTEMPT_WATCHER.reset(watching)
+            _CALLER.reset(token)
+            callers.remove(caller)
+            if not callers:
+                self._callers.pop(server, None)
+
+    def _caller(self, server: str, transport: str) -> _Caller | None:
+        caller = _CALLER.get()
+        if caller is not None and caller.server == server:
+            return None if caller.finished else caller
+        if transport not in UNCORRELATED_TRANSPORTS:
+            return None
+        live = [c for c in self._callers.get(server, ()) if not c.finished]
+        if live and all(c.connection is live[-1].connection for c in live):
+            return live[-1]
+        return None
+
+    def client_kwargs(self, spec: ServerSpec) -> dict[str, Any]:
+        """The relay callbacks for `spec`'s `mcp.Client` (an `Upstream.client_hooks`)."""
+        server, transport = spec.name, spec.transport
+
+        async def sampling(
+            context: ClientRequestContext, params: types.CreateMessageRequestParams
+        ) -> types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData:
+            result: Any = await self.sample(server, transport, params)
+            return cast("types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData", result)
+
+        async def elicitation(
+            context: ClientRequestContext, params: types.ElicitRequestParams
+        ) -> types.ElicitResult | types.ErrorData:
+            result: Any = await self.elicit(server, transport, params)
+            return cast("types.ElicitResult | types.ErrorData", result)
+
+        async def log(params: types.LoggingMessageNotificationParams) -> None:
+            await self.log(server, transport, params)
+
+        async def message(item: Any) -> None:
+            if isinstance(item, types.ResourceUpdatedNotification):
+                await self._gateway.passthrough.subscriptions.deliver(server, str(item.params.uri))
+
+        return {
+            "sampling_callback": sampling,
+            "elicitation_callback": elicitation,
+            "logging_callback": log,
+            "message_handler": message,
+            "log_level": UPSTREAM_LOG_LEVEL,
+        }
+
+    async def sample(self, server: str, transport: str, params: types.CreateMessageRequestParams) -> Any:
+        """An upstream `sampling/createMessage`, asked of the downstream caller."""
+        caller = self._caller(server, transport)
+        if caller is None:
+            return _refusal(f"no single client call to {server!r} is waiting for this sampling request")
+        gap = _sampling_gap(caller.capabilities, params)
+        if gap is not None:
+            return _refusal(f"the client that made this call {gap}")
+        wants_tools = bool(params.tools or params.tool_choice)
+        result_type = types.CreateMessageResultWithTools if wants_tools else types.CreateMessageResult
+        return await self._ask(caller, "sampling", types.CreateMessageRequest(params=params), result_type)
+
+    async def elicit(self, server: str, transport: str, params: types.ElicitRequestParams) -> Any:
+        """An upstream `elicitation/create`, asked of the downstream caller."""
+        caller = self._caller(server, transport)
+        if caller is None:
+            return _refusal(f"no single client call to {server!r} is waiting for this elicitation request")
+        gap = _elicitation_gap(caller.capabilities, params)
+        if gap is not None:
+            return _refusal(f"the client that made this call {gap}")
+        return await self._ask(caller, "elicitation", types.ElicitRequest(params=params), types.ElicitResult)
+
+    async def _ask(
+        self, caller: _Caller, kind: str, request: types.CreateMessageRequest | types.ElicitRequest, result_type: type[BaseModel]
+    ) -> Any:
+        if caller.exchange is not None:
+            return await caller.exchange.ask(caller, kind, request, result_type)
+        ctx = caller.ctx
+        if ctx is None or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            # 2026-07-28 has no server-to-client requests; the gateway carries input requests on tools/call only.
+            method = ctx.method if ctx is not None else "this request"
+            return _refusal(f"a 2026-07-28 client can be asked for {kind} during tools/call only, not {method}")
+        try:
+            with caller.asking():
+                metadata = ServerMessageMetadata(related_request_id=ctx.request_id)
+                return await ctx.session.send_request(request, result_type, metadata=metadata)
+        except MCPError as exc:
+            return exc.error
+        except Exception as exc:  # a client that went away or answered nonsense must not break the upstream call
+            logger.debug("relaying %s to the downstream client failed", kind, exc_info=True)
+            return types.ErrorData(
+                code=types.INTERNAL_ERROR, message=f"breakwater: the client did not answer: {type(exc).__name__}"
+            )
+        return types.ErrorData(code=types.INTERNAL_ERROR, message="breakwater: the call ended before the client answered")
+
+    async def log(self, server: str, transport: str, params: types.LoggingMessageNotificationParams) -> None:
+        """An upstream `notifications/message`, to the caller (if its level admits it)."""
+        caller = self._caller(server, transport)
+        if caller is None:
+            logger.debug("log message from %s belongs to no single call in flight; not relayed", server)
+            return
+        with caller.delivering():
+            ctx = caller.ctx
+            if ctx is None or caller.finished or params.level not in _admitted_levels(ctx):
+                return
+            try:
+                await ctx.session.send_notification(
+                    types.LoggingMessageNotification(params=params), related_request_id=ctx.request_id
+                )
+            except Exception:  # the caller went away: nothing to tell
+                logger.debug("could not relay a log message from %s", server, exc_info=True)
+
+
+def _can_answer(ctx: ServerRequestContext[Any]) -> bool:
+    """Whether the downstream client declared it can take sampling or elicitation requests."""
+    caps = ctx.session.client_capabilities
+    return caps is not None and (caps.sampling is not None or caps.elicitation is not None)
+
+
+def _admitted_levels(ctx: ServerRequestContext[Any]) -> frozenset[types.LoggingLevel]:
+    """The log levels the downstream asked for: per request on 2026-07-28, by `logging/setLevel` before."""
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        return allowed_log_levels(ctx.protocol_version, ctx.meta)
+    state = getattr(connection_of(ctx), "state", None)
+    level = state.get(LOG_LEVEL_STATE) if isinstance(state, dict) else None
+    return frozenset(LOG_LEVELS[LOG_LEVELS.index(level) :] if level in LOG_LEVELS else LOG_LEVELS)
+
+
 class Gateway:
     """The MCP server face of a `Breakwater`."""
 
@@ -161,6 +534,12 @@ class Gateway:
         self._index: dict[str, Entry] = {}
         self._generation = -1  # the Breakwater generation `_entries` was built from
         self.drift: dict[str, list[str]] = {}  # server -> tools whose definition changed since approved
+        self._tg: TaskGroup | None = None  # the gateway's background work (`watch`)
+        self.relay = _Relay(self)
+        self.passthrough = Passthrough(bw, template=policy.tool_name_template, bus=self.bus, calling=self.relay.calling)
+        for spec in bw.config.servers:
+            # Read at each connect: servers connect in the background and this runs before the first one.
+            bw.upstream(spec.name).client_hooks = self.relay.client_kwargs
         from importlib.metadata import version
 
         self.server = _GatewayServer(
@@ -173,14 +552,20 @@ class Gateway:
             ),
             on_list_tools=self._on_list_tools,
             on_call_tool=self._on_call_tool,
-            on_subscriptions_listen=ListenHandler(self.bus),
-            **Passthrough(bw, template=policy.tool_name_template).handlers(),
+            on_subscriptions_listen=RelayedListen(self.bus, self.passthrough.subscriptions),
+            **self.passthrough.handlers(),
         )
+        # Not `on_set_logging_level=`: that warns (deprecated at 2026-07-28) on every start.
+        self.server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, self._on_set_level)
         self._builtins: dict[str, Callable[[ServerRequestContext[Any], Mapping[str, Any]], Awaitable[types.CallToolResult]]] = {}
         if policy.search_tool:
             self._builtins[policy.search_tool] = self._search_tool
         if policy.status_tool:
             self._builtins[policy.status_tool] = self._status_tool
+        # The 2026-07-28 tasks extension for downstream clients that declare it (breakwater._gateway_tasks).
+        from breakwater._gateway_tasks import GatewayTasks
+
+        self.tasks = GatewayTasks(self)
 
     # ---- the catalog as the gateway shows it ----------------------------------------------------
 
@@ -275,7 +660,23 @@ class Gateway:
         return states, names
 
     async def watch(self) -> None:
-        """Tell downstream clients when the tool list changes: a server becomes ready, changes its tools or fails."""
+        """Run the gateway's background work until cancelled.
+
+        Tells downstream clients when the tool list changes (a server becomes ready, changes its
+        tools or fails), and hosts the relayed resource subscriptions and the upstream calls of
+        2026-07-28 clients waiting between rounds.
+        """
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            self.passthrough.subscriptions.attach(tg)
+            try:
+                await self._watch_tools()
+            finally:
+                self._tg = None
+                self.passthrough.subscriptions.attach(None)
+                tg.cancel_scope.cancel()
+
+    async def _watch_tools(self) -> None:
         self._signature = self._current_signature()
         while True:
             await self.bw.wait_changed()
@@ -299,8 +700,7 @@ class Gateway:
         # A ServerSession is per request; the connection behind it is what lives. Handshake-era
         # clients get list_changed on the connection's own channel; 2026-07-28 clients listen.
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-            connection = getattr(ctx.session, "_connection", ctx.session)
-            self._legacy_sessions[id(connection)] = ctx.session
+            self._legacy_sessions[id(connection_of(ctx))] = ctx.session
 
     # ---- request handlers -----------------------------------------------------------------------
 
@@ -311,8 +711,12 @@ class Gateway:
         tools = self._builtin_tools() + [e.downstream() for e in self.entries()]
         return types.ListToolsResult(tools=tools)
 
-    async def _on_call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def _on_call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
         self._track(ctx)
+        if params.request_state is not None:  # only ever one of the gateway's own (`_Exchange`)
+            return await self._resume(ctx, params)
         arguments = dict(params.arguments or {})
         builtin = self._builtins.get(params.name)
         if builtin is not None:
@@ -327,14 +731,24 @@ class Gateway:
         if self.policy.drift == "block" and tool in self.drift.get(server, ()):
             message = f"The definition of {params.name!r} changed since it was approved."
             return error_result(ToolChangedError(message, server=server, tool=tool))
-        finished = False
+        arguments_for = (server, tool, arguments)
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and self._tg is not None and _can_answer(ctx):
+            return await self._exchange_round(ctx, self._start_exchange(ctx, params.name, *arguments_for))
+        async with self.relay.calling(ctx, server) as caller:
+            return await self._call(caller, ctx, *arguments_for)
+
+    async def _call(
+        self, caller: _Caller, first: ServerRequestContext[Any], server: str, tool: str, arguments: dict[str, Any]
+    ) -> types.CallToolResult:
+        """Call through the gate, relaying progress (and, through `caller`, what the server asks) downstream."""
 
         async def relay_progress(progress: float, total: float | None, message: str | None) -> None:
             # The SDK may deliver the last progress after the call returned; the request is gone by then.
-            if not finished:
+            ctx = caller.ctx
+            if ctx is not None and not caller.finished:
                 await ctx.session.report_progress(progress, total, message)
 
-        meta = ctx.meta if isinstance(ctx.meta, Mapping) else {}
+        meta = first.meta if isinstance(first.meta, Mapping) else {}
         deadline_ms = meta.get(DEADLINE_META_KEY)
         # An agent that re-sends a call with its own operation id gets the same operation upstream.
         given = meta.get(OPERATION_ID_META_KEY)
@@ -343,20 +757,85 @@ class Gateway:
         if isinstance(deadline_ms, int | float) and not isinstance(deadline_ms, bool) and deadline_ms >= 0:
             budget = self.bw.budget(seconds=deadline_ms / 1000)
         # The journal names the agent behind each call.
-        client = DOWNSTREAM_CLIENT.set(_client_name(ctx, meta))
+        client = DOWNSTREAM_CLIENT.set(_client_name(first, meta))
         try:
             async with budget:
                 result = await self.bw.call_tool(
                     server, tool, arguments, progress_callback=relay_progress, operation_id=operation_id
                 )
-            # The SDK hands each progress notification to the callback in a task of its own; let the
-            # ones already queued reach the caller before the result does.
-            for _ in range(PROGRESS_DRAIN_CHECKPOINTS):
-                await anyio.lowlevel.checkpoint()
+            # Progress and log messages that arrived before the result reach the caller before it does.
+            await caller.drain()
             return result
         finally:
-            finished = True
             DOWNSTREAM_CLIENT.reset(client)
+
+    # ---- 2026-07-28 clients asked for input (multi round-trip) ------------------------------------
+
+    def _start_exchange(
+        self, ctx: ServerRequestContext[Any], name: str, server: str, tool: str, arguments: dict[str, Any]
+    ) -> _Exchange:
+        """Run the call in the gateway's task group, so it can wait across the client's rounds."""
+        assert self._tg is not None
+        exchange = _Exchange(token=EXCHANGE_STATE_PREFIX + secrets.token_urlsafe(18), tool=name)
+        self.relay.exchanges[exchange.token] = exchange
+
+        async def run() -> None:
+            try:
+                with exchange.scope:
+                    async with self.relay.calling(ctx, server, exchange=exchange) as caller:
+                        exchange.result = await self._call(caller, ctx, server, tool, arguments)
+            except Exception:  # one call's failure must not take the gateway's task group down
+                logger.exception("call of %s failed inside the gateway", name)
+            finally:
+                if exchange.result is None:
+                    exchange.result = error_result(CallCancelledError("The call was cancelled before it finished."))
+                exchange.done = True
+                exchange.poke()
+            # Kept until the client's next round collects it, or for a while.
+            with anyio.move_on_after(EXCHANGE_KEEP_S):
+                await exchange.collected.wait()
+            self.relay.exchanges.pop(exchange.token, None)
+
+        self._tg.start_soon(run, name=f"breakwater call {name}")
+        return exchange
+
+    async def _exchange_round(
+        self, ctx: ServerRequestContext[Any], exchange: _Exchange
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        """One round: the call's result, or the questions it is waiting on (`InputRequiredResult`)."""
+        async with exchange.lock:
+            exchange.ctx = ctx
+            try:
+                await exchange.settle()
+            except anyio.get_cancelled_exc_class():
+                # The client gave up on this round (cancelled, disconnected): the call goes too.
+                exchange.scope.cancel()
+                raise
+            finally:
+                exchange.ctx = None
+            if exchange.done:
+                assert exchange.result is not None  # set before `done`
+                exchange.collected.set()
+                self.relay.exchanges.pop(exchange.token, None)
+                return exchange.result
+            questions: types.InputRequests = {key: q.request for key, q in exchange.open_questions().items()}
+            return types.InputRequiredResult(input_requests=questions, request_state=exchange.token)
+
+    async def _resume(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        exchange = self.relay.exchanges.get(params.request_state or "")
+        if exchange is None or exchange.tool != params.name:
+            raise MCPError(types.INVALID_PARAMS, "unknown or expired requestState: call the tool again")
+        exchange.answer(params.input_responses)
+        return await self._exchange_round(ctx, exchange)
+
+    async def _on_set_level(self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> types.EmptyResult:
+        """`logging/setLevel`: the least severe level this connection wants relayed from upstream log messages."""
+        state = getattr(connection_of(ctx), "state", None)
+        if isinstance(state, dict):
+            state[LOG_LEVEL_STATE] = params.level
+        return types.EmptyResult()
 
     # ---- built-in tools -------------------------------------------------------------------------
 
@@ -422,6 +901,7 @@ class Gateway:
 # ---- running it ---------------------------------------------------------------------------------
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
 
 
 class BearerAuth:
@@ -450,17 +930,44 @@ class BearerAuth:
         await self.app(scope, receive, send)
 
 
-def http_app(gateway: Gateway, *, host: str, token: str | None, allowed_origins: Sequence[str] = ()) -> Any:
-    """The gateway's streamable-HTTP ASGI app, with Host/Origin checks and, when given, a bearer token."""
+def http_app(
+    gateway: Gateway,
+    *,
+    host: str,
+    token: str | None,
+    allowed_origins: Sequence[str] = (),
+    allowed_hosts: Sequence[str] = (),
+    metrics: Metrics | None = None,
+) -> Any:
+    """The gateway's streamable-HTTP ASGI app, with Host/Origin checks and, when given, a bearer token.
+
+    Beside `/mcp` it serves `/healthz`, `/readyz`, `/metrics` and the status page (`breakwater._web`).
+    Pass the `Metrics` the gateway's `Breakwater` observes (`observers=[metrics]`) for attempt
+    counts; whole calls are counted here either way.
+    """
     from mcp.server.transport_security import TransportSecuritySettings
+
+    from breakwater._web import WebApp, gateway_resolver
 
     hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
     origins = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
     if host not in LOOPBACK_HOSTS:
-        hosts.append(f"{host}:*" if ":" not in host else f"[{host}]:*")
-        origins.append(f"http://{host}:*")
+        names = [host, *allowed_hosts]
+        if host in WILDCARD_HOSTS:
+            # Nobody sends `Host: 0.0.0.0`: clients name the machine. More names (a load balancer's,
+            # a pod IP) come from --allowed-host.
+            names += [socket.gethostname(), socket.getfqdn()]
+        for name in dict.fromkeys(names):
+            bracketed = f"[{name}]" if ":" in name else name
+            hosts += [bracketed, f"{bracketed}:*"]
+            origins += [f"http://{bracketed}", f"http://{bracketed}:*", f"https://{bracketed}", f"https://{bracketed}:*"]
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=[*origins, *allowed_origins]
     )
     app = gateway.server.streamable_http_app(host=host, transport_security=security)
-    return BearerAuth(app, token) if token else app
+    metrics = metrics if metrics is not None else Metrics()
+    # One call counter per server: a second app over the same gateway replaces it, never counts twice.
+    gateway.server.middleware[:] = [m for m in gateway.server.middleware if not isinstance(m, CallCounter)]
+    gateway.server.middleware.append(metrics.middleware(gateway_resolver(gateway)))
+    mcp_app = BearerAuth(app, token) if token else app
+    return WebApp(gateway, mcp_app, security=security, token=token, metrics=metrics)

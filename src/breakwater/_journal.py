@@ -37,14 +37,14 @@ import threading
 import time as _time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from breakwater._clock import Clock, SystemClock
-from breakwater.config import JournalPolicy
+from breakwater.config import CallPolicy, Config, JournalPolicy, ServerSpec
 from breakwater.errors import ErrorCode
 
 if TYPE_CHECKING:
@@ -53,13 +53,17 @@ if TYPE_CHECKING:
 __all__ = [
     "ANSWERED_OUTCOMES",
     "DOWNSTREAM_CLIENT",
+    "HISTOGRAM_ACCURACY",
     "JOURNAL_DB_ENV",
     "RECONCILED",
     "REFUSAL_OUTCOMES",
+    "ROLLUP_BUCKET_S",
     "SCHEMA_VERSION",
+    "TIMEOUT_SOURCES",
     "TRACE_ID",
     "AttemptObserver",
     "AttemptRecord",
+    "CallTracer",
     "Journal",
     "JournalError",
     "JournalStore",
@@ -70,6 +74,7 @@ __all__ = [
     "arguments_digest",
     "default_journal_path",
     "fan_out",
+    "histogram_quantiles",
     "learned_value",
     "new_call_id",
     "open_store",
@@ -77,6 +82,7 @@ __all__ = [
     "parse_duration",
     "percentile",
     "summarize",
+    "timeout_in_force",
 ]
 
 log = logging.getLogger("breakwater.journal")
@@ -84,7 +90,7 @@ log = logging.getLogger("breakwater.journal")
 #: Overrides where the embedded SQLite journal lives (when `[journal] url` is empty).
 JOURNAL_DB_ENV = "BREAKWATER_JOURNAL_DB"
 #: The schema this code writes; stores migrate older schemas up to it and refuse newer ones.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: The downstream client (the agent's MCP client name) of the call running in this context; the gateway sets it.
 DOWNSTREAM_CLIENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("breakwater_downstream_client", default=None)
@@ -115,6 +121,8 @@ _PURGE_INTERVAL_S = 300.0
 _BATCH = 512
 _REOPEN_S = 5.0
 _TABLE = "breakwater_attempts"
+_ROLLUP_TABLE = "breakwater_rollups"
+_BACKFILL_PAGE = 20_000
 _VERSION_TABLE = "breakwater_journal_schema_version"
 
 
@@ -217,6 +225,23 @@ class AttemptObserver(Protocol):
         ...
 
 
+class CallTracer(Protocol):
+    """What the call gate tells about each logical call as a whole (OpenTelemetry's call span).
+
+    `call_started` runs in the caller's task before the call's first attempt (and before the
+    journal reads `TRACE_ID`); whatever it returns is handed back to `call_finished` with the
+    exception that ended the call (None: it returned a result). Both must be cheap and never raise.
+    """
+
+    def call_started(self, server: str, tool: str, operation_id: str | None) -> Any:
+        """The call is about to make its first attempt."""
+        ...
+
+    def call_finished(self, handle: Any, error: BaseException | None) -> None:
+        """The call is over: answered (`error` None), failed with a `CallError`, or cancelled."""
+        ...
+
+
 class _FanOut:
     """Several observers as one: the gate keeps a single observer reference on its hot path."""
 
@@ -280,6 +305,10 @@ class ToolStats:
     p99_s: float | None
     #: The timeout learned from this window's latencies, if there are enough (see `Journal.learned_timeout`).
     learned_timeout_s: float | None = None
+    #: The per-attempt timeout a call of this tool gets now, and where it comes from: `configured`
+    #: (the tool's or its server's own table), `learned`, or `default` (see `timeout_in_force`).
+    timeout_s: float | None = None
+    timeout_source: str | None = None
 
     @property
     def success_rate(self) -> float | None:
@@ -317,12 +346,227 @@ class LearnInput:
     quantile_s: float | None
 
 
+#: Where the timeout in force comes from (the gate's order: configured, learned, default).
+TIMEOUT_SOURCES = ("configured", "learned", "default")
+
+
+def timeout_in_force(spec: ServerSpec | None, tool: str, learned: float | None) -> tuple[float, str]:
+    """The per-attempt timeout the gate gives `tool` of `spec`, and its source (one of `TIMEOUT_SOURCES`).
+
+    The gate's order: the tool's own `timeout_s`, its server's own `[servers.NAME.call] timeout_s`
+    (both `configured`), a learned value, else the `[call]` default. `spec` None (a journal read
+    without the config that wrote it) knows no configured values and the built-in default.
+    """
+    own = spec.tools.get(tool) if spec is not None else None
+    if own is not None and "timeout_s" in own.explicit:
+        return own.call.timeout_s, "configured"
+    if spec is not None and "timeout_s" in spec.call_explicit:
+        return spec.call.timeout_s, "configured"
+    if learned is not None and learned > 0:
+        return learned, "learned"
+    if own is not None:
+        return own.call.timeout_s, "default"
+    return (spec.call if spec is not None else CallPolicy()).timeout_s, "default"
+
+
 def learned_value(inp: LearnInput, policy: JournalPolicy) -> float | None:
     """A tool's learned timeout: its quantile times the headroom, clamped; None below the minimum samples."""
     if inp.completed < policy.learn_min_samples or inp.quantile_s is None:
         return None
     floor = min(policy.learn_floor_s, policy.learn_ceiling_s)
     return min(policy.learn_ceiling_s, max(floor, inp.quantile_s * policy.learn_headroom))
+
+
+# ---------------------------------------------------------------------------------------------- rollups
+
+#: Rollup granularity: one row per (server, tool, minute) of attempts' start times.
+ROLLUP_BUCKET_S = 60
+#: Every percentile `stats` reads from a rollup is within this relative distance of the exact one
+#: (the nearest-rank value of the same attempts): latencies are counted in log-spaced cells
+#: (ratio `(1 + a) / (1 - a)`) and a cell stands for the value that halves its relative width.
+HISTOGRAM_ACCURACY = 0.01
+_GAMMA = (1 + HISTOGRAM_ACCURACY) / (1 - HISTOGRAM_ACCURACY)
+_LOG_GAMMA = math.log(_GAMMA)
+# Zero-length answers (a fake clock, a cached reply) have no logarithm: a cell of their own.
+_ZERO_CELL = "z"
+_SENT_EXCLUDED = frozenset((*REFUSAL_OUTCOMES, RECONCILED))
+_REFUSALS = frozenset(REFUSAL_OUTCOMES)
+_ANSWERED = frozenset(ANSWERED_OUTCOMES)
+
+
+def _cell(duration_s: float) -> str:
+    return str(math.ceil(math.log(duration_s) / _LOG_GAMMA)) if duration_s > 0 else _ZERO_CELL
+
+
+def _cell_value(cell: str) -> float:
+    # The cell (g^(i-1), g^i] is represented by 2 g^i / (g + 1): at most HISTOGRAM_ACCURACY from either end.
+    return 0.0 if cell == _ZERO_CELL else 2.0 * _GAMMA ** int(cell) / (_GAMMA + 1.0)
+
+
+def histogram_quantiles(histogram: Mapping[str, int], quantiles: Sequence[float]) -> list[float | None]:
+    """Nearest-rank quantiles of the values a log-cell histogram counts (None for an empty one).
+
+    Each answer is the representative of the cell holding the exact nearest-rank value, so it is
+    within `HISTOGRAM_ACCURACY` (relative) of it.
+    """
+    n = sum(histogram.values())
+    if n == 0:
+        return [None for _ in quantiles]
+    cells = sorted(histogram.items(), key=lambda kv: -math.inf if kv[0] == _ZERO_CELL else int(kv[0]))
+    out: list[float | None] = []
+    for q in quantiles:
+        rank, seen = min(n, max(1, math.ceil(q * n))), 0
+        for cell, count in cells:
+            seen += count
+            if seen >= rank:
+                out.append(_cell_value(cell))
+                break
+    return out
+
+
+def _merge_counts(into: dict[str, int], other: Mapping[str, int]) -> None:
+    for cell, count in other.items():
+        into[cell] = into.get(cell, 0) + int(count)
+
+
+class _Rollup:
+    """The counts and latency histograms of one (server, tool) over some span of time."""
+
+    __slots__ = ("counts", "cut", "latency")
+
+    # The order of `counts`, and of the rollup table's count columns.
+    FIELDS = ("calls", "succeeded", "attempts", "refused", "timeouts", "outcome_unknown", "breaker_opens", "retries", "completed")
+
+    def __init__(self) -> None:
+        self.counts = [0] * len(self.FIELDS)
+        #: Answered attempts' durations (`completed`, `tool_error`): the latency percentiles.
+        self.latency: dict[str, int] = {}
+        #: Timed-out attempts' durations (at the time they were cut): learning counts them too.
+        self.cut: dict[str, int] = {}
+
+    def add(self, duration_s: float, outcome: str, attempt: int, breaker_opened: Any) -> None:
+        """One journal row, classified exactly as the raw statistics query classifies it."""
+        c = self.counts
+        sent = outcome not in _SENT_EXCLUDED
+        if attempt == 1 and outcome != RECONCILED:
+            c[0] += 1
+        if outcome == "completed" or outcome == RECONCILED:
+            c[1] += 1
+        if sent:
+            c[2] += 1
+            if attempt > 1:
+                c[7] += 1
+        elif outcome in _REFUSALS:
+            c[3] += 1
+        if outcome == "completed":
+            c[8] += 1
+        if breaker_opened:
+            c[6] += 1
+        if outcome in _ANSWERED:
+            cell = _cell(duration_s)
+            self.latency[cell] = self.latency.get(cell, 0) + 1
+        elif outcome == "timeout":
+            c[4] += 1
+            cell = _cell(duration_s)
+            self.cut[cell] = self.cut.get(cell, 0) + 1
+        elif outcome == "outcome_unknown":
+            c[5] += 1
+
+    def merge(self, counts: Sequence[Any], latency: Mapping[str, int], cut: Mapping[str, int]) -> None:
+        """Add a stored rollup row (or another rollup's parts)."""
+        self.counts = [a + int(b) for a, b in zip(self.counts, counts, strict=True)]
+        _merge_counts(self.latency, latency)
+        _merge_counts(self.cut, cut)
+
+    def stats(self, server: str, tool: str) -> ToolStats:
+        c = self.counts
+        p50, p95, p99 = histogram_quantiles(self.latency, (0.5, 0.95, 0.99))
+        return ToolStats(
+            server=server,
+            tool=tool,
+            calls=c[0],
+            succeeded=c[1],
+            attempts=c[2],
+            refused=c[3],
+            timeouts=c[4],
+            outcome_unknown=c[5],
+            breaker_opens=c[6],
+            retries=c[7],
+            p50_s=p50,
+            p95_s=p95,
+            p99_s=p99,
+        )
+
+    def learn_input(self, server: str, tool: str, quantile: float) -> LearnInput:
+        samples = dict(self.latency)
+        _merge_counts(samples, self.cut)
+        (value,) = histogram_quantiles(samples, (quantile,))
+        return LearnInput(server=server, tool=tool, completed=self.counts[8], quantile_s=value)
+
+
+#: A rollup row's key: (server, tool, minute number since the epoch).
+_RollupKey = tuple[str, str, int]
+# The raw columns a rollup is built from, in `_Rollup.add` order after the key parts.
+_ROLLUP_SOURCE = "server, tool, started_at, duration_s, outcome, attempt, breaker_opened"
+
+
+def _bucket_of(started_at: float) -> int:
+    # Float floor division is exact, so a row is in minute m exactly when m*60 <= started_at < (m+1)*60.
+    return int(started_at // ROLLUP_BUCKET_S)
+
+
+def _first_whole_bucket(since: float) -> int:
+    """The first bucket lying wholly at or after `since`: earlier rows come from the raw table."""
+    if not math.isfinite(since):
+        return -(2**62)
+    floor = _bucket_of(since)
+    return floor if floor * ROLLUP_BUCKET_S == since else floor + 1
+
+
+def _rollups_of(records: Iterable[AttemptRecord]) -> dict[_RollupKey, _Rollup]:
+    out: dict[_RollupKey, _Rollup] = {}
+    for r in records:
+        key = (r.server, r.tool, _bucket_of(r.started_at))
+        rollup = out.get(key)
+        if rollup is None:
+            rollup = out[key] = _Rollup()
+        rollup.add(r.duration_s, r.outcome, r.attempt, r.breaker_opened)
+    return out
+
+
+def _fold_raw(into: dict[tuple[str, str], _Rollup], rows: Iterable[Sequence[Any]]) -> None:
+    """Add raw rows (`_ROLLUP_SOURCE` columns) to per-tool rollups."""
+    for server, tool, _started, duration, outcome, attempt, opened in rows:
+        rollup = into.get((server, tool))
+        if rollup is None:
+            rollup = into[(server, tool)] = _Rollup()
+        rollup.add(duration, outcome, attempt, opened)
+
+
+def _loads(value: Any) -> Mapping[str, int]:
+    # SQLite hands back the JSON text; psycopg decodes JSONB itself.
+    return json.loads(value) if isinstance(value, str) else value or {}
+
+
+def _fold_rollups(into: dict[tuple[str, str], _Rollup], rows: Iterable[Sequence[Any]]) -> None:
+    """Add stored rollup rows (server, tool, *counts, latency, cut) to per-tool rollups."""
+    n = len(_Rollup.FIELDS)
+    for row in rows:
+        rollup = into.get((row[0], row[1]))
+        if rollup is None:
+            rollup = into[(row[0], row[1])] = _Rollup()
+        rollup.merge(row[2 : 2 + n], _loads(row[2 + n]), _loads(row[3 + n]))
+
+
+def _rollup_filters(first_bucket: int, server: str | None, tool: str | None, mark: str) -> tuple[str, list[Any]]:
+    where, params = [f"minute >= {mark}"], list[Any]([first_bucket])
+    if server is not None:
+        where.append(f"server = {mark}")
+        params.append(server)
+    if tool is not None:
+        where.append(f"tool = {mark}")
+        params.append(tool)
+    return " AND ".join(where), params
 
 
 # ---------------------------------------------------------------------------------------------- stores
@@ -351,11 +595,17 @@ class JournalStore(Protocol):
         ...
 
     def purge(self, before: float) -> int:
-        """Delete attempts that started before `before` (wall seconds); returns how many."""
+        """Delete attempts (and their rollups) older than the start of `before`'s minute; returns how many attempts."""
         ...
 
-    def tool_stats(self, since: float, *, server: str | None = None, tool: str | None = None) -> list[ToolStats]:
-        """Per tool, the attempts that started at or after `since`, ordered by server and tool."""
+    def tool_stats(
+        self, since: float, *, server: str | None = None, tool: str | None = None, exact: bool = False
+    ) -> list[ToolStats]:
+        """Per tool, the attempts that started at or after `since`, ordered by server and tool.
+
+        Read from the per-minute rollups (percentiles within `HISTOGRAM_ACCURACY`), or with `exact`
+        from every raw row (exact percentiles, a full scan of the window).
+        """
         ...
 
     def learn_inputs(self, since: float, quantile: float) -> list[LearnInput]:
@@ -402,9 +652,61 @@ def _ddl(real: str, boolean: str, serial: str, table: str) -> tuple[str, ...]:
     )
 
 
-def _migrations(real: str, boolean: str, serial: str, table: str) -> list[tuple[int, str, tuple[str, ...]]]:
-    """Every schema change, in order: (version, what it does, statements). Append; never edit a shipped one."""
-    return [(1, "attempts table", _ddl(real, boolean, serial, table))]
+def _rollup_ddl(big: str, json_type: str, table: str) -> tuple[str, ...]:
+    counts = ", ".join(f"{name} {big} NOT NULL" for name in _Rollup.FIELDS)
+    return (
+        f"""CREATE TABLE {table} (
+            server TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            minute {big} NOT NULL,
+            {counts},
+            latency {json_type} NOT NULL,
+            cut {json_type} NOT NULL,
+            PRIMARY KEY (server, tool, minute)
+        )""",
+        f"CREATE INDEX {_ROLLUP_TABLE}_minute ON {table} (minute)",
+    )
+
+
+class _Backfill:
+    """A migration step that is code, not SQL: fill the rollups from the attempts already stored."""
+
+
+_BACKFILL = _Backfill()
+Step = str | _Backfill
+
+
+def _migrations(
+    real: str, boolean: str, serial: str, big: str, json_type: str, table: str, rollups: str
+) -> list[tuple[int, str, tuple[Step, ...]]]:
+    """Every schema change, in order: (version, what it does, steps). Append; never edit a shipped one."""
+    return [
+        (1, "attempts table", _ddl(real, boolean, serial, table)),
+        (2, "per-minute rollups for stats and learning", (*_rollup_ddl(big, json_type, rollups), _BACKFILL)),
+    ]
+
+
+def _backfill(fetch: Callable[[int, int], Sequence[Sequence[Any]]], write: Callable[[dict[_RollupKey, _Rollup]], None]) -> int:
+    """Build rollups from the stored attempts, a page of ids at a time (memory stays bounded).
+
+    `fetch(after_id, limit)` returns rows of (id, `_ROLLUP_SOURCE` columns) ordered by id; `write`
+    merges rollups into the table (an upsert, so pages may split a minute anywhere).
+    """
+    after, total = -1, 0
+    while True:
+        rows = fetch(after, _BACKFILL_PAGE)
+        if not rows:
+            return total
+        acc: dict[_RollupKey, _Rollup] = {}
+        for _id, server, tool, started, duration, outcome, attempt, opened in rows:
+            key = (server, tool, _bucket_of(started))
+            rollup = acc.get(key)
+            if rollup is None:
+                rollup = acc[key] = _Rollup()
+            rollup.add(duration, outcome, attempt, opened)
+        write(acc)
+        total += len(rows)
+        after = int(rows[-1][0])
 
 
 def _stats_sql(table: str, where: str, percentiles: str) -> str:
@@ -487,7 +789,9 @@ class SQLiteJournalStore:
     """The embedded journal: one SQLite file, WAL, so `breakwater stats` reads while a gateway writes.
 
     One connection writes, another reads; each has its own lock, so a long `stats` query never
-    holds up the writer (WAL readers and the writer do not block each other).
+    holds up the writer (WAL readers and the writer do not block each other). Each batch updates
+    the per-minute rollups in the same transaction, under SQLite's write lock, so several
+    processes sharing the file never lose each other's counts.
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
@@ -532,10 +836,14 @@ class SQLiteJournalStore:
                     f"{self.location}: the journal's schema is version {current}, newer than this breakwater knows "
                     f"({SCHEMA_VERSION}); upgrade breakwater or point [journal] url elsewhere"
                 )
-            for version, description, statements in _migrations("REAL", "INTEGER", "INTEGER PRIMARY KEY", _TABLE):
+            steps = _migrations("REAL", "INTEGER", "INTEGER PRIMARY KEY", "INTEGER", "TEXT", _TABLE, _ROLLUP_TABLE)
+            for version, description, statements in steps:
                 if version > current:
                     for statement in statements:
-                        conn.execute(statement)
+                        if isinstance(statement, _Backfill):
+                            self._backfill(conn)
+                        else:
+                            conn.execute(statement)
                     conn.execute(
                         f"INSERT INTO {_VERSION_TABLE} (version, applied_at, description) VALUES (?, ?, ?)",
                         (version, _time.time(), description),
@@ -547,6 +855,13 @@ class SQLiteJournalStore:
             raise
         return int(current)
 
+    def _backfill(self, conn: sqlite3.Connection) -> None:
+        def fetch(after: int, limit: int) -> list[Any]:
+            sql = f"SELECT id, {_ROLLUP_SOURCE} FROM {_TABLE} WHERE id > ? ORDER BY id LIMIT ?"
+            return conn.execute(sql, (after, limit)).fetchall()
+
+        _backfill(fetch, lambda acc: _sqlite_merge(conn, acc))
+
     def schema_version(self) -> int:
         return self._version
 
@@ -554,23 +869,37 @@ class SQLiteJournalStore:
         cols = ", ".join(_COLUMNS)
         marks = ", ".join("?" for _ in _COLUMNS)
         rows = [_as_row(r) for r in records]
+        deltas = _rollups_of(records)
         with self._write_lock:
             conn = self._write
             if conn is None:
                 raise JournalError("the store is not open")
-            conn.execute("BEGIN")
+            # IMMEDIATE: the rollups are read, then rewritten; another process must not slip in between.
+            conn.execute("BEGIN IMMEDIATE")
             try:
                 conn.executemany(f"INSERT INTO {_TABLE} ({cols}) VALUES ({marks})", rows)
+                _sqlite_merge(conn, deltas)
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
 
     def purge(self, before: float) -> int:
+        # Whole minutes only, so the raw rows and the rollups always cover the same attempts.
+        bucket = _bucket_of(before)
         with self._write_lock:
-            if self._write is None:
+            conn = self._write
+            if conn is None:
                 raise JournalError("the store is not open")
-            return self._write.execute(f"DELETE FROM {_TABLE} WHERE started_at < ?", (before,)).rowcount
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                removed = conn.execute(f"DELETE FROM {_TABLE} WHERE started_at < ?", (bucket * float(ROLLUP_BUCKET_S),)).rowcount
+                conn.execute(f"DELETE FROM {_ROLLUP_TABLE} WHERE minute < ?", (bucket,))
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            return int(removed)
 
     @contextmanager
     def _reader(self) -> Iterator[sqlite3.Connection]:
@@ -579,10 +908,40 @@ class SQLiteJournalStore:
                 self._read = self._connect()
             yield self._read
 
-    def _exists(self, conn: sqlite3.Connection) -> bool:
-        return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (_TABLE,)).fetchone() is not None
+    def _exists(self, conn: sqlite3.Connection, table: str = _TABLE) -> bool:
+        return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone() is not None
 
-    def tool_stats(self, since: float, *, server: str | None = None, tool: str | None = None) -> list[ToolStats]:
+    def _rolled_up(self, since: float, server: str | None, tool: str | None) -> dict[tuple[str, str], _Rollup] | None:
+        """Per tool since `since`: stored rollups for whole minutes, raw rows for the partial first one.
+
+        None when the file predates rollups (schema 1: a reader never migrates).
+        """
+        first = _first_whole_bucket(since)
+        acc: dict[tuple[str, str], _Rollup] = {}
+        with self._reader() as conn:
+            if not self._exists(conn, _ROLLUP_TABLE):
+                return None
+            where, params = _rollup_filters(first, server, tool, "?")
+            counts = ", ".join(_Rollup.FIELDS)
+            sql = f"SELECT server, tool, {counts}, latency, cut FROM {_ROLLUP_TABLE} WHERE {where}"
+            _fold_rollups(acc, conn.execute(sql, params))
+            where, params = _filters(since, server, tool, "?")
+            edge = conn.execute(
+                f"SELECT {_ROLLUP_SOURCE} FROM {_TABLE} INDEXED BY {_TABLE}_started_at WHERE {where} AND started_at < ?",
+                [*params, first * float(ROLLUP_BUCKET_S)],
+            )
+            _fold_raw(acc, edge)
+        return acc
+
+    def tool_stats(
+        self, since: float, *, server: str | None = None, tool: str | None = None, exact: bool = False
+    ) -> list[ToolStats]:
+        acc = None if exact else self._rolled_up(since, server, tool)
+        if acc is None:
+            return self._exact_stats(since, server, tool)
+        return [acc[key].stats(*key) for key in sorted(acc)]
+
+    def _exact_stats(self, since: float, server: str | None, tool: str | None) -> list[ToolStats]:
         where, params = _filters(since, server, tool, "?")
         answered = ", ".join(f"'{o}'" for o in ANSWERED_OUTCOMES)
         with self._reader() as conn:
@@ -606,6 +965,9 @@ class SQLiteJournalStore:
         return out
 
     def learn_inputs(self, since: float, quantile: float) -> list[LearnInput]:
+        acc = self._rolled_up(since, None, None)
+        if acc is not None:
+            return [acc[key].learn_input(*key, quantile) for key in sorted(acc)]
         outcomes = ", ".join(f"'{o}'" for o in _LEARN_OUTCOMES)
         samples: dict[tuple[str, str], list[float]] = {}
         completed: dict[tuple[str, str], int] = {}
@@ -642,6 +1004,24 @@ class SQLiteJournalStore:
                     setattr(self, name, None)
 
 
+def _sqlite_merge(conn: sqlite3.Connection, deltas: Mapping[_RollupKey, _Rollup]) -> None:
+    """Add `deltas` to the stored rollups (inside the caller's write transaction)."""
+    n = len(_Rollup.FIELDS)
+    counts = ", ".join(_Rollup.FIELDS)
+    marks = ", ".join("?" for _ in range(n + 5))
+    for key in sorted(deltas):
+        delta = deltas[key]
+        row = conn.execute(
+            f"SELECT {counts}, latency, cut FROM {_ROLLUP_TABLE} WHERE server = ? AND tool = ? AND minute = ?", key
+        ).fetchone()
+        if row is not None:
+            delta.merge(row[:n], json.loads(row[n]), json.loads(row[n + 1]))
+        conn.execute(
+            f"INSERT OR REPLACE INTO {_ROLLUP_TABLE} (server, tool, minute, {counts}, latency, cut) VALUES ({marks})",
+            (*key, *delta.counts, json.dumps(delta.latency, separators=(",", ":")), json.dumps(delta.cut, separators=(",", ":"))),
+        )
+
+
 def _quote(identifier: str) -> str:
     if not identifier.replace("_", "a").isalnum():
         raise JournalError(f"not a plain SQL identifier: {identifier!r}")
@@ -654,7 +1034,8 @@ class PostgresJournalStore:
     `conninfo` is a libpq URL or string (`postgresql://user@host/db`). Tables live in `schema` when
     given (created if missing), else wherever the connection's `search_path` puts them. Batches are
     written with `COPY`; migrations run under a transaction-scoped advisory lock, so replicas that
-    start together migrate once.
+    start together migrate once. Rollups are merged by the database itself (`ON CONFLICT DO
+    UPDATE`, histograms as JSONB), so replicas writing the same minute never lose each other's counts.
     """
 
     def __init__(self, conninfo: str, *, schema: str | None = None, connect_timeout_s: float = 5.0) -> None:
@@ -667,6 +1048,7 @@ class PostgresJournalStore:
         self.location = f"{shown} (schema {schema})" if schema else shown
         prefix = f"{_quote(schema)}." if schema else ""
         self._table = prefix + _quote(_TABLE)
+        self._rollups = prefix + _quote(_ROLLUP_TABLE)
         self._versions = prefix + _quote(_VERSION_TABLE)
         self._write: psycopg.Connection[Any] | None = None
         self._read: psycopg.Connection[Any] | None = None
@@ -708,29 +1090,71 @@ class PostgresJournalStore:
                         f"{self.location}: the journal's schema is version {current}, newer than this breakwater knows "
                         f"({SCHEMA_VERSION}); upgrade breakwater or point [journal] url elsewhere"
                     )
-                for version, description, statements in _migrations(
-                    "DOUBLE PRECISION", "BOOLEAN", "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY", self._table
-                ):
+                steps = _migrations(
+                    "DOUBLE PRECISION",
+                    "BOOLEAN",
+                    "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+                    "BIGINT",
+                    "JSONB",
+                    self._table,
+                    self._rollups,
+                )
+                for version, description, statements in steps:
                     if version > current:
                         for statement in statements:
-                            conn.execute(statement)
+                            if isinstance(statement, _Backfill):
+                                self._backfill(conn)
+                            else:
+                                conn.execute(statement)
                         conn.execute(
                             f"INSERT INTO {self._versions} (version, description) VALUES (%s, %s)", (version, description)
                         )
                         current = version
             self._version = current
 
+    def _backfill(self, conn: psycopg.Connection[Any]) -> None:
+        def fetch(after: int, limit: int) -> list[Any]:
+            sql = f"SELECT id, {_ROLLUP_SOURCE} FROM {self._table} WHERE id > %s ORDER BY id LIMIT %s"
+            return conn.execute(sql, (after, limit)).fetchall()
+
+        _backfill(fetch, lambda acc: self._merge(conn, acc))
+
+    def _merge(self, conn: psycopg.Connection[Any], deltas: Mapping[_RollupKey, _Rollup]) -> None:
+        """Add `deltas` to the stored rollups in one statement per row, in key order (no deadlocks between replicas)."""
+        if not deltas:
+            return
+        counts = _Rollup.FIELDS
+        histogram = (
+            "(SELECT COALESCE(jsonb_object_agg(k, n), '{{}}'::jsonb) FROM (SELECT k, SUM(v) AS n FROM ("
+            "SELECT key AS k, value::bigint AS v FROM jsonb_each_text(r.{0}) UNION ALL "
+            "SELECT key, value::bigint FROM jsonb_each_text(EXCLUDED.{0})) u GROUP BY k) g)"
+        )
+        sql = (
+            f"INSERT INTO {self._rollups} AS r (server, tool, minute, {', '.join(counts)}, latency, cut) "
+            f"VALUES ({', '.join('%s' for _ in range(len(counts) + 3))}, %s::jsonb, %s::jsonb) "
+            f"ON CONFLICT (server, tool, minute) DO UPDATE SET {', '.join(f'{c} = r.{c} + EXCLUDED.{c}' for c in counts)}, "
+            f"latency = {histogram.format('latency')}, cut = {histogram.format('cut')}"
+        )
+        params = [
+            (*key, *deltas[key].counts, json.dumps(deltas[key].latency), json.dumps(deltas[key].cut)) for key in sorted(deltas)
+        ]
+        with conn.cursor() as cur:
+            cur.executemany(sql, params)
+
     def schema_version(self) -> int:
         return self._version
 
     def insert(self, records: Sequence[AttemptRecord]) -> None:
         cols = ", ".join(_COLUMNS)
+        deltas = _rollups_of(records)
         with self._write_lock:
             conn = self._writer()
             try:
-                with conn.transaction(), conn.cursor() as cur, cur.copy(f"COPY {self._table} ({cols}) FROM STDIN") as copy:
-                    for r in records:
-                        copy.write_row(_as_row(r))
+                with conn.transaction():
+                    with conn.cursor() as cur, cur.copy(f"COPY {self._table} ({cols}) FROM STDIN") as copy:
+                        for r in records:
+                            copy.write_row(_as_row(r))
+                    self._merge(conn, deltas)
             except Exception:
                 self._drop_writer()
                 raise
@@ -742,9 +1166,17 @@ class PostgresJournalStore:
             self._write = None
 
     def purge(self, before: float) -> int:
+        # Whole minutes only, so the raw rows and the rollups always cover the same attempts.
+        bucket = _bucket_of(before)
         with self._write_lock:
             try:
-                return self._writer().execute(f"DELETE FROM {self._table} WHERE started_at < %s", (before,)).rowcount
+                conn = self._writer()
+                with conn.transaction():
+                    removed = conn.execute(
+                        f"DELETE FROM {self._table} WHERE started_at < %s", (bucket * float(ROLLUP_BUCKET_S),)
+                    ).rowcount
+                    conn.execute(f"DELETE FROM {self._rollups} WHERE minute < %s", (bucket,))
+                return int(removed)
             except Exception:
                 self._drop_writer()
                 raise
@@ -761,11 +1193,38 @@ class PostgresJournalStore:
                 self._read = None
                 raise
 
-    def _exists(self, conn: psycopg.Connection[Any]) -> bool:
-        row = conn.execute("SELECT to_regclass(%s)", (self._table,)).fetchone()
+    def _exists(self, conn: psycopg.Connection[Any], table: str | None = None) -> bool:
+        row = conn.execute("SELECT to_regclass(%s)", (table or self._table,)).fetchone()
         return row is not None and row[0] is not None
 
-    def tool_stats(self, since: float, *, server: str | None = None, tool: str | None = None) -> list[ToolStats]:
+    def _rolled_up(self, since: float, server: str | None, tool: str | None) -> dict[tuple[str, str], _Rollup] | None:
+        """Per tool since `since`: stored rollups for whole minutes, raw rows for the partial first one (None before schema 2)."""
+        first = _first_whole_bucket(since)
+        acc: dict[tuple[str, str], _Rollup] = {}
+        with self._reader() as conn:
+            if not self._exists(conn, self._rollups):
+                return None
+            where, params = _rollup_filters(first, server, tool, "%s")
+            counts = ", ".join(_Rollup.FIELDS)
+            sql = f"SELECT server, tool, {counts}, latency, cut FROM {self._rollups} WHERE {where}"
+            _fold_rollups(acc, conn.execute(sql, params))
+            where, params = _filters(since, server, tool, "%s")
+            edge = conn.execute(
+                f"SELECT {_ROLLUP_SOURCE} FROM {self._table} WHERE {where} AND started_at < %s",
+                [*params, first * float(ROLLUP_BUCKET_S)],
+            )
+            _fold_raw(acc, edge)
+        return acc
+
+    def tool_stats(
+        self, since: float, *, server: str | None = None, tool: str | None = None, exact: bool = False
+    ) -> list[ToolStats]:
+        acc = None if exact else self._rolled_up(since, server, tool)
+        if acc is None:
+            return self._exact_stats(since, server, tool)
+        return [acc[key].stats(*key) for key in sorted(acc)]
+
+    def _exact_stats(self, since: float, server: str | None, tool: str | None) -> list[ToolStats]:
         where, params = _filters(since, server, tool, "%s")
         answered = ", ".join(f"'{o}'" for o in ANSWERED_OUTCOMES)
         pct = f""",
@@ -778,6 +1237,9 @@ class PostgresJournalStore:
         return [_stats_row(row, *(row[10] or (None, None, None))) for row in rows]
 
     def learn_inputs(self, since: float, quantile: float) -> list[LearnInput]:
+        acc = self._rolled_up(since, None, None)
+        if acc is not None:
+            return [acc[key].learn_input(*key, quantile) for key in sorted(acc)]
         outcomes = ", ".join(f"'{o}'" for o in _LEARN_OUTCOMES)
         with self._reader() as conn:
             if not self._exists(conn):
@@ -1013,13 +1475,36 @@ class Journal:
         self.purged += removed
         return removed
 
-    def stats(self, since_s: float, *, server: str | None = None, tool: str | None = None) -> list[ToolStats]:
-        """Per-tool statistics over the last `since_s` seconds, with each tool's learned timeout."""
-        rows = self.store.tool_stats(self._clock.time() - since_s, server=server, tool=tool)
+    def stats(
+        self,
+        since_s: float,
+        *,
+        server: str | None = None,
+        tool: str | None = None,
+        exact: bool = False,
+        config: Config | None = None,
+    ) -> list[ToolStats]:
+        """Per-tool statistics over the last `since_s` seconds, with each tool's learned timeout and
+        the timeout in force (resolved against `config`'s per-server and per-tool settings).
+
+        From the per-minute rollups (percentiles within `HISTOGRAM_ACCURACY` of the exact ones);
+        `exact` scans every raw row of the window instead.
+        """
+        since = self._clock.time() - since_s
+        rows = self.store.tool_stats(since, server=server, tool=tool, exact=exact)
         learned = self._learned
-        return [_with_learned(r, learned.get((r.server, r.tool))) for r in rows]
+        specs = {s.name: s for s in config.servers} if config is not None else {}
+        out = []
+        for r in rows:
+            value = learned.get((r.server, r.tool))
+            timeout, source = timeout_in_force(specs.get(r.server), r.tool, value)
+            out.append(replace(r, learned_timeout_s=value, timeout_s=timeout, timeout_source=source))
+        return out
 
     def _run(self) -> None:
+        # A first cycle at once: the store opens and the learned timeouts are read before the first
+        # calls (after a restart they would otherwise wait a flush interval on the defaults).
+        self._cycle()
         while True:
             self._wake.wait(self.policy.flush_interval_s)
             self._wake.clear()
@@ -1093,12 +1578,6 @@ class Journal:
         if message != self.last_error:
             log.warning("journal %s (%s)", message, self.store.location)
         self.last_error = message
-
-
-def _with_learned(stats: ToolStats, learned: float | None) -> ToolStats:
-    from dataclasses import replace
-
-    return replace(stats, learned_timeout_s=learned)
 
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}

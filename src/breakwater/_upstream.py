@@ -21,7 +21,7 @@ import logging
 import math
 import random
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from typing import Any
@@ -37,12 +37,17 @@ from pydantic import ValidationError
 from breakwater._admission import Admission, Slot
 from breakwater._backoff import Backoff
 from breakwater._clock import Clock
+from breakwater._http_cut import CUT_KEY, CutTolerantTransport
 from breakwater._redact import Redactor, display_url
 from breakwater._stdio import StdioProcess
+from breakwater._tasks import CLIENT_EXTENSION
 from breakwater.config import ServerSpec
 from breakwater.status import PERSISTENT_REASONS, ErrorInfo, Reason, ServerState, ServerStatus
 
-__all__ = ["Upstream"]
+__all__ = ["ClientHooks", "Upstream"]
+
+#: Given a server's spec, extra keyword arguments for its `mcp.Client` (callbacks, log level).
+ClientHooks = Callable[[ServerSpec], Mapping[str, Any]]
 
 logger = logging.getLogger("breakwater.upstream")
 
@@ -126,6 +131,9 @@ class Upstream:
         self.ready_event = anyio.Event()
         self._redact = Redactor(spec.secrets)
         self._where = display_url(spec.url) if spec.url else spec.command or ""
+        #: Extra `mcp.Client` arguments for this server's next connections: the gateway's relay callbacks
+        #: (sampling, elicitation, log messages, resource updates). None: the SDK's defaults.
+        self.client_hooks: ClientHooks | None = None
 
     # ---- what callers see -------------------------------------------------------------------
 
@@ -245,25 +253,44 @@ class Upstream:
             with self._clock.deadline_scope(started + policy.attempt_timeout_s) as scope:
                 async with AsyncExitStack() as stack:
                     transport: Any
+                    cut_tolerant: CutTolerantTransport | None = None
                     if self.spec.transport == "stdio":
                         stdio = StdioProcess(self.spec.command or "", self.spec.args, env=dict(self.spec.env), cwd=self.spec.cwd)
                         transport = stdio.open()
                     elif self.spec.transport == "sse":
                         transport = sse_client(self.spec.url or "", headers=dict(self.spec.headers))
                     else:
+                        cut_tolerant = CutTolerantTransport(
+                            httpx2.AsyncHTTPTransport(verify=_tls_context()), on_unreachable=self.report_lost
+                        )
                         http_client = httpx2.AsyncClient(
                             headers=dict(self.spec.headers),
                             timeout=httpx2.Timeout(HTTP_TIMEOUT_S, read=HTTP_READ_TIMEOUT_S),
-                            verify=_tls_context(),
+                            transport=cut_tolerant,
                             event_hooks={"response": [self._record_status]},
                         )
                         await stack.enter_async_context(http_client)
                         transport = streamable_http_client(self.spec.url or "", http_client=http_client)
-                    client = Client(transport, cache=None, client_info=_client_info(), **self._mode_kwargs())
+                    mode = self._mode_kwargs()
+                    client = Client(
+                        transport,
+                        cache=None,
+                        client_info=_client_info(),
+                        extensions=[CLIENT_EXTENSION],
+                        **mode,
+                        **(self.client_hooks(self.spec) if self.client_hooks is not None else {}),
+                    )
                     await stack.enter_async_context(client)
+                    if mode["mode"] == "2026-07-28" and mode.get("prior_discover") is None:
+                        # A version pin makes the SDK adopt a made-up discover result with no
+                        # capabilities, which would hide the server's prompts and resources: ask.
+                        raw = await client.session.send_discover("2026-07-28")
+                        client.session.adopt(types.DiscoverResult.model_validate(raw))
                     tools = await _list_all_tools(client)
                     # Connected: lift the attempt deadline for the life of the connection.
                     scope.deadline = math.inf
+                    if cut_tolerant is not None:
+                        cut_tolerant.armed = True
                     ticket.release()
                     self._remember_era(client)
                     self.client = client
@@ -381,7 +408,7 @@ class Upstream:
             self._era = "legacy"
 
     async def _record_status(self, response: httpx2.Response) -> None:
-        if response.status_code >= 400:
+        if response.status_code >= 400 and CUT_KEY not in response.extensions:
             self._last_http_status = response.status_code
 
     # ---- failure classification -------------------------------------------------------------

@@ -40,6 +40,7 @@ __all__ = [
     "RetryPolicy",
     "ServerSpec",
     "StatePolicy",
+    "TelemetryPolicy",
     "ToolSettings",
     "all_knobs",
     "find_config",
@@ -180,6 +181,13 @@ class CallPolicy:
         env="BREAKWATER_CALL_RETRY",
         choices=("auto", "safe", "idempotent", "never"),
     )
+    task_max_s: float = knob(
+        3600.0,
+        "A call the server turned into a task (2026-07-28 tasks extension) is polled this long at most, then "
+        "cancelled with tasks/cancel; a turn budget, when shorter, wins.",
+        env="BREAKWATER_CALL_TASK_MAX_S",
+        minimum=0.001,
+    )
 
     @property
     def idle_s(self) -> float:
@@ -295,6 +303,7 @@ class Config:
     gateway: GatewayPolicy = field(default_factory=lambda: GatewayPolicy())
     journal: JournalPolicy = field(default_factory=lambda: JournalPolicy())
     state: StatePolicy = field(default_factory=StatePolicy)
+    telemetry: TelemetryPolicy = field(default_factory=lambda: TelemetryPolicy())
     path: str | None = None
 
     def server(self, name: str) -> ServerSpec:
@@ -440,6 +449,35 @@ class JournalPolicy:
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class TelemetryPolicy:
+    """OpenTelemetry traces and metrics (`pip install 'mcp-breakwater[otel]'`); off by default, and free when off."""
+
+    enabled: bool = knob(
+        False,
+        "Emit a span per call (a child per attempt) and call metrics through OpenTelemetry.",
+        env="BREAKWATER_TELEMETRY_ENABLED",
+    )
+    exporter: str = knob(
+        "otlp",
+        "Where spans and metrics go: otlp (OTLP/HTTP; endpoint from OTEL_EXPORTER_OTLP_ENDPOINT), console "
+        "(stderr), or global (the process's own OpenTelemetry providers, set up by the application).",
+        env="BREAKWATER_TELEMETRY_EXPORTER",
+        choices=("otlp", "console", "global"),
+    )
+    service_name: str = knob(
+        "breakwater",
+        "The service.name resource attribute of what breakwater emits (otlp and console).",
+        env="BREAKWATER_TELEMETRY_SERVICE_NAME",
+    )
+    metric_interval_s: float = knob(
+        60.0,
+        "How often metrics are exported (otlp and console).",
+        env="BREAKWATER_TELEMETRY_METRIC_INTERVAL_S",
+        minimum=0.1,
+    )
+
+
 POLICY_SECTIONS: dict[str, type[Any]] = {
     "connect": ConnectPolicy,
     "call": CallPolicy,
@@ -449,7 +487,12 @@ POLICY_SECTIONS: dict[str, type[Any]] = {
 
 
 # Sections that configure breakwater itself rather than each server: no per-server override.
-GLOBAL_SECTIONS: dict[str, type[Any]] = {"gateway": GatewayPolicy, "journal": JournalPolicy, "state": StatePolicy}
+GLOBAL_SECTIONS: dict[str, type[Any]] = {
+    "gateway": GatewayPolicy,
+    "journal": JournalPolicy,
+    "state": StatePolicy,
+    "telemetry": TelemetryPolicy,
+}
 
 
 def all_knobs() -> list[Knob]:
@@ -712,7 +755,13 @@ def _load_toml(path: Path, environ: Mapping[str, str]) -> Config:
         StatePolicy,
         [(_policy_table(data.get("state", {}), spath, "state"), spath, "state"), env_layer(StatePolicy, environ)],
     )
-    return Config(servers=tuple(specs.values()), **defaults, gateway=gateway, journal=journal, state=state, path=spath)
+    telemetry = build_policy(
+        TelemetryPolicy,
+        [(_policy_table(data.get("telemetry", {}), spath, "telemetry"), spath, "telemetry"), env_layer(TelemetryPolicy, environ)],
+    )
+    return Config(
+        servers=tuple(specs.values()), **defaults, gateway=gateway, journal=journal, state=state, telemetry=telemetry, path=spath
+    )
 
 
 def load_config(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> Config:
@@ -725,8 +774,15 @@ def load_config(path: str | os.PathLike[str], *, environ: Mapping[str, str] | No
     gateway = build_policy(GatewayPolicy, [env_layer(GatewayPolicy, env)])
     journal = build_policy(JournalPolicy, [env_layer(JournalPolicy, env)])
     state = build_policy(StatePolicy, [env_layer(StatePolicy, env)])
+    telemetry = build_policy(TelemetryPolicy, [env_layer(TelemetryPolicy, env)])
     return Config(
-        servers=tuple(_servers_from_json(p, defaults)), **defaults, gateway=gateway, journal=journal, state=state, path=str(p)
+        servers=tuple(_servers_from_json(p, defaults)),
+        **defaults,
+        gateway=gateway,
+        journal=journal,
+        state=state,
+        telemetry=telemetry,
+        path=str(p),
     )
 
 

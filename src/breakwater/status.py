@@ -10,7 +10,8 @@ States:
                 background attempts continue at a slow cadence, see `next_retry_at`
 * `disabled`    turned off in config
 
-`breakwater status --json` prints `StatusReport.to_json()`.
+`breakwater status --json` prints `StatusReport.to_json()`, which also lists, per tool of every
+ready server, the timeout in force and whether it was configured, learned or the default.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ErrorInfo", "Reason", "ServerState", "ServerStatus", "StatusReport"]
+__all__ = ["ErrorInfo", "Reason", "ServerState", "ServerStatus", "StatusReport", "ToolTimeout"]
 
 
 class ServerState(enum.StrEnum):
@@ -132,10 +133,27 @@ class ServerStatus:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ToolTimeout:
+    """The per-attempt timeout a call of one tool gets now, and where it comes from."""
+
+    server: str
+    tool: str
+    timeout_s: float
+    #: `configured` (the tool's or its server's own table), `learned` (from the call journal's
+    #: recorded latencies) or `default` (`[call] timeout_s`).
+    source: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"server": self.server, "tool": self.tool, "timeout_s": round(self.timeout_s, 3), "source": self.source}
+
+
+@dataclass(frozen=True, kw_only=True)
 class StatusReport:
     """Every server at one instant."""
 
     servers: tuple[ServerStatus, ...] = field(default_factory=tuple)
+    #: Every tool of every ready server: the timeout in force and its source (learned ones change on their own).
+    timeouts: tuple[ToolTimeout, ...] = field(default_factory=tuple)
 
     @property
     def summary(self) -> dict[str, int]:
@@ -148,7 +166,11 @@ class StatusReport:
         return all(s.state in (ServerState.READY, ServerState.DISABLED) for s in self.servers)
 
     def to_json(self) -> dict[str, Any]:
-        return {"servers": [s.to_json() for s in self.servers], "summary": self.summary}
+        return {
+            "servers": [s.to_json() for s in self.servers],
+            "summary": self.summary,
+            "timeouts": [t.to_json() for t in self.timeouts],
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StatusReport:
@@ -168,5 +190,9 @@ class StatusReport:
                     error=None if s.get("error") is None else ErrorInfo.from_json(s["error"]),
                 )
                 for s in data.get("servers", [])
-            )
+            ),
+            timeouts=tuple(
+                ToolTimeout(server=t["server"], tool=t["tool"], timeout_s=float(t["timeout_s"]), source=t["source"])
+                for t in data.get("timeouts", [])
+            ),
         )

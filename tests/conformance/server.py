@@ -5,6 +5,12 @@ It offers what the server scenarios of the official conformance suite (npm
 `test_*` prompts, completion, logging and resource subscriptions. `tests/test_conformance.py`
 runs the suite against it directly and through `breakwater serve`.
 
+It serves both protocol revisions the way a careful server does: its sampling and elicitation
+tools send server-to-client requests on a 2025-era connection and answer with an
+`InputRequiredResult` (multi round-trip) on a 2026-07-28 one, where server-to-client requests do
+not exist. `test_watch_resource_update` sends `notifications/resources/updated` for a URI, to the
+subscribers of that URI (what the gateway's relay tests need).
+
     python tests/conformance/server.py                 # stdio
     python tests/conformance/server.py --port 0 --port-file F   # streamable HTTP on 127.0.0.1
 """
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import socket
 import sys
@@ -31,9 +38,16 @@ from mcp.types import (
     Completion,
     CompletionArgument,
     CompletionContext,
+    CreateMessageRequest,
+    CreateMessageRequestParams,
+    CreateMessageResult,
+    ElicitRequest,
+    ElicitRequestFormParams,
+    ElicitResult,
     EmbeddedResource,
     EmptyResult,
     ImageContent,
+    InputRequiredResult,
     JSONRPCMessage,
     PromptReference,
     ResourceTemplateReference,
@@ -44,6 +58,7 @@ from mcp.types import (
     TextResourceContents,
     UnsubscribeRequestParams,
 )
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 # Logging, sampling and elicitation are deprecated in 2026-07-28 but are what the 2025-era scenarios test.
 warnings.filterwarnings("ignore", category=MCPDeprecationWarning)
@@ -81,9 +96,15 @@ class InMemoryEventStore(EventStore):
         return stream
 
 
+def _modern(ctx: Context) -> bool:
+    """A 2026-07-28 request: input comes through `InputRequiredResult`, not server-to-client requests."""
+    return ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+
 def build_server() -> MCPServer:
     mcp = MCPServer("breakwater-conformance-upstream", version="1.0.0")
     subscriptions: set[str] = set()
+    subscribers: dict[str, list[Any]] = {}  # uri -> sessions of handshake-era subscribers
 
     # ---- tools -----------------------------------------------------------------------------------
 
@@ -141,29 +162,40 @@ def build_server() -> MCPServer:
         return str(token if token is not None else 0)
 
     @mcp.tool()
-    async def test_sampling(prompt: str, ctx: Context) -> str:
+    async def test_sampling(prompt: str, ctx: Context) -> str | InputRequiredResult:
         """Tests server-initiated sampling (LLM completion request)"""
-        try:
-            result = await ctx.session.create_message(
-                messages=[SamplingMessage(role="user", content=TextContent(type="text", text=prompt))],
-                max_tokens=100,
-                related_request_id=ctx.request_id,
-            )
-        except Exception as exc:
-            return f"Sampling not supported or error: {exc}"
+        messages = [SamplingMessage(role="user", content=TextContent(type="text", text=prompt))]
+        if _modern(ctx):
+            answer = (ctx.input_responses or {}).get("sampling")
+            if not isinstance(answer, CreateMessageResult):
+                params = CreateMessageRequestParams(messages=messages, max_tokens=100)
+                return InputRequiredResult(input_requests={"sampling": CreateMessageRequest(params=params)})
+            result = answer
+        else:
+            try:
+                result = await ctx.session.create_message(messages=messages, max_tokens=100, related_request_id=ctx.request_id)
+            except Exception as exc:
+                return f"Sampling not supported or error: {exc}"
         text = result.content.text if isinstance(result.content, TextContent) else "No response"
         return f"LLM response: {text}"
 
-    async def elicit(ctx: Context, message: str, schema: dict[str, Any], label: str) -> str:
-        try:
-            result = await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)  # type: ignore[arg-type]
-        except Exception as exc:
-            return f"Elicitation not supported or error: {exc}"
+    async def elicit(ctx: Context, message: str, schema: dict[str, Any], label: str) -> str | InputRequiredResult:
+        if _modern(ctx):
+            answer = (ctx.input_responses or {}).get("elicitation")
+            if not isinstance(answer, ElicitResult):
+                params = ElicitRequestFormParams(message=message, requested_schema=schema)  # type: ignore[arg-type]
+                return InputRequiredResult(input_requests={"elicitation": ElicitRequest(params=params)})
+            result = answer
+        else:
+            try:
+                result = await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)  # type: ignore[arg-type]
+            except Exception as exc:
+                return f"Elicitation not supported or error: {exc}"
         content = json.dumps(result.content or {}) if result.action == "accept" else "{}"
         return f"{label}: action={result.action}, content={content}"
 
     @mcp.tool()
-    async def test_elicitation(message: str, ctx: Context) -> str:
+    async def test_elicitation(message: str, ctx: Context) -> str | InputRequiredResult:
         """Tests server-initiated elicitation (user input request)"""
         schema = {
             "type": "object",
@@ -176,7 +208,7 @@ def build_server() -> MCPServer:
         return await elicit(ctx, message, schema, "User response")
 
     @mcp.tool()
-    async def test_elicitation_sep1034_defaults(ctx: Context) -> str:
+    async def test_elicitation_sep1034_defaults(ctx: Context) -> str | InputRequiredResult:
         """Tests elicitation with default values for all primitive types (SEP-1034)"""
         schema = {
             "type": "object",
@@ -197,7 +229,7 @@ def build_server() -> MCPServer:
         return await elicit(ctx, "Please provide user information", schema, "Elicitation result")
 
     @mcp.tool()
-    async def test_elicitation_sep1330_enums(ctx: Context) -> str:
+    async def test_elicitation_sep1330_enums(ctx: Context) -> str | InputRequiredResult:
         """Tests elicitation with enum schema variations per SEP-1330"""
         schema = {
             "type": "object",
@@ -319,11 +351,22 @@ def build_server() -> MCPServer:
 
     async def subscribe(ctx: ServerRequestContext[Any], params: SubscribeRequestParams) -> EmptyResult:
         subscriptions.add(str(params.uri))
+        subscribers.setdefault(str(params.uri), []).append(ctx.session)
         return EmptyResult()
 
     async def unsubscribe(ctx: ServerRequestContext[Any], params: UnsubscribeRequestParams) -> EmptyResult:
         subscriptions.discard(str(params.uri))
+        subscribers.pop(str(params.uri), None)
         return EmptyResult()
+
+    @mcp.tool()
+    async def test_watch_resource_update(ctx: Context, uri: str = "test://watched-resource") -> str:
+        """Sends notifications/resources/updated for `uri` to its subscribers (both protocol revisions)"""
+        await ctx.notify_resource_updated(uri)  # 2026-07-28 subscribers: their subscriptions/listen streams
+        for session in subscribers.get(uri, []):
+            with contextlib.suppress(Exception):  # a subscriber that went away
+                await session.send_resource_updated(uri)
+        return f"subscribed: {sorted(subscriptions)}"
 
     low = mcp._lowlevel_server
     low.add_request_handler("logging/setLevel", SetLevelRequestParams, set_level)
