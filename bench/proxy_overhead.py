@@ -10,6 +10,8 @@ Every target fronts the same stdio upstream (`breakwater testserver` with `echo`
 * breakwater-stdio  the client spawns `breakwater serve` (stdio), which spawns the upstream;
 * breakwater-http   `breakwater serve --http 127.0.0.1:0`;
 * breakwater-http-2026  the same, with the client on 2026-07-28 (no peer speaks it; for reference);
+* breakwater-http-json  `serve --http --json-response`: plain JSON answers, as mcp-proxy (PyPI) gives
+                    (no progress, logs, sampling or elicitation mid-call for 2025-11-25 clients);
 * mcp-proxy (PyPI)  sparfenyuk/mcp-proxy `--port P -- <upstream>` (streamable HTTP);
 * fastmcp           `fastmcp run mcp.json --transport http` (FastMCP's proxy, one server);
 * mcp-proxy (npm)   punkpeye/mcp-proxy `--port P -- <upstream>`, on Node 22.
@@ -62,6 +64,7 @@ TARGETS = (
     "breakwater-stdio",
     "breakwater-http",
     "breakwater-http-2026",
+    "breakwater-http-json",
     "mcp-proxy-pypi",
     "fastmcp",
     "mcp-proxy-npm",
@@ -179,10 +182,12 @@ async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tu
         params = StdioServerParameters(command=cmd[0], args=[*cmd[1:], "--config", str(mcp_json(tmp))], env=breakwater_env(tmp))
         async with Client(params, mode="legacy") as c:
             yield c, _version("mcp-breakwater")
-    elif name in ("breakwater-http", "breakwater-http-2026"):
+    elif name in ("breakwater-http", "breakwater-http-2026", "breakwater-http-json"):
         port_file = tmp / "bw.port"
         prof = ["-m", "cProfile", "-o", profile] if profile else []
         cmd = [sys.executable, *prof, "-m", "breakwater", "serve", "--config", str(mcp_json(tmp)), "--http", "127.0.0.1:0"]
+        if name.endswith("json"):
+            cmd.append("--json-response")
         with spawn([*cmd, "--port-file", str(port_file)], env=breakwater_env(tmp)) as (proc, log):
             while not (port_file.exists() and port_file.read_text()):
                 if proc.poll() is not None:
@@ -190,7 +195,8 @@ async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tu
                 await anyio.sleep(0.05)
             mode = "2026-07-28" if name.endswith("2026") else "legacy"
             async with http_client(f"http://127.0.0.1:{port_file.read_text()}/mcp", proc, log, mode=mode) as c:
-                yield c, _version("mcp-breakwater") + (" (client on 2026-07-28)" if mode != "legacy" else "")
+                note = " (client on 2026-07-28)" if mode != "legacy" else " (--json-response)" if name.endswith("json") else ""
+                yield c, _version("mcp-breakwater") + note
     elif name == "mcp-proxy-pypi":
         exe = TOOLS / "venv-mcp-proxy" / "bin" / "mcp-proxy"
         _need(exe)
@@ -449,7 +455,7 @@ def verdict(results: list[Result]) -> list[str]:
         return ["no direct baseline"]
     d = pct(by["direct"].seq, 50)
     peers = [r for n, r in by.items() if not n.startswith("breakwater") and n not in ("direct", "sdk-proxy")]
-    for name in ("breakwater-stdio", "breakwater-http", "breakwater-http-2026"):
+    for name in ("breakwater-stdio", "breakwater-http", "breakwater-http-2026", "breakwater-http-json"):
         if name not in by:
             continue
         p50 = pct(by[name].seq, 50)

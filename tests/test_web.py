@@ -461,6 +461,29 @@ def test_all_interfaces_listener_accepts_its_names_and_only_them(tmp_path: Path)
         stop_gateway(gw)
 
 
+def test_json_response_answers_2025_clients_with_plain_json(tmp_path: Path) -> None:
+    """`serve --http --json-response`: a 2025-11-25 POST gets one JSON body instead of an SSE stream, and calls work."""
+    ping = launch_command("--tool", "ping:latency=0")
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"p": {"command": ping[0], "args": ping[1:]}}}))
+    gw = start_gateway(tmp_path, config, _env(tmp_path), "--json-response")
+    try:
+        initialize = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+        }
+        headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+        answer = httpx2.post(gw.mcp, json=initialize, headers=headers, timeout=30)
+        assert answer.status_code == 200 and answer.headers["content-type"].startswith("application/json")
+        assert answer.json()["result"]["protocolVersion"] == "2025-11-25"
+        wait_until(lambda: get(gw, "/readyz").status_code == 200, "the server to be ready")
+        assert anyio.run(call_tools, gw, ["p__ping"] * 2) == [None, None]
+    finally:
+        stop_gateway(gw)
+
+
 def test_sigterm_stops_the_gateway_gracefully_and_keeps_the_journal(tmp_path: Path) -> None:
     """SIGTERM ends `serve --http` with code 0 after breakwater's own shutdown: the last calls are journaled."""
     ping = launch_command("--tool", "ping:latency=0")

@@ -282,7 +282,12 @@ def _graceful_server_class() -> Any:
 
 
 async def _serve(
-    config: Config, listen: tuple[str, int] | None, token: str | None, port_file: str | None, allowed_hosts: tuple[str, ...] = ()
+    config: Config,
+    listen: tuple[str, int] | None,
+    token: str | None,
+    port_file: str | None,
+    allowed_hosts: tuple[str, ...] = (),
+    json_response: bool = False,
 ) -> int:
 
     from breakwater._gateway import LOOPBACK_HOSTS, Gateway, http_app
@@ -322,7 +327,9 @@ async def _serve(
                     from pathlib import Path
 
                     Path(port_file).write_text(str(bound))
-                app = http_app(gateway, host=host, token=token, metrics=metrics, allowed_hosts=allowed_hosts)
+                app = http_app(
+                    gateway, host=host, token=token, metrics=metrics, allowed_hosts=allowed_hosts, json_response=json_response
+                )
                 server = server_class(uvicorn.Config(app, log_level="warning", lifespan="on"))
                 await server.serve(sockets=[sock])
             tg.cancel_scope.cancel()
@@ -362,6 +369,13 @@ def serve_main(argv: list[str]) -> int:
         help="a Host name clients use to reach a non-loopback listener (repeatable; the listen address and, "
         "on 0.0.0.0 or ::, this machine's host name are always allowed)",
     )
+    parser.add_argument(
+        "--json-response",
+        action="store_true",
+        help="answer 2025-11-25 HTTP requests with plain JSON instead of an SSE stream: faster, but progress, "
+        "log messages, sampling and elicitation cannot reach those clients mid-call (2026-07-28 clients are "
+        "unaffected: they get JSON whenever nothing is streamed)",
+    )
     parser.add_argument("--port-file", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     token = args.token or os.environ.get("BREAKWATER_TOKEN") or None
@@ -381,7 +395,7 @@ def serve_main(argv: list[str]) -> int:
         except ConfigError as exc:
             print(f"breakwater: --state: {exc}", file=sys.stderr)
             return EXIT_CONFIG
-    return anyio.run(_serve, config, args.http, token, args.port_file, tuple(args.allowed_host))
+    return anyio.run(_serve, config, args.http, token, args.port_file, tuple(args.allowed_host), args.json_response)
 
 
 async def _tools(config: Config, query: str, as_json: bool, wait: float, accept: bool) -> int:

@@ -938,6 +938,7 @@ def http_app(
     allowed_origins: Sequence[str] = (),
     allowed_hosts: Sequence[str] = (),
     metrics: Metrics | None = None,
+    json_response: bool = False,
 ) -> Any:
     """The gateway's streamable-HTTP ASGI app, with Host/Origin checks and, when given, a bearer token.
 
@@ -964,7 +965,9 @@ def http_app(
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=[*origins, *allowed_origins]
     )
-    app = gateway.server.streamable_http_app(host=host, transport_security=security)
+    # json_response: a 2025-11-25 POST is answered with one JSON body, not an SSE stream (what
+    # mcp-proxy does; measurably faster), and nothing can reach that client mid-call.
+    app = gateway.server.streamable_http_app(host=host, transport_security=security, json_response=json_response)
     metrics = metrics if metrics is not None else Metrics()
     # One call counter per server: a second app over the same gateway replaces it, never counts twice.
     gateway.server.middleware[:] = [m for m in gateway.server.middleware if not isinstance(m, CallCounter)]
