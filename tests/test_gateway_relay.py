@@ -25,6 +25,8 @@ import pytest
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.session import ClientRequestContext
 
+from breakwater._tasks import CLIENT_EXTENSION
+
 # The logging, sampling and subscription APIs are deprecated at 2026-07-28; their 2025 paths are what is tested.
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")]
 
@@ -204,6 +206,21 @@ async def test_a_slow_answer_from_a_person_does_not_time_the_call_out(
         result = await client.call_tool("test_elicitation", {"message": "who are you?"})
     assert not result.is_error, result
     assert text(result).startswith("User response: action=accept")
+
+
+async def test_a_call_that_runs_as_a_gateway_task_refuses_input_requests_at_once(tmp_path: Path, env: dict[str, str]) -> None:
+    """A 2026-07-28 client that takes tasks and answers elicitations: a task has no next round to carry the
+    question, so the upstream hears a clear refusal at once (never an InputRequiredResult stored as a task result)."""
+
+    async def unused(context: ClientRequestContext, params: types.ElicitRequestParams) -> types.ElicitResult:
+        raise AssertionError("input requests are not relayed into tasks")
+
+    target = gateway_stdio(config(tmp_path, stdio_upstream()), era(env, "2025-11-25"))
+    async with Client(target, extensions=[CLIENT_EXTENSION], elicitation_callback=unused) as client:
+        await ready(client)
+        result = await client.session.call_tool("test_elicitation", {"message": "who?"}, allow_claimed=True)
+    assert isinstance(result, types.CallToolResult), result
+    assert "breakwater does not relay elicitation into tasks" in text(result), text(result)
 
 
 @pytest.mark.parametrize("downstream", DOWNSTREAM_ERAS)

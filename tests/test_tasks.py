@@ -145,6 +145,19 @@ async def test_a_long_call_runs_as_a_task_and_returns_the_final_result(tmp_path:
             assert bw.pending_tasks() == []
 
 
+async def test_a_long_task_is_not_a_slow_call_to_the_breakers(tmp_path: Path) -> None:
+    """A healthy tool whose tasks run longer than its slow-call threshold: the breakers judge the attempt by
+    how long the task handle took, so the task's own length never counts as slow (and never opens them)."""
+    call = CallPolicy(timeout_s=0.5, slow_call_s=1.0)
+    async with breakwater(tmp_path, stdio_spec("--poll-ms", "100", call=call)) as bw:
+        for label in ("a", "b"):
+            result = await bw.call_tool("jobs", "long_job", {"seconds": 1.5, "label": label})
+            assert not result.is_error, result
+        breakers = {b.name: b for b in bw.gate.breaker_snapshots()}
+        tool = next(b for name, b in breakers.items() if name.endswith("long_job"))
+        assert tool.calls_in_window == 2 and tool.slow_in_window == 0, tool
+
+
 async def test_poll_interval_is_honoured_with_jitter_on_the_fake_clock(tmp_path: Path) -> None:
     """The server suggests 5 s between polls. On a fake clock that only moves when the test says so,
     each wait the gate takes is 5 s times a factor in [1, 1.1), and the server sees exactly one

@@ -191,7 +191,7 @@ class AttemptClock:
     hard cap (`max_s`, or the turn budget) bounds the wait, and the timeout restarts from the answer.
     """
 
-    __slots__ = ("_clock", "_scope", "_waiting", "finished", "hard", "idle_s")
+    __slots__ = ("_clock", "_scope", "_waiting", "finished", "hard", "idle_s", "task_at")
 
     def __init__(self, clock: Clock, scope: DeadlineScope, *, hard: float, idle_s: float) -> None:
         self._clock = clock
@@ -200,6 +200,13 @@ class AttemptClock:
         self.idle_s = idle_s
         self.finished = False
         self._waiting = 0
+        #: When the server answered with a task handle (monotonic), if it did.
+        self.task_at: float | None = None
+
+    def became_task(self) -> None:
+        """The call is now a task (breakwater._tasks): its polling is bounded by the budget or `task_max_s`."""
+        self.task_at = self._clock.monotonic()
+        self._scope.deadline = math.inf
 
     def nudge(self) -> None:
         """The server showed signs of life: give it `idle_s` more, up to the hard cap."""
@@ -218,7 +225,7 @@ class AttemptClock:
             yield
         finally:
             self._waiting -= 1
-            if not self._waiting and not self.finished:
+            if not self._waiting and not self.finished and self.task_at is None:
                 self._scope.deadline = min(self.hard, self._clock.monotonic() + self.idle_s)
 
 
@@ -791,7 +798,9 @@ class CallGate:
         tasks = self.tasks
         task_token = None
         if tasks is not None:
-            task_call = tasks.attempt(srv.upstream, info.name, meta, info.retry_class, timeout_s, policy.task_max_s, scope)
+            task_call = tasks.attempt(
+                srv.upstream, info.name, meta, info.retry_class, timeout_s, policy.task_max_s, attempt_clock
+            )
             task_token = TASK_CALL.set(task_call)
         try:
             with scope:
@@ -840,8 +849,11 @@ class CallGate:
         tool_streak = info.breaker.snapshot().consecutive_failures if verdict.outcome is Outcome.FAILURE else 0
         # The journal's breaker_opened: which breakers were open before this attempt's report.
         open_before = None if call is None else (srv.breaker.state is BreakerState.OPEN, info.breaker.state is BreakerState.OPEN)
-        tool_permit.record(verdict.outcome, elapsed)
-        server_permit.record(_server_outcome(verdict, tool_streak), elapsed)
+        # A call that became a task is judged by how long the handle took, not by the task's own length:
+        # a healthy tool whose tasks run for minutes must not read as a slow call to the breakers.
+        judged_s = elapsed if attempt_clock.task_at is None else attempt_clock.task_at - started
+        tool_permit.record(verdict.outcome, judged_s)
+        server_permit.record(_server_outcome(verdict, tool_streak), judged_s)
         answer: types.CallToolResult | tuple[Verdict, CallError]
         if verdict.ok and result is not None:
             answer = result

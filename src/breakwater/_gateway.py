@@ -51,6 +51,7 @@ from breakwater._passthrough import Passthrough, RelayedListen, connection_of
 from breakwater.config import GatewayPolicy, ServerSpec
 from breakwater.errors import CallCancelledError, ToolChangedError, UnknownToolError
 from breakwater.status import ServerState, ServerStatus, iso
+from breakwater.tasks import current_task_id
 
 __all__ = ["DEADLINE_META_KEY", "Gateway", "GatewayPolicy", "SearchAnswer"]
 
@@ -194,6 +195,8 @@ class _Caller:
     finished: bool = False
     #: The upstream attempt in flight for this call, whose timeout pauses while the caller is asked something.
     attempt: AttemptClock | None = None
+    #: The call runs as a gateway task (breakwater._gateway_tasks): no round to carry a question in.
+    in_task: bool = False
     _asks: set[anyio.CancelScope] = field(default_factory=set)
     _deliveries: int = 0
     _idle: anyio.Event = field(default_factory=anyio.Event)
@@ -385,6 +388,7 @@ class _Relay:
             connection=connection_of(ctx),
             capabilities=ctx.session.client_capabilities,
             exchange=exchange,
+            in_task=current_task_id() is not None,
         )
         callers = self._callers.setdefault(server, [])
         callers.append(caller)
@@ -472,6 +476,8 @@ class _Relay:
         ctx = caller.ctx
         if ctx is None or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             # 2026-07-28 has no server-to-client requests; the gateway carries input requests on tools/call only.
+            if caller.in_task:
+                return _refusal(f"the client's call runs as a task, and breakwater does not relay {kind} into tasks")
             method = ctx.method if ctx is not None else "this request"
             return _refusal(f"a 2026-07-28 client can be asked for {kind} during tools/call only, not {method}")
         try:
@@ -732,7 +738,9 @@ class Gateway:
             message = f"The definition of {params.name!r} changed since it was approved."
             return error_result(ToolChangedError(message, server=server, tool=tool))
         arguments_for = (server, tool, arguments)
-        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and self._tg is not None and _can_answer(ctx):
+        # Inside a gateway task (breakwater._gateway_tasks) there is no next round to carry questions in.
+        in_task = current_task_id() is not None
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and self._tg is not None and _can_answer(ctx) and not in_task:
             return await self._exchange_round(ctx, self._start_exchange(ctx, params.name, *arguments_for))
         async with self.relay.calling(ctx, server) as caller:
             return await self._call(caller, ctx, *arguments_for)

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import random
 import sqlite3
@@ -46,7 +45,7 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 import anyio
 import anyio.to_thread
@@ -57,7 +56,7 @@ from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.session import ClientSession
 
 from breakwater._classify import RetryClass
-from breakwater._clock import Clock, DeadlineScope
+from breakwater._clock import Clock
 from breakwater._journal import _data_dir
 from breakwater._turn_budget import current_budget
 from breakwater.errors import CallCancelledError, CallError, CallTimeoutError, OutcomeUnknownError, UpstreamError
@@ -314,8 +313,16 @@ class TaskCall(NamedTuple):
     timeout_s: float
     #: The longest the task is polled without a turn budget (`call.task_max_s`).
     max_s: float
-    #: The attempt's deadline scope, lifted once the call has become a task.
-    scope: DeadlineScope
+    #: The gate's attempt, told once the call has become a task (see `AttemptHandle`).
+    attempt: AttemptHandle
+
+
+class AttemptHandle(Protocol):
+    """The gate's side of an attempt that became a task (`breakwater._gate.AttemptClock`)."""
+
+    def became_task(self) -> None:
+        """The server answered with a task handle: lift the attempt's deadline; time the attempt up to here."""
+        ...
 
 
 #: Set by the gate around each attempt's `tools/call`; read by the claim's resolver.
@@ -347,10 +354,10 @@ class TaskRuntime:
         retry_class: RetryClass,
         timeout_s: float,
         max_s: float,
-        scope: DeadlineScope,
+        attempt: AttemptHandle,
     ) -> TaskCall:
         """The context of one gate attempt, for `TASK_CALL`."""
-        return TaskCall(self, upstream, tool, meta, retry_class, timeout_s, max_s, scope)
+        return TaskCall(self, upstream, tool, meta, retry_class, timeout_s, max_s, attempt)
 
     # ---- following a task to its end ---------------------------------------------------------------
 
@@ -363,7 +370,7 @@ class TaskRuntime:
         if budget is not None and budget.deadline <= deadline:
             deadline, cut_by = budget.deadline, "turn budget"
         # The attempt's timeout bounded getting the handle; from here on the task's deadline does.
-        call.scope.deadline = math.inf
+        call.attempt.became_task()
         op_id = call.meta.get(_OPERATION_ID_META_KEY) if call.meta else None
         pending = PendingTask(
             server=call.upstream.spec.name,
