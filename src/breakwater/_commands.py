@@ -469,8 +469,9 @@ def _timeout_cell(seconds: float | None, source: str | None) -> str:
     # The timeout in force, marked by where it came from: a learned one is what changes on its own.
     if seconds is None:
         return ""
+    # Seconds, and a one-word source: the twelfth column must not push the table past 120 columns.
     mark = {"learned": " [cyan]learned[/]", "configured": " [dim]config[/]"}.get(source or "", " [dim]default[/]")
-    return _ms(seconds) + mark
+    return f"{seconds:g} s{mark}" if seconds >= 1 else _ms(seconds) + mark
 
 
 def stats_view(stats: list[Any], *, since: str, location: str) -> Table:

@@ -47,7 +47,7 @@ __all__ = ["demo_main"]
 SLOW_START_S = 15
 CRM_CRASH = "ModuleNotFoundError: No module named 'crm_sdk'"
 STARTUP_WATCH_S = 12
-STATS_WIDTH = 120  # the stats table does not fit in 80 columns
+STATS_WIDTH = 132  # the stats table (twelve columns) does not fit in 80 or 120 columns
 SLOW_TOOL_TIMEOUT_S = 1
 
 
@@ -251,7 +251,8 @@ async def _run(console: Console) -> int:
             # The gateway has exited and flushed its journal: what an on-call engineer would see.
             console.rule("[bold]... and what the gateway's call journal recorded (breakwater stats)")
             stats = subprocess.run(
-                [sys.executable, "-m", "breakwater", "stats", "--journal", env["BREAKWATER_JOURNAL"], "--since", "1h"],
+                # With the config, the timeout column shows the demo's own per-tool timeouts as configured.
+                [sys.executable, "-m", "breakwater", "stats", "--config", str(config), "--journal", env["BREAKWATER_JOURNAL"]],
                 capture_output=True,
                 text=True,
                 env={**env, "COLUMNS": str(console.width)},
