@@ -12,6 +12,7 @@ Every target fronts the same stdio upstream (`breakwater testserver` with `echo`
 * breakwater-http-2026  the same, with the client on 2026-07-28 (no peer speaks it; for reference);
 * breakwater-http-json  `serve --http --json-response`: plain JSON answers, as mcp-proxy (PyPI) gives
                     (no progress, logs, sampling or elicitation mid-call for 2025-11-25 clients);
+* sdk-proxy-http-json  reference, not a peer: the bare SDK hop served over HTTP with JSON answers;
 * mcp-proxy (PyPI)  sparfenyuk/mcp-proxy `--port P -- <upstream>` (streamable HTTP);
 * fastmcp           `fastmcp run mcp.json --transport http` (FastMCP's proxy, one server);
 * mcp-proxy (npm)   punkpeye/mcp-proxy `--port P -- <upstream>`, on Node 22.
@@ -65,6 +66,7 @@ TARGETS = (
     "breakwater-http",
     "breakwater-http-2026",
     "breakwater-http-json",
+    "sdk-proxy-http-json",
     "mcp-proxy-pypi",
     "fastmcp",
     "mcp-proxy-npm",
@@ -109,6 +111,8 @@ def breakwater_env(tmp: Path) -> dict[str, str]:
         BREAKWATER_CATALOG_DIR=str(tmp / "catalog"),
         BREAKWATER_ADMISSION_DIR=str(tmp / "admission"),
         BREAKWATER_CONNECT_STARTUP_JITTER_S="0",
+        # The journal stays on, as a user runs it, but out of the user's own journal.
+        BREAKWATER_JOURNAL=str(tmp / "journal.sqlite3"),
         # The burst is 50 wide; the default bulkhead (32 in flight per server) would refuse 18 of them at once.
         BREAKWATER_CALL_MAX_IN_FLIGHT="256",
     )
@@ -177,6 +181,16 @@ async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tu
         script = str(Path(__file__).parent / "peers" / "sdk_proxy.py")
         async with Client(StdioServerParameters(command=sys.executable, args=[script, "--", *UPSTREAM]), mode="legacy") as c:
             yield c, "mcp " + _version("mcp") + " (bare pass-through)"
+    elif name == "sdk-proxy-http-json":
+        script = str(Path(__file__).parent / "peers" / "sdk_proxy.py")
+        port_file = tmp / "sdk-proxy.port"
+        with spawn([sys.executable, script, "--http", str(port_file), "--json", "--", *UPSTREAM]) as (proc, log):
+            while not (port_file.exists() and port_file.read_text()):
+                if proc.poll() is not None:
+                    raise RuntimeError(_tail(log))
+                await anyio.sleep(0.05)
+            async with http_client(f"http://127.0.0.1:{port_file.read_text()}/mcp", proc, log) as c:
+                yield c, "mcp " + _version("mcp") + " (bare pass-through, HTTP, JSON answers)"
     elif name == "breakwater-stdio":
         cmd = [sys.executable, *(["-m", "cProfile", "-o", profile] if profile else []), "-m", "breakwater", "serve"]
         params = StdioServerParameters(command=cmd[0], args=[*cmd[1:], "--config", str(mcp_json(tmp))], env=breakwater_env(tmp))
@@ -454,7 +468,7 @@ def verdict(results: list[Result]) -> list[str]:
     if "direct" not in by:
         return ["no direct baseline"]
     d = pct(by["direct"].seq, 50)
-    peers = [r for n, r in by.items() if not n.startswith("breakwater") and n not in ("direct", "sdk-proxy")]
+    peers = [r for n, r in by.items() if not n.startswith("breakwater") and not n.startswith("sdk-proxy") and n != "direct"]
     for name in ("breakwater-stdio", "breakwater-http", "breakwater-http-2026", "breakwater-http-json"):
         if name not in by:
             continue
