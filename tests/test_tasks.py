@@ -158,6 +158,30 @@ async def test_a_long_task_is_not_a_slow_call_to_the_breakers(tmp_path: Path) ->
         assert tool.calls_in_window == 2 and tool.slow_in_window == 0, tool
 
 
+async def test_a_task_being_polled_gives_its_bulkhead_slot_back(tmp_path: Path) -> None:
+    """With a bulkhead of one call in flight, a long job that became a task holds no slot while it is polled:
+    a quick call beside it goes through instead of being refused as OVERLOADED, and the count returns to 0."""
+    call = CallPolicy(timeout_s=0.5, max_in_flight=1)
+    async with breakwater(tmp_path, stdio_spec("--poll-ms", "100", call=call)) as bw:
+        box: list[CallToolResult] = []
+        async with anyio.create_task_group() as tg:
+
+            async def long() -> None:
+                box.append(await bw.call_tool("jobs", "long_job", {"seconds": 1.5, "label": "slot"}))
+
+            async def polled() -> bool:
+                return bool(bw.pending_tasks())
+
+            tg.start_soon(long)
+            await eventually(polled)
+            assert bw.gate.in_flight() == {"jobs": 0}
+            quick = await bw.call_tool("jobs", "quick", {"x": 4})
+            assert not quick.is_error, quick
+        (result,) = box
+        assert not result.is_error, result
+        assert bw.gate.in_flight() == {"jobs": 0}
+
+
 async def test_poll_interval_is_honoured_with_jitter_on_the_fake_clock(tmp_path: Path) -> None:
     """The server suggests 5 s between polls. On a fake clock that only moves when the test says so,
     each wait the gate takes is 5 s times a factor in [1, 1.1), and the server sees exactly one

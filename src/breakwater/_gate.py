@@ -191,7 +191,7 @@ class AttemptClock:
     hard cap (`max_s`, or the turn budget) bounds the wait, and the timeout restarts from the answer.
     """
 
-    __slots__ = ("_clock", "_scope", "_waiting", "finished", "hard", "idle_s", "task_at")
+    __slots__ = ("_clock", "_scope", "_waiting", "finished", "hard", "idle_s", "on_task", "task_at")
 
     def __init__(self, clock: Clock, scope: DeadlineScope, *, hard: float, idle_s: float) -> None:
         self._clock = clock
@@ -202,11 +202,15 @@ class AttemptClock:
         self._waiting = 0
         #: When the server answered with a task handle (monotonic), if it did.
         self.task_at: float | None = None
+        #: Called once if the call becomes a task (the gate gives back the attempt's bulkhead slot).
+        self.on_task: Callable[[], None] | None = None
 
     def became_task(self) -> None:
         """The call is now a task (breakwater._tasks): its polling is bounded by the budget or `task_max_s`."""
         self.task_at = self._clock.monotonic()
         self._scope.deadline = math.inf
+        if self.on_task is not None:
+            self.on_task()
 
     def nudge(self) -> None:
         """The server showed signs of life: give it `idle_s` more, up to the hard cap."""
@@ -792,6 +796,16 @@ class CallGate:
                 await progress_callback(progress, total, message)
 
         srv.in_flight += 1
+        holding = True
+
+        def release_slot() -> None:
+            nonlocal holding
+            if holding:
+                holding = False
+                srv.in_flight -= 1
+
+        # A task being polled holds no request open upstream: its bulkhead slot goes back at once.
+        attempt_clock.on_task = release_slot
         result: types.CallToolResult | None = None
         failure: BaseException | None = None
         # If the server answers with a task handle, the tasks resolver takes the call from here (see _tasks).
@@ -823,7 +837,7 @@ class CallGate:
             attempt_clock.finished = True
             if watcher is not None:
                 watcher(None)
-            srv.in_flight -= 1
+            release_slot()
             if task_token is not None:
                 TASK_CALL.reset(task_token)
         elapsed = clock.monotonic() - started
