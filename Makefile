@@ -29,7 +29,7 @@ check: lint typecheck test
 
 # Regenerate the README's knob and error tables from the code.
 docs: $(STAMP)
-	$(BIN)/python -m breakwater._docs README.md
+	$(BIN)/python -m breakwater.cli._docs README.md
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -30,7 +30,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from breakwater import Breakwater, Config, ServerSpec, ServerState
-from breakwater._breaker import Outcome, Permit
+from breakwater.gate._breaker import Outcome, Permit
 
 
 class Stub:

@@ -46,7 +46,8 @@ import anyio
 from mcp import Client, StdioServerParameters
 
 from breakwater._clock import FakeClock
-from breakwater._journal import (
+from breakwater.config import JournalPolicy
+from breakwater.journal._journal import (
     AttemptRecord,
     Journal,
     JournalStore,
@@ -54,8 +55,7 @@ from breakwater._journal import (
     SQLiteJournalStore,
     new_call_id,
 )
-from breakwater.config import JournalPolicy
-from breakwater.testserver import Latency, launch_command
+from breakwater.testing.server import Latency, launch_command
 
 PG = os.environ.get("BREAKWATER_TEST_POSTGRES") or "host=127.0.0.1 port=5432 dbname=test user=postgres connect_timeout=3"
 DISTRIBUTIONS = ("lognormal(0.2,0.5)", "lognormal(0.05,1.0)", "uniform(0.1,0.3)", "lognormal(2,0.3)")

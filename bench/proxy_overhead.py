@@ -53,7 +53,7 @@ from typing import Any
 import anyio
 from mcp import Client, StdioServerParameters
 
-from breakwater.testserver import launch_command
+from breakwater.testing.server import launch_command
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = REPO / ".tools"

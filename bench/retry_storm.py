@@ -31,8 +31,8 @@ import anyio
 from mcp import Client
 
 from breakwater import Breakwater, Config, ConnectPolicy, ServerSpec
-from breakwater._breaker import BreakerPolicy
-from breakwater.testserver import launch_command, read_state, stdio_params
+from breakwater.gate._breaker import BreakerPolicy
+from breakwater.testing.server import launch_command, read_state, stdio_params
 
 NAIVE_ATTEMPTS = 3
 NO_BREAKER = BreakerPolicy(minimum_calls=10**9, consecutive_failures=10**9)

@@ -41,10 +41,10 @@ from typing import Any
 
 import anyio
 
-from breakwater._breaker import BreakerPolicy, BreakerRegistry, Outcome, Permit, Rejection
 from breakwater._clock import SystemClock
-from breakwater._redis_store import RedisStore
-from breakwater._state_store import MemoryStore, StatePolicy
+from breakwater.gate._breaker import BreakerPolicy, BreakerRegistry, Outcome, Permit, Rejection
+from breakwater.state._base import MemoryStore, StatePolicy
+from breakwater.state._redis import RedisStore
 
 LEASE_S = 0.5
 CHECK_POLICY = BreakerPolicy(consecutive_failures=2, open_base_s=0.3, open_max_s=1.0, open_jitter=0.2, probe_lease_s=LEASE_S)

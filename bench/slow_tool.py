@@ -37,7 +37,7 @@ import anyio
 from mcp import Client
 
 from breakwater import Breakwater, Config, ConnectPolicy, ServerSpec
-from breakwater.testserver import launch_command, read_state, stdio_params
+from breakwater.testing.server import launch_command, read_state, stdio_params
 
 SERVERS = 4
 TOOLS_PER_SERVER = 5

@@ -37,7 +37,7 @@ def _no_user_journal(monkeypatch: pytest.MonkeyPatch, _stray_journal_dir: Path) 
     """
     monkeypatch.setenv("BREAKWATER_JOURNAL", "off")
     monkeypatch.setenv("BREAKWATER_JOURNAL_DB", str(_stray_journal_dir / "journal.sqlite3"))
-    # The same for the table of upstream task ids (breakwater._tasks), unless a test names its own.
+    # The same for the table of upstream task ids (breakwater.gate._tasks), unless a test names its own.
     monkeypatch.setenv("BREAKWATER_TASKS_DB", str(_stray_journal_dir / "tasks.sqlite3"))
 
 

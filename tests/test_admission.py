@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from breakwater import FakeClock, SystemClock
-from breakwater._admission import Admission, Slot
+from breakwater.connect._admission import Admission, Slot
 
 pytestmark = pytest.mark.anyio
 
@@ -85,7 +85,7 @@ async def test_slot_held_by_another_process_is_respected_and_freed_when_it_dies(
                 f"""
                 import anyio, random, sys, time
                 from pathlib import Path
-                from breakwater._admission import Admission, Slot
+                from breakwater.connect._admission import Admission, Slot
                 from breakwater import SystemClock
                 async def main():
                     a = Admission(clock=SystemClock(), rng=random.Random(), directory=Path({str(tmp_path)!r}))

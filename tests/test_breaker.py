@@ -11,7 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from breakwater._breaker import (
+from breakwater._clock import FakeClock
+from breakwater.config._knobs import iter_knobs
+from breakwater.errors import ConfigError
+from breakwater.gate._breaker import (
     BreakerPolicy,
     BreakerRegistry,
     BreakerState,
@@ -20,9 +23,6 @@ from breakwater._breaker import (
     Permit,
     Rejection,
 )
-from breakwater._clock import FakeClock
-from breakwater._knobs import iter_knobs
-from breakwater.errors import ConfigError
 
 
 @pytest.fixture

@@ -28,9 +28,9 @@ from mcp.types import (
     ToolAnnotations,
 )
 
-from breakwater._breaker import Outcome
-from breakwater._classify import AttemptContext, RetryClass, Verdict, classify, retry_class_for
 from breakwater.errors import BudgetExhaustedError, CircuitOpenError, ErrorCode
+from breakwater.gate._breaker import Outcome
+from breakwater.gate._classify import AttemptContext, RetryClass, Verdict, classify, retry_class_for
 
 SAFE, IDEMPOTENT, NEVER = RetryClass.SAFE, RetryClass.IDEMPOTENT, RetryClass.NEVER
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from breakwater._knobs import render_markdown
 from breakwater.config import ConnectPolicy, all_knobs, find_config, load_config
+from breakwater.config._knobs import render_markdown
 from breakwater.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

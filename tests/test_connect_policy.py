@@ -15,9 +15,9 @@ import anyio
 import pytest
 
 from breakwater import FakeClock
-from breakwater._admission import Admission
-from breakwater._upstream import BACKGROUND_JITTER, Upstream
 from breakwater.config import ConnectPolicy, ServerSpec
+from breakwater.connect._admission import Admission
+from breakwater.connect._upstream import BACKGROUND_JITTER, Upstream
 from breakwater.status import Reason, ServerState
 
 pytestmark = pytest.mark.anyio

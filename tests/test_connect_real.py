@@ -21,7 +21,7 @@ import anyio
 import pytest
 
 from breakwater import Breakwater, Config, ConnectPolicy, Reason, ServerSpec, ServerState
-from breakwater.testserver import launch_command, serve_http
+from breakwater.testing.server import launch_command, serve_http
 
 pytestmark = pytest.mark.anyio
 

@@ -14,7 +14,7 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
-from breakwater.testserver import launch_command
+from breakwater.testing.server import launch_command
 
 pytestmark = pytest.mark.anyio
 

@@ -7,7 +7,6 @@ import json
 import pytest
 from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent
 
-from breakwater._envelope import ENVELOPE_META_KEY, error_from_result, error_result, error_text, render_error_table
 from breakwater.errors import (
     CODE_TO_ERROR,
     BreakwaterError,
@@ -19,6 +18,7 @@ from breakwater.errors import (
     ServerUnavailableError,
     ToolError,
 )
+from breakwater.gate._envelope import ENVELOPE_META_KEY, error_from_result, error_result, error_text, render_error_table
 
 ENVELOPE = {
     "ok",

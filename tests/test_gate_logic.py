@@ -19,15 +19,15 @@ import pytest
 from mcp import MCPError
 from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 
-from breakwater._admission import Admission
-from breakwater._breaker import BreakerPolicy
 from breakwater._clock import FakeClock
-from breakwater._envelope import render_error_table
-from breakwater._gate import OPERATION_ID_META_KEY, CallGate
-from breakwater._turn_budget import turn_budget
-from breakwater._upstream import Upstream
 from breakwater.config import CallPolicy, RetryPolicy, ServerSpec, ToolSettings, load_config
+from breakwater.connect._admission import Admission
+from breakwater.connect._upstream import Upstream
 from breakwater.errors import ConfigError
+from breakwater.gate._breaker import BreakerPolicy
+from breakwater.gate._envelope import render_error_table
+from breakwater.gate._gate import OPERATION_ID_META_KEY, CallGate
+from breakwater.gate._turn_budget import turn_budget
 from breakwater.status import ServerState
 
 pytestmark = pytest.mark.anyio

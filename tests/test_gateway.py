@@ -20,7 +20,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.types import RequestParamsMeta
 
-from breakwater.testserver import launch_command, read_state
+from breakwater.testing.server import launch_command, read_state
 
 pytestmark = pytest.mark.anyio
 
@@ -325,7 +325,7 @@ def test_tools_command_gives_the_search_answer(tmp_path: Path, env: dict[str, st
 
 async def test_downstream_operation_id_reaches_the_upstream(tmp_path: Path, env: dict[str, str]) -> None:
     """An agent that sends `_meta["io.breakwater/operationId"]` gets that same id upstream, on every re-send."""
-    from breakwater.testserver import read_ledger
+    from breakwater.testing.server import read_ledger
 
     ledger = tmp_path / "ledger.jsonl"
     config = write_config(

@@ -25,7 +25,7 @@ import pytest
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.session import ClientRequestContext
 
-from breakwater._tasks import CLIENT_EXTENSION
+from breakwater.gate._tasks import CLIENT_EXTENSION
 
 # The logging, sampling and subscription APIs are deprecated at 2026-07-28; their 2025 paths are what is tested.
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")]

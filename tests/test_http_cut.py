@@ -19,7 +19,7 @@ import pytest
 from breakwater import Breakwater, Config, ConnectPolicy, ServerSpec, ServerState
 from breakwater.config import CallPolicy
 from breakwater.errors import ErrorCode
-from breakwater.testserver import serve_http
+from breakwater.testing.server import serve_http
 
 pytestmark = pytest.mark.anyio
 

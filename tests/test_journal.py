@@ -25,8 +25,11 @@ import pytest
 from mcp import Client
 
 from breakwater import Breakwater, FakeClock
-from breakwater import _journal as journal_module
-from breakwater._journal import (
+from breakwater.cli import main as cli_main
+from breakwater.config import CallPolicy, JournalPolicy, load_config
+from breakwater.errors import ConfigError, ErrorCode
+from breakwater.journal import _journal as journal_module
+from breakwater.journal._journal import (
     _COLUMNS,
     HISTOGRAM_ACCURACY,
     SCHEMA_VERSION,
@@ -47,10 +50,7 @@ from breakwater._journal import (
     parse_duration,
     percentile,
 )
-from breakwater.cli import main as cli_main
-from breakwater.config import CallPolicy, JournalPolicy, load_config
-from breakwater.errors import ConfigError, ErrorCode
-from breakwater.testserver import Latency, stdio_params
+from breakwater.testing.server import Latency, stdio_params
 
 # PostgreSQL: the `pg_conninfo` and `pg_schema` fixtures are in conftest.py.
 

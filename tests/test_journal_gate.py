@@ -24,15 +24,22 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.types import CallToolResult, Implementation, TextContent, Tool, ToolAnnotations
 
-from breakwater._admission import Admission
-from breakwater._breaker import BreakerPolicy
 from breakwater._clock import FakeClock
-from breakwater._gate import GET_OPERATION_TOOL, CallGate
-from breakwater._journal import DOWNSTREAM_CLIENT, AttemptRecord, Journal, SQLiteJournalStore, percentile, timeout_in_force
-from breakwater._upstream import Upstream
 from breakwater.config import CallPolicy, JournalPolicy, RetryPolicy, ServerSpec, ToolSettings
+from breakwater.connect._admission import Admission
+from breakwater.connect._upstream import Upstream
+from breakwater.gate._breaker import BreakerPolicy
+from breakwater.gate._gate import GET_OPERATION_TOOL, CallGate
+from breakwater.journal._journal import (
+    DOWNSTREAM_CLIENT,
+    AttemptRecord,
+    Journal,
+    SQLiteJournalStore,
+    percentile,
+    timeout_in_force,
+)
 from breakwater.status import ServerState, StatusReport, ToolTimeout
-from breakwater.testserver import launch_command
+from breakwater.testing.server import launch_command
 
 pytestmark = pytest.mark.anyio
 

@@ -22,7 +22,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from breakwater.testserver import read_state, serve_http
+from breakwater.testing.server import read_state, serve_http
 
 pytestmark = pytest.mark.anyio
 

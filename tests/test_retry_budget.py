@@ -7,9 +7,9 @@ import random
 import pytest
 
 from breakwater._clock import FakeClock
-from breakwater._knobs import iter_knobs
-from breakwater._retry_budget import RetryBudget, RetryPolicy
+from breakwater.config._knobs import iter_knobs
 from breakwater.errors import ConfigError
+from breakwater.gate._retry_budget import RetryBudget, RetryPolicy
 
 
 def simulate(

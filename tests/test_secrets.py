@@ -14,7 +14,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from breakwater.testserver import launch_command, serve_http
+from breakwater.testing.server import launch_command, serve_http
 
 pytestmark = pytest.mark.anyio
 

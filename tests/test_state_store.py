@@ -22,11 +22,12 @@ from dataclasses import replace
 import anyio
 import pytest
 
-from breakwater._breaker import BreakerPolicy, BreakerRegistry, BreakerState, Outcome, Permit, Rejection
 from breakwater._clock import FakeClock, SystemClock
-from breakwater._retry_budget import RetryBudget, RetryPolicy
-from breakwater._state_store import MemoryStore, StatePolicy, open_store
+from breakwater.config import StatePolicy
 from breakwater.errors import ConfigError
+from breakwater.gate._breaker import BreakerPolicy, BreakerRegistry, BreakerState, Outcome, Permit, Rejection
+from breakwater.gate._retry_budget import RetryBudget, RetryPolicy
+from breakwater.state import MemoryStore, open_store
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""The gateway's own stdio transport (`breakwater._stdio_server`), driven over real pipes in a child process."""
+"""The gateway's own stdio transport (`breakwater.gateway._stdio_server`), driven over real pipes in a child process."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ SERVER = textwrap.dedent(
     """
     import os, anyio, mcp.types as types
     from mcp.server.lowlevel import Server
-    from breakwater._stdio_server import stdio_server
+    from breakwater.gateway._stdio_server import stdio_server
 
     async def list_tools(ctx, params):
         return types.ListToolsResult(tools=[types.Tool(name="noisy", input_schema={"type": "object"})])

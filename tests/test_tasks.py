@@ -27,18 +27,10 @@ from mcp import Client, MCPError, StdioServerParameters
 from mcp.types import CallToolResult, TextContent
 
 from breakwater import Breakwater, Config, ConnectPolicy, FakeClock, ServerSpec, ServerState, TaskStore
-from breakwater._tasks import (
-    CLIENT_EXTENSION,
-    POLL_JITTER,
-    CancelTaskRequest,
-    GetTaskRequest,
-    TaskAck,
-    TaskHandle,
-    TaskIdParams,
-    TaskState,
-)
 from breakwater.config import CallPolicy
-from breakwater.testserver import launch_command
+from breakwater.gate._tasks import CLIENT_EXTENSION, POLL_JITTER
+from breakwater.tasks._wire import CancelTaskRequest, GetTaskRequest, TaskAck, TaskHandle, TaskIdParams, TaskState
+from breakwater.testing.server import launch_command
 
 pytestmark = pytest.mark.anyio
 

@@ -22,11 +22,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from breakwater import Breakwater
-from breakwater._journal import AttemptRecord
-from breakwater._telemetry import Telemetry
 from breakwater.config import TelemetryPolicy, load_config
 from breakwater.errors import ConfigError
-from breakwater.testserver import launch_command
+from breakwater.journal._journal import AttemptRecord
+from breakwater.observe._telemetry import Telemetry
+from breakwater.testing.server import launch_command
 
 pytestmark = pytest.mark.anyio
 
@@ -251,7 +251,7 @@ async def main():
         await bw.wait_ready(timeout=30)
         result = await bw.call_tool("ts", "echo", {"payload": "x"})
         assert not result.is_error, result
-    loaded = sorted(m for m in sys.modules if m.startswith(("opentelemetry.sdk", "breakwater._telemetry")))
+    loaded = sorted(m for m in sys.modules if m.startswith(("opentelemetry.sdk", "breakwater.observe._telemetry")))
     print("LOADED", " ".join(loaded))
 
 anyio.run(main)
@@ -282,7 +282,7 @@ def test_enabled_in_config_with_the_console_exporter(tmp_path: Path) -> None:
     (never stdout, which a stdio gateway speaks MCP on) when the instance closes."""
     on = run_probe(tmp_path, BREAKWATER_TELEMETRY_ENABLED="true", BREAKWATER_TELEMETRY_EXPORTER="console")
     assert on.returncode == 0, on.stderr
-    assert "opentelemetry.sdk.trace" in on.stdout and "breakwater._telemetry" in on.stdout
+    assert "opentelemetry.sdk.trace" in on.stdout and "breakwater.observe._telemetry" in on.stdout
     assert '"name": "execute_tool echo"' in on.stderr and '"name": "tools/call echo"' in on.stderr
     assert '"service.name": "breakwater"' in on.stderr
     assert "execute_tool" not in on.stdout

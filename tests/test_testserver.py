@@ -19,7 +19,7 @@ import pytest
 from mcp import Client, MCPError
 from mcp.types import RequestParamsMeta
 
-from breakwater.testserver import (
+from breakwater.testing.server import (
     Latency,
     count_ledger,
     launch_command,

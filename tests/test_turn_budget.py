@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from breakwater._clock import FakeClock
-from breakwater._turn_budget import (
+from breakwater.gate._turn_budget import (
     TurnBudget,
     can_start,
     current_budget,

@@ -28,9 +28,9 @@ import httpx2
 import pytest
 from mcp import Client
 
-from breakwater._journal import AttemptRecord
-from breakwater._metrics import DURATION_BUCKETS_S, Metrics
-from breakwater.testserver import launch_command
+from breakwater.journal._journal import AttemptRecord
+from breakwater.gateway._metrics import DURATION_BUCKETS_S, Metrics
+from breakwater.testing.server import launch_command
 
 BREAKWATER = [sys.executable, "-m", "breakwater"]
 TOKEN = "web-test-token-4b1d"

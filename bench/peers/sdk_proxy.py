@@ -38,7 +38,7 @@ async def main(command: list[str], port_file: str | None = None, json_response: 
             return
         import uvicorn
 
-        from breakwater._listen import tcp_listener
+        from breakwater.gateway._listen import tcp_listener
 
         sock = tcp_listener("127.0.0.1", 0)
         app = server.streamable_http_app(json_response=json_response)

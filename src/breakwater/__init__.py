@@ -6,10 +6,10 @@ underscore is private.
 
 from breakwater._breakwater import Breakwater
 from breakwater._clock import Clock, DeadlineScope, FakeClock, SystemClock
-from breakwater._tasks import PendingTask, TaskStore
 from breakwater.config import Config, ConnectPolicy, ServerSpec, load_config
 from breakwater.errors import BreakwaterError, ConfigError
 from breakwater.status import ErrorInfo, Reason, ServerState, ServerStatus, StatusReport
+from breakwater.tasks._store import PendingTask, TaskStore
 
 __all__ = [
     "Breakwater",

@@ -14,22 +14,23 @@ import anyio.to_thread
 import mcp.types as types
 from anyio.abc import TaskGroup
 
-from breakwater._admission import Admission, default_admission_dir
-from breakwater._classify import Classifier
 from breakwater._clock import Clock, SystemClock
-from breakwater._envelope import error_result
-from breakwater._gate import CallGate, LearnedTimeout, ProgressCallback
-from breakwater._journal import AttemptObserver, Journal, fan_out
-from breakwater._state_store import MemoryStore, StateStore, open_store
-from breakwater._tasks import PendingTask, TaskRuntime, TaskStore
-from breakwater._turn_budget import TurnBudgetScope, turn_budget
-from breakwater._upstream import Upstream
 from breakwater.config import Config, find_config, load_config
+from breakwater.connect._admission import Admission, default_admission_dir
+from breakwater.connect._upstream import Upstream
 from breakwater.errors import CallError, ToolError
+from breakwater.gate._classify import Classifier
+from breakwater.gate._envelope import error_result
+from breakwater.gate._gate import CallGate, LearnedTimeout, ProgressCallback
+from breakwater.gate._tasks import CLIENT_EXTENSION, TaskRuntime
+from breakwater.gate._turn_budget import TurnBudgetScope, turn_budget
+from breakwater.journal._journal import AttemptObserver, Journal, fan_out
+from breakwater.state import MemoryStore, StateStore, open_store
 from breakwater.status import ServerState, StatusReport, ToolTimeout
+from breakwater.tasks._store import PendingTask, TaskStore
 
 if TYPE_CHECKING:  # imported only when telemetry is on: OpenTelemetry's SDK stays unloaded otherwise
-    from breakwater._telemetry import Telemetry
+    from breakwater.observe._telemetry import Telemetry
 
 __all__ = ["Breakwater"]
 
@@ -66,9 +67,9 @@ class Breakwater:
     ) -> None:
         """`learned_timeout(server, tool)` may supply a timeout learned from observed latencies (it
         ranks below per-tool and per-server config, above the default); `classifier` may override
-        how an attempt's result or exception is classified (see `breakwater._classify`).
+        how an attempt's result or exception is classified (see `breakwater.gate._classify`).
 
-        `journal` records every attempt (see `breakwater._journal`): by default the one `[journal]`
+        `journal` records every attempt (see `breakwater.journal._journal`): by default the one `[journal]`
         configures (SQLite in the user's data directory unless `url` says otherwise), None for
         none. Unless `learned_timeout` is given, the journal's learned timeouts are used (when
         `[journal] learn_timeouts` is on). Its writer thread runs while the instance is entered.
@@ -78,7 +79,7 @@ class Breakwater:
 
         `observers` are handed every attempt too, after the journal (metrics, telemetry).
 
-        `telemetry` emits OpenTelemetry spans and metrics for every call (`breakwater._telemetry`):
+        `telemetry` emits OpenTelemetry spans and metrics for every call (`breakwater.observe._telemetry`):
         by default the one `[telemetry]` configures (off unless `enabled`; when off, OpenTelemetry's
         SDK is never imported), None for none.
 
@@ -94,7 +95,7 @@ class Breakwater:
         if telemetry == "config":
             telemetry = None
             if config.telemetry.enabled:
-                from breakwater._telemetry import Telemetry
+                from breakwater.observe._telemetry import Telemetry
 
                 telemetry = Telemetry.from_policy(config.telemetry, clock=self._clock)
         #: OpenTelemetry spans and metrics, or None when off.
@@ -104,7 +105,14 @@ class Breakwater:
         self._admission = Admission(clock=self._clock, rng=self._rng, directory=Path(directory))
         self._changed = anyio.Event()
         self._upstreams = {
-            spec.name: Upstream(spec, clock=self._clock, rng=self._rng, admission=self._admission, on_change=self._note_change)
+            spec.name: Upstream(
+                spec,
+                clock=self._clock,
+                rng=self._rng,
+                admission=self._admission,
+                on_change=self._note_change,
+                extensions=[CLIENT_EXTENSION],
+            )
             for spec in config.servers
         }
         self._tg: TaskGroup | None = None
@@ -122,7 +130,7 @@ class Breakwater:
         #: Where breaker and retry-budget state lives (`[state]`); in-process by default.
         self.state_store: StateStore = state_store or open_store(config.state, clock=self._clock, rng=self._rng)
         self._attach_store()
-        #: Follows, persists and resumes calls that servers turned into tasks (see `breakwater._tasks`).
+        #: Follows, persists and resumes calls that servers turned into tasks (see `breakwater.gate._tasks`).
         self.tasks = TaskRuntime(clock=self._clock, rng=self._rng, store=task_store or TaskStore())
         self._gate.tasks = self.tasks
 

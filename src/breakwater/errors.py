@@ -18,7 +18,7 @@ BreakwaterError
     ├── CallCancelledError      CANCELLED            the caller cancelled the call
     └── InvalidArgumentsError   INVALID_ARGUMENTS    the arguments do not fit the tool
 
-Every `CallError` carries the envelope fields the model reads (see `breakwater._envelope`), so one
+Every `CallError` carries the envelope fields the model reads (see `breakwater.gate._envelope`), so one
 object is both the typed exception a library user catches and the `isError` result the model sees.
 """
 

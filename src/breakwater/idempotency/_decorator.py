@@ -34,6 +34,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
+from breakwater._wire import OPERATION_ID_META_KEY
 from breakwater.idempotency._sqlite import SQLiteStore
 from breakwater.idempotency._store import (
     DEFAULT_LEASE_S,
@@ -57,8 +58,6 @@ __all__ = [
 P = ParamSpec("P")
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: Where a client puts the operation id: `params._meta["io.breakwater/operationId"]`.
-OPERATION_ID_META_KEY = "io.breakwater/operationId"
 #: The tool argument read when `_meta` carries no id (for clients that cannot set `_meta`).
 OPERATION_ID_ARG = "operationId"
 #: Stripe's limit; longer keys are refused rather than silently truncated.

@@ -13,12 +13,12 @@ from __future__ import annotations
 import enum
 import os
 import socket
-import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from breakwater import _paths
 from breakwater._clock import Clock
 
 __all__ = [
@@ -170,11 +170,4 @@ def default_db_path() -> Path:
     override = os.environ.get(DB_PATH_ENV)
     if override:
         return Path(override).expanduser()
-    home = Path.home()
-    if sys.platform == "win32":
-        base = Path(os.environ.get("LOCALAPPDATA") or home / "AppData" / "Local")
-    elif sys.platform == "darwin":
-        base = home / "Library" / "Application Support"
-    else:
-        base = Path(os.environ.get("XDG_DATA_HOME") or home / ".local" / "share")
-    return base / "breakwater" / "operations.sqlite3"
+    return _paths.data_dir() / "operations.sqlite3"

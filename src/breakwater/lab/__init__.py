@@ -47,10 +47,8 @@ Public API (what `breakwater lab run` and the web page use):
 
 from __future__ import annotations
 
-import functools
-
 from breakwater.lab.config import LabConfig, LabConfigError
-from breakwater.lab.engine import run
+from breakwater.lab.engine import run, simulate
 from breakwater.lab.metrics import LOG_LIMIT, LabResult, LatencyHistogram, Metrics, Series
 from breakwater.lab.missions import (
     MISSIONS,
@@ -86,12 +84,6 @@ __all__ = [
     "score_mission",
     "simulate",
 ]
-
-
-@functools.lru_cache(maxsize=128)
-def simulate(config: LabConfig) -> LabResult:
-    """Run ten minutes of the seed's traffic through the fleet `config` describes (pure, memoised)."""
-    return run(config, generate_traffic(config.seed, config.hot_client))
 
 
 def mission_report(mission_id: int, config: LabConfig, *, log_limit: int | None = LOG_LIMIT) -> dict[str, object]:

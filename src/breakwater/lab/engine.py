@@ -14,6 +14,7 @@ runs after the deadline (phase 2), so it is too late, as the tie rule demands.
 
 from __future__ import annotations
 
+import functools
 import gc
 import itertools
 from collections import deque
@@ -43,9 +44,9 @@ from breakwater.lab.metrics import (
     Series,
     nearest_rank,
 )
-from breakwater.lab.traffic import CallSpec, route_key, route_u
+from breakwater.lab.traffic import CallSpec, generate_traffic, route_key, route_u
 
-__all__ = ["run"]
+__all__ = ["run", "simulate"]
 
 # Phases (§3.15), lowest first at equal timestamps.
 P_LIFECYCLE: Final = 1
@@ -909,3 +910,9 @@ def run(config: LabConfig, calls: Sequence[CallSpec], *, hard_stop_ms: int = HAR
     finally:
         if paused:
             gc.enable()
+
+
+@functools.lru_cache(maxsize=128)
+def simulate(config: LabConfig) -> LabResult:
+    """Run ten minutes of the seed's traffic through the fleet `config` describes (pure, memoised)."""
+    return run(config, generate_traffic(config.seed, config.hot_client))

@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Final, Literal
 
 from breakwater.lab.config import MIN_REPLICAS_FOR_STARS, LabConfig
+from breakwater.lab.engine import simulate
 from breakwater.lab.metrics import LabResult, Metrics
 
 __all__ = [
@@ -397,7 +398,6 @@ def is_exploration(mission_id: int, config: LabConfig) -> bool:
 
 def calibration_problems(mission: Mission, *, seed: int | None = None) -> list[str]:
     """Every calibration check of §5 that fails for `mission` at `seed` (default: the pinned seed)."""
-    from breakwater.lab import simulate  # the package imports this module
 
     setup = mission.setup if seed is None else mission.setup.replace(seed=seed)
     problems: list[str] = []

@@ -1,0 +1,29 @@
+"""Names on the wire that several stages share: breakwater's `_meta` keys and the SDK's local codes.
+
+Each is defined once here; the modules that read or write one import it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import mcp.types as types
+
+__all__ = [
+    "CONNECTION_CLOSED",
+    "CUT_META_KEY",
+    "DEADLINE_META_KEY",
+    "ENVELOPE_META_KEY",
+    "OPERATION_ID_META_KEY",
+]
+
+#: One operation id per logical call, the same on every attempt: `params._meta[...]` of a tools/call.
+OPERATION_ID_META_KEY: Final = "io.breakwater/operationId"
+#: Milliseconds left in the caller's budget, sent by a downstream client to bound its call.
+DEADLINE_META_KEY: Final = "io.breakwater/deadlineMs"
+#: The error envelope the model reads, in the `_meta` of an `isError` result.
+ENVELOPE_META_KEY: Final = "io.breakwater/envelope"
+#: Marks an HTTP request that was cut, in the error data: whether it was sent before the cut.
+CUT_META_KEY: Final = "io.breakwater/cut"
+#: The SDK's client-local code for "the transport ended" (never on the wire).
+CONNECTION_CLOSED: Final = types.CONNECTION_CLOSED

@@ -1,0 +1,233 @@
+"""The catalog: every tool the gateway knows, under a namespaced name, even while its server is down.
+
+Each server's last-known tool list is kept on disk, keyed by the server's name and a fingerprint of
+its config, so the tools of a server that is still connecting (or has failed) are known by name
+from the first second — and a call to one answers "its server is connecting", never "no such tool".
+The catalog also ranks tools for `breakwater_search_tools`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mcp.types as types
+
+from breakwater import _paths
+
+__all__ = ["Catalog", "Entry", "default_catalog_dir", "namespaced", "tool_fingerprint"]
+
+# The spec's tool-name rules (2025-11-25 onwards): 1-128 characters of A-Z a-z 0-9 _ - .
+_TOOL_NAME_OK = re.compile(r"[^A-Za-z0-9_.\-]")
+MAX_TOOL_NAME = 128
+
+
+def default_catalog_dir() -> Path:
+    """Where last-known tool lists live when no directory is configured."""
+    return _paths.cache_dir() / "catalog"
+
+
+def namespaced(template: str, server: str, tool: str) -> str:
+    """The downstream name of `tool` on `server`, within the spec's tool-name rules."""
+    name = _TOOL_NAME_OK.sub("_", template.format(server=server, tool=tool))
+    if len(name) > MAX_TOOL_NAME:
+        # Keep names unique when they must be cut: the tail becomes a hash of the whole.
+        digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+        name = f"{name[: MAX_TOOL_NAME - 11]}-{digest}"
+    return name
+
+
+def tool_fingerprint(tool: types.Tool) -> str:
+    """A hash of what defines a tool for the model: description, schemas, annotations."""
+    body = tool.model_dump(
+        mode="json", by_alias=True, exclude_none=True, include={"description", "input_schema", "output_schema", "annotations"}
+    )
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Entry:
+    """One tool as the gateway shows it."""
+
+    name: str  # namespaced, downstream
+    server: str
+    tool: types.Tool  # the upstream definition, its upstream name
+    live: bool  # from a ready server (False: last known, from the cache)
+
+    def downstream(self) -> types.Tool:
+        """The definition downstream clients see: the upstream one, renamed, nothing else changed."""
+        return self.tool.model_copy(update={"name": self.name})
+
+
+class Catalog:
+    """Live and last-known tools of every server, with on-disk memory."""
+
+    def __init__(self, *, template: str, directory: Path | None) -> None:
+        self.template = template
+        self._dir = directory
+        self._last_known: dict[str, list[types.Tool]] = {}
+        self._pins: dict[str, dict[str, str]] = {}
+
+    def _path(self, server: str, fingerprint: str) -> Path | None:
+        if self._dir is None:
+            return None
+        safe = _TOOL_NAME_OK.sub("_", server)
+        return self._dir / f"{safe}-{fingerprint}.json"
+
+    def load(self, server: str, fingerprint: str) -> list[types.Tool]:
+        """The last-known tools of `server` as configured now (empty when never seen)."""
+        if server in self._last_known:
+            return self._last_known[server]
+        tools: list[types.Tool] = []
+        path = self._path(server, fingerprint)
+        if path is not None and path.is_file():
+            with contextlib.suppress(OSError, ValueError):
+                data = json.loads(path.read_text())
+                tools = [types.Tool.model_validate(t) for t in data["tools"]]
+        self._last_known[server] = tools
+        return tools
+
+    def remember(self, server: str, fingerprint: str, tools: Sequence[types.Tool]) -> None:
+        """Keep `tools` as the last-known list of `server` (in memory and on disk)."""
+        if self._last_known.get(server) == list(tools):
+            return
+        self._last_known[server] = list(tools)
+        path = self._path(server, fingerprint)
+        if path is None:
+            return
+        # The cache is an optimisation: a read-only or full disk must never break the gateway.
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            payload = {"server": server, "tools": [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]}
+            tmp.write_text(json.dumps(payload))
+            tmp.replace(path)
+
+    # ---- definition pins (drift) -------------------------------------------------------------
+
+    def _pins_path(self, server: str, fingerprint: str) -> Path | None:
+        path = self._path(server, fingerprint)
+        return None if path is None else path.with_suffix(".pins.json")
+
+    def pins(self, server: str, fingerprint: str) -> dict[str, str]:
+        """The approved definition fingerprint of each tool of `server` (tool name -> fingerprint)."""
+        if server not in self._pins:
+            pins: dict[str, str] = {}
+            path = self._pins_path(server, fingerprint)
+            if path is not None and path.is_file():
+                with contextlib.suppress(OSError, ValueError):
+                    loaded = json.loads(path.read_text())
+                    pins = {str(k): str(v) for k, v in loaded.items()}
+            self._pins[server] = pins
+        return self._pins[server]
+
+    def _save_pins(self, server: str, fingerprint: str) -> None:
+        path = self._pins_path(server, fingerprint)
+        if path is None:
+            return
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self._pins[server], sort_keys=True))
+            tmp.replace(path)
+
+    def drifted(self, server: str, fingerprint: str, tools: Sequence[types.Tool]) -> list[str]:
+        """Tools whose definition differs from the approved one. A tool seen for the first time is
+        approved as it is (trust on first use), so only a change under a running setup is reported."""
+        pins = self.pins(server, fingerprint)
+        changed: list[str] = []
+        fresh = False
+        for tool in tools:
+            current = tool_fingerprint(tool)
+            approved = pins.get(tool.name)
+            if approved is None:
+                pins[tool.name] = current
+                fresh = True
+            elif approved != current:
+                changed.append(tool.name)
+        if fresh:
+            self._save_pins(server, fingerprint)
+        return changed
+
+    def accept(self, server: str, fingerprint: str, tools: Sequence[types.Tool], names: Iterable[str] | None = None) -> list[str]:
+        """Approve the current definitions (of `names`, or every tool); returns the tools whose pin changed."""
+        pins = self.pins(server, fingerprint)
+        wanted = None if names is None else set(names)
+        accepted = []
+        for tool in tools:
+            if wanted is not None and tool.name not in wanted:
+                continue
+            current = tool_fingerprint(tool)
+            if pins.get(tool.name) != current:
+                pins[tool.name] = current
+                accepted.append(tool.name)
+        if accepted:
+            self._save_pins(server, fingerprint)
+        return accepted
+
+    def entries(self, servers: Iterable[tuple[str, bool, Sequence[types.Tool]]]) -> list[Entry]:
+        """Entries for `(server, live, tools)` triples, in order, first name wins on a collision."""
+        seen: set[str] = set()
+        out: list[Entry] = []
+        for server, live, tools in servers:
+            for tool in tools:
+                name = namespaced(self.template, server, tool.name)
+                if name in seen:
+                    continue
+                seen.add(name)
+                out.append(Entry(name=name, server=server, tool=tool, live=live))
+        return out
+
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def _words(text: str) -> list[str]:
+    # Split snake_case, kebab-case and camelCase alike.
+    spaced = re.sub(r"([a-z])([A-Z])", r"\1 \2", text)
+    return _WORD.findall(spaced.lower())
+
+
+def rank(entries: Sequence[Entry], query: str, *, limit: int = 10) -> list[tuple[float, Entry]]:
+    """Entries that match `query`, best first: name hits weigh more than description hits."""
+    terms = _words(query)
+    if not terms:
+        return []
+    scored: list[tuple[float, Entry]] = []
+    for entry in entries:
+        name_words = set(_words(entry.name))
+        desc_words = _words(entry.tool.description or "")
+        desc_set = set(desc_words)
+        score = 0.0
+        for term in terms:
+            if term in name_words:
+                score += 3
+            elif any(w.startswith(term) or term.startswith(w) for w in name_words if len(w) > 2):
+                score += 2
+            if term in desc_set:
+                score += 1
+            elif any(w.startswith(term) for w in desc_set if len(term) > 3):
+                score += 0.5
+        if query.lower() in entry.name.lower():
+            score += 2
+        if score > 0:
+            scored.append((score, entry))
+    scored.sort(key=lambda pair: (-pair[0], pair[1].name))
+    return scored[:limit]
+
+
+def entry_json(entry: Entry) -> dict[str, Any]:
+    """A search hit as JSON."""
+    return {
+        "name": entry.name,
+        "server": entry.server,
+        "tool": entry.tool.name,
+        "description": (entry.tool.description or "").strip().splitlines()[0] if entry.tool.description else "",
+        "live": entry.live,
+    }

@@ -1,0 +1,153 @@
+"""One cut HTTP request fails one call, not the whole upstream connection.
+
+SDK 2.3's streamable-HTTP client runs each POST in a task of the transport's task group. If a POST
+raises a transport error before its response is read (connection refused, reset, a response cut
+mid-body, a read timeout), the error escapes that task and crashes the whole transport: every other
+call in flight on the connection fails with it and the client must reconnect (mcp-sdk.md §3.9; the
+chaos run saw one cut take down every concurrent call). This httpx transport sits under the SDK's
+client and turns such an error on a JSON-RPC request into an HTTP 502 whose body is a JSON-RPC error
+for that request id, which the SDK delivers to the one waiting call. The error says whether the
+request provably never left (`sent: false`: connect failures) and what failed, so the gate can
+classify it honestly (`breakwater.gate._classify`): a call that was never sent is safe to retry for
+every tool; one cut after sending is an unknown outcome.
+
+JSON response bodies are read here in full, so a cut in the middle of one is caught too. SSE bodies
+stream through whole events only; when the stream is cut, the partial event is dropped and the
+same error arrives as the stream's last event (the SDK would otherwise report a bare "SSE stream
+ended", indistinguishable from the whole connection closing).
+
+Before the handshake has finished the wrapper stays out of the way (`armed` is False): connect
+failures must reach the connect loop as the exceptions it classifies (refused, TLS, auth).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx2
+
+from breakwater._wire import CONNECTION_CLOSED as _CONNECTION_CLOSED
+from breakwater._wire import CUT_META_KEY as CUT_KEY
+
+__all__ = ["CUT_KEY", "CutTolerantTransport", "cut_info"]
+
+#: Where the synthetic error's `data` carries what happened: {"sent": bool, "error": "ReadError"}.
+#: The SDK's local code for a lost connection, which the gate already treats as a transport failure.
+_NOT_SENT = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)
+
+
+def cut_info(data: Any) -> dict[str, Any] | None:
+    """The cut description in a JSON-RPC error's `data`, when this transport made the error."""
+    if isinstance(data, dict):
+        info = data.get(CUT_KEY)
+        if isinstance(info, dict):
+            return info
+    return None
+
+
+def _request_id(request: httpx2.Request) -> str | int | None:
+    """The JSON-RPC id of a POSTed request (None for notifications, responses and other methods)."""
+    if request.method != "POST":
+        return None
+    try:
+        message = json.loads(request.content)
+    except (ValueError, httpx2.RequestNotRead):
+        return None
+    if isinstance(message, dict) and "method" in message:
+        ident = message.get("id")
+        if isinstance(ident, (str, int)) and not isinstance(ident, bool):
+            return ident
+    return None
+
+
+class CutTolerantTransport(httpx2.AsyncBaseTransport):
+    """Wraps an httpx transport; see the module docstring."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, *, on_unreachable: Callable[[], None] | None = None) -> None:
+        self._inner = inner
+        #: Called when the server cannot be reached at all: the connection, not just one call, is gone.
+        self._on_unreachable = on_unreachable
+        #: Off until the handshake is done (see the module docstring).
+        self.armed = False
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if not self.armed or request.method != "POST":
+            return await self._inner.handle_async_request(request)
+        try:
+            response = await self._inner.handle_async_request(request)
+            content_type = response.headers.get("content-type", "").lower()
+            if content_type.startswith("application/json"):
+                try:
+                    await response.aread()
+                finally:
+                    await response.aclose()
+            elif content_type.startswith("text/event-stream") and (request_id := _request_id(request)) is not None:
+                return httpx2.Response(
+                    response.status_code,
+                    headers=response.headers,
+                    stream=_WholeEvents(response.stream, request_id),
+                    request=request,
+                    extensions=response.extensions,
+                )
+        except httpx2.TransportError as exc:
+            sent = not isinstance(exc, _NOT_SENT)
+            if not sent and self._on_unreachable is not None:
+                self._on_unreachable()
+            request_id = _request_id(request)
+            if request_id is None:
+                # A notification or a response to the server: it is lost, as the cut says; nobody waits for it.
+                return httpx2.Response(202, request=request)
+            body = _error_message(request_id, exc, sent=sent)
+            return httpx2.Response(
+                502, headers={"content-type": "application/json"}, content=body, request=request, extensions={CUT_KEY: True}
+            )
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _error_message(request_id: str | int, exc: Exception, *, sent: bool) -> bytes:
+    """The JSON-RPC error, for `request_id`, that stands for the cut."""
+    kind = type(exc).__name__
+    where = "before the request was sent" if not sent else "after the request was sent, before its answer"
+    error = {
+        "code": _CONNECTION_CLOSED,
+        "message": f"connection cut {where} ({kind})",
+        "data": {CUT_KEY: {"sent": sent, "error": kind}},
+    }
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode()
+
+
+# An SSE event ends at a blank line, whichever line ending the server uses.
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+
+
+class _WholeEvents(httpx2.AsyncByteStream):
+    """An SSE body passed on one whole event at a time; a cut ends it with the cut's error as an event."""
+
+    def __init__(self, inner: Any, request_id: str | int) -> None:
+        self._inner = inner
+        self._request_id = request_id
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        held = b""
+        try:
+            async for chunk in self._inner:
+                held += chunk
+                ends = [m.end() for m in _EVENT_END.finditer(held)]
+                if ends:
+                    yield held[: ends[-1]]
+                    held = held[ends[-1] :]
+        except httpx2.TransportError as exc:
+            # `held` is an event the cut broke off: dropped, or the SDK would fail to parse it.
+            yield b"event: message\r\ndata: " + _error_message(self._request_id, exc, sent=True) + b"\r\n\r\n"
+            return
+        if held:
+            yield held
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()

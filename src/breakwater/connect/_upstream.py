@@ -1,0 +1,537 @@
+"""One upstream server, supervised: connect through admission, keep it ready, reconnect when it drops.
+
+Each upstream owns one `mcp.Client` inside its own task (the SDK requires a client to be entered
+and exited in the same task, and its transport failures surface as exception groups that would
+otherwise cancel unrelated work). Callers in other tasks use the client while the state is
+`ready`; a call that sees the connection die reports it here with `report_lost()`.
+
+The connect loop:
+
+    pending --jitter--> connecting --ok--> ready --drop--> retrying (new round, full budget)
+                           |  ^
+                      fail |  | backoff (full jitter) while the round's budget lasts
+                           v  |
+                        retrying --budget spent--> failed --slow background cadence--> connecting
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import random
+import ssl
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import replace
+from typing import Any
+
+import anyio
+import httpx2
+import mcp.types as types
+from mcp import Client, MCPError
+from mcp.client.extension import ClientExtension
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+from pydantic import ValidationError
+
+from breakwater._backoff import Backoff
+from breakwater._clock import Clock
+from breakwater._wire import CONNECTION_CLOSED
+from breakwater.config import ServerSpec
+from breakwater.config._redact import Redactor, display_url
+from breakwater.connect._admission import Admission, Slot
+from breakwater.connect._http_cut import CUT_KEY, CutTolerantTransport
+from breakwater.connect._stdio import StdioProcess
+from breakwater.status import PERSISTENT_REASONS, ErrorInfo, Reason, ServerState, ServerStatus
+
+__all__ = ["ClientHooks", "Upstream"]
+
+#: Given a server's spec, extra keyword arguments for its `mcp.Client` (callbacks, log level).
+ClientHooks = Callable[[ServerSpec], Mapping[str, Any]]
+
+logger = logging.getLogger("breakwater.upstream")
+
+CLIENT_NAME = "breakwater"
+UNSUPPORTED_PROTOCOL_VERSION = -32022
+BACKGROUND_JITTER = 0.5
+SDK_PROBE_TIMEOUT_S = 24 * 3600.0  # effectively none: the attempt deadline applies (see _lift_sdk_probe_timeout)
+CRASH_LOOP_EXITS = 3  # identical exits in a row that make a server `failed` before its budget is spent
+# The SDK's own defaults (mcp.shared._httpx_utils): connect/write/pool 30 s, read 300 s for SSE streams.
+HTTP_TIMEOUT_S = 30.0
+HTTP_READ_TIMEOUT_S = 300.0  # background attempts are spread over mean * [1 - j, 1 + j]
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The leaf exceptions of a (possibly nested) exception group."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        out.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return out
+
+
+def _lift_sdk_probe_timeout() -> None:
+    """Let the attempt deadline, not the SDK, bound the `server/discover` probe.
+
+    The SDK's auto mode gives the probe a fixed 10 s and then sends `initialize` on the same
+    connection. Under a connect storm a healthy server can take longer than that; the late probe
+    and the fallback then both occupy the server (more handshakes in flight than breakwater
+    admitted) and a dual-era server refuses the fallback. Breakwater bounds every attempt with its
+    own deadline, so the SDK's timer only has to stay out of the way (pinned SDK minor version).
+    """
+    import mcp.client.session as sdk_session
+
+    sdk_session.DISCOVER_TIMEOUT_SECONDS = SDK_PROBE_TIMEOUT_S
+
+
+class Upstream:
+    """A supervised connection to one server, with a truthful state."""
+
+    def __init__(
+        self,
+        spec: ServerSpec,
+        *,
+        clock: Clock,
+        rng: random.Random,
+        admission: Admission,
+        on_change: Callable[[Upstream], None] = lambda _u: None,
+        extensions: Sequence[ClientExtension] = (),
+    ) -> None:
+        """`extensions` are the SDK client extensions every connection carries (the gate's tasks
+        extension, so a 2026-07-28 server may answer a call with a task handle)."""
+        _lift_sdk_probe_timeout()
+        self._extensions = list(extensions)
+        self.spec = spec
+        self._clock = clock
+        self._rng = rng
+        self._admission = admission
+        self._on_change = on_change
+        policy = spec.connect
+        self._backoff = Backoff(base_s=policy.backoff_base_s, cap_s=max(policy.backoff_cap_s, policy.backoff_base_s))
+        self.state = ServerState.DISABLED if not spec.enabled else ServerState.PENDING
+        self.attempts = 0
+        self.round_attempt = 0
+        self.phase: str | None = None
+        self.connect_ms: int | None = None
+        self.next_retry_at: float | None = None
+        self.error: ErrorInfo | None = None
+        self.protocol: str | None = None
+        self.tools: list[types.Tool] = []
+        self.client: Client | None = None
+        self._era: str | None = None
+        self._prior_discover: Any = None
+        self._lost = anyio.Event()
+        self._last_http_status: int | None = None
+        self.ready_event = anyio.Event()
+        self._redact = Redactor(spec.secrets)
+        self._where = display_url(spec.url) if spec.url else spec.command or ""
+        #: Extra `mcp.Client` arguments for this server's next connections: the gateway's relay callbacks
+        #: (sampling, elicitation, log messages, resource updates). None: the SDK's defaults.
+        self.client_hooks: ClientHooks | None = None
+
+    # ---- what callers see -------------------------------------------------------------------
+
+    def snapshot(self) -> ServerStatus:
+        """The state as of now."""
+        return ServerStatus(
+            name=self.spec.name,
+            transport=self.spec.transport,
+            state=self.state,
+            protocol=self.protocol,
+            tools=len(self.tools) if self.state is ServerState.READY else None,
+            attempts=self.attempts,
+            attempt=self.round_attempt,
+            phase=self.phase,
+            connect_ms=self.connect_ms,
+            next_retry_at=self.next_retry_at,
+            error=None if self.error is None else self._redacted(self.error),
+        )
+
+    def _redacted(self, error: ErrorInfo) -> ErrorInfo:
+        return replace(
+            error,
+            message=self._redact(error.message),
+            stderr_tail=tuple(self._redact(line) for line in error.stderr_tail),
+        )
+
+    def report_lost(self) -> None:
+        """A caller saw the connection die (e.g. MCPError -32000): reconnect."""
+        self._lost.set()
+
+    @property
+    def settled(self) -> bool:
+        """Ready, disabled, or failed: nothing more will happen soon without a background retry."""
+        return self.state in (ServerState.READY, ServerState.DISABLED, ServerState.FAILED)
+
+    def _set(self, state: ServerState, **changes: Any) -> None:
+        self.state = state
+        for key, value in changes.items():
+            setattr(self, key, value)
+        if state is ServerState.READY:
+            self.ready_event.set()
+        elif self.ready_event.is_set():
+            self.ready_event = anyio.Event()
+        self._on_change(self)
+
+    # ---- the supervisor ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Connect and stay connected until cancelled."""
+        if not self.spec.enabled:
+            self._set(ServerState.DISABLED)
+            return
+        policy = self.spec.connect
+        await self._clock.sleep(self._rng.uniform(0.0, policy.startup_jitter_s))
+        round_started = self._clock.monotonic()
+        self.round_attempt = 0
+        failed = False
+        same_exit = 0
+        while True:
+            previous = self.error
+            connected = await self._attempt()
+            if connected:
+                # A drop starts a fresh round with the full budget: the server was healthy a moment ago.
+                round_started = self._clock.monotonic()
+                self.round_attempt = 0
+                failed = False
+                same_exit = 0
+                continue
+            assert self.error is not None
+            same_exit = same_exit + 1 if _same_exit(previous, self.error) else 0
+            now = self._clock.monotonic()
+            # A process that exits the same way again and again is a crash loop, not a slow start.
+            if failed or self.error.code in PERSISTENT_REASONS or same_exit + 1 >= CRASH_LOOP_EXITS:
+                failed = True
+            else:
+                delay = self._backoff.delay(self.round_attempt - 1, self._rng)
+                failed = now + delay - round_started > policy.budget_s
+            if failed:
+                mean = policy.background_retry_s
+                delay = self._rng.uniform(mean * (1 - BACKGROUND_JITTER), mean * (1 + BACKGROUND_JITTER))
+            self._set(
+                ServerState.FAILED if failed else ServerState.RETRYING,
+                next_retry_at=self._clock.time() + delay,
+                phase=None,
+            )
+            await self._clock.sleep(delay)
+
+    def _slots(self) -> list[Slot]:
+        policy = self.spec.connect
+        if self.spec.transport == "stdio":
+            identity = Admission.key_for("stdio", self.spec.command or "", *self.spec.args, self.spec.cwd or "")
+            return [
+                Slot("stdio", policy.max_stdio_connects),
+                Slot(f"server-{identity}", policy.max_per_server_connects),
+            ]
+        origin = httpx2.URL(self.spec.url or "")
+        identity = Admission.key_for("http", f"{origin.scheme}://{origin.host}:{origin.port}")
+        return [
+            Slot("http", policy.max_http_connects, shared=False),
+            Slot(f"server-{identity}", policy.max_per_server_connects),
+        ]
+
+    async def _attempt(self) -> bool:
+        """One connect attempt; returns True if it got to `ready` (and has since dropped)."""
+        self.attempts += 1
+        self.round_attempt += 1
+        self._set(ServerState.CONNECTING, phase="queued", next_retry_at=None)
+        ticket = await self._admission.acquire(self._slots())
+        self._set(ServerState.CONNECTING, phase="handshake")
+        policy = self.spec.connect
+        started = self._clock.monotonic()
+        self._lost = anyio.Event()
+        self._last_http_status = None
+        stdio: StdioProcess | None = None
+        reached_ready = False
+        try:
+            with self._clock.deadline_scope(started + policy.attempt_timeout_s) as scope:
+                async with AsyncExitStack() as stack:
+                    transport: Any
+                    cut_tolerant: CutTolerantTransport | None = None
+                    if self.spec.transport == "stdio":
+                        stdio = StdioProcess(self.spec.command or "", self.spec.args, env=dict(self.spec.env), cwd=self.spec.cwd)
+                        transport = stdio.open()
+                    elif self.spec.transport == "sse":
+                        transport = sse_client(self.spec.url or "", headers=dict(self.spec.headers))
+                    else:
+                        cut_tolerant = CutTolerantTransport(
+                            httpx2.AsyncHTTPTransport(verify=_tls_context()), on_unreachable=self.report_lost
+                        )
+                        http_client = httpx2.AsyncClient(
+                            headers=dict(self.spec.headers),
+                            timeout=httpx2.Timeout(HTTP_TIMEOUT_S, read=HTTP_READ_TIMEOUT_S),
+                            transport=cut_tolerant,
+                            event_hooks={"response": [self._record_status]},
+                        )
+                        await stack.enter_async_context(http_client)
+                        transport = streamable_http_client(self.spec.url or "", http_client=http_client)
+                    mode = self._mode_kwargs()
+                    client = Client(
+                        transport,
+                        cache=None,
+                        client_info=_client_info(),
+                        extensions=self._extensions,
+                        **mode,
+                        **(self.client_hooks(self.spec) if self.client_hooks is not None else {}),
+                    )
+                    await stack.enter_async_context(client)
+                    if mode["mode"] == "2026-07-28" and mode.get("prior_discover") is None:
+                        # A version pin makes the SDK adopt a made-up discover result with no
+                        # capabilities, which would hide the server's prompts and resources: ask.
+                        raw = await client.session.send_discover("2026-07-28")
+                        client.session.adopt(types.DiscoverResult.model_validate(raw))
+                    tools = await _list_all_tools(client)
+                    # Connected: lift the attempt deadline for the life of the connection.
+                    scope.deadline = math.inf
+                    if cut_tolerant is not None:
+                        cut_tolerant.armed = True
+                    ticket.release()
+                    self._remember_era(client)
+                    self.client = client
+                    reached_ready = True
+                    self._set(
+                        ServerState.READY,
+                        tools=tools,
+                        protocol=client.protocol_version,
+                        connect_ms=round((self._clock.monotonic() - started) * 1000),
+                        error=None,
+                        phase=None,
+                    )
+                    await self._serve(client, stdio)
+            if scope.cancelled_caught and not reached_ready:
+                self.error = self._timeout_error(stdio, policy.attempt_timeout_s)
+        except anyio.get_cancelled_exc_class():
+            raise
+        except BaseException as exc:
+            if not isinstance(exc, Exception | BaseExceptionGroup):
+                raise
+            self.error = self._classify(exc, stdio, reached_ready)
+        finally:
+            ticket.release()
+            self.client = None
+            self.tools = [] if not reached_ready else self.tools
+        if reached_ready:
+            if self.error is None or self.error.code not in (Reason.CONNECTION_LOST, Reason.UNHEALTHY):
+                self.error = self._lost_error(stdio)
+            return True
+        if self.error is None:  # pragma: no cover - every path above sets it
+            self.error = ErrorInfo(code=Reason.PROTOCOL_ERROR, message="the connection ended during the handshake")
+        if self.error.code is Reason.PROTOCOL_ERROR:
+            self._next_era_after_protocol_error()
+        elif self.error.code is Reason.TIMEOUT and self._era is None and self.spec.connect.protocol == "auto":
+            # A server that never answered the server/discover probe may be one that swallows unknown
+            # methods; the initialize handshake works with every server of either era.
+            self._era = "legacy"
+        return False
+
+    async def _serve(self, client: Client, stdio: StdioProcess | None) -> None:
+        """Hold the connection until it is lost (process exit, failed health check, caller report)."""
+        async with anyio.create_task_group() as tg:
+            if stdio is not None:
+
+                async def watch_exit() -> None:
+                    await stdio.exited.wait()
+                    self._lost.set()
+
+                tg.start_soon(watch_exit)
+            interval = self.spec.connect.health_interval_s
+            if interval > 0:
+                tg.start_soon(self._health_loop, client, interval)
+            await self._lost.wait()
+            tg.cancel_scope.cancel()
+
+    async def _health_loop(self, client: Client, interval: float) -> None:
+        while True:
+            await self._clock.sleep(interval * self._rng.uniform(0.8, 1.2))
+            deadline = self._clock.monotonic() + self.spec.connect.attempt_timeout_s
+            try:
+                with self._clock.deadline_scope(deadline) as scope:
+                    tools = await _list_all_tools(client)
+            except Exception as exc:
+                self.error = ErrorInfo(code=Reason.UNHEALTHY, message=f"health check failed: {_describe(exc)}")
+                self._lost.set()
+                return
+            if scope.cancelled_caught:
+                self.error = ErrorInfo(
+                    code=Reason.UNHEALTHY, message="health check (tools/list) did not answer within the attempt timeout"
+                )
+                self._lost.set()
+                return
+            if [t.name for t in tools] != [t.name for t in self.tools]:
+                self.tools = tools
+                self._on_change(self)
+
+    # ---- protocol revision memory -----------------------------------------------------------
+
+    def _mode_kwargs(self) -> dict[str, Any]:
+        wanted = self.spec.connect.protocol
+        if self.spec.transport == "sse" or wanted == "2025-11-25":
+            return {"mode": "legacy"}
+        if wanted == "2026-07-28":
+            return {"mode": "2026-07-28"}
+        if self._era == "legacy":
+            return {"mode": "legacy"}
+        if self._era == "modern":
+            return {"mode": "2026-07-28", "prior_discover": self._prior_discover}
+        return {"mode": "auto"}
+
+    def _next_era_after_protocol_error(self) -> None:
+        """Choose the revision to try next after a handshake the peer did not accept.
+
+        The SDK's auto mode probes `server/discover` for a fixed 10 s and then sends `initialize` on
+        the same connection; a server slower than that has already locked the connection to
+        2026-07-28 and refuses the `initialize`. That refusal is proof the server is modern, so pin
+        it; otherwise cycle: auto -> 2026-07-28 -> 2025-11-25 -> auto.
+        """
+        assert self.error is not None
+        modern_evidence = "2026-07-28" in self.error.message or str(UNSUPPORTED_PROTOCOL_VERSION) in self.error.message
+        if self._era is None:
+            self._era = "modern" if modern_evidence else "legacy"
+        elif self._era == "modern":
+            self._era = "legacy"
+        else:
+            self._era = None
+        self._prior_discover = None
+
+    def _remember_era(self, client: Client) -> None:
+        version = client.protocol_version or ""
+        if version >= "2026":
+            self._era = "modern"
+            self._prior_discover = getattr(client.session, "discover_result", None)
+        else:
+            self._era = "legacy"
+
+    async def _record_status(self, response: httpx2.Response) -> None:
+        if response.status_code >= 400 and CUT_KEY not in response.extensions:
+            self._last_http_status = response.status_code
+
+    # ---- failure classification -------------------------------------------------------------
+
+    def _exited(self, stdio: StdioProcess | None) -> ErrorInfo | None:
+        code = None if stdio is None else stdio.exit_code_before_close
+        if stdio is None or code is None:
+            return None
+        tail = tuple(stdio.stderr_tail)
+        last = f": {tail[-1]}" if tail else ""
+        return ErrorInfo(
+            code=Reason.EXITED,
+            message=f"the process exited with code {code}{last}",
+            exit_code=code,
+            stderr_tail=tail[-5:],
+        )
+
+    def _timeout_error(self, stdio: StdioProcess | None, timeout: float) -> ErrorInfo:
+        return self._exited(stdio) or ErrorInfo(code=Reason.TIMEOUT, message=f"no answer to the handshake within {timeout:g} s")
+
+    def _lost_error(self, stdio: StdioProcess | None) -> ErrorInfo:
+        exited = self._exited(stdio)
+        if exited is not None:
+            return ErrorInfo(
+                code=Reason.CONNECTION_LOST,
+                message=f"connection lost: {exited.message}",
+                exit_code=exited.exit_code,
+                stderr_tail=exited.stderr_tail,
+            )
+        return ErrorInfo(code=Reason.CONNECTION_LOST, message="connection lost")
+
+    def _classify(self, exc: BaseException, stdio: StdioProcess | None, was_ready: bool) -> ErrorInfo:
+        leaves = _leaves(exc)
+        if was_ready:
+            return ErrorInfo(code=Reason.CONNECTION_LOST, message=f"connection lost: {_describe(leaves[0])}")
+        command = self.spec.command or ""
+        for leaf in leaves:
+            if isinstance(leaf, FileNotFoundError) and stdio is not None and stdio.process is None:
+                return ErrorInfo(code=Reason.SPAWN_FAILED, message=f"command not found: {command}")
+            if isinstance(leaf, PermissionError) and stdio is not None and stdio.process is None:
+                return ErrorInfo(code=Reason.SPAWN_FAILED, message=f"not executable: {command}")
+            if isinstance(leaf, OSError) and stdio is not None and stdio.process is None:
+                return ErrorInfo(code=Reason.SPAWN_FAILED, message=f"cannot start {command}: {leaf.strerror or leaf}")
+        exited = self._exited(stdio)
+        if exited is not None:
+            return exited
+        status = self._last_http_status
+        if status is not None:
+            if status in (401, 403):
+                return ErrorInfo(
+                    code=Reason.AUTH_REQUIRED,
+                    message=f"HTTP {status}: the server wants credentials (check the headers in the config)",
+                    http_status=status,
+                )
+            return ErrorInfo(code=Reason.HTTP_STATUS, message=f"HTTP {status} from {self._where}", http_status=status)
+        for leaf in leaves:
+            for link in _chain(leaf):
+                if isinstance(link, ssl.SSLError) or "CERTIFICATE" in str(link).upper():
+                    return ErrorInfo(code=Reason.TLS, message=f"TLS failed: {link}")
+        for leaf in leaves:
+            chain = _chain(leaf)
+            text = " ".join(str(link) for link in chain).lower()
+            if any(isinstance(link, ConnectionRefusedError) for link in chain) or "refused" in text:
+                return ErrorInfo(code=Reason.REFUSED, message=f"connection refused: nothing listening at {self._where}")
+            if "name or service not known" in text or "nodename nor servname" in text or "unreachable" in text:
+                return ErrorInfo(code=Reason.UNREACHABLE, message=f"cannot reach {self._where}: {leaf}")
+            if isinstance(leaf, httpx2.TimeoutException):
+                return ErrorInfo(code=Reason.TIMEOUT, message=f"HTTP timeout: {_describe(leaf)}")
+            if isinstance(leaf, httpx2.ConnectError) and "all connection attempts failed" in text:
+                return ErrorInfo(code=Reason.REFUSED, message=f"connection refused: nothing listening at {self._where}")
+            if (
+                isinstance(leaf, httpx2.RemoteProtocolError | httpx2.ReadError | httpx2.WriteError | ConnectionResetError)
+                or any(isinstance(link, ConnectionResetError) for link in chain)
+                or "disconnected" in text
+                or "reset" in text
+            ):
+                return ErrorInfo(code=Reason.RESET, message=f"connection reset by the server: {_describe(leaf)}")
+        for leaf in leaves:
+            if isinstance(leaf, MCPError) and leaf.code == CONNECTION_CLOSED:
+                return ErrorInfo(code=Reason.RESET, message=f"the connection closed during the handshake: {leaf.message}")
+            if isinstance(leaf, MCPError | ValidationError | RuntimeError):
+                code = f" ({leaf.code})" if isinstance(leaf, MCPError) else ""
+                return ErrorInfo(code=Reason.PROTOCOL_ERROR, message=f"protocol error{code}: {_describe(leaf)}")
+        return ErrorInfo(code=Reason.PROTOCOL_ERROR, message=f"unexpected failure: {_describe(leaves[0])}")
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One TLS context per process: building one (the OS trust store) costs ~30 ms of CPU, which a
+    storm of hundreds of connects would pay again and again."""
+    return httpx2.create_ssl_context()
+
+
+def _same_exit(previous: ErrorInfo | None, current: ErrorInfo) -> bool:
+    return (
+        previous is not None
+        and previous.code is Reason.EXITED
+        and current.code is Reason.EXITED
+        and (previous.exit_code, previous.stderr_tail[-1:]) == (current.exit_code, current.stderr_tail[-1:])
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _client_info() -> types.Implementation:
+    from importlib.metadata import version
+
+    return types.Implementation(name=CLIENT_NAME, version=version("mcp-breakwater"))
+
+
+async def _list_all_tools(client: Client) -> list[types.Tool]:
+    tools: list[types.Tool] = []
+    cursor: str | None = None
+    while True:
+        page = await client.list_tools(cursor=cursor, cache_mode="bypass")
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            return tools

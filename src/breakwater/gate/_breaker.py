@@ -1,0 +1,582 @@
+"""Circuit breakers, one per (server, tool) and one per server.
+
+Written here rather than taken from PyPI on purpose: the four Python breaker libraries measured in
+resilience-numbers.md §1.7 (pybreaker 1.4.1, aiobreaker 1.2.0, purgatory 3.0.1, circuitbreaker
+2.1.3) let 50 of 50 concurrent callers through a "half-open" breaker, none measures a failure
+*rate* or slow calls, and pybreaker serialises every call behind one lock. This breaker:
+
+* trips on a failure rate over a sliding time window (with a minimum number of calls), on N
+  consecutive failures, or on a separate slow-call rate (slow = longer than a threshold given per
+  call, e.g. the tool's expected latency);
+* stays open for a duration that doubles per consecutive re-open, with ±20 % jitter, capped;
+* in half-open admits exactly one probe at a time, as a leased `Permit`; a probe that never reports
+  back loses its lease so the breaker cannot wedge;
+* ignores what breakwater itself refused: only a `Permit` can record, and a released permit records
+  nothing (Envoy's rule: local overload protection never feeds back into upstream health).
+
+Every transition happens in `CircuitBreaker._admit` and `CircuitBreaker._settle` over one plain
+`_BreakerData` record, with an `epoch` that increases on every transition and is stamped on each
+permit. A shared store (`breakwater.state._base`) plugs in as a `SharedBreaker`: the same two
+steps then run atomically in the store (Lua scripts in Redis) with the epoch as the fencing token,
+so a paused replica's stale permit cannot flip the state. While the store is unreachable the
+breaker falls back to its own record, seeded from the last shared state it saw.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from breakwater._clock import Clock
+from breakwater.config._policies import BreakerPolicy
+
+__all__ = [
+    "BreakerRegistry",
+    "BreakerSnapshot",
+    "BreakerState",
+    "BreakerStore",
+    "CircuitBreaker",
+    "Outcome",
+    "Permit",
+    "Rejection",
+    "SharedBreaker",
+    "SharedView",
+]
+
+
+class Outcome(enum.StrEnum):
+    """What one admitted call tells a breaker."""
+
+    SUCCESS = "success"
+    FAILURE = "failure"
+    #: Neither: the call says nothing about health (cancelled by the caller, refused locally).
+    IGNORED = "ignored"
+
+
+class BreakerState(enum.StrEnum):
+    """The three breaker states."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+# The window is kept as a few time buckets instead of one entry per call: memory stays bounded for
+# hot tools and old buckets fall off whole. 12 buckets put the window's edge within 1/12 of exact.
+_BUCKETS = 12
+
+
+@dataclass(slots=True)
+class _Bucket:
+    index: int
+    calls: int = 0
+    failures: int = 0
+    slow: int = 0
+
+
+@dataclass(slots=True)
+class _Window:
+    width_s: float
+    buckets: deque[_Bucket] = field(default_factory=deque)
+
+    def _expire(self, now: float) -> int:
+        current = math.floor(now / self.width_s)
+        while self.buckets and self.buckets[0].index <= current - _BUCKETS:
+            self.buckets.popleft()
+        return current
+
+    def add(self, now: float, *, failed: bool, slow: bool) -> None:
+        current = self._expire(now)
+        if not self.buckets or self.buckets[-1].index != current:
+            self.buckets.append(_Bucket(current))
+        b = self.buckets[-1]
+        b.calls += 1
+        b.failures += failed
+        b.slow += slow
+
+    def totals(self, now: float) -> tuple[int, int, int]:
+        self._expire(now)
+        calls = failures = slow = 0
+        for b in self.buckets:
+            calls += b.calls
+            failures += b.failures
+            slow += b.slow
+        return calls, failures, slow
+
+    def clear(self) -> None:
+        self.buckets.clear()
+
+
+@dataclass(slots=True)
+class _BreakerData:
+    """The whole state of one breaker: what a shared store would hold under one key."""
+
+    window: _Window
+    state: BreakerState = BreakerState.CLOSED
+    #: Increases on every transition and every probe grant; permits from another epoch are stale.
+    epoch: int = 0
+    open_until: float = -math.inf
+    consecutive_opens: int = 0
+    consecutive_failures: int = 0
+    probe_lease_until: float = -math.inf
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """The breaker refused a call (nothing was sent, nothing is recorded)."""
+
+    #: Seconds until a call may be admitted again (best estimate).
+    retry_after_s: float
+    state: BreakerState
+    #: Why the breaker is open, e.g. "4 consecutive failures".
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SharedView:
+    """A shared breaker's state as this replica last saw it (times on the local monotonic line)."""
+
+    state: BreakerState
+    epoch: int
+    open_until: float
+    consecutive_opens: int
+    consecutive_failures: int
+    probe_lease_until: float
+    reason: str
+    calls: int = 0
+    failures: int = 0
+    slow: int = 0
+
+
+class SharedBreaker(Protocol):
+    """A breaker's state kept in a shared store (see `breakwater.state._base`).
+
+    Each method returns None / False when the store cannot be used right now: the breaker then
+    decides from its own record, so a store outage never fails or blocks a call.
+    """
+
+    def admit(self, now: float, lease_s: float) -> tuple[int, bool] | Rejection | None:
+        """`(epoch, is_probe)` for a permit, a `Rejection`, or None (store unavailable)."""
+        ...
+
+    def settle(self, epoch: int, is_probe: bool, outcome: Outcome, slow: bool) -> bool:
+        """Report a permit's outcome; False if the store cannot take it (settle locally instead)."""
+        ...
+
+    def view(self, now: float) -> SharedView | None:
+        """The last shared state seen (whatever the store's health now), or None if none was ever seen."""
+        ...
+
+    def available(self) -> bool:
+        """Whether the store can be used now."""
+        ...
+
+    def bind(self, breaker: CircuitBreaker) -> None:
+        """The breaker this state belongs to (reports the store could not take go back to it)."""
+        ...
+
+
+class BreakerStore(Protocol):
+    """What a `BreakerRegistry` needs from a state store."""
+
+    def shared_breaker(self, name: str, policy: BreakerPolicy, rng: random.Random) -> SharedBreaker | None:
+        """The shared state of breaker `name`, or None to keep it in the breaker."""
+        ...
+
+
+class Permit:
+    """Leave to make one call. Report its outcome exactly once with `record()` (or `release()`).
+
+    A permit from before a transition is stale: its report is dropped, so calls that were already
+    in flight when the breaker opened neither re-open nor extend it.
+    """
+
+    __slots__ = ("_breaker", "_done", "epoch", "is_probe", "shared", "slow_threshold_s")
+
+    def __init__(
+        self,
+        breaker: CircuitBreaker,
+        epoch: int,
+        *,
+        is_probe: bool,
+        slow_threshold_s: float | None,
+        shared: bool = False,
+    ) -> None:
+        self._breaker = breaker
+        self._done = False
+        self.epoch = epoch
+        #: True for the single half-open trial call.
+        self.is_probe = is_probe
+        self.slow_threshold_s = slow_threshold_s
+        #: Issued from the shared store's state (its epoch is the store's).
+        self.shared = shared
+
+    def record(self, outcome: Outcome, duration_s: float) -> None:
+        """Report how the call went and how long it took. Later reports are ignored."""
+        if self._done:
+            return
+        self._done = True
+        self._breaker._settle(self, outcome, duration_s)
+
+    def release(self) -> None:
+        """Give the permit back without a verdict (the call was never sent, or was cancelled)."""
+        self.record(Outcome.IGNORED, 0.0)
+
+    def __repr__(self) -> str:
+        return f"Permit(epoch={self.epoch}, is_probe={self.is_probe}, shared={self.shared}, done={self._done})"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BreakerSnapshot:
+    """A breaker's state for `status` and metrics."""
+
+    name: str
+    state: BreakerState
+    calls_in_window: int
+    failures_in_window: int
+    slow_in_window: int
+    failure_rate: float
+    slow_call_rate: float
+    consecutive_failures: int
+    consecutive_opens: int
+    #: Monotonic time the open period ends (None unless open).
+    open_until: float | None
+    #: The same instant as wall-clock epoch seconds, for people and scripts.
+    open_until_wall: float | None
+    retry_after_s: float
+    probe_in_flight: bool
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "name": self.name,
+            "state": self.state.value,
+            "calls_in_window": self.calls_in_window,
+            "failures_in_window": self.failures_in_window,
+            "slow_in_window": self.slow_in_window,
+            "failure_rate": round(self.failure_rate, 4),
+            "slow_call_rate": round(self.slow_call_rate, 4),
+            "consecutive_failures": self.consecutive_failures,
+            "consecutive_opens": self.consecutive_opens,
+            "open_until": self.open_until_wall,
+            "retry_after_s": round(self.retry_after_s, 3),
+            "probe_in_flight": self.probe_in_flight,
+            "reason": self.reason,
+        }
+
+
+class CircuitBreaker:
+    """One breaker. `acquire()` before a call, `permit.record()` after it; all time from `clock`."""
+
+    def __init__(
+        self,
+        name: str,
+        policy: BreakerPolicy | None = None,
+        *,
+        clock: Clock,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.name = name
+        self.policy = policy or BreakerPolicy()
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._data = _BreakerData(window=_Window(self.policy.window_s / _BUCKETS))
+        # Held only around the few lines of a transition, never across a call: the breaker adds no
+        # serialisation (pybreaker holds its lock around the guarded call). Needed only if a breaker
+        # is shared across threads; uncontended it costs tens of nanoseconds.
+        self._lock = threading.Lock()
+        self._shared: SharedBreaker | None = None
+        # Whether the last decision came from the shared store (so a fallback must seed _data first).
+        self._use_shared = False
+
+    # -- public -------------------------------------------------------------------------------
+
+    def acquire(self, *, slow_threshold_s: float | None = None, lease_s: float | None = None) -> Permit | Rejection:
+        """A permit to make one call, or a rejection if the breaker is open.
+
+        `slow_threshold_s`: a call longer than this counts as slow (None: never slow).
+        `lease_s`: how long a half-open probe may stay out before another is allowed (default: the
+        policy's `probe_lease_s`); pass the call's own deadline so a probe outlives its timeout.
+        """
+        lease = lease_s or self.policy.probe_lease_s
+        with self._lock:
+            now = self._clock.monotonic()
+            if self._shared is not None:
+                got = self._shared.admit(now, lease)
+                if got is not None:
+                    self._use_shared = True
+                    if isinstance(got, Rejection):
+                        return got
+                    epoch, is_probe = got
+                    return Permit(self, epoch, is_probe=is_probe, slow_threshold_s=slow_threshold_s, shared=True)
+                self._go_local(now)
+            return self._admit(now, slow_threshold_s, lease)
+
+    def attach(self, shared: SharedBreaker | None) -> None:
+        """Keep this breaker's state in a shared store from now on (None: in this process)."""
+        with self._lock:
+            self._shared = shared
+            self._use_shared = False
+        if shared is not None:
+            shared.bind(self)
+
+    def _go_local(self, now: float) -> None:
+        """The store is unavailable: continue from the last shared state seen (called under the lock)."""
+        if not self._use_shared or self._shared is None:
+            return
+        self._use_shared = False
+        view = self._shared.view(now)
+        if view is None:
+            return
+        d = self._data
+        # Keep the store's epoch so permits issued from it still settle here; an open breaker
+        # stays open and a probe elsewhere still counts: an outage must not close (or open) anything.
+        d.epoch = view.epoch
+        d.state = view.state
+        d.open_until = view.open_until if view.state is BreakerState.OPEN else -math.inf
+        d.consecutive_opens = view.consecutive_opens
+        d.consecutive_failures = view.consecutive_failures
+        d.probe_lease_until = view.probe_lease_until if view.state is BreakerState.HALF_OPEN else -math.inf
+        d.reason = view.reason
+        d.window.clear()
+
+    @property
+    def state(self) -> BreakerState:
+        """The state a caller would meet now (OPEN past its end reads as HALF_OPEN).
+
+        Cheaper than `snapshot().state`: the call path (and the journal) reads it on every call, and
+        the window totals a snapshot computes are not needed for it.
+        """
+        if self._shared is not None:
+            return self.snapshot().state
+        with self._lock:
+            d = self._data
+            if d.state is BreakerState.OPEN and d.open_until <= self._clock.monotonic():
+                return BreakerState.HALF_OPEN
+            return d.state
+
+    def snapshot(self) -> BreakerSnapshot:
+        """A consistent copy of the breaker's state."""
+        with self._lock:
+            now = self._clock.monotonic()
+            if self._shared is not None:
+                view = self._shared.view(now) if self._shared.available() else None
+                if view is not None:
+                    return self._shared_snapshot(view, now)
+                self._go_local(now)
+            d = self._data
+            calls, failures, slow = d.window.totals(now)
+            state = d.state
+            retry_after = 0.0
+            probe_in_flight = False
+            if state is BreakerState.OPEN:
+                retry_after = max(0.0, d.open_until - now)
+                if retry_after == 0.0:
+                    state = BreakerState.HALF_OPEN
+            elif state is BreakerState.HALF_OPEN:
+                probe_in_flight = d.probe_lease_until > now
+                retry_after = self._half_open_wait(now) if probe_in_flight else 0.0
+            is_open = d.state is BreakerState.OPEN
+            return BreakerSnapshot(
+                name=self.name,
+                state=state,
+                calls_in_window=calls,
+                failures_in_window=failures,
+                slow_in_window=slow,
+                failure_rate=failures / calls if calls else 0.0,
+                slow_call_rate=slow / calls if calls else 0.0,
+                consecutive_failures=d.consecutive_failures,
+                consecutive_opens=d.consecutive_opens,
+                open_until=d.open_until if is_open else None,
+                open_until_wall=self._clock.time() + (d.open_until - now) if is_open else None,
+                retry_after_s=retry_after,
+                probe_in_flight=probe_in_flight,
+                reason=d.reason,
+            )
+
+    def _shared_snapshot(self, v: SharedView, now: float) -> BreakerSnapshot:
+        state = v.state
+        retry_after = 0.0
+        probe_in_flight = False
+        if state is BreakerState.OPEN:
+            retry_after = max(0.0, v.open_until - now)
+            if retry_after == 0.0:
+                state = BreakerState.HALF_OPEN
+        elif state is BreakerState.HALF_OPEN:
+            probe_in_flight = v.probe_lease_until > now
+            retry_after = max(0.0, min(v.probe_lease_until - now, self.policy.open_base_s)) if probe_in_flight else 0.0
+        is_open = v.state is BreakerState.OPEN
+        return BreakerSnapshot(
+            name=self.name,
+            state=state,
+            calls_in_window=v.calls,
+            failures_in_window=v.failures,
+            slow_in_window=v.slow,
+            failure_rate=v.failures / v.calls if v.calls else 0.0,
+            slow_call_rate=v.slow / v.calls if v.calls else 0.0,
+            consecutive_failures=v.consecutive_failures,
+            consecutive_opens=v.consecutive_opens,
+            open_until=v.open_until if is_open else None,
+            open_until_wall=self._clock.time() + (v.open_until - now) if is_open else None,
+            retry_after_s=retry_after,
+            probe_in_flight=probe_in_flight,
+            reason=v.reason,
+        )
+
+    # -- transitions: the only code that changes _data ---------------------------------------
+
+    def _admit(self, now: float, slow_threshold_s: float | None, lease_s: float) -> Permit | Rejection:
+        d = self._data
+        if d.state is BreakerState.CLOSED:
+            return Permit(self, d.epoch, is_probe=False, slow_threshold_s=slow_threshold_s)
+        if d.state is BreakerState.OPEN:
+            if now < d.open_until:
+                return Rejection(d.open_until - now, BreakerState.OPEN, d.reason)
+            self._move(BreakerState.HALF_OPEN, now)
+        # HALF_OPEN: one probe holds the lease; a new epoch per grant fences off a probe whose
+        # lease ran out, so only the latest probe's report can decide.
+        if d.probe_lease_until > now:
+            return Rejection(self._half_open_wait(now), BreakerState.HALF_OPEN, d.reason)
+        d.epoch += 1
+        d.probe_lease_until = now + lease_s
+        return Permit(self, d.epoch, is_probe=True, slow_threshold_s=slow_threshold_s)
+
+    def _half_open_wait(self, now: float) -> float:
+        # The probe usually answers long before its lease ends; suggest the shorter of the two.
+        return max(0.0, min(self._data.probe_lease_until - now, self.policy.open_base_s))
+
+    def _settle(self, permit: Permit, outcome: Outcome, duration_s: float) -> None:
+        slow = outcome is not Outcome.IGNORED and permit.slow_threshold_s is not None and duration_s > permit.slow_threshold_s
+        with self._lock:
+            if permit.shared and self._shared is not None and self._shared.settle(permit.epoch, permit.is_probe, outcome, slow):
+                return
+            self._settle_local(permit.epoch, outcome, slow)
+
+    def settle_lost(self, epoch: int, outcome: Outcome, slow: bool) -> None:
+        """A shared report the store could not take after all: apply it to the local state (store degraded)."""
+        with self._lock:
+            self._settle_local(epoch, outcome, slow)
+
+    def _settle_local(self, epoch: int, outcome: Outcome, slow: bool) -> None:
+        """Apply one outcome to the local record (called under the lock)."""
+        now = self._clock.monotonic()
+        self._go_local(now)
+        d = self._data
+        if epoch != d.epoch:
+            return  # stale: the breaker moved on since this permit was issued
+        if d.state is BreakerState.HALF_OPEN:
+            if outcome is Outcome.IGNORED:
+                d.probe_lease_until = -math.inf  # free the slot for the next caller's probe
+            elif outcome is Outcome.SUCCESS and not slow:
+                self._move(BreakerState.CLOSED, now)
+            else:
+                d.reason = "probe was slow" if outcome is Outcome.SUCCESS else "probe failed"
+                self._move(BreakerState.OPEN, now)
+            return
+        if d.state is not BreakerState.CLOSED or outcome is Outcome.IGNORED:
+            return
+        failed = outcome is Outcome.FAILURE
+        d.window.add(now, failed=failed, slow=slow)
+        d.consecutive_failures = d.consecutive_failures + 1 if failed else 0
+        reason = self._trip_reason(now)
+        if reason:
+            d.reason = reason
+            self._move(BreakerState.OPEN, now)
+
+    def _trip_reason(self, now: float) -> str:
+        p, d = self.policy, self._data
+        if d.consecutive_failures >= p.consecutive_failures:
+            return f"{d.consecutive_failures} consecutive failures"
+        calls, failures, slow = d.window.totals(now)
+        if calls >= p.minimum_calls:
+            if failures / calls >= p.failure_rate:
+                return f"{failures} of {calls} calls failed in {p.window_s:g} s"
+            if slow / calls >= p.slow_call_rate:
+                return f"{slow} of {calls} calls were slow in {p.window_s:g} s"
+        return ""
+
+    def _move(self, state: BreakerState, now: float) -> None:
+        d = self._data
+        d.epoch += 1
+        d.state = state
+        d.probe_lease_until = -math.inf
+        if state is BreakerState.OPEN:
+            d.consecutive_opens += 1
+            d.open_until = now + self._open_duration(d.consecutive_opens)
+        elif state is BreakerState.CLOSED:
+            # A fresh start: the evidence that tripped the breaker is history.
+            d.consecutive_opens = 0
+            d.consecutive_failures = 0
+            d.open_until = -math.inf
+            d.reason = ""
+            d.window.clear()
+
+    def _open_duration(self, opens: int) -> float:
+        p = self.policy
+        base = p.open_max_s if opens > 64 else min(p.open_max_s, p.open_base_s * 2.0 ** (opens - 1))
+        jittered = base * self._rng.uniform(1.0 - p.open_jitter, 1.0 + p.open_jitter)
+        # Clamp after jitter: at the cap the spread is [cap·(1−j), cap], never above the cap.
+        return min(p.open_max_s, jittered)
+
+
+class BreakerRegistry:
+    """The breakers of one process: one per server and one per (server, tool), created on first use."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        rng: random.Random | None = None,
+        policy: BreakerPolicy | None = None,
+        policy_for: Callable[[str, str | None], BreakerPolicy] | None = None,
+        store: BreakerStore | None = None,
+    ) -> None:
+        """`policy_for(server, tool)` (tool None for the server breaker) overrides `policy` per key;
+        `store` (see `breakwater.state._base`) shares the breakers' state with other replicas."""
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._policy = policy or BreakerPolicy()
+        self._policy_for = policy_for
+        self._store = store
+        self._breakers: dict[tuple[str, str | None], CircuitBreaker] = {}
+
+    def attach_store(self, store: BreakerStore | None) -> None:
+        """Keep every breaker's state (those made so far and those to come) in `store` (None: in this process)."""
+        self._store = store
+        for breaker in self:
+            breaker.attach(None if store is None else store.shared_breaker(breaker.name, breaker.policy, self._rng))
+
+    def _get(self, server: str, tool: str | None) -> CircuitBreaker:
+        key = (server, tool)
+        breaker = self._breakers.get(key)
+        if breaker is None:
+            policy = self._policy_for(server, tool) if self._policy_for else self._policy
+            name = server if tool is None else f"{server}/{tool}"
+            breaker = CircuitBreaker(name, policy, clock=self._clock, rng=self._rng)
+            if self._store is not None:
+                breaker.attach(self._store.shared_breaker(name, policy, self._rng))
+            self._breakers[key] = breaker
+        return breaker
+
+    def server(self, server: str) -> CircuitBreaker:
+        """The per-server breaker."""
+        return self._get(server, None)
+
+    def tool(self, server: str, tool: str) -> CircuitBreaker:
+        """The per-(server, tool) breaker."""
+        return self._get(server, tool)
+
+    def __iter__(self) -> Iterator[CircuitBreaker]:
+        return iter(list(self._breakers.values()))
+
+    def snapshots(self) -> list[BreakerSnapshot]:
+        """Snapshots of every breaker created so far, by name."""
+        return sorted((b.snapshot() for b in self), key=lambda s: s.name)

@@ -1,0 +1,435 @@
+"""Honest classification of one attempt.
+
+Given what one upstream attempt produced — an exception from the SDK call or a `CallToolResult` —
+decide four things separately, because they are different questions:
+
+* what the breakers learn (`Outcome`: failure / success / ignored),
+* which error code the model sees (`None` when the result goes back as it is),
+* whether another attempt is allowed, given the tool's retry class (safe / idempotent / never),
+* whether the outcome is unknown: the request was sent and then the answer was lost, so the call
+  may have run. For a `never` tool that becomes OUTCOME_UNKNOWN, never a retry.
+
+The rules (mcp-sdk.md §2.6, §3.5–3.8, §5):
+
+* Failures: timeouts, transport errors (`MCPError` -32000, `httpx2` errors, also inside
+  `ExceptionGroup`s), protocol errors (pydantic `ValidationError` on the reply's shape, JSON-RPC
+  errors), `isError` results without a "not retryable" answer, and results that violate the tool's
+  `outputSchema` (the SDK's `RuntimeError("Invalid structured content …")`: a server that silently
+  reshaped its output is broken, not answering).
+* Business answers are not failures: an `isError` result whose `structuredContent` says
+  `retryable: false`, a not-found, an argument-validation error, an unknown tool. The server did
+  its job; the breaker must not open because a model asked for something that does not exist.
+* Ignored: the caller's cancellation and breakwater's own refusals (`CallError`s raised locally).
+* The SDK's -32000/-32001 are local to the client (never on the wire) and are re-labelled, not
+  forwarded as if the server had sent them.
+
+A user classifier runs first and may return a `Verdict` to override, or None to fall through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx2
+import pydantic
+from mcp import MCPError
+from mcp.types import (
+    CONNECTION_CLOSED,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    REQUEST_TIMEOUT,
+    URL_ELICITATION_REQUIRED,
+    CallToolResult,
+    TextContent,
+    ToolAnnotations,
+)
+
+from breakwater.connect._http_cut import cut_info
+from breakwater.errors import CallError, ErrorCode
+from breakwater.gate._breaker import Outcome
+
+__all__ = [
+    "OPERATION_IN_PROGRESS",
+    "OPERATION_OUTCOME_UNKNOWN",
+    "AttemptContext",
+    "Classifier",
+    "RetryClass",
+    "Verdict",
+    "classify",
+    "retry_class_for",
+]
+
+log = logging.getLogger("breakwater.classify")
+
+# Retired "resource not found" (≤ 2025-11-25); old servers still send it.
+_LEGACY_NOT_FOUND = -32002
+# 2025-era streamable HTTP servers end a request they cancelled on our behalf with this.
+_REQUEST_CANCELLED = -32800
+
+
+class RetryClass(enum.StrEnum):
+    """How safe a tool is to call again after a failure."""
+
+    #: Read-only: repeat freely.
+    SAFE = "safe"
+    #: Repeating with the same arguments (and operation id) has no additional effect.
+    IDEMPOTENT = "idempotent"
+    #: May have side effects each time: never repeat, and report a cut call as OUTCOME_UNKNOWN.
+    NEVER = "never"
+
+
+def retry_class_for(annotations: ToolAnnotations | None, configured: RetryClass | str | None = None) -> RetryClass:
+    """The retry class of a tool: config if set, else from its MCP annotations.
+
+    Annotations are hints from a server that is not necessarily trusted (spec), so configuration
+    wins. `readOnlyHint` → safe; `idempotentHint` → idempotent; `destructiveHint` or no
+    annotations → never (the spec's defaults are destructive and not idempotent).
+    """
+    if configured is not None:
+        return RetryClass(configured)
+    if annotations is None:
+        return RetryClass.NEVER
+    if annotations.read_only_hint is True:
+        return RetryClass.SAFE
+    if annotations.idempotent_hint is True:
+        return RetryClass.IDEMPOTENT
+    return RetryClass.NEVER
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict:
+    """What one attempt means."""
+
+    #: What the breakers record.
+    outcome: Outcome
+    #: The error code the model sees; None when the result is returned as it is.
+    code: ErrorCode | None
+    #: Whether another attempt may be made (the retry class already applied).
+    retryable: bool
+    #: The request was sent and its answer lost: the call may have run.
+    outcome_unknown: bool = False
+    #: A server's hint of how long to wait before trying again.
+    retry_after_s: float | None = None
+    #: A short technical explanation, for logs and the envelope's detail.
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when the attempt produced a result to return as it is."""
+        return self.code is None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptContext:
+    """What a classifier knows about the attempt besides its result."""
+
+    server: str
+    tool: str
+    retry_class: RetryClass
+    #: Whether the request had been handed to the transport when it failed (default: assume so).
+    request_sent: bool = True
+
+
+#: A user classifier: return a Verdict to decide, or None to let breakwater's rules decide.
+Classifier = Callable[[CallToolResult | BaseException, AttemptContext], Verdict | None]
+
+
+def classify(
+    attempt: CallToolResult | BaseException,
+    *,
+    retry_class: RetryClass,
+    server: str = "",
+    tool: str = "",
+    request_sent: bool = True,
+    classifier: Classifier | None = None,
+) -> Verdict:
+    """Classify one attempt's result or exception (see the module docstring for the rules)."""
+    ctx = AttemptContext(server=server, tool=tool, retry_class=retry_class, request_sent=request_sent)
+    if classifier is not None:
+        try:
+            verdict = classifier(attempt, ctx)
+        except Exception:
+            # A broken user classifier must not turn every call into a crash; fall back and say so.
+            log.exception("custom classifier failed for %s/%s; using the built-in rules", server, tool)
+        else:
+            if verdict is not None:
+                return verdict
+    if isinstance(attempt, CallToolResult):
+        return _classify_result(attempt)
+    return _classify_exception(attempt, ctx)
+
+
+# -- results ----------------------------------------------------------------------------------
+
+_NOT_FOUND = {"not_found", "notfound", "404", "no_such", "does_not_exist"}
+_UNKNOWN_TOOL = re.compile(r"^\s*unknown tool\b", re.IGNORECASE)
+# MCPServer reports bad arguments as "Error executing tool <name>: 1 validation error for <name>Arguments".
+_ARG_VALIDATION = re.compile(r"^Error executing tool \S+: \d+ validation errors? for ", re.IGNORECASE)
+_RETRY_AFTER_KEYS = ("retry_after_s", "retry_after", "retryAfter", "retryAfterSeconds")
+
+#: `breakwater.idempotency`'s reply to a repeated operation id whose first call still runs (HTTP 409).
+OPERATION_IN_PROGRESS = "OPERATION_IN_PROGRESS"
+#: The `Verdict.reason` of an OPERATION_IN_PROGRESS reply (the gate waits on it instead of counting a failure).
+IN_PROGRESS_REASON = "operation in progress"
+#: Its reply for an operation whose owner died or was cancelled mid-run: never re-run it.
+OPERATION_OUTCOME_UNKNOWN = "OPERATION_OUTCOME_UNKNOWN"
+
+
+def _retry_after(data: Any) -> float | None:
+    if not isinstance(data, dict):
+        return None
+    for key in _RETRY_AFTER_KEYS:
+        value = data.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+            return float(value)
+    return None
+
+
+def _is_not_found(data: dict[str, Any]) -> bool:
+    if data.get("status") == 404 or data.get("found") is False:
+        return True
+    for key in ("code", "error_code", "errorCode", "error"):
+        value = data.get(key)
+        if isinstance(value, dict):
+            value = value.get("code")
+        if isinstance(value, (str, int)) and str(value).lower().replace("-", "_") in _NOT_FOUND:
+            return True
+    return False
+
+
+def _first_text(result: CallToolResult) -> str:
+    return next((b.text for b in result.content if isinstance(b, TextContent)), "")
+
+
+def _classify_result(result: CallToolResult) -> Verdict:
+    if not result.is_error:
+        return Verdict(outcome=Outcome.SUCCESS, code=None, retryable=False)
+    data = result.structured_content
+    hint = _retry_after(data)
+    if isinstance(data, dict):
+        code = data.get("code")
+        if code == OPERATION_IN_PROGRESS:
+            # The server has the operation and is running it: healthy, and the same id must be asked
+            # again after its hint, never replaced by a new one.
+            return Verdict(
+                outcome=Outcome.SUCCESS,
+                code=ErrorCode.TOOL_ERROR,
+                retryable=True,
+                retry_after_s=hint,
+                reason=IN_PROGRESS_REASON,
+            )
+        if code == OPERATION_OUTCOME_UNKNOWN:
+            # The server itself cannot say whether the side effect happened: the client's OUTCOME_UNKNOWN.
+            return Verdict(
+                outcome=Outcome.SUCCESS,
+                code=ErrorCode.OUTCOME_UNKNOWN,
+                retryable=False,
+                outcome_unknown=True,
+                reason="the server reports the operation's outcome as unknown",
+            )
+        if data.get("retryable") is True:
+            # The server vouches that trying again is safe and may help (e.g. it shed the request).
+            return Verdict(
+                outcome=Outcome.FAILURE,
+                code=ErrorCode.TOOL_ERROR,
+                retryable=True,
+                retry_after_s=hint,
+                reason="tool error marked retryable",
+            )
+        if data.get("retryable") is False:
+            return Verdict(outcome=Outcome.SUCCESS, code=ErrorCode.TOOL_ERROR, retryable=False, reason="business answer")
+        if _is_not_found(data):
+            return Verdict(outcome=Outcome.SUCCESS, code=ErrorCode.TOOL_ERROR, retryable=False, reason="not found")
+    text = _first_text(result)
+    if _UNKNOWN_TOOL.match(text):
+        # MCPServer answers an unknown tool with isError (the spec says -32602); same meaning.
+        return Verdict(outcome=Outcome.SUCCESS, code=ErrorCode.UNKNOWN_TOOL, retryable=False, reason="unknown tool")
+    if _ARG_VALIDATION.match(text):
+        return Verdict(outcome=Outcome.SUCCESS, code=ErrorCode.INVALID_ARGUMENTS, retryable=False, reason="arguments rejected")
+    # The "200 with an error in the body" trap: the tool failed, the breaker must hear about it.
+    return Verdict(outcome=Outcome.FAILURE, code=ErrorCode.TOOL_ERROR, retryable=False, retry_after_s=hint, reason="tool error")
+
+
+# -- exceptions -------------------------------------------------------------------------------
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
+
+
+def _is_cancel(exc: BaseException) -> bool:
+    # anyio on asyncio cancels with asyncio.CancelledError; trio is not supported by the SDK's transports.
+    return isinstance(exc, asyncio.CancelledError)
+
+
+def _cut(ctx: AttemptContext, code: ErrorCode, reason: str, retry_after_s: float | None = None) -> Verdict:
+    """A failure after which we cannot tell whether the call ran."""
+    if not ctx.request_sent:
+        return Verdict(outcome=Outcome.FAILURE, code=code, retryable=True, retry_after_s=retry_after_s, reason=reason)
+    if ctx.retry_class is RetryClass.NEVER:
+        return Verdict(
+            outcome=Outcome.FAILURE,
+            code=ErrorCode.OUTCOME_UNKNOWN,
+            retryable=False,
+            outcome_unknown=True,
+            reason=reason,
+        )
+    return Verdict(
+        outcome=Outcome.FAILURE,
+        code=code,
+        retryable=True,
+        outcome_unknown=True,
+        retry_after_s=retry_after_s,
+        reason=reason,
+    )
+
+
+def _not_sent(reason: str, retry_after_s: float | None = None) -> Verdict:
+    """A failure that provably happened before the server saw the request: any tool may retry."""
+    return Verdict(
+        outcome=Outcome.FAILURE,
+        code=ErrorCode.UPSTREAM_ERROR,
+        retryable=True,
+        retry_after_s=retry_after_s,
+        reason=reason,
+    )
+
+
+def _fatal(reason: str, code: ErrorCode = ErrorCode.UPSTREAM_ERROR) -> Verdict:
+    """A failure that another identical attempt would repeat."""
+    return Verdict(outcome=Outcome.FAILURE, code=code, retryable=False, reason=reason)
+
+
+def _classify_exception(exc: BaseException, ctx: AttemptContext) -> Verdict:
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = list(_leaves(exc))
+        # The transport's task group wraps the real error; cancellations beside it are its fallout.
+        real = next((e for e in leaves if not _is_cancel(e)), None)
+        exc = real if real is not None else leaves[0]
+    if isinstance(exc, CallError):
+        # Breakwater's own refusal (breaker, budget, bulkhead, deadline already past): no one's failure.
+        return Verdict(outcome=Outcome.IGNORED, code=exc.code, retryable=exc.retryable, retry_after_s=exc.retry_after_s)
+    if _is_cancel(exc):
+        return Verdict(
+            outcome=Outcome.IGNORED,
+            code=ErrorCode.CANCELLED,
+            retryable=False,
+            outcome_unknown=ctx.request_sent,
+            reason="cancelled by the caller",
+        )
+    if isinstance(exc, MCPError):
+        return _classify_mcp_error(exc, ctx)
+    if isinstance(exc, TimeoutError):
+        return _cut(ctx, ErrorCode.TIMEOUT, "deadline expired")
+    if isinstance(exc, httpx2.HTTPError):
+        return _classify_http(exc, ctx)
+    if isinstance(exc, pydantic.ValidationError):
+        return _fatal("the reply does not match the MCP protocol shape")
+    if isinstance(exc, RuntimeError) and (
+        "Invalid structured content" in str(exc)
+        or "has an output schema but did not return structured content" in str(exc)
+        or "Invalid schema for tool" in str(exc)
+    ):
+        return _fatal("the result violates the tool's declared outputSchema")
+    if isinstance(exc, ConnectionRefusedError):
+        return _not_sent("connection refused")
+    if isinstance(exc, (OSError, anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream)):
+        return _cut(ctx, ErrorCode.UPSTREAM_ERROR, f"connection lost: {type(exc).__name__}")
+    # Something nobody anticipated: count it, and do not repeat a call that may have had effects.
+    return Verdict(
+        outcome=Outcome.FAILURE,
+        code=ErrorCode.UPSTREAM_ERROR,
+        retryable=False,
+        outcome_unknown=ctx.request_sent,
+        reason=f"unexpected {type(exc).__name__}: {exc}",
+    )
+
+
+def _classify_mcp_error(exc: MCPError, ctx: AttemptContext) -> Verdict:
+    code, message = exc.code, exc.message
+    hint = _retry_after(exc.data)
+    if code == REQUEST_TIMEOUT:
+        return _cut(ctx, ErrorCode.TIMEOUT, "request timed out (SDK read timeout)")
+    if code == CONNECTION_CLOSED:
+        cut = cut_info(exc.data)
+        if cut is None:
+            return _cut(ctx, ErrorCode.UPSTREAM_ERROR, f"connection closed: {message}")
+        # One HTTP request cut (see breakwater.connect._http_cut): never sent is safe for any tool to repeat.
+        kind = str(cut.get("error", "transport error"))
+        if cut.get("sent") is False:
+            return _not_sent(f"could not connect: {kind}")
+        return _cut(ctx, ErrorCode.TIMEOUT if "Timeout" in kind else ErrorCode.UPSTREAM_ERROR, f"connection cut: {kind}")
+    if code == _REQUEST_CANCELLED:
+        return Verdict(outcome=Outcome.IGNORED, code=ErrorCode.CANCELLED, retryable=False, outcome_unknown=True)
+    if code in (INVALID_PARAMS, _LEGACY_NOT_FOUND):
+        # A correct refusal: the server is healthy, the request was wrong.
+        lowered = message.lower()
+        if "unknown tool" in lowered or "tool not found" in lowered:
+            return Verdict(outcome=Outcome.SUCCESS, code=ErrorCode.UNKNOWN_TOOL, retryable=False, reason=message)
+        if code == _LEGACY_NOT_FOUND or "not found" in lowered:
+            return Verdict(outcome=Outcome.SUCCESS, code=ErrorCode.TOOL_ERROR, retryable=False, reason=message)
+        return Verdict(outcome=Outcome.SUCCESS, code=ErrorCode.INVALID_ARGUMENTS, retryable=False, reason=message)
+    if code == URL_ELICITATION_REQUIRED:
+        return Verdict(outcome=Outcome.SUCCESS, code=ErrorCode.TOOL_ERROR, retryable=False, reason="needs the user")
+    if code == INVALID_REQUEST and "session terminated" in message.lower():
+        # HTTP 404 on a known session: the server forgot us and did not run the call.
+        return _not_sent("session terminated", hint)
+    if code in (INTERNAL_ERROR, 0):
+        # HTTP 5xx or a crashed handler: it may have half-run, so only repeatable tools retry.
+        verdict = _cut(ctx, ErrorCode.UPSTREAM_ERROR, f"server error: {message}", hint)
+        if verdict.code is ErrorCode.OUTCOME_UNKNOWN:
+            # The server did answer, with an error: report that, and still refuse to repeat.
+            return Verdict(
+                outcome=Outcome.FAILURE,
+                code=ErrorCode.UPSTREAM_ERROR,
+                retryable=False,
+                outcome_unknown=True,
+                reason=f"server error: {message}",
+            )
+        return verdict
+    data = exc.data
+    if isinstance(data, dict) and data.get("retryable") is True:
+        return Verdict(outcome=Outcome.FAILURE, code=ErrorCode.UPSTREAM_ERROR, retryable=True, retry_after_s=hint, reason=message)
+    # Parse errors, method not found, header mismatch (already resent once by the SDK), missing
+    # capability, unsupported version, application codes: repeating the same request repeats them.
+    return _fatal(f"protocol error {code}: {message}")
+
+
+def _classify_http(exc: httpx2.HTTPError, ctx: AttemptContext) -> Verdict:
+    if isinstance(exc, (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)):
+        return _not_sent(f"could not connect: {type(exc).__name__}")
+    if isinstance(exc, (httpx2.ReadTimeout, httpx2.WriteTimeout)):
+        return _cut(ctx, ErrorCode.TIMEOUT, f"transport {type(exc).__name__}")
+    if isinstance(exc, httpx2.HTTPStatusError):
+        status = exc.response.status_code
+        hint = _parse_retry_after(exc.response.headers.get("retry-after"))
+        if status in (429, 503):
+            # Shed before processing: safe to retry for every tool, after the server's hint.
+            return _not_sent(f"HTTP {status}", hint)
+        if status >= 500:
+            return _cut(ctx, ErrorCode.UPSTREAM_ERROR, f"HTTP {status}", hint)
+        return _fatal(f"HTTP {status}")
+    return _cut(ctx, ErrorCode.UPSTREAM_ERROR, f"connection lost: {type(exc).__name__}")
+
+
+def _parse_retry_after(value: str | None) -> float | None:
+    # Only the delta-seconds form; an HTTP date would need the server's clock, which we do not trust.
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 else None

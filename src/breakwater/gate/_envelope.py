@@ -1,0 +1,141 @@
+"""The error envelope: how a failed call looks to the model, and back.
+
+Every failure reaches the model as an ordinary `CallToolResult` with `isError: true`, one short
+plain-language text (what happened, then what to do next) and a `structuredContent` object a
+program can branch on:
+
+    {"ok": false, "code", "retryable", "retry_after_s", "attempt", "max_attempts",
+     "server", "tool", "operation_id", "message", ...detail}
+
+A TOOL_ERROR keeps the upstream tool's own content blocks first, so the model reads the tool's words
+before breakwater's note. The note is marked in its `_meta` so `error_from_result` can strip it again.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from mcp.types import CallToolResult, TextContent
+
+from breakwater._wire import ENVELOPE_META_KEY
+from breakwater.errors import CODE_TO_ERROR, ENVELOPE_KEYS, CallError, ErrorCode, ToolError
+
+__all__ = ["ENVELOPE_META_KEY", "error_from_result", "error_result", "error_text", "render_error_table"]
+
+#: `_meta` key on breakwater's own text block inside an error result.
+
+
+def error_text(err: CallError) -> str:
+    """The sentence pair the model reads: what happened, then what to do next."""
+    where = _where(err)
+    text = (f"{where}: {err.message}" if where else err.message).rstrip()
+    if err.attempt > 1:
+        text = f"{text.rstrip('.')} (after {err.attempt} attempts)"
+    if not text.endswith((".", "!", "?")):
+        text += "."
+    return f"{text} {err.advice_text()}"
+
+
+def _where(err: CallError) -> str:
+    if err.tool and err.server:
+        return f"Tool '{err.tool}' on server '{err.server}'"
+    if err.server:
+        return f"Server '{err.server}'"
+    if err.tool:
+        return f"Tool '{err.tool}'"
+    return ""
+
+
+def envelope(err: CallError) -> dict[str, Any]:
+    """The `structuredContent` object for `err` (core keys first, then extra detail)."""
+    data: dict[str, Any] = {
+        "ok": False,
+        "code": err.code.value,
+        "retryable": err.retryable,
+        "retry_after_s": _round_s(err.retry_after_s),
+        "attempt": err.attempt,
+        "max_attempts": err.max_attempts,
+        "server": err.server,
+        "tool": err.tool,
+        "operation_id": err.operation_id,
+        "message": err.message,
+    }
+    data.update(err.detail)
+    return data
+
+
+def _round_s(seconds: float | None) -> float | None:
+    # Millisecond precision is all a model or a script can use; long floats only cost tokens.
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    return round(max(0.0, seconds), 3)
+
+
+def error_result(err: CallError) -> CallToolResult:
+    """`err` as the `isError` result the model sees."""
+    note = TextContent(type="text", text=error_text(err), _meta={ENVELOPE_META_KEY: True})
+    structured = envelope(err)
+    if isinstance(err, ToolError):
+        if err.upstream_structured_content is not None:
+            structured["upstream"] = err.upstream_structured_content
+        return CallToolResult(content=[*err.content, note], structured_content=structured, is_error=True)
+    return CallToolResult(content=[note], structured_content=structured, is_error=True)
+
+
+def _is_note(block: Any) -> bool:
+    meta = getattr(block, "meta", None)
+    return isinstance(block, TextContent) and isinstance(meta, dict) and meta.get(ENVELOPE_META_KEY) is True
+
+
+def error_from_result(result: CallToolResult) -> CallError | None:
+    """The typed error a result stands for, or None if it is not an error.
+
+    A breakwater envelope becomes its own class again; any other `isError` result (straight from
+    an upstream tool) becomes a `ToolError` carrying its content.
+    """
+    if not result.is_error:
+        return None
+    data = result.structured_content
+    if isinstance(data, dict) and data.get("ok") is False and data.get("code") in ErrorCode.__members__:
+        cls = CODE_TO_ERROR[ErrorCode(data["code"])]
+        retry_after = data.get("retry_after_s")
+        common: dict[str, Any] = {
+            "server": data.get("server"),
+            "tool": data.get("tool"),
+            "retryable": bool(data.get("retryable", cls.default_retryable)),
+            "retry_after_s": float(retry_after) if isinstance(retry_after, (int, float)) else None,
+            "attempt": int(data.get("attempt") or 0),
+            "max_attempts": int(data.get("max_attempts") or 1),
+            "operation_id": data.get("operation_id"),
+            "detail": {k: v for k, v in data.items() if k not in ENVELOPE_KEYS and k != "upstream"},
+        }
+        message = data.get("message")
+        message = message if isinstance(message, str) else None
+        if cls is ToolError:
+            content = [b for b in result.content if not _is_note(b)]
+            return ToolError(message, content=content, upstream_structured_content=data.get("upstream"), **common)
+        return cls(message, **common)
+    # An upstream error result that never went through a breakwater envelope.
+    retryable = isinstance(data, dict) and data.get("retryable") is True
+    texts = [b.text for b in result.content if isinstance(b, TextContent)]
+    return ToolError(
+        " ".join(texts) or None,
+        content=result.content,
+        upstream_structured_content=data,
+        retryable=retryable,
+    )
+
+
+def render_error_table() -> str:
+    """The README's error-code table (Markdown), read from the exception classes."""
+    lines = [
+        "| code | exception | retryable | what happened | what the model is told to do |",
+        "|---|---|---|---|---|",
+    ]
+    for code in ErrorCode:
+        cls = CODE_TO_ERROR[code]
+        doc = (cls.__doc__ or "").strip().splitlines()[0]
+        advice = cls.advice.format(wait="a while")
+        lines.append(f"| `{code.value}` | `{cls.__name__}` | {'yes' if cls.default_retryable else 'no'} | {doc} | {advice} |")
+    return "\n".join(lines) + "\n"

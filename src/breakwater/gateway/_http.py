@@ -1,0 +1,87 @@
+"""The gateway over HTTP: the MCP endpoint with bearer auth and Host/Origin checks, beside the web routes."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+from breakwater.gateway._metrics import CallCounter, Metrics
+from breakwater.gateway._server import Gateway
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
+
+
+class BearerAuth:
+    """ASGI middleware: every request must carry `Authorization: Bearer <token>`."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        import hmac
+
+        if scope["type"] == "http":
+            headers = dict(scope.get("headers") or [])
+            if not hmac.compare_digest(headers.get(b"authorization", b""), self._expected):
+                body = b'{"error": "missing or wrong bearer token"}'
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+def http_app(
+    gateway: Gateway,
+    *,
+    host: str,
+    token: str | None,
+    allowed_origins: Sequence[str] = (),
+    allowed_hosts: Sequence[str] = (),
+    metrics: Metrics | None = None,
+    json_response: bool = False,
+) -> Any:
+    """The gateway's streamable-HTTP ASGI app, with Host/Origin checks and, when given, a bearer token.
+
+    Beside `/mcp` it serves `/healthz`, `/readyz`, `/metrics` and the status page (`breakwater.gateway._web`).
+    Pass the `Metrics` the gateway's `Breakwater` observes (`observers=[metrics]`) for attempt
+    counts; whole calls are counted here either way.
+    """
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    from breakwater.gateway._web import WebApp, gateway_resolver
+
+    hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
+    origins = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
+    if host not in LOOPBACK_HOSTS:
+        names = [host, *allowed_hosts]
+        if host in WILDCARD_HOSTS:
+            # Nobody sends `Host: 0.0.0.0`: clients name the machine. More names (a load balancer's,
+            # a pod IP) come from --allowed-host.
+            names += [socket.gethostname(), socket.getfqdn()]
+        for name in dict.fromkeys(names):
+            bracketed = f"[{name}]" if ":" in name else name
+            hosts += [bracketed, f"{bracketed}:*"]
+            origins += [f"http://{bracketed}", f"http://{bracketed}:*", f"https://{bracketed}", f"https://{bracketed}:*"]
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=[*origins, *allowed_origins]
+    )
+    # json_response: a 2025-11-25 POST is answered with one JSON body, not an SSE stream (what
+    # mcp-proxy does; measurably faster), and nothing can reach that client mid-call.
+    app = gateway.server.streamable_http_app(host=host, transport_security=security, json_response=json_response)
+    metrics = metrics if metrics is not None else Metrics()
+    # One call counter per server: a second app over the same gateway replaces it, never counts twice.
+    gateway.server.middleware[:] = [m for m in gateway.server.middleware if not isinstance(m, CallCounter)]
+    gateway.server.middleware.append(metrics.middleware(gateway_resolver(gateway)))
+    mcp_app = BearerAuth(app, token) if token else app
+    return WebApp(gateway, mcp_app, security=security, token=token, metrics=metrics)

@@ -1,0 +1,469 @@
+"""Prompts, resources and completions of the upstreams, passed through the gateway.
+
+Prompts are namespaced like tools (`server__prompt`); resource URIs pass unchanged (they already
+name their origin), and a read goes to the server that listed the URI — or, for a URI made from a
+template, to the servers that offer templates. Each upstream request is bounded by the call
+timeout. A server that is not ready contributes nothing to a listing, and a request aimed at it
+fails with a message that says why instead of "not found".
+
+Resource subscriptions are relayed too: `resources/subscribe` (handshake-era clients) and the
+resource URIs of a `subscriptions/listen` stream (2026-07-28 clients) are routed to the server that
+owns the URI, which is subscribed once however many downstream sessions want the URI (on a
+2026-07-28 upstream through a listen stream of its own). Its `notifications/resources/updated`
+reach exactly the sessions subscribed to that URI. The upstream subscription ends when the last
+downstream session unsubscribes or goes away, and is renewed when its server reconnects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import anyio
+import mcp.types as types
+from anyio.abc import TaskGroup
+from mcp import Client, MCPError
+from mcp.server.context import ServerRequestContext
+from mcp.server.session import ServerSession
+from mcp.server.subscriptions import ListenHandler, ResourceUpdated, SubscriptionBus
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from breakwater._breakwater import Breakwater
+from breakwater.catalog._catalog import namespaced
+from breakwater.status import ServerState
+
+__all__ = ["Passthrough", "Subscriptions", "connection_of"]
+
+logger = logging.getLogger("breakwater.gateway")
+
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+T = TypeVar("T")
+#: Bound on the upstream `resources/unsubscribe` sent when the last subscriber leaves (it is shielded).
+UNSUBSCRIBE_TIMEOUT_S = 2.0
+#: Pause before re-opening an upstream subscription whose stream ended while its server stayed up.
+RELINK_PAUSE_S = 1.0
+
+#: Opens the relay scope of a downstream request aimed at `server` (sampling, elicitation and log
+#: messages the server sends meanwhile are relayed to that request). See `Gateway`.
+Calling = Callable[[ServerRequestContext[Any], str], AbstractAsyncContextManager[Any]]
+
+
+def connection_of(ctx: ServerRequestContext[Any]) -> object:
+    """The downstream connection a request came in on (what outlives the per-request `ServerSession`).
+
+    The SDK keeps it on the session without a public accessor (pinned minor version).
+    """
+    return getattr(ctx.session, "_connection", ctx.session)
+
+
+@contextlib.asynccontextmanager
+async def _no_relay(ctx: ServerRequestContext[Any], server: str) -> AsyncIterator[None]:
+    yield
+
+
+class Passthrough:
+    """The gateway's handlers for prompts/*, resources/* and completion/complete."""
+
+    def __init__(
+        self, bw: Breakwater, *, template: str, bus: SubscriptionBus | None = None, calling: Calling = _no_relay
+    ) -> None:
+        self.bw = bw
+        self.template = template
+        self._calling = calling
+        self._prompts: dict[str, tuple[str, str]] = {}  # downstream name -> (server, upstream name)
+        self._resources: dict[str, str] = {}  # uri -> server
+        self._templates: dict[str, str] = {}  # uri template -> server
+        #: The relayed resource subscriptions (2026-07-28 listeners hear updates through `bus`).
+        self.subscriptions = Subscriptions(self, bus)
+
+    def _ready(self, capability: str) -> list[tuple[str, Client]]:
+        out = []
+        for spec in self.bw.config.servers:
+            upstream = self.bw.upstream(spec.name)
+            client = upstream.client
+            if upstream.state is ServerState.READY and client is not None:
+                caps = client.server_capabilities
+                if getattr(caps, capability, None) is not None:
+                    out.append((spec.name, client))
+        return out
+
+    async def _bounded(self, server: str, call: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        clock = self.bw.clock
+        timeout = self.bw.config.server(server).call.timeout_s
+        with clock.deadline_scope(clock.monotonic() + timeout) as scope:
+            return await call(*args, **kwargs)
+        if scope.cancelled_caught:
+            raise MCPError(INTERNAL_ERROR, f"server {server!r} did not answer within {timeout:g} s")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _client(self, server: str) -> Client:
+        upstream = self.bw.upstream(server)
+        if upstream.state is not ServerState.READY or upstream.client is None:
+            snap = upstream.snapshot()
+            why = f" ({snap.error.code.value}: {snap.error.message})" if snap.error else ""
+            raise MCPError(INTERNAL_ERROR, f"server {server!r} is {snap.state.value}{why}; try again later")
+        return upstream.client
+
+    async def _paginate(self, server: str, fetch: Callable[..., Awaitable[Any]], field: str) -> list[Any]:
+        items: list[Any] = []
+        cursor: str | None = None
+        while True:
+            page = await self._bounded(server, fetch, cursor=cursor, cache_mode="bypass")
+            items.extend(getattr(page, field))
+            cursor = page.next_cursor
+            if not cursor:
+                return items
+
+    # ---- prompts -------------------------------------------------------------------------------
+
+    async def list_prompts(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListPromptsResult:
+        prompts: list[types.Prompt] = []
+        routes: dict[str, tuple[str, str]] = {}
+        for server, client in self._ready("prompts"):
+            for prompt in await self._paginate(server, client.list_prompts, "prompts"):
+                name = namespaced(self.template, server, prompt.name)
+                if name not in routes:
+                    routes[name] = (server, prompt.name)
+                    prompts.append(prompt.model_copy(update={"name": name}))
+        self._prompts = routes
+        return types.ListPromptsResult(prompts=prompts)
+
+    async def _prompt_route(self, ctx: ServerRequestContext[Any], name: str) -> tuple[str, str]:
+        route = self._prompts.get(name)
+        if route is None:
+            # A client may ask for a prompt it never listed (it knows the name): list once, then route.
+            await self.list_prompts(ctx, None)
+            route = self._prompts.get(name)
+        if route is not None:
+            return route
+        for spec in self.bw.config.servers:  # a prompt of a server not listed yet: route by its prefix
+            prefix = namespaced(self.template, spec.name, "")
+            if prefix and name.startswith(prefix) and len(name) > len(prefix):
+                return spec.name, name[len(prefix) :]
+        raise MCPError(INVALID_PARAMS, f"unknown prompt {name!r}")
+
+    async def get_prompt(self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> types.GetPromptResult:
+        server, name = await self._prompt_route(ctx, params.name)
+        client = self._client(server)
+        async with self._calling(ctx, server):
+            return await self._bounded(server, client.get_prompt, name, params.arguments)
+
+    # ---- resources -----------------------------------------------------------------------------
+
+    async def list_resources(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        resources: list[types.Resource] = []
+        routes: dict[str, str] = {}
+        for server, client in self._ready("resources"):
+            for resource in await self._paginate(server, client.list_resources, "resources"):
+                if str(resource.uri) not in routes:
+                    routes[str(resource.uri)] = server
+                    resources.append(resource)
+        self._resources = routes
+        return types.ListResourcesResult(resources=resources)
+
+    async def list_resource_templates(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        templates: list[types.ResourceTemplate] = []
+        routes: dict[str, str] = {}
+        for server, client in self._ready("resources"):
+            for template in await self._paginate(server, client.list_resource_templates, "resource_templates"):
+                if template.uri_template not in routes:
+                    routes[template.uri_template] = server
+                    templates.append(template)
+        self._templates = routes
+        return types.ListResourceTemplatesResult(resource_templates=templates)
+
+    async def read_resource(
+        self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        uri = str(params.uri)
+        last: MCPError | None = None
+        for candidate in self._owners(uri):
+            try:
+                client = self._client(candidate)
+                async with self._calling(ctx, candidate):
+                    return await self._bounded(candidate, client.read_resource, uri, cache_mode="bypass")
+            except MCPError as exc:
+                last = exc
+        raise last or MCPError(INVALID_PARAMS, f"no server offers the resource {uri!r}")
+
+    def _owners(self, uri: str) -> list[str]:
+        """The servers to ask about `uri`: the one that listed it, else (a URI made from a template) the
+        servers that offer templates, then every server with resources; the first that answers wins."""
+        server = self._resources.get(uri)
+        if server is not None:
+            return [server]
+        return list(dict.fromkeys([*self._templates.values(), *(s for s, _ in self._ready("resources"))]))
+
+    # ---- completions ---------------------------------------------------------------------------
+
+    async def complete(self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams) -> types.CompleteResult:
+        ref = params.ref
+        if isinstance(ref, types.PromptReference):
+            server, name = await self._prompt_route(ctx, ref.name)
+            upstream_ref: types.PromptReference | types.ResourceTemplateReference = ref.model_copy(update={"name": name})
+        else:
+            found = self._templates.get(ref.uri)
+            if found is None:
+                await self.list_resource_templates(ctx, None)
+                found = self._templates.get(ref.uri)
+            if found is None:
+                raise MCPError(INVALID_PARAMS, f"no server offers the resource template {ref.uri!r}")
+            server, upstream_ref = found, ref
+        client = self._client(server)
+        argument = {"name": params.argument.name, "value": params.argument.value}
+        context = params.context.arguments if params.context is not None else None
+        return await self._bounded(server, client.complete, upstream_ref, argument, context)
+
+    def handlers(self) -> dict[str, Any]:
+        """Keyword arguments for the SDK's low-level `Server`."""
+        return {
+            "on_list_prompts": self.list_prompts,
+            "on_get_prompt": self.get_prompt,
+            "on_list_resources": self.list_resources,
+            "on_list_resource_templates": self.list_resource_templates,
+            "on_read_resource": self.read_resource,
+            "on_subscribe_resource": self.subscriptions.subscribe,
+            "on_unsubscribe_resource": self.subscriptions.unsubscribe,
+            "on_completion": self.complete,
+        }
+
+
+# ---- resource subscriptions ---------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Link:
+    """The upstream end of one (server, uri) subscription, held by a task of its own."""
+
+    server: str
+    uri: str
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    ready: anyio.Event = field(default_factory=anyio.Event)  # set once the first upstream subscribe answered
+    error: MCPError | None = None
+
+
+class Subscriptions:
+    """Downstream resource subscriptions, each routed to the upstream that owns the URI.
+
+    A holder is a downstream connection (handshake era: `resources/subscribe`) or one 2026-07-28
+    `subscriptions/listen` stream. Each (server, uri) any holder wants has one `_Link` task that
+    keeps the upstream subscribed: `resources/subscribe` on a handshake-era upstream, a
+    `subscriptions/listen` stream on a 2026-07-28 one, renewed after a reconnect. The links run
+    in the gateway's task group (`attach`); without one, subscribing fails with a clear error.
+    """
+
+    def __init__(self, passthrough: Passthrough, bus: SubscriptionBus | None) -> None:
+        self._pt = passthrough
+        self._bus = bus
+        self._holders: dict[tuple[str, str], dict[object, ServerSession | None]] = {}  # -> holder -> session (None: listen)
+        self._by_holder: dict[object, set[tuple[str, str]]] = {}
+        self._links: dict[tuple[str, str], _Link] = {}
+        self._tg: TaskGroup | None = None
+
+    def attach(self, tg: TaskGroup | None) -> None:
+        """Run the upstream subscriptions in `tg` (the gateway's), or stop taking new ones (None)."""
+        self._tg = tg
+
+    def subscribed(self, holder: object) -> set[str]:
+        """The URIs `holder` is subscribed to."""
+        return {uri for _, uri in self._by_holder.get(holder, ())}
+
+    def upstream(self) -> set[tuple[str, str]]:
+        """The (server, uri) pairs subscribed upstream right now."""
+        return set(self._links)
+
+    # ---- downstream requests -------------------------------------------------------------------
+
+    async def subscribe(self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> types.EmptyResult:
+        """`resources/subscribe` from a handshake-era session."""
+        holder = connection_of(ctx)
+        uri = str(params.uri)
+        if uri in self.subscribed(holder):
+            return types.EmptyResult()
+        fresh = holder not in self._by_holder
+        await self._subscribe(ctx, holder, uri, ctx.session)
+        exit_stack = getattr(holder, "exit_stack", None)
+        if fresh and isinstance(exit_stack, contextlib.AsyncExitStack):
+            # The SDK unwinds this when the session ends (closed, deleted, idle): its subscriptions go with it.
+            exit_stack.callback(self.release, holder)
+        return types.EmptyResult()
+
+    async def unsubscribe(self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+        """`resources/unsubscribe`: the upstream is unsubscribed when no session wants the URI any more."""
+        self.release(connection_of(ctx), str(params.uri))
+        return types.EmptyResult()
+
+    async def listen_uris(self, ctx: ServerRequestContext[Any], holder: object, uris: list[str]) -> None:
+        """Subscribe upstream for a 2026-07-28 listen stream; a URI no server can subscribe is skipped
+        (the stream honors it and it never fires, as the SDK does for unknown URIs)."""
+        for uri in dict.fromkeys(uris):
+            try:
+                await self._subscribe(ctx, holder, uri, None)
+            except MCPError as exc:
+                logger.info("listen stream: cannot subscribe upstream to %s: %s", uri, exc.message)
+
+    def release(self, holder: object, uri: str | None = None) -> None:
+        """Drop `holder`'s subscription to `uri` (all of them when None); unlink what nobody wants."""
+        keys = self._by_holder.get(holder, set())
+        for key in [k for k in keys if uri is None or k[1] == uri]:
+            keys.discard(key)
+            holders = self._holders.get(key, {})
+            holders.pop(holder, None)
+            if not holders:
+                self._holders.pop(key, None)
+                link = self._links.pop(key, None)
+                if link is not None:
+                    link.scope.cancel()
+        if not keys:
+            self._by_holder.pop(holder, None)
+
+    async def _subscribe(self, ctx: ServerRequestContext[Any], holder: object, uri: str, session: ServerSession | None) -> None:
+        if self._tg is None:
+            raise MCPError(INTERNAL_ERROR, "resource subscriptions need a running gateway (breakwater serve)")
+        if uri not in self._pt._resources:
+            # A client may subscribe to a URI it never listed: learn who owns it first.
+            with contextlib.suppress(MCPError):
+                await self._pt.list_resources(ctx, None)
+        candidates = self._pt._owners(uri)
+        last: MCPError | None = None
+        for server in candidates:
+            key = (server, uri)
+            link = self._links.get(key)
+            if link is None:
+                link = self._links[key] = _Link(server, uri)
+                self._tg.start_soon(self._hold, link, name=f"breakwater subscription {server} {uri}")
+            timeout = self._pt.bw.config.server(server).call.timeout_s
+            with anyio.move_on_after(timeout):
+                await link.ready.wait()
+            if link.ready.is_set() and link.error is None:
+                self._holders.setdefault(key, {})[holder] = session
+                self._by_holder.setdefault(holder, set()).add(key)
+                return
+            last = link.error or MCPError(
+                INTERNAL_ERROR, f"server {server!r} did not answer resources/subscribe within {timeout:g} s"
+            )
+            if self._links.get(key) is link and not self._holders.get(key):
+                self._links.pop(key, None)
+                link.scope.cancel()
+        raise last or MCPError(INVALID_PARAMS, f"no server offers the resource {uri!r}")
+
+    # ---- upstream side -------------------------------------------------------------------------
+
+    async def deliver(self, server: str, uri: str) -> None:
+        """`notifications/resources/updated` from `server`: to every holder of that subscription."""
+        holders = self._holders.get((server, uri), {})
+        if not holders:
+            return
+        if self._bus is not None and any(session is None for session in holders.values()):
+            await self._bus.publish(ResourceUpdated(uri=uri))  # listen streams filter by their own URIs
+        for holder, session in list(holders.items()):
+            if session is None:
+                continue
+            try:
+                await session.send_resource_updated(uri)
+            except Exception:  # a session that went away must not stop the others from hearing
+                logger.debug("dropping the subscriptions of a downstream session that cannot take notifications", exc_info=True)
+                self.release(holder)
+
+    async def _hold(self, link: _Link) -> None:
+        """Keep `link` subscribed upstream until it is cancelled (nobody wants it any more)."""
+        try:
+            await self._keep(link)
+        except Exception as exc:  # one subscription's failure must not take the gateway's task group down
+            logger.exception("upstream subscription to %s on %s failed", link.uri, link.server)
+            self._fail(link, MCPError(INTERNAL_ERROR, f"subscription failed: {type(exc).__name__}"))
+
+    async def _keep(self, link: _Link) -> None:
+        bw = self._pt.bw
+        upstream = bw.upstream(link.server)
+        with link.scope:
+            while True:
+                client = upstream.client
+                if upstream.state is not ServerState.READY or client is None:
+                    if not link.ready.is_set():
+                        try:
+                            self._pt._client(link.server)
+                        except MCPError as exc:
+                            self._fail(link, exc)
+                            return
+                    await bw.wait_changed()
+                    continue
+                try:
+                    if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                        await self._listen(link, client)
+                    else:
+                        await self._subscribe_upstream(link, client, upstream)
+                except anyio.get_cancelled_exc_class():
+                    raise
+                except Exception as exc:
+                    if not link.ready.is_set():
+                        self._fail(link, exc if isinstance(exc, MCPError) else MCPError(INTERNAL_ERROR, str(exc)))
+                        return
+                    logger.debug("upstream subscription to %s on %s dropped", link.uri, link.server, exc_info=True)
+                # The stream ended or the connection dropped: renew on the same or the next connection.
+                with anyio.move_on_after(RELINK_PAUSE_S):
+                    while upstream.client is client:
+                        await bw.wait_changed()
+
+    def _fail(self, link: _Link, exc: MCPError) -> None:
+        established = link.ready.is_set()
+        link.error = exc
+        link.ready.set()
+        key = (link.server, link.uri)
+        # A link that held and then broke is dropped too: the next subscriber to the URI starts a new one.
+        if self._links.get(key) is link and (established or not self._holders.get(key)):
+            self._links.pop(key, None)
+
+    async def _listen(self, link: _Link, client: Client) -> None:
+        # A 2026-07-28 server delivers resource updates only on a listen stream. Its frames also reach
+        # the client's message handler, which delivers them (see `deliver`): this only holds it open.
+        async with client.listen(resource_subscriptions=[link.uri]):
+            link.ready.set()
+            await anyio.sleep_forever()
+
+    async def _subscribe_upstream(self, link: _Link, client: Client, upstream: Any) -> None:
+        caps = client.server_capabilities.resources
+        if caps is None or not caps.subscribe:
+            raise MCPError(INVALID_PARAMS, f"server {link.server!r} does not offer resource subscriptions")
+        request = types.SubscribeRequest(params=types.SubscribeRequestParams(uri=link.uri))
+        await self._pt._bounded(link.server, client.session.send_request, request, types.EmptyResult)
+        link.ready.set()
+        try:
+            while upstream.client is client:  # until this connection is lost (then renew on the next)
+                await self._pt.bw.wait_changed()
+        except anyio.get_cancelled_exc_class():
+            if upstream.client is client:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(UNSUBSCRIBE_TIMEOUT_S):
+                    done = types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=link.uri))
+                    with contextlib.suppress(Exception):
+                        await client.session.send_request(done, types.EmptyResult)
+            raise
+
+
+class RelayedListen(ListenHandler):
+    """`subscriptions/listen` for 2026-07-28 clients, with their resource URIs subscribed upstream."""
+
+    def __init__(self, bus: SubscriptionBus, subscriptions: Subscriptions) -> None:
+        super().__init__(bus)
+        self._subscriptions = subscriptions
+
+    async def __call__(
+        self, ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
+    ) -> types.SubscriptionsListenResult:
+        holder = object()
+        try:
+            await self._subscriptions.listen_uris(ctx, holder, list(params.notifications.resource_subscriptions or ()))
+            return await super().__call__(ctx, params)
+        finally:
+            self._subscriptions.release(holder)

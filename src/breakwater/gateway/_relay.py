@@ -1,0 +1,404 @@
+"""The relay: what an upstream sends back mid-call (sampling, elicitation, log messages) reaches the caller."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast, get_args
+
+import anyio
+import anyio.lowlevel
+import mcp.types as types
+from mcp import MCPError
+from mcp.client.session import ClientRequestContext
+from mcp.server.connection import allowed_log_levels
+from mcp.server.context import ServerRequestContext
+from mcp.shared.message import ServerMessageMetadata
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel, ValidationError
+
+from breakwater.config import ServerSpec
+from breakwater.gate._gate import ATTEMPT_WATCHER, AttemptClock
+from breakwater.gateway._passthrough import connection_of
+from breakwater.tasks._server import current_task_id
+
+logger = logging.getLogger("breakwater.gateway")
+
+PROGRESS_DRAIN_CHECKPOINTS = 3
+#: The downstream request whose upstream call is running in this context (see `_Relay`).
+_CALLER: contextvars.ContextVar[_Caller | None] = contextvars.ContextVar("breakwater_relay_caller", default=None)
+
+
+LOG_LEVELS: tuple[types.LoggingLevel, ...] = get_args(types.LoggingLevel)
+
+
+LOG_LEVEL_STATE = "breakwater.logLevel"  # in the downstream connection's `state`: its logging/setLevel
+
+
+#: Upstream connections opt into every log level; each downstream caller then gets what its own level admits.
+UPSTREAM_LOG_LEVEL: types.LoggingLevel = "debug"
+
+#: Transports whose wire does not say which request a server message belongs to.
+UNCORRELATED_TRANSPORTS = frozenset({"stdio", "sse"})
+
+
+#: How long a finished call waits for log messages still being relayed before it answers.
+RELAY_DRAIN_S = 1.0
+
+
+#: How long a finished 2026-07-28 multi-round call keeps its result for the client's next round.
+EXCHANGE_KEEP_S = 60.0
+
+
+EXCHANGE_STATE_PREFIX = "breakwater-exchange:"
+
+
+#: Checkpoints a round waits after the first input request, so requests issued together go out together.
+EXCHANGE_GATHER_CHECKPOINTS = 5
+
+
+@dataclass(eq=False)
+class _Caller:
+    """A downstream request in flight to one server: where that server's requests and log messages go."""
+
+    server: str
+    request: ServerRequestContext[Any] | None
+    connection: object
+    capabilities: types.ClientCapabilities | None
+    exchange: _Exchange | None = None
+    finished: bool = False
+    #: The upstream attempt in flight for this call, whose timeout pauses while the caller is asked something.
+    attempt: AttemptClock | None = None
+    #: The call runs as a gateway task (breakwater.gateway._tasks): no round to carry a question in.
+    in_task: bool = False
+    _asks: set[anyio.CancelScope] = field(default_factory=set)
+    _deliveries: int = 0
+    _idle: anyio.Event = field(default_factory=anyio.Event)
+
+    @property
+    def ctx(self) -> ServerRequestContext[Any] | None:
+        """The downstream request to talk on now (a 2026-07-28 caller has none between rounds)."""
+        return self.exchange.ctx if self.exchange is not None else self.request
+
+    @contextlib.contextmanager
+    def asking(self) -> Iterator[anyio.CancelScope]:
+        """The scope of one relayed request: cancelled when the call ends, so it never waits on a caller that left.
+
+        Meanwhile the upstream attempt's own timeout stands still: the answer may come from a person,
+        and only the attempt's hard cap (`max_s`, or the turn budget) bounds the wait.
+        """
+        scope = anyio.CancelScope()
+        if self.finished:
+            scope.cancel()
+        self._asks.add(scope)
+        try:
+            with scope, self.attempt.waiting_on_caller() if self.attempt is not None else contextlib.nullcontext():
+                yield scope
+        finally:
+            self._asks.discard(scope)
+
+    @contextlib.contextmanager
+    def delivering(self) -> Iterator[None]:
+        """One relayed notification; the call answers only after those under way are delivered (`drain`)."""
+        self._deliveries += 1
+        try:
+            yield
+        finally:
+            self._deliveries -= 1
+            if not self._deliveries:
+                self._idle.set()
+
+    async def drain(self) -> None:
+        """Let messages that arrived before the result reach the caller before the result does."""
+        # The SDK hands each notification (and progress) to its callback in a task of its own.
+        for _ in range(PROGRESS_DRAIN_CHECKPOINTS):
+            await anyio.lowlevel.checkpoint()
+        if not self._deliveries:
+            return
+        with anyio.move_on_after(RELAY_DRAIN_S):
+            while self._deliveries:
+                self._idle = anyio.Event()
+                await self._idle.wait()
+
+    def finish(self) -> None:
+        self.finished = True
+        for scope in list(self._asks):
+            scope.cancel()
+
+
+@dataclass(eq=False)
+class _Question:
+    """An input request a 2026-07-28 caller is to answer in its next round."""
+
+    request: types.CreateMessageRequest | types.ElicitRequest
+    result_type: type[BaseModel]
+    answered: anyio.Event = field(default_factory=anyio.Event)
+    answer: Any = None
+
+
+@dataclass(eq=False)
+class _Exchange:
+    """A call from a 2026-07-28 client that an upstream asked for input (multi round-trip, SEP-2322).
+
+    That revision has no server-to-client requests: the gateway answers the round with an
+    `InputRequiredResult` carrying the upstream's questions and a `request_state` naming this
+    exchange, while the upstream call waits in a task of its own; the client's next round brings
+    the answers and waits for the result (or the next questions).
+    """
+
+    token: str
+    tool: str
+    ctx: ServerRequestContext[Any] | None = None  # the round in progress
+    questions: dict[str, _Question] = field(default_factory=dict)
+    result: types.CallToolResult | None = None
+    done: bool = False
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    collected: anyio.Event = field(default_factory=anyio.Event)
+    _changed: anyio.Event = field(default_factory=anyio.Event)
+    _count: int = 0
+
+    def poke(self) -> None:
+        self._changed.set()
+
+    async def ask(
+        self, caller: _Caller, kind: str, request: types.CreateMessageRequest | types.ElicitRequest, result_type: type[BaseModel]
+    ) -> Any:
+        """Put `request` to the client in its next round; its answer (or an error when the call ends first)."""
+        self._count += 1
+        key = f"{kind}-{self._count}"
+        question = self.questions[key] = _Question(request, result_type)
+        self.poke()
+        try:
+            with caller.asking():
+                await question.answered.wait()
+                return question.answer
+        finally:
+            self.questions.pop(key, None)
+        return types.ErrorData(code=types.INTERNAL_ERROR, message="breakwater: the call ended before the client answered")
+
+    def answer(self, responses: Mapping[str, Any] | None) -> None:
+        for key, response in (responses or {}).items():
+            question = self.questions.get(key)
+            if question is None or question.answered.is_set():
+                continue
+            raw = (
+                response.model_dump(by_alias=True, mode="json", exclude_none=True)
+                if isinstance(response, BaseModel)
+                else response
+            )
+            try:
+                question.answer = question.result_type.model_validate(raw, by_name=False)
+            except ValidationError:
+                question.answer = types.ErrorData(code=types.INVALID_PARAMS, message=f"the answer to {key!r} has the wrong shape")
+            question.answered.set()
+
+    def open_questions(self) -> dict[str, _Question]:
+        return {k: q for k, q in self.questions.items() if not q.answered.is_set()}
+
+    async def settle(self) -> None:
+        """Wait until the call finished or has a question open (new, or one the last round left unanswered)."""
+        while not self.done and not self.open_questions():
+            self._changed = anyio.Event()
+            await self._changed.wait()
+        for _ in range(EXCHANGE_GATHER_CHECKPOINTS):
+            await anyio.lowlevel.checkpoint()
+
+
+def _sampling_gap(caps: types.ClientCapabilities | None, params: types.CreateMessageRequestParams) -> str | None:
+    """Why the caller cannot take this sampling request (None: it can)."""
+    sampling = caps.sampling if caps is not None else None
+    if sampling is None:
+        return "does not support sampling"
+    if (params.tools or params.tool_choice) and sampling.tools is None:
+        return "does not support sampling with tools"
+    if params.include_context not in (None, "none") and sampling.context is None:
+        return "does not support sampling with included context"
+    return None
+
+
+def _elicitation_gap(caps: types.ClientCapabilities | None, params: types.ElicitRequestParams) -> str | None:
+    """Why the caller cannot take this elicitation request (None: it can)."""
+    elicitation = caps.elicitation if caps is not None else None
+    if elicitation is None:
+        return "does not support elicitation"
+    if isinstance(params, types.ElicitRequestURLParams):
+        return None if elicitation.url is not None else "does not support URL elicitation"
+    # An empty `elicitation: {}` means form mode (the 2025-06-18 shape).
+    return None if elicitation.form is not None or elicitation.url is None else "does not support form elicitation"
+
+
+def _refusal(message: str) -> types.ErrorData:
+    return types.ErrorData(code=types.INVALID_REQUEST, message=f"breakwater: {message}")
+
+
+class _Relay:
+    """Carries what an upstream sends back mid-request to the downstream request it belongs to.
+
+    Sampling and elicitation requests, log messages and resource updates reach the gateway through
+    callbacks on each upstream's `mcp.Client` (`client_kwargs`). A callback finds its downstream
+    request (a `_Caller`) from the context of the upstream request it belongs to: the SDK runs
+    it in that context for streamable HTTP upstreams (the message rode that request's stream) and
+    for 2026-07-28 input requests (asked inside the call). On stdio (and the old SSE transport)
+    the wire does not say which request a message belongs to: it goes to the caller when every
+    call in flight to that server comes from one downstream connection, and is refused (requests)
+    or dropped (log messages) when calls from several are in flight. A request nobody can answer
+    gets an MCP error at once; a relayed request never outlives its call.
+    """
+
+    def __init__(self, *, resource_updated: Callable[[str, str], Awaitable[None]]) -> None:
+        """`resource_updated(server, uri)` delivers an upstream's resource update to its subscribers."""
+        self._resource_updated = resource_updated
+        self._callers: dict[str, list[_Caller]] = {}
+        self.exchanges: dict[str, _Exchange] = {}
+
+    @contextlib.asynccontextmanager
+    async def calling(
+        self, ctx: ServerRequestContext[Any], server: str, *, exchange: _Exchange | None = None
+    ) -> AsyncIterator[_Caller]:
+        """Relay what `server` sends back while the body runs to the downstream request `ctx`."""
+        caller = _Caller(
+            server=server,
+            request=ctx,
+            connection=connection_of(ctx),
+            capabilities=ctx.session.client_capabilities,
+            exchange=exchange,
+            in_task=current_task_id() is not None,
+        )
+        callers = self._callers.setdefault(server, [])
+        callers.append(caller)
+        token = _CALLER.set(caller)
+        watching = ATTEMPT_WATCHER.set(lambda attempt: setattr(caller, "attempt", attempt))
+        try:
+            yield caller
+        finally:
+            caller.finish()
+            ATTEMPT_WATCHER.reset(watching)
+            _CALLER.reset(token)
+            callers.remove(caller)
+            if not callers:
+                self._callers.pop(server, None)
+
+    def _caller(self, server: str, transport: str) -> _Caller | None:
+        caller = _CALLER.get()
+        if caller is not None and caller.server == server:
+            return None if caller.finished else caller
+        if transport not in UNCORRELATED_TRANSPORTS:
+            return None
+        live = [c for c in self._callers.get(server, ()) if not c.finished]
+        if live and all(c.connection is live[-1].connection for c in live):
+            return live[-1]
+        return None
+
+    def client_kwargs(self, spec: ServerSpec) -> dict[str, Any]:
+        """The relay callbacks for `spec`'s `mcp.Client` (an `Upstream.client_hooks`)."""
+        server, transport = spec.name, spec.transport
+
+        async def sampling(
+            context: ClientRequestContext, params: types.CreateMessageRequestParams
+        ) -> types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData:
+            result: Any = await self.sample(server, transport, params)
+            return cast("types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData", result)
+
+        async def elicitation(
+            context: ClientRequestContext, params: types.ElicitRequestParams
+        ) -> types.ElicitResult | types.ErrorData:
+            result: Any = await self.elicit(server, transport, params)
+            return cast("types.ElicitResult | types.ErrorData", result)
+
+        async def log(params: types.LoggingMessageNotificationParams) -> None:
+            await self.log(server, transport, params)
+
+        async def message(item: Any) -> None:
+            if isinstance(item, types.ResourceUpdatedNotification):
+                await self._resource_updated(server, str(item.params.uri))
+
+        return {
+            "sampling_callback": sampling,
+            "elicitation_callback": elicitation,
+            "logging_callback": log,
+            "message_handler": message,
+            "log_level": UPSTREAM_LOG_LEVEL,
+        }
+
+    async def sample(self, server: str, transport: str, params: types.CreateMessageRequestParams) -> Any:
+        """An upstream `sampling/createMessage`, asked of the downstream caller."""
+        caller = self._caller(server, transport)
+        if caller is None:
+            return _refusal(f"no single client call to {server!r} is waiting for this sampling request")
+        gap = _sampling_gap(caller.capabilities, params)
+        if gap is not None:
+            return _refusal(f"the client that made this call {gap}")
+        wants_tools = bool(params.tools or params.tool_choice)
+        result_type = types.CreateMessageResultWithTools if wants_tools else types.CreateMessageResult
+        return await self._ask(caller, "sampling", types.CreateMessageRequest(params=params), result_type)
+
+    async def elicit(self, server: str, transport: str, params: types.ElicitRequestParams) -> Any:
+        """An upstream `elicitation/create`, asked of the downstream caller."""
+        caller = self._caller(server, transport)
+        if caller is None:
+            return _refusal(f"no single client call to {server!r} is waiting for this elicitation request")
+        gap = _elicitation_gap(caller.capabilities, params)
+        if gap is not None:
+            return _refusal(f"the client that made this call {gap}")
+        return await self._ask(caller, "elicitation", types.ElicitRequest(params=params), types.ElicitResult)
+
+    async def _ask(
+        self, caller: _Caller, kind: str, request: types.CreateMessageRequest | types.ElicitRequest, result_type: type[BaseModel]
+    ) -> Any:
+        if caller.exchange is not None:
+            return await caller.exchange.ask(caller, kind, request, result_type)
+        ctx = caller.ctx
+        if ctx is None or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            # 2026-07-28 has no server-to-client requests; the gateway carries input requests on tools/call only.
+            if caller.in_task:
+                return _refusal(f"the client's call runs as a task, and breakwater does not relay {kind} into tasks")
+            method = ctx.method if ctx is not None else "this request"
+            return _refusal(f"a 2026-07-28 client can be asked for {kind} during tools/call only, not {method}")
+        try:
+            with caller.asking():
+                metadata = ServerMessageMetadata(related_request_id=ctx.request_id)
+                return await ctx.session.send_request(request, result_type, metadata=metadata)
+        except MCPError as exc:
+            return exc.error
+        except Exception as exc:  # a client that went away or answered nonsense must not break the upstream call
+            logger.debug("relaying %s to the downstream client failed", kind, exc_info=True)
+            return types.ErrorData(
+                code=types.INTERNAL_ERROR, message=f"breakwater: the client did not answer: {type(exc).__name__}"
+            )
+        return types.ErrorData(code=types.INTERNAL_ERROR, message="breakwater: the call ended before the client answered")
+
+    async def log(self, server: str, transport: str, params: types.LoggingMessageNotificationParams) -> None:
+        """An upstream `notifications/message`, to the caller (if its level admits it)."""
+        caller = self._caller(server, transport)
+        if caller is None:
+            logger.debug("log message from %s belongs to no single call in flight; not relayed", server)
+            return
+        with caller.delivering():
+            ctx = caller.ctx
+            if ctx is None or caller.finished or params.level not in _admitted_levels(ctx):
+                return
+            try:
+                await ctx.session.send_notification(
+                    types.LoggingMessageNotification(params=params), related_request_id=ctx.request_id
+                )
+            except Exception:  # the caller went away: nothing to tell
+                logger.debug("could not relay a log message from %s", server, exc_info=True)
+
+
+def _can_answer(ctx: ServerRequestContext[Any]) -> bool:
+    """Whether the downstream client declared it can take sampling or elicitation requests."""
+    caps = ctx.session.client_capabilities
+    return caps is not None and (caps.sampling is not None or caps.elicitation is not None)
+
+
+def _admitted_levels(ctx: ServerRequestContext[Any]) -> frozenset[types.LoggingLevel]:
+    """The log levels the downstream asked for: per request on 2026-07-28, by `logging/setLevel` before."""
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        return allowed_log_levels(ctx.protocol_version, ctx.meta)
+    state = getattr(connection_of(ctx), "state", None)
+    level = state.get(LOG_LEVEL_STATE) if isinstance(state, dict) else None
+    return frozenset(LOG_LEVELS[LOG_LEVELS.index(level) :] if level in LOG_LEVELS else LOG_LEVELS)

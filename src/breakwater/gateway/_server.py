@@ -1,0 +1,550 @@
+"""The gateway: one MCP server in front of all the others.
+
+`breakwater serve` exposes every upstream tool under a namespaced name, through the call gate,
+over stdio (what Claude Code, Cursor, Claude Desktop and VS Code launch) or streamable HTTP on
+127.0.0.1 (one shared gateway for many agent sessions). It answers "where is tool X?" three ways:
+the tool does not exist, its server is still connecting, or its server failed (with the reason and
+the next retry) — never "no such tool" for a server that is merely down.
+
+What an upstream sends back while it works on a call is relayed to the client that made the call
+(`_Relay`): sampling and elicitation requests (as server-to-client requests to 2025-11-25 clients,
+as `InputRequiredResult` rounds to 2026-07-28 ones) and log messages (at the caller's level).
+Resource subscriptions are relayed by `breakwater.gateway._passthrough.Subscriptions`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import mcp.types as types
+from anyio.abc import TaskGroup
+from mcp import MCPError
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.models import InitializationOptions
+from mcp.server.session import ServerSession
+from mcp.server.subscriptions import InMemorySubscriptionBus, ToolsListChanged
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from breakwater._breakwater import Breakwater
+from breakwater._wire import DEADLINE_META_KEY, OPERATION_ID_META_KEY
+from breakwater.catalog._catalog import Catalog, Entry, entry_json, rank
+from breakwater.config import GatewayPolicy
+from breakwater.errors import CallCancelledError, ToolChangedError, UnknownToolError
+from breakwater.gate._envelope import error_result
+from breakwater.gateway._passthrough import Passthrough, RelayedListen, connection_of
+from breakwater.gateway._relay import (
+    EXCHANGE_KEEP_S,
+    EXCHANGE_STATE_PREFIX,
+    LOG_LEVEL_STATE,
+    _Caller,
+    _can_answer,
+    _Exchange,
+    _Relay,
+)
+from breakwater.gateway._tasks import GatewayTasks
+from breakwater.journal._journal import DOWNSTREAM_CLIENT
+from breakwater.status import ServerState, ServerStatus, iso
+from breakwater.tasks._server import current_task_id
+
+__all__ = ["DEADLINE_META_KEY", "Gateway", "GatewayPolicy", "SearchAnswer"]
+
+logger = logging.getLogger("breakwater.gateway")
+
+SEARCH_LIMIT = 10
+NOT_READY = (ServerState.PENDING, ServerState.CONNECTING, ServerState.RETRYING, ServerState.FAILED)
+STILL_CONNECTING = (ServerState.PENDING, ServerState.CONNECTING, ServerState.RETRYING)
+
+
+class _GatewayServer(Server[Any]):
+    """The SDK's low-level server, announcing `tools.listChanged` to handshake-era clients."""
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        # The HTTP session manager calls this with no arguments; the gateway does send list_changed.
+        return super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True), experimental_capabilities, extensions
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchAnswer:
+    """What `breakwater_search_tools` (and `breakwater tools QUERY`) answers."""
+
+    query: str
+    matches: list[Entry]
+    unsearched: list[ServerStatus]  # servers that could not be searched live
+    servers: int
+    drift: Mapping[str, Sequence[str]] = field(default_factory=dict)  # server -> tools changed since approved
+
+    def changed(self, entry: Entry) -> bool:
+        """Whether `entry`'s definition changed since it was approved."""
+        return entry.tool.name in self.drift.get(entry.server, ())
+
+    @property
+    def complete(self) -> bool:
+        """Every server was searched live: an empty answer really means "no such tool"."""
+        return not self.unsearched
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "query": self.query,
+            "matches": [entry_json(e) | {"definition_changed": self.changed(e)} for e in self.matches],
+            "complete": self.complete,
+            "not_searched": [_server_note_json(s) for s in self.unsearched],
+        }
+
+    def text(self) -> str:
+        lines: list[str] = []
+        if self.matches:
+            lines.append(f"Tools matching {self.query!r}:" if self.query else "Tools:")
+            for e in self.matches:
+                desc = entry_json(e)["description"]
+                flag = "" if e.live else f" [server {e.server} is not ready: last-known definition]"
+                if self.changed(e):
+                    flag += " [definition changed since approved: review before relying on it]"
+                lines.append(f"- {e.name}: {desc}{flag}")
+        elif self.complete:
+            lines.append(f"No such tool: nothing matches {self.query!r} on any of the {self.servers} servers (all searched).")
+        else:
+            lines.append(f"Nothing matches {self.query!r} among the servers that answered; not every server could be searched.")
+        if self.unsearched:
+            lines.append("Not searched live (their tools may exist; do not conclude they are missing):")
+            lines.extend(f"- {_server_note(s)}" for s in self.unsearched)
+        return "\n".join(lines)
+
+
+def _server_note(s: ServerStatus) -> str:
+    if s.state is ServerState.RETRYING and s.error is not None:
+        return (
+            f"{s.name}: still connecting; attempt {s.attempts} failed ({s.error.code.value}: {s.error.message}); "
+            f"next attempt at {iso(s.next_retry_at)}"
+        )
+    if s.state in STILL_CONNECTING:
+        return f"{s.name}: still connecting (attempt {max(1, s.attempts)})"
+    reason = f"{s.error.code.value}: {s.error.message}" if s.error else "unavailable"
+    retry = f"; next retry at {iso(s.next_retry_at)}" if s.next_retry_at else ""
+    return f"{s.name}: failed ({reason}){retry}"
+
+
+def _server_note_json(s: ServerStatus) -> dict[str, Any]:
+    return {
+        "server": s.name,
+        "state": s.state.value,
+        "attempts": s.attempts,
+        "error": None if s.error is None else s.error.to_json(),
+        "next_retry_at": iso(s.next_retry_at),
+    }
+
+
+def _client_name(ctx: ServerRequestContext[Any], meta: Mapping[str, Any]) -> str | None:
+    """The downstream client's name: from `initialize` on handshake-era connections, else the 2026-07-28 `_meta` envelope."""
+    params = ctx.session.client_params
+    if params is not None:
+        return params.client_info.name
+    info = meta.get(types.CLIENT_INFO_META_KEY)
+    name = info.get("name") if isinstance(info, Mapping) else None
+    return name if isinstance(name, str) else None
+
+
+def _text_result(text: str, structured: dict[str, Any]) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=structured)
+
+
+# ---- relaying what upstream servers send back mid-request ---------------------------------------
+
+
+class Gateway:
+    """The MCP server face of a `Breakwater`."""
+
+    def __init__(self, bw: Breakwater, policy: GatewayPolicy, *, catalog: Catalog) -> None:
+        self.bw = bw
+        self.policy = policy
+        self.catalog = catalog
+        self.bus = InMemorySubscriptionBus()
+        self._legacy_sessions: dict[int, ServerSession] = {}
+        self._signature: tuple[Any, ...] = ()
+        self._entries: list[Entry] = []
+        self._index: dict[str, Entry] = {}
+        self._generation = -1  # the Breakwater generation `_entries` was built from
+        self.drift: dict[str, list[str]] = {}  # server -> tools whose definition changed since approved
+        self._tg: TaskGroup | None = None  # the gateway's background work (`watch`)
+        self.relay = _Relay(resource_updated=lambda server, uri: self.passthrough.subscriptions.deliver(server, uri))
+        self.passthrough = Passthrough(bw, template=policy.tool_name_template, bus=self.bus, calling=self.relay.calling)
+        for spec in bw.config.servers:
+            # Read at each connect: servers connect in the background and this runs before the first one.
+            bw.upstream(spec.name).client_hooks = self.relay.client_kwargs
+        from importlib.metadata import version
+
+        self.server = _GatewayServer(
+            "breakwater",
+            version=version("mcp-breakwater"),
+            instructions=(
+                "breakwater is a gateway in front of several MCP servers. Tool names are server__tool. "
+                "If a tool you expect is missing or its server is down, call "
+                f"{policy.search_tool or 'the search tool'} before concluding it does not exist."
+            ),
+            on_list_tools=self._on_list_tools,
+            on_call_tool=self._on_call_tool,
+            on_subscriptions_listen=RelayedListen(self.bus, self.passthrough.subscriptions),
+            **self.passthrough.handlers(),
+        )
+        # Not `on_set_logging_level=`: that warns (deprecated at 2026-07-28) on every start.
+        self.server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, self._on_set_level)
+        self._builtins: dict[str, Callable[[ServerRequestContext[Any], Mapping[str, Any]], Awaitable[types.CallToolResult]]] = {}
+        if policy.search_tool:
+            self._builtins[policy.search_tool] = self._search_tool
+        if policy.status_tool:
+            self._builtins[policy.status_tool] = self._status_tool
+        # The 2026-07-28 tasks extension for downstream clients that declare it (breakwater.gateway._tasks).
+        self.tasks = GatewayTasks(
+            self.server, bw=bw, builtin_tools=frozenset(n for n in (policy.search_tool, policy.status_tool) if n)
+        )
+
+    # ---- the catalog as the gateway shows it ----------------------------------------------------
+
+    def refresh(self) -> list[Entry]:
+        """Recompute the listed tools from the servers' states (and remember ready servers' tools on disk)."""
+        self._generation = self.bw.generation
+        triples = []
+        drift: dict[str, list[str]] = {}
+        for spec in self.bw.config.servers:
+            if not spec.enabled:
+                continue
+            upstream = self.bw.upstream(spec.name)
+            fingerprint = spec.fingerprint()
+            if upstream.state is ServerState.READY:
+                tools = list(upstream.tools)
+                self.catalog.remember(spec.name, fingerprint, tools)
+                changed = self.catalog.drifted(spec.name, fingerprint, tools)
+                if changed and self.policy.drift == "accept":
+                    logger.warning("server %s changed tools %s; accepted (drift = accept)", spec.name, changed)
+                    self.catalog.accept(spec.name, fingerprint, tools, changed)
+                elif changed:
+                    drift[spec.name] = changed
+                    if self.policy.drift == "block":
+                        tools = [t for t in tools if t.name not in changed]
+                triples.append((spec.name, True, tools))
+            elif self.policy.list_unready_tools:
+                triples.append((spec.name, False, self.catalog.load(spec.name, fingerprint)))
+        self.drift = drift
+        self._entries = self.catalog.entries(triples)
+        self._index = {e.name: e for e in self._entries}
+        return self._entries
+
+    def entries(self) -> list[Entry]:
+        """Every tool the gateway lists: live tools of ready servers, last-known tools of the others.
+
+        Rebuilt only when a server's state or tools changed since the last build, so a call reads a
+        cached index, and never a stale one.
+        """
+        if self._generation == self.bw.generation:
+            return self._entries
+        return self.refresh()
+
+    def _builtin_tools(self) -> list[types.Tool]:
+        tools = []
+        if self.policy.search_tool:
+            tools.append(
+                types.Tool(
+                    name=self.policy.search_tool,
+                    description=(
+                        "Search every connected MCP server's tools by name and description. The answer always says "
+                        "which servers could not be searched (still connecting, or failed with a reason and the next "
+                        "retry), so a missing tool is never mistaken for one that does not exist."
+                    ),
+                    input_schema={
+                        "type": "object",
+                        "properties": {"query": {"type": "string", "description": "words to look for"}},
+                        "required": ["query"],
+                    },
+                    annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
+                )
+            )
+        if self.policy.status_tool:
+            tools.append(
+                types.Tool(
+                    name=self.policy.status_tool,
+                    description="Each upstream MCP server's state (ready, connecting, retrying, failed) and why.",
+                    input_schema={"type": "object", "properties": {}},
+                    annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
+                )
+            )
+        return tools
+
+    def _resolve(self, name: str) -> tuple[str, str] | None:
+        """The (server, tool) behind a downstream name: from the catalog, else from the name's shape."""
+        self.entries()
+        entry = self._index.get(name)
+        if entry is not None:
+            return entry.server, entry.tool.name
+        # A server that was never seen has no catalog yet: still route its tools by prefix, so the
+        # caller hears "connecting" or "failed" instead of "no such tool".
+        for spec in self.bw.config.servers:
+            prefix = self.catalog.template.format(server=spec.name, tool="")
+            if prefix and name.startswith(prefix) and len(name) > len(prefix):
+                return spec.name, name[len(prefix) :]
+        return None
+
+    # ---- change notifications ------------------------------------------------------------------
+
+    def _current_signature(self) -> tuple[Any, ...]:
+        states = tuple((s.name, s.state is ServerState.READY) for s in self.bw.status().servers)
+        names = tuple(e.name for e in self.refresh())
+        return states, names
+
+    async def watch(self) -> None:
+        """Run the gateway's background work until cancelled.
+
+        Tells downstream clients when the tool list changes (a server becomes ready, changes its
+        tools or fails), and hosts the relayed resource subscriptions and the upstream calls of
+        2026-07-28 clients waiting between rounds.
+        """
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            self.passthrough.subscriptions.attach(tg)
+            try:
+                await self._watch_tools()
+            finally:
+                self._tg = None
+                self.passthrough.subscriptions.attach(None)
+                tg.cancel_scope.cancel()
+
+    async def _watch_tools(self) -> None:
+        self._signature = self._current_signature()
+        while True:
+            await self.bw.wait_changed()
+            signature = self._current_signature()
+            if signature == self._signature:
+                continue
+            self._signature = signature
+            await self.notify_tools_changed()
+
+    async def notify_tools_changed(self) -> None:
+        """`notifications/tools/list_changed` to every downstream client that can receive it."""
+        await self.bus.publish(ToolsListChanged())
+        for key, session in list(self._legacy_sessions.items()):
+            try:
+                await session.send_tool_list_changed()
+            except Exception:  # a client that went away must not stop the others from hearing
+                logger.debug("dropping a downstream connection that cannot take notifications", exc_info=True)
+                self._legacy_sessions.pop(key, None)
+
+    def _track(self, ctx: ServerRequestContext[Any]) -> None:
+        # A ServerSession is per request; the connection behind it is what lives. Handshake-era
+        # clients get list_changed on the connection's own channel; 2026-07-28 clients listen.
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            self._legacy_sessions[id(connection_of(ctx))] = ctx.session
+
+    # ---- request handlers -----------------------------------------------------------------------
+
+    async def _on_list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        self._track(ctx)
+        tools = self._builtin_tools() + [e.downstream() for e in self.entries()]
+        return types.ListToolsResult(tools=tools)
+
+    async def _on_call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        self._track(ctx)
+        if params.request_state is not None:  # only ever one of the gateway's own (`_Exchange`)
+            return await self._resume(ctx, params)
+        arguments = dict(params.arguments or {})
+        builtin = self._builtins.get(params.name)
+        if builtin is not None:
+            return await builtin(ctx, arguments)
+        target = self._resolve(params.name)
+        if target is None:
+            message = f"There is no tool named {params.name!r}."
+            if self.policy.search_tool:
+                message += f" Call {self.policy.search_tool} to find the right one."
+            return error_result(UnknownToolError(message, tool=params.name))
+        server, tool = target
+        if self.policy.drift == "block" and tool in self.drift.get(server, ()):
+            message = f"The definition of {params.name!r} changed since it was approved."
+            return error_result(ToolChangedError(message, server=server, tool=tool))
+        arguments_for = (server, tool, arguments)
+        # Inside a gateway task (breakwater.gateway._tasks) there is no next round to carry questions in.
+        in_task = current_task_id() is not None
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and self._tg is not None and _can_answer(ctx) and not in_task:
+            return await self._exchange_round(ctx, self._start_exchange(ctx, params.name, *arguments_for))
+        async with self.relay.calling(ctx, server) as caller:
+            return await self._call(caller, ctx, *arguments_for)
+
+    async def _call(
+        self, caller: _Caller, first: ServerRequestContext[Any], server: str, tool: str, arguments: dict[str, Any]
+    ) -> types.CallToolResult:
+        """Call through the gate, relaying progress (and, through `caller`, what the server asks) downstream."""
+
+        async def relay_progress(progress: float, total: float | None, message: str | None) -> None:
+            # The SDK may deliver the last progress after the call returned; the request is gone by then.
+            ctx = caller.ctx
+            if ctx is not None and not caller.finished:
+                await ctx.session.report_progress(progress, total, message)
+
+        meta = first.meta if isinstance(first.meta, Mapping) else {}
+        deadline_ms = meta.get(DEADLINE_META_KEY)
+        # An agent that re-sends a call with its own operation id gets the same operation upstream.
+        given = meta.get(OPERATION_ID_META_KEY)
+        operation_id = given if isinstance(given, str) and given else None
+        budget: Any = contextlib.nullcontext()
+        if isinstance(deadline_ms, int | float) and not isinstance(deadline_ms, bool) and deadline_ms >= 0:
+            budget = self.bw.budget(seconds=deadline_ms / 1000)
+        # The journal names the agent behind each call.
+        client = DOWNSTREAM_CLIENT.set(_client_name(first, meta))
+        try:
+            async with budget:
+                result = await self.bw.call_tool(
+                    server, tool, arguments, progress_callback=relay_progress, operation_id=operation_id
+                )
+            # Progress and log messages that arrived before the result reach the caller before it does.
+            await caller.drain()
+            return result
+        finally:
+            DOWNSTREAM_CLIENT.reset(client)
+
+    # ---- 2026-07-28 clients asked for input (multi round-trip) ------------------------------------
+
+    def _start_exchange(
+        self, ctx: ServerRequestContext[Any], name: str, server: str, tool: str, arguments: dict[str, Any]
+    ) -> _Exchange:
+        """Run the call in the gateway's task group, so it can wait across the client's rounds."""
+        assert self._tg is not None
+        exchange = _Exchange(token=EXCHANGE_STATE_PREFIX + secrets.token_urlsafe(18), tool=name)
+        self.relay.exchanges[exchange.token] = exchange
+
+        async def run() -> None:
+            try:
+                with exchange.scope:
+                    async with self.relay.calling(ctx, server, exchange=exchange) as caller:
+                        exchange.result = await self._call(caller, ctx, server, tool, arguments)
+            except Exception:  # one call's failure must not take the gateway's task group down
+                logger.exception("call of %s failed inside the gateway", name)
+            finally:
+                if exchange.result is None:
+                    exchange.result = error_result(CallCancelledError("The call was cancelled before it finished."))
+                exchange.done = True
+                exchange.poke()
+            # Kept until the client's next round collects it, or for a while.
+            with anyio.move_on_after(EXCHANGE_KEEP_S):
+                await exchange.collected.wait()
+            self.relay.exchanges.pop(exchange.token, None)
+
+        self._tg.start_soon(run, name=f"breakwater call {name}")
+        return exchange
+
+    async def _exchange_round(
+        self, ctx: ServerRequestContext[Any], exchange: _Exchange
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        """One round: the call's result, or the questions it is waiting on (`InputRequiredResult`)."""
+        async with exchange.lock:
+            exchange.ctx = ctx
+            try:
+                await exchange.settle()
+            except anyio.get_cancelled_exc_class():
+                # The client gave up on this round (cancelled, disconnected): the call goes too.
+                exchange.scope.cancel()
+                raise
+            finally:
+                exchange.ctx = None
+            if exchange.done:
+                assert exchange.result is not None  # set before `done`
+                exchange.collected.set()
+                self.relay.exchanges.pop(exchange.token, None)
+                return exchange.result
+            questions: types.InputRequests = {key: q.request for key, q in exchange.open_questions().items()}
+            return types.InputRequiredResult(input_requests=questions, request_state=exchange.token)
+
+    async def _resume(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        exchange = self.relay.exchanges.get(params.request_state or "")
+        if exchange is None or exchange.tool != params.name:
+            raise MCPError(types.INVALID_PARAMS, "unknown or expired requestState: call the tool again")
+        exchange.answer(params.input_responses)
+        return await self._exchange_round(ctx, exchange)
+
+    async def _on_set_level(self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> types.EmptyResult:
+        """`logging/setLevel`: the least severe level this connection wants relayed from upstream log messages."""
+        state = getattr(connection_of(ctx), "state", None)
+        if isinstance(state, dict):
+            state[LOG_LEVEL_STATE] = params.level
+        return types.EmptyResult()
+
+    # ---- built-in tools -------------------------------------------------------------------------
+
+    async def search(self, query: str, *, wait_s: float | None = None) -> SearchAnswer:
+        """Rank tools for `query`; first wait briefly for connecting servers that might hold a match."""
+        wait = self.policy.search_wait_s if wait_s is None else wait_s
+        deadline = time.monotonic() + wait
+        while True:
+            entries = self.entries()
+            statuses = [s for s in self.bw.status().servers if s.state is not ServerState.DISABLED]
+            pending = [s for s in statuses if s.state in STILL_CONNECTING and self._might_match(s.name, query, entries)]
+            remaining = deadline - time.monotonic()
+            if not pending or remaining <= 0:
+                break
+            with anyio.move_on_after(remaining):
+                await self.bw.wait_changed()
+        matches = [e for _, e in rank(entries, query, limit=SEARCH_LIMIT)] if query.strip() else entries
+        unsearched = [s for s in statuses if s.state in NOT_READY]
+        return SearchAnswer(query=query, matches=matches, unsearched=unsearched, servers=len(statuses), drift=dict(self.drift))
+
+    def _might_match(self, server: str, query: str, entries: Sequence[Entry]) -> bool:
+        terms = [t for t in query.lower().split() if t]
+        if not terms or any(t in server.lower() for t in terms):
+            return True
+        known = [e for e in entries if e.server == server]
+        return not known or bool(rank(known, query, limit=1))
+
+    async def _search_tool(self, ctx: ServerRequestContext[Any], arguments: Mapping[str, Any]) -> types.CallToolResult:
+        query = arguments.get("query")
+        if not isinstance(query, str):
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text='Pass a text \'query\', e.g. {"query": "create invoice"}.')],
+                is_error=True,
+            )
+        answer = await self.search(query)
+        return _text_result(answer.text(), answer.to_json())
+
+    def accept(self, names: Sequence[str] = ()) -> list[str]:
+        """Approve the current definitions of the named (downstream) tools, or of every changed tool."""
+        self.refresh()
+        wanted = set(names)
+        accepted: list[str] = []
+        for spec in self.bw.config.servers:
+            upstream = self.bw.upstream(spec.name)
+            if upstream.state is not ServerState.READY:
+                continue
+            live = self.catalog.entries([(spec.name, True, upstream.tools)])
+            todo = [e.tool.name for e in live if e.name in wanted] if wanted else self.drift.get(spec.name, [])
+            done = set(self.catalog.accept(spec.name, spec.fingerprint(), upstream.tools, todo))
+            accepted += [e.name for e in live if e.tool.name in done]
+        self.refresh()
+        return accepted
+
+    async def _status_tool(self, ctx: ServerRequestContext[Any], arguments: Mapping[str, Any]) -> types.CallToolResult:
+        self.entries()
+        report = self.bw.status().to_json() | {
+            "drift": {server: tools for server, tools in self.drift.items()},
+            "state_store": self.bw.state_store_status(),
+        }
+        return _text_result(json.dumps(report, indent=2), report)
+
+
+# ---- running it ---------------------------------------------------------------------------------
