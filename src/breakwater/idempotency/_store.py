@@ -14,6 +14,7 @@ import enum
 import os
 import socket
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,6 +27,7 @@ __all__ = [
     "DEFAULT_LEASE_S",
     "DEFAULT_PURGE_INTERVAL_S",
     "DEFAULT_RETENTION_S",
+    "RECORD_COLUMNS",
     "ClaimResult",
     "OperationRecord",
     "OperationState",
@@ -88,6 +90,26 @@ class OperationRecord:
     updated_at: float
     lease_until: float | None
     outcome: dict[str, Any] | None = None
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any], *, outcome: dict[str, Any] | None) -> OperationRecord:
+        """A record from a table row in `RECORD_COLUMNS` order; `outcome` is the last column decoded
+        (each store keeps it in its own JSON type)."""
+        return cls(
+            operation_id=row[0],
+            tool=row[1],
+            fingerprint=row[2],
+            state=OperationState(row[3]),
+            owner=row[4],
+            created_at=float(row[5]),
+            updated_at=float(row[6]),
+            lease_until=float(row[7]) if row[7] is not None else None,
+            outcome=outcome,
+        )
+
+
+#: The columns of an operations table, in the order `OperationRecord.from_row` reads them.
+RECORD_COLUMNS = ("operation_id", "tool", "fingerprint", "state", "owner", "created_at", "updated_at", "lease_until", "outcome")
 
 
 @dataclass(frozen=True, slots=True)
