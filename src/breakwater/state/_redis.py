@@ -48,7 +48,6 @@ import json
 import logging
 import math
 import random
-import time
 from importlib import resources
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -137,7 +136,7 @@ class RedisStore(StateStore):
         self._attempted_event: anyio.Event | None = None
         self._healthy = False
         self._state = "connecting"
-        self._since = time.time()
+        self._since = self.clock.time()
         self._error: str | None = None
         self._degradations = 0
         self._subscribed = False
@@ -188,7 +187,7 @@ class RedisStore(StateStore):
 
     async def connect(self, timeout: float = 2.0) -> None:
         """Wait (at most `timeout`) until the first attempt to reach Redis finished, either way."""
-        with anyio.move_on_after(timeout):
+        with self.clock.deadline_scope(self.clock.monotonic() + timeout):
             await self._attempted.wait()
 
     async def aclose(self) -> None:
@@ -252,7 +251,7 @@ class RedisStore(StateStore):
             logger.warning("state store degraded, using local state: %s", self._error)
             self._healthy = False
             self._state = "degraded"
-            self._since = time.time()
+            self._since = self.clock.time()
             self._degradations += 1
             self.note_event("", "degraded", 0)
         self._attempted.set()
@@ -274,7 +273,11 @@ class RedisStore(StateStore):
                 self._degrade(f"subscription lost: {type(exc).__name__}: {exc}")
             finally:
                 self._subscribed = False
-                with anyio.CancelScope(shield=True), anyio.move_on_after(1.0), contextlib.suppress(Exception):
+                with (
+                    anyio.CancelScope(shield=True),
+                    self.clock.deadline_scope(self.clock.monotonic() + 1.0),
+                    contextlib.suppress(Exception),
+                ):
                     await pubsub.aclose()
             await self.clock.sleep(min(self.policy.retry_s, 0.1))
 
@@ -434,7 +437,7 @@ class RedisStore(StateStore):
         was = self._state
         self._state = "ok"
         self._error = None
-        self._since = time.time()
+        self._since = self.clock.time()
         self._attempted.set()
         logger.info("state store %s", "connected" if was == "connecting" else "back: resynchronised, shared state in use")
         self.note_event("", "healthy", 0)
