@@ -88,7 +88,7 @@ from breakwater.gate._envelope import error_result
 from breakwater.gate._retry_budget import RetryBudget, RetryBudgetSnapshot
 from breakwater.gate._tasks import TASK_CALL, TaskRuntime
 from breakwater.gate._turn_budget import TurnBudget, current_budget
-from breakwater.journal._journal import (
+from breakwater.journal import (
     DOWNSTREAM_CLIENT,
     RECONCILED,
     TRACE_ID,
