@@ -268,7 +268,7 @@ def test_breakwater_s_signatures_name_only_types_users_can_import() -> None:
         assert name in members, f"INTERNAL_HANDLES lists {name!r}, which Breakwater no longer has"
 
 
-def test_refused_means_nothing_was_sent_and_failed_means_it_was() -> None:
+def test_the_phase_groups_split_the_codes_into_refused_and_sent() -> None:
     refused = {code for code, cls in CODE_TO_ERROR.items() if issubclass(cls, CallRefused)}
     failed = {code for code, cls in CODE_TO_ERROR.items() if issubclass(cls, CallFailed)}
     assert refused == {

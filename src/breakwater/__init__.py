@@ -10,8 +10,8 @@ What is here, by what a user does with it:
 * run it: `Breakwater` (the library), `Gateway` (breakwater as one MCP server), `Config`, `ServerSpec`,
   the eight policies and `load_config`;
 * read its state: `StatusReport`, `ServerStatus`, `ServerState`, `ErrorInfo`, `Reason`, `ToolTimeout`;
-* catch its errors: `BreakwaterError`, `ConfigError`, `CallError`, its phase groups `CallRefused` (nothing
-  was sent) and `CallFailed` (sent, did not succeed), their leaves and `ErrorCode`;
+* catch its errors: `BreakwaterError`, `ConfigError`, `CallError`, its phase groups `CallRefused` (the tool
+  did not run) and `CallFailed` (sent, did not succeed), their leaves and `ErrorCode`;
 * plug into it: `Clock`/`SystemClock`, `Journal`, `AttemptObserver`/`AttemptRecord`, `StateStore`/`MemoryStore`,
   `Telemetry` (the `otel` extra; imported only when asked for), `Classifier` with `Verdict`, `Outcome`,
   `AttemptContext` and `RetryClass`, `TaskStore`/`PendingTask`, and `TurnBudgetScope` (what `budget()` returns).

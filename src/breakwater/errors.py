@@ -3,7 +3,7 @@
 BreakwaterError
 ├── ConfigError                     a config file is broken: names the file, the key and the fix (exit code 2)
 └── CallError                       a tool call failed; each leaf maps one-to-one to an error code the model sees
-    ├── CallRefused                 breakwater refused the call: nothing was sent to the server
+    ├── CallRefused                 refused before the tool ran: by breakwater, or by the server
     │   ├── CircuitOpenError        CIRCUIT_OPEN         this tool's breaker is open
     │   ├── ServerCircuitOpenError  SERVER_CIRCUIT_OPEN  the whole server's breaker is open
     │   ├── OverloadedError         OVERLOADED           the server's in-flight cap is full
@@ -13,16 +13,18 @@ BreakwaterError
     │   ├── UnknownToolError        UNKNOWN_TOOL         no such tool on that server
     │   ├── ToolChangedError        TOOL_CHANGED         the tool's definition changed and is blocked until accepted
     │   └── InvalidArgumentsError   INVALID_ARGUMENTS    the arguments do not fit the tool
-    └── CallFailed                  the call was sent and did not succeed (it may have run)
+    └── CallFailed                  an attempt was sent and did not succeed (it may have run)
         ├── CallTimeoutError        TIMEOUT              the call did not answer within its deadline (also a TimeoutError)
         ├── OutcomeUnknownError     OUTCOME_UNKNOWN      a non-retryable call was cut; it may have run
         ├── UpstreamError           UPSTREAM_ERROR       transport or protocol failure
         ├── ToolError               TOOL_ERROR           the tool's own isError result (content passed through)
         └── CallCancelledError      CANCELLED            the caller cancelled the call
 
-The two groups split by phase, as httpx's `TransportError` tree does: `except CallRefused` catches
-every failure after which the call certainly did not run, so it is safe to send again later, whatever
-the tool does. Only the leaves carry a code; the groups are for `except` clauses.
+The two groups split by phase, as httpx's `TransportError` tree does. A `CallRefused` means the tool
+did not run: breakwater declined to send (breaker, bulkhead, budget, server not ready, drift) or the
+server turned the request away before running it (unknown tool, arguments rejected); only earlier
+attempts of the same call, if `attempt` counts any, may have run. A `CallFailed` is about an attempt
+that was sent. Only the leaves carry a code; the groups are for `except` clauses.
 
 Every `CallError` carries the envelope fields the model reads (see `breakwater.gate._envelope`), so one
 object is both the typed exception a library user catches and the `isError` result the model sees.
@@ -185,7 +187,7 @@ def _fmt_seconds(seconds: float) -> str:
 
 
 class CallRefused(CallError):
-    """Breakwater refused the call before sending anything: the tool certainly did not run.
+    """The call, or its next attempt, was refused before the tool ran: by breakwater, or by the server.
 
     The group of CIRCUIT_OPEN, SERVER_CIRCUIT_OPEN, OVERLOADED, BUDGET_EXHAUSTED, SERVER_CONNECTING,
     SERVER_UNAVAILABLE, UNKNOWN_TOOL, TOOL_CHANGED and INVALID_ARGUMENTS; not raised itself.
@@ -193,7 +195,7 @@ class CallRefused(CallError):
 
 
 class CallFailed(CallError):
-    """The call was sent and did not succeed; unless the leaf says otherwise, it may have run.
+    """An attempt was sent and did not succeed; unless the leaf says otherwise, the call may have run.
 
     The group of TIMEOUT, OUTCOME_UNKNOWN, UPSTREAM_ERROR, TOOL_ERROR and CANCELLED; not raised itself.
     """
