@@ -168,7 +168,7 @@ class Breakwater:
             return  # the breakers and budgets keep their own state: nothing to attach, no overhead
         self._gate.breakers.attach_store(store)
         # The gate builds each server's retry budget itself; until it takes the store as an argument
-        # (see issue 6), attach it here through the gate's per-server records.
+        # (a constructor argument), attach it here through the gate's per-server records.
         for name, srv in getattr(self._gate, "_servers", {}).items():
             srv.retry_budget.attach(store.shared_budget(name, srv.retry_budget.policy))
 

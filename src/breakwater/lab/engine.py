@@ -1,4 +1,4 @@
-"""The discrete-event core (spec §3.7–§3.15).
+"""The discrete-event core: replicas, load balancer, clients, streams and deploys, event by event.
 
 One event order, `(time_ms, phase, seq)`: a heap, plus FIFOs for event kinds that are created
 already in that order (arrivals, fresh idle timers, resumes), each with only its head in the heap.
@@ -48,7 +48,7 @@ from breakwater.lab.traffic import CallSpec, generate_traffic, route_key, route_
 
 __all__ = ["run", "simulate"]
 
-# Phases (§3.15), lowest first at equal timestamps.
+# Phases, lowest first at equal timestamps.
 P_LIFECYCLE: Final = 1
 P_DEADLINE: Final = 2
 P_WORK: Final = 3
@@ -270,7 +270,7 @@ class _Sim:
         self.shared = config.mode == "2025-11-25/shared"
         self.rr = config.routing == "round_robin"
         self.idem = config.idempotency
-        # Keep-alive below T means no stream is ever cut (§3.10), so no idle timers are armed at all;
+        # Keep-alive below T means no stream is ever cut (each ping resets the idle timer), so no idle timers are armed at all;
         # K >= T never matters, so it runs exactly like K = off.
         self.cuts_on = not config.keepalive_effective
         self.T = config.idle_timeout_s * 1000
@@ -372,7 +372,7 @@ class _Sim:
             rep.refill_pending = True
             _heappush(self.heap, (t, P_REFILL, self.next_seq(), _REFILL, rep, 0))
 
-    # -- load balancer (§3.8) --------------------------------------------------------------------
+    # -- load balancer -------------------------------------------------------------------------
 
     def route(self, call: _Call, no: int, hop_kind: int, hop_index: int, t: int) -> int:
         """Pick a routable replica; the caller has checked that one exists."""
@@ -407,7 +407,7 @@ class _Sim:
             self.reinits += 1
         self.log.append((t, self.phase, "reinit" if reinit else "init", call.id, None, r, self.sid))
 
-    # -- client side (§3.9) --------------------------------------------------------------------
+    # -- client side -------------------------------------------------------------------------
 
     def send(self, call: _Call, t: int) -> None:
         if call.status != PENDING:
@@ -698,7 +698,7 @@ class _Sim:
             w = cfg.drain_s * 1000
             for rep in self.replicas:
                 # Pushed drain, kill, reboot per replica in index order, so at one instant replica
-                # i's reboot (lower seq) precedes replica i+1's drain, as §3.15 phase 1 requires.
+                # i's reboot (lower seq) precedes replica i+1's drain, as the phase order requires.
                 start = DEPLOY_START_MS + rep.index * (w + REBOOT_MS)
                 push(heap, (start, P_LIFECYCLE, next_seq(), _DRAIN, rep, 0))
                 push(heap, (start + w, P_DEADLINE, next_seq(), _KILL, rep, 0))
