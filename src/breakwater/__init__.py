@@ -65,7 +65,7 @@ from breakwater.gate._breaker import Outcome
 from breakwater.gate._classify import AttemptContext, Classifier, RetryClass, Verdict
 from breakwater.gate._turn_budget import TurnBudgetScope
 from breakwater.gateway._server import Gateway
-from breakwater.journal._journal import AttemptObserver, AttemptRecord, Journal
+from breakwater.journal import AttemptObserver, AttemptRecord, Journal
 from breakwater.state import MemoryStore, StateStore
 from breakwater.status import ErrorInfo, Reason, ServerState, ServerStatus, StatusReport, ToolTimeout
 from breakwater.tasks._store import PendingTask, TaskStore
