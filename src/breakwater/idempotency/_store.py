@@ -38,11 +38,10 @@ __all__ = [
 
 #: How long a claim stays valid without a heartbeat. The owner renews it every third of this, so two
 #: missed renewals are tolerated before a running tool could be mistaken for a dead one; a crashed
-#: owner is detected at most this long after it died. resilience-numbers target 21 asks for <= 90 s.
+#: owner is detected at most this long after it died. Brandur's idempotency-key design locks for 90 s: stay below.
 DEFAULT_LEASE_S = 30.0
 
-#: How long finished records are kept (and replayed). Stripe prunes keys at >= 24 h, and
-#: resilience-numbers target 20 asks for >= 24 h.
+#: How long finished records are kept (and replayed). Stripe prunes keys at >= 24 h; so does this.
 DEFAULT_RETENTION_S = 24 * 3600.0
 
 #: How often a store deletes records older than its retention (checked on each claim).

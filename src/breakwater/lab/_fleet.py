@@ -1,7 +1,7 @@
 """The lab's fleet model: calls, sessions, attempts, replicas, and the state of one run.
 
 `Fleet` holds a run's state and the plumbing every event handler uses: sampling the gauges, the
-load balancer (§3.8), sessions (2025-11-25), the client side (§3.9), delivery, and the result.
+load balancer, sessions (2025-11-25), the client side, delivery, and the result.
 The event handlers and the loop that drives them are in `engine.py`. Every name here is hot:
 the same performance rules apply (docs/lab.md, "Performance"), and any change must keep every
 output bit-for-bit (tests/lab/test_golden.py).
@@ -19,7 +19,7 @@ from breakwater.lab.config import MAX_REISSUES, SLOTS, WINDOW_MS, LabConfig
 from breakwater.lab.metrics import BUCKET_MS, LabResult, LatencyHistogram, LogRecord, Metrics, Series, nearest_rank
 from breakwater.lab.traffic import CallSpec, route_key, route_u
 
-# Phases (§3.15), lowest first at equal timestamps.
+# Phases, lowest first at equal timestamps.
 P_LIFECYCLE: Final = 1
 P_DEADLINE: Final = 2
 P_WORK: Final = 3
@@ -235,7 +235,7 @@ class Fleet:
         self.shared = config.mode == "2025-11-25/shared"
         self.rr = config.routing == "round_robin"
         self.idem = config.idempotency
-        # Keep-alive below T means no stream is ever cut (§3.10), so no idle timers are armed at all;
+        # Keep-alive below T means no stream is ever cut (each ping resets the idle timer), so no idle timers are armed at all;
         # K >= T never matters, so it runs exactly like K = off.
         self.cuts_on = not config.keepalive_effective
         self.T = config.idle_timeout_s * 1000
@@ -337,7 +337,7 @@ class Fleet:
             rep.refill_pending = True
             _heappush(self.heap, (t, P_REFILL, self.next_seq(), REFILL, rep, 0))
 
-    # -- load balancer (§3.8) --------------------------------------------------------------------
+    # -- load balancer -------------------------------------------------------------------------
 
     def route(self, call: Call, no: int, hop_kind: int, hop_index: int, t: int) -> int:
         """Pick a routable replica; the caller has checked that one exists."""
@@ -372,7 +372,7 @@ class Fleet:
             self.reinits += 1
         self.log.append((t, self.phase, "reinit" if reinit else "init", call.id, None, r, self.sid))
 
-    # -- client side (§3.9) --------------------------------------------------------------------
+    # -- client side -------------------------------------------------------------------------
 
     def send(self, call: Call, t: int) -> None:
         if call.status != PENDING:

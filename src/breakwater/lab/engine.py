@@ -1,4 +1,4 @@
-"""The discrete-event core (spec §3.7–§3.15).
+"""The discrete-event core: replicas, load balancer, clients, streams and deploys, event by event.
 
 One event order, `(time_ms, phase, seq)`: a heap, plus FIFOs for event kinds that are created
 already in that order (arrivals, fresh idle timers, resumes), each with only its head in the heap.
@@ -297,7 +297,7 @@ class _Sim(Fleet):
             w = cfg.drain_s * 1000
             for rep in self.replicas:
                 # Pushed drain, kill, reboot per replica in index order, so at one instant replica
-                # i's reboot (lower seq) precedes replica i+1's drain, as §3.15 phase 1 requires.
+                # i's reboot (lower seq) precedes replica i+1's drain, as the phase order requires.
                 start = DEPLOY_START_MS + rep.index * (w + REBOOT_MS)
                 push(heap, (start, P_LIFECYCLE, next_seq(), DRAIN, rep, 0))
                 push(heap, (start + w, P_DEADLINE, next_seq(), KILL, rep, 0))
