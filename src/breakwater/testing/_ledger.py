@@ -5,13 +5,14 @@ The formats are described in `breakwater.testing.server`'s docstring. Imports no
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from filelock import FileLock
 
 __all__ = ["ControlFile", "append_ledger", "count_ledger", "read_ledger", "read_state", "write_atomic"]
 
@@ -51,14 +52,11 @@ def count_ledger(path: str | os.PathLike[str], *, tool: str | None = None, opera
 def append_ledger(path: Path, record: Mapping[str, Any]) -> None:
     """Append one record as a JSON line, whole even when several processes share the ledger."""
     line = json.dumps(record, sort_keys=True) + "\n"
-    with path.open("a", encoding="utf-8") as f:
-        # Several server processes may share one ledger; the lock keeps lines whole.
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            f.write(line)
-            f.flush()
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    # Several server processes may share one ledger; the lock (a sibling file, so it works on
+    # Windows too) keeps lines whole.
+    with FileLock(f"{path}.lock"), path.open("a", encoding="utf-8") as f:
+        f.write(line)
+        f.flush()
 
 
 class ControlFile:
