@@ -15,6 +15,7 @@ from breakwater._clock import FakeClock
 from breakwater.config._knobs import iter_knobs
 from breakwater.errors import ConfigError
 from breakwater.gate._breaker import (
+    BreakerKey,
     BreakerPolicy,
     BreakerRegistry,
     BreakerState,
@@ -447,3 +448,13 @@ def test_never_two_live_probes_and_never_open_past_the_cap(ops: list[tuple[str, 
         snap = breaker.snapshot()
         if snap.open_until is not None:
             assert snap.open_until - now <= breaker.policy.open_max_s
+
+
+def test_breaker_key_names_server_and_tool_without_parsing() -> None:
+    """A tool name holding a slash stays whole: the key says whose breaker it is, the name is only its text."""
+    registry = BreakerRegistry(clock=FakeClock())
+    tool = registry.tool("files", "dir/read")
+    server = registry.server("files")
+    assert tool.key == BreakerKey("files", "dir/read") and tool.name == "files/dir/read"
+    assert server.key == BreakerKey("files") and server.key.tool is None and server.name == "files"
+    assert {s.key for s in registry.snapshots()} == {BreakerKey("files"), BreakerKey("files", "dir/read")}

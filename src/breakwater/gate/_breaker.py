@@ -31,12 +31,13 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from breakwater._clock import Clock
 from breakwater.config._policies import BreakerPolicy
 
 __all__ = [
+    "BreakerKey",
     "BreakerRegistry",
     "BreakerSnapshot",
     "BreakerState",
@@ -48,6 +49,23 @@ __all__ = [
     "SharedBreaker",
     "SharedView",
 ]
+
+
+class BreakerKey(NamedTuple):
+    """Whose breaker: a server's (`tool` None) or one tool's on a server.
+
+    The one place the identity is spelled: `name` is its text form (`server` or `server/tool`, the
+    key a shared store keeps it under and what `status` shows); read `server` and `tool` instead
+    of parsing the name back (tool names may hold slashes).
+    """
+
+    server: str
+    tool: str | None = None
+
+    @property
+    def name(self) -> str:
+        """`server`, or `server/tool`."""
+        return self.server if self.tool is None else f"{self.server}/{self.tool}"
 
 
 class Outcome(enum.StrEnum):
@@ -238,6 +256,8 @@ class BreakerSnapshot:
     """A breaker's state for `status` and metrics."""
 
     name: str
+    #: Whose breaker this is (`name` parsed, never guessed).
+    key: BreakerKey
     state: BreakerState
     calls_in_window: int
     failures_in_window: int
@@ -283,8 +303,11 @@ class CircuitBreaker:
         *,
         clock: Clock,
         rng: random.Random | None = None,
+        key: BreakerKey | None = None,
     ) -> None:
+        """`key` says whose breaker it is (default: a server breaker named `name`)."""
         self.name = name
+        self.key = key if key is not None else BreakerKey(name)
         self.policy = policy or BreakerPolicy()
         self._clock = clock
         self._rng = rng or random.Random()
@@ -387,6 +410,7 @@ class CircuitBreaker:
             is_open = d.state is BreakerState.OPEN
             return BreakerSnapshot(
                 name=self.name,
+                key=self.key,
                 state=state,
                 calls_in_window=calls,
                 failures_in_window=failures,
@@ -416,6 +440,7 @@ class CircuitBreaker:
         is_open = v.state is BreakerState.OPEN
         return BreakerSnapshot(
             name=self.name,
+            key=self.key,
             state=state,
             calls_in_window=v.calls,
             failures_in_window=v.failures,
@@ -546,7 +571,7 @@ class BreakerRegistry:
         self._policy = policy or BreakerPolicy()
         self._policy_for = policy_for
         self._store = store
-        self._breakers: dict[tuple[str, str | None], CircuitBreaker] = {}
+        self._breakers: dict[BreakerKey, CircuitBreaker] = {}
 
     def attach_store(self, store: BreakerStore | None) -> None:
         """Keep every breaker's state (those made so far and those to come) in `store` (None: in this process)."""
@@ -555,14 +580,13 @@ class BreakerRegistry:
             breaker.attach(None if store is None else store.shared_breaker(breaker.name, breaker.policy, self._rng))
 
     def _get(self, server: str, tool: str | None) -> CircuitBreaker:
-        key = (server, tool)
+        key = BreakerKey(server, tool)
         breaker = self._breakers.get(key)
         if breaker is None:
             policy = self._policy_for(server, tool) if self._policy_for else self._policy
-            name = server if tool is None else f"{server}/{tool}"
-            breaker = CircuitBreaker(name, policy, clock=self._clock, rng=self._rng)
+            breaker = CircuitBreaker(key.name, policy, clock=self._clock, rng=self._rng, key=key)
             if self._store is not None:
-                breaker.attach(self._store.shared_breaker(name, policy, self._rng))
+                breaker.attach(self._store.shared_breaker(key.name, policy, self._rng))
             self._breakers[key] = breaker
         return breaker
 
