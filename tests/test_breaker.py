@@ -458,3 +458,14 @@ def test_breaker_key_names_server_and_tool_without_parsing() -> None:
     assert tool.key == BreakerKey("files", "dir/read") and tool.name == "files/dir/read"
     assert server.key == BreakerKey("files") and server.key.tool is None and server.name == "files"
     assert {s.key for s in registry.snapshots()} == {BreakerKey("files"), BreakerKey("files", "dir/read")}
+
+
+def test_trip_opens_a_closed_breaker_at_once_and_nothing_else() -> None:
+    """The gate's evidence of slowness opens a closed breaker for the usual open period; an open one is left alone."""
+    clock = FakeClock()
+    breaker = CircuitBreaker("s/t", BreakerPolicy(open_jitter=0.0), clock=clock)
+    assert breaker.trip("2 timeouts in a row") is True
+    refused = breaker.acquire()
+    assert isinstance(refused, Rejection) and refused.reason == "2 timeouts in a row"
+    assert refused.retry_after_s == pytest.approx(5.0)
+    assert breaker.trip("again") is False and breaker.snapshot().consecutive_opens == 1

@@ -90,8 +90,11 @@ class Breakwater:
         self._clock: Clock = clock or SystemClock()
         #: The call journal, or None when it is off.
         self.journal: Journal | None = Journal.from_policy(config.journal, clock=self._clock) if journal == "config" else journal
+        learning = None
         if learned_timeout is None and self.journal is not None and self.journal.policy.learn_timeouts:
             learned_timeout = self.journal.learned_timeout
+            # Until the journal's next refresh has a tool's timeout, the gate learns it from what it saw itself.
+            learning = self.journal.policy
         if telemetry == "config":
             telemetry = self._configured_telemetry()
         #: OpenTelemetry spans and metrics, or None when off.
@@ -120,6 +123,7 @@ class Breakwater:
             tracer=telemetry,
             # An in-process store keeps nothing the breakers and budgets do not keep themselves: no overhead.
             state=None if isinstance(self.state_store, MemoryStore) else self.state_store,
+            learning=learning,
         )
         if telemetry is not None:
             telemetry.bind(self._gate)
@@ -211,7 +215,10 @@ class Breakwater:
                 for tool in upstream.tools:
                     found = gate.timeout_in_force(name, tool.name)
                     if found is not None:
-                        timeouts.append(ToolTimeout(server=name, tool=tool.name, timeout_s=found[0], source=found[1]))
+                        learned_at = gate.learned_at(name, tool.name) if found[1] == "learned" else None
+                        timeouts.append(
+                            ToolTimeout(server=name, tool=tool.name, timeout_s=found[0], source=found[1], learned_at=learned_at)
+                        )
         return StatusReport(servers=tuple(u.snapshot() for u in self._upstreams.values()), timeouts=tuple(timeouts))
 
     async def wait_changed(self) -> None:

@@ -56,7 +56,11 @@ async def admit(ctx: GateContext, call: Call) -> Permits:
     tool_permit = info.breaker.acquire(slow_threshold_s=info.call.slow_call_s, lease_s=lease_s)
     if isinstance(tool_permit, Rejection):
         server_permit.release()
-        raise _refusal(ctx, call, CircuitOpenError, _rejected(tool_permit), retry_after_s=tool_permit.retry_after_s)
+        detail = _rejected(tool_permit)
+        usual = info.health.median()
+        if usual is not None:
+            detail["usual_s"] = round(usual, 3)
+        raise _refusal(ctx, call, CircuitOpenError, detail, retry_after_s=tool_permit.retry_after_s)
     permits = Permits(server_permit, tool_permit)
     cap = srv.upstream.spec.call.max_in_flight
     if srv.in_flight >= cap:

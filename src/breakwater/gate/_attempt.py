@@ -67,7 +67,20 @@ class AttemptDeadline:
     hard cap (`max_s`, or the turn budget) bounds the wait, and the timeout restarts from the answer.
     """
 
-    __slots__ = ("_clock", "_scope", "_waiting", "by_budget", "finished", "hard", "idle_s", "on_task", "started", "task_at")
+    __slots__ = (
+        "_clock",
+        "_scope",
+        "_waiting",
+        "by_budget",
+        "finished",
+        "hard",
+        "idle_s",
+        "on_task",
+        "short",
+        "started",
+        "task_at",
+        "timeout_s",
+    )
 
     def __init__(self, clock: Clock, scope: DeadlineScope, *, hard: float, idle_s: float) -> None:
         self._clock = clock
@@ -80,15 +93,22 @@ class AttemptDeadline:
         self.started = clock.monotonic()
         #: The turn budget, not the attempt's own timeout, set the first deadline.
         self.by_budget = False
+        #: The attempt's own timeout (the call's, or a half-open probe's shorter one).
+        self.timeout_s = math.inf
+        #: A half-open probe with a deadline shorter than the call's timeout (see `_health`).
+        self.short = False
         #: When the server answered with a task handle (monotonic), if it did.
         self.task_at: float | None = None
         #: Called once if the call becomes a task (the gate gives back the attempt's bulkhead slot).
         self.on_task: Callable[[], None] | None = None
 
     @classmethod
-    def for_call(cls, clock: Clock, call: Call) -> AttemptDeadline:
-        """The deadline of `call`'s next attempt: its timeout, under the hard cap and the turn budget."""
+    def for_call(cls, clock: Clock, call: Call, *, probe: bool = False) -> AttemptDeadline:
+        """The deadline of `call`'s next attempt: its timeout (a `probe`'s may be shorter), under the hard cap and budget."""
         policy, timeout_s = call.info.call, call.timeout_s
+        if probe:
+            breaker = call.info.breaker.policy
+            timeout_s = call.info.health.probe_timeout(timeout_s, breaker.probe_timeout_factor, breaker.probe_timeout_floor_s)
         started = clock.monotonic()
         hard = started + max(policy.hard_s, timeout_s)
         deadline = started + timeout_s
@@ -101,6 +121,7 @@ class AttemptDeadline:
         idle_s = policy.idle_timeout_s if policy.idle_timeout_s is not None else timeout_s
         made = cls(clock, clock.deadline_scope(deadline), hard=hard, idle_s=idle_s)
         made.started, made.by_budget = started, by_budget
+        made.timeout_s, made.short = timeout_s, timeout_s < call.timeout_s
         return made
 
     @property
@@ -150,7 +171,7 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
         # Lost between attempts: nothing was sent, so nothing is learned.
         permits.release()
         raise not_ready_error(ctx.clock, srv.upstream, info.name)
-    deadline = AttemptDeadline.for_call(ctx.clock, call)
+    deadline = AttemptDeadline.for_call(ctx.clock, call, probe=permits.tool.is_probe)
     result, failure = await _send(ctx, call, permits, deadline)
     return _judge(ctx, call, permits, deadline, result, failure)
 
@@ -254,11 +275,16 @@ def _judge(
     judged_s = elapsed if deadline.task_at is None else deadline.task_at - deadline.started
     permits.tool.record(verdict.outcome, judged_s)
     permits.server.record(_server_outcome(verdict, tool_streak), judged_s)
+    timed_out = isinstance(attempt_result, TimeoutError) and not deadline.by_budget
+    _learn_latency(ctx, call, deadline, judged_s, answered=result is not None and failure is None, timed_out=timed_out)
     answer: Answer
     if verdict.ok and result is not None:
         answer = result
     else:
-        answer = verdict, _error(call, verdict, attempt_result, elapsed, deadline.by_budget)
+        err = _error(call, verdict, attempt_result, elapsed, deadline)
+        if timed_out:
+            slow_now(call, err)
+        answer = verdict, err
     if call.journal is not None:
         call.journal.sent += 1
         code = None if isinstance(answer, types.CallToolResult) else answer[1].code
@@ -266,10 +292,41 @@ def _judge(
     return answer
 
 
+def _learn_latency(
+    ctx: GateContext, call: Call, deadline: AttemptDeadline, duration_s: float, *, answered: bool, timed_out: bool
+) -> None:
+    """Keep the attempt's latency; trip the tool's breaker if a tool that answers fast keeps timing out."""
+    health, now = call.info.health, ctx.clock.monotonic()
+    if answered:
+        health.answered(now, duration_s)
+        return
+    if not timed_out:
+        return
+    health.timed_out(now, duration_s, short=deadline.short)
+    need = call.info.breaker.policy.timeouts_to_trip
+    # Judged against the tool's own timeout, not a probe's short one: far below *that* is the guard.
+    if need and health.timeouts_in_a_row >= need and health.far_below(call.timeout_s):
+        p99 = health.p99()
+        assert p99 is not None
+        call.info.breaker.trip(f"{health.timeouts_in_a_row} timeouts in a row; it usually answers within {seconds_text(p99)}")
+
+
+def slow_now(call: Call, err: CallError) -> None:
+    """Tell the model how slow the tool is against its usual latency, and when breakwater tries it again."""
+    usual = call.info.health.median()
+    if usual is not None:
+        err.detail["usual_s"] = round(usual, 3)
+    snap = call.info.breaker.snapshot()
+    if snap.state is BreakerState.OPEN:
+        err.detail["breaker"] = snap.state.value
+        err.retry_after_s = snap.retry_after_s
+
+
 def _error(
-    call: Call, verdict: Verdict, attempt: types.CallToolResult | BaseException, elapsed: float, by_budget: bool
+    call: Call, verdict: Verdict, attempt: types.CallToolResult | BaseException, elapsed: float, deadline: AttemptDeadline
 ) -> CallError:
     """The error an attempt's verdict stands for."""
+    by_budget, timeout_s = deadline.by_budget, deadline.timeout_s
     code = verdict.code or ErrorCode.UPSTREAM_ERROR
     common: dict[str, Any] = {"server": call.srv.name, "tool": call.info.name, "retry_after_s": verdict.retry_after_s}
     if isinstance(attempt, types.CallToolResult):
@@ -290,13 +347,15 @@ def _error(
     if verdict.reason:
         detail["reason"] = verdict.reason
     if isinstance(attempt, TimeoutError):
-        detail["timeout_s"] = round(call.timeout_s, 3)
+        detail["timeout_s"] = round(timeout_s, 3)
         if by_budget:
             detail["cut_by"] = "turn budget"
+        elif deadline.short:
+            detail["cut_by"] = "probe deadline"
     if code is ErrorCode.OUTCOME_UNKNOWN:
         return OutcomeUnknownError(detail=detail, **common)
     if code is ErrorCode.TIMEOUT:
-        what = "the turn budget ran out" if by_budget else f"no answer within {seconds_text(call.timeout_s)}"
+        what = "the turn budget ran out" if by_budget else f"no answer within {seconds_text(timeout_s)}"
         return CallTimeoutError(f"The tool did not answer in time ({what}) and the call was cancelled.", detail=detail, **common)
     if code is ErrorCode.UPSTREAM_ERROR:
         return UpstreamError(retryable=verdict.retryable, detail=detail, **common)

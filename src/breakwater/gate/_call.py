@@ -23,6 +23,7 @@ from breakwater.connect._upstream import Upstream
 from breakwater.errors import CallError, ErrorCode
 from breakwater.gate._breaker import BreakerRegistry, BreakerState, CircuitBreaker
 from breakwater.gate._classify import Classifier, RetryClass, retry_class_for
+from breakwater.gate._health import ToolHealth
 from breakwater.gate._retry_budget import RetryBudget
 from breakwater.gate._tasks import TaskRuntime
 from breakwater.gate._turn_budget import TurnBudget
@@ -72,12 +73,14 @@ class ToolRecord:
     configured_timeout_s: float | None
     operation_id_argument: bool
     breaker: CircuitBreaker
+    #: What the gate has seen of this tool's latency (kept across tool lists, see `ServerRecord.health`).
+    health: ToolHealth
 
 
 class ServerRecord:
     """The gate's per-server state: breaker, retry budget, bulkhead count and the resolved tools."""
 
-    __slots__ = ("_breakers", "breaker", "in_flight", "name", "retry_budget", "tools", "tools_source", "upstream")
+    __slots__ = ("_breakers", "breaker", "health", "in_flight", "name", "retry_budget", "tools", "tools_source", "upstream")
 
     def __init__(self, upstream: Upstream, breakers: BreakerRegistry, clock: Clock) -> None:
         self.name = upstream.spec.name
@@ -88,6 +91,8 @@ class ServerRecord:
         self.in_flight = 0
         self.tools: dict[str, ToolRecord] = {}
         self.tools_source: list[types.Tool] | None = None
+        #: Per tool name, outliving re-lists: a tool's latency history is not reset by a tools/list_changed.
+        self.health: dict[str, ToolHealth] = {}
 
     def tool(self, name: str) -> ToolRecord | None:
         """The resolved tool `name`, or None if the server does not list it."""
@@ -110,6 +115,9 @@ class ServerRecord:
         else:
             configured = None
         properties = tool.input_schema.get("properties") if isinstance(tool.input_schema, dict) else None
+        health = self.health.get(tool.name)
+        if health is None:
+            health = self.health[tool.name] = ToolHealth()
         return ToolRecord(
             name=tool.name,
             retry_class=retry_class_for(tool.annotations, None if call.retry == "auto" else call.retry),
@@ -118,6 +126,7 @@ class ServerRecord:
             configured_timeout_s=configured,
             operation_id_argument=isinstance(properties, dict) and OPERATION_ID_ARGUMENT in properties,
             breaker=self._breakers.tool(self.name, tool.name),
+            health=health,
         )
 
 

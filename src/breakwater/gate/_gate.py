@@ -58,9 +58,9 @@ import mcp.types as types
 
 from breakwater._clock import Clock
 from breakwater._wire import OPERATION_ID_META_KEY
-from breakwater.config import RetryPolicy
+from breakwater.config import JournalPolicy, RetryPolicy
 from breakwater.connect._upstream import Upstream
-from breakwater.errors import CallError, UnknownToolError
+from breakwater.errors import CallError, ErrorCode, UnknownToolError
 from breakwater.gate._admit import admit
 from breakwater.gate._attempt import ATTEMPT_WATCHER, AttemptDeadline, not_ready_error, run_attempt
 from breakwater.gate._breaker import BreakerRegistry, BreakerSnapshot, BreakerStore, Outcome
@@ -137,13 +137,19 @@ class CallGate:
         tasks: TaskRuntime | None = None,
         tracer: CallTracer | None = None,
         state: SharedState | None = None,
+        learning: JournalPolicy | None = None,
     ) -> None:
         """`tasks` follows calls a server turns into tasks (None leaves them to the SDK session);
         `tracer` is told when each logical call starts and ends (OpenTelemetry's call span); `state`
-        shares breakers and retry budgets with other replicas (None: they live in this process)."""
+        shares breakers and retry budgets with other replicas (None: they live in this process).
+
+        `learning` (the journal's policy, when it learns timeouts) lets the gate learn a tool's
+        timeout from the latencies it saw itself until `learned_timeout` has one: a tool's learned
+        timeout is then in force once it has had the calls learning needs, not at the next refresh."""
         self._clock = clock
         self._rng = rng
         self._learned = learned_timeout or _nothing_learned
+        self._learning = learning if learning is not None and learning.learn_timeouts else None
         self._observer = observer
         self._ctx = GateContext(clock=clock, rng=rng, classifier=classifier, observer=observer, tasks=tasks)
         #: Told when each logical call starts and ends, or None.
@@ -261,23 +267,31 @@ class CallGate:
         """`resolved_timeout` and its source: `configured`, `learned` or `default` (None if the tool is not known yet)."""
         srv = self._servers[server]
         info = srv.tool(tool)
-        if info is None:
+        return None if info is None else self._resolve_timeout(srv, info)
+
+    def learned_at(self, server: str, tool: str) -> float | None:
+        """When the tool's learned timeout came into force (wall clock), or None if none is in force."""
+        srv = self._servers[server]
+        info = srv.tool(tool)
+        if info is None or self._resolve_timeout(srv, info)[1] != "learned":
             return None
-        if info.configured_timeout_s is None:
-            learned = self._learned(srv.name, info.name)
-            if learned is not None and learned > 0:
-                return learned, "learned"
-            return info.call.timeout_s, "default"
-        return info.configured_timeout_s, "configured"
+        return info.health.learned_at
 
     def _timeout(self, srv: ServerRecord, info: ToolRecord) -> float:
-        # Per-tool config, per-server config, learned value, default.
+        return self._resolve_timeout(srv, info)[0]
+
+    def _resolve_timeout(self, srv: ServerRecord, info: ToolRecord) -> tuple[float, str]:
+        # Per-tool config, per-server config, learned value (the journal's, else the gate's own), default.
         if info.configured_timeout_s is not None:
-            return info.configured_timeout_s
+            return info.configured_timeout_s, "configured"
         learned = self._learned(srv.name, info.name)
+        if (learned is None or learned <= 0) and self._learning is not None:
+            learned = info.health.learn(self._clock.monotonic(), self._learning)
         if learned is not None and learned > 0:
-            return learned
-        return info.call.timeout_s
+            if info.health.learned_at is None:
+                info.health.learned_at = self._clock.time()
+            return learned, "learned"
+        return info.call.timeout_s, "default"
 
     # ---- one logical call ---------------------------------------------------------------------
 
@@ -367,6 +381,9 @@ class CallGate:
         """Step 4's decision: the wait before the next attempt, or raise `err` (noting why not)."""
         if not verdict.retryable or call.attempt >= call.max_attempts:
             raise err
+        if verdict.code is ErrorCode.TIMEOUT and not call.info.retry.retry_timeouts:
+            # A deadline that passed is evidence the tool is slow now: a retry would wait the whole timeout again.
+            raise stopped(err, "a timeout is not retried (retry_timeouts is off): the tool is answering slowly now")
         delay = call.info.retry.delay(call.attempt - 1, self._rng, verdict.retry_after_s)
         if delay is None:
             raise stopped(err, "the server asked for a longer wait than breakwater retries after")

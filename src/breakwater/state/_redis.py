@@ -70,7 +70,7 @@ __all__ = ["RedisStore"]
 
 logger = logging.getLogger("breakwater.state")
 
-_BUCKETS = 12  # as the in-process window (breakwater.gate._breaker)
+_BUCKETS = 12  # as the in-process window (breakwater.gate._window)
 
 _PRELUDE = r"""
 local function now_ms()
