@@ -5,6 +5,9 @@ around `--latency`). Agents run turns of 6 sequential calls to tools drawn at ra
 `--before` seconds, tool t0 turns `--slow` seconds slow (through the servers' `--control-file`)
 for `--during` seconds, then heals; the run ends `--after` seconds later.
 
+`--light` is light traffic, one person's agent session: one agent, turns of 3 sequential calls,
+one of them to t0 (the slow tool is met once a turn), the other two drawn at random.
+
 Two clients, in the same run, on separate server processes fed the same control file:
 
 * raw: one `mcp.Client` per server, `call_tool(..., read_timeout_seconds=60)`;
@@ -16,7 +19,11 @@ turns that did not; upstream attempts of t0 cut before the breaker opened; and t
 issue asks for.
 
     python bench/slow_tool.py                                   # the default: 40 s slow, 60 s incident
-    python bench/slow_tool.py --slow 8 --during 20 --before 8 --after 8    # a quick look
+    python bench/slow_tool.py --slow 15 --before 8 --during 30 --after 8   # a quick look
+    python bench/slow_tool.py --light --slow 15 --before 8 --during 30 --after 8
+
+Breakwater runs with a fresh journal in a temporary directory (so no earlier run's latencies
+teach it a timeout); "timeout in force" is t0's timeout as the gate resolves it at each turn's start.
 """
 
 from __future__ import annotations
@@ -37,11 +44,14 @@ import anyio
 from mcp import Client
 
 from breakwater import Breakwater, Config, ConnectPolicy, ServerSpec
+from breakwater.config import JournalPolicy
 from breakwater.testing.server import launch_command, read_state, stdio_params
 
 SERVERS = 4
 TOOLS_PER_SERVER = 5
 CALLS_PER_TURN = 6
+LIGHT_CALLS_PER_TURN = 3
+SLOW_TOOL = (0, "t0")
 RAW_TIMEOUT_S = 60.0
 
 
@@ -52,12 +62,16 @@ class Turn:
     touched_slow: bool = False
     #: The slow tool was actually sent upstream (not refused by a breaker).
     sent_slow: bool = False
+    #: t0's per-attempt timeout in force as the turn started (breakwater only).
+    timeout_s: float | None = None
 
 
 @dataclass
 class Run:
     turns: list[Turn] = field(default_factory=list)
     first_refusal: float | None = None
+    #: t0's timeout in force (and its source) when the incident started (breakwater only).
+    timeout_at_incident: tuple[float, str] | None = None
 
 
 def tool_names() -> list[tuple[int, str]]:
@@ -87,12 +101,23 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
 
 
-async def agent(run: Run, call: Any, rng: random.Random, stop_at: float, t_zero: float) -> None:
+def turn_tools(rng: random.Random, light: bool) -> list[tuple[int, str]]:
+    """A turn's calls: 6 of the 20 tools at random, or (light) t0 and 2 others, in random order."""
     tools = tool_names()
+    if not light:
+        return rng.sample(tools, CALLS_PER_TURN)
+    picked = [SLOW_TOOL, *rng.sample([t for t in tools if t != SLOW_TOOL], LIGHT_CALLS_PER_TURN - 1)]
+    rng.shuffle(picked)
+    return picked
+
+
+async def agent(
+    run: Run, call: Any, rng: random.Random, stop_at: float, t_zero: float, light: bool, timeout_of: Any = None
+) -> None:
     while time.monotonic() < stop_at:
         start = time.monotonic()
-        turn = Turn(start=start - t_zero, seconds=0.0)
-        for server, tool in rng.sample(tools, CALLS_PER_TURN):
+        turn = Turn(start=start - t_zero, seconds=0.0, timeout_s=timeout_of() if timeout_of else None)
+        for server, tool in turn_tools(rng, light):
             refused = await call(server, tool)
             if tool == "t0":
                 turn.touched_slow = True
@@ -126,8 +151,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     connect=ConnectPolicy(startup_jitter_s=0),
                 )
             )
-        bw = await stack.enter_async_context(Breakwater(Config(servers=tuple(specs)), admission_dir=tmp / "admission"))
+        config = Config(servers=tuple(specs), journal=JournalPolicy(url=str(tmp / "journal.sqlite3")))
+        bw = await stack.enter_async_context(Breakwater(config, admission_dir=tmp / "admission"))
         await bw.wait_ready(timeout=60)
+
+        def t0_timeout() -> float | None:
+            found = bw.gate.timeout_in_force("s0", "t0")
+            return None if found is None else found[0]
 
         async def raw_call(server: int, tool: str) -> bool:
             with suppress(Exception):
@@ -145,11 +175,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         incident_at = t_zero + args.before
         heal_at = incident_at + args.during
         stop_at = heal_at + args.after
+        agents = 1 if args.light else args.agents
         async with anyio.create_task_group() as tg:
-            for a in range(args.agents):
-                tg.start_soon(agent, runs["raw"], raw_call, random.Random(args.seed * 100 + a), stop_at, t_zero)
-                tg.start_soon(agent, runs["bw"], bw_call, random.Random(args.seed * 100 + a), stop_at, t_zero)
+            for a in range(agents):
+                rng_raw, rng_bw = random.Random(args.seed * 100 + a), random.Random(args.seed * 100 + a)
+                tg.start_soon(agent, runs["raw"], raw_call, rng_raw, stop_at, t_zero, args.light)
+                tg.start_soon(agent, runs["bw"], bw_call, rng_bw, stop_at, t_zero, args.light, t0_timeout)
             await anyio.sleep(incident_at - time.monotonic())
+            runs["bw"].timeout_at_incident = bw.gate.timeout_in_force("s0", "t0")
             control.write_text(json.dumps({"tools": {"t0": {"latency": args.slow}}}))
             print(f"[{time.monotonic() - t_zero:5.1f} s] t0 is now {args.slow:g} s slow", file=sys.stderr)
             await anyio.sleep(heal_at - time.monotonic())
@@ -183,6 +216,12 @@ def summarize(args: argparse.Namespace, runs: dict[str, Run], cut: int, breaker:
             row["once_open_no_probe"] = {"turns": len(not_probe), "p50": pct(not_probe, 50), "p99": pct(not_probe, 99)}
             row["probe_turns"] = sum(t.sent_slow for t in opened)
             row["first_refusal_s"] = run.first_refusal
+        if mode == "bw":
+            row["max_turn_over_timeout"] = max((t.seconds / t.timeout_s for t in run.turns if t.timeout_s), default=None)
+            if run.timeout_at_incident is not None:
+                row["timeout_at_incident_s"], row["timeout_source"] = run.timeout_at_incident
+                if run.first_refusal is not None:
+                    row["first_refusal_in_timeouts"] = (run.first_refusal - incident[0]) / run.timeout_at_incident[0]
         out[mode] = row
     bw, raw = out["bw"], out["raw"]
     healthy_p99 = bw["before"]["p99"]
@@ -213,6 +252,12 @@ def print_report(out: dict[str, Any]) -> None:
     bw = out["bw"]
     first = bw.get("first_refusal_s", float("nan"))
     print(f"breakwater: t0 refused first at {first:.1f} s; turns that met a probe while open: {bw.get('probe_turns')}")
+    if "timeout_at_incident_s" in bw:
+        print(f"breakwater: t0's timeout at the incident's start {bw['timeout_at_incident_s']:.3g} s ({bw['timeout_source']})")
+    if bw.get("first_refusal_in_timeouts") is not None:
+        print(f"breakwater: first refusal {bw['first_refusal_in_timeouts']:.2f} timeouts after the incident started")
+    if bw.get("max_turn_over_timeout") is not None:
+        print(f"breakwater: longest turn / timeout in force: {bw['max_turn_over_timeout']:.2f}")
     print(f"upstream t0 attempts cut by breakwater (whole run): {out['slow_calls_cut_total']}")
     for name, value in out.get("ratios", {}).items():
         print(f"{name}: {value:.2f}")
@@ -226,6 +271,7 @@ def main() -> None:
     p.add_argument("--during", type=float, default=60.0, help="incident seconds (60)")
     p.add_argument("--after", type=float, default=20.0, help="seconds after t0 heals (20)")
     p.add_argument("--agents", type=int, default=1, help="agents per client, each running turns back to back (1)")
+    p.add_argument("--light", action="store_true", help="light traffic: one agent, turns of 3 calls, t0 in every turn")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = p.parse_args()

@@ -15,6 +15,7 @@ from breakwater._clock import FakeClock
 from breakwater.config._knobs import iter_knobs
 from breakwater.errors import ConfigError
 from breakwater.gate._breaker import (
+    BreakerKey,
     BreakerPolicy,
     BreakerRegistry,
     BreakerState,
@@ -447,3 +448,24 @@ def test_never_two_live_probes_and_never_open_past_the_cap(ops: list[tuple[str, 
         snap = breaker.snapshot()
         if snap.open_until is not None:
             assert snap.open_until - now <= breaker.policy.open_max_s
+
+
+def test_breaker_key_names_server_and_tool_without_parsing() -> None:
+    """A tool name holding a slash stays whole: the key says whose breaker it is, the name is only its text."""
+    registry = BreakerRegistry(clock=FakeClock())
+    tool = registry.tool("files", "dir/read")
+    server = registry.server("files")
+    assert tool.key == BreakerKey("files", "dir/read") and tool.name == "files/dir/read"
+    assert server.key == BreakerKey("files") and server.key.tool is None and server.name == "files"
+    assert {s.key for s in registry.snapshots()} == {BreakerKey("files"), BreakerKey("files", "dir/read")}
+
+
+def test_trip_opens_a_closed_breaker_at_once_and_nothing_else() -> None:
+    """The gate's evidence of slowness opens a closed breaker for the usual open period; an open one is left alone."""
+    clock = FakeClock()
+    breaker = CircuitBreaker("s/t", BreakerPolicy(open_jitter=0.0), clock=clock)
+    assert breaker.trip("2 timeouts in a row") is True
+    refused = breaker.acquire()
+    assert isinstance(refused, Rejection) and refused.reason == "2 timeouts in a row"
+    assert refused.retry_after_s == pytest.approx(5.0)
+    assert breaker.trip("again") is False and breaker.snapshot().consecutive_opens == 1

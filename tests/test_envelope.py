@@ -12,9 +12,11 @@ from breakwater.errors import (
     BreakwaterError,
     BudgetExhaustedError,
     CallError,
+    CallTimeoutError,
     CircuitOpenError,
     ErrorCode,
     OutcomeUnknownError,
+    ServerCircuitOpenError,
     ServerUnavailableError,
     ToolError,
 )
@@ -173,3 +175,19 @@ def test_the_readme_table_is_rendered_from_the_classes() -> None:
         assert row.startswith(f"| `{code.value}` | `{cls.__name__}` |")
         assert (cls.__doc__ or "").strip().splitlines()[0] in row
         assert "{wait}" not in row
+
+
+def test_timeout_advice_says_slow_now_and_never_invites_a_retry() -> None:
+    """TIMEOUT: the tool's usual latency, another tool or going on without it, and when breakwater tries it again."""
+    plain = CallTimeoutError(server="erp", tool="tax", detail={"timeout_s": 1.0, "usual_s": 0.021})
+    text = error_text(plain)
+    assert "answering slowly right now (it usually answers in 21 ms)" in text
+    assert "use another tool if one can do the job, or go on without it." in text
+    opened = CallTimeoutError(
+        server="erp", tool="tax", retry_after_s=5.2, detail={"timeout_s": 1.0, "usual_s": 0.021, "breaker": "open"}
+    )
+    assert "breakwater tries the tool again in about 5.2 s" in error_text(opened)
+    refused = CircuitOpenError(server="erp", tool="tax", retry_after_s=9.0, detail={"usual_s": 0.021})
+    assert "go on without it; breakwater tries this one again in about 9 s" in error_text(refused)
+    for err in (plain, opened, refused, CallTimeoutError(), CircuitOpenError(), ServerCircuitOpenError()):
+        assert "retry" not in error_text(err).lower(), error_text(err)

@@ -338,7 +338,7 @@ async def test_unknown_tool_on_a_ready_server(tmp_path: Path) -> None:
 
 async def test_envelope_fields(tmp_path: Path) -> None:
     """Every failure carries the documented structuredContent keys, in order, and round-trips to its class."""
-    async with gate(tmp_path, server("s", retry=replace(FAST_RETRY, max_attempts=2))) as bw:
+    async with gate(tmp_path, server("s", retry=replace(FAST_RETRY, max_attempts=2, retry_timeouts=True))) as bw:
         result = await bw.call_tool("s", "hang", timeout=0.2)
         env = envelope(result)
         assert list(env)[: len(ENVELOPE_KEYS)] == list(ENVELOPE_KEYS)

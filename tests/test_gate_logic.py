@@ -8,6 +8,8 @@ and progress deadlines are checked to the microsecond in milliseconds of real ti
 from __future__ import annotations
 
 import itertools
+import json
+import math
 import random
 import re
 from collections.abc import Awaitable, Callable
@@ -20,7 +22,7 @@ from mcp import MCPError
 from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 
 from breakwater._clock import FakeClock
-from breakwater.config import CallPolicy, RetryPolicy, ServerSpec, ToolSettings, load_config
+from breakwater.config import CallPolicy, JournalPolicy, RetryPolicy, ServerSpec, ToolSettings, load_config
 from breakwater.connect._admission import Admission
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import ConfigError
@@ -28,7 +30,7 @@ from breakwater.gate._breaker import BreakerPolicy
 from breakwater.gate._envelope import render_error_table
 from breakwater.gate._gate import OPERATION_ID_META_KEY, CallGate
 from breakwater.gate._turn_budget import turn_budget
-from breakwater.status import ServerState
+from breakwater.status import ServerState, StatusReport, ToolTimeout
 
 pytestmark = pytest.mark.anyio
 
@@ -65,6 +67,7 @@ def make_gate(
     listed: list[Tool],
     *,
     learned: float | None = None,
+    learning: JournalPolicy | None = None,
     **spec_kw: Any,
 ) -> tuple[CallGate, FakeClient, Upstream]:
     spec_kw.setdefault("breaker", BreakerPolicy(consecutive_failures=1000, failure_rate=1.0))
@@ -75,7 +78,7 @@ def make_gate(
     upstream.state = ServerState.READY
     upstream.client = client  # type: ignore[assignment]
     upstream.tools = listed
-    gate = CallGate({"s": upstream}, clock=clock, rng=rng, learned_timeout=lambda _s, _t: learned)
+    gate = CallGate({"s": upstream}, clock=clock, rng=rng, learned_timeout=lambda _s, _t: learned, learning=learning)
     return gate, client, upstream
 
 
@@ -118,7 +121,7 @@ async def test_timeout_resolution_order() -> None:
 
 
 async def test_timeout_is_exact_and_retries_back_off_with_full_jitter() -> None:
-    """A silent call is cut at its timeout; each retry waits a draw from [0, base * 2^n]."""
+    """A silent call is cut at its timeout; with retry_timeouts on, each retry waits a draw from [0, base * 2^n]."""
     clock = FakeClock()
     starts: list[float] = []
 
@@ -127,7 +130,8 @@ async def test_timeout_is_exact_and_retries_back_off_with_full_jitter() -> None:
         await clock.sleep(1e9)
         raise AssertionError("unreachable")
 
-    gate, client, _ = make_gate(clock, hang, [tool("t", readonly=True)], retry=RetryPolicy(backoff_base_s=1.0, backoff_cap_s=8.0))
+    retry = RetryPolicy(backoff_base_s=1.0, backoff_cap_s=8.0, retry_timeouts=True)
+    gate, client, _ = make_gate(clock, hang, [tool("t", readonly=True)], retry=retry)
     t0 = clock.monotonic()
     result = await drive(clock, lambda: gate.call("s", "t", timeout=2.0))
     assert result.structured_content["code"] == "TIMEOUT"
@@ -188,7 +192,7 @@ async def test_budget_stops_retries_it_cannot_cover() -> None:
         sleeper(1e9, clock),
         [tool("t", readonly=True)],
         call=CallPolicy(timeout_s=2.0, min_attempt_s=1.5),
-        retry=RetryPolicy(backoff_base_s=0.001, backoff_cap_s=0.001),
+        retry=RetryPolicy(backoff_base_s=0.001, backoff_cap_s=0.001, retry_timeouts=True),
     )
 
     async def in_budget() -> CallToolResult:
@@ -317,3 +321,172 @@ def test_readme_error_table_matches_code() -> None:
     match = re.search(r"<!-- errors:start -->\n(.*?)<!-- errors:end -->", readme, re.S)
     assert match, "README.md lacks the <!-- errors:start --> ... <!-- errors:end --> block"
     assert match.group(1) == render_error_table()
+
+
+# ---------------------------------------------------------------------------- the slow afternoon
+
+
+def switchable(clock: FakeClock, latency: Callable[[], float]) -> tuple[Behaviour, dict[str, float | None]]:
+    """A tool whose latency is `latency()` until `state["slow"]` is set, then that many seconds."""
+    state: dict[str, float | None] = {"slow": None}
+
+    async def behave(_n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
+        slow = state["slow"]
+        await clock.sleep(latency() if slow is None else slow)
+        return ok()
+
+    return behave, state
+
+
+async def test_timeout_is_not_retried_by_default_but_a_tool_may_opt_back_in() -> None:
+    """A passed deadline is evidence of slowness: one attempt, and the envelope says why no second one."""
+    clock = FakeClock()
+    gate, client, _ = make_gate(clock, sleeper(1e9, clock), [tool("t", readonly=True), tool("u", readonly=True)])
+    t0 = clock.monotonic()
+    body = (await drive(clock, lambda: gate.call("s", "t", timeout=2.0))).structured_content
+    assert body["code"] == "TIMEOUT" and body["attempt"] == 1 and len(client.calls) == 1
+    assert clock.monotonic() - t0 == pytest.approx(2.0)
+    assert "not retried" in body["retry_stopped"]
+    # Per tool: `[servers.s.tools.u] retry_timeouts = true` brings the retries back for that tool only.
+    per_tool = {"u": ToolSettings(call=CallPolicy(), retry=RetryPolicy(retry_timeouts=True), explicit=frozenset())}
+    gate, client, _ = make_gate(clock, sleeper(1e9, clock), [tool("t", readonly=True), tool("u", readonly=True)], tools=per_tool)
+    await drive(clock, lambda: gate.call("s", "u", timeout=2.0))
+    assert len(client.calls) == 3
+    await drive(clock, lambda: gate.call("s", "t", timeout=2.0))
+    assert len(client.calls) == 4
+
+
+async def test_retries_stay_for_what_a_second_attempt_can_fix() -> None:
+    """A connection refused before the request was sent is still retried, timeouts or not."""
+    clock = FakeClock()
+
+    async def refused_once(n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
+        if n == 1:
+            raise ConnectionRefusedError("refused")
+        return ok()
+
+    gate, client, _ = make_gate(clock, refused_once, [tool("t", readonly=True)])
+    result = await drive(clock, lambda: gate.call("s", "t"))
+    assert not result.is_error and len(client.calls) == 2
+
+
+async def test_a_tool_that_turns_slow_is_refused_within_four_timeouts_in_light_traffic() -> None:
+    """One agent meeting the tool once a turn: its learned timeout is in force within seconds of having the
+    samples, no call costs more than that timeout, and the breaker refuses after two timeouts."""
+    clock = FakeClock()
+    rng = random.Random(3)
+    behave, state = switchable(clock, lambda: rng.lognormvariate(math.log(0.02), 0.3))
+    gate, _, _ = make_gate(clock, behave, [tool("t", readonly=True)], breaker=BreakerPolicy(), learning=JournalPolicy())
+
+    async def afternoon() -> tuple[float, list[float], float]:
+        first_learned: float | None = None
+        for n in range(60):  # healthy turns, 100 ms apart
+            await gate.call("s", "t")
+            if first_learned is None and gate.timeout_in_force("s", "t") == (1.0, "learned"):
+                first_learned = n + 1
+            await clock.sleep(0.1)
+        assert first_learned == JournalPolicy().learn_min_samples  # at the 50th call, not a minute later
+        assert gate.learned_at("s", "t") is not None
+        timeout_s = gate.resolved_timeout("s", "t")
+        assert timeout_s == 1.0  # the 1 s floor: a 20 ms tool no longer keeps the 5 s default
+        state["slow"] = 20.0
+        start, costs = clock.monotonic(), []
+        while True:
+            t = clock.monotonic()
+            result = await gate.call("s", "t")
+            costs.append(clock.monotonic() - t)
+            assert result.structured_content is not None
+            if result.structured_content["code"] == "CIRCUIT_OPEN":
+                return clock.monotonic() - start, costs, timeout_s
+            await clock.sleep(0.1)
+
+    refused_after, costs, timeout_s = await drive(clock, afternoon)
+    assert max(costs) <= 1.2 * timeout_s
+    assert refused_after <= 4 * timeout_s
+    assert len(costs) == 3  # two timeouts, then the refusal
+
+
+async def test_half_open_probe_of_a_still_slow_tool_costs_a_fraction_of_the_timeout() -> None:
+    """The probe's deadline comes from the tool's healthy p99 (5 x p99, at least 0.25 s); failing, it re-opens at once."""
+    clock = FakeClock()
+    behave, state = switchable(clock, lambda: 0.02)
+    gate, _, _ = make_gate(clock, behave, [tool("t", readonly=True)], breaker=BreakerPolicy(open_jitter=0.0))
+
+    async def afternoon() -> tuple[dict[str, Any], float, dict[str, Any]]:
+        for _ in range(30):
+            await gate.call("s", "t")
+        state["slow"] = 30.0
+        for _ in range(2):
+            await gate.call("s", "t")  # two 5 s timeouts: open
+        refused = (await gate.call("s", "t")).structured_content
+        assert refused is not None and refused["code"] == "CIRCUIT_OPEN"
+        await clock.sleep(refused["retry_after_s"])
+        t = clock.monotonic()
+        probe = (await gate.call("s", "t")).structured_content
+        spent = clock.monotonic() - t
+        after = (await gate.call("s", "t")).structured_content
+        assert probe is not None and after is not None
+        return probe, spent, after
+
+    probe, spent, after = await drive(clock, afternoon)
+    assert probe["code"] == "TIMEOUT" and probe["cut_by"] == "probe deadline"
+    assert spent == pytest.approx(0.25)  # not the 5 s timeout
+    assert after["code"] == "CIRCUIT_OPEN" and after["reason"] == "probe failed"
+    assert after["retry_after_s"] > 9.0  # the second open lasts twice the first
+
+
+async def test_probe_of_a_healed_tool_closes_the_breaker() -> None:
+    clock = FakeClock()
+    behave, state = switchable(clock, lambda: 0.02)
+    gate, _, _ = make_gate(clock, behave, [tool("t", readonly=True)], breaker=BreakerPolicy(open_jitter=0.0))
+
+    async def afternoon() -> CallToolResult:
+        for _ in range(30):
+            await gate.call("s", "t")
+        state["slow"] = 30.0
+        for _ in range(2):
+            await gate.call("s", "t")
+        state["slow"] = None
+        await clock.sleep(6.0)
+        return await gate.call("s", "t")
+
+    assert not (await drive(clock, afternoon)).is_error
+    assert gate.breakers.tool("s", "t").state.value == "closed"
+
+
+async def test_healthy_heavy_tail_tool_never_opens_in_an_hour() -> None:
+    """Log-normal latency with a heavy tail (median 100 ms, sigma 2: about 1 call in 40 passes the 5 s timeout,
+    and two in a row happen within the hour): its p99 is not far below its timeout, so only the failure rules
+    could open it, and over one simulated hour they never do."""
+    clock = FakeClock()
+    rng = random.Random(11)
+    behave, _ = switchable(clock, lambda: rng.lognormvariate(math.log(0.1), 2.0))
+    gate, _, _ = make_gate(clock, behave, [tool("t", readonly=True)], breaker=BreakerPolicy())
+
+    async def hour() -> tuple[int, int, int]:
+        timeouts = streak = longest = 0
+        while clock.monotonic() < 3600.0:
+            body = (await gate.call("s", "t")).structured_content
+            assert body is not None
+            assert body.get("code") not in ("CIRCUIT_OPEN", "SERVER_CIRCUIT_OPEN")
+            if body.get("code") == "TIMEOUT":
+                timeouts, streak = timeouts + 1, streak + 1
+                longest = max(longest, streak)
+            else:
+                streak = 0
+            await clock.sleep(0.25)
+        return timeouts, longest, gate.breakers.tool("s", "t").snapshot().consecutive_opens
+
+    timeouts, longest, opens = await drive(clock, hour)
+    assert timeouts > 50 and longest >= 2  # the tail is real: a naive "2 timeouts in a row" rule would have tripped
+    assert opens == 0
+    assert gate.breakers.tool("s", "t").state.value == "closed"
+
+
+def test_status_json_says_when_a_timeout_was_learned() -> None:
+    learned = ToolTimeout(server="erp", tool="tax", timeout_s=1.0, source="learned", learned_at=1_700_000_000.0)
+    assert learned.to_json()["learned_at"] == "2023-11-14T22:13:20.000Z"
+    report = StatusReport(timeouts=(learned, ToolTimeout(server="erp", tool="pay", timeout_s=5.0, source="default")))
+    back = StatusReport.from_json(json.loads(json.dumps(report.to_json())))
+    assert [t.learned_at for t in back.timeouts] == [1_700_000_000.0, None]
+    assert "learned_at" not in report.to_json()["timeouts"][1]

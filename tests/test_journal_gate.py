@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,7 @@ consecutive_failures = 2
 open_base_s = 60
 [servers.ts.retry]
 max_attempts = 2
+retry_timeouts = true
 backoff_base_s = 0.05
 backoff_cap_s = 0.1
 [servers.ts.tools.hang]
@@ -219,7 +221,7 @@ def make_gate(
         command="unused",
         call=CallPolicy(timeout_s=1.0, max_s=30.0),
         breaker=BreakerPolicy(consecutive_failures=2, failure_rate=1.0, open_base_s=60),
-        retry=RetryPolicy(max_attempts=2, backoff_base_s=0.1, backoff_cap_s=0.1),
+        retry=RetryPolicy(max_attempts=2, backoff_base_s=0.1, backoff_cap_s=0.1, retry_timeouts=True),
     )
     rng = random.Random(3)
     upstream = Upstream(spec, clock=clock, rng=rng, admission=Admission(clock=clock, rng=rng, directory=None))
@@ -432,6 +434,7 @@ def test_status_json_shows_each_tools_timeout_and_its_source(tmp_path: Path) -> 
     assert timeouts == {"work": (pytest.approx(1.6, rel=0.01), "learned"), "hang": (0.3, "configured"), "echo": default} | {
         "testserver_state": default
     }
-    assert StatusReport.from_json(report).timeouts == tuple(
+    assert [t["tool"] for t in report["timeouts"] if "learned_at" in t] == ["work"]  # when it was learned
+    assert tuple(replace(t, learned_at=None) for t in StatusReport.from_json(report).timeouts) == tuple(
         ToolTimeout(server="ts", tool=tool, timeout_s=value, source=source) for tool, (value, source) in timeouts.items()
     )

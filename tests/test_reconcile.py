@@ -83,6 +83,10 @@ def tools(*, get_operation: bool = True, never: bool = False) -> list[Tool]:
     return listed
 
 
+#: Re-sending after a lost answer is tested with timeouts standing for the loss, so they are retried here.
+RESEND_TIMEOUTS = RetryPolicy(backoff_base_s=0.1, backoff_cap_s=0.4, retry_timeouts=True)
+
+
 def make_gate(clock: FakeClock, script: Script, listed: list[Tool], **spec_kw: Any) -> tuple[CallGate, ScriptedClient]:
     spec_kw.setdefault("breaker", BreakerPolicy(consecutive_failures=1000, failure_rate=1.0))
     spec_kw.setdefault("retry", RetryPolicy(backoff_base_s=0.1, backoff_cap_s=0.4))
@@ -173,12 +177,27 @@ async def test_not_found_reissues_with_the_same_operation_id() -> None:
     """Nothing under the id (the request never arrived): send it again, same id."""
     clock = FakeClock()
     gate, client = make_gate(
-        clock, lost_first(lambda n, _i: status("not_found") if n == GET_OPERATION_TOOL else receipt()), tools()
+        clock,
+        lost_first(lambda n, _i: status("not_found") if n == GET_OPERATION_TOOL else receipt()),
+        tools(),
+        retry=RESEND_TIMEOUTS,
     )
     result = await drive(clock, lambda: gate.call("s", "place_order", ORDER))
     assert not result.is_error
     assert client.names() == ["place_order", GET_OPERATION_TOOL, "place_order"]
     assert client.calls[0][2] == client.calls[2][2]
+
+
+async def test_timed_out_operation_not_found_is_not_resent_by_default() -> None:
+    """A timeout is asked about (it may have run) but not sent again to the slow tool unless retry_timeouts says so."""
+    clock = FakeClock()
+    gate, client = make_gate(
+        clock, lost_first(lambda n, _i: status("not_found") if n == GET_OPERATION_TOOL else receipt()), tools()
+    )
+    body = envelope(await drive(clock, lambda: gate.call("s", "place_order", ORDER)))
+    assert body["code"] == "TIMEOUT" and body["operation_state"] == "not_found"
+    assert "not retried" in body["retry_stopped"]
+    assert client.names() == ["place_order", GET_OPERATION_TOOL]
 
 
 async def test_failed_operation_returns_its_stored_error_not_retried() -> None:
@@ -228,7 +247,7 @@ async def test_unanswered_question_falls_back_to_reissuing_the_same_id() -> None
             raise MCPError(-32603, "store down")
         return receipt()
 
-    gate, client = make_gate(clock, lost_first(after), tools())
+    gate, client = make_gate(clock, lost_first(after), tools(), retry=RESEND_TIMEOUTS)
     result = await drive(clock, lambda: gate.call("s", "place_order", ORDER))
     assert not result.is_error
     assert client.names() == ["place_order", GET_OPERATION_TOOL, "place_order"]
@@ -244,7 +263,7 @@ async def test_question_that_outlasts_its_deadline_falls_back_to_reissuing_the_s
             await anyio.sleep_forever()
         return receipt()
 
-    gate, client = make_gate(clock, script, tools())
+    gate, client = make_gate(clock, script, tools(), retry=RESEND_TIMEOUTS)
     result = await drive(clock, lambda: gate.call("s", "place_order", ORDER))
     assert not result.is_error, result
     assert client.names()[:3] == ["place_order", GET_OPERATION_TOOL, "place_order"]

@@ -76,6 +76,7 @@ def write_config(tmp_path: Path) -> Path:
             args = {json.dumps(cmd[1:])}
             [servers.ts.retry]
             max_attempts = 2
+            retry_timeouts = true
             backoff_base_s = 0.01
             backoff_cap_s = 0.02
             [servers.ts.breaker]

@@ -15,7 +15,7 @@ import mcp.types as types
 from anyio.abc import TaskGroup
 
 from breakwater._clock import Clock, SystemClock
-from breakwater.config import Config, find_config, load_config
+from breakwater.config import Config, ServerSpec, find_config, load_config
 from breakwater.connect._admission import Admission, default_admission_dir
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import CallError, ToolError
@@ -90,33 +90,28 @@ class Breakwater:
         self._clock: Clock = clock or SystemClock()
         #: The call journal, or None when it is off.
         self.journal: Journal | None = Journal.from_policy(config.journal, clock=self._clock) if journal == "config" else journal
+        learning = None
         if learned_timeout is None and self.journal is not None and self.journal.policy.learn_timeouts:
             learned_timeout = self.journal.learned_timeout
+            # Until the journal's next refresh has a tool's timeout, the gate learns it from what it saw itself.
+            learning = self.journal.policy
         if telemetry == "config":
-            telemetry = None
-            if config.telemetry.enabled:
-                from breakwater.observe._telemetry import Telemetry
-
-                telemetry = Telemetry.from_policy(config.telemetry, clock=self._clock)
+            telemetry = self._configured_telemetry()
         #: OpenTelemetry spans and metrics, or None when off.
         self.telemetry: Telemetry | None = telemetry
         self._rng = rng or random.Random()
         directory = admission_dir or config.connect.admission_dir or default_admission_dir()
         self._admission = Admission(clock=self._clock, rng=self._rng, directory=Path(directory))
         self._changed = anyio.Event()
-        self._upstreams = {
-            spec.name: Upstream(
-                spec,
-                clock=self._clock,
-                rng=self._rng,
-                admission=self._admission,
-                on_change=self._note_change,
-                extensions=[CLIENT_EXTENSION],
-            )
-            for spec in config.servers
-        }
+        self._upstreams = {spec.name: self._upstream_for(spec) for spec in config.servers}
         self._tg: TaskGroup | None = None
         self._generation = 0
+        #: Where breaker and retry-budget state lives (`[state]`); in-process by default.
+        self.state_store: StateStore = state_store or open_store(config.state, clock=self._clock, rng=self._rng)
+        #: Follows, persists and resumes calls that servers turned into tasks (see `breakwater.gate._tasks`).
+        self.tasks = TaskRuntime(clock=self._clock, rng=self._rng, store=task_store or TaskStore())
+        if telemetry is not None:
+            self._configure_telemetry(telemetry)
         self._gate = CallGate(
             self._upstreams,
             clock=self._clock,
@@ -124,15 +119,14 @@ class Breakwater:
             learned_timeout=learned_timeout,
             classifier=classifier,
             observer=fan_out([o for o in (self.journal, *observers, telemetry) if o is not None]),
+            tasks=self.tasks,
+            tracer=telemetry,
+            # An in-process store keeps nothing the breakers and budgets do not keep themselves: no overhead.
+            state=None if isinstance(self.state_store, MemoryStore) else self.state_store,
+            learning=learning,
         )
         if telemetry is not None:
-            self._attach_telemetry(telemetry)
-        #: Where breaker and retry-budget state lives (`[state]`); in-process by default.
-        self.state_store: StateStore = state_store or open_store(config.state, clock=self._clock, rng=self._rng)
-        self._attach_store()
-        #: Follows, persists and resumes calls that servers turned into tasks (see `breakwater.gate._tasks`).
-        self.tasks = TaskRuntime(clock=self._clock, rng=self._rng, store=task_store or TaskStore())
-        self._gate.tasks = self.tasks
+            telemetry.bind(self._gate)
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Breakwater:
@@ -153,24 +147,29 @@ class Breakwater:
             self._tg.start_soon(upstream.run, name=f"breakwater upstream {upstream.spec.name}")
         return self
 
-    def _attach_telemetry(self, telemetry: Telemetry) -> None:
+    def _upstream_for(self, spec: ServerSpec) -> Upstream:
+        return Upstream(
+            spec,
+            clock=self._clock,
+            rng=self._rng,
+            admission=self._admission,
+            on_change=self._note_change,
+            extensions=[CLIENT_EXTENSION],
+        )
+
+    def _configured_telemetry(self) -> Telemetry | None:
+        if not self.config.telemetry.enabled:
+            return None
+        from breakwater.observe._telemetry import Telemetry
+
+        return Telemetry.from_policy(self.config.telemetry, clock=self._clock)
+
+    def _configure_telemetry(self, telemetry: Telemetry) -> None:
         if not telemetry.transports:
             telemetry.transports = {spec.name: spec.transport for spec in self.config.servers}
         if telemetry.protocol_of is None:
             upstreams = self._upstreams
             telemetry.protocol_of = lambda name: upstreams[name].protocol if name in upstreams else None
-        telemetry.bind(self._gate)
-        self._gate.tracer = telemetry
-
-    def _attach_store(self) -> None:
-        store = self.state_store
-        if isinstance(store, MemoryStore):
-            return  # the breakers and budgets keep their own state: nothing to attach, no overhead
-        self._gate.breakers.attach_store(store)
-        # The gate builds each server's retry budget itself; until it takes the store as an argument
-        # (a constructor argument), attach it here through the gate's per-server records.
-        for name, srv in getattr(self._gate, "_servers", {}).items():
-            srv.retry_budget.attach(store.shared_budget(name, srv.retry_budget.policy))
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -216,7 +215,10 @@ class Breakwater:
                 for tool in upstream.tools:
                     found = gate.timeout_in_force(name, tool.name)
                     if found is not None:
-                        timeouts.append(ToolTimeout(server=name, tool=tool.name, timeout_s=found[0], source=found[1]))
+                        learned_at = gate.learned_at(name, tool.name) if found[1] == "learned" else None
+                        timeouts.append(
+                            ToolTimeout(server=name, tool=tool.name, timeout_s=found[0], source=found[1], learned_at=learned_at)
+                        )
         return StatusReport(servers=tuple(u.snapshot() for u in self._upstreams.values()), timeouts=tuple(timeouts))
 
     async def wait_changed(self) -> None:

@@ -211,7 +211,27 @@ class CallTimeoutError(CallFailed, TimeoutError):
     code = ErrorCode.TIMEOUT
     default_retryable = True
     summary = "The tool did not answer in time and the call was cancelled."
-    advice = "It may work if you wait {wait} and retry once; if it keeps timing out, use another tool."
+    advice = "It is answering slowly right now: use another tool if one can do the job, or go on without it."
+
+    def advice_text(self) -> str:
+        """How slow the tool is against its usual latency, what to do instead, and when breakwater tries it again."""
+        usual = self.detail.get("usual_s")
+        first = "It is answering slowly right now"
+        if isinstance(usual, (int, float)):
+            first += f" (it usually answers in {_fmt_latency(usual)})"
+        text = f"{first}: use another tool if one can do the job, or go on without it"
+        return text + _when_again(self, "its circuit breaker opened")
+
+
+def _fmt_latency(seconds: float) -> str:
+    return f"{round(seconds * 1000)} ms" if seconds < 1 else _fmt_seconds(seconds)
+
+
+def _when_again(err: CallError, why: str) -> str:
+    """The end of the advice: when breakwater lets a call through again (never an invitation to retry at once)."""
+    if err.detail.get("breaker") in ("open", "half_open") and err.retry_after_s is not None and err.retry_after_s > 0:
+        return f"; {why}, and breakwater tries the tool again in about {_fmt_seconds(err.retry_after_s)}."
+    return "."
 
 
 class OutcomeUnknownError(CallFailed):
@@ -224,12 +244,21 @@ class OutcomeUnknownError(CallFailed):
 
 
 class CircuitOpenError(CallRefused):
-    """This tool failed repeatedly; breakwater is refusing calls to it for a while (nothing was sent)."""
+    """This tool failed or timed out repeatedly; breakwater is refusing calls to it for a while (nothing was sent)."""
 
     code = ErrorCode.CIRCUIT_OPEN
     default_retryable = True
-    summary = "This tool has been failing, so breakwater paused calls to it; nothing was sent."
-    advice = "Use another tool if one can do the job, or wait {wait} before trying this one again."
+    summary = "This tool has been failing or answering too slowly, so breakwater paused calls to it; nothing was sent."
+    advice = "Use another tool if one can do the job, or go on without it; breakwater tries this one again in {wait}."
+
+    def advice_text(self) -> str:
+        """What to do instead, with the tool's usual latency when known, and when breakwater tries it again."""
+        wait = f"about {_fmt_seconds(self.retry_after_s)}" if self.retry_after_s else "a moment"
+        text = f"Use another tool if one can do the job, or go on without it; breakwater tries this one again in {wait}"
+        usual = self.detail.get("usual_s")
+        if isinstance(usual, (int, float)):
+            text += f" (when healthy it answers in {_fmt_latency(usual)})"
+        return text + "."
 
 
 class ServerCircuitOpenError(CallRefused):
@@ -238,7 +267,7 @@ class ServerCircuitOpenError(CallRefused):
     code = ErrorCode.SERVER_CIRCUIT_OPEN
     default_retryable = True
     summary = "The server behind this tool has been failing, so breakwater paused calls to it; nothing was sent."
-    advice = "Use a tool from another server if possible, or wait {wait} before trying again."
+    advice = "Use a tool from another server if possible, or go on without it; breakwater tries the server again in {wait}."
 
 
 class OverloadedError(CallRefused):

@@ -157,10 +157,15 @@ class ToolTimeout:
     #: `configured` (the tool's or its server's own table), `learned` (from the call journal's
     #: recorded latencies) or `default` (`[call] timeout_s`).
     source: str
+    #: When a learned timeout came into force (epoch seconds); None unless `source` is `learned`.
+    learned_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """One entry of `status --json`'s `timeouts` list."""
-        return {"server": self.server, "tool": self.tool, "timeout_s": round(self.timeout_s, 3), "source": self.source}
+        out: dict[str, Any] = {"server": self.server, "tool": self.tool, "timeout_s": round(self.timeout_s, 3)}
+        out["source"] = self.source
+        if self.learned_at is not None:
+            out["learned_at"] = iso(self.learned_at)
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,7 +215,13 @@ class StatusReport:
                 for s in data.get("servers", [])
             ),
             timeouts=tuple(
-                ToolTimeout(server=t["server"], tool=t["tool"], timeout_s=float(t["timeout_s"]), source=t["source"])
+                ToolTimeout(
+                    server=t["server"],
+                    tool=t["tool"],
+                    timeout_s=float(t["timeout_s"]),
+                    source=t["source"],
+                    learned_at=from_iso(t.get("learned_at")),
+                )
                 for t in data.get("timeouts", [])
             ),
         )

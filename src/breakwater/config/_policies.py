@@ -384,6 +384,26 @@ class BreakerPolicy:
         env="BREAKWATER_BREAKER_PROBE_LEASE_S",
         minimum=0.001,
     )
+    timeouts_to_trip: int = knob(
+        2,
+        "Trip after this many timeouts in a row of a tool whose recent p99 latency is a quarter of its timeout or "
+        "less (it turned slow; an unlucky tool does not time out twice running); 0 = only the rules above.",
+        env="BREAKWATER_BREAKER_TIMEOUTS_TO_TRIP",
+        minimum=0,
+    )
+    probe_timeout_factor: float = knob(
+        5.0,
+        "A half-open probe of a tool with a known recent p99 gets this many times that p99 as its deadline "
+        "(within probe_timeout_floor_s and the timeout), so a still-slow tool costs its probe little; 0 = the timeout.",
+        env="BREAKWATER_BREAKER_PROBE_TIMEOUT_FACTOR",
+        minimum=0.0,
+    )
+    probe_timeout_floor_s: float = knob(
+        0.25,
+        "The shortest deadline a half-open probe gets.",
+        env="BREAKWATER_BREAKER_PROBE_TIMEOUT_FLOOR_S",
+        minimum=0.001,
+    )
 
     def __post_init__(self) -> None:
         for name in ("failure_rate", "slow_call_rate"):
@@ -401,13 +421,25 @@ class BreakerPolicy:
 
 @dataclass(frozen=True, kw_only=True)
 class RetryPolicy:
-    """How often and how patiently a failed call is retried."""
+    """How often and how patiently a failed call is retried.
+
+    Retried: what a second attempt can fix — a connection refused or cut before the request was
+    sent, a retryable error result, a server's retry-after. Not retried by default: a timeout. A
+    deadline that passed is evidence the tool is slow now, and a retry would wait the whole timeout
+    again (gRPC and Finagle do not retry deadline-exceeded by default either).
+    """
 
     max_attempts: int = knob(
         3,
         "Attempts per call, the first one included (1 = never retry).",
         env="BREAKWATER_RETRY_MAX_ATTEMPTS",
         minimum=1,
+    )
+    retry_timeouts: bool = knob(
+        False,
+        "Also retry an attempt that timed out (off: a passed deadline means the tool is slow now, and a retry "
+        "would wait the whole timeout again).",
+        env="BREAKWATER_RETRY_RETRY_TIMEOUTS",
     )
     backoff_base_s: float = knob(
         0.5,

@@ -7,7 +7,8 @@ with a concurrent-probe test (pybreaker 1.4.1, aiobreaker 1.2.0, purgatory 3.0.1
 
 * trips on a failure rate over a sliding time window (with a minimum number of calls), on N
   consecutive failures, or on a separate slow-call rate (slow = longer than a threshold given per
-  call, e.g. the tool's expected latency);
+  call, e.g. the tool's expected latency); or when its caller trips it (`trip`: the gate does
+  when a tool that answers fast times out twice in a row, see `breakwater.gate._health`);
 * stays open for a duration that doubles per consecutive re-open, with ±20 % jitter, capped;
 * in half-open admits exactly one probe at a time, as a leased `Permit`; a probe that never reports
   back loses its lease so the breaker cannot wedge;
@@ -28,15 +29,17 @@ import enum
 import math
 import random
 import threading
-from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
 
 from breakwater._clock import Clock
 from breakwater.config._policies import BreakerPolicy
+from breakwater.gate._window import BUCKETS as _BUCKETS
+from breakwater.gate._window import Window as _Window
 
 __all__ = [
+    "BreakerKey",
     "BreakerRegistry",
     "BreakerSnapshot",
     "BreakerState",
@@ -48,6 +51,23 @@ __all__ = [
     "SharedBreaker",
     "SharedView",
 ]
+
+
+class BreakerKey(NamedTuple):
+    """Whose breaker: a server's (`tool` None) or one tool's on a server.
+
+    The one place the identity is spelled: `name` is its text form (`server` or `server/tool`, the
+    key a shared store keeps it under and what `status` shows); read `server` and `tool` instead
+    of parsing the name back (tool names may hold slashes).
+    """
+
+    server: str
+    tool: str | None = None
+
+    @property
+    def name(self) -> str:
+        """`server`, or `server/tool`."""
+        return self.server if self.tool is None else f"{self.server}/{self.tool}"
 
 
 class Outcome(enum.StrEnum):
@@ -65,52 +85,6 @@ class BreakerState(enum.StrEnum):
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"
-
-
-# The window is kept as a few time buckets instead of one entry per call: memory stays bounded for
-# hot tools and old buckets fall off whole. 12 buckets put the window's edge within 1/12 of exact.
-_BUCKETS = 12
-
-
-@dataclass(slots=True)
-class _Bucket:
-    index: int
-    calls: int = 0
-    failures: int = 0
-    slow: int = 0
-
-
-@dataclass(slots=True)
-class _Window:
-    width_s: float
-    buckets: deque[_Bucket] = field(default_factory=deque)
-
-    def _expire(self, now: float) -> int:
-        current = math.floor(now / self.width_s)
-        while self.buckets and self.buckets[0].index <= current - _BUCKETS:
-            self.buckets.popleft()
-        return current
-
-    def add(self, now: float, *, failed: bool, slow: bool) -> None:
-        current = self._expire(now)
-        if not self.buckets or self.buckets[-1].index != current:
-            self.buckets.append(_Bucket(current))
-        b = self.buckets[-1]
-        b.calls += 1
-        b.failures += failed
-        b.slow += slow
-
-    def totals(self, now: float) -> tuple[int, int, int]:
-        self._expire(now)
-        calls = failures = slow = 0
-        for b in self.buckets:
-            calls += b.calls
-            failures += b.failures
-            slow += b.slow
-        return calls, failures, slow
-
-    def clear(self) -> None:
-        self.buckets.clear()
 
 
 @dataclass(slots=True)
@@ -238,6 +212,8 @@ class BreakerSnapshot:
     """A breaker's state for `status` and metrics."""
 
     name: str
+    #: Whose breaker this is (`name` parsed, never guessed).
+    key: BreakerKey
     state: BreakerState
     calls_in_window: int
     failures_in_window: int
@@ -283,8 +259,11 @@ class CircuitBreaker:
         *,
         clock: Clock,
         rng: random.Random | None = None,
+        key: BreakerKey | None = None,
     ) -> None:
+        """`key` says whose breaker it is (default: a server breaker named `name`)."""
         self.name = name
+        self.key = key if key is not None else BreakerKey(name)
         self.policy = policy or BreakerPolicy()
         self._clock = clock
         self._rng = rng or random.Random()
@@ -319,6 +298,18 @@ class CircuitBreaker:
                     return Permit(self, epoch, is_probe=is_probe, slow_threshold_s=slow_threshold_s, shared=True)
                 self._go_local(now)
             return self._admit(now, slow_threshold_s, lease)
+
+    def trip(self, reason: str) -> bool:
+        """Open a closed breaker now, on evidence only its caller has (a tool turned slow); False if it was not closed.
+
+        In-process breakers only: a breaker kept in a shared store goes by the store's rules.
+        """
+        with self._lock:
+            if self._shared is not None or self._data.state is not BreakerState.CLOSED:
+                return False
+            self._data.reason = reason
+            self._move(BreakerState.OPEN, self._clock.monotonic())
+            return True
 
     def attach(self, shared: SharedBreaker | None) -> None:
         """Keep this breaker's state in a shared store from now on (None: in this process)."""
@@ -387,6 +378,7 @@ class CircuitBreaker:
             is_open = d.state is BreakerState.OPEN
             return BreakerSnapshot(
                 name=self.name,
+                key=self.key,
                 state=state,
                 calls_in_window=calls,
                 failures_in_window=failures,
@@ -416,6 +408,7 @@ class CircuitBreaker:
         is_open = v.state is BreakerState.OPEN
         return BreakerSnapshot(
             name=self.name,
+            key=self.key,
             state=state,
             calls_in_window=v.calls,
             failures_in_window=v.failures,
@@ -546,7 +539,7 @@ class BreakerRegistry:
         self._policy = policy or BreakerPolicy()
         self._policy_for = policy_for
         self._store = store
-        self._breakers: dict[tuple[str, str | None], CircuitBreaker] = {}
+        self._breakers: dict[BreakerKey, CircuitBreaker] = {}
 
     def attach_store(self, store: BreakerStore | None) -> None:
         """Keep every breaker's state (those made so far and those to come) in `store` (None: in this process)."""
@@ -555,14 +548,13 @@ class BreakerRegistry:
             breaker.attach(None if store is None else store.shared_breaker(breaker.name, breaker.policy, self._rng))
 
     def _get(self, server: str, tool: str | None) -> CircuitBreaker:
-        key = (server, tool)
+        key = BreakerKey(server, tool)
         breaker = self._breakers.get(key)
         if breaker is None:
             policy = self._policy_for(server, tool) if self._policy_for else self._policy
-            name = server if tool is None else f"{server}/{tool}"
-            breaker = CircuitBreaker(name, policy, clock=self._clock, rng=self._rng)
+            breaker = CircuitBreaker(key.name, policy, clock=self._clock, rng=self._rng, key=key)
             if self._store is not None:
-                breaker.attach(self._store.shared_breaker(name, policy, self._rng))
+                breaker.attach(self._store.shared_breaker(key.name, policy, self._rng))
             self._breakers[key] = breaker
         return breaker
 

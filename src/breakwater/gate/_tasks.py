@@ -130,7 +130,7 @@ class TaskCall(NamedTuple):
 
 
 class AttemptHandle(Protocol):
-    """The gate's side of an attempt that became a task (`breakwater.gate._gate.AttemptClock`)."""
+    """The gate's side of an attempt that became a task (`breakwater.gate._attempt.AttemptDeadline`)."""
 
     def became_task(self) -> None:
         """The server answered with a task handle: lift the attempt's deadline; time the attempt up to here."""

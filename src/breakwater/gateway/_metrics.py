@@ -43,7 +43,6 @@ __all__ = [
     "Metrics",
     "Resolver",
     "escape_label",
-    "split_breaker_name",
 ]
 
 #: The Content-Type of the text exposition format.
@@ -245,11 +244,9 @@ def _render_gauges(out: _Writer, bw: Breakwater) -> None:
         "Tools a ready server lists.",
         (({"server": s.name}, s.tools) for s in statuses if s.tools is not None),
     )
-    names = [s.name for s in statuses]
     breakers = []
     for breaker in bw.gate.breakers:
-        server, tool = split_breaker_name(breaker.name, names)
-        breakers.append((server, tool, breaker.state.value))
+        breakers.append((breaker.key.server, breaker.key.tool or "", breaker.state.value))
     breakers.sort()
     out.family(
         "breakwater_breaker_state",
@@ -320,20 +317,6 @@ def _render_gauges(out: _Writer, bw: Breakwater) -> None:
         "1 while the shared state store is unreachable and breakers and budgets run on local state.",
         [({"backend": str(store.get("backend", ""))}, int(store.get("state") == "degraded"))],
     )
-
-
-def split_breaker_name(name: str, servers: Iterable[str]) -> tuple[str, str]:
-    """(server, tool) of a breaker named `server` or `server/tool` (tool names may hold slashes; server names are known)."""
-    best = ""
-    for server in servers:
-        if name == server:
-            return server, ""
-        if name.startswith(server + "/") and len(server) > len(best):
-            best = server
-    if best:
-        return best, name[len(best) + 1 :]
-    server, _, tool = name.partition("/")
-    return server, tool
 
 
 class CallCounter:

@@ -21,7 +21,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 
 from breakwater.config import ServerSpec
-from breakwater.gate._gate import ATTEMPT_WATCHER, AttemptClock
+from breakwater.gate._attempt import ATTEMPT_WATCHER, AttemptDeadline
 from breakwater.gateway._passthrough import connection_of
 from breakwater.tasks._server import current_task_id
 
@@ -71,7 +71,7 @@ class _Caller:
     exchange: _Exchange | None = None
     finished: bool = False
     #: The upstream attempt in flight for this call, whose timeout pauses while the caller is asked something.
-    attempt: AttemptClock | None = None
+    attempt: AttemptDeadline | None = None
     #: The call runs as a gateway task (breakwater.gateway._tasks): no round to carry a question in.
     in_task: bool = False
     _asks: set[anyio.CancelScope] = field(default_factory=set)

@@ -40,7 +40,7 @@ import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 
-from breakwater.gateway._metrics import BUILTIN_SERVER, CONTENT_TYPE, UNLISTED, Metrics, Resolver, split_breaker_name
+from breakwater.gateway._metrics import BUILTIN_SERVER, CONTENT_TYPE, UNLISTED, Metrics, Resolver
 from breakwater.journal import timeout_in_force
 from breakwater.status import ServerState, iso
 
@@ -346,8 +346,7 @@ def status_json(
     """
     bw = gateway.bw
     report = bw.status()
-    names = [s.name for s in report.servers]
-    breakers = {split_breaker_name(b.name, names): b.snapshot() for b in bw.gate.breakers}
+    breakers = {(b.key.server, b.key.tool or ""): b.snapshot() for b in bw.gate.breakers}
     budgets = bw.gate.retry_budget_snapshots()
     in_flight = bw.gate.in_flight()
     servers = []

@@ -190,7 +190,7 @@ class Telemetry:
 
         def breaker_states(_options: CallbackOptions) -> Iterable[Observation]:
             for snap in gate.breaker_snapshots():
-                server, _, tool = snap.name.partition("/")
+                server, tool = snap.key
                 attributes = {"breakwater.server": server, "breakwater.breaker.scope": "tool" if tool else "server"}
                 if tool:
                     attributes["gen_ai.tool.name"] = tool

@@ -1,0 +1,97 @@
+"""Step 2 of a call: may another attempt start? The turn budget, both breakers and the bulkhead decide.
+
+In this order, each check only once the one before passed: the turn budget must cover at least a
+minimal attempt (BUDGET_EXHAUSTED); after a lost answer the server must be back within the call's
+window; the server breaker and the tool breaker must admit it (SERVER_CIRCUIT_OPEN, CIRCUIT_OPEN);
+the server's bulkhead must have a free slot (OVERLOADED). These refusals send nothing and teach the
+breakers nothing: a permit taken before a later check refuses is released without a verdict (a
+half-open probe slot is freed at once), and local overload protection never feeds back into
+upstream health.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from breakwater.errors import BudgetExhaustedError, CallError, CircuitOpenError, OverloadedError, ServerCircuitOpenError
+from breakwater.gate._breaker import Permit, Rejection
+from breakwater.gate._call import Call, GateContext, observe, stopped
+from breakwater.gate._reconcile import wait_ready
+
+__all__ = ["PROBE_LEASE_MARGIN_S", "Permits", "admit"]
+
+# A probe's lease must outlive its call, or a second probe would be let in while the first still runs.
+PROBE_LEASE_MARGIN_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Permits:
+    """Leave from both breakers for one attempt (the bulkhead slot is taken as the attempt starts)."""
+
+    server: Permit
+    tool: Permit
+
+    def release(self) -> None:
+        """Give both back unused (nothing was sent): the server's first, then the tool's."""
+        self.server.release()
+        self.tool.release()
+
+
+async def admit(ctx: GateContext, call: Call) -> Permits:
+    """Both permits for the next attempt; raises the refusal (journaled) or, after a failed attempt, why it stopped."""
+    srv, info, budget = call.srv, call.info, call.budget
+    if budget is not None and not budget.can_start(call.needed_s):
+        if call.last is not None:
+            raise stopped(call.last, "the turn budget cannot cover another attempt")
+        detail = {"budget_left_s": round(budget.remaining(), 3), "needed_s": call.needed_s}
+        raise _refusal(ctx, call, BudgetExhaustedError, detail, attempt=0)
+    if call.last is not None and call.window is not None and not await wait_ready(ctx, srv, call.window):
+        # The answer was lost with the connection; re-sending needs the server back first.
+        raise stopped(call.last, "the server did not come back within the call's window")
+    lease_s = info.call.hard_s + PROBE_LEASE_MARGIN_S
+    server_permit = srv.breaker.acquire(lease_s=lease_s)
+    if isinstance(server_permit, Rejection):
+        raise _refusal(ctx, call, ServerCircuitOpenError, _rejected(server_permit), retry_after_s=server_permit.retry_after_s)
+    tool_permit = info.breaker.acquire(slow_threshold_s=info.call.slow_call_s, lease_s=lease_s)
+    if isinstance(tool_permit, Rejection):
+        server_permit.release()
+        detail = _rejected(tool_permit)
+        usual = info.health.median()
+        if usual is not None:
+            detail["usual_s"] = round(usual, 3)
+        raise _refusal(ctx, call, CircuitOpenError, detail, retry_after_s=tool_permit.retry_after_s)
+    permits = Permits(server_permit, tool_permit)
+    cap = srv.upstream.spec.call.max_in_flight
+    if srv.in_flight >= cap:
+        permits.release()
+        raise _refusal(ctx, call, OverloadedError, {"in_flight": srv.in_flight, "max_in_flight": cap})
+    return permits
+
+
+def _rejected(rejection: Rejection) -> dict[str, Any]:
+    return {"breaker": rejection.state.value, "reason": rejection.reason}
+
+
+def _refusal(
+    ctx: GateContext,
+    call: Call,
+    cls: type[CallError],
+    detail: dict[str, Any],
+    *,
+    attempt: int | None = None,
+    retry_after_s: float | None = None,
+) -> CallError:
+    """The refusal of the next attempt (nothing was sent), journaled; `attempt` defaults to the attempts made so far."""
+    err = cls(
+        server=call.srv.name,
+        tool=call.info.name,
+        retry_after_s=retry_after_s,
+        attempt=call.attempt if attempt is None else attempt,
+        max_attempts=call.max_attempts,
+        operation_id=call.op_id,
+        detail=detail,
+    )
+    if call.journal is not None:
+        observe(ctx, call, err.code, attempt=call.journal.sent + 1)
+    return err

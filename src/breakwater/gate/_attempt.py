@@ -1,0 +1,426 @@
+"""Steps 3 and 4 of a call: one attempt under its deadline, and what its outcome means.
+
+The attempt runs inside one deadline scope on the injected clock: `timeout_s`, pushed out by each
+progress notification (`idle_timeout_s`) but never past the hard cap `max_s`, and never past the
+turn budget. When the scope fires, the SDK sees its awaiting scope cancelled and sends
+`notifications/cancelled` upstream (mcp-sdk.md §3.6–3.7), so the server stops working and the slot
+is free again. `classify()` then decides what the breakers learn, the code the model sees, and
+whether another attempt is allowed.
+
+The caller's own cancellation is re-raised (the SDK has already told the server) and teaches
+nothing; a cancellation that did not come from the caller is reported as CANCELLED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import anyio
+import mcp.types as types
+from mcp import MCPError
+
+from breakwater._clock import Clock, DeadlineScope
+from breakwater._wire import CONNECTION_CLOSED as _CONNECTION_CLOSED
+from breakwater.connect._http_cut import cut_info
+from breakwater.connect._upstream import Upstream
+from breakwater.errors import (
+    CODE_TO_ERROR,
+    CallCancelledError,
+    CallError,
+    CallTimeoutError,
+    ErrorCode,
+    OutcomeUnknownError,
+    ServerConnectingError,
+    ServerUnavailableError,
+    ToolError,
+    UpstreamError,
+)
+from breakwater.gate._admit import Permits
+from breakwater.gate._breaker import BreakerState, Outcome
+from breakwater.gate._call import Call, GateContext, observe, seconds_text
+from breakwater.gate._classify import Verdict, classify
+from breakwater.gate._tasks import TASK_CALL
+from breakwater.status import ServerState, iso
+
+__all__ = ["ATTEMPT_WATCHER", "Answer", "AttemptDeadline", "not_ready_error", "run_attempt"]
+
+#: What one attempt comes to: the result to pass on, or the verdict and the error it stands for.
+Answer = types.CallToolResult | tuple[Verdict, CallError]
+
+# Failures that say something about the server as a whole (a tool's own error says nothing about it).
+_SERVER_FAILURE_CODES = frozenset({ErrorCode.TIMEOUT, ErrorCode.UPSTREAM_ERROR, ErrorCode.OUTCOME_UNKNOWN})
+_MAX_UPSTREAM_TEXT = 500
+_DEFAULT_CONNECT_ESTIMATE_S = 2.0
+
+
+class AttemptDeadline:
+    """One attempt's deadline, as what happens during the attempt may move it.
+
+    Progress from the server pushes it out by the idle timeout (`nudge`). While the caller itself is
+    being asked something on the upstream's behalf (a relayed elicitation or sampling request, often
+    answered by a person), the attempt's own timeout stops running (`waiting_on_caller`): only the
+    hard cap (`max_s`, or the turn budget) bounds the wait, and the timeout restarts from the answer.
+    """
+
+    __slots__ = (
+        "_clock",
+        "_scope",
+        "_waiting",
+        "by_budget",
+        "finished",
+        "hard",
+        "idle_s",
+        "on_task",
+        "short",
+        "started",
+        "task_at",
+        "timeout_s",
+    )
+
+    def __init__(self, clock: Clock, scope: DeadlineScope, *, hard: float, idle_s: float) -> None:
+        self._clock = clock
+        self._scope = scope
+        self.hard = hard
+        self.idle_s = idle_s
+        self.finished = False
+        self._waiting = 0
+        #: When the attempt started (monotonic).
+        self.started = clock.monotonic()
+        #: The turn budget, not the attempt's own timeout, set the first deadline.
+        self.by_budget = False
+        #: The attempt's own timeout (the call's, or a half-open probe's shorter one).
+        self.timeout_s = math.inf
+        #: A half-open probe with a deadline shorter than the call's timeout (see `_health`).
+        self.short = False
+        #: When the server answered with a task handle (monotonic), if it did.
+        self.task_at: float | None = None
+        #: Called once if the call becomes a task (the gate gives back the attempt's bulkhead slot).
+        self.on_task: Callable[[], None] | None = None
+
+    @classmethod
+    def for_call(cls, clock: Clock, call: Call, *, probe: bool = False) -> AttemptDeadline:
+        """The deadline of `call`'s next attempt: its timeout (a `probe`'s may be shorter), under the hard cap and budget."""
+        policy, timeout_s = call.info.call, call.timeout_s
+        if probe:
+            breaker = call.info.breaker.policy
+            timeout_s = call.info.health.probe_timeout(timeout_s, breaker.probe_timeout_factor, breaker.probe_timeout_floor_s)
+        started = clock.monotonic()
+        hard = started + max(policy.hard_s, timeout_s)
+        deadline = started + timeout_s
+        by_budget = False
+        if call.budget is not None:
+            hard = min(hard, call.budget.deadline)
+            if call.budget.deadline < deadline:
+                deadline, by_budget = call.budget.deadline, True
+        # Without its own idle timeout a tool's gap between progress notifications is its timeout.
+        idle_s = policy.idle_timeout_s if policy.idle_timeout_s is not None else timeout_s
+        made = cls(clock, clock.deadline_scope(deadline), hard=hard, idle_s=idle_s)
+        made.started, made.by_budget = started, by_budget
+        made.timeout_s, made.short = timeout_s, timeout_s < call.timeout_s
+        return made
+
+    @property
+    def scope(self) -> DeadlineScope:
+        """The cancel scope the attempt's request runs in."""
+        return self._scope
+
+    def became_task(self) -> None:
+        """The call is now a task (breakwater.gate._tasks): its polling is bounded by the budget or `task_max_s`."""
+        self.task_at = self._clock.monotonic()
+        self._scope.deadline = math.inf
+        if self.on_task is not None:
+            self.on_task()
+
+    def nudge(self) -> None:
+        """The server showed signs of life: give it `idle_s` more, up to the hard cap."""
+        if not self.finished:
+            pushed = min(self.hard, self._clock.monotonic() + self.idle_s)
+            if pushed > self._scope.deadline:
+                self._scope.deadline = pushed
+
+    @contextlib.contextmanager
+    def waiting_on_caller(self) -> Iterator[None]:
+        """While the body runs, only the hard cap bounds the attempt."""
+        self._waiting += 1
+        if not self.finished:
+            self._scope.deadline = max(self._scope.deadline, self.hard)
+        try:
+            yield
+        finally:
+            self._waiting -= 1
+            if not self._waiting and not self.finished and self.task_at is None:
+                self._scope.deadline = min(self.hard, self._clock.monotonic() + self.idle_s)
+
+
+#: Set by a caller that may be asked something mid-call on an upstream's behalf (the gateway's
+#: relay): handed each attempt's `AttemptDeadline` as the attempt starts, and None as it ends.
+ATTEMPT_WATCHER: contextvars.ContextVar[Callable[[AttemptDeadline | None], None] | None] = contextvars.ContextVar(
+    "breakwater_attempt_watcher", default=None
+)
+
+
+async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
+    """Send one attempt of `call` and judge it: the breakers learn its outcome, the journal gets its row."""
+    srv, info = call.srv, call.info
+    if srv.upstream.client is None or srv.upstream.state is not ServerState.READY:
+        # Lost between attempts: nothing was sent, so nothing is learned.
+        permits.release()
+        raise not_ready_error(ctx.clock, srv.upstream, info.name)
+    deadline = AttemptDeadline.for_call(ctx.clock, call, probe=permits.tool.is_probe)
+    result, failure = await _send(ctx, call, permits, deadline)
+    return _judge(ctx, call, permits, deadline, result, failure)
+
+
+async def _send(
+    ctx: GateContext, call: Call, permits: Permits, deadline: AttemptDeadline
+) -> tuple[types.CallToolResult | None, BaseException | None]:
+    """The `tools/call` itself, holding a bulkhead slot; a timeout comes back as `TimeoutError`."""
+    srv, info, clock = call.srv, call.info, ctx.clock
+    client = srv.upstream.client
+    assert client is not None
+    watcher = ATTEMPT_WATCHER.get()
+    if watcher is not None:
+        watcher(deadline)
+    progress_callback = call.progress_callback
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        deadline.nudge()
+        if progress_callback is not None:
+            await progress_callback(progress, total, message)
+
+    srv.in_flight += 1
+    holding = True
+
+    def release_slot() -> None:
+        nonlocal holding
+        if holding:
+            holding = False
+            srv.in_flight -= 1
+
+    # A task being polled holds no request open upstream: its bulkhead slot goes back at once.
+    deadline.on_task = release_slot
+    result: types.CallToolResult | None = None
+    failure: BaseException | None = None
+    # If the server answers with a task handle, the tasks resolver takes the call from here (see _tasks).
+    task_token = None
+    if ctx.tasks is not None:
+        task_call = ctx.tasks.attempt(
+            srv.upstream, info.name, call.meta, info.retry_class, call.timeout_s, info.call.task_max_s, deadline
+        )
+        task_token = TASK_CALL.set(task_call)
+    try:
+        with deadline.scope:
+            result = await client.call_tool(info.name, call.arguments, progress_callback=on_progress, meta=call.meta)
+    except anyio.get_cancelled_exc_class():
+        task = asyncio.current_task()
+        if task is not None and task.cancelling() > 0:
+            # The caller cancelled: the SDK already told the server; stay cancelled, learn nothing.
+            permits.release()
+            if call.journal is not None:
+                call.journal.sent += 1
+                duration_s = clock.monotonic() - deadline.started
+                observe(ctx, call, ErrorCode.CANCELLED, attempt=call.journal.sent, duration_s=duration_s)
+            raise
+        failure = CallCancelledError("The call was cancelled from outside breakwater before it finished.")
+    except (Exception, BaseExceptionGroup) as exc:
+        failure = exc
+    finally:
+        # The SDK may run a progress callback after the call returned (mcp-sdk.md §8.14): it moves nothing now.
+        deadline.finished = True
+        if watcher is not None:
+            watcher(None)
+        release_slot()
+        if task_token is not None:
+            TASK_CALL.reset(task_token)
+    if deadline.scope.cancelled_caught:
+        failure = TimeoutError()
+    return result, failure
+
+
+def _judge(
+    ctx: GateContext,
+    call: Call,
+    permits: Permits,
+    deadline: AttemptDeadline,
+    result: types.CallToolResult | None,
+    failure: BaseException | None,
+) -> Answer:
+    """Classify the attempt, teach both breakers, journal it; the answer to pass on."""
+    srv, info = call.srv, call.info
+    elapsed = ctx.clock.monotonic() - deadline.started
+    attempt_result: types.CallToolResult | BaseException
+    if result is not None and failure is None:
+        attempt_result = result
+    else:
+        assert failure is not None
+        attempt_result = failure
+        if _connection_closed(failure):
+            srv.upstream.report_lost()
+    verdict = classify(attempt_result, retry_class=info.retry_class, server=srv.name, tool=info.name, classifier=ctx.classifier)
+    if isinstance(failure, CallCancelledError):
+        verdict = Verdict(outcome=Outcome.IGNORED, code=ErrorCode.CANCELLED, retryable=False, outcome_unknown=True)
+    # Read before recording: was this tool already failing before this attempt?
+    tool_streak = info.breaker.snapshot().consecutive_failures if verdict.outcome is Outcome.FAILURE else 0
+    # The journal's breaker_opened: which breakers were open before this attempt's report.
+    open_before = None
+    if call.journal is not None:
+        open_before = (srv.breaker.state is BreakerState.OPEN, info.breaker.state is BreakerState.OPEN)
+    # A call that became a task is judged by how long the handle took, not by the task's own length:
+    # a healthy tool whose tasks run for minutes must not read as a slow call to the breakers.
+    judged_s = elapsed if deadline.task_at is None else deadline.task_at - deadline.started
+    permits.tool.record(verdict.outcome, judged_s)
+    permits.server.record(_server_outcome(verdict, tool_streak), judged_s)
+    timed_out = isinstance(attempt_result, TimeoutError) and not deadline.by_budget
+    _learn_latency(ctx, call, deadline, judged_s, answered=result is not None and failure is None, timed_out=timed_out)
+    answer: Answer
+    if verdict.ok and result is not None:
+        answer = result
+    else:
+        err = _error(call, verdict, attempt_result, elapsed, deadline)
+        if timed_out:
+            slow_now(call, err)
+        answer = verdict, err
+    if call.journal is not None:
+        call.journal.sent += 1
+        code = None if isinstance(answer, types.CallToolResult) else answer[1].code
+        observe(ctx, call, code, attempt=call.journal.sent, duration_s=elapsed, open_before=open_before, result=result)
+    return answer
+
+
+def _learn_latency(
+    ctx: GateContext, call: Call, deadline: AttemptDeadline, duration_s: float, *, answered: bool, timed_out: bool
+) -> None:
+    """Keep the attempt's latency; trip the tool's breaker if a tool that answers fast keeps timing out."""
+    health, now = call.info.health, ctx.clock.monotonic()
+    if answered:
+        health.answered(now, duration_s)
+        return
+    if not timed_out:
+        return
+    health.timed_out(now, duration_s, short=deadline.short)
+    need = call.info.breaker.policy.timeouts_to_trip
+    # Judged against the tool's own timeout, not a probe's short one: far below *that* is the guard.
+    if need and health.timeouts_in_a_row >= need and health.far_below(call.timeout_s):
+        p99 = health.p99()
+        assert p99 is not None
+        call.info.breaker.trip(f"{health.timeouts_in_a_row} timeouts in a row; it usually answers within {seconds_text(p99)}")
+
+
+def slow_now(call: Call, err: CallError) -> None:
+    """Tell the model how slow the tool is against its usual latency, and when breakwater tries it again."""
+    usual = call.info.health.median()
+    if usual is not None:
+        err.detail["usual_s"] = round(usual, 3)
+    snap = call.info.breaker.snapshot()
+    if snap.state is BreakerState.OPEN:
+        err.detail["breaker"] = snap.state.value
+        err.retry_after_s = snap.retry_after_s
+
+
+def _error(
+    call: Call, verdict: Verdict, attempt: types.CallToolResult | BaseException, elapsed: float, deadline: AttemptDeadline
+) -> CallError:
+    """The error an attempt's verdict stands for."""
+    by_budget, timeout_s = deadline.by_budget, deadline.timeout_s
+    code = verdict.code or ErrorCode.UPSTREAM_ERROR
+    common: dict[str, Any] = {"server": call.srv.name, "tool": call.info.name, "retry_after_s": verdict.retry_after_s}
+    if isinstance(attempt, types.CallToolResult):
+        text = next((b.text for b in attempt.content if isinstance(b, types.TextContent)), "")
+        if code is ErrorCode.TOOL_ERROR:
+            return ToolError(
+                content=attempt.content,
+                upstream_structured_content=attempt.structured_content,
+                retryable=verdict.retryable,
+                detail={"reason": verdict.reason} if verdict.reason else None,
+                **common,
+            )
+        return CODE_TO_ERROR[code](detail={"upstream_message": text[:_MAX_UPSTREAM_TEXT]}, **common)
+    if isinstance(attempt, CallError):
+        attempt.server, attempt.tool = call.srv.name, call.info.name
+        return attempt
+    detail: dict[str, Any] = {"elapsed_s": round(elapsed, 3)}
+    if verdict.reason:
+        detail["reason"] = verdict.reason
+    if isinstance(attempt, TimeoutError):
+        detail["timeout_s"] = round(timeout_s, 3)
+        if by_budget:
+            detail["cut_by"] = "turn budget"
+        elif deadline.short:
+            detail["cut_by"] = "probe deadline"
+    if code is ErrorCode.OUTCOME_UNKNOWN:
+        return OutcomeUnknownError(detail=detail, **common)
+    if code is ErrorCode.TIMEOUT:
+        what = "the turn budget ran out" if by_budget else f"no answer within {seconds_text(timeout_s)}"
+        return CallTimeoutError(f"The tool did not answer in time ({what}) and the call was cancelled.", detail=detail, **common)
+    if code is ErrorCode.UPSTREAM_ERROR:
+        return UpstreamError(retryable=verdict.retryable, detail=detail, **common)
+    return CODE_TO_ERROR[code](retryable=verdict.retryable, detail=detail, **common)
+
+
+def not_ready_error(clock: Clock, upstream: Upstream, tool: str) -> CallError:
+    """The refusal for a call to a server that is not ready: disabled, failed (and why), or on its way."""
+    snap = upstream.snapshot()
+    retry_after = None if snap.next_retry_at is None else max(0.0, snap.next_retry_at - clock.time())
+    common: dict[str, Any] = {"server": upstream.spec.name, "tool": tool}
+    if snap.state is ServerState.DISABLED:
+        return ServerUnavailableError(
+            "The server is disabled in the configuration; the call was not sent.",
+            retryable=False,
+            detail={"state": snap.state.value, "reason": "disabled"},
+            **common,
+        )
+    if snap.state is ServerState.FAILED:
+        detail: dict[str, Any] = {"state": snap.state.value, "next_retry_at": iso(snap.next_retry_at)}
+        message = "The server is not available right now; the call was not sent."
+        if snap.error is not None:
+            detail["reason"] = snap.error.code.value
+            detail["reason_message"] = snap.error.message
+            message = f"The server is not available ({snap.error.message}); the call was not sent."
+        return ServerUnavailableError(message, retry_after_s=retry_after, detail=detail, **common)
+    # pending, connecting, retrying (or ready without a client for an instant): it is on its way.
+    estimate = retry_after
+    if estimate is None:
+        estimate = snap.connect_ms / 1000 if snap.connect_ms else _DEFAULT_CONNECT_ESTIMATE_S
+    detail = {"state": snap.state.value, "connect_attempt": snap.attempt}
+    if snap.phase:
+        detail["phase"] = snap.phase
+    if snap.error is not None:
+        detail["last_error"] = snap.error.message
+    return ServerConnectingError(retry_after_s=estimate, detail=detail, **common)
+
+
+def _server_outcome(verdict: Verdict, tool_streak: int) -> Outcome:
+    """What the server breaker learns from one attempt.
+
+    Only failures that may mean the server itself is in trouble (timeouts, transport and protocol
+    failures), and of those only a tool's first failure in a row, plus every lost connection. A
+    single slow tool then costs the server breaker one failure per streak and its own breaker
+    handles the rest, while a wedged server, where every tool fails, still trips it after a few
+    calls instead of each tool paying its own timeouts first. A tool's own `isError` answer says
+    the server is up, so it counts as a success.
+    """
+    if verdict.outcome is not Outcome.FAILURE:
+        return verdict.outcome
+    if verdict.code not in _SERVER_FAILURE_CODES:
+        return Outcome.SUCCESS
+    if tool_streak == 0 or verdict.reason.startswith("connection"):
+        return Outcome.FAILURE
+    return Outcome.IGNORED
+
+
+def _connection_closed(exc: BaseException) -> bool:
+    """The connection is gone: closed, or an HTTP session the server no longer knows (it restarted)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_connection_closed(e) for e in exc.exceptions)
+    if not isinstance(exc, MCPError):
+        return False
+    cut = cut_info(exc.data)
+    if cut is not None:
+        # One HTTP request cut: the connection itself is fine unless the server could not be reached.
+        return cut.get("sent") is False
+    return exc.code == _CONNECTION_CLOSED or (exc.code == types.INVALID_REQUEST and "session terminated" in exc.message.lower())

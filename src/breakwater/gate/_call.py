@@ -1,0 +1,237 @@
+"""The gate's records: what it keeps per server and per tool, and the one record of a call in progress.
+
+`CallGate` builds a `ServerRecord` per configured server and resolves each listed tool into a
+`ToolRecord` once per tool list. Every logical call gets a `Call`: the steps of the gate (admit,
+attempt, reconcile, retry; see `breakwater.gate._gate`) read and advance it instead of passing a
+dozen values to each other. `GateContext` holds what every step shares: the clock, the random
+source and the collaborators given to the gate at construction.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import mcp.types as types
+
+from breakwater._clock import Clock
+from breakwater.config import CallPolicy, RetryPolicy
+from breakwater.connect._upstream import Upstream
+from breakwater.errors import CallError, ErrorCode
+from breakwater.gate._breaker import BreakerRegistry, BreakerState, CircuitBreaker
+from breakwater.gate._classify import Classifier, RetryClass, retry_class_for
+from breakwater.gate._health import ToolHealth
+from breakwater.gate._retry_budget import RetryBudget
+from breakwater.gate._tasks import TaskRuntime
+from breakwater.gate._turn_budget import TurnBudget
+from breakwater.journal import AttemptObserver, AttemptRecord, outcome_of
+
+__all__ = [
+    "OPERATION_ID_ARGUMENT",
+    "Call",
+    "GateContext",
+    "Journaled",
+    "ProgressCallback",
+    "ServerRecord",
+    "ToolRecord",
+    "observe",
+    "stopped",
+]
+
+#: The argument that also carries the operation id when a tool's input schema declares it.
+OPERATION_ID_ARGUMENT = "operationId"
+
+#: The SDK's progress callback shape.
+ProgressCallback = Callable[[float, float | None, str | None], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GateContext:
+    """What every step of a call shares: time, randomness and the gate's collaborators."""
+
+    clock: Clock
+    rng: random.Random
+    classifier: Classifier | None
+    #: Where every attempt and refusal is recorded (the call journal), or None.
+    observer: AttemptObserver | None
+    #: Follows calls a server turns into tasks; None leaves them to the SDK session.
+    tasks: TaskRuntime | None
+
+
+@dataclass(slots=True)
+class ToolRecord:
+    """Everything about one tool the gate needs per call, resolved once per tool list."""
+
+    name: str
+    retry_class: RetryClass
+    call: CallPolicy
+    retry: RetryPolicy
+    #: The timeout set in config (tool or server table); None lets a learned value decide.
+    configured_timeout_s: float | None
+    operation_id_argument: bool
+    breaker: CircuitBreaker
+    #: What the gate has seen of this tool's latency (kept across tool lists, see `ServerRecord.health`).
+    health: ToolHealth
+
+
+class ServerRecord:
+    """The gate's per-server state: breaker, retry budget, bulkhead count and the resolved tools."""
+
+    __slots__ = ("_breakers", "breaker", "health", "in_flight", "name", "retry_budget", "tools", "tools_source", "upstream")
+
+    def __init__(self, upstream: Upstream, breakers: BreakerRegistry, clock: Clock) -> None:
+        self.name = upstream.spec.name
+        self.upstream = upstream
+        self._breakers = breakers
+        self.breaker = breakers.server(self.name)
+        self.retry_budget = RetryBudget(upstream.spec.retry, clock=clock)
+        self.in_flight = 0
+        self.tools: dict[str, ToolRecord] = {}
+        self.tools_source: list[types.Tool] | None = None
+        #: Per tool name, outliving re-lists: a tool's latency history is not reset by a tools/list_changed.
+        self.health: dict[str, ToolHealth] = {}
+
+    def tool(self, name: str) -> ToolRecord | None:
+        """The resolved tool `name`, or None if the server does not list it."""
+        listed = self.upstream.tools
+        if listed is not self.tools_source:
+            # The upstream replaces its list object on every (re)list, so identity is the cheap change test.
+            self.tools = {t.name: self._resolve(t) for t in listed}
+            self.tools_source = listed
+        return self.tools.get(name)
+
+    def _resolve(self, tool: types.Tool) -> ToolRecord:
+        spec = self.upstream.spec
+        own = spec.tools.get(tool.name)
+        call = own.call if own is not None else spec.call
+        retry = own.retry if own is not None else spec.retry
+        if own is not None and "timeout_s" in own.explicit:
+            configured: float | None = own.call.timeout_s
+        elif "timeout_s" in spec.call_explicit:
+            configured = spec.call.timeout_s
+        else:
+            configured = None
+        properties = tool.input_schema.get("properties") if isinstance(tool.input_schema, dict) else None
+        health = self.health.get(tool.name)
+        if health is None:
+            health = self.health[tool.name] = ToolHealth()
+        return ToolRecord(
+            name=tool.name,
+            retry_class=retry_class_for(tool.annotations, None if call.retry == "auto" else call.retry),
+            call=call,
+            retry=retry,
+            configured_timeout_s=configured,
+            operation_id_argument=isinstance(properties, dict) and OPERATION_ID_ARGUMENT in properties,
+            breaker=self._breakers.tool(self.name, tool.name),
+            health=health,
+        )
+
+
+@dataclass(slots=True)
+class Journaled:
+    """One logical call as the journal records it; made only when the gate has an observer."""
+
+    call_id: str
+    trace_id: str
+    client: str | None
+    operation_id: str | None
+    #: Opt-in (`observer.record_sizes`): the arguments' JSON size and hash, once per call.
+    arguments_size: int | None
+    arguments_hash: str | None
+    #: Attempts sent so far, re-sends included (the number of the latest one).
+    sent: int = 0
+
+
+@dataclass(slots=True, kw_only=True)
+class Call:
+    """One logical call in progress: what it is, and how far it has got."""
+
+    srv: ServerRecord
+    info: ToolRecord
+    arguments: dict[str, Any]
+    #: The operation id of a mutating tool's call (one for every attempt), else None.
+    op_id: str | None
+    meta: types.RequestParamsMeta | None
+    #: The per-attempt timeout (the caller's, else the tool's in force).
+    timeout_s: float
+    budget: TurnBudget | None
+    progress_callback: ProgressCallback | None
+    #: The journal's view of the call, or None without an observer.
+    journal: Journaled | None
+    #: Attempts counted against `max_attempts` (an in-progress re-send is not counted).
+    attempt: int = 0
+    #: The error of the latest attempt, once there was one.
+    last: CallError | None = None
+    #: Set when an answer is first lost: how long reconciliation may wait for the server or the operation.
+    window: float | None = None
+
+    @property
+    def max_attempts(self) -> int:
+        """Attempts the tool's retry policy allows."""
+        return self.info.retry.max_attempts
+
+    @property
+    def needed_s(self) -> float:
+        """The least time an attempt may start with (its minimum, or the whole timeout if shorter)."""
+        return min(self.info.call.min_attempt_s, self.timeout_s)
+
+
+def observe(
+    ctx: GateContext,
+    call: Call,
+    code: ErrorCode | None,
+    *,
+    attempt: int,
+    duration_s: float = 0.0,
+    outcome: str | None = None,
+    open_before: tuple[bool, bool] | None = None,
+    result: types.CallToolResult | None = None,
+) -> None:
+    """Hand one journal row to the observer: an attempt sent (with `open_before`), a refusal or a reconciliation."""
+    observer, journaled = ctx.observer, call.journal
+    assert observer is not None and journaled is not None
+    srv, info = call.srv, call.info
+    server_state, tool_state = srv.breaker.state, info.breaker.state
+    opened = open_before is not None and (
+        (server_state is BreakerState.OPEN and not open_before[0]) or (tool_state is BreakerState.OPEN and not open_before[1])
+    )
+    result_size = None
+    if result is not None and observer.record_sizes:
+        result_size = len(result.model_dump_json(by_alias=True, exclude_none=True).encode())
+    observer.record(
+        AttemptRecord(
+            server=srv.name,
+            tool=info.name,
+            call_id=journaled.call_id,
+            attempt=attempt,
+            # The attempt's start on the wall clock, from its duration on the monotonic one.
+            started_at=ctx.clock.time() - duration_s,
+            duration_s=duration_s,
+            outcome=outcome or outcome_of(code),
+            error_code=None if code is None else code.value,
+            retries=attempt - 1,
+            trace_id=journaled.trace_id,
+            operation_id=journaled.operation_id,
+            server_breaker=server_state.value,
+            tool_breaker=tool_state.value,
+            breaker_opened=opened,
+            client=journaled.client,
+            arguments_size=journaled.arguments_size,
+            result_size=result_size,
+            arguments_hash=journaled.arguments_hash,
+        )
+    )
+
+
+def stopped(err: CallError, why: str) -> CallError:
+    """`err`, noting why no further attempt was made."""
+    err.detail.setdefault("retry_stopped", why)
+    return err
+
+
+def seconds_text(value: float) -> str:
+    """`1.5 s`, or `ever` for an unbounded wait."""
+    return f"{value:.3g} s" if math.isfinite(value) else "ever"
