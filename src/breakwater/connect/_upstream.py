@@ -133,6 +133,7 @@ class Upstream:
         self._lost = anyio.Event()
         self._last_http_status: int | None = None
         self.ready_event = anyio.Event()
+        self._changed = anyio.Event()  # set (and replaced) at every state change
         self._redact = Redactor(spec.secrets)
         self._where = display_url(spec.url) if spec.url else spec.command or ""
         #: Extra `mcp.Client` arguments for this server's next connections: the gateway's relay callbacks
@@ -164,6 +165,10 @@ class Upstream:
             stderr_tail=tuple(self._redact(line) for line in error.stderr_tail),
         )
 
+    async def wait_changed(self) -> None:
+        """Return at this server's next state change (or phase change while connecting)."""
+        await self._changed.wait()
+
     def report_lost(self) -> None:
         """A caller saw the connection die (e.g. MCPError -32000): reconnect."""
         self._lost.set()
@@ -181,6 +186,8 @@ class Upstream:
             self.ready_event.set()
         elif self.ready_event.is_set():
             self.ready_event = anyio.Event()
+        self._changed.set()
+        self._changed = anyio.Event()
         self._on_change(self)
 
     # ---- the supervisor ---------------------------------------------------------------------

@@ -64,6 +64,7 @@ from breakwater._wire import CONNECTION_CLOSED as _CONNECTION_CLOSED
 from breakwater._wire import OPERATION_ID_META_KEY
 from breakwater.config import CallPolicy, RetryPolicy
 from breakwater.connect._http_cut import cut_info
+from breakwater.connect._readiness import call_window, wait_until_ready
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import (
     CODE_TO_ERROR,
@@ -312,7 +313,12 @@ class CallGate:
             )
         upstream = srv.upstream
         if upstream.state is not ServerState.READY or upstream.client is None:
-            raise self._refused_early(srv, tool, self._not_ready(srv, tool))
+            # A server on its way up (pending, connecting) is waited for within the call's window.
+            budget = current_budget()
+            window = call_window(upstream.spec, tool, timeout)
+            until = None if budget is None else budget.deadline
+            if not await wait_until_ready(upstream, clock=self._clock, seconds=window, deadline=until):
+                raise self._refused_early(srv, tool, self._not_ready(srv, tool))
         info = self._tool(srv, tool)
         if info is None:
             raise self._refused_early(

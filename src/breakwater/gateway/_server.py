@@ -36,6 +36,7 @@ from breakwater._breakwater import Breakwater
 from breakwater._wire import DEADLINE_META_KEY, OPERATION_ID_META_KEY
 from breakwater.catalog._catalog import Catalog, Entry
 from breakwater.config import GatewayPolicy
+from breakwater.connect._readiness import ON_ITS_WAY
 from breakwater.errors import CallCancelledError, ToolChangedError, UnknownToolError
 from breakwater.gate._envelope import error_result
 from breakwater.gateway._builtins import BuiltinTools, SearchAnswer
@@ -236,8 +237,26 @@ class Gateway:
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         self._track(ctx)
-        tools = self.builtins.tools() + [e.downstream() for e in self.entries()]
+        tools = self.builtins.tools() + [e.downstream() for e in await self._listable_entries()]
         return types.ListToolsResult(tools=tools)
+
+    async def _listable_entries(self) -> list[Entry]:
+        """The entries, once connecting servers with nothing listed yet are ready (or `list_wait_s` passed).
+
+        Many clients read the tool list once, at start-up, and ignore list_changed: a first-ever
+        `serve` must not answer with the built-ins alone for servers half a second from ready.
+        """
+        clock = self.bw.clock
+        deadline = clock.monotonic() + self.policy.list_wait_s
+        while self._unlisted_on_its_way() and clock.monotonic() < deadline:
+            with clock.deadline_scope(deadline):
+                await self.bw.wait_changed()
+        return self.entries()
+
+    def _unlisted_on_its_way(self) -> bool:
+        listed = {e.server for e in self.entries()}
+        names = [spec.name for spec in self.bw.config.servers if spec.enabled and spec.name not in listed]
+        return any(self.bw.upstream(name).state in ON_ITS_WAY for name in names)
 
     async def _on_call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
