@@ -138,6 +138,10 @@ async def test_failed_server_answers_unavailable_and_search_names_it(tmp_path: P
         text = search.content[0].text  # type: ignore[union-attr]
         assert "erp" in text and "spawn_failed" in text and "No such tool" not in text
         assert (search.structured_content or {})["complete"] is False
+        # A query that matches nothing says so, naming what could not be searched, with no weak matches.
+        nothing = await client.call_tool("breakwater_search_tools", {"query": "legacy_tool"})
+        assert (nothing.structured_content or {})["matches"] == []
+        assert "Nothing matches 'legacy_tool'" in nothing.content[0].text and "erp" in nothing.content[0].text  # type: ignore[union-attr]
         unknown = await client.call_tool("nothing_here", {})
         assert (unknown.structured_content or {})["code"] == "UNKNOWN_TOOL"
 
@@ -223,6 +227,12 @@ async def test_first_list_waits_only_for_servers_on_their_way(tmp_path: Path, en
         assert time.monotonic() - started < 1.5  # retrying after an exit: no wait
         sc = broken.structured_content or {}
         assert sc["code"] in ("SERVER_CONNECTING", "SERVER_UNAVAILABLE") and "bad token" in json.dumps(sc)
+        # A server on its way up is waited for, but never past the caller's own deadline (`_meta`).
+        started = time.monotonic()
+        meta = cast(RequestParamsMeta, {"io.breakwater/deadlineMs": 500})
+        stuck = await client.call_tool("stuck__echo", {"message": "hi"}, meta=meta)
+        assert 0.4 < time.monotonic() - started < 2.5
+        assert (stuck.structured_content or {})["code"] == "SERVER_CONNECTING"
 
 
 async def test_progress_is_relayed_and_cancel_reaches_upstream(tmp_path: Path, env: dict[str, str]) -> None:
@@ -388,3 +398,41 @@ async def test_downstream_operation_id_reaches_the_upstream(tmp_path: Path, env:
     ids = [row["operation_id"] for row in read_ledger(ledger)]
     assert ids[:2] == ["agent-op-42", "agent-op-42"]
     assert ids[2] not in (None, "agent-op-42")
+
+
+async def test_arguments_that_do_not_fit_the_schema_are_refused_before_sending(tmp_path: Path, env: dict[str, str]) -> None:
+    """`add {"a": "two"}` against a schema that wants a number: INVALID_ARGUMENTS naming `a`, and nothing sent."""
+    config = write_config(tmp_path, {"calc": stdio_entry()})
+    async with gateway_stdio(config, env) as client:
+        await wait_ready(client, 1)
+        wrong = await client.call_tool("calc__add", {"a": "two", "b": 1})
+        sc = wrong.structured_content or {}
+        assert wrong.is_error and (sc["code"], sc["field"], sc["attempt"]) == ("INVALID_ARGUMENTS", "a", 0), sc
+        assert "argument 'a'" in wrong.content[0].text  # type: ignore[union-attr]
+        right = await client.call_tool("calc__add", {"a": 2, "b": 1})
+        assert not right.is_error, right
+        state = (await client.call_tool("calc__testserver_state", {})).structured_content or {}
+    assert "add" in json.dumps(state) and '"two"' not in json.dumps(state)
+
+
+async def test_a_url_that_keeps_refusing_is_described_with_what_is_known(tmp_path: Path, env: dict[str, str]) -> None:
+    """A closed port: the call answers at once (no wait for a server that is retrying after refusals), saying since
+    when it has failed, after how many attempts, and when the next one is, not "still starting up"."""
+    config = write_config(tmp_path, {"down": {"type": "http", "url": f"http://127.0.0.1:{free_port()}/mcp"}})
+    retrying = dict(env, BREAKWATER_CONNECT_BUDGET_S="120", BREAKWATER_CONNECT_BACKOFF_CAP_S="1")
+    async with gateway_stdio(config, retrying) as client:
+        with anyio.fail_after(30):
+            while True:
+                server = (await client.call_tool("breakwater_status", {})).structured_content["servers"][0]  # type: ignore[index]
+                if server["state"] == "retrying" and server["attempts"] >= 2:
+                    break
+                await anyio.sleep(0.1)
+        started = time.monotonic()
+        result = await client.call_tool("down__anything", {})
+        assert time.monotonic() - started < 1.5
+    sc = result.structured_content or {}
+    # Caught mid-attempt, the call waits for that attempt's (quick) refusal: the answer is always from `retrying`.
+    assert (sc["code"], sc["state"]) == ("SERVER_CONNECTING", "retrying"), sc
+    assert sc["failing_since"] == server["failing_since"] and sc["connect_attempts"] >= 2 and sc["next_retry_at"]
+    assert "failed to connect since" in sc["message"] and "refused" in sc["message"]
+    assert "still starting up" not in result.content[0].text  # type: ignore[union-attr]

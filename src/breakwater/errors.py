@@ -16,7 +16,8 @@ BreakwaterError
     ├── UpstreamError           UPSTREAM_ERROR       transport or protocol failure
     ├── ToolError               TOOL_ERROR           the tool's own isError result (content passed through)
     ├── CallCancelledError      CANCELLED            the caller cancelled the call
-    └── InvalidArgumentsError   INVALID_ARGUMENTS    the arguments do not fit the tool
+    ├── InvalidArgumentsError   INVALID_ARGUMENTS    the arguments do not fit the tool
+    └── ClientCannotAnswerError CLIENT_CANNOT_ANSWER the tool asked the client for sampling or elicitation, in vain
 
 Every `CallError` carries the envelope fields the model reads (see `breakwater.gate._envelope`), so one
 object is both the typed exception a library user catches and the `isError` result the model sees.
@@ -39,6 +40,7 @@ __all__ = [
     "CallError",
     "CallTimeoutError",
     "CircuitOpenError",
+    "ClientCannotAnswerError",
     "ConfigError",
     "ErrorCode",
     "InvalidArgumentsError",
@@ -90,6 +92,7 @@ class ErrorCode(enum.StrEnum):
     TOOL_ERROR = "TOOL_ERROR"
     CANCELLED = "CANCELLED"
     INVALID_ARGUMENTS = "INVALID_ARGUMENTS"
+    CLIENT_CANNOT_ANSWER = "CLIENT_CANNOT_ANSWER"
 
 
 # Keys every envelope has; extra detail may not shadow them.
@@ -318,6 +321,18 @@ class InvalidArgumentsError(CallError):
     default_retryable = False
     summary = "The arguments do not fit the tool's input schema."
     advice = "Fix the arguments to match the tool's schema before calling it again."
+
+
+class ClientCannotAnswerError(CallError):
+    """The tool asked the client a question (sampling or elicitation) that could not be put to it or was refused."""
+
+    code = ErrorCode.CLIENT_CANNOT_ANSWER
+    default_retryable = False
+    summary = "The tool needed the client to answer a sampling or elicitation request, and got no answer."
+    advice = (
+        "Do not change the input: this tool needs a client that can answer that request. Use another tool, "
+        "or tell the user what the tool needs."
+    )
 
 
 def _leaves() -> dict[ErrorCode, type[CallError]]:

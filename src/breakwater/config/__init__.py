@@ -103,9 +103,18 @@ class ServerSpec:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     #: Keys set in this server's own `[servers.NAME.call]` (they win over a learned timeout).
     call_explicit: frozenset[str] = frozenset()
+    #: Keys of `[call]` the config file set for this server anywhere (its own table or the top-level
+    #: `[call]`): a value from there is labelled `configured`, not `default` (a learned one still wins
+    #: over the top-level table).
+    call_configured: frozenset[str] = frozenset()
     #: Per-tool settings, by tool name.
     tools: Mapping[str, ToolSettings] = field(default_factory=dict)
     source: str | None = None
+
+    @property
+    def default_timeout_source(self) -> str:
+        """The label of a timeout that comes from `call.timeout_s`: `configured` when the file set it, else `default`."""
+        return "configured" if "timeout_s" in self.call_configured else "default"
 
     def describe(self) -> dict[str, Any]:
         """What was understood, safe to print: secret values are replaced by their key names.
@@ -433,6 +442,9 @@ def _load_toml(path: Path, environ: Mapping[str, str]) -> Config:
             retry=policies["retry"],
         )
         specs[name] = replace(base_spec, **policies, call_explicit=frozenset(own["call"]), tools=tools)
+    # Servers from servers_file too: the top-level [call] is configuration for every one of them.
+    configured = frozenset(top["call"])
+    specs = {n: replace(s, call_configured=s.call_explicit | configured) for n, s in specs.items()}
     gateway = build_policy(
         GatewayPolicy,
         [(_policy_table(data.get("gateway", {}), spath, "gateway"), spath, "gateway"), env_layer(GatewayPolicy, environ)],

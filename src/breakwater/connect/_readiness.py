@@ -9,12 +9,14 @@ within a call's window: the caller hears at once, with the reason. May import th
 
 from __future__ import annotations
 
+from typing import Any
+
 from breakwater._clock import Clock
 from breakwater.config import ServerSpec
 from breakwater.connect._upstream import Upstream
-from breakwater.status import ServerState
+from breakwater.status import ServerState, ServerStatus, iso
 
-__all__ = ["ON_ITS_WAY", "call_window", "wait_until_ready"]
+__all__ = ["ON_ITS_WAY", "call_window", "connecting_note", "wait_until_ready"]
 
 #: The states of a server whose connect is under way, so worth a caller's wait.
 ON_ITS_WAY = frozenset({ServerState.PENDING, ServerState.CONNECTING})
@@ -51,3 +53,27 @@ def call_window(spec: ServerSpec, tool: str, timeout: float | None = None) -> fl
         return timeout
     own = spec.tools.get(tool)
     return (own.call if own is not None else spec.call).timeout_s
+
+
+def connecting_note(snap: ServerStatus, now: float) -> tuple[str | None, dict[str, Any]]:
+    """What is known about a server that keeps failing to connect: a message and envelope detail.
+
+    For a server that is `retrying` after failed attempts: since when, how many attempts, the last
+    reason and the next attempt, so an agent is not told "still starting up" about a URL that has
+    refused connections for minutes. (None, {}) for a server simply on its way up.
+    """
+    if snap.state is not ServerState.RETRYING or snap.error is None or snap.failing_since is None:
+        return None, {}
+    ago = max(0.0, now - snap.failing_since)
+    since = f"{round(ago)} s" if ago < 120 else f"{round(ago / 60)} min"
+    message = (
+        f"The server has failed to connect since {iso(snap.failing_since)} ({since} ago, {snap.attempts} attempts; "
+        f"last: {snap.error.code.value}, {snap.error.message}); the next attempt is at {iso(snap.next_retry_at)}. "
+        "The call was not sent."
+    )
+    detail = {
+        "failing_since": iso(snap.failing_since),
+        "connect_attempts": snap.attempts,
+        "next_retry_at": iso(snap.next_retry_at),
+    }
+    return message, detail

@@ -125,6 +125,7 @@ class Upstream:
         self.connect_ms: int | None = None
         self.next_retry_at: float | None = None
         self.error: ErrorInfo | None = None
+        self.failing_since: float | None = None  # wall time of the first failure since last ready
         self.protocol: str | None = None
         self.tools: list[types.Tool] = []
         self.client: Client | None = None
@@ -156,6 +157,7 @@ class Upstream:
             connect_ms=self.connect_ms,
             next_retry_at=self.next_retry_at,
             error=None if self.error is None else self._redacted(self.error),
+            failing_since=self.failing_since,
         )
 
     def _redacted(self, error: ErrorInfo) -> ErrorInfo:
@@ -183,6 +185,7 @@ class Upstream:
         for key, value in changes.items():
             setattr(self, key, value)
         if state is ServerState.READY:
+            self.failing_since = None
             self.ready_event.set()
         elif self.ready_event.is_set():
             self.ready_event = anyio.Event()
@@ -214,6 +217,8 @@ class Upstream:
                 same_exit = 0
                 continue
             assert self.error is not None
+            if self.failing_since is None:
+                self.failing_since = self._clock.time()
             same_exit = same_exit + 1 if _same_exit(previous, self.error) else 0
             now = self._clock.monotonic()
             # A process that exits the same way again and again is a crash loop, not a slow start.

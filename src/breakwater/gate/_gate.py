@@ -64,7 +64,7 @@ from breakwater._wire import CONNECTION_CLOSED as _CONNECTION_CLOSED
 from breakwater._wire import OPERATION_ID_META_KEY
 from breakwater.config import CallPolicy, RetryPolicy
 from breakwater.connect._http_cut import cut_info
-from breakwater.connect._readiness import call_window, wait_until_ready
+from breakwater.connect._readiness import call_window, connecting_note, wait_until_ready
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import (
     CODE_TO_ERROR,
@@ -379,7 +379,7 @@ class CallGate:
             learned = self._learned(srv.name, info.name)
             if learned is not None and learned > 0:
                 return learned, "learned"
-            return info.call.timeout_s, "default"
+            return info.call.timeout_s, srv.upstream.spec.default_timeout_source
         return info.configured_timeout_s, "configured"
 
     # ---- resolution ---------------------------------------------------------------------------
@@ -452,7 +452,8 @@ class CallGate:
             detail["phase"] = snap.phase
         if snap.error is not None:
             detail["last_error"] = snap.error.message
-        return ServerConnectingError(retry_after_s=estimate, detail=detail, **common)
+        note, known = connecting_note(snap, self._clock.time())  # a server that keeps failing: since when
+        return ServerConnectingError(note, retry_after_s=estimate, detail=detail | known, **common)
 
     # ---- the attempt loop ---------------------------------------------------------------------
 

@@ -83,9 +83,10 @@ class SearchAnswer:
 
 def _server_note(s: ServerStatus) -> str:
     if s.state is ServerState.RETRYING and s.error is not None:
+        since = f" since {iso(s.failing_since)}" if s.failing_since is not None else ""
         return (
-            f"{s.name}: still connecting; attempt {s.attempts} failed ({s.error.code.value}: {s.error.message}); "
-            f"next attempt at {iso(s.next_retry_at)}"
+            f"{s.name}: failing to connect{since} ({s.attempts} attempts, last: {s.error.code.value}: "
+            f"{s.error.message}); next attempt at {iso(s.next_retry_at)}"
         )
     if s.state in STILL_CONNECTING:
         return f"{s.name}: still connecting (attempt {max(1, s.attempts)})"
@@ -101,6 +102,7 @@ def _server_note_json(s: ServerStatus) -> dict[str, Any]:
         "attempts": s.attempts,
         "error": None if s.error is None else s.error.to_json(),
         "next_retry_at": iso(s.next_retry_at),
+        "failing_since": iso(s.failing_since),
     }
 
 

@@ -323,6 +323,10 @@ def _timeout_in_force(bw: Breakwater, server: str, tool: str) -> tuple[float, st
     return timeout_in_force(bw.upstream(server).spec, tool, learned)
 
 
+#: A tool no call has reached yet, of a server that has been ready: its breaker would be closed.
+_NO_CALLS_YET: dict[str, Any] = {"state": "closed", "failure_rate": 0.0, "calls_in_window": 0, "retry_after_s": 0.0, "reason": ""}
+
+
 def _breaker_json(snapshot: Any) -> dict[str, Any]:
     return {
         "state": snapshot.state.value,
@@ -379,7 +383,8 @@ def _servers_json(bw: Breakwater, report: StatusReport, breakers: Mapping[tuple[
         row = s.to_json()
         own = breakers.get((s.name, ""))
         budget = budgets.get(s.name)
-        row["breaker"] = None if own is None else _breaker_json(own)
+        # No breaker state where no call has been possible (never ready: no connect time).
+        row["breaker"] = None if own is None or s.connect_ms is None else _breaker_json(own)
         row["in_flight"] = in_flight.get(s.name, 0)
         row["retry_budget_tokens"] = None if budget is None else round(budget.tokens, 3)
         servers.append(row)
@@ -396,15 +401,16 @@ def _tool_json(
     server, tool = entry.server, entry.tool.name
     timeout_s, source = _timeout_in_force(bw, server, tool)
     breaker = breakers.get((server, tool))
+    # No breaker state where no call has been possible (its server never became ready): None.
+    never_ready = bw.upstream(server).connect_ms is None
+    breaker_json = None if never_ready else _NO_CALLS_YET if breaker is None else _breaker_json(breaker)
     hour = None if stats is None else stats.get((server, tool))
     return {
         "name": entry.name,
         "server": server,
         "tool": tool,
         "live": entry.live,
-        "breaker": {"state": "closed", "failure_rate": 0.0, "calls_in_window": 0, "retry_after_s": 0.0, "reason": ""}
-        if breaker is None
-        else _breaker_json(breaker),
+        "breaker": breaker_json,
         "timeout_s": timeout_s,
         "timeout_source": source,
         "hour": None
