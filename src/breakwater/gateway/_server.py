@@ -61,6 +61,8 @@ __all__ = ["DEADLINE_META_KEY", "Gateway", "GatewayPolicy", "SearchAnswer"]
 
 logger = logging.getLogger("breakwater.gateway")
 
+CALLED_STATE = "breakwater.calledTool"  # in the downstream connection's `state`: it has called a tool
+
 
 class _GatewayServer(Server[Any]):
     """The SDK's low-level server, announcing `tools.listChanged` to handshake-era clients."""
@@ -239,8 +241,12 @@ class Gateway:
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         self._track(ctx)
-        tools = self.builtins.tools() + [e.downstream() for e in await self._listable_entries()]
-        return types.ListToolsResult(tools=tools)
+        # A client that already called a tool knows what it wants: its list (the SDK client lists after a
+        # call, for the output schema) must not hold the answer it is waiting for.
+        state = getattr(connection_of(ctx), "state", None)
+        called = isinstance(state, dict) and state.get(CALLED_STATE, False)
+        entries = self.entries() if called else await self._listable_entries()
+        return types.ListToolsResult(tools=self.builtins.tools() + [e.downstream() for e in entries])
 
     async def _listable_entries(self) -> list[Entry]:
         """The entries, once connecting servers with nothing listed yet are ready (or `list_wait_s` passed).
@@ -264,6 +270,9 @@ class Gateway:
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
         self._track(ctx)
+        state = getattr(connection_of(ctx), "state", None)
+        if isinstance(state, dict):
+            state[CALLED_STATE] = True
         if params.request_state is not None:  # only ever one of the gateway's own (`_Exchange`)
             return await self._resume(ctx, params)
         arguments = dict(params.arguments or {})
