@@ -134,6 +134,7 @@ async def test_failed_server_answers_unavailable_and_search_names_it(tmp_path: P
                 await anyio.sleep(0.2)
         assert result.is_error
         assert "spawn_failed" in json.dumps(sc) and sc["retry_after_s"] is not None and sc["retry_after_s"] > 0
+        assert sc["connect_attempts"] >= 1 and sc["failing_since"] is not None  # what is known: since when, how often
         search = await client.call_tool("breakwater_search_tools", {"query": "invoice"})
         text = search.content[0].text  # type: ignore[union-attr]
         assert "erp" in text and "spawn_failed" in text and "No such tool" not in text

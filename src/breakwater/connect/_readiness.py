@@ -60,10 +60,18 @@ def connecting_note(snap: ServerStatus, now: float) -> tuple[str | None, dict[st
 
     For a server that is `retrying` after failed attempts: since when, how many attempts, the last
     reason and the next attempt, so an agent is not told "still starting up" about a URL that has
-    refused connections for minutes. (None, {}) for a server simply on its way up.
+    refused connections for minutes. For a `failed` one, the same detail without a message (its
+    SERVER_UNAVAILABLE message has the reason). (None, {}) for a server simply on its way up.
     """
-    if snap.state is not ServerState.RETRYING or snap.error is None or snap.failing_since is None:
+    if snap.state not in (ServerState.RETRYING, ServerState.FAILED) or snap.error is None or snap.failing_since is None:
         return None, {}
+    detail = {
+        "failing_since": iso(snap.failing_since),
+        "connect_attempts": snap.attempts,
+        "next_retry_at": iso(snap.next_retry_at),
+    }
+    if snap.state is ServerState.FAILED:  # its own message already names the reason
+        return None, detail
     ago = max(0.0, now - snap.failing_since)
     since = f"{round(ago)} s" if ago < 120 else f"{round(ago / 60)} min"
     message = (
@@ -71,9 +79,4 @@ def connecting_note(snap: ServerStatus, now: float) -> tuple[str | None, dict[st
         f"last: {snap.error.code.value}, {snap.error.message}); the next attempt is at {iso(snap.next_retry_at)}. "
         "The call was not sent."
     )
-    detail = {
-        "failing_since": iso(snap.failing_since),
-        "connect_attempts": snap.attempts,
-        "next_retry_at": iso(snap.next_retry_at),
-    }
     return message, detail

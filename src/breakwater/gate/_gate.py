@@ -442,6 +442,7 @@ class CallGate:
             message = "The server is not available right now; the call was not sent."
             if snap.error is not None:
                 message = f"The server is not available ({snap.error.message}); the call was not sent."
+            detail |= connecting_note(snap, self._clock.time())[1]  # since when, how many attempts
             return ServerUnavailableError(message, retry_after_s=retry_after, detail=detail, **common)
         # pending, connecting, retrying (or ready without a client for an instant): it is on its way.
         estimate = retry_after
