@@ -319,7 +319,8 @@ async def test_server_connecting_before_ready(tmp_path: Path) -> None:
     """A server still starting: SERVER_CONNECTING with the connect attempt and an estimate, never UNKNOWN_TOOL."""
     spec = server("late", "--startup-delay", "2")
     async with gate(tmp_path, spec, ready=False) as bw:
-        result = await bw.call_tool("late", "no_such_tool")
+        # The call waits for a connecting server within its own window (here too short to see it ready).
+        result = await bw.call_tool("late", "no_such_tool", timeout=0.2)
         env = envelope(result)
         assert env["code"] == "SERVER_CONNECTING"
         assert env["retry_after_s"] > 0 and "connect_attempt" in env

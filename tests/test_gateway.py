@@ -134,16 +134,22 @@ async def test_failed_server_answers_unavailable_and_search_names_it(tmp_path: P
                 await anyio.sleep(0.2)
         assert result.is_error
         assert "spawn_failed" in json.dumps(sc) and sc["retry_after_s"] is not None and sc["retry_after_s"] > 0
+        assert sc["connect_attempts"] >= 1 and sc["failing_since"] is not None  # what is known: since when, how often
         search = await client.call_tool("breakwater_search_tools", {"query": "invoice"})
         text = search.content[0].text  # type: ignore[union-attr]
         assert "erp" in text and "spawn_failed" in text and "No such tool" not in text
         assert (search.structured_content or {})["complete"] is False
+        # A query that matches nothing says so, naming what could not be searched, with no weak matches.
+        nothing = await client.call_tool("breakwater_search_tools", {"query": "legacy_tool"})
+        assert (nothing.structured_content or {})["matches"] == []
+        assert "Nothing matches 'legacy_tool'" in nothing.content[0].text and "erp" in nothing.content[0].text  # type: ignore[union-attr]
         unknown = await client.call_tool("nothing_here", {})
         assert (unknown.structured_content or {})["code"] == "UNKNOWN_TOOL"
 
 
 async def test_server_coming_up_mid_session_triggers_list_changed(tmp_path: Path, env: dict[str, str]) -> None:
-    """A server that becomes ready after the client connected: the client hears tools/list_changed and can call it."""
+    """A server that becomes ready after tools/list answered: a call to it waits and gets the real result, and the
+    client hears tools/list_changed."""
     config = write_config(tmp_path, {"late": stdio_entry("--startup-delay", "3", "--tool", "ping:latency=0.01,readonly")})
     changed = anyio.Event()
 
@@ -151,32 +157,83 @@ async def test_server_coming_up_mid_session_triggers_list_changed(tmp_path: Path
         if isinstance(message, types.ToolListChangedNotification):
             changed.set()
 
-    async with gateway_stdio(config, env, mode="legacy", message_handler=on_message) as client:
+    quick_list = dict(env, BREAKWATER_LIST_WAIT_S="0.2")  # tools/list answers before the server is up
+    async with gateway_stdio(config, quick_list, mode="legacy", message_handler=on_message) as client:
         names = [t.name for t in (await client.list_tools()).tools]
         assert "late__ping" not in names  # never seen before: no last-known list yet
-        early = await client.call_tool("late__ping", {})
-        assert (early.structured_content or {})["code"] == "SERVER_CONNECTING"
+        early = await client.call_tool("late__ping", {})  # waits for the connecting server (call timeout 5 s)
+        assert not early.is_error, early
         with anyio.fail_after(30):
             await changed.wait()
         await wait_for_tool(client, "late__ping", timeout=5)
-        result = await client.call_tool("late__ping", {})
-        assert not result.is_error
 
 
 async def test_last_known_tools_are_listed_while_the_server_is_down(tmp_path: Path, env: dict[str, str]) -> None:
-    """The catalog remembers a server's tools on disk: after a restart, its tools are listed while it is connecting."""
+    """The catalog remembers a server's tools on disk: after a restart, its tools are listed while it is connecting,
+    and a call that cannot wait long enough for it answers SERVER_CONNECTING."""
     config = write_config(tmp_path, {"slowpoke": stdio_entry("--tool", "ping:latency=0.01,readonly")})
     async with gateway_stdio(config, env) as client:
         await wait_for_tool(client, "slowpoke__ping")
     # Same server, same config fingerprint, but now it takes a long time to start.
     slow = stdio_entry("--tool", "ping:latency=0.01,readonly")
     config.write_text(json.dumps({"mcpServers": {"slowpoke": slow}}))
-    env_slow = dict(env, BREAKWATER_CONNECT_STARTUP_JITTER_S="30")  # still pending for the whole test
+    env_slow = dict(env, BREAKWATER_CONNECT_STARTUP_JITTER_S="30", BREAKWATER_CALL_TIMEOUT_S="0.5")  # pending throughout
     async with gateway_stdio(config, env_slow) as client:
+        started = time.monotonic()
         names = [t.name for t in (await client.list_tools()).tools]
         assert "slowpoke__ping" in names
+        assert time.monotonic() - started < 2  # last-known tools: tools/list does not wait
         result = await client.call_tool("slowpoke__ping", {})
         assert (result.structured_content or {})["code"] == "SERVER_CONNECTING"
+
+
+async def test_one_shot_call_on_a_fresh_cache_gets_the_real_result(tmp_path: Path, env: dict[str, str]) -> None:
+    """What `mcp-inspector --cli --method tools/call` does against a first-ever `serve` (empty catalog_dir): list the
+    tools, then call one at once. Both see the real server, which is ready half a second after start."""
+    servers = {
+        "S": stdio_entry("--startup-delay", "0.5"),
+        "T": stdio_entry("--startup-delay", "0.5", "--tool", "ping:latency=0.01,readonly"),
+    }
+    config = write_config(tmp_path, servers)
+    assert not (tmp_path / "catalog").exists()
+    # Generous bounds, so a loaded machine's slow Python start-up cannot fail the test; both end at ready.
+    env = dict(env, BREAKWATER_LIST_WAIT_S="30", BREAKWATER_CALL_TIMEOUT_S="30")
+    async with gateway_stdio(config, env) as client:
+        names = {t.name for t in (await client.list_tools()).tools}
+        assert {"S__echo", "T__ping"} <= names
+        result = await client.call_tool("S__echo", {"message": "hi"})
+        assert not result.is_error, result
+        assert (result.structured_content or {})["arguments"] == {"message": "hi"}
+    # Without listing first: the call itself waits for its connecting server.
+    (tmp_path / "catalog").rename(tmp_path / "catalog-old")
+    async with gateway_stdio(config, env) as client:
+        result = await client.call_tool("T__ping", {})
+        assert not result.is_error, result
+
+
+async def test_first_list_waits_only_for_servers_on_their_way(tmp_path: Path, env: dict[str, str]) -> None:
+    """A first-ever tools/list waits (up to list_wait_s) for connecting servers, not for one that keeps failing, and
+    answers with what it has when the wait ends; a call to the failing server answers at once with its reason."""
+    servers = {
+        "quick": stdio_entry("--startup-delay", "0.3"),
+        "stuck": stdio_entry("--startup-delay", "60"),
+        "broken": stdio_entry("--exit-at-start", "3", "--exit-message", "bad token"),
+    }
+    config = write_config(tmp_path, servers)
+    async with gateway_stdio(config, dict(env, BREAKWATER_LIST_WAIT_S="8")) as client:
+        names = {t.name for t in (await client.list_tools()).tools}
+        assert "quick__echo" in names and not any(n.startswith(("stuck__", "broken__")) for n in names)
+        started = time.monotonic()
+        broken = await client.call_tool("broken__echo", {"message": "hi"})
+        assert time.monotonic() - started < 1.5  # retrying after an exit: no wait
+        sc = broken.structured_content or {}
+        assert sc["code"] in ("SERVER_CONNECTING", "SERVER_UNAVAILABLE") and "bad token" in json.dumps(sc)
+        # A server on its way up is waited for, but never past the caller's own deadline (`_meta`).
+        started = time.monotonic()
+        meta = cast(RequestParamsMeta, {"io.breakwater/deadlineMs": 500})
+        stuck = await client.call_tool("stuck__echo", {"message": "hi"}, meta=meta)
+        assert 0.4 < time.monotonic() - started < 2.5
+        assert (stuck.structured_content or {})["code"] == "SERVER_CONNECTING"
 
 
 async def test_progress_is_relayed_and_cancel_reaches_upstream(tmp_path: Path, env: dict[str, str]) -> None:
@@ -342,3 +399,41 @@ async def test_downstream_operation_id_reaches_the_upstream(tmp_path: Path, env:
     ids = [row["operation_id"] for row in read_ledger(ledger)]
     assert ids[:2] == ["agent-op-42", "agent-op-42"]
     assert ids[2] not in (None, "agent-op-42")
+
+
+async def test_arguments_that_do_not_fit_the_schema_are_refused_before_sending(tmp_path: Path, env: dict[str, str]) -> None:
+    """`add {"a": "two"}` against a schema that wants a number: INVALID_ARGUMENTS naming `a`, and nothing sent."""
+    config = write_config(tmp_path, {"calc": stdio_entry()})
+    async with gateway_stdio(config, env) as client:
+        await wait_ready(client, 1)
+        wrong = await client.call_tool("calc__add", {"a": "two", "b": 1})
+        sc = wrong.structured_content or {}
+        assert wrong.is_error and (sc["code"], sc["field"], sc["attempt"]) == ("INVALID_ARGUMENTS", "a", 0), sc
+        assert "argument 'a'" in wrong.content[0].text  # type: ignore[union-attr]
+        right = await client.call_tool("calc__add", {"a": 2, "b": 1})
+        assert not right.is_error, right
+        state = (await client.call_tool("calc__testserver_state", {})).structured_content or {}
+    assert "add" in json.dumps(state) and '"two"' not in json.dumps(state)
+
+
+async def test_a_url_that_keeps_refusing_is_described_with_what_is_known(tmp_path: Path, env: dict[str, str]) -> None:
+    """A closed port: the call answers at once (no wait for a server that is retrying after refusals), saying since
+    when it has failed, after how many attempts, and when the next one is, not "still starting up"."""
+    config = write_config(tmp_path, {"down": {"type": "http", "url": f"http://127.0.0.1:{free_port()}/mcp"}})
+    retrying = dict(env, BREAKWATER_CONNECT_BUDGET_S="120", BREAKWATER_CONNECT_BACKOFF_CAP_S="1")
+    async with gateway_stdio(config, retrying) as client:
+        with anyio.fail_after(30):
+            while True:
+                server = (await client.call_tool("breakwater_status", {})).structured_content["servers"][0]  # type: ignore[index]
+                if server["state"] == "retrying" and server["attempts"] >= 2:
+                    break
+                await anyio.sleep(0.1)
+        started = time.monotonic()
+        result = await client.call_tool("down__anything", {})
+        assert time.monotonic() - started < 1.5
+    sc = result.structured_content or {}
+    # Caught mid-attempt, the call waits for that attempt's (quick) refusal: the answer is always from `retrying`.
+    assert (sc["code"], sc["state"]) == ("SERVER_CONNECTING", "retrying"), sc
+    assert sc["failing_since"] == server["failing_since"] and sc["connect_attempts"] >= 2 and sc["next_retry_at"]
+    assert "failed to connect since" in sc["message"] and "refused" in sc["message"]
+    assert "still starting up" not in result.content[0].text  # type: ignore[union-attr]

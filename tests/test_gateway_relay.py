@@ -236,6 +236,43 @@ async def test_a_client_without_sampling_gets_an_error_not_a_hang(tmp_path: Path
     assert text(result).startswith("Sampling not supported or error: breakwater: the client that made this call does not")
 
 
+async def test_the_everything_server_refused_input_wrong_arguments_and_one_tool_count(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """The npm `server-everything` behind the gateway, for a client without sampling or elicitation: a tool whose
+    sampling (or elicitation) request was refused answers CLIENT_CANNOT_ANSWER, not TOOL_ERROR "fix the input";
+    `get-sum {"a": "two"}` answers INVALID_ARGUMENTS naming `a`; and `breakwater status`, `breakwater_status` and
+    tools/list agree on how many tools the server has (it lists more to a client that can sample)."""
+    import json
+
+    from conformance.node_tools import node_tools
+
+    tools = node_tools()
+    main = tools.package_main("@modelcontextprotocol/server-everything")
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {"everything": {"command": str(tools.node), "args": [str(main), "stdio"]}}}))
+    env = dict(env, BREAKWATER_TOOL_NAME_TEMPLATE="{server}__{tool}")
+    async with Client(gateway_stdio(path, env)) as client:
+        await ready(client)
+        listed = [t.name for t in (await client.list_tools()).tools if t.name.startswith("everything__")]
+        status = (await client.call_tool("breakwater_status", {})).structured_content or {}
+        for name, arguments in (("trigger-sampling-request", {"prompt": "hi"}), ("trigger-elicitation-request", {})):
+            refused = await client.call_tool(f"everything__{name}", arguments)
+            sc = refused.structured_content or {}
+            assert refused.is_error and sc["code"] == "CLIENT_CANNOT_ANSWER", sc
+            assert "does not support" in sc["reason"] and "fix the input" not in text(refused)
+        wrong = await client.call_tool("everything__get-sum", {"a": "two", "b": 1})
+        sc = wrong.structured_content or {}
+        assert (sc["code"], sc["field"], sc["attempt"]) == ("INVALID_ARGUMENTS", "a", 0), sc
+        assert "argument 'a'" in text(wrong)
+    cli = subprocess.run(
+        [*BREAKWATER, "status", "--config", str(path), "--json", "--wait", "30"],
+        capture_output=True, text=True, env=env, timeout=90, check=False,
+    )  # fmt: skip
+    (row,) = json.loads(cli.stdout)["servers"]
+    assert row["tools"] == status["servers"][0]["tools"] == len(listed), (row, status["servers"][0], listed)
+
+
 async def test_a_client_that_leaves_mid_question_does_not_hurt_the_gateway(tmp_path: Path, env: dict[str, str]) -> None:
     """A client that disconnects while the upstream waits on its answer: the gateway keeps serving others."""
     asked = anyio.Event()

@@ -299,7 +299,9 @@ async def test_calls_refused_before_reaching_a_tool_are_journaled_too() -> None:
     upstream.state = ServerState.CONNECTING
     token = DOWNSTREAM_CLIENT.set("agent-y")
     try:
-        assert (await gate.call("s", "later", {})).structured_content["code"] == "SERVER_CONNECTING"  # type: ignore[index]
+        # A connecting server is waited for within the call's window (on the fake clock), then refused.
+        later = await drive(clock, lambda: gate.call("s", "later", {}))
+        assert later.structured_content["code"] == "SERVER_CONNECTING"
     finally:
         DOWNSTREAM_CLIENT.reset(token)
     assert [(r.tool, r.attempt, r.outcome, r.error_code, r.client) for r in recorder.rows] == [

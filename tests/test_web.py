@@ -222,6 +222,10 @@ def start_fleet_gateway(root: Path) -> RunningGateway:
     config = root / "breakwater.toml"
     config.write_text(
         f"""
+# What `breakwater config import` writes: set in the file, so `configured` (a learned value still wins).
+[call]
+timeout_s = 5
+
 [servers.files]
 command = {json.dumps(files[0])}
 args = {_toml_args(files[1:])}
@@ -381,8 +385,11 @@ def test_status_api_shows_reasons_timeouts_in_force_and_hour_figures(gateway: Ru
     crashy = server_row(data, "crashy")
     assert crashy["error"]["code"] == "exited" and "<redacted>" in json.dumps(crashy["error"])
     assert SECRET not in json.dumps(data)
+    assert erp["breaker"] is None  # never ready: no call has been possible, so no breaker state
     slow = tool_row(data, "files__slow")
     assert (slow["timeout_s"], slow["timeout_source"]) == (pytest.approx(0.3), "configured")
+    oops = tool_row(data, "files__oops")  # never called: the top-level [call] value, labelled as set in the file
+    assert (oops["timeout_s"], oops["timeout_source"]) == (pytest.approx(5.0), "configured")
     read = tool_row(data, "files__read_file")
     # The learned value is the gate's own: p99.9 x 2 of ~10 ms latencies, clamped to the 1 s floor.
     assert read["timeout_s"] == pytest.approx(1.0)
@@ -604,6 +611,7 @@ def _check_page(driver: Any, gateway: RunningGateway, tmp_path: Path) -> None:
     )[0]
     reason = erp.find_element(By.CSS_SELECTOR, "td.reason").text
     assert "spawn_failed" in reason and "command not found" in reason
+    assert erp.find_elements(By.TAG_NAME, "td")[4].text == "—"  # no breaker state: it was never ready
     crashy = _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, 'tr[data-server="crashy"][data-state="failed"]'), "crashy")
     assert "exited" in crashy[0].text and "<redacted>" in crashy[0].text
     assert driver.find_element(By.CSS_SELECTOR, 'tr[data-server="files"]').get_attribute("data-state") == "ready"

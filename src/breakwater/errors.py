@@ -18,7 +18,8 @@ BreakwaterError
         ├── OutcomeUnknownError     OUTCOME_UNKNOWN      a non-retryable call was cut; it may have run
         ├── UpstreamError           UPSTREAM_ERROR       transport or protocol failure
         ├── ToolError               TOOL_ERROR           the tool's own isError result (content passed through)
-        └── CallCancelledError      CANCELLED            the caller cancelled the call
+        ├── CallCancelledError      CANCELLED            the caller cancelled the call
+        └── ClientCannotAnswerError CLIENT_CANNOT_ANSWER the tool asked the client for sampling or elicitation, in vain
 
 The two groups split by phase, as httpx's `TransportError` tree does. A `CallRefused` means the tool
 did not run: breakwater declined to send (breaker, bulkhead, budget, server not ready, drift) or the
@@ -49,6 +50,7 @@ __all__ = [
     "CallRefused",
     "CallTimeoutError",
     "CircuitOpenError",
+    "ClientCannotAnswerError",
     "ConfigError",
     "ErrorCode",
     "InvalidArgumentsError",
@@ -100,6 +102,7 @@ class ErrorCode(enum.StrEnum):
     TOOL_ERROR = "TOOL_ERROR"
     CANCELLED = "CANCELLED"
     INVALID_ARGUMENTS = "INVALID_ARGUMENTS"
+    CLIENT_CANNOT_ANSWER = "CLIENT_CANNOT_ANSWER"
 
 
 # Keys every envelope has; extra detail may not shadow them.
@@ -372,6 +375,18 @@ class InvalidArgumentsError(CallRefused):
     default_retryable = False
     summary = "The arguments do not fit the tool's input schema."
     advice = "Fix the arguments to match the tool's schema before calling it again."
+
+
+class ClientCannotAnswerError(CallFailed):
+    """The tool asked the client a question (sampling or elicitation) that could not be put to it or was refused."""
+
+    code = ErrorCode.CLIENT_CANNOT_ANSWER
+    default_retryable = False
+    summary = "The tool needed the client to answer a sampling or elicitation request, and got no answer."
+    advice = (
+        "Do not change the input: this tool needs a client that can answer that request. Use another tool, "
+        "or tell the user what the tool needs."
+    )
 
 
 def _code_table() -> dict[ErrorCode, type[CallError]]:

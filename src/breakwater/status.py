@@ -131,20 +131,26 @@ class ServerStatus:
     connect_ms: int | None = None
     next_retry_at: float | None = None
     error: ErrorInfo | None = None
+    #: Wall time of the first failed attempt since the server was last ready (None: not failing).
+    failing_since: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """One entry of `status --json`'s `servers` list (`phase` only while queued for admission)."""
-        return {
-            "name": self.name,
-            "transport": self.transport,
-            "state": self.state.value,
-            "protocol": self.protocol,
-            "tools": self.tools,
-            "attempts": self.attempts,
-            "connect_ms": self.connect_ms,
-            "next_retry_at": iso(self.next_retry_at),
-            "error": None if self.error is None else self.error.to_json(),
-        } | ({"phase": self.phase} if self.phase else {})
+        return (
+            {
+                "name": self.name,
+                "transport": self.transport,
+                "state": self.state.value,
+                "protocol": self.protocol,
+                "tools": self.tools,
+                "attempts": self.attempts,
+                "connect_ms": self.connect_ms,
+                "next_retry_at": iso(self.next_retry_at),
+                "error": None if self.error is None else self.error.to_json(),
+            }
+            | ({"phase": self.phase} if self.phase else {})
+            | ({"failing_since": iso(self.failing_since)} if self.failing_since is not None else {})
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,8 +160,9 @@ class ToolTimeout:
     server: str
     tool: str
     timeout_s: float
-    #: `configured` (the tool's or its server's own table), `learned` (from the call journal's
-    #: recorded latencies) or `default` (`[call] timeout_s`).
+    #: `configured` (set in the config file: the tool's or its server's own table, or the top-level
+    #: `[call]`), `learned` (from the call journal's recorded latencies; it wins over the top-level
+    #: `[call]`, not over a server's or tool's own) or `default` (the built-in `[call] timeout_s`).
     source: str
     #: When a learned timeout came into force (epoch seconds); None unless `source` is `learned`.
     learned_at: float | None = None
@@ -211,6 +218,7 @@ class StatusReport:
                     connect_ms=s.get("connect_ms"),
                     next_retry_at=from_iso(s.get("next_retry_at")),
                     error=None if s.get("error") is None else ErrorInfo.from_json(s["error"]),
+                    failing_since=from_iso(s.get("failing_since")),
                 )
                 for s in data.get("servers", [])
             ),

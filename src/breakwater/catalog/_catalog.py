@@ -3,7 +3,7 @@
 Each server's last-known tool list is kept on disk, keyed by the server's name and a fingerprint of
 its config, so the tools of a server that is still connecting (or has failed) are known by name
 from the first second — and a call to one answers "its server is connecting", never "no such tool".
-The catalog also ranks tools for `breakwater_search_tools`.
+The ranking behind `breakwater_search_tools` is `breakwater.catalog._search`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import mcp.types as types
 
 from breakwater import _paths
 
-__all__ = ["Catalog", "Entry", "default_catalog_dir", "namespaced", "tool_fingerprint"]
+__all__ = ["Catalog", "Entry", "default_catalog_dir", "entry_json", "namespaced", "tool_fingerprint"]
 
 # The spec's tool-name rules (2025-11-25 onwards): 1-128 characters of A-Z a-z 0-9 _ - .
 _TOOL_NAME_OK = re.compile(r"[^A-Za-z0-9_.\-]")
@@ -183,43 +183,6 @@ class Catalog:
                 seen.add(name)
                 out.append(Entry(name=name, server=server, tool=tool, live=live))
         return out
-
-
-_WORD = re.compile(r"[a-z0-9]+")
-
-
-def _words(text: str) -> list[str]:
-    # Split snake_case, kebab-case and camelCase alike.
-    spaced = re.sub(r"([a-z])([A-Z])", r"\1 \2", text)
-    return _WORD.findall(spaced.lower())
-
-
-def rank(entries: Sequence[Entry], query: str, *, limit: int = 10) -> list[tuple[float, Entry]]:
-    """Entries that match `query`, best first: name hits weigh more than description hits."""
-    terms = _words(query)
-    if not terms:
-        return []
-    scored: list[tuple[float, Entry]] = []
-    for entry in entries:
-        name_words = set(_words(entry.name))
-        desc_words = _words(entry.tool.description or "")
-        desc_set = set(desc_words)
-        score = 0.0
-        for term in terms:
-            if term in name_words:
-                score += 3
-            elif any(w.startswith(term) or term.startswith(w) for w in name_words if len(w) > 2):
-                score += 2
-            if term in desc_set:
-                score += 1
-            elif any(w.startswith(term) for w in desc_set if len(term) > 3):
-                score += 0.5
-        if query.lower() in entry.name.lower():
-            score += 2
-        if score > 0:
-            scored.append((score, entry))
-    scored.sort(key=lambda pair: (-pair[0], pair[1].name))
-    return scored[:limit]
 
 
 def entry_json(entry: Entry) -> dict[str, Any]:

@@ -93,8 +93,11 @@ def status_view(report: StatusReport, *, now: float | None = None) -> Group:
 
 
 async def _run_status(config: Config, wait: float, as_json: bool) -> int:
+    from breakwater.gateway._relay import connect_as_the_gateway
+
     err = Console(stderr=True)
     async with Breakwater(config) as bw:
+        connect_as_the_gateway(bw)  # so `tools` counts what the gateway lists (some servers list more to it)
         if wait > 0 and err.is_terminal:
             with Live(status_view(bw.status()), console=err, transient=True, refresh_per_second=8) as live:
                 async with anyio.create_task_group() as tg:

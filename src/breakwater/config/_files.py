@@ -329,6 +329,9 @@ def _load_toml(path: Path, environ: Mapping[str, str]) -> Config:
     specs = _servers_file_specs(path, data.get("servers_file"), defaults)
     for name, table in _policy_table(data.get("servers", {}), spath, "servers").items():
         specs[name] = _toml_server(name, table, spath=spath, top=top, environ=environ, known=specs)
+    # Servers from servers_file too: the top-level [call] is configuration for every one of them.
+    configured = frozenset(top["call"])
+    specs = {n: replace(s, call_configured=s.call_explicit | configured) for n, s in specs.items()}
     return Config(servers=tuple(specs.values()), **defaults, **_global_policies(data, spath, environ), path=spath)
 
 

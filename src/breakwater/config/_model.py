@@ -62,9 +62,18 @@ class ServerSpec:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     #: Keys set in this server's own `[servers.NAME.call]` (they win over a learned timeout).
     call_explicit: frozenset[str] = frozenset()
+    #: Keys of `[call]` the config file set for this server anywhere (its own table or the top-level
+    #: `[call]`): a value from there is labelled `configured`, not `default` (a learned one still wins
+    #: over the top-level table).
+    call_configured: frozenset[str] = frozenset()
     #: Per-tool settings, by tool name.
     tools: Mapping[str, ToolSettings] = field(default_factory=dict)
     source: str | None = None
+
+    @property
+    def default_timeout_source(self) -> str:
+        """The label of a timeout that comes from `call.timeout_s`: `configured` when the file set it, else `default`."""
+        return "configured" if "timeout_s" in self.call_configured else "default"
 
     def describe(self) -> dict[str, Any]:
         """What was understood, safe to print: secret values are replaced by their key names.

@@ -206,6 +206,13 @@ class GatewayPolicy:
         env="BREAKWATER_SEARCH_WAIT_S",
         minimum=0.0,
     )
+    list_wait_s: float = knob(
+        5.0,
+        "tools/list waits up to this long for connecting servers with no last-known tools, then answers with what "
+        "it has (later changes go out as list_changed).",
+        env="BREAKWATER_LIST_WAIT_S",
+        minimum=0.0,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -125,6 +125,7 @@ class Upstream:
         self.connect_ms: int | None = None
         self.next_retry_at: float | None = None
         self.error: ErrorInfo | None = None
+        self.failing_since: float | None = None  # wall time of the first failure since last ready
         self.protocol: str | None = None
         self.tools: list[types.Tool] = []
         self.client: Client | None = None
@@ -133,6 +134,7 @@ class Upstream:
         self._lost = anyio.Event()
         self._last_http_status: int | None = None
         self.ready_event = anyio.Event()
+        self._changed = anyio.Event()  # set (and replaced) at every state change
         self._redact = Redactor(spec.secrets)
         self._where = display_url(spec.url) if spec.url else spec.command or ""
         #: Extra `mcp.Client` arguments for this server's next connections: the gateway's relay callbacks
@@ -155,6 +157,7 @@ class Upstream:
             connect_ms=self.connect_ms,
             next_retry_at=self.next_retry_at,
             error=None if self.error is None else self._redacted(self.error),
+            failing_since=self.failing_since,
         )
 
     def _redacted(self, error: ErrorInfo) -> ErrorInfo:
@@ -163,6 +166,10 @@ class Upstream:
             message=self._redact(error.message),
             stderr_tail=tuple(self._redact(line) for line in error.stderr_tail),
         )
+
+    async def wait_changed(self) -> None:
+        """Return at this server's next state change (or phase change while connecting)."""
+        await self._changed.wait()
 
     def report_lost(self) -> None:
         """A caller saw the connection die (e.g. MCPError -32000): reconnect."""
@@ -178,9 +185,12 @@ class Upstream:
         for key, value in changes.items():
             setattr(self, key, value)
         if state is ServerState.READY:
+            self.failing_since = None
             self.ready_event.set()
         elif self.ready_event.is_set():
             self.ready_event = anyio.Event()
+        self._changed.set()
+        self._changed = anyio.Event()
         self._on_change(self)
 
     # ---- the supervisor ---------------------------------------------------------------------
@@ -207,6 +217,8 @@ class Upstream:
                 same_exit = 0
                 continue
             assert self.error is not None
+            if self.failing_since is None:
+                self.failing_since = self._clock.time()
             same_exit = same_exit + 1 if _same_exit(previous, self.error) else 0
             now = self._clock.monotonic()
             # A process that exits the same way again and again is a crash loop, not a slow start.

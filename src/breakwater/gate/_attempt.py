@@ -27,6 +27,7 @@ from mcp import MCPError
 from breakwater._clock import Clock, DeadlineScope
 from breakwater._wire import CONNECTION_CLOSED as _CONNECTION_CLOSED
 from breakwater.connect._http_cut import cut_info
+from breakwater.connect._readiness import connecting_note
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import (
     CODE_TO_ERROR,
@@ -381,6 +382,7 @@ def not_ready_error(clock: Clock, upstream: Upstream, tool: str) -> CallError:
             detail["reason"] = snap.error.code.value
             detail["reason_message"] = snap.error.message
             message = f"The server is not available ({snap.error.message}); the call was not sent."
+        detail |= connecting_note(snap, clock.time())[1]  # since when, how many attempts
         return ServerUnavailableError(message, retry_after_s=retry_after, detail=detail, **common)
     # pending, connecting, retrying (or ready without a client for an instant): it is on its way.
     estimate = retry_after
@@ -391,7 +393,8 @@ def not_ready_error(clock: Clock, upstream: Upstream, tool: str) -> CallError:
         detail["phase"] = snap.phase
     if snap.error is not None:
         detail["last_error"] = snap.error.message
-    return ServerConnectingError(retry_after_s=estimate, detail=detail, **common)
+    note, known = connecting_note(snap, clock.time())  # a server that keeps failing: since when
+    return ServerConnectingError(note, retry_after_s=estimate, detail=detail | known, **common)
 
 
 def _server_outcome(verdict: Verdict, tool_streak: int) -> Outcome:

@@ -59,6 +59,7 @@ import mcp.types as types
 from breakwater._clock import Clock
 from breakwater._wire import OPERATION_ID_META_KEY
 from breakwater.config import JournalPolicy, RetryPolicy
+from breakwater.connect._readiness import call_window, wait_until_ready
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import CallError, ErrorCode, UnknownToolError
 from breakwater.gate._admit import admit
@@ -209,7 +210,12 @@ class CallGate:
             )
         upstream = srv.upstream
         if upstream.state is not ServerState.READY or upstream.client is None:
-            raise self._refused_early(srv, tool, not_ready_error(self._clock, upstream, tool))
+            # A server on its way up (pending, connecting) is waited for within the call's window.
+            budget = current_budget()
+            window = call_window(upstream.spec, tool, timeout)
+            until = None if budget is None else budget.deadline
+            if not await wait_until_ready(upstream, clock=self._clock, seconds=window, deadline=until):
+                raise self._refused_early(srv, tool, not_ready_error(self._clock, upstream, tool))
         info = srv.tool(tool)
         if info is None:
             raise self._refused_early(
@@ -291,7 +297,7 @@ class CallGate:
             if info.health.learned_at is None:
                 info.health.learned_at = self._clock.time()
             return learned, "learned"
-        return info.call.timeout_s, "default"
+        return info.call.timeout_s, srv.upstream.spec.default_timeout_source
 
     # ---- one logical call ---------------------------------------------------------------------
 

@@ -20,8 +20,12 @@ from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 
+from breakwater._breakwater import Breakwater
+from breakwater._wire import ENVELOPE_META_KEY
 from breakwater.config import ServerSpec
+from breakwater.errors import ClientCannotAnswerError, ErrorCode
 from breakwater.gate._attempt import ATTEMPT_WATCHER, AttemptDeadline
+from breakwater.gate._envelope import error_result
 from breakwater.gateway._passthrough import connection_of
 from breakwater.tasks._server import current_task_id
 
@@ -74,6 +78,8 @@ class _Caller:
     attempt: AttemptDeadline | None = None
     #: The call runs as a gateway task (breakwater.gateway._tasks): no round to carry a question in.
     in_task: bool = False
+    #: The server's requests this call could not get answered: (kind, why), in order.
+    refusals: list[tuple[str, str]] = field(default_factory=list)
     _asks: set[anyio.CancelScope] = field(default_factory=set)
     _deliveries: int = 0
     _idle: anyio.Event = field(default_factory=anyio.Event)
@@ -122,6 +128,11 @@ class _Caller:
             while self._deliveries:
                 self._idle = anyio.Event()
                 await self._idle.wait()
+
+    def refuse(self, kind: str, why: str) -> types.ErrorData:
+        """Refuse the server's `kind` request for this call, and remember why (see `explain_refusal`)."""
+        self.refusals.append((kind, why))
+        return _refusal(why)
 
     def finish(self) -> None:
         self.finished = True
@@ -331,7 +342,7 @@ class _Relay:
             return _refusal(f"no single client call to {server!r} is waiting for this sampling request")
         gap = _sampling_gap(caller.capabilities, params)
         if gap is not None:
-            return _refusal(f"the client that made this call {gap}")
+            return caller.refuse("sampling", f"the client that made this call {gap}")
         wants_tools = bool(params.tools or params.tool_choice)
         result_type = types.CreateMessageResultWithTools if wants_tools else types.CreateMessageResult
         return await self._ask(caller, "sampling", types.CreateMessageRequest(params=params), result_type)
@@ -343,7 +354,7 @@ class _Relay:
             return _refusal(f"no single client call to {server!r} is waiting for this elicitation request")
         gap = _elicitation_gap(caller.capabilities, params)
         if gap is not None:
-            return _refusal(f"the client that made this call {gap}")
+            return caller.refuse("elicitation", f"the client that made this call {gap}")
         return await self._ask(caller, "elicitation", types.ElicitRequest(params=params), types.ElicitResult)
 
     async def _ask(
@@ -355,14 +366,15 @@ class _Relay:
         if ctx is None or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             # 2026-07-28 has no server-to-client requests; the gateway carries input requests on tools/call only.
             if caller.in_task:
-                return _refusal(f"the client's call runs as a task, and breakwater does not relay {kind} into tasks")
+                return caller.refuse(kind, f"the client's call runs as a task, and breakwater does not relay {kind} into tasks")
             method = ctx.method if ctx is not None else "this request"
-            return _refusal(f"a 2026-07-28 client can be asked for {kind} during tools/call only, not {method}")
+            return caller.refuse(kind, f"a 2026-07-28 client can be asked for {kind} during tools/call only, not {method}")
         try:
             with caller.asking():
                 metadata = ServerMessageMetadata(related_request_id=ctx.request_id)
                 return await ctx.session.send_request(request, result_type, metadata=metadata)
         except MCPError as exc:
+            caller.refusals.append((kind, f"the client refused it: {exc.error.message}"))
             return exc.error
         except Exception as exc:  # a client that went away or answered nonsense must not break the upstream call
             logger.debug("relaying %s to the downstream client failed", kind, exc_info=True)
@@ -402,3 +414,45 @@ def _admitted_levels(ctx: ServerRequestContext[Any]) -> frozenset[types.LoggingL
     state = getattr(connection_of(ctx), "state", None)
     level = state.get(LOG_LEVEL_STATE) if isinstance(state, dict) else None
     return frozenset(LOG_LEVELS[LOG_LEVELS.index(level) :] if level in LOG_LEVELS else LOG_LEVELS)
+
+
+def explain_refusal(result: types.CallToolResult, caller: _Caller) -> types.CallToolResult:
+    """A tool error that followed a refused sampling or elicitation request, as CLIENT_CANNOT_ANSWER.
+
+    The tool's own words stay first; the code and advice say that different input will not help,
+    where a plain TOOL_ERROR would tell the model to fix its input.
+    """
+    structured = result.structured_content
+    if not result.is_error or not caller.refusals or not isinstance(structured, Mapping):
+        return result
+    if structured.get("code") != ErrorCode.TOOL_ERROR.value:
+        return result
+    kind, why = caller.refusals[-1]
+    err = ClientCannotAnswerError(
+        f"The tool asked the client for {kind}, and got no answer: {why}.",
+        server=structured.get("server"),
+        tool=structured.get("tool"),
+        attempt=int(structured.get("attempt") or 1),
+        max_attempts=int(structured.get("max_attempts") or 1),
+        operation_id=structured.get("operation_id"),
+        detail={"request": kind, "reason": why},
+    )
+    ours = error_result(err)
+    own = [block for block in result.content if not (block.meta or {}).get(ENVELOPE_META_KEY)]
+    return ours.model_copy(update={"content": [*own, *ours.content]})
+
+
+async def _no_subscribers(server: str, uri: str) -> None:
+    return None
+
+
+def connect_as_the_gateway(bw: Breakwater) -> None:
+    """Have `bw`'s servers connect as the gateway's do: declaring sampling and elicitation.
+
+    Some servers list more tools to a client that can answer those requests, so this is what makes
+    `breakwater status` count the tools the gateway lists. With no downstream caller, a request is
+    refused at once. Call it before the first connect (right after entering `bw`).
+    """
+    relay = _Relay(resource_updated=_no_subscribers)
+    for spec in bw.config.servers:
+        bw.upstream(spec.name).client_hooks = relay.client_kwargs

@@ -15,12 +15,9 @@ Resource subscriptions are relayed by `breakwater.gateway._passthrough.Subscript
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import secrets
-import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -37,10 +34,13 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from breakwater._breakwater import Breakwater
 from breakwater._wire import DEADLINE_META_KEY, OPERATION_ID_META_KEY
-from breakwater.catalog._catalog import Catalog, Entry, entry_json, rank
+from breakwater.catalog._catalog import Catalog, Entry
+from breakwater.catalog._validate import argument_problem
 from breakwater.config import GatewayPolicy
-from breakwater.errors import CallCancelledError, ToolChangedError, UnknownToolError
+from breakwater.connect._readiness import ON_ITS_WAY
+from breakwater.errors import CallCancelledError, InvalidArgumentsError, ToolChangedError, UnknownToolError
 from breakwater.gate._envelope import error_result
+from breakwater.gateway._builtins import BuiltinTools, SearchAnswer
 from breakwater.gateway._passthrough import Passthrough, RelayedListen, connection_of
 from breakwater.gateway._relay import (
     EXCHANGE_KEEP_S,
@@ -50,19 +50,18 @@ from breakwater.gateway._relay import (
     _can_answer,
     _Exchange,
     _Relay,
+    explain_refusal,
 )
 from breakwater.gateway._tasks import GatewayTasks
 from breakwater.journal import DOWNSTREAM_CLIENT
-from breakwater.status import ServerState, ServerStatus, iso
+from breakwater.status import ServerState
 from breakwater.tasks._server import current_task_id
 
 __all__ = ["DEADLINE_META_KEY", "Gateway", "GatewayPolicy", "SearchAnswer"]
 
 logger = logging.getLogger("breakwater.gateway")
 
-SEARCH_LIMIT = 10
-NOT_READY = (ServerState.PENDING, ServerState.CONNECTING, ServerState.RETRYING, ServerState.FAILED)
-STILL_CONNECTING = (ServerState.PENDING, ServerState.CONNECTING, ServerState.RETRYING)
+CALLED_STATE = "breakwater.calledTool"  # in the downstream connection's `state`: it has called a tool
 
 
 class _GatewayServer(Server[Any]):
@@ -80,76 +79,6 @@ class _GatewayServer(Server[Any]):
         )
 
 
-@dataclass(frozen=True, kw_only=True)
-class SearchAnswer:
-    """What `breakwater_search_tools` (and `breakwater tools QUERY`) answers."""
-
-    query: str
-    matches: list[Entry]
-    unsearched: list[ServerStatus]  # servers that could not be searched live
-    servers: int
-    drift: Mapping[str, Sequence[str]] = field(default_factory=dict)  # server -> tools changed since approved
-
-    def changed(self, entry: Entry) -> bool:
-        """Whether `entry`'s definition changed since it was approved."""
-        return entry.tool.name in self.drift.get(entry.server, ())
-
-    @property
-    def complete(self) -> bool:
-        """Every server was searched live: an empty answer really means "no such tool"."""
-        return not self.unsearched
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "query": self.query,
-            "matches": [entry_json(e) | {"definition_changed": self.changed(e)} for e in self.matches],
-            "complete": self.complete,
-            "not_searched": [_server_note_json(s) for s in self.unsearched],
-        }
-
-    def text(self) -> str:
-        lines: list[str] = []
-        if self.matches:
-            lines.append(f"Tools matching {self.query!r}:" if self.query else "Tools:")
-            for e in self.matches:
-                desc = entry_json(e)["description"]
-                flag = "" if e.live else f" [server {e.server} is not ready: last-known definition]"
-                if self.changed(e):
-                    flag += " [definition changed since approved: review before relying on it]"
-                lines.append(f"- {e.name}: {desc}{flag}")
-        elif self.complete:
-            lines.append(f"No such tool: nothing matches {self.query!r} on any of the {self.servers} servers (all searched).")
-        else:
-            lines.append(f"Nothing matches {self.query!r} among the servers that answered; not every server could be searched.")
-        if self.unsearched:
-            lines.append("Not searched live (their tools may exist; do not conclude they are missing):")
-            lines.extend(f"- {_server_note(s)}" for s in self.unsearched)
-        return "\n".join(lines)
-
-
-def _server_note(s: ServerStatus) -> str:
-    if s.state is ServerState.RETRYING and s.error is not None:
-        return (
-            f"{s.name}: still connecting; attempt {s.attempts} failed ({s.error.code.value}: {s.error.message}); "
-            f"next attempt at {iso(s.next_retry_at)}"
-        )
-    if s.state in STILL_CONNECTING:
-        return f"{s.name}: still connecting (attempt {max(1, s.attempts)})"
-    reason = f"{s.error.code.value}: {s.error.message}" if s.error else "unavailable"
-    retry = f"; next retry at {iso(s.next_retry_at)}" if s.next_retry_at else ""
-    return f"{s.name}: failed ({reason}){retry}"
-
-
-def _server_note_json(s: ServerStatus) -> dict[str, Any]:
-    return {
-        "server": s.name,
-        "state": s.state.value,
-        "attempts": s.attempts,
-        "error": None if s.error is None else s.error.to_json(),
-        "next_retry_at": iso(s.next_retry_at),
-    }
-
-
 def _client_name(ctx: ServerRequestContext[Any], meta: Mapping[str, Any]) -> str | None:
     """The downstream client's name: from `initialize` on handshake-era connections, else the 2026-07-28 `_meta` envelope."""
     params = ctx.session.client_params
@@ -158,13 +87,6 @@ def _client_name(ctx: ServerRequestContext[Any], meta: Mapping[str, Any]) -> str
     info = meta.get(types.CLIENT_INFO_META_KEY)
     name = info.get("name") if isinstance(info, Mapping) else None
     return name if isinstance(name, str) else None
-
-
-def _text_result(text: str, structured: dict[str, Any]) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=structured)
-
-
-# ---- relaying what upstream servers send back mid-request ---------------------------------------
 
 
 class Gateway:
@@ -204,15 +126,9 @@ class Gateway:
         )
         # Not `on_set_logging_level=`: that warns (deprecated at 2026-07-28) on every start.
         self.server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, self._on_set_level)
-        self._builtins: dict[str, Callable[[ServerRequestContext[Any], Mapping[str, Any]], Awaitable[types.CallToolResult]]] = {}
-        if policy.search_tool:
-            self._builtins[policy.search_tool] = self._search_tool
-        if policy.status_tool:
-            self._builtins[policy.status_tool] = self._status_tool
+        self.builtins = BuiltinTools(bw, policy, entries=self.entries, drift=lambda: self.drift)
         # The 2026-07-28 tasks extension for downstream clients that declare it (breakwater.gateway._tasks).
-        self.tasks = GatewayTasks(
-            self.server, bw=bw, builtin_tools=frozenset(n for n in (policy.search_tool, policy.status_tool) if n)
-        )
+        self.tasks = GatewayTasks(self.server, bw=bw, builtin_tools=self.builtins.names)
 
     # ---- the catalog as the gateway shows it ----------------------------------------------------
 
@@ -254,36 +170,6 @@ class Gateway:
         if self._generation == self.bw.generation:
             return self._entries
         return self.refresh()
-
-    def _builtin_tools(self) -> list[types.Tool]:
-        tools = []
-        if self.policy.search_tool:
-            tools.append(
-                types.Tool(
-                    name=self.policy.search_tool,
-                    description=(
-                        "Search every connected MCP server's tools by name and description. The answer always says "
-                        "which servers could not be searched (still connecting, or failed with a reason and the next "
-                        "retry), so a missing tool is never mistaken for one that does not exist."
-                    ),
-                    input_schema={
-                        "type": "object",
-                        "properties": {"query": {"type": "string", "description": "words to look for"}},
-                        "required": ["query"],
-                    },
-                    annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
-                )
-            )
-        if self.policy.status_tool:
-            tools.append(
-                types.Tool(
-                    name=self.policy.status_tool,
-                    description="Each upstream MCP server's state (ready, connecting, retrying, failed) and why.",
-                    input_schema={"type": "object", "properties": {}},
-                    annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
-                )
-            )
-        return tools
 
     def _resolve(self, name: str) -> tuple[str, str] | None:
         """The (server, tool) behind a downstream name: from the catalog, else from the name's shape."""
@@ -355,17 +241,42 @@ class Gateway:
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         self._track(ctx)
-        tools = self._builtin_tools() + [e.downstream() for e in self.entries()]
-        return types.ListToolsResult(tools=tools)
+        # A client that already called a tool knows what it wants: its list (the SDK client lists after a
+        # call, for the output schema) must not hold the answer it is waiting for.
+        state = getattr(connection_of(ctx), "state", None)
+        called = isinstance(state, dict) and state.get(CALLED_STATE, False)
+        entries = self.entries() if called else await self._listable_entries()
+        return types.ListToolsResult(tools=self.builtins.tools() + [e.downstream() for e in entries])
+
+    async def _listable_entries(self) -> list[Entry]:
+        """The entries, once connecting servers with nothing listed yet are ready (or `list_wait_s` passed).
+
+        Many clients read the tool list once, at start-up, and ignore list_changed: a first-ever
+        `serve` must not answer with the built-ins alone for servers half a second from ready.
+        """
+        clock = self.bw.clock
+        deadline = clock.monotonic() + self.policy.list_wait_s
+        while self._unlisted_on_its_way() and clock.monotonic() < deadline:
+            with clock.deadline_scope(deadline):
+                await self.bw.wait_changed()
+        return self.entries()
+
+    def _unlisted_on_its_way(self) -> bool:
+        listed = {e.server for e in self.entries()}
+        names = [spec.name for spec in self.bw.config.servers if spec.enabled and spec.name not in listed]
+        return any(self.bw.upstream(name).state in ON_ITS_WAY for name in names)
 
     async def _on_call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
         self._track(ctx)
+        state = getattr(connection_of(ctx), "state", None)
+        if isinstance(state, dict):
+            state[CALLED_STATE] = True
         if params.request_state is not None:  # only ever one of the gateway's own (`_Exchange`)
             return await self._resume(ctx, params)
         arguments = dict(params.arguments or {})
-        builtin = self._builtins.get(params.name)
+        builtin = self.builtins.handlers.get(params.name)
         if builtin is not None:
             return await builtin(ctx, arguments)
         target = self._resolve(params.name)
@@ -378,6 +289,11 @@ class Gateway:
         if self.policy.drift == "block" and tool in self.drift.get(server, ()):
             message = f"The definition of {params.name!r} changed since it was approved."
             return error_result(ToolChangedError(message, server=server, tool=tool))
+        entry = self._index.get(params.name)
+        problem = argument_problem(entry.tool, arguments) if entry is not None and entry.live else None
+        if problem is not None:
+            detail = {"field": problem.field, "problem": problem.problem}
+            return error_result(InvalidArgumentsError(problem.sentence(), server=server, tool=tool, detail=detail))
         arguments_for = (server, tool, arguments)
         # Inside a gateway task (breakwater.gateway._tasks) there is no next round to carry questions in.
         in_task = current_task_id() is not None
@@ -414,7 +330,7 @@ class Gateway:
                 )
             # Progress and log messages that arrived before the result reach the caller before it does.
             await caller.drain()
-            return result
+            return explain_refusal(result, caller)
         finally:
             DOWNSTREAM_CLIENT.reset(client)
 
@@ -486,41 +402,11 @@ class Gateway:
             state[LOG_LEVEL_STATE] = params.level
         return types.EmptyResult()
 
-    # ---- built-in tools -------------------------------------------------------------------------
+    # ---- built-in tools and drift -------------------------------------------------------------
 
     async def search(self, query: str, *, wait_s: float | None = None) -> SearchAnswer:
-        """Rank tools for `query`; first wait briefly for connecting servers that might hold a match."""
-        wait = self.policy.search_wait_s if wait_s is None else wait_s
-        deadline = time.monotonic() + wait
-        while True:
-            entries = self.entries()
-            statuses = [s for s in self.bw.status().servers if s.state is not ServerState.DISABLED]
-            pending = [s for s in statuses if s.state in STILL_CONNECTING and self._might_match(s.name, query, entries)]
-            remaining = deadline - time.monotonic()
-            if not pending or remaining <= 0:
-                break
-            with anyio.move_on_after(remaining):
-                await self.bw.wait_changed()
-        matches = [e for _, e in rank(entries, query, limit=SEARCH_LIMIT)] if query.strip() else entries
-        unsearched = [s for s in statuses if s.state in NOT_READY]
-        return SearchAnswer(query=query, matches=matches, unsearched=unsearched, servers=len(statuses), drift=dict(self.drift))
-
-    def _might_match(self, server: str, query: str, entries: Sequence[Entry]) -> bool:
-        terms = [t for t in query.lower().split() if t]
-        if not terms or any(t in server.lower() for t in terms):
-            return True
-        known = [e for e in entries if e.server == server]
-        return not known or bool(rank(known, query, limit=1))
-
-    async def _search_tool(self, ctx: ServerRequestContext[Any], arguments: Mapping[str, Any]) -> types.CallToolResult:
-        query = arguments.get("query")
-        if not isinstance(query, str):
-            return types.CallToolResult(
-                content=[types.TextContent(type="text", text='Pass a text \'query\', e.g. {"query": "create invoice"}.')],
-                is_error=True,
-            )
-        answer = await self.search(query)
-        return _text_result(answer.text(), answer.to_json())
+        """The search tool's answer for `query` (see `BuiltinTools.search`)."""
+        return await self.builtins.search(query, wait_s=wait_s)
 
     def accept(self, names: Sequence[str] = ()) -> list[str]:
         """Approve the current definitions of the named (downstream) tools, or of every changed tool."""
@@ -537,14 +423,3 @@ class Gateway:
             accepted += [e.name for e in live if e.tool.name in done]
         self.refresh()
         return accepted
-
-    async def _status_tool(self, ctx: ServerRequestContext[Any], arguments: Mapping[str, Any]) -> types.CallToolResult:
-        self.entries()
-        report = self.bw.status().to_json() | {
-            "drift": {server: tools for server, tools in self.drift.items()},
-            "state_store": self.bw.state_store_status(),
-        }
-        return _text_result(json.dumps(report, indent=2), report)
-
-
-# ---- running it ---------------------------------------------------------------------------------

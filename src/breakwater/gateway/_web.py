@@ -30,7 +30,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -40,9 +40,10 @@ import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 
+from breakwater.catalog._catalog import Entry
 from breakwater.gateway._metrics import BUILTIN_SERVER, CONTENT_TYPE, UNLISTED, Metrics, Resolver
 from breakwater.journal import timeout_in_force
-from breakwater.status import ServerState, iso
+from breakwater.status import ServerState, StatusReport, iso
 
 if TYPE_CHECKING:
     from mcp.server.transport_security import TransportSecuritySettings
@@ -322,6 +323,10 @@ def _timeout_in_force(bw: Breakwater, server: str, tool: str) -> tuple[float, st
     return timeout_in_force(bw.upstream(server).spec, tool, learned)
 
 
+#: A tool no call has reached yet, of a server that has been ready: its breaker would be closed.
+_NO_CALLS_YET: dict[str, Any] = {"state": "closed", "failure_rate": 0.0, "calls_in_window": 0, "retry_after_s": 0.0, "reason": ""}
+
+
 def _breaker_json(snapshot: Any) -> dict[str, Any]:
     return {
         "state": snapshot.state.value,
@@ -347,6 +352,29 @@ def status_json(
     bw = gateway.bw
     report = bw.status()
     breakers = {(b.key.server, b.key.tool or ""): b.snapshot() for b in bw.gate.breakers}
+    from importlib.metadata import version
+
+    return {
+        "version": version("mcp-breakwater"),
+        "now": time.time(),
+        "generated_at": iso(time.time()),
+        "started_at": metrics.started_at,
+        "ready": report.all_ready,
+        "summary": report.summary,
+        "servers": _servers_json(bw, report, breakers),
+        "tools": [_tool_json(bw, metrics, entry, breakers, stats) for entry in gateway.entries()],
+        "failures": _failures_json(metrics),
+        "window_s": STATS_WINDOW_S,
+        # Where the per-tool hour figures come from: the journal, or nowhere when it is off.
+        "hour_source": "off" if stats is None else "journal",
+        "hour_error": stats_error,
+        "journal": _journal_json(bw),
+        "drift": {server: list(changed) for server, changed in gateway.drift.items()},
+        "state_store": bw.state_store_status(),
+    }
+
+
+def _servers_json(bw: Breakwater, report: StatusReport, breakers: Mapping[tuple[str, str], Any]) -> list[dict[str, Any]]:
     budgets = bw.gate.retry_budget_snapshots()
     in_flight = bw.gate.in_flight()
     servers = []
@@ -354,42 +382,53 @@ def status_json(
         row = s.to_json()
         own = breakers.get((s.name, ""))
         budget = budgets.get(s.name)
-        row["breaker"] = None if own is None else _breaker_json(own)
+        # No breaker state where no call has been possible (never ready: no connect time).
+        row["breaker"] = None if own is None or s.connect_ms is None else _breaker_json(own)
         row["in_flight"] = in_flight.get(s.name, 0)
         row["retry_budget_tokens"] = None if budget is None else round(budget.tokens, 3)
         servers.append(row)
-    tools = []
-    for entry in gateway.entries():
-        server, tool = entry.server, entry.tool.name
-        timeout_s, source = _timeout_in_force(bw, server, tool)
-        breaker = breakers.get((server, tool))
-        hour = None if stats is None else stats.get((server, tool))
-        tools.append(
-            {
-                "name": entry.name,
-                "server": server,
-                "tool": tool,
-                "live": entry.live,
-                "breaker": {"state": "closed", "failure_rate": 0.0, "calls_in_window": 0, "retry_after_s": 0.0, "reason": ""}
-                if breaker is None
-                else _breaker_json(breaker),
-                "timeout_s": timeout_s,
-                "timeout_source": source,
-                "hour": None
-                if hour is None
-                else {
-                    "calls": hour.calls,
-                    "attempts": hour.attempts,
-                    "timeouts": hour.timeouts,
-                    "timeout_rate": hour.timeout_rate,
-                    "success_rate": hour.success_rate,
-                    "p95_s": hour.p95_s,
-                },
-                "attempts": metrics.attempt_counts(server, tool),
-                "points": [[round(t, 3), round(d, 4), o] for t, d, o in metrics.recent_points(server, tool)],
-            }
-        )
-    failures = [
+    return servers
+
+
+def _tool_json(
+    bw: Breakwater,
+    metrics: Metrics,
+    entry: Entry,
+    breakers: Mapping[tuple[str, str], Any],
+    stats: dict[tuple[str, str], ToolStats] | None,
+) -> dict[str, Any]:
+    server, tool = entry.server, entry.tool.name
+    timeout_s, source = _timeout_in_force(bw, server, tool)
+    breaker = breakers.get((server, tool))
+    # No breaker state where no call has been possible (its server never became ready): None.
+    never_ready = bw.upstream(server).connect_ms is None
+    breaker_json = None if never_ready else _NO_CALLS_YET if breaker is None else _breaker_json(breaker)
+    hour = None if stats is None else stats.get((server, tool))
+    return {
+        "name": entry.name,
+        "server": server,
+        "tool": tool,
+        "live": entry.live,
+        "breaker": breaker_json,
+        "timeout_s": timeout_s,
+        "timeout_source": source,
+        "hour": None
+        if hour is None
+        else {
+            "calls": hour.calls,
+            "attempts": hour.attempts,
+            "timeouts": hour.timeouts,
+            "timeout_rate": hour.timeout_rate,
+            "success_rate": hour.success_rate,
+            "p95_s": hour.p95_s,
+        },
+        "attempts": metrics.attempt_counts(server, tool),
+        "points": [[round(t, 3), round(d, 4), o] for t, d, o in metrics.recent_points(server, tool)],
+    }
+
+
+def _failures_json(metrics: Metrics) -> list[dict[str, Any]]:
+    return [
         {
             "at": r.started_at,
             "server": r.server,
@@ -402,32 +441,16 @@ def status_json(
         }
         for r in metrics.recent_failures(PAGE_FAILURES)
     ]
-    journal = bw.journal
-    from importlib.metadata import version
 
+
+def _journal_json(bw: Breakwater) -> dict[str, Any] | None:
+    journal = bw.journal
+    if journal is None:
+        return None
     return {
-        "version": version("mcp-breakwater"),
-        "now": time.time(),
-        "generated_at": iso(time.time()),
-        "started_at": metrics.started_at,
-        "ready": report.all_ready,
-        "summary": report.summary,
-        "servers": servers,
-        "tools": tools,
-        "failures": failures,
-        "window_s": STATS_WINDOW_S,
-        # Where the per-tool hour figures come from: the journal, or nowhere when it is off.
-        "hour_source": "off" if stats is None else "journal",
-        "hour_error": stats_error,
-        "journal": None
-        if journal is None
-        else {
-            "location": journal.store.location,
-            "dropped": journal.dropped,
-            "queued": journal.queued,
-            "failed": journal.failed,
-            "last_error": journal.last_error,
-        },
-        "drift": {server: list(changed) for server, changed in gateway.drift.items()},
-        "state_store": bw.state_store_status(),
+        "location": journal.store.location,
+        "dropped": journal.dropped,
+        "queued": journal.queued,
+        "failed": journal.failed,
+        "last_error": journal.last_error,
     }

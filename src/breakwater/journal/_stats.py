@@ -114,8 +114,8 @@ def timeout_in_force(spec: ServerSpec | None, tool: str, learned: float | None) 
     if learned is not None and learned > 0:
         return learned, "learned"
     if own is not None:
-        return own.call.timeout_s, "default"
-    return (spec.call if spec is not None else CallPolicy()).timeout_s, "default"
+        return own.call.timeout_s, spec.default_timeout_source if spec is not None else "default"
+    return (spec.call if spec is not None else CallPolicy()).timeout_s, spec.default_timeout_source if spec else "default"
 
 
 def learned_value(inp: LearnInput, policy: JournalPolicy) -> float | None:

@@ -1,0 +1,92 @@
+"""Arguments checked against a tool's input schema before the call is sent.
+
+A call whose arguments cannot fit the tool's `inputSchema` is answered INVALID_ARGUMENTS, naming the
+field, instead of reaching the server and coming back as the tool's own error (which a model reads
+as "fix the input" with no hint which). Uses `jsonschema`, which the MCP SDK already depends on (its
+client validates structured results with it). A schema that is not valid JSON Schema is the server's
+business: such a tool's arguments are not checked here. May import the core leaves only.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import mcp.types as types
+
+__all__ = ["ArgumentProblem", "argument_problem"]
+
+_MAX_SHOWN = 80  # characters of a rejected value shown back to the model
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArgumentProblem:
+    """Why the arguments do not fit: the field (a dotted path, "" for the arguments object) and the rule."""
+
+    field: str
+    problem: str
+
+    def sentence(self) -> str:
+        """The problem as the model reads it."""
+        where = f"argument '{self.field}'" if self.field else "the arguments"
+        return f"The tool's input schema rejects {where}: {self.problem}."
+
+
+class _Validators:
+    """Compiled validators by schema (compiling costs far more than validating)."""
+
+    def __init__(self) -> None:
+        self._by_schema: dict[str, Any] = {}
+
+    def get(self, schema: Mapping[str, Any]) -> Any:
+        key = json.dumps(schema, sort_keys=True, default=str)
+        if key not in self._by_schema:
+            jsonschema = _jsonschema()
+            cls = jsonschema.validators.validator_for(schema)
+            try:
+                cls.check_schema(schema)
+                self._by_schema[key] = cls(schema)
+            except jsonschema.SchemaError:
+                self._by_schema[key] = None
+        return self._by_schema[key]
+
+
+def _jsonschema() -> Any:
+    # Loaded on first use, as the SDK does: its import tree costs every gateway that never checks a call.
+    # (Through importlib: the package ships no type information.)
+    module = importlib.import_module("jsonschema")
+    importlib.import_module("jsonschema.validators")
+    return module
+
+
+_VALIDATORS = _Validators()
+
+
+def argument_problem(tool: types.Tool, arguments: Mapping[str, Any]) -> ArgumentProblem | None:
+    """The first reason `arguments` do not fit `tool`'s input schema, or None when they fit (or it cannot be checked)."""
+    schema = tool.input_schema
+    if not isinstance(schema, Mapping) or not schema:
+        return None
+    validator = _VALIDATORS.get(schema)
+    if validator is None:
+        return None
+    unresolvable = importlib.import_module("referencing.exceptions").Unresolvable
+    try:
+        error = _jsonschema().exceptions.best_match(validator.iter_errors(dict(arguments)))
+    except unresolvable:  # a `$ref` the schema does not carry: let the server judge
+        return None
+    if error is None:
+        return None
+    path = ".".join(str(p) for p in error.absolute_path)
+    if not path and error.validator == "required":
+        # "'a' is a required property": the field is the missing one.
+        missing = [name for name in error.validator_value if name not in arguments]
+        path = str(missing[0]) if missing else ""
+        return ArgumentProblem(field=path, problem="it is required and missing")
+    message = str(error.message)
+    if len(message) > _MAX_SHOWN * 2:
+        message = message[: _MAX_SHOWN * 2] + "…"
+    return ArgumentProblem(field=path, problem=message)
