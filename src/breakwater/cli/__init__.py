@@ -10,31 +10,31 @@ from collections.abc import Callable, Sequence
 
 
 def _status(argv: list[str]) -> int:
-    from breakwater.cli._commands import status_main
+    from breakwater.cli._status import status_main
 
     return status_main(argv)
 
 
 def _config(argv: list[str]) -> int:
-    from breakwater.cli._commands import config_main
+    from breakwater.cli._config import config_main
 
     return config_main(argv)
 
 
 def _serve(argv: list[str]) -> int:
-    from breakwater.cli._commands import serve_main
+    from breakwater.cli._serve import serve_main
 
     return serve_main(argv)
 
 
 def _tools(argv: list[str]) -> int:
-    from breakwater.cli._commands import tools_main
+    from breakwater.cli._tools import tools_main
 
     return tools_main(argv)
 
 
 def _stats(argv: list[str]) -> int:
-    from breakwater.cli._commands import stats_main
+    from breakwater.cli._stats import stats_main
 
     return stats_main(argv)
 
