@@ -98,6 +98,9 @@ def out_console() -> Console:
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """`" (did you mean 'x'?)"` for the closest of `choices`, or "" when none is close."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    """`" (did you mean 'x'?)"` (or `'x' or 'y'`) for the closest of `choices`, or "" when none is close.
+
+    Two suggestions, because one typo is often as near to two names (`stauts`: `stats`, `status`).
+    """
+    close = difflib.get_close_matches(word, list(choices), n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""

@@ -57,7 +57,9 @@ def _listen_failure(host: str, port: int, exc: OSError) -> str:
         )
     if exc.errno == errno.EACCES:
         return f"cannot listen on {where}: permission denied (ports below 1024 need privileges); pass a port above 1023"
-    if exc.errno == errno.EADDRNOTAVAIL or isinstance(exc, socket.gaierror):
+    if isinstance(exc, socket.gaierror):
+        return f"cannot listen on {where}: the host name {host!r} does not resolve; pass an IP address such as 127.0.0.1"
+    if exc.errno == errno.EADDRNOTAVAIL:
         return f"cannot listen on {where}: {host} is not an address of this machine; listen on 127.0.0.1 or 0.0.0.0"
     return f"cannot listen on {where}: {exc.strerror or exc}; pass another --http address"
 
@@ -127,12 +129,14 @@ async def _serve_http(
     # Over HTTP the gateway also serves /metrics and the status page, fed by every attempt.
     metrics = Metrics()
     async with open_gateway(config, observers=[metrics]) as gateway:
-        _announce(host, bound, port_file)
         app = http_app(gateway, host=host, token=token, metrics=metrics, allowed_hosts=allowed_hosts, json_response=json_response)
         server = _graceful_server_class()(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        # Announced only now: from here to `serve` taking over SIGINT nothing awaits, so a Ctrl-C
+        # sent on seeing the port is always uvicorn's graceful stop, never a cancelled start-up.
+        _announce(host, bound, port_file)
         await server.serve(sockets=[sock])
     if server.interrupted:
-        return fail("interrupted; the gateway stopped", EXIT_INTERRUPTED)
+        return fail("interrupted", EXIT_INTERRUPTED)
     return EXIT_OK
 
 
