@@ -30,8 +30,10 @@ LONG_TOOL = "reserve_stock_for_outbound_shipment"
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     """The environment of every `breakwater` run: its files in `tmp_path`, connects started at once."""
+    # An exported COLUMNS sizes piped tables on purpose; these runs are piped as a person's `| cat` is.
+    inherited = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     return dict(
-        os.environ,
+        inherited,
         BREAKWATER_ADMISSION_DIR=str(tmp_path / "admission"),
         BREAKWATER_CATALOG_DIR=str(tmp_path / "catalog"),
         BREAKWATER_CONNECT_STARTUP_JITTER_S="0",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import sys
 from collections.abc import Iterable
 
@@ -89,10 +90,11 @@ def out_console() -> Console:
 
     Rich sizes output that is not a terminal to 80 columns, so `breakwater stats | cat` cut every
     cell of a wide table to "…". Piped output gets a width nothing reaches (tables are only as wide
-    as their content) and, as always off a terminal, no colour codes.
+    as their content) and, as always off a terminal, no colour codes. An explicit `COLUMNS` still
+    wins (the demo sizes the tables it relays to its own terminal that way).
     """
     console = Console()
-    if not console.is_terminal:
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
         console.width = PIPED_WIDTH
     return console
 
