@@ -102,6 +102,20 @@ def test_help_documents_the_exit_codes_and_the_tools_wait(env: dict[str, str]) -
     assert "--wait SECONDS" in tools.stdout and "default 3" in tools.stdout
 
 
+def test_usage_errors_are_one_line_with_exit_code_2(env: dict[str, str]) -> None:
+    """A wrong flag value is one line naming the command, the problem and where the help is; exit 2."""
+    for args, expected in (
+        (["status", "--wait", "-1"], "breakwater status: --wait must be 0 or more"),
+        (["stats", "--since", "soon"], "breakwater stats: --since: expected a duration such as 90s"),
+        (["serve", "--http", "99999"], "breakwater serve: argument --http: expected [HOST:]PORT"),
+        (["call", "only-a-server"], "breakwater call: the following arguments are required: tool"),
+    ):
+        result = run(env, *args)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.count("\n") == 1 and result.stderr.startswith(expected), result.stderr
+        assert "--help)" in result.stderr
+
+
 # ---- output that is complete when piped -------------------------------------------------------------
 
 

@@ -21,9 +21,9 @@ from breakwater.cli._common import (
     EXIT_CONFIG,
     EXIT_FAILED,
     EXIT_OK,
+    Parser,
     add_config_flag,
     did_you_mean,
-    exit_codes_epilog,
     fail,
     load_or_exit,
 )
@@ -110,14 +110,12 @@ async def _call(config: Config, server: str, tool: str, arguments: dict[str, Any
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="breakwater call",
         description="Call one tool through the call gate (timeouts, retries, breakers, the journal) and print its "
         "answer: the result's text, or the error's code and what to do. Waits for the server while it is still "
         "connecting. Arguments: a JSON object, or --arg KEY=VALUE pairs (values parse as JSON when they can, "
         "else they are strings), or both (--arg wins).",
-        epilog=exit_codes_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_flag(parser)
     parser.add_argument("server", help="the server's name in the config")

@@ -12,6 +12,7 @@ import difflib
 import os
 import sys
 from collections.abc import Iterable
+from typing import Any, NoReturn
 
 from rich.console import Console
 
@@ -27,6 +28,7 @@ __all__ = [
     "EXIT_NOT_READY",
     "EXIT_OK",
     "EXIT_PIPE",
+    "Parser",
     "add_config_flag",
     "did_you_mean",
     "exit_codes_epilog",
@@ -54,6 +56,22 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
 
 # Piped or redirected output is for reading in full (or by a program): never cut to 80 columns.
 PIPED_WIDTH = 10_000
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line (what is wrong, where the help is) and exit code 2.
+
+    The exit-code table closes every command's `--help`.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("epilog", exit_codes_epilog())
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(**kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        """Print `PROG: MESSAGE (see PROG --help)` and exit 2, instead of argparse's usage block."""
+        self.exit(EXIT_CONFIG, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def exit_codes_epilog() -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
-from breakwater.cli._common import EXIT_OK, add_config_flag, exit_codes_epilog, load_or_exit, out_console
+from breakwater.cli._common import EXIT_OK, Parser, add_config_flag, load_or_exit, out_console
 from breakwater.config import Config, all_knobs
 from breakwater.config._knobs import render_markdown
 
@@ -29,11 +29,9 @@ def _understood(config: Config) -> dict[str, Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="breakwater config",
         description="Validate and explain configuration.",
-        epilog=exit_codes_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("import", help="turn an mcpServers file into a breakwater config plus the one entry your agent uses")

@@ -21,8 +21,8 @@ from breakwater.cli._common import (
     EXIT_INTERRUPTED,
     EXIT_LISTEN,
     EXIT_OK,
+    Parser,
     add_config_flag,
-    exit_codes_epilog,
     fail,
     load_or_exit,
 )
@@ -141,12 +141,10 @@ async def _serve_http(
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="breakwater serve",
         description="Serve every configured server's tools as one MCP server, through the call gate. "
         "stdio by default (what Claude Code, Cursor, Claude Desktop and VS Code launch).",
-        epilog=exit_codes_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_flag(parser)
     parser.add_argument(

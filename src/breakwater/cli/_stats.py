@@ -13,8 +13,8 @@ from breakwater.cli._common import (
     EXIT_CONFIG,
     EXIT_FAILED,
     EXIT_OK,
+    Parser,
     add_config_flag,
-    exit_codes_epilog,
     fail,
     load_or_exit,
     out_console,
@@ -91,14 +91,12 @@ def stats_view(stats: list[Any], *, since: str, location: str) -> Table:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="breakwater stats",
         description="Per tool: calls, success rate, p50/p95/p99 latency of answered attempts, timeout rate, "
         "retries per call, breaker opens, OUTCOME_UNKNOWN count and the timeout in force (configured, learned or "
         "default), read from the call journal (whether or not a gateway is running). Piped or redirected, the "
         "table is printed in full, without colour; --json is the format for programs.",
-        epilog=exit_codes_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_flag(parser)
     parser.add_argument("--since", default=DEFAULT_STATS_SINCE, metavar="DURATION", help="window: 90s, 15m, 1h, 2d (default 1h)")
@@ -135,8 +133,8 @@ def stats_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         since_s = parse_duration(args.since)
-    except ValueError as exc:
-        parser.error(f"--since: {exc}")
+    except ValueError:
+        parser.error(f"--since: expected a duration such as 90s, 15m, 1h or 2d, got {args.since!r}")
     policy, config = _journal_config(args.config)
     try:
         store = open_store(args.journal if args.journal is not None else policy.url)

@@ -18,8 +18,8 @@ from breakwater._breakwater import Breakwater
 from breakwater.cli._common import (
     EXIT_NOT_READY,
     EXIT_OK,
+    Parser,
     add_config_flag,
-    exit_codes_epilog,
     fail,
     load_or_exit,
     out_console,
@@ -123,11 +123,9 @@ async def _gateway_status(url: str, token: str | None, as_json: bool) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="breakwater status",
         description="Connect to every configured server and report each one's state.",
-        epilog=exit_codes_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_flag(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")

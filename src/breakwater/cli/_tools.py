@@ -7,7 +7,7 @@ import json
 
 import anyio
 
-from breakwater.cli._common import EXIT_OK, add_config_flag, exit_codes_epilog, load_or_exit
+from breakwater.cli._common import EXIT_OK, Parser, add_config_flag, load_or_exit
 from breakwater.config import Config
 
 __all__ = ["DEFAULT_TOOLS_WAIT_S", "tools_main"]
@@ -37,12 +37,10 @@ async def _tools(config: Config, query: str, as_json: bool, wait: float, accept:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="breakwater tools",
         description="List or search every server's tools. The answer names the servers that could not be searched "
         "(still connecting, or failed, with the reason); their last-known tools are listed and marked.",
-        epilog=exit_codes_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_flag(parser)
     parser.add_argument("query", nargs="*", help="words to look for (none: list every tool)")
