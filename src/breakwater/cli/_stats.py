@@ -61,7 +61,7 @@ def _timeout_cell(seconds: float | None, source: str | None) -> str:
 
 def stats_view(stats: list[Any], *, since: str, location: str) -> Table:
     """Per-tool journal statistics as a table."""
-    from breakwater.journal._journal import summarize
+    from breakwater.cli._stats_format import summarize
 
     table = Table(title=f"breakwater stats: last {since}", title_justify="left")
     # Short headers: twelve columns must still read on an 80-column terminal.
@@ -127,7 +127,8 @@ def _print(args: argparse.Namespace, stats: list[Any], since_s: float, location:
 
 def stats_main(argv: list[str]) -> int:
     """`breakwater stats`: per-tool calls, success, latency percentiles and timeouts, from the journal."""
-    from breakwater.journal._journal import Journal, JournalError, SQLiteJournalStore, open_store, parse_duration
+    from breakwater.cli._stats_format import parse_duration
+    from breakwater.journal import Journal, JournalError, SQLiteJournalStore, open_journal_store
 
     parser = _parser()
     args = parser.parse_args(argv)
@@ -137,7 +138,7 @@ def stats_main(argv: list[str]) -> int:
         parser.error(f"--since: expected a duration such as 90s, 15m, 1h or 2d, got {args.since!r}")
     policy, config = _journal_config(args.config)
     try:
-        store = open_store(args.journal if args.journal is not None else policy.url)
+        store = open_journal_store(args.journal if args.journal is not None else policy.url)
     except JournalError as exc:
         return fail(str(exc), EXIT_CONFIG)
     if store is None:

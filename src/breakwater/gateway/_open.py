@@ -16,7 +16,7 @@ from breakwater._breakwater import Breakwater
 from breakwater.catalog._catalog import Catalog, default_catalog_dir
 from breakwater.config import Config
 from breakwater.gateway._server import Gateway
-from breakwater.journal._journal import AttemptObserver
+from breakwater.journal import AttemptObserver
 
 __all__ = ["gateway_catalog", "open_gateway"]
 
