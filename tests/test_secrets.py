@@ -31,7 +31,7 @@ def everything_written(root: Path) -> str:
 
 
 async def test_planted_secret_never_leaks(tmp_path: Path) -> None:
-    """Secrets in env, headers and a URL's query: not in status, tools, config check, gateway results, logs or caches."""
+    """Secrets in env, headers and a URL's query: not in status, tools, call, config check, gateway results, logs or caches."""
     state_dir = tmp_path / "state"
     env = dict(
         os.environ,
@@ -56,6 +56,9 @@ async def test_planted_secret_never_leaks(tmp_path: Path) -> None:
             ["status", "--wait", "5"],
             ["tools", "--json", "--wait", "5"],
             ["tools", "echo", "--wait", "5"],
+            ["call", "fine", "echo", "--wait", "15"],
+            ["call", "crashy", "anything", "--wait", "5"],
+            ["call", "locked", "anything", "--wait", "5", "--json"],
             ["config", "check"],
             ["config", "check", "--json"],
         ):

@@ -10,33 +10,39 @@ from collections.abc import Callable, Sequence
 
 
 def _status(argv: list[str]) -> int:
-    from breakwater.cli._commands import status_main
+    from breakwater.cli._status import status_main
 
     return status_main(argv)
 
 
 def _config(argv: list[str]) -> int:
-    from breakwater.cli._commands import config_main
+    from breakwater.cli._config import config_main
 
     return config_main(argv)
 
 
 def _serve(argv: list[str]) -> int:
-    from breakwater.cli._commands import serve_main
+    from breakwater.cli._serve import serve_main
 
     return serve_main(argv)
 
 
 def _tools(argv: list[str]) -> int:
-    from breakwater.cli._commands import tools_main
+    from breakwater.cli._tools import tools_main
 
     return tools_main(argv)
 
 
 def _stats(argv: list[str]) -> int:
-    from breakwater.cli._commands import stats_main
+    from breakwater.cli._stats import stats_main
 
     return stats_main(argv)
+
+
+def _call(argv: list[str]) -> int:
+    from breakwater.cli._call import call_main
+
+    return call_main(argv)
 
 
 def _demo(argv: list[str]) -> int:
@@ -57,9 +63,13 @@ def _lab(argv: list[str]) -> int:
     return main(argv)
 
 
+#: The name breakwater is installed under (`pip install mcp-breakwater`).
+DISTRIBUTION = "mcp-breakwater"
+
 _COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "serve": ("serve every server's tools as one MCP server (stdio or --http)", _serve),
     "tools": ("list or search every server's tools", _tools),
+    "call": ("call one tool through the call gate and print its answer or its error", _call),
     "status": ("connect to every server and report each one's state", _status),
     "stats": ("per-tool calls, latency percentiles and timeouts from the call journal", _stats),
     "config": ("check the config, list every knob", _config),
@@ -70,9 +80,55 @@ _COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
 
 
 def _usage() -> str:
-    lines = ["usage: breakwater COMMAND [ARGS...]", "", "commands:"]
+    from breakwater.cli._common import exit_codes_epilog
+
+    lines = ["usage: breakwater COMMAND [ARGS...]   (breakwater COMMAND --help for each)", "", "commands:"]
     lines += [f"  {name:<12} {doc}" for name, (doc, _) in _COMMANDS.items()]
-    return "\n".join(lines)
+    lines += ["", "options:", "  -h, --help     this list", "  -V, --version  print the version", ""]
+    return "\n".join([*lines, exit_codes_epilog()])
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+def _unknown(command: str) -> int:
+    from breakwater.cli._common import EXIT_CONFIG, did_you_mean, fail
+
+    hint = did_you_mean(command, _COMMANDS)
+    return fail(f"unknown command {command!r}{hint}; commands: {', '.join(_COMMANDS)} (see breakwater --help)", EXIT_CONFIG)
+
+
+def _interrupted() -> int:
+    from breakwater.cli._common import EXIT_INTERRUPTED, fail
+
+    return fail("interrupted", EXIT_INTERRUPTED)
+
+
+def _run(command: Callable[[list[str]], int], argv: list[str]) -> int:
+    """Run one command; Ctrl-C and a closed output pipe end it with one line and their exit code, not a traceback."""
+    try:
+        return command(argv)
+    except KeyboardInterrupt:
+        return _interrupted()
+    except BaseExceptionGroup as group:
+        interrupts, rest = group.split(KeyboardInterrupt)
+        if interrupts is None or rest is not None:
+            raise
+        return _interrupted()
+    except BrokenPipeError:
+        # The reader went away (`| head`): nothing more to say to it, and nothing to flush at exit.
+        import os
+
+        from breakwater.cli._common import EXIT_PIPE
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -81,11 +137,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(_usage())
         return 0 if args else 2
+    if args[0] in ("-V", "--version"):
+        print(f"breakwater {_version()}")
+        return 0
     command = _COMMANDS.get(args[0])
     if command is None:
-        print(f"breakwater: unknown command {args[0]!r}\n\n{_usage()}", file=sys.stderr)
-        return 2
-    return command[1](args[1:])
+        return _unknown(args[0])
+    return _run(command[1], args[1:])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,155 @@
+"""`breakwater call SERVER TOOL [JSON_ARGS] [--arg K=V ...]`: one call through the gate, for scripts and pre-flight checks.
+
+The call is exactly the one an agent makes through the gateway (timeouts, retries, breakers, the
+journal), made once the server is up: it waits, up to `--wait`, while the server is still
+`pending` or `connecting`; a server that is `retrying` after a failure or `failed` is answered at
+once with its reason, as the gateway would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import anyio
+import mcp.types as types
+
+from breakwater._breakwater import Breakwater
+from breakwater.cli._common import (
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    EXIT_OK,
+    Parser,
+    add_config_flag,
+    did_you_mean,
+    fail,
+    load_or_exit,
+)
+from breakwater.config import Config
+from breakwater.gate._envelope import error_from_result, error_text
+from breakwater.status import ServerState
+
+__all__ = ["DEFAULT_CALL_WAIT_S", "call_main", "parse_arguments"]
+
+DEFAULT_CALL_WAIT_S = 30.0
+# Still on its way: worth waiting for. Retrying and failed servers carry a reason to show at once.
+_ON_ITS_WAY = (ServerState.PENDING, ServerState.CONNECTING)
+
+
+def _value(text: str) -> Any:
+    """A `--arg` value: JSON when it parses (numbers, true, null, objects), else the text itself."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def parse_arguments(json_args: str | None, pairs: list[str]) -> dict[str, Any]:
+    """The tool arguments from a JSON object (`-` reads stdin) and `K=V` pairs (which win); ValueError says what is wrong."""
+    arguments: dict[str, Any] = {}
+    if json_args is not None:
+        text = sys.stdin.read() if json_args == "-" else json_args
+        try:
+            parsed = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f'JSON_ARGS is not JSON ({exc}); pass an object such as \'{{"q": "flaky"}}\'') from None
+        if not isinstance(parsed, dict):
+            raise ValueError(f'JSON_ARGS must be a JSON object, got {type(parsed).__name__}; e.g. \'{{"q": "flaky"}}\'')
+        arguments.update(parsed)
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--arg {pair!r}: expected KEY=VALUE, e.g. --arg q=flaky or --arg limit=5")
+        arguments[key] = _value(value)
+    return arguments
+
+
+def _content_text(block: types.ContentBlock) -> str:
+    if isinstance(block, types.TextContent):
+        return block.text
+    if isinstance(block, types.EmbeddedResource):
+        resource = block.resource
+        return resource.text if isinstance(resource, types.TextResourceContents) else f"[resource {resource.uri}]"
+    if isinstance(block, types.ResourceLink):
+        return f"[resource link {block.uri}]"
+    return f"[{block.type}: {getattr(block, 'mime_type', '')}]"
+
+
+def _print_result(result: types.CallToolResult, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(result.model_dump(mode="json", by_alias=True, exclude_none=True), indent=2))
+    err = error_from_result(result)
+    if err is None:
+        if not as_json:
+            texts = [_content_text(b) for b in result.content]
+            # A tool that answers only with structured content is shown as that JSON.
+            print("\n".join(texts) if texts else json.dumps(result.structured_content, indent=2))
+        return EXIT_OK
+    if not as_json:
+        # The tool's own words first (for TOOL_ERROR), then breakwater's one line: what happened, what to do.
+        own = [b for b in getattr(err, "content", ()) if not isinstance(b, types.TextContent) or b.text != err.message]
+        for block in own:
+            print(_content_text(block), file=sys.stderr)
+    return fail(f"call failed: {err.code.value}: {error_text(err)}", EXIT_FAILED)
+
+
+async def _wait_for(bw: Breakwater, server: str, wait: float) -> None:
+    upstream = bw.upstream(server)
+    with bw.clock.deadline_scope(bw.clock.monotonic() + wait):
+        while upstream.state in _ON_ITS_WAY:
+            await bw.wait_changed()
+
+
+async def _call(config: Config, server: str, tool: str, arguments: dict[str, Any], wait: float, as_json: bool) -> int:
+    async with Breakwater(config) as bw:
+        await _wait_for(bw, server, wait)
+        result = await bw.call_tool(server, tool, arguments)
+    return _print_result(result, as_json)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="breakwater call",
+        description="Call one tool through the call gate (timeouts, retries, breakers, the journal) and print its "
+        "answer: the result's text, or the error's code and what to do. Waits for the server while it is still "
+        "connecting. Arguments: a JSON object, or --arg KEY=VALUE pairs (values parse as JSON when they can, "
+        "else they are strings), or both (--arg wins).",
+    )
+    add_config_flag(parser)
+    parser.add_argument("server", help="the server's name in the config")
+    parser.add_argument("tool", help="the tool's name on that server (not the gateway's server__tool name)")
+    parser.add_argument("json_args", nargs="?", metavar="JSON_ARGS", help="the arguments as one JSON object ('-' reads stdin)")
+    parser.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", help="one argument (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print the CallToolResult (with the error envelope) as JSON")
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=DEFAULT_CALL_WAIT_S,
+        metavar="SECONDS",
+        help=f"wait up to this long for the server to connect (default {DEFAULT_CALL_WAIT_S:g}; 0 calls at once)",
+    )
+    return parser
+
+
+def call_main(argv: list[str]) -> int:
+    """`breakwater call SERVER TOOL [JSON_ARGS] [--arg K=V ...] [--json] [--wait S]`."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.wait < 0:
+        parser.error("--wait must be 0 or more")
+    try:
+        arguments = parse_arguments(args.json_args, args.arg)
+    except ValueError as exc:
+        return fail(str(exc), EXIT_CONFIG)
+    config = load_or_exit(args.config)
+    names = [spec.name for spec in config.servers]
+    if args.server not in names:
+        return fail(
+            f"no server named {args.server!r} in {config.path}{did_you_mean(args.server, names)}; "
+            f"servers: {', '.join(names) or 'none'}",
+            EXIT_CONFIG,
+        )
+    code: int = anyio.run(_call, config, args.server, args.tool, arguments, args.wait, args.json)
+    return code

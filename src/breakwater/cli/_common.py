@@ -1,0 +1,126 @@
+"""What every command shares: the exit codes, loading the config, the output console, one-line failures.
+
+A failure a person can cause (a broken config, a busy port, Ctrl-C, a call that failed) is one line
+on stderr that says what happened and what to do, and an exit code from `EXIT_CODES`, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any, NoReturn
+
+from rich.console import Console
+
+from breakwater.config import Config, find_config, load_config
+from breakwater.errors import ConfigError
+
+__all__ = [
+    "EXIT_CODES",
+    "EXIT_CONFIG",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_LISTEN",
+    "EXIT_NOT_READY",
+    "EXIT_OK",
+    "EXIT_PIPE",
+    "Parser",
+    "add_config_flag",
+    "did_you_mean",
+    "exit_codes_epilog",
+    "fail",
+    "load_or_exit",
+    "out_console",
+]
+
+EXIT_OK = 0
+EXIT_NOT_READY = 1
+EXIT_FAILED = 1  # the same code: "ran, but the answer is not the good one"
+EXIT_CONFIG = 2
+EXIT_LISTEN = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+EXIT_PIPE = 141  # 128 + SIGPIPE: the reader of our output went away (`| head`)
+
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (EXIT_OK, "ok (status: every enabled server ready; call: the tool answered)"),
+    (EXIT_FAILED, "not every server ready, the call failed (its code is printed), or the journal/gateway could not be read"),
+    (EXIT_CONFIG, "config or usage error (the message names the file, key or flag, and the fix)"),
+    (EXIT_LISTEN, "serve --http cannot listen: the port is in use or the address is not this machine's"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C)"),
+    (EXIT_PIPE, "the output pipe closed early (e.g. `| head`)"),
+)
+
+# Piped or redirected output is for reading in full (or by a program): never cut to 80 columns.
+PIPED_WIDTH = 10_000
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line (what is wrong, where the help is) and exit code 2.
+
+    The exit-code table closes every command's `--help`.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("epilog", exit_codes_epilog())
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(**kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        """Print `PROG: MESSAGE (see PROG --help)` and exit 2, instead of argparse's usage block."""
+        self.exit(EXIT_CONFIG, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def exit_codes_epilog() -> str:
+    """The exit-code table for the end of `--help` (argparse keeps its line breaks with RawDescriptionHelpFormatter)."""
+    return "exit codes:\n" + "\n".join(f"  {code:<4} {meaning}" for code, meaning in EXIT_CODES)
+
+
+def fail(message: str, code: int) -> int:
+    """Print `breakwater: MESSAGE` on stderr and return `code` (the one-line failure every command uses)."""
+    print(f"breakwater: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def load_or_exit(path: str | None) -> Config:
+    """Load the named config (or find one); on error print it and exit with code 2."""
+    try:
+        return load_config(path if path is not None else find_config())
+    except ConfigError as exc:
+        print(f"breakwater: config error: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG) from None
+
+
+def add_config_flag(parser: argparse.ArgumentParser) -> None:
+    """The `--config PATH` flag every command that reads the config takes."""
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        help="breakwater.toml or an mcpServers JSON file (default: ./breakwater.toml, ./.mcp.json)",
+    )
+
+
+def out_console() -> Console:
+    """The console for a command's answer: a terminal's width on a terminal, complete lines anywhere else.
+
+    Rich sizes output that is not a terminal to 80 columns, so `breakwater stats | cat` cut every
+    cell of a wide table to "…". Piped output gets a width nothing reaches (tables are only as wide
+    as their content) and, as always off a terminal, no colour codes. An explicit `COLUMNS` still
+    wins (the demo sizes the tables it relays to its own terminal that way).
+    """
+    console = Console()
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
+        console.width = PIPED_WIDTH
+    return console
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`" (did you mean 'x'?)"` (or `'x' or 'y'`) for the closest of `choices`, or "" when none is close.
+
+    Two suggestions, because one typo is often as near to two names (`stauts`: `stats`, `status`).
+    """
+    close = difflib.get_close_matches(word, list(choices), n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""

@@ -1,0 +1,88 @@
+"""`breakwater config check|knobs|import`: validate and explain configuration."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from rich.table import Table
+
+from breakwater.cli._common import EXIT_OK, Parser, add_config_flag, load_or_exit, out_console
+from breakwater.config import Config, all_knobs
+from breakwater.config._knobs import render_markdown
+
+__all__ = ["config_main"]
+
+
+def _understood(config: Config) -> dict[str, Any]:
+    defaults = config.connect
+    servers = []
+    for spec in config.servers:
+        entry = spec.describe()
+        overrides = {k: v for k, v in vars(spec.connect).items() if getattr(defaults, k) != v}
+        if overrides:
+            entry["connect"] = overrides
+        servers.append(entry)
+    return {"path": config.path, "connect": vars(defaults), "servers": servers}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="breakwater config",
+        description="Validate and explain configuration.",
+    )
+    sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("import", help="turn an mcpServers file into a breakwater config plus the one entry your agent uses")
+    check = sub.add_parser("check", help="validate the config and print what was understood (secrets redacted)")
+    add_config_flag(check)
+    check.add_argument("--json", action="store_true", help="print JSON")
+    knobs = sub.add_parser("knobs", help="every knob with its default, environment variable and description")
+    knobs.add_argument("--markdown", action="store_true", help="render the Markdown table the README includes")
+    return parser
+
+
+def _print_knobs(markdown: bool) -> None:
+    table = all_knobs()
+    if markdown:
+        sys.stdout.write(render_markdown(table))
+        return
+    out = Table(title="breakwater knobs", title_justify="left")
+    for column in ("key", "default", "environment", "description"):
+        out.add_column(column)
+    for k in table:
+        out.add_row(f"{k.section}.{k.name}", repr(k.default), k.env or "", k.doc)
+    out_console().print(out)
+
+
+def _print_check(config: Config, as_json: bool) -> None:
+    understood = _understood(config)
+    if as_json:
+        print(json.dumps(understood, indent=2))
+        return
+    console = out_console()
+    console.print(f"[green]ok[/]: {config.path}: {len(config.servers)} server(s)")
+    for entry in understood["servers"]:
+        where = entry.get("url") or " ".join([entry["command"], *entry["args"]])
+        flags = "" if entry["enabled"] else " [dim](disabled)[/]"
+        console.print(f"  [bold]{entry['name']}[/] ({entry['transport']}): {where}{flags}")
+        for key in ("env", "headers"):
+            if key in entry:
+                console.print(f"    {key}: {', '.join(entry[key])} (values redacted)")
+        if "connect" in entry:
+            console.print(f"    connect overrides: {entry['connect']}")
+
+
+def config_main(argv: list[str]) -> int:
+    """`breakwater config check|knobs|import`."""
+    if argv[:1] == ["import"]:
+        from breakwater.config._import import import_main
+
+        return import_main(argv[1:])
+    args = _parser().parse_args(argv)
+    if args.action == "knobs":
+        _print_knobs(args.markdown)
+    else:
+        _print_check(load_or_exit(args.config), args.json)
+    return EXIT_OK

@@ -1,0 +1,214 @@
+"""`breakwater serve`: one MCP server in front of every configured server, over stdio or streamable HTTP."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import os
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from breakwater.cli._common import (
+    EXIT_CONFIG,
+    EXIT_INTERRUPTED,
+    EXIT_LISTEN,
+    EXIT_OK,
+    Parser,
+    add_config_flag,
+    fail,
+    load_or_exit,
+)
+from breakwater.config import Config
+from breakwater.errors import ConfigError
+
+__all__ = ["parse_listen", "serve_main"]
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """`[HOST:]PORT` (IPv6 hosts in brackets) as `(host, port)`; the host defaults to 127.0.0.1."""
+    host, sep, port = value.rpartition(":")
+    if not sep:
+        host, port = "127.0.0.1", value
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected [HOST:]PORT, got {value!r}")
+    return host, int(port)
+
+
+def _shown(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _listen_failure(host: str, port: int, exc: OSError) -> str:
+    """What went wrong binding `host:port`, and what to do instead, in one line."""
+    where = f"{_shown(host)}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"cannot listen on {where}: the port is in use; pass another port (--http {_shown(host)}:OTHERPORT, "
+            "or --http 0 for any free one) or stop what listens there"
+        )
+    if exc.errno == errno.EACCES:
+        return f"cannot listen on {where}: permission denied (ports below 1024 need privileges); pass a port above 1023"
+    if isinstance(exc, socket.gaierror):
+        return f"cannot listen on {where}: the host name {host!r} does not resolve; pass an IP address such as 127.0.0.1"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"cannot listen on {where}: {host} is not an address of this machine; listen on 127.0.0.1 or 0.0.0.0"
+    return f"cannot listen on {where}: {exc.strerror or exc}; pass another --http address"
+
+
+def _graceful_server_class() -> Any:
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        """uvicorn, minus its re-raise of SIGTERM/SIGINT after its own shutdown.
+
+        uvicorn raises the signal again once the HTTP side has stopped, which kills the process
+        before breakwater's shutdown runs: the journal's last batch was lost and stdio upstreams
+        were left to notice on their own. The signal still stops the server; the process then
+        exits once everything is closed: with code 0 after SIGTERM (a supervisor's stop), 130 after
+        Ctrl-C (`interrupted`).
+        """
+
+        interrupted = False
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                yield
+                self.interrupted = signal.SIGINT in self._captured_signals
+                self._captured_signals.clear()
+
+    return GracefulServer
+
+
+def _announce(host: str, bound: int, port_file: str | None) -> None:
+    from breakwater.gateway._http import LOOPBACK_HOSTS
+
+    shown = _shown(host)
+    print(f"breakwater: serving MCP on http://{shown}:{bound}/mcp", file=sys.stderr)
+    print(f"breakwater: status page on http://{shown}:{bound}/ (also /metrics, /healthz, /readyz)", file=sys.stderr, flush=True)
+    if host not in LOOPBACK_HOSTS:
+        print("breakwater: non-loopback listener: every request needs the bearer token", file=sys.stderr)
+    if port_file:
+        Path(port_file).write_text(str(bound))
+
+
+async def _serve_stdio(config: Config) -> int:
+    from breakwater.gateway._open import open_gateway
+    from breakwater.gateway._stdio_server import stdio_server
+
+    async with open_gateway(config) as gateway, stdio_server() as (read, write):
+        await gateway.server.run(read, write, gateway.server.create_initialization_options())
+    return EXIT_OK
+
+
+async def _serve_http(
+    config: Config,
+    sock: socket.socket,
+    host: str,
+    token: str | None,
+    port_file: str | None,
+    allowed_hosts: tuple[str, ...],
+    json_response: bool,
+) -> int:
+    import uvicorn
+
+    from breakwater.gateway._http import http_app
+    from breakwater.gateway._metrics import Metrics
+    from breakwater.gateway._open import open_gateway
+
+    bound = sock.getsockname()[1]
+    # Over HTTP the gateway also serves /metrics and the status page, fed by every attempt.
+    metrics = Metrics()
+    async with open_gateway(config, observers=[metrics]) as gateway:
+        app = http_app(gateway, host=host, token=token, metrics=metrics, allowed_hosts=allowed_hosts, json_response=json_response)
+        server = _graceful_server_class()(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        # Announced only now: from here to `serve` taking over SIGINT nothing awaits, so a Ctrl-C
+        # sent on seeing the port is always uvicorn's graceful stop, never a cancelled start-up.
+        _announce(host, bound, port_file)
+        await server.serve(sockets=[sock])
+    if server.interrupted:
+        return fail("interrupted", EXIT_INTERRUPTED)
+    return EXIT_OK
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="breakwater serve",
+        description="Serve every configured server's tools as one MCP server, through the call gate. "
+        "stdio by default (what Claude Code, Cursor, Claude Desktop and VS Code launch).",
+    )
+    add_config_flag(parser)
+    parser.add_argument(
+        "--http",
+        metavar="[HOST:]PORT",
+        type=parse_listen,
+        help="serve streamable HTTP instead (default host 127.0.0.1; any other host needs --token; port 0 picks a free one)",
+    )
+    parser.add_argument("--token", help="bearer token HTTP clients must send (default: $BREAKWATER_TOKEN)")
+    parser.add_argument(
+        "--state",
+        metavar="URL",
+        help="share breaker and retry-budget state with other replicas: redis://HOST:PORT/DB "
+        "(default: [state] url, $BREAKWATER_STATE_URL, else in-process)",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name clients use to reach a non-loopback listener (repeatable; the listen address and, "
+        "on 0.0.0.0 or ::, this machine's host name are always allowed)",
+    )
+    parser.add_argument(
+        "--json-response",
+        action="store_true",
+        help="answer 2025-11-25 HTTP requests with plain JSON instead of an SSE stream: faster, but progress, "
+        "log messages, sampling and elicitation cannot reach those clients mid-call (2026-07-28 clients are "
+        "unaffected: they get JSON whenever nothing is streamed)",
+    )
+    parser.add_argument("--port-file", help=argparse.SUPPRESS)
+    return parser
+
+
+def serve_main(argv: list[str]) -> int:
+    """`breakwater serve`: one MCP server in front of every configured server."""
+    from breakwater.gateway._http import LOOPBACK_HOSTS
+    from breakwater.gateway._listen import tcp_listener
+
+    args = _parser().parse_args(argv)
+    token = args.token or os.environ.get("BREAKWATER_TOKEN") or None
+    if args.http and args.http[0] not in LOOPBACK_HOSTS and not token:
+        return fail(
+            f"refusing to listen on {args.http[0]} without a token: anyone who can reach it could call your tools; "
+            "pass --token (or set BREAKWATER_TOKEN), or listen on 127.0.0.1",
+            EXIT_CONFIG,
+        )
+    config = load_or_exit(args.config)
+    if args.state is not None:
+        try:
+            config = replace(config, state=replace(config.state, url=args.state))
+        except ConfigError as exc:
+            return fail(f"--state: {exc}", EXIT_CONFIG)
+    if args.http is None:
+        stdio_code: int = anyio.run(_serve_stdio, config)
+        return stdio_code
+    host, port = args.http
+    try:
+        # Bound before any server is started: a busy port is one line and no upstream was spawned for nothing.
+        sock = tcp_listener(host, port)
+    except OSError as exc:
+        return fail(_listen_failure(host, port, exc), EXIT_LISTEN)
+    with sock:
+        http_code: int = anyio.run(
+            _serve_http, config, sock, host, token, args.port_file, tuple(args.allowed_host), args.json_response
+        )
+    return http_code

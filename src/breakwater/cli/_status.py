@@ -1,0 +1,171 @@
+"""`breakwater status`: connect to every server (or ask a running gateway) and report each one's state."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import anyio
+from rich.console import Console, Group
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from breakwater._breakwater import Breakwater
+from breakwater.cli._common import (
+    EXIT_NOT_READY,
+    EXIT_OK,
+    Parser,
+    add_config_flag,
+    fail,
+    load_or_exit,
+    out_console,
+)
+from breakwater.config import Config
+from breakwater.status import ServerState, StatusReport
+
+__all__ = ["status_main", "status_view"]
+
+DEFAULT_STATUS_WAIT_S = 30.0
+LIVE_REFRESH_S = 0.25
+
+STATE_STYLE = {
+    ServerState.READY: "green",
+    ServerState.CONNECTING: "cyan",
+    ServerState.PENDING: "dim",
+    ServerState.RETRYING: "yellow",
+    ServerState.FAILED: "red",
+    ServerState.DISABLED: "dim",
+}
+
+
+def status_view(report: StatusReport, *, now: float | None = None) -> Group:
+    """The status as a compact table, then one line per server that is not ready saying why."""
+    now = time.time() if now is None else now
+    table = Table(title="breakwater status", title_justify="left")
+    for column in ("server", "transport", "state", "protocol", "tools", "attempts", "connect"):
+        table.add_column(column, no_wrap=True)
+    problems: list[str] = []
+    for s in report.servers:
+        state = s.state.value
+        if s.state is ServerState.CONNECTING:
+            state += f" #{s.attempt}" + (" (queued)" if s.phase == "queued" else "")
+        table.add_row(
+            s.name,
+            s.transport,
+            f"[{STATE_STYLE[s.state]}]{state}[/]",
+            s.protocol or "",
+            "" if s.tools is None else str(s.tools),
+            str(s.attempts),
+            "" if s.connect_ms is None else f"{s.connect_ms} ms",
+        )
+        if s.error is not None and s.state is not ServerState.READY:
+            line = f"[bold]{escape(s.name)}[/]: [{STATE_STYLE[s.state]}]{s.error.code.value}[/] {escape(s.error.message)}"
+            if s.next_retry_at is not None:
+                line += f" [dim](next try in {max(0.0, s.next_retry_at - now):.0f} s)[/]"
+            problems.append(line)
+    table.caption = ", ".join(f"{n} {state}" for state, n in report.summary.items())
+    return Group(table, *(Text.from_markup(p) for p in problems))
+
+
+async def _wait_live(bw: Breakwater, wait: float, err: Console) -> StatusReport:
+    """`wait_ready`, redrawing the table on the terminal while it waits."""
+    with Live(status_view(bw.status()), console=err, transient=True, refresh_per_second=8) as live:
+        async with anyio.create_task_group() as tg:
+
+            async def refresh() -> None:
+                while True:
+                    live.update(status_view(bw.status()))
+                    await bw.clock.sleep(LIVE_REFRESH_S)
+
+            tg.start_soon(refresh)
+            report = await bw.wait_ready(timeout=wait)
+            tg.cancel_scope.cancel()
+    return report
+
+
+async def _run_status(config: Config, wait: float, as_json: bool) -> int:
+    from breakwater.gateway._relay import connect_as_the_gateway
+
+    err = Console(stderr=True)
+    async with Breakwater(config) as bw:
+        connect_as_the_gateway(bw)  # so `tools` counts what the gateway lists (some servers list more to it)
+        if wait > 0 and err.is_terminal:
+            report = await _wait_live(bw, wait, err)
+        elif wait > 0:
+            report = await bw.wait_ready(timeout=wait)
+        else:
+            await anyio.sleep(0)
+            report = bw.status()
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        out_console().print(status_view(report))
+    return EXIT_OK if report.all_ready else EXIT_NOT_READY
+
+
+async def _gateway_status(url: str, token: str | None, as_json: bool) -> int:
+    """Ask a running `breakwater serve --http` gateway instead of connecting from here."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    async with httpx2.AsyncClient(headers=headers) as http, Client(streamable_http_client(url, http_client=http)) as client:
+        result = await client.call_tool("breakwater_status", {})
+    data = result.structured_content or {}
+    if as_json:
+        print(json.dumps(data, indent=2))
+    report = StatusReport.from_json(data)
+    if not as_json:
+        out_console().print(status_view(report))
+    return EXIT_OK if report.all_ready else EXIT_NOT_READY
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="breakwater status",
+        description="Connect to every configured server and report each one's state.",
+    )
+    add_config_flag(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=DEFAULT_STATUS_WAIT_S,
+        metavar="SECONDS",
+        help=f"wait up to this long for servers to become ready (default {DEFAULT_STATUS_WAIT_S:g}; 0 reports at once)",
+    )
+    parser.add_argument(
+        "--gateway", metavar="URL", help="ask a running `breakwater serve --http` gateway (e.g. http://127.0.0.1:8765/mcp)"
+    )
+    parser.add_argument("--token", help="bearer token for --gateway (default: $BREAKWATER_TOKEN)")
+    return parser
+
+
+def status_main(argv: list[str]) -> int:
+    """`breakwater status`: connect to every server and report each one's state."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.wait < 0:
+        parser.error("--wait must be 0 or more")
+    if args.gateway:
+        token = args.token or os.environ.get("BREAKWATER_TOKEN") or None
+        try:
+            result: int = anyio.run(_gateway_status, args.gateway, token, args.json)
+        except Exception as exc:
+            leaf: BaseException = exc
+            while isinstance(leaf, BaseExceptionGroup):  # the transports wrap their failures in groups
+                leaf = leaf.exceptions[0]
+            return fail(
+                f"cannot reach the gateway at {args.gateway}: {type(leaf).__name__}: {leaf}; "
+                "check the URL and that `breakwater serve --http` is running",
+                EXIT_NOT_READY,
+            )
+        return result
+    config = load_or_exit(args.config)
+    code: int = anyio.run(_run_status, config, args.wait, args.json)
+    return code

@@ -1,0 +1,73 @@
+"""`breakwater tools [QUERY]`: the search tool's answer on the command line, and `--accept` for changed tools."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import anyio
+
+from breakwater.cli._common import EXIT_OK, Parser, add_config_flag, load_or_exit
+from breakwater.config import Config
+
+__all__ = ["DEFAULT_TOOLS_WAIT_S", "tools_main"]
+
+# A person asking "what tools do I have?" gets an answer in a few seconds: servers still connecting
+# then are named in the answer (with their last-known tools, when there are any), not waited for.
+DEFAULT_TOOLS_WAIT_S = 3.0
+# Approving definitions needs the live ones: `--accept` waits as long as `status` does.
+DEFAULT_ACCEPT_WAIT_S = 30.0
+
+
+async def _tools(config: Config, query: str, as_json: bool, wait: float, accept: bool) -> int:
+    from breakwater.gateway._open import open_gateway
+
+    async with open_gateway(config, watch=False) as gateway:
+        await gateway.bw.wait_ready(timeout=wait)
+        if accept:
+            accepted = gateway.accept(query.split())
+            print("accepted: " + (", ".join(accepted) if accepted else "nothing had changed"))
+            return EXIT_OK
+        answer = await gateway.search(query, wait_s=0)
+    if as_json:
+        print(json.dumps(answer.to_json(), indent=2))
+    else:
+        print(answer.text())
+    return EXIT_OK
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="breakwater tools",
+        description="List or search every server's tools. The answer names the servers that could not be searched "
+        "(still connecting, or failed, with the reason); their last-known tools are listed and marked.",
+    )
+    add_config_flag(parser)
+    parser.add_argument("query", nargs="*", help="words to look for (none: list every tool)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=f"wait up to this long for servers to become ready (default {DEFAULT_TOOLS_WAIT_S:g}, with --accept "
+        f"{DEFAULT_ACCEPT_WAIT_S:g}; 0 answers at once from what is known); servers still not ready are named in the answer",
+    )
+    parser.add_argument(
+        "--accept",
+        action="store_true",
+        help="approve the current definitions of the named tools (server__tool), or of every changed tool",
+    )
+    return parser
+
+
+def tools_main(argv: list[str]) -> int:
+    """`breakwater tools [QUERY]`: the search tool's answer on the command line."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.wait is not None and args.wait < 0:
+        parser.error("--wait must be 0 or more")
+    wait = args.wait if args.wait is not None else DEFAULT_ACCEPT_WAIT_S if args.accept else DEFAULT_TOOLS_WAIT_S
+    config = load_or_exit(args.config)
+    code: int = anyio.run(_tools, config, " ".join(args.query), args.json, wait, args.accept)
+    return code

@@ -1,0 +1,54 @@
+"""The gateway's composition root: a `Breakwater`, the tool catalog and a `Gateway` over them, opened together.
+
+`breakwater serve` and `breakwater tools` both start here, and so can a program that embeds the
+gateway: what it then does with the `Gateway` (serve stdio, mount the HTTP app, search) is its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import anyio
+
+from breakwater._breakwater import Breakwater
+from breakwater.catalog._catalog import Catalog, default_catalog_dir
+from breakwater.config import Config
+from breakwater.gateway._server import Gateway
+from breakwater.journal import AttemptObserver
+
+__all__ = ["gateway_catalog", "open_gateway"]
+
+
+def gateway_catalog(config: Config) -> Catalog:
+    """The on-disk catalog of last-known tools `[gateway]` names (default: the user's cache directory)."""
+    policy = config.gateway
+    directory = Path(policy.catalog_dir) if policy.catalog_dir else default_catalog_dir()
+    return Catalog(template=policy.tool_name_template, directory=directory)
+
+
+@contextlib.asynccontextmanager
+async def open_gateway(
+    config: Config,
+    *,
+    observers: Sequence[AttemptObserver] = (),
+    catalog: Catalog | None = None,
+    watch: bool = True,
+) -> AsyncIterator[Gateway]:
+    """Connect to every configured server and yield the `Gateway` in front of them; close it all on exit.
+
+    `observers` see every attempt (after the journal), e.g. the HTTP app's `Metrics`. With `watch`
+    (the default) the gateway follows state and tool-list changes while open: it refreshes the
+    catalog and sends `list_changed` to its clients; a one-shot reader of the catalog turns it off.
+    Enter and exit in the same task, as with `Breakwater`.
+    """
+    async with Breakwater(config, observers=observers) as bw:
+        gateway = Gateway(bw, config.gateway, catalog=catalog if catalog is not None else gateway_catalog(config))
+        if not watch:
+            yield gateway
+            return
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gateway.watch)
+            yield gateway
+            tg.cancel_scope.cancel()

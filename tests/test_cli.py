@@ -1,0 +1,295 @@
+"""The `breakwater` command as a person uses it: real subprocesses, real test servers, real ports.
+
+Every failure a person can cause is one line with a documented exit code; piped output is complete;
+`tools` answers in seconds; `call` makes one call through the gate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from breakwater.testing.server import launch_command
+
+BREAKWATER = [sys.executable, "-m", "breakwater"]
+LONG_SERVER = "warehouse-inventory-and-fulfilment-service"
+LONG_TOOL = "reserve_stock_for_outbound_shipment"
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """The environment of every `breakwater` run: its files in `tmp_path`, connects started at once."""
+    # An exported COLUMNS sizes piped tables on purpose; these runs are piped as a person's `| cat` is.
+    inherited = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    return dict(
+        inherited,
+        BREAKWATER_ADMISSION_DIR=str(tmp_path / "admission"),
+        BREAKWATER_CATALOG_DIR=str(tmp_path / "catalog"),
+        BREAKWATER_CONNECT_STARTUP_JITTER_S="0",
+        XDG_CACHE_HOME=str(tmp_path / "cache"),
+    )
+
+
+def run(env: dict[str, str], *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    """`breakwater ARGS` with stdout and stderr piped (not a terminal), as `breakwater ... | cat` runs it."""
+    return subprocess.run(
+        [*BREAKWATER, *args], capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=timeout, check=False
+    )
+
+
+def write_config(path: Path, servers: dict[str, Any]) -> Path:
+    path.write_text(json.dumps({"mcpServers": servers}))
+    return path
+
+
+def stdio_entry(*flags: str) -> dict[str, Any]:
+    cmd = launch_command(*flags)
+    return {"command": cmd[0], "args": cmd[1:]}
+
+
+@pytest.fixture
+def silent_server() -> Iterator[socket.socket]:
+    """A TCP listener that accepts connections and never answers: a server that never becomes ready."""
+    sock = socket.create_server(("127.0.0.1", 0))
+    sock.settimeout(60)
+    with sock:
+        yield sock
+
+
+def silent_url(sock: socket.socket) -> str:
+    return f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
+
+
+# ---- the command itself --------------------------------------------------------------------------------
+
+
+def test_version_flag_prints_the_installed_version(env: dict[str, str]) -> None:
+    """`breakwater --version` and `-V` print the installed version and exit 0."""
+    for flag in ("--version", "-V"):
+        result = run(env, flag)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == f"breakwater {version('mcp-breakwater')}\n"
+
+
+def test_a_typo_in_the_command_suggests_the_right_one(env: dict[str, str]) -> None:
+    """A mistyped command is one line naming the closest command, with exit code 2."""
+    result = run(env, "stauts")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1
+    assert "unknown command 'stauts'" in result.stderr and "'status'" in result.stderr.partition("did you mean")[2]
+
+
+def test_help_documents_the_exit_codes_and_the_tools_wait(env: dict[str, str]) -> None:
+    """`--help` lists every exit code; `tools --help` says how long it waits by default."""
+    top = run(env, "--help")
+    assert top.returncode == 0
+    for code in ("0", "1", "2", "3", "130"):
+        assert f"\n  {code} " in top.stdout
+    assert "--version" in top.stdout and "call" in top.stdout
+    tools = run(env, "tools", "--help")
+    assert "--wait SECONDS" in tools.stdout and "default 3" in tools.stdout
+
+
+def test_usage_errors_are_one_line_with_exit_code_2(env: dict[str, str]) -> None:
+    """A wrong flag value is one line naming the command, the problem and where the help is; exit 2."""
+    for args, expected in (
+        (["status", "--wait", "-1"], "breakwater status: --wait must be 0 or more"),
+        (["stats", "--since", "soon"], "breakwater stats: --since: expected a duration such as 90s"),
+        (["serve", "--http", "99999"], "breakwater serve: argument --http: expected [HOST:]PORT"),
+        (["call", "only-a-server"], "breakwater call: the following arguments are required: tool"),
+    ):
+        result = run(env, *args)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.count("\n") == 1 and result.stderr.startswith(expected), result.stderr
+        assert "--help)" in result.stderr
+
+
+# ---- output that is complete when piped -------------------------------------------------------------
+
+
+def test_piped_status_keeps_long_names_whole(env: dict[str, str], tmp_path: Path) -> None:
+    """`breakwater status | cat` prints every name in full, on one line, without colour codes."""
+    long_name = "a-server-whose-name-alone-is-wider-than-an-eighty-column-terminal-" + "x" * 30
+    config = write_config(tmp_path / "mcp.json", {long_name: {**stdio_entry(), "disabled": True}})
+    result = run(env, "status", "--wait", "0", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    assert any(long_name in line for line in result.stdout.splitlines())
+    assert "…" not in result.stdout and "\x1b[" not in result.stdout
+
+
+def test_calls_made_with_call_show_in_full_in_piped_stats(env: dict[str, str], tmp_path: Path) -> None:
+    """The journal's table, piped, has every column of every row: no "…", nothing cut at 80 columns."""
+    env = dict(env, BREAKWATER_JOURNAL=str(tmp_path / "journal.sqlite3"))
+    config = write_config(tmp_path / "mcp.json", {LONG_SERVER: stdio_entry("--tool", f"{LONG_TOOL}:latency=0.05")})
+    for _ in range(2):
+        assert run(env, "call", LONG_SERVER, LONG_TOOL, "--config", str(config)).returncode == 0
+
+    table = run(env, "stats", "--since", "1h", "--config", str(config))
+    assert table.returncode == 0, table.stderr
+    assert "…" not in table.stdout and "\x1b[" not in table.stdout
+    row = next(line for line in table.stdout.splitlines() if LONG_TOOL in line)
+    assert LONG_SERVER in row and " 2 " in row and "100.0 %" in row and "default" in row
+    assert len(row) > 80, "the twelve columns are all there, wider than a terminal would show"
+
+    as_json = json.loads(run(env, "stats", "--json", "--config", str(config)).stdout)
+    assert [(t["server"], t["tool"], t["calls"]) for t in as_json["tools"]] == [(LONG_SERVER, LONG_TOOL, 2)]
+
+
+# ---- tools answers in seconds -----------------------------------------------------------------------------
+
+
+def test_tools_answers_within_seconds_naming_the_server_still_connecting(
+    env: dict[str, str], tmp_path: Path, silent_server: socket.socket
+) -> None:
+    """With a server that never becomes ready, `tools` answers by default in seconds, not in half a minute."""
+    config = write_config(
+        tmp_path / "mcp.json",
+        {"fine": stdio_entry("--tool", "echo:latency=0"), "silent": {"type": "http", "url": silent_url(silent_server)}},
+    )
+    started = time.monotonic()
+    result = run(env, "tools", "--config", str(config))
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert "silent: still connecting" in result.stdout
+    # A healthy server is listed, or (on a machine too busy to start it within the wait) named too.
+    assert "fine__echo" in result.stdout or "fine: still connecting" in result.stdout
+    # The default wait is 3 s; process start and shutdown on a busy machine take a few more.
+    assert elapsed < 20, f"tools took {elapsed:.1f} s"
+
+
+# ---- one line and an exit code ------------------------------------------------------------------------
+
+
+def test_a_busy_port_is_one_line_and_exit_code_3(env: dict[str, str], tmp_path: Path) -> None:
+    """`serve --http PORT` on a port in use says so in one line, with what to do, and exits 3."""
+    config = write_config(tmp_path / "mcp.json", {"fine": stdio_entry()})
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = run(env, "serve", "--http", str(port), "--config", str(config))
+    assert result.returncode == 3
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert f"127.0.0.1:{port}" in result.stderr and "in use" in result.stderr and "--http" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["status", "--wait", "30"], ["tools", "--wait", "30"], ["call", "silent", "anything", "--wait", "30"], ["serve"]],
+    ids=["status", "tools", "call", "serve"],
+)
+def test_ctrl_c_is_one_line_and_exit_code_130(
+    env: dict[str, str], tmp_path: Path, silent_server: socket.socket, command: list[str]
+) -> None:
+    """Ctrl-C while a command waits on a server that never answers: `breakwater: interrupted`, exit 130."""
+    config = write_config(tmp_path / "mcp.json", {"silent": {"type": "http", "url": silent_url(silent_server)}})
+    proc = subprocess.Popen(
+        [*BREAKWATER, *command, "--config", str(config)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        # Its connect reaching the server proves the command is running, waiting on it.
+        connection, _ = silent_server.accept()
+        with connection:
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert err == "breakwater: interrupted\n"
+    assert "Traceback" not in out
+
+
+def test_ctrl_c_stops_serve_http_with_exit_code_130(env: dict[str, str], tmp_path: Path) -> None:
+    """Ctrl-C on `serve --http`: the gateway shuts down cleanly, says so in one line and exits 130."""
+    config = write_config(tmp_path / "mcp.json", {"fine": stdio_entry()})
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen(
+        [*BREAKWATER, "serve", "--http", "0", "--port-file", str(port_file), "--config", str(config)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not port_file.exists() or not port_file.read_text():
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the gateway never announced its port"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert err.splitlines()[-1] == "breakwater: interrupted"
+    assert "Traceback" not in err
+
+
+# ---- call -------------------------------------------------------------------------------------------------
+
+
+def test_call_prints_the_result_and_parses_arg_values_as_json(env: dict[str, str], tmp_path: Path) -> None:
+    """`call SERVER TOOL --arg k=v`: the tool's text on stdout, exit 0; values that parse as JSON are JSON."""
+    config = write_config(tmp_path / "mcp.json", {"shop": stdio_entry("--tool", "echo:latency=0")})
+    pairs = ["--arg", "a=2", "--arg", "b=3.5", "--arg", "label=two"]
+    result = run(env, "call", "shop", "echo", '{"payload": "hi"}', *pairs, "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    echoed = json.loads(result.stdout)
+    assert echoed["tool"] == "echo"
+    assert echoed["arguments"].items() >= {"payload": "hi", "a": 2, "b": 3.5, "label": "two"}.items()
+
+    as_json = run(env, "call", "shop", "echo", "--arg", "payload=x", "--json", "--config", str(config))
+    assert as_json.returncode == 0, as_json.stderr
+    call_result = json.loads(as_json.stdout)
+    assert call_result["isError"] is False
+    assert call_result["structuredContent"]["arguments"]["payload"] == "x"
+
+
+def test_call_shows_the_error_envelope_and_exits_1(env: dict[str, str], tmp_path: Path) -> None:
+    """A failed call: the tool's words, then one line with the code and what to do; `--json` has the envelope."""
+    config = write_config(tmp_path / "mcp.json", {"shop": stdio_entry("--tool", "broken:latency=0,error=1")})
+    result = run(env, "call", "shop", "broken", "--config", str(config))
+    assert result.returncode == 1
+    assert result.stdout == ""
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("breakwater: call failed: TOOL_ERROR: Tool 'broken' on server 'shop'")
+
+    as_json = run(env, "call", "shop", "nosuch", "--json", "--config", str(config))
+    assert as_json.returncode == 1
+    envelope = json.loads(as_json.stdout)["structuredContent"]
+    assert (envelope["ok"], envelope["code"], envelope["server"], envelope["tool"]) == (False, "UNKNOWN_TOOL", "shop", "nosuch")
+
+
+def test_call_usage_errors_exit_2_in_one_line(env: dict[str, str], tmp_path: Path) -> None:
+    """An unknown server (with a suggestion) or arguments that are not a JSON object: one line, exit 2."""
+    config = write_config(tmp_path / "mcp.json", {"shop": stdio_entry()})
+    for args, expected in (
+        (["shopp", "echo"], "no server named 'shopp'"),
+        (["shop", "echo", "[1, 2]"], "JSON_ARGS must be a JSON object"),
+        (["shop", "echo", "{not json"], "JSON_ARGS is not JSON"),
+        (["shop", "echo", "--arg", "novalue"], "expected KEY=VALUE"),
+    ):
+        result = run(env, "call", *args, "--config", str(config))
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.count("\n") == 1 and expected in result.stderr, result.stderr
+    assert "(did you mean 'shop'?)" in run(env, "call", "shopp", "echo", "--config", str(config)).stderr
