@@ -5,11 +5,12 @@ underscore is private.
 """
 
 from breakwater._breakwater import Breakwater
-from breakwater._clock import Clock, DeadlineScope, FakeClock, SystemClock
+from breakwater._clock import Clock, DeadlineScope, SystemClock
 from breakwater.config import Config, ConnectPolicy, ServerSpec, load_config
 from breakwater.errors import BreakwaterError, ConfigError
 from breakwater.status import ErrorInfo, Reason, ServerState, ServerStatus, StatusReport
 from breakwater.tasks._store import PendingTask, TaskStore
+from breakwater.testing import FakeClock  # public home: breakwater.testing; kept here for existing imports
 
 __all__ = [
     "Breakwater",

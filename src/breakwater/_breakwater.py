@@ -17,6 +17,7 @@ from anyio.abc import TaskGroup
 from breakwater._clock import Clock, SystemClock
 from breakwater.config import Config, find_config, load_config
 from breakwater.connect._admission import Admission, default_admission_dir
+from breakwater.connect._transports import TransportFactory, default_transports
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import CallError, ToolError
 from breakwater.gate._classify import Classifier
@@ -64,6 +65,7 @@ class Breakwater:
         observers: Sequence[AttemptObserver] = (),
         telemetry: Telemetry | Literal["config"] | None = "config",
         task_store: TaskStore | None = None,
+        transports: TransportFactory = default_transports,
     ) -> None:
         """`learned_timeout(server, tool)` may supply a timeout learned from observed latencies (it
         ranks below per-tool and per-server config, above the default); `classifier` may override
@@ -85,7 +87,10 @@ class Breakwater:
 
         `task_store` remembers calls that servers turned into tasks, so they can be resumed after a
         restart (`pending_tasks()`, `resume_task()`); default: `$BREAKWATER_TASKS_DB`, else
-        `tasks.sqlite3` in the user's data directory, opened only when a task is first met."""
+        `tasks.sqlite3` in the user's data directory, opened only when a task is first met.
+
+        `transports` builds each connect attempt's transport (default: what each server's config
+        says); `breakwater.testing.in_memory(server)` connects to in-process servers instead."""
         self.config = config
         self._clock: Clock = clock or SystemClock()
         #: The call journal, or None when it is off.
@@ -112,6 +117,7 @@ class Breakwater:
                 admission=self._admission,
                 on_change=self._note_change,
                 extensions=[CLIENT_EXTENSION],
+                transports=transports,
             )
             for spec in config.servers
         }
