@@ -23,7 +23,7 @@ from breakwater.errors import CallError, ToolError
 from breakwater.gate._classify import Classifier
 from breakwater.gate._envelope import error_result
 from breakwater.gate._gate import CallGate, LearnedTimeout, ProgressCallback
-from breakwater.gate._tasks import CLIENT_EXTENSION, TaskRuntime
+from breakwater.gate._tasks import TaskRuntime, TasksClientExtension
 from breakwater.gate._turn_budget import TurnBudgetScope, turn_budget
 from breakwater.journal._journal import AttemptObserver, Journal, fan_out
 from breakwater.state import MemoryStore, StateStore, open_store
@@ -116,7 +116,7 @@ class Breakwater:
                 rng=self._rng,
                 admission=self._admission,
                 on_change=self._note_change,
-                extensions=[CLIENT_EXTENSION],
+                extensions=[TasksClientExtension(clock=self._clock)],
                 transports=transports,
             )
             for spec in config.servers
@@ -190,7 +190,7 @@ class Breakwater:
         finally:
             self._tg = None
             if not isinstance(self.state_store, MemoryStore):
-                with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):  # noqa: TID251 - real-time shutdown bound
                     await self.state_store.aclose()
             if self.journal is not None:
                 with anyio.CancelScope(shield=True):
@@ -198,7 +198,7 @@ class Breakwater:
                     await anyio.to_thread.run_sync(self.journal.close, _JOURNAL_CLOSE_S)
             if self.telemetry is not None and self.telemetry.owned:
                 # In a thread: the last export may wait on an unreachable collector (its own timeouts bound it).
-                with anyio.CancelScope(shield=True), anyio.move_on_after(_JOURNAL_CLOSE_S):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_JOURNAL_CLOSE_S):  # noqa: TID251 - real-time shutdown bound
                     await anyio.to_thread.run_sync(self.telemetry.shutdown, abandon_on_cancel=True)
 
     def _note_change(self, _upstream: Upstream) -> None:

@@ -102,7 +102,7 @@ async def _run_status(config: Config, wait: float, as_json: bool) -> int:
                     async def refresh() -> None:
                         while True:
                             live.update(status_view(bw.status()))
-                            await anyio.sleep(LIVE_REFRESH_S)
+                            await bw.clock.sleep(LIVE_REFRESH_S)
 
                     tg.start_soon(refresh)
                     report = await bw.wait_ready(timeout=wait)
@@ -110,7 +110,7 @@ async def _run_status(config: Config, wait: float, as_json: bool) -> int:
         elif wait > 0:
             report = await bw.wait_ready(timeout=wait)
         else:
-            await anyio.sleep(0)
+            await bw.clock.sleep(0)
             report = bw.status()
     if as_json:
         print(json.dumps(report.to_json(), indent=2))

@@ -20,6 +20,7 @@ from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 
+from breakwater._clock import Clock, SystemClock
 from breakwater.config import ServerSpec
 from breakwater.gate._gate import ATTEMPT_WATCHER, AttemptClock
 from breakwater.gateway._passthrough import connection_of
@@ -74,6 +75,8 @@ class _Caller:
     attempt: AttemptClock | None = None
     #: The call runs as a gateway task (breakwater.gateway._tasks): no round to carry a question in.
     in_task: bool = False
+    #: The clock the drain's bound runs on (the Breakwater's).
+    clock: Clock = field(default_factory=SystemClock)
     _asks: set[anyio.CancelScope] = field(default_factory=set)
     _deliveries: int = 0
     _idle: anyio.Event = field(default_factory=anyio.Event)
@@ -118,7 +121,7 @@ class _Caller:
             await anyio.lowlevel.checkpoint()
         if not self._deliveries:
             return
-        with anyio.move_on_after(RELAY_DRAIN_S):
+        with self.clock.deadline_scope(self.clock.monotonic() + RELAY_DRAIN_S):
             while self._deliveries:
                 self._idle = anyio.Event()
                 await self._idle.wait()
@@ -249,9 +252,11 @@ class _Relay:
     gets an MCP error at once; a relayed request never outlives its call.
     """
 
-    def __init__(self, *, resource_updated: Callable[[str, str], Awaitable[None]]) -> None:
-        """`resource_updated(server, uri)` delivers an upstream's resource update to its subscribers."""
+    def __init__(self, *, resource_updated: Callable[[str, str], Awaitable[None]], clock: Clock | None = None) -> None:
+        """`resource_updated(server, uri)` delivers an upstream's resource update to its subscribers;
+        `clock` bounds the wait for deliveries still under way when a call answers."""
         self._resource_updated = resource_updated
+        self._clock: Clock = clock or SystemClock()
         self._callers: dict[str, list[_Caller]] = {}
         self.exchanges: dict[str, _Exchange] = {}
 
@@ -267,6 +272,7 @@ class _Relay:
             capabilities=ctx.session.client_capabilities,
             exchange=exchange,
             in_task=current_task_id() is not None,
+            clock=self._clock,
         )
         callers = self._callers.setdefault(server, [])
         callers.append(caller)

@@ -18,7 +18,6 @@ import contextlib
 import json
 import logging
 import secrets
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -182,7 +181,9 @@ class Gateway:
         self._generation = -1  # the Breakwater generation `_entries` was built from
         self.drift: dict[str, list[str]] = {}  # server -> tools whose definition changed since approved
         self._tg: TaskGroup | None = None  # the gateway's background work (`watch`)
-        self.relay = _Relay(resource_updated=lambda server, uri: self.passthrough.subscriptions.deliver(server, uri))
+        self.relay = _Relay(
+            resource_updated=lambda server, uri: self.passthrough.subscriptions.deliver(server, uri), clock=bw.clock
+        )
         self.passthrough = Passthrough(bw, template=policy.tool_name_template, bus=self.bus, calling=self.relay.calling)
         for spec in bw.config.servers:
             # Read at each connect: servers connect in the background and this runs before the first one.
@@ -441,7 +442,8 @@ class Gateway:
                 exchange.done = True
                 exchange.poke()
             # Kept until the client's next round collects it, or for a while.
-            with anyio.move_on_after(EXCHANGE_KEEP_S):
+            clock = self.bw.clock
+            with clock.deadline_scope(clock.monotonic() + EXCHANGE_KEEP_S):
                 await exchange.collected.wait()
             self.relay.exchanges.pop(exchange.token, None)
 
@@ -491,15 +493,15 @@ class Gateway:
     async def search(self, query: str, *, wait_s: float | None = None) -> SearchAnswer:
         """Rank tools for `query`; first wait briefly for connecting servers that might hold a match."""
         wait = self.policy.search_wait_s if wait_s is None else wait_s
-        deadline = time.monotonic() + wait
+        clock = self.bw.clock
+        deadline = clock.monotonic() + wait
         while True:
             entries = self.entries()
             statuses = [s for s in self.bw.status().servers if s.state is not ServerState.DISABLED]
             pending = [s for s in statuses if s.state in STILL_CONNECTING and self._might_match(s.name, query, entries)]
-            remaining = deadline - time.monotonic()
-            if not pending or remaining <= 0:
+            if not pending or clock.monotonic() >= deadline:
                 break
-            with anyio.move_on_after(remaining):
+            with clock.deadline_scope(deadline):
                 await self.bw.wait_changed()
         matches = [e for _, e in rank(entries, query, limit=SEARCH_LIMIT)] if query.strip() else entries
         unsearched = [s for s in statuses if s.state in NOT_READY]

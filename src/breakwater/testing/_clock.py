@@ -138,9 +138,9 @@ class FakeClock:
     async def wait_for_sleepers(self, count: int = 1, *, real_timeout: float = 10.0) -> None:
         """Wait in real time until at least `count` tasks sleep on this clock."""
         # Real time on purpose: the code under test is running, virtual time is not moving.
-        with anyio.fail_after(real_timeout):
+        with anyio.fail_after(real_timeout):  # noqa: TID251 - a real-time bound on waiting for other tasks
             while len(self._sleepers) < count:
-                await anyio.sleep(0.001)
+                await anyio.sleep(0.001)  # noqa: TID251 - polls the real progress of other tasks
 
     async def run(self, fn: Callable[[], Awaitable[T]]) -> T:
         """Run `fn` to completion, jumping time to the next sleeper or deadline whenever every task is blocked.
@@ -207,4 +207,4 @@ async def _all_tasks_blocked() -> None:
         stable = 0
         turns += 1
         if turns > 1000:  # something waits on real I/O: stop spinning the CPU
-            await anyio.sleep(0.001)
+            await anyio.sleep(0.001)  # noqa: TID251 - polls the real progress of other tasks
