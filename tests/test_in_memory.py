@@ -17,11 +17,12 @@ from typing import Any, TypeVar
 import anyio
 import pytest
 from mcp.server.mcpserver import MCPServer
-from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 
 from breakwater import Breakwater, Config, ConnectPolicy, Reason, ServerSpec, ServerState
+from breakwater._wire import OPERATION_ID_META_KEY
 from breakwater.config import RetryPolicy
-from breakwater.testing import FakeClock, in_memory
+from breakwater.testing import FakeClock, Progress, ScriptedCall, ScriptedServer, in_memory
 
 pytestmark = pytest.mark.anyio
 
@@ -173,3 +174,29 @@ async def test_one_factory_serves_several_servers_by_name(tmp_path: Path) -> Non
     assert (sa.state, sb.state, sc.state) == (ServerState.READY, ServerState.READY, ServerState.FAILED)
     assert sc.error.code is Reason.PROTOCOL_ERROR and "no server named 'c'" in sc.error.message
     assert [ra.content[0].text, rb.content[0].text] == ["from a", "from b"]
+
+
+async def test_a_scripted_server_shows_what_reached_it_and_relays_progress(tmp_path: Path) -> None:
+    """`ScriptedServer` lists exactly its tools, records each call as sent (operation id included), relays progress."""
+    clock = FakeClock()
+    listed = [Tool(name="charge", input_schema={"type": "object"}, annotations=ToolAnnotations(idempotent_hint=True))]
+
+    async def answer(call: ScriptedCall, n: int, progress: Progress) -> CallToolResult:
+        await progress(0.5, 1.0, "halfway")
+        await clock.sleep(1.0)
+        return CallToolResult(content=[TextContent(type="text", text=f"charged #{n}")])
+
+    scripted = ScriptedServer(listed, answer)
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        seen.append((value, total, message))
+
+    async def body(bw: Breakwater) -> CallToolResult:
+        await bw.wait_ready(timeout=30)
+        return await bw.call_tool("pay", "charge", {"cents": 120}, progress_callback=on_progress, operation_id="op-1")
+
+    result = await with_breakwater(tmp_path, clock, in_memory(scripted.server), (spec("pay"),), body)
+    assert not result.is_error and result.content[0].text == "charged #1"  # type: ignore[union-attr]
+    assert scripted.calls == [ScriptedCall("charge", {"cents": 120}, {OPERATION_ID_META_KEY: "op-1"})]
+    assert seen == [(0.5, 1.0, "halfway")]
