@@ -16,12 +16,15 @@ from typing import Any, TypeVar
 
 import anyio
 import pytest
+from mcp import Client
 from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 
 from breakwater import Breakwater, Config, ConnectPolicy, Reason, ServerSpec, ServerState
 from breakwater._wire import OPERATION_ID_META_KEY
-from breakwater.config import RetryPolicy
+from breakwater.catalog._catalog import Catalog
+from breakwater.config import CallPolicy, GatewayPolicy, RetryPolicy
+from breakwater.gateway._server import Gateway
 from breakwater.testing import FakeClock, Progress, ScriptedCall, ScriptedServer, in_memory
 
 pytestmark = pytest.mark.anyio
@@ -200,3 +203,33 @@ async def test_a_scripted_server_shows_what_reached_it_and_relays_progress(tmp_p
     assert not result.is_error and result.content[0].text == "charged #1"  # type: ignore[union-attr]
     assert scripted.calls == [ScriptedCall("charge", {"cents": 120}, {OPERATION_ID_META_KEY: "op-1"})]
     assert seen == [(0.5, 1.0, "halfway")]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_the_gateway_serves_an_in_process_server_to_an_in_process_client(tmp_path: Path, mode: str) -> None:
+    """Client → gateway → gate → supervisor → server, all in one event loop: the namespaced tool answers, and
+    a call past its timeout comes back as the gateway's error envelope at exactly the timeout."""
+    clock = FakeClock()
+    policy = GatewayPolicy()
+
+    async def body(bw: Breakwater) -> tuple[list[str], CallToolResult, CallToolResult, float]:
+        gateway = Gateway(bw, policy, catalog=Catalog(template=policy.tool_name_template, directory=tmp_path / "catalog"))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gateway.watch)
+            await bw.wait_ready(timeout=30)
+            async with Client(gateway.server, mode=mode) as client:
+                names = [t.name for t in (await client.list_tools()).tools]
+                added = await client.call_tool("shop__add", {"a": 20, "b": 22})
+                started = clock.monotonic()
+                slow = await client.call_tool("shop__slow", {"seconds": 600})
+                elapsed = clock.monotonic() - started
+            tg.cancel_scope.cancel()
+        return names, added, slow, elapsed
+
+    call = CallPolicy(timeout_s=3.0)
+    names, added, slow, elapsed = await with_breakwater(tmp_path, clock, in_memory(shop(clock, [])), (spec(call=call),), body)
+    assert {"shop__add", "shop__slow"} <= set(names)
+    assert added.structured_content == {"result": 42}
+    assert slow.is_error and isinstance(slow.structured_content, dict)
+    assert slow.structured_content["code"] == "OUTCOME_UNKNOWN" and slow.structured_content["timeout_s"] == 3.0
+    assert elapsed == pytest.approx(3.0)
