@@ -17,22 +17,28 @@ import functools
 import ssl
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import httpx2
 from mcp.client import Transport
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.server import Server
+from mcp.server.mcpserver import MCPServer
 
 from breakwater.config import ServerSpec
 from breakwater.connect._http_cut import CUT_KEY, CutTolerantTransport
 from breakwater.connect._stdio import StdioProcess
 
-__all__ = ["OpenedTransport", "TransportFactory", "default_transports"]
+__all__ = ["ClientTarget", "OpenedTransport", "TransportFactory", "default_transports"]
 
 # The SDK's own defaults (mcp.shared._httpx_utils): connect/write/pool 30 s, read 300 s for SSE streams.
 HTTP_TIMEOUT_S = 30.0
 HTTP_READ_TIMEOUT_S = 300.0
+
+#: What `mcp.Client` connects through: a transport (an async context manager of read and write
+#: streams), or an SDK server object to run in-process.
+ClientTarget: TypeAlias = Transport | Server[Any] | MCPServer[Any]
 
 
 class OpenedTransport:
@@ -40,13 +46,12 @@ class OpenedTransport:
 
     def __init__(
         self,
-        target: Transport | Any,
+        target: ClientTarget,
         *,
         process: StdioProcess | None = None,
         on_ready: Callable[[], None] | None = None,
     ) -> None:
-        """`target` is what `mcp.Client` is given: a `Transport` (an async context manager of read
-        and write streams), or an in-process SDK `Server`/`MCPServer`. `process` is the stdio process,
+        """`target` is what `mcp.Client` is given. `process` is the stdio process,
         when there is one (its exit ends the connection and explains failures). `on_ready` runs once
         the handshake is done and the attempt deadline lifted."""
         self.target = target
@@ -90,15 +95,17 @@ async def default_transports(spec: ServerSpec, stack: AsyncExitStack, *, report_
     def arm() -> None:
         cut_tolerant.armed = True
 
-    opened = OpenedTransport(None, on_ready=arm)
+    async def record_status(response: httpx2.Response) -> None:
+        await opened.record_status(response)  # bound below, before the first request can answer
+
     http_client = httpx2.AsyncClient(
         headers=dict(spec.headers),
         timeout=httpx2.Timeout(HTTP_TIMEOUT_S, read=HTTP_READ_TIMEOUT_S),
         transport=cut_tolerant,
-        event_hooks={"response": [opened.record_status]},
+        event_hooks={"response": [record_status]},
     )
     await stack.enter_async_context(http_client)
-    opened.target = streamable_http_client(spec.url or "", http_client=http_client)
+    opened = OpenedTransport(streamable_http_client(spec.url or "", http_client=http_client), on_ready=arm)
     return opened
 
 

@@ -22,7 +22,7 @@ from breakwater.connect._transports import OpenedTransport, TransportFactory
 __all__ = ["InProcessServer", "in_memory"]
 
 #: An SDK server that can run in-process: the low-level `Server` or the high-level `MCPServer`.
-InProcessServer: TypeAlias = Server[Any] | MCPServer
+InProcessServer: TypeAlias = Server[Any] | MCPServer[Any]
 
 
 def in_memory(servers: InProcessServer | Mapping[str, InProcessServer], *, raise_exceptions: bool = False) -> TransportFactory:
