@@ -46,7 +46,7 @@ import anyio
 from mcp import Client, StdioServerParameters
 
 from breakwater.config import JournalPolicy
-from breakwater.journal._journal import (
+from breakwater.journal import (
     AttemptRecord,
     Journal,
     JournalStore,

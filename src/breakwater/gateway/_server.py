@@ -51,7 +51,7 @@ from breakwater.gateway._relay import (
     _Relay,
 )
 from breakwater.gateway._tasks import GatewayTasks
-from breakwater.journal._journal import DOWNSTREAM_CLIENT
+from breakwater.journal import DOWNSTREAM_CLIENT
 from breakwater.status import ServerState, ServerStatus, iso
 from breakwater.tasks._server import current_task_id
 
