@@ -45,7 +45,6 @@ from typing import Any
 import anyio
 from mcp import Client, StdioServerParameters
 
-from breakwater._clock import FakeClock
 from breakwater.config import JournalPolicy
 from breakwater.journal import (
     AttemptRecord,
@@ -55,6 +54,7 @@ from breakwater.journal import (
     SQLiteJournalStore,
     new_call_id,
 )
+from breakwater.testing import FakeClock
 from breakwater.testing.server import Latency, launch_command
 
 PG = os.environ.get("BREAKWATER_TEST_POSTGRES") or "host=127.0.0.1 port=5432 dbname=test user=postgres connect_timeout=3"

@@ -11,8 +11,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from breakwater import FakeClock, SystemClock
+from breakwater import SystemClock
 from breakwater.connect._admission import Admission, Slot
+from breakwater.testing import FakeClock
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from breakwater._clock import FakeClock
 from breakwater.config._knobs import iter_knobs
 from breakwater.errors import ConfigError
 from breakwater.gate._breaker import (
@@ -24,6 +23,7 @@ from breakwater.gate._breaker import (
     Permit,
     Rejection,
 )
+from breakwater.testing import FakeClock
 
 
 @pytest.fixture

@@ -14,11 +14,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from breakwater import FakeClock
 from breakwater.config import ConnectPolicy, ServerSpec
 from breakwater.connect._admission import Admission
 from breakwater.connect._upstream import BACKGROUND_JITTER, Upstream
 from breakwater.status import Reason, ServerState
+from breakwater.testing import FakeClock
 
 pytestmark = pytest.mark.anyio
 

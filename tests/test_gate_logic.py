@@ -21,7 +21,6 @@ import pytest
 from mcp import MCPError
 from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 
-from breakwater._clock import FakeClock
 from breakwater.config import CallPolicy, JournalPolicy, RetryPolicy, ServerSpec, ToolSettings, load_config
 from breakwater.connect._admission import Admission
 from breakwater.connect._upstream import Upstream
@@ -31,6 +30,7 @@ from breakwater.gate._envelope import render_error_table
 from breakwater.gate._gate import OPERATION_ID_META_KEY, CallGate
 from breakwater.gate._turn_budget import turn_budget
 from breakwater.status import ServerState, StatusReport, ToolTimeout
+from breakwater.testing import FakeClock
 
 pytestmark = pytest.mark.anyio
 

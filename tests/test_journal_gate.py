@@ -25,7 +25,6 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.types import CallToolResult, Implementation, TextContent, Tool, ToolAnnotations
 
-from breakwater._clock import FakeClock
 from breakwater.config import CallPolicy, JournalPolicy, RetryPolicy, ServerSpec, ToolSettings
 from breakwater.connect._admission import Admission
 from breakwater.connect._upstream import Upstream
@@ -40,6 +39,7 @@ from breakwater.journal import (
     timeout_in_force,
 )
 from breakwater.status import ServerState, StatusReport, ToolTimeout
+from breakwater.testing import FakeClock
 from breakwater.testing.server import launch_command
 
 pytestmark = pytest.mark.anyio

@@ -53,6 +53,7 @@ PUBLIC: dict[str, list[str]] = {
         "JournalPolicy",
         "MemoryStore",
         "Outcome",
+        "OpenedTransport",
         "OutcomeUnknownError",
         "OverloadedError",
         "PendingTask",
@@ -75,6 +76,7 @@ PUBLIC: dict[str, list[str]] = {
         "ToolChangedError",
         "ToolError",
         "ToolTimeout",
+        "TransportFactory",
         "TurnBudgetScope",
         "UnknownToolError",
         "UpstreamError",
@@ -141,6 +143,7 @@ PUBLIC: dict[str, list[str]] = {
         "declared_tasks",
         "missing_tasks_capability",
     ],
+    "breakwater.testing": ["FakeClock", "InProcessServer", "Progress", "ScriptedCall", "ScriptedServer", "in_memory"],
     "breakwater.idempotency": [
         "ClaimResult",
         "DB_PATH_ENV",

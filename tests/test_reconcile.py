@@ -13,6 +13,7 @@ import os
 import random
 import signal
 import sys
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -24,13 +25,13 @@ from mcp import MCPError
 from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 
 from breakwater import Breakwater, Config, ConnectPolicy, ServerSpec, ServerState
-from breakwater._clock import FakeClock
 from breakwater.config import CallPolicy, RetryPolicy, ToolSettings
 from breakwater.connect._admission import Admission
 from breakwater.connect._upstream import Upstream
 from breakwater.gate._breaker import BreakerPolicy
 from breakwater.gate._gate import GET_OPERATION_TOOL, OPERATION_ID_META_KEY, CallGate
 from breakwater.gate._turn_budget import turn_budget
+from breakwater.testing import FakeClock, ScriptedCall, ScriptedServer, in_memory
 
 pytestmark = pytest.mark.anyio
 
@@ -40,23 +41,6 @@ ORDER = {"customer": "ann", "item": "espresso", "quantity": 2}
 # ---------------------------------------------------------------------------- scripted server
 
 Script = Callable[[str, dict[str, Any], Any], Awaitable[CallToolResult]]
-
-
-class ScriptedClient:
-    """Stands in for `mcp.Client`; records every call by tool name."""
-
-    def __init__(self, script: Script) -> None:
-        self.script = script
-        self.calls: list[tuple[str, dict[str, Any], Any]] = []
-
-    async def call_tool(
-        self, name: str, arguments: dict[str, Any], *, progress_callback: Any = None, meta: Any = None
-    ) -> CallToolResult:
-        self.calls.append((name, dict(arguments), meta))
-        return await self.script(name, arguments, meta)
-
-    def names(self) -> list[str]:
-        return [c[0] for c in self.calls]
 
 
 def receipt(order_id: str = "ord_1") -> CallToolResult:
@@ -87,24 +71,58 @@ def tools(*, get_operation: bool = True, never: bool = False) -> list[Tool]:
 RESEND_TIMEOUTS = RetryPolicy(backoff_base_s=0.1, backoff_cap_s=0.4, retry_timeouts=True)
 
 
-def make_gate(clock: FakeClock, script: Script, listed: list[Tool], **spec_kw: Any) -> tuple[CallGate, ScriptedClient]:
+#: The upstreams `make_gate` built on each clock: `drive` connects them for the time of its call.
+_UPSTREAMS: weakref.WeakKeyDictionary[FakeClock, list[Upstream]] = weakref.WeakKeyDictionary()
+#: Set when an upstream's connection is up (its state changed to ready with a client).
+_CONNECTED: weakref.WeakKeyDictionary[Upstream, anyio.Event] = weakref.WeakKeyDictionary()
+
+
+def _on_change(upstream: Upstream) -> None:
+    if upstream.state is ServerState.READY and upstream.client is not None and upstream in _CONNECTED:
+        _CONNECTED[upstream].set()
+
+
+def make_gate(clock: FakeClock, script: Script, listed: list[Tool], **spec_kw: Any) -> tuple[CallGate, ScriptedServer]:
+    """A real gate and supervisor in front of an in-process server that lists `listed` and answers with `script`."""
     spec_kw.setdefault("breaker", BreakerPolicy(consecutive_failures=1000, failure_rate=1.0))
     spec_kw.setdefault("retry", RetryPolicy(backoff_base_s=0.1, backoff_cap_s=0.4))
     spec_kw.setdefault("call", CallPolicy(timeout_s=1.0, max_s=30.0))
+    spec_kw.setdefault("connect", ConnectPolicy(startup_jitter_s=0, health_interval_s=0))
     spec = ServerSpec(name="s", transport="stdio", command="unused", **spec_kw)
-    rng = random.Random(7)
-    upstream = Upstream(spec, clock=clock, rng=rng, admission=Admission(clock=clock, rng=rng, directory=None))
-    client = ScriptedClient(script)
-    upstream.state = ServerState.READY
-    upstream.client = client  # type: ignore[assignment]
-    upstream.tools = listed
-    upstream.report_lost = lambda: None  # type: ignore[method-assign]
-    return CallGate({"s": upstream}, clock=clock, rng=rng), client
+
+    async def answer(call: ScriptedCall, _n: int, _progress: Any) -> CallToolResult:
+        return await script(call.name, call.arguments, call.meta)
+
+    server = ScriptedServer(listed, answer)
+    # The supervisor draws from its own generator, so the gate's jitter draws are the ones they always were.
+    connect_rng = random.Random(0)
+    upstream = Upstream(
+        spec,
+        clock=clock,
+        rng=connect_rng,
+        admission=Admission(clock=clock, rng=connect_rng, directory=None),
+        transports=in_memory(server.server),
+        on_change=_on_change,
+    )
+    _UPSTREAMS.setdefault(clock, []).append(upstream)
+    return CallGate({"s": upstream}, clock=clock, rng=random.Random(7)), server
 
 
 async def drive(clock: FakeClock, fn: Callable[[], Awaitable[Any]]) -> Any:
-    """Run `fn` on the fake clock, jumping time whenever every task is blocked."""
-    return await clock.run(fn)
+    """Run `fn` on the fake clock with the servers connected, jumping time whenever every task is blocked."""
+
+    async def connected() -> Any:
+        async with anyio.create_task_group() as tg:
+            for upstream in _UPSTREAMS.get(clock, []):
+                # Not `ready_event`: it is still set from the connection the previous drive closed.
+                _CONNECTED[upstream] = anyio.Event()
+                tg.start_soon(upstream.run)
+                await _CONNECTED[upstream].wait()
+            result = await fn()
+            tg.cancel_scope.cancel()
+        return result
+
+    return await clock.run(connected)
 
 
 def lost_first(after: Callable[[str, int], CallToolResult]) -> Script:

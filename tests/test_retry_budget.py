@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from breakwater._clock import FakeClock
 from breakwater.config._knobs import iter_knobs
 from breakwater.errors import ConfigError
 from breakwater.gate._retry_budget import RetryBudget, RetryPolicy
+from breakwater.testing import FakeClock
 
 
 def simulate(

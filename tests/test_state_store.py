@@ -22,12 +22,13 @@ from dataclasses import replace
 import anyio
 import pytest
 
-from breakwater._clock import FakeClock, SystemClock
+from breakwater._clock import SystemClock
 from breakwater.config import StatePolicy
 from breakwater.errors import ConfigError
 from breakwater.gate._breaker import BreakerPolicy, BreakerRegistry, BreakerState, Outcome, Permit, Rejection
 from breakwater.gate._retry_budget import RetryBudget, RetryPolicy
 from breakwater.state import MemoryStore, open_store
+from breakwater.testing import FakeClock
 
 pytestmark = pytest.mark.anyio
 

@@ -7,7 +7,6 @@ import asyncio
 import anyio
 import pytest
 
-from breakwater._clock import FakeClock
 from breakwater.gate._turn_budget import (
     TurnBudget,
     can_start,
@@ -15,6 +14,7 @@ from breakwater.gate._turn_budget import (
     effective_deadline,
     turn_budget,
 )
+from breakwater.testing import FakeClock
 
 
 @pytest.fixture

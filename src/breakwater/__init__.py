@@ -14,9 +14,11 @@ What is here, by what a user does with it:
   did not run) and `CallFailed` (sent, did not succeed), their leaves and `ErrorCode`;
 * plug into it: `Clock`/`SystemClock`, `Journal`, `AttemptObserver`/`AttemptRecord`, `StateStore`/`MemoryStore`,
   `Telemetry` (the `otel` extra; imported only when asked for), `Classifier` with `Verdict`, `Outcome`,
-  `AttemptContext` and `RetryClass`, `TaskStore`/`PendingTask`, and `TurnBudgetScope` (what `budget()` returns).
+  `AttemptContext` and `RetryClass`, `TaskStore`/`PendingTask`, `TransportFactory`/`OpenedTransport` (how each
+  connect attempt reaches its server), and `TurnBudgetScope` (what `budget()` returns).
 
-`FakeClock` and `DeadlineScope` are test kit; they are exported here until `breakwater.testing` takes them.
+`FakeClock` lives in `breakwater.testing` (with `in_memory` and `ScriptedServer`); it is re-exported here for
+existing imports.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import inspect
 import typing
 
 from breakwater._breakwater import Breakwater
-from breakwater._clock import Clock, DeadlineScope, FakeClock, SystemClock
+from breakwater._clock import Clock, DeadlineScope, SystemClock
 from breakwater.config import (
     BreakerPolicy,
     CallPolicy,
@@ -39,6 +41,7 @@ from breakwater.config import (
     TelemetryPolicy,
     load_config,
 )
+from breakwater.connect._transports import OpenedTransport, TransportFactory
 from breakwater.errors import (
     BreakwaterError,
     BudgetExhaustedError,
@@ -69,6 +72,7 @@ from breakwater.journal import AttemptObserver, AttemptRecord, Journal
 from breakwater.state import MemoryStore, StateStore
 from breakwater.status import ErrorInfo, Reason, ServerState, ServerStatus, StatusReport, ToolTimeout
 from breakwater.tasks._store import PendingTask, TaskStore
+from breakwater.testing import FakeClock  # public home: breakwater.testing; kept here for existing imports
 
 if typing.TYPE_CHECKING:
     from breakwater.observe._telemetry import Telemetry
@@ -103,6 +107,7 @@ __all__ = [
     "Journal",
     "JournalPolicy",
     "MemoryStore",
+    "OpenedTransport",
     "Outcome",
     "OutcomeUnknownError",
     "OverloadedError",
@@ -126,6 +131,7 @@ __all__ = [
     "ToolChangedError",
     "ToolError",
     "ToolTimeout",
+    "TransportFactory",
     "TurnBudgetScope",
     "UnknownToolError",
     "UpstreamError",

@@ -17,12 +17,13 @@ from anyio.abc import TaskGroup
 from breakwater._clock import Clock, SystemClock
 from breakwater.config import Config, ServerSpec, find_config, load_config
 from breakwater.connect._admission import Admission, default_admission_dir
+from breakwater.connect._transports import TransportFactory, default_transports
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import CallError, ToolError
 from breakwater.gate._classify import Classifier
 from breakwater.gate._envelope import error_result
 from breakwater.gate._gate import CallGate, LearnedTimeout, ProgressCallback
-from breakwater.gate._tasks import CLIENT_EXTENSION, TaskRuntime
+from breakwater.gate._tasks import TaskRuntime, TasksClientExtension
 from breakwater.gate._turn_budget import TurnBudgetScope, turn_budget
 from breakwater.journal import AttemptObserver, Journal, fan_out
 from breakwater.state import MemoryStore, StateStore, open_store
@@ -64,6 +65,7 @@ class Breakwater:
         observers: Sequence[AttemptObserver] = (),
         telemetry: Telemetry | Literal["config"] | None = "config",
         task_store: TaskStore | None = None,
+        transports: TransportFactory = default_transports,
     ) -> None:
         """`learned_timeout(server, tool)` may supply a timeout learned from observed latencies (it
         ranks below per-tool and per-server config, above the default); `classifier` may override
@@ -85,7 +87,10 @@ class Breakwater:
 
         `task_store` remembers calls that servers turned into tasks, so they can be resumed after a
         restart (`pending_tasks()`, `resume_task()`); default: `$BREAKWATER_TASKS_DB`, else
-        `tasks.sqlite3` in the user's data directory, opened only when a task is first met."""
+        `tasks.sqlite3` in the user's data directory, opened only when a task is first met.
+
+        `transports` builds each connect attempt's transport (default: what each server's config
+        says); `breakwater.testing.in_memory(server)` connects to in-process servers instead."""
         self.config = config
         self._clock: Clock = clock or SystemClock()
         #: The call journal, or None when it is off.
@@ -103,6 +108,7 @@ class Breakwater:
         directory = admission_dir or config.connect.admission_dir or default_admission_dir()
         self._admission = Admission(clock=self._clock, rng=self._rng, directory=Path(directory))
         self._changed = anyio.Event()
+        self._transports = transports
         self._upstreams = {spec.name: self._upstream_for(spec) for spec in config.servers}
         self._tg: TaskGroup | None = None
         self._generation = 0
@@ -154,7 +160,8 @@ class Breakwater:
             rng=self._rng,
             admission=self._admission,
             on_change=self._note_change,
-            extensions=[CLIENT_EXTENSION],
+            extensions=[TasksClientExtension(clock=self._clock)],
+            transports=self._transports,
         )
 
     def _configured_telemetry(self) -> Telemetry | None:
@@ -183,7 +190,7 @@ class Breakwater:
         finally:
             self._tg = None
             if not isinstance(self.state_store, MemoryStore):
-                with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):  # noqa: TID251 - real-time shutdown bound
                     await self.state_store.aclose()
             if self.journal is not None:
                 with anyio.CancelScope(shield=True):
@@ -191,7 +198,7 @@ class Breakwater:
                     await anyio.to_thread.run_sync(self.journal.close, _JOURNAL_CLOSE_S)
             if self.telemetry is not None and self.telemetry.owned:
                 # In a thread: the last export may wait on an unreachable collector (its own timeouts bound it).
-                with anyio.CancelScope(shield=True), anyio.move_on_after(_JOURNAL_CLOSE_S):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_JOURNAL_CLOSE_S):  # noqa: TID251 - real-time shutdown bound
                     await anyio.to_thread.run_sync(self.telemetry.shutdown, abandon_on_cancel=True)
 
     def _note_change(self, _upstream: Upstream) -> None:

@@ -98,7 +98,7 @@ async def _run_status(config: Config, wait: float, as_json: bool) -> int:
         elif wait > 0:
             report = await bw.wait_ready(timeout=wait)
         else:
-            await anyio.sleep(0)
+            await bw.clock.sleep(0)
             report = bw.status()
     if as_json:
         print(json.dumps(report.to_json(), indent=2))

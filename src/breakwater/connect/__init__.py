@@ -1,7 +1,9 @@
 """Stage 2, connect: bring each configured server up and keep its state truthful.
 
-Owns the supervisor (`Upstream`: jittered, capped, budgeted connects and reconnects), the transports
-(stdio, SSE, streamable HTTP, the cut-tolerant HTTP variant), cross-process admission caps and the
-classification of connect failures into `status.Reason` codes. May import the core leaves, `config`
+Owns the supervisor (`_upstream.Upstream`: jittered, capped, budgeted connects and reconnects), the
+transport seam (`_transports`: a `TransportFactory` per attempt; the default builds stdio, SSE and
+streamable HTTP behind the cut-tolerant wrapper of `_http_cut`, with the exit-reporting stdio process
+of `_stdio`), cross-process admission caps (`_admission`) and the classification of connect failures
+into `status.Reason` codes (`_failures`). May import the core leaves, `config`
 and `tasks._wire`; never the gate, the gateway or the CLI.
 """

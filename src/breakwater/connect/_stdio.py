@@ -117,7 +117,7 @@ class StdioProcess:
         async def exit_watcher() -> None:
             # Not process.wait(): on asyncio it also waits for pipe EOF, which a grandchild can hold open.
             while process.returncode is None:
-                await anyio.sleep(0.05)
+                await anyio.sleep(0.05)  # noqa: TID251 - a real process exits in real time, whatever the clock says
             self.exited.set()
 
         async with anyio.create_task_group() as tg:
@@ -133,7 +133,7 @@ class StdioProcess:
                     if stdout_closed.is_set():
                         # The server closed its stdout: it is exiting on its own; give the event loop a
                         # moment to reap it so the exit code is its own, not the one our shutdown causes.
-                        with anyio.move_on_after(EXIT_CODE_GRACE_S):
+                        with anyio.move_on_after(EXIT_CODE_GRACE_S):  # noqa: TID251 - a real process's reaping grace
                             await self.exited.wait()
                     self.exit_code_before_close = process.returncode
                     read_stream.close()

@@ -16,11 +16,9 @@ The connect loop:
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import random
-import ssl
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import replace
@@ -29,20 +27,17 @@ from typing import Any
 import anyio
 import httpx2
 import mcp.types as types
-from mcp import Client, MCPError
+from mcp import Client
 from mcp.client.extension import ClientExtension
-from mcp.client.sse import sse_client
-from mcp.client.streamable_http import streamable_http_client
-from pydantic import ValidationError
 
 from breakwater._backoff import Backoff
 from breakwater._clock import Clock
-from breakwater._wire import CONNECTION_CLOSED
 from breakwater.config import ServerSpec
-from breakwater.config._redact import Redactor, display_url
+from breakwater.config._redact import Redactor
 from breakwater.connect._admission import Admission, Slot
-from breakwater.connect._http_cut import CUT_KEY, CutTolerantTransport
+from breakwater.connect._failures import classify, describe, lost_error, repeated_exit, timeout_error
 from breakwater.connect._stdio import StdioProcess
+from breakwater.connect._transports import OpenedTransport, TransportFactory, default_transports
 from breakwater.status import PERSISTENT_REASONS, ErrorInfo, Reason, ServerState, ServerStatus
 
 __all__ = ["ClientHooks", "Upstream"]
@@ -54,30 +49,9 @@ logger = logging.getLogger("breakwater.upstream")
 
 CLIENT_NAME = "breakwater"
 UNSUPPORTED_PROTOCOL_VERSION = -32022
-BACKGROUND_JITTER = 0.5
+BACKGROUND_JITTER = 0.5  # background attempts are spread over mean * [1 - j, 1 + j]
 SDK_PROBE_TIMEOUT_S = 24 * 3600.0  # effectively none: the attempt deadline applies (see _lift_sdk_probe_timeout)
 CRASH_LOOP_EXITS = 3  # identical exits in a row that make a server `failed` before its budget is spent
-# The SDK's own defaults (mcp.shared._httpx_utils): connect/write/pool 30 s, read 300 s for SSE streams.
-HTTP_TIMEOUT_S = 30.0
-HTTP_READ_TIMEOUT_S = 300.0  # background attempts are spread over mean * [1 - j, 1 + j]
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    """The leaf exceptions of a (possibly nested) exception group."""
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
-    return [exc]
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    out: list[BaseException] = []
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        out.append(cur)
-        cur = cur.__cause__ or cur.__context__
-    return out
 
 
 def _lift_sdk_probe_timeout() -> None:
@@ -106,10 +80,16 @@ class Upstream:
         admission: Admission,
         on_change: Callable[[Upstream], None] = lambda _u: None,
         extensions: Sequence[ClientExtension] = (),
+        transports: TransportFactory = default_transports,
+        client_hooks: ClientHooks | None = None,
     ) -> None:
         """`extensions` are the SDK client extensions every connection carries (the gate's tasks
-        extension, so a 2026-07-28 server may answer a call with a task handle)."""
+        extension, so a 2026-07-28 server may answer a call with a task handle). `transports`
+        builds each attempt's transport (default: what the spec's `transport` says; tests pass an
+        in-process server, see `breakwater.testing.in_memory`). `client_hooks` adds `mcp.Client`
+        arguments for each connection (the gateway's relay callbacks)."""
         _lift_sdk_probe_timeout()
+        self._transports = transports
         self._extensions = list(extensions)
         self.spec = spec
         self._clock = clock
@@ -132,14 +112,13 @@ class Upstream:
         self._era: str | None = None
         self._prior_discover: Any = None
         self._lost = anyio.Event()
-        self._last_http_status: int | None = None
         self.ready_event = anyio.Event()
         self._changed = anyio.Event()  # set (and replaced) at every state change
         self._redact = Redactor(spec.secrets)
-        self._where = display_url(spec.url) if spec.url else spec.command or ""
         #: Extra `mcp.Client` arguments for this server's next connections: the gateway's relay callbacks
-        #: (sampling, elicitation, log messages, resource updates). None: the SDK's defaults.
-        self.client_hooks: ClientHooks | None = None
+        #: (sampling, elicitation, log messages, resource updates). None: the SDK's defaults. Read at
+        #: each connect, so a gateway built after the connects began still reaches every connection.
+        self.client_hooks = client_hooks
 
     # ---- what callers see -------------------------------------------------------------------
 
@@ -219,7 +198,7 @@ class Upstream:
             assert self.error is not None
             if self.failing_since is None:
                 self.failing_since = self._clock.time()
-            same_exit = same_exit + 1 if _same_exit(previous, self.error) else 0
+            same_exit = same_exit + 1 if repeated_exit(previous, self.error) else 0
             now = self._clock.monotonic()
             # A process that exits the same way again and again is a crash loop, not a slow start.
             if failed or self.error.code in PERSISTENT_REASONS or same_exit + 1 >= CRASH_LOOP_EXITS:
@@ -262,34 +241,15 @@ class Upstream:
         policy = self.spec.connect
         started = self._clock.monotonic()
         self._lost = anyio.Event()
-        self._last_http_status = None
-        stdio: StdioProcess | None = None
+        opened: OpenedTransport | None = None
         reached_ready = False
         try:
             with self._clock.deadline_scope(started + policy.attempt_timeout_s) as scope:
                 async with AsyncExitStack() as stack:
-                    transport: Any
-                    cut_tolerant: CutTolerantTransport | None = None
-                    if self.spec.transport == "stdio":
-                        stdio = StdioProcess(self.spec.command or "", self.spec.args, env=dict(self.spec.env), cwd=self.spec.cwd)
-                        transport = stdio.open()
-                    elif self.spec.transport == "sse":
-                        transport = sse_client(self.spec.url or "", headers=dict(self.spec.headers))
-                    else:
-                        cut_tolerant = CutTolerantTransport(
-                            httpx2.AsyncHTTPTransport(verify=_tls_context()), on_unreachable=self.report_lost
-                        )
-                        http_client = httpx2.AsyncClient(
-                            headers=dict(self.spec.headers),
-                            timeout=httpx2.Timeout(HTTP_TIMEOUT_S, read=HTTP_READ_TIMEOUT_S),
-                            transport=cut_tolerant,
-                            event_hooks={"response": [self._record_status]},
-                        )
-                        await stack.enter_async_context(http_client)
-                        transport = streamable_http_client(self.spec.url or "", http_client=http_client)
+                    opened = await self._transports(self.spec, stack, report_lost=self.report_lost)
                     mode = self._mode_kwargs()
                     client = Client(
-                        transport,
+                        opened.target,
                         cache=None,
                         client_info=_client_info(),
                         extensions=self._extensions,
@@ -303,10 +263,10 @@ class Upstream:
                         raw = await client.session.send_discover("2026-07-28")
                         client.session.adopt(types.DiscoverResult.model_validate(raw))
                     tools = await _list_all_tools(client)
-                    # Connected: lift the attempt deadline for the life of the connection.
+                    # Connected: lift the attempt deadline for the life of the connection, and give
+                    # the admission slot back now, not when the connection ends.
                     scope.deadline = math.inf
-                    if cut_tolerant is not None:
-                        cut_tolerant.armed = True
+                    opened.ready()
                     ticket.release()
                     self._remember_era(client)
                     self.client = client
@@ -319,22 +279,32 @@ class Upstream:
                         error=None,
                         phase=None,
                     )
-                    await self._serve(client, stdio)
+                    await self._serve(client, opened.process)
             if scope.cancelled_caught and not reached_ready:
-                self.error = self._timeout_error(stdio, policy.attempt_timeout_s)
+                self.error = timeout_error(_process(opened), policy.attempt_timeout_s)
         except anyio.get_cancelled_exc_class():
             raise
         except BaseException as exc:
             if not isinstance(exc, Exception | BaseExceptionGroup):
                 raise
-            self.error = self._classify(exc, stdio, reached_ready)
+            self.error = classify(
+                exc,
+                self.spec,
+                process=_process(opened),
+                http_status=None if opened is None else opened.http_status,
+                was_ready=reached_ready,
+            )
         finally:
             ticket.release()
             self.client = None
             self.tools = [] if not reached_ready else self.tools
+        return self._after_attempt(reached_ready, _process(opened))
+
+    def _after_attempt(self, reached_ready: bool, process: StdioProcess | None) -> bool:
+        """Settle the error an attempt ended with, and the protocol revision to try next."""
         if reached_ready:
             if self.error is None or self.error.code not in (Reason.CONNECTION_LOST, Reason.UNHEALTHY):
-                self.error = self._lost_error(stdio)
+                self.error = lost_error(process)
             return True
         if self.error is None:  # pragma: no cover - every path above sets it
             self.error = ErrorInfo(code=Reason.PROTOCOL_ERROR, message="the connection ended during the handshake")
@@ -370,7 +340,7 @@ class Upstream:
                 with self._clock.deadline_scope(deadline) as scope:
                     tools = await _list_all_tools(client)
             except Exception as exc:
-                self.error = ErrorInfo(code=Reason.UNHEALTHY, message=f"health check failed: {_describe(exc)}")
+                self.error = ErrorInfo(code=Reason.UNHEALTHY, message=f"health check failed: {describe(exc)}")
                 self._lost.set()
                 return
             if scope.cancelled_caught:
@@ -423,113 +393,9 @@ class Upstream:
         else:
             self._era = "legacy"
 
-    async def _record_status(self, response: httpx2.Response) -> None:
-        if response.status_code >= 400 and CUT_KEY not in response.extensions:
-            self._last_http_status = response.status_code
 
-    # ---- failure classification -------------------------------------------------------------
-
-    def _exited(self, stdio: StdioProcess | None) -> ErrorInfo | None:
-        code = None if stdio is None else stdio.exit_code_before_close
-        if stdio is None or code is None:
-            return None
-        tail = tuple(stdio.stderr_tail)
-        last = f": {tail[-1]}" if tail else ""
-        return ErrorInfo(
-            code=Reason.EXITED,
-            message=f"the process exited with code {code}{last}",
-            exit_code=code,
-            stderr_tail=tail[-5:],
-        )
-
-    def _timeout_error(self, stdio: StdioProcess | None, timeout: float) -> ErrorInfo:
-        return self._exited(stdio) or ErrorInfo(code=Reason.TIMEOUT, message=f"no answer to the handshake within {timeout:g} s")
-
-    def _lost_error(self, stdio: StdioProcess | None) -> ErrorInfo:
-        exited = self._exited(stdio)
-        if exited is not None:
-            return ErrorInfo(
-                code=Reason.CONNECTION_LOST,
-                message=f"connection lost: {exited.message}",
-                exit_code=exited.exit_code,
-                stderr_tail=exited.stderr_tail,
-            )
-        return ErrorInfo(code=Reason.CONNECTION_LOST, message="connection lost")
-
-    def _classify(self, exc: BaseException, stdio: StdioProcess | None, was_ready: bool) -> ErrorInfo:
-        leaves = _leaves(exc)
-        if was_ready:
-            return ErrorInfo(code=Reason.CONNECTION_LOST, message=f"connection lost: {_describe(leaves[0])}")
-        command = self.spec.command or ""
-        for leaf in leaves:
-            if isinstance(leaf, FileNotFoundError) and stdio is not None and stdio.process is None:
-                return ErrorInfo(code=Reason.SPAWN_FAILED, message=f"command not found: {command}")
-            if isinstance(leaf, PermissionError) and stdio is not None and stdio.process is None:
-                return ErrorInfo(code=Reason.SPAWN_FAILED, message=f"not executable: {command}")
-            if isinstance(leaf, OSError) and stdio is not None and stdio.process is None:
-                return ErrorInfo(code=Reason.SPAWN_FAILED, message=f"cannot start {command}: {leaf.strerror or leaf}")
-        exited = self._exited(stdio)
-        if exited is not None:
-            return exited
-        status = self._last_http_status
-        if status is not None:
-            if status in (401, 403):
-                return ErrorInfo(
-                    code=Reason.AUTH_REQUIRED,
-                    message=f"HTTP {status}: the server wants credentials (check the headers in the config)",
-                    http_status=status,
-                )
-            return ErrorInfo(code=Reason.HTTP_STATUS, message=f"HTTP {status} from {self._where}", http_status=status)
-        for leaf in leaves:
-            for link in _chain(leaf):
-                if isinstance(link, ssl.SSLError) or "CERTIFICATE" in str(link).upper():
-                    return ErrorInfo(code=Reason.TLS, message=f"TLS failed: {link}")
-        for leaf in leaves:
-            chain = _chain(leaf)
-            text = " ".join(str(link) for link in chain).lower()
-            if any(isinstance(link, ConnectionRefusedError) for link in chain) or "refused" in text:
-                return ErrorInfo(code=Reason.REFUSED, message=f"connection refused: nothing listening at {self._where}")
-            if "name or service not known" in text or "nodename nor servname" in text or "unreachable" in text:
-                return ErrorInfo(code=Reason.UNREACHABLE, message=f"cannot reach {self._where}: {leaf}")
-            if isinstance(leaf, httpx2.TimeoutException):
-                return ErrorInfo(code=Reason.TIMEOUT, message=f"HTTP timeout: {_describe(leaf)}")
-            if isinstance(leaf, httpx2.ConnectError) and "all connection attempts failed" in text:
-                return ErrorInfo(code=Reason.REFUSED, message=f"connection refused: nothing listening at {self._where}")
-            if (
-                isinstance(leaf, httpx2.RemoteProtocolError | httpx2.ReadError | httpx2.WriteError | ConnectionResetError)
-                or any(isinstance(link, ConnectionResetError) for link in chain)
-                or "disconnected" in text
-                or "reset" in text
-            ):
-                return ErrorInfo(code=Reason.RESET, message=f"connection reset by the server: {_describe(leaf)}")
-        for leaf in leaves:
-            if isinstance(leaf, MCPError) and leaf.code == CONNECTION_CLOSED:
-                return ErrorInfo(code=Reason.RESET, message=f"the connection closed during the handshake: {leaf.message}")
-            if isinstance(leaf, MCPError | ValidationError | RuntimeError):
-                code = f" ({leaf.code})" if isinstance(leaf, MCPError) else ""
-                return ErrorInfo(code=Reason.PROTOCOL_ERROR, message=f"protocol error{code}: {_describe(leaf)}")
-        return ErrorInfo(code=Reason.PROTOCOL_ERROR, message=f"unexpected failure: {_describe(leaves[0])}")
-
-
-@functools.cache
-def _tls_context() -> ssl.SSLContext:
-    """One TLS context per process: building one (the OS trust store) costs ~30 ms of CPU, which a
-    storm of hundreds of connects would pay again and again."""
-    return httpx2.create_ssl_context()
-
-
-def _same_exit(previous: ErrorInfo | None, current: ErrorInfo) -> bool:
-    return (
-        previous is not None
-        and previous.code is Reason.EXITED
-        and current.code is Reason.EXITED
-        and (previous.exit_code, previous.stderr_tail[-1:]) == (current.exit_code, current.stderr_tail[-1:])
-    )
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+def _process(opened: OpenedTransport | None) -> StdioProcess | None:
+    return None if opened is None else opened.process
 
 
 def _client_info() -> types.Implementation:

@@ -49,7 +49,7 @@ from mcp import MCPError
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.session import ClientSession
 
-from breakwater._clock import Clock
+from breakwater._clock import Clock, SystemClock
 from breakwater._wire import OPERATION_ID_META_KEY as _OPERATION_ID_META_KEY
 from breakwater.errors import CallCancelledError, CallError, CallTimeoutError, OutcomeUnknownError, UpstreamError
 from breakwater.gate._classify import RetryClass
@@ -415,21 +415,14 @@ def _cut(pending: PendingTask, cut_by: str, cancel_sent: bool, elapsed_s: float)
 # ---- the SDK extension --------------------------------------------------------------------------
 
 
-async def _resolve(handle: TaskHandle, ctx: ClaimContext) -> types.CallToolResult:
-    call = TASK_CALL.get()
-    if call is None:
-        return await _follow_plain(ctx.session, handle)
-    return await call.runtime.follow(call, handle)
-
-
-async def _follow_plain(session: ClientSession, handle: TaskHandle) -> types.CallToolResult:
+async def _follow_plain(session: ClientSession, handle: TaskHandle, clock: Clock) -> types.CallToolResult:
     """A task met outside a gate attempt (e.g. the gate's own `get_operation` question): poll it on
     this session until it ends; the caller's own scope bounds it, and cancelling cancels the task."""
     request = GetTaskRequest(params=TaskIdParams(task_id=handle.task_id))
     interval = _interval(handle.poll_interval_ms)
     try:
         while True:
-            await anyio.sleep(interval)
+            await clock.sleep(interval)
             state = await session.send_request(request, TaskState)
             interval = _interval(state.poll_interval_ms) if state.poll_interval_ms is not None else interval
             if state.status == "completed":
@@ -439,7 +432,8 @@ async def _follow_plain(session: ClientSession, handle: TaskHandle) -> types.Cal
     except anyio.get_cancelled_exc_class():
         with (
             anyio.CancelScope(shield=True),
-            anyio.move_on_after(CANCEL_BOUND_S),
+            # Real time: cleanup while being cancelled must end even when no one moves a fake clock.
+            anyio.move_on_after(CANCEL_BOUND_S),  # noqa: TID251 - cleanup bound
             contextlib.suppress(Exception, BaseExceptionGroup),
         ):
             await session.send_request(CancelTaskRequest(params=TaskIdParams(task_id=handle.task_id)), TaskAck)
@@ -451,9 +445,19 @@ class TasksClientExtension(ClientExtension):
 
     identifier = TASKS_EXTENSION
 
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        """`clock` paces the polling of tasks met outside a gate attempt (default: the real clock)."""
+        self._clock: Clock = clock or SystemClock()
+
     def claims(self) -> list[ResultClaim[Any]]:
-        return [ResultClaim(result_type="task", model=TaskHandle, resolve=_resolve)]
+        return [ResultClaim(result_type="task", model=TaskHandle, resolve=self._resolve)]
+
+    async def _resolve(self, handle: TaskHandle, ctx: ClaimContext) -> types.CallToolResult:
+        call = TASK_CALL.get()
+        if call is None:
+            return await _follow_plain(ctx.session, handle, self._clock)
+        return await call.runtime.follow(call, handle)
 
 
-#: The one instance every upstream `Client` carries (it holds no state).
+#: An instance on the real clock, for clients built outside a `Breakwater` (which makes its own on its clock).
 CLIENT_EXTENSION = TasksClientExtension()

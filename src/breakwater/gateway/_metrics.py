@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from breakwater._clock import Clock, SystemClock
 from breakwater.errors import ErrorCode
 from breakwater.journal import ANSWERED_OUTCOMES, RECONCILED, REFUSAL_OUTCOMES, AttemptRecord, outcome_of
 
@@ -328,16 +329,17 @@ class CallCounter:
     set without bound.
     """
 
-    def __init__(self, metrics: Metrics, resolve: Resolver) -> None:
+    def __init__(self, metrics: Metrics, resolve: Resolver, *, clock: Clock | None = None) -> None:
         self._metrics = metrics
         self._resolve = resolve
+        self._clock: Clock = clock or SystemClock()
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         if ctx.method != "tools/call" or ctx.request_id is None:
             return await call_next(ctx)
         params = ctx.params if isinstance(ctx.params, Mapping) else {}
         name = params.get("name")
-        started = time.monotonic()
+        started = self._clock.monotonic()
         outcome = "protocol_error"
         named: str | None = None
         try:
@@ -352,7 +354,7 @@ class CallCounter:
         finally:
             target = self._resolve(name, named) if isinstance(name, str) else None
             server, tool = target if target is not None else ("", UNLISTED)
-            self._metrics.count_call(server, tool, outcome, time.monotonic() - started)
+            self._metrics.count_call(server, tool, outcome, self._clock.monotonic() - started)
 
 
 def _call_outcome(result: Any) -> tuple[str, str | None]:

@@ -344,7 +344,8 @@ class Subscriptions:
                 link = self._links[key] = _Link(server, uri)
                 self._tg.start_soon(self._hold, link, name=f"breakwater subscription {server} {uri}")
             timeout = self._pt.bw.config.server(server).call.timeout_s
-            with anyio.move_on_after(timeout):
+            clock = self._pt.bw.clock
+            with clock.deadline_scope(clock.monotonic() + timeout):
                 await link.ready.wait()
             if link.ready.is_set() and link.error is None:
                 self._holders.setdefault(key, {})[holder] = session
@@ -412,7 +413,7 @@ class Subscriptions:
                         return
                     logger.debug("upstream subscription to %s on %s dropped", link.uri, link.server, exc_info=True)
                 # The stream ended or the connection dropped: renew on the same or the next connection.
-                with anyio.move_on_after(RELINK_PAUSE_S):
+                with bw.clock.deadline_scope(bw.clock.monotonic() + RELINK_PAUSE_S):
                     while upstream.client is client:
                         await bw.wait_changed()
 
@@ -444,7 +445,8 @@ class Subscriptions:
                 await self._pt.bw.wait_changed()
         except anyio.get_cancelled_exc_class():
             if upstream.client is client:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(UNSUBSCRIBE_TIMEOUT_S):
+                # Real time: cleanup while being cancelled must end even when no one moves a fake clock.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(UNSUBSCRIBE_TIMEOUT_S):  # noqa: TID251 - cleanup bound
                     done = types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=link.uri))
                     with contextlib.suppress(Exception):
                         await client.session.send_request(done, types.EmptyResult)

@@ -21,6 +21,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 
 from breakwater._breakwater import Breakwater
+from breakwater._clock import Clock, SystemClock
 from breakwater._wire import ENVELOPE_META_KEY
 from breakwater.config import ServerSpec
 from breakwater.errors import ClientCannotAnswerError, ErrorCode
@@ -80,6 +81,8 @@ class _Caller:
     in_task: bool = False
     #: The server's requests this call could not get answered: (kind, why), in order.
     refusals: list[tuple[str, str]] = field(default_factory=list)
+    #: The clock the drain's bound runs on (the Breakwater's).
+    clock: Clock = field(default_factory=SystemClock)
     _asks: set[anyio.CancelScope] = field(default_factory=set)
     _deliveries: int = 0
     _idle: anyio.Event = field(default_factory=anyio.Event)
@@ -124,7 +127,7 @@ class _Caller:
             await anyio.lowlevel.checkpoint()
         if not self._deliveries:
             return
-        with anyio.move_on_after(RELAY_DRAIN_S):
+        with self.clock.deadline_scope(self.clock.monotonic() + RELAY_DRAIN_S):
             while self._deliveries:
                 self._idle = anyio.Event()
                 await self._idle.wait()
@@ -260,9 +263,11 @@ class _Relay:
     gets an MCP error at once; a relayed request never outlives its call.
     """
 
-    def __init__(self, *, resource_updated: Callable[[str, str], Awaitable[None]]) -> None:
-        """`resource_updated(server, uri)` delivers an upstream's resource update to its subscribers."""
+    def __init__(self, *, resource_updated: Callable[[str, str], Awaitable[None]], clock: Clock | None = None) -> None:
+        """`resource_updated(server, uri)` delivers an upstream's resource update to its subscribers;
+        `clock` bounds the wait for deliveries still under way when a call answers."""
         self._resource_updated = resource_updated
+        self._clock: Clock = clock or SystemClock()
         self._callers: dict[str, list[_Caller]] = {}
         self.exchanges: dict[str, _Exchange] = {}
 
@@ -278,6 +283,7 @@ class _Relay:
             capabilities=ctx.session.client_capabilities,
             exchange=exchange,
             in_task=current_task_id() is not None,
+            clock=self._clock,
         )
         callers = self._callers.setdefault(server, [])
         callers.append(caller)

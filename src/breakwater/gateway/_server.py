@@ -104,7 +104,9 @@ class Gateway:
         self._generation = -1  # the Breakwater generation `_entries` was built from
         self.drift: dict[str, list[str]] = {}  # server -> tools whose definition changed since approved
         self._tg: TaskGroup | None = None  # the gateway's background work (`watch`)
-        self.relay = _Relay(resource_updated=lambda server, uri: self.passthrough.subscriptions.deliver(server, uri))
+        self.relay = _Relay(
+            resource_updated=lambda server, uri: self.passthrough.subscriptions.deliver(server, uri), clock=bw.clock
+        )
         self.passthrough = Passthrough(bw, template=policy.tool_name_template, bus=self.bus, calling=self.relay.calling)
         for spec in bw.config.servers:
             # Read at each connect: servers connect in the background and this runs before the first one.
@@ -357,7 +359,8 @@ class Gateway:
                 exchange.done = True
                 exchange.poke()
             # Kept until the client's next round collects it, or for a while.
-            with anyio.move_on_after(EXCHANGE_KEEP_S):
+            clock = self.bw.clock
+            with clock.deadline_scope(clock.monotonic() + EXCHANGE_KEEP_S):
                 await exchange.collected.wait()
             self.relay.exchanges.pop(exchange.token, None)
 

@@ -40,6 +40,7 @@ import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 
+from breakwater._clock import Clock
 from breakwater.catalog._catalog import Entry
 from breakwater.gateway._metrics import BUILTIN_SERVER, CONTENT_TYPE, UNLISTED, Metrics, Resolver
 from breakwater.journal import timeout_in_force
@@ -134,7 +135,7 @@ class WebApp:
         self._stats: _StatsCache | None = None
         journal = gateway.bw.journal
         if journal is not None:
-            self._stats = _StatsCache(journal.stats)
+            self._stats = _StatsCache(journal.stats, gateway.bw.clock)
         login_methods = frozenset({"GET", "HEAD", "POST"})
         self._routes: dict[str, _Route] = {
             "/healthz": _Route(self._healthz, guarded=False, checks_host=False),
@@ -251,8 +252,9 @@ class WebApp:
 class _StatsCache:
     """The journal's per-tool statistics, queried off the event loop at most once per `STATS_TTL_S`."""
 
-    def __init__(self, query: Callable[[float], list[ToolStats]]) -> None:
+    def __init__(self, query: Callable[[float], list[ToolStats]], clock: Clock) -> None:
         self._query = query
+        self._clock = clock
         self._lock = anyio.Lock()
         self._at = -math.inf
         self._value: dict[tuple[str, str], ToolStats] = {}
@@ -261,7 +263,7 @@ class _StatsCache:
     async def get(self, window_s: float) -> dict[tuple[str, str], ToolStats]:
         async with self._lock:
             # Pollers that queued behind a running query take its answer instead of asking again.
-            if time.monotonic() - self._at < STATS_TTL_S:
+            if self._clock.monotonic() - self._at < STATS_TTL_S:
                 return self._value
             try:
                 rows = await anyio.to_thread.run_sync(self._query, window_s)
@@ -272,7 +274,7 @@ class _StatsCache:
             else:
                 self._value = {(r.server, r.tool): r for r in rows}
                 self.error = None
-            self._at = time.monotonic()
+            self._at = self._clock.monotonic()
             return self._value
 
 

@@ -518,7 +518,8 @@ class _Run:
 
     async def _shielded(self, aw: Awaitable[bool]) -> None:
         """Record an outcome even while being cancelled, and never let a store error mask the tool's."""
-        with anyio.move_on_after(FINISH_GRACE_S, shield=True):
+        # Real time: runs while being cancelled, and must end even when no one moves a fake clock.
+        with anyio.move_on_after(FINISH_GRACE_S, shield=True):  # noqa: TID251 - cleanup bound
             try:
                 if not await aw:
                     _log.warning("operation %s was no longer ours when recording its outcome", self.operation_id)

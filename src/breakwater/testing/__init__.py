@@ -1,4 +1,18 @@
 """Test kit for people who test their own code against breakwater, and for breakwater's own tests.
 
-`server` is the misbehaving MCP test server (`breakwater testserver`).
+- `FakeClock`: virtual time; pass it as `clock=` and backoffs, deadlines and budgets run at once.
+- `in_memory(server)`: a transport factory (`Breakwater(transports=...)`) that connects to
+  in-process SDK servers, so the real supervisor, gate and gateway run without subprocesses.
+- `ScriptedServer(tools, handler)`: an in-process server that lists exactly `tools` and answers
+  each call with the test's `handler`, recording what arrived (`calls`); run it with `in_memory`.
+- `server`: the misbehaving MCP test server (`breakwater testserver`), a real process whose
+  latency, errors, hangs and crashes are chosen by flags (imported on its own: `breakwater.testing.server`).
+
+May import every stage below it; in `src/` only the package root (re-exporting `FakeClock`) imports it.
 """
+
+from breakwater.testing._clock import FakeClock
+from breakwater.testing._memory import InProcessServer, in_memory
+from breakwater.testing._scripted import Progress, ScriptedCall, ScriptedServer
+
+__all__ = ["FakeClock", "InProcessServer", "Progress", "ScriptedCall", "ScriptedServer", "in_memory"]

@@ -1,0 +1,170 @@
+"""Why a connect failed, in words a person can act on: exceptions and exits become `status.Reason` codes.
+
+A failed attempt surfaces as whatever the transport and the SDK raised (often an exception group
+several levels deep), plus what the attempt saw on the side: the stdio process's exit code and
+stderr tail, the last HTTP error status. `classify` turns that into one `ErrorInfo` whose code says
+what to fix (`SPAWN_FAILED`: the command; `AUTH_REQUIRED`: the headers; `REFUSED`: nothing listening).
+"""
+
+from __future__ import annotations
+
+import ssl
+
+import httpx2
+from mcp import MCPError
+from pydantic import ValidationError
+
+from breakwater._wire import CONNECTION_CLOSED
+from breakwater.config import ServerSpec
+from breakwater.config._redact import display_url
+from breakwater.connect._stdio import StdioProcess
+from breakwater.status import ErrorInfo, Reason
+
+__all__ = ["classify", "describe", "exited", "lost_error", "repeated_exit", "timeout_error"]
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The leaf exceptions of a (possibly nested) exception group."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        out.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return out
+
+
+def describe(exc: BaseException) -> str:
+    """`TypeName: first line of the message`, for error messages."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def exited(process: StdioProcess | None) -> ErrorInfo | None:
+    """`EXITED`, with the code and stderr tail, if the process ended on its own; else None."""
+    code = None if process is None else process.exit_code_before_close
+    if process is None or code is None:
+        return None
+    tail = tuple(process.stderr_tail)
+    last = f": {tail[-1]}" if tail else ""
+    return ErrorInfo(
+        code=Reason.EXITED,
+        message=f"the process exited with code {code}{last}",
+        exit_code=code,
+        stderr_tail=tail[-5:],
+    )
+
+
+def timeout_error(process: StdioProcess | None, timeout: float) -> ErrorInfo:
+    """An attempt that ran out of time: a process that died meanwhile explains it better than the timeout."""
+    return exited(process) or ErrorInfo(code=Reason.TIMEOUT, message=f"no answer to the handshake within {timeout:g} s")
+
+
+def lost_error(process: StdioProcess | None) -> ErrorInfo:
+    """A connection that was ready and then went away."""
+    gone = exited(process)
+    if gone is not None:
+        return ErrorInfo(
+            code=Reason.CONNECTION_LOST,
+            message=f"connection lost: {gone.message}",
+            exit_code=gone.exit_code,
+            stderr_tail=gone.stderr_tail,
+        )
+    return ErrorInfo(code=Reason.CONNECTION_LOST, message="connection lost")
+
+
+def repeated_exit(previous: ErrorInfo | None, current: ErrorInfo) -> bool:
+    """Two exits with the same code and last stderr line: the mark of a crash loop."""
+    return (
+        previous is not None
+        and previous.code is Reason.EXITED
+        and current.code is Reason.EXITED
+        and (previous.exit_code, previous.stderr_tail[-1:]) == (current.exit_code, current.stderr_tail[-1:])
+    )
+
+
+def classify(
+    exc: BaseException,
+    spec: ServerSpec,
+    *,
+    process: StdioProcess | None,
+    http_status: int | None,
+    was_ready: bool,
+) -> ErrorInfo:
+    """The reason an attempt on `spec` failed with `exc`; checks run from the most specific evidence down."""
+    leaves = _leaves(exc)
+    if was_ready:
+        return ErrorInfo(code=Reason.CONNECTION_LOST, message=f"connection lost: {describe(leaves[0])}")
+    spawn = _spawn_failure(leaves, spec, process)
+    if spawn is not None:
+        return spawn
+    gone = exited(process)
+    if gone is not None:
+        return gone
+    where = display_url(spec.url) if spec.url else spec.command or ""
+    if http_status is not None:
+        if http_status in (401, 403):
+            return ErrorInfo(
+                code=Reason.AUTH_REQUIRED,
+                message=f"HTTP {http_status}: the server wants credentials (check the headers in the config)",
+                http_status=http_status,
+            )
+        return ErrorInfo(code=Reason.HTTP_STATUS, message=f"HTTP {http_status} from {where}", http_status=http_status)
+    return _network_failure(leaves, where) or _protocol_failure(leaves)
+
+
+def _spawn_failure(leaves: list[BaseException], spec: ServerSpec, process: StdioProcess | None) -> ErrorInfo | None:
+    if process is None or process.process is not None:
+        return None  # not stdio, or the process did start: whatever failed, it was not the spawn
+    command = spec.command or ""
+    for leaf in leaves:
+        if isinstance(leaf, FileNotFoundError):
+            return ErrorInfo(code=Reason.SPAWN_FAILED, message=f"command not found: {command}")
+        if isinstance(leaf, PermissionError):
+            return ErrorInfo(code=Reason.SPAWN_FAILED, message=f"not executable: {command}")
+        if isinstance(leaf, OSError):
+            return ErrorInfo(code=Reason.SPAWN_FAILED, message=f"cannot start {command}: {leaf.strerror or leaf}")
+    return None
+
+
+def _network_failure(leaves: list[BaseException], where: str) -> ErrorInfo | None:
+    for leaf in leaves:
+        for link in _chain(leaf):
+            if isinstance(link, ssl.SSLError) or "CERTIFICATE" in str(link).upper():
+                return ErrorInfo(code=Reason.TLS, message=f"TLS failed: {link}")
+    for leaf in leaves:
+        chain = _chain(leaf)
+        text = " ".join(str(link) for link in chain).lower()
+        if any(isinstance(link, ConnectionRefusedError) for link in chain) or "refused" in text:
+            return ErrorInfo(code=Reason.REFUSED, message=f"connection refused: nothing listening at {where}")
+        if "name or service not known" in text or "nodename nor servname" in text or "unreachable" in text:
+            return ErrorInfo(code=Reason.UNREACHABLE, message=f"cannot reach {where}: {leaf}")
+        if isinstance(leaf, httpx2.TimeoutException):
+            return ErrorInfo(code=Reason.TIMEOUT, message=f"HTTP timeout: {describe(leaf)}")
+        if isinstance(leaf, httpx2.ConnectError) and "all connection attempts failed" in text:
+            return ErrorInfo(code=Reason.REFUSED, message=f"connection refused: nothing listening at {where}")
+        if (
+            isinstance(leaf, httpx2.RemoteProtocolError | httpx2.ReadError | httpx2.WriteError | ConnectionResetError)
+            or any(isinstance(link, ConnectionResetError) for link in chain)
+            or "disconnected" in text
+            or "reset" in text
+        ):
+            return ErrorInfo(code=Reason.RESET, message=f"connection reset by the server: {describe(leaf)}")
+    return None
+
+
+def _protocol_failure(leaves: list[BaseException]) -> ErrorInfo:
+    for leaf in leaves:
+        if isinstance(leaf, MCPError) and leaf.code == CONNECTION_CLOSED:
+            return ErrorInfo(code=Reason.RESET, message=f"the connection closed during the handshake: {leaf.message}")
+        if isinstance(leaf, MCPError | ValidationError | RuntimeError):
+            code = f" ({leaf.code})" if isinstance(leaf, MCPError) else ""
+            return ErrorInfo(code=Reason.PROTOCOL_ERROR, message=f"protocol error{code}: {describe(leaf)}")
+    return ErrorInfo(code=Reason.PROTOCOL_ERROR, message=f"unexpected failure: {describe(leaves[0])}")

@@ -1,0 +1,116 @@
+"""The transport seam: how one connect attempt reaches its server.
+
+`Upstream` asks a `TransportFactory` for each attempt's transport and hands what it gets to
+`mcp.Client`; it never needs to know which kind it is. `default_transports` builds what the config
+says (a stdio process, SSE, streamable HTTP behind the cut-tolerant wrapper); tests hand the
+supervisor an in-process server instead (`breakwater.testing.in_memory`), so the real supervisor,
+gate and gateway run without subprocesses.
+
+Besides the transport, an attempt needs to see a few things only the transport knows, to explain a
+failure and to finish the handshake: the process (exit code, stderr tail, exit watch), the last HTTP
+error status, and when to arm the cut-tolerant wrapper. An `OpenedTransport` carries them.
+"""
+
+from __future__ import annotations
+
+import functools
+import ssl
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from typing import Any, Protocol, TypeAlias
+
+import httpx2
+from mcp.client import Transport
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.server import Server
+from mcp.server.mcpserver import MCPServer
+
+from breakwater.config import ServerSpec
+from breakwater.connect._http_cut import CUT_KEY, CutTolerantTransport
+from breakwater.connect._stdio import StdioProcess
+
+__all__ = ["ClientTarget", "OpenedTransport", "TransportFactory", "default_transports"]
+
+# The SDK's own defaults (mcp.shared._httpx_utils): connect/write/pool 30 s, read 300 s for SSE streams.
+HTTP_TIMEOUT_S = 30.0
+HTTP_READ_TIMEOUT_S = 300.0
+
+#: What `mcp.Client` connects through: a transport (an async context manager of read and write
+#: streams), or an SDK server object to run in-process.
+ClientTarget: TypeAlias = Transport | Server[Any] | MCPServer[Any]
+
+
+class OpenedTransport:
+    """One attempt's transport, and what the attempt may learn from it."""
+
+    def __init__(
+        self,
+        target: ClientTarget,
+        *,
+        process: StdioProcess | None = None,
+        on_ready: Callable[[], None] | None = None,
+    ) -> None:
+        """`target` is what `mcp.Client` is given. `process` is the stdio process,
+        when there is one (its exit ends the connection and explains failures). `on_ready` runs once
+        the handshake is done and the attempt deadline lifted."""
+        self.target = target
+        self.process = process
+        self._on_ready = on_ready
+        #: The last HTTP error status (>= 400) a response carried; the best explanation of a failed handshake.
+        self.http_status: int | None = None
+
+    def ready(self) -> None:
+        """The handshake is done: the connection is in service from now on."""
+        if self._on_ready is not None:
+            self._on_ready()
+
+    async def record_status(self, response: httpx2.Response) -> None:
+        """An httpx response hook: remember error statuses (not the ones the cut-tolerant wrapper made up)."""
+        if response.status_code >= 400 and CUT_KEY not in response.extensions:
+            self.http_status = response.status_code
+
+
+class TransportFactory(Protocol):
+    """Builds one connect attempt's transport for `spec`.
+
+    Resources the transport needs beyond its own context (an httpx client) go on `stack`, which
+    the attempt closes when the connection ends. `report_lost` tells the supervisor the connection
+    is gone when the transport learns it first (an HTTP server that became unreachable).
+    """
+
+    async def __call__(self, spec: ServerSpec, stack: AsyncExitStack, *, report_lost: Callable[[], None]) -> OpenedTransport: ...
+
+
+async def default_transports(spec: ServerSpec, stack: AsyncExitStack, *, report_lost: Callable[[], None]) -> OpenedTransport:
+    """What the config asks for: a stdio process, an SSE stream, or streamable HTTP (cut-tolerant)."""
+    if spec.transport == "stdio":
+        process = StdioProcess(spec.command or "", spec.args, env=dict(spec.env), cwd=spec.cwd)
+        return OpenedTransport(process.open(), process=process)
+    if spec.transport == "sse":
+        return OpenedTransport(sse_client(spec.url or "", headers=dict(spec.headers)))
+    # Unarmed until the handshake is done: connect failures must reach the classifier as they are.
+    cut_tolerant = CutTolerantTransport(httpx2.AsyncHTTPTransport(verify=_tls_context()), on_unreachable=report_lost)
+
+    def arm() -> None:
+        cut_tolerant.armed = True
+
+    async def record_status(response: httpx2.Response) -> None:
+        await opened.record_status(response)  # bound below, before the first request can answer
+
+    http_client = httpx2.AsyncClient(
+        headers=dict(spec.headers),
+        timeout=httpx2.Timeout(HTTP_TIMEOUT_S, read=HTTP_READ_TIMEOUT_S),
+        transport=cut_tolerant,
+        event_hooks={"response": [record_status]},
+    )
+    await stack.enter_async_context(http_client)
+    opened = OpenedTransport(streamable_http_client(spec.url or "", http_client=http_client), on_ready=arm)
+    return opened
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One TLS context per process: building one (the OS trust store) costs ~30 ms of CPU, which a
+    storm of hundreds of connects would pay again and again."""
+    return httpx2.create_ssl_context()

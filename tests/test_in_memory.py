@@ -1,0 +1,235 @@
+"""`breakwater.testing.in_memory`: a real `Breakwater` in front of in-process SDK servers, on the fake clock.
+
+The supervisor, admission, handshake (either protocol revision), gate, retries and deadlines are
+all the real ones; only the transport is memory streams and only time is virtual, so what a user
+would check (ready with its tools, a call's answer, a timeout to the microsecond) is checked
+without a subprocess, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.server.mcpserver import MCPServer
+from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
+
+from breakwater import Breakwater, Config, ConnectPolicy, Reason, ServerSpec, ServerState
+from breakwater._wire import OPERATION_ID_META_KEY
+from breakwater.catalog._catalog import Catalog
+from breakwater.config import CallPolicy, GatewayPolicy, RetryPolicy
+from breakwater.gateway._server import Gateway
+from breakwater.testing import FakeClock, Progress, ScriptedCall, ScriptedServer, in_memory
+
+pytestmark = pytest.mark.anyio
+
+T = TypeVar("T")
+POLICY = ConnectPolicy(startup_jitter_s=0, attempt_timeout_s=5, backoff_base_s=1, backoff_cap_s=4, budget_s=20)
+
+
+def shop(clock: FakeClock, events: list[str], cancelled: anyio.Event | None = None) -> MCPServer:
+    """An in-process server whose slow tool waits on the test's clock."""
+    server = MCPServer("shop")
+
+    @server.tool()
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    @server.tool()
+    async def slow(seconds: float) -> str:
+        events.append(f"slow started at {clock.monotonic():g}")
+        try:
+            await clock.sleep(seconds)
+        except BaseException:
+            events.append(f"slow cancelled at {clock.monotonic():g}")
+            if cancelled is not None:
+                cancelled.set()
+            raise
+        return "done"
+
+    return server
+
+
+def spec(name: str = "shop", **kw: Any) -> ServerSpec:
+    kw.setdefault("connect", POLICY)
+    return ServerSpec(name=name, transport="stdio", command="not-used-in-memory", **kw)
+
+
+async def with_breakwater(
+    tmp_path: Path,
+    clock: FakeClock,
+    transports: Any,
+    specs: tuple[ServerSpec, ...],
+    body: Callable[[Breakwater], Awaitable[T]],
+) -> T:
+    async def run() -> T:
+        async with Breakwater(
+            Config(servers=specs),
+            clock=clock,
+            rng=random.Random(3),
+            admission_dir=tmp_path / "admission",
+            journal=None,
+            telemetry=None,
+            transports=transports,
+        ) as bw:
+            return await body(bw)
+
+    with anyio.fail_after(20):  # real seconds: everything here runs on virtual time
+        return await clock.run(run)
+
+
+@pytest.mark.parametrize("protocol", ["auto", "2026-07-28", "2025-11-25"])
+async def test_connects_and_calls_an_in_process_server(tmp_path: Path, protocol: str) -> None:
+    """Ready after one attempt with both tools, in the revision asked for; a call returns the server's answer."""
+    clock = FakeClock()
+    server = shop(clock, [])
+    policy = ConnectPolicy(startup_jitter_s=0, protocol=protocol)
+
+    async def body(bw: Breakwater) -> tuple[Any, CallToolResult]:
+        report = await bw.wait_ready(timeout=30)
+        return report.servers[0], await bw.call_tool("shop", "add", {"a": 2, "b": 3})
+
+    status, result = await with_breakwater(tmp_path, clock, in_memory(server), (spec(connect=policy),), body)
+    assert (status.state, status.tools, status.attempts, status.error) == (ServerState.READY, 2, 1, None)
+    assert status.protocol == ("2025-11-25" if protocol == "2025-11-25" else "2026-07-28")
+    assert not result.is_error
+    assert result.structured_content == {"result": 5}
+
+
+async def test_a_silent_tool_times_out_exactly_and_is_cancelled_upstream(tmp_path: Path) -> None:
+    """A call past its timeout comes back at exactly the timeout, and the server's handler is cancelled then."""
+    clock = FakeClock()
+    events: list[str] = []
+    cancelled = anyio.Event()
+
+    async def body(bw: Breakwater) -> tuple[float, CallToolResult]:
+        await bw.wait_ready(timeout=30)
+        started = clock.monotonic()
+        result = await bw.call_tool("shop", "slow", {"seconds": 3600}, timeout=2.5)
+        elapsed = clock.monotonic() - started
+        await cancelled.wait()  # had the cancellation not reached it, the handler would finish at +3600 s instead
+        return elapsed, result
+
+    server = shop(clock, events, cancelled)
+    elapsed, result = await with_breakwater(tmp_path, clock, in_memory(server), (spec(),), body)
+    assert elapsed == pytest.approx(2.5)
+    assert result.is_error and isinstance(result.structured_content, dict)
+    # `slow` is not declared read-only or idempotent: a lost answer is an unknown outcome, not retried.
+    assert result.structured_content["code"] == "OUTCOME_UNKNOWN"
+    assert result.structured_content["timeout_s"] == 2.5
+    assert events == ["slow started at 1000", "slow cancelled at 1002.5"]
+
+
+async def test_retries_back_off_on_the_fake_clock(tmp_path: Path) -> None:
+    """A read-only tool that fails twice is retried after jittered backoffs and its third answer is returned."""
+    clock = FakeClock()
+    server = MCPServer("flaky")
+    calls: list[float] = []
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def lookup() -> CallToolResult:
+        calls.append(clock.monotonic())
+        if len(calls) < 3:
+            body = {"ok": False, "code": "UNAVAILABLE", "retryable": True, "message": "try again"}
+            return CallToolResult(content=[TextContent(type="text", text="busy")], structured_content=body, is_error=True)
+        return CallToolResult(content=[TextContent(type="text", text="found")], structured_content={"ok": True})
+
+    retry = RetryPolicy(max_attempts=3, backoff_base_s=1.0, backoff_cap_s=8.0)
+
+    async def body(bw: Breakwater) -> CallToolResult:
+        await bw.wait_ready(timeout=30)
+        return await bw.call_tool("flaky", "lookup", {})
+
+    result = await with_breakwater(tmp_path, clock, in_memory(server), (spec("flaky", retry=retry),), body)
+    assert result.structured_content == {"ok": True}
+    assert len(calls) == 3
+    waits = [b - a for a, b in itertools.pairwise(calls)]
+    assert 0 <= waits[0] <= 1.0 and 0 <= waits[1] <= 2.0, waits
+
+
+async def test_one_factory_serves_several_servers_by_name(tmp_path: Path) -> None:
+    """A mapping names each spec's server; a spec it does not name fails to connect, saying so."""
+    clock = FakeClock()
+    a, b = MCPServer("a"), MCPServer("b")
+
+    @a.tool()
+    async def hello() -> str:
+        return "from a"
+
+    @b.tool()
+    async def hello_b() -> str:
+        return "from b"
+
+    quick_fail = ConnectPolicy(startup_jitter_s=0, attempt_timeout_s=1, backoff_base_s=1, backoff_cap_s=1, budget_s=3)
+
+    async def body(bw: Breakwater) -> tuple[Any, ...]:
+        report = await bw.wait_ready(timeout=60)
+        return (*report.servers, await bw.call_tool("a", "hello", {}), await bw.call_tool("b", "hello_b", {}))
+
+    specs = (spec("a"), spec("b"), spec("c", connect=quick_fail))
+    sa, sb, sc, ra, rb = await with_breakwater(tmp_path, clock, in_memory({"a": a, "b": b}), specs, body)
+    assert (sa.state, sb.state, sc.state) == (ServerState.READY, ServerState.READY, ServerState.FAILED)
+    assert sc.error.code is Reason.PROTOCOL_ERROR and "no server named 'c'" in sc.error.message
+    assert [ra.content[0].text, rb.content[0].text] == ["from a", "from b"]
+
+
+async def test_a_scripted_server_shows_what_reached_it_and_relays_progress(tmp_path: Path) -> None:
+    """`ScriptedServer` lists exactly its tools, records each call as sent (operation id included), relays progress."""
+    clock = FakeClock()
+    listed = [Tool(name="charge", input_schema={"type": "object"}, annotations=ToolAnnotations(idempotent_hint=True))]
+
+    async def answer(call: ScriptedCall, n: int, progress: Progress) -> CallToolResult:
+        await progress(0.5, 1.0, "halfway")
+        await clock.sleep(1.0)
+        return CallToolResult(content=[TextContent(type="text", text=f"charged #{n}")])
+
+    scripted = ScriptedServer(listed, answer)
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        seen.append((value, total, message))
+
+    async def body(bw: Breakwater) -> CallToolResult:
+        await bw.wait_ready(timeout=30)
+        return await bw.call_tool("pay", "charge", {"cents": 120}, progress_callback=on_progress, operation_id="op-1")
+
+    result = await with_breakwater(tmp_path, clock, in_memory(scripted.server), (spec("pay"),), body)
+    assert not result.is_error and result.content[0].text == "charged #1"  # type: ignore[union-attr]
+    assert scripted.calls == [ScriptedCall("charge", {"cents": 120}, {OPERATION_ID_META_KEY: "op-1"})]
+    assert seen == [(0.5, 1.0, "halfway")]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_the_gateway_serves_an_in_process_server_to_an_in_process_client(tmp_path: Path, mode: str) -> None:
+    """Client → gateway → gate → supervisor → server, all in one event loop: the namespaced tool answers, and
+    a call past its timeout comes back as the gateway's error envelope at exactly the timeout."""
+    clock = FakeClock()
+    policy = GatewayPolicy()
+
+    async def body(bw: Breakwater) -> tuple[list[str], CallToolResult, CallToolResult, float]:
+        gateway = Gateway(bw, policy, catalog=Catalog(template=policy.tool_name_template, directory=tmp_path / "catalog"))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gateway.watch)
+            await bw.wait_ready(timeout=30)
+            async with Client(gateway.server, mode=mode) as client:
+                names = [t.name for t in (await client.list_tools()).tools]
+                added = await client.call_tool("shop__add", {"a": 20, "b": 22})
+                started = clock.monotonic()
+                slow = await client.call_tool("shop__slow", {"seconds": 600})
+                elapsed = clock.monotonic() - started
+            tg.cancel_scope.cancel()
+        return names, added, slow, elapsed
+
+    call = CallPolicy(timeout_s=3.0)
+    names, added, slow, elapsed = await with_breakwater(tmp_path, clock, in_memory(shop(clock, [])), (spec(call=call),), body)
+    assert {"shop__add", "shop__slow"} <= set(names)
+    assert added.structured_content == {"result": 42}
+    assert slow.is_error and isinstance(slow.structured_content, dict)
+    assert slow.structured_content["code"] == "OUTCOME_UNKNOWN" and slow.structured_content["timeout_s"] == 3.0
+    assert elapsed == pytest.approx(3.0)
