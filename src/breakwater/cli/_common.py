@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any, NoReturn
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 
 from breakwater.config import Config, find_config, load_config
 from breakwater.errors import ConfigError
@@ -35,6 +35,7 @@ __all__ = [
     "fail",
     "load_or_exit",
     "out_console",
+    "show",
 ]
 
 EXIT_OK = 0
@@ -115,6 +116,21 @@ def out_console() -> Console:
     if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
         console.width = PIPED_WIDTH
     return console
+
+
+def show(renderable: RenderableType) -> None:
+    """Print a table (or any view) as a command's answer, through `out_console`.
+
+    Off a terminal each line also loses the spaces rich pads it with to the table's width, so a
+    piped title or caption does not turn into a screenful of blanks in a narrower window.
+    """
+    console = out_console()
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    with console.capture() as captured:
+        console.print(renderable)
+    sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
-from breakwater.cli._common import EXIT_OK, Parser, add_config_flag, load_or_exit, out_console
+from breakwater.cli._common import EXIT_OK, Parser, add_config_flag, load_or_exit, out_console, show
 from breakwater.config import Config, all_knobs
 from breakwater.config._knobs import render_markdown
 
@@ -53,7 +53,7 @@ def _print_knobs(markdown: bool) -> None:
         out.add_column(column)
     for k in table:
         out.add_row(f"{k.section}.{k.name}", repr(k.default), k.env or "", k.doc)
-    out_console().print(out)
+    show(out)
 
 
 def _print_check(config: Config, as_json: bool) -> None:

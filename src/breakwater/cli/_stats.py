@@ -17,7 +17,7 @@ from breakwater.cli._common import (
     add_config_flag,
     fail,
     load_or_exit,
-    out_console,
+    show,
 )
 from breakwater.config import Config, find_config
 from breakwater.errors import ConfigError
@@ -122,7 +122,7 @@ def _print(args: argparse.Namespace, stats: list[Any], since_s: float, location:
         where = "".join(f" {flag} {value}" for flag, value in (("--server", args.server), ("--tool", args.tool)) if value)
         print(f"no calls recorded in the last {args.since}{where} (journal: {location})")
     else:
-        out_console().print(stats_view(stats, since=args.since, location=location))
+        show(stats_view(stats, since=args.since, location=location))
 
 
 def stats_main(argv: list[str]) -> int:

@@ -22,7 +22,7 @@ from breakwater.cli._common import (
     add_config_flag,
     fail,
     load_or_exit,
-    out_console,
+    show,
 )
 from breakwater.config import Config
 from breakwater.status import ServerState, StatusReport
@@ -103,7 +103,7 @@ async def _run_status(config: Config, wait: float, as_json: bool) -> int:
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
     else:
-        out_console().print(status_view(report))
+        show(status_view(report))
     return EXIT_OK if report.all_ready else EXIT_NOT_READY
 
 
@@ -121,7 +121,7 @@ async def _gateway_status(url: str, token: str | None, as_json: bool) -> int:
         print(json.dumps(data, indent=2))
     report = StatusReport.from_json(data)
     if not as_json:
-        out_console().print(status_view(report))
+        show(status_view(report))
     return EXIT_OK if report.all_ready else EXIT_NOT_READY
 
 
