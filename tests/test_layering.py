@@ -51,7 +51,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "gate/_gate.py::CallGate._attempt": "becomes the attempt step with its own deadline",
     "gateway/_web.py::status_json": "being split per section of the status document",
     "gateway/_metrics.py::_render_gauges": "being split per metric family",
-    "connect/_stdio.py::StdioProcess.open": "its reader tasks become functions of their own",
     "_breakwater.py::Breakwater.__init__": "half of it is the docstring of every collaborator; being rewired",
 }
 

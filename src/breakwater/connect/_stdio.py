@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 from anyio.abc import Process
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from anyio.streams.text import TextReceiveStream
 from mcp.client.stdio import (  # the SDK's shutdown sequence, kept identical on purpose (pinned minor version)
     _drain_stdout,
@@ -54,6 +55,7 @@ class StdioProcess:
         self.exited = anyio.Event()
         # The exit code if the process ended on its own, before breakwater began closing it.
         self.exit_code_before_close: int | None = None
+        self._shutting_down = False  # set while breakwater closes it: a pipe ending then is expected
 
     @asynccontextmanager
     async def open(self) -> AsyncGenerator[tuple[Any, Any], None]:
@@ -67,68 +69,17 @@ class StdioProcess:
         self.process = process
         read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
         write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
-        shutting_down = False
+        self._shutting_down = False
         stdout_closed = anyio.Event()
-
-        async def stdout_reader() -> None:
-            assert process.stdout
-            try:
-                async with read_writer:
-                    try:
-                        buffer = ""
-                        async for chunk in TextReceiveStream(process.stdout, encoding="utf-8", errors="replace"):
-                            lines = (buffer + chunk).split("\n")
-                            buffer = lines.pop()
-                            for line in lines:
-                                if not line.strip():
-                                    continue
-                                try:
-                                    await read_writer.send(_parse_line(line))
-                                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                                    return
-                        stdout_closed.set()
-                    finally:
-                        await _drain_stdout(process)
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError):
-                if not shutting_down:
-                    logger.debug("stdout of %s ended", self.command)
-
-        async def stderr_reader() -> None:
-            assert process.stderr
-            with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError, OSError):
-                buffer = ""
-                async for chunk in TextReceiveStream(process.stderr, encoding="utf-8", errors="replace"):
-                    lines = (buffer + chunk).split("\n")
-                    buffer = lines.pop()
-                    self.stderr_tail.extend(line.rstrip() for line in lines if line.strip())
-                if buffer.strip():
-                    self.stderr_tail.append(buffer.rstrip())
-
-        async def stdin_writer() -> None:
-            assert process.stdin
-            try:
-                async with write_reader:
-                    async for message in write_reader:
-                        data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
-                        await process.stdin.send(data.encode())
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-                await read_writer.aclose()
-
-        async def exit_watcher() -> None:
-            # Not process.wait(): on asyncio it also waits for pipe EOF, which a grandchild can hold open.
-            while process.returncode is None:
-                await anyio.sleep(0.05)  # noqa: TID251 - a real process exits in real time, whatever the clock says
-            self.exited.set()
-
         async with anyio.create_task_group() as tg:
-            tg.start_soon(stdout_reader)
-            tg.start_soon(stderr_reader)
-            tg.start_soon(stdin_writer)
-            tg.start_soon(exit_watcher)
+            tg.start_soon(self._read_stdout, process, read_writer, stdout_closed)
+            tg.start_soon(self._read_stderr, process)
+            tg.start_soon(self._write_stdin, process, write_reader, read_writer)
+            tg.start_soon(self._watch_exit, process)
             try:
                 yield read_stream, write_stream
             finally:
-                shutting_down = True
+                self._shutting_down = True
                 with anyio.CancelScope(shield=True):
                     if stdout_closed.is_set():
                         # The server closed its stdout: it is exiting on its own; give the event loop a
@@ -143,3 +94,63 @@ class StdioProcess:
                         await stream.aclose()
                 tg.cancel_scope.cancel()
         await anyio.lowlevel.cancel_shielded_checkpoint()
+
+    async def _read_stdout(
+        self, process: Process, read_writer: MemoryObjectSendStream[SessionMessage | Exception], stdout_closed: anyio.Event
+    ) -> None:
+        """Stdout lines to the session, parsed; `stdout_closed` once the server closes it itself."""
+        assert process.stdout
+        try:
+            async with read_writer:
+                try:
+                    buffer = ""
+                    async for chunk in TextReceiveStream(process.stdout, encoding="utf-8", errors="replace"):
+                        lines = (buffer + chunk).split("\n")
+                        buffer = lines.pop()
+                        for line in lines:
+                            if not line.strip():
+                                continue
+                            try:
+                                await read_writer.send(_parse_line(line))
+                            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                                return
+                    stdout_closed.set()
+                finally:
+                    await _drain_stdout(process)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError):
+            if not self._shutting_down:
+                logger.debug("stdout of %s ended", self.command)
+
+    async def _read_stderr(self, process: Process) -> None:
+        """Stderr lines into `stderr_tail` (the last few explain an exit)."""
+        assert process.stderr
+        with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError, OSError):
+            buffer = ""
+            async for chunk in TextReceiveStream(process.stderr, encoding="utf-8", errors="replace"):
+                lines = (buffer + chunk).split("\n")
+                buffer = lines.pop()
+                self.stderr_tail.extend(line.rstrip() for line in lines if line.strip())
+            if buffer.strip():
+                self.stderr_tail.append(buffer.rstrip())
+
+    async def _write_stdin(
+        self,
+        process: Process,
+        write_reader: MemoryObjectReceiveStream[SessionMessage],
+        read_writer: MemoryObjectSendStream[SessionMessage | Exception],
+    ) -> None:
+        """The session's messages to stdin, one JSON line each; a broken pipe ends the session's reads too."""
+        assert process.stdin
+        try:
+            async with write_reader:
+                async for message in write_reader:
+                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
+                    await process.stdin.send(data.encode())
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            await read_writer.aclose()
+
+    async def _watch_exit(self, process: Process) -> None:
+        # Not process.wait(): on asyncio it also waits for pipe EOF, which a grandchild can hold open.
+        while process.returncode is None:
+            await anyio.sleep(0.05)  # noqa: TID251 - a real process exits in real time, whatever the clock says
+        self.exited.set()
