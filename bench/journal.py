@@ -47,7 +47,7 @@ from mcp import Client, StdioServerParameters
 
 from breakwater._clock import FakeClock
 from breakwater.config import JournalPolicy
-from breakwater.journal._journal import (
+from breakwater.journal import (
     AttemptRecord,
     Journal,
     JournalStore,

@@ -42,8 +42,9 @@ from typing import Any
 import anyio
 
 from breakwater._clock import SystemClock
+from breakwater.config import StatePolicy
 from breakwater.gate._breaker import BreakerPolicy, BreakerRegistry, Outcome, Permit, Rejection
-from breakwater.state._base import MemoryStore, StatePolicy
+from breakwater.state import MemoryStore
 from breakwater.state._redis import RedisStore
 
 LEASE_S = 0.5

@@ -35,10 +35,11 @@ ENVELOPE = {
 
 
 def all_leaves(cls: type[CallError] = CallError) -> list[type[CallError]]:
+    """The classes under `cls` with no subclasses: the ones that carry a code (the phase groups do not)."""
     found: list[type[CallError]] = []
     for sub in cls.__subclasses__():
-        found.append(sub)
-        found.extend(all_leaves(sub))
+        below = all_leaves(sub)
+        found.extend(below or [sub])
     return found
 
 

@@ -26,11 +26,10 @@ from mcp import Client
 
 from breakwater import Breakwater, FakeClock
 from breakwater.cli import main as cli_main
+from breakwater.cli._stats_format import parse_duration
 from breakwater.config import CallPolicy, JournalPolicy, load_config
-from breakwater.errors import ConfigError, ErrorCode
-from breakwater.journal import _journal as journal_module
-from breakwater.journal._journal import (
-    _COLUMNS,
+from breakwater.errors import BreakwaterError, ConfigError, ErrorCode
+from breakwater.journal import (
     HISTOGRAM_ACCURACY,
     SCHEMA_VERSION,
     AttemptRecord,
@@ -40,16 +39,16 @@ from breakwater.journal._journal import (
     LearnInput,
     PostgresJournalStore,
     SQLiteJournalStore,
-    _as_row,
-    _ddl,
     arguments_digest,
     learned_value,
     new_call_id,
-    open_store,
+    open_journal_store,
     outcome_of,
-    parse_duration,
     percentile,
 )
+from breakwater.journal import _rollups as rollups_module
+from breakwater.journal._records import _COLUMNS, _as_row
+from breakwater.journal._sql import _ddl
 from breakwater.testing.server import Latency, stdio_params
 
 # PostgreSQL: the `pg_conninfo` and `pg_schema` fixtures are in conftest.py.
@@ -349,7 +348,7 @@ def create_schema_1(store: JournalStore, records: list[AttemptRecord]) -> None:
 def test_a_schema_1_journal_is_migrated_and_its_rollups_backfilled(
     make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(journal_module, "_BACKFILL_PAGE", 700)  # several pages, splitting minutes anywhere
+    monkeypatch.setattr(rollups_module, "_BACKFILL_PAGE", 700)  # several pages, splitting minutes anywhere
     clock = FakeClock()
     records = scattered(clock, 3000, 3000, seed=5)
     old = make_store()
@@ -704,7 +703,7 @@ def test_journal_section_in_toml_and_environment(tmp_path: Path) -> None:
     config = load_config(toml, environ={"BREAKWATER_JOURNAL_LEARN_HEADROOM": "3"})
     assert config.journal.url.startswith("postgresql://")
     assert (config.journal.retention_days, config.journal.learn_min_samples, config.journal.learn_headroom) == (3, 200, 3)
-    assert isinstance(open_store(config.journal.url), PostgresJournalStore)
+    assert isinstance(open_journal_store(config.journal.url), PostgresJournalStore)
     toml.write_text('[journal]\nretention_dayz = 3\n[servers.a]\ncommand = "true"\n')
     with pytest.raises(ConfigError, match="retention_days"):
         load_config(toml)
@@ -714,16 +713,17 @@ def test_journal_section_in_toml_and_environment(tmp_path: Path) -> None:
 
 
 def test_urls_name_stores() -> None:
-    assert open_store("off") is None
-    default = open_store("")
+    assert open_journal_store("off") is None
+    default = open_journal_store("")
     assert isinstance(default, SQLiteJournalStore) and default.path.name == "journal.sqlite3"
-    assert isinstance(open_store("sqlite:////tmp/x.db"), SQLiteJournalStore)
-    assert str(open_store("sqlite:////tmp/x.db").path) == "/tmp/x.db"  # type: ignore[union-attr]
-    assert str(open_store("~/j.db").path).startswith(str(Path.home()))  # type: ignore[union-attr]
-    pg = open_store("postgresql://bw:s3cret@db.internal:5433/journal?sslmode=require")
+    assert isinstance(open_journal_store("sqlite:////tmp/x.db"), SQLiteJournalStore)
+    assert str(open_journal_store("sqlite:////tmp/x.db").path) == "/tmp/x.db"  # type: ignore[union-attr]
+    assert str(open_journal_store("~/j.db").path).startswith(str(Path.home()))  # type: ignore[union-attr]
+    pg = open_journal_store("postgresql://bw:s3cret@db.internal:5433/journal?sslmode=require")
     assert isinstance(pg, PostgresJournalStore) and "s3cret" not in pg.location and "db.internal" in pg.location
-    with pytest.raises(JournalError, match="unknown journal URL scheme"):
-        open_store("mysql://x")
+    with pytest.raises(JournalError, match="unknown journal URL scheme") as raised:
+        open_journal_store("mysql://x")
+    assert isinstance(raised.value, BreakwaterError)  # one `except BreakwaterError` catches it too
     assert [parse_duration(x) for x in ("90", "90s", "15m", "1h", "2d", "250ms")] == [90, 90, 900, 3600, 172800, 0.25]
     with pytest.raises(ValueError):
         parse_duration("-1h")

@@ -30,7 +30,7 @@ from breakwater.connect._admission import Admission
 from breakwater.connect._upstream import Upstream
 from breakwater.gate._breaker import BreakerPolicy
 from breakwater.gate._gate import GET_OPERATION_TOOL, CallGate
-from breakwater.journal._journal import (
+from breakwater.journal import (
     DOWNSTREAM_CLIENT,
     AttemptRecord,
     Journal,

@@ -24,7 +24,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from breakwater import Breakwater
 from breakwater.config import TelemetryPolicy, load_config
 from breakwater.errors import ConfigError
-from breakwater.journal._journal import AttemptRecord
+from breakwater.journal import AttemptRecord
 from breakwater.observe._telemetry import Telemetry
 from breakwater.testing.server import launch_command
 

@@ -29,7 +29,7 @@ import pytest
 from mcp import Client
 
 from breakwater.gateway._metrics import DURATION_BUCKETS_S, Metrics
-from breakwater.journal._journal import AttemptRecord
+from breakwater.journal import AttemptRecord
 from breakwater.testing.server import launch_command
 
 BREAKWATER = [sys.executable, "-m", "breakwater"]

@@ -24,7 +24,7 @@ from breakwater.gate._envelope import error_result
 from breakwater.gate._gate import CallGate, LearnedTimeout, ProgressCallback
 from breakwater.gate._tasks import CLIENT_EXTENSION, TaskRuntime
 from breakwater.gate._turn_budget import TurnBudgetScope, turn_budget
-from breakwater.journal._journal import AttemptObserver, Journal, fan_out
+from breakwater.journal import AttemptObserver, Journal, fan_out
 from breakwater.state import MemoryStore, StateStore, open_store
 from breakwater.status import ServerState, StatusReport, ToolTimeout
 from breakwater.tasks._store import PendingTask, TaskStore
@@ -69,7 +69,7 @@ class Breakwater:
         ranks below per-tool and per-server config, above the default); `classifier` may override
         how an attempt's result or exception is classified (see `breakwater.gate._classify`).
 
-        `journal` records every attempt (see `breakwater.journal._journal`): by default the one `[journal]`
+        `journal` records every attempt (see `breakwater.journal`): by default the one `[journal]`
         configures (SQLite in the user's data directory unless `url` says otherwise), None for
         none. Unless `learned_timeout` is given, the journal's learned timeouts are used (when
         `[journal] learn_timeouts` is on). Its writer thread runs while the instance is entered.
@@ -168,7 +168,7 @@ class Breakwater:
             return  # the breakers and budgets keep their own state: nothing to attach, no overhead
         self._gate.breakers.attach_store(store)
         # The gate builds each server's retry budget itself; until it takes the store as an argument
-        # (see issue 6), attach it here through the gate's per-server records.
+        # (a constructor argument), attach it here through the gate's per-server records.
         for name, srv in getattr(self._gate, "_servers", {}).items():
             srv.retry_budget.attach(store.shared_budget(name, srv.retry_budget.policy))
 

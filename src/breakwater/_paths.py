@@ -1,8 +1,16 @@
 """Where breakwater keeps files: the one place that knows each platform's user directories.
 
-Data (the journal, task ids, the operation store) outlives caches; the cache holds what can be rebuilt
-(last-known tool lists); the runtime directory holds what lives only while the user is logged in
-(the admission lock files). A user's `XDG_*` variables win on Linux.
+The directories come from `platformdirs`, so a user's `XDG_*` variables win on Linux:
+
+- data (journal, task ids, operation store): Linux `$XDG_DATA_HOME/breakwater` (`~/.local/share`),
+  macOS `~/Library/Application Support/breakwater`, Windows `%LOCALAPPDATA%\\breakwater`;
+- cache (last-known tool lists): Linux `$XDG_CACHE_HOME/breakwater` (`~/.cache`), macOS
+  `~/Library/Caches/breakwater`, Windows `%LOCALAPPDATA%\\breakwater\\Cache`;
+- runtime (admission lock files): Linux `$XDG_RUNTIME_DIR/breakwater`, else the cache; macOS
+  `~/Library/Caches/TemporaryItems/breakwater`; Windows `%LOCALAPPDATA%\\Temp\\breakwater`.
+
+Data outlives caches; the cache holds what can be rebuilt; the runtime directory holds what lives only
+while the user is logged in.
 """
 
 from __future__ import annotations
@@ -11,34 +19,29 @@ import os
 import sys
 from pathlib import Path
 
+import platformdirs
+
 __all__ = ["cache_dir", "data_dir", "runtime_dir"]
 
 APP = "breakwater"
 
 
 def data_dir() -> Path:
-    """Linux `$XDG_DATA_HOME/breakwater` (`~/.local/share`), macOS `~/Library/Application Support/breakwater`,
-    Windows `%LOCALAPPDATA%\\breakwater`."""
-    home = Path.home()
-    if sys.platform == "win32":
-        return Path(os.environ.get("LOCALAPPDATA") or home / "AppData" / "Local") / APP
-    if sys.platform == "darwin":
-        return home / "Library" / "Application Support" / APP
-    return Path(os.environ.get("XDG_DATA_HOME") or home / ".local" / "share") / APP
+    """The user's data directory for breakwater (see the module docstring)."""
+    return Path(platformdirs.user_data_dir(APP, appauthor=False))
 
 
 def cache_dir() -> Path:
-    """Linux `$XDG_CACHE_HOME/breakwater` (`~/.cache`), macOS `~/Library/Caches/breakwater`,
-    Windows `%LOCALAPPDATA%\\breakwater\\Cache`."""
-    home = Path.home()
-    if sys.platform == "win32":
-        return Path(os.environ.get("LOCALAPPDATA") or home / "AppData" / "Local") / APP / "Cache"
-    if sys.platform == "darwin":
-        return home / "Library" / "Caches" / APP
-    return Path(os.environ.get("XDG_CACHE_HOME") or home / ".cache") / APP
+    """The user's cache directory for breakwater."""
+    return Path(platformdirs.user_cache_dir(APP, appauthor=False))
 
 
 def runtime_dir() -> Path:
-    """`$XDG_RUNTIME_DIR/breakwater` where the platform has one, else the cache directory."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    return Path(runtime) / APP if runtime and sys.platform != "win32" else cache_dir()
+    """The user's runtime directory for breakwater.
+
+    On Linux only when `$XDG_RUNTIME_DIR` is set: without it platformdirs guesses `/run/user/UID`,
+    which containers and CI runners often lack, and the cache directory is as good for lock files.
+    """
+    if sys.platform.startswith("linux") and not os.environ.get("XDG_RUNTIME_DIR"):
+        return cache_dir()
+    return Path(platformdirs.user_runtime_dir(APP, appauthor=False))

@@ -1,23 +1,31 @@
 """The one exception hierarchy.
 
 BreakwaterError
-├── ConfigError                 a config file is broken: names the file, the key and the fix (exit code 2)
-└── CallError                   a tool call failed; each leaf maps one-to-one to an error code the model sees
-    ├── CallTimeoutError        TIMEOUT              the call did not answer within its deadline
-    ├── OutcomeUnknownError     OUTCOME_UNKNOWN      a non-retryable call was cut; it may have run
-    ├── CircuitOpenError        CIRCUIT_OPEN         this tool's breaker is open
-    ├── ServerCircuitOpenError  SERVER_CIRCUIT_OPEN  the whole server's breaker is open
-    ├── OverloadedError         OVERLOADED           the server's in-flight cap is full
-    ├── BudgetExhaustedError    BUDGET_EXHAUSTED     the turn's time budget cannot cover an attempt
-    ├── ServerConnectingError   SERVER_CONNECTING    the server is still starting
-    ├── ServerUnavailableError  SERVER_UNAVAILABLE   the server is down or failed to start
-    ├── UnknownToolError        UNKNOWN_TOOL         no such tool on that server
-    ├── ToolChangedError        TOOL_CHANGED         the tool's definition changed and is blocked until accepted
-    ├── UpstreamError           UPSTREAM_ERROR       transport or protocol failure
-    ├── ToolError               TOOL_ERROR           the tool's own isError result (content passed through)
-    ├── CallCancelledError      CANCELLED            the caller cancelled the call
-    ├── InvalidArgumentsError   INVALID_ARGUMENTS    the arguments do not fit the tool
-    └── ClientCannotAnswerError CLIENT_CANNOT_ANSWER the tool asked the client for sampling or elicitation, in vain
+├── ConfigError                     a config file is broken: names the file, the key and the fix (exit code 2)
+└── CallError                       a tool call failed; each leaf maps one-to-one to an error code the model sees
+    ├── CallRefused                 refused before the tool ran: by breakwater, or by the server
+    │   ├── CircuitOpenError        CIRCUIT_OPEN         this tool's breaker is open
+    │   ├── ServerCircuitOpenError  SERVER_CIRCUIT_OPEN  the whole server's breaker is open
+    │   ├── OverloadedError         OVERLOADED           the server's in-flight cap is full
+    │   ├── BudgetExhaustedError    BUDGET_EXHAUSTED     the turn's time budget cannot cover an attempt
+    │   ├── ServerConnectingError   SERVER_CONNECTING    the server is still starting
+    │   ├── ServerUnavailableError  SERVER_UNAVAILABLE   the server is down or failed to start
+    │   ├── UnknownToolError        UNKNOWN_TOOL         no such tool on that server
+    │   ├── ToolChangedError        TOOL_CHANGED         the tool's definition changed and is blocked until accepted
+    │   └── InvalidArgumentsError   INVALID_ARGUMENTS    the arguments do not fit the tool
+    └── CallFailed                  an attempt was sent and did not succeed (it may have run)
+        ├── CallTimeoutError        TIMEOUT              the call did not answer within its deadline (also a TimeoutError)
+        ├── OutcomeUnknownError     OUTCOME_UNKNOWN      a non-retryable call was cut; it may have run
+        ├── UpstreamError           UPSTREAM_ERROR       transport or protocol failure
+        ├── ToolError               TOOL_ERROR           the tool's own isError result (content passed through)
+        ├── CallCancelledError      CANCELLED            the caller cancelled the call
+        └── ClientCannotAnswerError CLIENT_CANNOT_ANSWER the tool asked the client for sampling or elicitation, in vain
+
+The two groups split by phase, as httpx's `TransportError` tree does. A `CallRefused` means the tool
+did not run: breakwater declined to send (breaker, bulkhead, budget, server not ready, drift) or the
+server turned the request away before running it (unknown tool, arguments rejected); only earlier
+attempts of the same call, if `attempt` counts any, may have run. A `CallFailed` is about an attempt
+that was sent. Only the leaves carry a code; the groups are for `except` clauses.
 
 Every `CallError` carries the envelope fields the model reads (see `breakwater.gate._envelope`), so one
 object is both the typed exception a library user catches and the `isError` result the model sees.
@@ -38,6 +46,8 @@ __all__ = [
     "BudgetExhaustedError",
     "CallCancelledError",
     "CallError",
+    "CallFailed",
+    "CallRefused",
     "CallTimeoutError",
     "CircuitOpenError",
     "ClientCannotAnswerError",
@@ -179,7 +189,22 @@ def _fmt_seconds(seconds: float) -> str:
     return f"{round(seconds)} s"
 
 
-class CallTimeoutError(CallError):
+class CallRefused(CallError):
+    """The call, or its next attempt, was refused before the tool ran: by breakwater, or by the server.
+
+    The group of CIRCUIT_OPEN, SERVER_CIRCUIT_OPEN, OVERLOADED, BUDGET_EXHAUSTED, SERVER_CONNECTING,
+    SERVER_UNAVAILABLE, UNKNOWN_TOOL, TOOL_CHANGED and INVALID_ARGUMENTS; not raised itself.
+    """
+
+
+class CallFailed(CallError):
+    """An attempt was sent and did not succeed; unless the leaf says otherwise, the call may have run.
+
+    The group of TIMEOUT, OUTCOME_UNKNOWN, UPSTREAM_ERROR, TOOL_ERROR and CANCELLED; not raised itself.
+    """
+
+
+class CallTimeoutError(CallFailed, TimeoutError):
     """The tool did not answer within its deadline; breakwater cancelled the call upstream.
 
     Raised for tools that are safe or idempotent to repeat (a `never` tool reports
@@ -192,7 +217,7 @@ class CallTimeoutError(CallError):
     advice = "It may work if you wait {wait} and retry once; if it keeps timing out, use another tool."
 
 
-class OutcomeUnknownError(CallError):
+class OutcomeUnknownError(CallFailed):
     """A call that must not be repeated timed out or was cut after it was sent; it may have run."""
 
     code = ErrorCode.OUTCOME_UNKNOWN
@@ -201,7 +226,7 @@ class OutcomeUnknownError(CallError):
     advice = "Do not retry it blindly: check whether it took effect (for example with a read-only tool) or ask the user."
 
 
-class CircuitOpenError(CallError):
+class CircuitOpenError(CallRefused):
     """This tool failed repeatedly; breakwater is refusing calls to it for a while (nothing was sent)."""
 
     code = ErrorCode.CIRCUIT_OPEN
@@ -210,7 +235,7 @@ class CircuitOpenError(CallError):
     advice = "Use another tool if one can do the job, or wait {wait} before trying this one again."
 
 
-class ServerCircuitOpenError(CallError):
+class ServerCircuitOpenError(CallRefused):
     """The whole server failed repeatedly; calls to every tool on it are refused for a while."""
 
     code = ErrorCode.SERVER_CIRCUIT_OPEN
@@ -219,7 +244,7 @@ class ServerCircuitOpenError(CallError):
     advice = "Use a tool from another server if possible, or wait {wait} before trying again."
 
 
-class OverloadedError(CallError):
+class OverloadedError(CallRefused):
     """The server already has as many calls in flight as it is allowed; this one was refused at once."""
 
     code = ErrorCode.OVERLOADED
@@ -228,7 +253,7 @@ class OverloadedError(CallError):
     advice = "Wait {wait} and retry, or do something else first."
 
 
-class BudgetExhaustedError(CallError):
+class BudgetExhaustedError(CallRefused):
     """The turn's time budget cannot cover another attempt; nothing more was sent."""
 
     code = ErrorCode.BUDGET_EXHAUSTED
@@ -237,7 +262,7 @@ class BudgetExhaustedError(CallError):
     advice = "Do not retry in this turn: answer with what you have, or ask the user whether to continue."
 
 
-class ServerConnectingError(CallError):
+class ServerConnectingError(CallRefused):
     """The server is still starting or reconnecting; the call was not sent."""
 
     code = ErrorCode.SERVER_CONNECTING
@@ -246,7 +271,7 @@ class ServerConnectingError(CallError):
     advice = "Wait {wait} and retry, or use another tool meanwhile."
 
 
-class ServerUnavailableError(CallError):
+class ServerUnavailableError(CallRefused):
     """The server is down or failed to start; breakwater retries the connection in the background."""
 
     code = ErrorCode.SERVER_UNAVAILABLE
@@ -255,7 +280,7 @@ class ServerUnavailableError(CallError):
     advice = "Use a tool from another server, or tell the user this capability is down; retry after {wait} at the earliest."
 
 
-class UnknownToolError(CallError):
+class UnknownToolError(CallRefused):
     """The server has no tool by that name."""
 
     code = ErrorCode.UNKNOWN_TOOL
@@ -264,7 +289,7 @@ class UnknownToolError(CallError):
     advice = "Do not retry: check the tool list and use a tool that exists."
 
 
-class ToolChangedError(CallError):
+class ToolChangedError(CallRefused):
     """The server changed this tool's definition since it was approved, and the config blocks changed tools."""
 
     code = ErrorCode.TOOL_CHANGED
@@ -273,7 +298,7 @@ class ToolChangedError(CallError):
     advice = "Do not retry: ask the user to review the change (breakwater tools --accept) or use another tool."
 
 
-class UpstreamError(CallError):
+class UpstreamError(CallFailed):
     """The transport or the protocol failed (connection lost, malformed reply, server-side crash)."""
 
     code = ErrorCode.UPSTREAM_ERROR
@@ -282,7 +307,7 @@ class UpstreamError(CallError):
     advice = "Wait {wait} and retry once; if it fails again, use another tool or tell the user."
 
 
-class ToolError(CallError):
+class ToolError(CallFailed):
     """The tool ran and reported an error itself (`isError: true`); its own content is passed through."""
 
     code = ErrorCode.TOOL_ERROR
@@ -305,7 +330,7 @@ class ToolError(CallError):
         self.upstream_structured_content = upstream_structured_content
 
 
-class CallCancelledError(CallError):
+class CallCancelledError(CallFailed):
     """The caller cancelled the call; breakwater passed the cancellation upstream."""
 
     code = ErrorCode.CANCELLED
@@ -314,7 +339,7 @@ class CallCancelledError(CallError):
     advice = "Do not retry unless the user still wants it done."
 
 
-class InvalidArgumentsError(CallError):
+class InvalidArgumentsError(CallRefused):
     """The arguments do not fit the tool's input schema."""
 
     code = ErrorCode.INVALID_ARGUMENTS
@@ -323,7 +348,7 @@ class InvalidArgumentsError(CallError):
     advice = "Fix the arguments to match the tool's schema before calling it again."
 
 
-class ClientCannotAnswerError(CallError):
+class ClientCannotAnswerError(CallFailed):
     """The tool asked the client a question (sampling or elicitation) that could not be put to it or was refused."""
 
     code = ErrorCode.CLIENT_CANNOT_ANSWER
@@ -335,14 +360,20 @@ class ClientCannotAnswerError(CallError):
     )
 
 
-def _leaves() -> dict[ErrorCode, type[CallError]]:
+def _code_table() -> dict[ErrorCode, type[CallError]]:
+    """Each code's one class: the classes under `CallError` that set `code` themselves (the leaves)."""
     found: dict[ErrorCode, type[CallError]] = {}
-    for cls in CallError.__subclasses__():
+    pending = list(CallError.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if "code" not in vars(cls):
+            continue
         if cls.code in found:  # pragma: no cover - guarded by a test
             raise TypeError(f"two classes for {cls.code}: {found[cls.code].__name__}, {cls.__name__}")
         found[cls.code] = cls
-    return found
+    return {code: found[code] for code in ErrorCode if code in found}
 
 
 #: Every error code and its one exception class.
-CODE_TO_ERROR: Mapping[ErrorCode, type[CallError]] = _leaves()
+CODE_TO_ERROR: Mapping[ErrorCode, type[CallError]] = _code_table()

@@ -11,7 +11,10 @@ States:
 * `disabled`    turned off in config
 
 `breakwater status --json` prints `StatusReport.to_json()`, which also lists, per tool of every
-ready server, the timeout in force and whether it was configured, learned or the default.
+ready server, the timeout in force and whether it was configured, learned or the default. Every time
+in these documents is written by `iso()` (ISO 8601, UTC, milliseconds) and read back by `from_iso()`.
+
+A core leaf: imports nothing from breakwater, so every stage can use it.
 """
 
 from __future__ import annotations
@@ -22,7 +25,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ErrorInfo", "Reason", "ServerState", "ServerStatus", "StatusReport", "ToolTimeout"]
+__all__ = [
+    "PERSISTENT_REASONS",
+    "ErrorInfo",
+    "Reason",
+    "ServerState",
+    "ServerStatus",
+    "StatusReport",
+    "ToolTimeout",
+    "from_iso",
+    "iso",
+]
 
 
 class ServerState(enum.StrEnum):
@@ -80,6 +93,7 @@ class ErrorInfo:
         )
 
     def to_json(self) -> dict[str, Any]:
+        """JSON-ready: `code` and `message`, plus whichever of the optional facts are known."""
         out: dict[str, Any] = {"code": self.code.value, "message": self.message}
         if self.http_status is not None:
             out["http_status"] = self.http_status
@@ -121,6 +135,8 @@ class ServerStatus:
     failing_since: float | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """One entry of `status --json`'s `servers` list (`phase` only while queued for admission,
+        `failing_since` only while connects keep failing)."""
         return (
             {
                 "name": self.name,
@@ -151,6 +167,7 @@ class ToolTimeout:
     source: str
 
     def to_json(self) -> dict[str, Any]:
+        """One entry of `status --json`'s `timeouts` list."""
         return {"server": self.server, "tool": self.tool, "timeout_s": round(self.timeout_s, 3), "source": self.source}
 
 
@@ -164,6 +181,7 @@ class StatusReport:
 
     @property
     def summary(self) -> dict[str, int]:
+        """How many servers are in each state (states with none left out)."""
         counts = Counter(s.state.value for s in self.servers)
         return {state.value: counts[state.value] for state in ServerState if counts[state.value]}
 
@@ -173,6 +191,7 @@ class StatusReport:
         return all(s.state in (ServerState.READY, ServerState.DISABLED) for s in self.servers)
 
     def to_json(self) -> dict[str, Any]:
+        """What `breakwater status --json` prints: `servers`, `summary` and `timeouts`."""
         return {
             "servers": [s.to_json() for s in self.servers],
             "summary": self.summary,

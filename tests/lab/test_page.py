@@ -171,7 +171,7 @@ def served_url(tmp_path: Path) -> Iterator[str]:
     """`breakwater lab serve --port 0` in a subprocess; its first stdout line names the URL."""
     log = (tmp_path / "serve.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "breakwater.cli", "lab", "serve", "--port", "0"],
+        [sys.executable, "-m", "breakwater", "lab", "serve", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=log,  # the access log: a file, so a full pipe can never block the server
     )

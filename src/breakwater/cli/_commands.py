@@ -480,7 +480,7 @@ def _timeout_cell(seconds: float | None, source: str | None) -> str:
 
 def stats_view(stats: list[Any], *, since: str, location: str) -> Table:
     """Per-tool journal statistics as a table."""
-    from breakwater.journal._journal import summarize
+    from breakwater.cli._stats_format import summarize
 
     table = Table(title=f"breakwater stats: last {since}", title_justify="left")
     # Short headers: twelve columns must still read on an 80-column terminal.
@@ -511,7 +511,8 @@ def stats_view(stats: list[Any], *, since: str, location: str) -> Table:
 
 def stats_main(argv: list[str]) -> int:
     """`breakwater stats`: per-tool calls, success, latency percentiles and timeouts, from the journal."""
-    from breakwater.journal._journal import Journal, JournalError, SQLiteJournalStore, open_store, parse_duration
+    from breakwater.cli._stats_format import parse_duration
+    from breakwater.journal import Journal, JournalError, SQLiteJournalStore, open_journal_store
 
     parser = argparse.ArgumentParser(
         prog="breakwater stats",
@@ -539,7 +540,7 @@ def stats_main(argv: list[str]) -> int:
         parser.error(f"--since: {exc}")
     policy, config = _journal_config(args.config)
     try:
-        store = open_store(args.journal if args.journal is not None else policy.url)
+        store = open_journal_store(args.journal if args.journal is not None else policy.url)
     except JournalError as exc:
         print(f"breakwater: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -333,7 +333,7 @@ class BreakerPolicy:
     The defaults are for tools called a few times a minute, not for 100-call RPC windows: a
     2-minute window holds ~5 calls of a tool called 2–3 times a minute, so the rate rule (≥ 50 % of
     ≥ 5 calls) can fire at all; 4 consecutive failures catch a dead tool before a fifth caller pays
-    its timeout (the issue's benchmark asks for ≤ 4 slow calls before the breaker opens). A false
+    its timeout (the target is ≤ 4 slow calls before the breaker opens; bench/slow_tool.py counts them). A false
     trip costs one ~5 s pause and one probe.
     """
 

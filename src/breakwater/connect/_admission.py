@@ -1,6 +1,6 @@
 """Admission: caps on connects in flight, shared by every breakwater process on the machine.
 
-The connect-storm research (resilience-numbers.md §3.2) found that jitter alone barely helps when
+A discrete-event simulation of the connect storm found that jitter alone barely helps when
 14 sessions start 17 servers at once; a small cap on handshakes in flight is what reaches the
 capacity bound with one attempt per connect. Fourteen agent sessions are fourteen processes, so the
 caps live in a directory of lock files: a slot is an `flock` on one file, released by the kernel

@@ -3,7 +3,7 @@
 SDK 2.3's streamable-HTTP client runs each POST in a task of the transport's task group. If a POST
 raises a transport error before its response is read (connection refused, reset, a response cut
 mid-body, a read timeout), the error escapes that task and crashes the whole transport: every other
-call in flight on the connection fails with it and the client must reconnect (mcp-sdk.md §3.9; the
+call in flight on the connection fails with it and the client must reconnect (one `Client` multiplexes every call; the
 chaos run saw one cut take down every concurrent call). This httpx transport sits under the SDK's
 client and turns such an error on a JSON-RPC request into an HTTP 502 whose body is a JSON-RPC error
 for that request id, which the SDK delivers to the one waiting call. The error says whether the

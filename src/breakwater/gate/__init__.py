@@ -2,5 +2,5 @@
 
 Owns timeouts, breakers, the bulkhead, the turn budget, retries by side-effect class under a retry
 budget, outcome classification and the error envelope the model reads. May import the core leaves,
-`config`, `state`, `connect`, `catalog`, `journal`, `observe` and `tasks`; never the gateway or the CLI.
+`config`, `tasks`, `connect`, `catalog` and `journal`; never `state`, `observe`, the gateway or the CLI.
 """

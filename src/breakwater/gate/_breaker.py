@@ -1,7 +1,7 @@
 """Circuit breakers, one per (server, tool) and one per server.
 
 Written here rather than taken from PyPI on purpose: the four Python breaker libraries measured in
-resilience-numbers.md §1.7 (pybreaker 1.4.1, aiobreaker 1.2.0, purgatory 3.0.1, circuitbreaker
+with a concurrent-probe test (pybreaker 1.4.1, aiobreaker 1.2.0, purgatory 3.0.1, circuitbreaker
 2.1.3) let 50 of 50 concurrent callers through a "half-open" breaker, none measures a failure
 *rate* or slow calls, and pybreaker serialises every call behind one lock. This breaker:
 

@@ -9,7 +9,7 @@ decide four things separately, because they are different questions:
 * whether the outcome is unknown: the request was sent and then the answer was lost, so the call
   may have run. For a `never` tool that becomes OUTCOME_UNKNOWN, never a retry.
 
-The rules (mcp-sdk.md §2.6, §3.5–3.8, §5):
+The rules (from how SDK 2.3 reports errors on both sides, and the spec's error codes):
 
 * Failures: timeouts, transport errors (`MCPError` -32000, `httpx2` errors, also inside
   `ExceptionGroup`s), protocol errors (pydantic `ValidationError` on the reply's shape, JSON-RPC

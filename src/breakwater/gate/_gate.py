@@ -11,7 +11,7 @@ One logical call, in order:
 3. the attempt runs inside one deadline scope on the injected clock: `timeout_s`, pushed out by
    each progress notification (`idle_timeout_s`) but never past the hard cap `max_s`, and never
    past the turn budget. When the scope fires, the SDK sees its awaiting scope cancelled and sends
-   `notifications/cancelled` upstream (mcp-sdk.md §3.6–3.7), so the server stops working and the
+   `notifications/cancelled` upstream (or, on 2026-07-28 HTTP, aborts the POST), so the server stops working and the
    slot is free again;
 4. `classify()` decides what the breakers learn, the code the model sees, and whether another
    attempt is allowed; retries wait a full-jitter backoff (a server's retry-after hint is a floor),
@@ -89,7 +89,7 @@ from breakwater.gate._envelope import error_result
 from breakwater.gate._retry_budget import RetryBudget, RetryBudgetSnapshot
 from breakwater.gate._tasks import TASK_CALL, TaskRuntime
 from breakwater.gate._turn_budget import TurnBudget, current_budget
-from breakwater.journal._journal import (
+from breakwater.journal import (
     DOWNSTREAM_CLIENT,
     RECONCILED,
     TRACE_ID,
@@ -415,7 +415,7 @@ class CallGate:
         )
 
     def _timeout(self, srv: _Server, info: _Tool) -> float:
-        # Per-tool config, per-server config, learned value, default (issue #3's order).
+        # Per-tool config, per-server config, learned value, default: the most specific word wins.
         if info.configured_timeout_s is not None:
             return info.configured_timeout_s
         learned = self._learned(srv.name, info.name)
@@ -841,7 +841,7 @@ class CallGate:
         except (Exception, BaseExceptionGroup) as exc:
             failure = exc
         finally:
-            # The SDK may run a progress callback after the call returned (mcp-sdk.md §8.14): it moves nothing now.
+            # The SDK may run a progress callback after the call returned: it moves nothing now.
             attempt_clock.finished = True
             if watcher is not None:
                 watcher(None)

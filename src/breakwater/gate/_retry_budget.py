@@ -4,7 +4,7 @@ Per call: at most `max_attempts` attempts (3: SRE, AWS SDK, resilience4j), full-
 between them, a server's `retry_after` hint honoured as a floor.
 
 Per server: a token bucket that retries must draw from, so an outage does not multiply load.
-Measured in resilience-numbers.md §2.6: no budget turns a full outage into 4× load; a plain
+A simulation of 100 calls/s with up to 4 attempts measured it: no budget turns a full outage into 4× load; a plain
 "retries ≤ 10 % of calls" ratio caps it near 1.11× but, with only 3 attempts, already refuses
 useful retries at 10 % random failure. So the bucket is fed by *successes*, and a retry that
 succeeds gives its token back (the AWS SDK retry-quota idea):

@@ -95,7 +95,7 @@ MIN_POLL_TIMEOUT_S = 1.0
 CANCEL_BOUND_S = 5.0
 
 _TERMINAL = frozenset({"completed", "failed", "cancelled"})
-# SDK-local codes (never on the wire, mcp-sdk.md §5): a server's task error carrying one must not
+# SDK-local codes (the client's own, never sent by a server): a server's task error carrying one must not
 # look like our own lost connection or timeout to the gate.
 _LOCAL_CODES = frozenset({types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT})
 

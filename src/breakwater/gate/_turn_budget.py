@@ -6,7 +6,7 @@ are spawned, so every call made inside the block, in any task it starts, sees th
 Nesting keeps the earlier deadline (Finagle's rule: when two deadlines meet, the earliest wins), so
 an inner scope can shorten a budget but never extend it.
 
-The gate asks two questions (resilience-numbers.md §4): what is this call's deadline —
+The gate asks two questions, as gRPC and Finagle deadlines do: what is this call's deadline —
 `effective_deadline()`, the earlier of its own and the budget's — and may an attempt start at all —
 `can_start()`, "is at least X s left?" — so no attempt begins that the budget cannot cover.
 

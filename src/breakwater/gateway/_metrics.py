@@ -1,6 +1,6 @@
 """Prometheus metrics for `breakwater serve --http`, kept in process.
 
-`Metrics` is an `AttemptObserver` (see `breakwater.journal._journal`): the call gate hands it every attempt
+`Metrics` is an `AttemptObserver` (see `breakwater.journal`): the call gate hands it every attempt
 and refusal beside the journal, and it keeps counters, a latency histogram, each tool's last few
 attempts (the status page's sparklines) and the latest failures. `CallCounter` is an MCP server
 middleware that counts whole calls at the gateway's edge by the outcome the agent saw, including
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from breakwater.errors import ErrorCode
-from breakwater.journal._journal import ANSWERED_OUTCOMES, RECONCILED, REFUSAL_OUTCOMES, AttemptRecord, outcome_of
+from breakwater.journal import ANSWERED_OUTCOMES, RECONCILED, REFUSAL_OUTCOMES, AttemptRecord, outcome_of
 
 if TYPE_CHECKING:
     from mcp.server.context import CallNext, HandlerResult, ServerRequestContext

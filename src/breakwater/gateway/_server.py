@@ -53,7 +53,7 @@ from breakwater.gateway._relay import (
     explain_refusal,
 )
 from breakwater.gateway._tasks import GatewayTasks
-from breakwater.journal._journal import DOWNSTREAM_CLIENT
+from breakwater.journal import DOWNSTREAM_CLIENT
 from breakwater.status import ServerState
 from breakwater.tasks._server import current_task_id
 

@@ -42,7 +42,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 
 from breakwater.catalog._catalog import Entry
 from breakwater.gateway._metrics import BUILTIN_SERVER, CONTENT_TYPE, UNLISTED, Metrics, Resolver, split_breaker_name
-from breakwater.journal._journal import timeout_in_force
+from breakwater.journal import timeout_in_force
 from breakwater.status import ServerState, StatusReport, iso
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
     from breakwater._breakwater import Breakwater
     from breakwater.gateway._server import Gateway
-    from breakwater.journal._journal import ToolStats
+    from breakwater.journal import ToolStats
 
 __all__ = ["COOKIE_NAME", "STATS_WINDOW_S", "WebApp", "gateway_resolver", "status_json"]
 

@@ -20,7 +20,7 @@ import inspect
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, ParamSpec, TypeVar, overload
 
 import anyio
@@ -275,17 +275,10 @@ def _wrap(
     if isinstance(func, staticmethod | classmethod):
         raise TypeError("@idempotent must be applied to a plain function, under @mcp.tool()")
     sig = inspect.signature(func, eval_str=True)
-    ctx_name = find_context_parameter(func)
-    added_ctx = ctx_name is None
-    if ctx_name is None:
-        ctx_name = _ADDED_CTX
-        ctx_param = inspect.Parameter(ctx_name, inspect.Parameter.KEYWORD_ONLY, annotation=Context)
-        params = list(sig.parameters.values())
-        # A keyword-only parameter must come before **kwargs.
-        at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params))
-        wrapper_sig = sig.replace(parameters=[*params[:at], ctx_param, *params[at:]])
-    else:
-        wrapper_sig = sig
+    found_ctx = find_context_parameter(func)
+    added_ctx = found_ctx is None
+    ctx_name = _ADDED_CTX if found_ctx is None else found_ctx
+    wrapper_sig = _with_context_parameter(sig, ctx_name) if added_ctx else sig
     is_async = inspect.iscoroutinefunction(inspect.unwrap(func))
     # Output conversion exactly as MCPServer derives it; every parameter is skipped because only the
     # return side is used here (and Context/Resolve parameters must not reach the argument model).
@@ -310,29 +303,13 @@ def _wrap(
         ctx = kwargs.pop(ctx_name) if added_ctx else kwargs.get(ctx_name)
         tool_kwargs = {k: v for k, v in kwargs.items() if k != ctx_name}
         meta, tool_name = _request_facts(ctx, default_name)
-        op_id = meta.get(OPERATION_ID_META_KEY)
-        arg_id = tool_kwargs.get(OPERATION_ID_ARG) if has_op_arg else None
-        if op_id is None:
-            op_id = arg_id
-        elif arg_id is not None and arg_id != op_id:
-            return _error_result(
-                "INVALID_OPERATION_ID",
-                f"The call carries two different operation ids ({op_id!r} in _meta, {arg_id!r} as an argument).",
-                retryable=False,
-                retry_after_s=None,
-                tool=tool_name,
-            )
+        try:
+            op_id = _operation_id(meta, tool_kwargs.get(OPERATION_ID_ARG) if has_op_arg else None)
+        except _InvalidOperationId as exc:
+            return _error_result("INVALID_OPERATION_ID", str(exc), retryable=False, retry_after_s=None, tool=tool_name)
         if op_id is None:
             # No id: the caller asked for no deduplication, so the tool runs like any other.
             return await call(kwargs)
-        if not isinstance(op_id, str) or not op_id or len(op_id) > MAX_OPERATION_ID_LEN:
-            return _error_result(
-                "INVALID_OPERATION_ID",
-                f"An operation id must be a non-empty string of at most {MAX_OPERATION_ID_LEN} characters.",
-                retryable=False,
-                retry_after_s=None,
-                tool=tool_name,
-            )
         the_store = store if store is not None else default_store()
         args_for_fp = {k: v for k, v in tool_kwargs.items() if k != OPERATION_ID_ARG}
         run = _Run(
@@ -362,6 +339,35 @@ def _wrap(
         annotations["return"] = wrapper_sig.return_annotation
     wrapper.__annotations__ = annotations
     return wrapper
+
+
+def _with_context_parameter(sig: inspect.Signature, ctx_name: str) -> inspect.Signature:
+    """`sig` with a keyword-only `Context` parameter added, so MCPServer hands the wrapper the request."""
+    ctx_param = inspect.Parameter(ctx_name, inspect.Parameter.KEYWORD_ONLY, annotation=Context)
+    params = list(sig.parameters.values())
+    # A keyword-only parameter must come before **kwargs.
+    at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params))
+    return sig.replace(parameters=[*params[:at], ctx_param, *params[at:]])
+
+
+class _InvalidOperationId(ValueError):
+    """The call's operation id cannot be used; the message says why."""
+
+
+def _operation_id(meta: Mapping[str, Any], arg_id: Any) -> str | None:
+    """The call's operation id, from `_meta` or else the `operationId` argument (None: no deduplication)."""
+    op_id = meta.get(OPERATION_ID_META_KEY)
+    if op_id is None:
+        op_id = arg_id
+    elif arg_id is not None and arg_id != op_id:
+        raise _InvalidOperationId(
+            f"The call carries two different operation ids ({op_id!r} in _meta, {arg_id!r} as an argument)."
+        )
+    if op_id is None:
+        return None
+    if not isinstance(op_id, str) or not op_id or len(op_id) > MAX_OPERATION_ID_LEN:
+        raise _InvalidOperationId(f"An operation id must be a non-empty string of at most {MAX_OPERATION_ID_LEN} characters.")
+    return op_id
 
 
 def _request_facts(ctx: Any, default_name: str) -> tuple[dict[str, Any], str]:

@@ -23,6 +23,7 @@ from breakwater._clock import Clock, SystemClock
 from breakwater.idempotency._store import (
     DEFAULT_PURGE_INTERVAL_S,
     DEFAULT_RETENTION_S,
+    RECORD_COLUMNS,
     ClaimResult,
     OperationRecord,
     OperationState,
@@ -33,8 +34,6 @@ if TYPE_CHECKING:
     from psycopg import sql
 
 __all__ = ["PostgresStore"]
-
-_COLUMNS = ("operation_id", "tool", "fingerprint", "state", "owner", "created_at", "updated_at", "lease_until", "outcome")
 
 
 class PostgresStore:
@@ -91,7 +90,7 @@ class PostgresStore:
     def _q(self, template: str) -> sql.Composed:
         from psycopg import sql
 
-        return sql.SQL(template).format(t=self._ident(), cols=sql.SQL(", ").join(map(sql.Identifier, _COLUMNS)))
+        return sql.SQL(template).format(t=self._ident(), cols=sql.SQL(", ").join(map(sql.Identifier, RECORD_COLUMNS)))
 
     async def _open(self) -> psycopg.AsyncConnection[Any]:
         import psycopg
@@ -167,7 +166,7 @@ class PostgresStore:
         async with self._conn() as conn:
             cur = await conn.execute(query, params)
             row = await cur.fetchone() if cur.description is not None else None
-        return _record(row) if row is not None else None
+        return OperationRecord.from_row(row, outcome=row[8]) if row is not None else None
 
     async def _rowcount(self, query: sql.Composed, params: Sequence[Any]) -> int:
         async with self._conn() as conn:
@@ -302,17 +301,3 @@ class PostgresStore:
         with anyio.CancelScope(shield=True):
             for conn in idle:
                 await conn.close()
-
-
-def _record(row: Sequence[Any]) -> OperationRecord:
-    return OperationRecord(
-        operation_id=row[0],
-        tool=row[1],
-        fingerprint=row[2],
-        state=OperationState(row[3]),
-        owner=row[4],
-        created_at=float(row[5]),
-        updated_at=float(row[6]),
-        lease_until=float(row[7]) if row[7] is not None else None,
-        outcome=row[8],
-    )

@@ -19,9 +19,11 @@ from typing import Any, TypeVar
 import anyio.to_thread
 
 from breakwater._clock import Clock, SystemClock
+from breakwater._sqlite import open_sqlite
 from breakwater.idempotency._store import (
     DEFAULT_PURGE_INTERVAL_S,
     DEFAULT_RETENTION_S,
+    RECORD_COLUMNS,
     ClaimResult,
     OperationRecord,
     OperationState,
@@ -32,7 +34,7 @@ __all__ = ["SQLiteStore"]
 
 T = TypeVar("T")
 
-_COLUMNS = "operation_id, tool, fingerprint, state, owner, created_at, updated_at, lease_until, outcome"
+_COLUMNS = ", ".join(RECORD_COLUMNS)
 _LIVE = ("pending", "executing")
 
 
@@ -73,30 +75,26 @@ class SQLiteStore:
 
     def _connect(self) -> sqlite3.Connection:
         if self._conn is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            # isolation_level=None: we write BEGIN/COMMIT ourselves, so the claim's transaction is
-            # exactly the statements we mean and not whatever the sqlite3 module would group.
-            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            # FULL: a claim must be on disk before the tool's side effect starts, even across a power
-            # cut; NORMAL in WAL mode would only survive a process crash.
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute(
-                f"""CREATE TABLE IF NOT EXISTS {self._table} (
-                    operation_id TEXT PRIMARY KEY,
-                    tool TEXT NOT NULL,
-                    fingerprint TEXT NOT NULL,
-                    state TEXT NOT NULL,
-                    owner TEXT NOT NULL,
-                    created_at REAL NOT NULL,
-                    updated_at REAL NOT NULL,
-                    lease_until REAL,
-                    outcome TEXT
-                )"""
-            )
-            conn.execute(f"CREATE INDEX IF NOT EXISTS {self._table}_updated_at ON {self._table} (updated_at)")
-            self._conn = conn
+            # synchronous=FULL: a claim must be on disk before the tool's side effect starts, even
+            # across a power cut; NORMAL in WAL mode would only survive a process crash.
+            self._conn = open_sqlite(self.path, synchronous="FULL", schema=self._schema())
         return self._conn
+
+    def _schema(self) -> tuple[str, ...]:
+        return (
+            f"""CREATE TABLE IF NOT EXISTS {self._table} (
+                operation_id TEXT PRIMARY KEY,
+                tool TEXT NOT NULL,
+                fingerprint TEXT NOT NULL,
+                state TEXT NOT NULL,
+                owner TEXT NOT NULL,
+                created_at REAL NOT NULL,
+                updated_at REAL NOT NULL,
+                lease_until REAL,
+                outcome TEXT
+            )""",
+            f"CREATE INDEX IF NOT EXISTS {self._table}_updated_at ON {self._table} (updated_at)",
+        )
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         def work() -> T:
@@ -109,17 +107,7 @@ class SQLiteStore:
         row = conn.execute(f"SELECT {_COLUMNS} FROM {self._table} WHERE operation_id = ?", (operation_id,)).fetchone()
         if row is None:
             return None
-        return OperationRecord(
-            operation_id=row[0],
-            tool=row[1],
-            fingerprint=row[2],
-            state=OperationState(row[3]),
-            owner=row[4],
-            created_at=row[5],
-            updated_at=row[6],
-            lease_until=row[7],
-            outcome=json.loads(row[8]) if row[8] is not None else None,
-        )
+        return OperationRecord.from_row(row, outcome=json.loads(row[8]) if row[8] is not None else None)
 
     def _purge(self, conn: sqlite3.Connection, now: float) -> int:
         cutoff = now - self.retention_s

@@ -14,6 +14,7 @@ import enum
 import os
 import socket
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,6 +27,7 @@ __all__ = [
     "DEFAULT_LEASE_S",
     "DEFAULT_PURGE_INTERVAL_S",
     "DEFAULT_RETENTION_S",
+    "RECORD_COLUMNS",
     "ClaimResult",
     "OperationRecord",
     "OperationState",
@@ -36,11 +38,10 @@ __all__ = [
 
 #: How long a claim stays valid without a heartbeat. The owner renews it every third of this, so two
 #: missed renewals are tolerated before a running tool could be mistaken for a dead one; a crashed
-#: owner is detected at most this long after it died. resilience-numbers target 21 asks for <= 90 s.
+#: owner is detected at most this long after it died. Brandur's idempotency-key design locks for 90 s: stay below.
 DEFAULT_LEASE_S = 30.0
 
-#: How long finished records are kept (and replayed). Stripe prunes keys at >= 24 h, and
-#: resilience-numbers target 20 asks for >= 24 h.
+#: How long finished records are kept (and replayed). Stripe prunes keys at >= 24 h; so does this.
 DEFAULT_RETENTION_S = 24 * 3600.0
 
 #: How often a store deletes records older than its retention (checked on each claim).
@@ -88,6 +89,26 @@ class OperationRecord:
     updated_at: float
     lease_until: float | None
     outcome: dict[str, Any] | None = None
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any], *, outcome: dict[str, Any] | None) -> OperationRecord:
+        """A record from a table row in `RECORD_COLUMNS` order; `outcome` is the last column decoded
+        (each store keeps it in its own JSON type)."""
+        return cls(
+            operation_id=row[0],
+            tool=row[1],
+            fingerprint=row[2],
+            state=OperationState(row[3]),
+            owner=row[4],
+            created_at=float(row[5]),
+            updated_at=float(row[6]),
+            lease_until=float(row[7]) if row[7] is not None else None,
+            outcome=outcome,
+        )
+
+
+#: The columns of an operations table, in the order `OperationRecord.from_row` reads them.
+RECORD_COLUMNS = ("operation_id", "tool", "fingerprint", "state", "owner", "created_at", "updated_at", "lease_until", "outcome")
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ Public API (what `breakwater lab run` and the web page use):
   `config.to_dict()` round-trips; `config.replace(**changes)`.
 - `simulate(config) -> LabResult`: run the seed's traffic. Memoised per config (the result is
   immutable in practice; do not mutate its lists).
-- `LabResult.metrics` (`Metrics`: every §3.16 metric as a typed field), `.series` (`Series`: one
+- `LabResult.metrics` (`Metrics`: every metric as a typed field), `.series` (`Series`: one
   value per 1 s bucket), `.latency` (`LatencyHistogram`), `.log` (the full event log).
   `LabResult.to_dict(*, log_limit=LOG_LIMIT)` is JSON-serialisable::
 

@@ -1,4 +1,4 @@
-"""The lab's controls and injections, and the fixed model parameters (spec §3.3–§3.5).
+"""The lab's controls and injections, and the fixed model parameters.
 
 `LabConfig` is frozen, keyword-only and validated on construction, so every `LabConfig` that exists
 can be simulated. Controls are in the units a person types (seconds); the engine converts to integer
@@ -48,7 +48,7 @@ Routing = Literal["affinity", "round_robin"]
 MODES: Final[tuple[Mode, ...]] = ("2025-11-25/memory", "2025-11-25/shared", "2026-07-28")
 ROUTINGS: Final[tuple[Routing, ...]] = ("affinity", "round_robin")
 
-# Fixed model parameters (§3.3). [lab] values come from the original lab; the rest are [design].
+# Fixed model parameters. [lab] values come from the original lab; the rest are [design].
 WINDOW_MS: Final = 600_000
 """Arrivals stop at ten minutes."""
 RATE_PER_S: Final = 3.0
@@ -85,7 +85,7 @@ HARD_STOP_MS: Final = 3_600_000
 MIN_REPLICAS_FOR_STARS: Final = 2
 """A fleet of one is not a fleet: no stars below this."""
 
-# Control ranges and defaults (§3.4).
+# Control ranges and defaults.
 DEFAULT_MODE: Final[Mode] = "2025-11-25/memory"
 DEFAULT_ROUTING: Final[Routing] = "affinity"
 DEFAULT_REPLICAS: Final = 3

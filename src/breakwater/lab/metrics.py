@@ -1,4 +1,4 @@
-"""What a run returns: metrics (§3.16), time series for charts, a latency histogram and the event log."""
+"""What a run returns: metrics, time series for charts, a latency histogram and the event log."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ LATENCY_EDGES_MS: Final = (0, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 30_000, 
 """Lower edges of the latency histogram's buckets; the last bucket is open-ended."""
 
 LogRecord = tuple[int, int, str, int | None, int | None, int | None, str | int | None]
-"""`(t_ms, phase, kind, call_id, attempt_no, replica, detail)`; `phase` is the §3.15 phase being run."""
+"""`(t_ms, phase, kind, call_id, attempt_no, replica, detail)`; `phase` is the engine phase being run."""
 
 
 def nearest_rank(sorted_values: list[int], p: int) -> int | None:
@@ -44,7 +44,7 @@ def nearest_rank(sorted_values: list[int], p: int) -> int | None:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Metrics:
-    """Every metric of §3.16. Latencies are in milliseconds; `None` means "no ok calls" or "no deploy"."""
+    """Every metric of a run. Latencies are in milliseconds; `None` means "no ok calls" or "no deploy"."""
 
     calls: int
     ok: int

@@ -1,4 +1,4 @@
-"""The six missions (spec §5), their star rules, calibration checks and the shell's progress rules (§4).
+"""The six missions, their star rules, calibration checks and the shell's progress rules (unlocks, best stars).
 
 A mission is a broken set-up at a pinned seed, a goal (1 star) and efficiency conditions (3 stars).
 Each mission lists references and traps: named changes to the set-up with the stars they must earn
@@ -35,7 +35,7 @@ _INJECTIONS: Final = ("slow_tools", "rolling_deploy", "hot_client")
 
 
 def _no_failures(m: Metrics) -> bool:
-    # Goals treat unfinished calls like failures (§3.14).
+    # Goals treat unfinished calls like failures: a call still running at the end did not succeed.
     return m.failed == 0 and m.unfinished == 0
 
 
@@ -397,7 +397,8 @@ def is_exploration(mission_id: int, config: LabConfig) -> bool:
 
 
 def calibration_problems(mission: Mission, *, seed: int | None = None) -> list[str]:
-    """Every calibration check of §5 that fails for `mission` at `seed` (default: the pinned seed)."""
+    """Every calibration check (set-up scores 0, each variant its stars, each trap its outcome) that fails for
+    `mission` at `seed` (default: the pinned seed)."""
 
     setup = mission.setup if seed is None else mission.setup.replace(seed=seed)
     problems: list[str] = []
@@ -416,7 +417,7 @@ def calibration_problems(mission: Mission, *, seed: int | None = None) -> list[s
     return problems
 
 
-# -- the lab shell's rules (§4, invariant 26) ------------------------------------------------------
+# -- the lab shell's rules (docs/lab.md, invariant 26) ---------------------------------------------
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,4 +1,4 @@
-"""Synthetic traffic and the lab's random numbers (spec §3.2, §3.6).
+"""Synthetic traffic and the lab's random numbers (one seeded stream, drawn in a fixed order).
 
 Common random numbers: each purpose has its own stream derived from the seed by hashing, and every
 call draws the same values in the same order whether or not an injection uses them. So traffic is a
@@ -119,7 +119,7 @@ def route_key(seed: int) -> int:
 
 
 def _draw_call(rng: random.Random, call_id: int, client: int | None, arrival_ms: int) -> CallSpec:
-    # Fixed draws in a fixed order (§3.6): client, duration, mutating, fraction, slow_u, slow
+    # Fixed draws in a fixed order, so a seed means one traffic everywhere: client, duration, mutating, fraction, slow_u, slow
     # duration, six gaps. The client draw happens even for the hot stream, so both streams share
     # one recipe.
     rnd = rng.random

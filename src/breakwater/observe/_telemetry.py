@@ -48,7 +48,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from breakwater._clock import Clock, SystemClock
 from breakwater.config import TelemetryPolicy
 from breakwater.errors import CallError, ConfigError
-from breakwater.journal._journal import RECONCILED, REFUSAL_OUTCOMES, TRACE_ID, AttemptRecord, outcome_of
+from breakwater.journal import RECONCILED, REFUSAL_OUTCOMES, TRACE_ID, AttemptRecord, outcome_of
 
 if TYPE_CHECKING:
     from breakwater.gate._gate import CallGate

@@ -1,7 +1,7 @@
 """Shared state: breakers and retry budgets kept in one place for several replicas.
 
 `MemoryStore` keeps them in this process; `RedisStore` (the `redis` extra) shares them. May import the
-core leaves and `config` only.
+core leaves, `config` and the gate's breaker and budget types.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ before and adds nothing to a call. `RedisStore` (`breakwater.state._redis`, `[st
 * decisions are made from a local mirror of each breaker, kept fresh by pub/sub (every change is
   published by the Lua script that made it) and a periodic re-read, so a closed or open breaker
   costs no round trip;
-* every transition runs as one Lua script (see `_redis_store.py` for the key layout), stamped
+* every transition runs as one Lua script (see `_redis.py` for the key layout), stamped
   with an epoch that never decreases, so a late writer's report is dropped;
 * the half-open probe is a lease granted by a script to exactly one replica cluster-wide, and
   expires by Redis time if that replica dies;

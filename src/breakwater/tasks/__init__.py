@@ -1,8 +1,8 @@
 """The 2026-07-28 tasks extension, both sides of it.
 
 Server side (public): `TaskSupport` turns a long tool call of an SDK `MCPServer` into a task the client
-polls. Client side (private, used by the gate): `_client.TaskRuntime` polls an upstream's task handle,
-and `_client.TaskStore` remembers task ids across restarts. May import: the core leaves and `connect`
+polls. Client side (private): `_wire` holds the shapes the gate's `TaskRuntime` (`breakwater.gate._tasks`)
+sends and reads, and `_store.TaskStore` remembers task ids across restarts. May import: the core leaves and `connect`
 types only through the `TaskConnection` protocol.
 """
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from breakwater import _paths
+from breakwater._sqlite import open_sqlite
 
 __all__ = ["STALE_AFTER_S", "TASKS_DB_ENV", "PendingTask", "TaskStore", "default_tasks_path"]
 
@@ -58,6 +59,12 @@ def default_tasks_path() -> Path:
 
 
 _COLUMNS = ("server", "tool", "task_id", "operation_id", "retry_class", "started_at", "deadline_at", "owner")
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS pending_tasks (server TEXT NOT NULL, tool TEXT NOT NULL, task_id TEXT NOT NULL, "
+    "operation_id TEXT, retry_class TEXT NOT NULL, started_at REAL NOT NULL, deadline_at REAL NOT NULL, "
+    "owner TEXT, PRIMARY KEY (server, task_id))",
+    "CREATE INDEX IF NOT EXISTS pending_tasks_owner ON pending_tasks (owner)",
+)
 
 
 class TaskStore:
@@ -77,15 +84,7 @@ class TaskStore:
 
     def _db(self) -> sqlite3.Connection:
         if self._conn is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS pending_tasks (server TEXT NOT NULL, tool TEXT NOT NULL, task_id TEXT NOT NULL, "
-                "operation_id TEXT, retry_class TEXT NOT NULL, started_at REAL NOT NULL, deadline_at REAL NOT NULL, "
-                "owner TEXT, PRIMARY KEY (server, task_id))"
-            )
-            conn.execute("CREATE INDEX IF NOT EXISTS pending_tasks_owner ON pending_tasks (owner)")
+            conn = open_sqlite(self.path, schema=_SCHEMA)
             conn.execute("DELETE FROM pending_tasks WHERE deadline_at < ?", (time.time() - STALE_AFTER_S,))
             self._conn = conn
         return self._conn

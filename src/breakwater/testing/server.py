@@ -78,18 +78,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
-import fcntl
 import hashlib
-import itertools
 import json
 import math
 import os
 import random
-import re
 import shutil
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -107,13 +101,13 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from breakwater._wire import OPERATION_ID_META_KEY
-from breakwater.gateway._listen import tcp_listener
+from breakwater.testing._congestion import Congestion
+from breakwater.testing._http_faults import HttpFaults, serve_streamable_http
+from breakwater.testing._ledger import ControlFile, append_ledger, count_ledger, read_ledger, read_state, write_atomic
+from breakwater.testing._spec import DEFAULT_TOOLS, OUTCOMES, STATE_TOOL, Latency, ToolSpec, describe, parse_tool_spec
 
 if TYPE_CHECKING:
-    import asyncio
-
     from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = [
     "DEFAULT_TOOLS",
@@ -131,366 +125,9 @@ __all__ = [
     "stdio_params",
 ]
 
-STATE_TOOL = "testserver_state"
-
-DEFAULT_TOOLS: tuple[str, ...] = (
-    "echo:readonly,idempotent",
-    "add:readonly,idempotent",
-    "slow:latency=2,progress=0.5,readonly",
-    "hang:hang=1,readonly",
-    "flaky:fail=0.5,readonly",
-    "create_order:mutating,destructive",
-)
-
+# The runtime, the command line and the launch helpers live here; tool specs (`_spec`), the shared
+# files (`_ledger`), the congestion model (`_congestion`) and HTTP faults (`_http_faults`) beside it.
 _HANDSHAKE_METHODS = frozenset({"initialize", "server/discover"})
-_CONGESTION_TICK_S = 0.025
-_LIVENESS_TTL_S = 0.5
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
-_OUTCOMES = ("crash", "hang", "fail", "error", "business", "retryable_error")
-_ANNOTATION_KEYS = frozenset({"readonly", "idempotent", "destructive", "openworld"})
-
-
-# --------------------------------------------------------------------------------------------
-# Tool specs
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Latency:
-    """A latency distribution: fixed seconds, lognormal(median, sigma) or uniform(low, high)."""
-
-    kind: Literal["fixed", "lognormal", "uniform"] = "fixed"
-    a: float = 0.0
-    b: float = 0.0
-
-    @classmethod
-    def parse(cls, text: str) -> Latency:
-        """Parse `0.2`, `lognormal(0.2,0.5)` or `uniform(0.1,0.3)`."""
-        text = text.strip()
-        m = re.fullmatch(r"(lognormal|uniform)\(\s*([^,()]+?)\s*,\s*([^,()]+?)\s*\)", text)
-        if m is not None:
-            kind: Literal["lognormal", "uniform"] = "lognormal" if m.group(1) == "lognormal" else "uniform"
-            a, b = _number(m.group(2)), _number(m.group(3))
-            if kind == "lognormal" and (a <= 0 or b < 0):
-                raise ValueError(f"lognormal needs median > 0 and sigma >= 0, got {text!r}")
-            if kind == "uniform" and not 0 <= a <= b:
-                raise ValueError(f"uniform needs 0 <= low <= high, got {text!r}")
-            return cls(kind, a, b)
-        seconds = _number(text)
-        if seconds < 0:
-            raise ValueError(f"latency must be >= 0, got {text!r}")
-        return cls("fixed", seconds)
-
-    def draw(self, rng: random.Random) -> float:
-        """One latency in seconds; a fixed latency consumes no random draw."""
-        if self.kind == "lognormal":
-            return rng.lognormvariate(math.log(self.a), self.b)
-        if self.kind == "uniform":
-            return rng.uniform(self.a, self.b)
-        return self.a
-
-
-@dataclass(frozen=True, kw_only=True)
-class ToolSpec:
-    """One tool's behaviour, as parsed from a `--tool` spec (see the module docstring)."""
-
-    name: str
-    latency: Latency = Latency()
-    progress: float | None = None
-    fail: float = 0.0
-    error: float = 0.0
-    business: float = 0.0
-    retryable_error: float = 0.0
-    hang: float = 0.0
-    crash: float = 0.0
-    mutating: bool = False
-    commit: Literal["start", "end"] = "start"
-    readonly: bool | None = None
-    idempotent: bool | None = None
-    destructive: bool | None = None
-    openworld: bool | None = None
-
-    def with_items(self, items: Mapping[str, str], *, runtime: bool = False) -> ToolSpec:
-        """A copy with `items` (key -> raw value text) applied; raises ValueError on a bad key or value."""
-        changes: dict[str, Any] = {}
-        for raw_key, raw_value in items.items():
-            key = raw_key.strip().replace("-", "_")
-            if runtime and key in _ANNOTATION_KEYS:
-                raise ValueError(f"{key!r} is an annotation and cannot change at run time")
-            changes[key] = _parse_value(key, raw_value)
-        spec = dataclasses.replace(self, **changes)
-        spec._validate()
-        return spec
-
-    def annotations(self) -> ToolAnnotations | None:
-        """The MCP annotations this spec asks for (None when no hint was given)."""
-        hints = (self.readonly, self.destructive, self.idempotent, self.openworld)
-        if all(h is None for h in hints):
-            return None
-        return ToolAnnotations(
-            read_only_hint=self.readonly,
-            destructive_hint=self.destructive,
-            idempotent_hint=self.idempotent,
-            open_world_hint=self.openworld,
-        )
-
-    def _validate(self) -> None:
-        total = sum(getattr(self, o) for o in _OUTCOMES)
-        if total > 1 + 1e-9:
-            raise ValueError(f"tool {self.name!r}: outcome probabilities sum to {total:g} > 1")
-        if self.progress is not None and self.progress <= 0:
-            raise ValueError(f"tool {self.name!r}: progress interval must be > 0")
-
-
-def _number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise ValueError(f"expected a finite number, got {text!r}")
-    return value
-
-
-def _parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("", "1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"expected true or false, got {text!r}")
-
-
-def _parse_value(key: str, raw: str) -> Any:
-    if key == "latency":
-        return Latency.parse(raw)
-    if key == "progress":
-        return None if raw.strip().lower() in ("none", "off", "0") else _number(raw)
-    if key in _OUTCOMES:
-        p = _number(raw)
-        if not 0 <= p <= 1:
-            raise ValueError(f"{key} is a probability in [0, 1], got {raw!r}")
-        return p
-    if key in ("mutating", *_ANNOTATION_KEYS):
-        return _parse_bool(raw)
-    if key == "commit":
-        if raw not in ("start", "end"):
-            raise ValueError(f"commit must be start or end, got {raw!r}")
-        return raw
-    known = ", ".join(["latency", "progress", *_OUTCOMES, "mutating", "commit", *sorted(_ANNOTATION_KEYS)])
-    raise ValueError(f"unknown tool key {key!r} (known: {known})")
-
-
-def _split_items(text: str) -> list[str]:
-    """Split on commas outside parentheses, so `latency=uniform(1,2),fail=0.1` stays two items."""
-    items: list[str] = []
-    depth = 0
-    current: list[str] = []
-    for ch in text:
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        if ch == "," and depth == 0:
-            items.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-    items.append("".join(current))
-    return [i.strip() for i in items if i.strip()]
-
-
-def parse_tool_spec(text: str) -> ToolSpec:
-    """Parse `NAME[:key=value[,key=value...]]` (see the module docstring); raises ValueError."""
-    name, _, rest = text.partition(":")
-    name = name.strip()
-    if not _NAME_RE.match(name):
-        raise ValueError(f"invalid tool name {name!r} (letters, digits, '_', '.', '-')")
-    if name == STATE_TOOL:
-        raise ValueError(f"{STATE_TOOL!r} is built in")
-    items: dict[str, str] = {}
-    for item in _split_items(rest):
-        key, _, value = item.partition("=")
-        items[key] = value
-    return ToolSpec(name=name).with_items(items)
-
-
-# --------------------------------------------------------------------------------------------
-# Files shared with tests: state, ledger, control
-# --------------------------------------------------------------------------------------------
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    # Readers must never see a half-written file, so write beside it and rename over it.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a `--state-file` written by a testserver process."""
-    data: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
-    return data
-
-
-def read_ledger(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """All side-effect records of a `--ledger` file, oldest first ([] when it does not exist yet)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def count_ledger(path: str | os.PathLike[str], *, tool: str | None = None, operation_id: str | None = None) -> int:
-    """How many side effects the ledger holds, optionally only for one tool and/or operation id."""
-    return sum(
-        1
-        for rec in read_ledger(path)
-        if (tool is None or rec.get("tool") == tool) and (operation_id is None or rec.get("operation_id") == operation_id)
-    )
-
-
-def _append_ledger(path: Path, record: Mapping[str, Any]) -> None:
-    line = json.dumps(record, sort_keys=True) + "\n"
-    with path.open("a", encoding="utf-8") as f:
-        # Several server processes may share one ledger; the lock keeps lines whole.
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            f.write(line)
-            f.flush()
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-class _ControlFile:
-    """Run-time tool overrides, re-read only when the file's mtime or size changes."""
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._stamp: tuple[int, int] | None = None
-        self._overrides: dict[str, dict[str, str]] = {}
-
-    def overrides(self) -> dict[str, dict[str, str]]:
-        try:
-            st = self._path.stat()
-        except FileNotFoundError:
-            self._stamp, self._overrides = None, {}
-            return self._overrides
-        stamp = (st.st_mtime_ns, st.st_size)
-        if stamp != self._stamp:
-            self._stamp = stamp
-            try:
-                self._overrides = self._load()
-            except (OSError, ValueError) as exc:
-                # A benchmark rewriting the file must not crash the server; keep the last good overrides.
-                print(f"testserver: ignoring control file {self._path}: {exc}", file=sys.stderr)
-        return self._overrides
-
-    def _load(self) -> dict[str, dict[str, str]]:
-        data = json.loads(self._path.read_text(encoding="utf-8") or "{}")
-        tools = data.get("tools", {}) if isinstance(data, dict) else None
-        if not isinstance(tools, dict):
-            raise ValueError('expected {"tools": {NAME: {KEY: VALUE}}}')
-        out: dict[str, dict[str, str]] = {}
-        for name, keys in tools.items():
-            if not isinstance(keys, dict):
-                raise ValueError(f"tools.{name} must be an object")
-            out[str(name)] = {str(k): _json_value_text(v) for k, v in keys.items()}
-        return out
-
-
-def _json_value_text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "none"
-    return str(value)
-
-
-# --------------------------------------------------------------------------------------------
-# Congestion model
-# --------------------------------------------------------------------------------------------
-
-
-class _Congestion:
-    """Processor sharing across every process that uses the same marker directory."""
-
-    def __init__(self, directory: Path, work_s: float, cores: float, sigma: float) -> None:
-        self._dir = directory
-        self._work_s = work_s
-        self._cores = cores
-        self._sigma = sigma
-        self._seq = itertools.count()
-        self._liveness: dict[int, tuple[bool, float]] = {}
-        self._count = 0
-        self._counted_at = -math.inf
-        directory.mkdir(parents=True, exist_ok=True)
-
-    def _alive(self, pid: int) -> bool:
-        if pid == os.getpid():
-            return True
-        now = time.monotonic()
-        cached = self._liveness.get(pid)
-        if cached is not None and now - cached[1] < _LIVENESS_TTL_S:
-            return cached[0]
-        try:
-            os.kill(pid, 0)
-            alive = True
-        except ProcessLookupError:
-            alive = False
-        except PermissionError:
-            alive = True
-        self._liveness[pid] = (alive, now)
-        return alive
-
-    def in_flight(self) -> int:
-        """Handshakes in flight machine-wide (live markers in the directory), re-counted at most once a tick.
-
-        Every in-flight handshake asks each tick; listing the directory once per process and tick keeps
-        the model's own CPU cost from becoming the congestion it models.
-        """
-        now = time.monotonic()
-        if now - self._counted_at < _CONGESTION_TICK_S / 2:
-            return self._count
-        self._count = self._list_in_flight()
-        self._counted_at = now
-        return self._count
-
-    def _list_in_flight(self) -> int:
-        n = 0
-        for entry in os.listdir(self._dir):
-            pid_text = entry.partition("-")[0]
-            if not pid_text.isdigit():
-                continue
-            if self._alive(int(pid_text)):
-                n += 1
-            else:
-                # The owner died without cleaning up; drop its marker so it stops counting for everyone.
-                with contextlib.suppress(OSError):
-                    (self._dir / entry).unlink()
-        return n
-
-    async def serve(self, rng: random.Random) -> float:
-        """Hold one handshake until it has received its share of service; returns the work drawn."""
-        # --congestion-work is the mean, so S*M*work/cores is the capacity bound a benchmark quotes.
-        mu = math.log(self._work_s) - self._sigma**2 / 2
-        work = self._work_s if self._sigma <= 0 else rng.lognormvariate(mu, self._sigma)
-        marker = self._dir / f"{os.getpid()}-{next(self._seq)}.handshake"
-        marker.touch()
-        try:
-            done = 0.0
-            last = time.monotonic()
-            while done < work:
-                rate = min(1.0, self._cores / max(1, self.in_flight()))
-                await anyio.sleep(min(_CONGESTION_TICK_S, (work - done) / rate))
-                now = time.monotonic()
-                done += (now - last) * rate
-                last = now
-        finally:
-            with contextlib.suppress(OSError):
-                marker.unlink()
-        return work
 
 
 # --------------------------------------------------------------------------------------------
@@ -504,7 +141,7 @@ class _Options:
     seed: int | None
     specs: tuple[ToolSpec, ...]
     startup_delay: float
-    congestion: _Congestion | None
+    congestion: Congestion | None
     ledger: Path | None
     state_file: Path | None
     control_file: Path | None
@@ -524,7 +161,7 @@ class _Runtime:
             k: dict.fromkeys(names, 0) for k in ("in_flight", "started", "completed", "cancelled", "errors")
         }
         self.handshakes = 0
-        self.control = _ControlFile(opts.control_file) if opts.control_file else None
+        self.control = ControlFile(opts.control_file) if opts.control_file else None
         self._write_state()
 
     def state(self) -> dict[str, Any]:
@@ -537,7 +174,7 @@ class _Runtime:
 
     def _write_state(self) -> None:
         if self.opts.state_file is not None:
-            _write_atomic(self.opts.state_file, json.dumps(self.state(), sort_keys=True))
+            write_atomic(self.opts.state_file, json.dumps(self.state(), sort_keys=True))
 
     def _bump(self, counter: str, tool: str, delta: int = 1) -> None:
         c = self.counters[counter]
@@ -573,7 +210,7 @@ class _Runtime:
     def _draw_outcome(self, spec: ToolSpec) -> str:
         u = self.rng.random()
         edge = 0.0
-        for outcome in _OUTCOMES:
+        for outcome in OUTCOMES:
             edge += getattr(spec, outcome)
             if u < edge:
                 return outcome
@@ -666,7 +303,7 @@ class _Runtime:
         if self.opts.ledger is None:
             return
         digest = hashlib.sha256(json.dumps(args, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-        _append_ledger(
+        append_ledger(
             self.opts.ledger,
             {
                 "time": time.time(),
@@ -710,7 +347,7 @@ def _build_server(opts: _Options, started_at: float) -> MCPServer:
         mcp.add_tool(
             _tool_fn(rt, spec.name),
             name=spec.name,
-            description=f"breakwater testserver tool ({_describe(spec)})",
+            description=f"breakwater testserver tool ({describe(spec)})",
             annotations=spec.annotations(),
         )
 
@@ -724,132 +361,6 @@ def _build_server(opts: _Options, started_at: float) -> MCPServer:
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True),
     )
     return mcp
-
-
-def _describe(spec: ToolSpec) -> str:
-    parts = [f"latency={spec.latency.kind}({spec.latency.a:g},{spec.latency.b:g})"]
-    parts += [f"{o}={getattr(spec, o):g}" for o in _OUTCOMES if getattr(spec, o)]
-    if spec.progress is not None:
-        parts.append(f"progress={spec.progress:g}")
-    if spec.mutating:
-        parts.append(f"mutating(commit={spec.commit})")
-    return ", ".join(parts)
-
-
-# --------------------------------------------------------------------------------------------
-# HTTP transport and its faults
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(kw_only=True)
-class _HttpFaults:
-    refuse_left: int = 0
-    reset_left: int = 0
-    status_left: int = 0
-    status: int = 503
-    retry_after: str | None = None
-    transports: dict[tuple[str, int], asyncio.Transport] = dataclasses.field(default_factory=dict)
-
-
-def _rst(transport: asyncio.Transport) -> None:
-    """Close with a TCP RST instead of a FIN: SO_LINGER on with a zero timeout, then abort."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    transport.abort()
-
-
-def _faulty_protocol(faults: _HttpFaults) -> type[asyncio.Protocol]:
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    class FaultyH11Protocol(H11Protocol):
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            if faults.refuse_left > 0:
-                faults.refuse_left -= 1
-                # Before the first data_received: the peer's request bytes are never read.
-                _rst(transport)
-                return
-            if self.client is not None:
-                faults.transports[self.client] = transport
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self.client is not None:
-                faults.transports.pop(self.client, None)
-            super().connection_lost(exc)
-
-    return FaultyH11Protocol
-
-
-def _faulty_app(app: ASGIApp, faults: _HttpFaults) -> ASGIApp:
-    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or (faults.reset_left <= 0 and faults.status_left <= 0):
-            await app(scope, receive, send)
-            return
-        # Drain the body first: closing a socket with unread input would turn every close into an RST.
-        message: Message = {"more_body": True}
-        while message.get("more_body", False):
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-        if faults.reset_left > 0:
-            faults.reset_left -= 1
-            client = scope.get("client")
-            transport = faults.transports.get((client[0], client[1])) if client else None
-            if transport is None:
-                # Not ours to reset (never expected); uvicorn answers 500 rather than leaving the caller hanging.
-                return
-            _rst(transport)
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            return
-        faults.status_left -= 1
-        body = json.dumps({"error": f"injected HTTP {faults.status}"}).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        if faults.retry_after is not None:
-            headers.append((b"retry-after", faults.retry_after.encode()))
-        await send({"type": "http.response.start", "status": faults.status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
-    return wrapped
-
-
-async def _serve_http(
-    mcp: MCPServer,
-    *,
-    port: int,
-    port_file: Path | None,
-    json_response: bool,
-    stateless: bool,
-    faults: _HttpFaults,
-    log_level: str,
-) -> None:
-    import uvicorn
-
-    app = mcp.streamable_http_app(json_response=json_response, stateless_http=stateless, host="127.0.0.1")
-    config = uvicorn.Config(
-        _faulty_app(app, faults),
-        http=_faulty_protocol(faults),
-        log_level=log_level.lower(),
-        lifespan="on",
-        # A hung tool holds its SSE stream open forever; do not let it block a SIGTERM.
-        timeout_graceful_shutdown=1,
-    )
-    server = uvicorn.Server(config)
-    sock = tcp_listener("127.0.0.1", port)
-    actual = int(sock.getsockname()[1])
-
-    async def announce() -> None:
-        while not server.started:
-            await anyio.sleep(0.01)
-        if port_file is not None:
-            _write_atomic(port_file, f"{actual}\n")
-        print(f"listening on http://127.0.0.1:{actual}/mcp", file=sys.stderr, flush=True)
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(announce)
-        await server.serve(sockets=[sock])
-        tg.cancel_scope.cancel()
 
 
 # --------------------------------------------------------------------------------------------
@@ -938,7 +449,7 @@ def main(argv: list[str]) -> int:
         specs=specs,
         startup_delay=ns.startup_delay,
         congestion=(
-            _Congestion(ns.congestion_dir, ns.congestion_work, ns.congestion_cores, ns.congestion_sigma)
+            Congestion(ns.congestion_dir, ns.congestion_work, ns.congestion_cores, ns.congestion_sigma)
             if ns.congestion_dir is not None
             else None
         ),
@@ -951,7 +462,7 @@ def main(argv: list[str]) -> int:
     if not http:
         anyio.run(mcp.run_stdio_async)
         return 0
-    faults = _HttpFaults(
+    faults = HttpFaults(
         refuse_left=ns.refuse_first,
         reset_left=ns.reset_first,
         status_left=ns.status_first,
@@ -959,7 +470,7 @@ def main(argv: list[str]) -> int:
         retry_after=ns.retry_after,
     )
     anyio.run(
-        lambda: _serve_http(
+        lambda: serve_streamable_http(
             mcp,
             port=ns.port or 0,
             port_file=ns.port_file,

@@ -1,0 +1,360 @@
+"""Reading configuration files: `mcpServers` JSON and `breakwater.toml` into a `Config`.
+
+`load_config` picks the reader by the file's suffix; `find_config` finds the file when none was
+named. Every error is a `ConfigError` that names the file, the key and the fix. May import the
+core leaves and the rest of `config` only.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import fields as dc_fields
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from breakwater.config._knobs import build_policy, env_layer
+from breakwater.config._model import Config, ServerSpec, ToolSettings, Transport
+from breakwater.config._policies import GLOBAL_SECTIONS, POLICY_SECTIONS, CallPolicy, RetryPolicy
+from breakwater.errors import ConfigError
+
+__all__ = ["DEFAULT_CONFIG_NAMES", "find_config", "load_config"]
+
+DEFAULT_CONFIG_NAMES = ("breakwater.toml", ".mcp.json")
+
+# Keys a `[servers.NAME.tools.TOOL]` table accepts and the policy each one belongs to.
+_TOOL_CALL_KEYS = frozenset(f.name for f in dc_fields(CallPolicy)) - {"max_in_flight"}
+_TOOL_RETRY_KEYS = frozenset({"max_attempts"})
+
+# Keys that other clients write into mcpServers entries and that mean nothing to a connection:
+# accepted so their files load unchanged, never used.
+_FOREIGN_ENTRY_KEYS = frozenset({"alwaysAllow", "autoApprove", "timeout", "description", "envFile", "oauth"})
+_ENTRY_KEYS = frozenset({"type", "transport", "command", "args", "env", "cwd", "url", "headers", "disabled", "enabled"})
+_TOML_TOP_KEYS = frozenset({"servers_file", "servers", *POLICY_SECTIONS, *GLOBAL_SECTIONS})
+_SERVER_POLICY_KEYS = frozenset({*POLICY_SECTIONS, "tools"})
+_HTTP_KINDS = frozenset({"http", "streamable-http", "streamable_http", "streamableHttp"})
+
+
+def _fail(message: str, path: str, key: str, fix: str) -> ConfigError:
+    return ConfigError(message, path=path, key=key, fix=fix)
+
+
+def _unknown_key(path: str, where: str, key: str, known: frozenset[str]) -> ConfigError:
+    close = difflib.get_close_matches(key, sorted(known), n=1)
+    fix = f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(sorted(known))}"
+    return _fail("unknown key", path, f"{where}.{key}" if where else key, fix)
+
+
+def _str_map(value: Any, path: str, key: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise _fail("expected a table of strings", path, key, f'write {key} as {{"NAME": "value"}}')
+    out: dict[str, str] = {}
+    for k, v in value.items():
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise _fail("expected a string value", path, f"{key}.{k}", "quote the value")
+        out[k] = str(v)
+    return out
+
+
+# ---- one server entry (mcpServers JSON or [servers.NAME]) ---------------------------------------
+
+
+def _parse_entry(
+    entry: Any,
+    *,
+    path: str,
+    where: str,
+    extra_keys: frozenset[str] = frozenset(),
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Validate one server entry; returns (connection fields, the rest for the caller)."""
+    if not isinstance(entry, dict):
+        raise _fail("expected an object describing the server", path, where, 'e.g. {"command": "npx", "args": [...]}')
+    rest: dict[str, Any] = {}
+    for key, value in entry.items():
+        if key in extra_keys:
+            rest[key] = value
+        elif key not in _ENTRY_KEYS and key not in _FOREIGN_ENTRY_KEYS:
+            raise _unknown_key(path, where, key, _ENTRY_KEYS | extra_keys)
+    transport = _entry_transport(entry, path, where)
+    fields: dict[str, Any] = {"transport": transport}
+    if transport == "stdio":
+        fields.update(_stdio_fields(entry, path, where))
+    else:
+        fields.update(_http_fields(entry, transport, path, where))
+    fields["enabled"] = _entry_enabled(entry, path, where)
+    return fields, rest
+
+
+def _entry_transport(entry: Mapping[str, Any], path: str, where: str) -> Transport:
+    kind = entry.get("type", entry.get("transport"))
+    if kind is None:
+        kind = "http" if "url" in entry and "command" not in entry else "stdio"
+    if kind in _HTTP_KINDS:
+        return "http"
+    if kind == "sse":
+        return "sse"
+    if kind == "stdio":
+        return "stdio"
+    raise _fail(f"unknown transport {kind!r}", path, f"{where}.type", 'use "stdio", "http" or "sse"')
+
+
+def _stdio_fields(entry: Mapping[str, Any], path: str, where: str) -> dict[str, Any]:
+    command = entry.get("command")
+    if not isinstance(command, str) or not command.strip():
+        raise _fail("a stdio server needs a command", path, f"{where}.command", 'add "command": "the-program"')
+    fields: dict[str, Any] = {"command": command}
+    args = entry.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) for a in args):
+        raise _fail("expected a list of strings", path, f"{where}.args", 'write "args": ["--flag", "value"]')
+    fields["args"] = tuple(str(a) for a in args)
+    if "env" in entry:
+        fields["env"] = _str_map(entry["env"], path, f"{where}.env")
+    cwd = entry.get("cwd")
+    if cwd is not None:
+        if not isinstance(cwd, str):
+            raise _fail("expected a directory path", path, f"{where}.cwd", 'write "cwd": "/some/dir"')
+        base = Path(path).parent if path else Path.cwd()
+        fields["cwd"] = str((base / os.path.expanduser(cwd)).resolve())
+    if "url" in entry:
+        raise _fail("a stdio server has no url", path, f"{where}.url", 'remove "url" or set "type": "http"')
+    return fields
+
+
+def _http_fields(entry: Mapping[str, Any], transport: Transport, path: str, where: str) -> dict[str, Any]:
+    url = entry.get("url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise _fail("an HTTP server needs an http(s) url", path, f"{where}.url", 'add "url": "http://127.0.0.1:8000/mcp"')
+    fields: dict[str, Any] = {"url": url}
+    if "headers" in entry:
+        fields["headers"] = _str_map(entry["headers"], path, f"{where}.headers")
+    if "command" in entry:
+        raise _fail(f"an {transport} server has no command", path, f"{where}.command", 'remove "command" or the url')
+    return fields
+
+
+def _entry_enabled(entry: Mapping[str, Any], path: str, where: str) -> bool:
+    # JSON clients write "disabled": true; breakwater.toml writes enabled = false. The last one set wins.
+    enabled = True
+    if "disabled" in entry:
+        enabled = not _flag(entry["disabled"], path, f"{where}.disabled", '"disabled": true')
+    if "enabled" in entry:
+        enabled = _flag(entry["enabled"], path, f"{where}.enabled", "enabled = false")
+    return enabled
+
+
+def _flag(value: Any, path: str, key: str, fix: str) -> bool:
+    if not isinstance(value, bool):
+        raise _fail("expected true or false", path, key, fix)
+    return value
+
+
+# ---- mcpServers JSON -----------------------------------------------------------------------------
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read the file: {exc.strerror}", path=str(path), fix="check the path") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}",
+            path=str(path),
+            fix="fix the JSON syntax (a trailing comma or a missing quote is the usual cause)",
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError("expected a JSON object", path=str(path), fix='write {"mcpServers": {...}}')
+    return data
+
+
+def _servers_from_json(path: Path, defaults: Mapping[str, Any]) -> list[ServerSpec]:
+    data = _read_json(path)
+    top = "mcpServers" if "mcpServers" in data else "servers" if "servers" in data else None
+    if top is None:
+        raise ConfigError('no "mcpServers" object', path=str(path), key="mcpServers", fix='write {"mcpServers": {"name": {...}}}')
+    for key in data:
+        # VS Code keeps "inputs" beside "servers"; anything else is a typo worth reporting.
+        if key not in (top, "inputs", "$schema"):
+            raise _unknown_key(str(path), "", key, frozenset({"mcpServers", "servers", "inputs"}))
+    entries = data[top]
+    if not isinstance(entries, dict):
+        raise ConfigError("expected an object of servers", path=str(path), key=top, fix=f'write "{top}": {{"name": {{...}}}}')
+    specs = []
+    for name, entry in entries.items():
+        fields, _ = _parse_entry(entry, path=str(path), where=f"{top}.{name}")
+        specs.append(ServerSpec(name=name, source=str(path), **defaults, **fields))
+    return specs
+
+
+# ---- breakwater.toml -----------------------------------------------------------------------------
+
+
+def _policy_table(value: Any, path: str, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _fail("expected a table", path, where, f"write [{where}] with key = value lines")
+    return value
+
+
+def _layered(
+    section: str,
+    defaults: Mapping[str, Any],
+    spath: str,
+    environ: Mapping[str, str],
+    *more: tuple[Mapping[str, Any], str | None, str],
+) -> Any:
+    cls = POLICY_SECTIONS[section]
+    return build_policy(cls, [(defaults, spath, section), env_layer(cls, environ), *more])
+
+
+def _global_policies(data: Mapping[str, Any], spath: str | None, environ: Mapping[str, str]) -> dict[str, Any]:
+    """`[gateway]`, `[journal]`, `[state]`, `[telemetry]`: the file's table, then the environment."""
+    policies: dict[str, Any] = {}
+    for section, cls in GLOBAL_SECTIONS.items():
+        table = _policy_table(data.get(section, {}), spath or "", section)
+        policies[section] = build_policy(cls, [(table, spath, section), env_layer(cls, environ)])
+    return policies
+
+
+def _tool_settings(
+    table: Mapping[str, Any], *, spath: str, where: str, call: CallPolicy, retry: RetryPolicy
+) -> dict[str, ToolSettings]:
+    tools: dict[str, ToolSettings] = {}
+    for tool, raw in table.items():
+        twhere = f"{where}.tools.{tool}"
+        values = _policy_table(raw, spath, twhere)
+        for key in values:
+            if key not in _TOOL_CALL_KEYS | _TOOL_RETRY_KEYS:
+                raise _unknown_key(spath, twhere, key, _TOOL_CALL_KEYS | _TOOL_RETRY_KEYS)
+        call_values = {k: v for k, v in values.items() if k in _TOOL_CALL_KEYS}
+        retry_values = {k: v for k, v in values.items() if k in _TOOL_RETRY_KEYS}
+        # Layer the tool's keys over its server's resolved policy: unset keys inherit.
+        tool_call = build_policy(CallPolicy, [(_as_values(call), None, ""), (call_values, spath, twhere)])
+        tool_retry = build_policy(RetryPolicy, [(_as_values(retry), None, ""), (retry_values, spath, twhere)])
+        tools[tool] = ToolSettings(call=tool_call, retry=tool_retry, explicit=frozenset(values))
+    return tools
+
+
+def _as_values(policy: Any) -> dict[str, Any]:
+    return {f.name: getattr(policy, f.name) for f in dc_fields(policy)}
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    spath = str(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read the file: {exc.strerror}", path=spath, fix="check the path") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"invalid TOML: {exc}", path=spath, fix="fix the TOML syntax") from None
+    for key in data:
+        if key not in _TOML_TOP_KEYS:
+            raise _unknown_key(spath, "", key, _TOML_TOP_KEYS)
+    return data
+
+
+def _servers_file_specs(path: Path, servers_file: Any, defaults: Mapping[str, Any]) -> dict[str, ServerSpec]:
+    """The servers of the JSON file `servers_file` names (relative to the TOML file), by name."""
+    spath = str(path)
+    if servers_file is None:
+        return {}
+    if not isinstance(servers_file, str):
+        raise _fail("expected a path", spath, "servers_file", 'servers_file = ".mcp.json"')
+    json_path = (path.parent / os.path.expanduser(servers_file)).resolve()
+    if not json_path.exists():
+        raise _fail(f"{json_path} does not exist", spath, "servers_file", "point servers_file at an mcpServers JSON file")
+    return {spec.name: spec for spec in _servers_from_json(json_path, defaults)}
+
+
+def _server_base(name: str, table: Mapping[str, Any], spath: str, known: Mapping[str, ServerSpec]) -> ServerSpec:
+    """`[servers.NAME]`'s connection: defined inline (command or url), or the servers_file's, maybe disabled."""
+    where = f"servers.{name}"
+    if any(k in table for k in ("command", "url")):
+        fields, _ = _parse_entry(table, path=spath, where=where, extra_keys=_SERVER_POLICY_KEYS)
+        return ServerSpec(name=name, source=spath, **fields)
+    if name not in known:
+        raise _fail(
+            "this server is neither defined here nor in servers_file",
+            spath,
+            where,
+            'add command = "..." (stdio) or url = "..." (http), or fix the name',
+        )
+    base_spec = known[name]
+    for key in table:
+        if key not in _SERVER_POLICY_KEYS | {"enabled"}:
+            raise _unknown_key(spath, where, key, _SERVER_POLICY_KEYS | {"enabled", "command", "url"})
+    if "enabled" in table:
+        base_spec = replace(base_spec, enabled=_flag(table["enabled"], spath, f"{where}.enabled", "enabled = false"))
+    return base_spec
+
+
+def _toml_server(
+    name: str,
+    raw: Any,
+    *,
+    spath: str,
+    top: Mapping[str, Mapping[str, Any]],
+    environ: Mapping[str, str],
+    known: Mapping[str, ServerSpec],
+) -> ServerSpec:
+    """One `[servers.NAME]` with its policies layered over the top-level tables, and its tools."""
+    where = f"servers.{name}"
+    table = _policy_table(raw, spath, where)
+    base_spec = _server_base(name, table, spath, known)
+    own = {section: _policy_table(table.get(section, {}), spath, f"{where}.{section}") for section in POLICY_SECTIONS}
+    policies = {
+        section: _layered(section, top[section], spath, environ, (own[section], spath, f"{where}.{section}"))
+        for section in POLICY_SECTIONS
+    }
+    tools = _tool_settings(
+        _policy_table(table.get("tools", {}), spath, f"{where}.tools"),
+        spath=spath,
+        where=where,
+        call=policies["call"],
+        retry=policies["retry"],
+    )
+    return replace(base_spec, **policies, call_explicit=frozenset(own["call"]), tools=tools)
+
+
+def _load_toml(path: Path, environ: Mapping[str, str]) -> Config:
+    spath = str(path)
+    data = _read_toml(path)
+    top = {section: _policy_table(data.get(section, {}), spath, section) for section in POLICY_SECTIONS}
+    defaults = {section: _layered(section, top[section], spath, environ) for section in POLICY_SECTIONS}
+    specs = _servers_file_specs(path, data.get("servers_file"), defaults)
+    for name, table in _policy_table(data.get("servers", {}), spath, "servers").items():
+        specs[name] = _toml_server(name, table, spath=spath, top=top, environ=environ, known=specs)
+    # Servers from servers_file too: the top-level [call] is configuration for every one of them.
+    configured = frozenset(top["call"])
+    specs = {n: replace(s, call_configured=s.call_explicit | configured) for n, s in specs.items()}
+    return Config(servers=tuple(specs.values()), **defaults, **_global_policies(data, spath, environ), path=spath)
+
+
+# ---- entry points --------------------------------------------------------------------------------
+
+
+def load_config(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> Config:
+    """Load a breakwater.toml or an mcpServers JSON file (chosen by the file's suffix and content)."""
+    p = Path(path)
+    env = os.environ if environ is None else environ
+    if p.suffix == ".toml":
+        return _load_toml(p, env)
+    defaults = {section: build_policy(cls, [env_layer(cls, env)]) for section, cls in POLICY_SECTIONS.items()}
+    return Config(servers=tuple(_servers_from_json(p, defaults)), **defaults, **_global_policies({}, None, env), path=str(p))
+
+
+def find_config(cwd: str | os.PathLike[str] | None = None) -> Path:
+    """The config file to use when none was named: breakwater.toml, then .mcp.json, in `cwd`."""
+    base = Path.cwd() if cwd is None else Path(cwd)
+    for name in DEFAULT_CONFIG_NAMES:
+        if (base / name).is_file():
+            return base / name
+    raise ConfigError(
+        f"no {' or '.join(DEFAULT_CONFIG_NAMES)} in {base}",
+        fix="pass --config PATH, or create .mcp.json with an mcpServers object",
+    )

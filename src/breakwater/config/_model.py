@@ -1,0 +1,159 @@
+"""The configuration model: `Config`, the `ServerSpec`s it holds, and their `ToolSettings`.
+
+What `load_config` (in `_files.py`) builds; the policies themselves live in `_policies.py`.
+May import the core leaves and the rest of `config` only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from breakwater.config._knobs import Knob, iter_knobs
+from breakwater.config._policies import (
+    GLOBAL_SECTIONS,
+    POLICY_SECTIONS,
+    BreakerPolicy,
+    CallPolicy,
+    ConnectPolicy,
+    GatewayPolicy,
+    JournalPolicy,
+    RetryPolicy,
+    StatePolicy,
+    TelemetryPolicy,
+)
+
+__all__ = ["Config", "ServerSpec", "ToolSettings", "Transport", "all_knobs"]
+
+Transport = Literal["stdio", "http", "sse"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolSettings:
+    """One tool's own settings from `[servers.NAME.tools.TOOL]`, layered over its server's."""
+
+    call: CallPolicy
+    retry: RetryPolicy
+    #: The keys the tool's table set itself (they win over a learned timeout).
+    explicit: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerSpec:
+    """One upstream MCP server as configured.
+
+    `env` and `headers` hold secrets: they are excluded from `repr` and from every rendering.
+    """
+
+    name: str
+    transport: Transport
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    cwd: str | None = None
+    url: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    enabled: bool = True
+    connect: ConnectPolicy = field(default_factory=ConnectPolicy)
+    call: CallPolicy = field(default_factory=CallPolicy)
+    breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    #: Keys set in this server's own `[servers.NAME.call]` (they win over a learned timeout).
+    call_explicit: frozenset[str] = frozenset()
+    #: Keys of `[call]` the config file set for this server anywhere (its own table or the top-level
+    #: `[call]`): a value from there is labelled `configured`, not `default` (a learned one still wins
+    #: over the top-level table).
+    call_configured: frozenset[str] = frozenset()
+    #: Per-tool settings, by tool name.
+    tools: Mapping[str, ToolSettings] = field(default_factory=dict)
+    source: str | None = None
+
+    @property
+    def default_timeout_source(self) -> str:
+        """The label of a timeout that comes from `call.timeout_s`: `configured` when the file set it, else `default`."""
+        return "configured" if "timeout_s" in self.call_configured else "default"
+
+    def describe(self) -> dict[str, Any]:
+        """What was understood, safe to print: secret values are replaced by their key names.
+
+        A secret value that also appears in the command line (`--token` arguments) is masked there too,
+        and a URL loses its user-info and query string.
+        """
+        from breakwater.config._redact import Redactor, display_url
+
+        redact = Redactor(self.secrets)
+        out: dict[str, Any] = {"name": self.name, "transport": self.transport, "enabled": self.enabled}
+        if self.transport == "stdio":
+            out["command"] = redact(self.command or "")
+            out["args"] = [redact(a) for a in self.args]
+            if self.cwd:
+                out["cwd"] = self.cwd
+            if self.env:
+                out["env"] = {k: "<redacted>" for k in sorted(self.env)}
+        else:
+            out["url"] = display_url(self.url or "")
+            if self.headers:
+                out["headers"] = {k: "<redacted>" for k in sorted(self.headers)}
+        return out
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """Every secret value this server carries, so writers can scrub them from anything they print."""
+        return tuple(v for v in (*self.env.values(), *self.headers.values()) if len(v) >= 4)
+
+    def fingerprint(self) -> str:
+        """A stable hash of what defines the connection (secrets included, but only as a hash)."""
+        import hashlib
+
+        blob = json.dumps(
+            [
+                self.transport,
+                self.command,
+                list(self.args),
+                sorted(self.env.items()),
+                self.cwd,
+                self.url,
+                sorted(self.headers.items()),
+            ],
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """Everything breakwater was told: the servers and the defaults they were built from."""
+
+    servers: tuple[ServerSpec, ...]
+    connect: ConnectPolicy = field(default_factory=ConnectPolicy)
+    call: CallPolicy = field(default_factory=CallPolicy)
+    breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    gateway: GatewayPolicy = field(default_factory=lambda: GatewayPolicy())
+    journal: JournalPolicy = field(default_factory=lambda: JournalPolicy())
+    state: StatePolicy = field(default_factory=StatePolicy)
+    telemetry: TelemetryPolicy = field(default_factory=lambda: TelemetryPolicy())
+    path: str | None = None
+
+    def server(self, name: str) -> ServerSpec:
+        """The server called `name` (KeyError if none)."""
+        for spec in self.servers:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """Every secret value in the config."""
+        return tuple(s for spec in self.servers for s in spec.secrets)
+
+    def with_servers(self, servers: tuple[ServerSpec, ...]) -> Config:
+        """A copy with another server list."""
+        return replace(self, servers=servers)
+
+
+def all_knobs() -> list[Knob]:
+    """Every knob, for the README's generated table."""
+    sections = {**POLICY_SECTIONS, **GLOBAL_SECTIONS}
+    return [k for section, cls in sections.items() for k in iter_knobs(section, cls)]

@@ -1,0 +1,208 @@
+"""What the journal records: one `AttemptRecord` per attempt, the outcome vocabulary, and the
+observer bus the call gate hands records to (`AttemptObserver`, `CallTracer`, `fan_out`).
+
+Arguments and results are never stored: they may hold personal data. `record_sizes` opts in to
+their sizes and a hash of the arguments (`arguments_digest`, computed by the caller).
+
+Times are wall-clock seconds (`Clock.time()`): attempts from several processes and hosts land in
+one table, and people read them as dates.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import itertools
+import json
+import operator
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from breakwater.errors import BreakwaterError, ErrorCode
+
+__all__ = [
+    "ANSWERED_OUTCOMES",
+    "DOWNSTREAM_CLIENT",
+    "RECONCILED",
+    "REFUSAL_OUTCOMES",
+    "TRACE_ID",
+    "AttemptObserver",
+    "AttemptRecord",
+    "CallTracer",
+    "JournalError",
+    "arguments_digest",
+    "fan_out",
+    "new_call_id",
+    "outcome_of",
+]
+
+
+class JournalError(BreakwaterError):
+    """The journal's store cannot be used (unknown URL, a schema newer than this code, no driver)."""
+
+
+#: The downstream client (the agent's MCP client name) of the call running in this context; the gateway sets it.
+DOWNSTREAM_CLIENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("breakwater_downstream_client", default=None)
+#: The trace the call running in this context belongs to (OpenTelemetry will set it); None = the call id.
+TRACE_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("breakwater_trace_id", default=None)
+
+#: Outcomes of attempts that got an answer: their durations are the tool's latency.
+ANSWERED_OUTCOMES = ("completed", "tool_error")
+#: Outcomes of calls refused before anything was sent upstream.
+REFUSAL_OUTCOMES = (
+    "circuit_open",
+    "overloaded",
+    "budget_exhausted",
+    "server_connecting",
+    "server_unavailable",
+    "unknown_tool",
+    "tool_changed",
+    "invalid_arguments",
+)
+#: A call settled by asking the server what became of its operation (`get_operation` answered
+#: `completed`): a success, but not an attempt of the tool.
+RECONCILED = "reconciled"
+# What a learned timeout is computed from: answers, plus timeouts at the time they were cut (a
+# censored sample is at least that long; leaving it out would teach the gate ever shorter timeouts).
+_LEARN_OUTCOMES = (*ANSWERED_OUTCOMES, "timeout")
+
+
+@dataclass(slots=True, kw_only=True)
+class AttemptRecord:
+    """One attempt of one logical call, or one refusal (then `duration_s` is 0).
+
+    Not frozen on purpose: a frozen dataclass's `__init__` goes through `object.__setattr__` per
+    field, which would triple the cost of building one on the call path.
+    """
+
+    server: str
+    tool: str
+    #: The logical call: every attempt (and reconciliation) of one call shares it.
+    call_id: str
+    #: 1 for the first attempt, counting every send (a re-send of the same attempt counts too); a
+    #: refusal carries the number the refused attempt would have had. Each call has exactly one row
+    #: with attempt 1: `stats` counts calls that way.
+    attempt: int
+    #: Wall-clock seconds (`Clock.time()`) when the attempt started.
+    started_at: float
+    duration_s: float
+    #: `completed`, `tool_error`, `timeout`, `cancelled`, `upstream_error`, `outcome_unknown`,
+    #: `circuit_open`, `budget_exhausted`, `overloaded`, … (`outcome_of(code)`).
+    outcome: str
+    #: The error code the caller saw for this attempt (None when it completed).
+    error_code: str | None = None
+    #: Retries made in this call before this attempt.
+    retries: int = 0
+    trace_id: str | None = None
+    operation_id: str | None = None
+    #: Breaker states just after the attempt was recorded by the breakers.
+    server_breaker: str | None = None
+    tool_breaker: str | None = None
+    #: This attempt's failure opened a breaker (tool or server).
+    breaker_opened: bool = False
+    #: The downstream client's name (the agent's MCP client), when known.
+    client: str | None = None
+    #: Opt-in (`record_sizes`): JSON sizes in bytes and a short hash of the arguments.
+    arguments_size: int | None = None
+    result_size: int | None = None
+    arguments_hash: str | None = None
+
+
+_COLUMNS: tuple[str, ...] = tuple(AttemptRecord.__dataclass_fields__)
+# One C call per row instead of a generator of getattr calls: the writer's main per-row cost.
+_as_row = operator.attrgetter(*_COLUMNS)
+
+
+def _record_from(row: Sequence[Any]) -> AttemptRecord:
+    """The record a stored row (`_COLUMNS`, in order) holds."""
+    values = dict(zip(_COLUMNS, row, strict=True))
+    values["breaker_opened"] = bool(values["breaker_opened"])
+    return AttemptRecord(**values)
+
+
+def outcome_of(code: ErrorCode | str | None) -> str:
+    """The journal outcome for the error code an attempt ended with (None: `completed`).
+
+    Both breakers' refusals are `circuit_open` (the code keeps which one); everything else is the
+    code in lower case.
+    """
+    if code is None:
+        return "completed"
+    value = code.value if isinstance(code, ErrorCode) else code
+    if value == ErrorCode.SERVER_CIRCUIT_OPEN.value:
+        return "circuit_open"
+    return value.lower()
+
+
+_call_prefix = uuid.uuid4().hex[:12]
+_call_counter = itertools.count(1)
+
+
+def new_call_id() -> str:
+    """A call id unique across processes, at a fraction of `uuid4()`'s cost (a per-process prefix and a counter)."""
+    return f"{_call_prefix}-{next(_call_counter)}"
+
+
+def arguments_digest(arguments: Mapping[str, Any] | None) -> tuple[int, str]:
+    """The arguments' canonical JSON size in bytes and a 16-hex-digit SHA-256 prefix (for `record_sizes`).
+
+    Equal arguments hash equal whatever their key order, so a retry that changed its arguments
+    shows up as a different hash beside the same operation id.
+    """
+    blob = json.dumps(arguments or {}, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return len(blob), hashlib.sha256(blob).hexdigest()[:16]
+
+
+class AttemptObserver(Protocol):
+    """What the call gate hands every attempt to. `record()` must be cheap and never block or raise."""
+
+    @property
+    def record_sizes(self) -> bool:
+        """Whether the gate should fill in argument/result sizes and the argument hash (costs a JSON dump)."""
+        ...
+
+    def record(self, record: AttemptRecord) -> bool:
+        """Take one attempt; False if it was dropped."""
+        ...
+
+
+class CallTracer(Protocol):
+    """What the call gate tells about each logical call as a whole (OpenTelemetry's call span).
+
+    `call_started` runs in the caller's task before the call's first attempt (and before the
+    journal reads `TRACE_ID`); whatever it returns is handed back to `call_finished` with the
+    exception that ended the call (None: it returned a result). Both must be cheap and never raise.
+    """
+
+    def call_started(self, server: str, tool: str, operation_id: str | None) -> Any:
+        """The call is about to make its first attempt."""
+        ...
+
+    def call_finished(self, handle: Any, error: BaseException | None) -> None:
+        """The call is over: answered (`error` None), failed with a `CallError`, or cancelled."""
+        ...
+
+
+class _FanOut:
+    """Several observers as one: the gate keeps a single observer reference on its hot path."""
+
+    def __init__(self, observers: Sequence[AttemptObserver]) -> None:
+        self._observers = tuple(observers)
+        self.record_sizes = any(o.record_sizes for o in self._observers)
+
+    def record(self, record: AttemptRecord) -> bool:
+        kept = True
+        for o in self._observers:
+            kept = o.record(record) and kept
+        return kept
+
+
+def fan_out(observers: Sequence[AttemptObserver]) -> AttemptObserver | None:
+    """One observer handing each record to all of `observers` (None for none, the observer itself for one)."""
+    if not observers:
+        return None
+    if len(observers) == 1:
+        return observers[0]
+    return _FanOut(observers)

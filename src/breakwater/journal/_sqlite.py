@@ -1,0 +1,118 @@
+"""The embedded journal: one SQLite file in the user's data directory, in WAL mode.
+
+WAL lets `breakwater stats` read while a gateway writes: readers and the writer do not block each
+other. Each batch takes SQLite's write lock (`BEGIN IMMEDIATE`) before it reads and rewrites the
+rollups it touches, so several processes sharing the file never lose each other's counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time as _time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from breakwater import _paths
+from breakwater.journal._records import _COLUMNS, AttemptRecord, _as_row
+from breakwater.journal._rollups import _Rollup, _RollupKey
+from breakwater.journal._sql import _ROLLUP_TABLE, _TABLE, Dialect, SQLJournalStore
+
+__all__ = ["JOURNAL_DB_ENV", "SQLiteJournalStore", "default_journal_path"]
+
+#: Overrides where the embedded SQLite journal lives (when `[journal] url` is empty).
+JOURNAL_DB_ENV = "BREAKWATER_JOURNAL_DB"
+
+_SQLITE = Dialect(
+    mark="?",
+    real="REAL",
+    boolean="INTEGER",
+    serial="INTEGER PRIMARY KEY",
+    big="INTEGER",
+    json_type="TEXT",
+    applied_at="REAL NOT NULL",
+    exists_sql="SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+    # The time index, not the (server, tool) one the GROUP BY tempts the planner into: a window is a
+    # range of recent rows, and rowids follow time, so this reads them nearly in order.
+    time_index_hint=" INDEXED BY {index}",
+)
+
+
+def default_journal_path() -> Path:
+    """Where the embedded journal lives: `$BREAKWATER_JOURNAL_DB`, else `journal.sqlite3` in the user's data directory."""
+    override = os.environ.get(JOURNAL_DB_ENV)
+    return Path(override).expanduser() if override else _paths.data_dir() / "journal.sqlite3"
+
+
+class SQLiteJournalStore(SQLJournalStore[sqlite3.Connection]):
+    """The embedded journal: one SQLite file, WAL, so `breakwater stats` reads while a gateway writes.
+
+    One connection writes, another reads; each has its own lock, so a long `stats` query never
+    holds up the writer (WAL readers and the writer do not block each other). Each batch updates
+    the per-minute rollups in the same transaction, under SQLite's write lock, so several
+    processes sharing the file never lose each other's counts.
+    """
+
+    dialect = _SQLITE
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = Path(path) if path is not None else default_journal_path()
+        super().__init__(str(self.path))
+
+    def _connect(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: transactions are the BEGIN/COMMIT written here, nothing implicit.
+        conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        # NORMAL: in WAL mode a process crash loses nothing; a power cut may lose the last batch,
+        # which a journal can afford, and every commit skips an fsync.
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA cache_size=-32768")  # 32 MiB: a stats window's index pages stay cached
+        return conn
+
+    @contextmanager
+    def _transaction(self, conn: sqlite3.Connection) -> Iterator[None]:
+        # IMMEDIATE: the write lock first. Rollups are read, then rewritten, and two processes never
+        # migrate at once: another process must not slip in between.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def _record_version(self, conn: sqlite3.Connection, version: int, description: str) -> None:
+        conn.execute(
+            f"INSERT INTO {self._versions} (version, applied_at, description) VALUES (?, ?, ?)",
+            (version, _time.time(), description),
+        )
+
+    def _insert_rows(self, conn: sqlite3.Connection, records: Sequence[AttemptRecord]) -> None:
+        marks = ", ".join("?" for _ in _COLUMNS)
+        conn.executemany(f"INSERT INTO {_TABLE} ({', '.join(_COLUMNS)}) VALUES ({marks})", [_as_row(r) for r in records])
+
+    def _merge(self, conn: sqlite3.Connection, deltas: Mapping[_RollupKey, _Rollup]) -> None:
+        # SQLite cannot add JSON histograms in SQL: read each row, add in Python, write it back
+        # (safe: the caller's transaction holds the write lock).
+        n = len(_Rollup.FIELDS)
+        counts = ", ".join(_Rollup.FIELDS)
+        marks = ", ".join("?" for _ in range(n + 5))
+        for key in sorted(deltas):
+            delta = deltas[key]
+            row = conn.execute(
+                f"SELECT {counts}, latency, cut FROM {_ROLLUP_TABLE} WHERE server = ? AND tool = ? AND minute = ?", key
+            ).fetchone()
+            if row is not None:
+                delta.merge(row[:n], json.loads(row[n]), json.loads(row[n + 1]))
+            conn.execute(
+                f"INSERT OR REPLACE INTO {_ROLLUP_TABLE} (server, tool, minute, {counts}, latency, cut) VALUES ({marks})",
+                (
+                    *key,
+                    *delta.counts,
+                    json.dumps(delta.latency, separators=(",", ":")),
+                    json.dumps(delta.cut, separators=(",", ":")),
+                ),
+            )
