@@ -437,3 +437,26 @@ async def test_a_url_that_keeps_refusing_is_described_with_what_is_known(tmp_pat
     assert sc["failing_since"] == server["failing_since"] and sc["connect_attempts"] >= 2 and sc["next_retry_at"]
     assert "failed to connect since" in sc["message"] and "refused" in sc["message"]
     assert "still starting up" not in result.content[0].text  # type: ignore[union-attr]
+
+
+def test_search_ranks_real_matches_and_pads_with_nothing() -> None:
+    """A query matches on the words that name a tool: "legacy_tool" matches none of these (the word "tool" in a
+    description is not a match), "create invoice" ranks the invoice tool first."""
+    from breakwater.catalog._catalog import Entry
+    from breakwater.catalog._search import rank
+
+    def entry(name: str, description: str) -> Entry:
+        server, tool = name.split("__")
+        return Entry(name=name, server=server, tool=types.Tool(name=tool, description=description, input_schema={}), live=True)
+
+    entries = [
+        entry("everything__echo", "Echoes back the input; a test tool"),
+        entry("everything__get-sum", "Returns the sum of two numbers"),
+        entry("erp__create_invoice", "Create an invoice for a customer"),
+        entry("memory__create_entities", "Create multiple new entities in the knowledge graph"),
+        entry("files__read_file", "Read a file; this tool reads text"),
+    ]
+    assert rank(entries, "legacy_tool") == []
+    assert rank(entries, "create invoice")[0][1].name == "erp__create_invoice"
+    assert [e.name for _, e in rank(entries, "sum")] == ["everything__get-sum"]
+    assert [e.name for _, e in rank(entries, "file tool")] == ["files__read_file"]

@@ -40,16 +40,12 @@ MAX_FUNCTION_LINES = 80
 #: Modules allowed over MAX_MODULE_LINES, each with its reason. Keep it short; a reason is not "it grew".
 LONG_MODULES: dict[str, str] = {
     # Being split by the layout work at the time of writing; remove each once it is.
-    "gate/_gate.py": "being split into admit / attempt / reconcile steps",
 }
 
 #: Functions allowed over MAX_FUNCTION_LINES ("path::Qualified.name"), each with its reason.
 LONG_FUNCTIONS: dict[str, str] = {
     "lab/engine.py::_Sim.run": "the simulator's event loop: one dispatch over every event kind, read top to bottom",
     # Being split by the layout work at the time of writing; remove each once it is.
-    "gate/_gate.py::CallGate._attempts": "becomes the numbered steps of the gate's docstring",
-    "gate/_gate.py::CallGate._attempt": "becomes the attempt step with its own deadline",
-    "gateway/_web.py::status_json": "being split per section of the status document",
     "gateway/_metrics.py::_render_gauges": "being split per metric family",
     "_breakwater.py::Breakwater.__init__": "half of it is the docstring of every collaborator; being rewired",
 }

@@ -38,6 +38,7 @@ PUBLIC: dict[str, list[str]] = {
         "CallTimeoutError",
         "CircuitOpenError",
         "Classifier",
+        "ClientCannotAnswerError",
         "Clock",
         "Config",
         "ConfigError",
@@ -109,6 +110,7 @@ PUBLIC: dict[str, list[str]] = {
         "CallRefused",
         "CallTimeoutError",
         "CircuitOpenError",
+        "ClientCannotAnswerError",
         "ConfigError",
         "ErrorCode",
         "InvalidArgumentsError",
@@ -291,6 +293,7 @@ def test_the_phase_groups_split_the_codes_into_refused_and_sent() -> None:
         ErrorCode.UPSTREAM_ERROR,
         ErrorCode.TOOL_ERROR,
         ErrorCode.CANCELLED,
+        ErrorCode.CLIENT_CANNOT_ANSWER,  # the tool ran, asked the client, and got no answer
     }
     assert refused | failed == set(ErrorCode) and not refused & failed
     # The groups are for `except` clauses: they carry no code of their own.

@@ -135,7 +135,8 @@ class ServerStatus:
     failing_since: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """One entry of `status --json`'s `servers` list (`phase` only while queued for admission)."""
+        """One entry of `status --json`'s `servers` list (`phase` only while queued for admission,
+        `failing_since` only while connects keep failing)."""
         return (
             {
                 "name": self.name,
