@@ -596,6 +596,7 @@ def test_page_in_chromium_shows_the_failed_server_and_the_tools(browser: Any, tm
 
 
 def _check_page(driver: Any, gateway: RunningGateway, tmp_path: Path) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
     wait_files_ready(gateway)
@@ -606,32 +607,42 @@ def _check_page(driver: Any, gateway: RunningGateway, tmp_path: Path) -> None:
     token_box.submit()
     _wait(driver, lambda d: int(d.find_element(By.TAG_NAME, "body").get_attribute("data-updates") or 0) >= 1, "no data drawn")
 
-    erp = _wait(
-        driver, lambda d: d.find_elements(By.CSS_SELECTOR, 'tr[data-server="erp"][data-state="failed"]'), "erp not failed"
-    )[0]
-    reason = erp.find_element(By.CSS_SELECTOR, "td.reason").text
-    assert "spawn_failed" in reason and "command not found" in reason
-    assert erp.find_elements(By.TAG_NAME, "td")[4].text == "—"  # no breaker state: it was never ready
-    crashy = _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, 'tr[data-server="crashy"][data-state="failed"]'), "crashy")
-    assert "exited" in crashy[0].text and "<redacted>" in crashy[0].text
-    assert driver.find_element(By.CSS_SELECTOR, 'tr[data-server="files"]').get_attribute("data-state") == "ready"
-    # State colours (the inline stylesheet passed the page's Content-Security-Policy): failed and ready differ.
-    colour = "return getComputedStyle(arguments[0]).backgroundColor"
-    failed_pill = driver.execute_script(colour, erp.find_element(By.CSS_SELECTOR, ".pill"))
-    ready_pill = driver.execute_script(colour, driver.find_element(By.CSS_SELECTOR, 'tr[data-server="files"] .pill'))
-    assert "rgba(0, 0, 0, 0)" not in (failed_pill, ready_pill) and failed_pill != ready_pill
-    assert "2 of 3 servers not ready" in driver.find_element(By.ID, "overall").text
+    # The page redraws its rows on every refresh, so an element found before a redraw goes stale:
+    # the checks of one drawing run together, again from the top if a redraw came in between.
+    for attempt in range(5):
+        try:
+            erp = _wait(
+                driver, lambda d: d.find_elements(By.CSS_SELECTOR, 'tr[data-server="erp"][data-state="failed"]'), "erp not failed"
+            )[0]
+            reason = erp.find_element(By.CSS_SELECTOR, "td.reason").text
+            assert "spawn_failed" in reason and "command not found" in reason
+            assert erp.find_elements(By.TAG_NAME, "td")[4].text == "—"  # no breaker state: it was never ready
+            crashy = _wait(
+                driver, lambda d: d.find_elements(By.CSS_SELECTOR, 'tr[data-server="crashy"][data-state="failed"]'), "crashy"
+            )
+            assert "exited" in crashy[0].text and "<redacted>" in crashy[0].text
+            assert driver.find_element(By.CSS_SELECTOR, 'tr[data-server="files"]').get_attribute("data-state") == "ready"
+            # State colours (the inline stylesheet passed the page's Content-Security-Policy): failed and ready differ.
+            colour = "return getComputedStyle(arguments[0]).backgroundColor"
+            failed_pill = driver.execute_script(colour, erp.find_element(By.CSS_SELECTOR, ".pill"))
+            ready_pill = driver.execute_script(colour, driver.find_element(By.CSS_SELECTOR, 'tr[data-server="files"] .pill'))
+            assert "rgba(0, 0, 0, 0)" not in (failed_pill, ready_pill) and failed_pill != ready_pill
+            assert "2 of 3 servers not ready" in driver.find_element(By.ID, "overall").text
 
-    slow = driver.find_element(By.CSS_SELECTOR, 'tr[data-tool="files__slow"]')
-    assert slow.get_attribute("data-breaker") in ("closed", "open", "half_open")
-    timeout_cell = slow.find_element(By.CSS_SELECTOR, "td.timeout").text
-    assert "300 ms" in timeout_cell and "configured" in timeout_cell
-    read = driver.find_element(By.CSS_SELECTOR, 'tr[data-tool="files__read_file"]')
-    assert read.get_attribute("data-breaker") == "closed"
-    assert read.find_element(By.CSS_SELECTOR, ".pill").text == "closed"
-    assert read.find_elements(By.CSS_SELECTOR, "svg.spark polyline"), "no sparkline for read_file"
-    assert driver.find_elements(By.CSS_SELECTOR, '#failures tr[data-outcome="timeout"]')
-    assert SECRET not in driver.page_source
+            slow = driver.find_element(By.CSS_SELECTOR, 'tr[data-tool="files__slow"]')
+            assert slow.get_attribute("data-breaker") in ("closed", "open", "half_open")
+            timeout_cell = slow.find_element(By.CSS_SELECTOR, "td.timeout").text
+            assert "300 ms" in timeout_cell and "configured" in timeout_cell
+            read = driver.find_element(By.CSS_SELECTOR, 'tr[data-tool="files__read_file"]')
+            assert read.get_attribute("data-breaker") == "closed"
+            assert read.find_element(By.CSS_SELECTOR, ".pill").text == "closed"
+            assert read.find_elements(By.CSS_SELECTOR, "svg.spark polyline"), "no sparkline for read_file"
+            assert driver.find_elements(By.CSS_SELECTOR, '#failures tr[data-outcome="timeout"]')
+            assert SECRET not in driver.page_source
+            break
+        except StaleElementReferenceException:
+            if attempt == 4:
+                raise
     # Script errors and CSP violations; the 401 of the first, token-less load is expected.
     errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and e["source"] != "network"]
     assert not errors, errors
