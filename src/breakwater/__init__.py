@@ -19,64 +19,68 @@ What is here, by what a user does with it:
 
 `FakeClock` lives in `breakwater.testing` (with `in_memory` and `ScriptedServer`); it is re-exported here for
 existing imports.
+
+Every name is imported on first use (PEP 562), so `breakwater --version`, `--help` and a Ctrl-C during
+start-up never wait for the MCP SDK to load; `Telemetry` in particular never loads OpenTelemetry unless
+asked for.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import typing
 
-from breakwater._breakwater import Breakwater
-from breakwater._clock import Clock, DeadlineScope, SystemClock
-from breakwater.config import (
-    BreakerPolicy,
-    CallPolicy,
-    Config,
-    ConnectPolicy,
-    GatewayPolicy,
-    JournalPolicy,
-    RetryPolicy,
-    ServerSpec,
-    StatePolicy,
-    TelemetryPolicy,
-    load_config,
-)
-from breakwater.connect._transports import OpenedTransport, TransportFactory
-from breakwater.errors import (
-    BreakwaterError,
-    BudgetExhaustedError,
-    CallCancelledError,
-    CallError,
-    CallFailed,
-    CallRefused,
-    CallTimeoutError,
-    CircuitOpenError,
-    ClientCannotAnswerError,
-    ConfigError,
-    ErrorCode,
-    InvalidArgumentsError,
-    OutcomeUnknownError,
-    OverloadedError,
-    ServerCircuitOpenError,
-    ServerConnectingError,
-    ServerUnavailableError,
-    ToolChangedError,
-    ToolError,
-    UnknownToolError,
-    UpstreamError,
-)
-from breakwater.gate._breaker import Outcome
-from breakwater.gate._classify import AttemptContext, Classifier, RetryClass, Verdict
-from breakwater.gate._turn_budget import TurnBudgetScope
-from breakwater.gateway._server import Gateway
-from breakwater.journal import AttemptObserver, AttemptRecord, Journal
-from breakwater.state import MemoryStore, StateStore
-from breakwater.status import ErrorInfo, Reason, ServerState, ServerStatus, StatusReport, ToolTimeout
-from breakwater.tasks._store import PendingTask, TaskStore
-from breakwater.testing import FakeClock  # public home: breakwater.testing; kept here for existing imports
-
 if typing.TYPE_CHECKING:
+    from breakwater._breakwater import Breakwater
+    from breakwater._clock import Clock, DeadlineScope, SystemClock
+    from breakwater.config import (
+        BreakerPolicy,
+        CallPolicy,
+        Config,
+        ConnectPolicy,
+        GatewayPolicy,
+        JournalPolicy,
+        RetryPolicy,
+        ServerSpec,
+        StatePolicy,
+        TelemetryPolicy,
+        load_config,
+    )
+    from breakwater.connect._transports import OpenedTransport, TransportFactory
+    from breakwater.errors import (
+        BreakwaterError,
+        BudgetExhaustedError,
+        CallCancelledError,
+        CallError,
+        CallFailed,
+        CallRefused,
+        CallTimeoutError,
+        CircuitOpenError,
+        ClientCannotAnswerError,
+        ConfigError,
+        ErrorCode,
+        InvalidArgumentsError,
+        OutcomeUnknownError,
+        OverloadedError,
+        ServerCircuitOpenError,
+        ServerConnectingError,
+        ServerUnavailableError,
+        ToolChangedError,
+        ToolError,
+        UnknownToolError,
+        UpstreamError,
+    )
+    from breakwater.gate._breaker import Outcome
+    from breakwater.gate._classify import AttemptContext, Classifier, RetryClass, Verdict
+    from breakwater.gate._turn_budget import TurnBudgetScope
+    from breakwater.gateway._server import Gateway
+    from breakwater.journal import AttemptObserver, AttemptRecord, Journal
     from breakwater.observe._telemetry import Telemetry
+    from breakwater.state import MemoryStore, StateStore
+    from breakwater.status import ErrorInfo, Reason, ServerState, ServerStatus, StatusReport, ToolTimeout
+    from breakwater.tasks._store import PendingTask, TaskStore
+    from breakwater.testing import FakeClock  # public home: breakwater.testing; kept here for existing imports
 
 __all__ = [
     "AttemptContext",
@@ -141,6 +145,70 @@ __all__ = [
     "load_config",
 ]
 
+#: Where each public name is defined (imported from there on first access, then cached here).
+_HOMES: dict[str, str] = {
+    "AttemptContext": "breakwater.gate._classify",
+    "AttemptObserver": "breakwater.journal",
+    "AttemptRecord": "breakwater.journal",
+    "BreakerPolicy": "breakwater.config",
+    "Breakwater": "breakwater._breakwater",
+    "BreakwaterError": "breakwater.errors",
+    "BudgetExhaustedError": "breakwater.errors",
+    "CallCancelledError": "breakwater.errors",
+    "CallError": "breakwater.errors",
+    "CallFailed": "breakwater.errors",
+    "CallPolicy": "breakwater.config",
+    "CallRefused": "breakwater.errors",
+    "CallTimeoutError": "breakwater.errors",
+    "CircuitOpenError": "breakwater.errors",
+    "Classifier": "breakwater.gate._classify",
+    "ClientCannotAnswerError": "breakwater.errors",
+    "Clock": "breakwater._clock",
+    "Config": "breakwater.config",
+    "ConfigError": "breakwater.errors",
+    "ConnectPolicy": "breakwater.config",
+    "DeadlineScope": "breakwater._clock",
+    "ErrorCode": "breakwater.errors",
+    "ErrorInfo": "breakwater.status",
+    "FakeClock": "breakwater.testing",
+    "Gateway": "breakwater.gateway._server",
+    "GatewayPolicy": "breakwater.config",
+    "InvalidArgumentsError": "breakwater.errors",
+    "Journal": "breakwater.journal",
+    "JournalPolicy": "breakwater.config",
+    "MemoryStore": "breakwater.state",
+    "OpenedTransport": "breakwater.connect._transports",
+    "Outcome": "breakwater.gate._breaker",
+    "OutcomeUnknownError": "breakwater.errors",
+    "OverloadedError": "breakwater.errors",
+    "PendingTask": "breakwater.tasks._store",
+    "Reason": "breakwater.status",
+    "RetryClass": "breakwater.gate._classify",
+    "RetryPolicy": "breakwater.config",
+    "ServerCircuitOpenError": "breakwater.errors",
+    "ServerConnectingError": "breakwater.errors",
+    "ServerSpec": "breakwater.config",
+    "ServerState": "breakwater.status",
+    "ServerStatus": "breakwater.status",
+    "ServerUnavailableError": "breakwater.errors",
+    "StatePolicy": "breakwater.config",
+    "StateStore": "breakwater.state",
+    "StatusReport": "breakwater.status",
+    "SystemClock": "breakwater._clock",
+    "TaskStore": "breakwater.tasks._store",
+    "Telemetry": "breakwater.observe._telemetry",
+    "TelemetryPolicy": "breakwater.config",
+    "ToolChangedError": "breakwater.errors",
+    "ToolError": "breakwater.errors",
+    "ToolTimeout": "breakwater.status",
+    "TransportFactory": "breakwater.connect._transports",
+    "TurnBudgetScope": "breakwater.gate._turn_budget",
+    "UnknownToolError": "breakwater.errors",
+    "UpstreamError": "breakwater.errors",
+    "Verdict": "breakwater.gate._classify",
+    "load_config": "breakwater.config",
+}
+
 
 def _is_private(module: str) -> bool:
     return any(part.startswith("_") for part in module.split("."))
@@ -166,20 +234,16 @@ def _rehome(cls: type) -> None:
     cls.__module__ = __name__
 
 
-for _name in __all__:
-    _obj = globals().get(_name)
-    if isinstance(_obj, type):
-        _rehome(_obj)
-del _name, _obj
-
-
 def __getattr__(name: str) -> object:
-    # `Telemetry` needs the `otel` extra, and breakwater promises never to import it (nor OpenTelemetry's
-    # SDK) unless telemetry is used: it is imported on first access by name.
-    if name == "Telemetry":
-        from breakwater.observe._telemetry import Telemetry
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    if isinstance(value, type):
+        _rehome(value)
+    globals()[name] = value
+    return value
 
-        _rehome(Telemetry)
-        globals()[name] = Telemetry
-        return Telemetry
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
