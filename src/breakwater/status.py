@@ -165,7 +165,9 @@ class ToolTimeout:
     #: `[call]`), `learned` (from the call journal's recorded latencies; it wins over the top-level
     #: `[call]`, not over a server's or tool's own) or `default` (the built-in `[call] timeout_s`).
     source: str
-    #: When a learned timeout came into force (epoch seconds); None unless `source` is `learned`.
+    #: When this process first had a learned timeout in force for the tool (epoch seconds): as soon as
+    #: the tool had the calls learning needs, or at start-up for one the journal already knew.
+    #: None unless `source` is `learned`.
     learned_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:

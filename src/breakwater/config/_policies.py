@@ -399,14 +399,14 @@ class BreakerPolicy:
         minimum=0,
     )
     probe_timeout_factor: float = knob(
-        5.0,
+        3.0,
         "A half-open probe of a tool with a known recent p99 gets this many times that p99 as its deadline "
         "(within probe_timeout_floor_s and the timeout), so a still-slow tool costs its probe little; 0 = the timeout.",
         env="BREAKWATER_BREAKER_PROBE_TIMEOUT_FACTOR",
         minimum=0.0,
     )
     probe_timeout_floor_s: float = knob(
-        0.25,
+        0.1,
         "The shortest deadline a half-open probe gets.",
         env="BREAKWATER_BREAKER_PROBE_TIMEOUT_FLOOR_S",
         minimum=0.001,

@@ -11,22 +11,20 @@ upstream health.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from breakwater.errors import BudgetExhaustedError, CallError, CircuitOpenError, OverloadedError, ServerCircuitOpenError
 from breakwater.gate._breaker import Permit, Rejection
 from breakwater.gate._call import Call, GateContext, observe, stopped
 from breakwater.gate._reconcile import wait_ready
 
-__all__ = ["PROBE_LEASE_MARGIN_S", "Permits", "admit"]
+__all__ = ["PROBE_LEASE_MARGIN_S", "Permits", "admit", "admit_after_loss"]
 
 # A probe's lease must outlive its call, or a second probe would be let in while the first still runs.
 PROBE_LEASE_MARGIN_S = 5.0
 
 
-@dataclass(frozen=True, slots=True)
-class Permits:
+class Permits(NamedTuple):
     """Leave from both breakers for one attempt (the bulkhead slot is taken as the attempt starts)."""
 
     server: Permit
@@ -38,17 +36,33 @@ class Permits:
         self.tool.release()
 
 
-async def admit(ctx: GateContext, call: Call) -> Permits:
+def admit(ctx: GateContext, call: Call) -> Permits:
     """Both permits for the next attempt; raises the refusal (journaled) or, after a failed attempt, why it stopped."""
-    srv, info, budget = call.srv, call.info, call.budget
+    _check_budget(ctx, call)
+    return _take_permits(ctx, call)
+
+
+async def admit_after_loss(ctx: GateContext, call: Call) -> Permits:
+    """`admit`, after an answer was lost: the server must also be back within the call's window."""
+    _check_budget(ctx, call)
+    assert call.last is not None and call.window is not None
+    if not await wait_ready(ctx, call.srv, call.window):
+        # The answer was lost with the connection; re-sending needs the server back first.
+        raise stopped(call.last, "the server did not come back within the call's window")
+    return _take_permits(ctx, call)
+
+
+def _check_budget(ctx: GateContext, call: Call) -> None:
+    budget = call.budget
     if budget is not None and not budget.can_start(call.needed_s):
         if call.last is not None:
             raise stopped(call.last, "the turn budget cannot cover another attempt")
         detail = {"budget_left_s": round(budget.remaining(), 3), "needed_s": call.needed_s}
         raise _refusal(ctx, call, BudgetExhaustedError, detail, attempt=0)
-    if call.last is not None and call.window is not None and not await wait_ready(ctx, srv, call.window):
-        # The answer was lost with the connection; re-sending needs the server back first.
-        raise stopped(call.last, "the server did not come back within the call's window")
+
+
+def _take_permits(ctx: GateContext, call: Call) -> Permits:
+    srv, info = call.srv, call.info
     lease_s = info.call.hard_s + PROBE_LEASE_MARGIN_S
     server_permit = srv.breaker.acquire(lease_s=lease_s)
     if isinstance(server_permit, Rejection):

@@ -3,7 +3,7 @@
 The attempt runs inside one deadline scope on the injected clock: `timeout_s`, pushed out by each
 progress notification (`idle_timeout_s`) but never past the hard cap `max_s`, and never past the
 turn budget. When the scope fires, the SDK sees its awaiting scope cancelled and sends
-`notifications/cancelled` upstream (mcp-sdk.md §3.6–3.7), so the server stops working and the slot
+`notifications/cancelled` upstream (on 2026-07-28 HTTP the POST is aborted instead), so the server stops working and the slot
 is free again. `classify()` then decides what the breakers learn, the code the model sees, and
 whether another attempt is allowed.
 
@@ -166,24 +166,14 @@ ATTEMPT_WATCHER: contextvars.ContextVar[Callable[[AttemptDeadline | None], None]
 
 
 async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
-    """Send one attempt of `call` and judge it: the breakers learn its outcome, the journal gets its row."""
-    srv, info = call.srv, call.info
-    if srv.upstream.client is None or srv.upstream.state is not ServerState.READY:
-        # Lost between attempts: nothing was sent, so nothing is learned.
-        permits.release()
-        raise not_ready_error(ctx.clock, srv.upstream, info.name)
-    deadline = AttemptDeadline.for_call(ctx.clock, call, probe=permits.tool.is_probe)
-    result, failure = await _send(ctx, call, permits, deadline)
-    return _judge(ctx, call, permits, deadline, result, failure)
-
-
-async def _send(
-    ctx: GateContext, call: Call, permits: Permits, deadline: AttemptDeadline
-) -> tuple[types.CallToolResult | None, BaseException | None]:
-    """The `tools/call` itself, holding a bulkhead slot; a timeout comes back as `TimeoutError`."""
+    """Send one attempt of `call` (holding a bulkhead slot) and judge it: the breakers learn, the journal gets its row."""
     srv, info, clock = call.srv, call.info, ctx.clock
     client = srv.upstream.client
-    assert client is not None
+    if client is None or srv.upstream.state is not ServerState.READY:
+        # Lost between attempts: nothing was sent, so nothing is learned.
+        permits.release()
+        raise not_ready_error(clock, srv.upstream, info.name)
+    deadline = AttemptDeadline.for_call(clock, call, probe=permits.tool.is_probe)
     watcher = ATTEMPT_WATCHER.get()
     if watcher is not None:
         watcher(deadline)
@@ -231,7 +221,7 @@ async def _send(
     except (Exception, BaseExceptionGroup) as exc:
         failure = exc
     finally:
-        # The SDK may run a progress callback after the call returned (mcp-sdk.md §8.14): it moves nothing now.
+        # The SDK may run a progress callback after the call returned (it does not drain them first): it moves nothing now.
         deadline.finished = True
         if watcher is not None:
             watcher(None)
@@ -240,7 +230,7 @@ async def _send(
             TASK_CALL.reset(task_token)
     if deadline.scope.cancelled_caught:
         failure = TimeoutError()
-    return result, failure
+    return _judge(ctx, call, permits, deadline, result, failure)
 
 
 def _judge(
@@ -253,7 +243,8 @@ def _judge(
 ) -> Answer:
     """Classify the attempt, teach both breakers, journal it; the answer to pass on."""
     srv, info = call.srv, call.info
-    elapsed = ctx.clock.monotonic() - deadline.started
+    now = ctx.clock.monotonic()
+    elapsed = now - deadline.started
     attempt_result: types.CallToolResult | BaseException
     if result is not None and failure is None:
         attempt_result = result
@@ -277,7 +268,10 @@ def _judge(
     permits.tool.record(verdict.outcome, judged_s)
     permits.server.record(_server_outcome(verdict, tool_streak), judged_s)
     timed_out = isinstance(attempt_result, TimeoutError) and not deadline.by_budget
-    _learn_latency(ctx, call, deadline, judged_s, answered=result is not None and failure is None, timed_out=timed_out)
+    if result is not None and failure is None:
+        call.info.health.answered(now, judged_s)
+    elif timed_out:
+        _timed_out(call, deadline, now, judged_s)
     answer: Answer
     if verdict.ok and result is not None:
         answer = result
@@ -293,16 +287,9 @@ def _judge(
     return answer
 
 
-def _learn_latency(
-    ctx: GateContext, call: Call, deadline: AttemptDeadline, duration_s: float, *, answered: bool, timed_out: bool
-) -> None:
-    """Keep the attempt's latency; trip the tool's breaker if a tool that answers fast keeps timing out."""
-    health, now = call.info.health, ctx.clock.monotonic()
-    if answered:
-        health.answered(now, duration_s)
-        return
-    if not timed_out:
-        return
+def _timed_out(call: Call, deadline: AttemptDeadline, now: float, duration_s: float) -> None:
+    """Count the timeout; trip the tool's breaker if a tool that answers fast keeps timing out."""
+    health = call.info.health
     health.timed_out(now, duration_s, short=deadline.short)
     need = call.info.breaker.policy.timeouts_to_trip
     # Judged against the tool's own timeout, not a probe's short one: far below *that* is the guard.

@@ -12,9 +12,13 @@ One logical call, in order:
    each progress notification (`idle_timeout_s`) but never past the hard cap `max_s`, and never
    past the turn budget. When the scope fires, the SDK sees its awaiting scope cancelled and sends
    `notifications/cancelled` upstream (or, on 2026-07-28 HTTP, aborts the POST), so the server stops working and the
-   slot is free again;
+   slot is free again. A half-open probe of a tool whose healthy latency is known gets a shorter
+   deadline, a few times its p99 (`breakwater.gate._health`);
 4. `classify()` decides what the breakers learn, the code the model sees, and whether another
-   attempt is allowed; retries wait a full-jitter backoff (a server's retry-after hint is a floor),
+   attempt is allowed; a fast tool timing out twice in a row trips its breaker. Retried is what a
+   second attempt can fix (a request refused or cut before it was sent, a retryable error, a
+   retry-after), not a timeout unless `retry_timeouts` says so: a passed deadline is evidence the
+   tool is slow now. Retries wait a full-jitter backoff (a server's retry-after hint is a floor),
    need a token from the server's retry budget and must fit the turn budget;
 5. a mutating tool (`idempotent` or `never`) gets one operation id per logical call, sent on every
    attempt in `_meta["io.breakwater/operationId"]` (and as the `operationId` argument when its
@@ -35,7 +39,8 @@ so a cancelled caller stays cancelled (the SDK has already told the server). A c
 did not come from the caller is reported as CANCELLED, also without a retry.
 
 No task is spawned per call and nothing touches disk or the network besides the call itself: the
-overhead is a few dictionary lookups, two breaker admissions and one cancel scope. Reconciliation
+overhead is a few dictionary lookups, two breaker admissions, one cancel scope and one latency
+sample. Reconciliation
 costs nothing until an answer is lost.
 
 Each step is a function of its own: `_admit.admit` (2), `_attempt.run_attempt` (3 and the
@@ -62,7 +67,7 @@ from breakwater.config import JournalPolicy, RetryPolicy
 from breakwater.connect._readiness import call_window, wait_until_ready
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import CallError, ErrorCode, UnknownToolError
-from breakwater.gate._admit import admit
+from breakwater.gate._admit import admit, admit_after_loss
 from breakwater.gate._attempt import ATTEMPT_WATCHER, AttemptDeadline, not_ready_error, run_attempt
 from breakwater.gate._breaker import BreakerRegistry, BreakerSnapshot, BreakerStore, Outcome
 from breakwater.gate._call import (
@@ -292,7 +297,9 @@ class CallGate:
             return info.configured_timeout_s, "configured"
         learned = self._learned(srv.name, info.name)
         if (learned is None or learned <= 0) and self._learning is not None:
-            learned = info.health.learn(self._clock.monotonic(), self._learning)
+            learned = info.health.learned_s
+            if info.health.answered_total >= self._learning.learn_min_samples:
+                learned = info.health.learn(self._clock.monotonic(), self._learning)
         if learned is not None and learned > 0:
             if info.health.learned_at is None:
                 info.health.learned_at = self._clock.time()
@@ -358,7 +365,7 @@ class CallGate:
         """The loop of steps 2–6 until a result, a final error or a refusal."""
         ctx, srv = self._ctx, call.srv
         while True:
-            permits = await admit(ctx, call)
+            permits = admit(ctx, call) if call.window is None or call.last is None else await admit_after_loss(ctx, call)
             call.attempt += 1
             try:
                 answer = await run_attempt(ctx, call, permits)

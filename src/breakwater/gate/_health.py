@@ -30,8 +30,11 @@ __all__ = ["FAR_BELOW", "KNOWN_SAMPLES", "ToolHealth"]
 
 #: Samples kept per tool: the p99 of the last few hundred calls, and the learning window's tail.
 _KEEP = 1000
-#: Answered calls before a tool's latency counts as known (its p99 from fewer is a guess).
-KNOWN_SAMPLES = 20
+#: Answered calls before a tool's latency counts as known. Few on purpose: a rarely called tool
+#: (one agent, a few calls a minute) must not pay four timeouts while its history fills, and a
+#: wrong guess costs one open period and one probe. With fewer than 100 answers the "p99" is the
+#: slowest answer seen, so the guard errs towards leaving the breaker alone.
+KNOWN_SAMPLES = 5
 #: "Far below its timeout": the p99 times this is still within the timeout. A lognormal tail
 #: rarely reaches 4× its p99, so two such timeouts in a row are slowness, not chance.
 FAR_BELOW = 4.0
@@ -44,15 +47,25 @@ _LOOK_AGAIN_S = 1.0
 class ToolHealth:
     """One tool's recent latencies and its current run of timeouts."""
 
-    __slots__ = ("_answered", "_answered_total", "_learn_due", "_p99", "_samples", "learned_at", "learned_s", "timeouts_in_a_row")
+    __slots__ = (
+        "_answered",
+        "_learn_due",
+        "_samples",
+        "_sorted",
+        "answered_total",
+        "learned_at",
+        "learned_s",
+        "timeouts_in_a_row",
+    )
 
     def __init__(self) -> None:
         #: Latest answered durations (s), newest last.
         self._answered: deque[float] = deque(maxlen=_RECENT)
         #: `(monotonic at, duration s, answered)` of answered and timed-out attempts, for learning.
         self._samples: deque[tuple[float, float, bool]] = deque(maxlen=_KEEP)
-        self._p99: float | None = None
-        self._answered_total = 0
+        self._sorted: list[float] | None = None
+        #: Answers seen since the tool was first listed.
+        self.answered_total = 0
         self._learn_due = -math.inf
         #: Timeouts since the last answer.
         self.timeouts_in_a_row = 0
@@ -64,9 +77,9 @@ class ToolHealth:
     def answered(self, now: float, duration_s: float) -> None:
         """An attempt got an answer (a result or the tool's own error) after `duration_s`."""
         self._answered.append(duration_s)
-        self._answered_total += 1
+        self.answered_total += 1
         self._samples.append((now, duration_s, True))
-        self._p99 = None
+        self._sorted = None
         self.timeouts_in_a_row = 0
 
     def timed_out(self, now: float, duration_s: float, *, short: bool) -> None:
@@ -75,21 +88,23 @@ class ToolHealth:
         if not short:
             self._samples.append((now, duration_s, False))
 
-    def p99(self) -> float | None:
-        """The p99 of the latest answers, or None while fewer than `KNOWN_SAMPLES` are known."""
+    def _ordered(self) -> list[float] | None:
+        # Sorted once per change, and only when asked (on a timeout, a probe, a refusal): never on the healthy path.
         if len(self._answered) < KNOWN_SAMPLES:
             return None
-        if self._p99 is None:
-            ordered = sorted(self._answered)
-            self._p99 = ordered[min(len(ordered), math.ceil(0.99 * len(ordered))) - 1]
-        return self._p99
+        if self._sorted is None:
+            self._sorted = sorted(self._answered)
+        return self._sorted
+
+    def p99(self) -> float | None:
+        """The p99 of the latest answers, or None while fewer than `KNOWN_SAMPLES` are known."""
+        ordered = self._ordered()
+        return None if ordered is None else ordered[min(len(ordered), math.ceil(0.99 * len(ordered))) - 1]
 
     def median(self) -> float | None:
         """The median of the latest answers (what "usually" means in an error message), or None."""
-        if len(self._answered) < KNOWN_SAMPLES:
-            return None
-        ordered = sorted(self._answered)
-        return ordered[(len(ordered) - 1) // 2]
+        ordered = self._ordered()
+        return None if ordered is None else ordered[(len(ordered) - 1) // 2]
 
     def far_below(self, timeout_s: float) -> bool:
         """Whether the tool's known p99 is far below `timeout_s` (so timeouts mean it turned slow)."""
@@ -109,7 +124,7 @@ class ToolHealth:
         The first value comes as soon as there are `learn_min_samples` answers in the window (looked
         for at most once a second); after that it is recomputed every `learn_refresh_s`.
         """
-        if now < self._learn_due or self._answered_total < policy.learn_min_samples:
+        if now < self._learn_due or self.answered_total < policy.learn_min_samples:
             return self.learned_s
         since = now - policy.learn_window_s
         recent = [(d, ok) for at, d, ok in self._samples if at >= since]
