@@ -152,6 +152,17 @@ class Upstream:
 
     def report_lost(self) -> None:
         """A caller saw the connection die (e.g. MCPError -32000): reconnect."""
+        self._drop()
+
+    def _drop(self) -> None:
+        """The connection is gone: say so at once, then let the supervisor tear it down and reconnect.
+
+        Tearing down (stopping a process, closing streams) takes a while; until now the state stayed
+        `ready` with the dead client meanwhile, so a caller's retry in that window was sent on it and
+        failed at once, as many times as it had attempts.
+        """
+        if self.state is ServerState.READY:
+            self._set(ServerState.CONNECTING, client=None, phase=None)
         self._lost.set()
 
     @property
@@ -323,7 +334,7 @@ class Upstream:
 
                 async def watch_exit() -> None:
                     await stdio.exited.wait()
-                    self._lost.set()
+                    self._drop()
 
                 tg.start_soon(watch_exit)
             interval = self.spec.connect.health_interval_s
@@ -341,13 +352,13 @@ class Upstream:
                     tools = await _list_all_tools(client)
             except Exception as exc:
                 self.error = ErrorInfo(code=Reason.UNHEALTHY, message=f"health check failed: {describe(exc)}")
-                self._lost.set()
+                self._drop()
                 return
             if scope.cancelled_caught:
                 self.error = ErrorInfo(
                     code=Reason.UNHEALTHY, message="health check (tools/list) did not answer within the attempt timeout"
                 )
-                self._lost.set()
+                self._drop()
                 return
             if [t.name for t in tools] != [t.name for t in self.tools]:
                 self.tools = tools
