@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import require
+
 REDIS_URL = os.environ.get("BREAKWATER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 POSTGRES_CANDIDATES = [
     os.environ.get("BREAKWATER_TEST_POSTGRES", ""),
@@ -63,9 +65,7 @@ def pg_conninfo() -> str:
     conninfo, why = _find_postgres()
     if conninfo is None:
         message = f"PostgreSQL on 127.0.0.1:5432 (database 'test') is unreachable: {why}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message + " — CI=true requires it")
-        pytest.skip(message)
+        require(message)
     return conninfo
 
 
@@ -89,6 +89,4 @@ def redis_available() -> None:
         redis.Redis.from_url(REDIS_URL, socket_timeout=1, socket_connect_timeout=1).ping()
     except Exception as exc:
         message = f"Redis at {REDIS_URL} is unreachable ({type(exc).__name__}: {exc})"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message + " — CI=true requires it")
-        pytest.skip(message)
+        require(message)

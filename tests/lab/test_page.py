@@ -23,6 +23,7 @@ import pytest
 from breakwater.lab import LabConfig, get_mission
 from breakwater.lab.cli import main as lab_main
 from breakwater.lab.web import LabServer, ServeError, make_server
+from helpers import require
 
 # -- the API, in process ----------------------------------------------------------------------------
 
@@ -144,9 +145,7 @@ def test_non_loopback_needs_a_token_and_the_api_then_demands_it(capsys: pytest.C
 
 def _need(reason: str) -> None:
     """Skip locally; under CI the browser is part of the contract, so fail instead."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason} (CI=true: install Debian's chromium and chromium-driver, and the dev extra)")
-    pytest.skip(reason)
+    require(reason, ci_fix="install Debian's chromium and chromium-driver, and the dev extra")
 
 
 @pytest.fixture

@@ -24,10 +24,11 @@ from mcp import Client, StdioServerParameters
 from mcp.types import CallToolResult, RequestParamsMeta
 
 from breakwater.idempotency import OPERATION_ID_META_KEY, OperationState, SQLiteStore
+from helpers import code_of
 
 pytestmark = pytest.mark.anyio
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "orders_server.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "orders_server.py"
 ORDER = {"customer": "ann", "item": "espresso", "quantity": 2}
 
 
@@ -37,11 +38,6 @@ def op_meta(operation_id: str) -> RequestParamsMeta:
 
 def lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def code_of(result: CallToolResult) -> str | None:
-    sc = result.structured_content
-    return sc.get("code") if isinstance(sc, dict) and result.is_error else None
 
 
 def free_port() -> int:

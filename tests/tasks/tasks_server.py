@@ -1,6 +1,6 @@
 """A task-capable MCP server for the tasks tests, built on the SDK with `breakwater.tasks.TaskSupport`.
 
-    python tests/tasks_server.py [--http PORT] [--poll-ms N] [--ttl-s S] [--fail-polls N]
+    python tests/tasks/tasks_server.py [--http PORT] [--poll-ms N] [--ttl-s S] [--fail-polls N]
 
 Tools (all async, so a cancel interrupts them):
 

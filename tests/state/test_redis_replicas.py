@@ -16,13 +16,13 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
 from mcp import Client
 
 from breakwater.testing.server import read_state, serve_http
+from helpers import code_of as code
 
 pytestmark = pytest.mark.anyio
 
@@ -65,10 +65,6 @@ async def gateway(tmp_path: Path, index: int, config: Path, env: dict[str, str])
         proc.terminate()
         await anyio.to_thread.run_sync(lambda: proc.wait(15))
         log.close()
-
-
-def code(result: Any) -> str | None:
-    return (result.structured_content or {}).get("code") if result.is_error else None
 
 
 async def until_ready(client: Client) -> None:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "connect_storm.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "connect_storm.py"
 
 
 def test_miniature_storm_reports_both_clients() -> None:

@@ -317,7 +317,7 @@ def test_tool_section_errors_name_the_key(tmp_path: Path, body: str, key: str, f
 
 def test_readme_error_table_matches_code() -> None:
     """The README's error table is `render_error_table()`."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     match = re.search(r"<!-- errors:start -->\n(.*?)<!-- errors:end -->", readme, re.S)
     assert match, "README.md lacks the <!-- errors:start --> ... <!-- errors:end --> block"
     assert match.group(1) == render_error_table()

@@ -35,7 +35,7 @@ from breakwater.testing import FakeClock, ScriptedCall, ScriptedServer, in_memor
 
 pytestmark = pytest.mark.anyio
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "orders_server.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "orders_server.py"
 ORDER = {"customer": "ann", "item": "espresso", "quantity": 2}
 
 # ---------------------------------------------------------------------------- scripted server

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +26,8 @@ from breakwater.errors import ENVELOPE_KEYS, CallTimeoutError, OutcomeUnknownErr
 from breakwater.gate._breaker import BreakerPolicy
 from breakwater.gate._envelope import error_from_result
 from breakwater.testing.server import OPERATION_ID_META_KEY, count_ledger, launch_command, read_ledger, read_state
+from helpers import code_of as code
+from helpers import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -54,16 +56,6 @@ def envelope(result: CallToolResult) -> dict[str, Any]:
     assert result.is_error, result
     assert isinstance(result.structured_content, dict)
     return result.structured_content
-
-
-def code(result: CallToolResult) -> str | None:
-    return envelope(result)["code"] if result.is_error else None
-
-
-async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    with anyio.fail_after(timeout):
-        while not check():
-            await anyio.sleep(0.02)
 
 
 def control(path: Path, tools: dict[str, dict[str, Any]]) -> None:

@@ -31,6 +31,7 @@ from mcp import Client
 from breakwater.gateway._metrics import DURATION_BUCKETS_S, Metrics
 from breakwater.journal import AttemptRecord
 from breakwater.testing.server import launch_command
+from helpers import require
 
 BREAKWATER = [sys.executable, "-m", "breakwater"]
 TOKEN = "web-test-token-4b1d"
@@ -517,9 +518,7 @@ def test_sigterm_stops_the_gateway_gracefully_and_keeps_the_journal(tmp_path: Pa
 
 def _need(reason: str) -> None:
     """Skip locally; under CI the browser is part of the contract, so fail instead."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason} (CI=true: install Debian's chromium and chromium-driver, and the dev extra)")
-    pytest.skip(reason)
+    require(reason, ci_fix="install Debian's chromium and chromium-driver, and the dev extra")
 
 
 @pytest.fixture

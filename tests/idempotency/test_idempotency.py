@@ -37,6 +37,7 @@ from breakwater.idempotency import (
     fingerprint,
     idempotent,
 )
+from helpers import code_of
 
 pytestmark = pytest.mark.anyio
 
@@ -77,11 +78,6 @@ def op_meta(operation_id: str) -> RequestParamsMeta:
 
 def new_id() -> str:
     return str(uuid.uuid4())
-
-
-def code_of(result: CallToolResult) -> str | None:
-    sc = result.structured_content
-    return sc.get("code") if isinstance(sc, dict) and result.is_error else None
 
 
 # ---------------------------------------------------------------------------- the store contract

@@ -32,7 +32,7 @@ from conformance.node_tools import NodeTools, node_tools
 
 pytestmark = pytest.mark.anyio
 
-UPSTREAM = Path(__file__).parent / "conformance" / "server.py"
+UPSTREAM = Path(__file__).resolve().parents[1] / "conformance" / "server.py"
 SUITE_TIMEOUT_S = 180
 
 # Scenarios that pass directly but fail through breakwater, and why. None today: resource subscriptions,

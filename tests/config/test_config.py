@@ -14,7 +14,7 @@ from breakwater.config import ConnectPolicy, all_knobs, find_config, load_config
 from breakwater.config._knobs import render_markdown
 from breakwater.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def write(path: Path, data: object) -> Path:

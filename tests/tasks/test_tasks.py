@@ -1,6 +1,6 @@
 """The 2026-07-28 tasks extension, both sides, with real processes.
 
-The server is `tests/tasks_server.py` (an SDK `MCPServer` made task-capable with
+The server is `tests/tasks/tasks_server.py` (an SDK `MCPServer` made task-capable with
 `breakwater.tasks.TaskSupport`), run over stdio and on a real 127.0.0.1 port; the client is a
 `Breakwater` (its gate) or, through `breakwater serve`, an SDK client. What the server says about
 its own tasks (status, polls, cancellation) is read back through its `task_info` tool.
