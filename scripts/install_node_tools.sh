@@ -19,6 +19,8 @@ NPM_PACKAGES=(
     "@modelcontextprotocol/server-everything@2026.8.31"
     "@modelcontextprotocol/server-memory@2026.8.31"
     "@modelcontextprotocol/server-filesystem@2026.8.31"
+    # The MCP Inspector CLI: the one-shot client of the first-minute test.
+    "@modelcontextprotocol/inspector@2.12.0"
 )
 PEER_NPM_PACKAGES=("mcp-proxy@6.7.19")
 PEER_PYPI=("mcp-proxy:mcp-proxy==0.13.0" "fastmcp:fastmcp==4.2.3")

@@ -211,6 +211,25 @@ async def test_one_shot_call_on_a_fresh_cache_gets_the_real_result(tmp_path: Pat
         assert not result.is_error, result
 
 
+def test_inspector_one_shot_call_on_a_fresh_cache_gets_the_real_result(tmp_path: Path, env: dict[str, str]) -> None:
+    """The MCP Inspector CLI's one-shot `tools/call` (it starts `breakwater serve`, lists, calls once and exits) gets
+    the tool's real answer from a first-ever serve whose server is ready half a second after start."""
+    from conformance.node_tools import node_tools
+
+    tools = node_tools()
+    config = write_config(tmp_path, {"everything": stdio_entry("--startup-delay", "0.5")})
+    assert not (tmp_path / "catalog").exists()
+    inspector = tools.bin / "mcp-inspector"
+    serve = [sys.executable, "-m", "breakwater", "serve", "--config", str(config)]
+    cmd = [str(inspector), "--cli", "--method", "tools/call", "--tool-name", "everything__echo", "--tool-arg", "message=hi"]
+    run_env = dict(env, PATH=tools.env()["PATH"], BREAKWATER_LIST_WAIT_S="30", BREAKWATER_CALL_TIMEOUT_S="30")
+    done = subprocess.run([*cmd, "--", *serve], capture_output=True, text=True, timeout=120, env=run_env, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    answer = json.loads(done.stdout)
+    assert answer.get("isError") is not True, answer
+    assert answer["structuredContent"]["arguments"] == {"message": "hi"}
+
+
 async def test_first_list_waits_only_for_servers_on_their_way(tmp_path: Path, env: dict[str, str]) -> None:
     """A first-ever tools/list waits (up to list_wait_s) for connecting servers, not for one that keeps failing, and
     answers with what it has when the wait ends; a call to the failing server answers at once with its reason."""
