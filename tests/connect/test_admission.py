@@ -56,7 +56,10 @@ async def test_all_or_nothing_across_slots(tmp_path: Path) -> None:
         await clock.wait_for_sleepers(1)
         # server-y must be free while b waits for stdio.
         probe = admission(tmp_path, clock)
-        ticket = await probe.acquire([Slot("server-y", 1)])
+        # The fake clock stands still, so a held slot would block this forever: a real bound fails it instead.
+        with anyio.fail_after(5):
+            ticket = await probe.acquire([Slot("server-y", 1)])
+        assert ticket is not None
         ticket.release()
         tg.cancel_scope.cancel()
     held.release()
