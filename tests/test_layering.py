@@ -85,7 +85,7 @@ def _statements(body: list[ast.stmt], prefix: str, imports: list[Any], funcs: li
                     for item in value:
                         if isinstance(item, ast.stmt):
                             _statements([item], prefix, imports, funcs)
-                        elif isinstance(item, (ast.excepthandler, ast.match_case)):
+                        elif isinstance(item, (ast.ExceptHandler, ast.match_case)):
                             _statements(item.body, prefix, imports, funcs)
 
 

@@ -24,8 +24,9 @@ import json
 import socket
 import sys
 import warnings
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from mcp.server.context import ServerRequestContext
@@ -59,6 +60,9 @@ from mcp.types import (
     UnsubscribeRequestParams,
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+_Ref = PromptReference | ResourceTemplateReference
+_Completer = Callable[[_Ref, CompletionArgument, CompletionContext | None], Awaitable[Completion]]
 
 # Logging, sampling and elicitation are deprecated in 2026-07-28 but are what the 2025-era scenarios test.
 warnings.filterwarnings("ignore", category=MCPDeprecationWarning)
@@ -183,12 +187,12 @@ def build_server() -> MCPServer:
         if _modern(ctx):
             answer = (ctx.input_responses or {}).get("elicitation")
             if not isinstance(answer, ElicitResult):
-                params = ElicitRequestFormParams(message=message, requested_schema=schema)  # type: ignore[arg-type]
+                params = ElicitRequestFormParams(message=message, requested_schema=schema)
                 return InputRequiredResult(input_requests={"elicitation": ElicitRequest(params=params)})
             result = answer
         else:
             try:
-                result = await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)  # type: ignore[arg-type]
+                result = await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)
             except Exception as exc:
                 return f"Elicitation not supported or error: {exc}"
         content = json.dumps(result.content or {}) if result.action == "accept" else "{}"
@@ -340,7 +344,10 @@ def build_server() -> MCPServer:
 
     # ---- completion, logging, subscriptions ------------------------------------------------------
 
-    @mcp.completion()
+    # The SDK leaves the `completion` decorator unannotated; it hands the function back unchanged.
+    completion = cast(Callable[[], Callable[[_Completer], _Completer]], mcp.completion)
+
+    @completion()
     async def complete(
         ref: PromptReference | ResourceTemplateReference, argument: CompletionArgument, context: CompletionContext | None
     ) -> Completion:

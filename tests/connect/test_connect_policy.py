@@ -81,7 +81,7 @@ async def test_refused_server_backs_off_with_full_jitter_then_fails_and_keeps_tr
         assert 60 * (1 - BACKGROUND_JITTER) <= delay <= 60 * (1 + BACKGROUND_JITTER)
         attempts = upstream.attempts
         for i in range(3):
-            clock.advance(upstream.next_retry_at - clock.time())  # type: ignore[operator]
+            clock.advance(upstream.next_retry_at - clock.time())
             await wait_for_state(upstream, ServerState.FAILED, attempts=attempts + i + 1)
         assert upstream.attempts == attempts + 3, "background attempts continue after the budget is spent"
         tg.cancel_scope.cancel()

@@ -70,7 +70,7 @@ async def gateway(tmp_path: Path, config: Path, transport: str, mode: str) -> As
     cmd = [sys.executable, "-m", "breakwater", "serve", "--config", str(config)]
     if transport == "stdio":
         params = StdioServerParameters(command=cmd[0], args=cmd[1:], env=gateway_env(tmp_path))
-        async with Client(params, mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(params, mode=mode) as client:
             yield client
         return
     port_file = tmp_path / "gw.port"
@@ -87,7 +87,7 @@ async def gateway(tmp_path: Path, config: Path, transport: str, mode: str) -> As
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
             assert time.monotonic() < deadline, "the gateway did not announce its port"
             await anyio.sleep(0.05)
-        async with Client(f"http://127.0.0.1:{int(port_file.read_text())}/mcp", mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(f"http://127.0.0.1:{int(port_file.read_text())}/mcp", mode=mode) as client:
             yield client
     finally:
         proc.terminate()

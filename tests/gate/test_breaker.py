@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from breakwater.config import BreakerPolicy
 from breakwater.config._knobs import iter_knobs
 from breakwater.errors import ConfigError
 from breakwater.gate._breaker import (
     BreakerKey,
-    BreakerPolicy,
     BreakerRegistry,
     BreakerState,
     CircuitBreaker,

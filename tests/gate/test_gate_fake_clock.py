@@ -21,11 +21,10 @@ import pytest
 from mcp import MCPError
 from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 
-from breakwater.config import CallPolicy, JournalPolicy, RetryPolicy, ServerSpec, ToolSettings, load_config
+from breakwater.config import BreakerPolicy, CallPolicy, JournalPolicy, RetryPolicy, ServerSpec, ToolSettings, load_config
 from breakwater.connect._admission import Admission
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import ConfigError
-from breakwater.gate._breaker import BreakerPolicy
 from breakwater.gate._envelope import render_error_table
 from breakwater.gate._gate import OPERATION_ID_META_KEY, CallGate
 from breakwater.gate._turn_budget import turn_budget
@@ -196,8 +195,10 @@ async def test_budget_stops_retries_it_cannot_cover() -> None:
     )
 
     async def in_budget() -> CallToolResult:
+        # The scope's __exit__ returns bool (it may swallow a cancel), so mypy wants the return after it.
         with turn_budget(3.0, clock=clock):
-            return await gate.call("s", "t")
+            result = await gate.call("s", "t")
+        return result
 
     result = await drive(clock, in_budget)
     assert result.structured_content["code"] == "TIMEOUT"

@@ -21,9 +21,8 @@ import pytest
 from mcp.types import CallToolResult
 
 from breakwater import Breakwater, Config, ConnectPolicy, ServerSpec, ServerState
-from breakwater.config import CallPolicy, RetryPolicy, ToolSettings
+from breakwater.config import BreakerPolicy, CallPolicy, RetryPolicy, ToolSettings
 from breakwater.errors import ENVELOPE_KEYS, CallTimeoutError, OutcomeUnknownError, UnknownToolError
-from breakwater.gate._breaker import BreakerPolicy
 from breakwater.gate._envelope import error_from_result
 from breakwater.testing.server import OPERATION_ID_META_KEY, count_ledger, launch_command, read_ledger, read_state
 from helpers import code_of as code

@@ -25,10 +25,9 @@ from mcp import MCPError
 from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 
 from breakwater import Breakwater, Config, ConnectPolicy, ServerSpec, ServerState
-from breakwater.config import CallPolicy, RetryPolicy, ToolSettings
+from breakwater.config import BreakerPolicy, CallPolicy, RetryPolicy, ToolSettings
 from breakwater.connect._admission import Admission
 from breakwater.connect._upstream import Upstream
-from breakwater.gate._breaker import BreakerPolicy
 from breakwater.gate._gate import GET_OPERATION_TOOL, OPERATION_ID_META_KEY, CallGate
 from breakwater.gate._turn_budget import turn_budget
 from breakwater.testing import FakeClock, ScriptedCall, ScriptedServer, in_memory

@@ -6,9 +6,10 @@ import random
 
 import pytest
 
+from breakwater.config import RetryPolicy
 from breakwater.config._knobs import iter_knobs
 from breakwater.errors import ConfigError
-from breakwater.gate._retry_budget import RetryBudget, RetryPolicy
+from breakwater.gate._retry_budget import RetryBudget
 from breakwater.testing import FakeClock
 
 

@@ -75,7 +75,7 @@ async def wait_for_tool(client: Client, name: str, timeout: float = 30) -> types
 async def wait_ready(client: Client, servers: int, timeout: float = 30) -> None:
     """Wait until the gateway reports `servers` upstreams ready (through its status tool)."""
     with anyio.fail_after(timeout):
-        while (await client.call_tool("breakwater_status", {})).structured_content["summary"].get("ready", 0) < servers:  # type: ignore[index]
+        while (await client.call_tool("breakwater_status", {})).structured_content["summary"].get("ready", 0) < servers:
             await anyio.sleep(0.1)
 
 
@@ -443,7 +443,7 @@ async def test_a_url_that_keeps_refusing_is_described_with_what_is_known(tmp_pat
     async with gateway_stdio(config, retrying) as client:
         with anyio.fail_after(30):
             while True:
-                server = (await client.call_tool("breakwater_status", {})).structured_content["servers"][0]  # type: ignore[index]
+                server = (await client.call_tool("breakwater_status", {})).structured_content["servers"][0]
                 if server["state"] == "retrying" and server["attempts"] >= 2:
                     break
                 await anyio.sleep(0.1)

@@ -173,7 +173,7 @@ async def test_elicitation_reaches_the_client_over_http(
 
     async def elicit(context: ClientRequestContext, params: types.ElicitRequestParams) -> types.ElicitResult:
         assert isinstance(params, types.ElicitRequestFormParams)
-        schemas.append(params.requested_schema)  # type: ignore[arg-type]
+        schemas.append(params.requested_schema)
         return types.ElicitResult(action="accept", content={"username": "ada", "email": "ada@example.com"})
 
     async with (

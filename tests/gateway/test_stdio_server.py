@@ -58,7 +58,7 @@ def run_server(tmp_path: Path) -> tuple[int, list[str], str]:
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     proc.stdin.write(wire)
     proc.stdin.flush()
-    lines = []
+    lines: list[str] = []
     while not any('"id": 2' in line or '"id":2' in line for line in lines):
         line = proc.stdout.readline()
         if not line:

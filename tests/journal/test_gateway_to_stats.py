@@ -25,10 +25,9 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.types import CallToolResult, Implementation, TextContent, Tool, ToolAnnotations
 
-from breakwater.config import CallPolicy, JournalPolicy, RetryPolicy, ServerSpec, ToolSettings
+from breakwater.config import BreakerPolicy, CallPolicy, JournalPolicy, RetryPolicy, ServerSpec, ToolSettings
 from breakwater.connect._admission import Admission
 from breakwater.connect._upstream import Upstream
-from breakwater.gate._breaker import BreakerPolicy
 from breakwater.gate._gate import GET_OPERATION_TOOL, CallGate
 from breakwater.journal import (
     DOWNSTREAM_CLIENT,
@@ -93,7 +92,7 @@ timeout_s = {HANG_TIMEOUT_S}
 
 async def wait_ready(client: Client, timeout: float = 30) -> None:
     with anyio.fail_after(timeout):
-        while (await client.call_tool("breakwater_status", {})).structured_content["summary"].get("ready", 0) < 1:  # type: ignore[index]
+        while (await client.call_tool("breakwater_status", {})).structured_content["summary"].get("ready", 0) < 1:
             await anyio.sleep(0.1)
 
 
@@ -125,7 +124,7 @@ async def test_calls_through_the_gateway_land_in_stats(tmp_path: Path, mode: str
         for _ in range(WORK_CALLS):
             result = await client.call_tool("ts__work", {})
             assert not result.is_error, result
-            server_latencies.append(result.structured_content["latency_s"])  # type: ignore[index]
+            server_latencies.append(result.structured_content["latency_s"])
         timed_out = (await client.call_tool("ts__hang", {})).structured_content or {}
         assert (timed_out["code"], timed_out["attempt"]) == ("TIMEOUT", 2)
         refused = (await client.call_tool("ts__hang", {})).structured_content or {}
@@ -257,8 +256,8 @@ async def test_gate_hands_the_observer_every_send_refusal_and_reconciliation() -
     token = DOWNSTREAM_CLIENT.set("agent-x")
     try:
         assert not (await drive(clock, lambda: gate.call("s", "t", {"q": 1}))).is_error
-        assert (await drive(clock, lambda: gate.call("s", "t", {"q": 2}))).structured_content["code"] == "TIMEOUT"  # type: ignore[index]
-        assert (await drive(clock, lambda: gate.call("s", "t", {"q": 3}))).structured_content["code"] == "CIRCUIT_OPEN"  # type: ignore[index]
+        assert (await drive(clock, lambda: gate.call("s", "t", {"q": 2}))).structured_content["code"] == "TIMEOUT"
+        assert (await drive(clock, lambda: gate.call("s", "t", {"q": 3}))).structured_content["code"] == "CIRCUIT_OPEN"
         assert not (await drive(clock, lambda: gate.call("s", "op", {}))).is_error
     finally:
         DOWNSTREAM_CLIENT.reset(token)
@@ -295,7 +294,7 @@ async def test_calls_refused_before_reaching_a_tool_are_journaled_too() -> None:
     clock = FakeClock()
     gate, recorder = make_gate(clock, lambda _n, _i: anyio.sleep_forever(), [])  # type: ignore[arg-type,return-value]
     upstream = gate._servers["s"].upstream
-    assert (await gate.call("s", "missing", {})).structured_content["code"] == "UNKNOWN_TOOL"  # type: ignore[index]
+    assert (await gate.call("s", "missing", {})).structured_content["code"] == "UNKNOWN_TOOL"
     upstream.state = ServerState.CONNECTING
     token = DOWNSTREAM_CLIENT.set("agent-y")
     try:

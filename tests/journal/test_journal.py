@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import anyio
 import pytest
@@ -249,6 +249,13 @@ def oracle(records: list[AttemptRecord], since: float, tool: str) -> tuple[int, 
     return calls, sent, sorted(r.duration_s for r in mine if r.outcome in ("completed", "tool_error"))
 
 
+class StatsFilters(TypedDict, total=False):
+    """The filter keywords of `Journal.stats`."""
+
+    server: str
+    tool: str
+
+
 def test_rollup_stats_match_the_raw_scan_on_any_window(make_store: StoreFactory) -> None:
     """Windows that start mid-minute (whole minutes from the rollups, the partial first one from raw
     rows), with and without filters: the counts are exact and every percentile is within the
@@ -257,12 +264,13 @@ def test_rollup_stats_match_the_raw_scan_on_any_window(make_store: StoreFactory)
     clock = FakeClock()
     journal = Journal(make_store(), clock=clock, policy=JournalPolicy(learn_timeouts=False))
     records = scattered(clock, 6000, 1800, seed=11)
-    for r in records:
-        journal.record(r)
+    for record in records:
+        journal.record(record)
     journal.flush()
     worst = 0.0
+    filter_sets: tuple[StatsFilters, ...] = ({}, {"tool": "b"}, {"server": "s", "tool": "c"}, {"server": "nope"})
     for since_s in (1800.5, 1234.567, 600.0, 60.0, 59.9, 7.25):
-        for filters in ({}, {"tool": "b"}, {"server": "s", "tool": "c"}, {"server": "nope"}):
+        for filters in filter_sets:
             rolled = journal.stats(since_s, **filters)
             exact = journal.stats(since_s, exact=True, **filters)
             assert [(s.server, s.tool) for s in rolled] == [(s.server, s.tool) for s in exact]

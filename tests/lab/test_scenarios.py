@@ -6,7 +6,7 @@ from hypothesis import given
 from labkit import LAB, configs, entries, fresh
 
 from breakwater.lab import CallSpec, LabConfig, run
-from breakwater.lab.engine import P_DEADLINE, P_WORK
+from breakwater.lab._fleet import P_DEADLINE, P_WORK
 
 _GAPS_45 = (45_000,) * 6
 

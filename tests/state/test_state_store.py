@@ -23,10 +23,10 @@ import anyio
 import pytest
 
 from breakwater._clock import SystemClock
-from breakwater.config import StatePolicy
+from breakwater.config import BreakerPolicy, RetryPolicy, StatePolicy
 from breakwater.errors import ConfigError
-from breakwater.gate._breaker import BreakerPolicy, BreakerRegistry, BreakerState, Outcome, Permit, Rejection
-from breakwater.gate._retry_budget import RetryBudget, RetryPolicy
+from breakwater.gate._breaker import BreakerRegistry, BreakerState, Outcome, Permit, Rejection
+from breakwater.gate._retry_budget import RetryBudget
 from breakwater.state import MemoryStore, open_store
 from breakwater.testing import FakeClock
 from helpers import require

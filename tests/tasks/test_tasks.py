@@ -206,7 +206,8 @@ async def test_poll_interval_is_honoured_with_jitter_on_the_fake_clock(tmp_path:
             assert info["polls"] == 1, info
 
             async def finished() -> bool:
-                return (await task_info(bw, pending.task_id))["status"] == "completed"
+                status: str = (await task_info(bw, pending.task_id))["status"]
+                return status == "completed"
 
             await eventually(finished)
             clock.advance(waits[1])  # second poll: completed
@@ -462,7 +463,7 @@ def gateway_config(tmp_path: Path, entry: dict[str, Any]) -> Path:
 
 async def wait_ready(client: Client, timeout: float = 30) -> None:
     with anyio.fail_after(timeout):
-        while (await client.call_tool("breakwater_status", {})).structured_content["summary"].get("ready", 0) < 1:  # type: ignore[index]
+        while (await client.call_tool("breakwater_status", {})).structured_content["summary"].get("ready", 0) < 1:
             await anyio.sleep(0.1)
     await client.list_tools()
 
