@@ -341,7 +341,7 @@ def serve_main(argv: list[str]) -> int:
     """`breakwater serve`: one MCP server in front of every configured server."""
     import os
 
-    from breakwater.gateway._http import LOOPBACK_HOSTS
+    from breakwater.config._checks import check_listener_token
 
     parser = argparse.ArgumentParser(
         prog="breakwater serve",
@@ -380,12 +380,8 @@ def serve_main(argv: list[str]) -> int:
     parser.add_argument("--port-file", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     token = args.token or os.environ.get("BREAKWATER_TOKEN") or None
-    if args.http and args.http[0] not in LOOPBACK_HOSTS and not token:
-        print(
-            f"breakwater: refusing to listen on {args.http[0]} without a token: anyone who can reach it could call "
-            "your tools.\n  fix: pass --token (or set BREAKWATER_TOKEN), or listen on 127.0.0.1",
-            file=sys.stderr,
-        )
+    if args.http and (problem := check_listener_token(args.http[0], token)):
+        print(problem, file=sys.stderr)
         return EXIT_CONFIG
     config = load_or_exit(args.config)
     if args.state is not None:

@@ -6,11 +6,9 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
+from breakwater.config._checks import LOOPBACK_HOSTS as LOOPBACK_HOSTS  # importable from here as before
 from breakwater.gateway._metrics import CallCounter, Metrics
 from breakwater.gateway._server import Gateway
-
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
-
 
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
 

@@ -1,0 +1,314 @@
+"""No input breaks it: a wrong config is refused before it runs, with the file, the key, the value and the fix.
+
+Each class of bad input the adversarial pass found (non-finite or absurd numbers, undecodable bytes,
+deep nesting, unknown schemes and placeholders, duplicate names, malformed URLs, invisible
+characters, missing directories, weak tokens) has a row here, and a property test generates
+configs (TOML and JSON, valid and broken) and holds every one to: a clear ConfigError, or a config
+whose every policy is in range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from breakwater.config import Config, load_config
+from breakwater.config._checks import check_listener_token
+from breakwater.config._knobs import knob_range
+from breakwater.config._policies import GLOBAL_SECTIONS, POLICY_SECTIONS, CallPolicy
+from breakwater.errors import ConfigError
+
+NUMBER_KNOBS = [
+    (section, f.name)
+    for section, cls in {**POLICY_SECTIONS, **GLOBAL_SECTIONS}.items()
+    for f in dataclasses.fields(cls)
+    if f.type in ("float", "int", "float | None", "int | None")
+]
+
+
+def test_every_number_knob_has_a_range() -> None:
+    """Every number knob declares both ends of its range, so no value is accepted just because nobody bounded it."""
+    sections = {**POLICY_SECTIONS, **GLOBAL_SECTIONS}
+    assert len(NUMBER_KNOBS) > 40
+    missing = [f"{s}.{n}" for s, n in NUMBER_KNOBS if None in knob_range(sections[s], n)]
+    assert missing == []
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 1e300, -5.0])
+def test_policies_refuse_out_of_range_values_on_construction(value: float) -> None:
+    """Constructing a policy in code checks it as a file would: NaN, infinities and 1e300 are refused."""
+    with pytest.raises(ConfigError) as info:
+        CallPolicy(timeout_s=value)
+    assert info.value.key == "timeout_s" and info.value.fix
+
+
+def _json(servers: dict[str, Any]) -> str:
+    return json.dumps({"mcpServers": servers})
+
+
+OK = {"command": sys.executable, "args": ["-c", "pass"]}
+
+# (file name, content, what the error must mention)
+BAD_CONFIGS: list[tuple[str, str | bytes, str]] = [
+    ("nan.toml", "[call]\ntimeout_s = nan\n", "call.timeout_s"),
+    ("inf.toml", "[call]\ntimeout_s = inf\n", "call.timeout_s"),
+    ("huge.toml", "[call]\ntimeout_s = 1e300\n", "call.timeout_s"),
+    ("neg.toml", "[connect]\nbudget_s = -5\n", "connect.budget_s"),
+    ("nanstr.toml", '[call]\ntimeout_s = "NaN"\n', "call.timeout_s"),
+    ("server-nan.toml", '[servers.a]\ncommand = "x"\n[servers.a.call]\nmax_s = inf\n', "servers.a.call.max_s"),
+    ("tool-nan.toml", '[servers.a]\ncommand = "x"\n[servers.a.tools.t]\ntimeout_s = nan\n', "servers.a.tools.t.timeout_s"),
+    ("bigint.toml", "[call]\nmax_in_flight = 99999999999999999999\n", "call.max_in_flight"),
+    ("latin1.json", b'{"mcpServers": {"caf\xe9": {"command": "x"}}}', "not UTF-8"),
+    ("latin1.toml", b'[servers.caf\xe9]\ncommand = "x"\n', "not UTF-8"),
+    ("nul.json", b'{"mcpServers": {"a": {"command": "x\x00"}}}', "NUL"),
+    ("deep.json", "[" * 100_000 + "]" * 100_000, "nested deeper"),
+    ("deep2.json", '{"mcpServers": {"a": {"command": "x", "args": ' + "[" * 5000 + "]" * 5000 + "}}}", "nested deeper"),
+    ("deep.toml", "a = " + "[" * 100_000 + "]" * 100_000 + "\n", "nested"),
+    ("nan.json", '{"mcpServers": {"a": {"command": "x", "args": [NaN]}}}', "NaN"),
+    ("mysql.toml", '[journal]\nurl = "mysql://user@db/x"\n', "journal.url"),
+    ("template-unknown.toml", '[gateway]\ntool_name_template = "{nope}_{tool}"\n', "gateway.tool_name_template"),
+    ("template-server.toml", '[gateway]\ntool_name_template = "{server}"\n', "gateway.tool_name_template"),
+    ("template-brace.toml", '[gateway]\ntool_name_template = "{server}_{tool"\n', "gateway.tool_name_template"),
+    ("template-attr.toml", '[gateway]\ntool_name_template = "{server.__class__}{tool}"\n', "gateway.tool_name_template"),
+    ("template-conv.toml", '[gateway]\ntool_name_template = "{server!r}{tool}"\n', "gateway.tool_name_template"),
+    ("dup.json", '{"mcpServers": {"a": {"command": "x"}, "a": {"command": "y"}}}', "appears twice"),
+    ("dup-env.json", '{"mcpServers": {"a": {"command": "x", "env": {"K": "1", "K": "2"}}}}', "appears twice"),
+    ("bare-url.json", _json({"a": {"type": "http", "url": "http://"}}), "mcpServers.a.url"),
+    ("port.json", _json({"a": {"type": "http", "url": "http://127.0.0.1:99999/mcp"}}), "mcpServers.a.url"),
+    ("port0.json", _json({"a": {"type": "http", "url": "http://127.0.0.1:0/mcp"}}), "mcpServers.a.url"),
+    ("space-url.json", _json({"a": {"type": "http", "url": "http://exa mple.com/mcp"}}), "mcpServers.a.url"),
+    ("sse-url.toml", '[servers.a]\ntype = "sse"\nurl = "http:// /sse"\n', "servers.a.url"),
+    ("empty-name.json", _json({"": OK}), "empty server name"),
+    ("space-name.json", _json({"   ": OK}), "empty server name"),
+    ("ctrl-name.json", _json({"a\x1bb": OK}), "U+001B"),
+    ("bidi-name.json", _json({"a\u202eb": OK}), "U+202E"),
+    ("empty-name.toml", '[servers.""]\ncommand = "x"\n', "empty server name"),
+    ("bidi-name.toml", '[servers."x\u2066y"]\ncommand = "x"\n', "U+2066"),
+    ("cwd.json", _json({"a": {**OK, "cwd": "/definitely/not/here"}}), "does not exist"),
+    ("env-key.json", _json({"a": {**OK, "env": {"A=B": "1"}}}), "environment variable name"),
+    ("header.json", _json({"a": {"type": "http", "url": "http://h/mcp", "headers": {"X-A": "1\r\nX-B: 2"}}}), "headers"),
+    ("header-name.json", _json({"a": {"type": "http", "url": "http://h/mcp", "headers": {"X A": "1"}}}), "header name"),
+    ("state.toml", '[state]\nurl = "mysql://x"\n', "state.url"),
+    ("namespace-ctrl.toml", '[state]\nnamespace = "a\\u0007b"\n', "state.namespace"),
+    ("ceiling.toml", "[journal]\nlearn_floor_s = 10\nlearn_ceiling_s = 5\n", "journal.learn_ceiling_s"),
+    ("bool-arg.json", _json({"a": {"command": "x", "args": [True]}}), "mcpServers.a.args"),
+]
+
+
+@pytest.mark.parametrize(("name", "content", "mentions"), BAD_CONFIGS, ids=[c[0] for c in BAD_CONFIGS])
+def test_bad_config_is_refused_with_file_key_and_fix(tmp_path: Path, name: str, content: str | bytes, mentions: str) -> None:
+    """Each class of wrong config is a ConfigError naming the file, what is wrong (key or cause) and the fix."""
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    text = str(info.value)
+    assert str(path) in text and mentions in text and "fix:" in text
+    assert len(text) < 600, "the error quotes a whole file"
+
+
+@pytest.mark.parametrize(
+    ("env", "mentions"),
+    [
+        ({"BREAKWATER_CALL_TIMEOUT_S": "nan"}, "timeout_s"),
+        ({"BREAKWATER_CALL_TIMEOUT_S": "1e300"}, "timeout_s"),
+        ({"BREAKWATER_JOURNAL": "mysql://x"}, "url"),
+        ({"BREAKWATER_TOOL_NAME_TEMPLATE": "{tool}"}, "tool_name_template"),
+    ],
+)
+def test_bad_environment_values_are_refused(tmp_path: Path, env: dict[str, str], mentions: str) -> None:
+    """An environment variable is held to the same range as the file."""
+    path = tmp_path / "a.json"
+    path.write_text(_json({"a": OK}))
+    with pytest.raises(ConfigError, match=mentions) as info:
+        load_config(path, environ=env)
+    assert "environment" in str(info.value)
+
+
+def test_secrets_are_not_quoted_in_config_errors(tmp_path: Path) -> None:
+    """A URL refused for its port is quoted without its user-info or query, where tokens hide."""
+    path = tmp_path / "a.json"
+    path.write_text(_json({"a": {"type": "http", "url": "http://user:pa55w0rd-xyz@h:99999/mcp?key=sekrit-value"}}))
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    assert "pa55w0rd" not in str(info.value) and "sekrit" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("host", "token", "ok"),
+    [
+        ("0.0.0.0", None, False),
+        ("0.0.0.0", "x", False),
+        ("0.0.0.0", "short-token", False),
+        ("0.0.0.0", " " * 20, False),
+        ("0.0.0.0", "abc def ghi jkl mno", False),
+        ("0.0.0.0", "7f3a9c2e1d5b4a6f8e0c", True),
+        ("127.0.0.1", None, True),
+        ("127.0.0.1", "s3cret", True),
+        ("127.0.0.1", "   ", False),
+    ],
+)
+def test_listener_token_rules(host: str, token: str | None, ok: bool) -> None:
+    """A reachable listener needs a token that cannot be guessed; no listener takes a token that can never match."""
+    problem = check_listener_token(host, token)
+    assert (problem is None) is ok
+    if problem:
+        assert "fix:" in problem
+
+
+# ---- the property: any generated config is a clear error or a config in range ----------------------
+
+_NUMBERS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-(10**20), max_value=10**20),
+    st.sampled_from([0, 0.0, -1, 1e300, 1e-300, 0.5, 3, 86400, 10**7]),
+)
+_TEXT = st.text(min_size=0, max_size=12)
+_KNOB_VALUE = st.one_of(_NUMBERS, _TEXT, st.booleans(), st.sampled_from(["nan", "inf", "-1", "5", "1e300", "auto", "never"]))
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, int):
+        return str(value)
+    return json.dumps(value)
+
+
+@st.composite
+def _toml_configs(draw: st.DrawFn) -> str:
+    lines: list[str] = []
+    for section in draw(st.lists(st.sampled_from(sorted({*POLICY_SECTIONS, *GLOBAL_SECTIONS})), max_size=3, unique=True)):
+        lines.append(f"[{section}]")
+        cls = {**POLICY_SECTIONS, **GLOBAL_SECTIONS}[section]
+        names = [f.name for f in dataclasses.fields(cls)]
+        for name in draw(st.lists(st.sampled_from([*names, "bogus"]), max_size=3, unique=True)):
+            lines.append(f"{name} = {_toml_value(draw(_KNOB_VALUE))}")
+    for server in draw(st.lists(st.sampled_from(["a", "b", "", "x y", "\u202e", "ok-1"]), max_size=2, unique=True)):
+        lines.append(f"[servers.{json.dumps(server)}]")
+        if draw(st.booleans()):
+            command = draw(st.sampled_from(["x", "", " ", "a\x00b", sys.executable]))
+            lines.append(f"command = {json.dumps(command)}")
+        else:
+            url = draw(st.sampled_from(["http://", "http://h:99999/", "http://h/mcp", "https://h:1/x", "ftp://h", "http://a b"]))
+            lines.append(f"url = {json.dumps(url)}")
+        if draw(st.booleans()):
+            lines.append(f"[servers.{json.dumps(server)}.call]")
+            lines.append(f"timeout_s = {_toml_value(draw(_NUMBERS))}")
+    return "\n".join(lines) + "\n"
+
+
+_ENTRY = st.fixed_dictionaries(
+    {},
+    optional={
+        "command": st.one_of(st.sampled_from(["x", "", sys.executable]), _TEXT, st.integers()),
+        "args": st.one_of(st.lists(st.one_of(_TEXT, st.integers(), st.booleans()), max_size=3), _TEXT),
+        "env": st.one_of(st.dictionaries(_TEXT, st.one_of(_TEXT, st.integers(), st.none()), max_size=2), _TEXT),
+        "url": st.one_of(st.sampled_from(["http://", "http://h:99999", "http://127.0.0.1:8/mcp", "https://u:p@h/x?k=v"]), _TEXT),
+        "type": st.sampled_from(["stdio", "http", "sse", "streamable-http", "bogus"]),
+        "cwd": st.sampled_from([".", "/nope/nope", "", "~"]),
+        "headers": st.dictionaries(_TEXT, _TEXT, max_size=2),
+        "disabled": st.one_of(st.booleans(), _TEXT),
+    },
+)
+
+
+@st.composite
+def _json_configs(draw: st.DrawFn) -> str:
+    servers = draw(st.dictionaries(_TEXT, _ENTRY, max_size=3))
+    text = json.dumps({draw(st.sampled_from(["mcpServers", "servers", "bogus"])): servers})
+    if draw(st.booleans()):  # a duplicate key, as a hand-edited file has it
+        text = text.replace("{", '{"mcpServers": {}, ', 1)
+    return text
+
+
+def _assert_in_range(config: Config) -> None:
+    policies = [getattr(config, s) for s in (*POLICY_SECTIONS, *GLOBAL_SECTIONS)]
+    policies += [getattr(spec, s) for spec in config.servers for s in POLICY_SECTIONS]
+    for policy in policies:
+        for f in dataclasses.fields(policy):
+            value = getattr(policy, f.name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                low, high = knob_range(type(policy), f.name)
+                assert math.isfinite(value) and low is not None and high is not None and low <= value <= high, f.name
+    template = config.gateway.tool_name_template
+    assert template.format(server="s", tool="t1") != template.format(server="s", tool="t2")
+    for spec in config.servers:
+        assert spec.name.strip() and spec.name.isprintable()
+        assert spec.cwd is None or Path(spec.cwd).is_dir()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(text=st.one_of(_toml_configs(), _json_configs()), suffix=st.sampled_from([".toml", ".json"]))
+def test_property_any_config_is_a_clear_error_or_in_range(tmp_path: Path, text: str, suffix: str) -> None:
+    """Whatever is written, loading it gives a ConfigError naming the file and the fix, or a config in range."""
+    path = tmp_path / f"generated{suffix}"
+    path.write_text(text, encoding="utf-8")
+    try:
+        config = load_config(path, environ={})
+    except ConfigError as exc:
+        assert str(path) in str(exc) and "fix:" in str(exc), str(exc)
+        return
+    _assert_in_range(config)
+
+
+# ---- the CLI: config check, status and serve alike: exit 2, one clear error, no traceback -----------
+
+CLI_CASES = ["nan.toml", "mysql.toml", "template-unknown.toml", "latin1.json", "dup.json"]
+
+
+@pytest.mark.parametrize("name", CLI_CASES)
+def test_cli_refuses_bad_config_with_exit_2(tmp_path: Path, name: str) -> None:
+    """`config check`, `status` and `serve` refuse the same file the same way: exit 2, the error, no traceback."""
+    content = next(c for n, c, _ in BAD_CONFIGS if n == name)
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    env = {**os.environ, "BREAKWATER_ADMISSION_DIR": str(tmp_path / "adm"), "XDG_CACHE_HOME": str(tmp_path / "c")}
+    env.pop("BREAKWATER_JOURNAL", None)  # the test session turns the journal off; here the file's url must count
+    for command in (["config", "check"], ["status", "--wait", "1"], ["serve"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "breakwater", *command, "--config", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            check=False,
+        )
+        assert result.returncode == 2, (command, result.stderr)
+        assert "Traceback" not in result.stderr and result.stdout == ""
+        lines = result.stderr.strip().splitlines()
+        # One error line (file, key, value), then its fix.
+        assert len(lines) == 2 and lines[0].startswith("breakwater: config error: ") and lines[1].lstrip().startswith("fix:")
+        assert str(path) in lines[0]
+
+
+def test_serve_refuses_weak_token_on_reachable_listener(tmp_path: Path) -> None:
+    """A one-character token on 0.0.0.0 is refused before anything listens, exit 2."""
+    path = tmp_path / "a.json"
+    path.write_text(_json({"a": OK}))
+    result = subprocess.run(
+        [sys.executable, "-m", "breakwater", "serve", "--config", str(path), "--http", "0.0.0.0:0", "--token", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert result.returncode == 2 and "could be guessed" in result.stderr and "Traceback" not in result.stderr
