@@ -16,6 +16,7 @@ from anyio.abc import TaskGroup
 
 from breakwater._clock import Clock, SystemClock
 from breakwater.config import Config, find_config, load_config
+from breakwater.config._redact import install_log_redaction
 from breakwater.connect._admission import Admission, default_admission_dir
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import CallError, ToolError
@@ -87,6 +88,7 @@ class Breakwater:
         restart (`pending_tasks()`, `resume_task()`); default: `$BREAKWATER_TASKS_DB`, else
         `tasks.sqlite3` in the user's data directory, opened only when a task is first met."""
         self.config = config
+        install_log_redaction(config.secrets)  # no log record this process writes carries a secret
         self._clock: Clock = clock or SystemClock()
         #: The call journal, or None when it is off.
         self.journal: Journal | None = Journal.from_policy(config.journal, clock=self._clock) if journal == "config" else journal

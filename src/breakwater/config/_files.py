@@ -21,6 +21,7 @@ from breakwater.config._checks import check_header, check_server_name, check_tex
 from breakwater.config._knobs import build_policy, env_layer
 from breakwater.config._model import Config, ServerSpec, ToolSettings, Transport
 from breakwater.config._policies import GLOBAL_SECTIONS, POLICY_SECTIONS, CallPolicy, RetryPolicy
+from breakwater.config._redact import register_secrets
 from breakwater.errors import ConfigError
 
 __all__ = ["DEFAULT_CONFIG_NAMES", "find_config", "load_config"]
@@ -432,9 +433,15 @@ def load_config(path: str | os.PathLike[str], *, environ: Mapping[str, str] | No
     p = Path(path)
     env = os.environ if environ is None else environ
     if p.suffix == ".toml":
-        return _load_toml(p, env)
-    defaults = {section: build_policy(cls, [env_layer(cls, env)]) for section, cls in POLICY_SECTIONS.items()}
-    return Config(servers=tuple(_servers_from_json(p, defaults)), **defaults, **_global_policies({}, None, env), path=str(p))
+        config = _load_toml(p, env)
+    else:
+        defaults = {section: build_policy(cls, [env_layer(cls, env)]) for section, cls in POLICY_SECTIONS.items()}
+        config = Config(
+            servers=tuple(_servers_from_json(p, defaults)), **defaults, **_global_policies({}, None, env), path=str(p)
+        )
+    # Any server's secret is scrubbed from every output of this process, not only that server's.
+    register_secrets(config.secrets)
+    return config
 
 
 def find_config(cwd: str | os.PathLike[str] | None = None) -> Path:

@@ -63,6 +63,7 @@ from breakwater._clock import Clock, DeadlineScope
 from breakwater._wire import CONNECTION_CLOSED as _CONNECTION_CLOSED
 from breakwater._wire import OPERATION_ID_META_KEY
 from breakwater.config import CallPolicy, RetryPolicy
+from breakwater.config._redact import redact_error
 from breakwater.connect._http_cut import cut_info
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import (
@@ -872,7 +873,12 @@ class CallGate:
         if verdict.ok and result is not None:
             answer = result
         else:
-            answer = verdict, self._error(srv, info, verdict, attempt_result, timeout_s, elapsed, by_budget)
+            answer = (
+                verdict,
+                redact_error(
+                    self._error(srv, info, verdict, attempt_result, timeout_s, elapsed, by_budget), srv.upstream.spec.secrets
+                ),
+            )
         if call is not None:
             call.sent += 1
             code = None if isinstance(answer, types.CallToolResult) else answer[1].code

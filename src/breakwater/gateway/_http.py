@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from breakwater.config._checks import LOOPBACK_HOSTS as LOOPBACK_HOSTS  # importable from here as before
+from breakwater.config._redact import register_secrets
 from breakwater.gateway._metrics import CallCounter, Metrics
 from breakwater.gateway._server import Gateway
 
@@ -81,5 +82,6 @@ def http_app(
     # One call counter per server: a second app over the same gateway replaces it, never counts twice.
     gateway.server.middleware[:] = [m for m in gateway.server.middleware if not isinstance(m, CallCounter)]
     gateway.server.middleware.append(metrics.middleware(gateway_resolver(gateway)))
+    register_secrets([token] if token else [])  # the gateway's own token is redacted like any configured secret
     mcp_app = BearerAuth(app, token) if token else app
     return WebApp(gateway, mcp_app, security=security, token=token, metrics=metrics)
