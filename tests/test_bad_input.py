@@ -312,3 +312,161 @@ def test_serve_refuses_weak_token_on_reachable_listener(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 2 and "could be guessed" in result.stderr and "Traceback" not in result.stderr
+
+
+# ---- launch modes: whatever stdin is, serve ends cleanly at its end; signals stop it, upstreams too ----
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+}
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+
+def _serve_env(tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "BREAKWATER_ADMISSION_DIR": str(tmp_path / "adm"),
+        "BREAKWATER_CATALOG_DIR": str(tmp_path / "catalog"),
+        "BREAKWATER_CONNECT_STARTUP_JITTER_S": "0",
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+    }
+
+
+def _serve_config(tmp_path: Path) -> Path:
+    from breakwater.testing.server import launch_command
+
+    command = launch_command("--tool", "echo:latency=0", "--state-file", str(tmp_path / "upstream.json"))
+    path = tmp_path / "mcp.json"
+    path.write_text(_json({"t": {"command": command[0], "args": command[1:]}}))
+    return path
+
+
+def _upstream_pid(tmp_path: Path, timeout: float = 30.0) -> int:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return int(json.loads((tmp_path / "upstream.json").read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.1)
+    raise AssertionError("the upstream never started")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie has exited; its parent just has not reaped it
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def _serve_with_stdin(tmp_path: Path, stdin: Any, *, pass_fds: tuple[int, ...] = (), preexec: Any = None) -> tuple[int, str, str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "breakwater", "serve", "--config", str(_serve_config(tmp_path))],
+        stdin=stdin,
+        capture_output=True,
+        timeout=60,
+        env=_serve_env(tmp_path),
+        pass_fds=pass_fds,
+        preexec_fn=preexec,
+        check=False,
+    )
+    return result.returncode, result.stdout.decode(), result.stderr.decode()
+
+
+def test_serve_with_stdin_dev_null_ends_cleanly(tmp_path: Path) -> None:
+    """`breakwater serve </dev/null | cat`: no hang, no traceback, exit 0 (systemd, containers without -i, CI)."""
+    code, out, err = _serve_with_stdin(tmp_path, subprocess.DEVNULL)
+    assert code == 0 and "Traceback" not in err and out == ""
+
+
+def test_serve_with_stdin_a_regular_file_answers_then_ends(tmp_path: Path) -> None:
+    """A file of requests (`serve <requests.jsonl`, as `nohup` gives) is read and served, and its end ends the session.
+
+    The end of input is the MCP stdio shutdown, so requests still in flight then are not waited for;
+    initialize is answered at once.
+    """
+    requests = tmp_path / "requests.jsonl"
+    tools_list = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    requests.write_text("".join(json.dumps(m) + "\n" for m in (INITIALIZE, INITIALIZED, tools_list)))
+    with requests.open("rb") as f:
+        code, out, err = _serve_with_stdin(tmp_path, f)
+    assert code == 0 and "Traceback" not in err
+    ids = [json.loads(line).get("id") for line in out.splitlines()]
+    assert 1 in ids
+
+
+def test_serve_with_stdin_closed_ends_cleanly(tmp_path: Path) -> None:
+    """A closed stdin (`serve <&-`) reads as an ended input: exit 0, no traceback."""
+    code, _, err = _serve_with_stdin(tmp_path, None, preexec=lambda: os.close(0))
+    assert code == 0 and "Traceback" not in err
+
+
+def test_serve_on_a_tty_answers_and_ends_at_eof(tmp_path: Path) -> None:
+    """On a terminal, requests are answered and Ctrl-D (end of input) ends the session with exit 0."""
+    import pty
+    import termios
+    import time
+
+    master, slave = pty.openpty()
+    attrs = termios.tcgetattr(slave)
+    attrs[3] &= ~termios.ECHO  # no echo: the terminal's output is not under test
+    termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "breakwater", "serve", "--config", str(_serve_config(tmp_path))],
+        stdin=slave,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_serve_env(tmp_path),
+    )
+    os.close(slave)
+    try:
+        os.write(master, (json.dumps(INITIALIZE) + "\n").encode())
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert json.loads(first)["id"] == 1
+        time.sleep(0.2)
+        os.write(master, b"\x04")  # Ctrl-D on an empty line: end of input
+        assert proc.wait(timeout=30) == 0
+        assert proc.stderr is not None and b"Traceback" not in proc.stderr.read()
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_signal_ends_serve_cleanly_and_stops_upstreams(tmp_path: Path, signum: str) -> None:
+    """SIGTERM or SIGINT mid-session: exit 0, no traceback, and the upstream process is gone."""
+    import signal
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "breakwater", "serve", "--config", str(_serve_config(tmp_path))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_serve_env(tmp_path),
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    try:
+        proc.stdin.write((json.dumps(INITIALIZE) + "\n").encode())
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["id"] == 1
+        upstream = _upstream_pid(tmp_path)
+        proc.send_signal(getattr(signal, signum))
+        assert proc.wait(timeout=30) == 0
+        assert b"Traceback" not in proc.stderr.read()
+        import time
+
+        deadline = time.monotonic() + 10
+        while _alive(upstream) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(upstream), "the upstream outlived the gateway"
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -342,6 +342,7 @@ def serve_main(argv: list[str]) -> int:
     import os
 
     from breakwater.config._checks import check_listener_token
+    from breakwater.gateway._stdio_server import reserve_standard_fds
 
     parser = argparse.ArgumentParser(
         prog="breakwater serve",
@@ -392,6 +393,7 @@ def serve_main(argv: list[str]) -> int:
         except ConfigError as exc:
             print(f"breakwater: --state: {exc}", file=sys.stderr)
             return EXIT_CONFIG
+    reserve_standard_fds()  # a closed stdin must not become the event loop's descriptor
     return anyio.run(_serve, config, args.http, token, args.port_file, tuple(args.allowed_host), args.json_response)
 
 
