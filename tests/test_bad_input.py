@@ -470,3 +470,104 @@ def test_signal_ends_serve_cleanly_and_stops_upstreams(tmp_path: Path, signum: s
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+# ---- every request with an id gets an answer: the JSON-RPC error the spec names, and the session goes on ----
+
+TOOLS_CALL = {"name": "t__echo", "arguments": {}}
+# (what is sent, the id the answer must carry, the error code, a word the message must hold)
+FRAMES: list[tuple[str, bytes, Any, int, str]] = [
+    ("before-initialize", b'{"jsonrpc":"2.0","id":"early","method":"tools/list"}', "early", -32602, "initialize"),
+    ("batch", b'[{"jsonrpc":"2.0","id":10,"method":"ping"}]', None, -32600, "batch"),
+    ("no-jsonrpc", b'{"id":11,"method":"ping"}', 11, -32600, "jsonrpc"),
+    ("jsonrpc-1.0", b'{"jsonrpc":"1.0","id":12,"method":"ping"}', 12, -32600, "2.0"),
+    ("params-string", b'{"jsonrpc":"2.0","id":13,"method":"tools/list","params":"abc"}', 13, -32602, "object"),
+    ("float-id", b'{"jsonrpc":"2.0","id":1.5,"method":"ping"}', None, -32600, "id"),
+    ("null-id", b'{"jsonrpc":"2.0","id":null,"method":"ping"}', None, -32600, "id"),
+    ("bool-id", b'{"jsonrpc":"2.0","id":true,"method":"ping"}', None, -32600, "id"),
+    ("invalid-utf8", b'{"jsonrpc":"2.0","id":15,"method":"ping","params":{"x":"\xff\xfe"}}', None, -32700, "UTF-8"),
+    ("not-json", b"{not json", None, -32700, "JSON"),
+    ("scalar", b"5", None, -32600, "object"),
+    ("method-number", b'{"jsonrpc":"2.0","id":21,"method":5}', 21, -32600, "method"),
+    ("unknown-method", b'{"jsonrpc":"2.0","id":17,"method":"nope/x"}', 17, -32601, "not found"),
+    ("bad-params", b'{"jsonrpc":"2.0","id":18,"method":"tools/call","params":{"name":5}}', 18, -32602, "name"),
+    ("missing-param", b'{"jsonrpc":"2.0","id":23,"method":"tools/call","params":{}}', 23, -32602, "name"),
+    (
+        "deep",
+        b'{"jsonrpc":"2.0","id":16,"method":"tools/call","params":{"name":"t__echo","arguments":{"a":'
+        + b"[" * 100_000
+        + b"]" * 100_000
+        + b"}}}",
+        None,
+        -32600,
+        "nested",
+    ),
+]
+
+
+def _read_answer(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> dict[str, Any]:
+    import select
+
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, "no answer: the request was dropped"
+    line = proc.stdout.readline()
+    assert line, "the session ended"
+    answer: dict[str, Any] = json.loads(line)
+    return answer
+
+
+def test_every_request_gets_the_json_rpc_error_the_spec_names(tmp_path: Path) -> None:
+    """Raw bytes on `breakwater serve`'s stdin: each malformed request is answered with its code and a reason."""
+    from breakwater._wire import DEADLINE_META_KEY
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "breakwater", "serve", "--config", str(_serve_config(tmp_path))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_serve_env(tmp_path),
+    )
+    assert proc.stdin is not None and proc.stderr is not None
+
+    def send(data: bytes) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(data + b"\n")
+        proc.stdin.flush()
+
+    try:
+        first, *rest = FRAMES
+        wrong: list[str] = []
+        for name, data, request_id, code, word in [first, ("init", json.dumps(INITIALIZE).encode(), 1, 0, ""), *rest]:
+            send(data)
+            if name == "init":
+                assert "result" in _read_answer(proc)
+                send(json.dumps(INITIALIZED).encode())
+                continue
+            answer = _read_answer(proc)
+            error = answer.get("error", {})
+            explained = word.lower() in error.get("message", "").lower()
+            if answer.get("id") != request_id or error.get("code") != code or not explained:
+                wrong.append(f"{name}: {answer}")
+        # Over the 64 MiB line cap: an error, not silence, and the rest of the line is skipped.
+        send(b'{"jsonrpc":"2.0","id":24,"method":"ping","params":{"x":"' + b"a" * (65 * 1024 * 1024) + b'"}}')
+        oversized = _read_answer(proc, timeout=60)
+        assert oversized["error"]["code"] == -32600 and "bytes" in oversized["error"]["message"]
+        # Invalid _meta deadlines are refused as invalid arguments, not ignored.
+        for i, deadline in enumerate([-5, "abc", None, 1e300]):
+            params: dict[str, Any] = {**TOOLS_CALL, "_meta": {DEADLINE_META_KEY: deadline}}
+            raw = json.dumps({"jsonrpc": "2.0", "id": 100 + i, "method": "tools/call", "params": params}).encode()
+            send(raw.replace(b"null", b"NaN"))
+            result = _read_answer(proc, timeout=30)["result"]
+            if not (result.get("isError") and result["structuredContent"]["code"] == "INVALID_ARGUMENTS"):
+                wrong.append(f"deadline {deadline!r}: {result}")
+        # The session survived all of it.
+        send(b'{"jsonrpc":"2.0","id":99,"method":"ping"}')
+        assert _read_answer(proc) == {"jsonrpc": "2.0", "id": 99, "result": {}}
+        assert wrong == []
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+        assert b"Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()

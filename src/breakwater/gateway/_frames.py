@@ -14,19 +14,28 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 from mcp import MCPError
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from pydantic import ValidationError
+
+from breakwater._wire import DEADLINE_META_KEY
+from breakwater.errors import InvalidArgumentsError
 
 __all__ = [
     "INVALID_PARAMS",
     "INVALID_REQUEST",
     "MAX_DEPTH",
     "PARSE_ERROR",
+    "bad_id",
+    "deadline_seconds",
     "diagnose",
     "error_line",
     "explain_invalid_params",
+    "explain_params_errors",
+    "invalid_deadline",
 ]
 
 logger = logging.getLogger(__name__)
@@ -42,7 +51,8 @@ MAX_DEPTH = 256
 
 def error_line(request_id: Any, code: int, message: str) -> bytes:
     """One JSON-RPC error response, framed for stdio."""
-    return json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}).encode() + b"\n"
+    wire = {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
+    return json.dumps(wire, separators=(",", ":")).encode() + b"\n"
 
 
 def _depth(text: str) -> int:
@@ -120,6 +130,21 @@ def diagnose(line: bytes, error: Exception | None = None) -> tuple[Any, int, str
     return request_id, INVALID_REQUEST, f"Invalid request: {_short(error)}"
 
 
+def bad_id(line: bytes) -> tuple[Any, int, str] | None:
+    """For a line the SDK read as a notification: an error if it carries an `id` that is not a string or integer.
+
+    The SDK ignores such an id (a float, true, null) and treats the request as a notification, so
+    the client would wait forever for its answer.
+    """
+    try:
+        data = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(data, dict) and "id" in data and not _valid_id(data["id"]):
+        return None, INVALID_REQUEST, f"Invalid request: id must be a string or an integer, got {json.dumps(data['id'])[:40]}"
+    return None
+
+
 def _short(error: Exception | None) -> str:
     if isinstance(error, ValidationError):
         return explain_validation(error)
@@ -145,3 +170,37 @@ def explain_invalid_params(exc: BaseException, method: str, initialized: bool) -
             return MCPError(code=INVALID_PARAMS, message=f"{method} was sent before initialize: send initialize first")
         return MCPError(code=INVALID_PARAMS, message=f"Invalid params for {method}")
     return None
+
+
+async def explain_params_errors(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+    """Server middleware: the SDK's bare -32602 becomes one that says what was wrong (or that initialize comes first)."""
+    try:
+        return await call_next(ctx)
+    except (ValidationError, MCPError) as exc:
+        better = explain_invalid_params(exc, ctx.method, initialized=not isinstance(exc, MCPError))
+        if better is None:
+            raise
+        raise better from None
+
+
+#: The longest deadline a caller may ask for (a day); anything longer is surely a unit mistake.
+MAX_DEADLINE_MS = 86_400_000
+
+
+def invalid_deadline(value: Any, *, server: str, tool: str) -> InvalidArgumentsError | None:
+    """Why a `_meta` deadline (`io.breakwater/deadlineMs`) cannot be used, as the call's error; None if it can (or is unset)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0 <= value <= MAX_DEADLINE_MS:
+        return None
+    return InvalidArgumentsError(
+        f"_meta {DEADLINE_META_KEY} must be a number of milliseconds from 0 to {MAX_DEADLINE_MS}, got {json.dumps(value)[:40]}.",
+        server=server,
+        tool=tool,
+        detail={"reason": "invalid_deadline"},
+    )
+
+
+def deadline_seconds(value: Any) -> float:
+    """A deadline `invalid_deadline` accepted, in seconds."""
+    return float(value) / 1000

@@ -35,7 +35,7 @@ from mcp.server.stdio import stdio_server as sdk_stdio_server
 from mcp.shared._context_streams import create_context_streams
 from mcp.shared.message import SessionMessage
 
-from breakwater.gateway._frames import INVALID_REQUEST, diagnose, error_line
+from breakwater.gateway._frames import INVALID_REQUEST, bad_id, diagnose, error_line
 
 __all__ = ["MAX_LINE_BYTES", "reserve_standard_fds", "stdio_server"]
 
@@ -248,6 +248,9 @@ async def stdio_server() -> AsyncIterator[tuple[Any, Any]]:
                     answer = diagnose(line, exc)
                     if answer is not None:
                         await output.send(error_line(*answer))
+                    continue
+                if isinstance(message, types.JSONRPCNotification) and b'"id"' in line and (answer := bad_id(line)):
+                    await output.send(error_line(*answer))
                     continue
                 await read_stream_writer.send(SessionMessage(message))
 
