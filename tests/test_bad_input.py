@@ -571,3 +571,51 @@ def test_every_request_gets_the_json_rpc_error_the_spec_names(tmp_path: Path) ->
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+# ---- HTTP: an Origin on another port of this host is refused; the bearer scheme is case-insensitive ----
+
+
+@pytest.mark.anyio
+async def test_http_origin_port_and_bearer_scheme_case(tmp_path: Path) -> None:
+    """`Origin: http://127.0.0.1:1` is refused (403) though the host is loopback; `bearer` in lower case is accepted."""
+    import anyio
+    import httpx2
+
+    path = tmp_path / "mcp.json"
+    path.write_text(_json({}))
+    port_file = tmp_path / "port"
+    token = "7f3a9c2e1d5b4a6f8e0c"
+    serve = [sys.executable, "-m", "breakwater", "serve", "--config", str(path), "--http", "127.0.0.1:0"]
+    proc = subprocess.Popen(
+        [*serve, "--port-file", str(port_file), "--token", token],
+        env=_serve_env(tmp_path),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    body = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+    try:
+        with anyio.fail_after(30):
+            while not port_file.exists() or not port_file.read_text():
+                await anyio.sleep(0.1)
+        port = int(port_file.read_text())
+        url = f"http://127.0.0.1:{port}/mcp"
+        async with httpx2.AsyncClient() as http:
+            auth = {"authorization": f"Bearer {token}"}
+            for origin in ("http://127.0.0.1:1", f"http://localhost:{port + 1}", "http://[::1]:1"):
+                refused = await http.post(url, json=body, headers={**headers, **auth, "origin": origin})
+                assert refused.status_code == 403, origin
+            same = await http.post(url, json=body, headers={**headers, **auth, "origin": f"http://127.0.0.1:{port}"})
+            assert same.status_code != 403
+            for scheme in ("bearer", "BEARER", "Bearer ", "bEaReR"):
+                answer = await http.post(url, json=body, headers={**headers, "authorization": f"{scheme} {token}"})
+                assert answer.status_code != 401, scheme
+            wrong = await http.post(url, json=body, headers={**headers, "authorization": f"bearer {token}x"})
+            assert wrong.status_code == 401
+            page = await http.get(f"http://127.0.0.1:{port}/api/status", headers={"authorization": f"bearer {token}"})
+            assert page.status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
