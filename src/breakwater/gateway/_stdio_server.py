@@ -202,6 +202,59 @@ async def _next_line(reader: asyncio.StreamReader) -> tuple[bytes | None, bool]:
         return (b"" if oversized else line), oversized
 
 
+async def _open_input(
+    in_fd: int | None, loop: asyncio.AbstractEventLoop
+) -> tuple[asyncio.StreamReader, asyncio.BaseTransport | None]:
+    """A reader over stdin: asyncio's pipe transport when it can be polled, else a reading thread; closed = ended."""
+    reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
+    if in_fd is None:
+        reader.feed_eof()
+        return reader, None
+    if _pollable(in_fd):
+        in_file = os.fdopen(in_fd, "rb", buffering=0, closefd=False)
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), in_file)
+        return reader, transport
+    return reader, _ThreadFeed(in_fd, reader, loop)
+
+
+async def _pump_input(reader: asyncio.StreamReader, sink: Any, output: _Output) -> None:
+    """Lines from the client to the session; a line that is no valid message is answered here, never dropped."""
+    while True:
+        line, oversized = await _next_line(reader)
+        if line is None:
+            return
+        if oversized:
+            await output.send(error_line(None, INVALID_REQUEST, f"Invalid request: message over {MAX_LINE_BYTES} bytes"))
+            continue
+        try:
+            message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+        except Exception as exc:
+            answer = diagnose(line, exc)
+            if answer is not None:
+                await output.send(error_line(*answer))
+            continue
+        if isinstance(message, types.JSONRPCNotification) and b'"id"' in line and (answer := bad_id(line)):
+            await output.send(error_line(*answer))
+            continue
+        await sink.send(SessionMessage(message))
+
+
+async def _pump_output(source: Any, output: _Output) -> None:
+    async with source:
+        async for session_message in source:
+            data = session_message.message.model_dump_json(by_alias=True, exclude_unset=True)
+            await output.send(data.encode() + b"\n")
+
+
+async def _stop_on_signal(reading: anyio.CancelScope, sink: Any) -> None:
+    # SIGTERM or SIGINT: end the session as the end of input does, so the caller shuts down in order.
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            reading.cancel()
+            await sink.aclose()
+            return
+
+
 @asynccontextmanager
 async def stdio_server() -> AsyncIterator[tuple[Any, Any]]:
     """Serve MCP over this process's stdin and stdout: `(read_stream, write_stream)` for `Server.run`."""
@@ -218,69 +271,25 @@ async def stdio_server() -> AsyncIterator[tuple[Any, Any]]:
         sys.stdout.flush()
     in_fd = _divert(0, lambda: os.open(os.devnull, os.O_RDONLY))
     out_fd = _divert(1, lambda: os.dup(2))
-    reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
-    read_transport: asyncio.BaseTransport | None = None
-    if in_fd is None:
-        reader.feed_eof()
-    elif _pollable(in_fd):
-        in_file = os.fdopen(in_fd, "rb", buffering=0, closefd=False)
-        read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), in_file)
-    else:
-        read_transport = _ThreadFeed(in_fd, reader, loop)
+    reader, read_transport = await _open_input(in_fd, loop)
     output = _Output(out_fd)
     await output.open(loop)
 
     read_stream_writer, read_stream = create_context_streams[SessionMessage | Exception](0)
     write_stream, write_stream_reader = create_context_streams[SessionMessage](0)
+    reading = anyio.CancelScope()
 
-    async def stdin_reader() -> None:
+    async def read_until_stopped() -> None:
         async with read_stream_writer:
-            while True:
-                line, oversized = await _next_line(reader)
-                if line is None:
-                    return
-                if oversized:
-                    await output.send(error_line(None, INVALID_REQUEST, f"Invalid request: message over {MAX_LINE_BYTES} bytes"))
-                    continue
-                try:
-                    message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-                except Exception as exc:
-                    answer = diagnose(line, exc)
-                    if answer is not None:
-                        await output.send(error_line(*answer))
-                    continue
-                if isinstance(message, types.JSONRPCNotification) and b'"id"' in line and (answer := bad_id(line)):
-                    await output.send(error_line(*answer))
-                    continue
-                await read_stream_writer.send(SessionMessage(message))
-
-    async def stdout_writer() -> None:
-        async with write_stream_reader:
-            async for session_message in write_stream_reader:
-                data = session_message.message.model_dump_json(by_alias=True, exclude_unset=True)
-                await output.send(data.encode() + b"\n")
-
-    async def on_signal(scope: anyio.CancelScope) -> None:
-        # SIGTERM or SIGINT: end the session as the end of input does, so the caller shuts down in order.
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for _ in signals:
-                scope.cancel()
-                await read_stream_writer.aclose()
-                return
+            with reading:
+                await _pump_input(reader, read_stream_writer, output)
 
     try:
         async with anyio.create_task_group() as tg:
-            reading = anyio.CancelScope()
-
-            async def read_until_stopped() -> None:
-                with reading:
-                    await stdin_reader()
-                await read_stream_writer.aclose()
-
             tg.start_soon(read_until_stopped)
-            tg.start_soon(stdout_writer)
+            tg.start_soon(_pump_output, write_stream_reader, output)
             if threading.current_thread() is threading.main_thread():
-                tg.start_soon(on_signal, reading)
+                tg.start_soon(_stop_on_signal, reading, read_stream_writer)
             yield read_stream, write_stream
             tg.cancel_scope.cancel()
     finally:
