@@ -277,7 +277,7 @@ class JournalPolicy(Policy):
         "Completed calls of a tool in the window before its timeout is learned.",
         env="BREAKWATER_JOURNAL_LEARN_MIN_SAMPLES",
         minimum=1,
-        maximum=1000000,
+        maximum=1000000000,
     )
     learn_window_s: float = knob(
         3600.0,
@@ -384,7 +384,7 @@ class BreakerPolicy(Policy):
         "Calls needed in the window before a rate can trip the breaker.",
         env="BREAKWATER_BREAKER_MINIMUM_CALLS",
         minimum=1,
-        maximum=1000000,
+        maximum=1000000000,
     )
     failure_rate: float = knob(
         0.5,
@@ -398,7 +398,7 @@ class BreakerPolicy(Policy):
         "Trip after this many failures in a row, whatever the window says.",
         env="BREAKWATER_BREAKER_CONSECUTIVE_FAILURES",
         minimum=1,
-        maximum=1000000,
+        maximum=1000000000,
     )
     slow_call_rate: float = knob(
         0.8,
@@ -497,7 +497,7 @@ class RetryPolicy(Policy):
         "Most retry tokens a server can bank (the bucket starts full).",
         env="BREAKWATER_RETRY_BUDGET_MAX_TOKENS",
         minimum=0.0,
-        maximum=1000000,
+        maximum=1000000000,
     )
 
     def __post_init__(self) -> None:
