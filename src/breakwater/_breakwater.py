@@ -16,6 +16,7 @@ from anyio.abc import TaskGroup
 
 from breakwater._clock import Clock, SystemClock
 from breakwater.config import Config, ServerSpec, find_config, load_config
+from breakwater.config._redact import install_log_redaction
 from breakwater.connect._admission import Admission, default_admission_dir
 from breakwater.connect._transports import TransportFactory, default_transports
 from breakwater.connect._upstream import Upstream
@@ -92,6 +93,7 @@ class Breakwater:
         `transports` builds each connect attempt's transport (default: what each server's config
         says); `breakwater.testing.in_memory(server)` connects to in-process servers instead."""
         self.config = config
+        install_log_redaction(config.secrets)  # no log record this process writes carries a secret
         self._clock: Clock = clock or SystemClock()
         #: The call journal, or None when it is off.
         self.journal: Journal | None = Journal.from_policy(config.journal, clock=self._clock) if journal == "config" else journal

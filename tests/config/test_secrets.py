@@ -100,3 +100,162 @@ async def test_planted_secret_never_leaks(tmp_path: Path) -> None:
         o[max(0, o.find(SECRET) - 300) : o.find(SECRET) + 50] for o in [*outputs, everything_written(state_dir)] if SECRET in o
     ]
     assert leaks == []
+
+
+# ---- secrets in every form: no 8-character run of any configured secret reaches an output -------
+
+#: Secrets of several shapes, each planted once in the config and leaked by the upstream in a
+#: stripped form (no prefix, no scheme, a fragment) that the old exact-value redaction missed.
+PLANTED = {
+    "plain": "q7Rv2KxP9mLw4TzA",  # an env value with no recognisable prefix
+    "sk": "sk-live-5Jd8Wq2Nf7Hc3Xb1",  # an API key, leaked without its sk- prefix
+    "bearer": "tok_9Pz3Lm7Qr2Vx8Kc4",  # a header "Bearer X", leaked as X
+    "userinfo": "pw-Hq4Ns8Dv2Yj6Ft",  # a URL's password
+    "query": "qs-Mc5Rb9Wk3Gp7Zs",  # a URL's query value
+    "flag": "fl-Tx6Bn2Lq8Vd4Hr",  # the value after --api-key in args
+    "assign": "as-Ke3Wm7Yp1Jc5Nq",  # API_TOKEN=X in args
+}
+
+LEAKY_SERVER = """
+import sys
+from mcp import MCPError
+from mcp.server.mcpserver import MCPServer
+
+LEAKS = sys.argv[1].split(",")
+print("starting; credentials in use: " + " ".join(LEAKS), file=sys.stderr, flush=True)
+mcp = MCPServer("leaky")
+
+
+@mcp.tool()
+async def leak() -> str:
+    \"\"\"Fail with a JSON-RPC error that quotes every credential, stripped.\"\"\"
+    raise MCPError(code=-32603, message="backend refused " + " / ".join(LEAKS))
+
+
+@mcp.tool()
+async def leak_tool_error() -> str:
+    \"\"\"Fail as the tool's own error, quoting the credentials.\"\"\"
+    raise ValueError("bad key " + " ".join(LEAKS))
+
+
+mcp.run("stdio")
+"""
+
+
+def _fragments(secret: str) -> list[str]:
+    return [secret[i : i + 8] for i in range(len(secret) - 7)]
+
+
+def _leaks(outputs: list[str]) -> list[str]:
+    found = []
+    for name, secret in PLANTED.items():
+        for fragment in _fragments(secret):
+            for text in outputs:
+                if fragment in text:
+                    at = text.find(fragment)
+                    found.append(f"{name}: {fragment!r} in ...{text[max(0, at - 80) : at + 40]}...")
+    return found
+
+
+def test_redactor_masks_every_eight_character_run() -> None:
+    """A fragment of a secret, with or without its prefix, is masked; unrelated text is left alone."""
+    from breakwater.config._redact import Redactor
+
+    redact = Redactor(["sk-live-5Jd8Wq2Nf7Hc3Xb1", "tiny"])
+    assert redact("key live-5Jd8Wq2Nf7 ok") == "key <redacted> ok"
+    assert redact("Nf7Hc3Xb1") == "<redacted>"
+    assert redact("a tiny thing") == "a <redacted> thing"
+    assert redact("nothing secret here, live-5J") == "nothing secret here, live-5J"
+    assert "5Jd8Wq2N" not in redact("sk-live-5Jd8Wq2Nf7Hc3Xb1sk-live-5Jd8Wq2Nf7Hc3Xb1")
+
+
+def test_spec_secrets_cover_every_form(tmp_path: Path) -> None:
+    """Env and header values, the token after the scheme, URL password and query, credential arguments."""
+    from breakwater.config import load_config
+
+    config = tmp_path / "mcp.json"
+    config.write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "s": {
+                        "command": "x",
+                        "args": ["--api-key", "AAAA1111", "--token=BBBB2222", "API_SECRET=CCCC3333", "--verbose", "plain"],
+                        "env": {"K": "DDDD4444"},
+                    },
+                    "h": {
+                        "type": "http",
+                        "url": "https://user:EEEE5555@h.test/mcp?key=FFFF6666&x=GGGG7777",
+                        "headers": {"Authorization": "Bearer HHHH8888"},
+                    },
+                }
+            }
+        )
+    )
+    loaded = load_config(config, environ={})
+    secrets = set(loaded.server("s").secrets) | set(loaded.server("h").secrets)
+    for value in ("AAAA1111", "BBBB2222", "CCCC3333", "DDDD4444", "EEEE5555", "FFFF6666", "GGGG7777", "HHHH8888"):
+        assert value in secrets
+    assert "plain" not in secrets and "--verbose" not in secrets
+    args = loaded.server("s").describe()["args"]
+    assert args[:3] == ["--api-key", "<redacted>", "--token=<redacted>"] and args[4:] == ["--verbose", "plain"]
+
+
+async def test_secrets_of_every_shape_never_leak(tmp_path: Path) -> None:
+    """Planted secrets of seven shapes, leaked stripped by the upstream: no 8-character run in any output."""
+    from breakwater import Breakwater
+    from breakwater.config import load_config
+
+    state_dir = tmp_path / "state"
+    env = dict(
+        os.environ,
+        BREAKWATER_ADMISSION_DIR=str(state_dir / "admission"),
+        BREAKWATER_CATALOG_DIR=str(state_dir / "catalog"),
+        BREAKWATER_CONNECT_STARTUP_JITTER_S="0",
+        XDG_CACHE_HOME=str(state_dir / "cache"),
+    )
+    script = tmp_path / "leaky.py"
+    script.write_text(LEAKY_SERVER)
+    # What the upstream prints: each secret without its prefix, scheme or first characters.
+    leaked = ",".join(
+        ["q7Rv2KxP9mLw", "live-5Jd8Wq2Nf7", "9Pz3Lm7Qr2Vx8Kc4", "Hq4Ns8Dv2Yj6", "Mc5Rb9Wk3Gp7", "Tx6Bn2Lq8Vd4", "Ke3Wm7Yp1Jc5"]
+    )
+    crash = launch_command("--exit-at-start", "1", "--exit-message", f"auth failed for {leaked}")
+    async with serve_http("--status-first", "100000", "--status", "401") as locked:
+        servers: dict[str, Any] = {
+            "leaky": {
+                "command": sys.executable,
+                "args": [str(script), leaked, "--api-key", PLANTED["flag"], f"API_TOKEN={PLANTED['assign']}"],
+                "env": {"PLAIN": PLANTED["plain"], "OPENAI_API_KEY": PLANTED["sk"]},
+            },
+            "crashy": {"command": crash[0], "args": [*crash[1:], "--api-key", PLANTED["flag"]], "env": {"K": PLANTED["sk"]}},
+            "locked": {
+                "type": "http",
+                "url": f"http://u:{PLANTED['userinfo']}@{locked.url.split('://')[1]}?key={PLANTED['query']}",
+                "headers": {"Authorization": f"Bearer {PLANTED['bearer']}"},
+            },
+        }
+        config = tmp_path / "mcp.json"
+        config.write_text(json.dumps({"mcpServers": servers}))
+        outputs: list[str] = []
+        commands = (["config", "check"], ["config", "check", "--json"], ["status", "--json", "--wait", "10"], ["tools", "--json"])
+        for command in commands:
+            result = subprocess.run(
+                [sys.executable, "-m", "breakwater", *command, "--config", str(config)],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=120,
+                check=False,
+            )
+            outputs += [result.stdout, result.stderr]
+        assert any("auth failed" in o for o in outputs), "the reason is shown, only the secret is not"
+
+        loaded = load_config(config, environ={"BREAKWATER_CONNECT_STARTUP_JITTER_S": "0", "BREAKWATER_JOURNAL": "off"})
+        async with Breakwater(loaded, admission_dir=str(state_dir / "admission")) as bw:
+            await bw.wait_ready(timeout=20)
+            for server, tool in (("leaky", "leak"), ("leaky", "leak_tool_error"), ("crashy", "x"), ("locked", "x")):
+                outputs.append((await bw.call_tool(server, tool, {})).model_dump_json())
+            outputs.append(json.dumps(bw.status().to_json()))
+    assert any("backend refused" in o for o in outputs)
+    assert _leaks(outputs) == []

@@ -181,17 +181,15 @@ def _parser() -> argparse.ArgumentParser:
 
 def serve_main(argv: list[str]) -> int:
     """`breakwater serve`: one MCP server in front of every configured server."""
-    from breakwater.gateway._http import LOOPBACK_HOSTS
+    from breakwater.config._checks import check_listener_token
     from breakwater.gateway._listen import tcp_listener
+    from breakwater.gateway._stdio_server import reserve_standard_fds
 
     args = _parser().parse_args(argv)
     token = args.token or os.environ.get("BREAKWATER_TOKEN") or None
-    if args.http and args.http[0] not in LOOPBACK_HOSTS and not token:
-        return fail(
-            f"refusing to listen on {args.http[0]} without a token: anyone who can reach it could call your tools; "
-            "pass --token (or set BREAKWATER_TOKEN), or listen on 127.0.0.1",
-            EXIT_CONFIG,
-        )
+    if args.http and (problem := check_listener_token(args.http[0], token)):
+        print(problem, file=sys.stderr)
+        return EXIT_CONFIG
     config = load_or_exit(args.config)
     if args.state is not None:
         try:
@@ -199,6 +197,7 @@ def serve_main(argv: list[str]) -> int:
         except ConfigError as exc:
             return fail(f"--state: {exc}", EXIT_CONFIG)
     if args.http is None:
+        reserve_standard_fds()  # a closed stdin must not become the event loop's descriptor
         stdio_code: int = anyio.run(_serve_stdio, config)
         return stdio_code
     host, port = args.http

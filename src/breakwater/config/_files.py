@@ -17,9 +17,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from breakwater.config._checks import check_header, check_server_name, check_text, check_url
 from breakwater.config._knobs import build_policy, env_layer
 from breakwater.config._model import Config, ServerSpec, ToolSettings, Transport
 from breakwater.config._policies import GLOBAL_SECTIONS, POLICY_SECTIONS, CallPolicy, RetryPolicy
+from breakwater.config._redact import register_secrets
 from breakwater.errors import ConfigError
 
 __all__ = ["DEFAULT_CONFIG_NAMES", "find_config", "load_config"]
@@ -57,6 +59,13 @@ def _str_map(value: Any, path: str, key: str) -> dict[str, str]:
         if isinstance(v, bool) or not isinstance(v, (str, int, float)):
             raise _fail("expected a string value", path, f"{key}.{k}", "quote the value")
         out[k] = str(v)
+        if key.endswith(".headers"):
+            check_header(k, out[k], path=path, key=f"{key}.{k}")
+        else:
+            if not k or "=" in k:
+                raise _fail(f"invalid environment variable name {k!r}", path, f"{key}.{k}", "use letters, digits and _")
+            check_text(k, path=path, key=f"{key}.{k}", what="name", strict=True)
+            check_text(out[k], path=path, key=f"{key}.{k}", secret=True)
     return out
 
 
@@ -106,19 +115,26 @@ def _stdio_fields(entry: Mapping[str, Any], path: str, where: str) -> dict[str, 
     command = entry.get("command")
     if not isinstance(command, str) or not command.strip():
         raise _fail("a stdio server needs a command", path, f"{where}.command", 'add "command": "the-program"')
+    check_text(command, path=path, key=f"{where}.command", what="command", strict=True)
     fields: dict[str, Any] = {"command": command}
     args = entry.get("args", [])
-    if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) for a in args):
+    if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in args):
         raise _fail("expected a list of strings", path, f"{where}.args", 'write "args": ["--flag", "value"]')
     fields["args"] = tuple(str(a) for a in args)
+    for i, arg in enumerate(fields["args"]):
+        check_text(arg, path=path, key=f"{where}.args[{i}]", what="argument")
     if "env" in entry:
         fields["env"] = _str_map(entry["env"], path, f"{where}.env")
     cwd = entry.get("cwd")
     if cwd is not None:
         if not isinstance(cwd, str):
             raise _fail("expected a directory path", path, f"{where}.cwd", 'write "cwd": "/some/dir"')
+        check_text(cwd, path=path, key=f"{where}.cwd", what="directory", strict=True)
         base = Path(path).parent if path else Path.cwd()
-        fields["cwd"] = str((base / os.path.expanduser(cwd)).resolve())
+        resolved = (base / os.path.expanduser(cwd)).resolve()
+        if not resolved.is_dir():
+            raise _fail(f"the directory {str(resolved)!r} does not exist", path, f"{where}.cwd", "create it or fix the path")
+        fields["cwd"] = str(resolved)
     if "url" in entry:
         raise _fail("a stdio server has no url", path, f"{where}.url", 'remove "url" or set "type": "http"')
     return fields
@@ -128,6 +144,7 @@ def _http_fields(entry: Mapping[str, Any], transport: Transport, path: str, wher
     url = entry.get("url")
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise _fail("an HTTP server needs an http(s) url", path, f"{where}.url", 'add "url": "http://127.0.0.1:8000/mcp"')
+    check_url(url, path=path, key=f"{where}.url")
     fields: dict[str, Any] = {"url": url}
     if "headers" in entry:
         fields["headers"] = _str_map(entry["headers"], path, f"{where}.headers")
@@ -155,19 +172,90 @@ def _flag(value: Any, path: str, key: str, fix: str) -> bool:
 # ---- mcpServers JSON -----------------------------------------------------------------------------
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_text(path: Path) -> str:
+    """The file as text; unreadable, non-UTF-8 or NUL-bearing files are a ConfigError that says where."""
+    spath = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except OSError as exc:
-        raise ConfigError(f"cannot read the file: {exc.strerror}", path=str(path), fix="check the path") from None
+        raise ConfigError(f"cannot read the file: {exc.strerror or exc}", path=spath, fix="check the path") from None
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
         raise ConfigError(
-            f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}",
-            path=str(path),
-            fix="fix the JSON syntax (a trailing comma or a missing quote is the usual cause)",
+            f"not UTF-8: byte 0x{raw[exc.start]:02x} at line {line} (offset {exc.start})",
+            path=spath,
+            fix="save the file as UTF-8",
         ) from None
+    if "\x00" in text:
+        line = text[: text.index("\x00")].count("\n") + 1
+        raise ConfigError(f"a NUL character at line {line}", path=spath, fix="remove it (is this a text file?)")
+    return text.removeprefix("\ufeff")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Duplicate(key)
+        out[key] = value
+    return out
+
+
+class _Duplicate(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _nesting_depth(text: str) -> int:
+    depth = deepest = 0
+    in_string = escaped = False
+    for c in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+    return deepest
+
+
+#: Deeper than any real config, far below where a recursive parser runs out of stack.
+MAX_NESTING = 64
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    text = _read_text(path)
+    fix = "fix the JSON syntax (a trailing comma or a missing quote is the usual cause)"
+    if _nesting_depth(text) > MAX_NESTING:
+        raise ConfigError(f"nested deeper than {MAX_NESTING} levels", path=str(path), fix="flatten the file")
+    try:
+        data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", path=str(path), fix=fix) from None
+    except _Duplicate as exc:
+        raise ConfigError(
+            f"the key {exc.key!r} appears twice (the first would silently be lost)",
+            path=str(path),
+            key=exc.key,
+            fix="remove or rename one of them",
+        ) from None
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError(f"invalid JSON: {exc}", path=str(path), fix=fix) from None
     if not isinstance(data, dict):
         raise ConfigError("expected a JSON object", path=str(path), fix='write {"mcpServers": {...}}')
     return data
@@ -187,6 +275,7 @@ def _servers_from_json(path: Path, defaults: Mapping[str, Any]) -> list[ServerSp
         raise ConfigError("expected an object of servers", path=str(path), key=top, fix=f'write "{top}": {{"name": {{...}}}}')
     specs = []
     for name, entry in entries.items():
+        check_server_name(name, path=str(path), key=f"{top}.{name}")
         fields, _ = _parse_entry(entry, path=str(path), where=f"{top}.{name}")
         specs.append(ServerSpec(name=name, source=str(path), **defaults, **fields))
     return specs
@@ -246,11 +335,14 @@ def _as_values(policy: Any) -> dict[str, Any]:
 
 def _read_toml(path: Path) -> dict[str, Any]:
     spath = str(path)
+    text = _read_text(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read the file: {exc.strerror}", path=spath, fix="check the path") from None
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"invalid TOML: {exc}", path=spath, fix="fix the TOML syntax") from None
+    except RecursionError:
+        raise ConfigError("nested too deeply", path=spath, fix="flatten the file") from None
+    except ValueError as exc:
         raise ConfigError(f"invalid TOML: {exc}", path=spath, fix="fix the TOML syntax") from None
     for key in data:
         if key not in _TOML_TOP_KEYS:
@@ -304,6 +396,7 @@ def _toml_server(
 ) -> ServerSpec:
     """One `[servers.NAME]` with its policies layered over the top-level tables, and its tools."""
     where = f"servers.{name}"
+    check_server_name(name, path=spath, key=where)
     table = _policy_table(raw, spath, where)
     base_spec = _server_base(name, table, spath, known)
     own = {section: _policy_table(table.get(section, {}), spath, f"{where}.{section}") for section in POLICY_SECTIONS}
@@ -343,9 +436,15 @@ def load_config(path: str | os.PathLike[str], *, environ: Mapping[str, str] | No
     p = Path(path)
     env = os.environ if environ is None else environ
     if p.suffix == ".toml":
-        return _load_toml(p, env)
-    defaults = {section: build_policy(cls, [env_layer(cls, env)]) for section, cls in POLICY_SECTIONS.items()}
-    return Config(servers=tuple(_servers_from_json(p, defaults)), **defaults, **_global_policies({}, None, env), path=str(p))
+        config = _load_toml(p, env)
+    else:
+        defaults = {section: build_policy(cls, [env_layer(cls, env)]) for section, cls in POLICY_SECTIONS.items()}
+        config = Config(
+            servers=tuple(_servers_from_json(p, defaults)), **defaults, **_global_policies({}, None, env), path=str(p)
+        )
+    # Any server's secret is scrubbed from every output of this process, not only that server's.
+    register_secrets(config.secrets)
+    return config
 
 
 def find_config(cwd: str | os.PathLike[str] | None = None) -> Path:

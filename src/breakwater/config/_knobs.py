@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import types
 import typing
@@ -20,7 +21,7 @@ from typing import Any, TypeVar
 
 from breakwater.errors import ConfigError
 
-__all__ = ["Knob", "build_policy", "env_layer", "iter_knobs", "knob", "render_markdown"]
+__all__ = ["Knob", "Policy", "build_policy", "check_knobs", "env_layer", "iter_knobs", "knob", "knob_range", "render_markdown"]
 
 T = TypeVar("T")
 P = TypeVar("P")
@@ -34,6 +35,7 @@ class KnobInfo:
     doc: str
     env: str | None
     minimum: float | None
+    maximum: float | None
     choices: tuple[str, ...] | None
 
 
@@ -43,10 +45,15 @@ def knob(
     *,
     env: str | None = None,
     minimum: float | None = None,
+    maximum: float | None = None,
     choices: tuple[str, ...] | None = None,
 ) -> T:
-    """Declare a policy field: its default, a one-line description and (optionally) its env variable."""
-    info = KnobInfo(doc=doc, env=env, minimum=minimum, choices=choices)
+    """Declare a policy field: its default, a one-line description, its env variable and its range.
+
+    Every number knob states `minimum` and `maximum` (a test holds every policy to it); a value
+    outside them, or one that is not finite, is refused when the policy is constructed.
+    """
+    info = KnobInfo(doc=doc, env=env, minimum=minimum, maximum=maximum, choices=choices)
     field: T = dataclasses.field(default=default, metadata={_META_KEY: info})
     return field
 
@@ -120,15 +127,9 @@ def _coerce(value: Any, tp: Any, *, where: str, path: str | None, name: str, inf
         if not isinstance(number, (int, float)) or (tp is int and isinstance(number, float) and not number.is_integer()):
             kind = "a whole number" if tp is int else "a number"
             raise ConfigError(f"expected {kind}, got {value!r}", path=path, key=where, fix=f"set {name} to {kind}")
-        number = tp(number)
-        if info.minimum is not None and number < info.minimum:
-            raise ConfigError(
-                f"must be at least {info.minimum}, got {value!r}",
-                path=path,
-                key=where,
-                fix=f"set {name} to {info.minimum} or more",
-            )
-        return number
+        if isinstance(number, float) and not math.isfinite(number):
+            raise ConfigError(f"must be a finite number, got {value!r}", path=path, key=where, fix=_range_fix(name, info))
+        return tp(number)
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"expected a string, got {value!r}", path=path, key=where, fix=f'set {name} = "..."')
@@ -154,16 +155,97 @@ def build_policy(
     hints = typing.get_type_hints(policy_cls)
     fields = {f.name: f for f in dataclasses.fields(policy_cls)}  # type: ignore[arg-type]
     values: dict[str, Any] = {}
+    origin: dict[str, tuple[str | None, str]] = {}
     for mapping, path, prefix in layers:
         for key, raw in mapping.items():
             where = f"{prefix}.{key}" if prefix else key
+            origin[key] = (path, where)
             f = fields.get(key)
             if f is None:
                 close = difflib.get_close_matches(key, list(fields), n=1)
                 fix = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(fields)}"
                 raise ConfigError("unknown key", path=path, key=where, fix=fix)
             values[key] = _coerce(raw, hints[key], where=where, path=path, name=key, info=_info(f))
-    return policy_cls(**values)
+    try:
+        return policy_cls(**values)
+    except ConfigError as exc:
+        # The policy checked itself; say which file and key the offending value came from.
+        if exc.path is None and exc.key in origin:
+            path, where = origin[exc.key]
+            raise ConfigError(exc.detail, path=path, key=where, fix=exc.fix) from None
+        raise
+
+
+def _range_fix(name: str, info: KnobInfo) -> str:
+    low, high = info.minimum, info.maximum
+    if low is not None and high is not None:
+        return f"set {name} to {low:g} or more, up to {high:g}"
+    if low is not None:
+        return f"set {name} to {low:g} or more"
+    if high is not None:
+        return f"set {name} to {high:g} or less"
+    return f"set {name} to a finite number"
+
+
+def _range_text(info: KnobInfo) -> str:
+    low, high = info.minimum, info.maximum
+    if low is not None and high is not None:
+        return f"must be at least {low:g} and at most {high:g}"
+    if low is not None:
+        return f"must be at least {low:g}"
+    if high is not None:
+        return f"must be at most {high:g}"
+    return "must be a finite number"
+
+
+def knob_range(policy_cls: type[Any], name: str) -> tuple[float | None, float | None]:
+    """The `(minimum, maximum)` a number knob accepts."""
+    info = _info(next(f for f in dataclasses.fields(policy_cls) if f.name == name))
+    return info.minimum, info.maximum
+
+
+def _bad_text(value: str) -> bool:
+    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in value)
+
+
+def check_knobs(policy: Any) -> None:
+    """Refuse a policy whose values are out of their knobs' ranges: the one check every policy runs on construction.
+
+    Numbers must be finite and within `minimum`..`maximum`; strings must be one of `choices` (when
+    given) and free of control characters. The error names the knob; `build_policy` adds the file.
+    """
+    for f in dataclasses.fields(policy):
+        info = _info(f)
+        value = getattr(policy, f.name)
+        if value is None or isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)):
+            bad = (
+                not math.isfinite(value)
+                or (info.minimum is not None and value < info.minimum)
+                or (info.maximum is not None and value > info.maximum)
+            )
+            if bad:
+                raise ConfigError(f"{_range_text(info)}, got {value!r}", key=f.name, fix=_range_fix(f.name, info))
+        elif isinstance(value, str):
+            if info.choices is not None and value not in info.choices:
+                raise ConfigError(
+                    f"expected one of {', '.join(info.choices)}, got {value!r}",
+                    key=f.name,
+                    fix=f"set {f.name} to one of: {', '.join(info.choices)}",
+                )
+            if _bad_text(value):
+                raise ConfigError(f"contains a control character: {value!r}", key=f.name, fix="remove it")
+
+
+class Policy:
+    """Base of every policy dataclass: construction checks each knob against its range (`check_knobs`).
+
+    A subclass with its own `__post_init__` (cross-knob rules) calls `super().__post_init__()` first.
+    """
+
+    def __post_init__(self) -> None:
+        check_knobs(self)
 
 
 def env_layer(policy_cls: type[Any], environ: Mapping[str, str] | None = None) -> tuple[Mapping[str, Any], str | None, str]:

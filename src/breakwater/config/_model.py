@@ -100,8 +100,18 @@ class ServerSpec:
 
     @property
     def secrets(self) -> tuple[str, ...]:
-        """Every secret value this server carries, so writers can scrub them from anything they print."""
-        return tuple(v for v in (*self.env.values(), *self.headers.values()) if len(v) >= 4)
+        """Every secret value this server carries, so writers can scrub them from anything they print.
+
+        Env and header values (and the token after an auth scheme), a URL's user-info and query
+        values, and the values of credential-looking arguments; see `config/_redact.py` for the rule.
+        """
+        from breakwater.config._redact import MIN_SECRET, arg_secrets, header_secrets, url_secrets
+
+        found = [*self.env.values()]
+        found += [s for v in self.headers.values() for s in header_secrets(v)]
+        found += url_secrets(self.url or "")
+        found += arg_secrets(self.args)
+        return tuple(dict.fromkeys(v for v in found if len(v) >= MIN_SECRET))
 
     def fingerprint(self) -> str:
         """A stable hash of what defines the connection (secrets included, but only as a hash)."""
@@ -145,8 +155,11 @@ class Config:
 
     @property
     def secrets(self) -> tuple[str, ...]:
-        """Every secret value in the config."""
-        return tuple(s for spec in self.servers for s in spec.secrets)
+        """Every secret value in the config: the servers', and the journal's and state store's URL credentials."""
+        from breakwater.config._redact import url_secrets
+
+        own = [*url_secrets(self.journal.url), *url_secrets(self.state.url)]
+        return tuple(dict.fromkeys([*(s for spec in self.servers for s in spec.secrets), *(s for s in own if len(s) >= 4)]))
 
     def with_servers(self, servers: tuple[ServerSpec, ...]) -> Config:
         """A copy with another server list."""

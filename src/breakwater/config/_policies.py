@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from breakwater._backoff import Backoff
-from breakwater.config._knobs import knob
+from breakwater.config._checks import check_journal_url, check_tool_name_template
+from breakwater.config._knobs import Policy, knob
 from breakwater.errors import ConfigError
 
 
 @dataclass(frozen=True, kw_only=True)
-class ConnectPolicy:
+class ConnectPolicy(Policy):
     """How breakwater connects to one server: admission, timeouts, backoff and budget."""
 
     attempt_timeout_s: float = knob(
@@ -25,54 +26,63 @@ class ConnectPolicy:
         "Time one connect attempt (spawn or HTTP connect, handshake, tools/list) may take.",
         env="BREAKWATER_CONNECT_ATTEMPT_TIMEOUT_S",
         minimum=0.1,
+        maximum=3600,
     )
     budget_s: float = knob(
         150.0,
         "Total time for a round of connect attempts before the server is marked failed.",
         env="BREAKWATER_CONNECT_BUDGET_S",
         minimum=0.0,
+        maximum=86400,
     )
     backoff_base_s: float = knob(
         1.0,
         "First retry delay ceiling; each retry waits a uniform draw up to base * 2^n.",
         env="BREAKWATER_CONNECT_BACKOFF_BASE_S",
         minimum=0.001,
+        maximum=3600,
     )
     backoff_cap_s: float = knob(
         30.0,
         "Largest retry delay ceiling within the budget.",
         env="BREAKWATER_CONNECT_BACKOFF_CAP_S",
         minimum=0.001,
+        maximum=3600,
     )
     background_retry_s: float = knob(
         60.0,
         "Mean delay between background attempts once a server has failed (jittered by +-50 %).",
         env="BREAKWATER_CONNECT_BACKGROUND_RETRY_S",
         minimum=0.1,
+        maximum=86400,
     )
     startup_jitter_s: float = knob(
         0.5,
         "Initial connects are spread uniformly over this window.",
         env="BREAKWATER_CONNECT_STARTUP_JITTER_S",
         minimum=0.0,
+        maximum=3600,
     )
     max_stdio_connects: int = knob(
         4,
         "Stdio servers spawning and handshaking at once on this machine (shared by breakwater processes).",
         env="BREAKWATER_CONNECT_MAX_STDIO",
         minimum=1,
+        maximum=1024,
     )
     max_http_connects: int = knob(
         16,
         "HTTP connects in flight at once from one breakwater process.",
         env="BREAKWATER_CONNECT_MAX_HTTP",
         minimum=1,
+        maximum=1024,
     )
     max_per_server_connects: int = knob(
         2,
         "Handshakes in flight to one server on this machine (shared by breakwater processes).",
         env="BREAKWATER_CONNECT_MAX_PER_SERVER",
         minimum=1,
+        maximum=1024,
     )
     admission_dir: str = knob(
         "",
@@ -84,6 +94,7 @@ class ConnectPolicy:
         "A ready server is checked (tools/list) this often; a failed check reconnects. 0 turns it off.",
         env="BREAKWATER_HEALTH_INTERVAL_S",
         minimum=0.0,
+        maximum=86400,
     )
     protocol: str = knob(
         "auto",
@@ -94,7 +105,7 @@ class ConnectPolicy:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CallPolicy:
+class CallPolicy(Policy):
     """How one tool call is bounded: its deadlines, the server's in-flight cap and the retry class.
 
     The default timeout is tight on purpose (a few seconds, not the 60 s most clients use): a slow
@@ -108,36 +119,42 @@ class CallPolicy:
         "Deadline of one attempt of a tool call that sends no progress; it is cancelled upstream when it passes.",
         env="BREAKWATER_CALL_TIMEOUT_S",
         minimum=0.001,
+        maximum=86400,
     )
     idle_timeout_s: float | None = knob(
         None,
         "Once a call sends progress, the longest gap allowed between notifications; unset = timeout_s.",
         env="BREAKWATER_CALL_IDLE_TIMEOUT_S",
         minimum=0.001,
+        maximum=86400,
     )
     max_s: float = knob(
         120.0,
         "Hard cap on one attempt, however much progress it sends (never below timeout_s).",
         env="BREAKWATER_CALL_MAX_S",
         minimum=0.001,
+        maximum=86400,
     )
     max_in_flight: int = knob(
         32,
         "Calls in flight to one server at once (the bulkhead); one more is refused at once with OVERLOADED.",
         env="BREAKWATER_CALL_MAX_IN_FLIGHT",
         minimum=1,
+        maximum=100000,
     )
     min_attempt_s: float = knob(
         0.25,
         "An attempt is not started with less than this left in the turn budget (or its timeout, if shorter).",
         env="BREAKWATER_CALL_MIN_ATTEMPT_S",
         minimum=0.0,
+        maximum=3600,
     )
     slow_call_s: float | None = knob(
         None,
         "A call longer than this counts as slow for the breaker's slow-call rate; unset = slow calls are not counted.",
         env="BREAKWATER_CALL_SLOW_CALL_S",
         minimum=0.0,
+        maximum=86400,
     )
     retry: str = knob(
         "auto",
@@ -151,6 +168,7 @@ class CallPolicy:
         "cancelled with tasks/cancel; a turn budget, when shorter, wins.",
         env="BREAKWATER_CALL_TASK_MAX_S",
         minimum=0.001,
+        maximum=2592000,
     )
 
     @property
@@ -165,7 +183,7 @@ class CallPolicy:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GatewayPolicy:
+class GatewayPolicy(Policy):
     """How the gateway names, lists and explains tools."""
 
     tool_name_template: str = knob(
@@ -205,6 +223,7 @@ class GatewayPolicy:
         "The search tool waits up to this long for connecting servers that may hold a match.",
         env="BREAKWATER_SEARCH_WAIT_S",
         minimum=0.0,
+        maximum=600,
     )
     list_wait_s: float = knob(
         5.0,
@@ -214,9 +233,13 @@ class GatewayPolicy:
         minimum=0.0,
     )
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_tool_name_template(self.tool_name_template)
+
 
 @dataclass(frozen=True, kw_only=True)
-class JournalPolicy:
+class JournalPolicy(Policy):
     """The call journal: where attempts are recorded, for how long, and how timeouts are learned from them."""
 
     url: str = knob(
@@ -230,18 +253,21 @@ class JournalPolicy:
         "Attempts older than this are deleted (checked every few minutes by the writer).",
         env="BREAKWATER_JOURNAL_RETENTION_DAYS",
         minimum=0.001,
+        maximum=3650,
     )
     queue_size: int = knob(
         10_000,
         "Attempts waiting to be written; when full, new ones are dropped and counted, never waited on.",
         env="BREAKWATER_JOURNAL_QUEUE_SIZE",
         minimum=1,
+        maximum=10000000,
     )
     flush_interval_s: float = knob(
         0.5,
         "The writer writes what is queued at least this often (sooner when a batch fills).",
         env="BREAKWATER_JOURNAL_FLUSH_INTERVAL_S",
         minimum=0.001,
+        maximum=3600,
     )
     record_sizes: bool = knob(
         False,
@@ -258,47 +284,62 @@ class JournalPolicy:
         "Completed calls of a tool in the window before its timeout is learned.",
         env="BREAKWATER_JOURNAL_LEARN_MIN_SAMPLES",
         minimum=1,
+        maximum=1000000000,
     )
     learn_window_s: float = knob(
         3600.0,
         "The latencies a learned timeout is computed from: this many recent seconds of attempts.",
         env="BREAKWATER_JOURNAL_LEARN_WINDOW_S",
         minimum=1.0,
+        maximum=2592000,
     )
     learn_quantile: float = knob(
         0.999,
         "The latency quantile a learned timeout starts from (timed-out attempts count at their timeout).",
         env="BREAKWATER_JOURNAL_LEARN_QUANTILE",
         minimum=0.5,
+        maximum=1.0,
     )
     learn_headroom: float = knob(
         2.0,
         "A learned timeout is the quantile times this factor.",
         env="BREAKWATER_JOURNAL_LEARN_HEADROOM",
         minimum=1.0,
+        maximum=100,
     )
     learn_floor_s: float = knob(
         1.0,
         "Smallest learned timeout.",
         env="BREAKWATER_JOURNAL_LEARN_FLOOR_S",
         minimum=0.001,
+        maximum=86400,
     )
     learn_ceiling_s: float = knob(
         120.0,
         "Largest learned timeout.",
         env="BREAKWATER_JOURNAL_LEARN_CEILING_S",
         minimum=0.001,
+        maximum=86400,
     )
     learn_refresh_s: float = knob(
         60.0,
         "How often learned timeouts are recomputed from the journal (by the writer, off the call path).",
         env="BREAKWATER_JOURNAL_LEARN_REFRESH_S",
         minimum=0.01,
+        maximum=86400,
     )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_journal_url(self.url)
+        if self.learn_ceiling_s < self.learn_floor_s:
+            raise ConfigError(
+                f"below learn_floor_s ({self.learn_floor_s})", key="learn_ceiling_s", fix="raise it or lower learn_floor_s"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
-class TelemetryPolicy:
+class TelemetryPolicy(Policy):
     """OpenTelemetry traces and metrics (`pip install 'mcp-breakwater[otel]'`); off by default, and free when off."""
 
     enabled: bool = knob(
@@ -323,11 +364,12 @@ class TelemetryPolicy:
         "How often metrics are exported (otlp and console).",
         env="BREAKWATER_TELEMETRY_METRIC_INTERVAL_S",
         minimum=0.1,
+        maximum=86400,
     )
 
 
 @dataclass(frozen=True, kw_only=True)
-class BreakerPolicy:
+class BreakerPolicy(Policy):
     """When a breaker trips and how long it stays open.
 
     The defaults are for tools called a few times a minute, not for 100-call RPC windows: a
@@ -342,54 +384,63 @@ class BreakerPolicy:
         "Sliding window over which failure and slow-call rates are measured.",
         env="BREAKWATER_BREAKER_WINDOW_S",
         minimum=1.0,
+        maximum=86400,
     )
     minimum_calls: int = knob(
         5,
         "Calls needed in the window before a rate can trip the breaker.",
         env="BREAKWATER_BREAKER_MINIMUM_CALLS",
         minimum=1,
+        maximum=1000000000,
     )
     failure_rate: float = knob(
         0.5,
         "Trip when this share of calls in the window failed (0–1).",
         env="BREAKWATER_BREAKER_FAILURE_RATE",
         minimum=0.0,
+        maximum=1.0,
     )
     consecutive_failures: int = knob(
         4,
         "Trip after this many failures in a row, whatever the window says.",
         env="BREAKWATER_BREAKER_CONSECUTIVE_FAILURES",
         minimum=1,
+        maximum=1000000000,
     )
     slow_call_rate: float = knob(
         0.8,
         "Trip when this share of calls in the window were slow (over the tool's expected latency; 0–1).",
         env="BREAKWATER_BREAKER_SLOW_CALL_RATE",
         minimum=0.0,
+        maximum=1.0,
     )
     open_base_s: float = knob(
         5.0,
         "How long the breaker stays open the first time; doubles per consecutive re-open.",
         env="BREAKWATER_BREAKER_OPEN_BASE_S",
         minimum=0.001,
+        maximum=86400,
     )
     open_max_s: float = knob(
         300.0,
         "The longest the breaker stays open.",
         env="BREAKWATER_BREAKER_OPEN_MAX_S",
         minimum=0.001,
+        maximum=86400,
     )
     open_jitter: float = knob(
         0.2,
         "Random spread of the open duration (0.2 = ±20 %), so replicas do not probe in lock-step.",
         env="BREAKWATER_BREAKER_OPEN_JITTER",
         minimum=0.0,
+        maximum=0.99,
     )
     probe_lease_s: float = knob(
         30.0,
         "A half-open probe that has not reported back after this long is given up and another is allowed.",
         env="BREAKWATER_BREAKER_PROBE_LEASE_S",
         minimum=0.001,
+        maximum=86400,
     )
     timeouts_to_trip: int = knob(
         2,
@@ -413,11 +464,7 @@ class BreakerPolicy:
     )
 
     def __post_init__(self) -> None:
-        for name in ("failure_rate", "slow_call_rate"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ConfigError(f"must be between 0 and 1, got {getattr(self, name)!r}", key=name)
-        if self.open_jitter >= 1.0:
-            raise ConfigError(f"must be below 1, got {self.open_jitter!r}", key="open_jitter")
+        super().__post_init__()  # rates within 0-1 and open_jitter below 1: their knobs' ranges
         if self.open_max_s < self.open_base_s:
             raise ConfigError(
                 f"open_max_s ({self.open_max_s}) is below open_base_s ({self.open_base_s})",
@@ -427,7 +474,7 @@ class BreakerPolicy:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RetryPolicy:
+class RetryPolicy(Policy):
     """How often and how patiently a failed call is retried.
 
     Retried: what a second attempt can fix — a connection refused or cut before the request was
@@ -441,6 +488,7 @@ class RetryPolicy:
         "Attempts per call, the first one included (1 = never retry).",
         env="BREAKWATER_RETRY_MAX_ATTEMPTS",
         minimum=1,
+        maximum=100,
     )
     retry_timeouts: bool = knob(
         False,
@@ -453,39 +501,46 @@ class RetryPolicy:
         "Ceiling of the random wait before the first retry; doubles per retry (full jitter).",
         env="BREAKWATER_RETRY_BACKOFF_BASE_S",
         minimum=0.001,
+        maximum=3600,
     )
     backoff_cap_s: float = knob(
         10.0,
         "The longest wait between two attempts, before any retry-after hint.",
         env="BREAKWATER_RETRY_BACKOFF_CAP_S",
         minimum=0.001,
+        maximum=3600,
     )
     max_retry_after_s: float = knob(
         30.0,
         "A server's retry-after hint longer than this is not waited for; the call fails instead.",
         env="BREAKWATER_RETRY_MAX_RETRY_AFTER_S",
         minimum=0.0,
+        maximum=86400,
     )
     budget_ratio: float = knob(
         0.1,
         "Retry tokens a server earns per first-attempt success (0.1: retries may add about 10 %).",
         env="BREAKWATER_RETRY_BUDGET_RATIO",
         minimum=0.0,
+        maximum=10.0,
     )
     budget_floor_per_min: float = knob(
         3.0,
         "Retry tokens a server earns per minute regardless of traffic, so rarely called tools can retry.",
         env="BREAKWATER_RETRY_BUDGET_FLOOR_PER_MIN",
         minimum=0.0,
+        maximum=10000,
     )
     budget_max_tokens: float = knob(
         10.0,
         "Most retry tokens a server can bank (the bucket starts full).",
         env="BREAKWATER_RETRY_BUDGET_MAX_TOKENS",
         minimum=0.0,
+        maximum=1000000000,
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.backoff_cap_s < self.backoff_base_s:
             raise ConfigError(
                 f"backoff_cap_s ({self.backoff_cap_s}) is below backoff_base_s ({self.backoff_base_s})",
@@ -512,7 +567,7 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True, kw_only=True)
-class StatePolicy:
+class StatePolicy(Policy):
     """Where breaker, retry-budget and learned-timeout state lives (`[state]`)."""
 
     url: str = knob(
@@ -530,27 +585,32 @@ class StatePolicy:
         "Longest wait for one store command; slower means the store is degraded and local state takes over.",
         env="BREAKWATER_STATE_TIMEOUT_S",
         minimum=0.001,
+        maximum=60,
     )
     refresh_s: float = knob(
         1.0,
         "The local mirror is re-read this often besides pub/sub updates (bounds staleness if a message is lost).",
         env="BREAKWATER_STATE_REFRESH_S",
         minimum=0.01,
+        maximum=3600,
     )
     retry_s: float = knob(
         0.5,
         "While degraded, the store is tried again this often.",
         env="BREAKWATER_STATE_RETRY_S",
         minimum=0.01,
+        maximum=3600,
     )
     key_ttl_s: float = knob(
         86400.0,
         "Idle keys expire after this long (breaker state, budgets, learned timeouts), so nothing accumulates.",
         env="BREAKWATER_STATE_KEY_TTL_S",
         minimum=1.0,
+        maximum=31536000,
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.url and not self.url.startswith(("redis://", "rediss://", "unix://", "memory://")):
             raise ConfigError(
                 f"unsupported state store {self.url!r}",

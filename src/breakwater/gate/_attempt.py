@@ -26,6 +26,7 @@ from mcp import MCPError
 
 from breakwater._clock import Clock, DeadlineScope
 from breakwater._wire import CONNECTION_CLOSED as _CONNECTION_CLOSED
+from breakwater.config._redact import redact_error
 from breakwater.connect._http_cut import cut_info
 from breakwater.connect._readiness import connecting_note
 from breakwater.connect._upstream import Upstream
@@ -276,7 +277,7 @@ def _judge(
     if verdict.ok and result is not None:
         answer = result
     else:
-        err = _error(call, verdict, attempt_result, elapsed, deadline)
+        err = redact_error(_error(call, verdict, attempt_result, elapsed, deadline), srv.upstream.spec.secrets)
         if timed_out:
             slow_now(call, err)
         answer = verdict, err

@@ -6,11 +6,10 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
+from breakwater.config._checks import LOOPBACK_HOSTS as LOOPBACK_HOSTS  # importable from here as before
+from breakwater.config._redact import register_secrets
 from breakwater.gateway._metrics import CallCounter, Metrics
 from breakwater.gateway._server import Gateway
-
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
-
 
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
 
@@ -38,6 +37,68 @@ class BearerAuth:
                 )
                 await send({"type": "http.response.body", "body": body})
                 return
+        await self.app(scope, receive, send)
+
+
+def _normalise_authorization(value: bytes) -> bytes:
+    # RFC 7235: the auth scheme is case-insensitive, and one or more spaces may follow it.
+    scheme, _, credentials = value.strip().partition(b" ")
+    if scheme.lower() == b"bearer" and credentials.strip():
+        return b"Bearer " + credentials.strip()
+    return value
+
+
+def _split_host(value: str) -> tuple[str, str | None]:
+    """(host, port or None) of a Host header or an Origin's authority, loopback names folded into one."""
+    host, port = value, None
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else None
+    elif value.count(":") == 1:
+        host, port = value.split(":")
+    host = host.lower()
+    return ("loopback" if host in LOOPBACK_HOSTS else host), port
+
+
+class RequestGuard:
+    """ASGI middleware in front of every route: a lower-case `bearer` scheme is accepted, a cross-port Origin is not.
+
+    The SDK's Origin check allows any port of an allowed host, so a page served by another program
+    on this machine (`http://127.0.0.1:1`) could drive the gateway from a browser. An Origin naming
+    the same host as the request's `Host` must also name its port, unless it is in `allowed_origins`.
+    """
+
+    def __init__(self, app: Any, allowed_origins: Sequence[str] = ()) -> None:
+        self.app = app
+        self._allowed = frozenset(o.rstrip("/") for o in allowed_origins)
+
+    def _cross_port(self, headers: dict[bytes, bytes]) -> bool:
+        origin = headers.get(b"origin", b"").decode("latin-1").rstrip("/")
+        host = headers.get(b"host", b"").decode("latin-1")
+        if not origin or origin == "null" or origin in self._allowed or "://" not in origin:
+            return False
+        o_host, o_port = _split_host(origin.split("://", 1)[1])
+        h_host, h_port = _split_host(host)
+        # A Host without a port (a proxy in front) cannot be compared; a different host is the SDK's to judge.
+        return o_host == h_host and h_port is not None and o_port != h_port
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            raw = list(scope.get("headers") or [])
+            headers = dict(raw)
+            if self._cross_port(headers):
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 403,
+                        "headers": [(b"content-type", b"application/json")],
+                    }
+                )
+                await send({"type": "http.response.body", "body": b'{"error": "Origin names another port of this host"}'})
+                return
+            if b"authorization" in headers:
+                raw = [(k, _normalise_authorization(v) if k == b"authorization" else v) for k, v in raw]
+                scope = {**scope, "headers": raw}
         await self.app(scope, receive, send)
 
 
@@ -83,5 +144,6 @@ def http_app(
     # One call counter per server: a second app over the same gateway replaces it, never counts twice.
     gateway.server.middleware[:] = [m for m in gateway.server.middleware if not isinstance(m, CallCounter)]
     gateway.server.middleware.append(metrics.middleware(gateway_resolver(gateway)))
+    register_secrets([token] if token else [])  # the gateway's own token is redacted like any configured secret
     mcp_app = BearerAuth(app, token) if token else app
-    return WebApp(gateway, mcp_app, security=security, token=token, metrics=metrics)
+    return RequestGuard(WebApp(gateway, mcp_app, security=security, token=token, metrics=metrics), allowed_origins)

@@ -41,6 +41,7 @@ from breakwater.connect._readiness import ON_ITS_WAY
 from breakwater.errors import CallCancelledError, InvalidArgumentsError, ToolChangedError, UnknownToolError
 from breakwater.gate._envelope import error_result
 from breakwater.gateway._builtins import BuiltinTools, SearchAnswer
+from breakwater.gateway._frames import deadline_seconds, explain_params_errors, invalid_deadline
 from breakwater.gateway._passthrough import Passthrough, RelayedListen, connection_of
 from breakwater.gateway._relay import (
     EXCHANGE_KEEP_S,
@@ -126,6 +127,7 @@ class Gateway:
             on_subscriptions_listen=RelayedListen(self.bus, self.passthrough.subscriptions),
             **self.passthrough.handlers(),
         )
+        self.server.middleware.append(explain_params_errors)  # a bare -32602 says what was wrong
         # Not `on_set_logging_level=`: that warns (deprecated at 2026-07-28) on every start.
         self.server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, self._on_set_level)
         self.builtins = BuiltinTools(bw, policy, entries=self.entries, drift=lambda: self.drift)
@@ -321,8 +323,10 @@ class Gateway:
         given = meta.get(OPERATION_ID_META_KEY)
         operation_id = given if isinstance(given, str) and given else None
         budget: Any = contextlib.nullcontext()
-        if isinstance(deadline_ms, int | float) and not isinstance(deadline_ms, bool) and deadline_ms >= 0:
-            budget = self.bw.budget(seconds=deadline_ms / 1000)
+        if (refused := invalid_deadline(deadline_ms, server=server, tool=tool)) is not None:
+            return error_result(refused)
+        if deadline_ms is not None:
+            budget = self.bw.budget(seconds=deadline_seconds(deadline_ms))
         # The journal names the agent behind each call.
         client = DOWNSTREAM_CLIENT.set(_client_name(first, meta))
         try:

@@ -1,24 +1,31 @@
-"""The gateway's downstream stdio transport: the SDK's `stdio_server`, without worker threads.
+"""The gateway's downstream stdio transport: the SDK's `stdio_server`, without worker threads, for any stdin.
 
 The SDK reads stdin and writes stdout through `anyio.wrap_file`, a worker-thread hop per line read
 and two per line written: about a dozen thread hand-offs per proxied call, which on a busy 2-core
 machine cost more than the gateway's own work (see docs/benchmarks.md, proxy overhead). When stdin
 and stdout are pipes, sockets or terminals (what every agent launches us with) this transport reads
-and writes them with asyncio's non-blocking pipe transports instead; anything else (a regular file,
-another event loop) falls back to the SDK's transport. Framing, parsing and serialisation are the
-SDK's own, so the bytes on the wire are identical.
+and writes them with asyncio's non-blocking pipe transports instead. Anything else is what real
+supervisors hand a process (systemd and containers without `-i` give `/dev/null`, `nohup` a file,
+some a closed descriptor): it cannot be polled, so one daemon thread reads it (and writes, for a
+stdout that is a file) and the end of input ends the session cleanly, as with a pipe. Framing and
+serialisation are the SDK's own, so the bytes on the wire are identical; a line the SDK cannot
+validate gets the JSON-RPC error the spec names (`_frames.py`), never silence.
 
 Like the SDK, it points fd 0 at the null device and fd 1 at stderr while serving, so a stray print
-or a child process cannot corrupt the wire, and restores both on exit.
+or a child process cannot corrupt the wire, and restores both on exit. SIGTERM and SIGINT end the
+session like the end of input: the caller's `server.run` returns and everything it opened (the
+upstream processes) is closed in order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import stat
 import sys
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -28,26 +35,55 @@ from mcp.server.stdio import stdio_server as sdk_stdio_server
 from mcp.shared._context_streams import create_context_streams
 from mcp.shared.message import SessionMessage
 
-__all__ = ["stdio_server"]
+from breakwater.gateway._frames import INVALID_REQUEST, bad_id, diagnose, error_line
+
+__all__ = ["MAX_LINE_BYTES", "reserve_standard_fds", "stdio_server"]
 
 #: Longest line accepted from the client. The SDK has no limit; a bound keeps one bad client from
-#: exhausting memory, and 64 MiB is far above any real MCP message.
+#: exhausting memory, and 64 MiB is far above any real MCP message. A longer one is answered with
+#: an error and skipped.
 MAX_LINE_BYTES = 64 * 1024 * 1024
+
+_CHUNK = 64 * 1024
+
+
+def reserve_standard_fds() -> None:
+    """Open the null device on any of fds 0, 1, 2 that is closed; call before the event loop starts.
+
+    A process started with stdin closed (`<&-`) would otherwise get its event loop's epoll
+    descriptor as fd 0, and serving stdio would then read from (and divert) the loop itself. A
+    closed stdin reads as an immediately ended input: the session ends cleanly.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            opened = os.open(os.devnull, os.O_RDWR)
+            if opened != fd:  # a lower one was closed too and has just been filled; keep trying
+                os.dup2(opened, fd)
+                os.close(opened)
 
 
 def _pollable(fd: int) -> bool:
-    """Whether asyncio's pipe transports can drive this descriptor (pipe, socket or terminal)."""
+    """Whether asyncio's pipe transports can drive this descriptor: a pipe, a socket or a terminal.
+
+    Not every character device: `/dev/null` is one, and epoll refuses it (EPERM).
+    """
     try:
         mode = os.fstat(fd).st_mode
     except OSError:
         return False
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or (stat.S_ISCHR(mode) and os.isatty(fd))
 
 
-def _divert(fd: int, open_diversion: Any) -> int:
-    """Move `fd`'s stream to a private descriptor (returned) and point `fd` at a harmless stand-in."""
-    private = os.dup(fd)
-    os.set_inheritable(private, False)
+def _divert(fd: int, open_diversion: Callable[[], int]) -> int | None:
+    """Move `fd`'s stream to a private descriptor (returned; None if `fd` was closed) and point `fd` at a stand-in."""
+    try:
+        private: int | None = os.dup(fd)
+    except OSError:  # closed: nothing to read from (or write to); the stand-in still keeps fd valid for children
+        private = None
+    if private is not None:
+        os.set_inheritable(private, False)
     diversion = open_diversion()
     try:
         os.dup2(diversion, fd)
@@ -56,12 +92,167 @@ def _divert(fd: int, open_diversion: Any) -> int:
     return private
 
 
-def _restore(fd: int, private: int) -> None:
+def _restore(fd: int, private: int | None) -> None:
+    if private is None:
+        return
     # The pipe transports made the shared file description non-blocking; hand it back as it was found.
     with suppress(OSError):
         os.set_blocking(private, True)
     with suppress(OSError):
         os.dup2(private, fd)
+
+
+class _ThreadFeed(asyncio.ReadTransport):
+    """Feeds a StreamReader from a blocking descriptor on a daemon thread, with the reader's own flow control."""
+
+    def __init__(self, fd: int, reader: asyncio.StreamReader, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._fd, self._reader, self._loop = fd, reader, loop
+        self._room = threading.Event()
+        self._room.set()
+        self._closing = False
+        reader.set_transport(self)
+        threading.Thread(target=self._run, name="breakwater-stdin", daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._closing:
+            self._room.wait()
+            try:
+                chunk = os.read(self._fd, _CHUNK)
+            except OSError:
+                chunk = b""
+            if self._closing:
+                return
+            with suppress(RuntimeError):  # the loop is gone: nobody is listening any more
+                if not chunk:
+                    self._loop.call_soon_threadsafe(self._reader.feed_eof)
+                    return
+                self._loop.call_soon_threadsafe(self._reader.feed_data, chunk)
+
+    def pause_reading(self) -> None:
+        self._room.clear()
+
+    def resume_reading(self) -> None:
+        self._room.set()
+
+    def is_reading(self) -> bool:
+        return self._room.is_set()
+
+    def close(self) -> None:
+        self._closing = True
+        self._room.set()
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+
+class _Output:
+    """Whole lines to the client, one at a time: asyncio's pipe writer, or blocking writes on a thread for a file."""
+
+    def __init__(self, fd: int | None) -> None:
+        self._fd = fd
+        self._writer: asyncio.StreamWriter | None = None
+        self._transport: asyncio.WriteTransport | None = None
+        self._lock = anyio.Lock()
+
+    async def open(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._fd is not None and _pollable(self._fd):
+            out_file = os.fdopen(self._fd, "wb", buffering=0, closefd=False)
+            transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, out_file)
+            self._transport = transport
+            self._writer = asyncio.StreamWriter(transport, protocol, None, loop)
+
+    async def send(self, data: bytes) -> None:
+        async with self._lock:
+            if self._writer is not None:
+                self._writer.write(data)
+                await self._writer.drain()
+            elif self._fd is not None:
+                await anyio.to_thread.run_sync(_write_all, self._fd, data)
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            with suppress(ConnectionError, RuntimeError):
+                await self._writer.drain()
+        if self._transport is not None:
+            self._transport.close()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+async def _next_line(reader: asyncio.StreamReader) -> tuple[bytes | None, bool]:
+    """The next line (None at the end of input), and whether it was over MAX_LINE_BYTES (then skipped whole)."""
+    oversized = False
+    while True:
+        try:
+            line = await reader.readuntil(b"\n")
+        except asyncio.IncompleteReadError as exc:  # the end of input, maybe after a last line without a newline
+            if oversized:
+                return b"", True
+            return (exc.partial or None), False
+        except asyncio.LimitOverrunError as exc:
+            # Drop what is buffered and keep dropping up to the newline: the rest of that line is no message.
+            await reader.readexactly(exc.consumed)
+            oversized = True
+            continue
+        return (b"" if oversized else line), oversized
+
+
+async def _open_input(
+    in_fd: int | None, loop: asyncio.AbstractEventLoop
+) -> tuple[asyncio.StreamReader, asyncio.BaseTransport | None]:
+    """A reader over stdin: asyncio's pipe transport when it can be polled, else a reading thread; closed = ended."""
+    reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
+    if in_fd is None:
+        reader.feed_eof()
+        return reader, None
+    if _pollable(in_fd):
+        in_file = os.fdopen(in_fd, "rb", buffering=0, closefd=False)
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), in_file)
+        return reader, transport
+    return reader, _ThreadFeed(in_fd, reader, loop)
+
+
+async def _pump_input(reader: asyncio.StreamReader, sink: Any, output: _Output) -> None:
+    """Lines from the client to the session; a line that is no valid message is answered here, never dropped."""
+    while True:
+        line, oversized = await _next_line(reader)
+        if line is None:
+            return
+        if oversized:
+            await output.send(error_line(None, INVALID_REQUEST, f"Invalid request: message over {MAX_LINE_BYTES} bytes"))
+            continue
+        try:
+            message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+        except Exception as exc:
+            answer = diagnose(line, exc)
+            if answer is not None:
+                await output.send(error_line(*answer))
+            continue
+        if isinstance(message, types.JSONRPCNotification) and b'"id"' in line and (answer := bad_id(line)):
+            await output.send(error_line(*answer))
+            continue
+        await sink.send(SessionMessage(message))
+
+
+async def _pump_output(source: Any, output: _Output) -> None:
+    async with source:
+        async for session_message in source:
+            data = session_message.message.model_dump_json(by_alias=True, exclude_unset=True)
+            await output.send(data.encode() + b"\n")
+
+
+async def _stop_on_signal(reading: anyio.CancelScope, sink: Any) -> None:
+    # SIGTERM or SIGINT: end the session as the end of input does, so the caller shuts down in order.
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            reading.cancel()
+            await sink.aclose()
+            return
 
 
 @asynccontextmanager
@@ -71,63 +262,46 @@ async def stdio_server() -> AsyncIterator[tuple[Any, Any]]:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # another event loop (trio)
         loop = None
-    if loop is None or not (_pollable(0) and _pollable(1)):
+    if loop is None:
         async with sdk_stdio_server() as streams:
             yield streams
         return
 
-    sys.stdout.flush()
+    with suppress(Exception):
+        sys.stdout.flush()
     in_fd = _divert(0, lambda: os.open(os.devnull, os.O_RDONLY))
     out_fd = _divert(1, lambda: os.dup(2))
-    # closefd=False: the descriptors are closed below, after the transports let go of them.
-    in_file = os.fdopen(in_fd, "rb", buffering=0, closefd=False)
-    out_file = os.fdopen(out_fd, "wb", buffering=0, closefd=False)
-    reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
-    read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), in_file)
-    write_transport, write_protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, out_file)
-    writer = asyncio.StreamWriter(write_transport, write_protocol, None, loop)
+    reader, read_transport = await _open_input(in_fd, loop)
+    output = _Output(out_fd)
+    await output.open(loop)
 
     read_stream_writer, read_stream = create_context_streams[SessionMessage | Exception](0)
     write_stream, write_stream_reader = create_context_streams[SessionMessage](0)
+    reading = anyio.CancelScope()
 
-    async def stdin_reader() -> None:
+    async def read_until_stopped() -> None:
         async with read_stream_writer:
-            while True:
-                try:
-                    line = await reader.readline()
-                except ValueError as exc:  # a line over MAX_LINE_BYTES: reported, and the rest of it skipped
-                    await read_stream_writer.send(exc)
-                    continue
-                if not line:
-                    return
-                try:
-                    message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-                except Exception as exc:
-                    await read_stream_writer.send(exc)
-                    continue
-                await read_stream_writer.send(SessionMessage(message))
-
-    async def stdout_writer() -> None:
-        async with write_stream_reader:
-            async for session_message in write_stream_reader:
-                data = session_message.message.model_dump_json(by_alias=True, exclude_unset=True)
-                writer.write(data.encode() + b"\n")
-                await writer.drain()
+            with reading:
+                await _pump_input(reader, read_stream_writer, output)
 
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(stdin_reader)
-            tg.start_soon(stdout_writer)
+            tg.start_soon(read_until_stopped)
+            tg.start_soon(_pump_output, write_stream_reader, output)
+            if threading.current_thread() is threading.main_thread():
+                tg.start_soon(_stop_on_signal, reading, read_stream_writer)
             yield read_stream, write_stream
             tg.cancel_scope.cancel()
     finally:
-        with suppress(ConnectionError, RuntimeError):
-            await writer.drain()
-        read_transport.close()
-        write_transport.close()
+        await output.close()
+        if read_transport is not None:
+            read_transport.close()
         # Let the transports run their close callbacks before the descriptors go.
         await asyncio.sleep(0)
         _restore(0, in_fd)
         _restore(1, out_fd)
-        os.close(in_fd)
-        os.close(out_fd)
+        # A reading thread may still be inside read(): its descriptor is left open rather than closed
+        # under it (where the number could be reused by another file and read from).
+        for fd in (None if isinstance(read_transport, _ThreadFeed) else in_fd, out_fd):
+            if fd is not None:
+                os.close(fd)

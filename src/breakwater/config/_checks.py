@@ -1,0 +1,183 @@
+"""Value checks for what a config names: server names, URLs, command text, headers and tokens.
+
+Each check raises a `ConfigError` that names the key, the offending value and the fix, so a
+config that could only fail later (at spawn, at connect, at the first request) is refused when
+it is loaded, and `config check`, `status` and `serve` refuse it alike. May import the core
+leaves only.
+"""
+
+from __future__ import annotations
+
+import string
+import unicodedata
+from urllib.parse import urlsplit
+
+from breakwater.errors import ConfigError
+
+__all__ = [
+    "LOOPBACK_HOSTS",
+    "MIN_TOKEN_CHARS",
+    "check_header",
+    "check_journal_url",
+    "check_listener_token",
+    "check_server_name",
+    "check_text",
+    "check_tool_name_template",
+    "check_url",
+]
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+#: Shortest bearer token accepted on a listener other machines can reach: 16 characters of a
+#: random token are ~96 bits, out of reach of guessing over the network.
+MIN_TOKEN_CHARS = 16
+
+# RFC 9110 token characters, what a header name may use.
+_HEADER_NAME_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+
+
+def _invisible(c: str) -> bool:
+    # Cc: control characters; Cf: format characters, the bidirectional overrides among them (they
+    # make a name read differently than it is); Zl/Zp: line and paragraph separators.
+    return unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp", "Cs")
+
+
+def check_text(
+    value: str, *, path: str | None, key: str, what: str = "value", strict: bool = False, secret: bool = False
+) -> None:
+    """Refuse text a process cannot be given: a NUL anywhere; with `strict`, any control or invisible character.
+
+    Argument and environment values may hold line breaks (a PEM key); a command or a path may not.
+    """
+    bad = next((c for c in value if (_invisible(c) if strict else c == "\x00")), None)
+    if bad is not None:
+        shown = "" if secret else f" {value!r}"
+        raise ConfigError(
+            f"the {what}{shown} contains the invisible character U+{ord(bad):04X}",
+            path=path,
+            key=key,
+            fix="remove it",
+        )
+
+
+def check_server_name(name: str, *, path: str | None, key: str) -> None:
+    """A server name is shown and prefixes tool names: not empty, no surrounding spaces, nothing invisible."""
+    if not name.strip():
+        raise ConfigError(f"empty server name {name!r}", path=path, key=key, fix='name the server, e.g. "github"')
+    if name != name.strip():
+        raise ConfigError(f"server name {name!r} starts or ends with a space", path=path, key=key, fix="remove the spaces")
+    if any(_invisible(c) for c in name):
+        bad = next(c for c in name if _invisible(c))
+        raise ConfigError(
+            f"server name {name!r} contains the invisible or bidirectional character U+{ord(bad):04X}",
+            path=path,
+            key=key,
+            fix="use letters, digits, - and _",
+        )
+
+
+def _shown(url: str) -> str:
+    # The URL as an error may quote it: user-info and query are where tokens hide.
+    head, sep, _ = url.partition("?")
+    scheme, slashes, rest = head.partition("//")
+    if "@" in rest.split("/", 1)[0]:
+        rest = "<redacted>@" + rest.split("@", 1)[1]
+    return repr(scheme + slashes + rest + ("?<redacted>" if sep else ""))
+
+
+def check_url(url: str, *, path: str | None, key: str) -> None:
+    """An upstream URL: http(s), a host, a port in 1-65535, no spaces or control characters."""
+    fix = 'write a full URL, e.g. "http://127.0.0.1:8000/mcp"'
+    shown = _shown(url)
+    if any(c.isspace() or _invisible(c) for c in url):
+        raise ConfigError(f"the URL {shown} contains a space or control character", path=path, key=key, fix=fix)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"invalid URL {shown}: {exc}", path=path, key=key, fix=fix) from None
+    if parts.scheme not in ("http", "https"):
+        raise ConfigError(f"an HTTP server needs an http(s) URL, got {shown}", path=path, key=key, fix=fix)
+    if not parts.hostname:
+        raise ConfigError(f"the URL {shown} has no host", path=path, key=key, fix=fix)
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError(f"the URL {shown} has port {port}, outside 1-65535", path=path, key=key, fix=fix)
+
+
+def check_header(name: str, value: str, *, path: str | None, key: str) -> None:
+    """A header name of token characters and a value without line breaks or control characters."""
+    if not name or not set(name) <= _HEADER_NAME_CHARS:
+        raise ConfigError(f"invalid header name {name!r}", path=path, key=key, fix="use letters, digits and -")
+    if any(_invisible(c) for c in value) or value != value.strip():
+        raise ConfigError(
+            f"the value of header {name!r} has a control character or surrounding spaces",
+            path=path,
+            key=key,
+            fix="remove them",
+        )
+
+
+def check_listener_token(host: str, token: str | None) -> str | None:
+    """What is wrong with serving HTTP on `host` with `token`, as a message for the operator; None if nothing.
+
+    A listener other machines can reach needs a token, and one that cannot be guessed; a token
+    with spaces or control characters could never match an `Authorization` header.
+    """
+    if token is not None and (not token.strip() or any(c.isspace() or _invisible(c) for c in token)):
+        return (
+            "breakwater: the token is empty or contains spaces or control characters\n"
+            "  fix: use a random token, e.g. `openssl rand -hex 24`"
+        )
+    if host in LOOPBACK_HOSTS:
+        return None
+    if not token:
+        return (
+            f"breakwater: refusing to listen on {host} without a token: anyone who can reach it could call "
+            f"your tools.\n  fix: pass --token (or set BREAKWATER_TOKEN), or listen on 127.0.0.1"
+        )
+    if len(token) < MIN_TOKEN_CHARS:
+        return (
+            f"breakwater: refusing to listen on {host} with a {len(token)}-character token: it could be guessed.\n"
+            f"  fix: use at least {MIN_TOKEN_CHARS} random characters (e.g. `openssl rand -hex 24`), or listen on 127.0.0.1"
+        )
+    return None
+
+
+# The spellings `open_journal_store` understands (journal/_writer.py); checked here so a typo is a
+# config error before anything runs, not a JournalError when the journal first opens.
+_JOURNAL_OFF = frozenset({"off", "none", "false", "0", "disabled"})
+_JOURNAL_SCHEMES = ("postgresql://", "postgres://", "sqlite:///")
+
+
+def check_journal_url(url: str) -> None:
+    """Refuse a `[journal] url` the journal could not open (an unknown scheme such as mysql://)."""
+    text = url.strip()
+    if not text or text.lower() in _JOURNAL_OFF or text.startswith(_JOURNAL_SCHEMES) or "://" not in text:
+        return
+    raise ConfigError(
+        f"unsupported journal URL scheme {text.split('://')[0]!r}",
+        key="url",
+        fix='use a file path, "sqlite:///PATH", "postgresql://..." or "off"',
+    )
+
+
+def check_tool_name_template(template: str) -> None:
+    """Refuse a `tool_name_template` that cannot name every tool apart: only {server} and {tool}, both present."""
+    fix = 'use {server} and {tool} once each, e.g. "{server}__{tool}" (write {{ and }} for literal braces)'
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ConfigError(f"invalid template {template!r}: {exc}", key="tool_name_template", fix=fix) from None
+    seen: list[str] = []
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if name not in ("server", "tool") or spec or conversion:
+            raise ConfigError(f"unknown placeholder {{{name}}} in {template!r}", key="tool_name_template", fix=fix)
+        seen.append(name)
+    if sorted(set(seen)) != ["server", "tool"]:
+        raise ConfigError(
+            f"{template!r} must contain both {{server}} and {{tool}}, or two tools could get the same name",
+            key="tool_name_template",
+            fix=fix,
+        )

@@ -1,0 +1,206 @@
+"""What a malformed downstream message gets: the JSON-RPC error the spec names, with what was wrong.
+
+The SDK's framing drops what it cannot validate (a batch, a missing or `"1.0"` `jsonrpc`, a float
+id, invalid UTF-8, deep nesting) without a reply, so a client waits forever; and it answers
+invalid parameters and requests sent before `initialize` with a bare `-32602 "Invalid request
+parameters"`. Here a line that fails the SDK's fast validation is diagnosed once, on the slow path
+only: parse errors are -32700, malformed requests -32600, bad parameters -32602 (unknown methods
+stay the SDK's -32601), each with a message that says what to fix; the session goes on. A
+malformed notification (no id) is not answered, as JSON-RPC says, but logged. May import the
+core leaves and `config` only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from typing import Any
+
+from mcp import MCPError
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from pydantic import ValidationError
+
+from breakwater._wire import DEADLINE_META_KEY
+from breakwater.errors import InvalidArgumentsError
+
+__all__ = [
+    "INVALID_PARAMS",
+    "INVALID_REQUEST",
+    "MAX_DEPTH",
+    "PARSE_ERROR",
+    "bad_id",
+    "deadline_seconds",
+    "diagnose",
+    "error_line",
+    "explain_invalid_params",
+    "explain_params_errors",
+    "invalid_deadline",
+]
+
+logger = logging.getLogger(__name__)
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+
+#: Deeper nesting than this is refused (no MCP message comes close; Python's parser would overflow).
+MAX_DEPTH = 256
+
+
+def error_line(request_id: Any, code: int, message: str) -> bytes:
+    """One JSON-RPC error response, framed for stdio."""
+    wire = {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
+    return json.dumps(wire, separators=(",", ":")).encode() + b"\n"
+
+
+def _depth(text: str) -> int:
+    depth = deepest = 0
+    in_string = escaped = False
+    for c in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+    return deepest
+
+
+def _valid_id(value: Any) -> bool:
+    return isinstance(value, (str, int)) and not isinstance(value, bool)
+
+
+def diagnose(line: bytes, error: Exception | None = None) -> tuple[Any, int, str] | None:
+    """Why `line` is not a valid JSON-RPC message: `(id to answer, code, message)`; None if it needs no answer.
+
+    Called only after the SDK's validation failed (`error`), so its cost is off the normal path.
+    """
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return (
+            None,
+            PARSE_ERROR,
+            f"Parse error: the message is not valid UTF-8 (byte 0x{line[exc.start]:02x} at offset {exc.start})",
+        )
+    if not text.strip():
+        return None  # a blank line between messages: nothing to answer
+    if _depth(text) > MAX_DEPTH:
+        return None, INVALID_REQUEST, f"Invalid request: JSON nested deeper than {MAX_DEPTH} levels"
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError, ValueError) as exc:
+        where = f" at line {exc.lineno}, column {exc.colno}: {exc.msg}" if isinstance(exc, json.JSONDecodeError) else ""
+        return None, PARSE_ERROR, f"Parse error: invalid JSON{where}"
+    if isinstance(data, list):
+        return None, INVALID_REQUEST, "Invalid request: JSON-RPC batches are not supported by MCP; send one message per line"
+    if not isinstance(data, dict):
+        return None, INVALID_REQUEST, f"Invalid request: expected a JSON object, got {type(data).__name__}"
+    has_id = "id" in data
+    request_id = data.get("id")
+    if has_id and not _valid_id(request_id):
+        return None, INVALID_REQUEST, f"Invalid request: id must be a string or an integer, got {json.dumps(request_id)[:40]}"
+    method = data.get("method")
+    if not has_id and isinstance(method, str):
+        logger.warning("dropped a malformed notification %r: %s", method[:80], _short(error))
+        return None
+    if data.get("jsonrpc") != "2.0":
+        got = json.dumps(data["jsonrpc"])[:20] if "jsonrpc" in data else "nothing"
+        return request_id, INVALID_REQUEST, f'Invalid request: "jsonrpc" must be "2.0", got {got}'
+    if "method" in data and not isinstance(method, str):
+        return request_id, INVALID_REQUEST, "Invalid request: method must be a string"
+    if method is None:
+        if "result" in data or "error" in data:
+            logger.warning("dropped a malformed response (id %r): %s", request_id, _short(error))
+            return None
+        return request_id, INVALID_REQUEST, "Invalid request: no method"
+    params = data.get("params")
+    if "params" in data and not isinstance(params, dict):
+        return request_id, INVALID_PARAMS, f"Invalid params: params must be an object, got {type(params).__name__}"
+    return request_id, INVALID_REQUEST, f"Invalid request: {_short(error)}"
+
+
+def bad_id(line: bytes) -> tuple[Any, int, str] | None:
+    """For a line the SDK read as a notification: an error if it carries an `id` that is not a string or integer.
+
+    The SDK ignores such an id (a float, true, null) and treats the request as a notification, so
+    the client would wait forever for its answer.
+    """
+    try:
+        data = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(data, dict) and "id" in data and not _valid_id(data["id"]):
+        return None, INVALID_REQUEST, f"Invalid request: id must be a string or an integer, got {json.dumps(data['id'])[:40]}"
+    return None
+
+
+def _short(error: Exception | None) -> str:
+    if isinstance(error, ValidationError):
+        return explain_validation(error)
+    return str(error).splitlines()[0][:200] if error is not None else "malformed message"
+
+
+def explain_validation(error: ValidationError) -> str:
+    """The first few problems of a pydantic error, as `where: what` for a person."""
+    parts = []
+    for item in error.errors()[:3]:
+        where = ".".join(str(p) for p in item.get("loc", ()))
+        parts.append(f"{where}: {item.get('msg', 'invalid')}" if where else str(item.get("msg", "invalid")))
+    more = error.error_count() - len(parts)
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+def explain_invalid_params(exc: BaseException, method: str, initialized: bool) -> MCPError | None:
+    """A detailed -32602 for what the SDK would answer with a bare "Invalid request parameters"; None to leave it."""
+    if isinstance(exc, ValidationError):
+        return MCPError(code=INVALID_PARAMS, message=f"Invalid params for {method}: {explain_validation(exc)}")
+    if isinstance(exc, MCPError) and exc.error.code == INVALID_PARAMS and exc.error.message == "Invalid request parameters":
+        if not initialized:
+            return MCPError(code=INVALID_PARAMS, message=f"{method} was sent before initialize: send initialize first")
+        return MCPError(code=INVALID_PARAMS, message=f"Invalid params for {method}")
+    return None
+
+
+async def explain_params_errors(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+    """Server middleware: the SDK's bare -32602 becomes one that says what was wrong (or that initialize comes first)."""
+    try:
+        return await call_next(ctx)
+    except (ValidationError, MCPError) as exc:
+        better = explain_invalid_params(exc, ctx.method, initialized=not isinstance(exc, MCPError))
+        if better is None:
+            raise
+        raise better from None
+
+
+#: The longest deadline a caller may ask for (a day); anything longer is surely a unit mistake.
+MAX_DEADLINE_MS = 86_400_000
+
+
+def invalid_deadline(value: Any, *, server: str, tool: str) -> InvalidArgumentsError | None:
+    """Why a `_meta` deadline (`io.breakwater/deadlineMs`) cannot be used, as the call's error; None if it can (or is unset)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0 <= value <= MAX_DEADLINE_MS:
+        return None
+    return InvalidArgumentsError(
+        f"_meta {DEADLINE_META_KEY} must be a number of milliseconds from 0 to {MAX_DEADLINE_MS}, got {json.dumps(value)[:40]}.",
+        server=server,
+        tool=tool,
+        detail={"reason": "invalid_deadline"},
+    )
+
+
+def deadline_seconds(value: Any) -> float:
+    """A deadline `invalid_deadline` accepted, in seconds."""
+    return float(value) / 1000

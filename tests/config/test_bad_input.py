@@ -1,0 +1,621 @@
+"""No input breaks it: a wrong config is refused before it runs, with the file, the key, the value and the fix.
+
+Each class of bad input the adversarial pass found (non-finite or absurd numbers, undecodable bytes,
+deep nesting, unknown schemes and placeholders, duplicate names, malformed URLs, invisible
+characters, missing directories, weak tokens) has a row here, and a property test generates
+configs (TOML and JSON, valid and broken) and holds every one to: a clear ConfigError, or a config
+whose every policy is in range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from breakwater.config import Config, load_config
+from breakwater.config._checks import check_listener_token
+from breakwater.config._knobs import knob_range
+from breakwater.config._policies import GLOBAL_SECTIONS, POLICY_SECTIONS, CallPolicy
+from breakwater.errors import ConfigError
+
+NUMBER_KNOBS = [
+    (section, f.name)
+    for section, cls in {**POLICY_SECTIONS, **GLOBAL_SECTIONS}.items()
+    for f in dataclasses.fields(cls)
+    if f.type in ("float", "int", "float | None", "int | None")
+]
+
+
+def test_every_number_knob_has_a_range() -> None:
+    """Every number knob declares both ends of its range, so no value is accepted just because nobody bounded it."""
+    sections = {**POLICY_SECTIONS, **GLOBAL_SECTIONS}
+    assert len(NUMBER_KNOBS) > 40
+    missing = [f"{s}.{n}" for s, n in NUMBER_KNOBS if None in knob_range(sections[s], n)]
+    assert missing == []
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 1e300, -5.0])
+def test_policies_refuse_out_of_range_values_on_construction(value: float) -> None:
+    """Constructing a policy in code checks it as a file would: NaN, infinities and 1e300 are refused."""
+    with pytest.raises(ConfigError) as info:
+        CallPolicy(timeout_s=value)
+    assert info.value.key == "timeout_s" and info.value.fix
+
+
+def _json(servers: dict[str, Any]) -> str:
+    return json.dumps({"mcpServers": servers})
+
+
+OK = {"command": sys.executable, "args": ["-c", "pass"]}
+
+# (file name, content, what the error must mention)
+BAD_CONFIGS: list[tuple[str, str | bytes, str]] = [
+    ("nan.toml", "[call]\ntimeout_s = nan\n", "call.timeout_s"),
+    ("inf.toml", "[call]\ntimeout_s = inf\n", "call.timeout_s"),
+    ("huge.toml", "[call]\ntimeout_s = 1e300\n", "call.timeout_s"),
+    ("neg.toml", "[connect]\nbudget_s = -5\n", "connect.budget_s"),
+    ("nanstr.toml", '[call]\ntimeout_s = "NaN"\n', "call.timeout_s"),
+    ("server-nan.toml", '[servers.a]\ncommand = "x"\n[servers.a.call]\nmax_s = inf\n', "servers.a.call.max_s"),
+    ("tool-nan.toml", '[servers.a]\ncommand = "x"\n[servers.a.tools.t]\ntimeout_s = nan\n', "servers.a.tools.t.timeout_s"),
+    ("bigint.toml", "[call]\nmax_in_flight = 99999999999999999999\n", "call.max_in_flight"),
+    ("latin1.json", b'{"mcpServers": {"caf\xe9": {"command": "x"}}}', "not UTF-8"),
+    ("latin1.toml", b'[servers.caf\xe9]\ncommand = "x"\n', "not UTF-8"),
+    ("nul.json", b'{"mcpServers": {"a": {"command": "x\x00"}}}', "NUL"),
+    ("deep.json", "[" * 100_000 + "]" * 100_000, "nested deeper"),
+    ("deep2.json", '{"mcpServers": {"a": {"command": "x", "args": ' + "[" * 5000 + "]" * 5000 + "}}}", "nested deeper"),
+    ("deep.toml", "a = " + "[" * 100_000 + "]" * 100_000 + "\n", "nested"),
+    ("nan.json", '{"mcpServers": {"a": {"command": "x", "args": [NaN]}}}', "NaN"),
+    ("mysql.toml", '[journal]\nurl = "mysql://user@db/x"\n', "journal.url"),
+    ("template-unknown.toml", '[gateway]\ntool_name_template = "{nope}_{tool}"\n', "gateway.tool_name_template"),
+    ("template-server.toml", '[gateway]\ntool_name_template = "{server}"\n', "gateway.tool_name_template"),
+    ("template-brace.toml", '[gateway]\ntool_name_template = "{server}_{tool"\n', "gateway.tool_name_template"),
+    ("template-attr.toml", '[gateway]\ntool_name_template = "{server.__class__}{tool}"\n', "gateway.tool_name_template"),
+    ("template-conv.toml", '[gateway]\ntool_name_template = "{server!r}{tool}"\n', "gateway.tool_name_template"),
+    ("dup.json", '{"mcpServers": {"a": {"command": "x"}, "a": {"command": "y"}}}', "appears twice"),
+    ("dup-env.json", '{"mcpServers": {"a": {"command": "x", "env": {"K": "1", "K": "2"}}}}', "appears twice"),
+    ("bare-url.json", _json({"a": {"type": "http", "url": "http://"}}), "mcpServers.a.url"),
+    ("port.json", _json({"a": {"type": "http", "url": "http://127.0.0.1:99999/mcp"}}), "mcpServers.a.url"),
+    ("port0.json", _json({"a": {"type": "http", "url": "http://127.0.0.1:0/mcp"}}), "mcpServers.a.url"),
+    ("space-url.json", _json({"a": {"type": "http", "url": "http://exa mple.com/mcp"}}), "mcpServers.a.url"),
+    ("sse-url.toml", '[servers.a]\ntype = "sse"\nurl = "http:// /sse"\n', "servers.a.url"),
+    ("empty-name.json", _json({"": OK}), "empty server name"),
+    ("space-name.json", _json({"   ": OK}), "empty server name"),
+    ("ctrl-name.json", _json({"a\x1bb": OK}), "U+001B"),
+    ("bidi-name.json", _json({"a\u202eb": OK}), "U+202E"),
+    ("empty-name.toml", '[servers.""]\ncommand = "x"\n', "empty server name"),
+    ("bidi-name.toml", '[servers."x\u2066y"]\ncommand = "x"\n', "U+2066"),
+    ("cwd.json", _json({"a": {**OK, "cwd": "/definitely/not/here"}}), "does not exist"),
+    ("env-key.json", _json({"a": {**OK, "env": {"A=B": "1"}}}), "environment variable name"),
+    ("header.json", _json({"a": {"type": "http", "url": "http://h/mcp", "headers": {"X-A": "1\r\nX-B: 2"}}}), "headers"),
+    ("header-name.json", _json({"a": {"type": "http", "url": "http://h/mcp", "headers": {"X A": "1"}}}), "header name"),
+    ("state.toml", '[state]\nurl = "mysql://x"\n', "state.url"),
+    ("namespace-ctrl.toml", '[state]\nnamespace = "a\\u0007b"\n', "state.namespace"),
+    ("ceiling.toml", "[journal]\nlearn_floor_s = 10\nlearn_ceiling_s = 5\n", "journal.learn_ceiling_s"),
+    ("bool-arg.json", _json({"a": {"command": "x", "args": [True]}}), "mcpServers.a.args"),
+]
+
+
+@pytest.mark.parametrize(("name", "content", "mentions"), BAD_CONFIGS, ids=[c[0] for c in BAD_CONFIGS])
+def test_bad_config_is_refused_with_file_key_and_fix(tmp_path: Path, name: str, content: str | bytes, mentions: str) -> None:
+    """Each class of wrong config is a ConfigError naming the file, what is wrong (key or cause) and the fix."""
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    text = str(info.value)
+    assert str(path) in text and mentions in text and "fix:" in text
+    assert len(text) < 600, "the error quotes a whole file"
+
+
+@pytest.mark.parametrize(
+    ("env", "mentions"),
+    [
+        ({"BREAKWATER_CALL_TIMEOUT_S": "nan"}, "timeout_s"),
+        ({"BREAKWATER_CALL_TIMEOUT_S": "1e300"}, "timeout_s"),
+        ({"BREAKWATER_JOURNAL": "mysql://x"}, "url"),
+        ({"BREAKWATER_TOOL_NAME_TEMPLATE": "{tool}"}, "tool_name_template"),
+    ],
+)
+def test_bad_environment_values_are_refused(tmp_path: Path, env: dict[str, str], mentions: str) -> None:
+    """An environment variable is held to the same range as the file."""
+    path = tmp_path / "a.json"
+    path.write_text(_json({"a": OK}))
+    with pytest.raises(ConfigError, match=mentions) as info:
+        load_config(path, environ=env)
+    assert "environment" in str(info.value)
+
+
+def test_secrets_are_not_quoted_in_config_errors(tmp_path: Path) -> None:
+    """A URL refused for its port is quoted without its user-info or query, where tokens hide."""
+    path = tmp_path / "a.json"
+    path.write_text(_json({"a": {"type": "http", "url": "http://user:pa55w0rd-xyz@h:99999/mcp?key=sekrit-value"}}))
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    assert "pa55w0rd" not in str(info.value) and "sekrit" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("host", "token", "ok"),
+    [
+        ("0.0.0.0", None, False),
+        ("0.0.0.0", "x", False),
+        ("0.0.0.0", "short-token", False),
+        ("0.0.0.0", " " * 20, False),
+        ("0.0.0.0", "abc def ghi jkl mno", False),
+        ("0.0.0.0", "7f3a9c2e1d5b4a6f8e0c", True),
+        ("127.0.0.1", None, True),
+        ("127.0.0.1", "s3cret", True),
+        ("127.0.0.1", "   ", False),
+    ],
+)
+def test_listener_token_rules(host: str, token: str | None, ok: bool) -> None:
+    """A reachable listener needs a token that cannot be guessed; no listener takes a token that can never match."""
+    problem = check_listener_token(host, token)
+    assert (problem is None) is ok
+    if problem:
+        assert "fix:" in problem
+
+
+# ---- the property: any generated config is a clear error or a config in range ----------------------
+
+_NUMBERS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-(10**20), max_value=10**20),
+    st.sampled_from([0, 0.0, -1, 1e300, 1e-300, 0.5, 3, 86400, 10**7]),
+)
+_TEXT = st.text(min_size=0, max_size=12)
+_KNOB_VALUE = st.one_of(_NUMBERS, _TEXT, st.booleans(), st.sampled_from(["nan", "inf", "-1", "5", "1e300", "auto", "never"]))
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, int):
+        return str(value)
+    return json.dumps(value)
+
+
+@st.composite
+def _toml_configs(draw: st.DrawFn) -> str:
+    lines: list[str] = []
+    for section in draw(st.lists(st.sampled_from(sorted({*POLICY_SECTIONS, *GLOBAL_SECTIONS})), max_size=3, unique=True)):
+        lines.append(f"[{section}]")
+        cls = {**POLICY_SECTIONS, **GLOBAL_SECTIONS}[section]
+        names = [f.name for f in dataclasses.fields(cls)]
+        for name in draw(st.lists(st.sampled_from([*names, "bogus"]), max_size=3, unique=True)):
+            lines.append(f"{name} = {_toml_value(draw(_KNOB_VALUE))}")
+    for server in draw(st.lists(st.sampled_from(["a", "b", "", "x y", "\u202e", "ok-1"]), max_size=2, unique=True)):
+        lines.append(f"[servers.{json.dumps(server)}]")
+        if draw(st.booleans()):
+            command = draw(st.sampled_from(["x", "", " ", "a\x00b", sys.executable]))
+            lines.append(f"command = {json.dumps(command)}")
+        else:
+            url = draw(st.sampled_from(["http://", "http://h:99999/", "http://h/mcp", "https://h:1/x", "ftp://h", "http://a b"]))
+            lines.append(f"url = {json.dumps(url)}")
+        if draw(st.booleans()):
+            lines.append(f"[servers.{json.dumps(server)}.call]")
+            lines.append(f"timeout_s = {_toml_value(draw(_NUMBERS))}")
+    return "\n".join(lines) + "\n"
+
+
+_ENTRY = st.fixed_dictionaries(
+    {},
+    optional={
+        "command": st.one_of(st.sampled_from(["x", "", sys.executable]), _TEXT, st.integers()),
+        "args": st.one_of(st.lists(st.one_of(_TEXT, st.integers(), st.booleans()), max_size=3), _TEXT),
+        "env": st.one_of(st.dictionaries(_TEXT, st.one_of(_TEXT, st.integers(), st.none()), max_size=2), _TEXT),
+        "url": st.one_of(st.sampled_from(["http://", "http://h:99999", "http://127.0.0.1:8/mcp", "https://u:p@h/x?k=v"]), _TEXT),
+        "type": st.sampled_from(["stdio", "http", "sse", "streamable-http", "bogus"]),
+        "cwd": st.sampled_from([".", "/nope/nope", "", "~"]),
+        "headers": st.dictionaries(_TEXT, _TEXT, max_size=2),
+        "disabled": st.one_of(st.booleans(), _TEXT),
+    },
+)
+
+
+@st.composite
+def _json_configs(draw: st.DrawFn) -> str:
+    servers = draw(st.dictionaries(_TEXT, _ENTRY, max_size=3))
+    text = json.dumps({draw(st.sampled_from(["mcpServers", "servers", "bogus"])): servers})
+    if draw(st.booleans()):  # a duplicate key, as a hand-edited file has it
+        text = text.replace("{", '{"mcpServers": {}, ', 1)
+    return text
+
+
+def _assert_in_range(config: Config) -> None:
+    policies = [getattr(config, s) for s in (*POLICY_SECTIONS, *GLOBAL_SECTIONS)]
+    policies += [getattr(spec, s) for spec in config.servers for s in POLICY_SECTIONS]
+    for policy in policies:
+        for f in dataclasses.fields(policy):
+            value = getattr(policy, f.name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                low, high = knob_range(type(policy), f.name)
+                assert math.isfinite(value) and low is not None and high is not None and low <= value <= high, f.name
+    template = config.gateway.tool_name_template
+    assert template.format(server="s", tool="t1") != template.format(server="s", tool="t2")
+    for spec in config.servers:
+        assert spec.name.strip() and spec.name.isprintable()
+        assert spec.cwd is None or Path(spec.cwd).is_dir()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(text=st.one_of(_toml_configs(), _json_configs()), suffix=st.sampled_from([".toml", ".json"]))
+def test_property_any_config_is_a_clear_error_or_in_range(tmp_path: Path, text: str, suffix: str) -> None:
+    """Whatever is written, loading it gives a ConfigError naming the file and the fix, or a config in range."""
+    path = tmp_path / f"generated{suffix}"
+    path.write_text(text, encoding="utf-8")
+    try:
+        config = load_config(path, environ={})
+    except ConfigError as exc:
+        assert str(path) in str(exc) and "fix:" in str(exc), str(exc)
+        return
+    _assert_in_range(config)
+
+
+# ---- the CLI: config check, status and serve alike: exit 2, one clear error, no traceback -----------
+
+CLI_CASES = ["nan.toml", "mysql.toml", "template-unknown.toml", "latin1.json", "dup.json"]
+
+
+@pytest.mark.parametrize("name", CLI_CASES)
+def test_cli_refuses_bad_config_with_exit_2(tmp_path: Path, name: str) -> None:
+    """`config check`, `status` and `serve` refuse the same file the same way: exit 2, the error, no traceback."""
+    content = next(c for n, c, _ in BAD_CONFIGS if n == name)
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    env = {**os.environ, "BREAKWATER_ADMISSION_DIR": str(tmp_path / "adm"), "XDG_CACHE_HOME": str(tmp_path / "c")}
+    env.pop("BREAKWATER_JOURNAL", None)  # the test session turns the journal off; here the file's url must count
+    for command in (["config", "check"], ["status", "--wait", "1"], ["serve"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "breakwater", *command, "--config", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            check=False,
+        )
+        assert result.returncode == 2, (command, result.stderr)
+        assert "Traceback" not in result.stderr and result.stdout == ""
+        lines = result.stderr.strip().splitlines()
+        # One error line (file, key, value), then its fix.
+        assert len(lines) == 2 and lines[0].startswith("breakwater: config error: ") and lines[1].lstrip().startswith("fix:")
+        assert str(path) in lines[0]
+
+
+def test_serve_refuses_weak_token_on_reachable_listener(tmp_path: Path) -> None:
+    """A one-character token on 0.0.0.0 is refused before anything listens, exit 2."""
+    path = tmp_path / "a.json"
+    path.write_text(_json({"a": OK}))
+    result = subprocess.run(
+        [sys.executable, "-m", "breakwater", "serve", "--config", str(path), "--http", "0.0.0.0:0", "--token", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert result.returncode == 2 and "could be guessed" in result.stderr and "Traceback" not in result.stderr
+
+
+# ---- launch modes: whatever stdin is, serve ends cleanly at its end; signals stop it, upstreams too ----
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+}
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+
+def _serve_env(tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "BREAKWATER_ADMISSION_DIR": str(tmp_path / "adm"),
+        "BREAKWATER_CATALOG_DIR": str(tmp_path / "catalog"),
+        "BREAKWATER_CONNECT_STARTUP_JITTER_S": "0",
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+    }
+
+
+def _serve_config(tmp_path: Path) -> Path:
+    from breakwater.testing.server import launch_command
+
+    command = launch_command("--tool", "echo:latency=0", "--state-file", str(tmp_path / "upstream.json"))
+    path = tmp_path / "mcp.json"
+    path.write_text(_json({"t": {"command": command[0], "args": command[1:]}}))
+    return path
+
+
+def _upstream_pid(tmp_path: Path, timeout: float = 30.0) -> int:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return int(json.loads((tmp_path / "upstream.json").read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.1)
+    raise AssertionError("the upstream never started")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie has exited; its parent just has not reaped it
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def _serve_with_stdin(tmp_path: Path, stdin: Any, *, pass_fds: tuple[int, ...] = (), preexec: Any = None) -> tuple[int, str, str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "breakwater", "serve", "--config", str(_serve_config(tmp_path))],
+        stdin=stdin,
+        capture_output=True,
+        timeout=60,
+        env=_serve_env(tmp_path),
+        pass_fds=pass_fds,
+        preexec_fn=preexec,
+        check=False,
+    )
+    return result.returncode, result.stdout.decode(), result.stderr.decode()
+
+
+def test_serve_with_stdin_dev_null_ends_cleanly(tmp_path: Path) -> None:
+    """`breakwater serve </dev/null | cat`: no hang, no traceback, exit 0 (systemd, containers without -i, CI)."""
+    code, out, err = _serve_with_stdin(tmp_path, subprocess.DEVNULL)
+    assert code == 0 and "Traceback" not in err and out == ""
+
+
+def test_serve_with_stdin_a_regular_file_answers_then_ends(tmp_path: Path) -> None:
+    """A file of requests (`serve <requests.jsonl`, as `nohup` gives) is read and served, and its end ends the session.
+
+    The end of input is the MCP stdio shutdown, so requests still in flight then are not waited for;
+    initialize is answered at once.
+    """
+    requests = tmp_path / "requests.jsonl"
+    tools_list = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    requests.write_text("".join(json.dumps(m) + "\n" for m in (INITIALIZE, INITIALIZED, tools_list)))
+    with requests.open("rb") as f:
+        code, out, err = _serve_with_stdin(tmp_path, f)
+    assert code == 0 and "Traceback" not in err
+    ids = [json.loads(line).get("id") for line in out.splitlines()]
+    assert 1 in ids
+
+
+def test_serve_with_stdin_closed_ends_cleanly(tmp_path: Path) -> None:
+    """A closed stdin (`serve <&-`) reads as an ended input: exit 0, no traceback."""
+    code, _, err = _serve_with_stdin(tmp_path, None, preexec=lambda: os.close(0))
+    assert code == 0 and "Traceback" not in err
+
+
+def test_serve_on_a_tty_answers_and_ends_at_eof(tmp_path: Path) -> None:
+    """On a terminal, requests are answered and Ctrl-D (end of input) ends the session with exit 0."""
+    import pty
+    import termios
+    import time
+
+    master, slave = pty.openpty()
+    attrs = termios.tcgetattr(slave)
+    attrs[3] &= ~termios.ECHO  # no echo: the terminal's output is not under test
+    termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "breakwater", "serve", "--config", str(_serve_config(tmp_path))],
+        stdin=slave,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_serve_env(tmp_path),
+    )
+    os.close(slave)
+    try:
+        os.write(master, (json.dumps(INITIALIZE) + "\n").encode())
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert json.loads(first)["id"] == 1
+        time.sleep(0.2)
+        os.write(master, b"\x04")  # Ctrl-D on an empty line: end of input
+        assert proc.wait(timeout=30) == 0
+        assert proc.stderr is not None and b"Traceback" not in proc.stderr.read()
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_signal_ends_serve_cleanly_and_stops_upstreams(tmp_path: Path, signum: str) -> None:
+    """SIGTERM or SIGINT mid-session: exit 0, no traceback, and the upstream process is gone."""
+    import signal
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "breakwater", "serve", "--config", str(_serve_config(tmp_path))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_serve_env(tmp_path),
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    try:
+        proc.stdin.write((json.dumps(INITIALIZE) + "\n").encode())
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["id"] == 1
+        upstream = _upstream_pid(tmp_path)
+        proc.send_signal(getattr(signal, signum))
+        assert proc.wait(timeout=30) == 0
+        assert b"Traceback" not in proc.stderr.read()
+        import time
+
+        deadline = time.monotonic() + 10
+        while _alive(upstream) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(upstream), "the upstream outlived the gateway"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+# ---- every request with an id gets an answer: the JSON-RPC error the spec names, and the session goes on ----
+
+TOOLS_CALL = {"name": "t__echo", "arguments": {}}
+# (what is sent, the id the answer must carry, the error code, a word the message must hold)
+FRAMES: list[tuple[str, bytes, Any, int, str]] = [
+    ("before-initialize", b'{"jsonrpc":"2.0","id":"early","method":"tools/list"}', "early", -32602, "initialize"),
+    ("batch", b'[{"jsonrpc":"2.0","id":10,"method":"ping"}]', None, -32600, "batch"),
+    ("no-jsonrpc", b'{"id":11,"method":"ping"}', 11, -32600, "jsonrpc"),
+    ("jsonrpc-1.0", b'{"jsonrpc":"1.0","id":12,"method":"ping"}', 12, -32600, "2.0"),
+    ("params-string", b'{"jsonrpc":"2.0","id":13,"method":"tools/list","params":"abc"}', 13, -32602, "object"),
+    ("float-id", b'{"jsonrpc":"2.0","id":1.5,"method":"ping"}', None, -32600, "id"),
+    ("null-id", b'{"jsonrpc":"2.0","id":null,"method":"ping"}', None, -32600, "id"),
+    ("bool-id", b'{"jsonrpc":"2.0","id":true,"method":"ping"}', None, -32600, "id"),
+    ("invalid-utf8", b'{"jsonrpc":"2.0","id":15,"method":"ping","params":{"x":"\xff\xfe"}}', None, -32700, "UTF-8"),
+    ("not-json", b"{not json", None, -32700, "JSON"),
+    ("scalar", b"5", None, -32600, "object"),
+    ("method-number", b'{"jsonrpc":"2.0","id":21,"method":5}', 21, -32600, "method"),
+    ("unknown-method", b'{"jsonrpc":"2.0","id":17,"method":"nope/x"}', 17, -32601, "not found"),
+    ("bad-params", b'{"jsonrpc":"2.0","id":18,"method":"tools/call","params":{"name":5}}', 18, -32602, "name"),
+    ("missing-param", b'{"jsonrpc":"2.0","id":23,"method":"tools/call","params":{}}', 23, -32602, "name"),
+    (
+        "deep",
+        b'{"jsonrpc":"2.0","id":16,"method":"tools/call","params":{"name":"t__echo","arguments":{"a":'
+        + b"[" * 100_000
+        + b"]" * 100_000
+        + b"}}}",
+        None,
+        -32600,
+        "nested",
+    ),
+]
+
+
+def _read_answer(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> dict[str, Any]:
+    import select
+
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, "no answer: the request was dropped"
+    line = proc.stdout.readline()
+    assert line, "the session ended"
+    answer: dict[str, Any] = json.loads(line)
+    return answer
+
+
+def test_every_request_gets_the_json_rpc_error_the_spec_names(tmp_path: Path) -> None:
+    """Raw bytes on `breakwater serve`'s stdin: each malformed request is answered with its code and a reason."""
+    from breakwater._wire import DEADLINE_META_KEY
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "breakwater", "serve", "--config", str(_serve_config(tmp_path))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_serve_env(tmp_path),
+    )
+    assert proc.stdin is not None and proc.stderr is not None
+
+    def send(data: bytes) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(data + b"\n")
+        proc.stdin.flush()
+
+    try:
+        first, *rest = FRAMES
+        wrong: list[str] = []
+        for name, data, request_id, code, word in [first, ("init", json.dumps(INITIALIZE).encode(), 1, 0, ""), *rest]:
+            send(data)
+            if name == "init":
+                assert "result" in _read_answer(proc)
+                send(json.dumps(INITIALIZED).encode())
+                continue
+            answer = _read_answer(proc)
+            error = answer.get("error", {})
+            explained = word.lower() in error.get("message", "").lower()
+            if answer.get("id") != request_id or error.get("code") != code or not explained:
+                wrong.append(f"{name}: {answer}")
+        # Over the 64 MiB line cap: an error, not silence, and the rest of the line is skipped.
+        send(b'{"jsonrpc":"2.0","id":24,"method":"ping","params":{"x":"' + b"a" * (65 * 1024 * 1024) + b'"}}')
+        oversized = _read_answer(proc, timeout=60)
+        assert oversized["error"]["code"] == -32600 and "bytes" in oversized["error"]["message"]
+        # Invalid _meta deadlines are refused as invalid arguments, not ignored.
+        for i, deadline in enumerate([-5, "abc", None, 1e300]):
+            params: dict[str, Any] = {**TOOLS_CALL, "_meta": {DEADLINE_META_KEY: deadline}}
+            raw = json.dumps({"jsonrpc": "2.0", "id": 100 + i, "method": "tools/call", "params": params}).encode()
+            send(raw.replace(b"null", b"NaN"))
+            result = _read_answer(proc, timeout=30)["result"]
+            if not (result.get("isError") and result["structuredContent"]["code"] == "INVALID_ARGUMENTS"):
+                wrong.append(f"deadline {deadline!r}: {result}")
+        # The session survived all of it.
+        send(b'{"jsonrpc":"2.0","id":99,"method":"ping"}')
+        assert _read_answer(proc) == {"jsonrpc": "2.0", "id": 99, "result": {}}
+        assert wrong == []
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+        assert b"Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+# ---- HTTP: an Origin on another port of this host is refused; the bearer scheme is case-insensitive ----
+
+
+@pytest.mark.anyio
+async def test_http_origin_port_and_bearer_scheme_case(tmp_path: Path) -> None:
+    """`Origin: http://127.0.0.1:1` is refused (403) though the host is loopback; `bearer` in lower case is accepted."""
+    import anyio
+    import httpx2
+
+    path = tmp_path / "mcp.json"
+    path.write_text(_json({}))
+    port_file = tmp_path / "port"
+    token = "7f3a9c2e1d5b4a6f8e0c"
+    serve = [sys.executable, "-m", "breakwater", "serve", "--config", str(path), "--http", "127.0.0.1:0"]
+    proc = subprocess.Popen(
+        [*serve, "--port-file", str(port_file), "--token", token],
+        env=_serve_env(tmp_path),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    body = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+    try:
+        with anyio.fail_after(30):
+            while not port_file.exists() or not port_file.read_text():
+                await anyio.sleep(0.1)
+        port = int(port_file.read_text())
+        url = f"http://127.0.0.1:{port}/mcp"
+        async with httpx2.AsyncClient() as http:
+            auth = {"authorization": f"Bearer {token}"}
+            for origin in ("http://127.0.0.1:1", f"http://localhost:{port + 1}", "http://[::1]:1"):
+                refused = await http.post(url, json=body, headers={**headers, **auth, "origin": origin})
+                assert refused.status_code == 403, origin
+            same = await http.post(url, json=body, headers={**headers, **auth, "origin": f"http://127.0.0.1:{port}"})
+            assert same.status_code != 403
+            for scheme in ("bearer", "BEARER", "Bearer ", "bEaReR"):
+                answer = await http.post(url, json=body, headers={**headers, "authorization": f"{scheme} {token}"})
+                assert answer.status_code != 401, scheme
+            wrong = await http.post(url, json=body, headers={**headers, "authorization": f"bearer {token}x"})
+            assert wrong.status_code == 401
+            page = await http.get(f"http://127.0.0.1:{port}/api/status", headers={"authorization": f"bearer {token}"})
+            assert page.status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
