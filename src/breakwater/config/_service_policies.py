@@ -1,0 +1,256 @@
+"""The policies of breakwater itself, one section each: `[gateway]`, `[journal]`, `[state]`, `[telemetry]`.
+
+Unlike the per-server policies in `_policies`, these have no per-server override.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from breakwater.config._checks import check_journal_url, check_tool_name_template
+from breakwater.config._knobs import Policy, knob
+from breakwater.errors import ConfigError
+
+__all__ = ["GatewayPolicy", "JournalPolicy", "StatePolicy", "TelemetryPolicy"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayPolicy(Policy):
+    """How the gateway names, lists and explains tools."""
+
+    tool_name_template: str = knob(
+        "{server}__{tool}",
+        "Downstream tool name; {server} and {tool} are replaced, other characters outside A-Z a-z 0-9 _ - . become _.",
+        env="BREAKWATER_TOOL_NAME_TEMPLATE",
+    )
+    list_unready_tools: bool = knob(
+        True,
+        "List the last-known tools of servers that are not ready, so agents can see (and call) them.",
+        env="BREAKWATER_LIST_UNREADY_TOOLS",
+    )
+    catalog_dir: str = knob(
+        "",
+        "Directory of the last-known tool lists; empty = the user cache dir.",
+        env="BREAKWATER_CATALOG_DIR",
+    )
+    search_tool: str = knob(
+        "breakwater_search_tools",
+        "Name of the built-in tool search; empty turns it off.",
+        env="BREAKWATER_SEARCH_TOOL",
+    )
+    status_tool: str = knob(
+        "breakwater_status",
+        "Name of the built-in status tool; empty turns it off.",
+        env="BREAKWATER_STATUS_TOOL",
+    )
+    drift: str = knob(
+        "warn",
+        "When a server changes a tool's definition: accept it, warn (status and search say so), or block the tool "
+        "until a person runs breakwater tools --accept.",
+        env="BREAKWATER_DRIFT",
+        choices=("accept", "warn", "block"),
+    )
+    search_wait_s: float = knob(
+        2.0,
+        "The search tool waits up to this long for connecting servers that may hold a match.",
+        env="BREAKWATER_SEARCH_WAIT_S",
+        minimum=0.0,
+        maximum=600,
+    )
+    list_wait_s: float = knob(
+        5.0,
+        "tools/list waits up to this long for connecting servers with no last-known tools, then answers with what "
+        "it has (later changes go out as list_changed).",
+        env="BREAKWATER_LIST_WAIT_S",
+        minimum=0.0,
+        maximum=300.0,
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_tool_name_template(self.tool_name_template)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JournalPolicy(Policy):
+    """The call journal: where attempts are recorded, for how long, and how timeouts are learned from them."""
+
+    url: str = knob(
+        "",
+        "Where the journal lives: empty = SQLite in the user data dir, a file path or sqlite:///PATH, "
+        "postgresql://... for a shared journal, or off.",
+        env="BREAKWATER_JOURNAL",
+    )
+    retention_days: float = knob(
+        14.0,
+        "Attempts older than this are deleted (checked every few minutes by the writer).",
+        env="BREAKWATER_JOURNAL_RETENTION_DAYS",
+        minimum=0.001,
+        maximum=3650,
+    )
+    queue_size: int = knob(
+        10_000,
+        "Attempts waiting to be written; when full, new ones are dropped and counted, never waited on.",
+        env="BREAKWATER_JOURNAL_QUEUE_SIZE",
+        minimum=1,
+        maximum=10000000,
+    )
+    flush_interval_s: float = knob(
+        0.5,
+        "The writer writes what is queued at least this often (sooner when a batch fills).",
+        env="BREAKWATER_JOURNAL_FLUSH_INTERVAL_S",
+        minimum=0.001,
+        maximum=3600,
+    )
+    record_sizes: bool = knob(
+        False,
+        "Also record argument and result sizes and a hash of the arguments (never their content).",
+        env="BREAKWATER_JOURNAL_RECORD_SIZES",
+    )
+    learn_timeouts: bool = knob(
+        True,
+        "Learn each tool's timeout from its recorded latencies (configured timeouts still win).",
+        env="BREAKWATER_JOURNAL_LEARN_TIMEOUTS",
+    )
+    learn_min_samples: int = knob(
+        50,
+        "Completed calls of a tool in the window before its timeout is learned.",
+        env="BREAKWATER_JOURNAL_LEARN_MIN_SAMPLES",
+        minimum=1,
+        maximum=1000000000,
+    )
+    learn_window_s: float = knob(
+        3600.0,
+        "The latencies a learned timeout is computed from: this many recent seconds of attempts.",
+        env="BREAKWATER_JOURNAL_LEARN_WINDOW_S",
+        minimum=1.0,
+        maximum=2592000,
+    )
+    learn_quantile: float = knob(
+        0.999,
+        "The latency quantile a learned timeout starts from (timed-out attempts count at their timeout).",
+        env="BREAKWATER_JOURNAL_LEARN_QUANTILE",
+        minimum=0.5,
+        maximum=1.0,
+    )
+    learn_headroom: float = knob(
+        2.0,
+        "A learned timeout is the quantile times this factor.",
+        env="BREAKWATER_JOURNAL_LEARN_HEADROOM",
+        minimum=1.0,
+        maximum=100,
+    )
+    learn_floor_s: float = knob(
+        1.0,
+        "Smallest learned timeout.",
+        env="BREAKWATER_JOURNAL_LEARN_FLOOR_S",
+        minimum=0.001,
+        maximum=86400,
+    )
+    learn_ceiling_s: float = knob(
+        120.0,
+        "Largest learned timeout.",
+        env="BREAKWATER_JOURNAL_LEARN_CEILING_S",
+        minimum=0.001,
+        maximum=86400,
+    )
+    learn_refresh_s: float = knob(
+        60.0,
+        "How often learned timeouts are recomputed from the journal (by the writer, off the call path).",
+        env="BREAKWATER_JOURNAL_LEARN_REFRESH_S",
+        minimum=0.01,
+        maximum=86400,
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_journal_url(self.url)
+        if self.learn_ceiling_s < self.learn_floor_s:
+            raise ConfigError(
+                f"below learn_floor_s ({self.learn_floor_s})", key="learn_ceiling_s", fix="raise it or lower learn_floor_s"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TelemetryPolicy(Policy):
+    """OpenTelemetry traces and metrics (`pip install 'mcp-breakwater[otel]'`); off by default, and free when off."""
+
+    enabled: bool = knob(
+        False,
+        "Emit a span per call (a child per attempt) and call metrics through OpenTelemetry.",
+        env="BREAKWATER_TELEMETRY_ENABLED",
+    )
+    exporter: str = knob(
+        "otlp",
+        "Where spans and metrics go: otlp (OTLP/HTTP; endpoint from OTEL_EXPORTER_OTLP_ENDPOINT), console "
+        "(stderr), or global (the process's own OpenTelemetry providers, set up by the application).",
+        env="BREAKWATER_TELEMETRY_EXPORTER",
+        choices=("otlp", "console", "global"),
+    )
+    service_name: str = knob(
+        "breakwater",
+        "The service.name resource attribute of what breakwater emits (otlp and console).",
+        env="BREAKWATER_TELEMETRY_SERVICE_NAME",
+    )
+    metric_interval_s: float = knob(
+        60.0,
+        "How often metrics are exported (otlp and console).",
+        env="BREAKWATER_TELEMETRY_METRIC_INTERVAL_S",
+        minimum=0.1,
+        maximum=86400,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatePolicy(Policy):
+    """Where breaker, retry-budget and learned-timeout state lives (`[state]`)."""
+
+    url: str = knob(
+        "",
+        "Shared state store: empty = in this process only; redis://HOST:PORT/DB shares breakers and budgets between replicas.",
+        env="BREAKWATER_STATE_URL",
+    )
+    namespace: str = knob(
+        "breakwater",
+        "Prefix of every key and channel in the shared store; one per deployment (replicas of one gateway share it).",
+        env="BREAKWATER_STATE_NAMESPACE",
+    )
+    timeout_s: float = knob(
+        0.05,
+        "Longest wait for one store command; slower means the store is degraded and local state takes over.",
+        env="BREAKWATER_STATE_TIMEOUT_S",
+        minimum=0.001,
+        maximum=60,
+    )
+    refresh_s: float = knob(
+        1.0,
+        "The local mirror is re-read this often besides pub/sub updates (bounds staleness if a message is lost).",
+        env="BREAKWATER_STATE_REFRESH_S",
+        minimum=0.01,
+        maximum=3600,
+    )
+    retry_s: float = knob(
+        0.5,
+        "While degraded, the store is tried again this often.",
+        env="BREAKWATER_STATE_RETRY_S",
+        minimum=0.01,
+        maximum=3600,
+    )
+    key_ttl_s: float = knob(
+        86400.0,
+        "Idle keys expire after this long (breaker state, budgets, learned timeouts), so nothing accumulates.",
+        env="BREAKWATER_STATE_KEY_TTL_S",
+        minimum=1.0,
+        maximum=31536000,
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.url and not self.url.startswith(("redis://", "rediss://", "unix://", "memory://")):
+            raise ConfigError(
+                f"unsupported state store {self.url!r}",
+                key="url",
+                fix='use "redis://HOST:PORT/DB" (or leave it empty for in-process state)',
+            )
+        if not self.namespace or any(c in self.namespace for c in "{} \t\n"):
+            raise ConfigError(f"invalid namespace {self.namespace!r}", key="namespace", fix="use letters, digits, - _ . :")
