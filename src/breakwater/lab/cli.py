@@ -25,6 +25,7 @@ from breakwater.lab import (
     simulate,
 )
 from breakwater.lab.chart import bar_chart, downsample
+from breakwater.lab.check import DEFAULT_SEEDS, check_missions, parse_seeds
 from breakwater.lab.config import MODES, ROUTINGS
 from breakwater.lab.missions import MISSIONS
 
@@ -73,6 +74,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON object instead of tables and charts")
     run.add_argument("--full", action="store_true", help="with --json: add series, histogram and the event log")
     run.add_argument("--width", type=int, default=CHART_WIDTH, metavar="COLS", help="chart width in columns")
+
+    check = sub.add_parser("check", help="on how many seeds each mission's set-up, reference and trap earns its stated stars")
+    check.add_argument("--seeds", default=DEFAULT_SEEDS, metavar="RANGE", help="seeds to try, e.g. 1-40 or 1-5,9")
+    check.add_argument("--mission", type=int, action="append", metavar="N", help="check only mission N (repeatable)")
+    check.add_argument("--json", action="store_true", help="print a JSON array of {mission, key, holds, of}")
 
     missions = sub.add_parser("missions", help="list the missions: set-up, goal, star rules, references, traps")
     missions.add_argument("--json", action="store_true", help="print a JSON array")
@@ -197,6 +203,30 @@ def _missions(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> int:
+    try:
+        seeds = parse_seeds(args.seeds)
+        missions = MISSIONS if not args.mission else tuple(get_mission(n) for n in args.mission)
+    except (ValueError, KeyError) as exc:
+        print(f"breakwater lab check: {exc.args[0]}", file=sys.stderr)
+        return 2
+    rows = check_missions(seeds, missions)
+    if args.json:
+        print(json.dumps([row.to_dict() for row in rows]))
+        return 0
+    table = Table(show_header=True, header_style="bold")
+    for name, justify in (("mission", "left"), ("key", "left"), ("kind", "left"), ("stars", "right"), ("holds", "right")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    table.add_column("seeds where it does not hold")
+    for row in rows:
+        missed = [s for s in seeds if s not in set(row.holds)]
+        table.add_row(
+            f"M{row.mission}", row.key, row.kind, str(row.stars), f"{len(row.holds)}/{row.of}", ", ".join(map(str, missed))
+        )
+    Console().print(table)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     """Run `breakwater lab` with `argv` (without the `lab`); returns the exit code."""
     try:
@@ -211,4 +241,6 @@ def main(argv: list[str]) -> int:
 
         token = args.token or os.environ.get(TOKEN_ENV) or None
         return serve(args.host, args.port, token=token, open_browser=args.open)
+    if args.command == "check":
+        return _check(args)
     return _missions(args)
