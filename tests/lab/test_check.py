@@ -7,7 +7,7 @@ import json
 import pytest
 
 from breakwater.lab import MISSIONS
-from breakwater.lab.check import parse_seeds
+from breakwater.lab.check import DEFAULT_SEEDS, check_missions, parse_seeds
 from breakwater.lab.cli import main
 
 
@@ -40,3 +40,19 @@ def test_check_table_and_bad_seeds(capsys: pytest.CaptureFixture[str]) -> None:
     assert "setup" in out and "1/1" in out
     assert main(["check", "--seeds", "9-3"]) == 2
     assert "end is before the start" in capsys.readouterr().err
+
+
+def test_every_setup_reference_and_trap_holds_on_38_of_40_seeds() -> None:
+    """Issue 17's bar: "New random seed" must not show a trap that works or a set-up that is fine."""
+    rows = check_missions(parse_seeds(DEFAULT_SEEDS))
+    assert len(rows) == sum(1 + len(m.variants) for m in MISSIONS)
+    weak = {f"M{r.mission} {r.key}": len(r.holds) for r in rows if len(r.holds) < 38}
+    assert weak == {}, f"hold on fewer than 38 of 40 seeds: {weak}"
+
+
+def test_friday_deploy_needs_a_drain_longer_than_the_long_calls() -> None:
+    """M3: idempotency alone, or any drain shorter than the slowest tool, leaves the goal unmet."""
+    mission = MISSIONS[2]
+    assert mission.variant("idem-only").stars == 0
+    assert mission.variant("w45").stars == 0
+    assert all(dict(v.changes).get("drain_s", mission.setup.drain_s) >= 240 for v in mission.variants if v.kind == "reference")

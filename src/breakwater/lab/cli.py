@@ -163,6 +163,11 @@ def _print_human(console: Console, config: LabConfig, result: LabResult, mission
             shown = "★" * stars + "☆" * (3 - stars)
             console.print(f"Mission {mission_id} ({mission.name}): {shown} {stars} star(s)", markup=False)
             console.print(f"  goal: {mission.goal_text}\n  3 stars: {mission.three_star_text}", markup=False)
+            verdict = mission.explain(config, result.metrics)
+            for part, conditions in (("goal", verdict["goal"]), ("3 stars", verdict["three_stars"])):
+                for c in conditions:
+                    if not c["holds"]:
+                        console.print(f"  {part} not met: {c['text']} ({c['miss']})", markup=False)
     console.print("\n".join(_chart_lines(result, width)), markup=False, highlight=False)
 
 
