@@ -172,6 +172,23 @@ def busy_change(rep: Replica, t: int) -> None:
     rep.last_change = t
 
 
+class LogCounter(list):  # type: ignore[type-arg]
+    """Stands in for the event log when a caller wants metrics and series only: counts records, keeps none.
+
+    The heaviest settings log over a million records (about 120 MB); the page never shows them.
+    """
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def append(self, record: object) -> None:
+        """Count the record and drop it."""
+        self.n += 1
+
+
 Event = tuple[int, int, int, int, Any, int]
 """`(time_ms, phase, seq, kind, subject, arg)`: seqs are unique, so tuples never compare beyond them."""
 
@@ -226,7 +243,7 @@ class Fleet:
         "stateless",
     )
 
-    def __init__(self, config: LabConfig, calls: Sequence[CallSpec], hard_stop_ms: int) -> None:
+    def __init__(self, config: LabConfig, calls: Sequence[CallSpec], hard_stop_ms: int, keep_log: bool = True) -> None:
         self.hard_stop = hard_stop_ms
         n_buckets = hard_stop_ms // BUCKET_MS + 1
         self.cfg = config
@@ -257,7 +274,7 @@ class Fleet:
         self.sid = 0
         self.pending = 0
         self.phase = 0
-        self.log: list[LogRecord] = []
+        self.log: list[LogRecord] = [] if keep_log else LogCounter()
         self.deploy_end: int | None = None
         # Counters. Stream cuts, 404s, kills and resume attempts are sums of the per-bucket
         # counters below, so the hot paths count them once.
@@ -518,4 +535,13 @@ class Fleet:
             duplicates=self.c_dups[:n],
             completions=self.c_done[:n],
         )
-        return LabResult(config=self.cfg, metrics=metrics, series=series, latency=LatencyHistogram.of(ok_lat), log=self.log)
+        log = self.log
+        total = log.n if isinstance(log, LogCounter) else len(log)
+        return LabResult(
+            config=self.cfg,
+            metrics=metrics,
+            series=series,
+            latency=LatencyHistogram.of(ok_lat),
+            log=[] if isinstance(log, LogCounter) else log,
+            log_total=total,
+        )

@@ -14,13 +14,12 @@ runs after the deadline (phase 2), so it is too late, as the tie rule demands.
 
 from __future__ import annotations
 
-import functools
 import gc
 from collections.abc import Sequence
 from heapq import heappop as _heappop
 from heapq import heappush as _heappush
 from operator import itemgetter
-from typing import Any
+from typing import Any, Final
 
 from breakwater.lab._fleet import (
     ARRIVE,
@@ -54,6 +53,7 @@ from breakwater.lab._fleet import (
     Fleet,
     busy_change,
 )
+from breakwater.lab._memo import WeightedMemo
 from breakwater.lab.config import (
     DEPLOY_START_MS,
     HARD_STOP_MS,
@@ -67,7 +67,7 @@ from breakwater.lab.config import (
 from breakwater.lab.metrics import BUCKET_MS, LabResult
 from breakwater.lab.traffic import CallSpec, generate_traffic, route_u
 
-__all__ = ["run", "simulate"]
+__all__ = ["MEMO_BYTES", "clear_memo", "result_bytes", "run", "simulate"]
 
 
 class _Sim(Fleet):
@@ -424,12 +424,13 @@ class _Sim(Fleet):
         return self.result(end)
 
 
-def run(config: LabConfig, calls: Sequence[CallSpec], *, hard_stop_ms: int = HARD_STOP_MS) -> LabResult:
+def run(config: LabConfig, calls: Sequence[CallSpec], *, hard_stop_ms: int = HARD_STOP_MS, keep_log: bool = True) -> LabResult:
     """Simulate `calls` (ordered by arrival) under `config`; the seed in `config` keys routing only.
 
     Most callers want `simulate()`, which generates the traffic from the seed. This entry point lets
     tests run crafted one-call scenarios and the benchmark run a day of traffic (with a later
-    `hard_stop_ms`).
+    `hard_stop_ms`). `keep_log=False` counts the event log's records (`log_total`) but keeps none:
+    metrics and series are the same, and the heaviest runs need a tenth of the memory.
     """
     # A run allocates a tracked object or two per event (log records, queue entries, attempts) and
     # keeps most of them, so the cyclic collector would run every few hundred events and rescan the
@@ -441,13 +442,43 @@ def run(config: LabConfig, calls: Sequence[CallSpec], *, hard_stop_ms: int = HAR
     if paused:
         gc.disable()
     try:
-        return _Sim(config, calls, hard_stop_ms).run()
+        return _Sim(config, calls, hard_stop_ms, keep_log).run()
     finally:
         if paused:
             gc.enable()
 
 
-@functools.lru_cache(maxsize=128)
-def simulate(config: LabConfig) -> LabResult:
-    """Run ten minutes of the seed's traffic through the fleet `config` describes (pure, memoised)."""
-    return run(config, generate_traffic(config.seed, config.hot_client))
+MEMO_BYTES: Final = 64 * 1024 * 1024
+"""Budget of `simulate`'s memo, in (estimated) bytes of the results it keeps."""
+
+
+def result_bytes(result: LabResult) -> int:
+    """A rough size of a result: about 100 bytes per log record, 8 per series value."""
+    series = result.series
+    buckets = len(series.in_flight)
+    values = buckets * (8 + 3 * len(series.busy))
+    return 100 * len(result.log) + 8 * values
+
+
+_MEMO: Final[WeightedMemo[tuple[LabConfig, bool], LabResult]] = WeightedMemo(MEMO_BYTES, result_bytes)
+
+
+def simulate(config: LabConfig, *, keep_log: bool = True) -> LabResult:
+    """Run ten minutes of the seed's traffic through the fleet `config` describes (pure, memoised).
+
+    The memo is bounded by the size of what it keeps (`MEMO_BYTES`), not by a count of results: a
+    result with a log of a million records is returned but not kept.
+    With `keep_log=False` the result has metrics, series and `log_total` but an empty log.
+    """
+    for key in ((config, True), (config, keep_log)):
+        hit = _MEMO.get(key)
+        if hit is not None:
+            return hit
+    result = run(config, generate_traffic(config.seed, config.hot_client), keep_log=keep_log)
+    _MEMO.put((config, keep_log), result)
+    return result
+
+
+def clear_memo() -> None:
+    """Forget every memoised result (tests and benchmarks that want fresh runs)."""
+    _MEMO.clear()

@@ -160,7 +160,8 @@ def _stream(seed: int, label: str, rate_per_s: float, first_id: int, client: int
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=64)
+# A hot seed's traffic is about 1 MB of CallSpecs: a handful of seeds is all a page or a check revisits.
+@functools.lru_cache(maxsize=8)
 def generate_traffic(seed: int, hot: bool = False) -> tuple[CallSpec, ...]:
     """The calls offered in one run: the base stream, plus the hot client's stream when `hot`.
 
