@@ -21,57 +21,134 @@ What is here, by what a user does with it:
 
 from __future__ import annotations
 
-import inspect
+import importlib
 import typing
 
-from breakwater._breakwater import Breakwater
-from breakwater._clock import Clock, DeadlineScope, FakeClock, SystemClock
-from breakwater.config import (
-    BreakerPolicy,
-    CallPolicy,
-    Config,
-    ConnectPolicy,
-    GatewayPolicy,
-    JournalPolicy,
-    RetryPolicy,
-    ServerSpec,
-    StatePolicy,
-    TelemetryPolicy,
-    load_config,
-)
-from breakwater.errors import (
-    BreakwaterError,
-    BudgetExhaustedError,
-    CallCancelledError,
-    CallError,
-    CallFailed,
-    CallRefused,
-    CallTimeoutError,
-    CircuitOpenError,
-    ConfigError,
-    ErrorCode,
-    InvalidArgumentsError,
-    OutcomeUnknownError,
-    OverloadedError,
-    ServerCircuitOpenError,
-    ServerConnectingError,
-    ServerUnavailableError,
-    ToolChangedError,
-    ToolError,
-    UnknownToolError,
-    UpstreamError,
-)
-from breakwater.gate._breaker import Outcome
-from breakwater.gate._classify import AttemptContext, Classifier, RetryClass, Verdict
-from breakwater.gate._turn_budget import TurnBudgetScope
-from breakwater.gateway._server import Gateway
-from breakwater.journal import AttemptObserver, AttemptRecord, Journal
-from breakwater.state import MemoryStore, StateStore
-from breakwater.status import ErrorInfo, Reason, ServerState, ServerStatus, StatusReport, ToolTimeout
-from breakwater.tasks._store import PendingTask, TaskStore
+# The public names and the modules that define them. They are bound on first access (PEP 562), so
+# importing one leaf such as `breakwater.errors` or the fleet lab (`breakwater lab run`) does not pay
+# for the gateway and the MCP SDK (about 0.6 s). Type checkers read the imports below instead.
+_HOMES: dict[str, tuple[str, ...]] = {
+    "breakwater._breakwater": ("Breakwater",),
+    "breakwater._clock": (
+        "Clock",
+        "DeadlineScope",
+        "FakeClock",
+        "SystemClock",
+    ),
+    "breakwater.config": (
+        "BreakerPolicy",
+        "CallPolicy",
+        "Config",
+        "ConnectPolicy",
+        "GatewayPolicy",
+        "JournalPolicy",
+        "RetryPolicy",
+        "ServerSpec",
+        "StatePolicy",
+        "TelemetryPolicy",
+        "load_config",
+    ),
+    "breakwater.errors": (
+        "BreakwaterError",
+        "BudgetExhaustedError",
+        "CallCancelledError",
+        "CallError",
+        "CallFailed",
+        "CallRefused",
+        "CallTimeoutError",
+        "CircuitOpenError",
+        "ConfigError",
+        "ErrorCode",
+        "InvalidArgumentsError",
+        "OutcomeUnknownError",
+        "OverloadedError",
+        "ServerCircuitOpenError",
+        "ServerConnectingError",
+        "ServerUnavailableError",
+        "ToolChangedError",
+        "ToolError",
+        "UnknownToolError",
+        "UpstreamError",
+    ),
+    "breakwater.gate._breaker": ("Outcome",),
+    "breakwater.gate._classify": (
+        "AttemptContext",
+        "Classifier",
+        "RetryClass",
+        "Verdict",
+    ),
+    "breakwater.gate._turn_budget": ("TurnBudgetScope",),
+    "breakwater.gateway._server": ("Gateway",),
+    "breakwater.journal": (
+        "AttemptObserver",
+        "AttemptRecord",
+        "Journal",
+    ),
+    "breakwater.state": (
+        "MemoryStore",
+        "StateStore",
+    ),
+    "breakwater.status": (
+        "ErrorInfo",
+        "Reason",
+        "ServerState",
+        "ServerStatus",
+        "StatusReport",
+        "ToolTimeout",
+    ),
+    "breakwater.tasks._store": (
+        "PendingTask",
+        "TaskStore",
+    ),
+}
 
 if typing.TYPE_CHECKING:
+    from breakwater._breakwater import Breakwater
+    from breakwater._clock import Clock, DeadlineScope, FakeClock, SystemClock
+    from breakwater.config import (
+        BreakerPolicy,
+        CallPolicy,
+        Config,
+        ConnectPolicy,
+        GatewayPolicy,
+        JournalPolicy,
+        RetryPolicy,
+        ServerSpec,
+        StatePolicy,
+        TelemetryPolicy,
+        load_config,
+    )
+    from breakwater.errors import (
+        BreakwaterError,
+        BudgetExhaustedError,
+        CallCancelledError,
+        CallError,
+        CallFailed,
+        CallRefused,
+        CallTimeoutError,
+        CircuitOpenError,
+        ConfigError,
+        ErrorCode,
+        InvalidArgumentsError,
+        OutcomeUnknownError,
+        OverloadedError,
+        ServerCircuitOpenError,
+        ServerConnectingError,
+        ServerUnavailableError,
+        ToolChangedError,
+        ToolError,
+        UnknownToolError,
+        UpstreamError,
+    )
+    from breakwater.gate._breaker import Outcome
+    from breakwater.gate._classify import AttemptContext, Classifier, RetryClass, Verdict
+    from breakwater.gate._turn_budget import TurnBudgetScope
+    from breakwater.gateway._server import Gateway
+    from breakwater.journal import AttemptObserver, AttemptRecord, Journal
     from breakwater.observe._telemetry import Telemetry
+    from breakwater.state import MemoryStore, StateStore
+    from breakwater.status import ErrorInfo, Reason, ServerState, ServerStatus, StatusReport, ToolTimeout
+    from breakwater.tasks._store import PendingTask, TaskStore
 
 __all__ = [
     "AttemptContext",
@@ -147,6 +224,8 @@ def _rehome(cls: type) -> None:
     """
     if not _is_private(cls.__module__):
         return
+    import inspect  # here, not at the top: `inspect` alone costs a lazy importer like the lab 30 ms
+
     own = inspect.get_annotations(cls)
     if own:
         try:
@@ -158,11 +237,23 @@ def _rehome(cls: type) -> None:
     cls.__module__ = __name__
 
 
-for _name in __all__:
-    _obj = globals().get(_name)
-    if isinstance(_obj, type):
-        _rehome(_obj)
-del _name, _obj
+def _load() -> None:
+    """Bind every public name but `Telemetry` here, then re-home the classes from private modules.
+
+    All at once, on the first access to any of them: from then on the module is exactly what an eager
+    import made it (every class re-homed, whichever name was asked for first).
+    """
+    for module, names in _HOMES.items():
+        home = importlib.import_module(module)
+        for name in names:
+            globals()[name] = getattr(home, name)
+    for name in _HOMES_NAMES:
+        obj = globals()[name]
+        if isinstance(obj, type):
+            _rehome(obj)
+
+
+_HOMES_NAMES: frozenset[str] = frozenset(n for names in _HOMES.values() for n in names)
 
 
 def __getattr__(name: str) -> object:
@@ -174,4 +265,11 @@ def __getattr__(name: str) -> object:
         _rehome(Telemetry)
         globals()[name] = Telemetry
         return Telemetry
+    if name in _HOMES_NAMES:
+        _load()
+        return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

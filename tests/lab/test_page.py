@@ -93,9 +93,13 @@ def test_api_run_scores_mission_one(server: LabServer) -> None:
 
 
 def test_api_rejects_bad_input_with_the_control_named(server: LabServer) -> None:
-    """Bad controls answer 400 naming the key; non-JSON bodies 415; bad missions 400."""
+    """Bad controls answer 400 naming the key (with the "did you mean" hint); non-JSON bodies 415; bad missions 400."""
     status, _, body = _request(server, "POST", "/api/run", {"config": {"replicas": 9}})
     assert status == 400 and json.loads(body)["key"] == "replicas"
+    status, _, body = _request(server, "POST", "/api/run", {"config": {"replica": 3}})
+    error = json.loads(body)
+    assert status == 400 and error["key"] == "replica"
+    assert error["fix"] == "did you mean 'replicas'?" and "did you mean 'replicas'?" in error["error"]
     assert _request(server, "POST", "/api/run", {"mission": 7, "config": {}})[0] == 400
     assert _request(server, "POST", "/api/run", "x", {"Content-Type": "text/plain"})[0] == 415
 

@@ -147,10 +147,23 @@ class Attempt:
 
 
 class Replica:
-    __slots__ = ("busy_ms", "epoch", "index", "last_change", "peak_queue", "queue", "refill_pending", "running", "state")
+    __slots__ = (
+        "busy_ms",
+        "epoch",
+        "index",
+        "last_change",
+        "peak_queue",
+        "queue",
+        "refill_pending",
+        "running",
+        "state",
+        "window",
+    )
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, window_ms: int = WINDOW_MS) -> None:
         self.index = index
+        self.window = window_ms
+        """The arrival window: utilisation integrates busy slots over [0, window]."""
         self.state = UP
         # Running attempts in start order (a dict: ordered, with O(1) removal).
         self.running: dict[Attempt, None] = {}
@@ -163,11 +176,12 @@ class Replica:
 
 
 def busy_change(rep: Replica, t: int) -> None:
-    # Integrate busy slots over [0, WINDOW] only (utilisation's definition); call before the number
+    # Integrate busy slots over [0, window] only (utilisation's definition); call before the number
     # of running attempts changes. Once `last_change` has passed the window this adds nothing, so
     # hot callers skip the call then.
-    hi = t if t < WINDOW_MS else WINDOW_MS
-    lo = rep.last_change if rep.last_change < WINDOW_MS else WINDOW_MS
+    window = rep.window
+    hi = t if t < window else window
+    lo = rep.last_change if rep.last_change < window else window
     rep.busy_ms += len(rep.running) * (hi - lo)
     rep.last_change = t
 
@@ -241,10 +255,19 @@ class Fleet:
         "shared",
         "sid",
         "stateless",
+        "window",
     )
 
-    def __init__(self, config: LabConfig, calls: Sequence[CallSpec], hard_stop_ms: int, keep_log: bool = True) -> None:
+    def __init__(
+        self,
+        config: LabConfig,
+        calls: Sequence[CallSpec],
+        hard_stop_ms: int,
+        keep_log: bool = True,
+        window_ms: int = WINDOW_MS,
+    ) -> None:
         self.hard_stop = hard_stop_ms
+        self.window = window_ms
         n_buckets = hard_stop_ms // BUCKET_MS + 1
         self.cfg = config
         self.n = config.replicas
@@ -259,7 +282,7 @@ class Fleet:
         self.rkey = route_key(config.seed)
         slow_tools = config.slow_tools
         self.calls = [Call(spec, slow_tools) for spec in calls]
-        self.replicas = [Replica(i) for i in range(self.n)]
+        self.replicas = [Replica(i, window_ms) for i in range(self.n)]
         # Updated in place (handlers hold references to it).
         self.routable: list[int] = list(range(self.n))
         self.sessions: dict[int, Session | None] = {}
@@ -488,7 +511,7 @@ class Fleet:
             wasted_ms += (a.end if a.end >= 0 else end) - a.start
             if a.state == FINISHED:
                 lost += 1
-        util = tuple(rep.busy_ms / (SLOTS * WINDOW_MS) for rep in self.replicas)
+        util = tuple(rep.busy_ms / (SLOTS * self.window) for rep in self.replicas)
         metrics = Metrics(
             calls=len(calls),
             ok=len(ok_lat),

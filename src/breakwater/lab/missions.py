@@ -10,6 +10,7 @@ at the pinned seed and on at least 38 of seeds 1–40. `calibration_problems()` 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -114,7 +115,10 @@ class Mission:
         for v in self.variants:
             if v.key == key:
                 return v
-        raise KeyError(f"mission {self.id} has no variant {key!r}; known: {', '.join(v.key for v in self.variants)}")
+        keys = [v.key for v in self.variants]
+        close = difflib.get_close_matches(key, keys, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise KeyError(f"mission {self.id} has no variant {key!r}; {hint}known: {', '.join(keys)}")
 
     def meets_goal(self, config: LabConfig, metrics: Metrics) -> bool:
         """Every goal condition holds."""

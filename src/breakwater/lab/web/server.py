@@ -10,7 +10,9 @@ Routes (all JSON bodies are UTF-8 objects):
 - `POST /api/run` with `{"config": {...}, "mission": N | null}` — `config` is read by
   `LabConfig.from_dict` over the defaults (form strings accepted). Answers `{"config", "mission",
   "stars", "exploration", "verdict", "metrics", "series", "latency_histogram", "elapsed_ms"}`;
-  `stars` and `verdict` are null without a mission (`verdict`: `Mission.explain()`). A bad control answers 400 `{"error", "key"}`.
+  `stars` and `verdict` are null without a mission (`verdict`: `Mission.explain()`). A bad control
+  answers 400 `{"error", "key"}`, plus `"fix"` when there is a hint (an unknown control: "did you
+  mean 'replicas'?").
 - `POST /api/new-seed` with `{"config": {...}}` — `{"config"}` with a seed from OS entropy
   (`new_seed`).
 
@@ -192,10 +194,11 @@ def _compute_body(config: LabConfig, mission_id: int | None) -> bytes:
 
 
 class _BadRequest(Exception):
-    def __init__(self, status: HTTPStatus, message: str, key: str | None = None) -> None:
+    def __init__(self, status: HTTPStatus, message: str, key: str | None = None, fix: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.key = key
+        self.fix = fix
 
 
 class LabServer(ThreadingHTTPServer):
@@ -300,6 +303,10 @@ class _Handler(BaseHTTPRequestHandler):
         body: dict[str, object] = {"error": str(exc)}
         if exc.key is not None:
             body["key"] = exc.key
+        if exc.fix is not None:
+            # The hint ("did you mean 'replicas'?") rides in the message too, for clients that show only it.
+            body["error"] = f"{exc}; {exc.fix}"
+            body["fix"] = exc.fix
         self._json(exc.status, body, close=True)
 
     def _check_origin(self) -> None:
@@ -339,7 +346,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             return LabConfig.from_dict(raw)
         except LabConfigError as exc:
-            raise _BadRequest(HTTPStatus.BAD_REQUEST, exc.detail, exc.key) from None
+            raise _BadRequest(HTTPStatus.BAD_REQUEST, exc.detail, exc.key, exc.fix) from None
 
     # -- routes --------------------------------------------------------------------------------
 
