@@ -81,7 +81,7 @@ class Condition:
         if self.op != "==" and isinstance(value, int | float) and isinstance(self.limit, int | float):
             gap = value - self.limit if self.op == "<=" else self.limit - value
             side = "over" if self.op == "<=" else "under"
-            return f"{_show(value, self.unit)}: {_show(gap, self.unit)} {side} the limit of {_show(self.limit, self.unit)}"
+            return f"{_show(value, self.unit)}, {_show(gap, self.unit)} {side} the limit of {_show(self.limit, self.unit)}"
         return f"{_show(value, self.unit)}, needs {_show(self.limit, self.unit)}"
 
 
