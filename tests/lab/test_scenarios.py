@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hypothesis import given
-from labkit import LAB, configs, entries, fresh
+from labkit import LAB, configs, entries, quick
 
 from breakwater.lab import CallSpec, LabConfig, run
 from breakwater.lab.engine import P_DEADLINE, P_WORK
@@ -81,7 +81,7 @@ def test_kill_after_the_mutation_point_duplicates_unless_idempotent() -> None:
 @given(configs())
 def test_deadlines_precede_work_at_equal_timestamps(config: LabConfig) -> None:
     """Invariant 23: in the log, phases never go backwards within one instant; cuts and kills are deadlines."""
-    result = fresh(config)
+    result = quick(config)
     previous = (-1, 0)
     for t, phase, kind, *_ in result.log:
         assert (t, phase) >= previous
@@ -93,7 +93,7 @@ def test_deadlines_precede_work_at_equal_timestamps(config: LabConfig) -> None:
 
 
 def _route_checks(config: LabConfig) -> None:
-    result = fresh(config)
+    result = quick(config)
     state = ["up"] * config.replicas
     client_of = {}
     pins: dict[int, int] = {}
