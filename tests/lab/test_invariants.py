@@ -207,6 +207,9 @@ def test_capacity_fifo_and_utilisation(config: LabConfig) -> None:
     for code_series, busy_series in zip(result.series.state, result.series.busy, strict=True):
         assert all(b == 0 for code, b in zip(code_series, busy_series, strict=True) if code == 2)
     assert all(0.0 <= u <= 1.0 for u in result.metrics.utilisation)
+    # Peak queue counts attempts that waited: at least what the per-second samples saw queued.
+    for samples, peak in zip(result.series.queue, result.metrics.peak_queue, strict=True):
+        assert max(samples, default=0) <= peak
 
 
 @LAB

@@ -467,12 +467,17 @@ class Fleet:
         queue.append(a)
         depth = len(queue)
         log_append((t, phase, "accept", call.id, no, r, depth))
-        if depth > rep.peak_queue:
-            rep.peak_queue = depth
+        # Peak queue counts attempts that wait: the ones beyond the free slots, which this instant's
+        # refill (the last phase, after every finish and cut at t) will not start. An attempt
+        # accepted by an idle replica waits 0 ms and is not counted.
+        free = SLOTS - len(rep.running)
+        waiting = depth - free if free > 0 else depth
+        if waiting > rep.peak_queue:
+            rep.peak_queue = waiting
         # Stream open is a byte (priming event or headers); queued time is silent time. An attempt
         # that starts at this very instant and is never silent for T needs no idle timer: skipping
         # it only saves a no-op event.
-        idle_now = len(rep.running) < SLOTS
+        idle_now = free > 0
         if self.cuts_on and not (depth == 1 and idle_now and call.max_silence < self.T):
             self.arm_cut(a, t + self.T, 0)
         if idle_now and not rep.refill_pending:
