@@ -244,6 +244,15 @@ def _wait_for_stars(driver: Any, stars: int, config: LabConfig, mission: int = 1
     WebDriverWait(driver, 30, poll_frequency=0.1).until(ready, f"the page never showed {stars} stars for {want}")
 
 
+def _clickable(driver: Any, element_id: str) -> Any:
+    """The element, once the page's script has drawn it and it can be clicked (the page starts async)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, 30).until(expected_conditions.element_to_be_clickable((By.ID, element_id)))
+
+
 def _screenshot(driver: Any, path: Path) -> Path:
     """A full-page PNG through the DevTools protocol (WebDriver's own screenshot stops at the viewport)."""
     metrics = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})
@@ -301,7 +310,7 @@ def test_page_mission_one_end_to_end_in_chromium(browser_paths: tuple[str, str],
     try:
         driver.get(served_url)
         mission = get_mission(1)
-        driver.find_element(By.ID, "mission-1").click()
+        _clickable(driver, "mission-1").click()
         driver.find_element(By.ID, "load-setup").click()
         _wait_for_stars(driver, 0, mission.setup)
         assert "Goal not met" in driver.find_element(By.ID, "verdict-text").text
@@ -352,10 +361,7 @@ def test_page_explains_a_failed_verdict_and_a_trap(browser_paths: tuple[str, str
         driver.execute_script("localStorage.setItem('breakwater.lab.progress.v1', JSON.stringify({best: [3, 3, 3, 0, 0, 0]}))")
         driver.refresh()
         mission = get_mission(4)
-        from selenium.webdriver.support import expected_conditions
-        from selenium.webdriver.support.ui import WebDriverWait
-
-        WebDriverWait(driver, 30).until(expected_conditions.element_to_be_clickable((By.ID, "mission-4"))).click()
+        _clickable(driver, "mission-4").click()
         _wait_for_stars(driver, 0, mission.setup, mission=4)
         missed = driver.find_elements(By.CSS_SELECTOR, "#verdict-conditions li.missed")
         assert [li.get_attribute("data-key") for li in missed] == ["p95_ms"]
