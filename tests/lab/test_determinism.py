@@ -10,7 +10,7 @@ import sys
 
 from hypothesis import given
 from hypothesis import strategies as st
-from labkit import LAB, LAB_PAIRS, comparable, configs, entries, fresh
+from labkit import LAB, LAB_PAIRS, QUICK_WINDOWS_S, comparable, configs, entries, fresh, quick
 
 from breakwater.lab import LabConfig, generate_traffic, get_mission
 from breakwater.lab.config import SLOW_P
@@ -34,7 +34,7 @@ def _digest(config: LabConfig) -> str:
 @given(configs())
 def test_same_config_and_seed_give_identical_results_in_one_process(config: LabConfig) -> None:
     """Invariant 1: metrics, series and the full event log are equal across two runs."""
-    assert fresh(config).to_dict(log_limit=None) == fresh(config).to_dict(log_limit=None)
+    assert quick(config).to_dict(log_limit=None) == quick(config).to_dict(log_limit=None)
 
 
 def test_same_config_and_seed_give_identical_results_across_processes() -> None:
@@ -52,11 +52,11 @@ def test_same_config_and_seed_give_identical_results_across_processes() -> None:
 
 
 @LAB
-@given(st.integers(0, 2**40))
-def test_base_traffic_is_the_same_with_and_without_the_hot_client(seed: int) -> None:
+@given(st.integers(0, 2**40), st.sampled_from(QUICK_WINDOWS_S))
+def test_base_traffic_is_the_same_with_and_without_the_hot_client(seed: int, window_s: int) -> None:
     """Invariant 2: the hot client only adds calls, with ids disjoint from the base ids."""
-    base = generate_traffic(seed, False)
-    both = generate_traffic(seed, True)
+    base = generate_traffic(seed, False, window_s * 1000)
+    both = generate_traffic(seed, True, window_s * 1000)
     assert tuple(c for c in both if c.id < HOT_ID_BASE) == base
     hot = [c for c in both if c.id >= HOT_ID_BASE]
     assert hot
@@ -65,10 +65,10 @@ def test_base_traffic_is_the_same_with_and_without_the_hot_client(seed: int) -> 
 
 
 @LAB
-@given(st.integers(0, 2**40))
-def test_slow_tools_change_only_the_slow_calls(seed: int) -> None:
+@given(st.integers(0, 2**40), st.sampled_from(QUICK_WINDOWS_S))
+def test_slow_tools_change_only_the_slow_calls(seed: int, window_s: int) -> None:
     """Invariant 2: Slow tools change durations and progress only of calls with slow_u < 0.02."""
-    for call in generate_traffic(seed, True):
+    for call in generate_traffic(seed, True, window_s * 1000):
         changed = (call.duration_ms(True), call.progress_offsets_ms(True)) != (
             call.duration_ms(False),
             call.progress_offsets_ms(False),
@@ -84,7 +84,7 @@ def test_offered_traffic_depends_only_on_the_seed(first: LabConfig, second: LabC
     second = second.replace(seed=first.seed)
 
     def base_arrivals(config: LabConfig) -> list[tuple[int, int | None, object]]:
-        return [(r[0], r[3], r[6]) for r in entries(fresh(config), "arrive") if (r[3] or 0) < HOT_ID_BASE]
+        return [(r[0], r[3], r[6]) for r in entries(quick(config), "arrive") if (r[3] or 0) < HOT_ID_BASE]
 
     assert base_arrivals(first) == base_arrivals(second)
 
@@ -103,3 +103,19 @@ def test_traffic_size_matches_the_rates() -> None:
     assert 2_800 < len(hot) < 3_200
     assert all(0 <= c.arrival_ms < 600_000 for c in base)
     assert [c.arrival_ms for c in base] == sorted(c.arrival_ms for c in base)
+
+
+def test_a_longer_window_starts_with_the_same_calls() -> None:
+    """`--duration`: twenty minutes of a seed's traffic begin with its ten minutes, call for call."""
+    ten = generate_traffic(5, True)
+    twenty = generate_traffic(5, True, 1_200_000)
+    assert twenty[: len(ten)] == ten
+    assert len(twenty) > 1.8 * len(ten)
+
+
+def test_property_tests_see_at_least_150_configurations_in_ci() -> None:
+    """Issue 17: at least 150 random configurations per property in CI, more locally."""
+    if os.environ.get("CI") and not os.environ.get("BREAKWATER_LAB_EXAMPLES"):
+        assert LAB.max_examples >= 150
+    elif not os.environ.get("BREAKWATER_LAB_EXAMPLES"):
+        assert LAB.max_examples > 150

@@ -111,3 +111,20 @@ def test_heaviest_mission_setup_is_fast() -> None:
     started = time.perf_counter()
     run(config, traffic)
     assert time.perf_counter() - started < 2.0
+
+
+def test_a_failed_verdict_names_its_condition_and_the_miss() -> None:
+    """The verdict says which goal condition failed and by how much; the met ones hold."""
+    mission = get_mission(4)
+    verdict = mission.explain(mission.setup, simulate(mission.setup).metrics)
+    failed = [c for c in verdict["goal"] if not c["holds"]]
+    assert [c["key"] for c in failed] == ["p95_ms"]
+    assert "over the limit of 10 s" in str(failed[0]["miss"])
+    assert [c["holds"] for c in verdict["three_stars"]] == [False, False]  # affinity, 3 replicas
+    fixed = mission.fix.apply(mission.setup)
+    assert all(c["holds"] for part in mission.explain(fixed, simulate(fixed).metrics).values() for c in part)
+
+
+def test_every_trap_says_why() -> None:
+    """The page shows a trap's "why" once it is tried: every trap has one."""
+    assert all(v.why for m in MISSIONS for v in m.variants if v.kind == "trap")

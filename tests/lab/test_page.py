@@ -94,9 +94,13 @@ def test_api_run_scores_mission_one(server: LabServer) -> None:
 
 
 def test_api_rejects_bad_input_with_the_control_named(server: LabServer) -> None:
-    """Bad controls answer 400 naming the key; non-JSON bodies 415; bad missions 400."""
+    """Bad controls answer 400 naming the key (with the "did you mean" hint); non-JSON bodies 415; bad missions 400."""
     status, _, body = _request(server, "POST", "/api/run", {"config": {"replicas": 9}})
     assert status == 400 and json.loads(body)["key"] == "replicas"
+    status, _, body = _request(server, "POST", "/api/run", {"config": {"replica": 3}})
+    error = json.loads(body)
+    assert status == 400 and error["key"] == "replica"
+    assert error["fix"] == "did you mean 'replicas'?" and "did you mean 'replicas'?" in error["error"]
     assert _request(server, "POST", "/api/run", {"mission": 7, "config": {}})[0] == 400
     assert _request(server, "POST", "/api/run", "x", {"Content-Type": "text/plain"})[0] == 415
 
@@ -223,11 +227,11 @@ def _set_range(driver: Any, element_id: str, value: object) -> None:
     )
 
 
-def _wait_for_stars(driver: Any, stars: int, config: LabConfig) -> None:
-    """Wait until the page shows the run of `config` as mission 1 and its verdict is `stars`."""
+def _wait_for_stars(driver: Any, stars: int, config: LabConfig, mission: int = 1) -> None:
+    """Wait until the page shows the run of `config` as `mission` and its verdict is `stars`."""
     from selenium.webdriver.support.ui import WebDriverWait
 
-    want = [1, config.to_dict()]
+    want = [mission, config.to_dict()]
 
     def ready(d: Any) -> bool:
         state = d.execute_script(
@@ -237,6 +241,15 @@ def _wait_for_stars(driver: Any, stars: int, config: LabConfig) -> None:
         return bool(state[0] == "idle" and state[1] and json.loads(state[1]) == want and state[2] == str(stars))
 
     WebDriverWait(driver, 30, poll_frequency=0.1).until(ready, f"the page never showed {stars} stars for {want}")
+
+
+def _clickable(driver: Any, element_id: str) -> Any:
+    """The element, once the page's script has drawn it and it can be clicked (the page starts async)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, 30).until(expected_conditions.element_to_be_clickable((By.ID, element_id)))
 
 
 def _screenshot(driver: Any, path: Path) -> Path:
@@ -260,13 +273,10 @@ def _screenshot(driver: Any, path: Path) -> Path:
     return path
 
 
-@pytest.mark.timeout(120)
-def test_page_mission_one_end_to_end_in_chromium(browser_paths: tuple[str, str], served_url: str, tmp_path: Path) -> None:
-    """Load mission 1, see 0 stars, apply the fix, see 3 stars; progress survives a reload; screenshot."""
-    chromium, chromedriver = browser_paths
+def _chrome(chromium: str, chromedriver: str, tmp_path: Path) -> Any:
+    """Headless Chromium with its own profile; browser console messages are kept for the error check."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
 
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
@@ -286,11 +296,20 @@ def test_page_mission_one_end_to_end_in_chromium(browser_paths: tuple[str, str],
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     # Any: selenium's annotations are partial (get_log is untyped).
-    driver: Any = webdriver.Chrome(service=Service(executable_path=chromedriver), options=options)
+    return webdriver.Chrome(service=Service(executable_path=chromedriver), options=options)
+
+
+@pytest.mark.timeout(120)
+def test_page_mission_one_end_to_end_in_chromium(browser_paths: tuple[str, str], served_url: str, tmp_path: Path) -> None:
+    """Load mission 1, see 0 stars, apply the fix, see 3 stars; progress survives a reload; screenshot."""
+    chromium, chromedriver = browser_paths
+    from selenium.webdriver.common.by import By
+
+    driver: Any = _chrome(chromium, chromedriver, tmp_path)
     try:
         driver.get(served_url)
         mission = get_mission(1)
-        driver.find_element(By.ID, "mission-1").click()
+        _clickable(driver, "mission-1").click()
         driver.find_element(By.ID, "load-setup").click()
         _wait_for_stars(driver, 0, mission.setup)
         assert "Goal not met" in driver.find_element(By.ID, "verdict-text").text
@@ -321,6 +340,55 @@ def test_page_mission_one_end_to_end_in_chromium(browser_paths: tuple[str, str],
             assert driver.find_elements(By.CSS_SELECTOR, f"#{chart} canvas"), chart
         shot = _screenshot(driver, tmp_path / "lab-m1-fixed.png")
         assert shot.stat().st_size > 10_000
+        errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+        assert not errors, errors
+    finally:
+        driver.quit()
+
+
+@pytest.mark.timeout(120)
+def test_page_explains_a_failed_verdict_and_a_trap(browser_paths: tuple[str, str], served_url: str, tmp_path: Path) -> None:
+    """M4's set-up: the verdict names the p95 condition and its miss, the p95 tile is red, the framing is on the
+    page; trying the "affinity with 6 replicas" trap shows why it fails and keeps it under "traps you have tried"."""
+    chromium, chromedriver = browser_paths
+    from selenium.webdriver.common.by import By
+
+    driver: Any = _chrome(chromium, chromedriver, tmp_path)
+    try:
+        driver.get(served_url)
+        # Missions 1-3 done: mission 4 is open.
+        driver.execute_script("localStorage.setItem('breakwater.lab.progress.v1', JSON.stringify({best: [3, 3, 3, 0, 0, 0]}))")
+        driver.refresh()
+        mission = get_mission(4)
+        _clickable(driver, "mission-4").click()
+        _wait_for_stars(driver, 0, mission.setup, mission=4)
+        missed = driver.find_elements(By.CSS_SELECTOR, "#verdict-conditions li.missed")
+        assert [li.get_attribute("data-key") for li in missed] == ["p95_ms"]
+        assert "p95 latency ≤ 10 s" in missed[0].text and "over the limit of 10 s" in missed[0].text
+        assert "missed p95 latency ≤ 10 s" in driver.find_element(By.ID, "verdict-text").text
+        tile = driver.find_element(By.CSS_SELECTOR, "[data-metric=p95_ms]")
+        assert "bad" in (tile.get_attribute("class") or "")
+        assert "bad" not in (driver.find_element(By.CSS_SELECTOR, "[data-metric=failed]").get_attribute("class") or "")
+        page = driver.find_element(By.TAG_NAME, "body").text
+        assert "deterministic synthetic model" in page and "calculated estimate" in page
+        for heading in ("How to play", "What it cannot tell you"):
+            assert heading in page, heading
+        assert driver.find_element(By.ID, "assumptions").find_element(By.TAG_NAME, "summary").text == "What the model assumes"
+        assert driver.find_element(By.ID, "trap-why").is_displayed() is False
+        _screenshot(driver, tmp_path / "lab-failed-verdict.png")
+
+        trap = mission.variant("affinity6")
+        _set_control(driver, "replicas", 6)
+        _wait_for_stars(driver, 0, trap.apply(mission.setup), mission=4)
+        why = driver.find_element(By.ID, "trap-why")
+        assert why.is_displayed() and trap.why in why.text
+        _set_control(driver, "replicas", 3)
+        _wait_for_stars(driver, 0, mission.setup, mission=4)
+        assert not why.is_displayed()
+        found = driver.find_element(By.ID, "traps-found")
+        assert found.is_displayed()
+        found.click()
+        assert trap.label in found.text and trap.why in found.text
         errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
         assert not errors, errors
     finally:

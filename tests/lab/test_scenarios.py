@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hypothesis import given
-from labkit import LAB, configs, entries, fresh
+from labkit import LAB, configs, entries, fresh, quick
 
 from breakwater.lab import CallSpec, LabConfig, run
 from breakwater.lab._fleet import P_DEADLINE, P_WORK
@@ -81,7 +81,7 @@ def test_kill_after_the_mutation_point_duplicates_unless_idempotent() -> None:
 @given(configs())
 def test_deadlines_precede_work_at_equal_timestamps(config: LabConfig) -> None:
     """Invariant 23: in the log, phases never go backwards within one instant; cuts and kills are deadlines."""
-    result = fresh(config)
+    result = quick(config)
     previous = (-1, 0)
     for t, phase, kind, *_ in result.log:
         assert (t, phase) >= previous
@@ -93,7 +93,7 @@ def test_deadlines_precede_work_at_equal_timestamps(config: LabConfig) -> None:
 
 
 def _route_checks(config: LabConfig) -> None:
-    result = fresh(config)
+    result = quick(config)
     state = ["up"] * config.replicas
     client_of = {}
     pins: dict[int, int] = {}
@@ -132,3 +132,10 @@ def test_round_robin_never_routes_to_draining_or_down_replicas(config: LabConfig
 def test_affinity_repins_only_when_the_pin_is_unroutable(config: LabConfig) -> None:
     """Invariant 24: checked on the event log."""
     _route_checks(config)
+
+
+def test_a_healthy_fleet_has_a_peak_queue_of_zero() -> None:
+    """Calls accepted by a replica with a free slot start at once: they never count as queued."""
+    result = fresh(LabConfig())
+    assert result.metrics.peak_queue == (0, 0, 0)
+    assert all(max(q) == 0 for q in result.series.queue)

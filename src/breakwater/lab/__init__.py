@@ -13,8 +13,9 @@ Public API (what `breakwater lab run` and the web page use):
   (`LabConfigError`, a `ConfigError` and `ValueError`, whose `.key` names the bad control).
   `LabConfig.from_dict(data, *, base=None)` accepts JSON or web-form values ("60", "off", "on");
   `config.to_dict()` round-trips; `config.replace(**changes)`.
-- `simulate(config) -> LabResult`: run the seed's traffic. Memoised per config (the result is
-  immutable in practice; do not mutate its lists).
+- `simulate(config, *, keep_log=True) -> LabResult`: run the seed's traffic. Memoised per config
+  within a size budget (the result is immutable in practice; do not mutate its lists);
+  `keep_log=False` keeps no event log (metrics, series and `log_total` only).
 - `LabResult.metrics` (`Metrics`: every metric as a typed field), `.series` (`Series`: one
   value per 1 s bucket), `.latency` (`LatencyHistogram`), `.log` (the full event log).
   `LabResult.to_dict(*, log_limit=LOG_LIMIT)` is JSON-serialisable::
@@ -40,7 +41,8 @@ Public API (what `breakwater lab run` and the web page use):
   `is_exploration(id, config)` (seed differs from the pinned seed: show, but award nothing),
   `Progress` (unlock and best-stars rules) and `new_seed(config, rng=None)`.
 - `mission_report(id, config) -> dict`: one call for the page: `{"mission", "stars",
-  "exploration", "result"}`.
+  "exploration", "verdict", "result"}`; `verdict` is `Mission.explain()`: each goal and 3-star
+  condition with the value seen, whether it holds and by how much it misses.
 - `generate_traffic(seed, hot=False) -> tuple[CallSpec, ...]` and `run(config, calls)` (crafted
   scenarios) for tests.
 """
@@ -89,11 +91,13 @@ __all__ = [
 def mission_report(mission_id: int, config: LabConfig, *, log_limit: int | None = LOG_LIMIT) -> dict[str, object]:
     """Simulate `config` as an attempt at mission `mission_id`; JSON-ready, stars 0 when exploring."""
     mission = get_mission(mission_id)
-    result = simulate(config)
+    # A report without its log (the page's) runs without keeping one: the heaviest logs are 100+ MB.
+    result = simulate(config, keep_log=log_limit != 0)
     exploring = is_exploration(mission_id, config)
     return {
         "mission": mission.to_dict(),
         "stars": 0 if exploring else score_mission(mission_id, config, result),
         "exploration": exploring,
+        "verdict": mission.explain(config, result.metrics),
         "result": result.to_dict(log_limit=log_limit),
     }

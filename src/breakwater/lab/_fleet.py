@@ -147,10 +147,23 @@ class Attempt:
 
 
 class Replica:
-    __slots__ = ("busy_ms", "epoch", "index", "last_change", "peak_queue", "queue", "refill_pending", "running", "state")
+    __slots__ = (
+        "busy_ms",
+        "epoch",
+        "index",
+        "last_change",
+        "peak_queue",
+        "queue",
+        "refill_pending",
+        "running",
+        "state",
+        "window",
+    )
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, window_ms: int = WINDOW_MS) -> None:
         self.index = index
+        self.window = window_ms
+        """The arrival window: utilisation integrates busy slots over [0, window]."""
         self.state = UP
         # Running attempts in start order (a dict: ordered, with O(1) removal).
         self.running: dict[Attempt, None] = {}
@@ -163,13 +176,31 @@ class Replica:
 
 
 def busy_change(rep: Replica, t: int) -> None:
-    # Integrate busy slots over [0, WINDOW] only (utilisation's definition); call before the number
+    # Integrate busy slots over [0, window] only (utilisation's definition); call before the number
     # of running attempts changes. Once `last_change` has passed the window this adds nothing, so
     # hot callers skip the call then.
-    hi = t if t < WINDOW_MS else WINDOW_MS
-    lo = rep.last_change if rep.last_change < WINDOW_MS else WINDOW_MS
+    window = rep.window
+    hi = t if t < window else window
+    lo = rep.last_change if rep.last_change < window else window
     rep.busy_ms += len(rep.running) * (hi - lo)
     rep.last_change = t
+
+
+class LogCounter(list):  # type: ignore[type-arg]
+    """Stands in for the event log when a caller wants metrics and series only: counts records, keeps none.
+
+    The heaviest settings log over a million records (about 120 MB); the page never shows them.
+    """
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def append(self, record: object) -> None:
+        """Count the record and drop it."""
+        self.n += 1
 
 
 Event = tuple[int, int, int, int, Any, int]
@@ -224,10 +255,19 @@ class Fleet:
         "shared",
         "sid",
         "stateless",
+        "window",
     )
 
-    def __init__(self, config: LabConfig, calls: Sequence[CallSpec], hard_stop_ms: int) -> None:
+    def __init__(
+        self,
+        config: LabConfig,
+        calls: Sequence[CallSpec],
+        hard_stop_ms: int,
+        keep_log: bool = True,
+        window_ms: int = WINDOW_MS,
+    ) -> None:
         self.hard_stop = hard_stop_ms
+        self.window = window_ms
         n_buckets = hard_stop_ms // BUCKET_MS + 1
         self.cfg = config
         self.n = config.replicas
@@ -242,7 +282,7 @@ class Fleet:
         self.rkey = route_key(config.seed)
         slow_tools = config.slow_tools
         self.calls = [Call(spec, slow_tools) for spec in calls]
-        self.replicas = [Replica(i) for i in range(self.n)]
+        self.replicas = [Replica(i, window_ms) for i in range(self.n)]
         # Updated in place (handlers hold references to it).
         self.routable: list[int] = list(range(self.n))
         self.sessions: dict[int, Session | None] = {}
@@ -257,7 +297,7 @@ class Fleet:
         self.sid = 0
         self.pending = 0
         self.phase = 0
-        self.log: list[LogRecord] = []
+        self.log: list[LogRecord] = [] if keep_log else LogCounter()
         self.deploy_end: int | None = None
         # Counters. Stream cuts, 404s, kills and resume attempts are sums of the per-bucket
         # counters below, so the hot paths count them once.
@@ -427,12 +467,17 @@ class Fleet:
         queue.append(a)
         depth = len(queue)
         log_append((t, phase, "accept", call.id, no, r, depth))
-        if depth > rep.peak_queue:
-            rep.peak_queue = depth
+        # Peak queue counts attempts that wait: the ones beyond the free slots, which this instant's
+        # refill (the last phase, after every finish and cut at t) will not start. An attempt
+        # accepted by an idle replica waits 0 ms and is not counted.
+        free = SLOTS - len(rep.running)
+        waiting = depth - free if free > 0 else depth
+        if waiting > rep.peak_queue:
+            rep.peak_queue = waiting
         # Stream open is a byte (priming event or headers); queued time is silent time. An attempt
         # that starts at this very instant and is never silent for T needs no idle timer: skipping
         # it only saves a no-op event.
-        idle_now = len(rep.running) < SLOTS
+        idle_now = free > 0
         if self.cuts_on and not (depth == 1 and idle_now and call.max_silence < self.T):
             self.arm_cut(a, t + self.T, 0)
         if idle_now and not rep.refill_pending:
@@ -471,7 +516,7 @@ class Fleet:
             wasted_ms += (a.end if a.end >= 0 else end) - a.start
             if a.state == FINISHED:
                 lost += 1
-        util = tuple(rep.busy_ms / (SLOTS * WINDOW_MS) for rep in self.replicas)
+        util = tuple(rep.busy_ms / (SLOTS * self.window) for rep in self.replicas)
         metrics = Metrics(
             calls=len(calls),
             ok=len(ok_lat),
@@ -518,4 +563,13 @@ class Fleet:
             duplicates=self.c_dups[:n],
             completions=self.c_done[:n],
         )
-        return LabResult(config=self.cfg, metrics=metrics, series=series, latency=LatencyHistogram.of(ok_lat), log=self.log)
+        log = self.log
+        total = log.n if isinstance(log, LogCounter) else len(log)
+        return LabResult(
+            config=self.cfg,
+            metrics=metrics,
+            series=series,
+            latency=LatencyHistogram.of(ok_lat),
+            log=[] if isinstance(log, LogCounter) else log,
+            log_total=total,
+        )

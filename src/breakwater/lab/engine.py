@@ -14,13 +14,12 @@ runs after the deadline (phase 2), so it is too late, as the tie rule demands.
 
 from __future__ import annotations
 
-import functools
 import gc
 from collections.abc import Sequence
 from heapq import heappop as _heappop
 from heapq import heappush as _heappush
 from operator import itemgetter
-from typing import Any
+from typing import Any, Final
 
 from breakwater.lab._fleet import (
     ARRIVE,
@@ -54,6 +53,7 @@ from breakwater.lab._fleet import (
     Fleet,
     busy_change,
 )
+from breakwater.lab._memo import WeightedMemo
 from breakwater.lab.config import (
     DEPLOY_START_MS,
     HARD_STOP_MS,
@@ -63,11 +63,12 @@ from breakwater.lab.config import (
     SLOTS,
     WINDOW_MS,
     LabConfig,
+    LabConfigError,
 )
 from breakwater.lab.metrics import BUCKET_MS, LabResult
 from breakwater.lab.traffic import CallSpec, generate_traffic, route_u
 
-__all__ = ["run", "simulate"]
+__all__ = ["DRAIN_OUT_MS", "MAX_DURATION_S", "MEMO_BYTES", "clear_memo", "result_bytes", "run", "simulate"]
 
 
 class _Sim(Fleet):
@@ -228,7 +229,7 @@ class _Sim(Fleet):
         if a.state != RUNNING:
             return
         rep = a.rep
-        if rep.last_change < WINDOW_MS:
+        if rep.last_change < rep.window:
             busy_change(rep, t)
         del rep.running[a]
         a.state = FINISHED
@@ -250,7 +251,7 @@ class _Sim(Fleet):
         if not queue or free <= 0:
             return
         # One integration step covers every start: the rest would add nothing at the same t.
-        if rep.last_change < WINDOW_MS:
+        if rep.last_change < rep.window:
             busy_change(rep, t)
         heap = self.heap
         log_append = self.log.append
@@ -419,17 +420,26 @@ class _Sim(Fleet):
             else:
                 handlers[kind](t, obj, arg)
         self.resumes_ok += resumes_ok
-        end = hard_stop if stopped else max(end, WINDOW_MS)
+        end = hard_stop if stopped else max(end, self.window)
         self.sample(end)
         return self.result(end)
 
 
-def run(config: LabConfig, calls: Sequence[CallSpec], *, hard_stop_ms: int = HARD_STOP_MS) -> LabResult:
+def run(
+    config: LabConfig,
+    calls: Sequence[CallSpec],
+    *,
+    hard_stop_ms: int = HARD_STOP_MS,
+    keep_log: bool = True,
+    window_ms: int = WINDOW_MS,
+) -> LabResult:
     """Simulate `calls` (ordered by arrival) under `config`; the seed in `config` keys routing only.
 
     Most callers want `simulate()`, which generates the traffic from the seed. This entry point lets
     tests run crafted one-call scenarios and the benchmark run a day of traffic (with a later
-    `hard_stop_ms`).
+    `hard_stop_ms`). `keep_log=False` counts the event log's records (`log_total`) but keeps none:
+    metrics and series are the same, and the heaviest runs need a tenth of the memory. `window_ms`
+    is the arrival window utilisation is measured over (the calls must arrive inside it).
     """
     # A run allocates a tracked object or two per event (log records, queue entries, attempts) and
     # keeps most of them, so the cyclic collector would run every few hundred events and rescan the
@@ -441,13 +451,60 @@ def run(config: LabConfig, calls: Sequence[CallSpec], *, hard_stop_ms: int = HAR
     if paused:
         gc.disable()
     try:
-        return _Sim(config, calls, hard_stop_ms).run()
+        return _Sim(config, calls, hard_stop_ms, keep_log, window_ms).run()
     finally:
         if paused:
             gc.enable()
 
 
-@functools.lru_cache(maxsize=128)
-def simulate(config: LabConfig) -> LabResult:
-    """Run ten minutes of the seed's traffic through the fleet `config` describes (pure, memoised)."""
-    return run(config, generate_traffic(config.seed, config.hot_client))
+MEMO_BYTES: Final = 64 * 1024 * 1024
+"""Budget of `simulate`'s memo, in (estimated) bytes of the results it keeps."""
+
+
+def result_bytes(result: LabResult) -> int:
+    """A rough size of a result: about 100 bytes per log record, 8 per series value."""
+    series = result.series
+    buckets = len(series.in_flight)
+    values = buckets * (8 + 3 * len(series.busy))
+    return 100 * len(result.log) + 8 * values
+
+
+MAX_DURATION_S: Final = 86_400
+"""The longest arrival window `simulate` accepts: 24 hours."""
+DRAIN_OUT_MS: Final = HARD_STOP_MS - WINDOW_MS
+"""Time after the arrival window before anything still pending is `unfinished` (50 minutes)."""
+_MEMO: Final[WeightedMemo[tuple[LabConfig, bool, int], LabResult]] = WeightedMemo(MEMO_BYTES, result_bytes)
+
+
+def simulate(config: LabConfig, *, keep_log: bool = True, duration_s: int | None = None) -> LabResult:
+    """Run the seed's traffic through the fleet `config` describes (pure, memoised).
+
+    Ten minutes of arrivals by default; `duration_s` (up to `MAX_DURATION_S`) runs a longer or
+    shorter window of the same seed's traffic, whose first minutes are the same calls, and leaves
+    `HARD_STOP_MS - WINDOW_MS` after it for the drain-out. The memo is bounded by the size of what
+    it keeps (`MEMO_BYTES`), not by a count of results: a result with a log of a million records
+    is returned but not kept. With `keep_log=False` the result has metrics, series and `log_total`
+    but an empty log.
+    """
+    window = WINDOW_MS if duration_s is None else _window_ms(duration_s)
+    for key in ((config, True, window), (config, keep_log, window)):
+        hit = _MEMO.get(key)
+        if hit is not None:
+            return hit
+    calls = generate_traffic(config.seed, config.hot_client, window)
+    result = run(config, calls, hard_stop_ms=window + DRAIN_OUT_MS, keep_log=keep_log, window_ms=window)
+    _MEMO.put((config, keep_log, window), result)
+    return result
+
+
+def _window_ms(duration_s: int) -> int:
+    if isinstance(duration_s, bool) or not isinstance(duration_s, int) or not 1 <= duration_s <= MAX_DURATION_S:
+        raise LabConfigError(
+            f"must be a whole number of seconds from 1 to {MAX_DURATION_S}, got {duration_s!r}", key="duration_s"
+        )
+    return duration_s * 1000
+
+
+def clear_memo() -> None:
+    """Forget every memoised result (tests and benchmarks that want fresh runs)."""
+    _MEMO.clear()

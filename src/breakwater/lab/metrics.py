@@ -148,7 +148,14 @@ class LabResult:
     series: Series
     latency: LatencyHistogram
     log: list[LogRecord]
-    """The full, ordered event log."""
+    """The full, ordered event log (empty when the run was asked not to keep it)."""
+    log_total: int | None = None
+    """How many records the run produced; None means `len(log)`."""
+
+    @property
+    def log_records(self) -> int:
+        """How many records the run produced, kept or not."""
+        return len(self.log) if self.log_total is None else self.log_total
 
     def to_dict(self, *, log_limit: int | None = LOG_LIMIT) -> dict[str, object]:
         """JSON-serialisable form: config, metrics, series, latency histogram and the log.
@@ -164,5 +171,5 @@ class LabResult:
             "latency_histogram": self.latency.to_dict(),
             "log_fields": ["t_ms", "phase", "kind", "call", "attempt", "replica", "detail"],
             "log": [list(r) for r in log],
-            "log_total": len(self.log),
+            "log_total": self.log_records,
         }

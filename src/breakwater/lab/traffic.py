@@ -146,29 +146,31 @@ def _draw_call(rng: random.Random, call_id: int, client: int | None, arrival_ms:
     )
 
 
-def _stream(seed: int, label: str, rate_per_s: float, first_id: int, client: int | None) -> tuple[CallSpec, ...]:
+def _stream(seed: int, label: str, rate_per_s: float, first_id: int, client: int | None, window_ms: int) -> tuple[CallSpec, ...]:
     rng = stream_rng(seed, label)
     out: list[CallSpec] = []
     t_s = 0.0
-    window_s = WINDOW_MS / 1000
+    window_s = window_ms / 1000
     while True:
         t_s += -math.log(1.0 - rng.random()) / rate_per_s
         if t_s >= window_s:
             break
-        arrival = min(round(t_s * 1000), WINDOW_MS - 1)
+        arrival = min(round(t_s * 1000), window_ms - 1)
         out.append(_draw_call(rng, first_id + len(out), client, arrival))
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=64)
-def generate_traffic(seed: int, hot: bool = False) -> tuple[CallSpec, ...]:
+# A hot seed's traffic is about 1 MB of CallSpecs: a handful of seeds is all a page or a check revisits.
+@functools.lru_cache(maxsize=8)
+def generate_traffic(seed: int, hot: bool = False, window_ms: int = WINDOW_MS) -> tuple[CallSpec, ...]:
     """The calls offered in one run: the base stream, plus the hot client's stream when `hot`.
 
-    Pure and cached: the result depends only on `(seed, hot)`, and the base calls are identical
-    either way. Ordered by arrival, then id.
+    Pure and cached: the result depends only on `(seed, hot, window_ms)`, and the base calls are
+    identical either way. Ordered by arrival, then id. Each stream is drawn in arrival order until
+    the window ends, so a longer window starts with the same calls as a shorter one.
     """
-    base = _stream(seed, "traffic", RATE_PER_S, 0, None)
+    base = _stream(seed, "traffic", RATE_PER_S, 0, None, window_ms)
     if not hot:
         return base
-    extra = _stream(seed, "hot", HOT_RATE_PER_S, HOT_ID_BASE, HOT_CLIENT)
+    extra = _stream(seed, "hot", HOT_RATE_PER_S, HOT_ID_BASE, HOT_CLIENT, window_ms)
     return tuple(sorted(base + extra, key=lambda c: (c.arrival_ms, c.id)))

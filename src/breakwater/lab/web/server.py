@@ -9,8 +9,10 @@ Routes (all JSON bodies are UTF-8 objects):
 - `GET /api/missions` — the missions alone, as a JSON array.
 - `POST /api/run` with `{"config": {...}, "mission": N | null}` — `config` is read by
   `LabConfig.from_dict` over the defaults (form strings accepted). Answers `{"config", "mission",
-  "stars", "exploration", "metrics", "series", "latency_histogram", "elapsed_ms"}`; `stars` is null
-  without a mission. A bad control answers 400 `{"error", "key"}`.
+  "stars", "exploration", "verdict", "metrics", "series", "latency_histogram", "elapsed_ms"}`;
+  `stars` and `verdict` are null without a mission (`verdict`: `Mission.explain()`). A bad control
+  answers 400 `{"error", "key"}`, plus `"fix"` when there is a hint (an unknown control: "did you
+  mean 'replicas'?").
 - `POST /api/new-seed` with `{"config": {...}}` — `{"config"}` with a seed from OS entropy
   (`new_seed`).
 
@@ -25,7 +27,6 @@ from the URL fragment, which browsers never send to a server).
 
 from __future__ import annotations
 
-import functools
 import hmac
 import ipaddress
 import json
@@ -44,6 +45,7 @@ from urllib.parse import urlsplit
 
 from breakwater.lab import MISSIONS, LabConfig, LabConfigError, mission_report, new_seed, simulate
 from breakwater.lab import config as lab_config
+from breakwater.lab._memo import WeightedMemo
 
 __all__ = ["TOKEN_ENV", "LabServer", "ServeError", "make_server", "serve"]
 
@@ -143,12 +145,32 @@ def _lab_info() -> dict[str, object]:
     }
 
 
-@functools.lru_cache(maxsize=256)
+BODY_CACHE_BYTES: Final = 32 * 1024 * 1024
+"""The answers kept so flipping a control back and forth is free; bounded by their encoded size."""
+_BODIES: Final[WeightedMemo[tuple[LabConfig, int | None], bytes]] = WeightedMemo(BODY_CACHE_BYTES, len)
+# One simulation at a time: a run is pure Python (threads would not make it faster), and the
+# heaviest one holds about 100 MB while it runs, so parallel slider moves must not multiply that.
+_RUN_LOCK: Final = threading.Lock()
+
+
 def _run_body(config: LabConfig, mission_id: int | None) -> bytes:
-    """The encoded answer to one run; cached so flipping a control back and forth is free."""
+    """The encoded answer to one run: cached by size, computed without an event log."""
+    key = (config, mission_id)
+    body = _BODIES.get(key)
+    if body is None:
+        with _RUN_LOCK:
+            body = _BODIES.get(key)
+            if body is None:
+                body = _compute_body(config, mission_id)
+                _BODIES.put(key, body)
+    return body
+
+
+def _compute_body(config: LabConfig, mission_id: int | None) -> bytes:
     start = time.perf_counter()
+    verdict: object = None
     if mission_id is None:
-        result = simulate(config).to_dict(log_limit=0)
+        result = simulate(config, keep_log=False).to_dict(log_limit=0)
         stars: object = None
         exploring = False
     else:
@@ -156,11 +178,13 @@ def _run_body(config: LabConfig, mission_id: int | None) -> bytes:
         result = report["result"]  # type: ignore[assignment]
         stars = report["stars"]
         exploring = bool(report["exploration"])
+        verdict = report["verdict"]
     body = {
         "config": config.to_dict(),
         "mission": mission_id,
         "stars": stars,
         "exploration": exploring,
+        "verdict": verdict,
         "metrics": result["metrics"],
         "series": result["series"],
         "latency_histogram": result["latency_histogram"],
@@ -170,10 +194,11 @@ def _run_body(config: LabConfig, mission_id: int | None) -> bytes:
 
 
 class _BadRequest(Exception):
-    def __init__(self, status: HTTPStatus, message: str, key: str | None = None) -> None:
+    def __init__(self, status: HTTPStatus, message: str, key: str | None = None, fix: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.key = key
+        self.fix = fix
 
 
 class LabServer(ThreadingHTTPServer):
@@ -278,6 +303,10 @@ class _Handler(BaseHTTPRequestHandler):
         body: dict[str, object] = {"error": str(exc)}
         if exc.key is not None:
             body["key"] = exc.key
+        if exc.fix is not None:
+            # The hint ("did you mean 'replicas'?") rides in the message too, for clients that show only it.
+            body["error"] = f"{exc}; {exc.fix}"
+            body["fix"] = exc.fix
         self._json(exc.status, body, close=True)
 
     def _check_origin(self) -> None:
@@ -317,7 +346,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             return LabConfig.from_dict(raw)
         except LabConfigError as exc:
-            raise _BadRequest(HTTPStatus.BAD_REQUEST, exc.detail, exc.key) from None
+            raise _BadRequest(HTTPStatus.BAD_REQUEST, exc.detail, exc.key, exc.fix) from None
 
     # -- routes --------------------------------------------------------------------------------
 

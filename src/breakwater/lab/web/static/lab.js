@@ -212,11 +212,91 @@
         }
         const off = BOOLS.slice(1).filter((k) => m.setup[k] && !c[k]);
         if (off.length) why.push("keep the mission's injections on: they are the scenario");
-        text = "Goal not met" + (why.length ? ": " + why.join("; ") : ".") ;
+        const missed = (report.verdict?.goal ?? []).filter((x) => !x.holds).map((x) => x.text);
+        if (!why.length && missed.length) why.push("missed " + missed.join(", "));
+        text = "Goal not met" + (why.length ? ": " + why.join("; ") + "." : ".");
       }
     }
     $("verdict-text").textContent = text + ` Best: ${starText(best)}`;
     v.setAttribute("aria-label", `${report.exploration ? 0 : report.stars} stars`);
+    renderConditions(report);
+    renderTrap(report);
+  }
+  // Each goal condition, then each 3-star one (once the goal holds), with its value and the miss.
+  function renderConditions(report) {
+    const ul = $("verdict-conditions");
+    ul.textContent = "";
+    const verdict = report.verdict;
+    if (!verdict) return;
+    const goalMet = verdict.goal.every((x) => x.holds);
+    const parts = [["goal", verdict.goal]];
+    if (goalMet) parts.push(["3 stars", verdict.three_stars]);
+    for (const [part, conditions] of parts) {
+      for (const x of conditions) {
+        const li = document.createElement("li");
+        li.className = x.holds ? "held" : "missed";
+        li.dataset.key = x.key;
+        const tag = document.createElement("span");
+        tag.className = "part";
+        tag.textContent = part;
+        li.append(tag, document.createTextNode(x.text));
+        if (!x.holds) {
+          const miss = document.createElement("span");
+          miss.className = "miss";
+          miss.textContent = ": " + x.miss;
+          li.append(miss);
+        } else if (x.on === "metrics") {
+          li.append(document.createTextNode(` (${x.shown})`));
+        }
+        ul.append(li);
+      }
+    }
+  }
+
+  // -- traps: once the controls match a trap, say why it does not work; remember the ones tried ---
+  const TRAPS_KEY = "breakwater.lab.traps.v1";
+  function trapsTried() {
+    try {
+      const saved = JSON.parse(localStorage.getItem(TRAPS_KEY) || "{}");
+      return saved && typeof saved === "object" ? saved : {};
+    } catch (e) { return {}; }
+  }
+  // The trap the config is (the set-up with the trap's changes), whatever the seed.
+  function trapOf(m, config) {
+    const same = (a, b) => Object.keys(a).every((k) => k === "seed" || a[k] === b[k]);
+    return m.variants.find((v) => v.kind === "trap" && same({ ...m.setup, ...v.changes }, config)) ?? null;
+  }
+  function renderTrap(report) {
+    const m = mission(report.mission);
+    const trap = trapOf(m, report.config);
+    const box = $("trap-why");
+    const tried = trapsTried();
+    if (trap) {
+      const keys = tried[m.id] ?? [];
+      if (!keys.includes(trap.key)) {
+        tried[m.id] = [...keys, trap.key];
+        localStorage.setItem(TRAPS_KEY, JSON.stringify(tried));
+      }
+      $("trap-why-title").textContent = `A trap: ${trap.label}. Expected: ${trap.outcome}.`;
+      $("trap-why-text").textContent = "Why: " + trap.why;
+      box.dataset.trap = trap.key;
+    }
+    box.hidden = !trap;
+    renderTrapsFound(m, tried);
+  }
+  function renderTrapsFound(m, tried) {
+    const keys = tried[m.id] ?? [];
+    const list = $("traps-found-list");
+    list.textContent = "";
+    for (const v of m.variants) {
+      if (v.kind !== "trap" || !keys.includes(v.key)) continue;
+      const dt = document.createElement("dt");
+      dt.textContent = v.label;
+      const dd = document.createElement("dd");
+      dd.textContent = v.why;
+      list.append(dt, dd);
+    }
+    $("traps-found").hidden = !list.childElementCount;
   }
 
   // -- running ----------------------------------------------------------------------------------
@@ -267,7 +347,7 @@
     }
     renderVerdict(report);
     renderSummary(report);
-    renderMetrics(report.metrics);
+    renderMetrics(report.metrics, report.verdict);
     renderCharts(report);
     document.body.dataset.renderedKey = JSON.stringify([report.mission, report.config]);
     document.body.dataset.runState = "idle";
@@ -305,7 +385,7 @@
     ["peak_queue", "peak queue (max)", (v) => num(Math.max(...v)), false],
     ["deploy_end_ms", "deploy ends", secs, false],
   ];
-  function renderMetrics(m) {
+  function renderMetrics(m, verdict) {
     const box = $("metrics");
     if (!box.childElementCount) {
       for (const [key, label] of METRICS) {
@@ -317,10 +397,16 @@
         box.append(d);
       }
     }
+    // A tile is red when it counts trouble, or when a goal or 3-star condition on it is missed
+    // (p95 latency is no trouble by itself, but it is when the goal caps it).
+    const conditions = verdict ? [...verdict.goal, ...verdict.three_stars].filter((x) => x.on === "metrics") : [];
     for (const [key, , fmt, redIfAny] of METRICS) {
       const d = box.querySelector(`[data-metric="${key}"]`);
       d.querySelector(".v").textContent = fmt(m[key]);
-      d.classList.toggle("bad", redIfAny && m[key] > 0);
+      const own = conditions.filter((x) => x.key === key);
+      d.classList.toggle("bad", (redIfAny && m[key] > 0) || own.some((x) => !x.holds));
+      d.classList.toggle("in-goal", own.length > 0);
+      d.title = own.map((x) => (x.holds ? "✓ " : "✗ ") + x.text + (x.holds ? "" : ": " + x.miss)).join("\n");
     }
     const util = m.utilisation.map((u, i) => `r${i} ${pct(u)}`).join(" · ");
     box.querySelector('[data-metric="utilisation_max"]').title = util;
