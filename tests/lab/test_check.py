@@ -43,7 +43,7 @@ def test_check_table_and_bad_seeds(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_every_setup_reference_and_trap_holds_on_38_of_40_seeds() -> None:
-    """Issue 17's bar: "New random seed" must not show a trap that works or a set-up that is fine."""
+    """The bar: "New random seed" must not show a trap that works or a set-up that is fine."""
     rows = check_missions(parse_seeds(DEFAULT_SEEDS))
     assert len(rows) == sum(1 + len(m.variants) for m in MISSIONS)
     weak = {f"M{r.mission} {r.key}": len(r.holds) for r in rows if len(r.holds) < 38}
@@ -55,4 +55,5 @@ def test_friday_deploy_needs_a_drain_longer_than_the_long_calls() -> None:
     mission = MISSIONS[2]
     assert mission.variant("idem-only").stars == 0
     assert mission.variant("w45").stars == 0
-    assert all(dict(v.changes).get("drain_s", mission.setup.drain_s) >= 240 for v in mission.variants if v.kind == "reference")
+    drains = [dict(v.changes).get("drain_s", mission.setup.drain_s) for v in mission.variants if v.kind == "reference"]
+    assert all(isinstance(d, (int, float)) and d >= 240 for d in drains), drains
