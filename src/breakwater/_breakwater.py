@@ -15,11 +15,11 @@ import mcp.types as types
 from anyio.abc import TaskGroup
 
 from breakwater._clock import Clock, SystemClock
-from breakwater.config import Config, ServerSpec, find_config, load_config
+from breakwater.config import Config, JournalPolicy, ServerSpec, find_config, load_config
 from breakwater.config._redact import install_log_redaction
 from breakwater.connect._admission import Admission, default_admission_dir
 from breakwater.connect._transports import TransportFactory, default_transports
-from breakwater.connect._upstream import Upstream
+from breakwater.connect._upstream import ClientHooks, Upstream
 from breakwater.errors import CallError, ToolError
 from breakwater.gate._classify import Classifier
 from breakwater.gate._envelope import error_result
@@ -67,6 +67,7 @@ class Breakwater:
         telemetry: Telemetry | Literal["config"] | None = "config",
         task_store: TaskStore | None = None,
         transports: TransportFactory = default_transports,
+        client_hooks: ClientHooks | None = None,
     ) -> None:
         """`learned_timeout(server, tool)` may supply a timeout learned from observed latencies (it
         ranks below per-tool and per-server config, above the default); `classifier` may override
@@ -91,17 +92,15 @@ class Breakwater:
         `tasks.sqlite3` in the user's data directory, opened only when a task is first met.
 
         `transports` builds each connect attempt's transport (default: what each server's config
-        says); `breakwater.testing.in_memory(server)` connects to in-process servers instead."""
+        says); `breakwater.testing.in_memory(server)` connects to in-process servers instead.
+
+        `client_hooks(spec)` adds `mcp.Client` arguments to every connection (the gateway's relay callbacks)."""
         self.config = config
         install_log_redaction(config.secrets)  # no log record this process writes carries a secret
         self._clock: Clock = clock or SystemClock()
         #: The call journal, or None when it is off.
         self.journal: Journal | None = Journal.from_policy(config.journal, clock=self._clock) if journal == "config" else journal
-        learning = None
-        if learned_timeout is None and self.journal is not None and self.journal.policy.learn_timeouts:
-            learned_timeout = self.journal.learned_timeout
-            # Until the journal's next refresh has a tool's timeout, the gate learns it from what it saw itself.
-            learning = self.journal.policy
+        learned_timeout, learning = self._learning(learned_timeout)
         if telemetry == "config":
             telemetry = self._configured_telemetry()
         #: OpenTelemetry spans and metrics, or None when off.
@@ -111,6 +110,7 @@ class Breakwater:
         self._admission = Admission(clock=self._clock, rng=self._rng, directory=Path(directory))
         self._changed = anyio.Event()
         self._transports = transports
+        self._client_hooks = client_hooks
         self._upstreams = {spec.name: self._upstream_for(spec) for spec in config.servers}
         self._tg: TaskGroup | None = None
         self._generation = 0
@@ -135,6 +135,12 @@ class Breakwater:
         )
         if telemetry is not None:
             telemetry.bind(self._gate)
+
+    def _learning(self, given: LearnedTimeout | None) -> tuple[LearnedTimeout | None, JournalPolicy | None]:
+        """The learned-timeout hook, and the policy the gate learns by until the journal's refresh has a value."""
+        if given is not None or self.journal is None or not self.journal.policy.learn_timeouts:
+            return given, None
+        return self.journal.learned_timeout, self.journal.policy
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Breakwater:
@@ -164,6 +170,7 @@ class Breakwater:
             on_change=self._note_change,
             extensions=[TasksClientExtension(clock=self._clock)],
             transports=self._transports,
+            client_hooks=self._client_hooks,
         )
 
     def _configured_telemetry(self) -> Telemetry | None:

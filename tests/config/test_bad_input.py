@@ -123,7 +123,7 @@ def test_bad_config_is_refused_with_file_key_and_fix(tmp_path: Path, name: str, 
         ({"BREAKWATER_CALL_TIMEOUT_S": "nan"}, "timeout_s"),
         ({"BREAKWATER_CALL_TIMEOUT_S": "1e300"}, "timeout_s"),
         ({"BREAKWATER_JOURNAL": "mysql://x"}, "url"),
-        ({"BREAKWATER_TOOL_NAME_TEMPLATE": "{tool}"}, "tool_name_template"),
+        ({"BREAKWATER_TOOL_NAME_TEMPLATE": "{server}"}, "tool_name_template"),
     ],
 )
 def test_bad_environment_values_are_refused(tmp_path: Path, env: dict[str, str], mentions: str) -> None:
@@ -133,6 +133,18 @@ def test_bad_environment_values_are_refused(tmp_path: Path, env: dict[str, str],
     with pytest.raises(ConfigError, match=mentions) as info:
         load_config(path, environ=env)
     assert "environment" in str(info.value)
+
+
+def test_a_template_without_server_suits_one_server_and_is_refused_for_two(tmp_path: Path) -> None:
+    """`{tool}` alone names one server's tools apart (a gateway in front of one server); with two it could not."""
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    one.write_text(_json({"a": OK}))
+    two.write_text(_json({"a": OK, "b": OK}))
+    env = {"BREAKWATER_TOOL_NAME_TEMPLATE": "{tool}"}
+    assert load_config(one, environ=env).gateway.tool_name_template == "{tool}"
+    with pytest.raises(ConfigError, match="2 servers") as info:
+        load_config(two, environ=env)
+    assert info.value.path == str(two) and info.value.key == "gateway.tool_name_template" and "{server}" in (info.value.fix or "")
 
 
 def test_secrets_are_not_quoted_in_config_errors(tmp_path: Path) -> None:
@@ -442,7 +454,7 @@ def test_serve_on_a_tty_answers_and_ends_at_eof(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
 def test_signal_ends_serve_cleanly_and_stops_upstreams(tmp_path: Path, signum: str) -> None:
-    """SIGTERM or SIGINT mid-session: exit 0, no traceback, and the upstream process is gone."""
+    """SIGTERM (exit 0) or SIGINT (exit 130, as a Ctrl-C anywhere) mid-session: no traceback, the upstream process is gone."""
     import signal
 
     proc = subprocess.Popen(
@@ -459,7 +471,7 @@ def test_signal_ends_serve_cleanly_and_stops_upstreams(tmp_path: Path, signum: s
         assert json.loads(proc.stdout.readline())["id"] == 1
         upstream = _upstream_pid(tmp_path)
         proc.send_signal(getattr(signal, signum))
-        assert proc.wait(timeout=30) == 0
+        assert proc.wait(timeout=30) == (130 if signum == "SIGINT" else 0)
         assert b"Traceback" not in proc.stderr.read()
         import time
 

@@ -252,7 +252,7 @@ async def test_secrets_never_appear_in_status(tmp_path: Path, free_port: int) ->
         await until(bw, "hdr", ServerState.RETRYING, ServerState.FAILED)
         report = bw.status()
     text = json.dumps(report.to_json())
-    assert "bad key <redacted>" in text
+    assert "bad key <redacted>" in text, json.dumps(report.to_json()["servers"][0])
     assert secret not in text
 
 

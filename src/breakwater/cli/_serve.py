@@ -105,8 +105,13 @@ async def _serve_stdio(config: Config) -> int:
     from breakwater.gateway._open import open_gateway
     from breakwater.gateway._stdio_server import stdio_server
 
-    async with open_gateway(config) as gateway, stdio_server() as (read, write):
+    stopped_by: list[int] = []
+    async with open_gateway(config) as gateway, stdio_server(stopped_by) as (read, write):
         await gateway.server.run(read, write, gateway.server.create_initialization_options())
+    if signal.SIGINT in stopped_by:
+        # Everything is closed (upstreams stopped); a Ctrl-C still reads as an interruption, as in every command.
+        print("breakwater: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return EXIT_OK
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "check_journal_url",
     "check_listener_token",
     "check_server_name",
+    "check_template_for_servers",
     "check_text",
     "check_tool_name_template",
     "check_url",
@@ -162,7 +163,10 @@ def check_journal_url(url: str) -> None:
 
 
 def check_tool_name_template(template: str) -> None:
-    """Refuse a `tool_name_template` that cannot name every tool apart: only {server} and {tool}, both present."""
+    """Refuse a `tool_name_template` that cannot name a server's tools apart: only {server} and {tool}, {tool} present.
+
+    Whether it must also hold {server} depends on how many servers there are: `check_template_for_servers`.
+    """
     fix = 'use {server} and {tool} once each, e.g. "{server}__{tool}" (write {{ and }} for literal braces)'
     try:
         parsed = list(string.Formatter().parse(template))
@@ -175,9 +179,19 @@ def check_tool_name_template(template: str) -> None:
         if name not in ("server", "tool") or spec or conversion:
             raise ConfigError(f"unknown placeholder {{{name}}} in {template!r}", key="tool_name_template", fix=fix)
         seen.append(name)
-    if sorted(set(seen)) != ["server", "tool"]:
+    if "tool" not in seen:
         raise ConfigError(
-            f"{template!r} must contain both {{server}} and {{tool}}, or two tools could get the same name",
+            f"{template!r} must contain {{tool}}, or two tools of one server could get the same name",
             key="tool_name_template",
             fix=fix,
+        )
+
+
+def check_template_for_servers(template: str, servers: int) -> None:
+    """With more than one server the template must say which one: tools of two servers could collide otherwise."""
+    if servers > 1 and "{server}" not in template:
+        raise ConfigError(
+            f"{template!r} has no {{server}}, and there are {servers} servers: two of them could list a tool of the same name",
+            key="gateway.tool_name_template",
+            fix='add {server}, e.g. "{server}__{tool}" ("{tool}" alone suits a gateway in front of one server)',
         )

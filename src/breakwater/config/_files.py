@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from breakwater.config._checks import check_header, check_server_name, check_text, check_url
+from breakwater.config._checks import check_header, check_server_name, check_template_for_servers, check_text, check_url
 from breakwater.config._knobs import build_policy, env_layer
 from breakwater.config._model import Config, ServerSpec, ToolSettings, Transport
 from breakwater.config._policies import GLOBAL_SECTIONS, POLICY_SECTIONS, CallPolicy, RetryPolicy
@@ -442,6 +442,10 @@ def load_config(path: str | os.PathLike[str], *, environ: Mapping[str, str] | No
         config = Config(
             servers=tuple(_servers_from_json(p, defaults)), **defaults, **_global_policies({}, None, env), path=str(p)
         )
+    try:
+        check_template_for_servers(config.gateway.tool_name_template, len(config.servers))
+    except ConfigError as exc:
+        raise ConfigError(exc.detail, path=str(p), key=exc.key, fix=exc.fix) from None
     # Any server's secret is scrubbed from every output of this process, not only that server's.
     register_secrets(config.secrets)
     return config

@@ -131,7 +131,10 @@ class Redactor:
         everything = self._own | frozenset(_registered)
         if everything != self._built_for:
             long = [s for s in everything if len(s) >= MIN_FRAGMENT]
-            self._grams = frozenset(s[i : i + MIN_FRAGMENT] for s in long for i in range(len(s) - MIN_FRAGMENT + 1))
+            # A run that starts or ends in white space ("Bearer tok..." has " tok...") would swallow the
+            # space before a secret in the text; the same characters are covered by their neighbours' runs.
+            grams = (s[i : i + MIN_FRAGMENT] for s in long for i in range(len(s) - MIN_FRAGMENT + 1))
+            self._grams = frozenset(g for g in grams if g == g.strip())
             # Longest first, so a secret that contains another is replaced whole.
             self._whole = sorted((s for s in everything if len(s) < MIN_FRAGMENT), key=len, reverse=True)
             self._built_for = everything

@@ -22,7 +22,7 @@ import bisect
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 
     from breakwater._breakwater import Breakwater
+    from breakwater.status import ServerStatus
 
 __all__ = [
     "BUILTIN_SERVER",
@@ -229,9 +230,18 @@ class Metrics:
 
 
 def _render_gauges(out: _Writer, bw: Breakwater) -> None:
+    """Every gauge (and the counters kept outside the call path), one family group at a time."""
+    statuses = bw.status().servers
+    _render_servers(out, statuses)
+    _render_breakers(out, bw)
+    _render_timeouts(out, bw, statuses)
+    _render_retry_budgets(out, bw)
+    _render_journal_and_store(out, bw)
+
+
+def _render_servers(out: _Writer, statuses: Sequence[ServerStatus]) -> None:
     from breakwater.status import ServerState
 
-    statuses = bw.status().servers
     out.family(
         "breakwater_server_state",
         "gauge",
@@ -245,6 +255,9 @@ def _render_gauges(out: _Writer, bw: Breakwater) -> None:
         "Tools a ready server lists.",
         (({"server": s.name}, s.tools) for s in statuses if s.tools is not None),
     )
+
+
+def _render_breakers(out: _Writer, bw: Breakwater) -> None:
     breakers = []
     for breaker in bw.gate.breakers:
         breakers.append((breaker.key.server, breaker.key.tool or "", breaker.state.value))
@@ -259,6 +272,11 @@ def _render_gauges(out: _Writer, bw: Breakwater) -> None:
             for state in ("closed", "open", "half_open")
         ),
     )
+
+
+def _render_timeouts(out: _Writer, bw: Breakwater, statuses: Sequence[ServerStatus]) -> None:
+    from breakwater.status import ServerState
+
     timeouts = []
     for s in statuses:
         if s.state is not ServerState.READY:
@@ -273,6 +291,9 @@ def _render_gauges(out: _Writer, bw: Breakwater) -> None:
         "The per-attempt timeout a call of each tool of a ready server gets now (configured or learned).",
         timeouts,
     )
+
+
+def _render_retry_budgets(out: _Writer, bw: Breakwater) -> None:
     budgets = bw.gate.retry_budget_snapshots()
     out.family(
         "breakwater_retry_budget_tokens",
@@ -296,6 +317,9 @@ def _render_gauges(out: _Writer, bw: Breakwater) -> None:
         "Calls in flight to each server (what its bulkhead counts).",
         (({"server": name}, n) for name, n in sorted(bw.gate.in_flight().items())),
     )
+
+
+def _render_journal_and_store(out: _Writer, bw: Breakwater) -> None:
     journal = bw.journal
     if journal is not None:
         out.family("breakwater_journal_queued", "gauge", "Attempts waiting to be written to the journal.", [({}, journal.queued)])

@@ -15,6 +15,7 @@ import anyio
 from breakwater._breakwater import Breakwater
 from breakwater.catalog._catalog import Catalog, default_catalog_dir
 from breakwater.config import Config
+from breakwater.gateway._relay import Relay
 from breakwater.gateway._server import Gateway
 from breakwater.journal import AttemptObserver
 
@@ -43,8 +44,10 @@ async def open_gateway(
     catalog and sends `list_changed` to its clients; a one-shot reader of the catalog turns it off.
     Enter and exit in the same task, as with `Breakwater`.
     """
-    async with Breakwater(config, observers=observers) as bw:
-        gateway = Gateway(bw, config.gateway, catalog=catalog if catalog is not None else gateway_catalog(config))
+    # The relay first: every connection carries its callbacks from the first connect on.
+    relay = Relay()
+    async with Breakwater(config, observers=observers, client_hooks=relay.client_kwargs) as bw:
+        gateway = Gateway(bw, config.gateway, catalog=catalog if catalog is not None else gateway_catalog(config), relay=relay)
         if not watch:
             yield gateway
             return

@@ -20,10 +20,10 @@ from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 
-from breakwater._breakwater import Breakwater
 from breakwater._clock import Clock, SystemClock
 from breakwater._wire import ENVELOPE_META_KEY
 from breakwater.config import ServerSpec
+from breakwater.connect._upstream import ClientHooks
 from breakwater.errors import ClientCannotAnswerError, ErrorCode
 from breakwater.gate._attempt import ATTEMPT_WATCHER, AttemptDeadline
 from breakwater.gate._envelope import error_result
@@ -33,7 +33,7 @@ from breakwater.tasks._server import current_task_id
 logger = logging.getLogger("breakwater.gateway")
 
 PROGRESS_DRAIN_CHECKPOINTS = 3
-#: The downstream request whose upstream call is running in this context (see `_Relay`).
+#: The downstream request whose upstream call is running in this context (see `Relay`).
 _CALLER: contextvars.ContextVar[_Caller | None] = contextvars.ContextVar("breakwater_relay_caller", default=None)
 
 
@@ -249,7 +249,7 @@ def _refusal(message: str) -> types.ErrorData:
     return types.ErrorData(code=types.INVALID_REQUEST, message=f"breakwater: {message}")
 
 
-class _Relay:
+class Relay:
     """Carries what an upstream sends back mid-request to the downstream request it belongs to.
 
     Sampling and elicitation requests, log messages and resource updates reach the gateway through
@@ -263,13 +263,18 @@ class _Relay:
     gets an MCP error at once; a relayed request never outlives its call.
     """
 
-    def __init__(self, *, resource_updated: Callable[[str, str], Awaitable[None]], clock: Clock | None = None) -> None:
-        """`resource_updated(server, uri)` delivers an upstream's resource update to its subscribers;
-        `clock` bounds the wait for deliveries still under way when a call answers."""
-        self._resource_updated = resource_updated
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        """`clock` bounds the wait for deliveries still under way when a call answers. Made before the
+        `Breakwater` whose connections carry its callbacks, and so before the gateway that owns the
+        subscriptions; the gateway names where resource updates go with `deliver_to`."""
+        self._resource_updated: Callable[[str, str], Awaitable[None]] = _no_subscribers
         self._clock: Clock = clock or SystemClock()
         self._callers: dict[str, list[_Caller]] = {}
         self.exchanges: dict[str, _Exchange] = {}
+
+    def deliver_to(self, resource_updated: Callable[[str, str], Awaitable[None]]) -> None:
+        """Where `notifications/resources/updated` from upstreams go from now on: `resource_updated(server, uri)`."""
+        self._resource_updated = resource_updated
 
     @contextlib.asynccontextmanager
     async def calling(
@@ -452,13 +457,11 @@ async def _no_subscribers(server: str, uri: str) -> None:
     return None
 
 
-def connect_as_the_gateway(bw: Breakwater) -> None:
-    """Have `bw`'s servers connect as the gateway's do: declaring sampling and elicitation.
+def gateway_client_hooks() -> ClientHooks:
+    """Client arguments that make connections look as the gateway's do: declaring sampling and elicitation.
 
-    Some servers list more tools to a client that can answer those requests, so this is what makes
-    `breakwater status` count the tools the gateway lists. With no downstream caller, a request is
-    refused at once. Call it before the first connect (right after entering `bw`).
+    Some servers list more tools to a client that can answer those requests, so `breakwater status`
+    connects with these to count the tools the gateway lists (`Breakwater(client_hooks=...)`). With no
+    downstream caller, a request is refused at once.
     """
-    relay = _Relay(resource_updated=_no_subscribers)
-    for spec in bw.config.servers:
-        bw.upstream(spec.name).client_hooks = relay.client_kwargs
+    return Relay().client_kwargs

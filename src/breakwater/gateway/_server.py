@@ -7,7 +7,7 @@ the tool does not exist, its server is still connecting, or its server failed (w
 the next retry) — never "no such tool" for a server that is merely down.
 
 What an upstream sends back while it works on a call is relayed to the client that made the call
-(`_Relay`): sampling and elicitation requests (as server-to-client requests to 2025-11-25 clients,
+(`Relay`): sampling and elicitation requests (as server-to-client requests to 2025-11-25 clients,
 as `InputRequiredResult` rounds to 2026-07-28 ones) and log messages (at the caller's level).
 Resource subscriptions are relayed by `breakwater.gateway._passthrough.Subscriptions`.
 """
@@ -47,10 +47,10 @@ from breakwater.gateway._relay import (
     EXCHANGE_KEEP_S,
     EXCHANGE_STATE_PREFIX,
     LOG_LEVEL_STATE,
+    Relay,
     _Caller,
     _can_answer,
     _Exchange,
-    _Relay,
     explain_refusal,
 )
 from breakwater.gateway._tasks import GatewayTasks
@@ -93,7 +93,10 @@ def _client_name(ctx: ServerRequestContext[Any], meta: Mapping[str, Any]) -> str
 class Gateway:
     """The MCP server face of a `Breakwater`."""
 
-    def __init__(self, bw: Breakwater, policy: GatewayPolicy, *, catalog: Catalog) -> None:
+    def __init__(self, bw: Breakwater, policy: GatewayPolicy, *, catalog: Catalog, relay: Relay | None = None) -> None:
+        """`relay` is the one whose callbacks `bw`'s connections were built with (`Breakwater(client_hooks=
+        relay.client_kwargs)`, as `open_gateway` does); without one the gateway makes its own and hands it to
+        `bw`'s servers before their first connect."""
         self.bw = bw
         self.policy = policy
         self.catalog = catalog
@@ -105,13 +108,14 @@ class Gateway:
         self._generation = -1  # the Breakwater generation `_entries` was built from
         self.drift: dict[str, list[str]] = {}  # server -> tools whose definition changed since approved
         self._tg: TaskGroup | None = None  # the gateway's background work (`watch`)
-        self.relay = _Relay(
-            resource_updated=lambda server, uri: self.passthrough.subscriptions.deliver(server, uri), clock=bw.clock
-        )
+        if relay is None:
+            relay = Relay(clock=bw.clock)
+            for spec in bw.config.servers:
+                # Read at each connect: servers connect in the background and this runs before the first one.
+                bw.upstream(spec.name).client_hooks = relay.client_kwargs
+        self.relay = relay
         self.passthrough = Passthrough(bw, template=policy.tool_name_template, bus=self.bus, calling=self.relay.calling)
-        for spec in bw.config.servers:
-            # Read at each connect: servers connect in the background and this runs before the first one.
-            bw.upstream(spec.name).client_hooks = self.relay.client_kwargs
+        relay.deliver_to(self.passthrough.subscriptions.deliver)
         from importlib.metadata import version
 
         self.server = _GatewayServer(

@@ -246,18 +246,21 @@ async def _pump_output(source: Any, output: _Output) -> None:
             await output.send(data.encode() + b"\n")
 
 
-async def _stop_on_signal(reading: anyio.CancelScope, sink: Any) -> None:
+async def _stop_on_signal(reading: anyio.CancelScope, sink: Any, stopped_by: list[int]) -> None:
     # SIGTERM or SIGINT: end the session as the end of input does, so the caller shuts down in order.
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for _ in signals:
+        async for signum in signals:
+            stopped_by.append(signum)
             reading.cancel()
             await sink.aclose()
             return
 
 
 @asynccontextmanager
-async def stdio_server() -> AsyncIterator[tuple[Any, Any]]:
-    """Serve MCP over this process's stdin and stdout: `(read_stream, write_stream)` for `Server.run`."""
+async def stdio_server(stopped_by: list[int] | None = None) -> AsyncIterator[tuple[Any, Any]]:
+    """Serve MCP over this process's stdin and stdout: `(read_stream, write_stream)` for `Server.run`.
+
+    A SIGTERM or SIGINT that ended the session is appended to `stopped_by` (the caller's exit code says which)."""
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # another event loop (trio)
@@ -289,7 +292,7 @@ async def stdio_server() -> AsyncIterator[tuple[Any, Any]]:
             tg.start_soon(read_until_stopped)
             tg.start_soon(_pump_output, write_stream_reader, output)
             if threading.current_thread() is threading.main_thread():
-                tg.start_soon(_stop_on_signal, reading, read_stream_writer)
+                tg.start_soon(_stop_on_signal, reading, read_stream_writer, [] if stopped_by is None else stopped_by)
             yield read_stream, write_stream
             tg.cancel_scope.cancel()
     finally:
