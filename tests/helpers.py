@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 import anyio
 import pytest
 
-__all__ = ["code_of", "eventually", "require"]
+__all__ = ["chrome", "code_of", "eventually", "require"]
 
 
 def code_of(result: Any) -> str | None:
@@ -30,3 +31,32 @@ def require(reason: str, *, ci_fix: str = "") -> NoReturn:
     if os.environ.get("CI") == "true":
         pytest.fail(f"{reason} — CI=true requires it{f' ({ci_fix})' if ci_fix else ''}")
     pytest.skip(reason)
+
+
+def chrome(chromium: str, chromedriver: str, profile: Path) -> Any:
+    """Headless Chromium (Debian's) with its own profile; browser console messages are kept for the error check.
+
+    The flags keep it off the network this machine does not have (background networking, updates, sync).
+    """
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1440,1000",
+        f"--user-data-dir={profile}",
+    ):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # Any: selenium's annotations are partial (get_log is untyped).
+    return webdriver.Chrome(service=Service(executable_path=chromedriver), options=options)

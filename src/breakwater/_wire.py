@@ -15,6 +15,7 @@ __all__ = [
     "DEADLINE_META_KEY",
     "ENVELOPE_META_KEY",
     "OPERATION_ID_META_KEY",
+    "json_depth",
 ]
 
 #: One operation id per logical call, the same on every attempt: `params._meta[...]` of a tools/call.
@@ -27,3 +28,26 @@ ENVELOPE_META_KEY: Final = "io.breakwater/envelope"
 CUT_META_KEY: Final = "io.breakwater/cut"
 #: The SDK's client-local code for "the transport ended" (never on the wire).
 CONNECTION_CLOSED: Final = types.CONNECTION_CLOSED
+
+
+def json_depth(text: str) -> int:
+    """How deeply the JSON in `text` nests (arrays and objects), counted without parsing it, so too deep a
+    document is refused before the parser's recursion meets it."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for c in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+    return deepest

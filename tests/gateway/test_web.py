@@ -31,7 +31,7 @@ from mcp import Client
 from breakwater.gateway._metrics import DURATION_BUCKETS_S, Metrics
 from breakwater.journal import AttemptRecord
 from breakwater.testing.server import launch_command
-from helpers import require
+from helpers import chrome, require
 
 BREAKWATER = [sys.executable, "-m", "breakwater"]
 TOKEN = "web-test-token-4b1d"
@@ -528,28 +528,10 @@ def browser(tmp_path: Path) -> Iterator[Any]:
     if chromium is None or driver_path is None:
         _need("chromium / chromedriver are not installed (apt-get install chromium chromium-driver)")
     try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
+        import selenium  # noqa: F401
     except ImportError:
         _need("the selenium package is not installed (pip install selenium)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(chromium)
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        "--window-size=1440,1000",
-        f"--user-data-dir={tmp_path / 'profile'}",
-    ):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver: Any = webdriver.Chrome(service=Service(executable_path=str(driver_path)), options=options)
+    driver: Any = chrome(str(chromium), str(driver_path), tmp_path / "profile")
     try:
         yield driver
     finally:

@@ -23,7 +23,7 @@ import pytest
 from breakwater.lab import LabConfig, get_mission
 from breakwater.lab.cli import main as lab_main
 from breakwater.lab.web import LabServer, ServeError, make_server
-from helpers import require
+from helpers import chrome, require
 
 # -- the API, in process ----------------------------------------------------------------------------
 
@@ -274,29 +274,8 @@ def _screenshot(driver: Any, path: Path) -> Path:
 
 
 def _chrome(chromium: str, chromedriver: str, tmp_path: Path) -> Any:
-    """Headless Chromium with its own profile; browser console messages are kept for the error check."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        "--window-size=1440,1000",
-        f"--user-data-dir={tmp_path / 'profile'}",
-    ):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    # Any: selenium's annotations are partial (get_log is untyped).
-    return webdriver.Chrome(service=Service(executable_path=chromedriver), options=options)
+    """Headless Chromium with its own profile (see `helpers.chrome`)."""
+    return chrome(chromium, chromedriver, tmp_path / "profile")
 
 
 @pytest.mark.timeout(120)

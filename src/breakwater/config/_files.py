@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from breakwater._wire import json_depth
 from breakwater.config._checks import check_header, check_server_name, check_template_for_servers, check_text, check_url
 from breakwater.config._knobs import build_policy, env_layer
 from breakwater.config._model import Config, ServerSpec, ToolSettings, Transport
@@ -213,27 +214,6 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
-def _nesting_depth(text: str) -> int:
-    depth = deepest = 0
-    in_string = escaped = False
-    for c in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-        elif c in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif c in "]}":
-            depth -= 1
-    return deepest
-
-
 #: Deeper than any real config, far below where a recursive parser runs out of stack.
 MAX_NESTING = 64
 
@@ -241,7 +221,7 @@ MAX_NESTING = 64
 def _read_json(path: Path) -> dict[str, Any]:
     text = _read_text(path)
     fix = "fix the JSON syntax (a trailing comma or a missing quote is the usual cause)"
-    if _nesting_depth(text) > MAX_NESTING:
+    if json_depth(text) > MAX_NESTING:
         raise ConfigError(f"nested deeper than {MAX_NESTING} levels", path=str(path), fix="flatten the file")
     try:
         data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)

@@ -21,7 +21,7 @@ from mcp import MCPError
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from pydantic import ValidationError
 
-from breakwater._wire import DEADLINE_META_KEY
+from breakwater._wire import DEADLINE_META_KEY, json_depth
 from breakwater.errors import InvalidArgumentsError
 
 __all__ = [
@@ -55,27 +55,6 @@ def error_line(request_id: Any, code: int, message: str) -> bytes:
     return json.dumps(wire, separators=(",", ":")).encode() + b"\n"
 
 
-def _depth(text: str) -> int:
-    depth = deepest = 0
-    in_string = escaped = False
-    for c in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-        elif c in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif c in "]}":
-            depth -= 1
-    return deepest
-
-
 def _valid_id(value: Any) -> bool:
     return isinstance(value, (str, int)) and not isinstance(value, bool)
 
@@ -95,7 +74,7 @@ def diagnose(line: bytes, error: Exception | None = None) -> tuple[Any, int, str
         )
     if not text.strip():
         return None  # a blank line between messages: nothing to answer
-    if _depth(text) > MAX_DEPTH:
+    if json_depth(text) > MAX_DEPTH:
         return None, INVALID_REQUEST, f"Invalid request: JSON nested deeper than {MAX_DEPTH} levels"
     try:
         data = json.loads(text)
