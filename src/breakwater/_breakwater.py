@@ -79,9 +79,8 @@ class Breakwater:
         `[journal] learn_timeouts` is on). Its writer thread runs while the instance is entered.
 
         `state_store` keeps breaker and retry-budget state (default: the one `[state]` configures,
-        in-process unless `url` names Redis); a shared store lets replicas share it.
-
-        `observers` are handed every attempt too, after the journal (metrics, telemetry).
+        in-process unless `url` names Redis); a shared store lets replicas share it. `observers` are
+        handed every attempt too, after the journal (metrics, telemetry).
 
         `telemetry` emits OpenTelemetry spans and metrics for every call (`breakwater.observe._telemetry`):
         by default the one `[telemetry]` configures (off unless `enabled`; when off, OpenTelemetry's
@@ -92,19 +91,17 @@ class Breakwater:
         `tasks.sqlite3` in the user's data directory, opened only when a task is first met.
 
         `transports` builds each connect attempt's transport (default: what each server's config
-        says); `breakwater.testing.in_memory(server)` connects to in-process servers instead.
-
-        `client_hooks(spec)` adds `mcp.Client` arguments to every connection (the gateway's relay callbacks)."""
+        says; `breakwater.testing.in_memory(server)` reaches in-process servers); `client_hooks(spec)`
+        adds `mcp.Client` arguments to every connection (the gateway's relay callbacks)."""
         self.config = config
         install_log_redaction(config.secrets)  # no log record this process writes carries a secret
         self._clock: Clock = clock or SystemClock()
         #: The call journal, or None when it is off.
         self.journal: Journal | None = Journal.from_policy(config.journal, clock=self._clock) if journal == "config" else journal
         learned_timeout, learning = self._learning(learned_timeout)
-        if telemetry == "config":
-            telemetry = self._configured_telemetry()
         #: OpenTelemetry spans and metrics, or None when off.
-        self.telemetry: Telemetry | None = telemetry
+        self.telemetry: Telemetry | None = self._configured_telemetry() if telemetry == "config" else telemetry
+        telemetry = self.telemetry
         self._rng = rng or random.Random()
         directory = admission_dir or config.connect.admission_dir or default_admission_dir()
         self._admission = Admission(clock=self._clock, rng=self._rng, directory=Path(directory))

@@ -287,7 +287,7 @@ def test_status_cli_acceptance(tmp_path: Path, free_port: int) -> None:
             )
         )
         result = subprocess.run(
-            [sys.executable, "-m", "breakwater", "status", "--config", str(config), "--json", "--wait", "60"],
+            [sys.executable, "-m", "breakwater", "status", "--config", str(config), "--json", "--wait", "35"],
             capture_output=True,
             text=True,
             timeout=120,
