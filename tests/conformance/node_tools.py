@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = REPO / "scripts" / "install_node_tools.sh"
@@ -57,8 +58,12 @@ def node_tools(*, peers: bool = False) -> NodeTools:
     if shutil.which("npm") is None:
         _unavailable("npm is not installed, so the npm tools cannot be installed")
     cmd = ["bash", str(INSTALL_SCRIPT), *(["--peers"] if peers else [])]
+    # `make test` runs the suite in parallel workers (pytest-xdist): two of them may want the tools at
+    # once, and two npm installs into one prefix corrupt it. The script is a no-op once installed.
+    lock = FileLock(str(REPO / ".tools.lock"))
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False)
+        with lock:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
         _unavailable(f"installing the npm tools took over {INSTALL_TIMEOUT_S} s")
     if done.returncode != 0:
