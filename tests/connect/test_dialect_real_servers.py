@@ -20,8 +20,10 @@ import pytest
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 
-from breakwater import Breakwater, Reason, ServerState
+from breakwater import Breakwater, Reason, ServerSpec, ServerState
 from breakwater.config import load_config
+from breakwater.connect._headers_helper import HELPER_TIMEOUT_S, HeadersHelperError, run_headers_helper
+from breakwater.testing import FakeClock
 
 pytestmark = pytest.mark.anyio
 
@@ -58,6 +60,18 @@ async def _serve(app: ASGIApp) -> AsyncIterator[int]:
                 await anyio.sleep(0.01)
         yield port
         server.should_exit = True
+
+
+def _processes_with(marker: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if entry.name.isdigit() and marker in cmdline and "pytest" not in cmdline:
+            found.append(cmdline)
+    return found
 
 
 def _config(tmp_path: Path, entry: dict[str, Any]) -> Path:
@@ -148,3 +162,30 @@ async def test_a_failing_headers_helper_is_auth_required_without_its_output(tmp_
             assert snap.error is not None and snap.error.code is Reason.AUTH_REQUIRED
             assert "exited with code 3" in snap.error.message
             assert "leaked-secret-value" not in snap.error.message
+
+
+async def test_a_headers_helper_that_hangs_is_stopped_at_its_limit_and_bad_output_is_named(tmp_path: Path) -> None:
+    clock = FakeClock()
+    # An odd duration names the helper's child among the machine's processes.
+    spec = ServerSpec(name="up", transport="http", url="http://127.0.0.1:9/mcp", headers_helper="sleep 31.734; echo '{}'")
+    failures: list[HeadersHelperError] = []
+
+    async def run() -> None:
+        try:
+            await run_headers_helper(spec, clock=clock)
+        except HeadersHelperError as exc:
+            failures.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        await anyio.sleep(0.3)  # the helper is running (a real process)
+        clock.advance(HELPER_TIMEOUT_S)
+    assert len(failures) == 1 and "did not finish within 10 s" in str(failures[0])
+    # The shell and its child are gone: the whole process group was killed.
+    assert not _processes_with("sleep 31.734")
+    bad = ServerSpec(name="up", transport="http", url="http://127.0.0.1:9/mcp", headers_helper="echo not-json")
+    with pytest.raises(HeadersHelperError, match="did not print a JSON object"):
+        await run_headers_helper(bad, clock=clock)
+    numbers = ServerSpec(name="up", transport="http", url="http://127.0.0.1:9/mcp", headers_helper="echo '{\"X\": 1}'")
+    with pytest.raises(HeadersHelperError, match="string values"):
+        await run_headers_helper(numbers, clock=clock)
