@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -68,3 +69,36 @@ def test_broken_source_is_a_config_error(tmp_path: Path) -> None:
     result = run_import(".mcp.json", cwd=tmp_path)
     assert result.returncode == 2 and "mcpServers.a.comand" in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [".mcp.json"]
+
+
+def test_import_carries_variables_and_oauth_over_unexpanded_and_names_what_is_left_to_do(tmp_path: Path) -> None:
+    """`${VAR}` and `oauth` reach breakwater.servers.json as written (expanded only when breakwater starts);
+    the output names the servers to sign in to and the variables this shell lacks; a WebSocket entry,
+    which breakwater cannot serve, stays in the agent's file."""
+    servers = {
+        "mcpServers": {
+            "local": {"command": "npx", "args": ["-y", "server"], "env": {"KEY": "${BW_IMPORT_SET_KEY}"}},
+            "templated": {"type": "http", "url": "${BW_IMPORT_UNSET_BASE}/mcp", "headers": {"X-Key": "${BW_IMPORT_SET_KEY}"}},
+            "notion": {"type": "http", "url": "https://mcp.notion.test/mcp", "oauth": {"clientId": "abc", "callbackPort": 8080}},
+            "socket": {"type": "ws", "url": "wss://example.test/ws"},
+        }
+    }
+    (tmp_path / ".mcp.json").write_text(json.dumps(servers))
+    result = subprocess.run(
+        [sys.executable, "-m", "breakwater", "config", "import", ".mcp.json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+        env={**os.environ, "BW_IMPORT_SET_KEY": "key-value-123456"},
+    )
+    assert result.returncode == 0, result.stderr
+    written = json.loads((tmp_path / "breakwater.servers.json").read_text())
+    assert written == {"mcpServers": {k: v for k, v in servers["mcpServers"].items() if k != "socket"}}
+    assert "key-value-123456" not in (tmp_path / "breakwater.servers.json").read_text()
+    assert "run `breakwater auth login notion` once" in result.stdout
+    assert "BW_IMPORT_UNSET_BASE is not set here (mcpServers.templated.url)" in result.stdout
+    assert "auth login local" not in result.stdout and "auth login templated" not in result.stdout
+    agent = json.loads((tmp_path / ".mcp.breakwater.json").read_text())
+    assert list(agent["mcpServers"]) == ["breakwater", "socket"]

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from breakwater.cli._common import EXIT_OK, Parser, add_config_flag, load_or_exit, out_console, show
@@ -25,7 +26,10 @@ def _understood(config: Config) -> dict[str, Any]:
         if overrides:
             entry["connect"] = overrides
         servers.append(entry)
-    return {"path": config.path, "connect": vars(defaults), "servers": servers}
+    out: dict[str, Any] = {"path": config.path, "connect": vars(defaults), "servers": servers}
+    if config.notes:
+        out["notes"] = list(config.notes)
+    return out
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,8 +74,14 @@ def _print_check(config: Config, as_json: bool) -> None:
         for key in ("env", "headers"):
             if key in entry:
                 console.print(f"    {key}: {', '.join(entry[key])} (values redacted)")
+        if "headersHelper" in entry:
+            console.print(f"    headersHelper: {escape(entry['headersHelper'])} (its output redacted)")
         if "connect" in entry:
             console.print(f"    connect overrides: {entry['connect']}")
+        for note in entry.get("notes", ()):
+            console.print(f"    [yellow]note[/]: {escape(note)}")
+    for note in understood.get("notes", ()):
+        console.print(f"  [yellow]note[/]: {escape(note)}")
 
 
 def config_main(argv: list[str]) -> int:

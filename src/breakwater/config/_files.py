@@ -19,13 +19,23 @@ from typing import Any
 
 from breakwater._wire import json_depth
 from breakwater.config._checks import check_header, check_server_name, check_template_for_servers, check_text, check_url
+from breakwater.config._dialect import (
+    IGNORED_ENTRY_KEYS,
+    SIGN_IN_KEYS,
+    SKIPPED_TYPES,
+    USED_ENTRY_KEYS,
+    entry_notes,
+    read_env_file,
+    top_level_notes,
+)
+from breakwater.config._expand import Expander, has_reference
 from breakwater.config._knobs import build_policy, env_layer
 from breakwater.config._model import Config, ServerSpec, ToolSettings, Transport
 from breakwater.config._policies import GLOBAL_SECTIONS, POLICY_SECTIONS, CallPolicy, RetryPolicy
 from breakwater.config._redact import register_secrets
 from breakwater.errors import ConfigError
 
-__all__ = ["DEFAULT_CONFIG_NAMES", "find_config", "load_config"]
+__all__ = ["DEFAULT_CONFIG_NAMES", "find_config", "load_config", "load_config_lenient"]
 
 DEFAULT_CONFIG_NAMES = ("breakwater.toml", ".mcp.json")
 
@@ -33,10 +43,8 @@ DEFAULT_CONFIG_NAMES = ("breakwater.toml", ".mcp.json")
 _TOOL_CALL_KEYS = frozenset(f.name for f in dc_fields(CallPolicy)) - {"max_in_flight"}
 _TOOL_RETRY_KEYS = frozenset({"max_attempts"})
 
-# Keys that other clients write into mcpServers entries and that mean nothing to a connection:
-# accepted so their files load unchanged, never used.
-_FOREIGN_ENTRY_KEYS = frozenset({"alwaysAllow", "autoApprove", "timeout", "description", "envFile", "oauth"})
-_ENTRY_KEYS = frozenset({"type", "transport", "command", "args", "env", "cwd", "url", "headers", "disabled", "enabled"})
+# Every key a client writes in an entry is known: used, kept for sign-in, or ignored with a note.
+_ENTRY_KEYS = USED_ENTRY_KEYS | SIGN_IN_KEYS | frozenset(IGNORED_ENTRY_KEYS)
 _TOML_TOP_KEYS = frozenset({"servers_file", "servers", *POLICY_SECTIONS, *GLOBAL_SECTIONS})
 _SERVER_POLICY_KEYS = frozenset({*POLICY_SECTIONS, "tools"})
 _HTTP_KINDS = frozenset({"http", "streamable-http", "streamable_http", "streamableHttp"})
@@ -52,14 +60,15 @@ def _unknown_key(path: str, where: str, key: str, known: frozenset[str]) -> Conf
     return _fail("unknown key", path, f"{where}.{key}" if where else key, fix)
 
 
-def _str_map(value: Any, path: str, key: str) -> dict[str, str]:
+def _str_map(value: Any, path: str, key: str, expand: Expander, where: str) -> dict[str, str]:
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
         raise _fail("expected a table of strings", path, key, f'write {key} as {{"NAME": "value"}}')
     out: dict[str, str] = {}
     for k, v in value.items():
         if isinstance(v, bool) or not isinstance(v, (str, int, float)):
             raise _fail("expected a string value", path, f"{key}.{k}", "quote the value")
-        out[k] = str(v)
+        # Values only: Claude Code expands no names.
+        out[k] = expand(str(v), where=where, key=f"{key}.{k}", secret=True)
         if key.endswith(".headers"):
             check_header(k, out[k], path=path, key=f"{key}.{k}")
         else:
@@ -78,6 +87,7 @@ def _parse_entry(
     *,
     path: str,
     where: str,
+    expand: Expander,
     extra_keys: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Validate one server entry; returns (connection fields, the rest for the caller)."""
@@ -87,15 +97,17 @@ def _parse_entry(
     for key, value in entry.items():
         if key in extra_keys:
             rest[key] = value
-        elif key not in _ENTRY_KEYS and key not in _FOREIGN_ENTRY_KEYS:
-            raise _unknown_key(path, where, key, _ENTRY_KEYS | extra_keys)
+        elif key not in _ENTRY_KEYS:
+            raise _unknown_key(path, where, key, USED_ENTRY_KEYS | extra_keys)
     transport = _entry_transport(entry, path, where)
     fields: dict[str, Any] = {"transport": transport}
     if transport == "stdio":
-        fields.update(_stdio_fields(entry, path, where))
+        fields.update(_stdio_fields(entry, path, where, expand))
     else:
-        fields.update(_http_fields(entry, transport, path, where))
+        fields.update(_http_fields(entry, transport, path, where, expand))
     fields["enabled"] = _entry_enabled(entry, path, where)
+    fields["notes"] = tuple(entry_notes(where.rsplit(".", 1)[-1], entry))
+    fields["expanded_secrets"] = expand.take_secrets(where)
     return fields, rest
 
 
@@ -112,45 +124,84 @@ def _entry_transport(entry: Mapping[str, Any], path: str, where: str) -> Transpo
     raise _fail(f"unknown transport {kind!r}", path, f"{where}.type", 'use "stdio", "http" or "sse"')
 
 
-def _stdio_fields(entry: Mapping[str, Any], path: str, where: str) -> dict[str, Any]:
+def _stdio_fields(entry: Mapping[str, Any], path: str, where: str, expand: Expander) -> dict[str, Any]:
     command = entry.get("command")
     if not isinstance(command, str) or not command.strip():
         raise _fail("a stdio server needs a command", path, f"{where}.command", 'add "command": "the-program"')
+    command = expand(command, where=where, key=f"{where}.command")
     check_text(command, path=path, key=f"{where}.command", what="command", strict=True)
     fields: dict[str, Any] = {"command": command}
     args = entry.get("args", [])
     if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in args):
         raise _fail("expected a list of strings", path, f"{where}.args", 'write "args": ["--flag", "value"]')
-    fields["args"] = tuple(str(a) for a in args)
+    fields["args"] = tuple(expand(str(a), where=where, key=f"{where}.args[{i}]") for i, a in enumerate(args))
     for i, arg in enumerate(fields["args"]):
         check_text(arg, path=path, key=f"{where}.args[{i}]", what="argument")
+    env = _env_file(entry, path, where, expand)
     if "env" in entry:
-        fields["env"] = _str_map(entry["env"], path, f"{where}.env")
+        # The entry's own env wins over its envFile, as in VS Code.
+        env.update(_str_map(entry["env"], path, f"{where}.env", expand, where))
+    if env:
+        fields["env"] = env
     cwd = entry.get("cwd")
     if cwd is not None:
         if not isinstance(cwd, str):
             raise _fail("expected a directory path", path, f"{where}.cwd", 'write "cwd": "/some/dir"')
+        cwd = expand(cwd, where=where, key=f"{where}.cwd")
         check_text(cwd, path=path, key=f"{where}.cwd", what="directory", strict=True)
         base = Path(path).parent if path else Path.cwd()
         resolved = (base / os.path.expanduser(cwd)).resolve()
-        if not resolved.is_dir():
+        if not resolved.is_dir() and not (has_reference(cwd) and not expand.strict):
             raise _fail(f"the directory {str(resolved)!r} does not exist", path, f"{where}.cwd", "create it or fix the path")
         fields["cwd"] = str(resolved)
-    if "url" in entry:
-        raise _fail("a stdio server has no url", path, f"{where}.url", 'remove "url" or set "type": "http"')
+    for key in ("url", "headersHelper"):
+        if key in entry:
+            raise _fail(f"a stdio server has no {key}", path, f"{where}.{key}", f'remove "{key}" or set "type": "http"')
     return fields
 
 
-def _http_fields(entry: Mapping[str, Any], transport: Transport, path: str, where: str) -> dict[str, Any]:
+def _env_file(entry: Mapping[str, Any], path: str, where: str, expand: Expander) -> dict[str, str]:
+    raw = entry.get("envFile")
+    if raw is None:
+        return {}
+    key = f"{where}.envFile"
+    if not isinstance(raw, str) or not raw.strip():
+        raise _fail("expected a file path", path, key, 'write "envFile": "${workspaceFolder}/.env"')
+    name = expand(raw, where=where, key=key)
+    if has_reference(name) and not expand.strict:
+        return {}
+    file = Path(os.path.expanduser(name))
+    if not file.is_absolute():
+        file = (Path(path).parent if path else Path.cwd()) / file
+    values = read_env_file(file, config_path=path, key=key)
+    for k, v in values.items():
+        check_text(v, path=path, key=f"{key}.{k}", secret=True)
+    return values
+
+
+def _http_fields(entry: Mapping[str, Any], transport: Transport, path: str, where: str, expand: Expander) -> dict[str, Any]:
     url = entry.get("url")
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise _fail("an HTTP server needs an http(s) url", path, f"{where}.url", 'add "url": "http://127.0.0.1:8000/mcp"')
-    check_url(url, path=path, key=f"{where}.url")
+    fix = 'add "url": "http://127.0.0.1:8000/mcp"'
+    if not isinstance(url, str):
+        raise _fail("an HTTP server needs an http(s) url", path, f"{where}.url", fix)
+    url = expand(url, where=where, key=f"{where}.url")
+    lenient = has_reference(url) and not expand.strict
+    if not lenient:
+        if not url.startswith(("http://", "https://")):
+            raise _fail("an HTTP server needs an http(s) url", path, f"{where}.url", fix)
+        check_url(url, path=path, key=f"{where}.url")
     fields: dict[str, Any] = {"url": url}
     if "headers" in entry:
-        fields["headers"] = _str_map(entry["headers"], path, f"{where}.headers")
-    if "command" in entry:
-        raise _fail(f"an {transport} server has no command", path, f"{where}.command", 'remove "command" or the url')
+        fields["headers"] = _str_map(entry["headers"], path, f"{where}.headers", expand, where)
+    helper = entry.get("headersHelper")
+    if helper is not None:
+        if not isinstance(helper, str) or not helper.strip():
+            raise _fail("expected a command", path, f"{where}.headersHelper", 'write "headersHelper": "/path/to/get-headers.sh"')
+        check_text(helper, path=path, key=f"{where}.headersHelper", what="command", strict=True)
+        fields["headers_helper"] = helper
+    for key in ("command", "envFile"):
+        if key in entry:
+            raise _fail(f"an {transport} server has no {key}", path, f"{where}.{key}", f'remove "{key}" or the url')
     return fields
 
 
@@ -241,24 +292,27 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _servers_from_json(path: Path, defaults: Mapping[str, Any]) -> list[ServerSpec]:
+def _servers_from_json(path: Path, defaults: Mapping[str, Any], expand: Expander) -> tuple[list[ServerSpec], list[str]]:
+    """The file's servers, and the notes about it (keys beside the servers, entries skipped)."""
     data = _read_json(path)
     top = "mcpServers" if "mcpServers" in data else "servers" if "servers" in data else None
     if top is None:
         raise ConfigError('no "mcpServers" object', path=str(path), key="mcpServers", fix='write {"mcpServers": {"name": {...}}}')
-    for key in data:
-        # VS Code keeps "inputs" beside "servers"; anything else is a typo worth reporting.
-        if key not in (top, "inputs", "$schema"):
-            raise _unknown_key(str(path), "", key, frozenset({"mcpServers", "servers", "inputs"}))
+    # The rest of the file is the client's own settings (VS Code's "inputs", all of ~/.claude.json).
+    notes = top_level_notes(data, top)
     entries = data[top]
     if not isinstance(entries, dict):
         raise ConfigError("expected an object of servers", path=str(path), key=top, fix=f'write "{top}": {{"name": {{...}}}}')
     specs = []
     for name, entry in entries.items():
         check_server_name(name, path=str(path), key=f"{top}.{name}")
-        fields, _ = _parse_entry(entry, path=str(path), where=f"{top}.{name}")
+        kind = entry.get("type") if isinstance(entry, dict) else None
+        if isinstance(kind, str) and kind in SKIPPED_TYPES:
+            notes.append(f"{top}.{name} skipped: {kind!r} is {SKIPPED_TYPES[kind]}")
+            continue
+        fields, _ = _parse_entry(entry, path=str(path), where=f"{top}.{name}", expand=expand)
         specs.append(ServerSpec(name=name, source=str(path), **defaults, **fields))
-    return specs
+    return specs, notes
 
 
 # ---- breakwater.toml -----------------------------------------------------------------------------
@@ -330,24 +384,30 @@ def _read_toml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _servers_file_specs(path: Path, servers_file: Any, defaults: Mapping[str, Any]) -> dict[str, ServerSpec]:
-    """The servers of the JSON file `servers_file` names (relative to the TOML file), by name."""
+def _servers_file_specs(
+    path: Path, servers_file: Any, defaults: Mapping[str, Any], expand: Expander
+) -> tuple[dict[str, ServerSpec], list[str]]:
+    """The servers of the JSON file `servers_file` names (relative to the TOML file), by name, and its notes."""
     spath = str(path)
     if servers_file is None:
-        return {}
+        return {}, []
     if not isinstance(servers_file, str):
         raise _fail("expected a path", spath, "servers_file", 'servers_file = ".mcp.json"')
     json_path = (path.parent / os.path.expanduser(servers_file)).resolve()
     if not json_path.exists():
         raise _fail(f"{json_path} does not exist", spath, "servers_file", "point servers_file at an mcpServers JSON file")
-    return {spec.name: spec for spec in _servers_from_json(json_path, defaults)}
+    file_expand = Expander(expand.environ, str(json_path), strict=expand.strict, missing=expand.missing)
+    specs, notes = _servers_from_json(json_path, defaults, file_expand)
+    return {spec.name: spec for spec in specs}, [f"{servers_file}: {note}" for note in notes]
 
 
-def _server_base(name: str, table: Mapping[str, Any], spath: str, known: Mapping[str, ServerSpec]) -> ServerSpec:
+def _server_base(
+    name: str, table: Mapping[str, Any], spath: str, known: Mapping[str, ServerSpec], expand: Expander
+) -> ServerSpec:
     """`[servers.NAME]`'s connection: defined inline (command or url), or the servers_file's, maybe disabled."""
     where = f"servers.{name}"
     if any(k in table for k in ("command", "url")):
-        fields, _ = _parse_entry(table, path=spath, where=where, extra_keys=_SERVER_POLICY_KEYS)
+        fields, _ = _parse_entry(table, path=spath, where=where, expand=expand, extra_keys=_SERVER_POLICY_KEYS)
         return ServerSpec(name=name, source=spath, **fields)
     if name not in known:
         raise _fail(
@@ -373,12 +433,13 @@ def _toml_server(
     top: Mapping[str, Mapping[str, Any]],
     environ: Mapping[str, str],
     known: Mapping[str, ServerSpec],
+    expand: Expander,
 ) -> ServerSpec:
     """One `[servers.NAME]` with its policies layered over the top-level tables, and its tools."""
     where = f"servers.{name}"
     check_server_name(name, path=spath, key=where)
     table = _policy_table(raw, spath, where)
-    base_spec = _server_base(name, table, spath, known)
+    base_spec = _server_base(name, table, spath, known, expand)
     own = {section: _policy_table(table.get(section, {}), spath, f"{where}.{section}") for section in POLICY_SECTIONS}
     policies = {
         section: _layered(section, top[section], spath, environ, (own[section], spath, f"{where}.{section}"))
@@ -394,41 +455,56 @@ def _toml_server(
     return replace(base_spec, **policies, call_explicit=frozenset(own["call"]), tools=tools)
 
 
-def _load_toml(path: Path, environ: Mapping[str, str]) -> Config:
+def _load_toml(path: Path, environ: Mapping[str, str], expand: Expander) -> Config:
     spath = str(path)
     data = _read_toml(path)
     top = {section: _policy_table(data.get(section, {}), spath, section) for section in POLICY_SECTIONS}
     defaults = {section: _layered(section, top[section], spath, environ) for section in POLICY_SECTIONS}
-    specs = _servers_file_specs(path, data.get("servers_file"), defaults)
+    specs, notes = _servers_file_specs(path, data.get("servers_file"), defaults, expand)
     for name, table in _policy_table(data.get("servers", {}), spath, "servers").items():
-        specs[name] = _toml_server(name, table, spath=spath, top=top, environ=environ, known=specs)
+        specs[name] = _toml_server(name, table, spath=spath, top=top, environ=environ, known=specs, expand=expand)
     # Servers from servers_file too: the top-level [call] is configuration for every one of them.
     configured = frozenset(top["call"])
     specs = {n: replace(s, call_configured=s.call_explicit | configured) for n, s in specs.items()}
-    return Config(servers=tuple(specs.values()), **defaults, **_global_policies(data, spath, environ), path=spath)
+    return Config(
+        servers=tuple(specs.values()), **defaults, **_global_policies(data, spath, environ), path=spath, notes=tuple(notes)
+    )
 
 
 # ---- entry points --------------------------------------------------------------------------------
 
 
 def load_config(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> Config:
-    """Load a breakwater.toml or an mcpServers JSON file (chosen by the file's suffix and content)."""
-    p = Path(path)
-    env = os.environ if environ is None else environ
+    """Load a breakwater.toml or an mcpServers JSON file (chosen by the file's suffix and content).
+
+    `${VAR}` references in server entries are expanded from `environ` (default: the process's);
+    an unset one without a default is a `ConfigError`.
+    """
+    return _load(Path(path), os.environ if environ is None else environ, strict=True)[0]
+
+
+def load_config_lenient(
+    path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None
+) -> tuple[Config, list[tuple[str, str]]]:
+    """`load_config` for `config import`: an unset variable is kept as `${VAR}` and returned as (key, variable)."""
+    return _load(Path(path), os.environ if environ is None else environ, strict=False)
+
+
+def _load(p: Path, env: Mapping[str, str], *, strict: bool) -> tuple[Config, list[tuple[str, str]]]:
+    expand = Expander(env, str(p), strict=strict)
     if p.suffix == ".toml":
-        config = _load_toml(p, env)
+        config = _load_toml(p, env, expand)
     else:
         defaults = {section: build_policy(cls, [env_layer(cls, env)]) for section, cls in POLICY_SECTIONS.items()}
-        config = Config(
-            servers=tuple(_servers_from_json(p, defaults)), **defaults, **_global_policies({}, None, env), path=str(p)
-        )
+        specs, notes = _servers_from_json(p, defaults, expand)
+        config = Config(servers=tuple(specs), **defaults, **_global_policies({}, None, env), path=str(p), notes=tuple(notes))
     try:
         check_template_for_servers(config.gateway.tool_name_template, len(config.servers))
     except ConfigError as exc:
         raise ConfigError(exc.detail, path=str(p), key=exc.key, fix=exc.fix) from None
     # Any server's secret is scrubbed from every output of this process, not only that server's.
     register_secrets(config.secrets)
-    return config
+    return config, expand.missing
 
 
 def find_config(cwd: str | os.PathLike[str] | None = None) -> Path:

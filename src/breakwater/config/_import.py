@@ -20,10 +20,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from breakwater.config import load_config
+from breakwater.config import Config
+from breakwater.config._dialect import SIGN_IN_KEYS, SKIPPED_TYPES
+from breakwater.config._files import load_config_lenient
 from breakwater.errors import ConfigError
 
-__all__ = ["import_main", "plan_import"]
+__all__ = ["import_main", "import_notes", "plan_import"]
 
 SERVERS_FILE = "breakwater.servers.json"
 TOML_FILE = "breakwater.toml"
@@ -51,9 +53,33 @@ def _breakwater_command() -> list[str]:
     return [sys.executable, "-m", "breakwater"]
 
 
+def import_notes(config: Config, raw: dict[str, Any], missing: list[tuple[str, str]]) -> list[str]:
+    """What the user must still do: sign in to OAuth servers, set the variables this shell lacks."""
+    top = "mcpServers" if "mcpServers" in raw else "servers"
+    entries = raw.get(top, {})
+    notes = []
+    for spec in config.servers:
+        entry = entries.get(spec.name, {})
+        if isinstance(entry, dict) and SIGN_IN_KEYS & set(entry):
+            notes.append(f"{spec.name} signs in with OAuth: run `breakwater auth login {spec.name}` once")
+    for variable in sorted({var for _, var in missing}):
+        keys = ", ".join(key for key, var in missing if var == variable)
+        notes.append(
+            f"{variable} is not set here ({keys}): breakwater expands it when it starts, "
+            f"so set it where your agent runs, or give a default: ${{{variable}:-value}}"
+        )
+    return notes
+
+
 def plan_import(source: Path) -> dict[Path, str]:
     """The files to write (path -> content) for `source`; validates the source first."""
-    load_config(source)  # a broken file is reported here, with file, key and fix
+    return _plan(source)[0]
+
+
+def _plan(source: Path) -> tuple[dict[Path, str], list[str]]:
+    # A broken file is reported here, with file, key and fix. Variables are checked, not expanded:
+    # the servers file keeps every ${VAR} (and every oauth object) exactly as written.
+    config, missing = load_config_lenient(source)
     raw: dict[str, Any] = json.loads(source.read_text())
     top = "mcpServers" if "mcpServers" in raw else "servers"
     if GATEWAY_NAME in raw.get(top, {}):
@@ -69,13 +95,27 @@ def plan_import(source: Path) -> dict[Path, str]:
     gateway_entry: dict[str, Any] = {"command": command[0], "args": [*command[1:], "serve", "--config", str(toml_path)]}
     if top == "servers":
         gateway_entry = {"type": "stdio", **gateway_entry}
-    agent_file = {key: value for key, value in raw.items() if key not in (top,)} | {top: {GATEWAY_NAME: gateway_entry}}
-    servers_file = {top: raw[top]}
-    return {
+    # Entries breakwater cannot connect to (WebSocket, Claude Code's IDE links) stay with the agent.
+    served = {name: entry for name, entry in raw[top].items() if not _skipped(entry)}
+    kept = {name: entry for name, entry in raw[top].items() if _skipped(entry)}
+    agent_file = {key: value for key, value in raw.items() if key not in (top,)} | {top: {GATEWAY_NAME: gateway_entry, **kept}}
+    servers_file = {top: served}
+    files = {
         folder / SERVERS_FILE: json.dumps(servers_file, indent=2) + "\n",
         folder / TOML_FILE: TOML_TEMPLATE.format(source=source.name, servers=SERVERS_FILE),
         source: json.dumps(agent_file, indent=2) + "\n",
     }
+    left = [f"{name} stays in the agent's file: breakwater cannot connect to it ({raw[top][name]['type']!r})" for name in kept]
+    # The file's other keys stay with the agent, so config.notes (about breakwater reading them) do not apply.
+    return files, [*import_notes(config, raw, missing), *left, *_entry_notes(config)]
+
+
+def _skipped(entry: Any) -> bool:
+    return isinstance(entry, dict) and isinstance(entry.get("type"), str) and entry["type"] in SKIPPED_TYPES
+
+
+def _entry_notes(config: Config) -> list[str]:
+    return [f"{spec.name}: {note}" for spec in config.servers for note in spec.notes if not note.startswith(tuple(SIGN_IN_KEYS))]
 
 
 def import_main(argv: list[str]) -> int:
@@ -92,7 +132,7 @@ def import_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     source: Path = args.path
     try:
-        files = plan_import(source)
+        files, notes = _plan(source)
     except ConfigError as exc:
         print(f"breakwater: config error: {exc}", file=sys.stderr)
         return 2
@@ -117,5 +157,7 @@ def import_main(argv: list[str]) -> int:
     else:
         print(f"wrote {agent_path}: the one entry your agent should use instead of {source}:")
         print(agent_text, end="")
+    for note in notes:
+        print(f"note: {note}")
     print(f"check it with: breakwater status --config {next(p for p in files if p.suffix == '.toml')}")
     return 0

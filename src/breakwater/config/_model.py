@@ -69,6 +69,13 @@ class ServerSpec:
     #: Per-tool settings, by tool name.
     tools: Mapping[str, ToolSettings] = field(default_factory=dict)
     source: str | None = None
+    #: A shell command whose standard output is a JSON object of request headers (Claude Code's
+    #: `headersHelper`), run at each connect and on a 401; its output is a secret like any header.
+    headers_helper: str | None = field(default=None, repr=False)
+    #: Values `${VAR}` expansion put into this entry that are secrets (see `config/_expand.py`).
+    expanded_secrets: tuple[str, ...] = field(default=(), repr=False)
+    #: What `config check` says about this entry's keys that were kept for sign-in or ignored.
+    notes: tuple[str, ...] = ()
 
     @property
     def default_timeout_source(self) -> str:
@@ -96,6 +103,10 @@ class ServerSpec:
             out["url"] = display_url(self.url or "")
             if self.headers:
                 out["headers"] = {k: "<redacted>" for k in sorted(self.headers)}
+            if self.headers_helper:
+                out["headersHelper"] = redact(self.headers_helper)
+        if self.notes:
+            out["notes"] = list(self.notes)
         return out
 
     @property
@@ -107,7 +118,7 @@ class ServerSpec:
         """
         from breakwater.config._redact import MIN_SECRET, arg_secrets, header_secrets, url_secrets
 
-        found = [*self.env.values()]
+        found = [*self.env.values(), *self.expanded_secrets]
         found += [s for v in self.headers.values() for s in header_secrets(v)]
         found += url_secrets(self.url or "")
         found += arg_secrets(self.args)
@@ -126,6 +137,7 @@ class ServerSpec:
                 self.cwd,
                 self.url,
                 sorted(self.headers.items()),
+                *([self.headers_helper] if self.headers_helper else []),
             ],
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -145,6 +157,8 @@ class Config:
     state: StatePolicy = field(default_factory=StatePolicy)
     telemetry: TelemetryPolicy = field(default_factory=lambda: TelemetryPolicy())
     path: str | None = None
+    #: What `config check` says about the file itself: keys beside the servers, entries skipped.
+    notes: tuple[str, ...] = ()
 
     def server(self, name: str) -> ServerSpec:
         """The server called `name` (KeyError if none)."""

@@ -39,6 +39,7 @@ __all__ = [
     "display_url",
     "header_secrets",
     "install_log_redaction",
+    "is_credential_name",
     "redact_error",
     "register_secrets",
     "url_secrets",
@@ -54,6 +55,11 @@ MIN_SECRET = 4
 _CREDENTIAL_NAME = re.compile(r"(key|token|secret|passw|pwd|auth|credential|bearer|cookie|session)", re.IGNORECASE)
 _FLAG = re.compile(r"^-{1,2}([A-Za-z0-9][\w.-]*)$")
 _ASSIGNMENT = re.compile(r"^-{0,2}([A-Za-z_][\w.-]*)\s*[=:]\s*(.+)$", re.DOTALL)
+
+
+def is_credential_name(name: str) -> bool:
+    """Whether a flag or variable name says its value is a credential (`API_KEY`, `--token`, `GH_PAT` is not)."""
+    return _CREDENTIAL_NAME.search(name) is not None
 
 
 def header_secrets(value: str) -> Iterator[str]:

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from breakwater._wire import CONNECTION_CLOSED
 from breakwater.config import ServerSpec
 from breakwater.config._redact import display_url
+from breakwater.connect._headers_helper import HeadersHelperError
 from breakwater.connect._stdio import StdioProcess
 from breakwater.status import ErrorInfo, Reason
 
@@ -102,6 +103,9 @@ def classify(
     leaves = _leaves(exc)
     if was_ready:
         return ErrorInfo(code=Reason.CONNECTION_LOST, message=f"connection lost: {describe(leaves[0])}")
+    helper = next((leaf for leaf in leaves if isinstance(leaf, HeadersHelperError)), None)
+    if helper is not None:
+        return ErrorInfo(code=Reason.AUTH_REQUIRED, message=str(helper))
     spawn = _spawn_failure(leaves, spec, process)
     if spawn is not None:
         return spawn

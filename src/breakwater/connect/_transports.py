@@ -26,7 +26,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server import Server
 from mcp.server.mcpserver import MCPServer
 
+from breakwater._clock import SystemClock
 from breakwater.config import ServerSpec
+from breakwater.connect._headers_helper import HeadersHelperAuth
 from breakwater.connect._http_cut import CUT_KEY, CutTolerantTransport
 from breakwater.connect._stdio import StdioProcess
 
@@ -87,8 +89,9 @@ async def default_transports(spec: ServerSpec, stack: AsyncExitStack, *, report_
     if spec.transport == "stdio":
         process = StdioProcess(spec.command or "", spec.args, env=dict(spec.env), cwd=spec.cwd)
         return OpenedTransport(process.open(), process=process)
+    auth = HeadersHelperAuth(spec, clock=SystemClock()) if spec.headers_helper else None
     if spec.transport == "sse":
-        return OpenedTransport(sse_client(spec.url or "", headers=dict(spec.headers)))
+        return _sse(spec, auth)
     # Unarmed until the handshake is done: connect failures must reach the classifier as they are.
     cut_tolerant = CutTolerantTransport(httpx2.AsyncHTTPTransport(verify=_tls_context()), on_unreachable=report_lost)
 
@@ -103,9 +106,39 @@ async def default_transports(spec: ServerSpec, stack: AsyncExitStack, *, report_
         timeout=httpx2.Timeout(HTTP_TIMEOUT_S, read=HTTP_READ_TIMEOUT_S),
         transport=cut_tolerant,
         event_hooks={"response": [record_status]},
+        auth=auth,
     )
     await stack.enter_async_context(http_client)
     opened = OpenedTransport(streamable_http_client(spec.url or "", http_client=http_client), on_ready=arm)
+    return opened
+
+
+def _sse(spec: ServerSpec, auth: httpx2.Auth | None) -> OpenedTransport:
+    """The legacy HTTP+SSE transport (`"type": "sse"`): the SDK's client, with breakwater's TLS and status record."""
+
+    async def record_status(response: httpx2.Response) -> None:
+        await opened.record_status(response)
+
+    def client_factory(
+        headers: dict[str, str] | None = None, timeout: httpx2.Timeout | None = None, auth: httpx2.Auth | None = None
+    ) -> httpx2.AsyncClient:
+        return httpx2.AsyncClient(
+            headers=headers,
+            timeout=timeout if timeout is not None else httpx2.Timeout(HTTP_TIMEOUT_S, read=HTTP_READ_TIMEOUT_S),
+            auth=auth,
+            verify=_tls_context(),
+            event_hooks={"response": [record_status]},
+        )
+
+    target = sse_client(
+        spec.url or "",
+        headers=dict(spec.headers),
+        timeout=HTTP_TIMEOUT_S,
+        sse_read_timeout=HTTP_READ_TIMEOUT_S,
+        httpx_client_factory=client_factory,
+        auth=auth,
+    )
+    opened = OpenedTransport(target)
     return opened
 
 

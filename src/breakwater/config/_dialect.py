@@ -1,0 +1,125 @@
+"""The keys Claude Code, Cursor, Claude Desktop, VS Code (and Cline, Roo, Windsurf) write in server entries.
+
+Each key is used, kept for sign-in, or ignored with a note that `config check` prints; only a key
+no client writes (a typo) is an error. Entries of a kind breakwater cannot connect to (WebSocket,
+Claude Code's IDE and SDK links) are skipped with a note, so the rest of the file still works.
+Also `envFile` (VS Code, Cursor): the dotenv file whose variables a stdio server gets. May import
+the core leaves only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from breakwater.errors import ConfigError
+
+__all__ = [
+    "IGNORED_ENTRY_KEYS",
+    "SIGN_IN_KEYS",
+    "SKIPPED_TYPES",
+    "USED_ENTRY_KEYS",
+    "entry_notes",
+    "read_env_file",
+    "top_level_notes",
+]
+
+#: Keys breakwater reads (`enabled` is breakwater.toml's spelling of JSON's `disabled`).
+USED_ENTRY_KEYS = frozenset(
+    {"type", "transport", "command", "args", "env", "envFile", "cwd", "url", "headers", "headersHelper", "disabled", "enabled"}
+)
+
+_SIGN_IN = "sign-in: breakwater auth login {name}"
+
+#: Kept as written for OAuth sign-in: Claude Code's `oauth` object, Cursor's `auth` (a pre-registered client).
+SIGN_IN_KEYS = frozenset({"oauth", "auth"})
+
+#: Keys that mean nothing to breakwater, and what the note says about each.
+IGNORED_ENTRY_KEYS: dict[str, str] = {
+    "alwaysAllow": "tools Cline and Roo run without asking; breakwater never asks, your agent does",
+    "autoApprove": "tools Cline and Windsurf run without asking; breakwater never asks, your agent does",
+    "disabledTools": "tools Cline, Roo and Windsurf hide; breakwater lists every tool the server offers",
+    "timeout": "Cline's and Roo's request timeout; set timeout_s under [servers.NAME.call] in breakwater.toml",
+    "description": "a label for people; not used",
+    "icon": "a label for people; not used",
+    "dev": "VS Code's watch-and-debug settings for a server under development; not used",
+    "sandboxEnabled": "VS Code runs this server in its sandbox; breakwater does not, the server runs unsandboxed",
+    "sandbox": "VS Code's sandbox rules; breakwater does not sandbox, the server runs unsandboxed",
+    "gallery": "where VS Code installed the server from; not used",
+    "version": "the version VS Code installed; not used",
+}
+
+#: Entry types breakwater cannot connect to, skipped with a note saying why.
+SKIPPED_TYPES: dict[str, str] = {
+    "ws": "a WebSocket server; breakwater speaks stdio, streamable HTTP and SSE",
+    "sse-ide": "Claude Code's own link to an IDE extension; only Claude Code can use it",
+    "ws-ide": "Claude Code's own link to an IDE extension; only Claude Code can use it",
+    "sdk": "a server inside a Claude Agent SDK program; only that program can reach it",
+    "claudeai-proxy": "a claude.ai connector reached through claude.ai; only Claude Code can use it",
+}
+
+_TOP_LEVEL_QUIET = frozenset({"mcpServers", "servers", "$schema"})
+
+
+def entry_notes(name: str, entry: dict[str, object]) -> list[str]:
+    """The notes `config check` prints for one entry's keys that are kept for sign-in or ignored."""
+    notes = []
+    for key in entry:
+        if key in SIGN_IN_KEYS:
+            notes.append(f"{key} kept; {_SIGN_IN.format(name=name)}")
+        elif key in IGNORED_ENTRY_KEYS:
+            notes.append(f"{key} ignored: {IGNORED_ENTRY_KEYS[key]}")
+    return notes
+
+
+def top_level_notes(data: dict[str, object], top: str) -> list[str]:
+    """Notes for a file's keys beside the servers (VS Code's `inputs`, the rest of `~/.claude.json`)."""
+    notes = []
+    other = "servers" if top == "mcpServers" else "mcpServers"
+    if other in data:
+        notes.append(f"{other} ignored: this file's servers are read from {top!r}")
+    if data.get("inputs"):
+        notes.append(
+            "inputs ignored: VS Code prompts for these when it starts a server, and breakwater runs in the "
+            "background with no one to ask; a ${input:...} reference is an error, write ${VAR} and set VAR instead"
+        )
+    rest = sorted(k for k in data if k not in _TOP_LEVEL_QUIET and k != "inputs")
+    if rest:
+        notes.append(f"{', '.join(rest)} ignored: the client's own settings, not servers")
+    return notes
+
+
+def read_env_file(path: Path, *, config_path: str, key: str) -> dict[str, str]:
+    """A dotenv file as VS Code and Cursor read `envFile`: `NAME=value` lines, `#` comments, optional quotes and `export`."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"cannot read the envFile {str(path)!r}: {getattr(exc, 'strerror', None) or exc}",
+            path=config_path,
+            key=key,
+            fix="create it, fix the path, or remove envFile",
+        ) from None
+    out: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.removeprefix("export ").partition("=")
+        name = name.strip()
+        if not sep or not name or any(c.isspace() for c in name):
+            # Never quote the line: it may hold a secret.
+            raise ConfigError(
+                f"line {number} of the envFile {str(path)!r} is not NAME=value",
+                path=config_path,
+                key=key,
+                fix="write one NAME=value per line (# starts a comment)",
+            )
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+            if raw.strip().split("=", 1)[1].strip()[0] == '"':
+                value = value.replace("\\n", "\n")
+        elif " #" in value:
+            value = value.split(" #", 1)[0].rstrip()
+        out[name] = value
+    return out

@@ -1,0 +1,137 @@
+"""`${VAR}` and `${VAR:-default}` in server entries, expanded the way Claude Code expands `.mcp.json`.
+
+Claude Code's rule (services/mcp/envExpansion.ts), kept exactly:
+
+* a reference is `${...}` up to the first `}`; `$VAR` without braces is left as it is;
+* `${VAR}` is VAR's value, `${VAR:-default}` is VAR's value or, when VAR is not set, `default`. A
+  variable set to the empty string is set: it expands to nothing, not to the default. The default
+  ends at the next `:-` (`${A:-x:-y}` is `x` when A is unset: Claude Code splits the reference in at
+  most two parts and drops the rest);
+* one pass: a value or a default that contains `${...}` is not expanded again;
+* an unset variable without a default is an error (Claude Code refuses the server); breakwater
+  names the file, the entry, the key and the variable.
+
+Expanded in `command`, `args`, `env`, `url` and `headers` (and `envFile`, which VS Code and Cursor
+expand); never in `headersHelper`, which runs in a shell that expands its own `$VAR`.
+
+Two other clients' forms are understood so their files work unchanged: Cursor's and VS Code's
+`${env:VAR}` (the same as `${VAR}`), `${userHome}`, `${workspaceFolder}`,
+`${workspaceFolderBasename}`, `${pathSeparator}` and `${/}`. VS Code's `${input:ID}`,
+`${command:ID}` and `${config:KEY}` are answered by the editor when it starts a server; a
+background gateway has no one to ask, so they are a config error that says what to write instead.
+
+Values from the environment that land in `env` or `headers`, and values of any variable whose name
+looks like a credential (`API_KEY`, `GITHUB_TOKEN`), are secrets (`config/_redact.py`). May import
+the core leaves and `config/_redact.py` only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from breakwater.config._redact import is_credential_name
+from breakwater.errors import ConfigError
+
+__all__ = ["Expander", "has_reference"]
+
+_REFERENCE = re.compile(r"\$\{([^}]+)\}")
+_EDITOR_ONLY = ("input:", "command:", "config:")
+
+
+def has_reference(value: str) -> bool:
+    """Whether `value` holds a `${...}` reference (kept literally when expansion is lenient)."""
+    return _REFERENCE.search(value) is not None
+
+
+def _workspace(config_path: str) -> Path:
+    # VS Code's .vscode/mcp.json and Cursor's .cursor/mcp.json belong to the folder above them.
+    folder = Path(config_path).resolve().parent if config_path else Path.cwd()
+    return folder.parent if folder.name in (".vscode", ".cursor") else folder
+
+
+@dataclass
+class Expander:
+    """Expands references in one config file's entries, against one environment.
+
+    `strict=False` (for `config import`, which must not need the variables) keeps an unset
+    variable's reference literally and records it in `missing`, as `(key, variable)`.
+    """
+
+    environ: Mapping[str, str]
+    path: str
+    strict: bool = True
+    #: Unset variables without a default met while lenient: (key, variable name).
+    missing: list[tuple[str, str]] = field(default_factory=list)
+    #: Expanded values that are secrets, per entry (`where` -> values); read by `take_secrets`.
+    _secrets: dict[str, list[str]] = field(default_factory=dict)
+
+    def take_secrets(self, where: str) -> tuple[str, ...]:
+        """The secret values expanded into the entry `where` (each entry's values once)."""
+        return tuple(dict.fromkeys(self._secrets.pop(where, [])))
+
+    def __call__(self, value: str, *, where: str, key: str, secret: bool = False) -> str:
+        """`value` with its references expanded; `key` (under entry `where`) names it in errors."""
+        if "${" not in value:
+            return value
+
+        def one(match: re.Match[str]) -> str:
+            return self._one(match.group(0), match.group(1), where=where, key=key, secret=secret)
+
+        return _REFERENCE.sub(one, value)
+
+    def _one(self, whole: str, content: str, *, where: str, key: str, secret: bool) -> str:
+        parts = content.split(":-")
+        name, default = parts[0], (parts[1] if len(parts) > 1 else None)
+        if name.startswith(_EDITOR_ONLY):
+            raise self._editor_only(name, key)
+        lookup = name.removeprefix("env:")
+        value = self.environ.get(lookup)
+        if value is None:
+            value = self._predefined(lookup)
+            if value is not None:
+                return value
+        else:
+            if secret or is_credential_name(lookup):
+                self._secrets.setdefault(where, []).append(value)
+            return value
+        if default is not None:
+            return default
+        if not self.strict:
+            self.missing.append((key, lookup))
+            return whole
+        raise ConfigError(
+            f"the variable {lookup} is not set and ${{{content}}} has no default",
+            path=self.path,
+            key=key,
+            fix=f"set {lookup} in the environment breakwater runs in, or give a default: ${{{lookup}:-value}}",
+        )
+
+    def _predefined(self, name: str) -> str | None:
+        if name == "userHome":
+            return str(Path.home())
+        if name == "workspaceFolder":
+            return str(_workspace(self.path))
+        if name == "workspaceFolderBasename":
+            return _workspace(self.path).name
+        if name in ("pathSeparator", "/"):
+            return os.sep
+        return None
+
+    def _editor_only(self, name: str, key: str) -> ConfigError:
+        kind, _, ident = name.partition(":")
+        what = {
+            "input": "VS Code asks you for this value when it starts the server",
+            "command": "VS Code runs an editor command for this value",
+            "config": "VS Code reads this value from its settings",
+        }[kind]
+        var = re.sub(r"\W", "_", ident).upper() or "VALUE"
+        return ConfigError(
+            f"${{{name}}}: {what}; breakwater runs in the background with no editor to ask",
+            path=self.path,
+            key=key,
+            fix=f"put the value in an environment variable and write ${{{var}}} (or ${{env:{var}}}), or write the value itself",
+        )

@@ -1,0 +1,208 @@
+"""The mcpServers dialect: `${VAR}` expansion as Claude Code does it, every client's keys, envFile, headersHelper.
+
+Config-level and fast: files in a temporary directory, an explicit environment, no processes (the
+CLI runs that prove `config check`, `status` and `serve` refuse an unset variable alike run in-process).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from breakwater.cli import main as cli_main
+from breakwater.config import load_config
+from breakwater.config._files import load_config_lenient
+from breakwater.config._redact import Redactor
+from breakwater.errors import ConfigError
+
+
+def write(tmp_path: Path, servers: dict[str, Any], name: str = ".mcp.json", **top: Any) -> Path:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"mcpServers": servers, **top}))
+    return path
+
+
+def one(tmp_path: Path, entry: dict[str, Any], env: dict[str, str], name: str = ".mcp.json") -> Any:
+    return load_config(write(tmp_path, {"s": entry}, name), environ=env).server("s")
+
+
+# ---- expansion --------------------------------------------------------------------------------
+
+
+def test_every_field_claude_code_expands_is_expanded(tmp_path: Path) -> None:
+    env = {"BIN": "/usr/bin/node", "DIR": "/srv", "TOKEN": "tok-123456789", "HOST": "127.0.0.1:8123"}
+    stdio = one(
+        tmp_path,
+        {"command": "${BIN}", "args": ["${DIR}/server.js", "--port=${PORT:-9000}"], "env": {"${DIR}": "k=${TOKEN}"}},
+        env,
+    )
+    assert stdio.command == "/usr/bin/node"
+    assert stdio.args == ("/srv/server.js", "--port=9000")
+    assert dict(stdio.env) == {"${DIR}": "k=tok-123456789"}, "values are expanded, names are not"
+    http = one(tmp_path, {"url": "http://${HOST}/mcp", "headers": {"Authorization": "Bearer ${TOKEN}"}}, env)
+    assert http.url == "http://127.0.0.1:8123/mcp"
+    assert dict(http.headers) == {"Authorization": "Bearer tok-123456789"}
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "expected"),
+    [
+        ("${A}", {"A": "x"}, "x"),
+        ("${A:-fallback}", {}, "fallback"),
+        ("${A:-fallback}", {"A": ""}, ""),  # set to empty is set: no default (Claude Code's `!== undefined`)
+        ("$A and ${A}", {"A": "x"}, "$A and x"),  # no braces, no expansion
+        ("${A:-x:-y}", {}, "x"),  # the default ends at the next :- (Claude Code splits in two, drops the rest)
+        ("${A:-}", {}, ""),
+        ("${A}", {"A": "${B}", "B": "no"}, "${B}"),  # one pass: values are not expanded again
+        ("${A:-${B}}", {"B": "b"}, "${B}"),  # the reference ends at the first }: the default is "${B", plus "}"
+        ("pre-${A}-${B:-2}-post", {"A": "1"}, "pre-1-2-post"),
+        ("${env:A}", {"A": "x"}, "x"),  # Cursor's and VS Code's spelling
+    ],
+)
+def test_expansion_rules(tmp_path: Path, text: str, env: dict[str, str], expected: str) -> None:
+    assert one(tmp_path, {"command": "run", "args": [text]}, env).args == (expected,)
+
+
+def test_an_unset_variable_is_an_error_naming_file_entry_key_and_variable(tmp_path: Path) -> None:
+    path = write(tmp_path, {"api": {"url": "https://example.test/mcp", "headers": {"X-Key": "${API_KEY}"}}})
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ={})
+    err = caught.value
+    assert err.path == str(path)
+    assert err.key == "mcpServers.api.headers.X-Key"
+    assert "API_KEY is not set" in err.detail
+    assert err.fix is not None and "${API_KEY:-value}" in err.fix
+
+
+@pytest.mark.parametrize("command", [["config", "check"], ["status"], ["serve"]])
+def test_config_check_status_and_serve_refuse_an_unset_variable_alike(
+    tmp_path: Path, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, {"api": {"command": "server", "env": {"TOKEN": "${BW_TEST_UNSET_TOKEN}"}}})
+    # In-process: the CLI's own entry point, as `breakwater ...` runs it, without paying for a new interpreter.
+    with pytest.raises(SystemExit) as exited:
+        cli_main([*command, "--config", str(path)])
+    assert exited.value.code == 2
+    stderr = capsys.readouterr().err
+    assert "mcpServers.api.env.TOKEN" in stderr and "BW_TEST_UNSET_TOKEN is not set" in stderr
+
+
+def test_values_from_the_environment_in_env_and_headers_are_secrets(tmp_path: Path) -> None:
+    env = {"SHORT": "s3cr3", "GITHUB_TOKEN": "ghp_0123456789abcdef", "REGION": "eu-west-1-long"}
+    http = one(tmp_path, {"url": "https://example.test/${REGION}/mcp", "headers": {"X-Key": "prefix-${SHORT}-suffix"}}, env)
+    # The whole header value was always a secret; a short value inside it is one too, on its own.
+    assert "s3cr3" in http.secrets
+    stdio = one(tmp_path, {"command": "run", "args": ["--repo", "${GITHUB_TOKEN}", "--region", "${REGION}"]}, env)
+    # Named like a credential: a secret wherever it lands. A region is not.
+    assert "ghp_0123456789abcdef" in stdio.secrets
+    assert not any("eu-west" in s for s in stdio.secrets)
+    redact = Redactor(stdio.secrets)
+    assert "ghp_0123456789abcdef" not in redact("upstream said: bad token ghp_0123456789abcdef")
+
+
+def test_vs_code_and_cursor_variables(tmp_path: Path) -> None:
+    spec = one(
+        tmp_path,
+        {"command": "${userHome}/bin/s", "args": ["${workspaceFolder}", "${workspaceFolderBasename}", "a${/}b"]},
+        {},
+        name=".vscode/mcp.json",
+    )
+    assert spec.command == str(Path.home()) + "/bin/s"
+    assert spec.args == (str(tmp_path.resolve()), tmp_path.resolve().name, "a/b")
+
+
+@pytest.mark.parametrize("ref", ["${input:github-token}", "${command:pickFile}", "${config:mcp.key}"])
+def test_vs_code_prompts_are_an_error_that_says_what_to_write(tmp_path: Path, ref: str) -> None:
+    path = tmp_path / ".vscode" / "mcp.json"
+    path.parent.mkdir()
+    inputs = [{"id": "github-token", "type": "promptString"}]
+    path.write_text(json.dumps({"inputs": inputs, "servers": {"gh": {"command": "gh", "env": {"T": ref}}}}))
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ={})
+    assert caught.value.key == "servers.gh.env.T"
+    assert "no editor to ask" in caught.value.detail
+    assert caught.value.fix is not None and "environment variable" in caught.value.fix
+    if ref.startswith("${input:"):
+        assert "${GITHUB_TOKEN}" in caught.value.fix
+
+
+def test_toml_inline_servers_expand_too(tmp_path: Path) -> None:
+    path = tmp_path / "breakwater.toml"
+    path.write_text('[servers.a]\nurl = "${BASE:-http://127.0.0.1:9}/mcp"\nheaders = { Authorization = "Bearer ${T}" }\n')
+    spec = load_config(path, environ={"T": "tok-abcdefgh"}).server("a")
+    assert spec.url == "http://127.0.0.1:9/mcp" and dict(spec.headers) == {"Authorization": "Bearer tok-abcdefgh"}
+
+
+def test_lenient_loading_keeps_unset_references_and_names_them(tmp_path: Path) -> None:
+    path = write(tmp_path, {"a": {"url": "${BASE}/mcp", "headers": {"Authorization": "Bearer ${T}"}}})
+    config, missing = load_config_lenient(path, environ={})
+    assert config.server("a").url == "${BASE}/mcp"
+    assert missing == [("mcpServers.a.url", "BASE"), ("mcpServers.a.headers.Authorization", "T")]
+
+
+# ---- every client's keys ------------------------------------------------------------------------
+
+
+EVERY_CLIENT = {
+    "claude-code": {
+        "type": "http",
+        "url": "https://example.test/mcp",
+        "headersHelper": "get-headers.sh",
+        "oauth": {"clientId": "abc", "callbackPort": 8080, "authServerMetadataUrl": "https://as.test/.well-known/x"},
+    },
+    "cursor": {"type": "sse", "url": "https://example.test/sse", "auth": {"CLIENT_ID": "x", "scopes": ["a"]}},
+    "desktop": {"command": "npx", "args": ["-y", "server"], "env": {"K": "v"}},
+    "vscode": {"type": "stdio", "command": "s", "dev": {"watch": "src"}, "sandboxEnabled": True, "gallery": "x", "version": "1"},
+    "cline": {"command": "s", "alwaysAllow": ["t"], "autoApprove": [], "disabledTools": ["u"], "timeout": 60, "disabled": False},
+    "ws": {"type": "ws", "url": "wss://example.test/ws"},
+    "ide": {"type": "sse-ide", "url": "http://127.0.0.1:1/sse", "ideName": "VS Code", "ideRunningInWindows": False},
+}
+
+
+def test_every_key_every_client_writes_loads_with_notes(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, EVERY_CLIENT, numStartups=4, projects={}), environ={})
+    assert [s.name for s in config.servers] == ["claude-code", "cursor", "desktop", "vscode", "cline"]
+    notes = {s.name: s.notes for s in config.servers}
+    assert notes["claude-code"] == ("oauth kept; sign-in: breakwater auth login claude-code",)
+    assert config.server("claude-code").headers_helper == "get-headers.sh"
+    assert config.server("cursor").transport == "sse" and "auth kept" in notes["cursor"][0]
+    assert notes["desktop"] == ()
+    assert any("sandboxEnabled ignored" in n and "unsandboxed" in n for n in notes["vscode"])
+    assert {n.split(" ")[0] for n in notes["cline"]} == {"alwaysAllow", "autoApprove", "disabledTools", "timeout"}
+    assert any("mcpServers.ws skipped" in n and "WebSocket" in n for n in config.notes)
+    assert any("mcpServers.ide skipped" in n for n in config.notes)
+    assert any(n.startswith("numStartups, projects ignored") for n in config.notes)
+    # config check prints them, with the oauth object untouched.
+    understood = config.server("claude-code").describe()
+    assert understood["notes"] == list(notes["claude-code"]) and understood["headersHelper"] == "get-headers.sh"
+
+
+def test_a_key_no_client_writes_is_still_a_typo(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, {"a": {"command": "s", "headerHelper": "x"}}), environ={})
+    assert caught.value.key == "mcpServers.a.headerHelper"
+
+
+def test_headers_helper_belongs_to_http_servers(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="a stdio server has no headersHelper"):
+        load_config(write(tmp_path, {"a": {"command": "s", "headersHelper": "x"}}), environ={})
+
+
+def test_env_file_gives_the_server_its_variables_and_env_wins(tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text('# comment\nexport A=1\nB="two words"\nC=3 # trailing\nSECRET=from-file\n')
+    spec = one(tmp_path, {"command": "s", "envFile": "${workspaceFolder}/.env", "env": {"C": "env"}}, {})
+    assert dict(spec.env) == {"A": "1", "B": "two words", "C": "env", "SECRET": "from-file"}
+    assert "from-file" in spec.secrets
+
+
+def test_a_bad_env_file_names_the_line_not_its_value(tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text("GOOD=1\nsk-not-a-name-0123456789\n")
+    with pytest.raises(ConfigError) as caught:
+        one(tmp_path, {"command": "s", "envFile": ".env"}, {})
+    assert "line 2" in str(caught.value) and "sk-not-a-name" not in str(caught.value)
+    with pytest.raises(ConfigError, match="cannot read the envFile"):
+        one(tmp_path, {"command": "s", "envFile": "missing.env"}, {})
