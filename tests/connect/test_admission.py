@@ -28,7 +28,7 @@ async def test_cap_is_shared_between_independent_holders(tmp_path: Path) -> None
     first, second, third = (admission(tmp_path, clock) for _ in range(3))
     slot = [Slot("server-x", 2)]
     t1 = await first.acquire(slot)
-    await second.acquire(slot)
+    t2 = await second.acquire(slot)  # held, not dropped: a ticket nobody holds gives its slot back
     got: list[str] = []
 
     async def wait_third() -> None:
@@ -44,6 +44,7 @@ async def test_cap_is_shared_between_independent_holders(tmp_path: Path) -> None
         while not got:
             await clock.step()
     assert got == ["third"]
+    t2.release()
 
 
 async def test_all_or_nothing_across_slots(tmp_path: Path) -> None:
@@ -93,7 +94,7 @@ async def test_slot_held_by_another_process_is_respected_and_freed_when_it_dies(
                 from breakwater import SystemClock
                 async def main():
                     a = Admission(clock=SystemClock(), rng=random.Random(), directory=Path({str(tmp_path)!r}))
-                    await a.acquire([Slot("server-z", 1)])
+                    ticket = await a.acquire([Slot("server-z", 1)])
                     print("held", flush=True)
                     time.sleep(60)
                 anyio.run(main)
