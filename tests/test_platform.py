@@ -27,7 +27,8 @@ STUBBORN = textwrap.dedent(
     """
     import signal, subprocess, sys, time
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", deaf])
     print(f"child {child.pid}", file=sys.stderr, flush=True)
     sys.stdin.read()
     time.sleep(60)
