@@ -45,6 +45,7 @@ __all__ = [
     "kill_tree",
     "not_found_advice",
     "on_stop_signals",
+    "pid_alive",
     "resolve_command",
     "spawn_options",
     "strategy",
@@ -146,6 +147,30 @@ def kill_tree(pid: int) -> None:
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` still runs. Not `os.kill(pid, 0)` on Windows: there any signal but the
+    two console events terminates the process."""
+    if not IS_WINDOWS:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass  # someone else's process: it exists
+        return True
+    import ctypes  # the Win32 calls, only ever reached on Windows
+
+    kernel32 = ctypes.windll.kernel32  # type: ignore[attr-defined,unused-ignore]
+    handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+    if not handle:
+        return bool(kernel32.GetLastError() == 5)  # ERROR_ACCESS_DENIED: it exists
+    try:
+        code = ctypes.c_ulong()
+        return bool(kernel32.GetExitCodeProcess(handle, ctypes.byref(code))) and code.value == 259  # STILL_ACTIVE
+    finally:
+        kernel32.CloseHandle(handle)
 
 
 def _pathext(env: dict[str, str] | None) -> list[str]:

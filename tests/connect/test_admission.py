@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import random
 import subprocess
 import sys
@@ -78,6 +79,18 @@ async def test_local_slots_do_not_touch_the_lock_directory(tmp_path: Path) -> No
         t.release()
         await clock.step()
         tg.cancel_scope.cancel()
+
+
+async def test_a_ticket_nobody_holds_gives_its_slot_back(tmp_path: Path) -> None:
+    """A dropped ticket's lock file is unlocked when the ticket goes (it used to stay locked until exit)."""
+    clock = FakeClock()
+    slot = [Slot("server-d", 1)]
+    ticket = await admission(tmp_path, clock).acquire(slot)
+    del ticket
+    gc.collect()
+    with anyio.fail_after(5):  # the fake clock stands still: a slot still held would block forever
+        again = await admission(tmp_path, clock).acquire(slot)
+    again.release()
 
 
 async def test_slot_held_by_another_process_is_respected_and_freed_when_it_dies(tmp_path: Path) -> None:
