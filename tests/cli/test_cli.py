@@ -184,12 +184,19 @@ def test_a_busy_port_is_one_line_and_exit_code_3(env: dict[str, str], tmp_path: 
 
 
 @pytest.mark.parametrize(
-    "command",
-    [["status", "--wait", "30"], ["tools", "--wait", "30"], ["call", "silent", "anything", "--wait", "30"], ["serve"]],
-    ids=["status", "tools", "call", "serve"],
+    ("command", "signum"),
+    [
+        (["status", "--wait", "30"], signal.SIGINT),
+        (["tools", "--wait", "30"], signal.SIGINT),
+        (["call", "silent", "anything", "--wait", "30"], signal.SIGINT),
+        (["serve"], signal.SIGINT),
+        # SIGTERM (Ctrl-Break on Windows: the same code path, `_platform.terminate_as_interrupt`) stops as Ctrl-C does.
+        (["status", "--wait", "30"], signal.SIGTERM),
+    ],
+    ids=["status", "tools", "call", "serve", "status-sigterm"],
 )
 def test_ctrl_c_is_one_line_and_exit_code_130(
-    env: dict[str, str], tmp_path: Path, silent_server: socket.socket, command: list[str]
+    env: dict[str, str], tmp_path: Path, silent_server: socket.socket, command: list[str], signum: signal.Signals
 ) -> None:
     """Ctrl-C while a command waits on a server that never answers: `breakwater: interrupted`, exit 130."""
     config = write_config(tmp_path / "mcp.json", {"silent": {"type": "http", "url": silent_url(silent_server)}})
@@ -205,7 +212,7 @@ def test_ctrl_c_is_one_line_and_exit_code_130(
         # Its connect reaching the server proves the command is running, waiting on it.
         connection, _ = silent_server.accept()
         with connection:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signum)
             out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import random
 import subprocess
 import sys
@@ -28,7 +29,7 @@ async def test_cap_is_shared_between_independent_holders(tmp_path: Path) -> None
     first, second, third = (admission(tmp_path, clock) for _ in range(3))
     slot = [Slot("server-x", 2)]
     t1 = await first.acquire(slot)
-    await second.acquire(slot)
+    t2 = await second.acquire(slot)  # held, not dropped: a ticket nobody holds gives its slot back
     got: list[str] = []
 
     async def wait_third() -> None:
@@ -44,6 +45,7 @@ async def test_cap_is_shared_between_independent_holders(tmp_path: Path) -> None
         while not got:
             await clock.step()
     assert got == ["third"]
+    t2.release()
 
 
 async def test_all_or_nothing_across_slots(tmp_path: Path) -> None:
@@ -79,6 +81,18 @@ async def test_local_slots_do_not_touch_the_lock_directory(tmp_path: Path) -> No
         tg.cancel_scope.cancel()
 
 
+async def test_a_ticket_nobody_holds_gives_its_slot_back(tmp_path: Path) -> None:
+    """A dropped ticket's lock file is unlocked when the ticket goes (it used to stay locked until exit)."""
+    clock = FakeClock()
+    slot = [Slot("server-d", 1)]
+    ticket = await admission(tmp_path, clock).acquire(slot)
+    del ticket
+    gc.collect()
+    with anyio.fail_after(5):  # the fake clock stands still: a slot still held would block forever
+        again = await admission(tmp_path, clock).acquire(slot)
+    again.release()
+
+
 async def test_slot_held_by_another_process_is_respected_and_freed_when_it_dies(tmp_path: Path) -> None:
     """A real second process holds the only slot; when it is killed the kernel frees the lock and we get it."""
     holder = subprocess.Popen(
@@ -93,7 +107,7 @@ async def test_slot_held_by_another_process_is_respected_and_freed_when_it_dies(
                 from breakwater import SystemClock
                 async def main():
                     a = Admission(clock=SystemClock(), rng=random.Random(), directory=Path({str(tmp_path)!r}))
-                    await a.acquire([Slot("server-z", 1)])
+                    ticket = await a.acquire([Slot("server-z", 1)])
                     print("held", flush=True)
                     time.sleep(60)
                 anyio.run(main)

@@ -5,6 +5,7 @@ Each sub-command lives in the module of its concept; this file only routes.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable, Sequence
 
@@ -110,10 +111,18 @@ def _interrupted() -> int:
     return fail("interrupted", EXIT_INTERRUPTED)
 
 
-def _run(command: Callable[[list[str]], int], argv: list[str]) -> int:
+#: Commands that hold upstreams open: SIGTERM (Ctrl-Break on Windows) stops them as Ctrl-C does, in order,
+#: instead of killing the process under its upstreams (`serve` then tells the two apart itself).
+_STOPPABLE = frozenset({"serve", "tools", "call", "status"})
+
+
+def _run(command: Callable[[list[str]], int], argv: list[str], *, stoppable: bool = False) -> int:
     """Run one command; Ctrl-C and a closed output pipe end it with one line and their exit code, not a traceback."""
+    from breakwater import _platform
+
     try:
-        return command(argv)
+        with _platform.terminate_as_interrupt() if stoppable else contextlib.nullcontext():
+            return command(argv)
     except KeyboardInterrupt:
         return _interrupted()
     except BaseExceptionGroup as group:
@@ -143,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = _COMMANDS.get(args[0])
     if command is None:
         return _unknown(args[0])
-    return _run(command[1], args[1:])
+    return _run(command[1], args[1:], stoppable=args[0] in _STOPPABLE)
 
 
 if __name__ == "__main__":

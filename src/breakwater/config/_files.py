@@ -130,7 +130,9 @@ def _stdio_fields(entry: Mapping[str, Any], path: str, where: str, expand: Expan
         raise _fail("a stdio server needs a command", path, f"{where}.command", 'add "command": "the-program"')
     command = expand(command, where=where, key=f"{where}.command")
     check_text(command, path=path, key=f"{where}.command", what="command", strict=True)
-    fields: dict[str, Any] = {"command": command}
+    # `~/bin/server` as a shell would run it; a bare name stays a name, looked up on PATH at spawn.
+    # Arguments are passed exactly as written: no shell runs in between, as with every MCP client.
+    fields: dict[str, Any] = {"command": os.path.expanduser(command) if command.startswith("~") else command}
     args = entry.get("args", [])
     if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in args):
         raise _fail("expected a list of strings", path, f"{where}.args", 'write "args": ["--flag", "value"]')

@@ -3,19 +3,20 @@
 A discrete-event simulation of the connect storm found that jitter alone barely helps when
 14 sessions start 17 servers at once; a small cap on handshakes in flight is what reaches the
 capacity bound with one attempt per connect. Fourteen agent sessions are fourteen processes, so the
-caps live in a directory of lock files: a slot is an `flock` on one file, released by the kernel
-if its holder dies, so a crashed session can never leak a slot.
+caps live in a directory of lock files: a slot is an OS lock on one file (`filelock`: `flock` on
+POSIX, `LockFileEx` on Windows), released by the kernel if its holder dies, so a crashed session can
+never leak a slot.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
-import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 from breakwater import _paths
 from breakwater._clock import Clock
@@ -47,17 +48,15 @@ class Ticket:
     """Held slots; `release()` gives them back (idempotent)."""
 
     _owner: Admission
-    _fds: list[int] = field(default_factory=list)
+    _locks: list[FileLock] = field(default_factory=list)
     _local: list[str] = field(default_factory=list)
 
     def release(self) -> None:
-        """Unlock and close every held slot file, and return the in-process slots."""
-        for fd in self._fds:
+        """Unlock every held slot file, and return the in-process slots."""
+        for lock in self._locks:
             with contextlib.suppress(OSError):
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._fds.clear()
+                lock.release()
+        self._locks.clear()
         for key in self._local:
             self._owner._local[key] -= 1
         self._local.clear()
@@ -83,25 +82,27 @@ class Admission:
         """A file-system-safe key for an arbitrary identity (a command line, an origin)."""
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
-    def _open_slots(self, slot: Slot) -> list[int]:
+    def _slot_locks(self, slot: Slot) -> list[FileLock]:
         assert self._dir is not None
         folder = self._dir / slot.key
         folder.mkdir(exist_ok=True)
-        return [os.open(folder / f"{i}.lock", os.O_RDWR | os.O_CREAT, 0o600) for i in range(slot.limit)]
+        # One lock object per file per waiter: an OS file lock belongs to one open file, so two waiters
+        # in one process exclude each other as two processes do (and `blocking=False` never sleeps).
+        return [FileLock(folder / f"{i}.lock", mode=0o600, blocking=False) for i in range(slot.limit)]
 
-    def _try_all(self, slots: list[Slot], fds: dict[str, list[int]]) -> Ticket | None:
+    def _try_all(self, slots: list[Slot], locks: dict[str, list[FileLock]]) -> Ticket | None:
         """Take every slot now, or none of them."""
-        locked: list[tuple[str, int]] = []
+        locked: list[tuple[str, FileLock]] = []
         local: list[str] = []
         for slot in slots:
-            if slot.key in fds:
+            if slot.key in locks:
                 # Random order, so waiters do not all hammer slot 0.
-                for fd in self._rng.sample(fds[slot.key], len(fds[slot.key])):
+                for lock in self._rng.sample(locks[slot.key], len(locks[slot.key])):
                     try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    except BlockingIOError:
+                        lock.acquire()
+                    except Timeout:
                         continue
-                    locked.append((slot.key, fd))
+                    locked.append((slot.key, lock))
                     break
                 else:
                     break
@@ -111,11 +112,11 @@ class Admission:
             else:
                 break
         else:
-            for key, fd in locked:
-                fds[key].remove(fd)
-            return Ticket(self, [fd for _, fd in locked], local)
-        for _, fd in locked:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            for key, lock in locked:
+                locks[key].remove(lock)
+            return Ticket(self, [lock for _, lock in locked], local)
+        for _, lock in locked:
+            lock.release()
         for key in local:
             self._local[key] -= 1
         return None
@@ -123,18 +124,11 @@ class Admission:
     async def acquire(self, slots: list[Slot]) -> Ticket:
         """Wait until every slot has room, then hold them all (all or nothing, so no deadlock)."""
         ordered = sorted(slots, key=lambda s: s.key)
-        # Each waiter opens its own descriptors once: flock belongs to an open file description, so
-        # two waiters in one process must not share one, and re-opening on every poll costs syscalls.
-        fds = {s.key: self._open_slots(s) for s in ordered if s.shared and self._dir is not None}
+        locks = {s.key: self._slot_locks(s) for s in ordered if s.shared and self._dir is not None}
         interval = POLL_MIN_S
-        try:
-            while (ticket := self._try_all(ordered, fds)) is None:
-                await self._clock.sleep(interval * self._rng.uniform(0.5, 1.5))
-                # Back off while the caps stay full: hundreds of waiters polling at a fast fixed rate
-                # would burn the CPU that the handshakes they wait for need.
-                interval = min(POLL_MAX_S, interval * POLL_GROWTH)
-            return ticket
-        finally:
-            for remaining in fds.values():
-                for fd in remaining:
-                    os.close(fd)
+        while (ticket := self._try_all(ordered, locks)) is None:
+            await self._clock.sleep(interval * self._rng.uniform(0.5, 1.5))
+            # Back off while the caps stay full: hundreds of waiters polling at a fast fixed rate
+            # would burn the CPU that the handshakes they wait for need.
+            interval = min(POLL_MAX_S, interval * POLL_GROWTH)
+        return ticket

@@ -14,6 +14,7 @@ import httpx2
 from mcp import MCPError
 from pydantic import ValidationError
 
+from breakwater import _platform
 from breakwater._wire import CONNECTION_CLOSED
 from breakwater.config import ServerSpec
 from breakwater.config._redact import display_url
@@ -130,7 +131,8 @@ def _spawn_failure(leaves: list[BaseException], spec: ServerSpec, process: Stdio
     command = spec.command or ""
     for leaf in leaves:
         if isinstance(leaf, FileNotFoundError):
-            return ErrorInfo(code=Reason.SPAWN_FAILED, message=f"command not found: {command}")
+            advice = _platform.not_found_advice(command)
+            return ErrorInfo(code=Reason.SPAWN_FAILED, message=f"command not found: {command}; {advice}")
         if isinstance(leaf, PermissionError):
             return ErrorInfo(code=Reason.SPAWN_FAILED, message=f"not executable: {command}")
         if isinstance(leaf, OSError):

@@ -1,14 +1,18 @@
 """A stdio transport that keeps what the SDK's own throws away: the exit code and the last stderr lines.
 
 The SDK's `stdio_client` hides its process, so a server that dies during the handshake can only be
-reported as "connection closed". This transport spawns the process itself (same environment rules
-and the same graceful shutdown, reusing the SDK's helpers), keeps a tail of stderr in memory and
-exposes the process, so the supervisor can say "exited with code 3: ModuleNotFoundError: …".
+reported as "connection closed". This transport spawns the process itself (the SDK's environment
+rules and its shutdown sequence), keeps a tail of stderr in memory and exposes the process, so the
+supervisor can say "exited with code 3: ModuleNotFoundError: …".
+
+Where Windows differs (the process group, the polite signal, killing the tree, finding `npx.cmd`),
+`breakwater._platform` decides; the steps and their grace periods are the same everywhere.
 """
 
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager, suppress
@@ -16,16 +20,24 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+import anyio.to_thread
 from anyio.abc import Process
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from anyio.streams.text import TextReceiveStream
-from mcp.client.stdio import (  # the SDK's shutdown sequence, kept identical on purpose (pinned minor version)
+from mcp.client.stdio import (  # the SDK's shutdown steps and timings, kept identical on purpose (pinned minor version)
+    _KILL_REAP_TIMEOUT,
+    FORCE_KILL_TIMEOUT,
+    PROCESS_TERMINATION_TIMEOUT,
+    _close_pipe,
+    _close_subprocess_transport,
     _drain_stdout,
     _parse_line,
-    _stop_server_process,
+    _wait_for_process_exit,
     get_default_environment,
 )
 from mcp.shared.message import SessionMessage
+
+from breakwater import _platform
 
 __all__ = ["StdioProcess"]
 
@@ -33,6 +45,31 @@ logger = logging.getLogger("breakwater.stdio")
 
 STDERR_TAIL_LINES = 20
 EXIT_CODE_GRACE_S = 1.0
+_GROUP_POLL_S = 0.01
+
+
+async def stop_process(process: Process) -> None:
+    """The MCP shutdown: close stdin and wait; then the polite signal to the whole group and wait; then kill the tree.
+
+    The SDK's sequence and timings (`mcp.client.stdio._stop_server_process`), with each platform's
+    signal and tree kill from `_platform`: on Windows the SDK's own version kills only the process
+    (its Job Object is made only by its own spawn) and has no polite step.
+    """
+    assert process.stdin is not None and process.stdout is not None
+    await _close_pipe(process.stdin)
+    if not await _wait_for_process_exit(process, PROCESS_TERMINATION_TIMEOUT):
+        _platform.ask_to_stop(process.pid)
+        with anyio.move_on_after(FORCE_KILL_TIMEOUT):  # noqa: TID251 - a real process's grace after the polite signal
+            # Reading returncode reaps the leader; a zombie leader would keep the group alive.
+            while _platform.group_alive(process.pid, process.returncode):
+                await anyio.sleep(_GROUP_POLL_S)  # noqa: TID251 - a real process exits in real time
+        if _platform.group_alive(process.pid, process.returncode):
+            await anyio.to_thread.run_sync(_platform.kill_tree, process.pid)
+        if not await _wait_for_process_exit(process, _KILL_REAP_TIMEOUT):
+            logger.warning("stdio server %d is still alive after the kill; abandoning it", process.pid)
+    # A kill survivor can hold the stdout pipe open; poison the reader anyway.
+    await _close_pipe(process.stdout)
+    _close_subprocess_transport(process)
 
 
 class StdioProcess:
@@ -60,12 +97,11 @@ class StdioProcess:
     @asynccontextmanager
     async def open(self) -> AsyncGenerator[tuple[Any, Any], None]:
         """Spawn the process and bridge its pipes to the session's streams."""
-        process = await anyio.open_process(
-            [self.command, *self.args],
-            env=get_default_environment() | dict(self.env),
-            cwd=self.cwd,
-            start_new_session=True,
-        )
+        env = get_default_environment() | dict(self.env)
+        program = _platform.resolve_command(self.command, env)
+        if program is None:
+            raise FileNotFoundError(errno.ENOENT, "command not found", self.command)
+        process = await anyio.open_process([program, *self.args], env=env, cwd=self.cwd, **_platform.spawn_options())
         self.process = process
         read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
         write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
@@ -89,7 +125,7 @@ class StdioProcess:
                     self.exit_code_before_close = process.returncode
                     read_stream.close()
                     write_stream.close()
-                    await _stop_server_process(process)
+                    await stop_process(process)
                     for stream in (read_stream, write_stream, read_writer, write_reader):
                         await stream.aclose()
                 tg.cancel_scope.cancel()

@@ -11,17 +11,20 @@ stdout that is a file) and the end of input ends the session cleanly, as with a 
 serialisation are the SDK's own, so the bytes on the wire are identical; a line the SDK cannot
 validate gets the JSON-RPC error the spec names (`_frames.py`), never silence.
 
+Where asyncio has no pipe transports for the standard handles (Windows: `_platform.FAST_STDIO`), the
+portable path serves every kind of stdin that way, on threads, as the SDK's own `stdio_server` does;
+the framing, the line bound and the answers to bad lines stay the same. The choice is made at start.
+
 Like the SDK, it points fd 0 at the null device and fd 1 at stderr while serving, so a stray print
 or a child process cannot corrupt the wire, and restores both on exit. SIGTERM and SIGINT end the
 session like the end of input: the caller's `server.run` returns and everything it opened (the
-upstream processes) is closed in order.
+upstream processes) is closed in order; on Windows Ctrl-Break and Ctrl-C do (`_platform.STOP_SIGNALS`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import stat
 import sys
 import threading
@@ -35,6 +38,7 @@ from mcp.server.stdio import stdio_server as sdk_stdio_server
 from mcp.shared._context_streams import create_context_streams
 from mcp.shared.message import SessionMessage
 
+from breakwater import _platform
 from breakwater.gateway._frames import INVALID_REQUEST, bad_id, diagnose, error_line
 
 __all__ = ["MAX_LINE_BYTES", "reserve_standard_fds", "stdio_server"]
@@ -92,12 +96,13 @@ def _divert(fd: int, open_diversion: Callable[[], int]) -> int | None:
     return private
 
 
-def _restore(fd: int, private: int | None) -> None:
+def _restore(fd: int, private: int | None, fast: bool) -> None:
     if private is None:
         return
-    # The pipe transports made the shared file description non-blocking; hand it back as it was found.
-    with suppress(OSError):
-        os.set_blocking(private, True)
+    if fast:
+        # The pipe transports made the shared file description non-blocking; hand it back as it was found.
+        with suppress(OSError):
+            os.set_blocking(private, True)
     with suppress(OSError):
         os.dup2(private, fd)
 
@@ -149,14 +154,15 @@ class _ThreadFeed(asyncio.ReadTransport):
 class _Output:
     """Whole lines to the client, one at a time: asyncio's pipe writer, or blocking writes on a thread for a file."""
 
-    def __init__(self, fd: int | None) -> None:
+    def __init__(self, fd: int | None, fast: bool) -> None:
         self._fd = fd
+        self._fast = fast
         self._writer: asyncio.StreamWriter | None = None
         self._transport: asyncio.WriteTransport | None = None
         self._lock = anyio.Lock()
 
     async def open(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._fd is not None and _pollable(self._fd):
+        if self._fast and self._fd is not None and _pollable(self._fd):
             out_file = os.fdopen(self._fd, "wb", buffering=0, closefd=False)
             transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, out_file)
             self._transport = transport
@@ -203,14 +209,14 @@ async def _next_line(reader: asyncio.StreamReader) -> tuple[bytes | None, bool]:
 
 
 async def _open_input(
-    in_fd: int | None, loop: asyncio.AbstractEventLoop
+    in_fd: int | None, loop: asyncio.AbstractEventLoop, fast: bool
 ) -> tuple[asyncio.StreamReader, asyncio.BaseTransport | None]:
     """A reader over stdin: asyncio's pipe transport when it can be polled, else a reading thread; closed = ended."""
     reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
     if in_fd is None:
         reader.feed_eof()
         return reader, None
-    if _pollable(in_fd):
+    if fast and _pollable(in_fd):
         in_file = os.fdopen(in_fd, "rb", buffering=0, closefd=False)
         transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), in_file)
         return reader, transport
@@ -247,20 +253,28 @@ async def _pump_output(source: Any, output: _Output) -> None:
 
 
 async def _stop_on_signal(reading: anyio.CancelScope, sink: Any, stopped_by: list[int]) -> None:
-    # SIGTERM or SIGINT: end the session as the end of input does, so the caller shuts down in order.
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
+    # A stop signal ends the session as the end of input does, so the caller shuts down in order.
+    loop = asyncio.get_running_loop()
+    received = anyio.Event()
+
+    def on_signal(signum: int) -> None:  # on the main thread, between two steps of the loop
+        if not received.is_set():
             stopped_by.append(signum)
-            reading.cancel()
-            await sink.aclose()
-            return
+            loop.call_soon_threadsafe(received.set)
+
+    with _platform.on_stop_signals(on_signal):
+        await received.wait()
+    reading.cancel()
+    await sink.aclose()
 
 
 @asynccontextmanager
-async def stdio_server(stopped_by: list[int] | None = None) -> AsyncIterator[tuple[Any, Any]]:
+async def stdio_server(stopped_by: list[int] | None = None, *, fast: bool | None = None) -> AsyncIterator[tuple[Any, Any]]:
     """Serve MCP over this process's stdin and stdout: `(read_stream, write_stream)` for `Server.run`.
 
-    A SIGTERM or SIGINT that ended the session is appended to `stopped_by` (the caller's exit code says which)."""
+    A stop signal that ended the session is appended to `stopped_by` (the caller's exit code says which).
+    `fast` picks asyncio's pipe transports or the portable threads; by default, what the platform offers."""
+    fast = _platform.FAST_STDIO if fast is None else fast
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # another event loop (trio)
@@ -274,8 +288,8 @@ async def stdio_server(stopped_by: list[int] | None = None) -> AsyncIterator[tup
         sys.stdout.flush()
     in_fd = _divert(0, lambda: os.open(os.devnull, os.O_RDONLY))
     out_fd = _divert(1, lambda: os.dup(2))
-    reader, read_transport = await _open_input(in_fd, loop)
-    output = _Output(out_fd)
+    reader, read_transport = await _open_input(in_fd, loop, fast)
+    output = _Output(out_fd, fast)
     await output.open(loop)
 
     read_stream_writer, read_stream = create_context_streams[SessionMessage | Exception](0)
@@ -301,8 +315,8 @@ async def stdio_server(stopped_by: list[int] | None = None) -> AsyncIterator[tup
             read_transport.close()
         # Let the transports run their close callbacks before the descriptors go.
         await asyncio.sleep(0)
-        _restore(0, in_fd)
-        _restore(1, out_fd)
+        _restore(0, in_fd, fast)
+        _restore(1, out_fd, fast)
         # A reading thread may still be inside read(): its descriptor is left open rather than closed
         # under it (where the number could be reused by another file and read from).
         for fd in (None if isinstance(read_transport, _ThreadFeed) else in_fd, out_fd):

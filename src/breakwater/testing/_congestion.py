@@ -1,7 +1,8 @@
 """The test server's congestion model: handshakes share a processor across processes (connect storms).
 
 Described in `breakwater.testing.server`'s docstring (`--congestion-dir`). The test server is a
-separate process that models real time, so it sleeps on the real clock. Imports nothing of breakwater.
+separate process that models real time, so it sleeps on the real clock. Imports only the core
+`_platform` of breakwater (whether a marker's process still runs).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import time
 from pathlib import Path
 
 import anyio
+
+from breakwater import _platform
 
 __all__ = ["Congestion"]
 
@@ -43,13 +46,7 @@ class Congestion:
         cached = self._liveness.get(pid)
         if cached is not None and now - cached[1] < _LIVENESS_TTL_S:
             return cached[0]
-        try:
-            os.kill(pid, 0)
-            alive = True
-        except ProcessLookupError:
-            alive = False
-        except PermissionError:
-            alive = True
+        alive = _platform.pid_alive(pid)
         self._liveness[pid] = (alive, now)
         return alive
 

@@ -1,0 +1,257 @@
+"""Where Windows and POSIX (Linux, macOS) differ: every platform branch of breakwater, behind a small function.
+
+One decision, `IS_WINDOWS`, is taken once, at import; nothing else in `src/` tests `sys.platform` or
+`os.name` to choose behaviour, and nothing imports a POSIX-only module (`fcntl`, `termios`,
+`resource`, `pwd`, `grp`). A test can therefore simulate Windows on Linux by making that one decision
+come out the other way (tests/test_platform_simulation.py), and `strategy()` says which branch each
+difference took. The differences:
+
+- starting an upstream: POSIX gives it a new session (its own process group, the group id is its
+  pid); Windows gives it a new process group (`CREATE_NEW_PROCESS_GROUP`), the unit Ctrl-Break reaches;
+- stopping it, after the MCP shutdown's stdin close and grace: the polite signal to the whole group
+  (SIGTERM; Windows: CTRL_BREAK_EVENT), then, after another grace, killing the whole tree (SIGKILL to
+  the group; Windows: `taskkill /T /F`, which walks the tree from the process);
+- the command: POSIX `exec` searches PATH itself; Windows' CreateProcess finds only `.exe` files, so
+  `npx` (really `npx.cmd`) is looked up through PATHEXT here, and a command that is not found gets a
+  message that says what to write instead;
+- the downstream stdio transport: asyncio's non-blocking pipe transports on POSIX; on Windows the
+  standard handles an agent hands a process are not overlapped, which the proactor loop's pipes need
+  (the selector loop has none), so stdin and stdout are served from threads;
+- the signals that stop a command: SIGTERM and SIGINT; on Windows Ctrl-Break (SIGBREAK) and Ctrl-C.
+
+Stdlib only: a core leaf, importable by every stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, Final
+
+__all__ = [
+    "FAST_STDIO",
+    "INTERRUPT_SIGNAL",
+    "IS_WINDOWS",
+    "STOP_SIGNALS",
+    "TERMINATE_SIGNAL",
+    "ask_to_stop",
+    "group_alive",
+    "kill_tree",
+    "not_found_advice",
+    "on_stop_signals",
+    "pid_alive",
+    "resolve_command",
+    "spawn_options",
+    "strategy",
+    "terminate_as_interrupt",
+]
+
+#: The one platform decision; everything below branches on it.
+IS_WINDOWS: Final[bool] = sys.platform == "win32"
+
+# The Windows values, spelled out: the names exist only in Windows builds of `subprocess` and `signal`.
+_CREATE_NEW_PROCESS_GROUP: Final = getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0x00000200)
+_CTRL_BREAK_EVENT: Final = getattr(signal, "CTRL_BREAK_EVENT", 1)
+_SIGBREAK: Final = getattr(signal, "SIGBREAK", 21)
+# What cmd.exe falls back to when PATHEXT is unset.
+_DEFAULT_PATHEXT: Final = ".COM;.EXE;.BAT;.CMD"
+
+#: Whether the downstream stdio transport may use asyncio's pipe transports (see the module docstring).
+FAST_STDIO: Final[bool] = not IS_WINDOWS
+
+#: Ctrl-C, on every platform.
+INTERRUPT_SIGNAL: Final[int] = signal.SIGINT
+#: The polite "stop now" a supervisor or a person sends: SIGTERM; Ctrl-Break on Windows (a console has no SIGTERM).
+TERMINATE_SIGNAL: Final[int] = _SIGBREAK if IS_WINDOWS else signal.SIGTERM
+#: The signals that end `serve` as the end of input does.
+STOP_SIGNALS: Final[tuple[int, ...]] = (TERMINATE_SIGNAL, INTERRUPT_SIGNAL)
+
+
+def strategy() -> dict[str, str]:
+    """Which branch each platform difference takes here, by name (for tests and bug reports)."""
+    if IS_WINDOWS:
+        return {
+            "platform": "windows",
+            "process_group": "CREATE_NEW_PROCESS_GROUP",
+            "polite_stop": "CTRL_BREAK_EVENT",
+            "kill_tree": "taskkill /T /F",
+            "command_lookup": "PATHEXT",
+            "stdio": "threads",
+            "stop_signals": "SIGBREAK SIGINT",
+        }
+    return {
+        "platform": "posix",
+        "process_group": "start_new_session",
+        "polite_stop": "SIGTERM to the group",
+        "kill_tree": "SIGKILL to the group",
+        "command_lookup": "exec",
+        "stdio": "asyncio pipes",
+        "stop_signals": "SIGTERM SIGINT",
+    }
+
+
+# ---- upstream processes --------------------------------------------------------------------------
+
+
+def spawn_options() -> dict[str, Any]:
+    """Keyword arguments for `anyio.open_process` that start the upstream in its own process group."""
+    if IS_WINDOWS:
+        # Not CREATE_NO_WINDOW as well: a process without a console cannot be sent Ctrl-Break, and
+        # started from an agent breakwater has a (hidden) console its upstreams share.
+        return {"creationflags": _CREATE_NEW_PROCESS_GROUP}
+    return {"start_new_session": True}
+
+
+def ask_to_stop(pid: int) -> None:
+    """The polite signal to the upstream's whole group; one already gone is no error."""
+    with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+        if IS_WINDOWS:
+            os.kill(pid, _CTRL_BREAK_EVENT)
+        else:
+            # The leader's pid is the group id (start_new_session); getpgid() would fail once it is reaped.
+            os.killpg(pid, signal.SIGTERM)
+
+
+def group_alive(pid: int, returncode: int | None) -> bool:
+    """Whether anything of the upstream's group may still run. POSIX probes the group (signal 0);
+    Windows has no such probe, so there it is whether the process itself still runs."""
+    if IS_WINDOWS:
+        return returncode is None
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # unsignalable survivors or unreaped zombies: not proof that the group is gone
+    return True
+
+
+def kill_tree(pid: int) -> None:
+    """Kill the upstream and everything it started, at once. Blocking on Windows (it runs taskkill)."""
+    if IS_WINDOWS:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                ["taskkill", "/T", "/F", "/PID", str(pid)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=10,
+                check=False,
+            )
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` still runs. Not `os.kill(pid, 0)` on Windows: there any signal but the
+    two console events terminates the process."""
+    if not IS_WINDOWS:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass  # someone else's process: it exists
+        return True
+    import ctypes  # the Win32 calls, only ever reached on Windows
+
+    kernel32 = ctypes.windll.kernel32  # type: ignore[attr-defined,unused-ignore]
+    handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+    if not handle:
+        return bool(kernel32.GetLastError() == 5)  # ERROR_ACCESS_DENIED: it exists
+    try:
+        code = ctypes.c_ulong()
+        return bool(kernel32.GetExitCodeProcess(handle, ctypes.byref(code))) and code.value == 259  # STILL_ACTIVE
+    finally:
+        kernel32.CloseHandle(handle)
+
+
+def _pathext(env: dict[str, str] | None) -> list[str]:
+    text = (env or {}).get("PATHEXT") or os.environ.get("PATHEXT") or _DEFAULT_PATHEXT
+    return [ext for ext in text.split(";") if ext]
+
+
+def resolve_command(command: str, env: dict[str, str] | None = None) -> str | None:
+    """The program to start for `command`, or None when there is none to start.
+
+    POSIX: `command` itself (exec searches the PATH). Windows: the file CreateProcess can start,
+    found on `env`'s PATH through PATHEXT, so `npx` becomes `C:\\...\\npx.cmd`, which Python runs
+    through cmd.exe as Claude Code's `cmd /c npx` does.
+    """
+    if not IS_WINDOWS:
+        return command
+    exts = _pathext(env)
+    has_ext = os.path.splitext(command)[1].upper() in {ext.upper() for ext in exts}
+    search = (env or {}).get("PATH") or os.environ.get("PATH")
+    for candidate in [command] if has_ext else [command + ext for ext in exts]:
+        found = shutil.which(candidate, path=search)
+        if found:
+            return found
+    return None
+
+
+def not_found_advice(command: str) -> str:
+    """What to write when `command` cannot be found, for the spawn_failed message (no argument is
+    repeated: one may be a secret)."""
+    if not IS_WINDOWS:
+        return "install it, or write its full path"
+    exts = ",".join(_pathext(None)).lower()
+    return (
+        f"on Windows it is looked up as {command}{{{exts}}} on PATH; install it, write its full path, or run it "
+        f'through cmd as Claude Code documents: "command": "cmd", "args": ["/c", "{command}", ...]'
+    )
+
+
+# ---- signals -------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def on_stop_signals(callback: Callable[[int], None]) -> Iterator[None]:
+    """While inside, each of `STOP_SIGNALS` calls `callback(signum)` instead of its usual action.
+
+    A plain `signal.signal` handler on every platform (asyncio's loop signal handlers do not exist on
+    Windows); it runs on the main thread, so `callback` may use `loop.call_soon_threadsafe`, as
+    asyncio's own Ctrl-C handling does. Outside the main thread nothing is installed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, lambda s, _f: callback(s)) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """While inside, `TERMINATE_SIGNAL` (SIGTERM; Ctrl-Break on Windows) does what Ctrl-C does.
+
+    Whatever handles SIGINT at that moment handles it: asyncio's runner cancels the main task, so
+    every upstream is stopped in order before the command exits as interrupted, instead of the
+    process dying with its upstreams still running.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(_signum: int, frame: Any) -> None:
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(TERMINATE_SIGNAL, forward)
+    try:
+        yield
+    finally:
+        signal.signal(TERMINATE_SIGNAL, previous)

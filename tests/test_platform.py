@@ -1,0 +1,107 @@
+"""The platform branches, for real on this POSIX machine: a stopped upstream takes its whole tree with it;
+paths with spaces, `~` and backslashes in a config reach the process as written.
+
+The Windows branches are proved by simulation in tests/test_platform_simulation.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from breakwater import _platform
+from breakwater.connect._stdio import StdioProcess
+from breakwater.testing.server import launch_command
+
+# A stdio "server" that ignores the end of its input and SIGTERM, and whose child does too: only the
+# last step of the shutdown, killing the whole group, can stop them.
+STUBBORN = textwrap.dedent(
+    """
+    import signal, subprocess, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", deaf])
+    print(f"child {child.pid}", file=sys.stderr, flush=True)
+    sys.stdin.read()
+    time.sleep(60)
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # a zombie has exited; its new parent just has not reaped it
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.anyio
+async def test_stop_kills_the_whole_tree_when_nothing_listens(tmp_path: Path) -> None:
+    """stdin closed, then SIGTERM to the group, both ignored: the group is killed, the grandchild with it."""
+    process = StdioProcess(sys.executable, ("-c", STUBBORN))
+    child = 0
+    started = time.monotonic()
+    async with process.open():
+        with anyio.fail_after(20):
+            while not (lines := [line for line in process.stderr_tail if line.startswith("child ")]):
+                await anyio.sleep(0.02)
+        child = int(lines[0].split()[1])
+        assert process.process is not None and _platform.group_alive(process.process.pid, None)
+    took = time.monotonic() - started
+    leader = process.process.pid
+    deadline = time.monotonic() + 10
+    while (_alive(child) or _alive(leader)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(leader) and not _alive(child), "the upstream's tree outlived its stop"
+    assert took < 15  # stdin grace (2 s) + polite grace (2 s) + the kill, not a hang
+
+
+def test_paths_with_spaces_and_tilde_in_command_cwd_args_and_servers_file(tmp_path: Path) -> None:
+    """`~/with space/run server` as command, `~/work dir` as cwd, a servers_file under `~/my configs`;
+    arguments with spaces and backslashes arrive exactly as written."""
+    home = tmp_path / "home"
+    (home / "with space").mkdir(parents=True)
+    (home / "work dir").mkdir()
+    (home / "my configs").mkdir()
+    script = home / "with space" / "run server"
+    launch = " ".join(f"'{part}'" for part in launch_command())
+    script.write_text(f'#!/bin/sh\nprintf "%s\\n" "$PWD" "$@" > "$HOME/argv.txt"\nexec {launch}\n')
+    script.chmod(0o755)
+    args = ["C:\\Program Files\\data dir", "two words"]
+    entry = {"command": "~/with space/run server", "args": args, "cwd": "~/work dir", "env": {"HOME": str(home)}}
+    (home / "my configs" / "servers.json").write_text(json.dumps({"mcpServers": {"spaced": entry}}))
+    config = tmp_path / "conf dir" / "breakwater.toml"
+    config.parent.mkdir()
+    config.write_text('servers_file = "~/my configs/servers.json"\n')
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "BREAKWATER_ADMISSION_DIR": str(tmp_path / "admission"),
+        "BREAKWATER_CATALOG_DIR": str(tmp_path / "catalog"),
+        "BREAKWATER_CONNECT_STARTUP_JITTER_S": "0",
+        "XDG_DATA_HOME": str(tmp_path / "data"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "breakwater", "status", "--json", "--wait", "30", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (server,) = json.loads(done.stdout)["servers"]
+    assert server["state"] == "ready"
+    assert (home / "argv.txt").read_text().splitlines() == [str(home / "work dir"), *args]
