@@ -30,7 +30,8 @@ __all__ = ["DEFAULT_CONFIG_NAMES", "find_config", "load_config"]
 DEFAULT_CONFIG_NAMES = ("breakwater.toml", ".mcp.json")
 
 # Keys a `[servers.NAME.tools.TOOL]` table accepts and the policy each one belongs to.
-_TOOL_CALL_KEYS = frozenset(f.name for f in dc_fields(CallPolicy)) - {"max_in_flight"}
+# Both bound a whole server (its bulkhead, its connection's reader), so no tool can set its own.
+_TOOL_CALL_KEYS = frozenset(f.name for f in dc_fields(CallPolicy)) - {"max_in_flight", "max_result_bytes"}
 _TOOL_RETRY_KEYS = frozenset({"max_attempts"})
 
 # Keys that other clients write into mcpServers entries and that mean nothing to a connection:
