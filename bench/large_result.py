@@ -70,9 +70,7 @@ async def main(args: argparse.Namespace) -> None:
         fast_policy = ConnectPolicy(startup_jitter_s=0, health_interval_s=0)
         specs = (
             ServerSpec(name="fast", transport="stdio", command=echo[0], args=tuple(echo[1:]), connect=fast_policy),
-            ServerSpec(
-                name="big", transport="stdio", command=sys.executable, args=(str(BROKEN),), connect=fast_policy
-            ),
+            ServerSpec(name="big", transport="stdio", command=sys.executable, args=(str(BROKEN),), connect=fast_policy),
         )
         from dataclasses import replace
 

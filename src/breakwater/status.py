@@ -242,8 +242,7 @@ class StatusReport:
                     error=None if s.get("error") is None else ErrorInfo.from_json(s["error"]),
                     failing_since=from_iso(s.get("failing_since")),
                     rejected_tools=tuple(
-                        RejectedTool(name=str(t.get("name")), reason=str(t.get("reason")))
-                        for t in s.get("rejected_tools", [])
+                        RejectedTool(name=str(t.get("name")), reason=str(t.get("reason"))) for t in s.get("rejected_tools", [])
                     ),
                 )
                 for s in data.get("servers", [])

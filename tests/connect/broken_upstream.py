@@ -47,10 +47,7 @@ def _answer(request: dict[str, Any], bad_tools: bool) -> dict[str, Any]:
         return {}
     if method == "tools/call":
         arguments = params.get("arguments") or {}
-        if params.get("name") == "big":
-            text = "x" * int(arguments.get("bytes", 0))
-        else:
-            text = json.dumps(arguments)
+        text = "x" * int(arguments.get("bytes", 0)) if params.get("name") == "big" else json.dumps(arguments)
         return {"content": [{"type": "text", "text": text}]}
     raise KeyError(method)
 
