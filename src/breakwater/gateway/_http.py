@@ -121,7 +121,6 @@ def http_app(
     from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
 
     from breakwater.gateway._http_frames import FrameErrors
-
     from breakwater.gateway._web import WebApp, gateway_resolver
 
     hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
