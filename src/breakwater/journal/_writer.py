@@ -24,6 +24,7 @@ from typing import Any
 
 from breakwater._clock import Clock, SystemClock
 from breakwater.config import Config, JournalPolicy
+from breakwater.journal._in_flight import InFlight
 from breakwater.journal._postgres import PostgresJournalStore
 from breakwater.journal._records import AttemptRecord, JournalError
 from breakwater.journal._sql import JournalStore
@@ -146,6 +147,21 @@ class Journal:
         if len(queue) == self._batch:
             self._wake.set()
         return True
+
+    def record_sent(self, record: AttemptRecord) -> bool:
+        """Queue the mark of an attempt of a mutating tool as it is sent (outcome `SENT`); never blocks.
+
+        The writer is woken at once: the mark is worth something only if it reaches the store
+        before the process can die, and a batch of marks still costs one transaction.
+        """
+        kept = self.record(record)
+        if kept:
+            self._wake.set()
+        return kept
+
+    def in_flight(self, limit: int = 100) -> list[InFlight]:
+        """Attempts sent and not finished, oldest first: in flight now, or of unknown outcome (their process died)."""
+        return self.store.in_flight(limit)
 
     def learned_timeout(self, server: str, tool: str) -> float | None:
         """The tool's learned timeout in seconds, or None (too few samples, learning off, nothing read yet).
