@@ -524,6 +524,9 @@ class StalledStore:
     def recent(self, limit: int, **kw: Any) -> list[AttemptRecord]:
         return []
 
+    def in_flight(self, limit: int) -> list[Any]:
+        return []
+
     def close(self) -> None:
         pass
 

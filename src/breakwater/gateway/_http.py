@@ -140,8 +140,8 @@ def http_app(
     )
     # json_response: a 2025-11-25 POST is answered with one JSON body, not an SSE stream (what
     # mcp-proxy does; measurably faster), and nothing can reach that client mid-call.
-    app = gateway.server.streamable_http_app(host=host, transport_security=security, json_response=json_response)
-    app = FrameErrors(app, max_body_bytes=DEFAULT_MAX_REQUEST_BODY_SIZE)  # malformed requests: the spec's errors
+    sdk_app = gateway.server.streamable_http_app(host=host, transport_security=security, json_response=json_response)
+    app = FrameErrors(sdk_app, max_body_bytes=DEFAULT_MAX_REQUEST_BODY_SIZE)  # malformed requests: the spec's errors
     metrics = metrics if metrics is not None else Metrics()
     # One call counter per server: a second app over the same gateway replaces it, never counts twice.
     gateway.server.middleware[:] = [m for m in gateway.server.middleware if not isinstance(m, CallCounter)]
