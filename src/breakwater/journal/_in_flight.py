@@ -6,7 +6,8 @@ happened. So the gate also queues a `sent` mark for every attempt of a tool that
 (`Journal.record_sent`), through the same bounded queue: no I/O on the call path. The writer puts
 marks in their own small table (`breakwater_in_flight`, never read by `stats` or learning), and
 deletes each one when its attempt's row is written; a mark and its row in the same batch cancel out
-without touching the table, so a quick call costs one queue append and nothing on disk.
+without touching the table, so a quick call costs one queue append and nothing on disk. Marks are
+written at the writer's pace (`flush_interval_s`), so a crash loses only those of its last interval.
 
 What is left in the table after its process is gone is an attempt whose outcome is unknown:
 `breakwater stats` lists them (server, tool, operation id, when), and a mark whose process is

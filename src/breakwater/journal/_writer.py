@@ -151,13 +151,11 @@ class Journal:
     def record_sent(self, record: AttemptRecord) -> bool:
         """Queue the mark of an attempt of a mutating tool as it is sent (outcome `SENT`); never blocks.
 
-        The writer is woken at once: the mark is worth something only if it reaches the store
-        before the process can die, and a batch of marks still costs one transaction.
+        It is written at the writer's next cycle (within `flush_interval_s`), not at once: a call
+        that ends before then costs no write at all (its mark and its row cancel out in the batch),
+        and a crash loses only the marks of calls sent in its last flush interval.
         """
-        kept = self.record(record)
-        if kept:
-            self._wake.set()
-        return kept
+        return self.record(record)
 
     def in_flight(self, limit: int = 100) -> list[InFlight]:
         """Attempts sent and not finished, oldest first: in flight now, or of unknown outcome (their process died)."""
