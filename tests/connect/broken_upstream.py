@@ -3,7 +3,8 @@
     python broken_upstream.py [--junk N] [--bad-tools]
 
 Speaks 2025-11-25 JSON-RPC over stdio, one message per line. `--bad-tools` lists, beside the valid
-`echo` and `big`, a tool whose inputSchema is not an object and one with no inputSchema at all.
+`echo` and `big`, a tool whose inputSchema is not an object, one with no inputSchema at all and a
+second `echo`.
 `--junk N` writes N lines that are not JSON-RPC on stdout before every answer. Tool `big` answers
 with a text of `arguments.bytes` bytes; `echo` answers with its arguments.
 """
@@ -22,6 +23,7 @@ GOOD = [
 BAD = [
     {"name": "broken_schema", "description": "its schema is a string", "inputSchema": "not a schema"},
     {"name": "no_schema", "description": "no inputSchema at all"},
+    {"name": "echo", "description": "a second echo", "inputSchema": {"type": "object"}},
 ]
 
 

@@ -6,6 +6,7 @@ When a page fails only in its tools, it is asked for once more without the SDK's
 SDK's own framing and session state, pinned minor version), each tool is validated on its own, the
 valid ones are served and the others are reported with the reason (`RejectedTool`, shown by
 `status` and `tools`). A healthy server never takes this path: it costs nothing until a page fails.
+A second tool of the same name is left out the same way.
 May import the core leaves only.
 """
 
@@ -23,6 +24,7 @@ from breakwater.status import RejectedTool
 __all__ = ["list_all_tools"]
 
 _REASON_CHARS = 200  # of one rejected tool's reason
+_DUPLICATE = "listed twice: this second definition is left out, the first one is served"
 
 
 async def list_all_tools(client: Client) -> tuple[list[types.Tool], list[RejectedTool]]:
@@ -41,7 +43,22 @@ async def list_all_tools(client: Client) -> tuple[list[types.Tool], list[Rejecte
         tools.extend(page.tools)
         cursor = page.next_cursor
         if not cursor:
-            return tools, rejected
+            return _without_duplicates(tools, rejected)
+
+
+def _without_duplicates(tools: list[types.Tool], rejected: list[RejectedTool]) -> tuple[list[types.Tool], list[RejectedTool]]:
+    """The first tool of each name; later ones are left out (a call by that name could reach either)."""
+    if len({t.name for t in tools}) == len(tools):
+        return tools, rejected
+    seen: set[str] = set()
+    kept: list[types.Tool] = []
+    for tool in tools:
+        if tool.name in seen:
+            rejected.append(RejectedTool(name=tool.name, reason=_DUPLICATE))
+        else:
+            seen.add(tool.name)
+            kept.append(tool)
+    return kept, rejected
 
 
 def _only_tools_wrong(exc: ValidationError) -> bool:
