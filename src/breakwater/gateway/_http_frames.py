@@ -7,7 +7,8 @@ as a notification (202, so the client waits forever), and answers an oversized b
 text 413. This ASGI middleware in front of the MCP endpoint leaves every good request alone: it
 only keeps a reference to the body chunks as they pass, and looks at the SDK's answer. When that
 answer is one of the above, the body is diagnosed by the stdio classifier and the answer replaced
-with its JSON-RPC error (400, or 413 for the size), with the id when the request had one. The
+with its JSON-RPC error (400, or 413 for the size), with the id when the request had one; a
+plain-text refusal (a wrong Content-Type) becomes a JSON-RPC -32600 with the same words. The
 session is not touched, so it goes on. May import `_frames.py` only.
 """
 
@@ -80,23 +81,28 @@ class FrameErrors:
         if status == 202:  # accepted as a notification: wrong if it carried an id the SDK could not read
             found = bad_id(body) if b'"id"' in body else None
         else:
-            if not _sdk_framing_error(answer):
+            sdk_message = _sdk_framing_error(answer)
+            if sdk_message is None:
                 return None
-            found = diagnose(body)
+            if not sdk_message.startswith(_SDK_FRAMING_PREFIXES):  # a refusal before the body was read (headers)
+                return 400, _error(None, INVALID_REQUEST, f"Invalid request: {sdk_message}")
+            found = diagnose(body, ValueError(sdk_message), notifications=True)
         if found is None:
             return None
         request_id, code, message = found
         return 400, _error(request_id, code, message)
 
 
-def _sdk_framing_error(answer: bytes) -> bool:
+def _sdk_framing_error(answer: bytes) -> str | None:
+    """The message of the SDK's refusal to re-explain: a framing error, or a plain-text one; None to keep the answer."""
     try:
         data = json.loads(answer)
     except ValueError:
-        return False
+        text = answer.decode("utf-8", "replace").strip()
+        return text[:200] if text else None  # e.g. "Invalid Content-Type header": not JSON-RPC at all
     error = data.get("error") if isinstance(data, dict) else None
     message = error.get("message") if isinstance(error, dict) else None
-    return isinstance(message, str) and message.startswith(_SDK_FRAMING_PREFIXES)
+    return message if isinstance(message, str) and message.startswith(_SDK_FRAMING_PREFIXES) else None
 
 
 def _error(request_id: Any, code: int, message: str) -> bytes:
