@@ -89,3 +89,29 @@ def test_lines_are_split_in_linear_time_and_an_oversized_one_keeps_only_its_ends
         assert message is not None
         error = message.message
         assert getattr(error, "id", None) == 7 and parser.pending == {6: "tools/call"}
+
+
+def test_the_sdk_clients_junk_tracebacks_are_limited_too(caplog: pytest.LogCaptureFixture) -> None:
+    """The SDK's HTTP client logs a traceback per SSE event that is not JSON-RPC: with breakwater's limit, 25 of
+    them are two one-line warnings (the 1st and the 10th), each saying what was wrong."""
+    from breakwater.connect._lines import quiet_sdk_junk_logs
+
+    sdk = logging.getLogger("mcp.client.streamable_http")
+    for old in list(sdk.filters):  # a fresh count: earlier tests' upstreams may have counted some
+        sdk.removeFilter(old)
+    quiet_sdk_junk_logs()
+    quiet_sdk_junk_logs()  # idempotent: still one limit
+    assert len(sdk.filters) == 1
+    caplog.set_level(logging.DEBUG, logger="mcp.client.streamable_http")
+    for i in range(25):
+        try:
+            raise ValueError(f"Invalid JSON: expected value at line 1 column {i}")
+        except ValueError:
+            sdk.exception("Error parsing SSE message")
+    sdk.error("something else")  # other records pass untouched
+    records = [r for r in caplog.records if r.name == "mcp.client.streamable_http"]
+    assert [r.getMessage().split(" from an upstream")[0] for r in records] == ["Error parsing SSE message"] * 2 + [
+        "something else"
+    ]
+    assert "Invalid JSON" in records[0].getMessage() and "10 so far" in records[1].getMessage()
+    assert all(r.exc_info is None and r.levelname != "ERROR" for r in records[:2])

@@ -10,7 +10,9 @@ error instead of the answer.
 The SDK also logs a full traceback for every stdout line that is not JSON-RPC (a server that prints
 a banner or debug text writes one per call). Such lines are dropped (they were never messages) and
 logged once per kind, then counted: a summary at the 10th, 100th, 1000th... so a chatty server
-costs a few log lines, not one traceback per line. May import the core leaves only.
+costs a few log lines, not one traceback per line. The SDK's HTTP and SSE clients log a traceback for
+every event that is not JSON-RPC too: `quiet_sdk_junk_logs` puts the same limit on those records.
+May import the core leaves only.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from mcp.shared.message import SessionMessage
 
 from breakwater._wire import RESULT_TOO_LARGE
 
-__all__ = ["LineSplitter", "Oversized", "StdoutParser"]
+__all__ = ["LineSplitter", "Oversized", "StdoutParser", "quiet_sdk_junk_logs"]
 
 logger = logging.getLogger("breakwater.stdio")
 
@@ -195,3 +197,44 @@ def _is_power_of_ten(n: int) -> bool:
     while n >= 10 and n % 10 == 0:
         n //= 10
     return n == 1
+
+
+#: The SDK client loggers that log a traceback per junk message, and those messages.
+_SDK_JUNK = {
+    "mcp.client.streamable_http": frozenset({"Error parsing SSE message", "Error parsing JSON response"}),
+    "mcp.client.sse": frozenset({"Error parsing server message"}),
+    "mcp.client.stdio": frozenset({"Failed to parse JSONRPC message from server"}),
+}
+
+
+class _JunkLogLimit(logging.Filter):
+    """One line per kind of junk message, then one at the 10th, 100th, ...; never the traceback."""
+
+    def __init__(self, messages: frozenset[str]) -> None:
+        super().__init__()
+        self._messages = messages
+        self._counts: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg not in self._messages:
+            return True
+        kind = str(record.msg)
+        count = self._counts.get(kind, 0) + 1
+        self._counts[kind] = count
+        if count > 1 and not _is_power_of_ten(count):
+            return False
+        error = record.exc_info[1] if record.exc_info else None
+        detail = str(error).splitlines()[0][:200] if error is not None and str(error) else type(error).__name__
+        record.msg = "%s from an upstream (%d so far, logged at the 1st, 10th, 100th...): %s"
+        record.args = (kind, count, detail)
+        record.exc_info, record.exc_text = None, None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def quiet_sdk_junk_logs() -> None:
+    """Limit the SDK clients' per-junk-message tracebacks (idempotent; the limit is per process)."""
+    for name, messages in _SDK_JUNK.items():
+        sdk_logger = logging.getLogger(name)
+        if not any(isinstance(f, _JunkLogLimit) for f in sdk_logger.filters):
+            sdk_logger.addFilter(_JunkLogLimit(messages))

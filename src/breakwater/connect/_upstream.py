@@ -36,6 +36,7 @@ from breakwater.config import ServerSpec
 from breakwater.config._redact import Redactor
 from breakwater.connect._admission import Admission, Slot
 from breakwater.connect._failures import classify, describe, lost_error, repeated_exit, timeout_error
+from breakwater.connect._lines import quiet_sdk_junk_logs
 from breakwater.connect._stdio import StdioProcess
 from breakwater.connect._tool_list import list_all_tools
 from breakwater.connect._transports import OpenedTransport, TransportFactory, default_transports
@@ -90,6 +91,7 @@ class Upstream:
         in-process server, see `breakwater.testing.in_memory`). `client_hooks` adds `mcp.Client`
         arguments for each connection (the gateway's relay callbacks)."""
         _lift_sdk_probe_timeout()
+        quiet_sdk_junk_logs()
         self._transports = transports
         self._extensions = list(extensions)
         self.spec = spec
