@@ -59,6 +59,8 @@ PUBLIC: dict[str, list[str]] = {
         "OverloadedError",
         "PendingTask",
         "Reason",
+        "RejectedTool",
+        "ResultTooLargeError",
         "RetryClass",
         "RetryPolicy",
         "ServerCircuitOpenError",
@@ -116,6 +118,7 @@ PUBLIC: dict[str, list[str]] = {
         "InvalidArgumentsError",
         "OutcomeUnknownError",
         "OverloadedError",
+        "ResultTooLargeError",
         "ServerCircuitOpenError",
         "ServerConnectingError",
         "ServerUnavailableError",
@@ -128,6 +131,7 @@ PUBLIC: dict[str, list[str]] = {
         "ErrorInfo",
         "PERSISTENT_REASONS",
         "Reason",
+        "RejectedTool",
         "ServerState",
         "ServerStatus",
         "StatusReport",
@@ -294,6 +298,7 @@ def test_the_phase_groups_split_the_codes_into_refused_and_sent() -> None:
         ErrorCode.TOOL_ERROR,
         ErrorCode.CANCELLED,
         ErrorCode.CLIENT_CANNOT_ANSWER,  # the tool ran, asked the client, and got no answer
+        ErrorCode.RESULT_TOO_LARGE,  # the tool ran; its answer was dropped unread
     }
     assert refused | failed == set(ErrorCode) and not refused & failed
     # The groups are for `except` clauses: they carry no code of their own.

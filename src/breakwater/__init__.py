@@ -9,7 +9,7 @@ What is here, by what a user does with it:
 
 * run it: `Breakwater` (the library), `Gateway` (breakwater as one MCP server), `Config`, `ServerSpec`,
   the eight policies and `load_config`;
-* read its state: `StatusReport`, `ServerStatus`, `ServerState`, `ErrorInfo`, `Reason`, `ToolTimeout`;
+* read its state: `StatusReport`, `ServerStatus`, `ServerState`, `ErrorInfo`, `Reason`, `RejectedTool`, `ToolTimeout`;
 * catch its errors: `BreakwaterError`, `ConfigError`, `CallError`, its phase groups `CallRefused` (the tool
   did not run) and `CallFailed` (sent, did not succeed), their leaves and `ErrorCode`;
 * plug into it: `Clock`/`SystemClock`, `Journal`, `AttemptObserver`/`AttemptRecord`, `StateStore`/`MemoryStore`,
@@ -63,6 +63,7 @@ if typing.TYPE_CHECKING:
         InvalidArgumentsError,
         OutcomeUnknownError,
         OverloadedError,
+        ResultTooLargeError,
         ServerCircuitOpenError,
         ServerConnectingError,
         ServerUnavailableError,
@@ -78,7 +79,7 @@ if typing.TYPE_CHECKING:
     from breakwater.journal import AttemptObserver, AttemptRecord, Journal
     from breakwater.observe._telemetry import Telemetry
     from breakwater.state import MemoryStore, StateStore
-    from breakwater.status import ErrorInfo, Reason, ServerState, ServerStatus, StatusReport, ToolTimeout
+    from breakwater.status import ErrorInfo, Reason, RejectedTool, ServerState, ServerStatus, StatusReport, ToolTimeout
     from breakwater.tasks._store import PendingTask, TaskStore
     from breakwater.testing import FakeClock  # public home: breakwater.testing; kept here for existing imports
 
@@ -119,6 +120,8 @@ __all__ = [
     "OverloadedError",
     "PendingTask",
     "Reason",
+    "RejectedTool",
+    "ResultTooLargeError",
     "RetryClass",
     "RetryPolicy",
     "ServerCircuitOpenError",
@@ -181,8 +184,10 @@ _HOMES: dict[str, str] = {
     "Outcome": "breakwater.gate._breaker",
     "OutcomeUnknownError": "breakwater.errors",
     "OverloadedError": "breakwater.errors",
+    "ResultTooLargeError": "breakwater.errors",
     "PendingTask": "breakwater.tasks._store",
     "Reason": "breakwater.status",
+    "RejectedTool": "breakwater.status",
     "RetryClass": "breakwater.gate._classify",
     "RetryPolicy": "breakwater.config",
     "ServerCircuitOpenError": "breakwater.errors",

@@ -15,6 +15,7 @@ __all__ = [
     "DEADLINE_META_KEY",
     "ENVELOPE_META_KEY",
     "OPERATION_ID_META_KEY",
+    "RESULT_TOO_LARGE",
     "json_depth",
 ]
 
@@ -28,6 +29,9 @@ ENVELOPE_META_KEY: Final = "io.breakwater/envelope"
 CUT_META_KEY: Final = "io.breakwater/cut"
 #: The SDK's client-local code for "the transport ended" (never on the wire).
 CONNECTION_CLOSED: Final = types.CONNECTION_CLOSED
+#: Breakwater's client-local code for "the answer was over `[call] max_result_bytes` and dropped
+#: unread" (never on the wire): the stdio transport answers the waiting request with it.
+RESULT_TOO_LARGE: Final = -32090
 
 
 def json_depth(text: str) -> int:

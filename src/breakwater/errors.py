@@ -19,6 +19,7 @@ BreakwaterError
         ├── UpstreamError           UPSTREAM_ERROR       transport or protocol failure
         ├── ToolError               TOOL_ERROR           the tool's own isError result (content passed through)
         ├── CallCancelledError      CANCELLED            the caller cancelled the call
+        ├── ResultTooLargeError     RESULT_TOO_LARGE     the result was larger than `[call] max_result_bytes`
         └── ClientCannotAnswerError CLIENT_CANNOT_ANSWER the tool asked the client for sampling or elicitation, in vain
 
 The two groups split by phase, as httpx's `TransportError` tree does. A `CallRefused` means the tool
@@ -56,6 +57,7 @@ __all__ = [
     "InvalidArgumentsError",
     "OutcomeUnknownError",
     "OverloadedError",
+    "ResultTooLargeError",
     "ServerCircuitOpenError",
     "ServerConnectingError",
     "ServerUnavailableError",
@@ -103,6 +105,7 @@ class ErrorCode(enum.StrEnum):
     CANCELLED = "CANCELLED"
     INVALID_ARGUMENTS = "INVALID_ARGUMENTS"
     CLIENT_CANNOT_ANSWER = "CLIENT_CANNOT_ANSWER"
+    RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
 
 
 # Keys every envelope has; extra detail may not shadow them.
@@ -200,7 +203,8 @@ class CallRefused(CallError):
 class CallFailed(CallError):
     """An attempt was sent and did not succeed; unless the leaf says otherwise, the call may have run.
 
-    The group of TIMEOUT, OUTCOME_UNKNOWN, UPSTREAM_ERROR, TOOL_ERROR and CANCELLED; not raised itself.
+    The group of TIMEOUT, OUTCOME_UNKNOWN, UPSTREAM_ERROR, TOOL_ERROR, CANCELLED, CLIENT_CANNOT_ANSWER
+    and RESULT_TOO_LARGE; not raised itself.
     """
 
 
@@ -386,6 +390,22 @@ class ClientCannotAnswerError(CallFailed):
     advice = (
         "Do not change the input: this tool needs a client that can answer that request. Use another tool, "
         "or tell the user what the tool needs."
+    )
+
+
+class ResultTooLargeError(CallFailed):
+    """The server's answer was larger than `[call] max_result_bytes`; it was dropped unread, and never retried.
+
+    The tool ran (its effects, if any, happened); only its answer was refused, so repeating the same
+    request would fetch the same oversized answer again.
+    """
+
+    code = ErrorCode.RESULT_TOO_LARGE
+    default_retryable = False
+    summary = "The tool's result was too large to pass on, so breakwater dropped it."
+    advice = (
+        "Do not repeat the same call: ask for less (a narrower query, a smaller page or limit, one item at a time), "
+        "or tell the user the answer is too large."
     )
 
 

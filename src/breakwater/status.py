@@ -29,6 +29,7 @@ __all__ = [
     "PERSISTENT_REASONS",
     "ErrorInfo",
     "Reason",
+    "RejectedTool",
     "ServerState",
     "ServerStatus",
     "StatusReport",
@@ -117,6 +118,21 @@ def iso(ts: float | None) -> str | None:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RejectedTool:
+    """A tool a server listed that breakwater leaves out, and why (its definition breaks the MCP schema).
+
+    The server's other tools are served: one broken definition costs only itself.
+    """
+
+    name: str
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        """`{"name", "reason"}`."""
+        return {"name": self.name, "reason": self.reason}
+
+
+@dataclass(frozen=True, kw_only=True)
 class ServerStatus:
     """A snapshot of one server."""
 
@@ -133,10 +149,12 @@ class ServerStatus:
     error: ErrorInfo | None = None
     #: Wall time of the first failed attempt since the server was last ready (None: not failing).
     failing_since: float | None = None
+    #: Tools the server listed whose definitions are invalid, left out of `tools` (the rest are served).
+    rejected_tools: tuple[RejectedTool, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """One entry of `status --json`'s `servers` list (`phase` only while queued for admission,
-        `failing_since` only while connects keep failing)."""
+        `failing_since` only while connects keep failing, `rejected_tools` only when a tool was left out)."""
         return (
             {
                 "name": self.name,
@@ -151,6 +169,7 @@ class ServerStatus:
             }
             | ({"phase": self.phase} if self.phase else {})
             | ({"failing_since": iso(self.failing_since)} if self.failing_since is not None else {})
+            | ({"rejected_tools": [t.to_json() for t in self.rejected_tools]} if self.rejected_tools else {})
         )
 
 
@@ -222,6 +241,9 @@ class StatusReport:
                     next_retry_at=from_iso(s.get("next_retry_at")),
                     error=None if s.get("error") is None else ErrorInfo.from_json(s["error"]),
                     failing_since=from_iso(s.get("failing_since")),
+                    rejected_tools=tuple(
+                        RejectedTool(name=str(t.get("name")), reason=str(t.get("reason"))) for t in s.get("rejected_tools", [])
+                    ),
                 )
                 for s in data.get("servers", [])
             ),

@@ -590,7 +590,8 @@ def test_every_request_gets_the_json_rpc_error_the_spec_names(tmp_path: Path) ->
 
 @pytest.mark.anyio
 async def test_http_origin_port_and_bearer_scheme_case(tmp_path: Path) -> None:
-    """`Origin: http://127.0.0.1:1` is refused (403) though the host is loopback; `bearer` in lower case is accepted."""
+    """`Origin: http://127.0.0.1:1` is refused (403) though the host is loopback; `bearer` in lower case is accepted;
+    the malformed requests stdio answers get the same JSON-RPC errors over HTTP (400, 413), and the session goes on."""
     import anyio
     import httpx2
 
@@ -628,6 +629,46 @@ async def test_http_origin_port_and_bearer_scheme_case(tmp_path: Path) -> None:
             assert wrong.status_code == 401
             page = await http.get(f"http://127.0.0.1:{port}/api/status", headers={"authorization": f"bearer {token}"})
             assert page.status_code == 200
+            await _http_frames_get_their_errors(http, url, {**headers, "authorization": f"Bearer {token}"})
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _http_answer(response: Any) -> dict[str, Any]:
+    """The JSON-RPC message of a response: a JSON body, or the one `data:` line of an SSE stream."""
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        data = next(line[5:] for line in response.text.splitlines() if line.startswith("data:"))
+        answer: dict[str, Any] = json.loads(data)
+        return answer
+    answer = response.json()
+    return answer
+
+
+async def _http_frames_get_their_errors(http: Any, url: str, headers: dict[str, str]) -> None:
+    init = await http.post(url, content=json.dumps(INITIALIZE), headers=headers)
+    session = {**headers, "mcp-session-id": init.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+    await http.post(url, content=json.dumps(INITIALIZED), headers=session)
+    # In the session, tools/call's own refusals come from the handler (200); framing errors are the spec's 400.
+    handled = {"unknown-method", "bad-params", "missing-param"}
+    wrong: list[str] = []
+    for name, data, request_id, code, word in FRAMES[1:]:
+        response = await http.post(url, content=data, headers=session)
+        error = _http_answer(response).get("error", {})
+        expected_status = 200 if name in handled else 400
+        explained = word.lower() in error.get("message", "").lower()
+        if (response.status_code, _http_answer(response).get("id"), error.get("code"), explained) != (
+            expected_status,
+            request_id,
+            code,
+            True,
+        ):
+            wrong.append(f"{name}: {response.status_code} {response.text[:200]}")
+    oversized = await http.post(
+        url, content=b'{"jsonrpc":"2.0","id":7,"method":"ping","x":"' + b"a" * (5 << 20) + b'"}', headers=session
+    )
+    answer = oversized.json()
+    assert oversized.status_code == 413 and answer["error"]["code"] == -32600 and "byte" in answer["error"]["message"]
+    after = await http.post(url, content=b'{"jsonrpc":"2.0","id":99,"method":"ping"}', headers=session)
+    assert _http_answer(after) == {"jsonrpc": "2.0", "id": 99, "result": {}}
+    assert wrong == []

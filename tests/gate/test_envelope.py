@@ -48,11 +48,12 @@ def all_leaves(cls: type[CallError] = CallError) -> list[type[CallError]]:
 def test_one_class_per_code_and_one_code_per_class() -> None:
     leaves = all_leaves()
     assert set(CODE_TO_ERROR) == set(ErrorCode)
-    # The thirteen codes of the call gate, plus the gateway's TOOL_CHANGED (definition drift) and CLIENT_CANNOT_ANSWER.
+    # The thirteen codes of the call gate, plus the gateway's TOOL_CHANGED (definition drift), CLIENT_CANNOT_ANSWER
+    # and RESULT_TOO_LARGE (the transport's result-size limit).
     assert {c.value for c in ErrorCode} == {
         "TIMEOUT", "OUTCOME_UNKNOWN", "CIRCUIT_OPEN", "SERVER_CIRCUIT_OPEN", "OVERLOADED", "BUDGET_EXHAUSTED",
         "SERVER_CONNECTING", "SERVER_UNAVAILABLE", "UNKNOWN_TOOL", "UPSTREAM_ERROR", "TOOL_ERROR", "CANCELLED",
-        "INVALID_ARGUMENTS", "TOOL_CHANGED", "CLIENT_CANNOT_ANSWER",
+        "INVALID_ARGUMENTS", "TOOL_CHANGED", "CLIENT_CANNOT_ANSWER", "RESULT_TOO_LARGE",
     }  # fmt: skip
     assert sorted(c.__name__ for c in CODE_TO_ERROR.values()) == sorted(c.__name__ for c in leaves)
     assert len({c.code for c in leaves}) == len(leaves)

@@ -9,6 +9,7 @@ gate hands its observer (numbering, durations, breaker states, refusals, reconci
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -25,6 +26,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.types import CallToolResult, Implementation, TextContent, Tool, ToolAnnotations
 
+from breakwater.cli._stats import in_flight_lines
 from breakwater.config import BreakerPolicy, CallPolicy, JournalPolicy, RetryPolicy, ServerSpec, ToolSettings
 from breakwater.connect._admission import Admission
 from breakwater.connect._upstream import Upstream
@@ -177,6 +179,102 @@ async def test_calls_through_the_gateway_land_in_stats(tmp_path: Path, mode: str
     assert HANG_TIMEOUT_S <= first.duration_s < HANG_TIMEOUT_S + 0.5
     assert (refusal.attempt, refusal.outcome, refusal.error_code, refusal.duration_s) == (1, "circuit_open", "CIRCUIT_OPEN", 0)
     assert len({r.call_id for r in rows if r.tool == "work"}) == WORK_CALLS
+
+
+IN_FLIGHT_CALLS = 3
+
+
+def test_kill_9_mid_call_leaves_the_calls_in_flight_as_outcome_unknown(tmp_path: Path) -> None:
+    """`kill -9` of a gateway with three calls of a mutating tool in flight: `stats` then lists those three as
+    outcome unknown (server, tool, operation id, when); a mutating call that finished before is not among them."""
+    import signal
+
+    journal, state = tmp_path / "journal.sqlite3", tmp_path / "upstream.json"
+    cmd = launch_command(
+        "--tool", "place:mutating,destructive", "--tool", "ship:mutating,destructive,hang=1", "--state-file", str(state)
+    )
+    config = tmp_path / "breakwater.toml"
+    config.write_text(f"[servers.ts]\ncommand = {json.dumps(cmd[0])}\nargs = {json.dumps(cmd[1:])}\n[call]\ntimeout_s = 60\n")
+    proc = subprocess.Popen(
+        [*BREAKWATER, "serve", "--config", str(config)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=gateway_env(tmp_path, journal),
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    upstream_pid = None
+
+    def send(message: dict[str, Any]) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write((json.dumps(message) + "\n").encode())
+        proc.stdin.flush()
+
+    def answer(request_id: int) -> dict[str, Any]:
+        assert proc.stdout is not None
+        while True:  # notifications (a changed tool list) may come first
+            message: dict[str, Any] = json.loads(proc.stdout.readline())
+            if message.get("id") == request_id:
+                return message
+
+    try:
+        init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": CLIENT_NAME, "version": "1"}}
+        send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init})
+        answer(0)
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        send({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "ts__place", "arguments": {}}})
+        placed = answer(1)
+        assert not placed["result"].get("isError"), placed
+        for i in range(IN_FLIGHT_CALLS):
+            send({"jsonrpc": "2.0", "id": 10 + i, "method": "tools/call", "params": {"name": "ts__ship", "arguments": {}}})
+        # The upstream has all three (so they were sent), and their marks have reached the journal.
+        deadline = time.monotonic() + 30
+        marks: list[Any] = []
+        while time.monotonic() < deadline:
+            with_marks = journal.exists()
+            if state.exists():
+                upstream = json.loads(state.read_text())
+                upstream_pid = upstream["pid"]
+                if upstream["in_flight"].get("ship", 0) == IN_FLIGHT_CALLS and with_marks:
+                    store = SQLiteJournalStore(journal)
+                    try:
+                        marks = store.in_flight(10)
+                    finally:
+                        store.close()
+                    if len(marks) == IN_FLIGHT_CALLS:
+                        break
+            time.sleep(0.05)
+        assert len(marks) == IN_FLIGHT_CALLS, marks
+        killed_at = time.time()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if upstream_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(upstream_pid, signal.SIGKILL)
+
+    out = subprocess.run(
+        [*BREAKWATER, "stats", "--json", "--journal", str(journal)], capture_output=True, text=True, check=True, timeout=30
+    )
+    in_flight = json.loads(out.stdout)["in_flight"]
+    assert len(in_flight) == IN_FLIGHT_CALLS
+    assert {(m["server"], m["tool"], m["state"], m["attempt"], m["client"]) for m in in_flight} == {
+        ("ts", "ship", "outcome_unknown", 1, CLIENT_NAME)
+    }
+    assert len({m["operation_id"] for m in in_flight}) == IN_FLIGHT_CALLS and all(m["operation_id"] for m in in_flight)
+    assert all(killed_at - 30 < m["started_at"] <= killed_at for m in in_flight)
+    # The mutating call that finished is an attempt row as always, and not among the unknown; the table
+    # `stats` prints says what to do about the others.
+    store = SQLiteJournalStore(journal)
+    try:
+        assert [(r.tool, r.outcome) for r in store.recent(10)] == [("place", "completed")]
+        text = "\n".join(in_flight_lines(store.in_flight(10)))
+    finally:
+        store.close()
+    assert f"Outcome unknown: {IN_FLIGHT_CALLS} call(s)" in text and "check whether each took effect" in text
+    assert all(m["operation_id"] in text for m in in_flight)
 
 
 # ---------------------------------------------------------------------------- the rows, on the fake clock

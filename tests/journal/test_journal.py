@@ -149,9 +149,34 @@ def test_schema_is_versioned_and_migrates_once(make_store: StoreFactory) -> None
             table = f'"{first.schema}".breakwater_journal_schema_version'
             versions = pg.execute(f"SELECT version FROM {table}").fetchall()
             pg.execute(f"INSERT INTO {table} (version, description) VALUES (99, 'from the future')")
-    assert versions == [(1,), (2,)]
+    assert versions == [(1,), (2,), (3,)]
     with pytest.raises(JournalError, match="newer than this breakwater"):
         make_store().open()
+
+
+def test_marks_of_sent_attempts_stay_only_while_unanswered(make_store: StoreFactory) -> None:
+    """A mark and its row in one batch leave nothing behind; a mark whose row comes later stays until then; a
+    mark of a dead process reads as outcome unknown. Marks are never attempts (`stats`, `recent`)."""
+    from breakwater.journal import SENT
+    from breakwater.journal._in_flight import InFlight
+
+    clock = FakeClock()
+    store = make_store()
+    store.open()
+    quick, slow, lost = (rec(clock, 0.0, outcome=SENT, operation_id=f"op-{n}") for n in ("quick", "slow", "lost"))
+    store.insert([quick, slow, lost, replace(quick, outcome="completed", duration_s=0.1)])
+    assert {m.operation_id for m in store.in_flight(10)} == {"op-slow", "op-lost"}
+    assert [r.operation_id for r in store.recent(10)] == ["op-quick"]
+    assert store.tool_stats(clock.time() - 60)[0].attempts == 1
+    store.insert([replace(slow, outcome="completed", duration_s=2.0)])
+    (left,) = store.in_flight(10)
+    assert left.operation_id == "op-lost" and not left.outcome_unknown  # this process is alive
+    dead = InFlight(**{**vars(left), "writer": left.writer.rsplit(":", 1)[0] + ":999999999"})
+    assert dead.outcome_unknown and dead.to_json()["state"] == "outcome_unknown"
+    # Purged with the attempts of its minute.
+    clock.advance(3 * 86400)
+    store.purge(clock.time())
+    assert store.in_flight(10) == []
 
 
 def test_stats_percentiles_and_rates_against_a_known_sample(make_store: StoreFactory) -> None:
@@ -497,6 +522,9 @@ class StalledStore:
         return []
 
     def recent(self, limit: int, **kw: Any) -> list[AttemptRecord]:
+        return []
+
+    def in_flight(self, limit: int) -> list[Any]:
         return []
 
     def close(self) -> None:

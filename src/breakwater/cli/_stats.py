@@ -25,6 +25,7 @@ from breakwater.errors import ConfigError
 __all__ = ["stats_main", "stats_view"]
 
 DEFAULT_STATS_SINCE = "1h"
+IN_FLIGHT_SHOWN = 200  # attempts sent and never finished, oldest first: more is a list nobody reads
 
 
 def _journal_config(config_path: str | None) -> tuple[Any, Config | None]:
@@ -95,7 +96,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="breakwater stats",
         description="Per tool: calls, success rate, p50/p95/p99 latency of answered attempts, timeout rate, "
         "retries per call, breaker opens, OUTCOME_UNKNOWN count and the timeout in force (configured, learned or "
-        "default), read from the call journal (whether or not a gateway is running). Piped or redirected, the "
+        "default), read from the call journal (whether or not a gateway is running); then the calls to tools that are "
+        "not read-only that were sent and never finished: outcome unknown when their process died (server, tool, "
+        "operation id, when), else in flight. Piped or redirected, the "
         "table is printed in full, without colour; --json is the format for programs.",
     )
     add_config_flag(parser)
@@ -114,15 +117,46 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _print(args: argparse.Namespace, stats: list[Any], since_s: float, location: str) -> None:
+def in_flight_lines(marks: list[Any]) -> list[str]:
+    """The attempts of mutating tools sent and never finished: outcome unknown (their process is gone), or in flight."""
+    from breakwater.status import iso
+
+    unknown = [m for m in marks if m.outcome_unknown]
+    lines: list[str] = []
+    if unknown:
+        lines.append(
+            f"Outcome unknown: {len(unknown)} call(s) sent to a tool that is not read-only, whose process stopped "
+            "before the answer (check whether each took effect before repeating it):"
+        )
+        for m in unknown:
+            op = f"operation {m.operation_id}" if m.operation_id else "no operation id"
+            lines.append(
+                f"  {iso(m.started_at)}  {m.server}/{m.tool}  {op}  (call {m.call_id}, attempt {m.attempt}, process {m.writer})"
+            )
+    live = len(marks) - len(unknown)
+    if live:
+        lines.append(f"In flight now: {live} call(s) to tools that are not read-only, sent by running processes.")
+    return lines
+
+
+def _print(args: argparse.Namespace, stats: list[Any], marks: list[Any], since_s: float, location: str) -> None:
     if args.json:
-        out = {"journal": location, "since_s": since_s, "until": time.time(), "tools": [s.to_json() for s in stats]}
+        out = {
+            "journal": location,
+            "since_s": since_s,
+            "until": time.time(),
+            "tools": [s.to_json() for s in stats],
+            "in_flight": [m.to_json() for m in marks],
+        }
         print(json.dumps(out, indent=2))
-    elif not stats:
+        return
+    if not stats:
         where = "".join(f" {flag} {value}" for flag, value in (("--server", args.server), ("--tool", args.tool)) if value)
         print(f"no calls recorded in the last {args.since}{where} (journal: {location})")
     else:
         show(stats_view(stats, since=args.since, location=location))
+    for line in in_flight_lines(marks):
+        print(line)
 
 
 def stats_main(argv: list[str]) -> int:
@@ -147,15 +181,18 @@ def stats_main(argv: list[str]) -> int:
     try:
         if isinstance(store, SQLiteJournalStore) and not store.path.exists():
             # Never create a journal just to report that it is empty.
-            stats = []
+            stats, marks = [], []
         else:
             journal.refresh_learned()
             stats = journal.stats(since_s, server=args.server, tool=args.tool, exact=args.exact, config=config)
+            marks = [
+                m for m in journal.in_flight(IN_FLIGHT_SHOWN) if args.server in (None, m.server) and args.tool in (None, m.tool)
+            ]
     except JournalError as exc:
         return fail(str(exc), EXIT_CONFIG)
     except Exception as exc:
         return fail(f"cannot read the journal at {store.location}: {type(exc).__name__}: {exc}", EXIT_FAILED)
     finally:
         store.close()
-    _print(args, stats, since_s, store.location)
+    _print(args, stats, marks, since_s, store.location)
     return EXIT_OK

@@ -43,7 +43,7 @@ STATE_STYLE = {
 
 
 def status_view(report: StatusReport, *, now: float | None = None) -> Group:
-    """The status as a compact table, then one line per server that is not ready saying why."""
+    """The status as a compact table, then one line per server that is not ready saying why, and one per tool left out."""
     now = time.time() if now is None else now
     table = Table(title="breakwater status", title_justify="left")
     for column in ("server", "transport", "state", "protocol", "tools", "attempts", "connect"):
@@ -67,6 +67,8 @@ def status_view(report: StatusReport, *, now: float | None = None) -> Group:
             if s.next_retry_at is not None:
                 line += f" [dim](next try in {max(0.0, s.next_retry_at - now):.0f} s)[/]"
             problems.append(line)
+        for t in s.rejected_tools:
+            problems.append(f"[bold]{escape(s.name)}[/]: [yellow]tool {escape(t.name)!r} left out:[/] {escape(t.reason)}")
     table.caption = ", ".join(f"{n} {state}" for state, n in report.summary.items())
     return Group(table, *(Text.from_markup(p) for p in problems))
 

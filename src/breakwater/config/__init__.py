@@ -7,7 +7,7 @@ Two file shapes are read:
 * a `breakwater.toml`, which may point at such a file (`servers_file`), define servers inline
   (`[servers.NAME]`), and set policy: `[connect]`, `[call]`, `[breaker]` and `[retry]` for every
   server, `[servers.NAME.connect]` (`.call`, `.breaker`, `.retry`) for one, and
-  `[servers.NAME.tools.TOOL]` for one tool (any `[call]` knob but `max_in_flight`, plus
+  `[servers.NAME.tools.TOOL]` for one tool (any `[call]` knob but `max_in_flight` and `max_result_bytes`, plus
   `max_attempts`).
 
 Without `--config`, breakwater looks for `breakwater.toml`, then `.mcp.json`, in the current

@@ -40,7 +40,8 @@ __all__ = ["DEFAULT_CONFIG_NAMES", "find_config", "load_config", "load_config_le
 DEFAULT_CONFIG_NAMES = ("breakwater.toml", ".mcp.json")
 
 # Keys a `[servers.NAME.tools.TOOL]` table accepts and the policy each one belongs to.
-_TOOL_CALL_KEYS = frozenset(f.name for f in dc_fields(CallPolicy)) - {"max_in_flight"}
+# Both bound a whole server (its bulkhead, its connection's reader), so no tool can set its own.
+_TOOL_CALL_KEYS = frozenset(f.name for f in dc_fields(CallPolicy)) - {"max_in_flight", "max_result_bytes"}
 _TOOL_RETRY_KEYS = frozenset({"max_attempts"})
 
 # Every key a client writes in an entry is known: used, kept for sign-in, or ignored with a note.

@@ -156,6 +156,14 @@ class CallPolicy(Policy):
         minimum=1,
         maximum=100000,
     )
+    max_result_bytes: int = knob(
+        16 * 1024 * 1024,
+        "Largest answer one call may bring back from a server, in bytes; a larger one is dropped unread and the "
+        "call fails with RESULT_TOO_LARGE, never retried (per server, like max_in_flight).",
+        env="BREAKWATER_CALL_MAX_RESULT_BYTES",
+        minimum=1024,
+        maximum=1024 * 1024 * 1024,
+    )
     min_attempt_s: float = knob(
         0.25,
         "An attempt is not started with less than this left in the turn budget (or its timeout, if shorter).",

@@ -31,13 +31,13 @@ from mcp.client.stdio import (  # the SDK's shutdown steps and timings, kept ide
     _close_pipe,
     _close_subprocess_transport,
     _drain_stdout,
-    _parse_line,
     _wait_for_process_exit,
     get_default_environment,
 )
 from mcp.shared.message import SessionMessage
 
 from breakwater import _platform
+from breakwater.connect._lines import LineSplitter, StdoutParser
 
 __all__ = ["StdioProcess"]
 
@@ -46,6 +46,7 @@ logger = logging.getLogger("breakwater.stdio")
 STDERR_TAIL_LINES = 20
 EXIT_CODE_GRACE_S = 1.0
 _GROUP_POLL_S = 0.01
+DEFAULT_MAX_LINE_BYTES = 16 * 1024 * 1024  # `[call] max_result_bytes`'s default
 
 
 async def stop_process(process: Process) -> None:
@@ -82,7 +83,11 @@ class StdioProcess:
         *,
         env: dict[str, str] | None = None,
         cwd: str | None = None,
+        name: str | None = None,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     ) -> None:
+        """`name` labels its log lines (default: the command); a stdout line over `max_line_bytes` is
+        dropped unread and the request it answers gets RESULT_TOO_LARGE (`[call] max_result_bytes`)."""
         self.command = command
         self.args = args
         self.env = env or {}
@@ -93,6 +98,8 @@ class StdioProcess:
         # The exit code if the process ended on its own, before breakwater began closing it.
         self.exit_code_before_close: int | None = None
         self._shutting_down = False  # set while breakwater closes it: a pipe ending then is expected
+        self.max_line_bytes = max_line_bytes
+        self.parser = StdoutParser(name or command, max_line_bytes)
 
     @asynccontextmanager
     async def open(self) -> AsyncGenerator[tuple[Any, Any], None]:
@@ -134,20 +141,19 @@ class StdioProcess:
     async def _read_stdout(
         self, process: Process, read_writer: MemoryObjectSendStream[SessionMessage | Exception], stdout_closed: anyio.Event
     ) -> None:
-        """Stdout lines to the session, parsed; `stdout_closed` once the server closes it itself."""
+        """Stdout lines to the session, parsed (see `_lines.py`); `stdout_closed` once the server closes it itself."""
         assert process.stdout
+        lines = LineSplitter(self.max_line_bytes)
         try:
             async with read_writer:
                 try:
-                    buffer = ""
-                    async for chunk in TextReceiveStream(process.stdout, encoding="utf-8", errors="replace"):
-                        lines = (buffer + chunk).split("\n")
-                        buffer = lines.pop()
-                        for line in lines:
-                            if not line.strip():
+                    async for chunk in process.stdout:
+                        for line in lines.feed(chunk):
+                            message = self.parser.parse(line)
+                            if message is None:
                                 continue
                             try:
-                                await read_writer.send(_parse_line(line))
+                                await read_writer.send(message)
                             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                                 return
                     stdout_closed.set()
@@ -180,6 +186,7 @@ class StdioProcess:
         try:
             async with write_reader:
                 async for message in write_reader:
+                    self.parser.sent(message)
                     data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
                     await process.stdin.send(data.encode())
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):

@@ -87,7 +87,14 @@ class TransportFactory(Protocol):
 async def default_transports(spec: ServerSpec, stack: AsyncExitStack, *, report_lost: Callable[[], None]) -> OpenedTransport:
     """What the config asks for: a stdio process, an SSE stream, or streamable HTTP (cut-tolerant)."""
     if spec.transport == "stdio":
-        process = StdioProcess(spec.command or "", spec.args, env=dict(spec.env), cwd=spec.cwd)
+        process = StdioProcess(
+            spec.command or "",
+            spec.args,
+            env=dict(spec.env),
+            cwd=spec.cwd,
+            name=spec.name,
+            max_line_bytes=spec.call.max_result_bytes,
+        )
         return OpenedTransport(process.open(), process=process)
     auth = HeadersHelperAuth(spec, clock=SystemClock()) if spec.headers_helper else None
     if spec.transport == "sse":
@@ -109,7 +116,10 @@ async def default_transports(spec: ServerSpec, stack: AsyncExitStack, *, report_
         auth=auth,
     )
     await stack.enter_async_context(http_client)
-    opened = OpenedTransport(streamable_http_client(spec.url or "", http_client=http_client), on_ready=arm)
+    # The SDK's own cap on one SSE event is 1 MiB; the result-size limit is the one that applies
+    # (the SDK's overflow error is classified RESULT_TOO_LARGE).
+    transport = streamable_http_client(spec.url or "", http_client=http_client, max_sse_event_size=spec.call.max_result_bytes)
+    opened = OpenedTransport(transport, on_ready=arm)
     return opened
 
 

@@ -36,9 +36,11 @@ from breakwater.config import ServerSpec
 from breakwater.config._redact import Redactor
 from breakwater.connect._admission import Admission, Slot
 from breakwater.connect._failures import classify, describe, lost_error, repeated_exit, timeout_error
+from breakwater.connect._lines import quiet_sdk_junk_logs
 from breakwater.connect._stdio import StdioProcess
+from breakwater.connect._tool_list import list_all_tools
 from breakwater.connect._transports import OpenedTransport, TransportFactory, default_transports
-from breakwater.status import PERSISTENT_REASONS, ErrorInfo, Reason, ServerState, ServerStatus
+from breakwater.status import PERSISTENT_REASONS, ErrorInfo, Reason, RejectedTool, ServerState, ServerStatus
 
 __all__ = ["ClientHooks", "Upstream"]
 
@@ -89,6 +91,7 @@ class Upstream:
         in-process server, see `breakwater.testing.in_memory`). `client_hooks` adds `mcp.Client`
         arguments for each connection (the gateway's relay callbacks)."""
         _lift_sdk_probe_timeout()
+        quiet_sdk_junk_logs()
         self._transports = transports
         self._extensions = list(extensions)
         self.spec = spec
@@ -108,6 +111,8 @@ class Upstream:
         self.failing_since: float | None = None  # wall time of the first failure since last ready
         self.protocol: str | None = None
         self.tools: list[types.Tool] = []
+        #: Tools the server listed with an invalid definition, left out of `tools` (see `_tool_list.py`).
+        self.rejected_tools: list[RejectedTool] = []
         self.client: Client | None = None
         self._era: str | None = None
         self._prior_discover: Any = None
@@ -137,6 +142,9 @@ class Upstream:
             next_retry_at=self.next_retry_at,
             error=None if self.error is None else self._redacted(self.error),
             failing_since=self.failing_since,
+            rejected_tools=tuple(replace(t, reason=self._redact(t.reason)) for t in self.rejected_tools)
+            if self.state is ServerState.READY
+            else (),
         )
 
     def _redacted(self, error: ErrorInfo) -> ErrorInfo:
@@ -273,7 +281,7 @@ class Upstream:
                         # capabilities, which would hide the server's prompts and resources: ask.
                         raw = await client.session.send_discover("2026-07-28")
                         client.session.adopt(types.DiscoverResult.model_validate(raw))
-                    tools = await _list_all_tools(client)
+                    tools, self.rejected_tools = await list_all_tools(client)
                     # Connected: lift the attempt deadline for the life of the connection, and give
                     # the admission slot back now, not when the connection ends.
                     scope.deadline = math.inf
@@ -349,7 +357,7 @@ class Upstream:
             deadline = self._clock.monotonic() + self.spec.connect.attempt_timeout_s
             try:
                 with self._clock.deadline_scope(deadline) as scope:
-                    tools = await _list_all_tools(client)
+                    tools, rejected = await list_all_tools(client)
             except Exception as exc:
                 self.error = ErrorInfo(code=Reason.UNHEALTHY, message=f"health check failed: {describe(exc)}")
                 self._drop()
@@ -360,8 +368,8 @@ class Upstream:
                 )
                 self._drop()
                 return
-            if [t.name for t in tools] != [t.name for t in self.tools]:
-                self.tools = tools
+            if [t.name for t in tools] != [t.name for t in self.tools] or rejected != self.rejected_tools:
+                self.tools, self.rejected_tools = tools, rejected
                 self._on_change(self)
 
     # ---- protocol revision memory -----------------------------------------------------------
@@ -413,14 +421,3 @@ def _client_info() -> types.Implementation:
     from importlib.metadata import version
 
     return types.Implementation(name=CLIENT_NAME, version=version("mcp-breakwater"))
-
-
-async def _list_all_tools(client: Client) -> list[types.Tool]:
-    tools: list[types.Tool] = []
-    cursor: str | None = None
-    while True:
-        page = await client.list_tools(cursor=cursor, cache_mode="bypass")
-        tools.extend(page.tools)
-        cursor = page.next_cursor
-        if not cursor:
-            return tools

@@ -44,7 +44,7 @@ from breakwater.errors import (
 )
 from breakwater.gate._admit import Permits
 from breakwater.gate._breaker import BreakerState, Outcome
-from breakwater.gate._call import Call, GateContext, observe, seconds_text
+from breakwater.gate._call import Call, GateContext, mark_sent, observe, seconds_text
 from breakwater.gate._classify import Verdict, classify
 from breakwater.gate._tasks import TASK_CALL
 from breakwater.status import ServerState, iso
@@ -205,6 +205,7 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
             srv.upstream, info.name, call.meta, info.retry_class, call.timeout_s, info.call.task_max_s, deadline
         )
         task_token = TASK_CALL.set(task_call)
+    mark_sent(ctx, call)
     try:
         with deadline.scope:
             result = await client.call_tool(info.name, call.arguments, progress_callback=on_progress, meta=call.meta)

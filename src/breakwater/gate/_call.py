@@ -27,7 +27,7 @@ from breakwater.gate._health import ToolHealth
 from breakwater.gate._retry_budget import RetryBudget
 from breakwater.gate._tasks import TaskRuntime
 from breakwater.gate._turn_budget import TurnBudget
-from breakwater.journal import AttemptObserver, AttemptRecord, outcome_of
+from breakwater.journal import SENT, AttemptObserver, AttemptRecord, outcome_of
 
 __all__ = [
     "OPERATION_ID_ARGUMENT",
@@ -37,6 +37,7 @@ __all__ = [
     "ProgressCallback",
     "ServerRecord",
     "ToolRecord",
+    "mark_sent",
     "observe",
     "stopped",
 ]
@@ -59,6 +60,9 @@ class GateContext:
     observer: AttemptObserver | None
     #: Follows calls a server turns into tasks; None leaves them to the SDK session.
     tasks: TaskRuntime | None
+    #: Takes the mark of an attempt of a tool that is not read-only as it is sent (the journal's
+    #: `record_sent`, so a crash leaves a trace), or None.
+    record_sent: Callable[[AttemptRecord], bool] | None = None
 
 
 @dataclass(slots=True)
@@ -222,6 +226,28 @@ def observe(
             arguments_size=journaled.arguments_size,
             result_size=result_size,
             arguments_hash=journaled.arguments_hash,
+        )
+    )
+
+
+def mark_sent(ctx: GateContext, call: Call) -> None:
+    """Queue the mark of the attempt about to be sent, for a tool that is not read-only (see `journal._in_flight`)."""
+    record_sent, journaled = ctx.record_sent, call.journal
+    if record_sent is None or journaled is None or call.info.retry_class is RetryClass.SAFE:
+        return
+    record_sent(
+        AttemptRecord(
+            server=call.srv.name,
+            tool=call.info.name,
+            call_id=journaled.call_id,
+            attempt=journaled.sent + 1,
+            started_at=ctx.clock.time(),
+            duration_s=0.0,
+            outcome=SENT,
+            retries=journaled.sent,
+            trace_id=journaled.trace_id,
+            operation_id=journaled.operation_id,
+            client=journaled.client,
         )
     )
 

@@ -52,6 +52,7 @@ from mcp.types import (
     ToolAnnotations,
 )
 
+from breakwater._wire import RESULT_TOO_LARGE
 from breakwater.connect._http_cut import cut_info
 from breakwater.errors import CallError, ErrorCode
 from breakwater.gate._breaker import Outcome
@@ -73,6 +74,8 @@ log = logging.getLogger("breakwater.classify")
 _LEGACY_NOT_FOUND = -32002
 # 2025-era streamable HTTP servers end a request they cancelled on our behalf with this.
 _REQUEST_CANCELLED = -32800
+# The SDK's streamable HTTP client ends a request whose SSE event overflowed `max_sse_event_size` with this.
+_SSE_EVENT_TOO_LARGE = re.compile(r"Server-sent event exceeded the \d+ byte limit")
 
 
 class RetryClass(enum.StrEnum):
@@ -362,6 +365,10 @@ def _classify_mcp_error(exc: MCPError, ctx: AttemptContext) -> Verdict:
     hint = _retry_after(exc.data)
     if code == REQUEST_TIMEOUT:
         return _cut(ctx, ErrorCode.TIMEOUT, "request timed out (SDK read timeout)")
+    if code == RESULT_TOO_LARGE or (code == CONNECTION_CLOSED and _SSE_EVENT_TOO_LARGE.search(message)):
+        # The server answered (it is healthy; the tool ran) with more than the limit: the same request
+        # would bring back the same answer, so it is never repeated.
+        return Verdict(outcome=Outcome.SUCCESS, code=ErrorCode.RESULT_TOO_LARGE, retryable=False, reason=message)
     if code == CONNECTION_CLOSED:
         cut = cut_info(exc.data)
         if cut is None:

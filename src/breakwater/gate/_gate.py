@@ -95,6 +95,7 @@ from breakwater.journal import (
     arguments_digest,
     new_call_id,
     outcome_of,
+    sent_recorder,
 )
 from breakwater.status import ServerState
 
@@ -157,7 +158,9 @@ class CallGate:
         self._learned = learned_timeout or _nothing_learned
         self._learning = learning if learning is not None and learning.learn_timeouts else None
         self._observer = observer
-        self._ctx = GateContext(clock=clock, rng=rng, classifier=classifier, observer=observer, tasks=tasks)
+        self._ctx = GateContext(
+            clock=clock, rng=rng, classifier=classifier, observer=observer, tasks=tasks, record_sent=sent_recorder(observer)
+        )
         #: Told when each logical call starts and ends, or None.
         self.tracer = tracer
         #: Follows calls a server turns into tasks, or None.

@@ -20,7 +20,7 @@ from breakwater._breakwater import Breakwater
 from breakwater.catalog._catalog import Entry, entry_json
 from breakwater.catalog._search import rank
 from breakwater.config import GatewayPolicy
-from breakwater.status import ServerState, ServerStatus, iso
+from breakwater.status import RejectedTool, ServerState, ServerStatus, iso
 
 __all__ = ["NOT_READY", "STILL_CONNECTING", "BuiltinTools", "SearchAnswer"]
 
@@ -40,6 +40,7 @@ class SearchAnswer:
     unsearched: list[ServerStatus]  # servers that could not be searched live
     servers: int
     drift: Mapping[str, Sequence[str]] = field(default_factory=dict)  # server -> tools changed since approved
+    left_out: Sequence[tuple[str, RejectedTool]] = ()  # (server, tool) listed with an invalid definition
 
     def changed(self, entry: Entry) -> bool:
         """Whether `entry`'s definition changed since it was approved."""
@@ -57,6 +58,7 @@ class SearchAnswer:
             "matches": [entry_json(e) | {"definition_changed": self.changed(e)} for e in self.matches],
             "complete": self.complete,
             "not_searched": [_server_note_json(s) for s in self.unsearched],
+            "left_out": [{"server": server, **t.to_json()} for server, t in self.left_out],
         }
 
     def text(self) -> str:
@@ -78,6 +80,9 @@ class SearchAnswer:
         if self.unsearched:
             lines.append("Not searched live (their tools may exist; do not conclude they are missing):")
             lines.extend(f"- {_server_note(s)}" for s in self.unsearched)
+        if self.left_out:
+            lines.append("Left out (their servers list them with an invalid definition, so they cannot be called):")
+            lines.extend(f"- {server}__{t.name}: {t.reason}" for server, t in self.left_out)
         return "\n".join(lines)
 
 
@@ -184,7 +189,10 @@ class BuiltinTools:
         matches = [e for _, e in rank(entries, query, limit=SEARCH_LIMIT)] if query.strip() else entries
         unsearched = [s for s in statuses if s.state in NOT_READY]
         drift = dict(self._drift())
-        return SearchAnswer(query=query, matches=matches, unsearched=unsearched, servers=len(statuses), drift=drift)
+        left_out = [(s.name, t) for s in statuses for t in s.rejected_tools]
+        return SearchAnswer(
+            query=query, matches=matches, unsearched=unsearched, servers=len(statuses), drift=drift, left_out=left_out
+        )
 
     async def _search_tool(self, ctx: ServerRequestContext[Any], arguments: Mapping[str, Any]) -> types.CallToolResult:
         query = arguments.get("query")

@@ -59,10 +59,11 @@ def _valid_id(value: Any) -> bool:
     return isinstance(value, (str, int)) and not isinstance(value, bool)
 
 
-def diagnose(line: bytes, error: Exception | None = None) -> tuple[Any, int, str] | None:
+def diagnose(line: bytes, error: Exception | None = None, *, notifications: bool = False) -> tuple[Any, int, str] | None:
     """Why `line` is not a valid JSON-RPC message: `(id to answer, code, message)`; None if it needs no answer.
 
     Called only after the SDK's validation failed (`error`), so its cost is off the normal path.
+    A malformed notification needs no answer on stdio; over HTTP (`notifications`) every POST gets one.
     """
     try:
         text = line.decode("utf-8")
@@ -90,7 +91,7 @@ def diagnose(line: bytes, error: Exception | None = None) -> tuple[Any, int, str
     if has_id and not _valid_id(request_id):
         return None, INVALID_REQUEST, f"Invalid request: id must be a string or an integer, got {json.dumps(request_id)[:40]}"
     method = data.get("method")
-    if not has_id and isinstance(method, str):
+    if not has_id and isinstance(method, str) and not notifications:
         logger.warning("dropped a malformed notification %r: %s", method[:80], _short(error))
         return None
     if data.get("jsonrpc") != "2.0":

@@ -118,8 +118,9 @@ def http_app(
     Pass the `Metrics` the gateway's `Breakwater` observes (`observers=[metrics]`) for attempt
     counts; whole calls are counted here either way.
     """
-    from mcp.server.transport_security import TransportSecuritySettings
+    from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
 
+    from breakwater.gateway._http_frames import FrameErrors
     from breakwater.gateway._web import WebApp, gateway_resolver
 
     hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
@@ -139,7 +140,8 @@ def http_app(
     )
     # json_response: a 2025-11-25 POST is answered with one JSON body, not an SSE stream (what
     # mcp-proxy does; measurably faster), and nothing can reach that client mid-call.
-    app = gateway.server.streamable_http_app(host=host, transport_security=security, json_response=json_response)
+    sdk_app = gateway.server.streamable_http_app(host=host, transport_security=security, json_response=json_response)
+    app = FrameErrors(sdk_app, max_body_bytes=DEFAULT_MAX_REQUEST_BODY_SIZE)  # malformed requests: the spec's errors
     metrics = metrics if metrics is not None else Metrics()
     # One call counter per server: a second app over the same gateway replaces it, never counts twice.
     gateway.server.middleware[:] = [m for m in gateway.server.middleware if not isinstance(m, CallCounter)]

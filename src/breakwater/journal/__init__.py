@@ -6,16 +6,19 @@ per-tool statistics and the timeouts learned from recorded latencies. May import
 
 The modules, from the bottom up: `_records` (what is recorded, the outcome vocabulary, the observer
 bus), `_stats` (per-tool figures, percentiles, learned timeouts), `_rollups` (per-minute counts and
-latency histograms), `_sql` (the `JournalStore` protocol and the SQL store both databases share),
-`_sqlite` and `_postgres` (their dialects), `_writer` (`Journal`: the queue and its writer thread).
+latency histograms), `_in_flight` (marks of mutating attempts as they are sent), `_sql` (the
+`JournalStore` protocol and the SQL store both databases share), `_sqlite` and `_postgres` (their
+dialects), `_writer` (`Journal`: the queue and its writer thread).
 """
 
+from breakwater.journal._in_flight import InFlight
 from breakwater.journal._postgres import PostgresJournalStore
 from breakwater.journal._records import (
     ANSWERED_OUTCOMES,
     DOWNSTREAM_CLIENT,
     RECONCILED,
     REFUSAL_OUTCOMES,
+    SENT,
     TRACE_ID,
     AttemptObserver,
     AttemptRecord,
@@ -25,6 +28,7 @@ from breakwater.journal._records import (
     fan_out,
     new_call_id,
     outcome_of,
+    sent_recorder,
 )
 from breakwater.journal._rollups import HISTOGRAM_ACCURACY, ROLLUP_BUCKET_S, histogram_quantiles
 from breakwater.journal._sql import SCHEMA_VERSION, JournalStore
@@ -41,11 +45,13 @@ __all__ = [
     "REFUSAL_OUTCOMES",
     "ROLLUP_BUCKET_S",
     "SCHEMA_VERSION",
+    "SENT",
     "TIMEOUT_SOURCES",
     "TRACE_ID",
     "AttemptObserver",
     "AttemptRecord",
     "CallTracer",
+    "InFlight",
     "Journal",
     "JournalError",
     "JournalStore",
@@ -62,5 +68,6 @@ __all__ = [
     "open_journal_store",
     "outcome_of",
     "percentile",
+    "sent_recorder",
     "timeout_in_force",
 ]

@@ -16,7 +16,7 @@ import itertools
 import json
 import operator
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,6 +27,7 @@ __all__ = [
     "DOWNSTREAM_CLIENT",
     "RECONCILED",
     "REFUSAL_OUTCOMES",
+    "SENT",
     "TRACE_ID",
     "AttemptObserver",
     "AttemptRecord",
@@ -36,6 +37,7 @@ __all__ = [
     "fan_out",
     "new_call_id",
     "outcome_of",
+    "sent_recorder",
 ]
 
 
@@ -64,6 +66,9 @@ REFUSAL_OUTCOMES = (
 #: A call settled by asking the server what became of its operation (`get_operation` answered
 #: `completed`): a success, but not an attempt of the tool.
 RECONCILED = "reconciled"
+#: The outcome of a mark queued when an attempt of a tool that is not read-only is sent
+#: (`Journal.record_sent`): never an attempt row, only a trace a crash leaves (see `_in_flight.py`).
+SENT = "sent"
 # What a learned timeout is computed from: answers, plus timeouts at the time they were cut (a
 # censored sample is at least that long; leaving it out would teach the gate ever shorter timeouts).
 _LEARN_OUTCOMES = (*ANSWERED_OUTCOMES, "timeout")
@@ -191,12 +196,33 @@ class _FanOut:
     def __init__(self, observers: Sequence[AttemptObserver]) -> None:
         self._observers = tuple(observers)
         self.record_sizes = any(o.record_sizes for o in self._observers)
+        marks = [m for m in (sent_recorder(o) for o in self._observers) if m is not None]
+        #: Present only when some observer takes `sent` marks (see `sent_recorder`).
+        self.record_sent = None if not marks else marks[0] if len(marks) == 1 else _all_of(marks)
 
     def record(self, record: AttemptRecord) -> bool:
         kept = True
         for o in self._observers:
             kept = o.record(record) and kept
         return kept
+
+
+def sent_recorder(observer: AttemptObserver | None) -> Callable[[AttemptRecord], bool] | None:
+    """The observer's `record_sent(record)`, if it has one: it takes a mark as an attempt of a tool that
+    is not read-only is sent (outcome `SENT`), besides the attempt's row when it ends. Optional, so
+    observers that count attempts (metrics, telemetry) never see marks."""
+    found = getattr(observer, "record_sent", None)
+    return found if callable(found) else None
+
+
+def _all_of(recorders: Sequence[Callable[[AttemptRecord], bool]]) -> Callable[[AttemptRecord], bool]:
+    def record_sent(record: AttemptRecord) -> bool:
+        kept = True
+        for r in recorders:
+            kept = r(record) and kept
+        return kept
+
+    return record_sent
 
 
 def fan_out(observers: Sequence[AttemptObserver]) -> AttemptObserver | None:

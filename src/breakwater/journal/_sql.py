@@ -22,6 +22,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
+from breakwater.journal._in_flight import IN_FLIGHT_TABLE, InFlight, InFlightMarks, in_flight_ddl
 from breakwater.journal._records import (
     _COLUMNS,
     _LEARN_OUTCOMES,
@@ -49,7 +50,7 @@ from breakwater.journal._stats import LearnInput, ToolStats, percentile
 __all__ = ["SCHEMA_VERSION", "Dialect", "JournalStore", "SQLJournalStore"]
 
 #: The schema this code writes; stores migrate older schemas up to it and refuse newer ones.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _TABLE = "breakwater_attempts"
 _ROLLUP_TABLE = "breakwater_rollups"
@@ -100,6 +101,10 @@ class JournalStore(Protocol):
         self, limit: int, *, server: str | None = None, tool: str | None = None, failures_only: bool = False
     ) -> list[AttemptRecord]:
         """The latest `limit` attempts (newest first), optionally only those that did not complete."""
+        ...
+
+    def in_flight(self, limit: int) -> list[InFlight]:
+        """The oldest `limit` attempts that were sent and have no row yet: in flight, or of unknown outcome."""
         ...
 
     def close(self) -> None:
@@ -184,12 +189,13 @@ _BACKFILL = _Backfill()
 Step = str | _Backfill
 
 
-def _migrations(dialect: Dialect, table: str, rollups: str) -> list[tuple[int, str, tuple[Step, ...]]]:
+def _migrations(dialect: Dialect, table: str, rollups: str, in_flight: str) -> list[tuple[int, str, tuple[Step, ...]]]:
     """Every schema change, in order: (version, what it does, steps). Append; never edit a shipped one."""
     d = dialect
     return [
         (1, "attempts table", _ddl(d.real, d.boolean, d.serial, table)),
         (2, "per-minute rollups for stats and learning", (*_rollup_ddl(d.big, d.json_type, rollups), _BACKFILL)),
+        (3, "attempts of mutating tools marked when sent", in_flight_ddl(d.real, in_flight)),
     ]
 
 
@@ -293,6 +299,8 @@ class SQLJournalStore(ABC, Generic[C]):
         self._table = qualify(_TABLE)
         self._rollups = qualify(_ROLLUP_TABLE)
         self._versions = qualify(_VERSION_TABLE)
+        self._in_flight = qualify(IN_FLIGHT_TABLE)
+        self._marks = InFlightMarks(self._in_flight, self.dialect.mark)
         # Time-range scans of the attempts (index names are never qualified).
         self._scan = self._table + self.dialect.time_index_hint.format(index=f"{_TABLE}_started_at")
         self._write: C | None = None
@@ -345,10 +353,15 @@ class SQLJournalStore(ABC, Generic[C]):
         return self._version
 
     def insert(self, records: Sequence[AttemptRecord]) -> None:
-        deltas = _rollups_of(records)
+        done, marks, finished = self._marks.split(records)
+        deltas = _rollups_of(done)
         with self._write_lock, self._writing() as conn:
-            self._insert_rows(conn, records)
-            self._merge(conn, deltas)
+            if done:
+                self._insert_rows(conn, done)
+                self._merge(conn, deltas)
+            if marks or finished:
+                self._marks.write(conn, marks, finished)
+        self._marks.committed(marks, finished)
 
     def purge(self, before: float) -> int:
         # Whole minutes only, so the raw rows and the rollups always cover the same attempts.
@@ -358,6 +371,7 @@ class SQLJournalStore(ABC, Generic[C]):
                 f"DELETE FROM {self._table} WHERE started_at < {m}", (bucket * float(ROLLUP_BUCKET_S),)
             ).rowcount
             conn.execute(f"DELETE FROM {self._rollups} WHERE minute < {m}", (bucket,))
+            conn.execute(f"DELETE FROM {self._in_flight} WHERE started_at < {m}", (bucket * float(ROLLUP_BUCKET_S),))
         return int(removed)
 
     @contextmanager
@@ -399,7 +413,7 @@ class SQLJournalStore(ABC, Generic[C]):
                 f"{self.location}: the journal's schema is version {current}, newer than this breakwater knows "
                 f"({SCHEMA_VERSION}); upgrade breakwater or point [journal] url elsewhere"
             )
-        for version, description, steps in _migrations(self.dialect, self._table, self._rollups):
+        for version, description, steps in _migrations(self.dialect, self._table, self._rollups, self._in_flight):
             if version <= current:
                 continue
             for step in steps:
@@ -530,6 +544,12 @@ class SQLJournalStore(ABC, Generic[C]):
             if not self._exists(conn, self._table):
                 return []
             return [_record_from(r) for r in conn.execute(sql, [*params, limit]).fetchall()]
+
+    def in_flight(self, limit: int) -> list[InFlight]:
+        with self._reader() as conn:
+            if not self._exists(conn, self._in_flight):
+                return []
+            return self._marks.read(conn, limit)
 
     def close(self) -> None:
         for lock, name in ((self._write_lock, "_write"), (self._read_lock, "_read")):

@@ -24,6 +24,7 @@ from typing import Any
 
 from breakwater._clock import Clock, SystemClock
 from breakwater.config import Config, JournalPolicy
+from breakwater.journal._in_flight import InFlight
 from breakwater.journal._postgres import PostgresJournalStore
 from breakwater.journal._records import AttemptRecord, JournalError
 from breakwater.journal._sql import JournalStore
@@ -146,6 +147,19 @@ class Journal:
         if len(queue) == self._batch:
             self._wake.set()
         return True
+
+    def record_sent(self, record: AttemptRecord) -> bool:
+        """Queue the mark of an attempt of a mutating tool as it is sent (outcome `SENT`); never blocks.
+
+        It is written at the writer's next cycle (within `flush_interval_s`), not at once: a call
+        that ends before then costs no write at all (its mark and its row cancel out in the batch),
+        and a crash loses only the marks of calls sent in its last flush interval.
+        """
+        return self.record(record)
+
+    def in_flight(self, limit: int = 100) -> list[InFlight]:
+        """Attempts sent and not finished, oldest first: in flight now, or of unknown outcome (their process died)."""
+        return self.store.in_flight(limit)
 
     def learned_timeout(self, server: str, tool: str) -> float | None:
         """The tool's learned timeout in seconds, or None (too few samples, learning off, nothing read yet).

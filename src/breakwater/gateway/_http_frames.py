@@ -1,0 +1,109 @@
+"""Malformed JSON-RPC over HTTP: the same answer stdio gives (`_frames.py`), with the spec's HTTP status.
+
+The SDK's streamable HTTP transport answers a body it cannot validate with `-32602 "Validation
+error: 4 validation errors for union[...]"` (a pydantic dump, for a batch, a missing or `"1.0"`
+`jsonrpc`, string params, a non-string method), accepts a request with a float, null or boolean id
+as a notification (202, so the client waits forever), and answers an oversized body with a plain
+text 413. This ASGI middleware in front of the MCP endpoint leaves every good request alone: it
+only keeps a reference to the body chunks as they pass, and looks at the SDK's answer. When that
+answer is one of the above, the body is diagnosed by the stdio classifier and the answer replaced
+with its JSON-RPC error (400, or 413 for the size), with the id when the request had one; a
+plain-text refusal (a wrong Content-Type) becomes a JSON-RPC -32600 with the same words. The
+session is not touched, so it goes on. May import `_frames.py` only.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from breakwater.gateway._frames import INVALID_REQUEST, bad_id, diagnose
+
+__all__ = ["FrameErrors"]
+
+# The SDK's own framing refusals (mcp/server/streamable_http.py): only these are re-explained.
+_SDK_FRAMING_PREFIXES = ("Validation error", "Parse error")
+_REWRITTEN = frozenset({202, 400, 413})
+
+
+class FrameErrors:
+    """ASGI middleware: the SDK's terse or missing answers to malformed POSTs become the spec's JSON-RPC errors."""
+
+    def __init__(self, app: Any, *, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        held: dict[str, Any] = {}
+
+        async def receive_and_keep() -> Any:
+            message = await receive()
+            if message.get("type") == "http.request" and message.get("body"):
+                chunks.append(message["body"])
+            return message
+
+        async def send_or_rewrite(message: Any) -> None:
+            kind = message.get("type")
+            if kind == "http.response.start" and message.get("status") in _REWRITTEN:
+                held["start"] = message
+                held["body"] = []
+                return
+            if kind == "http.response.body" and "start" in held:
+                held["body"].append(message.get("body", b""))
+                if message.get("more_body"):
+                    return
+                start, body = held.pop("start"), b"".join(held.pop("body"))
+                better = self._better(start["status"], body, chunks)
+                if better is None:
+                    await send(start)
+                    await send({"type": "http.response.body", "body": body})
+                    return
+                status, payload = better
+                headers = [(k, v) for k, v in start.get("headers", []) if k.lower() not in (b"content-length", b"content-type")]
+                headers += [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": payload})
+                return
+            await send(message)
+
+        await self.app(scope, receive_and_keep, send_or_rewrite)
+
+    def _better(self, status: int, answer: bytes, chunks: list[bytes]) -> tuple[int, bytes] | None:
+        """The replacement (status, body) for the SDK's answer, or None to keep it."""
+        if status == 413:
+            message = f"Invalid request: the body is over the {self.max_body_bytes}-byte limit; send a smaller message"
+            return 413, _error(None, INVALID_REQUEST, message)
+        body = b"".join(chunks)
+        if status == 202:  # accepted as a notification: wrong if it carried an id the SDK could not read
+            found = bad_id(body) if b'"id"' in body else None
+        else:
+            sdk_message = _sdk_framing_error(answer)
+            if sdk_message is None:
+                return None
+            if not sdk_message.startswith(_SDK_FRAMING_PREFIXES):  # a refusal before the body was read (headers)
+                return 400, _error(None, INVALID_REQUEST, f"Invalid request: {sdk_message}")
+            found = diagnose(body, ValueError(sdk_message), notifications=True)
+        if found is None:
+            return None
+        request_id, code, message = found
+        return 400, _error(request_id, code, message)
+
+
+def _sdk_framing_error(answer: bytes) -> str | None:
+    """The message of the SDK's refusal to re-explain: a framing error, or a plain-text one; None to keep the answer."""
+    try:
+        data = json.loads(answer)
+    except ValueError:
+        text = answer.decode("utf-8", "replace").strip()
+        return text[:200] if text else None  # e.g. "Invalid Content-Type header": not JSON-RPC at all
+    error = data.get("error") if isinstance(data, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) and message.startswith(_SDK_FRAMING_PREFIXES) else None
+
+
+def _error(request_id: Any, code: int, message: str) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}).encode()

@@ -1,0 +1,74 @@
+"""A stdio MCP server that breaks the rules on purpose, written by hand (the SDK's servers cannot).
+
+    python broken_upstream.py [--junk N] [--bad-tools]
+
+Speaks 2025-11-25 JSON-RPC over stdio, one message per line. `--bad-tools` lists, beside the valid
+`echo` and `big`, a tool whose inputSchema is not an object, one with no inputSchema at all and a
+second `echo`.
+`--junk N` writes N lines that are not JSON-RPC on stdout before every answer. Tool `big` answers
+with a text of `arguments.bytes` bytes; `echo` answers with its arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+GOOD = [
+    {"name": "echo", "description": "echo", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}},
+    {"name": "big", "description": "a large answer", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}},
+]
+BAD = [
+    {"name": "broken_schema", "description": "its schema is a string", "inputSchema": "not a schema"},
+    {"name": "no_schema", "description": "no inputSchema at all"},
+    {"name": "echo", "description": "a second echo", "inputSchema": {"type": "object"}},
+]
+
+
+def _send(message: dict[str, Any], junk: int) -> None:
+    out = sys.stdout
+    for i in range(junk):
+        out.write(f"debug: handling request, step {i}\n")
+    out.write(json.dumps(message) + "\n")
+    out.flush()
+
+
+def _answer(request: dict[str, Any], bad_tools: bool) -> dict[str, Any]:
+    method, params = request.get("method"), request.get("params") or {}
+    if method == "initialize":
+        return {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "broken", "version": "1"},
+        }
+    if method == "tools/list":
+        return {"tools": GOOD + (BAD if bad_tools else [])}
+    if method == "ping":
+        return {}
+    if method == "tools/call":
+        arguments = params.get("arguments") or {}
+        text = "x" * int(arguments.get("bytes", 0)) if params.get("name") == "big" else json.dumps(arguments)
+        return {"content": [{"type": "text", "text": text}]}
+    raise KeyError(method)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--junk", type=int, default=0)
+    parser.add_argument("--bad-tools", action="store_true")
+    args = parser.parse_args()
+    for line in sys.stdin:
+        request = json.loads(line)
+        if "id" not in request or "method" not in request:
+            continue  # notifications and answers need no reply
+        try:
+            reply = {"jsonrpc": "2.0", "id": request["id"], "result": _answer(request, args.bad_tools)}
+        except KeyError:
+            reply = {"jsonrpc": "2.0", "id": request["id"], "error": {"code": -32601, "message": "Method not found"}}
+        _send(reply, args.junk)
+
+
+if __name__ == "__main__":
+    main()

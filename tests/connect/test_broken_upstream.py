@@ -1,0 +1,117 @@
+"""A broken upstream costs only itself: invalid tool definitions, oversized results and junk on stdout.
+
+The server is `broken_upstream.py`, a real stdio process that breaks the rules by hand: it lists two
+valid tools beside two whose definitions break the MCP schema, writes lines that are not JSON-RPC
+before every answer, and answers `big` with as many bytes as asked.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from breakwater import Breakwater, Config, ConnectPolicy, ServerSpec
+from breakwater.cli._status import status_view
+from breakwater.config import CallPolicy, JournalPolicy
+from breakwater.connect._lines import LineSplitter, Oversized, StdoutParser
+from breakwater.status import StatusReport
+
+pytestmark = pytest.mark.anyio
+
+SCRIPT = Path(__file__).with_name("broken_upstream.py")
+LIMIT = 100_000
+JUNK_PER_ANSWER = 3
+
+
+async def test_a_broken_upstream_costs_only_itself(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Its valid tools are served and the invalid ones named with the reason; an answer over max_result_bytes is
+    RESULT_TOO_LARGE after one attempt (the tool is read-only: it would be retried if that could help), the next
+    calls work; dozens of junk lines cost a few log lines and no traceback."""
+    spec = ServerSpec(
+        name="broken",
+        transport="stdio",
+        command=sys.executable,
+        args=(str(SCRIPT), "--junk", str(JUNK_PER_ANSWER), "--bad-tools"),
+        connect=ConnectPolicy(startup_jitter_s=0, health_interval_s=0),
+        call=CallPolicy(max_result_bytes=LIMIT),
+    )
+    caplog.set_level(logging.INFO)
+    config = Config(servers=(spec,), journal=JournalPolicy(url="off"))
+    async with Breakwater(config, admission_dir=tmp_path / "admission") as bw:
+        report = await bw.wait_ready(timeout=30)
+        (status,) = report.servers
+        assert status.tools == 2
+        assert {t.name: t.reason.split(":")[0] for t in status.rejected_tools} == {
+            "broken_schema": "inputSchema",
+            "no_schema": "inputSchema",
+            "echo": "listed twice",
+        }
+        assert StatusReport.from_json(report.to_json()).servers[0].rejected_tools == status.rejected_tools
+        console = Console(width=200, record=True)
+        console.print(status_view(report))
+        assert "tool 'broken_schema' left out: inputSchema" in console.export_text()
+
+        too_big = await bw.call_tool("broken", "big", {"bytes": 2 * LIMIT})
+        envelope = too_big.structured_content or {}
+        assert too_big.is_error and envelope["code"] == "RESULT_TOO_LARGE" and envelope["retryable"] is False
+        assert envelope["attempt"] == 1 and f"max_result_bytes = {LIMIT}" in envelope["reason"]
+        fits = await bw.call_tool("broken", "big", {"bytes": LIMIT // 2})
+        assert not fits.is_error and len(fits.content[0].text) == LIMIT // 2  # type: ignore[union-attr]
+        for _ in range(10):
+            assert not (await bw.call_tool("broken", "echo", {"n": 1})).is_error
+
+    junk = [r for r in caplog.records if r.name == "breakwater.stdio" and "not JSON" in r.getMessage()]
+    # 3 junk lines before each of 15 answers or more: one line for the first, one at the 10th; then silence.
+    assert [r.getMessage().split(" wrote ")[0].split(" has ")[0] for r in junk] == ["broken", "broken"]
+    assert "has written 10 lines" in junk[1].getMessage()
+    assert not [r for r in caplog.records if r.exc_info or r.name.startswith("mcp.client.stdio")]
+
+
+def test_lines_are_split_in_linear_time_and_an_oversized_one_keeps_only_its_ends() -> None:
+    """Chunks of any size give the same lines; a line over the limit is an `Oversized` whose id finds its request,
+    wherever in the envelope the server put it (first, as the Python SDK does, or last, as the TypeScript one)."""
+    splitter = LineSplitter(limit=2048)
+    data = b'{"a":1}\n' + b"x" * 100 + b"\n"
+    assert [line for i in range(0, len(data), 3) for line in splitter.feed(data[i : i + 3])] == [b'{"a":1}', b"x" * 100]
+    for big in (
+        b'{"jsonrpc":"2.0","id":7,"result":{"t":"' + b"y" * 50_000 + b'"}}',
+        b'{"result":{"t":"' + b"y" * 50_000 + b'"},"jsonrpc":"2.0","id":7}',
+    ):
+        (line,) = [x for i in range(0, len(big) + 1, 4096) for x in splitter.feed((big + b"\n")[i : i + 4096])]
+        assert isinstance(line, Oversized) and line.size == len(big) and len(line.head) + len(line.tail) <= 2048
+        parser = StdoutParser("s", 2048)
+        parser.pending.update({6: "tools/call", 7: "tools/call"})
+        message = parser.parse(line)
+        assert message is not None
+        error = message.message
+        assert getattr(error, "id", None) == 7 and parser.pending == {6: "tools/call"}
+
+
+def test_the_sdk_clients_junk_tracebacks_are_limited_too(caplog: pytest.LogCaptureFixture) -> None:
+    """The SDK's HTTP client logs a traceback per SSE event that is not JSON-RPC: with breakwater's limit, 25 of
+    them are two one-line warnings (the 1st and the 10th), each saying what was wrong."""
+    from breakwater.connect._lines import quiet_sdk_junk_logs
+
+    sdk = logging.getLogger("mcp.client.streamable_http")
+    for old in list(sdk.filters):  # a fresh count: earlier tests' upstreams may have counted some
+        sdk.removeFilter(old)
+    quiet_sdk_junk_logs()
+    quiet_sdk_junk_logs()  # idempotent: still one limit
+    assert len(sdk.filters) == 1
+    caplog.set_level(logging.DEBUG, logger="mcp.client.streamable_http")
+    for i in range(25):
+        try:
+            raise ValueError(f"Invalid JSON: expected value at line 1 column {i}")
+        except ValueError:
+            sdk.exception("Error parsing SSE message")
+    sdk.error("something else")  # other records pass untouched
+    records = [r for r in caplog.records if r.name == "mcp.client.streamable_http"]
+    assert [r.getMessage().split(" from an upstream")[0] for r in records] == ["Error parsing SSE message"] * 2 + [
+        "something else"
+    ]
+    assert "Invalid JSON" in records[0].getMessage() and "10 so far" in records[1].getMessage()
+    assert all(r.exc_info is None and r.levelname != "ERROR" for r in records[:2])
