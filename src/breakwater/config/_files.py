@@ -21,6 +21,7 @@ from breakwater._wire import json_depth
 from breakwater.config._checks import check_header, check_server_name, check_template_for_servers, check_text, check_url
 from breakwater.config._knobs import build_policy, env_layer
 from breakwater.config._model import Config, ServerSpec, ToolSettings, Transport
+from breakwater.config._oauth import parse_oauth
 from breakwater.config._policies import GLOBAL_SECTIONS, POLICY_SECTIONS, CallPolicy, RetryPolicy
 from breakwater.config._redact import register_secrets
 from breakwater.errors import ConfigError
@@ -35,8 +36,8 @@ _TOOL_RETRY_KEYS = frozenset({"max_attempts"})
 
 # Keys that other clients write into mcpServers entries and that mean nothing to a connection:
 # accepted so their files load unchanged, never used.
-_FOREIGN_ENTRY_KEYS = frozenset({"alwaysAllow", "autoApprove", "timeout", "description", "envFile", "oauth"})
-_ENTRY_KEYS = frozenset({"type", "transport", "command", "args", "env", "cwd", "url", "headers", "disabled", "enabled"})
+_FOREIGN_ENTRY_KEYS = frozenset({"alwaysAllow", "autoApprove", "timeout", "description", "envFile"})
+_ENTRY_KEYS = frozenset({"type", "transport", "command", "args", "env", "cwd", "url", "headers", "oauth", "disabled", "enabled"})
 _TOML_TOP_KEYS = frozenset({"servers_file", "servers", *POLICY_SECTIONS, *GLOBAL_SECTIONS})
 _SERVER_POLICY_KEYS = frozenset({*POLICY_SECTIONS, "tools"})
 _HTTP_KINDS = frozenset({"http", "streamable-http", "streamable_http", "streamableHttp"})
@@ -149,6 +150,8 @@ def _http_fields(entry: Mapping[str, Any], transport: Transport, path: str, wher
     fields: dict[str, Any] = {"url": url}
     if "headers" in entry:
         fields["headers"] = _str_map(entry["headers"], path, f"{where}.headers")
+    if "oauth" in entry:
+        fields["oauth"] = parse_oauth(entry["oauth"], path=path, where=where)
     if "command" in entry:
         raise _fail(f"an {transport} server has no command", path, f"{where}.command", 'remove "command" or the url')
     return fields

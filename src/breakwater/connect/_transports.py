@@ -26,11 +26,12 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server import Server
 from mcp.server.mcpserver import MCPServer
 
+from breakwater.auth import ServerTokens, TokenStore, build_provider
 from breakwater.config import ServerSpec
 from breakwater.connect._http_cut import CUT_KEY, CutTolerantTransport
 from breakwater.connect._stdio import StdioProcess
 
-__all__ = ["ClientTarget", "OpenedTransport", "TransportFactory", "default_transports"]
+__all__ = ["ClientTarget", "OpenedTransport", "TransportFactory", "default_transports", "oauth_for"]
 
 # The SDK's own defaults (mcp.shared._httpx_utils): connect/write/pool 30 s, read 300 s for SSE streams.
 HTTP_TIMEOUT_S = 30.0
@@ -59,6 +60,8 @@ class OpenedTransport:
         self._on_ready = on_ready
         #: The last HTTP error status (>= 400) a response carried; the best explanation of a failed handshake.
         self.http_status: int | None = None
+        #: Why the server cannot be used until someone signs in (names `breakwater auth login NAME`).
+        self.auth_required: str | None = None
 
     def ready(self) -> None:
         """The handshake is done: the connection is in service from now on."""
@@ -98,15 +101,30 @@ async def default_transports(spec: ServerSpec, stack: AsyncExitStack, *, report_
     async def record_status(response: httpx2.Response) -> None:
         await opened.record_status(response)  # bound below, before the first request can answer
 
+    def auth_required(message: str) -> None:
+        opened.auth_required = message
+        if cut_tolerant.armed:
+            report_lost()  # a ready connection whose sign-in ended: reconnect, and fail as auth_required
+
     http_client = httpx2.AsyncClient(
         headers=dict(spec.headers),
         timeout=httpx2.Timeout(HTTP_TIMEOUT_S, read=HTTP_READ_TIMEOUT_S),
         transport=cut_tolerant,
         event_hooks={"response": [record_status]},
+        auth=oauth_for(spec, auth_required),
     )
     await stack.enter_async_context(http_client)
     opened = OpenedTransport(streamable_http_client(spec.url or "", http_client=http_client), on_ready=arm)
     return opened
+
+
+def oauth_for(spec: ServerSpec, on_auth_required: Callable[[str], None]) -> httpx2.Auth | None:
+    """The SDK's OAuth client on the stored tokens (never a browser), unless the entry sends its own
+    `Authorization` header. A server that never asks for OAuth costs one read of the token file."""
+    if any(key.lower() == "authorization" for key in spec.headers):
+        return None
+    tokens = ServerTokens(TokenStore(), spec.url or "", name=spec.name)
+    return build_provider(spec, tokens, on_auth_required=on_auth_required)
 
 
 @functools.cache
