@@ -114,6 +114,7 @@ class _StoredFlow(OAuthClientProvider):
     _on_auth_required: AuthRequiredNote | None
     _pinned_scope: str | None
     _loaded_at: Any
+    _needed_scope: str | None
 
     def _setup(
         self, spec: ServerSpec, tokens: ServerTokens, clock: Clock, *, interactive: bool, note: AuthRequiredNote | None
@@ -126,6 +127,7 @@ class _StoredFlow(OAuthClientProvider):
         self._on_auth_required = note
         self._pinned_scope = spec.oauth.scopes if spec.oauth is not None else None
         self._loaded_at = None
+        self._needed_scope = None
 
     async def _initialize(self) -> None:
         await super()._initialize()
@@ -135,6 +137,7 @@ class _StoredFlow(OAuthClientProvider):
         """Expiry, metadata, and which write of the record these tokens came from."""
         record = self._tokens.record()
         self._loaded_at = record.get("updated_at")
+        self._needed_scope = self._tokens.needed_scope()
         expires_at = self._tokens.expires_at()
         tokens = self.context.current_tokens
         if expires_at is not None and tokens is not None:
@@ -176,6 +179,12 @@ class _StoredFlow(OAuthClientProvider):
             if not self._initialized:
                 await self._initialize()
             self.context.protocol_version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER)
+            if not self._interactive and self._step_up_pending():
+                # A call needed more scope than the sign-in granted, and no one is here to grant it:
+                # the whole server waits for `auth login` rather than failing call after call.
+                response = yield request
+                self._give_up(response, step_up=True)
+                return
             if self.context.current_tokens is not None and not self.context.is_token_valid():
                 await self._reload_if_signed_in_again()  # another process may have refreshed already
             if not self.context.is_token_valid() and self.context.can_refresh_token():
@@ -223,21 +232,30 @@ class _StoredFlow(OAuthClientProvider):
             return httpx2.Request("GET", url, headers=outgoing.headers)
         return outgoing
 
-    def _give_up(self, response: httpx2.Response) -> None:
+    def _step_up_pending(self) -> bool:
+        needed = self._needed_scope
+        if not needed:
+            return False
+        granted = self.context.current_tokens.scope if self.context.current_tokens else None
+        return not set(needed.split()) <= set((granted or "").split())
+
+    def _give_up(self, response: httpx2.Response, *, step_up: bool = False) -> None:
         """No person to sign in: say what to run, remember a step-up's scope for that sign-in."""
         command = login_command(self._spec.name)
-        if response.status_code == 403:
-            wanted = union_scopes(
-                self.context.current_tokens.scope if self.context.current_tokens else None, extract_scope_from_www_auth(response)
-            )
-            if wanted:
-                self._tokens.set_needed_scope(wanted)
+        if step_up or response.status_code == 403:
+            wanted = self._needed_scope
+            if not step_up:
+                granted = self.context.current_tokens.scope if self.context.current_tokens else None
+                wanted = union_scopes(granted, extract_scope_from_www_auth(response))
+                if wanted:
+                    self._tokens.set_needed_scope(wanted)
+                    self._needed_scope = wanted
             message = f"the server needs more permission ({wanted or 'insufficient_scope'}): run `{command}` to grant it"
         elif self._tokens.record().get("tokens") is None:
             message = f"not signed in: run `{command}`"
         else:
             message = f"the sign-in expired or was revoked and could not be refreshed: run `{command}`"
-        if self._on_auth_required is not None and self._looks_oauth(response):
+        if self._on_auth_required is not None and (step_up or self._looks_oauth(response)):
             self._on_auth_required(message)
 
     def _looks_oauth(self, response: httpx2.Response) -> bool:

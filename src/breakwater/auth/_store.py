@@ -149,11 +149,13 @@ class ServerTokens:
     async def set_tokens(self, tokens: OAuthToken) -> None:
         """Store new tokens, with when they expire on this clock."""
         expires_at = None if tokens.expires_in is None else self._clock.time() + int(tokens.expires_in)
+        needed = self.needed_scope()
+        covered = needed is None or set(needed.split()) <= set((tokens.scope or "").split())
         self._set(
             tokens=tokens.model_dump(mode="json", exclude_none=True),
             expires_at=expires_at,
             updated_at=self._clock.time(),
-            needed_scope=None,
+            needed_scope=None if covered else needed,
         )
 
     async def get_client_info(self) -> OAuthClientInformationFull | None:
