@@ -28,6 +28,7 @@ from mcp.server.auth.provider import (
     AccessToken,
     AuthorizationCode,
     AuthorizationParams,
+    IdentityAssertionParams,
     RefreshToken,
     construct_redirect_uri,
 )
@@ -35,6 +36,7 @@ from mcp.server.auth.settings import AuthSettings, ClientRegistrationOptions, Re
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from mcp.shared.exceptions import MCPDeprecationWarning
+from pydantic import AnyHttpUrl
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -72,7 +74,9 @@ class Provider:
         self.codes[code.code] = code
         return construct_redirect_uri(str(params.redirect_uri), code=code.code, state=params.state)
 
-    async def load_authorization_code(self, client: OAuthClientInformationFull, authorization_code: str) -> AuthorizationCode | None:
+    async def load_authorization_code(
+        self, client: OAuthClientInformationFull, authorization_code: str
+    ) -> AuthorizationCode | None:
         return self.codes.get(authorization_code)
 
     def _issue(self, client_id: str, scopes: list[str], resource: str | None) -> OAuthToken:
@@ -82,7 +86,9 @@ class Provider:
         self.refresh[refresh] = RefreshToken(token=refresh, client_id=client_id, scopes=scopes, resource=resource)
         return OAuthToken(access_token=access, expires_in=self.lifetime, scope=" ".join(scopes), refresh_token=refresh)
 
-    async def exchange_authorization_code(self, client: OAuthClientInformationFull, authorization_code: AuthorizationCode) -> OAuthToken:
+    async def exchange_authorization_code(
+        self, client: OAuthClientInformationFull, authorization_code: AuthorizationCode
+    ) -> OAuthToken:
         self.codes.pop(authorization_code.code, None)
         self.stats["authorization_code"] += 1
         return self._issue(client.client_id, authorization_code.scopes, authorization_code.resource)
@@ -106,6 +112,11 @@ class Provider:
             return None
         return found
 
+    async def exchange_identity_assertion(
+        self, client: OAuthClientInformationFull, params: IdentityAssertionParams
+    ) -> OAuthToken:
+        raise NotImplementedError("no enterprise identity provider here")
+
     async def revoke_token(self, token: AccessToken | RefreshToken) -> None:
         self.access.pop(token.token, None)
         self.refresh.pop(token.token, None)
@@ -117,8 +128,8 @@ def build(port: int, lifetime: int) -> tuple[MCPServer, Provider]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MCPDeprecationWarning)
         settings = AuthSettings(
-            issuer_url=base,
-            resource_server_url=f"{base}/mcp",
+            issuer_url=AnyHttpUrl(base),
+            resource_server_url=AnyHttpUrl(f"{base}/mcp"),
             client_registration_options=ClientRegistrationOptions(enabled=True, valid_scopes=[SCOPE], default_scopes=[SCOPE]),
             revocation_options=RevocationOptions(enabled=True),
             required_scopes=[SCOPE],
@@ -131,20 +142,22 @@ def build(port: int, lifetime: int) -> tuple[MCPServer, Provider]:
         """Says the caller got through."""
         return "signed in"
 
-    @mcp.custom_route("/admin/expire", methods=["POST"])
     async def expire(request: Request) -> Response:
         provider.access.clear()
         return JSONResponse({"ok": True})
 
-    @mcp.custom_route("/admin/revoke", methods=["POST"])
     async def revoke(request: Request) -> Response:
         provider.access.clear()
         provider.refresh.clear()
         return JSONResponse({"ok": True})
 
-    @mcp.custom_route("/admin/stats", methods=["GET"])
     async def stats(request: Request) -> Response:
         return JSONResponse(provider.stats)
+
+    # Called, not applied as decorators: the SDK's decorator is untyped.
+    mcp.custom_route("/admin/expire", methods=["POST"])(expire)
+    mcp.custom_route("/admin/revoke", methods=["POST"])(revoke)
+    mcp.custom_route("/admin/stats", methods=["GET"])(stats)
 
     return mcp, provider
 

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from conformance.node_tools import NodeTools, node_tools
 
 CLIENT = Path(__file__).resolve().parents[1] / "conformance" / "client.py"
@@ -75,6 +77,8 @@ def run_scenario(tools: NodeTools, scenario: str, out: Path) -> list[str]:
     return [f"{c['id']}: {c.get('errorMessage') or c.get('description', '')}" for c in checks if c["status"] == "FAILURE"]
 
 
+# Each scenario starts a fresh Python client (the imports alone take a second or more): ~4 s per scenario.
+@pytest.mark.timeout(1200)
 def test_every_client_scenario_passes_or_is_a_known_gap(tmp_path: Path) -> None:
     tools = node_tools()
     scenarios = client_scenarios(tools)

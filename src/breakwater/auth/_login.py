@@ -183,7 +183,7 @@ async def sign_in(
         return await _sign_in(_pinned(spec, tokens), tokens, browser, print_url, stdin, client_secret, clock, timeout_s)
     except BaseException:
         if before.get("tokens") and not tokens.record().get("tokens"):
-            kept = {k: before[k] for k in ("tokens", "expires_at", "updated_at") if k in before}
+            kept: dict[str, Any] = {k: before[k] for k in ("tokens", "expires_at", "updated_at") if k in before}
             store.update(tokens.url, lambda rec: {**rec, **kept})  # a failed sign-in keeps the old one
         raise
 
