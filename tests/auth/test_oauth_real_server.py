@@ -1,12 +1,12 @@
 """OAuth against a real protected MCP server (the SDK's server-side auth, `oauth_server.py`, in a subprocess).
 
 Sign-in goes through `auth login`'s code path (`sign_in`), with an HTTP client following the
-authorization URL in place of the browser (the server approves without a person); then
-`Breakwater` connects with the stored tokens. What a user would see is checked: the token file's
-permissions, that calls keep working when the access token expires (refresh on the 401, and before
-expiry), and that a revoked sign-in turns the server `failed` with `auth_required` and a message
-naming `breakwater auth login NAME`, which a call repeats, until a new sign-in heals it without a
-restart.
+authorization URL in place of the browser (the server approves without a person); then the gateway
+(in this process, an agent's client on it) connects with the stored tokens. What a user would see is
+checked: the token file's permissions, that calls keep working when the access token expires
+(refresh on the 401, and before expiry), and that a revoked sign-in turns the server `failed` with
+`auth_required` and a message naming `breakwater auth login NAME`, which a call repeats, until a new
+sign-in heals it without a restart.
 """
 
 from __future__ import annotations
@@ -16,13 +16,17 @@ import stat
 import time
 from pathlib import Path
 
+import anyio
 import httpx2
 import pytest
+from mcp import Client
 
 from breakwater import Breakwater
 from breakwater.auth import ServerTokens, TokenStore
 from breakwater.auth._login import sign_in
-from breakwater.config import Config, ConnectPolicy, JournalPolicy, ServerSpec
+from breakwater.catalog._catalog import Catalog
+from breakwater.config import Config, ConnectPolicy, GatewayPolicy, JournalPolicy, ServerSpec
+from breakwater.gateway._server import Gateway
 from breakwater.status import Reason, ServerState
 from helpers import code_of, eventually
 
@@ -55,32 +59,41 @@ async def test_sign_in_refresh_and_revocation(oauth_server: str, config_home: Pa
     assert record["server"] == "remote" and record["metadata"]["token_endpoint"].endswith("/token")
 
     config = Config(servers=(spec,), journal=JournalPolicy(url="off"))
+    policy = GatewayPolicy()
     async with Breakwater(config, admission_dir=tmp_path / "admission") as bw:
-        report = await bw.wait_ready(timeout=20)
-        assert report.all_ready, report.to_json()
-        assert (await bw.call_tool("remote", "whoami")).structured_content == {"result": "signed in"}
+        gateway = Gateway(bw, policy, catalog=Catalog(template=policy.tool_name_template, directory=tmp_path / "catalog"))
+        async with anyio.create_task_group() as tg, Client(gateway.server, mode="legacy") as agent:
+            tg.start_soon(gateway.watch)
+            report = await bw.wait_ready(timeout=20)
+            assert report.all_ready, report.to_json()
+            assert await _whoami(agent) == {"result": "signed in"}
 
-        # Every access token expires at once: the next call is answered after a refresh on the 401.
-        httpx2.post(f"{oauth_server}/admin/expire")
-        assert (await bw.call_tool("remote", "whoami")).structured_content == {"result": "signed in"}
-        assert _stats(oauth_server)["refresh_token"] == 1
+            # Every access token expires at once: the next call is answered after a refresh on the 401.
+            httpx2.post(f"{oauth_server}/admin/expire")
+            assert await _whoami(agent) == {"result": "signed in"}
+            assert _stats(oauth_server)["refresh_token"] == 1
 
-        # Revoked: no refresh can help; the server is failed, auth_required, and says what to run.
-        httpx2.post(f"{oauth_server}/admin/revoke")
-        await bw.call_tool("remote", "whoami")
-        await eventually(lambda: bw.status().servers[0].state is ServerState.FAILED, timeout=20)
-        error = bw.status().servers[0].error
-        assert error is not None and error.code is Reason.AUTH_REQUIRED
-        assert "breakwater auth login remote" in error.message
-        refused = await bw.call_tool("remote", "whoami")
-        assert code_of(refused) == "SERVER_UNAVAILABLE"
-        assert "breakwater auth login remote" in json.dumps(refused.structured_content)
-        assert not _tokens_in(bw.status().to_json(), store)
+            # Revoked: no refresh can help; the server is failed, auth_required, and says what to run.
+            httpx2.post(f"{oauth_server}/admin/revoke")
+            await agent.call_tool("remote__whoami", {})
+            await eventually(lambda: bw.status().servers[0].state is ServerState.FAILED, timeout=20)
+            status = (await agent.call_tool("breakwater_status", {})).structured_content or {}
+            error = status["servers"][0]["error"]
+            assert error["code"] == "auth_required" and "breakwater auth login remote" in error["message"]
+            refused = await agent.call_tool("remote__whoami", {})
+            assert code_of(refused) == "SERVER_UNAVAILABLE"
+            assert "breakwater auth login remote" in json.dumps(refused.structured_content)
+            assert not _tokens_in(status, store)
 
-        # A new sign-in is picked up by the running instance (its next background attempt).
-        await sign_in(spec, store, browser=follow)
-        await eventually(lambda: bw.status().servers[0].state is ServerState.READY, timeout=20)
-        assert (await bw.call_tool("remote", "whoami")).structured_content == {"result": "signed in"}
+            # A new sign-in is picked up by the running gateway (its next background attempt).
+            await sign_in(spec, store, browser=follow)
+            await eventually(lambda: bw.status().servers[0].state is ServerState.READY, timeout=20)
+            assert await _whoami(agent) == {"result": "signed in"}
+            tg.cancel_scope.cancel()
+
+
+async def _whoami(agent: Client) -> object:
+    return (await agent.call_tool("remote__whoami", {})).structured_content
 
 
 def _tokens_in(report: object, store: TokenStore) -> bool:
