@@ -142,6 +142,12 @@ def build(port: int, lifetime: int) -> tuple[MCPServer, Provider]:
         """Says the caller got through."""
         return "signed in"
 
+    @mcp.tool()
+    async def wait(seconds: float) -> str:
+        """Answers after `seconds` (JSON responses: the HTTP response comes only then)."""
+        await anyio.sleep(seconds)
+        return "waited"
+
     async def expire(request: Request) -> Response:
         provider.access.clear()
         return JSONResponse({"ok": True})
@@ -171,7 +177,9 @@ async def serve(port_file: str, lifetime: int) -> None:
     sock.listen(128)
     port = int(sock.getsockname()[1])
     mcp, _ = build(port, lifetime)
-    app = mcp.streamable_http_app()
+    # JSON responses: a call's HTTP response arrives when the tool ends, so a client that serialized its
+    # requests (a lock held across one in flight) would show it.
+    app = mcp.streamable_http_app(json_response=True)
     Path(port_file).write_text(str(port))
     await uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).serve(sockets=[sock])
 

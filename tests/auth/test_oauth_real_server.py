@@ -52,7 +52,7 @@ async def test_sign_in_refresh_and_revocation(oauth_server: str, config_home: Pa
     spec = _spec(oauth_server, tmp_path)
     store = TokenStore()
     done = await sign_in(spec, store, browser=follow)
-    assert (done.scopes, done.refreshable, done.tools) == ("mcp:tools", True, 1)
+    assert (done.scopes, done.refreshable, done.tools) == ("mcp:tools", True, 2)
     assert stat.S_IMODE(store.path.stat().st_mode) == 0o600
     assert stat.S_IMODE(config_home.stat().st_mode) == 0o700
     record = json.loads(store.path.read_text())["servers"][spec.url]
@@ -112,7 +112,13 @@ async def test_an_expired_token_is_refreshed_before_it_is_sent(oauth_server: str
     config = Config(servers=(spec,), journal=JournalPolicy(url="off"))
     async with Breakwater(config, admission_dir=tmp_path / "admission") as bw:
         assert (await bw.wait_ready(timeout=20)).all_ready
-    assert _stats(oauth_server)["refresh_token"] == before + 1
+        assert _stats(oauth_server)["refresh_token"] == before + 1
+        # The OAuth client does not serialize requests: three 1.5 s calls in flight at once take ~1.5 s.
+        started = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(bw.call_tool, "remote", "wait", {"seconds": 1.5})
+        assert time.monotonic() - started < 3.5
     assert (ServerTokens(store, spec.url or "").expires_at() or 0) > time.time() + 3000
 
 

@@ -174,28 +174,39 @@ class _StoredFlow(OAuthClientProvider):
             self.context.client_metadata.scope = self._pinned_scope
         return await super()._perform_authorization()
 
+    def _access_token(self) -> str | None:
+        tokens = self.context.current_tokens
+        return tokens.access_token if tokens is not None else None
+
     async def _auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+        # The lock guards the token state, never a request in flight: held across `yield request` (as
+        # the SDK does), one slow call on a JSON-response server would hold every other call back.
         async with self.context.lock:
             if not self._initialized:
                 await self._initialize()
             self.context.protocol_version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER)
-            if not self._interactive and self._step_up_pending():
-                # A call needed more scope than the sign-in granted, and no one is here to grant it:
-                # the whole server waits for `auth login` rather than failing call after call.
-                response = yield request
-                self._give_up(response, step_up=True)
-                return
-            if self.context.current_tokens is not None and not self.context.is_token_valid():
+            blocked = not self._interactive and self._step_up_pending()
+            if not blocked and self.context.current_tokens is not None and not self.context.is_token_valid():
                 await self._reload_if_signed_in_again()  # another process may have refreshed already
-            if not self.context.is_token_valid() and self.context.can_refresh_token():
+            if not blocked and not self.context.is_token_valid() and self.context.can_refresh_token():
                 refreshed = yield await self._refresh_token()
                 await self._handle_refresh_response(refreshed)
-            if self.context.is_token_valid():
+            sent = self._access_token() if self.context.is_token_valid() and not blocked else None
+            if sent is not None:
                 self._add_auth_header(request)
-            response = yield request
+        response = yield request
+        if blocked:
+            # A call needed more scope than the sign-in granted, and no one is here to grant it:
+            # the whole server waits for `auth login` rather than failing call after call.
+            self._give_up(response, step_up=True)
+            return
+        if not _needs_auth(response):
+            return
+        async with self.context.lock:
             if response.status_code == 401:
-                # A newer sign-in, else the refresh token, before anything that needs a person.
-                if await self._reload_if_signed_in_again() and self.context.is_token_valid():
+                # Someone refreshed meanwhile, or signed in again; else the refresh token; then a person.
+                newer = self.context.is_token_valid() and self._access_token() != sent
+                if (newer or await self._reload_if_signed_in_again()) and self.context.is_token_valid():
                     self._add_auth_header(request)
                     response = yield request
                 elif self.context.can_refresh_token():
