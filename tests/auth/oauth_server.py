@@ -7,7 +7,8 @@ only the provider behind it: an in-memory store that approves every authorizatio
 
 Two admin routes let a test act on the tokens from outside: `POST /admin/expire` drops every
 access token (as if they all expired; the refresh tokens stay), `POST /admin/revoke` drops every
-token. `GET /admin/stats` counts the grants.
+token. `GET /admin/stats` counts the grants. `GET /custom/metadata` serves the authorization-server
+metadata at a URL discovery would not find (for `authServerMetadataUrl`).
 
     python tests/auth/oauth_server.py --port-file F [--lifetime 3600]
 """
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 from mcp.server.auth.provider import (
     AccessToken,
     AuthorizationCode,
@@ -52,7 +54,7 @@ class Provider:
         self.codes: dict[str, AuthorizationCode] = {}
         self.access: dict[str, AccessToken] = {}
         self.refresh: dict[str, RefreshToken] = {}
-        self.stats = {"authorization_code": 0, "refresh_token": 0, "rejected": 0}
+        self.stats = {"authorization_code": 0, "refresh_token": 0, "rejected": 0, "custom_metadata": 0}
 
     async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
         return self.clients.get(client_id)
@@ -160,6 +162,14 @@ def build(port: int, lifetime: int) -> tuple[MCPServer, Provider]:
     async def stats(request: Request) -> Response:
         return JSONResponse(provider.stats)
 
+    async def custom_metadata(request: Request) -> Response:
+        """The authorization-server metadata at a URL of its own (for `authServerMetadataUrl`)."""
+        provider.stats["custom_metadata"] += 1
+        async with httpx2.AsyncClient() as http:
+            found = await http.get(f"{base}/.well-known/oauth-authorization-server")
+        return JSONResponse(found.json())
+
+    mcp.custom_route("/custom/metadata", methods=["GET"])(custom_metadata)
     # Called, not applied as decorators: the SDK's decorator is untyped.
     mcp.custom_route("/admin/expire", methods=["POST"])(expire)
     mcp.custom_route("/admin/revoke", methods=["POST"])(revoke)

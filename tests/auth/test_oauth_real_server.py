@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import stat
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import anyio
@@ -25,7 +26,7 @@ from breakwater import Breakwater
 from breakwater.auth import ServerTokens, TokenStore
 from breakwater.auth._login import sign_in
 from breakwater.catalog._catalog import Catalog
-from breakwater.config import Config, ConnectPolicy, GatewayPolicy, JournalPolicy, ServerSpec
+from breakwater.config import Config, ConnectPolicy, GatewayPolicy, JournalPolicy, OAuthSettings, ServerSpec
 from breakwater.gateway._server import Gateway
 from breakwater.status import Reason, ServerState
 from helpers import code_of, eventually
@@ -132,3 +133,19 @@ async def test_signed_out_server_is_auth_required_naming_the_command(
     assert error is not None and error.code is Reason.AUTH_REQUIRED
     assert error.message == "not signed in: run `breakwater auth login remote`"
     assert report.servers[0].state is ServerState.FAILED
+
+
+async def test_auth_server_metadata_url_and_pinned_scopes(oauth_server: str, config_home: Path, tmp_path: Path) -> None:
+    """Claude Code's `authServerMetadataUrl` is where the metadata comes from; `scopes` is what is asked for."""
+    oauth = OAuthSettings(auth_server_metadata_url=f"{oauth_server}/custom/metadata", scopes="mcp:tools")
+    spec = replace(_spec(oauth_server, tmp_path), oauth=oauth)
+    seen: list[str] = []
+
+    async def browser(url: str) -> None:
+        seen.append(url)
+        await follow(url)
+
+    done = await sign_in(spec, TokenStore(), browser=browser)
+    assert done.scopes == "mcp:tools" and done.tools == 2
+    assert _stats(oauth_server)["custom_metadata"] == 1
+    assert "scope=mcp%3Atools" in seen[0]
