@@ -14,7 +14,8 @@ from breakwater.errors import ConfigError
 
 def _load(tmp_path: Path, oauth: Any) -> OAuthSettings | None:
     path = tmp_path / ".mcp.json"
-    path.write_text(json.dumps({"mcpServers": {"remote": {"type": "http", "url": "https://mcp.example.com/mcp", "oauth": oauth}}}))
+    entry = {"type": "http", "url": "https://mcp.example.com/mcp", "oauth": oauth}
+    path.write_text(json.dumps({"mcpServers": {"remote": entry}}))
     return load_config(path, environ={}).server("remote").oauth
 
 

@@ -57,10 +57,10 @@ def run_scenario(tools: NodeTools, scenario: str, out: Path) -> list[str]:
     """Run one scenario against the client program: its failed checks ("id: message"), [] when it passed."""
     cli = tools.modules / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
     command = f"{sys.executable} {CLIENT}"
+    limits = ["--timeout", str(CLIENT_TIMEOUT_MS), "-o", str(out)]
     try:
         subprocess.run(
-            [str(tools.node), str(cli), "client", "--command", command, "--scenario", scenario]
-            + ["--timeout", str(CLIENT_TIMEOUT_MS), "-o", str(out)],
+            [str(tools.node), str(cli), "client", "--command", command, "--scenario", scenario, *limits],
             capture_output=True,
             text=True,
             env=tools.env(),
