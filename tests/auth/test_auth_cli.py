@@ -1,8 +1,10 @@
 """`breakwater auth login --no-browser`, `auth status --json` and `auth logout`, as a person runs them.
 
 The login prints the authorization URL as the only line on stdout and waits at the loopback
-callback; the test plays the person's browser by following that URL (the test server approves at
-once). Against the real OAuth test server (`oauth_server.py`).
+callback or for the final redirect URL pasted on stdin; the test plays the person whose browser is
+elsewhere: it opens the URL (the test server approves at once) and pastes where it was redirected.
+Then a second login takes the loopback callback with stdin open and silent, and still exits.
+Against the real OAuth test server (`oauth_server.py`).
 """
 
 from __future__ import annotations
@@ -43,8 +45,10 @@ def test_login_no_browser_then_status_then_logout(
     assert login.stdout is not None
     url = login.stdout.readline().strip()
     assert url.startswith(f"{oauth_server}/authorize?") and "code_challenge_method=S256" in url
-    httpx2.get(url, follow_redirects=True, timeout=10)  # the browser: approve, land on the loopback callback
-    out, err = login.communicate(timeout=60)
+    # The person's browser is on another machine: it gets the redirect, and the person pastes that URL.
+    redirect = httpx2.get(url, follow_redirects=False, timeout=10).headers["location"]
+    assert redirect.startswith("http://localhost:") and "code=" in redirect
+    out, err = login.communicate(input=redirect + "\n", timeout=60)
     assert login.returncode == 0, err
     assert out == ""  # the URL was the only line on stdout
     assert "signed in to remote with scopes 'mcp:tools'" in err
@@ -66,6 +70,17 @@ def test_login_no_browser_then_status_then_logout(
     assert code == 0 and "signed out of remote" in logout_err
     _, after, _ = _breakwater(capsys, "auth", "status", "--json", "--config", str(config))
     assert json.loads(after)["servers"][0]["signed_in"] is False
+
+    # Signed in again through the loopback callback, while standard input stays open and silent (a
+    # terminal): the command still ends once the tokens are stored.
+    again = subprocess.Popen(
+        login.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    assert again.stdout is not None
+    httpx2.get(again.stdout.readline().strip(), follow_redirects=True, timeout=10)
+    assert again.wait(timeout=60) == 0
+    assert again.stdin is not None
+    again.stdin.close()
 
 
 def test_login_refuses_a_stdio_server(tmp_path: Path, config_home: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import webbrowser
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -22,6 +23,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import anyio
 import anyio.abc
+import anyio.from_thread
+import anyio.lowlevel
 import httpx2
 from anyio.streams.memory import MemoryObjectSendStream
 from anyio.streams.stapled import MultiListener
@@ -117,15 +120,22 @@ async def _listen(port: int) -> tuple[anyio.abc.Listener[anyio.abc.SocketStream]
     return MultiListener(listeners), bound
 
 
-async def _read_pasted(stdin: TextIO, send: MemoryObjectSendStream[_Outcome]) -> None:
-    """A final redirect URL pasted on standard input (a machine whose browser is elsewhere)."""
-    while True:
-        line = await anyio.to_thread.run_sync(stdin.readline, abandon_on_cancel=True)
-        if not line:
-            return
-        if "code=" in line or "error=" in line:
-            await send.send(_parse_redirect(line.strip()))
-            return
+def _read_pasted(stdin: TextIO, send: MemoryObjectSendStream[_Outcome]) -> None:
+    """A final redirect URL pasted on standard input (a machine whose browser is elsewhere).
+
+    A daemon thread, not a worker thread: when the loopback wins, a read still blocked on the
+    terminal must not keep the finished command from exiting.
+    """
+    token = anyio.lowlevel.current_token()
+
+    def read() -> None:
+        for line in iter(stdin.readline, ""):
+            if "code=" in line or "error=" in line:
+                with contextlib.suppress(Exception):  # the sign-in already ended: nothing to hand it to
+                    anyio.from_thread.run_sync(send.send_nowait, _parse_redirect(line.strip()), token=token)
+                return
+
+    threading.Thread(target=read, name="breakwater-paste", daemon=True).start()
 
 
 def _callback_port(spec: ServerSpec, tokens: ServerTokens) -> int:
@@ -211,7 +221,7 @@ async def _sign_in(
             if print_url:
                 print(url, flush=True)
                 if stdin is not None:
-                    tg.start_soon(_read_pasted, stdin, send)
+                    _read_pasted(stdin, send)
             else:
                 await browser(url)
 
