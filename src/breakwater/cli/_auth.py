@@ -81,7 +81,7 @@ def _when(at: float) -> str:
 
 
 def auth_status(config: Config, store: TokenStore, *, now: float | None = None) -> list[dict[str, Any]]:
-    """Per HTTP server: signed in or not, scopes, expiry, refreshable (never a token)."""
+    """Per HTTP server: signed in or not, scopes, expiry, refreshable, scope still needed (never a token)."""
     now = time.time() if now is None else now
     records = store.records()
     rows: list[dict[str, Any]] = []
@@ -102,6 +102,8 @@ def auth_status(config: Config, store: TokenStore, *, now: float | None = None) 
                 "expires_at": expires_at,
                 "expired": expires_at is not None and expires_at <= now,
                 "refreshable": bool(tokens.get("refresh_token")),
+                # Scope a running gateway found missing (`insufficient_scope`); the next login asks for it.
+                "needs_scope": rec.get("needed_scope"),
             }
         )
     return rows
