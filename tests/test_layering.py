@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("core", frozenset({"_clock", "_backoff", "_paths", "_platform", "_wire", "_groups", "_sqlite", "errors", "status"})),
     ("config", frozenset({"config"})),
     ("wire extensions", frozenset({"tasks", "idempotency"})),
-    ("connect, catalog, journal", frozenset({"connect", "catalog", "journal"})),
+    ("connect, catalog, journal", frozenset({"auth", "connect", "catalog", "journal"})),
     ("gate", frozenset({"gate"})),
     ("state, observe", frozenset({"state", "observe"})),
     ("library", frozenset({"_breakwater"})),

@@ -93,6 +93,7 @@ PUBLIC: dict[str, list[str]] = {
         "ConnectPolicy",
         "GatewayPolicy",
         "JournalPolicy",
+        "OAuthSettings",
         "RetryPolicy",
         "ServerSpec",
         "StatePolicy",

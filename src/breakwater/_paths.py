@@ -21,7 +21,7 @@ from pathlib import Path
 
 import platformdirs
 
-__all__ = ["cache_dir", "data_dir", "runtime_dir"]
+__all__ = ["cache_dir", "config_dir", "data_dir", "runtime_dir"]
 
 APP = "breakwater"
 
@@ -29,6 +29,12 @@ APP = "breakwater"
 def data_dir() -> Path:
     """The user's data directory for breakwater (see the module docstring)."""
     return Path(platformdirs.user_data_dir(APP, appauthor=False))
+
+
+def config_dir() -> Path:
+    """The user's config directory for breakwater (OAuth tokens): Linux `$XDG_CONFIG_HOME/breakwater`
+    (`~/.config`), macOS `~/Library/Application Support/breakwater`, Windows `%LOCALAPPDATA%\\breakwater`."""
+    return Path(platformdirs.user_config_dir(APP, appauthor=False))
 
 
 def cache_dir() -> Path:

@@ -46,6 +46,12 @@ def _call(argv: list[str]) -> int:
     return call_main(argv)
 
 
+def _auth(argv: list[str]) -> int:
+    from breakwater.cli._auth import auth_main
+
+    return auth_main(argv)
+
+
 def _demo(argv: list[str]) -> int:
     from breakwater.cli._demo import demo_main
 
@@ -74,6 +80,7 @@ _COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "status": ("connect to every server and report each one's state", _status),
     "stats": ("per-tool calls, latency percentiles and timeouts from the call journal", _stats),
     "config": ("check the config, list every knob", _config),
+    "auth": ("sign in to remote HTTP servers with OAuth (login, status, logout)", _auth),
     "demo": ("the whole story on built-in local servers, in under a minute", _demo),
     "testserver": ("run the misbehaving MCP test server", _testserver),
     "lab": ("the fleet lab: a deterministic simulator of an MCP server fleet", _lab),

@@ -11,7 +11,8 @@ Two file shapes are read:
   `max_attempts`).
 
 Without `--config`, breakwater looks for `breakwater.toml`, then `.mcp.json`, in the current
-directory. Every error names the file, the key and the fix.
+directory. Every error names the file, the key and the fix. An HTTP entry's `oauth` object (Claude
+Code's keys, and breakwater's for client credentials) becomes `ServerSpec.oauth` (`_oauth.py`).
 
 The model (`Config`, `ServerSpec`, `ToolSettings`) is in `_model.py`, the file readers in
 `_files.py`, the policies in `_policies.py` and the knob machinery in `_knobs.py`. May import the
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from breakwater.config._files import DEFAULT_CONFIG_NAMES as DEFAULT_CONFIG_NAMES  # importable as before
 from breakwater.config._files import find_config, load_config
-from breakwater.config._model import Config, ServerSpec, ToolSettings, all_knobs
+from breakwater.config._model import Config, OAuthSettings, ServerSpec, ToolSettings, all_knobs
 from breakwater.config._model import Transport as Transport  # importable as before
 from breakwater.config._policies import (
     BreakerPolicy,
@@ -42,6 +43,7 @@ __all__ = [
     "ConnectPolicy",
     "GatewayPolicy",
     "JournalPolicy",
+    "OAuthSettings",
     "RetryPolicy",
     "ServerSpec",
     "StatePolicy",

@@ -31,6 +31,7 @@ from breakwater.config._dialect import (
 from breakwater.config._expand import Expander, has_reference
 from breakwater.config._knobs import build_policy, env_layer
 from breakwater.config._model import Config, ServerSpec, ToolSettings, Transport
+from breakwater.config._oauth import parse_oauth
 from breakwater.config._policies import GLOBAL_SECTIONS, POLICY_SECTIONS, CallPolicy, RetryPolicy
 from breakwater.config._redact import register_secrets
 from breakwater.errors import ConfigError
@@ -202,6 +203,8 @@ def _http_fields(entry: Mapping[str, Any], transport: Transport, path: str, wher
             raise _fail("expected a command", path, f"{where}.headersHelper", 'write "headersHelper": "/path/to/get-headers.sh"')
         check_text(helper, path=path, key=f"{where}.headersHelper", what="command", strict=True)
         fields["headers_helper"] = helper
+    if "oauth" in entry:
+        fields["oauth"] = parse_oauth(entry["oauth"], path=path, where=where)
     for key in ("command", "envFile"):
         if key in entry:
             raise _fail(f"an {transport} server has no {key}", path, f"{where}.{key}", f'remove "{key}" or the url')

@@ -25,9 +25,65 @@ from breakwater.config._policies import (
     TelemetryPolicy,
 )
 
-__all__ = ["Config", "ServerSpec", "ToolSettings", "Transport", "all_knobs"]
+__all__ = ["Config", "OAuthSettings", "ServerSpec", "ToolSettings", "Transport", "all_knobs"]
 
 Transport = Literal["stdio", "http", "sse"]
+
+#: How breakwater gets an OAuth token for an HTTP server: a person signs in once
+#: (`breakwater auth login NAME`), or the machine-to-machine extension (no person at all).
+GrantType = Literal["authorization_code", "client_credentials"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OAuthSettings:
+    """An HTTP server's `oauth` object: Claude Code's keys, and breakwater's for client credentials.
+
+    Claude Code writes `clientId`, `callbackPort`, `authServerMetadataUrl` and `scopes`; breakwater
+    also reads `clientSecret`, `clientMetadataUrl`, `grantType`, `privateKey`/`privateKeyFile`,
+    `signingAlgorithm` and `issuer` (see `config/_oauth.py`). The secret and the key are secrets:
+    excluded from `repr` and every rendering.
+    """
+
+    client_id: str | None = None
+    client_secret: str | None = field(default=None, repr=False)
+    #: The loopback redirect is `http://localhost:PORT/callback`; None picks a free port at sign-in.
+    callback_port: int | None = None
+    #: Authorization-server metadata at this URL instead of discovery from the server's 401.
+    auth_server_metadata_url: str | None = None
+    #: Space-separated scopes to ask for instead of the ones the server advertises.
+    scopes: str | None = None
+    #: A client ID metadata document (an https URL) to use as the client ID where the server supports them.
+    client_metadata_url: str | None = None
+    grant_type: GrantType = "authorization_code"
+    #: A PEM private key signing `private_key_jwt` assertions (client credentials without a secret).
+    private_key: str | None = field(default=None, repr=False)
+    signing_algorithm: str = "RS256"
+    #: The authorization server the client credentials belong to (they are sent nowhere else).
+    issuer: str | None = None
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """The client secret and the private key, when set."""
+        return tuple(s for s in (self.client_secret, self.private_key) if s)
+
+    def describe(self) -> dict[str, Any]:
+        """What was understood, safe to print (the secret and key appear as `<redacted>`)."""
+        out: dict[str, Any] = {"grantType": self.grant_type}
+        for key, value in (
+            ("clientId", self.client_id),
+            ("callbackPort", self.callback_port),
+            ("authServerMetadataUrl", self.auth_server_metadata_url),
+            ("scopes", self.scopes),
+            ("clientMetadataUrl", self.client_metadata_url),
+            ("issuer", self.issuer),
+        ):
+            if value is not None:
+                out[key] = value
+        if self.client_secret:
+            out["clientSecret"] = "<redacted>"
+        if self.private_key:
+            out["privateKey"] = "<redacted>"
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +111,8 @@ class ServerSpec:
     cwd: str | None = None
     url: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    #: The entry's `oauth` object (HTTP servers only); None when it has none.
+    oauth: OAuthSettings | None = None
     enabled: bool = True
     connect: ConnectPolicy = field(default_factory=ConnectPolicy)
     call: CallPolicy = field(default_factory=CallPolicy)
@@ -103,6 +161,8 @@ class ServerSpec:
             out["url"] = display_url(self.url or "")
             if self.headers:
                 out["headers"] = {k: "<redacted>" for k in sorted(self.headers)}
+            if self.oauth is not None:
+                out["oauth"] = self.oauth.describe()
             if self.headers_helper:
                 out["headersHelper"] = redact(self.headers_helper)
         if self.notes:
@@ -122,6 +182,7 @@ class ServerSpec:
         found += [s for v in self.headers.values() for s in header_secrets(v)]
         found += url_secrets(self.url or "")
         found += arg_secrets(self.args)
+        found += self.oauth.secrets if self.oauth is not None else ()
         return tuple(dict.fromkeys(v for v in found if len(v) >= MIN_SECRET))
 
     def fingerprint(self) -> str:

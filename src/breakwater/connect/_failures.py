@@ -99,9 +99,16 @@ def classify(
     process: StdioProcess | None,
     http_status: int | None,
     was_ready: bool,
+    auth_required: str | None = None,
 ) -> ErrorInfo:
-    """The reason an attempt on `spec` failed with `exc`; checks run from the most specific evidence down."""
+    """The reason an attempt on `spec` failed with `exc`; checks run from the most specific evidence down.
+
+    `auth_required` is the OAuth client's word that nobody is signed in (or the sign-in ended): it
+    explains the failure better than whatever status the last response had.
+    """
     leaves = _leaves(exc)
+    if auth_required is not None and not was_ready:
+        return ErrorInfo(code=Reason.AUTH_REQUIRED, message=auth_required, http_status=http_status)
     if was_ready:
         return ErrorInfo(code=Reason.CONNECTION_LOST, message=f"connection lost: {describe(leaves[0])}")
     helper = next((leaf for leaf in leaves if isinstance(leaf, HeadersHelperError)), None)

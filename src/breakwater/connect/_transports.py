@@ -27,12 +27,13 @@ from mcp.server import Server
 from mcp.server.mcpserver import MCPServer
 
 from breakwater._clock import SystemClock
+from breakwater.auth import ServerTokens, TokenStore, build_provider
 from breakwater.config import ServerSpec
 from breakwater.connect._headers_helper import HeadersHelperAuth
 from breakwater.connect._http_cut import CUT_KEY, CutTolerantTransport
 from breakwater.connect._stdio import StdioProcess
 
-__all__ = ["ClientTarget", "OpenedTransport", "TransportFactory", "default_transports"]
+__all__ = ["ClientTarget", "OpenedTransport", "TransportFactory", "default_transports", "oauth_for"]
 
 # The SDK's own defaults (mcp.shared._httpx_utils): connect/write/pool 30 s, read 300 s for SSE streams.
 HTTP_TIMEOUT_S = 30.0
@@ -61,6 +62,8 @@ class OpenedTransport:
         self._on_ready = on_ready
         #: The last HTTP error status (>= 400) a response carried; the best explanation of a failed handshake.
         self.http_status: int | None = None
+        #: Why the server cannot be used until someone signs in (names `breakwater auth login NAME`).
+        self.auth_required: str | None = None
 
     def ready(self) -> None:
         """The handshake is done: the connection is in service from now on."""
@@ -108,12 +111,18 @@ async def default_transports(spec: ServerSpec, stack: AsyncExitStack, *, report_
     async def record_status(response: httpx2.Response) -> None:
         await opened.record_status(response)  # bound below, before the first request can answer
 
+    def auth_required(message: str) -> None:
+        opened.auth_required = message
+        if cut_tolerant.armed:
+            report_lost()  # a ready connection whose sign-in ended: reconnect, and fail as auth_required
+
     http_client = httpx2.AsyncClient(
         headers=dict(spec.headers),
         timeout=httpx2.Timeout(HTTP_TIMEOUT_S, read=HTTP_READ_TIMEOUT_S),
         transport=cut_tolerant,
         event_hooks={"response": [record_status]},
-        auth=auth,
+        # A headersHelper owns the entry's credentials; OAuth signs in only the servers without one.
+        auth=auth if auth is not None else oauth_for(spec, auth_required),
     )
     await stack.enter_async_context(http_client)
     # The SDK's own cap on one SSE event is 1 MiB; the result-size limit is the one that applies
@@ -150,6 +159,15 @@ def _sse(spec: ServerSpec, auth: httpx2.Auth | None) -> OpenedTransport:
     )
     opened = OpenedTransport(target)
     return opened
+
+
+def oauth_for(spec: ServerSpec, on_auth_required: Callable[[str], None]) -> httpx2.Auth | None:
+    """The SDK's OAuth client on the stored tokens (never a browser), unless the entry sends its own
+    `Authorization` header. A server that never asks for OAuth costs one read of the token file."""
+    if any(key.lower() == "authorization" for key in spec.headers):
+        return None
+    tokens = ServerTokens(TokenStore(), spec.url or "", name=spec.name)
+    return build_provider(spec, tokens, on_auth_required=on_auth_required)
 
 
 @functools.cache

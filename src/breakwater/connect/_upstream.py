@@ -312,6 +312,7 @@ class Upstream:
                 process=_process(opened),
                 http_status=None if opened is None else opened.http_status,
                 was_ready=reached_ready,
+                auth_required=None if opened is None else opened.auth_required,
             )
         finally:
             ticket.release()

@@ -1,0 +1,253 @@
+"""The SDK's OAuth client (`mcp.client.auth`), with what breakwater needs and the SDK lacks.
+
+`_StoredFlow` is mixed over the SDK's providers (`_provider.py`: authorization code; `_machine.py`:
+client credentials).
+
+`OAuthClientProvider` is an `httpx2.Auth`: it puts the bearer token on every request, refreshes an
+expired one, and on a 401 (or a 403 `insufficient_scope`) runs discovery, registration and the
+authorization-code flow with PKCE. breakwater uses it as it is for sign-in (`auth login`) and for
+client credentials, and changes five things, all here:
+
+1. Stored tokens keep their expiry across restarts (the SDK forgets it: a token loaded from storage
+   counts as valid until a 401), and are refreshed a little *before* they expire, on the injected
+   clock.
+2. A 401 on a signed-in server first tries the refresh token and retries once (the SDK starts the
+   whole sign-in again), and a token written by a later `auth login` is picked up by a running
+   gateway at the next 401 instead of after a restart.
+3. Without a person (`serve`, `Breakwater`): no browser, no dynamic registration from a background
+   gateway. When the tokens are missing or cannot be refreshed, or the server wants more scope,
+   the provider calls `on_auth_required` with a message naming `breakwater auth login NAME` and
+   lets the 401 through to the transport, whose failure the connect classifier reports as
+   `auth_required`.
+4. Discovery's results (authorization-server and protected-resource metadata) are stored with the
+   tokens, so a later process refreshes against the right token endpoint without discovering.
+5. The entry's `authServerMetadataUrl` replaces the authorization-server discovery request, and its
+   `scopes` pin what the authorization request asks for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import httpx2
+from mcp.client.auth import OAuthClientProvider
+from mcp.client.auth.oauth2 import OAuthContext
+from mcp.client.auth.utils import extract_field_from_www_auth, extract_scope_from_www_auth, union_scopes
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
+
+from breakwater._clock import Clock, SystemClock
+from breakwater.auth._store import ServerTokens
+from breakwater.config import ServerSpec
+
+__all__ = ["AuthRequiredNote", "login_command"]
+
+#: Refresh when this share of a token's lifetime is left (at most `_MAX_MARGIN_S`).
+_MARGIN_SHARE = 0.1
+_MAX_MARGIN_S = 60.0
+_ASM_PATHS = ("/.well-known/oauth-authorization-server", "/.well-known/openid-configuration")
+
+#: Told why a server cannot be used until someone signs in (the message names the command).
+AuthRequiredNote = Callable[[str], None]
+
+
+def login_command(name: str) -> str:
+    """The command that fixes it, as every message prints it."""
+    return f"breakwater auth login {name}"
+
+
+@dataclass
+class _Context(OAuthContext):
+    """The SDK's context with expiry on breakwater's clock and a refresh margin."""
+
+    clock: Clock = field(default_factory=SystemClock)
+
+    def update_token_expiry(self, token: Any) -> None:
+        lifetime = getattr(token, "expires_in", None)
+        if lifetime is None:
+            self.token_expiry_time = None
+            return
+        self.token_expiry_time = self.clock.time() + int(lifetime) - min(_MAX_MARGIN_S, int(lifetime) * _MARGIN_SHARE)
+
+    def is_token_valid(self) -> bool:
+        return bool(
+            self.current_tokens
+            and self.current_tokens.access_token
+            and (not self.token_expiry_time or self.clock.time() <= self.token_expiry_time)
+        )
+
+
+def _needs_auth(response: httpx2.Response) -> bool:
+    return response.status_code == 401 or (
+        response.status_code == 403 and extract_field_from_www_auth(response, "error") == "insufficient_scope"
+    )
+
+
+class _StoredFlow(OAuthClientProvider):
+    """The five changes of the module docstring, over any of the SDK's providers."""
+
+    _spec: ServerSpec
+    _tokens: ServerTokens
+    _interactive: bool
+    _on_auth_required: AuthRequiredNote | None
+    _pinned_scope: str | None
+    _loaded_at: Any
+    _needed_scope: str | None
+
+    def _setup(
+        self, spec: ServerSpec, tokens: ServerTokens, clock: Clock, *, interactive: bool, note: AuthRequiredNote | None
+    ) -> None:
+        old = self.context
+        self.context = _Context(**{f.name: getattr(old, f.name) for f in fields(old)}, clock=clock)
+        self._spec = spec
+        self._tokens = tokens
+        self._interactive = interactive
+        self._on_auth_required = note
+        self._pinned_scope = spec.oauth.scopes if spec.oauth is not None else None
+        self._loaded_at = None
+        self._needed_scope = None
+
+    async def _initialize(self) -> None:
+        await super()._initialize()
+        self._adopt_stored()
+
+    def _adopt_stored(self) -> None:
+        """Expiry, metadata, and which write of the record these tokens came from."""
+        record = self._tokens.record()
+        self._loaded_at = record.get("updated_at")
+        self._needed_scope = self._tokens.needed_scope()
+        expires_at = self._tokens.expires_at()
+        tokens = self.context.current_tokens
+        if expires_at is not None and tokens is not None:
+            lifetime = float(tokens.expires_in or 0)
+            self.context.token_expiry_time = expires_at - min(_MAX_MARGIN_S, lifetime * _MARGIN_SHARE)
+        asm, prm = self._tokens.metadata()
+        if self.context.oauth_metadata is None and asm is not None:
+            self.context.oauth_metadata = asm
+        if self.context.protected_resource_metadata is None and prm is not None:
+            self.context.protected_resource_metadata = prm
+            self.context.auth_server_url = str(prm.authorization_servers[0])
+
+    async def _reload_if_signed_in_again(self) -> bool:
+        """Tokens another process stored since these were loaded (a new `auth login`): take them."""
+        if self._tokens.record().get("updated_at") == self._loaded_at:
+            return False
+        self.context.current_tokens = await self._tokens.get_tokens()
+        self.context.client_info = await self._tokens.get_client_info() or self.context.client_info
+        self._adopt_stored()
+        return self.context.current_tokens is not None
+
+    async def _handle_token_response(self, response: httpx2.Response) -> None:
+        await super()._handle_token_response(response)
+        self._tokens.set_metadata(self.context.oauth_metadata, self.context.protected_resource_metadata)
+        self._loaded_at = self._tokens.record().get("updated_at")
+
+    async def _handle_refresh_response(self, response: httpx2.Response) -> bool:
+        ok = await super()._handle_refresh_response(response)
+        self._loaded_at = self._tokens.record().get("updated_at")
+        return ok
+
+    async def _perform_authorization(self) -> httpx2.Request:
+        if self._pinned_scope:
+            self.context.client_metadata.scope = self._pinned_scope
+        return await super()._perform_authorization()
+
+    def _access_token(self) -> str | None:
+        tokens = self.context.current_tokens
+        return tokens.access_token if tokens is not None else None
+
+    async def _auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+        # The lock guards the token state, never a request in flight: held across `yield request` (as
+        # the SDK does), one slow call on a JSON-response server would hold every other call back.
+        async with self.context.lock:
+            if not self._initialized:
+                await self._initialize()
+            self.context.protocol_version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER)
+            blocked = not self._interactive and self._step_up_pending()
+            if not blocked and self.context.current_tokens is not None and not self.context.is_token_valid():
+                await self._reload_if_signed_in_again()  # another process may have refreshed already
+            if not blocked and not self.context.is_token_valid() and self.context.can_refresh_token():
+                refreshed = yield await self._refresh_token()
+                await self._handle_refresh_response(refreshed)
+            sent = self._access_token() if self.context.is_token_valid() and not blocked else None
+            if sent is not None:
+                self._add_auth_header(request)
+        response = yield request
+        if blocked:
+            # A call needed more scope than the sign-in granted, and no one is here to grant it:
+            # the whole server waits for `auth login` rather than failing call after call.
+            self._give_up(response, step_up=True)
+            return
+        if not _needs_auth(response):
+            return
+        async with self.context.lock:
+            if response.status_code == 401:
+                # Someone refreshed meanwhile, or signed in again; else the refresh token; then a person.
+                newer = self.context.is_token_valid() and self._access_token() != sent
+                if (newer or await self._reload_if_signed_in_again()) and self.context.is_token_valid():
+                    self._add_auth_header(request)
+                    response = yield request
+                elif self.context.can_refresh_token():
+                    refreshed = yield await self._refresh_token()
+                    if await self._handle_refresh_response(refreshed):
+                        self._add_auth_header(request)
+                        response = yield request
+            if not _needs_auth(response):
+                return
+            if not self._interactive:
+                self._give_up(response)
+                return
+        # Someone can sign in (auth login), or no one needs to (client credentials): the SDK's flow.
+        flow = super()._auth_flow(request)
+        pending: httpx2.Response | None = response
+        try:
+            outgoing = await flow.__anext__()
+            while True:
+                if outgoing is request and pending is not None:
+                    answer, pending = pending, None  # the SDK sends the request first: it was just answered
+                else:
+                    answer = yield self._rewrite_discovery(outgoing)
+                outgoing = await flow.asend(answer)
+        except StopAsyncIteration:
+            return
+        except Exception as exc:
+            if self._on_auth_required is None:
+                raise
+            self._on_auth_required(f"the sign-in failed ({type(exc).__name__}: {exc}); check the entry's oauth settings")
+
+    def _rewrite_discovery(self, outgoing: httpx2.Request) -> httpx2.Request:
+        url = self._spec.oauth.auth_server_metadata_url if self._spec.oauth is not None else None
+        if url and outgoing.method == "GET" and any(p in outgoing.url.path for p in _ASM_PATHS):
+            return httpx2.Request("GET", url, headers=outgoing.headers)
+        return outgoing
+
+    def _step_up_pending(self) -> bool:
+        needed = self._needed_scope
+        if not needed:
+            return False
+        granted = self.context.current_tokens.scope if self.context.current_tokens else None
+        return not set(needed.split()) <= set((granted or "").split())
+
+    def _give_up(self, response: httpx2.Response, *, step_up: bool = False) -> None:
+        """No person to sign in: say what to run, remember a step-up's scope for that sign-in."""
+        command = login_command(self._spec.name)
+        if step_up or response.status_code == 403:
+            wanted = self._needed_scope
+            if not step_up:
+                granted = self.context.current_tokens.scope if self.context.current_tokens else None
+                wanted = union_scopes(granted, extract_scope_from_www_auth(response))
+                if wanted:
+                    self._tokens.set_needed_scope(wanted)
+                    self._needed_scope = wanted
+            message = f"the server needs more permission ({wanted or 'insufficient_scope'}): run `{command}` to grant it"
+        elif self._tokens.record().get("tokens") is None:
+            message = f"not signed in: run `{command}`"
+        else:
+            message = f"the sign-in expired or was revoked and could not be refreshed: run `{command}`"
+        if self._on_auth_required is not None and (step_up or self._looks_oauth(response)):
+            self._on_auth_required(message)
+
+    def _looks_oauth(self, response: httpx2.Response) -> bool:
+        challenge = response.headers.get("www-authenticate", "")
+        return self._spec.oauth is not None or bool(self._tokens.record()) or challenge.lower().startswith("bearer")

@@ -1,0 +1,164 @@
+"""`breakwater auth login|status|logout`: OAuth sign-in for the config's remote HTTP servers.
+
+`login NAME` runs the sign-in (`auth/_login.py`) and stores the tokens in the token store, where a
+running gateway finds them at its next attempt (no restart). `status` says, per HTTP server,
+whether it is signed in, with which scopes, until when, and whether it can refresh. `logout NAME`
+forgets the tokens and the client registration. No command prints a token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import anyio
+from rich.table import Table
+
+from breakwater.auth import TokenStore
+from breakwater.auth._login import sign_in
+from breakwater.cli._common import (
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    EXIT_OK,
+    Parser,
+    add_config_flag,
+    did_you_mean,
+    fail,
+    load_or_exit,
+    show,
+)
+from breakwater.config import Config, ServerSpec
+
+__all__ = ["auth_main", "auth_status"]
+
+
+def _http_server(config: Config, name: str) -> ServerSpec | int:
+    """The named HTTP server, or the exit code after saying why not."""
+    try:
+        spec = config.server(name)
+    except KeyError:
+        hint = did_you_mean(name, [s.name for s in config.servers])
+        return fail(f"no server {name!r} in {config.path}{hint}", EXIT_CONFIG)
+    if spec.transport == "stdio":
+        return fail(f"{name} is a stdio server: there is nothing to sign in to", EXIT_CONFIG)
+    if spec.oauth is not None and spec.oauth.grant_type == "client_credentials":
+        return fail(f"{name} signs in with client credentials from the config: no login needed", EXIT_CONFIG)
+    return spec
+
+
+def _login(args: argparse.Namespace) -> int:
+    config = load_or_exit(args.config)
+    spec = _http_server(config, args.name)
+    if isinstance(spec, int):
+        return spec
+    # Claude Code's variable for the secret of a pre-registered client; stored with the registration.
+    secret = os.environ.get("MCP_CLIENT_SECRET") or None
+    try:
+        done = anyio.run(lambda: sign_in(spec, TokenStore(), print_url=args.no_browser, stdin=sys.stdin, client_secret=secret))
+    except Exception as exc:
+        leaf: BaseException = exc
+        while isinstance(leaf, BaseExceptionGroup):
+            leaf = leaf.exceptions[0]
+        return fail(f"sign-in to {spec.name} failed: {type(leaf).__name__}: {leaf}", EXIT_FAILED)
+    if done.scopes is None and done.expires_at is None and not done.refreshable:
+        print(f"breakwater: {spec.name} did not ask for a sign-in ({done.tools} tools)", file=sys.stderr)
+        return EXIT_OK
+    until = "" if done.expires_at is None else f", expires {_when(done.expires_at)}"
+    scopes = f" with scopes {done.scopes!r}" if done.scopes else ""
+    print(f"breakwater: signed in to {spec.name}{scopes}{until}; {done.tools} tools", file=sys.stderr)
+    return EXIT_OK
+
+
+def _when(at: float) -> str:
+    left = at - time.time()
+    if left <= 0:
+        return "now (expired)"
+    return f"in {left / 60:.0f} min" if left < 7200 else f"in {left / 3600:.0f} h"
+
+
+def auth_status(config: Config, store: TokenStore, *, now: float | None = None) -> list[dict[str, Any]]:
+    """Per HTTP server: signed in or not, scopes, expiry, refreshable, scope still needed (never a token)."""
+    now = time.time() if now is None else now
+    records = store.records()
+    rows: list[dict[str, Any]] = []
+    for spec in config.servers:
+        if spec.transport == "stdio":
+            continue
+        rec = records.get(spec.url or "") or {}
+        tokens = rec.get("tokens") or {}
+        expires_at = rec.get("expires_at")
+        grant = spec.oauth.grant_type if spec.oauth is not None else "authorization_code"
+        rows.append(
+            {
+                "name": spec.name,
+                "url": spec.url,
+                "grant": grant,
+                "signed_in": bool(tokens.get("access_token")),
+                "scopes": tokens.get("scope"),
+                "expires_at": expires_at,
+                "expired": expires_at is not None and expires_at <= now,
+                "refreshable": bool(tokens.get("refresh_token")),
+                # Scope a running gateway found missing (`insufficient_scope`); the next login asks for it.
+                "needs_scope": rec.get("needed_scope"),
+            }
+        )
+    return rows
+
+
+def _status(args: argparse.Namespace) -> int:
+    config = load_or_exit(args.config)
+    rows = auth_status(config, TokenStore())
+    if args.json:
+        print(json.dumps({"servers": rows}, indent=2))
+        return EXIT_OK
+    table = Table(title="breakwater auth status", title_justify="left")
+    for column in ("server", "signed in", "scopes", "expires", "refreshable"):
+        table.add_column(column, no_wrap=True)
+    for row in rows:
+        signed = "yes" if row["signed_in"] else ("client credentials" if row["grant"] == "client_credentials" else "no")
+        expires = "" if row["expires_at"] is None else _when(row["expires_at"])
+        table.add_row(row["name"], signed, row["scopes"] or "", expires, "yes" if row["refreshable"] else "no")
+    show(table)
+    return EXIT_OK
+
+
+def _logout(args: argparse.Namespace) -> int:
+    config = load_or_exit(args.config)
+    spec = _http_server(config, args.name)
+    if isinstance(spec, int):
+        return spec
+    if TokenStore().remove(spec.url or ""):
+        print(f"breakwater: signed out of {spec.name} (tokens and client registration forgotten)", file=sys.stderr)
+    else:
+        print(f"breakwater: {spec.name} was not signed in", file=sys.stderr)
+    return EXIT_OK
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="breakwater auth", description="OAuth sign-in for the config's remote HTTP servers.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{login,status,logout}")
+    login = sub.add_parser("login", help="sign in to one server (opens the browser) and store its tokens")
+    login.add_argument("name", metavar="NAME", help="the server's name in the config")
+    login.add_argument(
+        "--no-browser",
+        action="store_true",
+        help="print the authorization URL as the only line on stdout; wait for the redirect or a pasted redirect URL",
+    )
+    status = sub.add_parser("status", help="per HTTP server: signed in, scopes, expiry, refreshable")
+    status.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    logout = sub.add_parser("logout", help="forget one server's tokens and client registration")
+    logout.add_argument("name", metavar="NAME", help="the server's name in the config")
+    for p in (login, status, logout):
+        add_config_flag(p)
+    return parser
+
+
+def auth_main(argv: list[str]) -> int:
+    """`breakwater auth`: login, status, logout."""
+    args = _parser().parse_args(argv)
+    command = {"login": _login, "status": _status, "logout": _logout}[args.command]
+    return command(args)

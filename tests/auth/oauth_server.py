@@ -1,0 +1,207 @@
+"""An OAuth-protected MCP server on the SDK's server-side auth support, for the sign-in tests.
+
+The SDK serves the authorization server (metadata, dynamic registration, /authorize, /token,
+/revoke) and the protected-resource metadata, and checks the bearer token on /mcp; this file is
+only the provider behind it: an in-memory store that approves every authorization request at once
+(a person who always says yes), with short-lived access tokens and rotating refresh tokens.
+
+Two admin routes let a test act on the tokens from outside: `POST /admin/expire` drops every
+access token (as if they all expired; the refresh tokens stay), `POST /admin/revoke` drops every
+token. `GET /admin/stats` counts the grants. `GET /custom/metadata` serves the authorization-server
+metadata at a URL discovery would not find (for `authServerMetadataUrl`).
+
+    python tests/auth/oauth_server.py --port-file F [--lifetime 3600]
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import socket
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+from mcp.server.auth.provider import (
+    AccessToken,
+    AuthorizationCode,
+    AuthorizationParams,
+    IdentityAssertionParams,
+    RefreshToken,
+    construct_redirect_uri,
+)
+from mcp.server.auth.settings import AuthSettings, ClientRegistrationOptions, RevocationOptions
+from mcp.server.mcpserver import MCPServer
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
+from mcp.shared.exceptions import MCPDeprecationWarning
+from pydantic import AnyHttpUrl
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+SCOPE = "mcp:tools"
+
+
+class Provider:
+    """Approves everyone; remembers everything in memory."""
+
+    def __init__(self, lifetime: int) -> None:
+        self.lifetime = lifetime
+        self.clients: dict[str, OAuthClientInformationFull] = {}
+        self.codes: dict[str, AuthorizationCode] = {}
+        self.access: dict[str, AccessToken] = {}
+        self.refresh: dict[str, RefreshToken] = {}
+        self.stats = {"authorization_code": 0, "refresh_token": 0, "rejected": 0, "custom_metadata": 0}
+
+    async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
+        return self.clients.get(client_id)
+
+    async def register_client(self, client_info: OAuthClientInformationFull) -> None:
+        self.clients[client_info.client_id] = client_info
+
+    async def authorize(self, client: OAuthClientInformationFull, params: AuthorizationParams) -> str:
+        code = AuthorizationCode(
+            code=secrets.token_urlsafe(24),
+            scopes=params.scopes or [SCOPE],
+            expires_at=time.time() + 300,
+            client_id=client.client_id,
+            code_challenge=params.code_challenge,
+            redirect_uri=params.redirect_uri,
+            redirect_uri_provided_explicitly=params.redirect_uri_provided_explicitly,
+            resource=params.resource,
+        )
+        self.codes[code.code] = code
+        return construct_redirect_uri(str(params.redirect_uri), code=code.code, state=params.state)
+
+    async def load_authorization_code(
+        self, client: OAuthClientInformationFull, authorization_code: str
+    ) -> AuthorizationCode | None:
+        return self.codes.get(authorization_code)
+
+    def _issue(self, client_id: str, scopes: list[str], resource: str | None) -> OAuthToken:
+        access, refresh = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+        expires = int(time.time()) + self.lifetime
+        self.access[access] = AccessToken(token=access, client_id=client_id, scopes=scopes, expires_at=expires, resource=resource)
+        self.refresh[refresh] = RefreshToken(token=refresh, client_id=client_id, scopes=scopes, resource=resource)
+        return OAuthToken(access_token=access, expires_in=self.lifetime, scope=" ".join(scopes), refresh_token=refresh)
+
+    async def exchange_authorization_code(
+        self, client: OAuthClientInformationFull, authorization_code: AuthorizationCode
+    ) -> OAuthToken:
+        self.codes.pop(authorization_code.code, None)
+        self.stats["authorization_code"] += 1
+        return self._issue(client.client_id, authorization_code.scopes, authorization_code.resource)
+
+    async def load_refresh_token(self, client: OAuthClientInformationFull, refresh_token: str) -> RefreshToken | None:
+        token = self.refresh.get(refresh_token)
+        if token is None:
+            self.stats["rejected"] += 1
+        return token
+
+    async def exchange_refresh_token(
+        self, client: OAuthClientInformationFull, refresh_token: RefreshToken, scopes: list[str]
+    ) -> OAuthToken:
+        self.refresh.pop(refresh_token.token, None)  # rotate
+        self.stats["refresh_token"] += 1
+        return self._issue(client.client_id, scopes or refresh_token.scopes, refresh_token.resource)
+
+    async def load_access_token(self, token: str) -> AccessToken | None:
+        found = self.access.get(token)
+        if found is not None and found.expires_at is not None and found.expires_at < time.time():
+            return None
+        return found
+
+    async def exchange_identity_assertion(
+        self, client: OAuthClientInformationFull, params: IdentityAssertionParams
+    ) -> OAuthToken:
+        raise NotImplementedError("no enterprise identity provider here")
+
+    async def revoke_token(self, token: AccessToken | RefreshToken) -> None:
+        self.access.pop(token.token, None)
+        self.refresh.pop(token.token, None)
+
+
+def build(port: int, lifetime: int) -> tuple[MCPServer, Provider]:
+    base = f"http://127.0.0.1:{port}"
+    provider = Provider(lifetime)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MCPDeprecationWarning)
+        settings = AuthSettings(
+            issuer_url=AnyHttpUrl(base),
+            resource_server_url=AnyHttpUrl(f"{base}/mcp"),
+            client_registration_options=ClientRegistrationOptions(enabled=True, valid_scopes=[SCOPE], default_scopes=[SCOPE]),
+            revocation_options=RevocationOptions(enabled=True),
+            required_scopes=[SCOPE],
+            validate_token_resource=False,
+        )
+    mcp: MCPServer[Any] = MCPServer("oauth-test", auth_server_provider=provider, auth=settings)
+
+    @mcp.tool()
+    def whoami() -> str:
+        """Says the caller got through."""
+        return "signed in"
+
+    @mcp.tool()
+    async def wait(seconds: float) -> str:
+        """Answers after `seconds` (JSON responses: the HTTP response comes only then)."""
+        await anyio.sleep(seconds)
+        return "waited"
+
+    async def expire(request: Request) -> Response:
+        provider.access.clear()
+        return JSONResponse({"ok": True})
+
+    async def revoke(request: Request) -> Response:
+        provider.access.clear()
+        provider.refresh.clear()
+        return JSONResponse({"ok": True})
+
+    async def stats(request: Request) -> Response:
+        return JSONResponse(provider.stats)
+
+    async def custom_metadata(request: Request) -> Response:
+        """The authorization-server metadata at a URL of its own (for `authServerMetadataUrl`)."""
+        provider.stats["custom_metadata"] += 1
+        async with httpx2.AsyncClient() as http:
+            found = await http.get(f"{base}/.well-known/oauth-authorization-server")
+        return JSONResponse(found.json())
+
+    mcp.custom_route("/custom/metadata", methods=["GET"])(custom_metadata)
+    # Called, not applied as decorators: the SDK's decorator is untyped.
+    mcp.custom_route("/admin/expire", methods=["POST"])(expire)
+    mcp.custom_route("/admin/revoke", methods=["POST"])(revoke)
+    mcp.custom_route("/admin/stats", methods=["GET"])(stats)
+
+    return mcp, provider
+
+
+async def serve(port_file: str, lifetime: int) -> None:
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = int(sock.getsockname()[1])
+    mcp, _ = build(port, lifetime)
+    # JSON responses: a call's HTTP response arrives when the tool ends, so a client that serialized its
+    # requests (a lock held across one in flight) would show it.
+    app = mcp.streamable_http_app(json_response=True)
+    Path(port_file).write_text(str(port))
+    await uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).serve(sockets=[sock])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--port-file", required=True)
+    parser.add_argument("--lifetime", type=int, default=3600, help="access-token lifetime in seconds")
+    args = parser.parse_args(argv)
+    anyio.run(serve, args.port_file, args.lifetime)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
