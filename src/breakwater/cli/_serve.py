@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import errno
 import os
@@ -12,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import anyio
@@ -78,6 +80,11 @@ def _graceful_server_class() -> Any:
         """
 
         interrupted = False
+        #: The gateway's `Drain`: a first SIGTERM drains it (`[gateway] drain_s`) before the server stops.
+        drain: Any = None
+        drain_s = 0.0
+        _loop: asyncio.AbstractEventLoop | None = None
+        _drain_task: asyncio.Future[None] | None = None
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -85,6 +92,32 @@ def _graceful_server_class() -> Any:
                 yield
                 self.interrupted = signal.SIGINT in self._captured_signals
                 self._captured_signals.clear()
+
+        async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+            self._loop = asyncio.get_running_loop()
+            await super().serve(sockets)
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            drain = self.drain
+            if sig == signal.SIGTERM and drain is not None and not drain.draining and not self.should_exit and self._loop:
+                self._captured_signals.append(sig)
+                drain.draining = True  # /readyz answers 503 from this instant
+                # A signal handler may only hand work to the loop; the drain itself runs there.
+                self._loop.call_soon_threadsafe(self._start_drain)
+                return
+            # Ctrl-C, or a second SIGTERM: stop now (what is in flight is cancelled).
+            super().handle_exit(sig, frame)
+
+        def _start_drain(self) -> None:
+            self._drain_task = asyncio.ensure_future(self._drain_then_exit())
+
+        async def _drain_then_exit(self) -> None:
+            try:
+                await self.drain.run(self.drain_s)
+            finally:
+                # Whatever is still open now is stuck: uvicorn's own wait for connections stays short.
+                self.config.timeout_graceful_shutdown = 0.3
+                self.should_exit = True
 
     return GracefulServer
 
@@ -136,6 +169,7 @@ async def _serve_http(
     async with open_gateway(config, observers=[metrics]) as gateway:
         app = http_app(gateway, host=host, token=token, metrics=metrics, allowed_hosts=allowed_hosts, json_response=json_response)
         server = _graceful_server_class()(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        server.drain, server.drain_s = gateway.drain, config.gateway.drain_s
         # Announced only now: from here to `serve` taking over SIGINT nothing awaits, so a Ctrl-C
         # sent on seeing the port is always uvicorn's graceful stop, never a cancelled start-up.
         _announce(host, bound, port_file)

@@ -8,6 +8,7 @@ from typing import Any
 
 from breakwater.config._checks import LOOPBACK_HOSTS as LOOPBACK_HOSTS  # importable from here as before
 from breakwater.config._redact import register_secrets
+from breakwater.gateway._drain import DrainGuard, end_get_streams, set_sse_keepalive
 from breakwater.gateway._metrics import CallCounter, Metrics
 from breakwater.gateway._server import Gateway
 
@@ -145,5 +146,8 @@ def http_app(
     gateway.server.middleware[:] = [m for m in gateway.server.middleware if not isinstance(m, CallCounter)]
     gateway.server.middleware.append(metrics.middleware(gateway_resolver(gateway)))
     register_secrets([token] if token else [])  # the gateway's own token is redacted like any configured secret
+    set_sse_keepalive(gateway.policy.sse_keepalive_s)
+    gateway.drain.on_done.append(lambda: end_get_streams(gateway.server.session_manager))
+    app = DrainGuard(app, gateway.drain)
     mcp_app = BearerAuth(app, token) if token else app
     return RequestGuard(WebApp(gateway, mcp_app, security=security, token=token, metrics=metrics), allowed_origins)
