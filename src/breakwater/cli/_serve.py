@@ -10,7 +10,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
@@ -166,8 +166,16 @@ async def _serve_http(
     bound = sock.getsockname()[1]
     # Over HTTP the gateway also serves /metrics and the status page, fed by every attempt.
     metrics = Metrics()
-    async with open_gateway(config, observers=[metrics]) as gateway:
-        app = http_app(gateway, host=host, token=token, metrics=metrics, allowed_hosts=allowed_hosts, json_response=json_response)
+    async with open_gateway(config, observers=[metrics]) as gateway, _session_store(config) as sessions:
+        app = http_app(
+            gateway,
+            host=host,
+            token=token,
+            metrics=metrics,
+            allowed_hosts=allowed_hosts,
+            json_response=json_response,
+            sessions=sessions,
+        )
         server = _graceful_server_class()(uvicorn.Config(app, log_level="warning", lifespan="on"))
         server.drain, server.drain_s = gateway.drain, config.gateway.drain_s
         # Announced only now: from here to `serve` taking over SIGINT nothing awaits, so a Ctrl-C
@@ -177,6 +185,21 @@ async def _serve_http(
     if server.interrupted:
         return fail("interrupted", EXIT_INTERRUPTED)
     return EXIT_OK
+
+
+@contextlib.asynccontextmanager
+async def _session_store(config: Config) -> AsyncIterator[Any]:
+    """With a Redis `[state] url`, the store of 2025-11-25 sessions every replica shares; else None (in memory)."""
+    if not config.state.url.startswith(("redis://", "rediss://", "unix://")):
+        yield None
+        return
+    from breakwater.state._sessions import SessionStore
+
+    store = SessionStore(config.state, ttl_s=config.gateway.session_ttl_s)
+    try:
+        yield store
+    finally:
+        await store.aclose()
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from breakwater.config._checks import LOOPBACK_HOSTS as LOOPBACK_HOSTS  # importable from here as before
 from breakwater.config._redact import register_secrets
 from breakwater.gateway._drain import DrainGuard, end_get_streams, set_sse_keepalive
 from breakwater.gateway._metrics import CallCounter, Metrics
 from breakwater.gateway._server import Gateway
+from breakwater.gateway._sessions import roaming_app
+
+if TYPE_CHECKING:
+    from breakwater.state._sessions import SessionStore
 
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
 
@@ -112,12 +116,14 @@ def http_app(
     allowed_hosts: Sequence[str] = (),
     metrics: Metrics | None = None,
     json_response: bool = False,
+    sessions: SessionStore | None = None,
 ) -> Any:
     """The gateway's streamable-HTTP ASGI app, with Host/Origin checks and, when given, a bearer token.
 
     Beside `/mcp` it serves `/healthz`, `/readyz`, `/metrics` and the status page (`breakwater.gateway._web`).
     Pass the `Metrics` the gateway's `Breakwater` observes (`observers=[metrics]`) for attempt
-    counts; whole calls are counted here either way.
+    counts; whole calls are counted here either way. With `sessions` (Redis), any replica serves a
+    2025-11-25 session another one created.
     """
     from mcp.server.transport_security import TransportSecuritySettings
 
@@ -140,7 +146,14 @@ def http_app(
     )
     # json_response: a 2025-11-25 POST is answered with one JSON body, not an SSE stream (what
     # mcp-proxy does; measurably faster), and nothing can reach that client mid-call.
-    app = gateway.server.streamable_http_app(host=host, transport_security=security, json_response=json_response)
+    idle_s = gateway.policy.session_ttl_s
+    if sessions is not None:
+        # 2025-11-25 sessions in Redis, so any replica serves them (breakwater.gateway._sessions).
+        app = roaming_app(gateway.server, store=sessions, security=security, json_response=json_response, idle_timeout_s=idle_s)
+    else:
+        app = gateway.server.streamable_http_app(
+            host=host, transport_security=security, json_response=json_response, session_idle_timeout=idle_s
+        )
     metrics = metrics if metrics is not None else Metrics()
     # One call counter per server: a second app over the same gateway replaces it, never counts twice.
     gateway.server.middleware[:] = [m for m in gateway.server.middleware if not isinstance(m, CallCounter)]
