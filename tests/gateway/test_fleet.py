@@ -1,0 +1,41 @@
+"""A fleet behind a real load balancer: three `serve --http` replicas behind HAProxy, sharing Redis, restarted one by one under load."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import anyio
+import pytest
+
+from breakwater.testing._fleet import Fleet, FleetOptions, loaded
+from conftest import REDIS_URL
+from helpers import require
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def haproxy() -> str:
+    found = shutil.which("haproxy") or (Path("/usr/sbin/haproxy").exists() and "/usr/sbin/haproxy")
+    if not found:
+        require("haproxy is not installed", ci_fix="apt-get install -y haproxy; .ci/run does it")
+    return str(found)
+
+
+async def test_a_rolling_restart_with_redis_and_a_long_drain_loses_no_call(
+    tmp_path: Path, haproxy: str, redis_available: None
+) -> None:
+    """The issue's target on a small run: round-robin, Redis, keep-alive below the idle timeout and a drain
+    window longer than the longest call: 0 failed calls, 0 404s, 0 duplicate executions, both revisions."""
+    options = FleetOptions(redis_url=REDIS_URL, idle_timeout_s=2.0, keepalive_s=0.5, drain_s=10.0)
+    async with Fleet(tmp_path, options) as fleet:
+        async with loaded(fleet.url, modern_clients=3, legacy_clients=3, rate=3.0) as stats:
+            await anyio.sleep(1.0)
+            await fleet.rolling_restart()
+            await anyio.sleep(0.5)
+        assert [code for r in fleet.replicas for code, _ in r.exits] == [0, 0, 0]
+        assert stats.calls > 30
+        assert stats.failures == []
+        assert (stats.failed, stats.not_found, stats.reinits) == (0, 0, 0)
+        assert fleet.duplicates() == 0
