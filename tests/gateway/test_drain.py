@@ -34,7 +34,8 @@ def modern_call(tool: str, arguments: dict[str, Any], request_id: int = 1) -> tu
         "io.modelcontextprotocol/clientCapabilities": {},
     }
     headers = {**ACCEPT, "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": tool}
-    body = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {"name": tool, "arguments": arguments, "_meta": meta}}
+    params = {"name": tool, "arguments": arguments, "_meta": meta}
+    body = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
     return headers, body
 
 

@@ -1,4 +1,4 @@
-"""A fleet behind a real load balancer: three `serve --http` replicas behind HAProxy, sharing Redis, restarted one by one under load."""
+"""A fleet behind a real load balancer: three `serve --http` replicas behind HAProxy, sharing Redis, restarted under load."""
 
 from __future__ import annotations
 
