@@ -43,7 +43,12 @@ __all__ = ["Fleet", "FleetOptions", "LoadStats", "haproxy_config", "run_load"]
 ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 OPERATION_ID_META_KEY = "io.breakwater/operationId"
 #: The upstream's tools: a read-only one and a mutating one (a ledger line per execution, written first).
-UPSTREAM_TOOLS = ("work:latency=lognormal(0.15,0.7),readonly", "order:latency=lognormal(0.15,0.7),mutating")
+UPSTREAM_TOOLS = (
+    "work:latency=lognormal(0.15,0.7),readonly",
+    "order:latency=lognormal(0.15,0.7),mutating",
+    # Silent longer than the benchmark's idle timeout: only a keep-alive keeps its stream open.
+    "report:latency=uniform(2.5,3.5),readonly",
+)
 
 
 def free_port() -> int:
@@ -308,12 +313,15 @@ def _answer(response: httpx2.Response, request_id: int) -> dict[str, Any] | None
 class _Client:
     """One synthetic agent: calls at Poisson arrivals until told to stop."""
 
-    def __init__(self, url: str, stats: LoadStats, rng: random.Random, *, modern: bool, mutating_share: float) -> None:
+    def __init__(
+        self, url: str, stats: LoadStats, rng: random.Random, *, modern: bool, mutating_share: float, slow_share: float
+    ) -> None:
         self.url = url
         self.stats = stats
         self.rng = rng
         self.modern = modern
         self.mutating_share = mutating_share
+        self.slow_share = slow_share
         self.session: str | None = None
         self.next_id = 0
 
@@ -341,8 +349,10 @@ class _Client:
             await self.call(http)
 
     async def call(self, http: httpx2.AsyncClient) -> None:
-        mutating = self.rng.random() < self.mutating_share
-        tool = "shop__order" if mutating else "shop__work"
+        draw = self.rng.random()
+        mutating = draw < self.mutating_share
+        slow = not mutating and draw < self.mutating_share + self.slow_share
+        tool = "shop__order" if mutating else "shop__report" if slow else "shop__work"
         operation_id = uuid.uuid4().hex if mutating else None
         started = time.monotonic()
         self.stats.calls += 1
@@ -357,7 +367,8 @@ class _Client:
             self.stats.latencies.append(time.monotonic() - started)
         else:
             self.stats.failed += 1
-            self.stats.failures.append(f"{tool}: {problem}")
+            revision = "2026-07-28" if self.modern else "2025-11-25"
+            self.stats.failures.append(f"{revision} {tool}: {problem}")
 
     async def _call_once(self, http: httpx2.AsyncClient, tool: str, operation_id: str | None) -> str | None:
         """None when the call succeeded, else what went wrong ("404" for a lost session)."""
@@ -392,13 +403,21 @@ async def run_load(
     legacy_clients: int = 3,
     rate: float = 4.0,
     mutating_share: float = 0.3,
+    slow_share: float = 0.0,
     seed: int = 1,
 ) -> LoadStats:
     """Drive the clients until `stop` is set (then let each finish its call); what they saw."""
     stats = LoadStats()
     rng = random.Random(seed)
     clients = [
-        _Client(url, stats, random.Random(rng.random()), modern=i < modern_clients, mutating_share=mutating_share)
+        _Client(
+            url,
+            stats,
+            random.Random(rng.random()),
+            modern=i < modern_clients,
+            mutating_share=mutating_share,
+            slow_share=slow_share,
+        )
         for i in range(modern_clients + legacy_clients)
     ]
     # An idle connection is dropped before the balancer's idle timeout can close it under a new request
