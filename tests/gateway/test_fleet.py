@@ -39,3 +39,17 @@ async def test_a_rolling_restart_with_redis_and_a_long_drain_loses_no_call(
         assert stats.failures == []
         assert (stats.failed, stats.not_found, stats.reinits) == (0, 0, 0)
         assert fleet.duplicates() == 0
+
+
+def test_the_readme_shows_the_haproxy_config_the_fleet_runs() -> None:
+    """The README's example is `haproxy_config` itself (production timeouts), so the documented config is the tested one."""
+    from breakwater.testing._fleet import haproxy_config
+
+    shown = haproxy_config(
+        listen_port=8765,
+        replicas=[("gw1", "127.0.0.1:8801"), ("gw2", "127.0.0.1:8802"), ("gw3", "127.0.0.1:8803")],
+        idle_timeout_s=60,
+        check_interval_ms=1000,
+    )
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert f"```\n{shown.rstrip()}\n```" in readme

@@ -116,7 +116,7 @@ def _graceful_server_class() -> Any:
                 await self.drain.run(self.drain_s)
             finally:
                 # Whatever is still open now is stuck: uvicorn's own wait for connections stays short.
-                self.config.timeout_graceful_shutdown = 0.3
+                self.config.timeout_graceful_shutdown = 1
                 self.should_exit = True
 
     return GracefulServer

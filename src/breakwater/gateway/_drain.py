@@ -262,5 +262,5 @@ def set_sse_keepalive(seconds: float) -> None:
     import mcp.server._streamable_http_modern as modern
     from sse_starlette import EventSourceResponse
 
-    EventSourceResponse.DEFAULT_PING_INTERVAL = seconds
+    EventSourceResponse.DEFAULT_PING_INTERVAL = seconds  # type: ignore[assignment]  # annotated int, takes float
     modern._SSE_PING_INTERVAL = seconds if seconds > 0 else math.inf

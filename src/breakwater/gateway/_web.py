@@ -192,8 +192,8 @@ class WebApp:
     async def _readyz(self, request: Request) -> Response:
         if self.gateway.drain.draining:
             # SIGTERM: out of the balancer at once, whatever the servers' states (breakwater.gateway._drain).
-            body = {"ready": False, "draining": True, "in_flight": self.gateway.drain.requests}
-            return JSONResponse(body, status_code=503, headers={"cache-control": "no-store"})
+            draining = {"ready": False, "draining": True, "in_flight": self.gateway.drain.requests}
+            return JSONResponse(draining, status_code=503, headers={"cache-control": "no-store"})
         report = self.gateway.bw.status()
         names = {s.name for s in report.servers}
         wanted = request.query_params.getlist("server")

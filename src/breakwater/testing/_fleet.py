@@ -61,14 +61,18 @@ def free_port() -> int:
 def haproxy_config(
     *,
     listen_port: int,
-    replicas: Sequence[tuple[str, int]],
+    replicas: Sequence[tuple[str, str]],
     idle_timeout_s: float,
     affinity: bool = False,
     check_interval_ms: int = 200,
+    host: str = "127.0.0.1",
 ) -> str:
-    """The HAProxy config of a fleet of `serve --http` replicas (the README shows this one)."""
+    """The HAProxy config of a fleet of `serve --http` replicas, given as (name, "HOST:PORT") (the README shows one).
+
+    `host` is the name clients reach the balancer by (the replicas must allow it: `--allowed-host`).
+    """
     balance = "balance hdr(Mcp-Session-Id)\n    hash-type consistent" if affinity else "balance roundrobin"
-    servers = "\n".join(f"    server {name} 127.0.0.1:{port} check" for name, port in replicas)
+    servers = "\n".join(f"    server {name} {address} check" for name, address in replicas)
     idle_ms = max(1, round(idle_timeout_s * 1000))
     return f"""global
     maxconn 2000
@@ -92,14 +96,14 @@ defaults
     retry-on conn-failure 503
 
 frontend mcp
-    bind 127.0.0.1:{listen_port}
+    bind {host}:{listen_port}
     default_backend gateways
 
 backend gateways
     {balance}
     # /readyz checks Host like /mcp does (DNS rebinding): send the name clients use.
     option httpchk
-    http-check send meth GET uri /readyz ver HTTP/1.1 hdr Host 127.0.0.1:{listen_port}
+    http-check send meth GET uri /readyz ver HTTP/1.1 hdr Host {host}:{listen_port}
     http-check expect status 200
     default-server inter {check_interval_ms}ms fall 1 rise 2
 {servers}
@@ -199,7 +203,7 @@ class Fleet:
         cfg.write_text(
             haproxy_config(
                 listen_port=self.port,
-                replicas=[(r.name, r.port) for r in self.replicas],
+                replicas=[(r.name, f"127.0.0.1:{r.port}") for r in self.replicas],
                 idle_timeout_s=self.options.idle_timeout_s,
                 affinity=self.options.affinity,
             )
