@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from breakwater.testing._fleet import Fleet, FleetOptions, loaded
+from breakwater.testing._fleet import ACCEPT, Fleet, FleetOptions, loaded
 from conftest import REDIS_URL
 from helpers import require
 
@@ -31,14 +31,23 @@ async def test_a_rolling_restart_with_redis_and_a_long_drain_loses_no_call(
     options = FleetOptions(redis_url=REDIS_URL, idle_timeout_s=2.0, keepalive_s=0.5, drain_s=10.0)
     async with Fleet(tmp_path, options) as fleet:
         async with loaded(fleet.url, modern_clients=3, legacy_clients=3, rate=3.0) as stats:
-            await anyio.sleep(1.0)
-            await fleet.rolling_restart()
             await anyio.sleep(0.5)
+            await fleet.rolling_restart()
+            await anyio.sleep(0.3)
         assert [code for r in fleet.replicas for code, _ in r.exits] == [0, 0, 0]
         assert stats.calls > 30
         assert stats.failures == []
         assert (stats.failed, stats.not_found, stats.reinits) == (0, 0, 0)
         assert fleet.duplicates() == 0
+        # DELETE ends a session on every replica: round-robin sends the three requests to three replicas.
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}  # fmt: skip
+        opened = await fleet.http.post(fleet.url, json=init, headers=ACCEPT)
+        session = {**ACCEPT, "mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+        assert (await fleet.http.delete(fleet.url, headers=session)).status_code == 200
+        listed = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+        for _ in range(3):
+            assert (await fleet.http.post(fleet.url, json=listed, headers=session)).status_code == 404
 
 
 def test_the_readme_shows_the_haproxy_config_the_fleet_runs() -> None:
