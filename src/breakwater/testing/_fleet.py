@@ -191,11 +191,13 @@ class Fleet:
 
     async def _start(self) -> None:
         flags = [arg for spec in self.options.upstream_tools for arg in ("--tool", spec)]
-        upstream = await self._stack.enter_async_context(serve_http(*flags, "--ledger", str(self.ledger)))
+        # The upstream's port is chosen first so everything starts at once (replicas retry their connect).
+        upstream_port = free_port()
         for i in range(self.options.replicas):
-            self.replicas.append(self._replica(f"r{i}", upstream.url))
+            self.replicas.append(self._replica(f"r{i}", f"http://127.0.0.1:{upstream_port}/mcp"))
         for replica in self.replicas:
             replica.start()
+        await self._stack.enter_async_context(serve_http(*flags, "--port", str(upstream_port), "--ledger", str(self.ledger)))
         for replica in self.replicas:
             await replica.wait_ready(self.http)
         haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
@@ -224,7 +226,9 @@ class Fleet:
         gateway = f"[gateway]\ndrain_s = {opts.drain_s}\nsse_keepalive_s = {opts.keepalive_s}\n"
         config = self.tmp / f"{name}.toml"
         config.write_text(f'{state}{gateway}catalog_dir = "{self.tmp / name}"\n[servers.shop]\nurl = "{upstream_url}"\n')
-        env = dict(os.environ, BREAKWATER_JOURNAL="off", BREAKWATER_CONNECT_STARTUP_JITTER_S="0")
+        env = dict(
+            os.environ, BREAKWATER_JOURNAL="off", BREAKWATER_CONNECT_STARTUP_JITTER_S="0", BREAKWATER_CONNECT_BACKOFF_BASE_S="0.2"
+        )
         return Replica(name, free_port(), config, env, self.tmp / f"{name}.log")
 
     async def rolling_restart(self, *, kill: bool = False) -> None:
