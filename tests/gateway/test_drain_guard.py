@@ -18,7 +18,10 @@ async def _post(guard: DrainGuard, body: bytes, method: str = "POST") -> tuple[i
     """Send one request through `guard`; the status, the body and what reached the app behind it."""
     reached: list[Any] = []
     sent: list[dict[str, Any]] = []
-    chunks = [{"type": "http.request", "body": body[:5], "more_body": True}, {"type": "http.request", "body": body[5:]}]
+    chunks: list[dict[str, Any]] = [
+        {"type": "http.request", "body": body[:5], "more_body": True},
+        {"type": "http.request", "body": body[5:]},
+    ]
 
     async def receive() -> dict[str, Any]:
         return chunks.pop(0) if chunks else {"type": "http.disconnect"}
