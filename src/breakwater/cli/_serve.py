@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import errno
 import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import anyio
@@ -78,6 +80,11 @@ def _graceful_server_class() -> Any:
         """
 
         interrupted = False
+        #: The gateway's `Drain`: a first SIGTERM drains it (`[gateway] drain_s`) before the server stops.
+        drain: Any = None
+        drain_s = 0.0
+        _loop: asyncio.AbstractEventLoop | None = None
+        _drain_task: asyncio.Future[None] | None = None
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -85,6 +92,32 @@ def _graceful_server_class() -> Any:
                 yield
                 self.interrupted = signal.SIGINT in self._captured_signals
                 self._captured_signals.clear()
+
+        async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+            self._loop = asyncio.get_running_loop()
+            await super().serve(sockets)
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            drain = self.drain
+            if sig == signal.SIGTERM and drain is not None and not drain.draining and not self.should_exit and self._loop:
+                self._captured_signals.append(sig)
+                drain.draining = True  # /readyz answers 503 from this instant
+                # A signal handler may only hand work to the loop; the drain itself runs there.
+                self._loop.call_soon_threadsafe(self._start_drain)
+                return
+            # Ctrl-C, or a second SIGTERM: stop now (what is in flight is cancelled).
+            super().handle_exit(sig, frame)
+
+        def _start_drain(self) -> None:
+            self._drain_task = asyncio.ensure_future(self._drain_then_exit())
+
+        async def _drain_then_exit(self) -> None:
+            try:
+                await self.drain.run(self.drain_s)
+            finally:
+                # Whatever is still open now is stuck: uvicorn's own wait for connections stays short.
+                self.config.timeout_graceful_shutdown = 1
+                self.should_exit = True
 
     return GracefulServer
 
@@ -133,9 +166,18 @@ async def _serve_http(
     bound = sock.getsockname()[1]
     # Over HTTP the gateway also serves /metrics and the status page, fed by every attempt.
     metrics = Metrics()
-    async with open_gateway(config, observers=[metrics]) as gateway:
-        app = http_app(gateway, host=host, token=token, metrics=metrics, allowed_hosts=allowed_hosts, json_response=json_response)
+    async with open_gateway(config, observers=[metrics]) as gateway, _session_store(config) as sessions:
+        app = http_app(
+            gateway,
+            host=host,
+            token=token,
+            metrics=metrics,
+            allowed_hosts=allowed_hosts,
+            json_response=json_response,
+            sessions=sessions,
+        )
         server = _graceful_server_class()(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        server.drain, server.drain_s = gateway.drain, config.gateway.drain_s
         # Announced only now: from here to `serve` taking over SIGINT nothing awaits, so a Ctrl-C
         # sent on seeing the port is always uvicorn's graceful stop, never a cancelled start-up.
         _announce(host, bound, port_file)
@@ -143,6 +185,21 @@ async def _serve_http(
     if server.interrupted:
         return fail("interrupted", EXIT_INTERRUPTED)
     return EXIT_OK
+
+
+@contextlib.asynccontextmanager
+async def _session_store(config: Config) -> AsyncIterator[Any]:
+    """With a Redis `[state] url`, the store of 2025-11-25 sessions every replica shares; else None (in memory)."""
+    if not config.state.url.startswith(("redis://", "rediss://", "unix://")):
+        yield None
+        return
+    from breakwater.state._sessions import SessionStore
+
+    store = SessionStore(config.state, ttl_s=config.gateway.session_ttl_s)
+    try:
+        yield store
+    finally:
+        await store.aclose()
 
 
 def _parser() -> argparse.ArgumentParser:

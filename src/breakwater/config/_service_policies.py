@@ -65,6 +65,30 @@ class GatewayPolicy(Policy):
         minimum=0.0,
         maximum=300.0,
     )
+    drain_s: float = knob(
+        20.0,
+        "On SIGTERM, serve --http answers /readyz with 503 and refuses new sessions and calls, then waits up to "
+        "this long for calls in flight; what is left is cancelled (upstream too) and answered with an error envelope.",
+        env="BREAKWATER_DRAIN_S",
+        minimum=0.0,
+        maximum=3600,
+    )
+    sse_keepalive_s: float = knob(
+        15.0,
+        "An SSE comment is sent on every open HTTP stream this often while it is silent, so a load balancer's idle "
+        "timeout (often 60 s) does not cut a long call; 0 turns it off.",
+        env="BREAKWATER_SSE_KEEPALIVE_S",
+        minimum=0.0,
+        maximum=3600,
+    )
+    session_ttl_s: float = knob(
+        1800.0,
+        "A 2025-11-25 HTTP session unused this long is closed; with [state] url on Redis its record there expires "
+        "after the same time (every request renews it), so any replica serves the session until then.",
+        env="BREAKWATER_SESSION_TTL_S",
+        minimum=1.0,
+        maximum=604800,
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

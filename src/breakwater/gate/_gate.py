@@ -265,6 +265,12 @@ class CallGate:
         """Each server's retry budget."""
         return {name: srv.retry_budget.snapshot() for name, srv in self._servers.items()}
 
+    def retry_class(self, server: str, tool: str) -> RetryClass | None:
+        """The retry class a call of `tool` gets now (None if the server or the tool is not known)."""
+        srv = self._servers.get(server)
+        info = None if srv is None else srv.tool(tool)
+        return None if info is None else info.retry_class
+
     def in_flight(self) -> dict[str, int]:
         """Calls in flight per server (what the bulkhead counts)."""
         return {name: srv.in_flight for name, srv in self._servers.items()}

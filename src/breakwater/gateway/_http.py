@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from breakwater.config._checks import LOOPBACK_HOSTS as LOOPBACK_HOSTS  # importable from here as before
 from breakwater.config._redact import register_secrets
+from breakwater.gateway._drain import DrainGuard, end_get_streams, set_sse_keepalive
 from breakwater.gateway._metrics import CallCounter, Metrics
 from breakwater.gateway._server import Gateway
+from breakwater.gateway._sessions import roaming_app
+
+if TYPE_CHECKING:
+    from breakwater.state._sessions import SessionStore
 
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
 
@@ -111,12 +116,14 @@ def http_app(
     allowed_hosts: Sequence[str] = (),
     metrics: Metrics | None = None,
     json_response: bool = False,
+    sessions: SessionStore | None = None,
 ) -> Any:
     """The gateway's streamable-HTTP ASGI app, with Host/Origin checks and, when given, a bearer token.
 
     Beside `/mcp` it serves `/healthz`, `/readyz`, `/metrics` and the status page (`breakwater.gateway._web`).
     Pass the `Metrics` the gateway's `Breakwater` observes (`observers=[metrics]`) for attempt
-    counts; whole calls are counted here either way.
+    counts; whole calls are counted here either way. With `sessions` (Redis), any replica serves a
+    2025-11-25 session another one created.
     """
     from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
 
@@ -140,12 +147,24 @@ def http_app(
     )
     # json_response: a 2025-11-25 POST is answered with one JSON body, not an SSE stream (what
     # mcp-proxy does; measurably faster), and nothing can reach that client mid-call.
-    sdk_app = gateway.server.streamable_http_app(host=host, transport_security=security, json_response=json_response)
+    idle_s = gateway.policy.session_ttl_s
+    if sessions is not None:
+        # 2025-11-25 sessions in Redis, so any replica serves them (breakwater.gateway._sessions).
+        sdk_app = roaming_app(
+            gateway.server, store=sessions, security=security, json_response=json_response, idle_timeout_s=idle_s
+        )
+    else:
+        sdk_app = gateway.server.streamable_http_app(
+            host=host, transport_security=security, json_response=json_response, session_idle_timeout=idle_s
+        )
     app = FrameErrors(sdk_app, max_body_bytes=DEFAULT_MAX_REQUEST_BODY_SIZE)  # malformed requests: the spec's errors
     metrics = metrics if metrics is not None else Metrics()
     # One call counter per server: a second app over the same gateway replaces it, never counts twice.
     gateway.server.middleware[:] = [m for m in gateway.server.middleware if not isinstance(m, CallCounter)]
     gateway.server.middleware.append(metrics.middleware(gateway_resolver(gateway)))
     register_secrets([token] if token else [])  # the gateway's own token is redacted like any configured secret
+    set_sse_keepalive(gateway.policy.sse_keepalive_s)
+    gateway.drain.on_done.append(lambda: end_get_streams(gateway.server.session_manager))
+    app = DrainGuard(app, gateway.drain)
     mcp_app = BearerAuth(app, token) if token else app
     return RequestGuard(WebApp(gateway, mcp_app, security=security, token=token, metrics=metrics), allowed_origins)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,8 +40,10 @@ from breakwater.catalog._validate import argument_problem
 from breakwater.config import GatewayPolicy
 from breakwater.connect._readiness import ON_ITS_WAY
 from breakwater.errors import CallCancelledError, InvalidArgumentsError, ToolChangedError, UnknownToolError
+from breakwater.gate._call import OPERATION_ID_ARGUMENT
 from breakwater.gate._envelope import error_result
 from breakwater.gateway._builtins import BuiltinTools, SearchAnswer
+from breakwater.gateway._drain import Drain
 from breakwater.gateway._frames import deadline_seconds, explain_params_errors, invalid_deadline
 from breakwater.gateway._passthrough import Passthrough, RelayedListen, connection_of
 from breakwater.gateway._relay import (
@@ -114,6 +117,8 @@ class Gateway:
                 # Read at each connect: servers connect in the background and this runs before the first one.
                 bw.upstream(spec.name).client_hooks = relay.client_kwargs
         self.relay = relay
+        #: SIGTERM's graceful drain over HTTP (`breakwater.gateway._drain`).
+        self.drain = Drain(bw.clock)
         self.passthrough = Passthrough(bw, template=policy.tool_name_template, bus=self.bus, calling=self.relay.calling)
         relay.deliver_to(self.passthrough.subscriptions.deliver)
         from importlib.metadata import version
@@ -326,6 +331,10 @@ class Gateway:
         # An agent that re-sends a call with its own operation id gets the same operation upstream.
         given = meta.get(OPERATION_ID_META_KEY)
         operation_id = given if isinstance(given, str) and given else None
+        own = arguments.get(OPERATION_ID_ARGUMENT)
+        if operation_id is None and not (isinstance(own, str) and own):
+            # Made here rather than by the gate, so a call the drain cuts can name its operation.
+            operation_id = uuid.uuid4().hex
         budget: Any = contextlib.nullcontext()
         if (refused := invalid_deadline(deadline_ms, server=server, tool=tool)) is not None:
             return error_result(refused)
@@ -334,10 +343,14 @@ class Gateway:
         # The journal names the agent behind each call.
         client = DOWNSTREAM_CLIENT.set(_client_name(first, meta))
         try:
-            async with budget:
-                result = await self.bw.call_tool(
-                    server, tool, arguments, progress_callback=relay_progress, operation_id=operation_id
-                )
+            with self.drain.call(lambda: caller.attempt is not None) as in_flight:
+                async with budget:
+                    result = await self.bw.call_tool(
+                        server, tool, arguments, progress_callback=relay_progress, operation_id=operation_id
+                    )
+            if in_flight.scope.cancelled_caught:
+                cut = self.drain.cut_error(self.bw, in_flight, server, tool, operation_id or own)
+                return error_result(cut)
             # Progress and log messages that arrived before the result reach the caller before it does.
             await caller.drain()
             return explain_refusal(result, caller)

@@ -4,7 +4,8 @@
 
 * `GET /healthz`: 200 while the process serves requests (its event loop answers). No token needed.
 * `GET /readyz`: 200 when every enabled server is ready, else 503 with a JSON body naming each
-  server that is not (state and reason code, never the message). `?server=NAME` (repeatable)
+  server that is not (state and reason code, never the message); 503 `{"draining": true}` from
+  the moment a SIGTERM starts the drain (`breakwater.gateway._drain`). `?server=NAME` (repeatable)
   narrows the rule to the named servers, so a deployment can gate traffic on the servers it
   cannot do without while an optional one is down. No token needed.
 * `GET /metrics`: Prometheus text format (`breakwater.gateway._metrics`).
@@ -189,6 +190,10 @@ class WebApp:
         return PlainTextResponse("ok\n", headers={"cache-control": "no-store"})
 
     async def _readyz(self, request: Request) -> Response:
+        if self.gateway.drain.draining:
+            # SIGTERM: out of the balancer at once, whatever the servers' states (breakwater.gateway._drain).
+            draining = {"ready": False, "draining": True, "in_flight": self.gateway.drain.requests}
+            return JSONResponse(draining, status_code=503, headers={"cache-control": "no-store"})
         report = self.gateway.bw.status()
         names = {s.name for s in report.servers}
         wanted = request.query_params.getlist("server")

@@ -1,0 +1,266 @@
+"""Graceful drain of `breakwater serve --http`: a replica leaves a fleet without losing a call.
+
+On SIGTERM (`Drain.run`, started by `cli/_serve.py`):
+
+1. `/readyz` answers 503 at once, so the load balancer's health check takes the replica out;
+2. every new request is refused (`DrainGuard`): 503 with `Connection: close`, before anything is
+   parsed by the SDK or run, so a balancer may replay it on another replica (HAProxy's
+   `retry-on 503`). Notifications and responses (a cancellation, the client's answer to a relayed
+   elicitation) and `DELETE` still go through, so the calls in flight can finish;
+3. the calls in flight get up to `[gateway] drain_s` to finish;
+4. what is left is cancelled (the gate passes the cancellation upstream) and each caller is answered
+   with an envelope: OUTCOME_UNKNOWN with the operation id for a mutating tool (it may have run), a
+   retryable UPSTREAM_ERROR for a read-only one;
+5. the open GET streams are ended and the server exits.
+
+Only POSTs count as in flight: a GET stream of a 2025-11-25 session lives as long as its session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from breakwater._clock import Clock, DeadlineScope
+from breakwater.errors import CallError, OutcomeUnknownError, UpstreamError
+
+if TYPE_CHECKING:
+    from breakwater._breakwater import Breakwater
+
+__all__ = ["CUT_GRACE_S", "Drain", "DrainGuard"]
+
+#: After the window, how long the cut calls' envelopes get to be written before the server stops.
+CUT_GRACE_S = 0.5
+#: A request body read while draining (to tell a request from a notification) is capped like the SDK's.
+_BODY_LIMIT = 4 * 1024 * 1024
+_REFUSAL = "this breakwater replica is shutting down and runs nothing new; send the request to another replica (nothing was run)"
+
+
+@dataclass(slots=True, eq=False)
+class _InFlight:
+    scope: DeadlineScope
+    #: True while an attempt is with the upstream (so a mutating call may have run).
+    sent: Callable[[], bool]
+    was_sent: bool = False
+
+
+class Drain:
+    """The replica's drain state: what is in flight, and the cut at the end of the window."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        #: Set once SIGTERM arrived: /readyz is 503 and new requests are refused.
+        self.draining = False
+        #: The window passed: calls still running were cancelled (and new ones are cut at once).
+        self.cutting = False
+        #: POSTs to the MCP endpoint being served.
+        self.requests = 0
+        #: Calls cut at the end of the window.
+        self.cut = 0
+        self._calls: set[_InFlight] = set()
+        self._idle: anyio.Event | None = None
+        #: Called when the drain is over, before the server stops (ends the sessions' GET streams).
+        self.on_done: list[Callable[[], None]] = []
+
+    # ---- what is in flight ----------------------------------------------------------------------
+
+    def request_started(self) -> None:
+        self.requests += 1
+
+    def request_done(self) -> None:
+        self.requests -= 1
+        if self.requests <= 0 and self._idle is not None:
+            self._idle.set()
+
+    @contextlib.contextmanager
+    def call(self, sent: Callable[[], bool]) -> Iterator[_InFlight]:
+        """A tool call the drain may cut: the body runs in a scope `run` cancels once the window passed.
+
+        After the block, `.scope.cancelled_caught` says whether it was cut (nothing else cancels it).
+        """
+        entry = _InFlight(self.clock.deadline_scope(math.inf), sent)
+        if self.cutting:
+            entry.scope.cancel()
+        self._calls.add(entry)
+        try:
+            with entry.scope:
+                yield entry
+        finally:
+            self._calls.discard(entry)
+
+    # ---- the drain ------------------------------------------------------------------------------
+
+    async def run(self, window_s: float) -> None:
+        """Refuse new work, wait up to `window_s` for the calls in flight, cut the rest."""
+        self.draining = True
+        clock = self.clock
+        if self.requests > 0 or self._calls:
+            await self._wait_idle(clock.monotonic() + window_s)
+        if self.requests > 0 or self._calls:
+            self.cutting = True
+            for entry in list(self._calls):
+                entry.was_sent = entry.sent()
+                self.cut += 1
+                entry.scope.cancel()
+            await self._wait_idle(clock.monotonic() + CUT_GRACE_S)
+        for done in self.on_done:
+            done()
+
+    async def _wait_idle(self, deadline: float) -> None:
+        clock = self.clock
+        with clock.deadline_scope(deadline):
+            while self.requests > 0 or self._calls:
+                self._idle = anyio.Event()
+                if self.requests <= 0:
+                    # Only calls without a request of their own (2026-07-28 rounds in the gateway's task group).
+                    await clock.sleep(0.05)
+                else:
+                    await self._idle.wait()
+
+    def cut_error(self, bw: Breakwater, entry: _InFlight, server: str, tool: str, operation_id: str | None) -> CallError:
+        """The envelope of a call cut at the end of the window."""
+        from breakwater.gate._classify import RetryClass
+
+        retry_class = bw.gate.retry_class(server, tool)
+        detail = {"reason": "gateway_drain", "sent": entry.was_sent}
+        if retry_class is not None and retry_class is not RetryClass.SAFE:
+            return OutcomeUnknownError(
+                "This gateway replica was shutting down and its drain window ended while the call was running; "
+                "the call was cancelled and may or may not have happened.",
+                server=server,
+                tool=tool,
+                operation_id=operation_id,
+                detail=detail,
+            )
+        return UpstreamError(
+            "This gateway replica was shutting down and cancelled the call before it finished; it is safe to call "
+            "it again (another replica serves it).",
+            server=server,
+            tool=tool,
+            retryable=True,
+            detail=detail,
+        )
+
+
+class DrainGuard:
+    """ASGI middleware in front of the MCP endpoint: counts POSTs in flight; while draining, refuses new requests."""
+
+    def __init__(self, app: Any, drain: Drain) -> None:
+        self.app = app
+        self.drain = drain
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        method = scope.get("method")
+        drain = self.drain
+        if drain.draining:
+            if method == "GET":
+                await _refuse(send, None)
+                return
+            if method == "POST":
+                body = await _read_body(receive)
+                if body is None or (message_id := _request_id(body)) is not _NOT_A_REQUEST:
+                    await _refuse(send, None if body is None else message_id)
+                    return
+                receive = _replay(body, receive)
+        if method != "POST":
+            await self.app(scope, receive, send)
+            return
+        drain.request_started()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            drain.request_done()
+
+
+_NOT_A_REQUEST = object()
+
+
+def _request_id(body: bytes) -> Any:
+    """The id of the JSON-RPC request in `body` (None for a batch holding one), or `_NOT_A_REQUEST`."""
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return _NOT_A_REQUEST  # the SDK answers it with a parse error; nothing runs
+    messages = message if isinstance(message, list) else [message]
+    for item in messages:
+        if isinstance(item, dict) and "method" in item and "id" in item:
+            return item["id"] if len(messages) == 1 else None
+    return _NOT_A_REQUEST
+
+
+async def _read_body(receive: Any) -> bytes | None:
+    """The whole request body, or None past the limit."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks)
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > _BODY_LIMIT:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    sent = False
+
+    async def replay() -> Any:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _refuse(send: Any, message_id: Any) -> None:
+    error = {"jsonrpc": "2.0", "id": message_id, "error": {"code": -32603, "message": _REFUSAL}}
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"retry-after", b"0"),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": json.dumps(error).encode()})
+
+
+def end_get_streams(manager: Any) -> None:
+    """End every session's open GET stream cleanly, so the server's shutdown does not wait on them.
+
+    A client reconnects its GET stream at once, through the balancer, to a replica still serving.
+    """
+    for transport in list(getattr(manager, "_server_instances", {}).values()):
+        transport.close_standalone_sse_stream()
+
+
+def set_sse_keepalive(seconds: float) -> None:
+    """Send an SSE comment on every silent HTTP stream each `seconds` (0: never). Process-wide.
+
+    The SDK builds its SSE responses itself and offers no per-app setting: its 2025-11-25 streams are
+    sse-starlette's `EventSourceResponse` (15 s by default), its 2026-07-28 ones ping at a module
+    constant, which is also how long such a request may stay silent before it commits to SSE.
+    """
+    import mcp.server._streamable_http_modern as modern
+    from sse_starlette import EventSourceResponse
+
+    EventSourceResponse.DEFAULT_PING_INTERVAL = seconds  # type: ignore[assignment]  # annotated int, takes float
+    modern._SSE_PING_INTERVAL = seconds if seconds > 0 else math.inf

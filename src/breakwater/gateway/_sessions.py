@@ -1,0 +1,174 @@
+"""2025-11-25 sessions any replica serves: the SDK's session manager, with the session records in Redis.
+
+The SDK keeps a session (its transport and server loop) in one process's memory, so behind a
+round-robin balancer a session's second request meets a replica that answers 404 and the client
+re-initializes mid-task. With `[state] url = "redis://..."`, `serve --http` uses `RoamingSessionManager`:
+
+* `initialize` writes the session's record to Redis (`breakwater.state._sessions.SessionStore`)
+  before its response leaves (`SessionRecorder`, a server middleware); `logging/setLevel` updates it;
+* a request carrying a session id this replica does not hold, whose record is in Redis, *adopts*
+  the session: a transport with that id and a server loop whose connection starts out initialized
+  with the recorded revision, client capabilities and log level (the SDK's session-roaming
+  pattern, with the connection state that pattern leaves behind);
+* every request of a session renews its TTL; a renewal that finds the record gone (a `DELETE` on
+  another replica, or expiry) ends the local copy too, and `DELETE` removes the record.
+
+What stays per replica: a server-to-client request (sampling, elicitation) must be answered on the
+replica that asked, and a session's GET stream carries the notifications of the replica it is open on.
+2026-07-28 clients have no session and need none of this.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from anyio.abc import TaskStatus
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from starlette.responses import Response
+
+from breakwater.gateway._passthrough import connection_of
+from breakwater.gateway._relay import LOG_LEVEL_STATE
+
+if TYPE_CHECKING:
+    from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+    from starlette.types import Receive, Scope, Send
+
+    from breakwater.state._sessions import SessionStore
+
+__all__ = ["RoamingSessionManager", "SessionRecorder", "roaming_app"]
+
+log = logging.getLogger("breakwater.sessions")
+
+
+class SessionRecorder:
+    """Server middleware: the session's record goes to Redis when `initialize` and `logging/setLevel` succeed."""
+
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        result = await call_next(ctx)
+        if ctx.method not in ("initialize", "logging/setLevel"):
+            return result
+        session_id = getattr(connection_of(ctx), "session_id", None)
+        if not isinstance(session_id, str) or not isinstance(ctx.params, Mapping):
+            return result
+        params = dict(ctx.params)
+        if ctx.method == "logging/setLevel":
+            await self.store.update(session_id, level=params.get("level"))
+            return result
+        from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
+
+        requested = params.get("protocolVersion")
+        version = requested if requested in HANDSHAKE_PROTOCOL_VERSIONS else LATEST_HANDSHAKE_VERSION
+        await self.store.save(session_id, {"version": version, "params": params, "level": None})
+        return result
+
+
+class RoamingSessionManager(StreamableHTTPSessionManager):
+    """The SDK's stateful session manager, also serving the sessions other replicas created (records in Redis)."""
+
+    def __init__(self, app: Any, *, store: SessionStore, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self.store = store
+        #: Sessions this replica took over from another one (for status and tests).
+        self.adopted = 0
+
+    async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        session_id = _session_id(scope)
+        if session_id is not None:
+            method = scope.get("method")
+            held = self._server_instances.get(session_id)
+            if method == "DELETE":
+                existed = await self.store.delete(session_id)
+                if held is None and existed:
+                    # Ended everywhere: the replica holding it sees the record gone at its next request.
+                    await Response(status_code=200)(scope, receive, send)
+                    return
+            elif held is not None:
+                if not await self.store.renew(session_id):
+                    await self._discard_session(session_id, held)
+            elif (record := await self.store.load(session_id)) is not None:
+                await self._adopt(session_id, record)
+                await self.store.renew(session_id)
+        await super()._handle_stateful_request(scope, receive, send)
+
+    async def _adopt(self, session_id: str, record: dict[str, Any]) -> None:
+        async with self._session_creation_lock:
+            if session_id in self._server_instances:
+                return
+            transport = StreamableHTTPServerTransport(
+                mcp_session_id=session_id,
+                is_json_response_enabled=self.json_response,
+                event_store=self.event_store,
+                security_settings=self.security_settings,
+                retry_interval=self.retry_interval,
+                idle_timeout=self.session_idle_timeout,
+            )
+            self._server_instances[session_id] = transport
+        self.adopted += 1
+        assert self._task_group is not None
+        try:
+            await self._task_group.start(partial(self._serve_adopted, transport, record))
+        except BaseException:
+            await self._discard_session(session_id, transport)
+            raise
+
+    async def _serve_adopted(
+        self, transport: StreamableHTTPServerTransport, record: dict[str, Any], *, task_status: TaskStatus[None]
+    ) -> None:
+        """The adopted session's server loop: the SDK's, over a connection that starts out initialized."""
+        from mcp.server.connection import Connection
+        from mcp.server.runner import serve_connection
+        from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
+        from mcp.types import InitializeRequestParams
+
+        session_id = transport.mcp_session_id
+        assert session_id is not None
+        async with transport.connect() as (read_stream, write_stream):
+            task_status.started()
+            try:
+                idle_scope = transport.idle_scope if transport.idle_scope is not None else anyio.CancelScope()
+                with idle_scope:
+                    dispatcher: JSONRPCDispatcher[Any] = JSONRPCDispatcher(
+                        read_stream, write_stream, inline_methods=frozenset({"initialize"})
+                    )
+                    connection = Connection.for_loop(dispatcher, session_id=session_id)
+                    connection.client_params = InitializeRequestParams.model_validate(record.get("params") or {}, by_name=False)
+                    connection.protocol_version = str(record.get("version") or connection.protocol_version)
+                    if record.get("level"):
+                        connection.state[LOG_LEVEL_STATE] = record["level"]
+                    connection.initialized.set()
+                    await serve_connection(self.app, dispatcher, connection=connection, lifespan_state=self._lifespan_state)
+            except Exception:
+                log.exception("adopted session %s crashed", session_id[:8])
+            finally:
+                await self._discard_session(session_id, transport)
+
+
+def _session_id(scope: Scope) -> str | None:
+    header = MCP_SESSION_ID_HEADER.lower().encode()
+    for key, value in scope.get("headers") or ():
+        if key == header:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+def roaming_app(server: Any, *, store: SessionStore, security: Any, json_response: bool, idle_timeout_s: float) -> Any:
+    """The streamable-HTTP Starlette app `server.streamable_http_app()` builds, over a `RoamingSessionManager`."""
+    from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    manager = RoamingSessionManager(
+        server, store=store, json_response=json_response, security_settings=security, session_idle_timeout=idle_timeout_s
+    )
+    # Where the SDK keeps its own manager, so `server.session_manager` finds this one.
+    server._session_manager = manager
+    server.middleware.append(SessionRecorder(store))
+    return Starlette(routes=[Route("/mcp", endpoint=StreamableHTTPASGIApp(manager))], lifespan=lambda app: manager.run())

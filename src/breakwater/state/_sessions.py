@@ -1,0 +1,106 @@
+"""2025-11-25 HTTP sessions in Redis, so any gateway replica can serve a session another one created.
+
+Key layout (`NS` = `[state] namespace`):
+
+    NS:session:{ID}   string  JSON {"version", "params", "level"}   TTL `[gateway] session_ttl_s`, renewed by use
+
+`version` is the negotiated protocol revision, `params` the client's `initialize` params (client
+info and capabilities), `level` the log level it set (`logging/setLevel`), if any. The record is
+written before the `initialize` response leaves, so the client never holds a session id that Redis
+does not know. A replica serving a request of a session renews the TTL; the renewal also says
+whether the session still exists, which is how a `DELETE` on one replica ends it on all of them.
+
+Redis trouble never fails a request: a session the store cannot read is unknown (404, as without
+Redis); a renewal that cannot be made keeps the local session.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from typing import Any
+
+from breakwater.config._policies import StatePolicy
+
+__all__ = ["SessionStore"]
+
+log = logging.getLogger("breakwater.sessions")
+
+#: Session commands may wait longer than the breakers' (a lost lookup costs the client a re-initialize).
+_MIN_TIMEOUT_S = 0.5
+
+
+class SessionStore:
+    """Session records in Redis (the `redis` extra)."""
+
+    def __init__(self, policy: StatePolicy, *, ttl_s: float) -> None:
+        import redis.asyncio as aredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        timeout = max(policy.timeout_s, _MIN_TIMEOUT_S)
+        self._prefix = f"{policy.namespace}:session:"
+        self.ttl_ms = max(1, math.ceil(ttl_s * 1000))
+        self._r = aredis.Redis.from_url(
+            policy.url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 1),
+            decode_responses=True,
+        )
+
+    def _key(self, session_id: str) -> str:
+        return self._prefix + session_id
+
+    async def save(self, session_id: str, record: dict[str, Any]) -> None:
+        """Write (or replace) the session's record with a fresh TTL."""
+        try:
+            await self._r.set(self._key(session_id), json.dumps(record), px=self.ttl_ms)
+        except Exception as exc:
+            log.warning("cannot store session %s in Redis (%s); only this replica can serve it", session_id[:8], exc)
+
+    async def load(self, session_id: str) -> dict[str, Any] | None:
+        """The session's record, or None when Redis has none (or cannot be read)."""
+        try:
+            raw = await self._r.get(self._key(session_id))
+        except Exception as exc:
+            log.warning("cannot read session %s from Redis (%s)", session_id[:8], exc)
+            return None
+        if raw is None:
+            return None
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            return None
+        return record if isinstance(record, dict) else None
+
+    async def renew(self, session_id: str) -> bool:
+        """Push the TTL out again; False only when Redis says the session is gone (ended or expired)."""
+        try:
+            return bool(await self._r.pexpire(self._key(session_id), self.ttl_ms))
+        except Exception:
+            return True
+
+    async def update(self, session_id: str, **fields: Any) -> None:
+        """Change fields of an existing record (its TTL is kept)."""
+        record = await self.load(session_id)
+        if record is None:
+            return
+        record.update(fields)
+        try:
+            await self._r.set(self._key(session_id), json.dumps(record), px=self.ttl_ms)
+        except Exception as exc:
+            log.warning("cannot update session %s in Redis (%s)", session_id[:8], exc)
+
+    async def delete(self, session_id: str) -> bool:
+        """End the session for every replica; whether it existed."""
+        try:
+            return bool(await self._r.delete(self._key(session_id)))
+        except Exception as exc:
+            log.warning("cannot delete session %s from Redis (%s)", session_id[:8], exc)
+            return False
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._r.aclose()

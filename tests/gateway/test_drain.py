@@ -1,0 +1,123 @@
+"""SIGTERM drains `breakwater serve --http`: a real gateway process, a real slow upstream, seen from raw HTTP and the SDK."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client
+
+from breakwater.testing.server import read_ledger, read_state, serve_http
+from helpers import code_of, eventually
+
+pytestmark = pytest.mark.anyio
+
+BREAKWATER = [sys.executable, "-m", "breakwater"]
+ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+DRAIN_S = 1.5
+
+
+def modern_call(tool: str, arguments: dict[str, Any], request_id: int = 1) -> tuple[dict[str, str], dict[str, Any]]:
+    """Headers and body of a 2026-07-28 tools/call (no session: any replica may serve it)."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    headers = {**ACCEPT, "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": tool}
+    params = {"name": tool, "arguments": arguments, "_meta": meta}
+    body = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+    return headers, body
+
+
+async def start_gateway(tmp_path: Path, upstream_url: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    config = tmp_path / "breakwater.toml"
+    config.write_text(f'[servers.shop]\nurl = "{upstream_url}"\n')
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen(
+        [*BREAKWATER, "serve", "--config", str(config), "--http", "127.0.0.1:0", "--port-file", str(port_file)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
+    with anyio.fail_after(60):
+        while not port_file.exists() or not port_file.read_text():
+            assert proc.poll() is None
+            await anyio.sleep(0.05)
+    return proc, f"http://127.0.0.1:{int(port_file.read_text())}"
+
+
+async def test_sigterm_lets_calls_in_flight_finish_refuses_new_ones_and_cuts_what_outlives_the_window(tmp_path: Path) -> None:
+    """The issue's drain: /readyz 503 at once, new requests 503, a short call finishes (kept alive by
+    SSE comments), a call longer than the window is cancelled upstream and answered OUTCOME_UNKNOWN with
+    the operation id the ledger recorded, and the process exits 0 soon after the window."""
+    ledger, state = tmp_path / "ledger", tmp_path / "state"
+    flags = ("--tool", "order:latency=30,mutating", "--tool", "quick:latency=1,readonly")
+    env = dict(
+        os.environ,
+        BREAKWATER_DRAIN_S=str(DRAIN_S),
+        BREAKWATER_SSE_KEEPALIVE_S="0.2",
+        BREAKWATER_CATALOG_DIR=str(tmp_path / "catalog"),
+        BREAKWATER_CONNECT_STARTUP_JITTER_S="0",
+    )
+    async with serve_http(*flags, "--ledger", str(ledger), "--state-file", str(state)) as upstream:
+        proc, base = await start_gateway(tmp_path, upstream.url, env)
+        try:
+            async with Client(f"{base}/mcp", mode="legacy") as legacy, httpx2.AsyncClient(timeout=30) as http:
+                while "shop__order" not in {t.name for t in (await legacy.list_tools()).tools}:
+                    await anyio.sleep(0.1)
+                assert (await http.get(f"{base}/readyz")).status_code == 200
+                answers: dict[str, Any] = {}
+
+                async def order() -> None:
+                    answers["order"] = await legacy.call_tool("shop__order", {"item": "ship"})
+
+                async def quick() -> None:
+                    headers, body = modern_call("shop__quick", {})
+                    async with http.stream("POST", f"{base}/mcp", headers=headers, json=body) as response:
+                        answers["quick_status"] = response.status_code
+                        answers["quick"] = [line async for line in response.aiter_lines()]
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(order)
+                    tg.start_soon(quick)
+                    await eventually(lambda: state.exists() and sum(read_state(state)["in_flight"].values()) == 2, 20)
+                    sent_at = time.monotonic()
+                    proc.send_signal(signal.SIGTERM)
+                    ready = await http.get(f"{base}/readyz")
+                    assert ready.status_code == 503 and ready.json()["draining"] is True
+                    headers, body = modern_call("shop__quick", {}, request_id=7)
+                    refused = await http.post(f"{base}/mcp", headers=headers, json=body)
+                    assert refused.status_code == 503 and refused.headers["connection"] == "close"
+                    assert refused.json()["id"] == 7
+                # The short call ran to its end through the drain, with keep-alive comments while it was silent.
+                assert answers["quick_status"] == 200
+                assert sum(line.startswith(":") for line in answers["quick"]) >= 2
+                data = [json.loads(line[5:]) for line in answers["quick"] if line.startswith("data:")]
+                assert data[-1]["result"]["structuredContent"]["ok"] is True
+                # The long one was cut at the end of the window, upstream too, and says what it may have done.
+                cut = answers["order"]
+                assert time.monotonic() - sent_at < DRAIN_S + 3
+                assert code_of(cut) == "OUTCOME_UNKNOWN"
+                envelope = cut.structured_content or {}
+                assert envelope["reason"] == "gateway_drain" and envelope["sent"] is True
+                assert [r["operation_id"] for r in read_ledger(ledger)] == [envelope["operation_id"]]
+                await eventually(lambda: read_state(state)["cancelled"]["order"] == 1, 10)
+            code = await anyio.to_thread.run_sync(lambda: proc.wait(timeout=30))
+            elapsed = time.monotonic() - sent_at
+            assert code == 0
+            # The window, plus a second of shutdown (and slack for a loaded CI machine).
+            assert elapsed < DRAIN_S + 1 + 1.5, elapsed
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

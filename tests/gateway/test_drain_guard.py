@@ -1,0 +1,89 @@
+"""`DrainGuard` and `Drain` in-process: what a draining replica refuses, what it lets through, when the window ends."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import pytest
+
+from breakwater.gateway._drain import Drain, DrainGuard
+from breakwater.testing import FakeClock
+
+pytestmark = pytest.mark.anyio
+
+
+async def _post(guard: DrainGuard, body: bytes, method: str = "POST") -> tuple[int, bytes, list[Any]]:
+    """Send one request through `guard`; the status, the body and what reached the app behind it."""
+    reached: list[Any] = []
+    sent: list[dict[str, Any]] = []
+    chunks: list[dict[str, Any]] = [
+        {"type": "http.request", "body": body[:5], "more_body": True},
+        {"type": "http.request", "body": body[5:]},
+    ]
+
+    async def receive() -> dict[str, Any]:
+        return chunks.pop(0) if chunks else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        message = await receive()
+        reached.append(message["body"])
+        await send({"type": "http.response.start", "status": 202, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    guard.app = app
+    await guard({"type": "http", "method": method, "headers": []}, receive, send)
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:]), reached
+
+
+async def test_a_draining_replica_refuses_requests_and_lets_notifications_and_responses_through() -> None:
+    drain = Drain(FakeClock())
+    guard = DrainGuard(None, drain)
+    call = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "x"}}).encode()
+    cancel = json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 3}}).encode()
+    answer = json.dumps({"jsonrpc": "2.0", "id": 4, "result": {}}).encode()
+    assert (await _post(guard, call))[0] == 202  # serving: everything reaches the app
+    drain.draining = True
+    status, body, reached = await _post(guard, call)
+    assert (status, reached) == (503, []) and json.loads(body)["id"] == 7
+    # The whole body reaches the app, though it was read to be looked at.
+    assert (await _post(guard, cancel))[::2] == (202, [cancel])
+    assert (await _post(guard, answer))[::2] == (202, [answer])
+    assert (await _post(guard, b"", method="GET"))[0] == 503  # a new GET stream goes to another replica
+    assert (await _post(guard, b"", method="DELETE"))[0] == 202
+    assert drain.requests == 0
+
+
+async def test_the_window_waits_for_calls_then_cuts_what_is_left() -> None:
+    """A call shorter than the window finishes; a longer one is cut exactly when the window ends."""
+    clock = FakeClock()
+    drain = Drain(clock)
+    cut: dict[str, bool] = {}
+    took: list[float] = []
+
+    async def call(name: str, seconds: float) -> None:
+        drain.request_started()
+        try:
+            with drain.call(lambda: True) as entry:
+                await clock.sleep(seconds)
+            cut[name] = entry.scope.cancelled_caught
+        finally:
+            drain.request_done()
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call, "short", 3.0)
+            tg.start_soon(call, "long", 60.0)
+            await clock.sleep(1.0)
+            started = clock.monotonic()
+            await drain.run(10.0)
+            took.append(clock.monotonic() - started)
+
+    await clock.run(main)
+    assert cut == {"short": False, "long": True}
+    assert drain.cut == 1 and drain.cutting
+    assert 10.0 <= took[0] <= 10.0 + 0.5  # the window, then at most the cut's grace for the envelopes
