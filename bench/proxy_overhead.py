@@ -333,39 +333,74 @@ async def call(client: Client, tool: str, result: Result, *, timeout: float = 30
 
 
 @dataclass
+class Held:
+    """A target's connection, held open by a task of its own (see `hold`)."""
+
+    ready: anyio.Event = field(default_factory=anyio.Event)
+    release: anyio.Event = field(default_factory=anyio.Event)
+    value: Any = None
+    failure: BaseException | None = None
+    ended: bool = False
+
+
+async def hold(cm: Any, held: Held, result: Result) -> None:
+    """Enter `cm` in this task and keep it open until released.
+
+    A client session that fails mid-run (an SDK client whose HTTP connection is reset tears its whole
+    session down) then ends this target only: its calls fail and it is left out of the rest of the
+    run, with the failure in its errors, instead of cancelling every other target's measurement.
+    """
+    try:
+        async with cm as value:
+            held.value = value
+            held.ready.set()
+            await held.release.wait()
+    except anyio.get_cancelled_exc_class():
+        raise
+    except BaseException as exc:
+        held.failure = exc
+        if result.complete:
+            result.error("error-on-close")
+        elif held.value is not None:
+            leaf = _leaves(exc)[0]
+            result.error(f"session-failed:{type(leaf).__name__}")
+            print(f"  {result.name}: its client session failed mid-run ({leaf!r}); left out from here", flush=True)
+    finally:
+        held.ended = True
+        held.ready.set()
+
+
+@dataclass
 class Target:
     result: Result
     client: Client
     echo: str
     hang: str
+    held: Held
 
 
-@contextlib.asynccontextmanager
-async def tolerant(result: Result, cm: Any) -> AsyncIterator[Any]:
-    """Enter `cm`; once every figure is in, an error while closing the connection is only counted."""
-    try:
-        async with cm as value:
-            yield value
-    except Exception:
-        if not result.complete:
-            raise
-        result.error("error-on-close")
-
-
-async def open_target(stack: contextlib.AsyncExitStack, name: str, args: argparse.Namespace, tmp: Path) -> Target:
+async def open_target(tg: Any, name: str, args: argparse.Namespace, tmp: Path) -> Target:
     result = Result(name)
-    client, result.version, result.pid = await stack.enter_async_context(
-        tolerant(result, connect(name, tmp, f"{args.profile}.{name}" if args.profile and name.startswith("breakwater") else None))
-    )
-    echo, hang = await tool_names(client)
-    # Warm-up, which also waits out a gateway's SERVER_CONNECTING.
-    with anyio.fail_after(60):
-        warm = 0
-        while warm < args.warmup:
-            if await call(client, echo, result) is not None:
-                warm += 1
+    held = Held()
+    profile = f"{args.profile}.{name}" if args.profile and name.startswith("breakwater") else None
+    tg.start_soon(hold, connect(name, tmp, profile), held, result)
+    await held.ready.wait()
+    if held.value is None:
+        raise held.failure if isinstance(held.failure, Exception) else RuntimeError("the connection ended")
+    client, result.version, result.pid = held.value
+    try:
+        echo, hang = await tool_names(client)
+        # Warm-up, which also waits out a gateway's SERVER_CONNECTING.
+        with anyio.fail_after(60):
+            warm = 0
+            while warm < args.warmup:
+                if await call(client, echo, result) is not None:
+                    warm += 1
+    except BaseException:
+        held.release.set()
+        raise
     result.errors.clear()
-    return Target(result, client, echo, hang)
+    return Target(result, client, echo, hang, held)
 
 
 async def sequential(t: Target, n: int) -> None:
@@ -417,13 +452,13 @@ async def run_all(names: list[str], args: argparse.Namespace, root: Path) -> lis
     import random
 
     results: dict[str, Result] = {}
-    async with contextlib.AsyncExitStack() as stack:
+    async with anyio.create_task_group() as tg:
         targets: list[Target] = []
         for name in names:
             (root / name).mkdir()
             t0 = time.monotonic()
             try:
-                target = await open_target(stack, name, args, root / name)
+                target = await open_target(tg, name, args, root / name)
             except Exception as exc:
                 if args.debug:
                     raise
@@ -439,22 +474,29 @@ async def run_all(names: list[str], args: argparse.Namespace, root: Path) -> lis
         # CPU over the sequential and burst phases, idle time between a target's turns included (a
         # gateway's background work is part of what it costs).
         cpu_at_start = {t.result.name: cpu_seconds(t.result.pid) if t.result.pid else None for t in targets}
-        for done in range(0, args.calls, batch):
-            rng.shuffle(targets)
+        try:
+            for done in range(0, args.calls, batch):
+                rng.shuffle(targets)
+                for t in targets:
+                    if not t.held.ended:
+                        await sequential(t, min(batch, args.calls - done))
+            for _ in range(args.bursts):
+                rng.shuffle(targets)
+                for t in targets:
+                    if not t.held.ended:
+                        await burst(t, args.concurrency)
             for t in targets:
-                await sequential(t, min(batch, args.calls - done))
-        for _ in range(args.bursts):
-            rng.shuffle(targets)
+                start, end = cpu_at_start[t.result.name], cpu_seconds(t.result.pid) if t.result.pid else None
+                if start is not None and end is not None and not t.held.ended:
+                    t.result.cpu_s = end - start
+                t.result.measured_calls = args.calls + args.bursts * args.concurrency
+            for t in sorted(targets, key=lambda t: names.index(t.result.name)):
+                if not t.held.ended:
+                    await head_of_line(t, args.hol_calls)
+                t.result.complete = True
+        finally:
             for t in targets:
-                await burst(t, args.concurrency)
-        for t in targets:
-            start, end = cpu_at_start[t.result.name], cpu_seconds(t.result.pid) if t.result.pid else None
-            if start is not None and end is not None:
-                t.result.cpu_s = end - start
-            t.result.measured_calls = args.calls + args.bursts * args.concurrency
-        for t in sorted(targets, key=lambda t: names.index(t.result.name)):
-            await head_of_line(t, args.hol_calls)
-            t.result.complete = True
+                t.held.release.set()
     return [results[n] for n in names]
 
 
@@ -508,24 +550,42 @@ def table(results: list[Result]) -> str:
 
 
 def verdict(results: list[Result]) -> list[str]:
+    """Issue 16's targets, each against its baseline in this run."""
     by = {r.name: r for r in results if r.seq}
-    out = []
     if "direct" not in by:
         return ["no direct baseline"]
+    out = []
+
+    def line(what: str, value: float, bound: float, unit: str = "×") -> None:
+        out.append(f"{what}: {value:.2f}{unit} ({'meets' if value <= bound else 'MISSES'} ≤ {bound:g}{unit})")
+
     d = pct(by["direct"].seq, 50)
-    peers = [r for n, r in by.items() if not n.startswith("breakwater") and not n.startswith("sdk-proxy") and n != "direct"]
+    if "breakwater-stdio" in by:
+        line("breakwater-stdio p50 / direct p50", pct(by["breakwater-stdio"].seq, 50) / d, 1.5)
+    pypi = by.get("mcp-proxy-pypi")
+    if pypi is not None:
+        p = pct(pypi.seq, 50)
+        for name, bound in (("breakwater-http", 0.9), ("breakwater-http-json", 0.75), ("breakwater-http-2026", 1.0)):
+            if name in by:
+                line(f"{name} p50 / mcp-proxy (PyPI) p50", pct(by[name].seq, 50) / p, bound)
+    walls = [pct(by[n].burst_wall, 50) for n in ("mcp-proxy-pypi", "mcp-proxy-npm") if n in by and by[n].burst_wall]
+    if walls:
+        for name in ("breakwater-stdio", "breakwater-http", "breakwater-http-json"):
+            if name in by and by[name].burst_wall:
+                line(f"{name} burst wall p50 / faster mcp-proxy's", pct(by[name].burst_wall, 50) / min(walls), 0.8)
+    cpu = {r.name: r.cpu_s / r.measured_calls * 1000 for r in by.values() if r.cpu_s is not None and r.measured_calls}
+    peers = {n: v for n, v in cpu.items() if not n.startswith(("breakwater", "sdk-proxy"))}
+    for name in ("breakwater-stdio", "breakwater-http", "breakwater-http-json"):
+        if name in cpu and peers:
+            best = min(peers, key=peers.__getitem__)
+            verdict_word = "lowest" if cpu[name] <= peers[best] else f"MISSES: {best} uses {peers[best]:.2f}"
+            out.append(f"{name} gateway CPU: {cpu[name]:.2f} s / 1000 calls ({verdict_word})")
     for name in ("breakwater-stdio", "breakwater-http", "breakwater-http-2026", "breakwater-http-json"):
-        if name not in by:
-            continue
-        p50 = pct(by[name].seq, 50)
-        ok_ratio = p50 <= 2.0 * d
-        slower = [r.name for r in peers if pct(r.seq, 50) < p50]  # ties count as not slower
-        hol_ok = max(by[name].hol) < 10 * max(pct(by[name].hol_baseline, 99) / 1000, 0.005) if by[name].hol else False
-        out.append(
-            f"{name}: p50 {p50:.2f} ms = {p50 / d:.2f}× direct ({'meets' if ok_ratio else 'MISSES'} ≤2.0×); "
-            + (f"slower than {', '.join(slower)}" if slower else "faster than every peer measured")
-            + f"; head-of-line: {'none' if hol_ok else 'BLOCKED'} (max echo {max(by[name].hol) * 1000:.1f} ms while a call hangs)"
-        )
+        r = by.get(name)
+        if r is not None and r.hol:
+            ok = max(r.hol) < 10 * max(pct(r.hol_baseline, 99) / 1000, 0.005)
+            worst = max(r.hol) * 1000
+            out.append(f"{name} head-of-line: {'none' if ok else 'BLOCKED'} (max echo {worst:.1f} ms while a call hangs)")
     return out
 
 

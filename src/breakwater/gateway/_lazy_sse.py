@@ -36,7 +36,15 @@ import anyio
 import pydantic_core
 from mcp.server import streamable_http as sdk
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp_types import INTERNAL_ERROR, JSONRPCError, JSONRPCRequest, JSONRPCResponse, jsonrpc_message_adapter
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
+from mcp_types import (
+    DEFAULT_NEGOTIATED_VERSION,
+    INTERNAL_ERROR,
+    JSONRPCError,
+    JSONRPCRequest,
+    JSONRPCResponse,
+    jsonrpc_message_adapter,
+)
 from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
@@ -119,7 +127,7 @@ async def _answer(
     streams = anyio.create_memory_object_stream[sdk.EventMessage](sdk.REQUEST_STREAM_BUFFER_SIZE)
     transport._request_streams[request_id] = streams
     reader = streams[1]
-    protocol_version = request.headers.get(sdk.MCP_PROTOCOL_VERSION_HEADER, sdk.DEFAULT_NEGOTIATED_VERSION)
+    protocol_version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER, DEFAULT_NEGOTIATED_VERSION)
     await writer.send(transport._create_session_message(message, request, request_id, protocol_version))
     first: sdk.EventMessage | None = None
     try:
