@@ -51,7 +51,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
 from breakwater.testing.server import launch_command
 
@@ -203,7 +205,15 @@ async def http_client(
         if time.monotonic() > deadline:
             raise RuntimeError(f"nothing listens at {url} after {timeout} s: {_tail(log)}")
         await anyio.sleep(0.2)
-    async with Client(url, mode=mode) as client:  # type: ignore[arg-type]
+    # Idle connections are dropped after 1 s, below the servers' keep-alive (uvicorn's 5 s): with ten
+    # targets interleaved on a loaded machine a connection can sit idle past it, the server closes it as
+    # the client reuses it, and the SDK 2.3 client tears its whole session down on that ReadError. The
+    # same for every HTTP target.
+    limits = httpx2.Limits(keepalive_expiry=1.0)
+    async with (
+        httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=300), limits=limits) as http,
+        Client(streamable_http_client(url, http_client=http), mode=mode) as client,
+    ):
         yield client
 
 
