@@ -30,6 +30,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from breakwater import Breakwater, Config, ServerSpec, ServerState
+from breakwater.config import JournalPolicy
 from breakwater.gate._breaker import Outcome, Permit
 
 
@@ -76,8 +77,12 @@ async def main_async(args: argparse.Namespace) -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="bw-overhead-"))
     spec = ServerSpec(name="s", transport="stdio", command="unused")
+    # The journal is on (a SQLite file of its own, its writer thread running), as a user runs the gate.
+    journal = JournalPolicy(url="off" if args.journal == "off" else str(tmp / "journal.sqlite3"))
     # Not entered: no supervisor runs; the bench installs the connection itself.
-    bw = Breakwater(Config(servers=(spec,)), admission_dir=tmp)
+    bw = Breakwater(Config(servers=(spec,), journal=journal), admission_dir=tmp)
+    if bw.journal is not None:
+        bw.journal.start()
     upstream = bw.upstream("s")
     async with Client(server) as client:
         upstream.tools = (await client.list_tools()).tools
@@ -107,14 +112,16 @@ async def main_async(args: argparse.Namespace) -> None:
                 await bw.call_tool("s", "echo", {"x": 1}, raise_on_error=True)
             raising.append(time.perf_counter() - t0)
 
+    if bw.journal is not None:
+        bw.journal.close(10.0)
     us = 1e6
-    print(f"calls per side: {args.rounds * args.batch}")
+    print(f"calls per side: {args.rounds * args.batch}; journal {'off' if bw.journal is None else 'on (SQLite)'}")
     print(f"in-process SDK call  direct p50 {sdk_direct * us:8.1f} us   through gate p50 {sdk_gated * us:8.1f} us")
     print(f"  overhead p50 {(sdk_gated - sdk_direct) * us:6.1f} us  (ratio {sdk_gated / sdk_direct:.3f}; target <= 50 us)")
     print(f"stub client          direct p50 {stub_direct * us:8.1f} us   through gate p50 {stub_gated * us:8.1f} us")
-    print(f"  gate alone p50 {(stub_gated - stub_direct) * us:6.1f} us")
+    print(f"  gate alone p50 {(stub_gated - stub_direct) * us:6.1f} us  (target <= 20 us)")
     r50, r99 = statistics.median(rejections), sorted(rejections)[int(len(rejections) * 0.99)]
-    print(f"open-breaker rejection (envelope result) p50 {r50 * us:6.1f} us  p99 {r99 * us:6.1f} us  (target p50 <= 20 us)")
+    print(f"open-breaker rejection (envelope result) p50 {r50 * us:6.1f} us  p99 {r99 * us:6.1f} us  (target p50 <= 10 us)")
     print(f"open-breaker rejection (raise_on_error)  p50 {statistics.median(raising) * us:6.1f} us")
     print(f"rejection vs direct SDK call: {sdk_direct / r50:.0f}x faster")
 
@@ -123,6 +130,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--batch", type=int, default=500)
+    p.add_argument("--journal", choices=("on", "off"), default="on", help="the call journal (default on, SQLite in a temp dir)")
     anyio.run(main_async, p.parse_args())
 
 

@@ -361,6 +361,50 @@ async def test_http_rejects_foreign_origin_and_requires_token_when_set(tmp_path:
         assert authed.status_code == 200
 
 
+def _sse_messages(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:") and line[5:].strip()]
+
+
+async def test_a_2025_post_is_one_json_body_unless_something_comes_before_its_answer(tmp_path: Path, env: dict[str, str]) -> None:
+    """Default (SSE) mode: a call with nothing before its answer gets `application/json`; a call whose
+    progress comes first gets an SSE stream, the progress first and the answer last (gateway/_lazy_sse.py)."""
+    config = write_config(
+        tmp_path, {"s": stdio_entry("--tool", "quick:latency=0,readonly", "--tool", "slow:latency=0.6,progress=0.1,readonly")}
+    )
+    headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}  # fmt: skip
+    async with gateway_http(tmp_path, config, env) as url, httpx2.AsyncClient(timeout=30) as http:
+        opened = await http.post(url, json=init, headers=headers)
+        session = {**headers, "mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+        await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
+
+        async def call(i: int, name: str, meta: dict[str, Any]) -> httpx2.Response:
+            body = {"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": name, "arguments": {}, "_meta": meta}}
+            return await http.post(url, json=body, headers=session)
+
+        with anyio.fail_after(30):
+            # Until the upstream is ready (a call that waits for it longer than a second may be streamed).
+            while True:
+                ready = await call(2, "s__quick", {})
+                answer = (
+                    ready.json()
+                    if ready.headers["content-type"].startswith("application/json")
+                    else _sse_messages(ready.text)[-1]
+                )
+                if not answer["result"].get("isError"):
+                    break
+                await anyio.sleep(0.1)
+        quick = await call(3, "s__quick", {})
+        assert quick.headers["content-type"].startswith("application/json")
+        assert quick.json()["id"] == 3 and not quick.json()["result"].get("isError")
+        slow = await call(4, "s__slow", {"progressToken": "p"})
+        assert slow.headers["content-type"].startswith("text/event-stream")
+        messages = _sse_messages(slow.text)
+        assert messages[0]["method"] == "notifications/progress"
+        assert messages[-1]["id"] == 4 and not messages[-1]["result"].get("isError")
+
+
 def test_non_loopback_listener_needs_a_token(tmp_path: Path, env: dict[str, str]) -> None:
     """Listening on 0.0.0.0 without a token is refused with exit code 2 and a fix."""
     config = write_config(tmp_path, {})

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from breakwater.config._checks import LOOPBACK_HOSTS as LOOPBACK_HOSTS  # importable from here as before
 from breakwater.config._redact import register_secrets
 from breakwater.gateway._drain import DrainGuard, end_get_streams, set_sse_keepalive
+from breakwater.gateway._lazy_sse import answer_lazily
 from breakwater.gateway._metrics import CallCounter, Metrics
 from breakwater.gateway._server import Gateway
 from breakwater.gateway._sessions import roaming_app
@@ -158,6 +159,9 @@ def http_app(
             host=host, transport_security=security, json_response=json_response, session_idle_timeout=idle_s
         )
     app = FrameErrors(sdk_app, max_body_bytes=DEFAULT_MAX_REQUEST_BODY_SIZE)  # malformed requests: the spec's errors
+    if not json_response:
+        # A POST with nothing to stream before its answer gets one JSON body, not an SSE stream (_lazy_sse).
+        answer_lazily(gateway.server.session_manager, gateway.bw.clock)
     metrics = metrics if metrics is not None else Metrics()
     # One call counter per server: a second app over the same gateway replaces it, never counts twice.
     gateway.server.middleware[:] = [m for m in gateway.server.middleware if not isinstance(m, CallCounter)]
