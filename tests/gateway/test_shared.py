@@ -119,11 +119,12 @@ def pid_of(result: types.CallToolResult) -> int:
     return int(result.structured_content["pid"])
 
 
-async def test_sessions_attach_to_one_gateway_and_one_upstream_connection(
+async def test_sessions_of_one_config_share_one_gateway_and_one_upstream_connection(
     tmp_path: Path, share: Path, upstream: tuple[str, Path]
 ) -> None:
     url, state = upstream
     config = write_config(tmp_path, url)
+    other = write_config(tmp_path, url, "other.json", web2={"type": "http", "url": url})
     env = env_for(tmp_path, share)
     before = handshakes(state)
     async with session(config, env) as a, session(config, env) as b:
@@ -132,17 +133,47 @@ async def test_sessions_attach_to_one_gateway_and_one_upstream_connection(
         assert "web__echo" in names_a and names_a == names_b
         assert pid_of(await a.call_tool("web__echo", {"text": "a"})) == pid_of(await b.call_tool("web__echo", {"text": "b"}))
         assert handshakes(state) - before == 1  # two sessions, one upstream connection
-        listed = subprocess.run([*BREAKWATER, "gateway", "list", "--json"], env=env, capture_output=True, text=True, timeout=60)
-        gateways = json.loads(listed.stdout)
-        assert [g["sessions"] for g in gateways] == [2], listed
-        status = subprocess.run(
-            [*BREAKWATER, "status", "--json", "--config", str(config)], env=env, capture_output=True, text=True, timeout=60
-        )
-        shown = json.loads(status.stdout)
-        assert shown["shared_gateway"]["sessions"] == 2 and shown["shared_gateway"]["pid"] == gateways[0]["pid"]
+        async with session(other, env) as c:
+            # Another config never attaches there: its session has a gateway of its own.
+            assert "web2__echo" in {t.name for t in (await c.list_tools()).tools}
+            await eventually(lambda: handshakes(state) - before >= 3, timeout=20)
+            assert handshakes(state) - before == 3  # its gateway's own two servers
+            listed = subprocess.run(
+                [*BREAKWATER, "gateway", "list", "--json"], env=env, capture_output=True, text=True, timeout=60
+            )
+            gateways = json.loads(listed.stdout)
+            assert sorted(g["sessions"] for g in gateways) == [1, 2], listed
+            status = subprocess.run(
+                [*BREAKWATER, "status", "--json", "--config", str(config)], env=env, capture_output=True, text=True, timeout=60
+            )
+            shown = json.loads(status.stdout)
+            assert shown["shared_gateway"]["sessions"] == 2
+            assert shown["shared_gateway"]["pid"] in [g["pid"] for g in gateways if g["sessions"] == 2]
+            assert [s["state"] for s in shown["servers"]] == ["ready"]
+            refusals(share)
     # Socket and directory are the user's only.
     assert oct(share.stat().st_mode & 0o777) == "0o700"
-    assert [oct(s.stat().st_mode & 0o777) for s in share.glob("*.sock")] == ["0o600"]
+    assert [oct(s.stat().st_mode & 0o777) for s in share.glob("*.sock")] == ["0o600", "0o600"]
+
+
+def refusals(share: Path) -> None:
+    """A gateway refuses another config's fingerprint, another version, and (as root, tried) another user."""
+    sock = next(share.glob("gw-*.sock"))
+    info = _ask(sock, {"breakwater": "info"})
+    assert info is not None
+    wrong = _ask(sock, {"breakwater": "attach", "fingerprint": "0" * 32, "version": info["version"]})
+    assert wrong is not None and not wrong["ok"] and "another config" in wrong["reason"]
+    old = _ask(sock, {"breakwater": "attach", "fingerprint": info["fingerprint"], "version": "0.0.1"})
+    assert old is not None and not old["ok"] and "restart it" in old["reason"]
+    if os.getuid() == 0:  # as root, also try it as another user: the 0700 directory keeps them out
+        probe = f"socket.socket(socket.AF_UNIX).connect({str(sock)!r})"
+        as_nobody = subprocess.run(
+            [sys.executable, "-c", f"import os, socket; os.setgid(65534); os.setuid(65534); {probe}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert as_nobody.returncode != 0 and "PermissionError" in as_nobody.stderr
 
 
 async def test_each_session_keeps_its_own_cancellations_and_progress(
@@ -179,40 +210,12 @@ async def test_each_session_keeps_its_own_cancellations_and_progress(
     assert len(gateway_pids(share)) == 1
 
 
-async def test_another_config_another_version_and_another_user_are_refused(
+async def test_failover_after_kill_answers_the_call_in_flight_serves_again_and_idles_out(
     tmp_path: Path, share: Path, upstream: tuple[str, Path]
 ) -> None:
     url, _ = upstream
     config = write_config(tmp_path, url)
-    other = write_config(tmp_path, url, "other.json", web2={"type": "http", "url": url})
-    env = env_for(tmp_path, share)
-    async with session(config, env) as a, session(other, env) as b:
-        assert pid_of(await a.call_tool("web__echo", {"text": "a"})) == pid_of(await b.call_tool("web__echo", {"text": "b"}))
-        assert len(gateway_pids(share)) == 2  # one gateway per config
-        sock = next(share.glob("gw-*.sock"))
-        info = _ask(sock, {"breakwater": "info"})
-        assert info is not None
-        wrong = _ask(sock, {"breakwater": "attach", "fingerprint": "0" * 32, "version": info["version"]})
-        assert wrong is not None and not wrong["ok"] and "another config" in wrong["reason"]
-        old = _ask(sock, {"breakwater": "attach", "fingerprint": info["fingerprint"], "version": "0.0.1"})
-        assert old is not None and not old["ok"] and "restart it" in old["reason"]
-        if os.getuid() == 0:  # as root, also try it as another user: the 0700 directory keeps them out
-            probe = f"socket.socket(socket.AF_UNIX).connect({str(sock)!r})"
-            as_nobody = subprocess.run(
-                [sys.executable, "-c", f"import os, socket; os.setgid(65534); os.setuid(65534); {probe}"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-            assert as_nobody.returncode != 0 and "PermissionError" in as_nobody.stderr
-
-
-async def test_failover_after_kill_answers_the_call_in_flight_and_serves_again(
-    tmp_path: Path, share: Path, upstream: tuple[str, Path]
-) -> None:
-    url, _ = upstream
-    config = write_config(tmp_path, url)
-    env = env_for(tmp_path, share)
+    env = env_for(tmp_path, share, BREAKWATER_SHARE_IDLE_S="0.5")
     async with session(config, env) as a:
         first = pid_of(await a.call_tool("web__echo", {"text": "a"}))
         [gateway] = gateway_pids(share)
@@ -232,28 +235,21 @@ async def test_failover_after_kill_answers_the_call_in_flight_and_serves_again(
         with anyio.fail_after(30):
             assert pid_of(await a.call_tool("web__echo", {"text": "again"})) == first
         assert "web__echo" in {t.name for t in (await a.list_tools()).tools}
-        assert gateway_pids(share) != [gateway]
-
-
-async def test_idle_gateway_exits(tmp_path: Path, share: Path, upstream: tuple[str, Path]) -> None:
-    url, _ = upstream
-    config = write_config(tmp_path, url)
-    env = env_for(tmp_path, share, BREAKWATER_SHARE_IDLE_S="0.5")
-    async with session(config, env) as a:
-        await a.call_tool("web__echo", {"text": "a"})
-        [gateway] = gateway_pids(share)
-
-    def gone() -> bool:
-        try:
-            os.kill(gateway, 0)
-        except ProcessLookupError:
-            return True
-        # A zombie (its parent, the session, has exited: it is reaped by init) counts as gone.
-        stat = Path(f"/proc/{gateway}/stat")
-        return stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z"
-
-    await eventually(gone, timeout=20)
+        [second] = gateway_pids(share)
+        assert second != gateway
+    # With no session left, the gateway exits after its idle time, and takes its socket along.
+    await eventually(lambda: gone(second), timeout=20)
     assert not list(share.glob("*.sock"))
+
+
+def gone(pid: int) -> bool:
+    """Whether `pid` has exited (a zombie, not yet reaped by the session that started it, counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z"
 
 
 async def test_no_share_and_per_session_stdio_servers_run_their_own_gateway(

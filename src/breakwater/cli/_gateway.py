@@ -125,7 +125,10 @@ def _list(policy: GatewayPolicy, as_json: bool) -> int:
 
     gateways = _gateways(policy)
     if as_json:
-        rows = [{k: v for k, v in info.items() if k not in ("breakwater", "ok", "status")} | {"socket": str(s)} for s, info in gateways]
+        rows = [
+            {k: v for k, v in info.items() if k not in ("breakwater", "ok", "status")} | {"socket": str(s)}
+            for s, info in gateways
+        ]
         print(json.dumps(rows, indent=2))
         return EXIT_OK
     if not gateways:
@@ -136,7 +139,9 @@ def _list(policy: GatewayPolicy, as_json: bool) -> int:
         table.add_column(column, no_wrap=True)
     for _, info in gateways:
         up = max(0.0, time.time() - float(info.get("started") or time.time()))
-        table.add_row(str(info.get("pid")), str(info.get("sessions")), f"{up:.0f} s", str(info.get("version")), str(info.get("config")))
+        table.add_row(
+            str(info.get("pid")), str(info.get("sessions")), f"{up:.0f} s", str(info.get("version")), str(info.get("config"))
+        )
     show(table)
     return EXIT_OK
 
