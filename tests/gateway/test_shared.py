@@ -133,6 +133,7 @@ async def test_sessions_of_one_config_share_one_gateway_and_one_upstream_connect
         assert "web__echo" in names_a and names_a == names_b
         assert pid_of(await a.call_tool("web__echo", {"text": "a"})) == pid_of(await b.call_tool("web__echo", {"text": "b"}))
         assert handshakes(state) - before == 1  # two sessions, one upstream connection
+        await isolated(a, b)
         async with session(other, env) as c:
             # Another config never attaches there: its session has a gateway of its own.
             assert "web2__echo" in {t.name for t in (await c.list_tools()).tools}
@@ -156,6 +157,31 @@ async def test_sessions_of_one_config_share_one_gateway_and_one_upstream_connect
     assert [oct(s.stat().st_mode & 0o777) for s in share.glob("*.sock")] == ["0o600", "0o600"]
 
 
+async def isolated(a: Client, b: Client) -> None:
+    """Each session keeps its own cancellations and progress: a cancels its call, b's goes on with its progress."""
+    progress_a: list[float] = []
+    progress_b: list[float] = []
+
+    async def on_a(progress: float, total: float | None, message: str | None) -> None:
+        progress_a.append(progress)
+
+    async def on_b(progress: float, total: float | None, message: str | None) -> None:
+        progress_b.append(progress)
+
+    slow: list[types.CallToolResult] = []
+    async with anyio.create_task_group() as tg:
+
+        async def slow_b() -> None:
+            slow.append(await b.call_tool("web__slow", {}, progress_callback=on_b))
+
+        tg.start_soon(slow_b)
+        with anyio.move_on_after(0.5):  # a's own call, cancelled by a
+            await a.call_tool("web__hang", {}, progress_callback=on_a)
+    assert not slow[0].is_error
+    assert progress_b and not progress_a
+    assert not (await a.call_tool("web__echo", {"text": "after"})).is_error  # a's session goes on
+
+
 def refusals(share: Path) -> None:
     """A gateway refuses another config's fingerprint, another version, and (as root, tried) another user."""
     sock = next(share.glob("gw-*.sock"))
@@ -174,40 +200,6 @@ def refusals(share: Path) -> None:
             timeout=30,
         )
         assert as_nobody.returncode != 0 and "PermissionError" in as_nobody.stderr
-
-
-async def test_each_session_keeps_its_own_cancellations_and_progress(
-    tmp_path: Path, share: Path, upstream: tuple[str, Path]
-) -> None:
-    url, _ = upstream
-    config = write_config(tmp_path, url)
-    env = env_for(tmp_path, share)
-    progress_a: list[float] = []
-    progress_b: list[float] = []
-
-    async def on_a(progress: float, total: float | None, message: str | None) -> None:
-        progress_a.append(progress)
-
-    async def on_b(progress: float, total: float | None, message: str | None) -> None:
-        progress_b.append(progress)
-
-    async with session(config, env) as a, session(config, env) as b:
-        await a.list_tools()
-        await b.list_tools()
-        slow: list[types.CallToolResult] = []
-        async with anyio.create_task_group() as tg:
-
-            async def slow_b() -> None:
-                slow.append(await b.call_tool("web__slow", {}, progress_callback=on_b))
-
-            tg.start_soon(slow_b)
-            with anyio.move_on_after(0.5):  # a's own call, cancelled by a: b's goes on
-                await a.call_tool("web__hang", {}, progress_callback=on_a)
-        assert not slow[0].is_error
-        assert progress_b and not progress_a
-        # a's session still works after its cancellation.
-        assert not (await a.call_tool("web__echo", {"text": "after"})).is_error
-    assert len(gateway_pids(share)) == 1
 
 
 async def test_failover_after_kill_answers_the_call_in_flight_serves_again_and_idles_out(
@@ -252,19 +244,25 @@ def gone(pid: int) -> bool:
     return stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z"
 
 
-async def test_no_share_and_per_session_stdio_servers_run_their_own_gateway(
+async def test_stdio_servers_run_per_session_unless_shared_and_no_share_runs_alone(
     tmp_path: Path, share: Path, upstream: tuple[str, Path]
 ) -> None:
-    url, _ = upstream
-    config = write_config(tmp_path, url)
-    env = env_for(tmp_path, share)
-    async with session(config, env, "--no-share") as a:
-        assert not (await a.call_tool("web__echo", {"text": "a"})).is_error
+    url, state = upstream
     cmd = launch_command("--name", "local")
-    with_stdio = write_config(tmp_path, url, "stdio.json", local={"command": cmd[0], "args": cmd[1:]})
-    errlog = tmp_path / "stderr.txt"
-    with errlog.open("w") as err:
-        async with session(with_stdio, env, errlog=err) as b:
-            assert not (await b.call_tool("web__echo", {"text": "b"})).is_error
-    assert "stdio servers keep per-session state (local)" in errlog.read_text()
-    assert not list(share.glob("*.sock"))  # neither session started a shared gateway
+    config = write_config(tmp_path, url, "stdio.json", local={"command": cmd[0], "args": cmd[1:]})
+    env = env_for(tmp_path, share)
+    before = handshakes(state)
+    async with session(config, env) as a, session(config, env) as b:
+        # One gateway, one HTTP connection, but a stdio process of each session's own.
+        assert pid_of(await a.call_tool("web__echo", {"text": "a"})) == pid_of(await b.call_tool("web__echo", {"text": "b"}))
+        assert pid_of(await a.call_tool("local__echo", {"text": "a"})) != pid_of(await b.call_tool("local__echo", {"text": "b"}))
+        assert {"local__echo", "web__echo"} <= {t.name for t in (await b.list_tools()).tools}
+        assert handshakes(state) - before == 1 and len(gateway_pids(share)) == 1
+    shared_env = {**env, "BREAKWATER_SHARE_STDIO": "local"}
+    async with session(config, shared_env) as a, session(config, shared_env) as b:
+        assert pid_of(await a.call_tool("local__echo", {"text": "a"})) == pid_of(await b.call_tool("local__echo", {"text": "b"}))
+    for pid in gateway_pids(share):
+        os.kill(pid, signal.SIGKILL)
+    async with session(config, env, "--no-share") as c:
+        assert not (await c.call_tool("web__echo", {"text": "c"})).is_error
+    assert not gateway_pids(share)  # --no-share started no shared gateway

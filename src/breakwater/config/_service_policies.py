@@ -81,8 +81,8 @@ class GatewayPolicy(Policy):
     )
     share_stdio: str = knob(
         "",
-        "Comma-separated stdio servers a shared gateway may run once for every session (* = all); a config with any "
-        "other enabled stdio server is not shared, since those keep per-session state.",
+        "Comma-separated stdio servers a shared gateway runs once for every session (* = all); every other stdio "
+        "server runs once per attached session, since many keep per-connection state.",
         env="BREAKWATER_SHARE_STDIO",
     )
     share_dir: str = knob(

@@ -4,7 +4,8 @@
 the gateway once (its upstreams, breakers, retry budget and journal are the ones every session
 uses) and listens on the fingerprint's Unix socket. Each accepted connection, after the handshake
 (`breakwater.gateway._share`), is one run of the SDK's server loop over that socket, exactly as
-`serve` runs it over stdin and stdout: the session has its own capabilities, log level,
+`serve` runs it over stdin and stdout, with the session's own stdio servers beside the shared ones
+(`breakwater.gateway._session`): the session has its own capabilities, log level,
 subscriptions, cancellations and progress, and what an upstream asks during a call (sampling,
 elicitation) goes to the session whose call it is, as with HTTP clients of one gateway.
 
@@ -28,7 +29,9 @@ from mcp.shared._context_streams import create_context_streams
 from mcp.shared.message import SessionMessage
 
 from breakwater._clock import Clock
+from breakwater.config import Config
 from breakwater.gateway._server import Gateway
+from breakwater.gateway._session import session_gateway
 from breakwater.gateway._share import HANDSHAKE_LIMIT, peer_uid
 from breakwater.gateway._stdio_server import MAX_LINE_BYTES, _Output, _pump_input, _pump_output
 
@@ -83,13 +86,13 @@ class _SocketOutput(_Output):
 class SharedGateway:
     """Serves attached sessions over a Unix socket until it has been idle for `idle_s`."""
 
-    def __init__(
-        self, gateway: Gateway, *, fingerprint: str, version: str, config_path: str | None, idle_s: float, clock: Clock
-    ) -> None:
+    def __init__(self, gateway: Gateway, config: Config, *, fingerprint: str, version: str, idle_s: float, clock: Clock) -> None:
+        """`gateway` is opened on `config`'s shared servers; each session adds its own stdio servers (`_session.py`)."""
         self.gateway = gateway
+        self.config = config
         self.fingerprint = fingerprint
         self.version = version
-        self.config_path = config_path
+        self.config_path = config.path
         self.idle_s = idle_s
         self.clock = clock
         self.sessions = 0
@@ -197,7 +200,11 @@ class SharedGateway:
 
     async def _session(self, reader: asyncio.StreamReader, output: _SocketOutput) -> None:
         """One MCP session over the socket, until either side closes it."""
-        server = self.gateway.server
+        async with session_gateway(self.gateway, self.config) as gateway:
+            await self._run(gateway, reader, output)
+
+    async def _run(self, gateway: Gateway, reader: asyncio.StreamReader, output: _SocketOutput) -> None:
+        server = gateway.server
         read_stream_writer, read_stream = create_context_streams[SessionMessage | Exception](0)
         write_stream, write_stream_reader = create_context_streams[SessionMessage](0)
 

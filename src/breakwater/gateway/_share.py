@@ -123,25 +123,9 @@ def peer_uid(sock: socket.socket) -> int | None:
 
 
 def share_refusal(config: Config) -> str | None:
-    """Why this config's sessions cannot share a gateway (None when they can).
-
-    A stdio server keeps per-connection state (a thought history, an open repository, a working
-    directory): run once for every session it would mix them up. Only those `[gateway] share_stdio`
-    names are shared; any other enabled stdio server keeps the session on a gateway of its own.
-    """
-    policy = config.gateway
-    if not policy.share:
+    """Why this config's sessions cannot share a gateway (None when they can)."""
+    if not config.gateway.share:
         return "sharing is off ([gateway] share = false)"
     if not socket_supported():
         return "sharing a gateway needs Unix sockets; on Windows each session runs its own gateway for now"
-    allowed = {name.strip() for name in policy.share_stdio.split(",") if name.strip()}
-    if "*" in allowed:
-        return None
-    private = [s.name for s in config.servers if s.enabled and s.transport == "stdio" and s.name not in allowed]
-    if private:
-        names = ", ".join(private)
-        return (
-            f"stdio servers keep per-session state ({names}); list them in [gateway] share_stdio "
-            "(or BREAKWATER_SHARE_STDIO) to share them"
-        )
     return None
