@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Final
 
-import mcp.types as types
-
 __all__ = [
     "CONNECTION_CLOSED",
     "CUT_META_KEY",
@@ -26,8 +24,10 @@ DEADLINE_META_KEY: Final = "io.breakwater/deadlineMs"
 ENVELOPE_META_KEY: Final = "io.breakwater/envelope"
 #: Marks an HTTP request that was cut, in the error data: whether it was sent before the cut.
 CUT_META_KEY: Final = "io.breakwater/cut"
-#: The SDK's client-local code for "the transport ended" (never on the wire).
-CONNECTION_CLOSED: Final = types.CONNECTION_CLOSED
+#: The SDK's client-local code for "the transport ended" (never on the wire): `mcp.types.CONNECTION_CLOSED`,
+#: spelled out so that reading a config (which needs this module) does not import the SDK; a stdio
+#: session that attaches to a shared gateway never needs it (tests/gateway/test_shared.py pins the value).
+CONNECTION_CLOSED: Final = -32000
 
 
 def json_depth(text: str) -> int:

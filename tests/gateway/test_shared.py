@@ -266,3 +266,20 @@ async def test_stdio_servers_run_per_session_unless_shared_and_no_share_runs_alo
     async with session(config, env, "--no-share") as c:
         assert not (await c.call_tool("web__echo", {"text": "c"})).is_error
     assert not gateway_pids(share)  # --no-share started no shared gateway
+
+
+def test_an_attaching_session_starts_without_loading_the_sdk() -> None:
+    """The relay a session runs when it attaches imports neither the SDK nor the gateway: it starts in a fraction of a second."""
+    import mcp.types
+
+    from breakwater._wire import CONNECTION_CLOSED
+
+    assert CONNECTION_CLOSED == mcp.types.CONNECTION_CLOSED  # spelled out in _wire so that configs load without the SDK
+    probe = (
+        "import json, sys, breakwater.cli._serve, breakwater.cli._gateway, breakwater.gateway._attach; "
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    loaded = json.loads(
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout
+    )
+    assert not [m for m in loaded if m == "mcp" or m.startswith(("mcp.", "mcp_types", "breakwater.gateway._server"))]

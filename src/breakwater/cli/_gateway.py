@@ -42,15 +42,15 @@ def _spawn_argv(config: Config, fingerprint: str, state: str | None) -> list[str
 def attach_or_none(config: Config, state: str | None) -> int | None:
     """Serve this stdio session through the shared gateway; None when it cannot be shared (say why, serve directly)."""
     from breakwater._clock import SystemClock
-    from breakwater.gateway._attach import AttachRefused, attached_session, open_attachment
+    from breakwater.gateway._attach import AttachRefused, attached_session, open_attachment, relayable
     from breakwater.gateway._share import breakwater_version, config_fingerprint, gateway_paths, share_dir, share_refusal
 
     if (why := share_refusal(config)) is not None:
         if config.gateway.share:  # off on purpose needs no explanation; off for a reason does
             print(f"breakwater: serving this session on its own: {why}", file=sys.stderr, flush=True)
         return None
-    if config.path is None:
-        return None
+    if config.path is None or not relayable():
+        return None  # a file or /dev/null for stdin or stdout (not what agents give): this session serves itself
     fingerprint = config_fingerprint(config)
     try:
         sock, lock, log = gateway_paths(share_dir(config.gateway), fingerprint)

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import re
+import stat
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,9 +32,12 @@ import anyio
 
 from breakwater._clock import Clock
 from breakwater.gateway._share import HANDSHAKE_LIMIT, peer_uid
-from breakwater.gateway._stdio_server import MAX_LINE_BYTES, _next_line, _open_input, _Output
 
-__all__ = ["AttachRefused", "Attachment", "attached_session", "connect_gateway"]
+__all__ = ["AttachRefused", "Attachment", "attached_session", "connect_gateway", "relayable"]
+
+#: As `breakwater.gateway._stdio_server.MAX_LINE_BYTES` (not imported: that module loads the SDK, and an
+#: attached session is a byte pump that starts in a fraction of a second without it).
+MAX_LINE_BYTES = 64 * 1024 * 1024
 
 logger = logging.getLogger("breakwater.gateway.attach")
 
@@ -43,6 +47,65 @@ _POLL_S = 0.01
 _REPLAY = "breakwater-replay-"
 #: The start of every response the SDK writes (`model_dump_json` keeps the declared field order).
 _RESPONSE = re.compile(rb'^\{"jsonrpc":"2\.0","id":(-?\d+|"(?:[^"\\]|\\.)*"),"(result|error)"')
+
+
+def relayable() -> bool:
+    """Whether stdin and stdout can be polled (pipes, sockets, terminals: what agents give); else serve directly."""
+    for fd in (0, 1):
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            return False
+        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or (stat.S_ISCHR(mode) and os.isatty(fd))):
+            return False
+    return True
+
+
+class _Stdout:
+    """Whole lines to fd 1, through asyncio's pipe writer."""
+
+    def __init__(self) -> None:
+        self._writer: asyncio.StreamWriter | None = None
+        self._lock = anyio.Lock()
+
+    async def open(self, loop: asyncio.AbstractEventLoop) -> None:
+        out_file = os.fdopen(1, "wb", buffering=0, closefd=False)
+        transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, out_file)
+        self._writer = asyncio.StreamWriter(transport, protocol, None, loop)
+
+    async def send(self, data: bytes) -> None:
+        async with self._lock:
+            assert self._writer is not None
+            self._writer.write(data)
+            await self._writer.drain()
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await self._writer.drain()
+            self._writer.close()
+
+
+async def _stdin(loop: asyncio.AbstractEventLoop) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
+    reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
+    in_file = os.fdopen(0, "rb", buffering=0, closefd=False)
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), in_file)
+    return reader, transport
+
+
+async def _next_line(reader: asyncio.StreamReader) -> tuple[bytes | None, bool]:
+    """The next line (None at the end of input), and whether it was over MAX_LINE_BYTES (then skipped whole)."""
+    oversized = False
+    while True:
+        try:
+            line = await reader.readuntil(b"\n")
+        except asyncio.IncompleteReadError as exc:
+            return (b"", True) if oversized else ((exc.partial or None), False)
+        except asyncio.LimitOverrunError as exc:
+            await reader.readexactly(exc.consumed)
+            oversized = True
+            continue
+        return (b"" if oversized else line), oversized
 
 
 class AttachRefused(Exception):
@@ -237,7 +300,7 @@ def _cut_answer(request_id: Any) -> bytes:
 class _Pump:
     """Client lines to the current gateway, gateway lines to the client; one gateway after another."""
 
-    def __init__(self, output: _Output, reader: asyncio.StreamReader, builtins: frozenset[str]) -> None:
+    def __init__(self, output: _Stdout, reader: asyncio.StreamReader, builtins: frozenset[str]) -> None:
         self.output = output
         self.client = reader
         self.session = _Session()
@@ -328,8 +391,8 @@ async def attached_session(
 ) -> int:
     """Relay this process's stdio to `first`, failing over through `reattach()` whenever the gateway goes away."""
     loop = asyncio.get_running_loop()
-    reader, read_transport = await _open_input(0, loop)
-    output = _Output(1)
+    reader, read_transport = await _stdin(loop)
+    output = _Stdout()
     await output.open(loop)
     pump = _Pump(output, reader, builtins)
     attachment: Attachment | None = first
@@ -354,8 +417,7 @@ async def attached_session(
         if attachment is not None:
             attachment.close()
         await output.close()
-        if read_transport is not None:
-            read_transport.close()
+        read_transport.close()
         await asyncio.sleep(0)
         for fd in (0, 1):
             with contextlib.suppress(OSError):

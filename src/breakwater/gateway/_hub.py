@@ -217,6 +217,8 @@ class SharedGateway:
             tg.start_soon(_pump_output, write_stream_reader, output)
             await server.run(read_stream, write_stream, server.create_initialization_options())
             tg.cancel_scope.cancel()
+        # The session is over for its client now: its `serve` exits while its own servers are still being stopped.
+        await output.close()
 
 
 @contextlib.asynccontextmanager
