@@ -44,6 +44,8 @@ logger = logging.getLogger("breakwater.gateway.attach")
 #: How long a session waits for the gateway it started to answer before it serves on its own.
 SPAWN_WAIT_S = 15.0
 _POLL_S = 0.01
+#: How long requests wait for a new gateway before they are answered with an error.
+GIVE_UP_S = 5.0
 _REPLAY = "breakwater-replay-"
 #: The start of every response the SDK writes (`model_dump_json` keeps the declared field order).
 _RESPONSE = re.compile(rb'^\{"jsonrpc":"2\.0","id":(-?\d+|"(?:[^"\\]|\\.)*"),"(result|error)"')
@@ -62,11 +64,10 @@ def relayable() -> bool:
 
 
 class _Stdout:
-    """Whole lines to fd 1, through asyncio's pipe writer."""
+    """Whole lines to fd 1, through asyncio's pipe writer; only ever written from the relay's main task, so unlocked."""
 
     def __init__(self) -> None:
         self._writer: asyncio.StreamWriter | None = None
-        self._lock = anyio.Lock()
 
     async def open(self, loop: asyncio.AbstractEventLoop) -> None:
         out_file = os.fdopen(1, "wb", buffering=0, closefd=False)
@@ -74,10 +75,9 @@ class _Stdout:
         self._writer = asyncio.StreamWriter(transport, protocol, None, loop)
 
     async def send(self, data: bytes) -> None:
-        async with self._lock:
-            assert self._writer is not None
-            self._writer.write(data)
-            await self._writer.drain()
+        assert self._writer is not None
+        self._writer.write(data)
+        await self._writer.drain()
 
     async def close(self) -> None:
         if self._writer is not None:
@@ -375,6 +375,13 @@ class _Pump:
                 del self.session.pending[key]
                 await self.output.send(_cut_answer(request_id))
 
+    async def fail_pending(self, why: str) -> None:
+        """Answer every request still waiting with a JSON-RPC error (the gateway cannot be had)."""
+        for key, (_method, request_id, _line) in list(self.session.pending.items()):
+            del self.session.pending[key]
+            error = {"code": -32603, "message": f"breakwater: {why}"}
+            await self.output.send(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode() + b"\n")
+
     def _builtin_call(self, line: bytes) -> bool:
         # breakwater's own search and status tools change nothing: asking again is safe.
         with contextlib.suppress(ValueError, AttributeError):
@@ -402,7 +409,7 @@ async def attached_session(
             tg.start_soon(pump.from_client)
             while not pump.ended:
                 if attachment is None:
-                    attachment = await _reattach_with_patience(reattach, clock)
+                    attachment = await _reattach_with_patience(reattach, pump, clock)
                 await pump.switch_to(attachment, generation)
                 await pump.from_gateway(attachment)
                 attachment.close()
@@ -425,14 +432,22 @@ async def attached_session(
     return 0
 
 
-async def _reattach_with_patience(reattach: Any, clock: Clock) -> Attachment:
-    """A new gateway, trying again (with a pause) while one cannot be had; the session's calls wait, answered."""
+async def _reattach_with_patience(reattach: Any, pump: _Pump, clock: Clock) -> Attachment:
+    """A new gateway, trying again (with a growing pause) while none can be had.
+
+    Requests keep waiting for the next gateway only for a while: once the gateway has been gone for
+    `GIVE_UP_S`, each failed try answers every request waiting with an error, so a session whose
+    gateway cannot be restarted (its config deleted, say) answers everything instead of hanging.
+    """
     pause = 0.05
+    since = clock.monotonic()
     while True:
         try:
             attachment: Attachment = await reattach()
             return attachment
         except (OSError, TimeoutError, AttachRefused) as exc:
             logger.warning("breakwater: cannot attach to a shared gateway (%s); trying again", exc)
+            if clock.monotonic() - since >= GIVE_UP_S:
+                await pump.fail_pending(f"the shared gateway is gone and could not be restarted: {exc}")
             await clock.sleep(pause)
             pause = min(pause * 2, 2.0)

@@ -170,6 +170,7 @@ class SharedGateway:
 
     async def _handshake(self, conn: socket.socket, reader: asyncio.StreamReader, output: _SocketOutput) -> str | None:
         """The session's first line: what it wants ("attach", "info", "stop"), answered; None when refused."""
+        line = b""
         with self.clock.deadline_scope(self.clock.monotonic() + _HANDSHAKE_S):
             line = await reader.readline()
         try:
