@@ -11,8 +11,13 @@ Printed: for a new session, the time from launching the process to the `initiali
 then the round trip of `ping` and of a tool call (`echo`) over one session (median and p99 over
 --calls), and the difference attached minus direct: what the relay through the gateway adds.
 
-    python bench/shared_gateway.py                       # 5 launches, 2000 calls each
-    python bench/shared_gateway.py --launches 3 --calls 500
+Then failover: --failover-sessions sessions attached, each with a mutating call in flight
+(`order`, 2 s, one ledger line per execution); the gateway is killed (SIGKILL); printed: how
+each call in flight was answered, the time until every session's next call is answered by the new
+gateway, and how many times the mutating calls ran (never more than once each: none is repeated).
+
+    python bench/shared_gateway.py                       # 5 launches, 2000 calls each, failover of 14 sessions
+    python bench/shared_gateway.py --launches 3 --calls 500 --failover-sessions 4
 """
 
 from __future__ import annotations
@@ -105,6 +110,48 @@ def round_trips(session: Session, method: str, params: dict[str, Any] | None, n:
     return times
 
 
+def failover(config: Path, env: dict[str, str], sessions: int, ledger: Path) -> None:
+    """Kill the shared gateway under `sessions` sessions with a mutating call in flight in each."""
+    from breakwater.testing.server import read_ledger
+
+    attached = [Session(config, env) for _ in range(sessions)]
+    for s in attached:
+        s.start(8)
+    info = gateway_info(env)
+    for i, s in enumerate(attached):
+        s.ids += 1
+        s.send({"jsonrpc": "2.0", "id": s.ids, "method": "tools/call", "params": {"name": "web__order", "arguments": {"n": i}}})
+    time.sleep(0.5)  # every order is running upstream
+    os.kill(int(info["pid"]), 9)
+    killed = time.perf_counter()
+    codes: dict[str, int] = {}
+    for s in attached:
+        answer = s.answer(s.ids)["result"]
+        code = (answer.get("structuredContent") or {}).get("code", "ok") if answer.get("isError") else "ok"
+        codes[code] = codes.get(code, 0) + 1
+    answered = time.perf_counter() - killed
+    served = []
+    for s in attached:
+        s.request("tools/call", {"name": "web__echo", "arguments": {"text": "again"}})
+        served.append(time.perf_counter() - killed)
+    time.sleep(2.5)  # the orders that were running finish upstream
+    runs = len([r for r in read_ledger(ledger) if r["tool"] == "order"])
+    print(
+        f"failover, {sessions} sessions: calls in flight answered {codes} within {answered:.2f} s of the kill; "
+        f"every session served again within {max(served):.2f} s; {runs} executions of {sessions} mutating calls"
+    )
+    for s in attached:
+        s.close()
+
+
+def gateway_info(env: dict[str, str]) -> dict[str, Any]:
+    listed = subprocess.run(
+        [sys.executable, "-m", "breakwater", "gateway", "list", "--json"], env=env, capture_output=True, text=True, check=True
+    )
+    gateways: list[dict[str, Any]] = json.loads(listed.stdout)
+    return gateways[0]
+
+
 def p(values: list[float], q: float) -> float:
     return sorted(values)[min(len(values) - 1, int(q * len(values)))]
 
@@ -113,11 +160,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--launches", type=int, default=5)
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--failover-sessions", type=int, default=14)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bw-shb-"))
     port_file = tmp / "port"
     upstream = subprocess.Popen(
-        [sys.executable, "-m", "breakwater", "testserver", "--http", "--port", "0", "--port-file", str(port_file)],
+        [
+            *(sys.executable, "-m", "breakwater", "testserver", "--http", "--port", "0", "--port-file", str(port_file)),
+            *("--default-tools", "--tool", "order:latency=2,mutating", "--ledger", str(tmp / "ledger.jsonl")),
+        ],
         stderr=subprocess.DEVNULL,
     )
     env = dict(
@@ -134,17 +185,17 @@ def main() -> None:
         url = f"http://127.0.0.1:{int(port_file.read_text())}/mcp"
         config.write_text(json.dumps({"mcpServers": {"web": {"type": "http", "url": url}}}))
         first = Session(config, env)  # starts the shared gateway, and keeps it busy (not idle) throughout
-        cold = first.start(7)
+        cold = first.start(8)
         print(f"first session (starts the gateway): tools/list {cold['tools_list']:.2f} s, first call {cold['first_call']:.2f} s")
         figures: dict[str, dict[str, list[float]]] = {}
         for kind, flags in (("attached", ()), ("direct", ("--no-share",))):
             starts = []
             for _ in range(args.launches):
                 s = Session(config, env, *flags)
-                starts.append(s.start(7))
+                starts.append(s.start(8))
                 s.close()
             s = Session(config, env, *flags)
-            s.start(7)
+            s.start(8)
             figures[kind] = {
                 **{k: [x[k] for x in starts] for k in ("initialize", "tools_list", "first_call")},
                 "ping": round_trips(s, "ping", None, args.calls),
@@ -167,6 +218,8 @@ def main() -> None:
         for what in ("ping", "call"):
             added = (statistics.median(a[what]) - statistics.median(d[what])) * 1e3
             print(f"relay through the shared gateway adds {added:+.3f} ms per {what} (median)")
+        if args.failover_sessions:
+            failover(config, env, args.failover_sessions, tmp / "ledger.jsonl")
         subprocess.run([sys.executable, "-m", "breakwater", "gateway", "stop"], env=env, capture_output=True, check=False)
     finally:
         upstream.kill()
