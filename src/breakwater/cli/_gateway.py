@@ -42,7 +42,8 @@ def _spawn_argv(config: Config, fingerprint: str, state: str | None) -> list[str
 def attach_or_none(config: Config, state: str | None) -> int | None:
     """Serve this stdio session through the shared gateway; None when it cannot be shared (say why, serve directly)."""
     from breakwater._clock import SystemClock
-    from breakwater.gateway._attach import AttachRefused, attached_session, open_attachment, relayable
+    from breakwater.gateway._attach import AttachRefused, open_attachment
+    from breakwater.gateway._pump import attached_session, relayable
     from breakwater.gateway._share import breakwater_version, config_fingerprint, gateway_paths, share_dir, share_refusal
 
     if (why := share_refusal(config)) is not None:
