@@ -283,3 +283,34 @@ def test_an_attaching_session_starts_without_loading_the_sdk() -> None:
         subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout
     )
     assert not [m for m in loaded if m == "mcp" or m.startswith(("mcp.", "mcp_types", "breakwater.gateway._server"))]
+
+
+def test_a_failed_over_session_is_replayed_under_ids_of_its_own() -> None:
+    """What a new gateway is told after a failover: initialize and setLevel again (their answers not the client's),
+    then every request still waiting; answers the client already had are never asked for twice."""
+    from breakwater.gateway._pump import _Session
+
+    state = _Session()
+    lines = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "logging/setLevel", "params": {"level": "error"}},
+        {"jsonrpc": "2.0", "id": 3, "method": "tools/list"},
+        {"jsonrpc": "2.0", "id": "c", "method": "tools/call", "params": {"name": "x"}},
+        {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "c"}},
+    ]
+    for message in lines:
+        state.note_request(json.dumps(message).encode() + b"\n")
+    for answered in (1, 2):
+        assert state.note_answer(f'{{"jsonrpc":"2.0","id":{answered},"result":{{}}}}\n'.encode())
+    replayed = [json.loads(line) for line in state.replays(1)]
+    assert [(m.get("method"), m.get("id")) for m in replayed] == [
+        ("initialize", "breakwater-replay-init-1"),
+        ("notifications/initialized", None),
+        ("logging/setLevel", "breakwater-replay-level-1"),
+        ("tools/list", 3),  # still waiting; the cancelled call is not sent again
+    ]
+    # The replays' answers are the relay's, not the client's; the list's answer is the client's.
+    assert not state.note_answer(b'{"jsonrpc":"2.0","id":"breakwater-replay-init-1","result":{}}\n')
+    assert state.note_answer(b'{"jsonrpc":"2.0","id":3,"result":{"tools":[]}}\n')
+    assert not state.pending

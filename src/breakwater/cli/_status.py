@@ -176,7 +176,16 @@ def status_main(argv: list[str]) -> int:
 
     shared = shared_gateway_info(config)
     if shared is not None:
-        return _shared_status(shared, args.json)
+        from breakwater.gateway._session import per_session
+
+        if not per_session(config):
+            return _shared_status(shared, args.json)
+        # Those run in each session, so the gateway cannot report them: connect to everything from here.
+        print(
+            f"breakwater: shared gateway pid {shared.get('pid')}, serving {shared.get('sessions')} session(s); "
+            "its sessions' own stdio servers are not its to report, so this status connects from here",
+            file=sys.stderr,
+        )
     code: int = anyio.run(_run_status, config, args.wait, args.json)
     return code
 
