@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -50,6 +51,7 @@ def upstream() -> Iterator[tuple[str, Path]]:
     finally:
         proc.kill()
         proc.wait()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _ask(sock: Path, hello: dict[str, Any]) -> dict[str, Any] | None:
@@ -78,6 +80,7 @@ def share(tmp_path: Path) -> Iterator[Path]:
     yield directory
     for pid in gateway_pids(directory):
         os.kill(pid, signal.SIGKILL)  # the gateways this test started, by their pids
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def env_for(tmp_path: Path, share: Path, **extra: str) -> dict[str, str]:
