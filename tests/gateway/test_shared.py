@@ -142,15 +142,13 @@ async def test_sessions_of_one_config_share_one_gateway_and_one_upstream_connect
             assert "web2__echo" in {t.name for t in (await c.list_tools()).tools}
             await eventually(lambda: handshakes(state) - before >= 3, timeout=20)
             assert handshakes(state) - before == 3  # its gateway's own two servers
-            listed = subprocess.run(
-                [*BREAKWATER, "gateway", "list", "--json"], env=env, capture_output=True, text=True, timeout=60
-            )
-            gateways = json.loads(listed.stdout)
+            # The user's two views, run side by side: `gateway list` and `status`.
+            commands = [["gateway", "list", "--json"], ["status", "--json", "--config", str(config)]]
+            procs = [subprocess.Popen([*BREAKWATER, *c], env=env, stdout=subprocess.PIPE, text=True) for c in commands]
+            listed, status = (p.communicate(timeout=60)[0] for p in procs)
+            gateways = json.loads(listed)
             assert sorted(g["sessions"] for g in gateways) == [1, 2], listed
-            status = subprocess.run(
-                [*BREAKWATER, "status", "--json", "--config", str(config)], env=env, capture_output=True, text=True, timeout=60
-            )
-            shown = json.loads(status.stdout)
+            shown = json.loads(status)
             assert shown["shared_gateway"]["sessions"] == 2
             assert shown["shared_gateway"]["pid"] in [g["pid"] for g in gateways if g["sessions"] == 2]
             assert [s["state"] for s in shown["servers"]] == ["ready"]
@@ -266,9 +264,18 @@ async def test_stdio_servers_run_per_session_unless_shared_and_no_share_runs_alo
         assert pid_of(await a.call_tool("local__echo", {"text": "a"})) == pid_of(await b.call_tool("local__echo", {"text": "b"}))
     for pid in gateway_pids(share):
         os.kill(pid, signal.SIGKILL)
-    async with session(config, env, "--no-share") as c:
-        assert not (await c.call_tool("web__echo", {"text": "c"})).is_error
-    assert not gateway_pids(share)  # --no-share started no shared gateway
+    params = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params}
+    alone = subprocess.run(
+        [*BREAKWATER, "serve", "--no-share", "--config", str(config)],
+        input=json.dumps(init) + "\n",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert json.loads(alone.stdout.splitlines()[0])["result"]["serverInfo"]["name"] == "breakwater"
+    assert not gateway_pids(share)  # --no-share served on its own, with no shared gateway
 
 
 def test_an_attaching_session_starts_without_loading_the_sdk() -> None:
