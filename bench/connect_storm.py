@@ -11,10 +11,14 @@ Two clients, in the same run:
 * naive: every connect at t=0, 30 s attempt timeout, fixed retries at 0.5 / 1.5 / 4 s, no jitter
   (what several agents' built-in clients do);
 * breakwater: `Breakwater(config)` with its defaults (jitter, admission caps shared across the
-  session processes through lock files, per-attempt timeout, full-jitter backoff inside a budget).
+  session processes through lock files, per-attempt timeout, full-jitter backoff inside a budget);
+* attached: each session is a real stdio `breakwater serve` driven by the SDK's client, with
+  sharing on (the default): the sessions attach to one shared local gateway, started by whichever
+  came first; a session is ready when its `tools/list` has every server's tools.
 
 Printed for each: share connected, time until all ready (p50/p99 over repeats), attempts per
-connect, peak handshakes in flight, and the capacity bound S*M*W/C.
+connect, upstream handshakes (counted by the servers), peak handshakes in flight, and the capacity
+bound S*M*W/C.
 
     python bench/connect_storm.py                      # 14 x 17, W=1 s, C=4 (2x the 30 s timeout)
     python bench/connect_storm.py --sessions 4 --servers 5 --work 0.2 --repeats 1   # a quick look
@@ -90,12 +94,35 @@ async def breakwater_session(config_path: str, t0: float) -> dict[str, Any]:
     return {s.name: {"ok": s.name in ready_at, "t": ready_at.get(s.name), "attempts": s.attempts} for s in report.servers}
 
 
+async def attached_session(config_path: str, t0: float) -> dict[str, Any]:
+    """A real `breakwater serve` session (sharing on); each server is ready when its tools are listed."""
+    from mcp import StdioServerParameters
+
+    names = list(json.loads(Path(config_path).read_text())["mcpServers"])
+    ready_at: dict[str, float] = {}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "breakwater", "serve", "--config", config_path])
+    async with Client(params) as client:
+        with anyio.move_on_after(SESSION_DEADLINE_S):
+            while len(ready_at) < len(names):
+                listed = {t.name.split("__", 1)[0] for t in (await client.list_tools()).tools}
+                for name in names:
+                    if name in listed and name not in ready_at:
+                        ready_at[name] = time.time() - t0
+                if len(ready_at) < len(names):
+                    await anyio.sleep(0.1)
+    # Attempts are the shared gateway's, not this session's: the servers' handshake count says it.
+    return {name: {"ok": name in ready_at, "t": ready_at.get(name), "attempts": 0} for name in names}
+
+
+_SESSIONS = {"naive": naive_session, "breakwater": breakwater_session, "attached": attached_session}
+
+
 def session_main(kind: str, config_path: str) -> None:
     urls = {name: entry["url"] for name, entry in json.loads(Path(config_path).read_text())["mcpServers"].items()}
     print("armed", flush=True)
     sys.stdin.readline()  # the orchestrator releases every session at once
     t0 = float(sys.stdin.readline())
-    out = anyio.run(naive_session, urls, t0) if kind == "naive" else anyio.run(breakwater_session, config_path, t0)
+    out = anyio.run(naive_session, urls, t0) if kind == "naive" else anyio.run(_SESSIONS[kind], config_path, t0)
     print(json.dumps(out), flush=True)
 
 
@@ -111,6 +138,7 @@ def start_servers(n: int, congestion_dir: Path, work: float, cores: float, sigma
             sys.executable, "-m", "breakwater", "testserver", "--http", "--port", "0", "--port-file", str(port_file),
             "--name", f"s{i}", "--seed", str(i), "--congestion-dir", str(congestion_dir),
             "--congestion-work", str(work), "--congestion-cores", str(cores), "--congestion-sigma", str(sigma),
+            "--state-file", str(tmp / f"state-{i}.json"),
         ]  # fmt: skip
         servers.append((subprocess.Popen(cmd, stdin=quiet, stdout=quiet, stderr=quiet), port_file))
     ports = []
@@ -136,15 +164,27 @@ def run_once(kind: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         config.write_text(json.dumps({"mcpServers": entries}))
         admission = tmp / "admission"
         shutil.rmtree(admission, ignore_errors=True)
-        env = dict(os.environ, BREAKWATER_ADMISSION_DIR=str(admission))
-        return storm(kind, args.sessions, config, congestion, env)
+        share = Path(tempfile.mkdtemp(prefix="bw-share-"))
+        env = dict(os.environ, BREAKWATER_ADMISSION_DIR=str(admission), BREAKWATER_SHARE_DIR=str(share), BREAKWATER_SHARE="on")
+        env["BREAKWATER_CATALOG_DIR"] = str(tmp / "catalog")  # every run starts cold: no last-known tools
+        shutil.rmtree(tmp / "catalog", ignore_errors=True)
+        result = storm(kind, args.sessions, config, congestion, env)
+        result["upstream_connects"] = sum(json.loads(f.read_text())["handshakes"] for f in tmp.glob("state-*.json"))
+        if kind == "attached":
+            stop_gateways(env)
+        return result
     finally:
         for proc, _ in servers:
             proc.terminate()
         for proc, _ in servers:
             proc.wait()
-        for port_file in tmp.glob("port-*"):
+        for port_file in [*tmp.glob("port-*"), *tmp.glob("state-*")]:
             port_file.unlink()
+
+
+def stop_gateways(env: dict[str, str]) -> None:
+    """Stop the shared gateway the attached sessions started (it would idle out, but not before the next run)."""
+    subprocess.run([sys.executable, "-m", "breakwater", "gateway", "stop"], env=env, capture_output=True, check=False)
 
 
 def storm(kind: str, sessions: int, config: Path, congestion_dir: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -193,7 +233,7 @@ def pct(values: list[float], q: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--session", choices=("naive", "breakwater"), help=argparse.SUPPRESS)
+    parser.add_argument("--session", choices=tuple(_SESSIONS), help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     parser.add_argument("--sessions", type=int, default=14)
     parser.add_argument("--servers", type=int, default=17)
@@ -201,7 +241,7 @@ def main() -> None:
     parser.add_argument("--cores", type=float, default=4.0, help="handshakes served at full speed at once (default 4)")
     parser.add_argument("--sigma", type=float, default=0.5, help="lognormal sigma of the work (default 0.5)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", choices=("naive", "breakwater"), help="run one client only")
+    parser.add_argument("--only", choices=tuple(_SESSIONS), action="append", help="run only this client (repeatable)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = parser.parse_args()
     if args.session:
@@ -216,8 +256,8 @@ def main() -> None:
             f"W={args.work} s, C={args.cores}, sigma={args.sigma}; capacity bound {bound:.1f} s; {args.repeats} repeats"
         )
         figures: dict[str, Any] = {}
-        for kind in ("naive", "breakwater"):
-            if args.only and kind != args.only:
+        for kind in _SESSIONS:
+            if args.only and kind not in args.only:
                 continue
             runs = [run_once(kind, args, tmp) for _ in range(args.repeats)]
             times = [r["all_ready_s"] for r in runs]
@@ -227,18 +267,23 @@ def main() -> None:
                 "all_ready_p99_s": pct(times, 0.99),
                 "attempts_per_connect": statistics.mean(r["attempts_per_connect"] for r in runs),
                 "peak_in_flight": max(r["peak_in_flight"] for r in runs),
+                "upstream_connects": statistics.mean(r["upstream_connects"] for r in runs),
                 "runs": runs,
             }
-        header = ("client", "connected", "all ready p50", "p99", "x bound", "attempts/connect", "peak in flight")
-        print("{:<11} {:>9} {:>13} {:>8} {:>8} {:>16} {:>14}".format(*header))
+        header = ("client", "connected", "all ready p50", "p99", "x bound", "attempts/connect", "upstream", "peak in flight")
+        print("{:<11} {:>9} {:>13} {:>8} {:>8} {:>16} {:>9} {:>14}".format(*header))
         for kind, f in figures.items():
             p50, p99 = f["all_ready_p50_s"], f["all_ready_p99_s"]
             shown = [("never" if math.isinf(v) else f"{v:.1f} s") for v in (p50, p99)]
             ratio = "-" if math.isinf(p99) else f"{p99 / bound:.2f}"
             print(
                 f"{kind:<11} {f['connected_min'] * 100:>8.1f}% {shown[0]:>13} {shown[1]:>8} {ratio:>8} "
-                f"{f['attempts_per_connect']:>16.2f} {f['peak_in_flight']:>14}"
+                f"{f['attempts_per_connect']:>16.2f} {f['upstream_connects']:>9.0f} {f['peak_in_flight']:>14}"
             )
+        if "attached" in figures:
+            one = args.servers * args.work / args.cores  # what the attached sessions need: each server connected once
+            p99 = figures["attached"]["all_ready_p99_s"]
+            print(f"attached: bound for one connect per server {one:.1f} s; p99 all ready = {p99 / one:.2f} x that")
         if args.json:
             print(json.dumps({"bound_s": bound, **figures}, default=str))
     finally:

@@ -41,6 +41,9 @@ def _no_user_journal(monkeypatch: pytest.MonkeyPatch, _stray_journal_dir: Path) 
     monkeypatch.setenv("BREAKWATER_JOURNAL_DB", str(_stray_journal_dir / "journal.sqlite3"))
     # The same for the table of upstream task ids (breakwater.gate._tasks), unless a test names its own.
     monkeypatch.setenv("BREAKWATER_TASKS_DB", str(_stray_journal_dir / "tasks.sqlite3"))
+    # Every `breakwater serve` a test starts runs its own gateway, as before sharing existed: no detached
+    # shared gateway outlives a test. The tests of sharing (tests/gateway/test_shared.py) turn it on.
+    monkeypatch.setenv("BREAKWATER_SHARE", "off")
 
 
 def _find_postgres() -> tuple[str | None, str]:

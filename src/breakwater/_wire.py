@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Final
 
-import mcp.types as types
-
 __all__ = [
     "CONNECTION_CLOSED",
     "CUT_META_KEY",
@@ -27,8 +25,10 @@ DEADLINE_META_KEY: Final = "io.breakwater/deadlineMs"
 ENVELOPE_META_KEY: Final = "io.breakwater/envelope"
 #: Marks an HTTP request that was cut, in the error data: whether it was sent before the cut.
 CUT_META_KEY: Final = "io.breakwater/cut"
-#: The SDK's client-local code for "the transport ended" (never on the wire).
-CONNECTION_CLOSED: Final = types.CONNECTION_CLOSED
+#: The SDK's client-local code for "the transport ended" (never on the wire): `mcp.types.CONNECTION_CLOSED`,
+#: spelled out so that reading a config (which needs this module) does not import the SDK; a stdio
+#: session that attaches to a shared gateway never needs it (tests/gateway/test_shared.py pins the value).
+CONNECTION_CLOSED: Final = -32000
 #: Breakwater's client-local code for "the answer was over `[call] max_result_bytes` and dropped
 #: unread" (never on the wire): the stdio transport answers the waiting request with it.
 RESULT_TOO_LARGE: Final = -32090

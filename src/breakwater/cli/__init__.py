@@ -28,6 +28,12 @@ def _serve(argv: list[str]) -> int:
     return serve_main(argv)
 
 
+def _gateway(argv: list[str]) -> int:
+    from breakwater.cli._gateway import gateway_main
+
+    return gateway_main(argv)
+
+
 def _tools(argv: list[str]) -> int:
     from breakwater.cli._tools import tools_main
 
@@ -75,6 +81,7 @@ DISTRIBUTION = "mcp-breakwater"
 
 _COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "serve": ("serve every server's tools as one MCP server (stdio or --http)", _serve),
+    "gateway": ("list or stop the shared local gateways stdio sessions attach to", _gateway),
     "tools": ("list or search every server's tools", _tools),
     "call": ("call one tool through the call gate and print its answer or its error", _call),
     "status": ("connect to every server and report each one's state", _status),

@@ -237,6 +237,12 @@ def _parser() -> argparse.ArgumentParser:
         "log messages, sampling and elicitation cannot reach those clients mid-call (2026-07-28 clients are "
         "unaffected: they get JSON whenever nothing is streamed)",
     )
+    parser.add_argument(
+        "--no-share",
+        action="store_true",
+        help="over stdio, run this session's own gateway instead of attaching to the user's shared one "
+        "(also [gateway] share = false, BREAKWATER_SHARE=off)",
+    )
     parser.add_argument("--port-file", help=argparse.SUPPRESS)
     return parser
 
@@ -260,6 +266,12 @@ def serve_main(argv: list[str]) -> int:
             return fail(f"--state: {exc}", EXIT_CONFIG)
     if args.http is None:
         reserve_standard_fds()  # a closed stdin must not become the event loop's descriptor
+        if not args.no_share:
+            from breakwater.cli._gateway import attach_or_none
+
+            attached = attach_or_none(config, args.state)
+            if attached is not None:
+                return attached
         stdio_code: int = anyio.run(_serve_stdio, config)
         return stdio_code
     host, port = args.http

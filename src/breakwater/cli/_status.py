@@ -1,10 +1,15 @@
-"""`breakwater status`: connect to every server (or ask a running gateway) and report each one's state."""
+"""`breakwater status`: connect to every server (or ask a running gateway) and report each one's state.
+
+When the user's shared local gateway for this config is running (the one stdio `serve` sessions
+attach to), `status` asks it instead of connecting from here, and says how many sessions it serves.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import sys
 import time
 
 import anyio
@@ -169,5 +174,33 @@ def status_main(argv: list[str]) -> int:
             )
         return result
     config = load_or_exit(args.config)
+    from breakwater.cli._gateway import shared_gateway_info
+
+    shared = shared_gateway_info(config)
+    if shared is not None:
+        from breakwater.gateway._session import per_session
+
+        if not per_session(config):
+            return _shared_status(shared, args.json)
+        # Those run in each session, so the gateway cannot report them: connect to everything from here.
+        print(
+            f"breakwater: shared gateway pid {shared.get('pid')}, serving {shared.get('sessions')} session(s); "
+            "its sessions' own stdio servers are not its to report, so this status connects from here",
+            file=sys.stderr,
+        )
     code: int = anyio.run(_run_status, config, args.wait, args.json)
     return code
+
+
+def _shared_status(info: dict[str, object], as_json: bool) -> int:
+    """The status of the shared gateway this config's sessions attach to, as it sees its servers."""
+    data = info.get("status")
+    report = StatusReport.from_json(data if isinstance(data, dict) else {})
+    line = f"shared gateway pid {info.get('pid')}, serving {info.get('sessions')} session(s) (breakwater gateway list)"
+    if as_json:
+        shown = report.to_json() | {"shared_gateway": {k: info.get(k) for k in ("pid", "sessions", "version", "started")}}
+        print(json.dumps(shown, indent=2))
+    else:
+        print(f"breakwater: {line}", file=sys.stderr, flush=True)
+        show(status_view(report))
+    return EXIT_OK if report.all_ready else EXIT_NOT_READY

@@ -90,6 +90,31 @@ class GatewayPolicy(Policy):
         maximum=604800,
     )
 
+    share: bool = knob(
+        True,
+        "stdio serve attaches to the user's shared local gateway for this config (starting it when none runs), so "
+        "sessions share HTTP upstreams; false (or serve --no-share) gives each session its own gateway.",
+        env="BREAKWATER_SHARE",
+    )
+    share_idle_s: float = knob(
+        300.0,
+        "A shared gateway exits after this long with no attached session.",
+        env="BREAKWATER_SHARE_IDLE_S",
+        minimum=0.05,
+        maximum=604800,
+    )
+    share_stdio: str = knob(
+        "",
+        "Comma-separated stdio servers a shared gateway runs once for every session (* = all); every other stdio "
+        "server runs once per attached session, since many keep per-connection state.",
+        env="BREAKWATER_SHARE_STDIO",
+    )
+    share_dir: str = knob(
+        "",
+        "Directory of the shared gateways' sockets (kept 0700); empty = the user runtime dir.",
+        env="BREAKWATER_SHARE_DIR",
+    )
+
     def __post_init__(self) -> None:
         super().__post_init__()
         check_tool_name_template(self.tool_name_template)

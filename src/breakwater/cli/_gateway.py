@@ -1,0 +1,249 @@
+"""`breakwater gateway list|stop` (and the hidden `run`): the user's shared local gateways.
+
+`breakwater serve` over stdio attaches to a shared gateway for its config (`attach_or_none`, called
+by `cli/_serve.py`), starting `breakwater gateway run` detached when none answers. `list` shows every
+gateway that answers in the user's socket directory, with its sessions; `stop` ends them (sessions
+still attached fail over to a new one when they next need it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from breakwater.cli._common import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, Parser, add_config_flag, fail, load_or_exit, show
+from breakwater.config import Config, GatewayPolicy
+
+__all__ = ["attach_or_none", "gateway_main", "shared_gateway_info"]
+
+
+def _policy_from_env() -> GatewayPolicy:
+    from breakwater.config._knobs import build_policy, env_layer
+
+    policy: GatewayPolicy = build_policy(GatewayPolicy, [env_layer(GatewayPolicy)])
+    return policy
+
+
+def _spawn_argv(config: Config, fingerprint: str, state: str | None) -> list[str]:
+    argv = [sys.executable, "-m", "breakwater", "gateway", "run", "--config", str(config.path), "--fingerprint", fingerprint]
+    return argv + (["--state", state] if state is not None else [])
+
+
+def attach_or_none(config: Config, state: str | None) -> int | None:
+    """Serve this stdio session through the shared gateway; None when it cannot be shared (say why, serve directly)."""
+    from breakwater._clock import SystemClock
+    from breakwater.gateway._attach import AttachRefused, open_attachment
+    from breakwater.gateway._pump import attached_session, relayable
+    from breakwater.gateway._share import breakwater_version, config_fingerprint, gateway_paths, share_dir, share_refusal
+
+    if (why := share_refusal(config)) is not None:
+        if config.gateway.share:  # off on purpose needs no explanation; off for a reason does
+            print(f"breakwater: serving this session on its own: {why}", file=sys.stderr, flush=True)
+        return None
+    if config.path is None or not relayable():
+        return None  # a file or /dev/null for stdin or stdout (not what agents give): this session serves itself
+    fingerprint = config_fingerprint(config)
+    try:
+        sock, lock, log = gateway_paths(share_dir(config.gateway), fingerprint)
+    except OSError as exc:
+        print(f"breakwater: serving this session on its own: {exc}", file=sys.stderr, flush=True)
+        return None
+    clock = SystemClock()
+    hello = {"breakwater": "attach", "fingerprint": fingerprint, "version": breakwater_version(), "pid": os.getpid()}
+    spawn = _spawn_argv(config, fingerprint, state)
+    builtins = frozenset(n for n in (config.gateway.search_tool, config.gateway.status_tool) if n)
+
+    async def attach() -> Any:
+        return await open_attachment(sock, lock, hello, spawn, log, clock)
+
+    async def run() -> int | None:
+        try:
+            first = await attach()
+        except (AttachRefused, TimeoutError, OSError) as exc:
+            print(f"breakwater: serving this session on its own: {exc}", file=sys.stderr, flush=True)
+            return None
+        code: int = await attached_session(first, attach, builtins=builtins, clock=clock)
+        return code
+
+    result: int | None = anyio.run(run)
+    return result
+
+
+def shared_gateway_info(config: Config) -> dict[str, Any] | None:
+    """What the shared gateway for `config` says about itself (with its `status`), or None when none answers."""
+    from breakwater.gateway._share import config_fingerprint, gateway_paths, share_dir, share_refusal
+
+    if share_refusal(config) is not None:
+        return None
+    try:
+        sock = gateway_paths(share_dir(config.gateway), config_fingerprint(config))[0]
+    except OSError:
+        return None
+    return anyio.run(_ask, sock, {"breakwater": "info"})
+
+
+async def _ask(sock: Path, hello: dict[str, Any]) -> dict[str, Any] | None:
+    from breakwater.gateway._attach import AttachRefused, connect_gateway
+
+    try:
+        attachment = await connect_gateway(sock, hello)
+    except (AttachRefused, OSError):
+        return None
+    if attachment is None:
+        return None
+    attachment.close()
+    info: dict[str, Any] = attachment.info
+    return info
+
+
+def _gateways(policy: GatewayPolicy) -> list[tuple[Path, dict[str, Any]]]:
+    """Every gateway that answers in the user's socket directory (sockets nobody answers on are removed)."""
+    from breakwater.gateway._share import share_dir
+
+    found = []
+    for sock in sorted(share_dir(policy).glob("gw-*.sock")):
+        info = anyio.run(_ask, sock, {"breakwater": "info"})
+        if info is None:
+            with contextlib.suppress(OSError):
+                sock.unlink()
+            continue
+        found.append((sock, info))
+    return found
+
+
+def _list(policy: GatewayPolicy, as_json: bool) -> int:
+    from rich.table import Table
+
+    gateways = _gateways(policy)
+    if as_json:
+        rows = [
+            {k: v for k, v in info.items() if k not in ("breakwater", "ok", "status")} | {"socket": str(s)}
+            for s, info in gateways
+        ]
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    if not gateways:
+        print("no shared gateway is running")
+        return EXIT_OK
+    table = Table(title="shared gateways", title_justify="left")
+    for column in ("pid", "sessions", "up", "version", "config"):
+        table.add_column(column, no_wrap=True)
+    for _, info in gateways:
+        up = max(0.0, time.time() - float(info.get("started") or time.time()))
+        table.add_row(
+            str(info.get("pid")), str(info.get("sessions")), f"{up:.0f} s", str(info.get("version")), str(info.get("config"))
+        )
+    show(table)
+    return EXIT_OK
+
+
+def _stop(policy: GatewayPolicy, config: Config | None) -> int:
+    from breakwater.gateway._share import config_fingerprint
+
+    wanted = config_fingerprint(config) if config is not None else None
+    stopped = 0
+    for sock, info in _gateways(policy):
+        if wanted is not None and info.get("fingerprint") != wanted:
+            continue
+        if anyio.run(_ask, sock, {"breakwater": "stop"}) is not None:
+            stopped += 1
+            print(f"stopped the shared gateway pid {info.get('pid')} ({info.get('sessions')} sessions; {info.get('config')})")
+    if not stopped:
+        print("no shared gateway to stop")
+    return EXIT_OK
+
+
+def _run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from breakwater.gateway._share import config_fingerprint, gateway_paths, share_dir
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("breakwater.gateway.shared").setLevel(logging.INFO)
+    config = load_or_exit(args.config)
+    if args.state is not None:
+        config = replace(config, state=replace(config.state, url=args.state))
+    fingerprint = config_fingerprint(config)
+    if args.fingerprint and fingerprint != args.fingerprint:
+        return fail("the config changed since the session that started this gateway read it; not serving", EXIT_CONFIG)
+    sock = gateway_paths(share_dir(config.gateway), fingerprint)[0]
+    code: int = anyio.run(_run_shared, config, fingerprint, sock)
+    return code
+
+
+async def _run_shared(config: Config, fingerprint: str, sock: Path) -> int:
+    from breakwater._clock import SystemClock
+    from breakwater.gateway._hub import SharedGateway, listening
+    from breakwater.gateway._open import open_gateway
+    from breakwater.gateway._session import per_session
+    from breakwater.gateway._share import breakwater_version
+
+    async with listening(sock) as listener:
+        if listener is None:
+            logging.getLogger("breakwater.gateway.shared").info("another gateway already serves %s", sock)
+            return EXIT_OK
+        own = {s.name for s in per_session(config)}
+        shared = config.with_servers(tuple(s for s in config.servers if s.name not in own))
+        async with open_gateway(shared) as gateway:
+            hub = SharedGateway(
+                gateway,
+                config,
+                fingerprint=fingerprint,
+                version=breakwater_version(),
+                idle_s=config.gateway.share_idle_s,
+                clock=SystemClock(),
+            )
+            async with anyio.create_task_group() as tg:
+
+                async def stop_on_signal() -> None:
+                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                        async for _ in signals:
+                            hub.stop()
+                            return
+
+                tg.start_soon(stop_on_signal)
+                await hub.serve(listener)
+                tg.cancel_scope.cancel()
+    return EXIT_OK
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="breakwater gateway",
+        description="The shared local gateways that stdio `breakwater serve` sessions attach to.",
+    )
+    sub = parser.add_subparsers(dest="action", required=True, metavar="{list,stop}")
+    listing = sub.add_parser("list", help="every running shared gateway: pid, sessions, uptime, version, config")
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    stop = sub.add_parser("stop", help="stop the user's shared gateways (all, or the one of --config)")
+    add_config_flag(stop)
+    run = sub.add_parser("run")  # started by `serve`; not for people
+    add_config_flag(run)
+    run.add_argument("--fingerprint")
+    run.add_argument("--state")
+    return parser
+
+
+def gateway_main(argv: list[str]) -> int:
+    """`breakwater gateway list|stop`."""
+    args = _parser().parse_args(argv)
+    if args.action == "run":
+        return _run(args)
+    config = load_or_exit(args.config) if getattr(args, "config", None) else None
+    policy = config.gateway if config is not None else _policy_from_env()
+    try:
+        if args.action == "list":
+            return _list(policy, args.json)
+        return _stop(policy, config)
+    except OSError as exc:
+        return fail(f"cannot read the shared gateways: {exc}", EXIT_FAILED)

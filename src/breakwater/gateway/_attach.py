@@ -1,0 +1,131 @@
+"""Finding the shared local gateway for a session: connect and shake hands, or start it and wait for it.
+
+`breakwater serve` over stdio connects to the gateway of its config's fingerprint
+(`breakwater.gateway._share`), starting one detached when none answers, under a lock, so sessions
+that start together start one gateway. What it then relays is `breakwater.gateway._pump`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from breakwater._clock import Clock
+from breakwater.gateway._share import HANDSHAKE_LIMIT, peer_uid
+
+__all__ = ["SPAWN_WAIT_S", "AttachRefused", "Attachment", "connect_gateway", "open_attachment"]
+
+#: How long a session waits for the gateway it started to answer before it serves on its own.
+SPAWN_WAIT_S = 15.0
+_POLL_S = 0.01
+
+
+class AttachRefused(Exception):
+    """A gateway answered, but will not take this session (another version, another user, a bad handshake)."""
+
+
+@dataclass
+class Attachment:
+    """An open, handshaken connection to a shared gateway: its socket, and what arrived after the handshake line."""
+
+    sock: socket.socket
+    info: dict[str, Any]
+    rest: bytes = b""
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+async def connect_gateway(path: Path, hello: dict[str, Any]) -> Attachment | None:
+    """Connect and shake hands; None when nothing listens at `path`, `AttachRefused` when the gateway says no."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    attachment = Attachment(sock, {})
+    try:
+        try:
+            await loop.sock_connect(sock, str(path))
+        except (FileNotFoundError, ConnectionRefusedError):
+            attachment.close()
+            return None
+        uid = peer_uid(sock)
+        if uid is not None and hasattr(os, "getuid") and uid != os.getuid():
+            raise AttachRefused(f"the gateway at {path} runs as uid {uid}, not as this user")
+        await loop.sock_sendall(sock, json.dumps(hello).encode() + b"\n")
+        received = b""
+        while b"\n" not in received and len(received) < HANDSHAKE_LIMIT:
+            chunk = await loop.sock_recv(sock, 65536)
+            if not chunk:
+                break
+            received += chunk
+        line, _, attachment.rest = received.partition(b"\n")
+        try:
+            info = json.loads(line) if line else None
+        except ValueError:
+            info = None
+        if not isinstance(info, dict) or info.get("breakwater") != "gateway":
+            raise AttachRefused(f"what listens at {path} is not a breakwater gateway")
+        if not info.get("ok"):
+            raise AttachRefused(str(info.get("reason") or "refused"))
+        attachment.info = info
+        return attachment
+    except BaseException:
+        attachment.close()
+        raise
+
+
+async def _lock(path: Path, clock: Clock, deadline: float) -> Any:
+    """The start-up lock (a `filelock.FileLock`, held), polled on the clock; None if `deadline` passed first."""
+    import filelock
+
+    lock = filelock.FileLock(str(path), mode=0o600)
+    while True:
+        try:
+            lock.acquire(timeout=0)
+            return lock
+        except filelock.Timeout:
+            if clock.monotonic() >= deadline:
+                return None
+            await clock.sleep(_POLL_S)
+
+
+async def open_attachment(
+    sock_path: Path, lock_path: Path, hello: dict[str, Any], spawn: Sequence[str], log_path: Path, clock: Clock
+) -> Attachment:
+    """Attach to the gateway at `sock_path`, starting it with `spawn` (detached, logging to `log_path`) if none answers.
+
+    Raises `AttachRefused` when a gateway refuses, `TimeoutError` when the started one never answers.
+    """
+    found = await connect_gateway(sock_path, hello)
+    if found is not None:
+        return found
+    deadline = clock.monotonic() + SPAWN_WAIT_S
+    lock = await _lock(lock_path, clock, deadline)
+    try:
+        found = await connect_gateway(sock_path, hello)  # started by whoever held the lock
+        if found is not None:
+            return found
+        with log_path.open("ab") as log:
+            child = subprocess.Popen(
+                list(spawn), stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True
+            )
+        while clock.monotonic() < deadline:
+            found = await connect_gateway(sock_path, hello)
+            if found is not None:
+                return found
+            if child.poll() is not None:
+                raise TimeoutError(f"the shared gateway exited with code {child.returncode} (its log: {log_path})")
+            await clock.sleep(_POLL_S)
+        raise TimeoutError(f"the shared gateway did not answer within {SPAWN_WAIT_S:g} s (its log: {log_path})")
+    finally:
+        if lock is not None:
+            lock.release()

@@ -1,0 +1,239 @@
+"""The shared local gateway: one `Gateway` for every session of a user and config, each with its own MCP session.
+
+`breakwater gateway run` (started by the first `breakwater serve` that finds none, detached) opens
+the gateway once (its upstreams, breakers, retry budget and journal are the ones every session
+uses) and listens on the fingerprint's Unix socket. Each accepted connection, after the handshake
+(`breakwater.gateway._share`), is one run of the SDK's server loop over that socket, exactly as
+`serve` runs it over stdin and stdout, with the session's own stdio servers beside the shared ones
+(`breakwater.gateway._session`): the session has its own capabilities, log level,
+subscriptions, cancellations and progress, and what an upstream asks during a call (sampling,
+elicitation) goes to the session whose call it is, as with HTTP clients of one gateway.
+
+With no session attached for `[gateway] share_idle_s` the gateway closes everything and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp.shared._context_streams import create_context_streams
+from mcp.shared.message import SessionMessage
+
+from breakwater._clock import Clock
+from breakwater.config import Config
+from breakwater.gateway._server import Gateway
+from breakwater.gateway._session import session_gateway
+from breakwater.gateway._share import HANDSHAKE_LIMIT, peer_uid
+from breakwater.gateway._stdio_server import MAX_LINE_BYTES, _Output, _pump_input, _pump_output
+
+__all__ = ["SharedGateway", "bind_socket", "listening"]
+
+logger = logging.getLogger("breakwater.gateway.shared")
+
+_HANDSHAKE_S = 5.0  # a connection that says nothing for this long is no session
+
+
+def bind_socket(path: Path) -> socket.socket | None:
+    """Listen on `path` (0600); None when a live gateway already answers there. A stale socket file is replaced."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    else:
+        return None  # someone else won the race: attach to theirs
+    finally:
+        probe.close()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # born 0600: no window in which another user could connect
+    try:
+        listener.bind(str(path))
+    finally:
+        os.umask(old)
+    path.chmod(0o600)
+    listener.listen(128)
+    listener.setblocking(False)
+    return listener
+
+
+class _SocketOutput(_Output):
+    """Whole lines to one attached session's socket."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        super().__init__(None)
+        self._sock_writer = writer
+
+    async def send(self, data: bytes) -> None:
+        async with self._lock:
+            self._sock_writer.write(data)
+            await self._sock_writer.drain()
+
+    async def close(self) -> None:
+        with contextlib.suppress(OSError, RuntimeError):
+            self._sock_writer.close()
+
+
+class SharedGateway:
+    """Serves attached sessions over a Unix socket until it has been idle for `idle_s`."""
+
+    def __init__(self, gateway: Gateway, config: Config, *, fingerprint: str, version: str, idle_s: float, clock: Clock) -> None:
+        """`gateway` is opened on `config`'s shared servers; each session adds its own stdio servers (`_session.py`)."""
+        self.gateway = gateway
+        self.config = config
+        self.fingerprint = fingerprint
+        self.version = version
+        self.config_path = config.path
+        self.idle_s = idle_s
+        self.clock = clock
+        self.sessions = 0
+        self.started = clock.time()
+        self._changed = anyio.Event()
+        self._stop = anyio.Event()
+
+    def info(self, *, ok: bool = True, reason: str | None = None) -> dict[str, Any]:
+        """The handshake answer: who this gateway is and how many sessions it serves."""
+        answer: dict[str, Any] = {
+            "breakwater": "gateway",
+            "ok": ok,
+            "pid": os.getpid(),
+            "version": self.version,
+            "fingerprint": self.fingerprint,
+            "sessions": self.sessions,
+            "config": self.config_path,
+            "started": self.started,
+        }
+        if reason is not None:
+            answer["reason"] = reason
+        return answer
+
+    def _note(self, delta: int) -> None:
+        self.sessions += delta
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def serve(self, listener: socket.socket) -> None:
+        """Accept sessions until idle for `idle_s` (or told to stop); then return, with every session closed."""
+        loop = asyncio.get_running_loop()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._exit_when_idle, tg.cancel_scope)
+            while True:
+                conn, _ = await loop.sock_accept(listener)
+                tg.start_soon(self._connection, conn, name="breakwater shared session")
+
+    def stop(self) -> None:
+        """End `serve`: every session is closed (their `serve` processes fail over to a new gateway)."""
+        self._stop.set()
+        self._note(0)
+
+    async def _exit_when_idle(self, scope: anyio.CancelScope) -> None:
+        while not self._stop.is_set():
+            changed = self._changed
+            if self.sessions:
+                await changed.wait()
+                continue
+            with self.clock.deadline_scope(self.clock.monotonic() + self.idle_s) as waiting:
+                await changed.wait()
+            if waiting.cancelled_caught and not self.sessions:
+                logger.info("no session for %.1f s: exiting", self.idle_s)
+                break
+        scope.cancel()
+
+    async def _connection(self, conn: socket.socket) -> None:
+        try:
+            reader, writer = await asyncio.open_unix_connection(sock=conn, limit=MAX_LINE_BYTES)
+        except OSError:
+            conn.close()
+            return
+        output = _SocketOutput(writer)
+        try:
+            request = await self._handshake(conn, reader, output)
+            if request == "attach":
+                self._note(+1)
+                try:
+                    await self._session(reader, output)
+                finally:
+                    self._note(-1)
+        except (OSError, EOFError, asyncio.IncompleteReadError):
+            logger.debug("an attached session went away", exc_info=True)
+        finally:
+            await output.close()
+
+    async def _handshake(self, conn: socket.socket, reader: asyncio.StreamReader, output: _SocketOutput) -> str | None:
+        """The session's first line: what it wants ("attach", "info", "stop"), answered; None when refused."""
+        line = b""
+        with self.clock.deadline_scope(self.clock.monotonic() + _HANDSHAKE_S):
+            line = await reader.readline()
+        try:
+            hello = json.loads(line[:HANDSHAKE_LIMIT]) if line else None
+        except ValueError:
+            hello = None
+        uid = peer_uid(conn)
+        want = hello.get("breakwater") if isinstance(hello, dict) else None
+        reason: str | None = None
+        if want not in ("attach", "info", "stop"):
+            reason = "not a breakwater session (expected a handshake line)"
+        elif uid is not None and hasattr(os, "getuid") and uid != os.getuid():
+            reason = f"this gateway serves uid {os.getuid()} only"
+        elif want == "attach" and isinstance(hello, dict) and hello.get("fingerprint") != self.fingerprint:
+            reason = "another config: this gateway serves a different one"
+        elif want == "attach" and isinstance(hello, dict) and hello.get("version") != self.version:
+            reason = f"this gateway runs breakwater {self.version}; restart it (breakwater gateway stop) to use another"
+        answer = self.info(ok=reason is None, reason=reason)
+        if reason is None and want == "info":
+            answer["status"] = self.gateway.bw.status().to_json()
+        await output.send(json.dumps(answer).encode() + b"\n")
+        if reason is not None:
+            return None
+        if want == "stop":
+            logger.info("asked to stop (breakwater gateway stop)")
+            self.stop()
+        return str(want)
+
+    async def _session(self, reader: asyncio.StreamReader, output: _SocketOutput) -> None:
+        """One MCP session over the socket, until either side closes it."""
+        async with session_gateway(self.gateway, self.config) as gateway:
+            await self._run(gateway, reader, output)
+
+    async def _run(self, gateway: Gateway, reader: asyncio.StreamReader, output: _SocketOutput) -> None:
+        server = gateway.server
+        read_stream_writer, read_stream = create_context_streams[SessionMessage | Exception](0)
+        write_stream, write_stream_reader = create_context_streams[SessionMessage](0)
+
+        async def read() -> None:
+            async with read_stream_writer:
+                await _pump_input(reader, read_stream_writer, output)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            tg.start_soon(_pump_output, write_stream_reader, output)
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+            tg.cancel_scope.cancel()
+        # The session is over for its client now: its `serve` exits while its own servers are still being stopped.
+        await output.close()
+
+
+@contextlib.asynccontextmanager
+async def listening(path: Path) -> AsyncIterator[socket.socket | None]:
+    """`bind_socket(path)`, and the socket file removed on exit when it is still this gateway's."""
+    listener = bind_socket(path)
+    if listener is None:
+        yield None
+        return
+    inode = path.stat().st_ino
+    try:
+        yield listener
+    finally:
+        listener.close()
+        with contextlib.suppress(OSError):
+            if path.stat().st_ino == inode:
+                path.unlink()

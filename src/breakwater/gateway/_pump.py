@@ -1,0 +1,362 @@
+"""A stdio session attached to the shared local gateway: the client's lines to the gateway, its lines back.
+
+The MCP session runs in the gateway; this process only relays, reading enough of each line to know
+which requests wait for an answer. The relay runs in asyncio protocol callbacks (a line read is
+written on at once, with no task switch), so it adds one process hop each way and little else.
+
+What it reads is what failover needs. When the gateway goes away mid-session (killed, crashed,
+stopped), every request in flight still gets its answer: a `tools/call` is answered
+`OUTCOME_UNKNOWN` (it may have run; never repeated behind the agent's back), any other request
+(lists, reads, pings, breakwater's own search and status tools) is sent again. The session attaches
+to a new gateway (starting it), replays its `initialize` and its log level there, and goes on; the
+agent sees one error at most, never a hang: when no gateway can be had for `GIVE_UP_S`, waiting
+requests are answered with an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from breakwater._clock import Clock
+from breakwater.gateway._attach import Attachment, AttachRefused
+
+__all__ = ["GIVE_UP_S", "MAX_LINE_BYTES", "attached_session", "relayable"]
+
+logger = logging.getLogger("breakwater.gateway.attach")
+
+#: As `breakwater.gateway._stdio_server.MAX_LINE_BYTES` (not imported: that module loads the SDK, and an
+#: attached session is a relay that starts in a fraction of a second without it).
+MAX_LINE_BYTES = 64 * 1024 * 1024
+#: How long requests wait for a new gateway before they are answered with an error.
+GIVE_UP_S = 5.0
+_REPLAY = "breakwater-replay-"
+#: The start of every response the SDK writes (`model_dump_json` keeps the declared field order).
+_RESPONSE = re.compile(rb'^\{"jsonrpc":"2\.0","id":(-?\d+|"(?:[^"\\]|\\.)*"),"(result|error)"')
+
+
+def relayable() -> bool:
+    """Whether stdin and stdout can be polled (pipes, sockets, terminals: what agents give); else serve directly."""
+    for fd in (0, 1):
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            return False
+        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or (stat.S_ISCHR(mode) and os.isatty(fd))):
+            return False
+    return True
+
+
+class _Lines(asyncio.Protocol):
+    """A byte stream as whole lines, each handed to `on_line` as it completes; `on_end` once, at its end.
+
+    A line over MAX_LINE_BYTES is dropped whole (no MCP message is that long). `pause`/`resume` are
+    called when this side's own writes back up (flow control for the other direction).
+    """
+
+    def __init__(self, on_line: Callable[[bytes], None], on_end: Callable[[], None]) -> None:
+        self.on_line, self.on_end = on_line, on_end
+        self.buffer = bytearray()
+        self.skipping = False
+        self.transport: asyncio.BaseTransport | None = None
+        self.ended = False
+        self.on_pause: Callable[[], None] = lambda: None
+        self.on_resume: Callable[[], None] = lambda: None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        start = 0
+        while (end := self.buffer.find(b"\n", start)) >= 0:
+            if self.skipping:
+                self.skipping = False
+            else:
+                self.on_line(bytes(self.buffer[start : end + 1]))
+            start = end + 1
+        del self.buffer[:start]
+        if len(self.buffer) > MAX_LINE_BYTES:
+            self.buffer.clear()
+            self.skipping = True
+
+    def eof_received(self) -> bool:
+        if self.buffer and not self.skipping:
+            self.on_line(bytes(self.buffer) + b"\n")
+        self.buffer.clear()
+        self._end()
+        return True  # keep the transport: the other direction may still be written (half-close)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end()
+
+    def _end(self) -> None:
+        if not self.ended:
+            self.ended = True
+            self.on_end()
+
+    def pause_writing(self) -> None:
+        self.on_pause()
+
+    def resume_writing(self) -> None:
+        self.on_resume()
+
+
+def _id_key(raw: Any) -> str:
+    return json.dumps(raw)
+
+
+@dataclass
+class _Session:
+    """What this session must be able to replay or answer if its gateway goes away."""
+
+    initialize: dict[str, Any] | None = None
+    initialized: bytes | None = None
+    set_level: dict[str, Any] | None = None
+    pending: dict[str, tuple[str, Any, bytes]] = field(default_factory=dict)  # id key -> (method, id, line)
+    swallow: set[str] = field(default_factory=set)
+
+    def note_request(self, line: bytes) -> str | None:
+        """Remember a request until it is answered (its id key is returned), and what a new gateway must be told."""
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(message, dict):
+            return None
+        method = message.get("method")
+        if not isinstance(method, str):
+            return None
+        if "id" in message:
+            if method == "initialize":
+                self.initialize = message
+            elif method == "logging/setLevel":
+                self.set_level = message
+            key = _id_key(message["id"])
+            self.pending[key] = (method, message["id"], line)
+            return key
+        if method == "notifications/initialized":
+            self.initialized = line
+        elif method == "notifications/cancelled":
+            params = message.get("params")
+            if isinstance(params, dict) and "requestId" in params:
+                self.pending.pop(_id_key(params["requestId"]), None)
+        return None
+
+    def note_answer(self, line: bytes) -> bool:
+        """Forget the request `line` answers; False when the answer is one of ours, not for the client."""
+        match = _RESPONSE.match(line)
+        if match is None:
+            if b'"id"' not in line[:200] or b'"method"' in line:
+                return True
+            try:
+                message = json.loads(line)
+            except ValueError:
+                return True
+            if not isinstance(message, dict) or "id" not in message or "method" in message:
+                return True
+            key = _id_key(message["id"])
+        else:
+            key = _id_key(json.loads(match.group(1)))
+        if key in self.swallow:
+            self.swallow.discard(key)
+            return False
+        self.pending.pop(key, None)
+        return True
+
+    def replays(self, generation: int) -> list[bytes]:
+        """What makes a new gateway's session this one: initialize, initialized, the log level, then the requests in flight.
+
+        An initialize or setLevel the client already had answered is replayed under an id of our own
+        (its answer is swallowed); one still waiting is sent as it was, and answered to the client.
+        """
+        lines: list[bytes] = []
+        for name, message in (("init", self.initialize), ("level", self.set_level)):
+            if message is None:
+                continue
+            if _id_key(message["id"]) in self.pending:
+                lines.append(self.pending[_id_key(message["id"])][2])
+            else:
+                key = f"{_REPLAY}{name}-{generation}"
+                self.swallow.add(_id_key(key))
+                lines.append(json.dumps({**message, "id": key}).encode() + b"\n")
+            if name == "init" and self.initialized is not None:
+                lines.append(self.initialized)
+        lines += [line for method, _, line in self.pending.values() if method not in ("initialize", "logging/setLevel")]
+        return lines
+
+
+def _cut_answer(request_id: Any) -> bytes:
+    """The answer a tool call in flight gets when the gateway under it went away: OUTCOME_UNKNOWN, as the gate answers a cut."""
+    from breakwater.errors import OutcomeUnknownError
+    from breakwater.gate._envelope import error_result
+
+    error = OutcomeUnknownError("The shared gateway went away during this call; it may or may not have run.")
+    result = error_result(error).model_dump(mode="json", by_alias=True, exclude_none=True)
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}).encode() + b"\n"
+
+
+class _Pump:
+    """Client lines to the current gateway, gateway lines to the client; one gateway after another."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, builtins: frozenset[str]) -> None:
+        self.loop = loop
+        self.session = _Session()
+        self.builtins = builtins
+        self.stdout: asyncio.WriteTransport | None = None
+        self.stdin: asyncio.ReadTransport | None = None
+        self.gateway: asyncio.Transport | None = None
+        self.backlog: list[bytes] = []  # notifications and answers the client sent while no gateway was attached
+        self.ended = False  # the client closed its input
+        self.changed = asyncio.Event()  # the client ended, or the gateway went away
+
+    async def open(self) -> None:
+        """Read stdin and write stdout through asyncio's pipe transports."""
+        out = _Lines(lambda line: None, lambda: None)
+        out.on_pause, out.on_resume = self._pause_gateway, self._resume_gateway
+        out_file = os.fdopen(1, "wb", buffering=0, closefd=False)
+        self.stdout, _ = await self.loop.connect_write_pipe(lambda: out, out_file)
+        in_file = os.fdopen(0, "rb", buffering=0, closefd=False)
+        self.stdin, _ = await self.loop.connect_read_pipe(lambda: _Lines(self._from_client, self._client_ended), in_file)
+
+    def send(self, data: bytes) -> None:
+        if self.stdout is not None and not self.stdout.is_closing():
+            self.stdout.write(data)
+
+    def _pause_gateway(self) -> None:
+        if self.gateway is not None:
+            self.gateway.pause_reading()
+
+    def _resume_gateway(self) -> None:
+        if self.gateway is not None and not self.gateway.is_closing():
+            self.gateway.resume_reading()
+
+    def _from_client(self, line: bytes) -> None:
+        if not line.strip():
+            return
+        request = self.session.note_request(line)
+        gateway = self.gateway
+        if gateway is not None and not gateway.is_closing():
+            gateway.write(line)
+        elif request is None and line is not self.session.initialized:  # that one is replayed in its place
+            self.backlog.append(line)
+        # A request with no gateway to take it waits in `pending`: the next gateway gets it (or failover answers it).
+
+    def _client_ended(self) -> None:
+        # The end of input ends the session as it does a direct serve: the gateway sees it, finishes, and closes.
+        self.ended = True
+        if self.gateway is not None and not self.gateway.is_closing():
+            with contextlib.suppress(OSError, RuntimeError):
+                self.gateway.write_eof()
+        self.changed.set()
+
+    def _from_gateway(self, line: bytes) -> None:
+        if self.session.note_answer(line):
+            self.send(line)
+
+    async def attach(self, attachment: Attachment, generation: int) -> _Lines:
+        """Make `attachment` the session's gateway: tell it the session so far (all of it, after a failover), then relay."""
+        lines = _Lines(self._from_gateway, self.changed.set)
+        lines.on_pause = lambda: self.stdin.pause_reading() if self.stdin is not None else None
+        lines.on_resume = lambda: self.stdin.resume_reading() if self.stdin is not None else None
+        transport, _ = await self.loop.create_unix_connection(lambda: lines, sock=attachment.sock)
+        transport.writelines([*self.session.replays(generation), *self.backlog])
+        self.backlog.clear()
+        self.gateway = transport
+        if attachment.rest:
+            lines.data_received(attachment.rest)
+        if self.ended:
+            self._client_ended()
+        return lines
+
+    def lost(self) -> None:
+        """The gateway went away: answer every tool call in flight now; the rest are re-sent to the next one."""
+        self.gateway = None
+        for key, (method, request_id, line) in list(self.session.pending.items()):
+            if method == "tools/call" and not self._builtin_call(line):
+                del self.session.pending[key]
+                self.send(_cut_answer(request_id))
+
+    def fail_pending(self, why: str) -> None:
+        """Answer every request still waiting with a JSON-RPC error (the gateway cannot be had)."""
+        for key, (_method, request_id, _line) in list(self.session.pending.items()):
+            del self.session.pending[key]
+            error = {"code": -32603, "message": f"breakwater: {why}"}
+            self.send(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode() + b"\n")
+
+    def _builtin_call(self, line: bytes) -> bool:
+        # breakwater's own search and status tools change nothing: asking again is safe.
+        with contextlib.suppress(ValueError, AttributeError):
+            return bool(json.loads(line).get("params", {}).get("name") in self.builtins)
+        return False
+
+    async def close(self) -> None:
+        if self.stdout is not None:
+            while self.stdout.get_write_buffer_size() and not self.stdout.is_closing():
+                await asyncio.sleep(0.001)
+            self.stdout.close()
+        if self.stdin is not None:
+            self.stdin.close()
+        await asyncio.sleep(0)
+        for fd in (0, 1):
+            with contextlib.suppress(OSError):
+                os.set_blocking(fd, True)
+
+
+async def attached_session(first: Attachment, reattach: Any, *, builtins: frozenset[str], clock: Clock) -> int:
+    """Relay this process's stdio to `first`, failing over through `reattach()` whenever the gateway goes away."""
+    pump = _Pump(asyncio.get_running_loop(), builtins)
+    await pump.open()
+    attachment: Attachment | None = first
+    generation = 0
+    try:
+        while True:
+            if attachment is None:
+                attachment = await _reattach_with_patience(reattach, pump, clock)
+            pump.changed.clear()
+            gateway = await pump.attach(attachment, generation)
+            while not gateway.ended:  # the gateway closes once the client has ended, or goes away
+                await pump.changed.wait()
+                pump.changed.clear()
+            if gateway.transport is not None:
+                gateway.transport.close()
+            attachment = None
+            generation += 1
+            if pump.ended:
+                break
+            logger.warning("breakwater: the shared gateway went away; attaching to a new one")
+            pump.lost()
+    finally:
+        if attachment is not None:
+            attachment.close()
+        await pump.close()
+    return 0
+
+
+async def _reattach_with_patience(reattach: Any, pump: _Pump, clock: Clock) -> Attachment:
+    """A new gateway, trying again (with a growing pause) while none can be had.
+
+    Requests keep waiting for the next gateway only for a while: once the gateway has been gone for
+    `GIVE_UP_S`, each failed try answers every request waiting with an error, so a session whose
+    gateway cannot be restarted (its config deleted, say) answers everything instead of hanging.
+    """
+    pause = 0.05
+    since = clock.monotonic()
+    while True:
+        try:
+            attachment: Attachment = await reattach()
+            return attachment
+        except (OSError, TimeoutError, AttachRefused) as exc:
+            logger.warning("breakwater: cannot attach to a shared gateway (%s); trying again", exc)
+            if clock.monotonic() - since >= GIVE_UP_S:
+                pump.fail_pending(f"the shared gateway is gone and could not be restarted: {exc}")
+            await clock.sleep(pause)
+            pause = min(pause * 2, 2.0)

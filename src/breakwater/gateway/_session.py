@@ -1,0 +1,141 @@
+"""One attached session's view of the shared gateway: the shared servers, plus stdio servers of its own.
+
+A stdio server often keeps per-connection state (a thought history, an open repository, a working
+directory), so in a shared gateway each session gets its own process of every stdio server that
+`[gateway] share_stdio` does not name, while HTTP servers (and the named stdio ones) are the
+gateway's, one connection for everyone. `session_gateway` opens such a session: a `Breakwater` of
+the session's own servers (its attempts go to the shared journal) and a `Gateway` over both, seen
+through `SessionServers`, which routes each server to the `Breakwater` that holds it. The catalog
+of last-known tools and the relay of sampling, elicitation and logs are the shared gateway's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, cast
+
+import anyio
+import mcp.types as types
+
+from breakwater._breakwater import Breakwater
+from breakwater._clock import Clock
+from breakwater.config import Config, ServerSpec
+from breakwater.connect._upstream import Upstream
+from breakwater.gate._gate import ProgressCallback
+from breakwater.gate._turn_budget import TurnBudgetScope
+from breakwater.gateway._server import Gateway
+from breakwater.status import StatusReport
+
+__all__ = ["SessionServers", "per_session", "session_gateway"]
+
+
+def per_session(config: Config) -> tuple[ServerSpec, ...]:
+    """The enabled stdio servers each session runs for itself (those `[gateway] share_stdio` does not name)."""
+    allowed = {name.strip() for name in config.gateway.share_stdio.split(",") if name.strip()}
+    if "*" in allowed:
+        return ()
+    return tuple(s for s in config.servers if s.enabled and s.transport == "stdio" and s.name not in allowed)
+
+
+class SessionServers:
+    """The part of `Breakwater` a `Gateway` uses, over the shared servers and one session's own."""
+
+    def __init__(self, config: Config, shared: Breakwater, own: Breakwater) -> None:
+        self.config = config
+        self.shared = shared
+        self.own = own
+        self.tasks = shared.tasks
+
+    def _of(self, server: str | None) -> Breakwater:
+        return self.own if server is not None and server in {s.name for s in self.own.config.servers} else self.shared
+
+    @property
+    def clock(self) -> Clock:
+        """The shared gateway's clock."""
+        return self.shared.clock
+
+    @property
+    def generation(self) -> int:
+        """Moves whenever either side's servers change."""
+        return self.shared.generation + self.own.generation
+
+    def upstream(self, server: str) -> Upstream:
+        """The connection to `server`, the session's own or the shared one."""
+        return self._of(server).upstream(server)
+
+    def status(self) -> StatusReport:
+        """Every server the session sees, in config order."""
+        shared, own = self.shared.status(), self.own.status()
+        by_name = {s.name: s for s in (*shared.servers, *own.servers)}
+        servers = tuple(by_name[s.name] for s in self.config.servers if s.name in by_name)
+        return StatusReport(servers=servers, timeouts=(*shared.timeouts, *own.timeouts))
+
+    async def wait_changed(self) -> None:
+        """Return at the next change of any server, shared or the session's own."""
+        async with anyio.create_task_group() as tg:
+
+            async def wait(bw: Breakwater) -> None:
+                await bw.wait_changed()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(wait, self.shared)
+            tg.start_soon(wait, self.own)
+
+    async def call_tool(
+        self,
+        server: str,
+        tool: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        progress_callback: ProgressCallback | None = None,
+        raise_on_error: bool = False,
+        operation_id: str | None = None,
+    ) -> types.CallToolResult:
+        """Through the call gate of whichever side holds `server`."""
+        return await self._of(server).call_tool(
+            server,
+            tool,
+            arguments,
+            timeout=timeout,
+            progress_callback=progress_callback,
+            raise_on_error=raise_on_error,
+            operation_id=operation_id,
+        )
+
+    async def resume_task(self, task_id: str, *, server: str | None = None, raise_on_error: bool = False) -> types.CallToolResult:
+        """A remembered task, resumed where its server is."""
+        return await self._of(server).resume_task(task_id, server=server, raise_on_error=raise_on_error)
+
+    def budget(self, seconds: float | None = None, *, deadline: float | None = None, enforce: bool = False) -> TurnBudgetScope:
+        """A whole-turn budget (one clock, so one budget bounds calls on both sides)."""
+        return self.shared.budget(seconds, deadline=deadline, enforce=enforce)
+
+    def state_store_status(self) -> dict[str, Any]:
+        """The shared gateway's state store."""
+        return self.shared.state_store_status()
+
+
+@contextlib.asynccontextmanager
+async def session_gateway(shared: Gateway, config: Config) -> AsyncIterator[Gateway]:
+    """A `Gateway` for one attached session: `shared`'s servers plus the session's own stdio servers.
+
+    `config` is the whole config; `shared` was opened on its shared servers only. When there is no
+    per-session server, the shared gateway itself is the session's.
+    """
+    own_specs = per_session(config)
+    if not own_specs:
+        yield shared
+        return
+    bw = shared.bw
+    observers = [bw.journal] if bw.journal is not None else []
+    own = Breakwater(config.with_servers(own_specs), journal=None, observers=observers, client_hooks=shared.relay.client_kwargs)
+    async with own:
+        # A `Gateway` reads no more of its `Breakwater` than `SessionServers` has.
+        view = cast(Breakwater, SessionServers(config, bw, own))
+        gateway = Gateway(view, config.gateway, catalog=shared.catalog, relay=shared.relay)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gateway.watch)
+            yield gateway
+            tg.cancel_scope.cancel()

@@ -1,0 +1,326 @@
+"""Stdio `breakwater serve` sessions attached to one shared local gateway: real sessions, a real HTTP upstream.
+
+Every session here is a real `breakwater serve` process driven by the SDK's client; the gateway
+they attach to is the real detached `breakwater gateway run`; the upstream is `breakwater
+testserver` over streamable HTTP, whose state file counts its handshakes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+import anyio
+import mcp.types as types
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from breakwater.testing.server import launch_command, read_state
+from helpers import code_of, eventually
+
+pytestmark = pytest.mark.anyio
+
+BREAKWATER = [sys.executable, "-m", "breakwater"]
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[tuple[str, Path]]:
+    """One HTTP testserver for the module: (its MCP URL, its state file)."""
+    directory = Path(tempfile.mkdtemp(prefix="bw-up-"))
+    port_file, state = directory / "port", directory / "state.json"
+    cmd = launch_command("--port", "0", "--port-file", str(port_file), "--state-file", str(state), "--default-tools")
+    proc = subprocess.Popen([*cmd, "--tool", "order:latency=3,mutating,destructive"], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not (port_file.exists() and port_file.read_text().strip()):
+            assert proc.poll() is None and time.monotonic() < deadline, "the testserver did not start"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{int(port_file.read_text())}/mcp", state
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _ask(sock: Path, hello: dict[str, Any]) -> dict[str, Any] | None:
+    """One handshake with the gateway at `sock`, synchronously (None when nothing answers)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        try:
+            s.connect(str(sock))
+        except OSError:
+            return None
+        s.sendall(json.dumps(hello).encode() + b"\n")
+        answer: dict[str, Any] = json.loads(s.makefile("rb").readline())
+        return answer
+
+
+def gateway_pids(share: Path) -> list[int]:
+    """The pids of the gateways that answer in `share`."""
+    infos = [_ask(sock, {"breakwater": "info"}) for sock in share.glob("gw-*.sock")]
+    return [int(i["pid"]) for i in infos if i is not None]
+
+
+@pytest.fixture
+def share(tmp_path: Path) -> Iterator[Path]:
+    """A socket directory of the test's own (short: socket paths are limited to ~100 bytes); its gateways die after."""
+    directory = Path(tempfile.mkdtemp(prefix="bw-sh-"))
+    yield directory
+    for pid in gateway_pids(directory):
+        os.kill(pid, signal.SIGKILL)  # the gateways this test started, by their pids
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def env_for(tmp_path: Path, share: Path, **extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "BREAKWATER_SHARE": "on",
+        "BREAKWATER_SHARE_DIR": str(share),
+        "BREAKWATER_SHARE_IDLE_S": "20",
+        "BREAKWATER_ADMISSION_DIR": str(tmp_path / "admission"),
+        "BREAKWATER_CATALOG_DIR": str(tmp_path / "catalog"),
+        "BREAKWATER_CONNECT_STARTUP_JITTER_S": "0",
+        **extra,
+    }
+
+
+def write_config(tmp_path: Path, url: str, name: str = "mcp.json", **more: Any) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps({"mcpServers": {"web": {"type": "http", "url": url}, **more}}))
+    return path
+
+
+@asynccontextmanager
+async def session(config: Path, env: dict[str, str], *flags: str, errlog: TextIO = sys.stderr) -> AsyncIterator[Client]:
+    """A real `breakwater serve` session, its stderr to `errlog`."""
+    params = StdioServerParameters(
+        command=BREAKWATER[0], args=[*BREAKWATER[1:], "serve", "--config", str(config), *flags], env=env
+    )
+    async with Client(stdio_client(params, errlog=errlog)) as client:
+        yield client
+
+
+def handshakes(state: Path) -> int:
+    return int(read_state(state)["handshakes"])
+
+
+def pid_of(result: types.CallToolResult) -> int:
+    assert not result.is_error, result
+    assert isinstance(result.structured_content, dict)
+    return int(result.structured_content["pid"])
+
+
+async def test_sessions_of_one_config_share_one_gateway_and_one_upstream_connection(
+    tmp_path: Path, share: Path, upstream: tuple[str, Path]
+) -> None:
+    url, state = upstream
+    config = write_config(tmp_path, url)
+    other = write_config(tmp_path, url, "other.json", web2={"type": "http", "url": url})
+    env = env_for(tmp_path, share)
+    before = handshakes(state)
+    async with session(config, env) as a, session(config, env) as b:
+        names_a = {t.name for t in (await a.list_tools()).tools}
+        names_b = {t.name for t in (await b.list_tools()).tools}
+        assert "web__echo" in names_a and names_a == names_b
+        assert pid_of(await a.call_tool("web__echo", {"text": "a"})) == pid_of(await b.call_tool("web__echo", {"text": "b"}))
+        assert handshakes(state) - before == 1  # two sessions, one upstream connection
+        await isolated(a, b)
+        async with session(other, env) as c:
+            # Another config never attaches there: its session has a gateway of its own.
+            assert "web2__echo" in {t.name for t in (await c.list_tools()).tools}
+            await eventually(lambda: handshakes(state) - before >= 3, timeout=20)
+            assert handshakes(state) - before == 3  # its gateway's own two servers
+            # The user's two views, run side by side: `gateway list` and `status`.
+            commands = [["gateway", "list", "--json"], ["status", "--json", "--config", str(config)]]
+            procs = [subprocess.Popen([*BREAKWATER, *c], env=env, stdout=subprocess.PIPE, text=True) for c in commands]
+            listed, status = (p.communicate(timeout=60)[0] for p in procs)
+            gateways = json.loads(listed)
+            assert sorted(g["sessions"] for g in gateways) == [1, 2], listed
+            shown = json.loads(status)
+            assert shown["shared_gateway"]["sessions"] == 2
+            assert shown["shared_gateway"]["pid"] in [g["pid"] for g in gateways if g["sessions"] == 2]
+            assert [s["state"] for s in shown["servers"]] == ["ready"]
+            refusals(share)
+    # Socket and directory are the user's only.
+    assert oct(share.stat().st_mode & 0o777) == "0o700"
+    assert [oct(s.stat().st_mode & 0o777) for s in share.glob("*.sock")] == ["0o600", "0o600"]
+
+
+async def isolated(a: Client, b: Client) -> None:
+    """Each session keeps its own cancellations and progress: a cancels its call, b's goes on with its progress."""
+    progress_a: list[float] = []
+    progress_b: list[float] = []
+
+    async def on_a(progress: float, total: float | None, message: str | None) -> None:
+        progress_a.append(progress)
+
+    async def on_b(progress: float, total: float | None, message: str | None) -> None:
+        progress_b.append(progress)
+
+    slow: list[types.CallToolResult] = []
+    async with anyio.create_task_group() as tg:
+
+        async def slow_b() -> None:
+            slow.append(await b.call_tool("web__slow", {}, progress_callback=on_b))
+
+        tg.start_soon(slow_b)
+        with anyio.move_on_after(0.5):  # a's own call, cancelled by a
+            await a.call_tool("web__hang", {}, progress_callback=on_a)
+    assert not slow[0].is_error
+    assert progress_b and not progress_a
+    assert not (await a.call_tool("web__echo", {"text": "after"})).is_error  # a's session goes on
+
+
+def refusals(share: Path) -> None:
+    """A gateway refuses another config's fingerprint, another version, and (as root, tried) another user."""
+    sock = next(share.glob("gw-*.sock"))
+    info = _ask(sock, {"breakwater": "info"})
+    assert info is not None
+    wrong = _ask(sock, {"breakwater": "attach", "fingerprint": "0" * 32, "version": info["version"]})
+    assert wrong is not None and not wrong["ok"] and "another config" in wrong["reason"]
+    old = _ask(sock, {"breakwater": "attach", "fingerprint": info["fingerprint"], "version": "0.0.1"})
+    assert old is not None and not old["ok"] and "restart it" in old["reason"]
+    if os.getuid() == 0:  # as root, also try it as another user: the 0700 directory keeps them out
+        probe = f"socket.socket(socket.AF_UNIX).connect({str(sock)!r})"
+        as_nobody = subprocess.run(
+            [sys.executable, "-c", f"import os, socket; os.setgid(65534); os.setuid(65534); {probe}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert as_nobody.returncode != 0 and "PermissionError" in as_nobody.stderr
+
+
+async def test_failover_after_kill_answers_the_call_in_flight_serves_again_and_idles_out(
+    tmp_path: Path, share: Path, upstream: tuple[str, Path]
+) -> None:
+    url, _ = upstream
+    config = write_config(tmp_path, url)
+    env = env_for(tmp_path, share, BREAKWATER_SHARE_IDLE_S="0.5")
+    async with session(config, env) as a:
+        first = pid_of(await a.call_tool("web__echo", {"text": "a"}))
+        [gateway] = gateway_pids(share)
+        answers: list[types.CallToolResult] = []
+        async with anyio.create_task_group() as tg:
+
+            async def order() -> None:
+                answers.append(await a.call_tool("web__order", {}))
+
+            tg.start_soon(order)
+            await anyio.sleep(0.5)  # the mutating call is in flight upstream
+            os.kill(gateway, signal.SIGKILL)
+            with anyio.fail_after(10):  # answered, not hung
+                await eventually(lambda: bool(answers), timeout=10)
+        assert code_of(answers[0]) == "OUTCOME_UNKNOWN"
+        # The session attached to a new gateway: calls (and lists) go on, to the same upstream.
+        with anyio.fail_after(30):
+            assert pid_of(await a.call_tool("web__echo", {"text": "again"})) == first
+        assert "web__echo" in {t.name for t in (await a.list_tools()).tools}
+        [second] = gateway_pids(share)
+        assert second != gateway
+    # With no session left, the gateway exits after its idle time, and takes its socket along.
+    await eventually(lambda: gone(second), timeout=20)
+    assert not list(share.glob("*.sock"))
+
+
+def gone(pid: int) -> bool:
+    """Whether `pid` has exited (a zombie, not yet reaped by the session that started it, counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z"
+
+
+async def test_stdio_servers_run_per_session_unless_shared_and_no_share_runs_alone(
+    tmp_path: Path, share: Path, upstream: tuple[str, Path]
+) -> None:
+    url, state = upstream
+    cmd = launch_command("--name", "local")
+    config = write_config(tmp_path, url, "stdio.json", local={"command": cmd[0], "args": cmd[1:]})
+    env = env_for(tmp_path, share)
+    before = handshakes(state)
+    async with session(config, env) as a, session(config, env) as b:
+        # One gateway, one HTTP connection, but a stdio process of each session's own.
+        assert pid_of(await a.call_tool("web__echo", {"text": "a"})) == pid_of(await b.call_tool("web__echo", {"text": "b"}))
+        assert pid_of(await a.call_tool("local__echo", {"text": "a"})) != pid_of(await b.call_tool("local__echo", {"text": "b"}))
+        assert {"local__echo", "web__echo"} <= {t.name for t in (await b.list_tools()).tools}
+        assert handshakes(state) - before == 1 and len(gateway_pids(share)) == 1
+    shared_env = {**env, "BREAKWATER_SHARE_STDIO": "local"}
+    async with session(config, shared_env) as a, session(config, shared_env) as b:
+        assert pid_of(await a.call_tool("local__echo", {"text": "a"})) == pid_of(await b.call_tool("local__echo", {"text": "b"}))
+    for pid in gateway_pids(share):
+        os.kill(pid, signal.SIGKILL)
+    params = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params}
+    alone = subprocess.run(
+        [*BREAKWATER, "serve", "--no-share", "--config", str(config)],
+        input=json.dumps(init) + "\n",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert json.loads(alone.stdout.splitlines()[0])["result"]["serverInfo"]["name"] == "breakwater"
+    assert not gateway_pids(share)  # --no-share served on its own, with no shared gateway
+
+
+def test_an_attaching_session_starts_without_loading_the_sdk() -> None:
+    """The relay a session runs when it attaches imports neither the SDK nor the gateway: it starts in a fraction of a second."""
+    import mcp.types
+
+    from breakwater._wire import CONNECTION_CLOSED
+
+    assert CONNECTION_CLOSED == mcp.types.CONNECTION_CLOSED  # spelled out in _wire so that configs load without the SDK
+    probe = (
+        "import json, sys, breakwater.cli._serve, breakwater.cli._gateway, breakwater.gateway._attach; "
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    loaded = json.loads(
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout
+    )
+    assert not [m for m in loaded if m == "mcp" or m.startswith(("mcp.", "mcp_types", "breakwater.gateway._server"))]
+
+
+def test_a_failed_over_session_is_replayed_under_ids_of_its_own() -> None:
+    """What a new gateway is told after a failover: initialize and setLevel again (their answers not the client's),
+    then every request still waiting; answers the client already had are never asked for twice."""
+    from breakwater.gateway._pump import _Session
+
+    state = _Session()
+    lines = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "logging/setLevel", "params": {"level": "error"}},
+        {"jsonrpc": "2.0", "id": 3, "method": "tools/list"},
+        {"jsonrpc": "2.0", "id": "c", "method": "tools/call", "params": {"name": "x"}},
+        {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "c"}},
+    ]
+    for message in lines:
+        state.note_request(json.dumps(message).encode() + b"\n")
+    for answered in (1, 2):
+        assert state.note_answer(f'{{"jsonrpc":"2.0","id":{answered},"result":{{}}}}\n'.encode())
+    replayed = [json.loads(line) for line in state.replays(1)]
+    assert [(m.get("method"), m.get("id")) for m in replayed] == [
+        ("initialize", "breakwater-replay-init-1"),
+        ("notifications/initialized", None),
+        ("logging/setLevel", "breakwater-replay-level-1"),
+        ("tools/list", 3),  # still waiting; the cancelled call is not sent again
+    ]
+    # The replays' answers are the relay's, not the client's; the list's answer is the client's.
+    assert not state.note_answer(b'{"jsonrpc":"2.0","id":"breakwater-replay-init-1","result":{}}\n')
+    assert state.note_answer(b'{"jsonrpc":"2.0","id":3,"result":{"tools":[]}}\n')
+    assert not state.pending
