@@ -36,8 +36,10 @@ from typing import Any, Final
 
 __all__ = [
     "FAST_STDIO",
+    "FILE_MODES",
     "INTERRUPT_SIGNAL",
     "IS_WINDOWS",
+    "SHARED_SOCKETS",
     "STOP_SIGNALS",
     "TERMINATE_SIGNAL",
     "ask_to_stop",
@@ -65,6 +67,12 @@ _DEFAULT_PATHEXT: Final = ".COM;.EXE;.BAT;.CMD"
 #: Whether the downstream stdio transport may use asyncio's pipe transports (see the module docstring).
 FAST_STDIO: Final[bool] = not IS_WINDOWS
 
+#: Whether file modes (0600, 0700) protect a file: POSIX permissions; on Windows the ACLs decide.
+FILE_MODES: Final[bool] = not IS_WINDOWS
+#: Whether a local gateway can be shared over a Unix socket guarded by file modes (not on Windows, for now:
+#: that needs a named pipe with an ACL).
+SHARED_SOCKETS: Final[bool] = not IS_WINDOWS
+
 #: Ctrl-C, on every platform.
 INTERRUPT_SIGNAL: Final[int] = signal.SIGINT
 #: The polite "stop now" a supervisor or a person sends: SIGTERM; Ctrl-Break on Windows (a console has no SIGTERM).
@@ -84,6 +92,7 @@ def strategy() -> dict[str, str]:
             "command_lookup": "PATHEXT",
             "stdio": "threads",
             "stop_signals": "SIGBREAK SIGINT",
+            "shared_gateway": "off",
         }
     return {
         "platform": "posix",
@@ -93,6 +102,7 @@ def strategy() -> dict[str, str]:
         "command_lookup": "exec",
         "stdio": "asyncio pipes",
         "stop_signals": "SIGTERM SIGINT",
+        "shared_gateway": "unix socket",
     }
 
 

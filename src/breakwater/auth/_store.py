@@ -24,6 +24,7 @@ from typing import Any
 from filelock import FileLock
 from mcp.shared.auth import OAuthClientInformationFull, OAuthMetadata, OAuthToken, ProtectedResourceMetadata
 
+from breakwater import _platform
 from breakwater._clock import Clock, SystemClock
 from breakwater._paths import config_dir
 from breakwater.config._redact import register_secrets
@@ -108,7 +109,7 @@ class TokenStore:
 def _private_dir(path: Path) -> None:
     """Create the directory only the user may enter (0700); tighten one that is looser."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if os.name == "posix" and path.stat().st_mode & 0o077:
+    if _platform.FILE_MODES and path.stat().st_mode & 0o077:
         with contextlib.suppress(OSError):  # not ours (a shared parent): the file's own 0600 still holds
             path.chmod(0o700)
 

@@ -23,12 +23,11 @@ import os
 import socket
 import stat
 import struct
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from breakwater import _paths
+from breakwater import _paths, _platform
 from breakwater.config import Config, GatewayPolicy
 
 __all__ = [
@@ -58,7 +57,7 @@ def breakwater_version() -> str:
 
 def socket_supported() -> bool:
     """Whether this platform can share a gateway: Unix sockets with file permissions (not Windows, for now)."""
-    return hasattr(socket, "AF_UNIX") and sys.platform != "win32"
+    return _platform.SHARED_SOCKETS and hasattr(socket, "AF_UNIX")
 
 
 def _canonical(value: Any) -> Any:
