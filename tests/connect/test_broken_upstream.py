@@ -19,6 +19,7 @@ from breakwater.cli._status import status_view
 from breakwater.config import CallPolicy, JournalPolicy
 from breakwater.connect._lines import LineSplitter, Oversized, StdoutParser
 from breakwater.status import StatusReport
+from breakwater.testing.server import serve_http
 
 pytestmark = pytest.mark.anyio
 
@@ -115,3 +116,33 @@ def test_the_sdk_clients_junk_tracebacks_are_limited_too(caplog: pytest.LogCaptu
     ]
     assert "Invalid JSON" in records[0].getMessage() and "10 so far" in records[1].getMessage()
     assert all(r.exc_info is None and r.levelname != "ERROR" for r in records[:2])
+
+
+@pytest.mark.parametrize(
+    ("protocol", "flags"),
+    [("2026-07-28", ()), ("2025-11-25", ("--json-response",)), ("2025-11-25", ())],
+    ids=["2026-json", "2025-json", "2025-sse"],
+)
+async def test_an_http_answer_over_the_limit_is_result_too_large_once_in_any_body(
+    tmp_path: Path, protocol: str, flags: tuple[str, ...]
+) -> None:
+    """A one-body JSON answer is bounded as an SSE event is: RESULT_TOO_LARGE after one attempt, and the connection
+    goes on serving (the testserver echoes its arguments, so a big argument makes a big answer)."""
+    async with serve_http(*flags) as server:
+        spec = ServerSpec(
+            name="big",
+            transport="http",
+            url=server.url,
+            connect=ConnectPolicy(startup_jitter_s=0, health_interval_s=0, protocol=protocol),
+            call=CallPolicy(max_result_bytes=LIMIT),
+        )
+        config = Config(servers=(spec,), journal=JournalPolicy(url="off"))
+        async with Breakwater(config, admission_dir=tmp_path / "admission") as bw:
+            await bw.wait_ready(timeout=30)
+            too_big = await bw.call_tool("big", "echo", {"pad": "x" * (2 * LIMIT)})
+            envelope = too_big.structured_content or {}
+            assert too_big.is_error and envelope["code"] == "RESULT_TOO_LARGE" and envelope["retryable"] is False
+            assert envelope["attempt"] == 1 and str(LIMIT) in envelope["reason"]
+            fits = await bw.call_tool("big", "echo", {"pad": "x" * (LIMIT // 4)})
+            assert not fits.is_error
+            assert (fits.structured_content or {})["arguments"]["pad"] == "x" * (LIMIT // 4)

@@ -11,7 +11,9 @@ request provably never left (`sent: false`: connect failures) and what failed, s
 classify it honestly (`breakwater.gate._classify`): a call that was never sent is safe to retry for
 every tool; one cut after sending is an unknown outcome.
 
-JSON response bodies are read here in full, so a cut in the middle of one is caught too. SSE bodies
+JSON response bodies are read here in full, so a cut in the middle of one is caught too; one longer
+than `[call] max_result_bytes` is dropped as it arrives and its request answered RESULT_TOO_LARGE
+(the SDK's own cap applies to SSE events only, and it would read a JSON body of any size). SSE bodies
 stream through whole events only; when the stream is cut, the partial event is dropped and the
 same error arrives as the stream's last event (the SDK would otherwise report a bare "SSE stream
 ended", indistinguishable from the whole connection closing).
@@ -31,6 +33,7 @@ import httpx2
 
 from breakwater._wire import CONNECTION_CLOSED as _CONNECTION_CLOSED
 from breakwater._wire import CUT_META_KEY as CUT_KEY
+from breakwater._wire import RESULT_TOO_LARGE
 
 __all__ = ["CUT_KEY", "CutTolerantTransport", "cut_info"]
 
@@ -66,8 +69,16 @@ def _request_id(request: httpx2.Request) -> str | int | None:
 class CutTolerantTransport(httpx2.AsyncBaseTransport):
     """Wraps an httpx transport; see the module docstring."""
 
-    def __init__(self, inner: httpx2.AsyncBaseTransport, *, on_unreachable: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        inner: httpx2.AsyncBaseTransport,
+        *,
+        on_unreachable: Callable[[], None] | None = None,
+        max_body_bytes: int | None = None,
+    ) -> None:
         self._inner = inner
+        #: A JSON answer longer than this is dropped unread (`[call] max_result_bytes`); None: no bound.
+        self._max_body_bytes = max_body_bytes
         #: Called when the server cannot be reached at all: the connection, not just one call, is gone.
         self._on_unreachable = on_unreachable
         #: Off until the handshake is done (see the module docstring).
@@ -80,10 +91,7 @@ class CutTolerantTransport(httpx2.AsyncBaseTransport):
             response = await self._inner.handle_async_request(request)
             content_type = response.headers.get("content-type", "").lower()
             if content_type.startswith("application/json"):
-                try:
-                    await response.aread()
-                finally:
-                    await response.aclose()
+                return await self._read_json(request, response)
             elif content_type.startswith("text/event-stream") and (request_id := _request_id(request)) is not None:
                 return httpx2.Response(
                     response.status_code,
@@ -106,8 +114,43 @@ class CutTolerantTransport(httpx2.AsyncBaseTransport):
             )
         return response
 
+    async def _read_json(self, request: httpx2.Request, response: httpx2.Response) -> httpx2.Response:
+        """The JSON body read in full, or, once it passes the limit, the request's RESULT_TOO_LARGE error."""
+        limit = self._max_body_bytes
+        try:
+            if limit is None:
+                await response.aread()
+                return response
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > limit:
+                    return _too_large(request, limit)
+                chunks.append(chunk)
+        finally:
+            await response.aclose()
+        # Decoded already: the new response must not claim a content encoding or the old length.
+        headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in ("content-encoding", "content-length")]
+        return httpx2.Response(
+            response.status_code, headers=headers, content=b"".join(chunks), request=request, extensions=response.extensions
+        )
+
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+def _too_large(request: httpx2.Request, limit: int) -> httpx2.Response:
+    request_id = _request_id(request)
+    if request_id is None:
+        return httpx2.Response(202, request=request)  # not a request: nobody waits for an answer
+    error = {
+        "code": RESULT_TOO_LARGE,
+        "message": f"the answer was over {limit} bytes ([call] max_result_bytes = {limit}); it was dropped unread",
+        "data": {"max_result_bytes": limit},
+    }
+    body = json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode()
+    return httpx2.Response(200, headers={"content-type": "application/json"}, content=body, request=request)
 
 
 def _error_message(request_id: str | int, exc: Exception, *, sent: bool) -> bytes:

@@ -103,7 +103,9 @@ async def default_transports(spec: ServerSpec, stack: AsyncExitStack, *, report_
     if spec.transport == "sse":
         return _sse(spec, auth)
     # Unarmed until the handshake is done: connect failures must reach the classifier as they are.
-    cut_tolerant = CutTolerantTransport(httpx2.AsyncHTTPTransport(verify=_tls_context()), on_unreachable=report_lost)
+    cut_tolerant = CutTolerantTransport(
+        httpx2.AsyncHTTPTransport(verify=_tls_context()), on_unreachable=report_lost, max_body_bytes=spec.call.max_result_bytes
+    )
 
     def arm() -> None:
         cut_tolerant.armed = True

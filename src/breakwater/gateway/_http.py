@@ -169,6 +169,6 @@ def http_app(
     register_secrets([token] if token else [])  # the gateway's own token is redacted like any configured secret
     set_sse_keepalive(gateway.policy.sse_keepalive_s)
     gateway.drain.on_done.append(lambda: end_get_streams(gateway.server.session_manager))
-    app = DrainGuard(app, gateway.drain)
-    mcp_app = BearerAuth(app, token) if token else app
+    guarded = DrainGuard(app, gateway.drain)
+    mcp_app = BearerAuth(guarded, token) if token else guarded
     return RequestGuard(WebApp(gateway, mcp_app, security=security, token=token, metrics=metrics), allowed_origins)

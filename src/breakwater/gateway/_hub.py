@@ -70,7 +70,7 @@ class _SocketOutput(_Output):
     """Whole lines to one attached session's socket."""
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
-        super().__init__(None)
+        super().__init__(None, fast=True)  # no descriptor: `send` below is the only way out
         self._sock_writer = writer
 
     async def send(self, data: bytes) -> None:
