@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import require
+from helpers import REDIS_URL, require
 
-REDIS_URL = os.environ.get("BREAKWATER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 POSTGRES_CANDIDATES = [
     os.environ.get("BREAKWATER_TEST_POSTGRES", ""),
     "host=127.0.0.1 port=5432 dbname=test user=postgres connect_timeout=3",

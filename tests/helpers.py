@@ -10,6 +10,9 @@ from typing import Any, NoReturn
 import anyio
 import pytest
 
+#: The machine's Redis (or BREAKWATER_TEST_REDIS_URL): the tests' one place for it.
+REDIS_URL = os.environ.get("BREAKWATER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
 __all__ = ["chrome", "code_of", "eventually", "require"]
 
 

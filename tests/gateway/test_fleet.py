@@ -9,8 +9,7 @@ import anyio
 import pytest
 
 from breakwater.testing._fleet import ACCEPT, Fleet, FleetOptions, loaded
-from conftest import REDIS_URL
-from helpers import require
+from helpers import REDIS_URL, require
 
 pytestmark = pytest.mark.anyio
 

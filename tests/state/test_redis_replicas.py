@@ -22,11 +22,10 @@ import pytest
 from mcp import Client
 
 from breakwater.testing.server import read_state, serve_http
+from helpers import REDIS_URL
 from helpers import code_of as code
 
 pytestmark = pytest.mark.anyio
-
-REDIS_URL = os.environ.get("BREAKWATER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 BREAKWATER = [sys.executable, "-m", "breakwater"]

@@ -8,7 +8,6 @@ redis-server on another port and kills it; the machine's server is never touched
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import socket
@@ -29,11 +28,10 @@ from breakwater.gate._breaker import BreakerRegistry, BreakerState, Outcome, Per
 from breakwater.gate._retry_budget import RetryBudget
 from breakwater.state import MemoryStore, open_store
 from breakwater.testing import FakeClock
-from helpers import require
+from helpers import REDIS_URL, require
 
 pytestmark = pytest.mark.anyio
 
-REDIS_URL = os.environ.get("BREAKWATER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 POLICY = BreakerPolicy(consecutive_failures=2, open_base_s=0.4, open_jitter=0.0, probe_lease_s=5.0)
 
 
