@@ -25,14 +25,18 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 
-from breakwater.testing._fleet import Fleet, FleetOptions, loaded
+from breakwater.testing._fleet import Fleet, FleetOptions, LoadStats, loaded
 
 REDIS = os.environ.get("BREAKWATER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 LONG_DRAIN, SHORT_DRAIN = 6.0, 1.0
+
+#: How a failure reads when the balancer cut the call's stream (idle timeout) or its replica died under it.
+CUT_MARKS = ("(cut)", "RemoteProtocolError", "ReadError", "HTTP 502", "HTTP 504")
 
 ROWS: dict[str, tuple[str, FleetOptions, bool]] = {
     "rr": ("round-robin, no Redis (the broken baseline)", FleetOptions(drain_s=LONG_DRAIN), False),
@@ -52,8 +56,24 @@ ROWS: dict[str, tuple[str, FleetOptions, bool]] = {
 }
 
 
-async def run_row(name: str) -> None:
-    title, options, kill = ROWS[name]
+@dataclass
+class RowResult:
+    """What one row measured (bench/lab_truth.py compares it with the lab)."""
+
+    stats: LoadStats
+    duplicates: int
+    exits: list[tuple[int, float]]
+    took_s: float
+
+    @property
+    def cuts(self) -> int:
+        """Calls whose response stream ended without their answer (a cut connection)."""
+        return sum(1 for f in self.stats.failures if any(mark in f for mark in CUT_MARKS))
+
+
+async def measure_row(name: str) -> RowResult:
+    """Run one row: the fleet, the load, the rolling restart; what the clients and the ledger saw."""
+    _, options, kill = ROWS[name]
     with tempfile.TemporaryDirectory(prefix="bw-fleet-") as tmp:
         async with Fleet(Path(tmp), options) as fleet:
             started = time.monotonic()
@@ -62,8 +82,14 @@ async def run_row(name: str) -> None:
                 await fleet.rolling_restart(kill=kill)
                 await anyio.sleep(2.0)
             took = time.monotonic() - started
-            duplicates = fleet.duplicates()
-            exits = ", ".join(f"{code}/{seconds:.1f}s" for r in fleet.replicas for code, seconds in r.exits)
+            return RowResult(stats, fleet.duplicates(), [e for r in fleet.replicas for e in r.exits], took)
+
+
+async def run_row(name: str) -> None:
+    title = ROWS[name][0]
+    row = await measure_row(name)
+    stats, duplicates, took = row.stats, row.duplicates, row.took_s
+    exits = ", ".join(f"{code}/{seconds:.1f}s" for code, seconds in row.exits)
     p = [stats.quantile(q) * 1000 for q in (0.5, 0.95, 0.99)]
     print(
         f"| {title} | {stats.calls} | {stats.failed} | {stats.not_found} | {stats.reinits} | {duplicates} "
