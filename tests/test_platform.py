@@ -105,3 +105,18 @@ def test_paths_with_spaces_and_tilde_in_command_cwd_args_and_servers_file(tmp_pa
     (server,) = json.loads(done.stdout)["servers"]
     assert server["state"] == "ready"
     assert (home / "argv.txt").read_text().splitlines() == [str(home / "work dir"), *args]
+
+
+def test_a_busy_port_reads_the_same_in_posix_and_winsock_codes() -> None:
+    """Python on Windows reports a failed bind with Winsock's errno (10048), not `errno.EADDRINUSE`:
+    `serve --http` must still say the port is in use, and what to do."""
+    import errno
+
+    from breakwater import _platform
+    from breakwater.cli._serve import _listen_failure
+
+    for code in (errno.EADDRINUSE, 10048):
+        assert _platform.bind_error(OSError(code, "bind")) == "in_use"
+        assert "the port is in use" in _listen_failure("127.0.0.1", 8000, OSError(code, "bind"))
+    assert _platform.bind_error(OSError(10013, "bind")) == "denied"
+    assert _platform.bind_error(OSError(errno.ENOENT, "other")) is None

@@ -25,6 +25,7 @@ Stdlib only: a core leaf, importable by every stage.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -43,6 +44,7 @@ __all__ = [
     "STOP_SIGNALS",
     "TERMINATE_SIGNAL",
     "ask_to_stop",
+    "bind_error",
     "group_alive",
     "kill_tree",
     "not_found_advice",
@@ -157,6 +159,25 @@ def kill_tree(pid: int) -> None:
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
+
+
+# ---- sockets -------------------------------------------------------------------------------------
+
+# A failed bind's errno: the POSIX values, and Winsock's, which Python on Windows reports instead
+# (`errno.EADDRINUSE` there is 100, the bind says 10048).
+_BIND_ERRORS: Final[dict[int, str]] = {
+    errno.EADDRINUSE: "in_use",
+    errno.EACCES: "denied",
+    errno.EADDRNOTAVAIL: "unavailable",
+    10048: "in_use",  # WSAEADDRINUSE
+    10013: "denied",  # WSAEACCES
+    10049: "unavailable",  # WSAEADDRNOTAVAIL
+}
+
+
+def bind_error(exc: OSError) -> str | None:
+    """Why a listening socket could not bind: "in_use", "denied", "unavailable", or None for anything else."""
+    return _BIND_ERRORS.get(exc.errno) if exc.errno is not None else None
 
 
 def pid_alive(pid: int) -> bool:

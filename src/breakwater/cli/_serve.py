@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import errno
 import os
 import signal
 import socket
@@ -18,6 +17,7 @@ from typing import Any
 
 import anyio
 
+from breakwater import _platform
 from breakwater.cli._common import (
     EXIT_CONFIG,
     EXIT_INTERRUPTED,
@@ -52,16 +52,17 @@ def _shown(host: str) -> str:
 def _listen_failure(host: str, port: int, exc: OSError) -> str:
     """What went wrong binding `host:port`, and what to do instead, in one line."""
     where = f"{_shown(host)}:{port}"
-    if exc.errno == errno.EADDRINUSE:
+    why = _platform.bind_error(exc)
+    if why == "in_use":
         return (
             f"cannot listen on {where}: the port is in use; pass another port (--http {_shown(host)}:OTHERPORT, "
             "or --http 0 for any free one) or stop what listens there"
         )
-    if exc.errno == errno.EACCES:
+    if why == "denied":
         return f"cannot listen on {where}: permission denied (ports below 1024 need privileges); pass a port above 1023"
     if isinstance(exc, socket.gaierror):
         return f"cannot listen on {where}: the host name {host!r} does not resolve; pass an IP address such as 127.0.0.1"
-    if exc.errno == errno.EADDRNOTAVAIL:
+    if why == "unavailable":
         return f"cannot listen on {where}: {host} is not an address of this machine; listen on 127.0.0.1 or 0.0.0.0"
     return f"cannot listen on {where}: {exc.strerror or exc}; pass another --http address"
 
