@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from breakwater.config import ConnectPolicy, all_knobs, find_config, load_config
+from breakwater.config import CallPolicy, ConnectPolicy, all_knobs, find_config, load_config
 from breakwater.config._knobs import render_markdown
 from breakwater.errors import ConfigError
 
@@ -216,3 +216,10 @@ def test_every_knob_is_documented_with_env() -> None:
     assert all(k.doc and k.doc.endswith(".") for k in knobs)
     assert all(e and e.startswith("BREAKWATER_") for e in envs)
     assert len(set(envs)) == len(envs)
+
+
+def test_a_range_error_writes_its_bounds_as_a_person_would() -> None:
+    """1 GiB is 1073741824 in the message, not 1.07374e+09 (which no one can type back in)."""
+    with pytest.raises(ConfigError) as caught:
+        CallPolicy(max_result_bytes=2**31)
+    assert "1073741824" in str(caught.value) and "e+" not in str(caught.value)

@@ -176,25 +176,30 @@ def build_policy(
         raise
 
 
+def _num(value: float) -> str:
+    """A bound as a person writes it: 1073741824, not 1.07374e+09 (`:g` keeps six digits); 0.5 stays 0.5."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
 def _range_fix(name: str, info: KnobInfo) -> str:
     low, high = info.minimum, info.maximum
     if low is not None and high is not None:
-        return f"set {name} to {low:g} or more, up to {high:g}"
+        return f"set {name} to {_num(low)} or more, up to {_num(high)}"
     if low is not None:
-        return f"set {name} to {low:g} or more"
+        return f"set {name} to {_num(low)} or more"
     if high is not None:
-        return f"set {name} to {high:g} or less"
+        return f"set {name} to {_num(high)} or less"
     return f"set {name} to a finite number"
 
 
 def _range_text(info: KnobInfo) -> str:
     low, high = info.minimum, info.maximum
     if low is not None and high is not None:
-        return f"must be at least {low:g} and at most {high:g}"
+        return f"must be at least {_num(low)} and at most {_num(high)}"
     if low is not None:
-        return f"must be at least {low:g}"
+        return f"must be at least {_num(low)}"
     if high is not None:
-        return f"must be at most {high:g}"
+        return f"must be at most {_num(high)}"
     return "must be a finite number"
 
 
