@@ -259,8 +259,9 @@ async def test_stdio_servers_run_per_session_unless_shared_and_no_share_runs_alo
         assert pid_of(await a.call_tool("local__echo", {"text": "a"})) != pid_of(await b.call_tool("local__echo", {"text": "b"}))
         assert {"local__echo", "web__echo"} <= {t.name for t in (await b.list_tools()).tools}
         assert handshakes(state) - before == 1 and len(gateway_pids(share)) == 1
-    shared_env = {**env, "BREAKWATER_SHARE_STDIO": "local"}
-    async with session(config, shared_env) as a, session(config, shared_env) as b:
+    # `"shared": true` on the entry: one process of it for every session (the knob's way is tested below).
+    shared = write_config(tmp_path, url, "shared.json", local={"command": cmd[0], "args": cmd[1:], "shared": True})
+    async with session(shared, env) as a, session(shared, env) as b:
         assert pid_of(await a.call_tool("local__echo", {"text": "a"})) == pid_of(await b.call_tool("local__echo", {"text": "b"}))
     for pid in gateway_pids(share):
         os.kill(pid, signal.SIGKILL)
@@ -276,6 +277,35 @@ async def test_stdio_servers_run_per_session_unless_shared_and_no_share_runs_alo
     )
     assert json.loads(alone.stdout.splitlines()[0])["result"]["serverInfo"]["name"] == "breakwater"
     assert not gateway_pids(share)  # --no-share served on its own, with no shared gateway
+
+
+def test_a_stdio_server_is_shared_by_its_entry_or_by_the_knob(tmp_path: Path) -> None:
+    """`"shared": true` (JSON), `shared = true` (breakwater.toml, inline or over servers_file) and `[gateway] share_stdio`
+    each make a stdio server the gateway's; it is breakwater's own key, read, not noted as a client's."""
+    from breakwater.config import load_config
+    from breakwater.errors import ConfigError
+    from breakwater.gateway._session import per_session
+
+    def own(path: Path, **environ: str) -> list[str]:
+        return [s.name for s in per_session(load_config(path, environ=environ))]
+
+    entry = {"command": "srv", "args": ["x"]}
+    servers = {"mine": entry, "common": {**entry, "shared": True}, "web": {"type": "http", "url": "http://127.0.0.1:1/mcp"}}
+    (tmp_path / "mcp.json").write_text(json.dumps({"mcpServers": servers}))
+    config = load_config(tmp_path / "mcp.json", environ={})
+    assert {s.name: (s.shared, s.notes) for s in config.servers} == {"mine": (False, ()), "common": (True, ()), "web": (False, ())}
+    assert config.servers[1].describe()["shared"] is True
+    assert own(tmp_path / "mcp.json") == ["mine"]
+    assert own(tmp_path / "mcp.json", BREAKWATER_SHARE_STDIO="mine") == []
+    toml = tmp_path / "breakwater.toml"
+    toml.write_text(
+        'servers_file = "mcp.json"\n[servers.mine]\nshared = true\n[servers.common]\nshared = false\n'
+        '[servers.inline]\ncommand = "srv"\nshared = true\n'
+    )
+    assert own(toml) == ["common"]
+    (tmp_path / "bad.json").write_text(json.dumps({"mcpServers": {"mine": {**entry, "shared": "yes"}}}))
+    with pytest.raises(ConfigError, match="true or false"):
+        load_config(tmp_path / "bad.json", environ={})
 
 
 def test_an_attaching_session_starts_without_loading_the_sdk() -> None:
