@@ -41,7 +41,8 @@ def upstream() -> Iterator[tuple[str, Path]]:
     directory = Path(tempfile.mkdtemp(prefix="bw-up-"))
     port_file, state = directory / "port", directory / "state.json"
     cmd = launch_command("--port", "0", "--port-file", str(port_file), "--state-file", str(state), "--default-tools")
-    proc = subprocess.Popen([*cmd, "--tool", "order:latency=3,mutating,destructive"], stderr=subprocess.DEVNULL)
+    tools = ["--tool", "order:latency=3,mutating,destructive", "--tool", "peek:latency=2,readonly"]
+    proc = subprocess.Popen([*cmd, *tools], stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while not (port_file.exists() and port_file.read_text().strip()):
@@ -211,19 +212,24 @@ async def test_failover_after_kill_answers_the_call_in_flight_serves_again_and_i
     env = env_for(tmp_path, share, BREAKWATER_SHARE_IDLE_S="0.5")
     async with session(config, env) as a:
         first = pid_of(await a.call_tool("web__echo", {"text": "a"}))
+        assert "web__peek" in {t.name for t in (await a.list_tools()).tools}  # the session learns peek only reads
         [gateway] = gateway_pids(share)
-        answers: list[types.CallToolResult] = []
+        answers: dict[str, types.CallToolResult] = {}
         async with anyio.create_task_group() as tg:
 
-            async def order() -> None:
-                answers.append(await a.call_tool("web__order", {}))
+            async def call(tool: str) -> None:
+                answers[tool] = await a.call_tool(tool, {})
 
-            tg.start_soon(order)
-            await anyio.sleep(0.5)  # the mutating call is in flight upstream
+            tg.start_soon(call, "web__order")
+            tg.start_soon(call, "web__peek")
+            await anyio.sleep(0.5)  # both calls are in flight upstream
             os.kill(gateway, signal.SIGKILL)
             with anyio.fail_after(10):  # answered, not hung
-                await eventually(lambda: bool(answers), timeout=10)
-        assert code_of(answers[0]) == "OUTCOME_UNKNOWN"
+                await eventually(lambda: "web__order" in answers, timeout=10)
+            with anyio.fail_after(30):  # the read is sent again to the new gateway, and answered
+                await eventually(lambda: "web__peek" in answers, timeout=30)
+        assert code_of(answers["web__order"]) == "OUTCOME_UNKNOWN"  # the mutating call is never repeated
+        assert pid_of(answers["web__peek"]) == first
         # The session attached to a new gateway: calls (and lists) go on, to the same upstream.
         with anyio.fail_after(30):
             assert pid_of(await a.call_tool("web__echo", {"text": "again"})) == first
@@ -306,6 +312,30 @@ def test_a_stdio_server_is_shared_by_its_entry_or_by_the_knob(tmp_path: Path) ->
     (tmp_path / "bad.json").write_text(json.dumps({"mcpServers": {"mine": {**entry, "shared": "yes"}}}))
     with pytest.raises(ConfigError, match="true or false"):
         load_config(tmp_path / "bad.json", environ={})
+
+
+def test_a_failover_sends_again_only_the_calls_that_read(tmp_path: Path) -> None:
+    """readOnlyHint from a relayed tools/list makes a call safe to send again; the config's retry class wins over it."""
+    from breakwater.config import load_config
+    from breakwater.gateway._pump import ToolSafety, _Session
+
+    (tmp_path / "breakwater.toml").write_text(
+        '[servers.web]\nurl = "http://127.0.0.1:1/mcp"\n[servers.web.tools.lies]\nretry = "never"\n'
+        '[servers.db]\nurl = "http://127.0.0.1:2/mcp"\n[servers.db.call]\nretry = "safe"\n'
+    )
+    config = load_config(tmp_path / "breakwater.toml", environ={})
+    state = _Session(safety=ToolSafety.of(config))
+    state.note_request(b'{"jsonrpc":"2.0","id":7,"method":"tools/list"}\n')
+    tools = [
+        {"name": "web__read", "annotations": {"readOnlyHint": True}},
+        {"name": "web__write", "annotations": {"readOnlyHint": False, "idempotentHint": True}},
+        {"name": "web__bare"},
+        {"name": "web__lies", "annotations": {"readOnlyHint": True}},
+    ]
+    state.note_answer(json.dumps({"jsonrpc": "2.0", "id": 7, "result": {"tools": tools}}).encode() + b"\n")
+    safe = {n: state.safety.safe(n) for n in ("web__read", "web__write", "web__bare", "web__lies", "db__any", "nope")}
+    assert safe == {"web__read": True, "web__write": False, "web__bare": False, "web__lies": False, "db__any": True, "nope": False}
+    assert state.safety.safe_call(b'{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"breakwater_search_tools"}}')
 
 
 def test_an_attaching_session_starts_without_loading_the_sdk() -> None:

@@ -43,7 +43,7 @@ def attach_or_none(config: Config, state: str | None) -> int | None:
     """Serve this stdio session through the shared gateway; None when it cannot be shared (say why, serve directly)."""
     from breakwater._clock import SystemClock
     from breakwater.gateway._attach import AttachRefused, open_attachment
-    from breakwater.gateway._pump import attached_session, relayable
+    from breakwater.gateway._pump import ToolSafety, attached_session, relayable
     from breakwater.gateway._share import breakwater_version, config_fingerprint, gateway_paths, share_dir, share_refusal
 
     if (why := share_refusal(config)) is not None:
@@ -61,7 +61,7 @@ def attach_or_none(config: Config, state: str | None) -> int | None:
     clock = SystemClock()
     hello = {"breakwater": "attach", "fingerprint": fingerprint, "version": breakwater_version(), "pid": os.getpid()}
     spawn = _spawn_argv(config, fingerprint, state)
-    builtins = frozenset(n for n in (config.gateway.search_tool, config.gateway.status_tool) if n)
+    safety = ToolSafety.of(config)
 
     async def attach() -> Any:
         return await open_attachment(sock, lock, hello, spawn, log, clock)
@@ -72,7 +72,7 @@ def attach_or_none(config: Config, state: str | None) -> int | None:
         except (AttachRefused, TimeoutError, OSError) as exc:
             print(f"breakwater: serving this session on its own: {exc}", file=sys.stderr, flush=True)
             return None
-        code: int = await attached_session(first, attach, builtins=builtins, clock=clock)
+        code: int = await attached_session(first, attach, safety=safety, clock=clock)
         return code
 
     result: int | None = anyio.run(run)
