@@ -299,7 +299,11 @@ def test_a_stdio_server_is_shared_by_its_entry_or_by_the_knob(tmp_path: Path) ->
     servers = {"mine": entry, "common": {**entry, "shared": True}, "web": {"type": "http", "url": "http://127.0.0.1:1/mcp"}}
     (tmp_path / "mcp.json").write_text(json.dumps({"mcpServers": servers}))
     config = load_config(tmp_path / "mcp.json", environ={})
-    assert {s.name: (s.shared, s.notes) for s in config.servers} == {"mine": (False, ()), "common": (True, ()), "web": (False, ())}
+    assert {s.name: (s.shared, s.notes) for s in config.servers} == {
+        "mine": (False, ()),
+        "common": (True, ()),
+        "web": (False, ()),
+    }
     assert config.servers[1].describe()["shared"] is True
     assert own(tmp_path / "mcp.json") == ["mine"]
     assert own(tmp_path / "mcp.json", BREAKWATER_SHARE_STDIO="mine") == []
@@ -334,8 +338,63 @@ def test_a_failover_sends_again_only_the_calls_that_read(tmp_path: Path) -> None
     ]
     state.note_answer(json.dumps({"jsonrpc": "2.0", "id": 7, "result": {"tools": tools}}).encode() + b"\n")
     safe = {n: state.safety.safe(n) for n in ("web__read", "web__write", "web__bare", "web__lies", "db__any", "nope")}
-    assert safe == {"web__read": True, "web__write": False, "web__bare": False, "web__lies": False, "db__any": True, "nope": False}
+    assert safe == {
+        "web__read": True,
+        "web__write": False,
+        "web__bare": False,
+        "web__lies": False,
+        "db__any": True,
+        "nope": False,
+    }
     assert state.safety.safe_call(b'{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"breakwater_search_tools"}}')
+
+
+_OUTDATED_SESSION = """
+import asyncio, socket, sys
+from breakwater._clock import SystemClock
+from breakwater.gateway._attach import Attachment, SessionOutdated
+from breakwater.gateway._pump import ToolSafety, attached_session
+
+ours, theirs = socket.socketpair()
+
+async def reattach():
+    raise SessionOutdated("breakwater was upgraded (1 -> 2) while this session ran: restart this agent session")
+
+async def gateway():  # takes the first request, then dies under it
+    reader, writer = await asyncio.open_unix_connection(sock=theirs)
+    await reader.readline()
+    writer.close()
+
+async def main():
+    task = asyncio.create_task(gateway())
+    code = await attached_session(Attachment(ours, {}), reattach, safety=ToolSafety(), clock=SystemClock())
+    await task
+    return code
+
+sys.exit(asyncio.run(main()))
+"""
+
+
+def test_a_session_that_outlived_an_upgrade_says_restart_once_and_ends(tmp_path: Path) -> None:
+    """Its gateway gone and no gateway of its version to be had, a session answers what waits, says what to do, and ends."""
+    from breakwater.gateway._share import gateway_paths
+
+    assert gateway_paths(tmp_path, "f" * 32, "1.0")[0] != gateway_paths(tmp_path, "f" * 32, "1.1")[0]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _OUTDATED_SESSION],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}\n')
+    proc.stdin.flush()
+    answer = json.loads(proc.stdout.readline())
+    proc.wait(timeout=30)  # it ends by itself, its stdin still open
+    _, err = proc.communicate()
+    assert answer["id"] == 1 and "restart this agent session" in answer["error"]["message"]
+    assert proc.returncode == 1
+    assert err.decode().count("restart this agent session") == 1
 
 
 def test_an_attaching_session_starts_without_loading_the_sdk() -> None:

@@ -50,6 +50,7 @@ def namespaced(template: str, server: str, tool: str) -> str:
         name = f"{name[: MAX_TOOL_NAME - 11]}-{digest}"
     return name
 
+
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 #: Shortest bearer token accepted on a listener other machines can reach: 16 characters of a

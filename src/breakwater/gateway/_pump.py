@@ -12,7 +12,9 @@ reads, pings, breakwater's own search and status tools); any other call is answe
 `OUTCOME_UNKNOWN` (it may have run; never repeated behind the agent's back). The session attaches
 to a new gateway (starting it), replays its `initialize` and its log level there, and goes on; the
 agent sees one error at most, never a hang: when no gateway can be had for `GIVE_UP_S`, waiting
-requests are answered with an error.
+requests are answered with an error. When breakwater was upgraded under the session (no gateway of
+its version can be started again), the session says so once, answers what waits, and ends, so
+that the agent's next start of it runs the new version.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 from breakwater._clock import Clock
 from breakwater.config import Config
 from breakwater.config._checks import TOOL_NAME_OK, namespaced
-from breakwater.gateway._attach import Attachment, AttachRefused
+from breakwater.gateway._attach import Attachment, AttachRefused, SessionOutdated
 
 __all__ = ["GIVE_UP_S", "MAX_LINE_BYTES", "ToolSafety", "attached_session", "relayable"]
 
@@ -381,7 +383,12 @@ async def attached_session(first: Attachment, reattach: Any, *, safety: ToolSafe
     try:
         while True:
             if attachment is None:
-                attachment = await _reattach_with_patience(reattach, pump, clock)
+                try:
+                    attachment = await _reattach_with_patience(reattach, pump, clock)
+                except SessionOutdated as exc:
+                    logger.error("breakwater: %s", exc)
+                    pump.fail_pending(str(exc))
+                    return 1
             pump.changed.clear()
             gateway = await pump.attach(attachment, generation)
             while not gateway.ended:  # the gateway closes once the client has ended, or goes away

@@ -35,9 +35,7 @@ def per_session(config: Config) -> tuple[ServerSpec, ...]:
     allowed = {name.strip() for name in config.gateway.share_stdio.split(",") if name.strip()}
     if "*" in allowed:
         return ()
-    return tuple(
-        s for s in config.servers if s.enabled and s.transport == "stdio" and not s.shared and s.name not in allowed
-    )
+    return tuple(s for s in config.servers if s.enabled and s.transport == "stdio" and not s.shared and s.name not in allowed)
 
 
 class SessionServers:
