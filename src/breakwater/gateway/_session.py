@@ -2,11 +2,12 @@
 
 A stdio server often keeps per-connection state (a thought history, an open repository, a working
 directory), so in a shared gateway each session gets its own process of every stdio server that
-`[gateway] share_stdio` does not name and whose entry does not say `"shared": true`, while HTTP servers (and the named stdio ones) are the
-gateway's, one connection for everyone. `session_gateway` opens such a session: a `Breakwater` of
-the session's own servers (its attempts go to the shared journal) and a `Gateway` over both, seen
-through `SessionServers`, which routes each server to the `Breakwater` that holds it. The catalog
-of last-known tools and the relay of sampling, elicitation and logs are the shared gateway's.
+`[gateway] share_stdio` does not name and whose entry does not say `"shared": true`, while HTTP
+servers (and the shared stdio ones) are the gateway's, one connection for everyone.
+`session_gateway` opens such a session: a `Breakwater` of the session's own servers (its attempts go
+to the shared journal) and a `Gateway` over both, seen through `SessionServers`, which routes each
+server to the `Breakwater` that holds it. The catalog of last-known tools and the relay of sampling,
+elicitation and logs are the shared gateway's.
 """
 
 from __future__ import annotations
