@@ -131,32 +131,47 @@ async def test_sessions_of_one_config_share_one_gateway_and_one_upstream_connect
     other = write_config(tmp_path, url, "other.json", web2={"type": "http", "url": url})
     env = env_for(tmp_path, share)
     before = handshakes(state)
-    async with session(config, env) as a, session(config, env) as b:
-        names_a = {t.name for t in (await a.list_tools()).tools}
-        names_b = {t.name for t in (await b.list_tools()).tools}
-        assert "web__echo" in names_a and names_a == names_b
-        assert pid_of(await a.call_tool("web__echo", {"text": "a"})) == pid_of(await b.call_tool("web__echo", {"text": "b"}))
-        assert handshakes(state) - before == 1  # two sessions, one upstream connection
-        await isolated(a, b)
-        async with session(other, env) as c:
-            # Another config never attaches there: its session has a gateway of its own.
-            assert "web2__echo" in {t.name for t in (await c.list_tools()).tools}
-            await eventually(lambda: handshakes(state) - before >= 3, timeout=20)
-            assert handshakes(state) - before == 3  # its gateway's own two servers
-            # The user's two views, run side by side: `gateway list` and `status`.
-            commands = [["gateway", "list", "--json"], ["status", "--json", "--config", str(config)]]
-            procs = [subprocess.Popen([*BREAKWATER, *c], env=env, stdout=subprocess.PIPE, text=True) for c in commands]
-            listed, status = (p.communicate(timeout=60)[0] for p in procs)
-            gateways = json.loads(listed)
-            assert sorted(g["sessions"] for g in gateways) == [1, 2], listed
-            shown = json.loads(status)
-            assert shown["shared_gateway"]["sessions"] == 2
-            assert shown["shared_gateway"]["pid"] in [g["pid"] for g in gateways if g["sessions"] == 2]
-            assert [s["state"] for s in shown["servers"]] == ["ready"]
-            refusals(share)
+    imports = tmp_path / "b-imports.txt"
+    with imports.open("w") as b_err:
+        async with session(config, env) as a, session(config, {**env, "PYTHONPROFILEIMPORTTIME": "1"}, errlog=b_err) as b:
+            await shared_by_both(a, b, state, before)
+            async with session(other, env) as c:
+                await another_config(c, config, env, share, state, before)
+    # An attached session never loads the SDK (what keeps its launch quick): its relay does not need it.
+    loaded = [line.rsplit("|", 1)[-1].strip() for line in imports.read_text().splitlines() if line.startswith("import time:")]
+    assert "breakwater.gateway._pump" in loaded
+    assert not [m for m in loaded if m == "mcp" or m.startswith(("mcp.", "mcp_types"))]
     # Socket and directory are the user's only.
     assert oct(share.stat().st_mode & 0o777) == "0o700"
     assert [oct(s.stat().st_mode & 0o777) for s in share.glob("*.sock")] == ["0o600", "0o600"]
+
+
+async def shared_by_both(a: Client, b: Client, state: Path, before: int) -> None:
+    """Two sessions of one config: one gateway, one upstream connection, each its own session."""
+    names_a = {t.name for t in (await a.list_tools()).tools}
+    names_b = {t.name for t in (await b.list_tools()).tools}
+    assert "web__echo" in names_a and names_a == names_b
+    assert pid_of(await a.call_tool("web__echo", {"text": "a"})) == pid_of(await b.call_tool("web__echo", {"text": "b"}))
+    assert handshakes(state) - before == 1  # two sessions, one upstream connection
+    await isolated(a, b)
+
+
+async def another_config(c: Client, config: Path, env: dict[str, str], share: Path, state: Path, before: int) -> None:
+    """Another config never attaches to the first one's gateway: its session has a gateway of its own."""
+    assert "web2__echo" in {t.name for t in (await c.list_tools()).tools}
+    await eventually(lambda: handshakes(state) - before >= 3, timeout=20)
+    assert handshakes(state) - before == 3  # its gateway's own two servers
+    # The user's two views, run side by side: `gateway list` and `status`.
+    commands = [["gateway", "list", "--json"], ["status", "--json", "--config", str(config)]]
+    procs = [subprocess.Popen([*BREAKWATER, *cmd], env=env, stdout=subprocess.PIPE, text=True) for cmd in commands]
+    listed, status = (p.communicate(timeout=60)[0] for p in procs)
+    gateways = json.loads(listed)
+    assert sorted(g["sessions"] for g in gateways) == [1, 2], listed
+    shown = json.loads(status)
+    assert shown["shared_gateway"]["sessions"] == 2
+    assert shown["shared_gateway"]["pid"] in [g["pid"] for g in gateways if g["sessions"] == 2]
+    assert [s["state"] for s in shown["servers"]] == ["ready"]
+    refusals(share)
 
 
 async def isolated(a: Client, b: Client) -> None:

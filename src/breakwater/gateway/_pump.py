@@ -35,7 +35,7 @@ from breakwater.config import Config
 from breakwater.config._checks import TOOL_NAME_OK, namespaced
 from breakwater.gateway._attach import Attachment, AttachRefused, SessionOutdated
 
-__all__ = ["GIVE_UP_S", "MAX_LINE_BYTES", "ToolSafety", "attached_session", "relayable"]
+__all__ = ["GIVE_UP_S", "MAX_LINE_BYTES", "ToolSafety", "attached_session", "relayable", "reserve_standard_fds"]
 
 logger = logging.getLogger("breakwater.gateway.attach")
 
@@ -47,6 +47,25 @@ GIVE_UP_S = 5.0
 _REPLAY = "breakwater-replay-"
 #: The start of every response the SDK writes (`model_dump_json` keeps the declared field order).
 _RESPONSE = re.compile(rb'^\{"jsonrpc":"2\.0","id":(-?\d+|"(?:[^"\\]|\\.)*"),"(result|error)"')
+
+
+def reserve_standard_fds() -> None:
+    """Open the null device on any of fds 0, 1, 2 that is closed; call before the event loop starts.
+
+    Here, not in `_stdio_server` (which loads the SDK), as every stdio serve calls it before it attaches.
+
+    A process started with stdin closed (`<&-`) would otherwise get its event loop's epoll
+    descriptor as fd 0, and serving stdio would then read from (and divert) the loop itself. A
+    closed stdin reads as an immediately ended input: the session ends cleanly.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            opened = os.open(os.devnull, os.O_RDWR)
+            if opened != fd:  # a lower one was closed too and has just been filled; keep trying
+                os.dup2(opened, fd)
+                os.close(opened)
 
 
 def relayable() -> bool:
