@@ -412,6 +412,17 @@ def test_a_session_that_outlived_an_upgrade_says_restart_once_and_ends(tmp_path:
     assert err.decode().count("restart this agent session") == 1
 
 
+def test_the_cut_answer_of_a_session_is_the_gates() -> None:
+    """The relay writes OUTCOME_UNKNOWN without the SDK, exactly as the call gate's `error_result` would."""
+    from breakwater.errors import OutcomeUnknownError
+    from breakwater.gate._envelope import error_result
+    from breakwater.gateway._pump import _cut_answer
+
+    error = OutcomeUnknownError("The shared gateway went away during this call; it may or may not have run.")
+    expected = error_result(error).model_dump(mode="json", by_alias=True, exclude_none=True)
+    assert json.loads(_cut_answer(5)) == {"jsonrpc": "2.0", "id": 5, "result": expected}
+
+
 def test_an_attaching_session_starts_without_loading_the_sdk() -> None:
     """The relay a session runs when it attaches imports neither the SDK nor the gateway: it starts in a fraction of a second."""
     import mcp.types

@@ -284,12 +284,18 @@ class _Session:
 
 
 def _cut_answer(request_id: Any) -> bytes:
-    """The answer a tool call in flight gets when the gateway under it went away: OUTCOME_UNKNOWN, as the gate answers a cut."""
+    """The answer a tool call in flight gets when the gateway under it went away: OUTCOME_UNKNOWN, as the gate answers a cut.
+
+    Written as `breakwater.gate._envelope.error_result` writes it (a test holds them equal), without
+    the SDK: loading it in every session at once, just as their gateway died, took seconds.
+    """
+    from breakwater._wire import ENVELOPE_META_KEY
     from breakwater.errors import OutcomeUnknownError
-    from breakwater.gate._envelope import error_result
+    from breakwater.gate._envelope_data import envelope, error_text
 
     error = OutcomeUnknownError("The shared gateway went away during this call; it may or may not have run.")
-    result = error_result(error).model_dump(mode="json", by_alias=True, exclude_none=True)
+    note = {"type": "text", "text": error_text(error), "_meta": {ENVELOPE_META_KEY: True}}
+    result = {"content": [note], "structuredContent": envelope(error), "isError": True, "resultType": "complete"}
     return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}).encode() + b"\n"
 
 
