@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import mcp.types as types
 from mcp import Client
 
 from breakwater import Breakwater
@@ -95,21 +96,34 @@ async def breakwater_session(config_path: str, t0: float) -> dict[str, Any]:
 
 
 async def attached_session(config_path: str, t0: float) -> dict[str, Any]:
-    """A real `breakwater serve` session (sharing on); each server is ready when its tools are listed."""
+    """A real `breakwater serve` session (sharing on); each server is ready when its tools are listed.
+
+    The session lists again when the gateway says the list changed (as an agent does), and at the
+    latest after a second: polling 14 sessions' lists ten times a second would take the CPU the
+    gateway needs to connect.
+    """
     from mcp import StdioServerParameters
 
     names = list(json.loads(Path(config_path).read_text())["mcpServers"])
     ready_at: dict[str, float] = {}
+    changed = anyio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.set()
+
     params = StdioServerParameters(command=sys.executable, args=["-m", "breakwater", "serve", "--config", config_path])
-    async with Client(params) as client:
+    async with Client(params, mode="legacy", message_handler=on_message) as client:
         with anyio.move_on_after(SESSION_DEADLINE_S):
             while len(ready_at) < len(names):
+                changed = anyio.Event()
                 listed = {t.name.split("__", 1)[0] for t in (await client.list_tools()).tools}
                 for name in names:
                     if name in listed and name not in ready_at:
                         ready_at[name] = time.time() - t0
                 if len(ready_at) < len(names):
-                    await anyio.sleep(0.1)
+                    with anyio.move_on_after(1.0):
+                        await changed.wait()
     # Attempts are the shared gateway's, not this session's: the servers' handshake count says it.
     return {name: {"ok": name in ready_at, "t": ready_at.get(name), "attempts": 0} for name in names}
 

@@ -41,7 +41,8 @@ def upstream() -> Iterator[tuple[str, Path]]:
     directory = Path(tempfile.mkdtemp(prefix="bw-up-"))
     port_file, state = directory / "port", directory / "state.json"
     cmd = launch_command("--port", "0", "--port-file", str(port_file), "--state-file", str(state), "--default-tools")
-    proc = subprocess.Popen([*cmd, "--tool", "order:latency=3,mutating,destructive"], stderr=subprocess.DEVNULL)
+    tools = ["--tool", "order:latency=3,mutating,destructive", "--tool", "peek:latency=2,readonly"]
+    proc = subprocess.Popen([*cmd, *tools], stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while not (port_file.exists() and port_file.read_text().strip()):
@@ -130,32 +131,47 @@ async def test_sessions_of_one_config_share_one_gateway_and_one_upstream_connect
     other = write_config(tmp_path, url, "other.json", web2={"type": "http", "url": url})
     env = env_for(tmp_path, share)
     before = handshakes(state)
-    async with session(config, env) as a, session(config, env) as b:
-        names_a = {t.name for t in (await a.list_tools()).tools}
-        names_b = {t.name for t in (await b.list_tools()).tools}
-        assert "web__echo" in names_a and names_a == names_b
-        assert pid_of(await a.call_tool("web__echo", {"text": "a"})) == pid_of(await b.call_tool("web__echo", {"text": "b"}))
-        assert handshakes(state) - before == 1  # two sessions, one upstream connection
-        await isolated(a, b)
-        async with session(other, env) as c:
-            # Another config never attaches there: its session has a gateway of its own.
-            assert "web2__echo" in {t.name for t in (await c.list_tools()).tools}
-            await eventually(lambda: handshakes(state) - before >= 3, timeout=20)
-            assert handshakes(state) - before == 3  # its gateway's own two servers
-            # The user's two views, run side by side: `gateway list` and `status`.
-            commands = [["gateway", "list", "--json"], ["status", "--json", "--config", str(config)]]
-            procs = [subprocess.Popen([*BREAKWATER, *c], env=env, stdout=subprocess.PIPE, text=True) for c in commands]
-            listed, status = (p.communicate(timeout=60)[0] for p in procs)
-            gateways = json.loads(listed)
-            assert sorted(g["sessions"] for g in gateways) == [1, 2], listed
-            shown = json.loads(status)
-            assert shown["shared_gateway"]["sessions"] == 2
-            assert shown["shared_gateway"]["pid"] in [g["pid"] for g in gateways if g["sessions"] == 2]
-            assert [s["state"] for s in shown["servers"]] == ["ready"]
-            refusals(share)
+    imports = tmp_path / "b-imports.txt"
+    with imports.open("w") as b_err:
+        async with session(config, env) as a, session(config, {**env, "PYTHONPROFILEIMPORTTIME": "1"}, errlog=b_err) as b:
+            await shared_by_both(a, b, state, before)
+            async with session(other, env) as c:
+                await another_config(c, config, env, share, state, before)
+    # An attached session never loads the SDK (what keeps its launch quick): its relay does not need it.
+    loaded = [line.rsplit("|", 1)[-1].strip() for line in imports.read_text().splitlines() if line.startswith("import time:")]
+    assert "breakwater.gateway._pump" in loaded
+    assert not [m for m in loaded if m == "mcp" or m.startswith(("mcp.", "mcp_types"))]
     # Socket and directory are the user's only.
     assert oct(share.stat().st_mode & 0o777) == "0o700"
     assert [oct(s.stat().st_mode & 0o777) for s in share.glob("*.sock")] == ["0o600", "0o600"]
+
+
+async def shared_by_both(a: Client, b: Client, state: Path, before: int) -> None:
+    """Two sessions of one config: one gateway, one upstream connection, each its own session."""
+    names_a = {t.name for t in (await a.list_tools()).tools}
+    names_b = {t.name for t in (await b.list_tools()).tools}
+    assert "web__echo" in names_a and names_a == names_b
+    assert pid_of(await a.call_tool("web__echo", {"text": "a"})) == pid_of(await b.call_tool("web__echo", {"text": "b"}))
+    assert handshakes(state) - before == 1  # two sessions, one upstream connection
+    await isolated(a, b)
+
+
+async def another_config(c: Client, config: Path, env: dict[str, str], share: Path, state: Path, before: int) -> None:
+    """Another config never attaches to the first one's gateway: its session has a gateway of its own."""
+    assert "web2__echo" in {t.name for t in (await c.list_tools()).tools}
+    await eventually(lambda: handshakes(state) - before >= 3, timeout=20)
+    assert handshakes(state) - before == 3  # its gateway's own two servers
+    # The user's two views, run side by side: `gateway list` and `status`.
+    commands = [["gateway", "list", "--json"], ["status", "--json", "--config", str(config)]]
+    procs = [subprocess.Popen([*BREAKWATER, *cmd], env=env, stdout=subprocess.PIPE, text=True) for cmd in commands]
+    listed, status = (p.communicate(timeout=60)[0] for p in procs)
+    gateways = json.loads(listed)
+    assert sorted(g["sessions"] for g in gateways) == [1, 2], listed
+    shown = json.loads(status)
+    assert shown["shared_gateway"]["sessions"] == 2
+    assert shown["shared_gateway"]["pid"] in [g["pid"] for g in gateways if g["sessions"] == 2]
+    assert [s["state"] for s in shown["servers"]] == ["ready"]
+    refusals(share)
 
 
 async def isolated(a: Client, b: Client) -> None:
@@ -211,19 +227,24 @@ async def test_failover_after_kill_answers_the_call_in_flight_serves_again_and_i
     env = env_for(tmp_path, share, BREAKWATER_SHARE_IDLE_S="0.5")
     async with session(config, env) as a:
         first = pid_of(await a.call_tool("web__echo", {"text": "a"}))
+        assert "web__peek" in {t.name for t in (await a.list_tools()).tools}  # the session learns peek only reads
         [gateway] = gateway_pids(share)
-        answers: list[types.CallToolResult] = []
+        answers: dict[str, types.CallToolResult] = {}
         async with anyio.create_task_group() as tg:
 
-            async def order() -> None:
-                answers.append(await a.call_tool("web__order", {}))
+            async def call(tool: str) -> None:
+                answers[tool] = await a.call_tool(tool, {})
 
-            tg.start_soon(order)
-            await anyio.sleep(0.5)  # the mutating call is in flight upstream
+            tg.start_soon(call, "web__order")
+            tg.start_soon(call, "web__peek")
+            await anyio.sleep(0.5)  # both calls are in flight upstream
             os.kill(gateway, signal.SIGKILL)
             with anyio.fail_after(10):  # answered, not hung
-                await eventually(lambda: bool(answers), timeout=10)
-        assert code_of(answers[0]) == "OUTCOME_UNKNOWN"
+                await eventually(lambda: "web__order" in answers, timeout=10)
+            with anyio.fail_after(30):  # the read is sent again to the new gateway, and answered
+                await eventually(lambda: "web__peek" in answers, timeout=30)
+        assert code_of(answers["web__order"]) == "OUTCOME_UNKNOWN"  # the mutating call is never repeated
+        assert pid_of(answers["web__peek"]) == first
         # The session attached to a new gateway: calls (and lists) go on, to the same upstream.
         with anyio.fail_after(30):
             assert pid_of(await a.call_tool("web__echo", {"text": "again"})) == first
@@ -259,8 +280,9 @@ async def test_stdio_servers_run_per_session_unless_shared_and_no_share_runs_alo
         assert pid_of(await a.call_tool("local__echo", {"text": "a"})) != pid_of(await b.call_tool("local__echo", {"text": "b"}))
         assert {"local__echo", "web__echo"} <= {t.name for t in (await b.list_tools()).tools}
         assert handshakes(state) - before == 1 and len(gateway_pids(share)) == 1
-    shared_env = {**env, "BREAKWATER_SHARE_STDIO": "local"}
-    async with session(config, shared_env) as a, session(config, shared_env) as b:
+    # `"shared": true` on the entry: one process of it for every session (the knob's way is tested below).
+    shared = write_config(tmp_path, url, "shared.json", local={"command": cmd[0], "args": cmd[1:], "shared": True})
+    async with session(shared, env) as a, session(shared, env) as b:
         assert pid_of(await a.call_tool("local__echo", {"text": "a"})) == pid_of(await b.call_tool("local__echo", {"text": "b"}))
     for pid in gateway_pids(share):
         os.kill(pid, signal.SIGKILL)
@@ -276,6 +298,129 @@ async def test_stdio_servers_run_per_session_unless_shared_and_no_share_runs_alo
     )
     assert json.loads(alone.stdout.splitlines()[0])["result"]["serverInfo"]["name"] == "breakwater"
     assert not gateway_pids(share)  # --no-share served on its own, with no shared gateway
+
+
+def test_a_stdio_server_is_shared_by_its_entry_or_by_the_knob(tmp_path: Path) -> None:
+    """`"shared": true` (JSON), `shared = true` (breakwater.toml, inline or over servers_file) and `[gateway] share_stdio`
+    each make a stdio server the gateway's; it is breakwater's own key, read, not noted as a client's."""
+    from breakwater.config import load_config
+    from breakwater.errors import ConfigError
+    from breakwater.gateway._session import per_session
+
+    def own(path: Path, **environ: str) -> list[str]:
+        return [s.name for s in per_session(load_config(path, environ=environ))]
+
+    entry = {"command": "srv", "args": ["x"]}
+    servers = {"mine": entry, "common": {**entry, "shared": True}, "web": {"type": "http", "url": "http://127.0.0.1:1/mcp"}}
+    (tmp_path / "mcp.json").write_text(json.dumps({"mcpServers": servers}))
+    config = load_config(tmp_path / "mcp.json", environ={})
+    assert {s.name: (s.shared, s.notes) for s in config.servers} == {
+        "mine": (False, ()),
+        "common": (True, ()),
+        "web": (False, ()),
+    }
+    assert config.servers[1].describe()["shared"] is True
+    assert own(tmp_path / "mcp.json") == ["mine"]
+    assert own(tmp_path / "mcp.json", BREAKWATER_SHARE_STDIO="mine") == []
+    toml = tmp_path / "breakwater.toml"
+    toml.write_text(
+        'servers_file = "mcp.json"\n[servers.mine]\nshared = true\n[servers.common]\nshared = false\n'
+        '[servers.inline]\ncommand = "srv"\nshared = true\n'
+    )
+    assert own(toml) == ["common"]
+    (tmp_path / "bad.json").write_text(json.dumps({"mcpServers": {"mine": {**entry, "shared": "yes"}}}))
+    with pytest.raises(ConfigError, match="true or false"):
+        load_config(tmp_path / "bad.json", environ={})
+
+
+def test_a_failover_sends_again_only_the_calls_that_read(tmp_path: Path) -> None:
+    """readOnlyHint from a relayed tools/list makes a call safe to send again; the config's retry class wins over it."""
+    from breakwater.config import load_config
+    from breakwater.gateway._pump import ToolSafety, _Session
+
+    (tmp_path / "breakwater.toml").write_text(
+        '[servers.web]\nurl = "http://127.0.0.1:1/mcp"\n[servers.web.tools.lies]\nretry = "never"\n'
+        '[servers.db]\nurl = "http://127.0.0.1:2/mcp"\n[servers.db.call]\nretry = "safe"\n'
+    )
+    config = load_config(tmp_path / "breakwater.toml", environ={})
+    state = _Session(safety=ToolSafety.of(config))
+    state.note_request(b'{"jsonrpc":"2.0","id":7,"method":"tools/list"}\n')
+    tools = [
+        {"name": "web__read", "annotations": {"readOnlyHint": True}},
+        {"name": "web__write", "annotations": {"readOnlyHint": False, "idempotentHint": True}},
+        {"name": "web__bare"},
+        {"name": "web__lies", "annotations": {"readOnlyHint": True}},
+    ]
+    state.note_answer(json.dumps({"jsonrpc": "2.0", "id": 7, "result": {"tools": tools}}).encode() + b"\n")
+    safe = {n: state.safety.safe(n) for n in ("web__read", "web__write", "web__bare", "web__lies", "db__any", "nope")}
+    assert safe == {
+        "web__read": True,
+        "web__write": False,
+        "web__bare": False,
+        "web__lies": False,
+        "db__any": True,
+        "nope": False,
+    }
+    assert state.safety.safe_call(b'{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"breakwater_search_tools"}}')
+
+
+_OUTDATED_SESSION = """
+import asyncio, socket, sys
+from breakwater._clock import SystemClock
+from breakwater.gateway._attach import Attachment, SessionOutdated
+from breakwater.gateway._pump import ToolSafety, attached_session
+
+ours, theirs = socket.socketpair()
+
+async def reattach():
+    raise SessionOutdated("breakwater was upgraded (1 -> 2) while this session ran: restart this agent session")
+
+async def gateway():  # takes the first request, then dies under it
+    reader, writer = await asyncio.open_unix_connection(sock=theirs)
+    await reader.readline()
+    writer.close()
+
+async def main():
+    task = asyncio.create_task(gateway())
+    code = await attached_session(Attachment(ours, {}), reattach, safety=ToolSafety(), clock=SystemClock())
+    await task
+    return code
+
+sys.exit(asyncio.run(main()))
+"""
+
+
+def test_a_session_that_outlived_an_upgrade_says_restart_once_and_ends(tmp_path: Path) -> None:
+    """Its gateway gone and no gateway of its version to be had, a session answers what waits, says what to do, and ends."""
+    from breakwater.gateway._share import gateway_paths
+
+    assert gateway_paths(tmp_path, "f" * 32, "1.0")[0] != gateway_paths(tmp_path, "f" * 32, "1.1")[0]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _OUTDATED_SESSION],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}\n')
+    proc.stdin.flush()
+    answer = json.loads(proc.stdout.readline())
+    proc.wait(timeout=30)  # it ends by itself, its stdin still open
+    _, err = proc.communicate()
+    assert answer["id"] == 1 and "restart this agent session" in answer["error"]["message"]
+    assert proc.returncode == 1
+    assert err.decode().count("restart this agent session") == 1
+
+
+def test_the_cut_answer_of_a_session_is_the_gates() -> None:
+    """The relay writes OUTCOME_UNKNOWN without the SDK, exactly as the call gate's `error_result` would."""
+    from breakwater.errors import OutcomeUnknownError
+    from breakwater.gate._envelope import error_result
+    from breakwater.gateway._pump import _cut_answer
+
+    error = OutcomeUnknownError("The shared gateway went away during this call; it may or may not have run.")
+    expected = error_result(error).model_dump(mode="json", by_alias=True, exclude_none=True)
+    assert json.loads(_cut_answer(5)) == {"jsonrpc": "2.0", "id": 5, "result": expected}
 
 
 def test_an_attaching_session_starts_without_loading_the_sdk() -> None:

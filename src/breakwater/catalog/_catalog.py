@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,27 +19,14 @@ from typing import Any
 import mcp.types as types
 
 from breakwater import _paths
+from breakwater.config._checks import TOOL_NAME_OK, namespaced
 
 __all__ = ["Catalog", "Entry", "default_catalog_dir", "entry_json", "namespaced", "tool_fingerprint"]
-
-# The spec's tool-name rules (2025-11-25 onwards): 1-128 characters of A-Z a-z 0-9 _ - .
-_TOOL_NAME_OK = re.compile(r"[^A-Za-z0-9_.\-]")
-MAX_TOOL_NAME = 128
 
 
 def default_catalog_dir() -> Path:
     """Where last-known tool lists live when no directory is configured."""
     return _paths.cache_dir() / "catalog"
-
-
-def namespaced(template: str, server: str, tool: str) -> str:
-    """The downstream name of `tool` on `server`, within the spec's tool-name rules."""
-    name = _TOOL_NAME_OK.sub("_", template.format(server=server, tool=tool))
-    if len(name) > MAX_TOOL_NAME:
-        # Keep names unique when they must be cut: the tail becomes a hash of the whole.
-        digest = hashlib.sha256(name.encode()).hexdigest()[:10]
-        name = f"{name[: MAX_TOOL_NAME - 11]}-{digest}"
-    return name
 
 
 def tool_fingerprint(tool: types.Tool) -> str:
@@ -77,7 +63,7 @@ class Catalog:
     def _path(self, server: str, fingerprint: str) -> Path | None:
         if self._dir is None:
             return None
-        safe = _TOOL_NAME_OK.sub("_", server)
+        safe = TOOL_NAME_OK.sub("_", server)
         return self._dir / f"{safe}-{fingerprint}.json"
 
     def load(self, server: str, fingerprint: str) -> list[types.Tool]:

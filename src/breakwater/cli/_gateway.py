@@ -42,8 +42,8 @@ def _spawn_argv(config: Config, fingerprint: str, state: str | None) -> list[str
 def attach_or_none(config: Config, state: str | None) -> int | None:
     """Serve this stdio session through the shared gateway; None when it cannot be shared (say why, serve directly)."""
     from breakwater._clock import SystemClock
-    from breakwater.gateway._attach import AttachRefused, open_attachment
-    from breakwater.gateway._pump import attached_session, relayable
+    from breakwater.gateway._attach import AttachRefused, SessionOutdated, open_attachment
+    from breakwater.gateway._pump import ToolSafety, attached_session, relayable
     from breakwater.gateway._share import breakwater_version, config_fingerprint, gateway_paths, share_dir, share_refusal
 
     if (why := share_refusal(config)) is not None:
@@ -54,16 +54,22 @@ def attach_or_none(config: Config, state: str | None) -> int | None:
         return None  # a file or /dev/null for stdin or stdout (not what agents give): this session serves itself
     fingerprint = config_fingerprint(config)
     try:
-        sock, lock, log = gateway_paths(share_dir(config.gateway), fingerprint)
+        sock, lock, log = gateway_paths(share_dir(config.gateway), fingerprint, breakwater_version())
     except OSError as exc:
         print(f"breakwater: serving this session on its own: {exc}", file=sys.stderr, flush=True)
         return None
     clock = SystemClock()
     hello = {"breakwater": "attach", "fingerprint": fingerprint, "version": breakwater_version(), "pid": os.getpid()}
     spawn = _spawn_argv(config, fingerprint, state)
-    builtins = frozenset(n for n in (config.gateway.search_tool, config.gateway.status_tool) if n)
+    safety = ToolSafety.of(config)
 
     async def attach() -> Any:
+        if (now := breakwater_version()) != hello["version"]:
+            # The spawned gateway would be the new version, on another socket: this session cannot follow.
+            raise SessionOutdated(
+                f"breakwater was upgraded ({hello['version']} -> {now}) while this session ran: "
+                "restart this agent session (or its breakwater MCP server) to use the new version"
+            )
         return await open_attachment(sock, lock, hello, spawn, log, clock)
 
     async def run() -> int | None:
@@ -72,7 +78,7 @@ def attach_or_none(config: Config, state: str | None) -> int | None:
         except (AttachRefused, TimeoutError, OSError) as exc:
             print(f"breakwater: serving this session on its own: {exc}", file=sys.stderr, flush=True)
             return None
-        code: int = await attached_session(first, attach, builtins=builtins, clock=clock)
+        code: int = await attached_session(first, attach, safety=safety, clock=clock)
         return code
 
     result: int | None = anyio.run(run)
@@ -81,12 +87,12 @@ def attach_or_none(config: Config, state: str | None) -> int | None:
 
 def shared_gateway_info(config: Config) -> dict[str, Any] | None:
     """What the shared gateway for `config` says about itself (with its `status`), or None when none answers."""
-    from breakwater.gateway._share import config_fingerprint, gateway_paths, share_dir, share_refusal
+    from breakwater.gateway._share import breakwater_version, config_fingerprint, gateway_paths, share_dir, share_refusal
 
     if share_refusal(config) is not None:
         return None
     try:
-        sock = gateway_paths(share_dir(config.gateway), config_fingerprint(config))[0]
+        sock = gateway_paths(share_dir(config.gateway), config_fingerprint(config), breakwater_version())[0]
     except OSError:
         return None
     return anyio.run(_ask, sock, {"breakwater": "info"})
@@ -166,7 +172,7 @@ def _stop(policy: GatewayPolicy, config: Config | None) -> int:
 def _run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from breakwater.gateway._share import config_fingerprint, gateway_paths, share_dir
+    from breakwater.gateway._share import breakwater_version, config_fingerprint, gateway_paths, share_dir
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("breakwater.gateway.shared").setLevel(logging.INFO)
@@ -176,7 +182,7 @@ def _run(args: argparse.Namespace) -> int:
     fingerprint = config_fingerprint(config)
     if args.fingerprint and fingerprint != args.fingerprint:
         return fail("the config changed since the session that started this gateway read it; not serving", EXIT_CONFIG)
-    sock = gateway_paths(share_dir(config.gateway), fingerprint)[0]
+    sock = gateway_paths(share_dir(config.gateway), fingerprint, breakwater_version())[0]
     code: int = anyio.run(_run_shared, config, fingerprint, sock)
     return code
 

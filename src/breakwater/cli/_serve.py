@@ -252,7 +252,7 @@ def serve_main(argv: list[str]) -> int:
     """`breakwater serve`: one MCP server in front of every configured server."""
     from breakwater.config._checks import check_listener_token
     from breakwater.gateway._listen import tcp_listener
-    from breakwater.gateway._stdio_server import reserve_standard_fds
+    from breakwater.gateway._pump import reserve_standard_fds
 
     args = _parser().parse_args(argv)
     token = args.token or os.environ.get("BREAKWATER_TOKEN") or None

@@ -8,6 +8,8 @@ leaves only.
 
 from __future__ import annotations
 
+import hashlib
+import re
 import string
 import unicodedata
 from urllib.parse import urlsplit
@@ -16,7 +18,9 @@ from breakwater.errors import ConfigError
 
 __all__ = [
     "LOOPBACK_HOSTS",
+    "MAX_TOOL_NAME",
     "MIN_TOKEN_CHARS",
+    "TOOL_NAME_OK",
     "check_header",
     "check_journal_url",
     "check_listener_token",
@@ -25,7 +29,27 @@ __all__ = [
     "check_text",
     "check_tool_name_template",
     "check_url",
+    "namespaced",
 ]
+
+# The spec's tool-name rules (2025-11-25 onwards): 1-128 characters of A-Z a-z 0-9 _ - .
+#: What a downstream tool name may not hold (each such character becomes "_").
+TOOL_NAME_OK = re.compile(r"[^A-Za-z0-9_.\-]")
+MAX_TOOL_NAME = 128
+
+
+def namespaced(template: str, server: str, tool: str) -> str:
+    """The downstream name of `tool` on `server`, within the spec's tool-name rules.
+
+    Here, SDK-free, so that a session attached to the shared gateway can name tools without the catalog.
+    """
+    name = TOOL_NAME_OK.sub("_", template.format(server=server, tool=tool))
+    if len(name) > MAX_TOOL_NAME:
+        # Keep names unique when they must be cut: the tail becomes a hash of the whole.
+        digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+        name = f"{name[: MAX_TOOL_NAME - 11]}-{digest}"
+    return name
+
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 

@@ -23,9 +23,24 @@ __all__ = [
     "top_level_notes",
 ]
 
-#: Keys breakwater reads (`enabled` is breakwater.toml's spelling of JSON's `disabled`).
+#: Keys breakwater reads (`enabled` is breakwater.toml's spelling of JSON's `disabled`; `shared` is
+#: breakwater's own: a stdio server every session of the shared local gateway uses, not one each).
 USED_ENTRY_KEYS = frozenset(
-    {"type", "transport", "command", "args", "env", "envFile", "cwd", "url", "headers", "headersHelper", "disabled", "enabled"}
+    {
+        "type",
+        "transport",
+        "command",
+        "args",
+        "env",
+        "envFile",
+        "cwd",
+        "url",
+        "headers",
+        "headersHelper",
+        "disabled",
+        "enabled",
+        "shared",
+    }
 )
 
 _SIGN_IN = "sign-in: breakwater auth login {name}"

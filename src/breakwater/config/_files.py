@@ -108,6 +108,8 @@ def _parse_entry(
     else:
         fields.update(_http_fields(entry, transport, path, where, expand))
     fields["enabled"] = _entry_enabled(entry, path, where)
+    if "shared" in entry:
+        fields["shared"] = _flag(entry["shared"], path, f"{where}.shared", '"shared": true')
     fields["notes"] = tuple(entry_notes(where.rsplit(".", 1)[-1], entry))
     fields["expanded_secrets"] = expand.take_secrets(where)
     return fields, rest
@@ -424,10 +426,12 @@ def _server_base(
         )
     base_spec = known[name]
     for key in table:
-        if key not in _SERVER_POLICY_KEYS | {"enabled"}:
-            raise _unknown_key(spath, where, key, _SERVER_POLICY_KEYS | {"enabled", "command", "url"})
+        if key not in _SERVER_POLICY_KEYS | {"enabled", "shared"}:
+            raise _unknown_key(spath, where, key, _SERVER_POLICY_KEYS | {"enabled", "shared", "command", "url"})
     if "enabled" in table:
         base_spec = replace(base_spec, enabled=_flag(table["enabled"], spath, f"{where}.enabled", "enabled = false"))
+    if "shared" in table:
+        base_spec = replace(base_spec, shared=_flag(table["shared"], spath, f"{where}.shared", "shared = true"))
     return base_spec
 
 

@@ -114,6 +114,10 @@ class ServerSpec:
     #: The entry's `oauth` object (HTTP servers only); None when it has none.
     oauth: OAuthSettings | None = None
     enabled: bool = True
+    #: A stdio server that every session attached to the shared local gateway uses (one process for
+    #: all), instead of one process per session; see `[gateway] share_stdio`. Meaningless for HTTP,
+    #: which is always shared.
+    shared: bool = False
     connect: ConnectPolicy = field(default_factory=ConnectPolicy)
     call: CallPolicy = field(default_factory=CallPolicy)
     breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
@@ -157,6 +161,8 @@ class ServerSpec:
                 out["cwd"] = self.cwd
             if self.env:
                 out["env"] = {k: "<redacted>" for k in sorted(self.env)}
+            if self.shared:
+                out["shared"] = True
         else:
             out["url"] = display_url(self.url or "")
             if self.headers:

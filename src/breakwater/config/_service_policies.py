@@ -105,8 +105,9 @@ class GatewayPolicy(Policy):
     )
     share_stdio: str = knob(
         "",
-        "Comma-separated stdio servers a shared gateway runs once for every session (* = all); every other stdio "
-        "server runs once per attached session, since many keep per-connection state.",
+        "Comma-separated stdio servers a shared gateway runs once for every session (* = all), as it does those "
+        'whose entry says "shared": true; every other stdio server runs once per attached session, since many '
+        "keep per-connection state.",
         env="BREAKWATER_SHARE_STDIO",
     )
     share_dir: str = knob(

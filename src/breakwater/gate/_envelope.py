@@ -13,63 +13,17 @@ before breakwater's note. The note is marked in its `_meta` so `error_from_resul
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from mcp.types import CallToolResult, TextContent
 
 from breakwater._wire import ENVELOPE_META_KEY
 from breakwater.errors import CODE_TO_ERROR, ENVELOPE_KEYS, CallError, ErrorCode, ToolError
+from breakwater.gate._envelope_data import envelope, error_text
 
 __all__ = ["ENVELOPE_META_KEY", "error_from_result", "error_result", "error_text", "render_error_table"]
 
 #: `_meta` key on breakwater's own text block inside an error result.
-
-
-def error_text(err: CallError) -> str:
-    """The sentence pair the model reads: what happened, then what to do next."""
-    where = _where(err)
-    text = (f"{where}: {err.message}" if where else err.message).rstrip()
-    if err.attempt > 1:
-        text = f"{text.rstrip('.')} (after {err.attempt} attempts)"
-    if not text.endswith((".", "!", "?")):
-        text += "."
-    return f"{text} {err.advice_text()}"
-
-
-def _where(err: CallError) -> str:
-    if err.tool and err.server:
-        return f"Tool '{err.tool}' on server '{err.server}'"
-    if err.server:
-        return f"Server '{err.server}'"
-    if err.tool:
-        return f"Tool '{err.tool}'"
-    return ""
-
-
-def envelope(err: CallError) -> dict[str, Any]:
-    """The `structuredContent` object for `err` (core keys first, then extra detail)."""
-    data: dict[str, Any] = {
-        "ok": False,
-        "code": err.code.value,
-        "retryable": err.retryable,
-        "retry_after_s": _round_s(err.retry_after_s),
-        "attempt": err.attempt,
-        "max_attempts": err.max_attempts,
-        "server": err.server,
-        "tool": err.tool,
-        "operation_id": err.operation_id,
-        "message": err.message,
-    }
-    data.update(err.detail)
-    return data
-
-
-def _round_s(seconds: float | None) -> float | None:
-    # Millisecond precision is all a model or a script can use; long floats only cost tokens.
-    if seconds is None or not math.isfinite(seconds):
-        return None
-    return round(max(0.0, seconds), 3)
 
 
 def error_result(err: CallError) -> CallToolResult:

@@ -21,7 +21,7 @@ from typing import Any
 from breakwater._clock import Clock
 from breakwater.gateway._share import HANDSHAKE_LIMIT, peer_uid
 
-__all__ = ["SPAWN_WAIT_S", "AttachRefused", "Attachment", "connect_gateway", "open_attachment"]
+__all__ = ["SPAWN_WAIT_S", "AttachRefused", "Attachment", "SessionOutdated", "connect_gateway", "open_attachment"]
 
 #: How long a session waits for the gateway it started to answer before it serves on its own.
 SPAWN_WAIT_S = 15.0
@@ -30,6 +30,10 @@ _POLL_S = 0.01
 
 class AttachRefused(Exception):
     """A gateway answered, but will not take this session (another version, another user, a bad handshake)."""
+
+
+class SessionOutdated(Exception):
+    """breakwater was upgraded under a running session: no gateway of its version can be started any more."""
 
 
 @dataclass

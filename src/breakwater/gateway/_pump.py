@@ -5,12 +5,16 @@ which requests wait for an answer. The relay runs in asyncio protocol callbacks 
 written on at once, with no task switch), so it adds one process hop each way and little else.
 
 What it reads is what failover needs. When the gateway goes away mid-session (killed, crashed,
-stopped), every request in flight still gets its answer: a `tools/call` is answered
-`OUTCOME_UNKNOWN` (it may have run; never repeated behind the agent's back), any other request
-(lists, reads, pings, breakwater's own search and status tools) is sent again. The session attaches
+stopped), every request in flight still gets its answer: a `tools/call` that only reads (its
+tool's `readOnlyHint`, learned from the `tools/list` answers relayed, or a retry class of "safe"
+in the config, which wins, as in the call gate) is sent again, as is any other request (lists,
+reads, pings, breakwater's own search and status tools); any other call is answered
+`OUTCOME_UNKNOWN` (it may have run; never repeated behind the agent's back). The session attaches
 to a new gateway (starting it), replays its `initialize` and its log level there, and goes on; the
 agent sees one error at most, never a hang: when no gateway can be had for `GIVE_UP_S`, waiting
-requests are answered with an error.
+requests are answered with an error. When breakwater was upgraded under the session (no gateway of
+its version can be started again), the session says so once, answers what waits, and ends, so
+that the agent's next start of it runs the new version.
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from breakwater._clock import Clock
-from breakwater.gateway._attach import Attachment, AttachRefused
+from breakwater.config import Config
+from breakwater.config._checks import TOOL_NAME_OK, namespaced
+from breakwater.gateway._attach import Attachment, AttachRefused, SessionOutdated
 
-__all__ = ["GIVE_UP_S", "MAX_LINE_BYTES", "attached_session", "relayable"]
+__all__ = ["GIVE_UP_S", "MAX_LINE_BYTES", "ToolSafety", "attached_session", "relayable", "reserve_standard_fds"]
 
 logger = logging.getLogger("breakwater.gateway.attach")
 
@@ -41,6 +47,25 @@ GIVE_UP_S = 5.0
 _REPLAY = "breakwater-replay-"
 #: The start of every response the SDK writes (`model_dump_json` keeps the declared field order).
 _RESPONSE = re.compile(rb'^\{"jsonrpc":"2\.0","id":(-?\d+|"(?:[^"\\]|\\.)*"),"(result|error)"')
+
+
+def reserve_standard_fds() -> None:
+    """Open the null device on any of fds 0, 1, 2 that is closed; call before the event loop starts.
+
+    Here, not in `_stdio_server` (which loads the SDK), as every stdio serve calls it before it attaches.
+
+    A process started with stdin closed (`<&-`) would otherwise get its event loop's epoll
+    descriptor as fd 0, and serving stdio would then read from (and divert) the loop itself. A
+    closed stdin reads as an immediately ended input: the session ends cleanly.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            opened = os.open(os.devnull, os.O_RDWR)
+            if opened != fd:  # a lower one was closed too and has just been filled; keep trying
+                os.dup2(opened, fd)
+                os.close(opened)
 
 
 def relayable() -> bool:
@@ -115,6 +140,67 @@ def _id_key(raw: Any) -> str:
 
 
 @dataclass
+class ToolSafety:
+    """Which tool calls a failover may send again: those that only read.
+
+    The config's retry class wins (a tool's own, then its server's), as it does in the call gate;
+    without one, the tool's `readOnlyHint` as the `tools/list` answers this session relayed said.
+    Anything unknown is not safe.
+    """
+
+    builtins: frozenset[str] = frozenset()
+    #: Downstream name -> the retry class the config gives that tool itself.
+    configured: dict[str, str] = field(default_factory=dict)
+    #: (name prefix, name suffix, retry class) of each server the config gives a retry class.
+    servers: list[tuple[str, str, str]] = field(default_factory=list)
+    #: Downstream name -> its readOnlyHint, from the tools/list answers relayed.
+    learned: dict[str, bool] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, config: Config) -> ToolSafety:
+        """What `config` says: breakwater's own tools are safe, and every retry class it sets."""
+        template = config.gateway.tool_name_template
+        safety = cls(builtins=frozenset(n for n in (config.gateway.search_tool, config.gateway.status_tool) if n))
+        for spec in config.servers:
+            if spec.call.retry != "auto":
+                prefix, _, suffix = template.format(server=spec.name, tool="\0").partition("\0")
+                safety.servers.append((TOOL_NAME_OK.sub("_", prefix), TOOL_NAME_OK.sub("_", suffix), spec.call.retry))
+            for tool, settings in spec.tools.items():
+                if settings.call.retry != "auto":
+                    safety.configured[namespaced(template, spec.name, tool)] = settings.call.retry
+        return safety
+
+    def learn(self, answer: bytes) -> None:
+        """Note each tool's readOnlyHint from a `tools/list` answer."""
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            for tool in json.loads(answer)["result"]["tools"]:
+                hints = tool.get("annotations") or {}
+                self.learned[str(tool["name"])] = hints.get("readOnlyHint") is True
+
+    def safe(self, name: str) -> bool:
+        """Whether a call of the tool named `name` downstream only reads."""
+        if name in self.builtins:
+            return True
+        if name in self.configured:
+            return self.configured[name] == "safe"
+        fits = [
+            (len(p) + len(s), retry)
+            for p, s, retry in self.servers
+            if len(name) >= len(p) + len(s) and name.startswith(p) and name.endswith(s)
+        ]
+        if fits:
+            return max(fits)[1] == "safe"  # the most specific server's
+        return self.learned.get(name, False)
+
+    def safe_call(self, line: bytes) -> bool:
+        """Whether the `tools/call` request `line` only reads."""
+        with contextlib.suppress(ValueError, AttributeError):
+            name = json.loads(line).get("params", {}).get("name")
+            return isinstance(name, str) and self.safe(name)
+        return False
+
+
+@dataclass
 class _Session:
     """What this session must be able to replay or answer if its gateway goes away."""
 
@@ -123,6 +209,7 @@ class _Session:
     set_level: dict[str, Any] | None = None
     pending: dict[str, tuple[str, Any, bytes]] = field(default_factory=dict)  # id key -> (method, id, line)
     swallow: set[str] = field(default_factory=set)
+    safety: ToolSafety = field(default_factory=ToolSafety)
 
     def note_request(self, line: bytes) -> str | None:
         """Remember a request until it is answered (its id key is returned), and what a new gateway must be told."""
@@ -169,7 +256,9 @@ class _Session:
         if key in self.swallow:
             self.swallow.discard(key)
             return False
-        self.pending.pop(key, None)
+        asked = self.pending.pop(key, None)
+        if asked is not None and asked[0] == "tools/list":
+            self.safety.learn(line)
         return True
 
     def replays(self, generation: int) -> list[bytes]:
@@ -195,22 +284,27 @@ class _Session:
 
 
 def _cut_answer(request_id: Any) -> bytes:
-    """The answer a tool call in flight gets when the gateway under it went away: OUTCOME_UNKNOWN, as the gate answers a cut."""
+    """The answer a tool call in flight gets when the gateway under it went away: OUTCOME_UNKNOWN, as the gate answers a cut.
+
+    Written as `breakwater.gate._envelope.error_result` writes it (a test holds them equal), without
+    the SDK: loading it in every session at once, just as their gateway died, took seconds.
+    """
+    from breakwater._wire import ENVELOPE_META_KEY
     from breakwater.errors import OutcomeUnknownError
-    from breakwater.gate._envelope import error_result
+    from breakwater.gate._envelope_data import envelope, error_text
 
     error = OutcomeUnknownError("The shared gateway went away during this call; it may or may not have run.")
-    result = error_result(error).model_dump(mode="json", by_alias=True, exclude_none=True)
+    note = {"type": "text", "text": error_text(error), "_meta": {ENVELOPE_META_KEY: True}}
+    result = {"content": [note], "structuredContent": envelope(error), "isError": True, "resultType": "complete"}
     return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}).encode() + b"\n"
 
 
 class _Pump:
     """Client lines to the current gateway, gateway lines to the client; one gateway after another."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, builtins: frozenset[str]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, safety: ToolSafety) -> None:
         self.loop = loop
-        self.session = _Session()
-        self.builtins = builtins
+        self.session = _Session(safety=safety)
         self.stdout: asyncio.WriteTransport | None = None
         self.stdin: asyncio.ReadTransport | None = None
         self.gateway: asyncio.Transport | None = None
@@ -278,10 +372,10 @@ class _Pump:
         return lines
 
     def lost(self) -> None:
-        """The gateway went away: answer every tool call in flight now; the rest are re-sent to the next one."""
+        """The gateway went away: answer every tool call in flight that may change something now; the rest are re-sent."""
         self.gateway = None
         for key, (method, request_id, line) in list(self.session.pending.items()):
-            if method == "tools/call" and not self._builtin_call(line):
+            if method == "tools/call" and not self.session.safety.safe_call(line):
                 del self.session.pending[key]
                 self.send(_cut_answer(request_id))
 
@@ -291,12 +385,6 @@ class _Pump:
             del self.session.pending[key]
             error = {"code": -32603, "message": f"breakwater: {why}"}
             self.send(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode() + b"\n")
-
-    def _builtin_call(self, line: bytes) -> bool:
-        # breakwater's own search and status tools change nothing: asking again is safe.
-        with contextlib.suppress(ValueError, AttributeError):
-            return bool(json.loads(line).get("params", {}).get("name") in self.builtins)
-        return False
 
     async def close(self) -> None:
         if self.stdout is not None:
@@ -311,16 +399,21 @@ class _Pump:
                 os.set_blocking(fd, True)
 
 
-async def attached_session(first: Attachment, reattach: Any, *, builtins: frozenset[str], clock: Clock) -> int:
+async def attached_session(first: Attachment, reattach: Any, *, safety: ToolSafety, clock: Clock) -> int:
     """Relay this process's stdio to `first`, failing over through `reattach()` whenever the gateway goes away."""
-    pump = _Pump(asyncio.get_running_loop(), builtins)
+    pump = _Pump(asyncio.get_running_loop(), safety)
     await pump.open()
     attachment: Attachment | None = first
     generation = 0
     try:
         while True:
             if attachment is None:
-                attachment = await _reattach_with_patience(reattach, pump, clock)
+                try:
+                    attachment = await _reattach_with_patience(reattach, pump, clock)
+                except SessionOutdated as exc:
+                    logger.error("breakwater: %s", exc)
+                    pump.fail_pending(str(exc))
+                    return 1
             pump.changed.clear()
             gateway = await pump.attach(attachment, generation)
             while not gateway.ended:  # the gateway closes once the client has ended, or goes away

@@ -2,11 +2,12 @@
 
 A stdio server often keeps per-connection state (a thought history, an open repository, a working
 directory), so in a shared gateway each session gets its own process of every stdio server that
-`[gateway] share_stdio` does not name, while HTTP servers (and the named stdio ones) are the
-gateway's, one connection for everyone. `session_gateway` opens such a session: a `Breakwater` of
-the session's own servers (its attempts go to the shared journal) and a `Gateway` over both, seen
-through `SessionServers`, which routes each server to the `Breakwater` that holds it. The catalog
-of last-known tools and the relay of sampling, elicitation and logs are the shared gateway's.
+`[gateway] share_stdio` does not name and whose entry does not say `"shared": true`, while HTTP
+servers (and the shared stdio ones) are the gateway's, one connection for everyone.
+`session_gateway` opens such a session: a `Breakwater` of the session's own servers (its attempts go
+to the shared journal) and a `Gateway` over both, seen through `SessionServers`, which routes each
+server to the `Breakwater` that holds it. The catalog of last-known tools and the relay of sampling,
+elicitation and logs are the shared gateway's.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ __all__ = ["SessionServers", "per_session", "session_gateway"]
 
 
 def per_session(config: Config) -> tuple[ServerSpec, ...]:
-    """The enabled stdio servers each session runs for itself (those `[gateway] share_stdio` does not name)."""
+    """The enabled stdio servers each session runs for itself: neither `"shared": true` nor named in `[gateway] share_stdio`."""
     allowed = {name.strip() for name in config.gateway.share_stdio.split(",") if name.strip()}
     if "*" in allowed:
         return ()
-    return tuple(s for s in config.servers if s.enabled and s.transport == "stdio" and s.name not in allowed)
+    return tuple(s for s in config.servers if s.enabled and s.transport == "stdio" and not s.shared and s.name not in allowed)
 
 
 class SessionServers:

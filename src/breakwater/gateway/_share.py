@@ -9,7 +9,8 @@ enter (0700, socket 0600). The first line on a connection is a handshake, one JS
     gateway → session  {"breakwater": "gateway", "ok": true, "pid": ..., "sessions": ..., "version": V, ...}
 
 then MCP's own newline-delimited JSON-RPC, unchanged, for as long as the session lasts. The gateway
-refuses (`"ok": false` and a reason) another fingerprint or another version; on Linux both sides
+refuses (`"ok": false` and a reason) another fingerprint or another version (each version has a
+socket name of its own, so that takes a socket renamed by hand); on Linux both sides
 also check the peer's uid (SO_PEERCRED), so a socket that someone else could reach still serves only
 its user.
 """
@@ -102,9 +103,14 @@ def share_dir(policy: GatewayPolicy) -> Path:
     return directory
 
 
-def gateway_paths(directory: Path, fingerprint: str) -> tuple[Path, Path, Path]:
-    """The gateway's socket, its start-up lock and its log, for one fingerprint."""
-    stem = directory / f"gw-{fingerprint[:16]}"
+def gateway_paths(directory: Path, fingerprint: str, version: str) -> tuple[Path, Path, Path]:
+    """The gateway's socket, its start-up lock and its log, for one fingerprint and one breakwater version.
+
+    The version is in the name so that, after an upgrade, new sessions start and share a gateway of
+    their own version while the old one serves its sessions until it idles out.
+    """
+    tag = hashlib.sha256(version.encode()).hexdigest()[:6]
+    stem = directory / f"gw-{fingerprint[:16]}-{tag}"
     return stem.with_suffix(".sock"), stem.with_suffix(".lock"), stem.with_suffix(".log")
 
 

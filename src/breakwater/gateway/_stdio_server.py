@@ -40,6 +40,7 @@ from mcp.shared.message import SessionMessage
 
 from breakwater import _platform
 from breakwater.gateway._frames import INVALID_REQUEST, bad_id, diagnose, error_line
+from breakwater.gateway._pump import reserve_standard_fds
 
 __all__ = ["MAX_LINE_BYTES", "reserve_standard_fds", "stdio_server"]
 
@@ -49,23 +50,6 @@ __all__ = ["MAX_LINE_BYTES", "reserve_standard_fds", "stdio_server"]
 MAX_LINE_BYTES = 64 * 1024 * 1024
 
 _CHUNK = 64 * 1024
-
-
-def reserve_standard_fds() -> None:
-    """Open the null device on any of fds 0, 1, 2 that is closed; call before the event loop starts.
-
-    A process started with stdin closed (`<&-`) would otherwise get its event loop's epoll
-    descriptor as fd 0, and serving stdio would then read from (and divert) the loop itself. A
-    closed stdin reads as an immediately ended input: the session ends cleanly.
-    """
-    for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-        except OSError:
-            opened = os.open(os.devnull, os.O_RDWR)
-            if opened != fd:  # a lower one was closed too and has just been filled; keep trying
-                os.dup2(opened, fd)
-                os.close(opened)
 
 
 def _pollable(fd: int) -> bool:
