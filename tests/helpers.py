@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -13,7 +15,7 @@ import pytest
 #: The machine's Redis (or BREAKWATER_TEST_REDIS_URL): the tests' one place for it.
 REDIS_URL = os.environ.get("BREAKWATER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
-__all__ = ["chrome", "code_of", "eventually", "require"]
+__all__ = ["REDIS_URL", "chrome", "code_of", "eventually", "require", "screenshot"]
 
 
 def code_of(result: Any) -> str | None:
@@ -63,3 +65,24 @@ def chrome(chromium: str, chromedriver: str, profile: Path) -> Any:
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     # Any: selenium's annotations are partial (get_log is untyped).
     return webdriver.Chrome(service=Service(executable_path=chromedriver), options=options)
+
+
+def screenshot(driver: Any, path: Path, *, copy_env: str) -> Path:
+    """A full-page PNG through the DevTools protocol (WebDriver's own stops at the viewport); also copied to
+    the directory in the environment variable `copy_env` when it is set."""
+    size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+    shot = driver.execute_cdp_cmd(
+        "Page.captureScreenshot",
+        {
+            "format": "png",
+            "captureBeyondViewport": True,
+            "clip": {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1},
+        },
+    )
+    path.write_bytes(base64.b64decode(shot["data"]))
+    print(f"screenshot: {path}")
+    copy_dir = os.environ.get(copy_env)
+    if copy_dir:
+        Path(copy_dir).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(copy_dir) / path.name)
+    return path

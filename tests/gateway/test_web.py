@@ -7,7 +7,6 @@ in Debian's headless Chromium (skipped locally without it, failed under CI=true,
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import os
@@ -31,7 +30,7 @@ from mcp import Client
 from breakwater.gateway._metrics import DURATION_BUCKETS_S, Metrics
 from breakwater.journal import AttemptRecord
 from breakwater.testing.server import launch_command
-from helpers import chrome, require
+from helpers import chrome, require, screenshot
 
 BREAKWATER = [sys.executable, "-m", "breakwater"]
 TOKEN = "web-test-token-4b1d"
@@ -538,26 +537,6 @@ def browser(tmp_path: Path) -> Iterator[Any]:
         driver.quit()
 
 
-def screenshot(driver: Any, path: Path) -> Path:
-    """A full-page PNG through the DevTools protocol; copied to $BREAKWATER_WEB_SCREENSHOT_DIR when set."""
-    size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
-    shot = driver.execute_cdp_cmd(
-        "Page.captureScreenshot",
-        {
-            "format": "png",
-            "captureBeyondViewport": True,
-            "clip": {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1},
-        },
-    )
-    path.write_bytes(base64.b64decode(shot["data"]))
-    print(f"status page screenshot: {path}")
-    copy_dir = os.environ.get("BREAKWATER_WEB_SCREENSHOT_DIR")
-    if copy_dir:
-        Path(copy_dir).mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, Path(copy_dir) / path.name)
-    return path
-
-
 def _wait(driver: Any, condition: Any, message: str, timeout: float = 30) -> Any:
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -636,10 +615,10 @@ def _check_page(driver: Any, gateway: RunningGateway, tmp_path: Path) -> None:
         lambda d: int(d.find_element(By.TAG_NAME, "body").get_attribute("data-updates")) > updates + 1,
         "the page stopped refreshing",
     )
-    screenshot(driver, tmp_path / "status-page.png")
+    screenshot(driver, tmp_path / "status-page.png", copy_env="BREAKWATER_WEB_SCREENSHOT_DIR")
 
     stop_gateway(gateway)
     _wait(driver, lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-connection") == "unreachable", "no alarm")
     banner = driver.find_element(By.ID, "banner")
     assert banner.is_displayed() and "unreachable" in banner.text
-    screenshot(driver, tmp_path / "status-page-unreachable.png")
+    screenshot(driver, tmp_path / "status-page-unreachable.png", copy_env="BREAKWATER_WEB_SCREENSHOT_DIR")

@@ -6,10 +6,8 @@ package. Without them it is skipped locally, but fails under `CI=true`, where th
 
 from __future__ import annotations
 
-import base64
 import http.client
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -23,7 +21,7 @@ import pytest
 from breakwater.lab import LabConfig, get_mission
 from breakwater.lab.cli import main as lab_main
 from breakwater.lab.web import LabServer, ServeError, make_server
-from helpers import chrome, require
+from helpers import chrome, require, screenshot
 
 # -- the API, in process ----------------------------------------------------------------------------
 
@@ -252,27 +250,6 @@ def _clickable(driver: Any, element_id: str) -> Any:
     return WebDriverWait(driver, 30).until(expected_conditions.element_to_be_clickable((By.ID, element_id)))
 
 
-def _screenshot(driver: Any, path: Path) -> Path:
-    """A full-page PNG through the DevTools protocol (WebDriver's own screenshot stops at the viewport)."""
-    metrics = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})
-    size = metrics["cssContentSize"]
-    shot = driver.execute_cdp_cmd(
-        "Page.captureScreenshot",
-        {
-            "format": "png",
-            "captureBeyondViewport": True,
-            "clip": {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1},
-        },
-    )
-    path.write_bytes(base64.b64decode(shot["data"]))
-    print(f"lab page screenshot: {path}")
-    copy_dir = os.environ.get("BREAKWATER_LAB_SCREENSHOT_DIR")
-    if copy_dir:
-        Path(copy_dir).mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, Path(copy_dir) / path.name)
-    return path
-
-
 def _chrome(chromium: str, chromedriver: str, tmp_path: Path) -> Any:
     """Headless Chromium with its own profile (see `helpers.chrome`)."""
     return chrome(chromium, chromedriver, tmp_path / "profile")
@@ -294,7 +271,7 @@ def test_page_mission_one_end_to_end_in_chromium(browser_paths: tuple[str, str],
         assert "Goal not met" in driver.find_element(By.ID, "verdict-text").text
         assert "bad" in (driver.find_element(By.CSS_SELECTOR, "[data-metric=http_404]").get_attribute("class") or "")
         assert driver.find_element(By.ID, "mission-2").get_attribute("disabled") is not None
-        _screenshot(driver, tmp_path / "lab-m1-setup.png")
+        screenshot(driver, tmp_path / "lab-m1-setup.png", copy_env="BREAKWATER_LAB_SCREENSHOT_DIR")
 
         fixed = mission.fix.apply(mission.setup)
         for key, value in mission.fix.changes.items():
@@ -317,7 +294,7 @@ def test_page_mission_one_end_to_end_in_chromium(browser_paths: tuple[str, str],
         assert driver.find_element(By.CSS_SELECTOR, "#mission-1 .m-stars").text == "★★★"
         for chart in ("ch-inflight", "ch-queue", "ch-failures", "ch-404", "ch-cuts", "ch-dups", "ch-latency"):
             assert driver.find_elements(By.CSS_SELECTOR, f"#{chart} canvas"), chart
-        shot = _screenshot(driver, tmp_path / "lab-m1-fixed.png")
+        shot = screenshot(driver, tmp_path / "lab-m1-fixed.png", copy_env="BREAKWATER_LAB_SCREENSHOT_DIR")
         assert shot.stat().st_size > 10_000
         errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
         assert not errors, errors
@@ -354,7 +331,7 @@ def test_page_explains_a_failed_verdict_and_a_trap(browser_paths: tuple[str, str
             assert heading in page, heading
         assert driver.find_element(By.ID, "assumptions").find_element(By.TAG_NAME, "summary").text == "What the model assumes"
         assert driver.find_element(By.ID, "trap-why").is_displayed() is False
-        _screenshot(driver, tmp_path / "lab-failed-verdict.png")
+        screenshot(driver, tmp_path / "lab-failed-verdict.png", copy_env="BREAKWATER_LAB_SCREENSHOT_DIR")
 
         trap = mission.variant("affinity6")
         _set_control(driver, "replicas", 6)

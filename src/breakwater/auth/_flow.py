@@ -110,19 +110,18 @@ class _StoredFlow(OAuthClientProvider):
 
     async def _initialize(self) -> None:
         await super()._initialize()
-        self._adopt_stored()
+        self._adopt_stored(self._tokens.record())
 
-    def _adopt_stored(self) -> None:
-        """Expiry, metadata, and which write of the record these tokens came from."""
-        record = self._tokens.record()
+    def _adopt_stored(self, record: dict[str, Any]) -> None:
+        """Expiry, metadata, and which write of `record` (just read) these tokens came from."""
         self._loaded_at = record.get("updated_at")
-        self._needed_scope = self._tokens.needed_scope()
-        expires_at = self._tokens.expires_at()
+        self._needed_scope = self._tokens.needed_scope(record)
+        expires_at = self._tokens.expires_at(record)
         tokens = self.context.current_tokens
         if expires_at is not None and tokens is not None:
             lifetime = float(tokens.expires_in or 0)
             self.context.token_expiry_time = expires_at - min(_MAX_MARGIN_S, lifetime * _MARGIN_SHARE)
-        asm, prm = self._tokens.metadata()
+        asm, prm = self._tokens.metadata(record)
         if self.context.oauth_metadata is None and asm is not None:
             self.context.oauth_metadata = asm
         if self.context.protected_resource_metadata is None and prm is not None:
@@ -131,11 +130,13 @@ class _StoredFlow(OAuthClientProvider):
 
     async def _reload_if_signed_in_again(self) -> bool:
         """Tokens another process stored since these were loaded (a new `auth login`): take them."""
-        if self._tokens.record().get("updated_at") == self._loaded_at:
+        # One read of the token file: every piece below comes from the same write.
+        record = self._tokens.record()
+        if record.get("updated_at") == self._loaded_at:
             return False
-        self.context.current_tokens = await self._tokens.get_tokens()
-        self.context.client_info = await self._tokens.get_client_info() or self.context.client_info
-        self._adopt_stored()
+        self.context.current_tokens = await self._tokens.get_tokens(record)
+        self.context.client_info = await self._tokens.get_client_info(record) or self.context.client_info
+        self._adopt_stored(record)
         return self.context.current_tokens is not None
 
     async def _handle_token_response(self, response: httpx2.Response) -> None:

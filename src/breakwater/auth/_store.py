@@ -142,9 +142,9 @@ class ServerTokens:
 
     # ---- the SDK's TokenStorage ------------------------------------------------------------
 
-    async def get_tokens(self) -> OAuthToken | None:
-        """The stored tokens, or None."""
-        raw = self.record().get("tokens")
+    async def get_tokens(self, record: Record | None = None) -> OAuthToken | None:
+        """The stored tokens, or None (from `record` when the caller has just read it)."""
+        raw = (self.record() if record is None else record).get("tokens")
         return OAuthToken.model_validate(raw) if raw else None
 
     async def set_tokens(self, tokens: OAuthToken) -> None:
@@ -159,9 +159,9 @@ class ServerTokens:
             needed_scope=None if covered else needed,
         )
 
-    async def get_client_info(self) -> OAuthClientInformationFull | None:
+    async def get_client_info(self, record: Record | None = None) -> OAuthClientInformationFull | None:
         """The stored client registration, or None."""
-        raw = self.record().get("client")
+        raw = (self.record() if record is None else record).get("client")
         return OAuthClientInformationFull.model_validate(raw) if raw else None
 
     async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
@@ -170,14 +170,14 @@ class ServerTokens:
 
     # ---- what breakwater keeps besides ----------------------------------------------------
 
-    def expires_at(self) -> float | None:
+    def expires_at(self, record: Record | None = None) -> float | None:
         """When the stored access token expires (clock time), None if it did not say."""
-        value = self.record().get("expires_at")
+        value = (self.record() if record is None else record).get("expires_at")
         return float(value) if isinstance(value, int | float) else None
 
-    def metadata(self) -> tuple[OAuthMetadata | None, ProtectedResourceMetadata | None]:
+    def metadata(self, record: Record | None = None) -> tuple[OAuthMetadata | None, ProtectedResourceMetadata | None]:
         """The authorization-server and protected-resource metadata found at sign-in."""
-        rec = self.record()
+        rec = self.record() if record is None else record
         asm = rec.get("metadata")
         prm = rec.get("resource_metadata")
         return (
@@ -192,9 +192,9 @@ class ServerTokens:
             resource_metadata=None if prm is None else prm.model_dump(mode="json", exclude_none=True),
         )
 
-    def needed_scope(self) -> str | None:
+    def needed_scope(self, record: Record | None = None) -> str | None:
         """Scopes a server asked for beyond the granted ones (`insufficient_scope`), for the next sign-in."""
-        value = self.record().get("needed_scope")
+        value = (self.record() if record is None else record).get("needed_scope")
         return value if isinstance(value, str) and value else None
 
     def set_needed_scope(self, scope: str) -> None:
