@@ -33,7 +33,7 @@ from breakwater.config import Config
 from breakwater.gateway._server import Gateway
 from breakwater.gateway._session import session_gateway
 from breakwater.gateway._share import HANDSHAKE_LIMIT, peer_uid
-from breakwater.gateway._stdio_server import MAX_LINE_BYTES, _Output, _pump_input, _pump_output
+from breakwater.gateway._stdio_server import MAX_LINE_BYTES, LineOutput, pump_input, pump_output
 
 __all__ = ["SharedGateway", "bind_socket", "listening"]
 
@@ -66,7 +66,7 @@ def bind_socket(path: Path) -> socket.socket | None:
     return listener
 
 
-class _SocketOutput(_Output):
+class _SocketOutput(LineOutput):
     """Whole lines to one attached session's socket."""
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
@@ -211,11 +211,11 @@ class SharedGateway:
 
         async def read() -> None:
             async with read_stream_writer:
-                await _pump_input(reader, read_stream_writer, output)
+                await pump_input(reader, read_stream_writer, output)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(read)
-            tg.start_soon(_pump_output, write_stream_reader, output)
+            tg.start_soon(pump_output, write_stream_reader, output)
             await server.run(read_stream, write_stream, server.create_initialization_options())
             tg.cancel_scope.cancel()
         # The session is over for its client now: its `serve` exits while its own servers are still being stopped.

@@ -42,7 +42,7 @@ from breakwater import _platform
 from breakwater.gateway._frames import INVALID_REQUEST, bad_id, diagnose, error_line
 from breakwater.gateway._pump import reserve_standard_fds
 
-__all__ = ["MAX_LINE_BYTES", "reserve_standard_fds", "stdio_server"]
+__all__ = ["MAX_LINE_BYTES", "LineOutput", "pump_input", "pump_output", "reserve_standard_fds", "stdio_server"]
 
 #: Longest line accepted from the client. The SDK has no limit; a bound keeps one bad client from
 #: exhausting memory, and 64 MiB is far above any real MCP message. A longer one is answered with
@@ -135,7 +135,7 @@ class _ThreadFeed(asyncio.ReadTransport):
         return self._closing
 
 
-class _Output:
+class LineOutput:
     """Whole lines to the client, one at a time: asyncio's pipe writer, or blocking writes on a thread for a file."""
 
     def __init__(self, fd: int | None, fast: bool) -> None:
@@ -207,7 +207,7 @@ async def _open_input(
     return reader, _ThreadFeed(in_fd, reader, loop)
 
 
-async def _pump_input(reader: asyncio.StreamReader, sink: Any, output: _Output) -> None:
+async def pump_input(reader: asyncio.StreamReader, sink: Any, output: LineOutput) -> None:
     """Lines from the client to the session; a line that is no valid message is answered here, never dropped."""
     while True:
         line, oversized = await _next_line(reader)
@@ -229,7 +229,8 @@ async def _pump_input(reader: asyncio.StreamReader, sink: Any, output: _Output) 
         await sink.send(SessionMessage(message))
 
 
-async def _pump_output(source: Any, output: _Output) -> None:
+async def pump_output(source: Any, output: LineOutput) -> None:
+    """The session's messages to the client, one JSON line each."""
     async with source:
         async for session_message in source:
             data = session_message.message.model_dump_json(by_alias=True, exclude_unset=True)
@@ -273,7 +274,7 @@ async def stdio_server(stopped_by: list[int] | None = None, *, fast: bool | None
     in_fd = _divert(0, lambda: os.open(os.devnull, os.O_RDONLY))
     out_fd = _divert(1, lambda: os.dup(2))
     reader, read_transport = await _open_input(in_fd, loop, fast)
-    output = _Output(out_fd, fast)
+    output = LineOutput(out_fd, fast)
     await output.open(loop)
 
     read_stream_writer, read_stream = create_context_streams[SessionMessage | Exception](0)
@@ -283,12 +284,12 @@ async def stdio_server(stopped_by: list[int] | None = None, *, fast: bool | None
     async def read_until_stopped() -> None:
         async with read_stream_writer:
             with reading:
-                await _pump_input(reader, read_stream_writer, output)
+                await pump_input(reader, read_stream_writer, output)
 
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(read_until_stopped)
-            tg.start_soon(_pump_output, write_stream_reader, output)
+            tg.start_soon(pump_output, write_stream_reader, output)
             if threading.current_thread() is threading.main_thread():
                 tg.start_soon(_stop_on_signal, reading, read_stream_writer, [] if stopped_by is None else stopped_by)
             yield read_stream, write_stream
