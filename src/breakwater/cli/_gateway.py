@@ -158,15 +158,28 @@ def _stop(policy: GatewayPolicy, config: Config | None) -> int:
 
     wanted = config_fingerprint(config) if config is not None else None
     stopped = 0
+    other_settings = 0  # gateways of the same file whose resolved config differs (another environment)
     for sock, info in _gateways(policy):
         if wanted is not None and info.get("fingerprint") != wanted:
+            other_settings += config is not None and _same_file(info.get("config"), config.path)
             continue
         if anyio.run(_ask, sock, {"breakwater": "stop"}) is not None:
             stopped += 1
             print(f"stopped the shared gateway pid {info.get('pid')} ({info.get('sessions')} sessions; {info.get('config')})")
     if not stopped:
         print("no shared gateway to stop")
+        if other_settings:
+            # The fingerprint is of the resolved config: an agent that launched serve with other
+            # environment variables (BREAKWATER_*, ${VAR}s) runs its own gateway for the same file.
+            print(
+                f"{other_settings} shared gateway(s) of this file run with other settings (another environment): "
+                "`breakwater gateway stop` without --config stops every one"
+            )
     return EXIT_OK
+
+
+def _same_file(shown: Any, path: str | None) -> bool:
+    return bool(shown and path) and os.path.abspath(str(shown)) == os.path.abspath(str(path))
 
 
 def _run(args: argparse.Namespace) -> int:

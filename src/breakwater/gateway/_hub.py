@@ -92,7 +92,8 @@ class SharedGateway:
         self.config = config
         self.fingerprint = fingerprint
         self.version = version
-        self.config_path = config.path
+        # Absolute: `gateway list` may run in another directory than the session that started it.
+        self.config_path = os.path.abspath(config.path) if config.path else config.path
         self.idle_s = idle_s
         self.clock = clock
         self.sessions = 0
