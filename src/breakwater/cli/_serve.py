@@ -167,7 +167,11 @@ async def _serve_http(
     bound = sock.getsockname()[1]
     # Over HTTP the gateway also serves /metrics and the status page, fed by every attempt.
     metrics = Metrics()
-    async with open_gateway(config, observers=[metrics]) as gateway, _session_store(config) as sessions:
+    async with (
+        open_gateway(config, observers=[metrics]) as gateway,
+        _session_store(config) as sessions,
+        _operation_records(config, gateway),
+    ):
         app = http_app(
             gateway,
             host=host,
@@ -201,6 +205,28 @@ async def _session_store(config: Config) -> AsyncIterator[Any]:
         yield store
     finally:
         await store.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _operation_records(config: Config, gateway: Any) -> AsyncIterator[None]:
+    """With a Redis `[state] url`, the fleet's records of forwarded operations, and this replica's lease in them."""
+    if not config.state.url.startswith(("redis://", "rediss://", "unix://")):
+        yield
+        return
+    from breakwater.state._operations import OperationRecords
+
+    records = OperationRecords(config.state, ttl_s=config.gateway.operation_ttl_s, clock=gateway.bw.clock)
+    gateway.operations = records
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(records.keep_alive)
+            try:
+                yield
+            finally:
+                tg.cancel_scope.cancel()
+    finally:
+        gateway.operations = None
+        await records.aclose()
 
 
 def _parser() -> argparse.ArgumentParser:

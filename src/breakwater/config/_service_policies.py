@@ -89,6 +89,15 @@ class GatewayPolicy(Policy):
         minimum=1.0,
         maximum=604800,
     )
+    operation_ttl_s: float = knob(
+        3600.0,
+        "With [state] url on Redis, serve --http records each mutating call it forwards under a client's operation "
+        "id for this long, so a retry of a cut call with the same id (to any replica) gets its answer, or "
+        "OUTCOME_UNKNOWN if the replica running it died, and never runs it twice.",
+        env="BREAKWATER_OPERATION_TTL_S",
+        minimum=1.0,
+        maximum=604800,
+    )
 
     share: bool = knob(
         True,
