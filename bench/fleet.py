@@ -9,9 +9,10 @@ ledger line per execution, and synthetic clients through the balancer: 3 on 2026
 session), 3 on 2025-11-25 sessions (re-initialize on a 404), Poisson arrivals, 30 % mutating calls
 with operation ids, 10 % silent calls of 2.5-3.5 s. After 2 s of load, each replica in turn gets
 SIGTERM (or SIGKILL), is started again and waits until HAProxy has it back; the load runs on
-for 2 s more. Printed: calls, failed calls, 404s, re-initializations, duplicate executions (from
-the ledger), latency p50/p95/p99 of the calls that succeeded, and each replica's exit code and
-stop time.
+for 2 s more. A client whose answer was lost (a cut stream, a 502/503/504) retries once through the
+balancer under the same operation id. Printed: calls, failed calls, 404s, re-initializations,
+duplicate executions (from the ledger), latency p50/p95/p99 of the calls that succeeded, each
+replica's exit code and stop time, and how the cut calls' retries were answered.
 
 Time is scaled down about 30x: the balancer's idle timeout is 2 s (60 s in production), the
 keep-alive 0.5 s (15 s), a silent call 3 s (90 s), the long drain window 6 s (180 s).
@@ -96,6 +97,13 @@ async def run_row(name: str) -> None:
         f"| {p[0]:.0f} / {p[1]:.0f} / {p[2]:.0f} | {exits} | {took:.0f} s |",
         flush=True,
     )
+    if stats.cut:
+        # Each cut call was retried once through the balancer under its operation id (breakwater.gateway._operations).
+        print(
+            f"|   {stats.cut} cut and retried: {stats.reconciled} reconciled, {stats.unknown} OUTCOME_UNKNOWN, "
+            f"{stats.rerun} re-run (nothing had run), {stats.unanswered} unanswered |",
+            flush=True,
+        )
     for reason, count in collections.Counter(f[:110] for f in stats.failures).most_common(4):
         print(f"|   {count} x {reason} |", file=sys.stderr, flush=True)
 

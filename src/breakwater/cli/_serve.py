@@ -11,6 +11,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -136,12 +137,16 @@ def _announce(host: str, bound: int, port_file: str | None) -> None:
 
 
 async def _serve_stdio(config: Config) -> int:
+    from breakwater.gateway._drain import drain_stdio
     from breakwater.gateway._open import open_gateway
     from breakwater.gateway._stdio_server import stdio_server
 
     stopped_by: list[int] = []
-    async with open_gateway(config) as gateway, stdio_server(stopped_by) as (read, write):
-        await gateway.server.run(read, write, gateway.server.create_initialization_options())
+    async with open_gateway(config) as gateway:
+        # The client went away (stdin closed) or a stop signal came: the calls in flight get `drain_s`.
+        drain = partial(drain_stdio, gateway.drain, config.gateway.drain_s)
+        async with stdio_server(stopped_by, on_end=drain) as (read, write):
+            await gateway.server.run(read, write, gateway.server.create_initialization_options())
     if signal.SIGINT in stopped_by:
         # Everything is closed (upstreams stopped); a Ctrl-C still reads as an interruption, as in every command.
         print("breakwater: interrupted", file=sys.stderr)
