@@ -81,15 +81,17 @@ def _modern_call(tool: str, operation_id: str) -> tuple[dict[str, str], dict[str
     return headers, {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool, "arguments": {}, "_meta": meta}}
 
 
-def _legacy_call(session: str, tool: str, operation_id: str) -> tuple[dict[str, str], dict[str, Any]]:
+def _legacy_call(session: str, tool: str, operation_id: str, request_id: int = 1) -> tuple[dict[str, str], dict[str, Any]]:
     headers = {**ACCEPT, "mcp-protocol-version": "2025-11-25", "mcp-session-id": session}
     params = {"name": tool, "arguments": {}, "_meta": {OPERATION_ID_META_KEY: operation_id}}
-    return headers, {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+    return headers, {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
 
 
 def _result(response: Any) -> dict[str, Any]:
     """The tools/call result in a JSON or SSE answer."""
+    assert response.status_code == 200, (response.status_code, response.text)
     if response.headers.get("content-type", "").startswith("application/json"):
+        assert "result" in response.json(), response.text
         return dict(response.json()["result"])
     data = [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:")]
     return dict(next(m for m in data if "result" in m)["result"])
@@ -139,7 +141,8 @@ async def test_kill_9_loses_only_the_calls_it_ran_and_their_retries_never_run_th
                 retried = _result(await fleet.http.post(fleet.url, headers=headers, json=body))
                 envelope = retried["structuredContent"]
                 assert (envelope["code"], envelope["operation_id"], envelope["reason"]) == ("OUTCOME_UNKNOWN", op, "replica_lost")
-            headers, body = _legacy_call(session, "shop__hold", abandoned)
+            # A new request (id) in the same session, carrying the same operation id.
+            headers, body = _legacy_call(session, "shop__hold", abandoned, request_id=2)
             replayed = _result(await fleet.http.post(fleet.url, headers=headers, json=body))
             assert replayed["structuredContent"]["operation_id"] == abandoned and not replayed.get("isError")
             assert replayed["_meta"][REPLAYED_META_KEY] is True

@@ -41,7 +41,17 @@ from breakwater.testing.server import serve_http
 __all__ = ["Fleet", "FleetOptions", "LoadStats", "haproxy_config", "run_load"]
 
 #: How `_call_once` reports a lost answer: a transport error, a stream that ended without it, the balancer's 502/503/504.
-_CUT_MARKS = ("RemoteProtocolError", "ReadError", "WriteError", "ConnectError", "no response", "HTTP 502", "HTTP 503", "HTTP 504")
+_CUT_MARKS = (
+    "RemoteProtocolError",
+    "ReadError",
+    "WriteError",
+    "ConnectError",
+    "no response",
+    "HTTP 502",
+    "HTTP 503",
+    "HTTP 504",
+    "HTTPStatusError: Server error",  # a 2025-11-25 initialize that met a dying replica
+)
 ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 OPERATION_ID_META_KEY = "io.breakwater/operationId"
 REPLAYED_META_KEY = "io.breakwater/replayed"
@@ -392,7 +402,9 @@ class _Client:
             # The answer was lost, so the call may have run: retry once, through the balancer, under the same
             # operation id; the gateway answers it from its record rather than running it twice.
             self.stats.cut += 1
-            problem = await self._call_reinit(http, tool, operation_id)
+            # On a connection of its own: a pooled one may be one the balancer is closing as it is reused.
+            async with httpx2.AsyncClient(timeout=http.timeout) as fresh:
+                problem = await self._call_reinit(fresh, tool, operation_id)
             if problem is None and (self.last_result.get("_meta") or {}).get(REPLAYED_META_KEY):
                 self.stats.reconciled += 1
             elif problem is None:
