@@ -9,7 +9,7 @@ Key layout (`NS` = `[state] namespace`):
 
     NS:op:{ID}        string  JSON {"state": "running"|"done", "replica", "fingerprint", "result"}
                               TTL `[gateway] operation_ttl_s`
-    NS:replica:{ID}   string  "1", TTL `REPLICA_LEASE_S`, renewed every third of it while the replica runs
+    NS:replica:{ID}   string  "1", TTL `REPLICA_LEASE_S`, renewed every quarter of it while the replica runs
 
 `claim` is one `SET NX`: of any number of replicas receiving the same id, exactly one forwards it.
 The owner writes the call's answer (`finish`) before it answers its own client, so a retry finds
@@ -37,8 +37,11 @@ __all__ = ["REPLICA_LEASE_S", "OperationRecords"]
 log = logging.getLogger("breakwater.operations")
 
 #: A replica not heard from this long is dead: its running operations' outcomes are unknown. A retry of
-#: a call cut by `kill -9` waits at most this long for the verdict; shorter leases cost more renewals.
-REPLICA_LEASE_S = 3.0
+#: a call cut by `kill -9` waits at most this long for the verdict, so it is short; a live replica
+#: stalled longer (renewals every quarter of it) only makes a retry answer OUTCOME_UNKNOWN early (or,
+#: for a tool the server deduplicates, send it upstream under the same id), never run a call twice.
+REPLICA_LEASE_S = 2.0
+_RENEW_S = REPLICA_LEASE_S / 4
 _MIN_TIMEOUT_S = 0.5
 
 # Replace the record only if it is still exactly what the caller read (a takeover races other retries).
@@ -136,7 +139,7 @@ class OperationRecords:
                 await self._r.set(self._replicas + self.replica, "1", px=math.ceil(REPLICA_LEASE_S * 1000))
             except Exception as exc:
                 log.warning("cannot renew this replica's lease in Redis (%s)", exc)
-            await self.clock.sleep(REPLICA_LEASE_S / 3)
+            await self.clock.sleep(_RENEW_S)
 
     async def aclose(self) -> None:
         """Drop this replica's lease at once (its calls are all answered) and close the pool."""

@@ -52,6 +52,8 @@ _CUT_MARKS = (
     "HTTP 504",
     "HTTPStatusError: Server error",  # a 2025-11-25 initialize that met a dying replica
 )
+#: Retries of a cut call (the second only when the first was cut as well).
+_CUT_RETRIES = 2
 ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 OPERATION_ID_META_KEY = "io.breakwater/operationId"
 REPLAYED_META_KEY = "io.breakwater/replayed"
@@ -306,6 +308,10 @@ class LoadStats:
     failures: list[str] = field(default_factory=list)
     #: Calls whose first answer was lost (connection or stream cut, a 502/503/504), each retried once with its operation id.
     cut: int = 0
+    #: ... of them calls of the mutating tool (with an operation id).
+    cut_mutating: int = 0
+    #: ... whose first retry was cut too (its replica was the next one killed), so they were retried once more.
+    cut_again: int = 0
     #: ... whose retry got the first call's stored answer (`_meta["io.breakwater/replayed"]`): nothing ran twice.
     reconciled: int = 0
     #: ... whose retry was answered OUTCOME_UNKNOWN with the operation id (the first may have run; not run again).
@@ -399,12 +405,18 @@ class _Client:
         self.stats.calls += 1
         problem = await self._call_reinit(http, tool, operation_id)
         if problem is not None and problem.startswith(_CUT_MARKS):
-            # The answer was lost, so the call may have run: retry once, through the balancer, under the same
-            # operation id; the gateway answers it from its record rather than running it twice.
+            # The answer was lost, so the call may have run: retry through the balancer under the same
+            # operation id; the gateway answers it from its record rather than running it twice. Once more
+            # only if the retry's own replica was the next one killed.
             self.stats.cut += 1
-            # On a connection of its own: a pooled one may be one the balancer is closing as it is reused.
-            async with httpx2.AsyncClient(timeout=http.timeout) as fresh:
-                problem = await self._call_reinit(fresh, tool, operation_id)
+            self.stats.cut_mutating += mutating
+            for retry in range(_CUT_RETRIES):
+                self.stats.cut_again += retry > 0
+                # On a connection of its own: a pooled one may be one the balancer is closing as it is reused.
+                async with httpx2.AsyncClient(timeout=http.timeout) as fresh:
+                    problem = await self._call_reinit(fresh, tool, operation_id)
+                if problem is None or not problem.startswith(_CUT_MARKS):
+                    break
             if problem is None and (self.last_result.get("_meta") or {}).get(REPLAYED_META_KEY):
                 self.stats.reconciled += 1
             elif problem is None:
@@ -498,7 +510,18 @@ async def loaded(url: str, **kwargs: Any) -> AsyncIterator[LoadStats]:
 
     async def drive() -> None:
         result = await run_load(url, stop, **kwargs)
-        for name in ("calls", "failed", "not_found", "reinits", "cut", "reconciled", "unknown", "rerun", "unanswered"):
+        for name in (
+            "calls",
+            "failed",
+            "not_found",
+            "reinits",
+            "cut",
+            "cut_mutating",
+            "reconciled",
+            "unknown",
+            "rerun",
+            "unanswered",
+        ):
             setattr(stats, name, getattr(result, name))
         stats.latencies, stats.failures = result.latencies, result.failures
 
