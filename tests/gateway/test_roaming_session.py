@@ -47,6 +47,14 @@ async def running(cmd: list[str], port_file: Path, env: dict[str, str]) -> Async
             proc.wait()
 
 
+def stored(namespace: str, session_id: str) -> dict[str, Any]:
+    """The session's record in Redis."""
+    raw = redis.Redis.from_url(REDIS_URL).get(f"{namespace}:session:{session_id}")
+    assert isinstance(raw, bytes), raw
+    record: dict[str, Any] = json.loads(raw)
+    return record
+
+
 def messages(text: str) -> list[dict[str, Any]]:
     """The JSON-RPC messages of an SSE (or JSON) body."""
     if text.lstrip().startswith("{"):
@@ -118,7 +126,7 @@ async def test_a_session_keeps_its_log_level_and_resource_subscriptions_on_anoth
                 await session.open(a)
                 await session.request(a, "logging/setLevel", {"level": "warning"})
                 await session.request(a, "resources/subscribe", {"uri": WATCHED})
-                record = json.loads(redis.Redis.from_url(REDIS_URL).get(f"{namespace}:session:{session.id}") or b"{}")
+                record = stored(namespace, session.id)
                 assert record["level"] == "warning" and record["subscriptions"] == [["conf", WATCHED]]
 
                 # B has never seen the session: its first request adopts it, with the level A recorded.
@@ -152,7 +160,7 @@ async def test_a_session_keeps_its_log_level_and_resource_subscriptions_on_anoth
                     tg.cancel_scope.cancel()
                 assert set(updates) == {WATCHED}
                 await session.request(b, "resources/unsubscribe", {"uri": WATCHED})
-                record = json.loads(redis.Redis.from_url(REDIS_URL).get(f"{namespace}:session:{session.id}") or b"{}")
+                record = stored(namespace, session.id)
                 assert record["subscriptions"] == []
     finally:
         client = redis.Redis.from_url(REDIS_URL)
