@@ -16,6 +16,7 @@ shared `breakwater testserver` upstream are processes; Redis is the machine's.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -510,20 +511,9 @@ async def loaded(url: str, **kwargs: Any) -> AsyncIterator[LoadStats]:
 
     async def drive() -> None:
         result = await run_load(url, stop, **kwargs)
-        for name in (
-            "calls",
-            "failed",
-            "not_found",
-            "reinits",
-            "cut",
-            "cut_mutating",
-            "reconciled",
-            "unknown",
-            "rerun",
-            "unanswered",
-        ):
-            setattr(stats, name, getattr(result, name))
-        stats.latencies, stats.failures = result.latencies, result.failures
+        # Every field, so a new counter cannot be left behind.
+        for f in dataclasses.fields(LoadStats):
+            setattr(stats, f.name, getattr(result, f.name))
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(drive)
