@@ -111,7 +111,7 @@ async def run_row(name: str) -> None:
         print(
             f"|   {stats.cut} cut and retried ({stats.cut_mutating} mutating): {stats.reconciled} reconciled, "
             f"{stats.unknown} OUTCOME_UNKNOWN, {stats.rerun} run by the retry (read-only, or never started), "
-            f"{stats.unanswered} unanswered; {stats.cut_again} retried twice (the first retry's replica was killed) |",
+            f"{stats.unanswered} unanswered; {stats.cut_again} retried twice (the first retry was cut too) |",
             flush=True,
         )
     for reason, count in collections.Counter(f[:110] for f in stats.failures).most_common(4):
