@@ -27,17 +27,21 @@ import hashlib
 import json
 import math
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp.types as types
 
 from breakwater._wire import REPLAYED_META_KEY
 from breakwater.errors import CallError, InvalidArgumentsError, OutcomeUnknownError
+from breakwater.gate._classify import RetryClass
 from breakwater.gate._envelope import error_result
 from breakwater.state._operations import OperationRecords
 
-__all__ = ["answer_once", "fingerprint", "window_for"]
+if TYPE_CHECKING:
+    from breakwater._breakwater import Breakwater
+
+__all__ = ["answer_once", "fingerprint", "forwarded_once", "window_for"]
 
 # How often a retry asks again about an operation another live replica runs (first wait, then the cap).
 _FIRST_POLL_S = 0.05
@@ -50,6 +54,32 @@ def fingerprint(server: str, tool: str, arguments: Mapping[str, Any]) -> str:
     """SHA-256 of the call (server, tool, canonical JSON arguments): the same id must name the same call."""
     canonical = json.dumps([server, tool, arguments], sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+async def forwarded_once(
+    records: OperationRecords,
+    bw: Breakwater,
+    op_id: str | None,
+    server: str,
+    tool: str,
+    arguments: Mapping[str, Any],
+    deadline_s: float | None,
+    run: Callable[[], Awaitable[types.CallToolResult]],
+) -> types.CallToolResult:
+    """The gateway's call of `tool`: through `answer_once` when the client chose an operation id for a mutating tool."""
+    retry_class = bw.gate.retry_class(server, tool)
+    if op_id is None or retry_class is None or retry_class is RetryClass.SAFE:
+        return await run()  # only a client can retry under the same id; a read-only call may run again
+    return await answer_once(
+        records,
+        op_id=op_id,
+        server=server,
+        tool=tool,
+        arguments=arguments,
+        server_deduplicates=retry_class is RetryClass.IDEMPOTENT,
+        window_s=window_for(bw.gate.hard_cap_s(server, tool), deadline_s),
+        run=run,
+    )
 
 
 async def answer_once(

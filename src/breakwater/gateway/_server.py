@@ -41,12 +41,11 @@ from breakwater.config import GatewayPolicy
 from breakwater.connect._readiness import ON_ITS_WAY
 from breakwater.errors import CallCancelledError, InvalidArgumentsError, ToolChangedError, UnknownToolError
 from breakwater.gate._call import OPERATION_ID_ARGUMENT
-from breakwater.gate._classify import RetryClass
 from breakwater.gate._envelope import error_result
 from breakwater.gateway._builtins import BuiltinTools, SearchAnswer
 from breakwater.gateway._drain import Drain
 from breakwater.gateway._frames import deadline_seconds, explain_params_errors, invalid_deadline
-from breakwater.gateway._operations import answer_once, window_for
+from breakwater.gateway._operations import forwarded_once
 from breakwater.gateway._passthrough import Passthrough, RelayedListen, connection_of
 from breakwater.gateway._relay import (
     EXCHANGE_KEEP_S,
@@ -362,24 +361,12 @@ class Gateway:
             return explain_refusal(result, caller)
 
         try:
-            chosen = given if isinstance(given, str) and given else own if isinstance(own, str) and own else None
-            if self.operations is None or chosen is None:
-                return await run()
-            retry_class = self.bw.gate.retry_class(server, tool)
-            if retry_class is None or retry_class is RetryClass.SAFE:
+            if self.operations is None:
                 return await run()
             # A client's own id may be a retry of a call another replica ran (breakwater.gateway._operations).
-            window = window_for(self.bw.gate.hard_cap_s(server, tool), deadline_seconds(deadline_ms) if deadline_ms else None)
-            return await answer_once(
-                self.operations,
-                op_id=chosen,
-                server=server,
-                tool=tool,
-                arguments=arguments,
-                server_deduplicates=retry_class is RetryClass.IDEMPOTENT,
-                window_s=window,
-                run=run,
-            )
+            chosen = given if isinstance(given, str) and given else own if isinstance(own, str) and own else None
+            deadline_s = deadline_seconds(deadline_ms) if deadline_ms is not None else None
+            return await forwarded_once(self.operations, self.bw, chosen, server, tool, arguments, deadline_s, run)
         finally:
             DOWNSTREAM_CLIENT.reset(client)
 
