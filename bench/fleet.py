@@ -9,9 +9,11 @@ ledger line per execution, and synthetic clients through the balancer: 3 on 2026
 session), 3 on 2025-11-25 sessions (re-initialize on a 404), Poisson arrivals, 30 % mutating calls
 with operation ids, 10 % silent calls of 2.5-3.5 s. After 2 s of load, each replica in turn gets
 SIGTERM (or SIGKILL), is started again and waits until HAProxy has it back; the load runs on
-for 2 s more. Printed: calls, failed calls, 404s, re-initializations, duplicate executions (from
-the ledger), latency p50/p95/p99 of the calls that succeeded, and each replica's exit code and
-stop time.
+for 2 s more. A client whose answer was lost (a cut stream, a 502/503/504) retries through the
+balancer under the same operation id (a second time only if that retry is cut too). Printed:
+calls, failed calls, 404s, re-initializations, duplicate executions (from the ledger), latency
+p50/p95/p99 of the calls that succeeded, each replica's exit code and stop time, and how the cut
+calls' retries were answered.
 
 Time is scaled down about 30x: the balancer's idle timeout is 2 s (60 s in production), the
 keep-alive 0.5 s (15 s), a silent call 3 s (90 s), the long drain window 6 s (180 s).
@@ -30,13 +32,17 @@ from pathlib import Path
 
 import anyio
 
-from breakwater.testing._fleet import Fleet, FleetOptions, LoadStats, loaded
+from breakwater.testing._fleet import UPSTREAM_TOOLS, Fleet, FleetOptions, LoadStats, loaded
 
 REDIS = os.environ.get("BREAKWATER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 LONG_DRAIN, SHORT_DRAIN = 6.0, 1.0
 
 #: How a failure reads when the balancer cut the call's stream (idle timeout) or its replica died under it.
 CUT_MARKS = ("(cut)", "RemoteProtocolError", "ReadError", "HTTP 502", "HTTP 504")
+
+#: In the kill -9 row the mutating calls last 1-2 s, so that some are in flight on each replica killed
+#: (at 0.15 s they almost never are): those are the calls whose retries must not run them twice.
+KILL_TOOLS = tuple("order:latency=uniform(1,2),mutating" if t.startswith("order:") else t for t in UPSTREAM_TOOLS)
 
 ROWS: dict[str, tuple[str, FleetOptions, bool]] = {
     "rr": ("round-robin, no Redis (the broken baseline)", FleetOptions(drain_s=LONG_DRAIN), False),
@@ -52,7 +58,11 @@ ROWS: dict[str, tuple[str, FleetOptions, bool]] = {
         FleetOptions(redis_url=REDIS, drain_s=SHORT_DRAIN),
         False,
     ),
-    "rr-redis-kill9": ("round-robin, Redis, kill -9 instead of SIGTERM", FleetOptions(redis_url=REDIS), True),
+    "rr-redis-kill9": (
+        "round-robin, Redis, kill -9 instead of SIGTERM",
+        FleetOptions(redis_url=REDIS, upstream_tools=KILL_TOOLS),
+        True,
+    ),
 }
 
 
@@ -96,6 +106,14 @@ async def run_row(name: str) -> None:
         f"| {p[0]:.0f} / {p[1]:.0f} / {p[2]:.0f} | {exits} | {took:.0f} s |",
         flush=True,
     )
+    if stats.cut:
+        # Each cut call was retried once through the balancer under its operation id (breakwater.gateway._operations).
+        print(
+            f"|   {stats.cut} cut and retried ({stats.cut_mutating} mutating): {stats.reconciled} reconciled, "
+            f"{stats.unknown} OUTCOME_UNKNOWN, {stats.rerun} run by the retry (read-only, or never started), "
+            f"{stats.unanswered} unanswered; {stats.cut_again} retried twice (the first retry was cut too) |",
+            flush=True,
+        )
     for reason, count in collections.Counter(f[:110] for f in stats.failures).most_common(4):
         print(f"|   {count} x {reason} |", file=sys.stderr, flush=True)
 

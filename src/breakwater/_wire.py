@@ -13,12 +13,15 @@ __all__ = [
     "DEADLINE_META_KEY",
     "ENVELOPE_META_KEY",
     "OPERATION_ID_META_KEY",
+    "REPLAYED_META_KEY",
     "RESULT_TOO_LARGE",
     "json_depth",
 ]
 
 #: One operation id per logical call, the same on every attempt: `params._meta[...]` of a tools/call.
 OPERATION_ID_META_KEY: Final = "io.breakwater/operationId"
+#: Marks a result replayed from the record of an earlier call with the same operation id (it did not run again).
+REPLAYED_META_KEY: Final = "io.breakwater/replayed"
 #: Milliseconds left in the caller's budget, sent by a downstream client to bound its call.
 DEADLINE_META_KEY: Final = "io.breakwater/deadlineMs"
 #: The error envelope the model reads, in the `_meta` of an `isError` result.

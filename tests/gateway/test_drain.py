@@ -121,3 +121,62 @@ async def test_sigterm_lets_calls_in_flight_finish_refuses_new_ones_and_cuts_wha
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+@pytest.mark.parametrize("how", ["stdin closed", "SIGTERM"])
+async def test_stdio_serve_lets_calls_finish_when_its_client_goes_away_then_cuts_the_rest(tmp_path: Path, how: str) -> None:
+    """Stdio ends like HTTP: when the client closes stdin (or on SIGTERM) a call shorter than the window finishes
+    and is answered, a longer one is cancelled upstream and answered OUTCOME_UNKNOWN, and `serve` exits 0 within
+    the window plus a second."""
+    state = tmp_path / "state"
+    flags = ("--tool", "order:latency=30,mutating", "--tool", "quick:latency=1,readonly", "--state-file", str(state))
+    env = dict(
+        os.environ,
+        BREAKWATER_DRAIN_S=str(DRAIN_S),
+        BREAKWATER_CATALOG_DIR=str(tmp_path / "catalog"),
+        BREAKWATER_CONNECT_STARTUP_JITTER_S="0",
+        BREAKWATER_JOURNAL="off",
+    )
+    async with serve_http(*flags) as upstream:
+        config = tmp_path / "breakwater.toml"
+        config.write_text(f'[servers.shop]\nurl = "{upstream.url}"\n')
+        proc = subprocess.Popen(
+            [*BREAKWATER, "serve", "--no-share", "--config", str(config)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        stdin, stdout = proc.stdin, proc.stdout
+        try:
+
+            def send(message: dict[str, Any]) -> None:
+                stdin.write(json.dumps(message).encode() + b"\n")
+                stdin.flush()
+
+            params = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+            send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params})
+            assert json.loads(await anyio.to_thread.run_sync(stdout.readline))["id"] == 1
+            send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            for request_id, tool in ((3, "shop__order"), (4, "shop__quick")):
+                send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {"name": tool, "arguments": {}}})
+            await eventually(lambda: state.exists() and sum(read_state(state)["in_flight"].values()) == 2, 30)
+            gone_at = time.monotonic()
+            if how == "SIGTERM":
+                proc.send_signal(signal.SIGTERM)
+            else:
+                stdin.close()
+            out = await anyio.to_thread.run_sync(stdout.read)
+            code = await anyio.to_thread.run_sync(lambda: proc.wait(timeout=30))
+            elapsed = time.monotonic() - gone_at
+            answers = {m["id"]: m for m in map(json.loads, out.decode().splitlines()) if "id" in m}
+            assert answers[4]["result"]["structuredContent"]["ok"] is True
+            cut = answers[3]["result"]["structuredContent"]
+            assert (cut["code"], cut["reason"], cut["sent"]) == ("OUTCOME_UNKNOWN", "gateway_drain", True)
+            assert cut["operation_id"]
+            assert code == 0
+            # The window, plus a second of shutdown (and slack for a loaded CI machine).
+            assert elapsed < DRAIN_S + 1 + 1.5, elapsed
+            await eventually(lambda: read_state(state)["cancelled"]["order"] == 1, 10)
+            assert read_state(state)["completed"]["quick"] == 1
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

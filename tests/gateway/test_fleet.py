@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import signal
+import uuid
 from pathlib import Path
+from typing import Any
 
 import anyio
+import httpx2
 import pytest
 
-from breakwater.testing._fleet import ACCEPT, Fleet, FleetOptions, loaded
-from helpers import REDIS_URL, require
+from breakwater._wire import OPERATION_ID_META_KEY, REPLAYED_META_KEY
+from breakwater.testing._fleet import ACCEPT, UPSTREAM_TOOLS, Fleet, FleetOptions, loaded
+from breakwater.testing._ledger import read_ledger
+from helpers import REDIS_URL, eventually, require
 
 pytestmark = pytest.mark.anyio
 
@@ -61,3 +68,92 @@ def test_the_readme_shows_the_haproxy_config_the_fleet_runs() -> None:
     )
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert f"```\n{shown.rstrip()}\n```" in readme
+
+
+def _modern_call(tool: str, operation_id: str) -> tuple[dict[str, str], dict[str, Any]]:
+    meta = {
+        OPERATION_ID_META_KEY: operation_id,
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    headers = {**ACCEPT, "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": tool}
+    return headers, {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool, "arguments": {}, "_meta": meta}}
+
+
+def _legacy_call(session: str, tool: str, operation_id: str, request_id: int = 1) -> tuple[dict[str, str], dict[str, Any]]:
+    headers = {**ACCEPT, "mcp-protocol-version": "2025-11-25", "mcp-session-id": session}
+    params = {"name": tool, "arguments": {}, "_meta": {OPERATION_ID_META_KEY: operation_id}}
+    return headers, {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+
+
+def _result(response: Any) -> dict[str, Any]:
+    """The tools/call result in a JSON or SSE answer."""
+    assert response.status_code == 200, (response.status_code, response.text)
+    if response.headers.get("content-type", "").startswith("application/json"):
+        assert "result" in response.json(), response.text
+        return dict(response.json()["result"])
+    data = [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:")]
+    return dict(next(m for m in data if "result" in m)["result"])
+
+
+async def test_kill_9_loses_only_the_calls_it_ran_and_their_retries_never_run_them_twice(
+    tmp_path: Path, haproxy: str, redis_available: None
+) -> None:
+    """The issue's kill -9 target: a replica killed mid-call loses only the calls it was running; each one's retry
+    through the balancer, under the same operation id, is answered (OUTCOME_UNKNOWN with the id, or the first call's
+    stored answer), and the ledger shows no call run twice; the clients under load see the same."""
+    tools = (*UPSTREAM_TOOLS, "hold:latency=2.5,mutating")
+    options = FleetOptions(redis_url=REDIS_URL, idle_timeout_s=5.0, keepalive_s=0.5, drain_s=5.0, upstream_tools=tools)
+    async with Fleet(tmp_path, options) as fleet:
+        victim, other = fleet.replicas[0], fleet.replicas[1]
+        lost = [uuid.uuid4().hex, uuid.uuid4().hex]
+        abandoned = uuid.uuid4().hex
+        answers: dict[str, Any] = {}
+
+        async def direct(replica: Any, op: str, timeout: float) -> None:
+            headers, body = _modern_call("shop__hold", op) if op in lost else _legacy_call(session, "shop__hold", op)
+            try:
+                url = f"http://127.0.0.1:{replica.port}/mcp"
+                answers[op] = await fleet.http.post(url, headers=headers, json=body, timeout=timeout)
+            except httpx2.HTTPError as exc:
+                answers[op] = exc
+
+        # A 2025-11-25 session (a cut stream is not a cancellation there: the call runs on without its client).
+        init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}  # fmt: skip
+        session = (await fleet.http.post(fleet.url, json=init, headers=ACCEPT)).headers["mcp-session-id"]
+        await fleet.http.post(
+            fleet.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=_legacy_call(session, "", "")[0]
+        )
+        async with loaded(fleet.url, modern_clients=3, legacy_clients=3, rate=3.0) as stats:
+            async with anyio.create_task_group() as tg:
+                for op in lost:
+                    tg.start_soon(direct, victim, op, 30.0)
+                # A client that gives up on its answer early: the call still runs to its end on a live replica.
+                tg.start_soon(direct, other, abandoned, 0.5)
+                await eventually(lambda: {*lost, abandoned} <= {r["operation_id"] for r in read_ledger(fleet.ledger)}, 20)
+                await victim.stop(signal.SIGKILL)
+            assert all(isinstance(answers[op], httpx2.HTTPError) for op in (*lost, abandoned))
+            # Each client retries through the balancer, under the same operation id.
+            for op in lost:
+                headers, body = _modern_call("shop__hold", op)
+                retried = _result(await fleet.http.post(fleet.url, headers=headers, json=body))
+                envelope = retried["structuredContent"]
+                assert (envelope["code"], envelope["operation_id"], envelope["reason"]) == ("OUTCOME_UNKNOWN", op, "replica_lost")
+            # A new request (id) in the same session, carrying the same operation id.
+            headers, body = _legacy_call(session, "shop__hold", abandoned, request_id=2)
+            replayed = _result(await fleet.http.post(fleet.url, headers=headers, json=body))
+            assert replayed["structuredContent"]["operation_id"] == abandoned and not replayed.get("isError")
+            assert replayed["_meta"][REPLAYED_META_KEY] is True
+            victim.start()
+            await victim.wait_ready(fleet.http)
+            await anyio.sleep(1.0)
+        ledger = [r["operation_id"] for r in read_ledger(fleet.ledger)]
+        assert all(ledger.count(op) == 1 for op in (*lost, abandoned)), ledger
+        assert fleet.duplicates() == 0
+        assert stats.calls > 30
+        # Whatever the background clients had in flight on the victim was cut, retried and answered.
+        assert stats.unanswered == 0, stats.failures
+        assert stats.cut == stats.reconciled + stats.unknown + stats.rerun
+        assert stats.failed == stats.unknown, stats.failures

@@ -11,6 +11,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -136,12 +137,16 @@ def _announce(host: str, bound: int, port_file: str | None) -> None:
 
 
 async def _serve_stdio(config: Config) -> int:
+    from breakwater.gateway._drain import drain_stdio
     from breakwater.gateway._open import open_gateway
     from breakwater.gateway._stdio_server import stdio_server
 
     stopped_by: list[int] = []
-    async with open_gateway(config) as gateway, stdio_server(stopped_by) as (read, write):
-        await gateway.server.run(read, write, gateway.server.create_initialization_options())
+    async with open_gateway(config) as gateway:
+        # The client went away (stdin closed) or a stop signal came: the calls in flight get `drain_s`.
+        drain = partial(drain_stdio, gateway.drain, config.gateway.drain_s)
+        async with stdio_server(stopped_by, on_end=drain) as (read, write):
+            await gateway.server.run(read, write, gateway.server.create_initialization_options())
     if signal.SIGINT in stopped_by:
         # Everything is closed (upstreams stopped); a Ctrl-C still reads as an interruption, as in every command.
         print("breakwater: interrupted", file=sys.stderr)
@@ -167,7 +172,11 @@ async def _serve_http(
     bound = sock.getsockname()[1]
     # Over HTTP the gateway also serves /metrics and the status page, fed by every attempt.
     metrics = Metrics()
-    async with open_gateway(config, observers=[metrics]) as gateway, _session_store(config) as sessions:
+    async with (
+        open_gateway(config, observers=[metrics]) as gateway,
+        _session_store(config) as sessions,
+        _operation_records(config, gateway),
+    ):
         app = http_app(
             gateway,
             host=host,
@@ -201,6 +210,28 @@ async def _session_store(config: Config) -> AsyncIterator[Any]:
         yield store
     finally:
         await store.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _operation_records(config: Config, gateway: Any) -> AsyncIterator[None]:
+    """With a Redis `[state] url`, the fleet's records of forwarded operations, and this replica's lease in them."""
+    if not config.state.url.startswith(("redis://", "rediss://", "unix://")):
+        yield
+        return
+    from breakwater.state._operations import OperationRecords
+
+    records = OperationRecords(config.state, ttl_s=config.gateway.operation_ttl_s, clock=gateway.bw.clock)
+    gateway.operations = records
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(records.keep_alive)
+            try:
+                yield
+            finally:
+                tg.cancel_scope.cancel()
+    finally:
+        gateway.operations = None
+        await records.aclose()
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -68,7 +68,8 @@ class GatewayPolicy(Policy):
     drain_s: float = knob(
         20.0,
         "On SIGTERM, serve --http answers /readyz with 503 and refuses new sessions and calls, then waits up to "
-        "this long for calls in flight; what is left is cancelled (upstream too) and answered with an error envelope.",
+        "this long for calls in flight; what is left is cancelled (upstream too) and answered with an error envelope. "
+        "Stdio serve does the same when its client closes stdin or on SIGTERM.",
         env="BREAKWATER_DRAIN_S",
         minimum=0.0,
         maximum=3600,
@@ -86,6 +87,15 @@ class GatewayPolicy(Policy):
         "A 2025-11-25 HTTP session unused this long is closed; with [state] url on Redis its record there expires "
         "after the same time (every request renews it), so any replica serves the session until then.",
         env="BREAKWATER_SESSION_TTL_S",
+        minimum=1.0,
+        maximum=604800,
+    )
+    operation_ttl_s: float = knob(
+        3600.0,
+        "With [state] url on Redis, serve --http records each mutating call it forwards under a client's operation "
+        "id for this long, so a retry of a cut call with the same id (to any replica) gets its answer, or "
+        "OUTCOME_UNKNOWN if the replica running it died, and never runs it twice.",
+        env="BREAKWATER_OPERATION_TTL_S",
         minimum=1.0,
         maximum=604800,
     )

@@ -271,6 +271,12 @@ class CallGate:
         info = None if srv is None else srv.tool(tool)
         return None if info is None else info.retry_class
 
+    def hard_cap_s(self, server: str, tool: str) -> float | None:
+        """The longest a call of `tool` may take (`max_s` in force), or None if the tool is not known."""
+        srv = self._servers.get(server)
+        info = None if srv is None else srv.tool(tool)
+        return None if info is None else info.call.hard_s
+
     def in_flight(self) -> dict[str, int]:
         """Calls in flight per server (what the bulkhead counts)."""
         return {name: srv.in_flight for name, srv in self._servers.items()}

@@ -14,6 +14,10 @@ On SIGTERM (`Drain.run`, started by `cli/_serve.py`):
 5. the open GET streams are ended and the server exits.
 
 Only POSTs count as in flight: a GET stream of a 2025-11-25 session lives as long as its session.
+
+Stdio ends the same way when its client goes away (`drain_stdio`): when stdin closes, or on SIGTERM
+or Ctrl-C, nothing new can arrive; the calls in flight get the same window, what is left is cut with
+the same envelopes (written to stdout while the client may still read it), and the process exits 0.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from breakwater.errors import CallError, OutcomeUnknownError, UpstreamError
 if TYPE_CHECKING:
     from breakwater._breakwater import Breakwater
 
-__all__ = ["CUT_GRACE_S", "Drain", "DrainGuard"]
+__all__ = ["CUT_GRACE_S", "Drain", "DrainGuard", "drain_stdio"]
 
 #: After the window, how long the cut calls' envelopes get to be written before the server stops.
 CUT_GRACE_S = 0.5
@@ -131,16 +135,16 @@ class Drain:
         detail = {"reason": "gateway_drain", "sent": entry.was_sent}
         if retry_class is not None and retry_class is not RetryClass.SAFE:
             return OutcomeUnknownError(
-                "This gateway replica was shutting down and its drain window ended while the call was running; "
-                "the call was cancelled and may or may not have happened.",
+                "This gateway was shutting down (a replica draining, or a stdio client gone) and its drain window ended "
+                "while the call was running; the call was cancelled and may or may not have happened.",
                 server=server,
                 tool=tool,
                 operation_id=operation_id,
                 detail=detail,
             )
         return UpstreamError(
-            "This gateway replica was shutting down and cancelled the call before it finished; it is safe to call "
-            "it again (another replica serves it).",
+            "This gateway was shutting down and cancelled the call before it finished; it is safe to call it again "
+            "(another replica serves it).",
             server=server,
             tool=tool,
             retryable=True,
@@ -241,6 +245,21 @@ async def _refuse(send: Any, message_id: Any) -> None:
         }
     )
     await send({"type": "http.response.body", "body": json.dumps(error).encode()})
+
+
+#: Loop turns given to the cut calls' answers to leave the session (the response is written after the
+#: handler returns, a few hand-offs later) before its read side closes and the session stops.
+_FLUSH_TURNS = 50
+
+
+async def drain_stdio(drain: Drain, window_s: float) -> None:
+    """The stdio client went away (stdin closed) or a stop signal came: let the calls in flight finish within
+    `window_s`, cut the rest, and let their answers out."""
+    import anyio.lowlevel
+
+    await drain.run(window_s)
+    for _ in range(_FLUSH_TURNS):
+        await anyio.lowlevel.checkpoint()
 
 
 def end_get_streams(manager: Any) -> None:

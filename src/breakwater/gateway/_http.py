@@ -152,7 +152,12 @@ def http_app(
     if sessions is not None:
         # 2025-11-25 sessions in Redis, so any replica serves them (breakwater.gateway._sessions).
         sdk_app = roaming_app(
-            gateway.server, store=sessions, security=security, json_response=json_response, idle_timeout_s=idle_s
+            gateway.server,
+            store=sessions,
+            security=security,
+            json_response=json_response,
+            idle_timeout_s=idle_s,
+            subscriptions=gateway.passthrough.subscriptions,
         )
     else:
         sdk_app = gateway.server.streamable_http_app(

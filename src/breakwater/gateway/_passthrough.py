@@ -21,7 +21,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio
 import mcp.types as types
@@ -282,6 +282,35 @@ class Subscriptions:
     def upstream(self) -> set[tuple[str, str]]:
         """The (server, uri) pairs subscribed upstream right now."""
         return set(self._links)
+
+    def held(self, holder: object) -> list[list[str]]:
+        """`holder`'s subscriptions as sorted [server, uri] pairs (what a roaming session's record keeps)."""
+        return sorted([server, uri] for server, uri in self._by_holder.get(holder, ()))
+
+    def restore(self, holder: object, pairs: list[list[str]]) -> None:
+        """Subscribe `holder` (a 2025-11-25 connection this replica adopted) to what it subscribed on another replica.
+
+        Each replica has its own upstream connections, so the subscription is made again here, on this
+        replica's: the updates then reach the session on whichever replica its GET stream is open.
+        Nothing is awaited: the upstream subscription is made in the background, as a link is.
+        """
+        tg = self._tg
+        if tg is None:
+            return
+        fresh = holder not in self._by_holder
+        known = {spec.name for spec in self._pt.bw.config.servers}
+        for pair in pairs:
+            if not (isinstance(pair, list) and len(pair) == 2 and pair[0] in known and isinstance(pair[1], str)):
+                continue  # a record written by a replica with other servers
+            key = (pair[0], pair[1])
+            if key not in self._links:
+                self._links[key] = link = _Link(*key)
+                tg.start_soon(self._hold, link, name=f"breakwater subscription {key[0]} {key[1]}")
+            self._holders.setdefault(key, {})[holder] = cast(ServerSession, holder)  # a Connection sends updates alike
+            self._by_holder.setdefault(holder, set()).add(key)
+        exit_stack = getattr(holder, "exit_stack", None)
+        if fresh and holder in self._by_holder and isinstance(exit_stack, contextlib.AsyncExitStack):
+            exit_stack.callback(self.release, holder)
 
     # ---- downstream requests -------------------------------------------------------------------
 

@@ -45,6 +45,7 @@ from breakwater.gate._envelope import error_result
 from breakwater.gateway._builtins import BuiltinTools, SearchAnswer
 from breakwater.gateway._drain import Drain
 from breakwater.gateway._frames import deadline_seconds, explain_params_errors, invalid_deadline
+from breakwater.gateway._operations import forwarded_once
 from breakwater.gateway._passthrough import Passthrough, RelayedListen, connection_of
 from breakwater.gateway._relay import (
     EXCHANGE_KEEP_S,
@@ -58,6 +59,7 @@ from breakwater.gateway._relay import (
 )
 from breakwater.gateway._tasks import GatewayTasks
 from breakwater.journal import DOWNSTREAM_CLIENT
+from breakwater.state._operations import OperationRecords
 from breakwater.status import ServerState
 from breakwater.tasks._server import current_task_id
 
@@ -117,6 +119,8 @@ class Gateway:
                 # Read at each connect: servers connect in the background and this runs before the first one.
                 bw.upstream(spec.name).client_hooks = relay.client_kwargs
         self.relay = relay
+        #: With Redis, the fleet's records of forwarded operations (`breakwater.gateway._operations`); set by serve --http.
+        self.operations: OperationRecords | None = None
         #: SIGTERM's graceful drain over HTTP (`breakwater.gateway._drain`).
         self.drain = Drain(bw.clock)
         self.passthrough = Passthrough(bw, template=policy.tool_name_template, bus=self.bus, calling=self.relay.calling)
@@ -342,7 +346,8 @@ class Gateway:
             budget = self.bw.budget(seconds=deadline_seconds(deadline_ms))
         # The journal names the agent behind each call.
         client = DOWNSTREAM_CLIENT.set(_client_name(first, meta))
-        try:
+
+        async def run() -> types.CallToolResult:
             with self.drain.call(lambda: caller.attempt is not None) as in_flight:
                 async with budget:
                     result = await self.bw.call_tool(
@@ -354,6 +359,14 @@ class Gateway:
             # Progress and log messages that arrived before the result reach the caller before it does.
             await caller.drain()
             return explain_refusal(result, caller)
+
+        try:
+            if self.operations is None:
+                return await run()
+            # A client's own id may be a retry of a call another replica ran (breakwater.gateway._operations).
+            chosen = given if isinstance(given, str) and given else own if isinstance(own, str) and own else None
+            deadline_s = deadline_seconds(deadline_ms) if deadline_ms is not None else None
+            return await forwarded_once(self.operations, self.bw, chosen, server, tool, arguments, deadline_s, run)
         finally:
             DOWNSTREAM_CLIENT.reset(client)
 

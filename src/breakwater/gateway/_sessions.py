@@ -5,11 +5,15 @@ round-robin balancer a session's second request meets a replica that answers 404
 re-initializes mid-task. With `[state] url = "redis://..."`, `serve --http` uses `RoamingSessionManager`:
 
 * `initialize` writes the session's record to Redis (`breakwater.state._sessions.SessionStore`)
-  before its response leaves (`SessionRecorder`, a server middleware); `logging/setLevel` updates it;
+  before its response leaves (`SessionRecorder`, a server middleware); `logging/setLevel` and
+  `resources/subscribe`/`unsubscribe` update it;
 * a request carrying a session id this replica does not hold, whose record is in Redis, *adopts*
   the session: a transport with that id and a server loop whose connection starts out initialized
   with the recorded revision, client capabilities and log level (the SDK's session-roaming
-  pattern, with the connection state that pattern leaves behind);
+  pattern, with the connection state that pattern leaves behind), and the session's resource
+  subscriptions made again on this replica's own upstream connections (an upstream subscription
+  belongs to the connection that made it), so an update reaches the session on whichever replica
+  holds its GET stream;
 * every request of a session renews its TTL; a renewal that finds the record gone (a `DELETE` on
   another replica, or expiry) ends the local copy too, and `DELETE` removes the record.
 
@@ -31,7 +35,7 @@ from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServ
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.responses import Response
 
-from breakwater.gateway._passthrough import connection_of
+from breakwater.gateway._passthrough import Subscriptions, connection_of
 from breakwater.gateway._relay import LOG_LEVEL_STATE
 
 if TYPE_CHECKING:
@@ -48,15 +52,19 @@ log = logging.getLogger("breakwater.sessions")
 class SessionRecorder:
     """Server middleware: the session's record goes to Redis when `initialize` and `logging/setLevel` succeed."""
 
-    def __init__(self, store: SessionStore) -> None:
+    def __init__(self, store: SessionStore, subscriptions: Subscriptions | None = None) -> None:
         self.store = store
+        self.subscriptions = subscriptions
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         result = await call_next(ctx)
-        if ctx.method not in ("initialize", "logging/setLevel"):
+        if ctx.method not in _RECORDED:
             return result
         session_id = getattr(connection_of(ctx), "session_id", None)
         if not isinstance(session_id, str) or not isinstance(ctx.params, Mapping):
+            return result
+        if ctx.method.startswith("resources/"):
+            await self._record_subscriptions(ctx, session_id, str(ctx.params.get("uri")))
             return result
         params = dict(ctx.params)
         if ctx.method == "logging/setLevel":
@@ -69,13 +77,28 @@ class SessionRecorder:
         await self.store.save(session_id, {"version": version, "params": params, "level": None})
         return result
 
+    async def _record_subscriptions(self, ctx: ServerRequestContext[Any, Any], session_id: str, uri: str) -> None:
+        # Merged with the record, not replaced by this replica's view: the session may have subscribed
+        # elsewhere after this replica adopted it.
+        record = await self.store.load(session_id)
+        if record is None or self.subscriptions is None:
+            return
+        kept = [p for p in record.get("subscriptions") or [] if isinstance(p, list) and len(p) == 2 and p[1] != uri]
+        if ctx.method == "resources/subscribe":
+            kept += [p for p in self.subscriptions.held(connection_of(ctx)) if p[1] == uri]
+        await self.store.update(session_id, subscriptions=sorted(kept))
+
+
+_RECORDED = frozenset({"initialize", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"})
+
 
 class RoamingSessionManager(StreamableHTTPSessionManager):
     """The SDK's stateful session manager, also serving the sessions other replicas created (records in Redis)."""
 
-    def __init__(self, app: Any, *, store: SessionStore, **kwargs: Any) -> None:
+    def __init__(self, app: Any, *, store: SessionStore, subscriptions: Subscriptions | None = None, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         self.store = store
+        self.subscriptions = subscriptions
         #: Sessions this replica took over from another one (for status and tests).
         self.adopted = 0
 
@@ -144,6 +167,8 @@ class RoamingSessionManager(StreamableHTTPSessionManager):
                     if record.get("level"):
                         connection.state[LOG_LEVEL_STATE] = record["level"]
                     connection.initialized.set()
+                    if self.subscriptions is not None and isinstance(record.get("subscriptions"), list):
+                        self.subscriptions.restore(connection, record["subscriptions"])
                     await serve_connection(self.app, dispatcher, connection=connection, lifespan_state=self._lifespan_state)
             except Exception:
                 log.exception("adopted session %s crashed", session_id[:8])
@@ -159,16 +184,29 @@ def _session_id(scope: Scope) -> str | None:
     return None
 
 
-def roaming_app(server: Any, *, store: SessionStore, security: Any, json_response: bool, idle_timeout_s: float) -> Any:
+def roaming_app(
+    server: Any,
+    *,
+    store: SessionStore,
+    security: Any,
+    json_response: bool,
+    idle_timeout_s: float,
+    subscriptions: Subscriptions | None = None,
+) -> Any:
     """The streamable-HTTP Starlette app `server.streamable_http_app()` builds, over a `RoamingSessionManager`."""
     from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
     from starlette.applications import Starlette
     from starlette.routing import Route
 
     manager = RoamingSessionManager(
-        server, store=store, json_response=json_response, security_settings=security, session_idle_timeout=idle_timeout_s
+        server,
+        store=store,
+        subscriptions=subscriptions,
+        json_response=json_response,
+        security_settings=security,
+        session_idle_timeout=idle_timeout_s,
     )
     # Where the SDK keeps its own manager, so `server.session_manager` finds this one.
     server._session_manager = manager
-    server.middleware.append(SessionRecorder(store))
+    server.middleware.append(SessionRecorder(store, subscriptions))
     return Starlette(routes=[Route("/mcp", endpoint=StreamableHTTPASGIApp(manager))], lifespan=lambda app: manager.run())

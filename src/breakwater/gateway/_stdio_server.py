@@ -28,7 +28,7 @@ import os
 import stat
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -237,28 +237,44 @@ async def pump_output(source: Any, output: LineOutput) -> None:
             await output.send(data.encode() + b"\n")
 
 
-async def _stop_on_signal(reading: anyio.CancelScope, sink: Any, stopped_by: list[int]) -> None:
-    # A stop signal ends the session as the end of input does, so the caller shuts down in order.
+async def _stop_on_signal(reading: anyio.CancelScope, ending: anyio.CancelScope | None, sink: Any, stopped_by: list[int]) -> None:
+    # A stop signal ends the session as the end of input does, so the caller shuts down in order;
+    # with an `on_end` (the drain), a second one cuts that short.
     loop = asyncio.get_running_loop()
     received = anyio.Event()
+    again = anyio.Event()
 
     def on_signal(signum: int) -> None:  # on the main thread, between two steps of the loop
         if not received.is_set():
             stopped_by.append(signum)
             loop.call_soon_threadsafe(received.set)
+        else:
+            loop.call_soon_threadsafe(again.set)
 
     with _platform.on_stop_signals(on_signal):
         await received.wait()
-    reading.cancel()
-    await sink.aclose()
+        reading.cancel()
+        if ending is None:
+            await sink.aclose()
+            return
+        await again.wait()
+        ending.cancel()
 
 
 @asynccontextmanager
-async def stdio_server(stopped_by: list[int] | None = None, *, fast: bool | None = None) -> AsyncIterator[tuple[Any, Any]]:
+async def stdio_server(
+    stopped_by: list[int] | None = None,
+    *,
+    fast: bool | None = None,
+    on_end: Callable[[], Awaitable[None]] | None = None,
+) -> AsyncIterator[tuple[Any, Any]]:
     """Serve MCP over this process's stdin and stdout: `(read_stream, write_stream)` for `Server.run`.
 
     A stop signal that ended the session is appended to `stopped_by` (the caller's exit code says which).
-    `fast` picks asyncio's pipe transports or the portable threads; by default, what the platform offers."""
+    `fast` picks asyncio's pipe transports or the portable threads; by default, what the platform offers.
+    `on_end` runs when the input ended (or a stop signal came), before the session's read side closes,
+    so the calls in flight can still answer (`breakwater.gateway._drain.drain_stdio`); a second stop
+    signal cancels it."""
     fast = _platform.FAST_STDIO if fast is None else fast
     try:
         loop = asyncio.get_running_loop()
@@ -280,18 +296,22 @@ async def stdio_server(stopped_by: list[int] | None = None, *, fast: bool | None
     read_stream_writer, read_stream = create_context_streams[SessionMessage | Exception](0)
     write_stream, write_stream_reader = create_context_streams[SessionMessage](0)
     reading = anyio.CancelScope()
+    ending = None if on_end is None else anyio.CancelScope()
 
     async def read_until_stopped() -> None:
         async with read_stream_writer:
             with reading:
                 await pump_input(reader, read_stream_writer, output)
+            if on_end is not None and ending is not None:
+                with ending:
+                    await on_end()
 
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(read_until_stopped)
             tg.start_soon(pump_output, write_stream_reader, output)
             if threading.current_thread() is threading.main_thread():
-                tg.start_soon(_stop_on_signal, reading, read_stream_writer, [] if stopped_by is None else stopped_by)
+                tg.start_soon(_stop_on_signal, reading, ending, read_stream_writer, [] if stopped_by is None else stopped_by)
             yield read_stream, write_stream
             tg.cancel_scope.cancel()
     finally:

@@ -2,10 +2,11 @@
 
 Key layout (`NS` = `[state] namespace`):
 
-    NS:session:{ID}   string  JSON {"version", "params", "level"}   TTL `[gateway] session_ttl_s`, renewed by use
+    NS:session:{ID}   string  JSON {"version", "params", "level", "subscriptions"}   TTL `[gateway] session_ttl_s`, renewed by use
 
 `version` is the negotiated protocol revision, `params` the client's `initialize` params (client
-info and capabilities), `level` the log level it set (`logging/setLevel`), if any. The record is
+info and capabilities), `level` the log level it set (`logging/setLevel`), if any, `subscriptions`
+the [server, uri] pairs of its resource subscriptions (absent until it subscribes). The record is
 written before the `initialize` response leaves, so the client never holds a session id that Redis
 does not know. A replica serving a request of a session renews the TTL; the renewal also says
 whether the session still exists, which is how a `DELETE` on one replica ends it on all of them.

@@ -16,6 +16,7 @@ shared `breakwater testserver` upstream are processes; Redis is the machine's.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -40,8 +41,23 @@ from breakwater.testing.server import serve_http
 
 __all__ = ["Fleet", "FleetOptions", "LoadStats", "haproxy_config", "run_load"]
 
+#: How `_call_once` reports a lost answer: a transport error, a stream that ended without it, the balancer's 502/503/504.
+_CUT_MARKS = (
+    "RemoteProtocolError",
+    "ReadError",
+    "WriteError",
+    "ConnectError",
+    "no response",
+    "HTTP 502",
+    "HTTP 503",
+    "HTTP 504",
+    "HTTPStatusError: Server error",  # a 2025-11-25 initialize that met a dying replica
+)
+#: Retries of a cut call (the second only when the first was cut as well).
+_CUT_RETRIES = 2
 ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 OPERATION_ID_META_KEY = "io.breakwater/operationId"
+REPLAYED_META_KEY = "io.breakwater/replayed"
 #: The upstream's tools: a read-only one and a mutating one (a ledger line per execution, written first).
 UPSTREAM_TOOLS = (
     "work:latency=lognormal(0.15,0.7),readonly",
@@ -291,6 +307,20 @@ class LoadStats:
     reinits: int = 0
     latencies: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    #: Calls whose first answer was lost (connection or stream cut, a 502/503/504), each retried once with its operation id.
+    cut: int = 0
+    #: ... of them calls of the mutating tool (with an operation id).
+    cut_mutating: int = 0
+    #: ... whose first retry was cut too (its replica was the next one killed), so they were retried once more.
+    cut_again: int = 0
+    #: ... whose retry got the first call's stored answer (`_meta["io.breakwater/replayed"]`): nothing ran twice.
+    reconciled: int = 0
+    #: ... whose retry was answered OUTCOME_UNKNOWN with the operation id (the first may have run; not run again).
+    unknown: int = 0
+    #: ... whose retry ran the call (read-only, or a mutating call the first attempt never got to start).
+    rerun: int = 0
+    #: ... whose retry got no answer either.
+    unanswered: int = 0
 
     def quantile(self, q: float) -> float:
         """The `q` latency quantile in seconds (nan without calls)."""
@@ -340,6 +370,8 @@ class _Client:
         self.slow_share = slow_share
         self.session: str | None = None
         self.next_id = 0
+        #: The last call's result (`_call_once`), to tell a replayed answer from a fresh one.
+        self.last_result: dict[str, Any] = {}
 
     async def _initialize(self, http: httpx2.AsyncClient) -> None:
         params = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "fleet-load", "version": "1"}}
@@ -372,6 +404,36 @@ class _Client:
         operation_id = uuid.uuid4().hex if mutating else None
         started = time.monotonic()
         self.stats.calls += 1
+        problem = await self._call_reinit(http, tool, operation_id)
+        if problem is not None and problem.startswith(_CUT_MARKS):
+            # The answer was lost, so the call may have run: retry through the balancer under the same
+            # operation id; the gateway answers it from its record rather than running it twice. Once more
+            # only if the retry's own replica was the next one killed.
+            self.stats.cut += 1
+            self.stats.cut_mutating += mutating
+            for retry in range(_CUT_RETRIES):
+                self.stats.cut_again += retry > 0
+                # On a connection of its own: a pooled one may be one the balancer is closing as it is reused.
+                async with httpx2.AsyncClient(timeout=http.timeout) as fresh:
+                    problem = await self._call_reinit(fresh, tool, operation_id)
+                if problem is None or not problem.startswith(_CUT_MARKS):
+                    break
+            if problem is None and (self.last_result.get("_meta") or {}).get(REPLAYED_META_KEY):
+                self.stats.reconciled += 1
+            elif problem is None:
+                self.stats.rerun += 1
+            elif problem == "isError OUTCOME_UNKNOWN":
+                self.stats.unknown += 1
+            else:
+                self.stats.unanswered += 1
+        if problem is None:
+            self.stats.latencies.append(time.monotonic() - started)
+        else:
+            self.stats.failed += 1
+            revision = "2026-07-28" if self.modern else "2025-11-25"
+            self.stats.failures.append(f"{revision} {tool}: {problem}")
+
+    async def _call_reinit(self, http: httpx2.AsyncClient, tool: str, operation_id: str | None) -> str | None:
         problem = await self._call_once(http, tool, operation_id)
         if problem == "404":
             # What a 2025-11-25 client does when its session is gone: initialize again and re-send.
@@ -379,12 +441,7 @@ class _Client:
             self.stats.reinits += 1
             self.session = None
             problem = await self._call_once(http, tool, operation_id)
-        if problem is None:
-            self.stats.latencies.append(time.monotonic() - started)
-        else:
-            self.stats.failed += 1
-            revision = "2026-07-28" if self.modern else "2025-11-25"
-            self.stats.failures.append(f"{revision} {tool}: {problem}")
+        return problem
 
     async def _call_once(self, http: httpx2.AsyncClient, tool: str, operation_id: str | None) -> str | None:
         """None when the call succeeded, else what went wrong ("404" for a lost session)."""
@@ -406,6 +463,7 @@ class _Client:
         if "error" in answer:
             return f"JSON-RPC error {answer['error'].get('message')}"
         result = answer.get("result") or {}
+        self.last_result = result
         if result.get("isError"):
             return f"isError {(result.get('structuredContent') or {}).get('code')}"
         return None
@@ -453,9 +511,9 @@ async def loaded(url: str, **kwargs: Any) -> AsyncIterator[LoadStats]:
 
     async def drive() -> None:
         result = await run_load(url, stop, **kwargs)
-        for name in ("calls", "failed", "not_found", "reinits"):
-            setattr(stats, name, getattr(result, name))
-        stats.latencies, stats.failures = result.latencies, result.failures
+        # Every field, so a new counter cannot be left behind.
+        for f in dataclasses.fields(LoadStats):
+            setattr(stats, f.name, getattr(result, f.name))
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(drive)
