@@ -187,7 +187,7 @@ class RedisStreamLog:
 
     needs_beat = True
 
-    def __init__(self, policy: StatePolicy, *, events: int, ttl_s: float) -> None:
+    def __init__(self, policy: StatePolicy, *, events: int, ttl_s: float, owner_lost_s: float = OWNER_LOST_S) -> None:
         import redis.asyncio as aredis
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
@@ -196,7 +196,7 @@ class RedisStreamLog:
         self._prefix = f"{policy.namespace}:sse:"
         self.events = events
         self.ttl_ms = max(1, math.ceil(ttl_s * 1000))
-        self.live_ms = max(1, math.ceil(OWNER_LOST_S * 1000))
+        self.live_ms = max(1, math.ceil(owner_lost_s * 1000))
         self._r = aredis.Redis.from_url(
             policy.url,
             # A follower's XREAD BLOCK holds its connection for up to FOLLOW_POLL_S.
