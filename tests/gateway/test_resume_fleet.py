@@ -85,7 +85,8 @@ async def _ready(http: httpx2.AsyncClient, url: str, headers: dict[str, str]) ->
 
 
 async def test_without_redis_the_same_replica_replays_a_cut_stream(tmp_path: Path, haproxy: str) -> None:
-    options = FleetOptions(replicas=1, keepalive_s=0.3, upstream_tools=(PROGRESSING,))
+    """Also: a silent call's stream, opened lazily, carries the `sse_keepalive_s` pings from the start."""
+    options = FleetOptions(replicas=1, keepalive_s=0.3, upstream_tools=(PROGRESSING, "silent:latency=1.5,readonly"))
     async with Fleet(tmp_path, options) as fleet, httpx2.AsyncClient(timeout=30) as http:
         url = f"http://127.0.0.1:{fleet.replicas[0].port}/mcp"
         headers = await _session(http, url)
@@ -102,6 +103,15 @@ async def test_without_redis_the_same_replica_replays_a_cut_stream(tmp_path: Pat
         assert again == answer
         unknown = await http.get(url, headers={**headers, "last-event-id": "3/99"})
         assert unknown.status_code == 404
+
+        body = {"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": {"name": "shop__silent", "arguments": {}}}
+        async with http.stream("POST", url, json=body, headers=headers) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            lines = [line async for line in response.aiter_lines()]
+        pings = [line for line in lines if line.startswith(":")]
+        # 1.5 s of silence at one ping per 0.3 s (the commit itself waits at most 0.3 s): a few, not none.
+        assert len(pings) >= 2, lines
+        assert json.loads([line for line in lines if line.startswith("data:") and line[5:].strip()][-1][5:])["id"] == 6
 
 
 async def test_with_redis_another_replica_resumes_a_stream_while_the_first_runs_the_call(

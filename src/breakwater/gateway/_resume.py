@@ -171,12 +171,14 @@ class SessionStreams(EventStore):
     async def _keep_alive(self, request_id: str, state: _Committed) -> None:
         key = (self.session_id, request_id)
         clock = self.streams.clock
-        while not state.final and self._alive():
+        while True:
+            await clock.sleep(OWNER_BEAT_S)
+            if state.final or not self._alive():
+                return
             try:
                 await self.streams.log.beat([key])
             except Exception as exc:
                 log.debug("cannot refresh stream %s (%s)", request_id, exc)
-            await clock.sleep(OWNER_BEAT_S)
 
     # ---- EventStore ---------------------------------------------------------------------------------
 

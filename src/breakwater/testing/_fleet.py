@@ -411,6 +411,8 @@ class _Client:
                         if self.modern or last_event_id is None:
                             return "no response in the stream (cut)"
         except httpx2.HTTPError as exc:
+            if isinstance(exc, httpx2.RemoteProtocolError | httpx2.ReadError):
+                self.stats.cut += 1  # the connection died under the call (before any event id reached the client)
             return f"{type(exc).__name__}: {exc}"
         if answer is None:
             # 2025-11-25: what the SDK's client does with a cut stream whose events had ids.
