@@ -122,8 +122,17 @@ async def test_with_redis_another_replica_resumes_a_stream_while_the_first_runs_
         a, b = (f"http://127.0.0.1:{r.port}/mcp" for r in fleet.replicas)
         headers = await _session(http, a)
         await _ready(http, a, headers)
-        last_id, seen = await _cut_after_two_progress(http, a, headers)
-        assert len(seen) == 2
+        import redis.asyncio as aredis
+
+        r = aredis.Redis.from_url(REDIS_URL, decode_responses=True)
+        try:
+            # Calls answered as one JSON body (tools/list above) wrote no stream: resumption costs them nothing.
+            assert [k async for k in r.scan_iter(f"{fleet.namespace}:sse:*")] == []
+            last_id, seen = await _cut_after_two_progress(http, a, headers)
+            assert len(seen) == 2
+            assert len([k async for k in r.scan_iter(f"{fleet.namespace}:sse:*")]) == 3  # the stream, info, live
+        finally:
+            await r.aclose()
         await anyio.sleep(0.5)
         answer, progress = await _resume(http, b, headers, last_id)  # b never saw the session nor the call
         assert answer["id"] == 5 and answer["result"]["structuredContent"]["tool"] == "prog"
@@ -145,10 +154,10 @@ async def test_behind_haproxy_an_idle_cut_stream_is_resumed_by_the_sdk_client(
     )
     async with Fleet(tmp_path, options) as fleet, httpx2.AsyncClient(timeout=30) as http:
         await _ready(http, fleet.url, await _session(http, fleet.url))
-        progress: list[float] = []
+        seen: list[float] = []
 
-        async def on_progress(value: float, total: float | None, message: str | None) -> None:
-            progress.append(value)
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            seen.append(progress)
 
         async with Client(streamable_http_client(fleet.url, http_client=http), mode="legacy") as client:
             with anyio.fail_after(30):
@@ -156,7 +165,7 @@ async def test_behind_haproxy_an_idle_cut_stream_is_resumed_by_the_sdk_client(
         assert not result.is_error, result
         assert (result.structured_content or {}).get("tool") == "quiet"
         # At 2 s (before the cut, 1.5 s into the silence) and at 4 s (while the stream was cut): both arrived.
-        assert len(progress) == 2, progress
+        assert len(seen) == 2, seen
         # HAProxy's own word that it cut the call's stream: its log line ends the POST with "sD" (server-side
         # timeout during the data phase).
         lines = (tmp_path / "haproxy.log").read_text().splitlines()
