@@ -149,8 +149,10 @@ async def test_behind_haproxy_an_idle_cut_stream_is_resumed_by_the_sdk_client(
         replicas=3,
         redis_url=REDIS_URL,
         keepalive_s=0,
-        idle_timeout_s=1.5,
-        upstream_tools=("quiet:latency=4.5,progress=2,readonly",),
+        # Silences: 1 s until the commit, 1.4 s to the first progress (both under the idle timeout), then
+        # 2.4 s (over it: cut at 4.4 s, resumed at 5.4 s, after the second progress at 4.8 s).
+        idle_timeout_s=2.0,
+        upstream_tools=("quiet:latency=5.6,progress=2.4,readonly",),
     )
     async with Fleet(tmp_path, options) as fleet, httpx2.AsyncClient(timeout=30) as http:
         await _ready(http, fleet.url, await _session(http, fleet.url))
@@ -164,7 +166,7 @@ async def test_behind_haproxy_an_idle_cut_stream_is_resumed_by_the_sdk_client(
                 result = await client.call_tool("shop__quiet", {}, progress_callback=on_progress)
         assert not result.is_error, result
         assert (result.structured_content or {}).get("tool") == "quiet"
-        # At 2 s (before the cut, 1.5 s into the silence) and at 4 s (while the stream was cut): both arrived.
+        # At 2.4 s (before the cut) and at 4.8 s (while the stream was cut): both arrived.
         assert len(seen) == 2, seen
         # HAProxy's own word that it cut the call's stream: its log line ends the POST with "sD" (server-side
         # timeout during the data phase).
