@@ -245,7 +245,7 @@ async def test_another_replica_replays_and_follows_a_stream_in_redis(redis_logs:
     key = f"{namespace}:sse:s1:7"
     assert await r.xlen(key) == 3
     assert 0 < await r.pttl(key) <= 30_000
-    assert await r.get(f"{key}:live") == "done"
+    assert await r.get(f"{namespace}:sse-live:s1:7") == "done"
     await r.aclose()
 
 

@@ -5,8 +5,11 @@ shares them. `breakwater.gateway._resume` writes and follows them. Redis key lay
 namespace`, one stream per 2025-11-25 request that went out as SSE):
 
     NS:sse:{SESSION}:{REQUEST}        stream  entry id 0-SEQ, field m = the JSON-RPC message   MAXLEN `[gateway] resume_events`
-    NS:sse:{SESSION}:{REQUEST}:info   string  JSON {"id", "method", "tool", "operation_id"}     (the stream is known)
-    NS:sse:{SESSION}:{REQUEST}:live   string  "1" while the call runs (PX `OWNER_LOST_S`), "done" once answered
+    NS:sse-info:{SESSION}:{REQUEST}   string  JSON {"id", "method", "tool", "operation_id"}     (the stream is known)
+    NS:sse-live:{SESSION}:{REQUEST}   string  "1" while the call runs (PX `OWNER_LOST_S`), "done" once answered
+
+(The request id is the client's own JSON-RPC id, so it is the last part of each key: no id can name
+another key's stream.)
 
 Only the replica running the call writes a stream, in order, so the entry ids are its own sequence
 numbers (`0-2`, `0-3`, ...; the SSE ids carry the same number). It refreshes the `live` mark every
@@ -193,7 +196,7 @@ class RedisStreamLog:
         from redis.backoff import NoBackoff
 
         timeout = max(policy.timeout_s, _MIN_TIMEOUT_S)
-        self._prefix = f"{policy.namespace}:sse:"
+        self._namespace = policy.namespace
         self.events = events
         self.ttl_ms = max(1, math.ceil(ttl_s * 1000))
         self.live_ms = max(1, math.ceil(owner_lost_s * 1000))
@@ -206,47 +209,50 @@ class RedisStreamLog:
             decode_responses=True,
         )
 
-    def _key(self, key: tuple[str, str]) -> str:
-        return f"{self._prefix}{key[0]}:{key[1]}"
+    def _keys(self, key: tuple[str, str]) -> tuple[str, str, str]:
+        """The stream's keys: its events, its start record, its liveness mark."""
+        tail = f"{key[0]}:{key[1]}"
+        ns = self._namespace
+        return f"{ns}:sse:{tail}", f"{ns}:sse-info:{tail}", f"{ns}:sse-live:{tail}"
 
     async def start(
         self, key: tuple[str, str], info: dict[str, Any], entries: Sequence[tuple[int, str]], alive: Callable[[], bool]
     ) -> None:
         """Open the stream with its start record, what it carried so far and a fresh liveness mark."""
-        k = self._key(key)
+        k, info_key, live_key = self._keys(key)
         pipe = self._r.pipeline(transaction=False)
-        pipe.set(f"{k}:info", json.dumps(info), px=self.ttl_ms)
+        pipe.set(info_key, json.dumps(info), px=self.ttl_ms)
         for seq, data in entries:
             pipe.xadd(k, {"m": data}, id=f"0-{seq}", maxlen=self.events, approximate=False)
         if entries:
             pipe.pexpire(k, self.ttl_ms)
-        pipe.set(f"{k}:live", "1", px=self.live_ms)
+        pipe.set(live_key, "1", px=self.live_ms)
         await pipe.execute()
 
     async def append(self, key: tuple[str, str], seq: int, data: str, *, final: bool) -> None:
         """One event; the answer turns the liveness mark into `done` (kept as long as the events)."""
-        k = self._key(key)
+        k, info_key, live_key = self._keys(key)
         pipe = self._r.pipeline(transaction=False)
         pipe.xadd(k, {"m": data}, id=f"0-{seq}", maxlen=self.events, approximate=False)
         pipe.pexpire(k, self.ttl_ms)
-        pipe.pexpire(f"{k}:info", self.ttl_ms)
+        pipe.pexpire(info_key, self.ttl_ms)
         # Written after the event, so a follower that sees the mark change also sees the event.
-        pipe.set(f"{k}:live", _DONE if final else "1", px=self.ttl_ms if final else self.live_ms)
+        pipe.set(live_key, _DONE if final else "1", px=self.ttl_ms if final else self.live_ms)
         await pipe.execute()
 
     async def beat(self, keys: Sequence[tuple[str, str]]) -> None:
         """The calls of these streams still run here: marks and retention pushed out again."""
         pipe = self._r.pipeline(transaction=False)
         for key in keys:
-            k = self._key(key)
-            pipe.set(f"{k}:live", "1", px=self.live_ms, xx=True)
+            k, info_key, live_key = self._keys(key)
+            pipe.set(live_key, "1", px=self.live_ms, xx=True)
             pipe.pexpire(k, self.ttl_ms)
-            pipe.pexpire(f"{k}:info", self.ttl_ms)
+            pipe.pexpire(info_key, self.ttl_ms)
         await pipe.execute()
 
     async def info(self, key: tuple[str, str]) -> dict[str, Any] | None:
         """The start record, or None when the stream is unknown or expired."""
-        raw = await self._r.get(f"{self._key(key)}:info")
+        raw = await self._r.get(self._keys(key)[1])
         if raw is None:
             return None
         try:
@@ -257,13 +263,13 @@ class RedisStreamLog:
 
     async def read(self, key: tuple[str, str], after: int, *, wait_s: float) -> StreamRead:
         """Entries after `after` (`XREAD BLOCK` up to `wait_s` when there are none), with the stream's state."""
-        k = self._key(key)
+        k, info_key, live_key = self._keys(key)
         block = max(1, round(wait_s * 1000)) if wait_s > 0 else None
         found = await self._r.xread({k: f"0-{after}"}, count=100, block=block)
         entries = [(int(entry_id.partition("-")[2]), fields.get("m", "")) for _, items in found for entry_id, fields in items]
         pipe = self._r.pipeline(transaction=False)
-        pipe.exists(f"{k}:info")
-        pipe.get(f"{k}:live")
+        pipe.exists(info_key)
+        pipe.get(live_key)
         known, live = await pipe.execute()
         return StreamRead(entries, known=bool(known), alive=live is not None, final=live == _DONE)
 
