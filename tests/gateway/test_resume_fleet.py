@@ -77,6 +77,12 @@ async def _resume(http: httpx2.AsyncClient, url: str, headers: dict[str, str], l
     raise AssertionError("the resumed stream ended without the answer")
 
 
+async def _resumed(http: httpx2.AsyncClient, port: int) -> int:
+    """`breakwater_streams_resumed_total` of the replica on `port`."""
+    text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+    return int(float(next(line.split()[-1] for line in text.splitlines() if line.startswith("breakwater_streams_resumed_total"))))
+
+
 async def _ready(http: httpx2.AsyncClient, url: str, headers: dict[str, str]) -> None:
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
     with anyio.fail_after(30):
@@ -138,6 +144,7 @@ async def test_with_redis_another_replica_resumes_a_stream_while_the_first_runs_
         assert answer["id"] == 5 and answer["result"]["structuredContent"]["tool"] == "prog"
         assert not answer["result"].get("isError")
         assert progress >= 2
+        assert [await _resumed(http, r.port) for r in fleet.replicas] == [0, 1]
 
 
 async def test_behind_haproxy_an_idle_cut_stream_is_resumed_by_the_sdk_client(
@@ -172,3 +179,5 @@ async def test_behind_haproxy_an_idle_cut_stream_is_resumed_by_the_sdk_client(
         # timeout during the data phase).
         lines = (tmp_path / "haproxy.log").read_text().splitlines()
         assert any('"POST /mcp' in line and " sD" in line for line in lines), "\n".join(lines)
+        # Which replica resumed it is round-robin's choice; one of them did.
+        assert sum([await _resumed(http, r.port) for r in fleet.replicas]) >= 1

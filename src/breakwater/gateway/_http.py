@@ -164,8 +164,8 @@ def http_app(
         )
     app = FrameErrors(sdk_app, max_body_bytes=DEFAULT_MAX_REQUEST_BODY_SIZE)  # malformed requests: the spec's errors
     policy = gateway.policy
+    resumable: ResumableStreams | None = None
     if not json_response:
-        resumable: ResumableStreams | None = None
         if policy.resume_events > 0:
             from breakwater.state._streams import MemoryStreamLog
 
@@ -177,6 +177,7 @@ def http_app(
         # one that streams can be resumed with Last-Event-ID (_resume).
         answer_lazily(gateway.server.session_manager, gateway.bw.clock, keepalive_s=policy.sse_keepalive_s, streams=resumable)
     metrics = metrics if metrics is not None else Metrics()
+    metrics.streams = resumable
     # One call counter per server: a second app over the same gateway replaces it, never counts twice.
     gateway.server.middleware[:] = [m for m in gateway.server.middleware if not isinstance(m, CallCounter)]
     gateway.server.middleware.append(metrics.middleware(gateway_resolver(gateway)))
