@@ -31,11 +31,12 @@ own scale):
   is fixed. Approximate: open loop for a closed one.
 * the deploy starts 2 s (-> 60 s) into the load: the lab's deploy starts at 120 s, so the lab's
   arrivals start at 60 s and last the fleet's measured run time (x30). Exact up to the run time.
-* what is counted: the fleet's clients never resume or re-issue (a cut or a second 404 is a failed call);
-  the lab's do (a GET resume after a cut for 2025-11-25, up to three re-issues for 2026-07-28). So both
-  sides count calls, not events: 404s are calls that saw at least one 404; cuts are calls that had an
-  attempt cut by the idle timeout or killed by a deploy (in the fleet: failures that read as a cut
-  stream, a 502 or a 504, `fleet.CUT_MARKS`); resumes are the lab's resume GETs.
+* what is counted: the fleet's 2025-11-25 clients resume a cut stream with Last-Event-ID (as the SDK's
+  client does) but never re-issue (a failed resume or a second 404 is a failed call); the lab's do
+  both (a GET resume after a cut for 2025-11-25, up to three re-issues for 2026-07-28). So both sides
+  count calls, not events: 404s are calls that saw at least one 404; cuts are calls that had an
+  attempt cut by the idle timeout or killed by a deploy (in the fleet: a stream that ended before its
+  answer, a 502 or a 504, `LoadStats.cut`); resumes are resume GETs that brought the answer.
 """
 
 from __future__ import annotations
@@ -177,13 +178,12 @@ async def measure_fleet(names: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     for name in names:
         row = await fleet_bench.measure_row(name)
         s = row.stats
-        # The fleet's clients never resume a cut stream (a cut is a failed call): resumes are 0.
         out[name] = {
             "calls": s.calls,
             "failed": s.failed,
             "404s": s.not_found,
             "cuts": row.cuts,
-            "resumes": 0,
+            "resumes": s.resumed,
             "duplicates": row.duplicates,
             "failures": s.failures,
             "exits": row.exits,

@@ -59,7 +59,8 @@ def messages(text: str) -> list[dict[str, Any]]:
     """The JSON-RPC messages of an SSE (or JSON) body."""
     if text.lstrip().startswith("{"):
         return [json.loads(text)]
-    return [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+    # A resumable stream opens with a priming event (an id, empty data): no message in it.
+    return [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:") and line[5:].strip()]
 
 
 class Session:
@@ -144,7 +145,7 @@ async def test_a_session_keeps_its_log_level_and_resource_subscriptions_on_anoth
                     async def listen() -> None:
                         async with http.stream("GET", f"{b}/mcp", headers=session.headers(), timeout=None) as stream:
                             async for line in stream.aiter_lines():
-                                if line.startswith("data:"):
+                                if line.startswith("data:") and line[5:].strip():
                                     message = json.loads(line[5:])
                                     if message.get("method") == "notifications/resources/updated":
                                         updates.append(message["params"]["uri"])

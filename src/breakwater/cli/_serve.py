@@ -176,6 +176,7 @@ async def _serve_http(
         open_gateway(config, observers=[metrics]) as gateway,
         _session_store(config) as sessions,
         _operation_records(config, gateway),
+        _stream_log(config) as streams,
     ):
         app = http_app(
             gateway,
@@ -185,6 +186,7 @@ async def _serve_http(
             allowed_hosts=allowed_hosts,
             json_response=json_response,
             sessions=sessions,
+            streams=streams,
         )
         server = _graceful_server_class()(uvicorn.Config(app, log_level="warning", lifespan="on"))
         server.drain, server.drain_s = gateway.drain, config.gateway.drain_s
@@ -232,6 +234,21 @@ async def _operation_records(config: Config, gateway: Any) -> AsyncIterator[None
     finally:
         gateway.operations = None
         await records.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _stream_log(config: Config) -> AsyncIterator[Any]:
+    """With a Redis `[state] url`, the events of resumable SSE streams every replica shares; else None (in memory)."""
+    if not config.state.url.startswith(("redis://", "rediss://", "unix://")) or config.gateway.resume_events <= 0:
+        yield None
+        return
+    from breakwater.state._streams import RedisStreamLog
+
+    log = RedisStreamLog(config.state, events=config.gateway.resume_events, ttl_s=config.gateway.resume_ttl_s)
+    try:
+        yield log
+    finally:
+        await log.aclose()
 
 
 def _parser() -> argparse.ArgumentParser:

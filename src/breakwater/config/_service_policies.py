@@ -82,6 +82,22 @@ class GatewayPolicy(Policy):
         minimum=0.0,
         maximum=3600,
     )
+    resume_events: int = knob(
+        1000,
+        "A 2025-11-25 call whose answer goes out as an SSE stream keeps up to this many of its events (the oldest go "
+        "first) for a client that reconnects with Last-Event-ID; in Redis with [state] url (any replica resumes it), "
+        "else in this replica's memory. 0 turns resumption off.",
+        env="BREAKWATER_RESUME_EVENTS",
+        minimum=0,
+        maximum=1_000_000,
+    )
+    resume_ttl_s: float = knob(
+        300.0,
+        "A resumable stream is kept while its call runs and this long after its last event; a reconnect after that gets 404.",
+        env="BREAKWATER_RESUME_TTL_S",
+        minimum=1.0,
+        maximum=86400,
+    )
     session_ttl_s: float = knob(
         1800.0,
         "A 2025-11-25 HTTP session unused this long is closed; with [state] url on Redis its record there expires "

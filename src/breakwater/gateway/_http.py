@@ -11,11 +11,13 @@ from breakwater.config._redact import register_secrets
 from breakwater.gateway._drain import DrainGuard, end_get_streams, set_sse_keepalive
 from breakwater.gateway._lazy_sse import answer_lazily
 from breakwater.gateway._metrics import CallCounter, Metrics
+from breakwater.gateway._resume import ResumableStreams
 from breakwater.gateway._server import Gateway
 from breakwater.gateway._sessions import roaming_app
 
 if TYPE_CHECKING:
     from breakwater.state._sessions import SessionStore
+    from breakwater.state._streams import StreamLog
 
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
 
@@ -118,34 +120,22 @@ def http_app(
     metrics: Metrics | None = None,
     json_response: bool = False,
     sessions: SessionStore | None = None,
+    streams: StreamLog | None = None,
 ) -> Any:
     """The gateway's streamable-HTTP ASGI app, with Host/Origin checks and, when given, a bearer token.
 
     Beside `/mcp` it serves `/healthz`, `/readyz`, `/metrics` and the status page (`breakwater.gateway._web`).
     Pass the `Metrics` the gateway's `Breakwater` observes (`observers=[metrics]`) for attempt
     counts; whole calls are counted here either way. With `sessions` (Redis), any replica serves a
-    2025-11-25 session another one created.
+    2025-11-25 session another one created; with `streams` (Redis), any replica resumes a call's
+    cut SSE stream (else only this one: `breakwater.gateway._resume`).
     """
-    from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
+    from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
 
     from breakwater.gateway._http_frames import FrameErrors
     from breakwater.gateway._web import WebApp, gateway_resolver
 
-    hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
-    origins = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
-    if host not in LOOPBACK_HOSTS:
-        names = [host, *allowed_hosts]
-        if host in WILDCARD_HOSTS:
-            # Nobody sends `Host: 0.0.0.0`: clients name the machine. More names (a load balancer's,
-            # a pod IP) come from --allowed-host.
-            names += [socket.gethostname(), socket.getfqdn()]
-        for name in dict.fromkeys(names):
-            bracketed = f"[{name}]" if ":" in name else name
-            hosts += [bracketed, f"{bracketed}:*"]
-            origins += [f"http://{bracketed}", f"http://{bracketed}:*", f"https://{bracketed}", f"https://{bracketed}:*"]
-    security = TransportSecuritySettings(
-        enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=[*origins, *allowed_origins]
-    )
+    security = _security(host, allowed_hosts, allowed_origins)
     # json_response: a 2025-11-25 POST is answered with one JSON body, not an SSE stream (what
     # mcp-proxy does; measurably faster), and nothing can reach that client mid-call.
     idle_s = gateway.policy.session_ttl_s
@@ -164,16 +154,48 @@ def http_app(
             host=host, transport_security=security, json_response=json_response, session_idle_timeout=idle_s
         )
     app = FrameErrors(sdk_app, max_body_bytes=DEFAULT_MAX_REQUEST_BODY_SIZE)  # malformed requests: the spec's errors
+    policy = gateway.policy
+    resumable: ResumableStreams | None = None
     if not json_response:
-        # A POST with nothing to stream before its answer gets one JSON body, not an SSE stream (_lazy_sse).
-        answer_lazily(gateway.server.session_manager, gateway.bw.clock)
+        if policy.resume_events > 0:
+            from breakwater.state._streams import MemoryStreamLog
+
+            log = streams or MemoryStreamLog(events=policy.resume_events, ttl_s=policy.resume_ttl_s, clock=gateway.bw.clock)
+            resumable = ResumableStreams(log, clock=gateway.bw.clock, ttl_s=policy.resume_ttl_s)
+            # Replayed streams end with the drain, so their clients reconnect to a replica still serving.
+            gateway.drain.on_done.append(resumable.end_followers)
+        # A POST with nothing to stream before its answer gets one JSON body, not an SSE stream (_lazy_sse);
+        # one that streams can be resumed with Last-Event-ID (_resume).
+        answer_lazily(gateway.server.session_manager, gateway.bw.clock, keepalive_s=policy.sse_keepalive_s, streams=resumable)
     metrics = metrics if metrics is not None else Metrics()
+    metrics.streams = resumable
     # One call counter per server: a second app over the same gateway replaces it, never counts twice.
     gateway.server.middleware[:] = [m for m in gateway.server.middleware if not isinstance(m, CallCounter)]
     gateway.server.middleware.append(metrics.middleware(gateway_resolver(gateway)))
     register_secrets([token] if token else [])  # the gateway's own token is redacted like any configured secret
-    set_sse_keepalive(gateway.policy.sse_keepalive_s)
+    set_sse_keepalive(policy.sse_keepalive_s)
     gateway.drain.on_done.append(lambda: end_get_streams(gateway.server.session_manager))
     guarded = DrainGuard(app, gateway.drain)
     mcp_app = BearerAuth(guarded, token) if token else guarded
     return RequestGuard(WebApp(gateway, mcp_app, security=security, token=token, metrics=metrics), allowed_origins)
+
+
+def _security(host: str, allowed_hosts: Sequence[str], allowed_origins: Sequence[str]) -> Any:
+    """The SDK's DNS-rebinding settings: loopback names always, the listen address's names and --allowed-host beside."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
+    origins = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
+    if host not in LOOPBACK_HOSTS:
+        names = [host, *allowed_hosts]
+        if host in WILDCARD_HOSTS:
+            # Nobody sends `Host: 0.0.0.0`: clients name the machine. More names (a load balancer's,
+            # a pod IP) come from --allowed-host.
+            names += [socket.gethostname(), socket.getfqdn()]
+        for name in dict.fromkeys(names):
+            bracketed = f"[{name}]" if ":" in name else name
+            hosts += [bracketed, f"{bracketed}:*"]
+            origins += [f"http://{bracketed}", f"http://{bracketed}:*", f"https://{bracketed}", f"https://{bracketed}:*"]
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=[*origins, *allowed_origins]
+    )

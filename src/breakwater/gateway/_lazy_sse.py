@@ -17,8 +17,16 @@ This fast path waits for the first message the handler sends for the request, up
   the SDK's own SSE stream, with that first message as its first event, exactly as before.
 
 So nothing is lost mid-call: whatever the SDK would have streamed is streamed. Everything else (an
-`initialize`, a notification or response POST, a body that does not parse, a header the SDK refuses,
-an event store for resumability) goes to the SDK's own handler unchanged. It bypasses
+`initialize`, a notification or response POST, a body that does not parse, a header the SDK refuses)
+goes to the SDK's own handler unchanged.
+
+Resumable streams (`breakwater.gateway._resume`): a 2025-11-25 request's events get ids from the
+start but are only kept in memory until the answer is known; a call answered as one JSON body
+needs no resumption and writes nothing; one that commits to SSE writes what it carried to the
+stream log, sends a priming event (its id lets a client resume even before the first message),
+and every later event is kept as the SDK's router stores it. The streams this path opens carry
+the `[gateway] sse_keepalive_s` pings, and the commit window is never longer than that interval,
+so a balancer never sees a silent connection for longer than the keep-alive promises. It bypasses
 `StreamableHTTPServerTransport._handle_post_request` (SDK 2.3, pinned `<2.4`) only for the plain
 request case, reusing the transport's own helpers for every wire shape; the conformance suite and
 tests/gateway/test_gateway_relay.py are what show the protocol is still spoken.
@@ -26,6 +34,7 @@ tests/gateway/test_gateway_relay.py are what show the protocol is still spoken.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -40,16 +49,19 @@ from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp_types import (
     DEFAULT_NEGOTIATED_VERSION,
     INTERNAL_ERROR,
+    INVALID_REQUEST,
     JSONRPCError,
     JSONRPCRequest,
     JSONRPCResponse,
     jsonrpc_message_adapter,
 )
+from mcp_types.version import is_version_at_least
 from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from breakwater._clock import Clock
+from breakwater.gateway._resume import ResumableStreams, SessionStreams
 
 __all__ = ["COMMIT_S", "answer_lazily"]
 
@@ -63,25 +75,88 @@ COMMIT_S = 1.0
 _Post = Callable[[Scope, Request, Receive, Send], Awaitable[None]]
 
 
-def answer_lazily(manager: StreamableHTTPSessionManager, clock: Clock) -> None:
-    """Give every session `manager` opens from now on the lazy POST path (see the module docstring)."""
-    admit = manager._admit_session
+def answer_lazily(
+    manager: StreamableHTTPSessionManager,
+    clock: Clock,
+    *,
+    keepalive_s: float,
+    streams: ResumableStreams | None = None,
+) -> None:
+    """Give every session `manager` opens (or adopts) from now on the lazy POST path (see the module docstring).
 
-    def admit_lazily(requestor: Any) -> sdk.StreamableHTTPServerTransport | None:
-        transport = admit(requestor)
-        if transport is not None and not transport.is_json_response_enabled and transport._event_store is None:
-            sdk_post: _Post = transport._handle_post_request
-            # An instance attribute: the transport's `_handle_request` looks the method up on `self`.
-            transport._handle_post_request = partial(_post, transport, sdk_post, clock)  # type: ignore[method-assign]
+    `keepalive_s` is the ping interval of the streams it opens (0: none); with `streams`, 2025-11-25
+    request streams that commit to SSE can be resumed with `Last-Event-ID`.
+    """
+    lazy = _Lazy(clock, keepalive_s)
+
+    def spawn(task: Callable[[], Awaitable[None]]) -> None:
+        # The manager's task group runs while the app does; a task started there outlives the request.
+        group = manager._task_group
+        if group is not None:
+            group.start_soon(task)
+
+    def prepare(transport: sdk.StreamableHTTPServerTransport | None) -> sdk.StreamableHTTPServerTransport | None:
+        if transport is None or transport.is_json_response_enabled:
+            return transport
+        view: SessionStreams | None = None
+        if streams is not None and transport.mcp_session_id is not None:
+            view = streams.for_session(transport, spawn)
+            transport._event_store = view
+            # Only the streams this path opens are primed (and kept); the SDK's own (initialize) are not.
+            transport._mint_priming_event = _no_priming  # type: ignore[method-assign]
+            transport._handle_get_request = partial(_get, transport, transport._handle_get_request, view)  # type: ignore[method-assign]
+        sdk_post: _Post = transport._handle_post_request
+        # An instance attribute: the transport's `_handle_request` looks the method up on `self`.
+        transport._handle_post_request = partial(_post, transport, sdk_post, lazy, view)  # type: ignore[method-assign]
         return transport
 
-    manager._admit_session = admit_lazily  # type: ignore[method-assign]
+    admit = manager._admit_session
+    manager._admit_session = lambda requestor: prepare(admit(requestor))  # type: ignore[method-assign]
+    # A roaming manager's adopted sessions (breakwater.gateway._sessions) get the same path.
+    adopted = getattr(manager, "_adopted_transport", None)
+    if adopted is not None:
+        manager._adopted_transport = lambda session_id: prepare(adopted(session_id))  # type: ignore[attr-defined]
+
+
+class _Lazy:
+    """The settings of one app's lazy path."""
+
+    def __init__(self, clock: Clock, keepalive_s: float) -> None:
+        self.clock = clock
+        self.keepalive_s = keepalive_s
+        # A stream silent until it commits must not stay silent longer than its pings would let it.
+        self.commit_s = min(COMMIT_S, keepalive_s) if keepalive_s > 0 else COMMIT_S
+
+
+async def _no_priming(stream_id: str, protocol_version: str) -> sdk.SSEEvent | None:
+    return None
+
+
+async def _get(
+    transport: sdk.StreamableHTTPServerTransport,
+    sdk_get: Callable[[Request, Send], Awaitable[None]],
+    view: SessionStreams,
+    request: Request,
+    send: Send,
+) -> None:
+    """A GET: a `Last-Event-ID` this session no longer keeps is a 404 (the client stops reconnecting), else the SDK's."""
+    last_event_id = request.headers.get(sdk.LAST_EVENT_ID_HEADER)
+    if last_event_id and sdk.check_accept_headers(request)[1] and not await view.known(last_event_id):
+        response = transport._create_error_response(
+            "Not Found: the stream of that Last-Event-ID is unknown or expired (its events are kept for [gateway] resume_ttl_s)",
+            HTTPStatus.NOT_FOUND,
+            INVALID_REQUEST,
+        )
+        await response(request.scope, request.receive, send)
+        return
+    await sdk_get(request, send)
 
 
 async def _post(
     transport: sdk.StreamableHTTPServerTransport,
     sdk_post: _Post,
-    clock: Clock,
+    lazy: _Lazy,
+    view: SessionStreams | None,
     scope: Scope,
     request: Request,
     receive: Receive,
@@ -102,7 +177,7 @@ async def _post(
     if not await transport._validate_request_headers(request, send):
         return None
     try:
-        await _answer(transport, writer, clock, message, scope, request, receive, send)
+        await _answer(transport, writer, lazy, view, message, scope, request, receive, send)
     except Exception as err:  # as the SDK's handler does
         logger.exception("Error handling POST request")
         response = transport._create_error_response(
@@ -116,7 +191,8 @@ async def _post(
 async def _answer(
     transport: sdk.StreamableHTTPServerTransport,
     writer: Any,
-    clock: Clock,
+    lazy: _Lazy,
+    view: SessionStreams | None,
     message: JSONRPCRequest,
     scope: Scope,
     request: Request,
@@ -128,24 +204,48 @@ async def _answer(
     transport._request_streams[request_id] = streams
     reader = streams[1]
     protocol_version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER, DEFAULT_NEGOTIATED_VERSION)
-    await writer.send(transport._create_session_message(message, request, request_id, protocol_version))
-    first: sdk.EventMessage | None = None
+    # Older clients cannot read a priming event (and the SDK offers them no resumption either).
+    if view is not None and not (is_version_at_least(protocol_version, "2025-11-25") and view.open(request_id)):
+        view = None
+    committed = False
     try:
-        with clock.deadline_scope(clock.monotonic() + COMMIT_S):
-            first = await reader.receive()
-    except (anyio.EndOfStream, anyio.ClosedResourceError):
-        # The session was terminated while the request was in flight (as in the SDK's JSON mode).
-        await transport._clean_up_memory_streams(request_id)
-        response = transport._create_error_response(
-            "Session terminated before the request completed", HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_ERROR
-        )
-        await response(scope, receive, send)
-        return
-    if first is not None and isinstance(first.message, JSONRPCResponse | JSONRPCError):
-        await transport._clean_up_memory_streams(request_id)
-        await transport._create_json_response(first.message)(scope, receive, send)
-        return
-    # Something comes before the answer, or the answer takes a while: the SDK's SSE stream, that message first.
+        await writer.send(transport._create_session_message(message, request, request_id, protocol_version))
+        first: sdk.EventMessage | None = None
+        try:
+            with lazy.clock.deadline_scope(lazy.clock.monotonic() + lazy.commit_s):
+                first = await reader.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            # The session was terminated while the request was in flight (as in the SDK's JSON mode).
+            await transport._clean_up_memory_streams(request_id)
+            response = transport._create_error_response(
+                "Session terminated before the request completed", HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_ERROR
+            )
+            await response(scope, receive, send)
+            return
+        if first is not None and isinstance(first.message, JSONRPCResponse | JSONRPCError):
+            await transport._clean_up_memory_streams(request_id)
+            await transport._create_json_response(first.message)(scope, receive, send)
+            return
+        priming = await view.commit(message) if view is not None else None
+        committed = True
+    finally:
+        if view is not None and not committed:
+            view.discard(request_id)
+    await _stream(transport, lazy, request_id, reader, priming, first, scope, receive, send)
+
+
+async def _stream(
+    transport: sdk.StreamableHTTPServerTransport,
+    lazy: _Lazy,
+    request_id: str,
+    reader: Any,
+    priming: sdk.SSEEvent | None,
+    first: sdk.EventMessage | None,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+) -> None:
+    """Something comes before the answer, or the answer takes a while: the SDK's SSE stream, `first` first."""
     sse_writer, sse_reader = anyio.create_memory_object_stream[sdk.SSEEvent](0)
     transport._sse_stream_writers[request_id] = sse_writer
     lead = transport._create_event_data(first) if first is not None else None
@@ -155,12 +255,15 @@ async def _answer(
         "Content-Type": sdk.CONTENT_TYPE_SSE,
         **({sdk.MCP_SESSION_ID_HEADER: transport.mcp_session_id} if transport.mcp_session_id else {}),
     }
-    # `_run_sse_writer` sends its "priming" event before the rest of the request's stream: here, the lead message.
-    response = EventSourceResponse(
-        content=sse_reader,
-        data_sender_callable=partial(transport._run_sse_writer, request_id, sse_writer, reader, lead),
-        headers=headers,
-    )
+
+    async def write() -> None:
+        if priming is not None and lead is not None:
+            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                await sse_writer.send(priming)
+        # `_run_sse_writer` sends its "priming" event before the rest of the request's stream: the lead message.
+        await transport._run_sse_writer(request_id, sse_writer, reader, lead if lead is not None else priming)
+
+    response = EventSourceResponse(content=sse_reader, data_sender_callable=write, headers=headers, ping=lazy.keepalive_s)
     try:
         await response(scope, receive, send)
     except Exception:

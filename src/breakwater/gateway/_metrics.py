@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 
     from breakwater._breakwater import Breakwater
+    from breakwater.gateway._resume import ResumableStreams
     from breakwater.status import ServerStatus
 
 __all__ = [
@@ -120,6 +121,8 @@ class Metrics:
         self._failures: deque[AttemptRecord] = deque(maxlen=RECENT_FAILURES)
         #: Wall-clock time this instance was made (the process's start, for the gateway).
         self.started_at = time.time()
+        #: The HTTP app's resumable streams (`breakwater.gateway._resume`), when it has them.
+        self.streams: ResumableStreams | None = None
 
     # ---- the call path ------------------------------------------------------------------------
 
@@ -219,6 +222,19 @@ class Metrics:
             "Attempts whose failure opened a breaker (the tool's or its server's).",
             (({"server": s, "tool": t}, r.breaker_opens) for (s, t), r in sorted(tools.items())),
         )
+        if self.streams is not None:
+            out.family(
+                "breakwater_streams_resumed_total",
+                "counter",
+                "2025-11-25 SSE streams this replica replayed to a client that reconnected with Last-Event-ID.",
+                [({}, self.streams.resumed)],
+            )
+            out.family(
+                "breakwater_streams_orphaned_total",
+                "counter",
+                "Calls a resumed stream answered with OUTCOME_UNKNOWN because the replica running them was gone.",
+                [({}, self.streams.orphaned)],
+            )
         if bw is not None:
             _render_gauges(out, bw)
         out.family("breakwater_start_time_seconds", "gauge", "When this process started (Unix seconds).", [({}, self.started_at)])

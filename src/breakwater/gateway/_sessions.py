@@ -125,14 +125,7 @@ class RoamingSessionManager(StreamableHTTPSessionManager):
         async with self._session_creation_lock:
             if session_id in self._server_instances:
                 return
-            transport = StreamableHTTPServerTransport(
-                mcp_session_id=session_id,
-                is_json_response_enabled=self.json_response,
-                event_store=self.event_store,
-                security_settings=self.security_settings,
-                retry_interval=self.retry_interval,
-                idle_timeout=self.session_idle_timeout,
-            )
+            transport = self._adopted_transport(session_id)
             self._server_instances[session_id] = transport
         self.adopted += 1
         assert self._task_group is not None
@@ -141,6 +134,17 @@ class RoamingSessionManager(StreamableHTTPSessionManager):
         except BaseException:
             await self._discard_session(session_id, transport)
             raise
+
+    def _adopted_transport(self, session_id: str) -> StreamableHTTPServerTransport:
+        """The transport of a session taken over from another replica (the lazy path wraps it, as `_admit_session`)."""
+        return StreamableHTTPServerTransport(
+            mcp_session_id=session_id,
+            is_json_response_enabled=self.json_response,
+            event_store=self.event_store,
+            security_settings=self.security_settings,
+            retry_interval=self.retry_interval,
+            idle_timeout=self.session_idle_timeout,
+        )
 
     async def _serve_adopted(
         self, transport: StreamableHTTPServerTransport, record: dict[str, Any], *, task_status: TaskStatus[None]

@@ -10,7 +10,8 @@ shared `breakwater testserver` upstream are processes; Redis is the machine's.
 * `Fleet` starts the upstream (its mutating tool records every execution in a ledger), the
   replicas and HAProxy, and restarts the replicas one by one (`rolling_restart`).
 * `run_load()` drives clients of both revisions through the balancer: Poisson arrivals, a share
-  of mutating calls with operation ids, 2025-11-25 sessions that re-initialize on a 404.
+  of mutating calls with operation ids, 2025-11-25 sessions that re-initialize on a 404 and, as the
+  SDK's client does, resume a cut SSE stream with `Last-Event-ID` (`resume_stream`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ _CUT_MARKS = (
     "WriteError",
     "ConnectError",
     "no response",
+    "cut, and the stream could not be resumed",
     "HTTP 502",
     "HTTP 503",
     "HTTP 504",
@@ -305,10 +307,14 @@ class LoadStats:
     failed: int = 0
     not_found: int = 0
     reinits: int = 0
+    #: Calls whose connection was cut before their answer (mid-stream, or a 502/504 before any of it).
+    cut: int = 0
+    #: Cut calls whose answer came through a reconnect with Last-Event-ID.
+    resumed: int = 0
     latencies: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
-    #: Calls whose first answer was lost (connection or stream cut, a 502/503/504), each retried once with its operation id.
-    cut: int = 0
+    #: Calls whose answer was lost for good (cut and not resumed, a 502/503/504), each retried with its operation id.
+    retried: int = 0
     #: ... of them calls of the mutating tool (with an operation id).
     cut_mutating: int = 0
     #: ... whose first retry was cut too (its replica was the next one killed), so they were retried once more.
@@ -342,17 +348,11 @@ def _call_body(request_id: int, tool: str, operation_id: str | None, modern: boo
     return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
 
 
-def _answer(response: httpx2.Response, request_id: int) -> dict[str, Any] | None:
-    """The JSON-RPC response to `request_id` in a JSON or SSE body."""
-    if response.headers.get("content-type", "").startswith("application/json"):
-        body = response.json()
-        return body if isinstance(body, dict) else None
-    for line in response.text.splitlines():
-        if line.startswith("data:"):
-            with contextlib.suppress(ValueError):
-                message = json.loads(line[5:])
-                if isinstance(message, dict) and message.get("id") == request_id:
-                    return message
+def _answer(body: bytes, request_id: int) -> dict[str, Any] | None:
+    """The JSON-RPC response to `request_id` in a JSON body."""
+    with contextlib.suppress(ValueError):
+        message = json.loads(body)
+        return message if isinstance(message, dict) and message.get("id") == request_id else None
     return None
 
 
@@ -409,7 +409,7 @@ class _Client:
             # The answer was lost, so the call may have run: retry through the balancer under the same
             # operation id; the gateway answers it from its record rather than running it twice. Once more
             # only if the retry's own replica was the next one killed.
-            self.stats.cut += 1
+            self.stats.retried += 1
             self.stats.cut_mutating += mutating
             for retry in range(_CUT_RETRIES):
                 self.stats.cut_again += retry > 0
@@ -450,16 +450,34 @@ class _Client:
                 await self._initialize(http)
             self.next_id += 1
             body = _call_body(self.next_id, tool, operation_id, self.modern)
-            response = await http.post(self.url, json=body, headers=self._headers(tool))
+            async with http.stream("POST", self.url, json=body, headers=self._headers(tool)) as response:
+                if response.status_code == 404 and not self.modern:
+                    return "404"
+                if response.status_code != 200:
+                    if response.status_code in (502, 504):
+                        self.stats.cut += 1
+                    return f"HTTP {response.status_code} {(await response.aread())[:120]!r}"
+                if response.headers.get("content-type", "").startswith("application/json"):
+                    answer = _answer(await response.aread(), self.next_id)
+                    if answer is None:
+                        return "a JSON body without the response"
+                    last_event_id = None
+                else:
+                    answer, last_event_id = await read_stream(response, self.next_id)
+                    if answer is None:
+                        self.stats.cut += 1
+                        if self.modern or last_event_id is None:
+                            return "no response in the stream (cut)"
         except httpx2.HTTPError as exc:
+            if isinstance(exc, httpx2.RemoteProtocolError | httpx2.ReadError):
+                self.stats.cut += 1  # the connection died under the call (before any event id reached the client)
             return f"{type(exc).__name__}: {exc}"
-        if response.status_code == 404 and not self.modern:
-            return "404"
-        if response.status_code != 200:
-            return f"HTTP {response.status_code} {response.text[:120]!r}"
-        answer = _answer(response, self.next_id)
         if answer is None:
-            return "no response in the stream (cut)"
+            # 2025-11-25: what the SDK's client does with a cut stream whose events had ids.
+            answer = await resume_stream(http, self.url, self._headers(None), last_event_id, self.next_id)
+            if answer is None:
+                return "cut, and the stream could not be resumed with Last-Event-ID"
+            self.stats.resumed += 1
         if "error" in answer:
             return f"JSON-RPC error {answer['error'].get('message')}"
         result = answer.get("result") or {}
@@ -467,6 +485,62 @@ class _Client:
         if result.get("isError"):
             return f"isError {(result.get('structuredContent') or {}).get('code')}"
         return None
+
+
+#: The SDK client's reconnect attempts and its delay when the server sends no `retry:` (1 s).
+RESUME_ATTEMPTS = 2
+RESUME_DELAY_S = 1.0
+
+
+async def sse_events(response: httpx2.Response) -> AsyncIterator[dict[str, str]]:
+    """The events of an SSE body as they arrive: {"id", "event", "data", "retry"} fields (comments skipped)."""
+    event: dict[str, str] = {}
+    async for line in response.aiter_lines():
+        if not line:
+            if event:
+                yield event
+            event = {}
+        elif not line.startswith(":"):
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            event[name] = event[name] + "\n" + value if name == "data" and name in event else value
+
+
+async def read_stream(response: httpx2.Response, request_id: int) -> tuple[dict[str, Any] | None, str | None]:
+    """(the answer to `request_id`, or None if the stream ended or was cut first; the last event id seen)."""
+    last_event_id: str | None = None
+    with contextlib.suppress(httpx2.HTTPError):
+        async for event in sse_events(response):
+            last_event_id = event.get("id") or last_event_id
+            with contextlib.suppress(ValueError):
+                message = json.loads(event.get("data") or "null")
+                if isinstance(message, dict) and message.get("id") == request_id and "method" not in message:
+                    return message, last_event_id
+    return None, last_event_id
+
+
+async def resume_stream(
+    http: httpx2.AsyncClient, url: str, headers: dict[str, str], last_event_id: str | None, request_id: int
+) -> dict[str, Any] | None:
+    """GET with Last-Event-ID until the answer comes (a resumed stream may be cut again), as the SDK's client does."""
+    attempts = 0
+    while last_event_id is not None and attempts < RESUME_ATTEMPTS:
+        await anyio.sleep(RESUME_DELAY_S)
+        try:
+            async with http.stream("GET", url, headers={**headers, "last-event-id": last_event_id}) as response:
+                if response.status_code != 200:
+                    attempts += 1
+                    continue
+                answer, seen = await read_stream(response, request_id)
+        except httpx2.HTTPError:
+            attempts += 1
+            continue
+        if answer is not None:
+            return answer
+        # A reconnect that got through resets the count (the SDK's client does the same).
+        attempts = 0 if seen not in (None, last_event_id) else attempts + 1
+        last_event_id = seen or last_event_id
+    return None
 
 
 async def run_load(
