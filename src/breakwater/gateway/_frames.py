@@ -21,7 +21,7 @@ from mcp import MCPError
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from pydantic import ValidationError
 
-from breakwater._wire import DEADLINE_META_KEY, json_depth
+from breakwater._wire import DEADLINE_META_KEY, json_depth, non_finite_constant, strict_json
 from breakwater.errors import InvalidArgumentsError
 
 __all__ = [
@@ -36,6 +36,9 @@ __all__ = [
     "explain_invalid_params",
     "explain_params_errors",
     "invalid_deadline",
+    "lenient_id",
+    "not_json_message",
+    "refuse_non_finite",
 ]
 
 logger = logging.getLogger(__name__)
@@ -78,8 +81,10 @@ def diagnose(line: bytes, error: Exception | None = None, *, notifications: bool
     if json_depth(text) > MAX_DEPTH:
         return None, INVALID_REQUEST, f"Invalid request: JSON nested deeper than {MAX_DEPTH} levels"
     try:
-        data = json.loads(text)
+        data = strict_json(text)
     except (json.JSONDecodeError, RecursionError, ValueError) as exc:
+        if (constant := non_finite_constant(line)) is not None:
+            return lenient_id(line), PARSE_ERROR, not_json_message(constant)
         where = f" at line {exc.lineno}, column {exc.colno}: {exc.msg}" if isinstance(exc, json.JSONDecodeError) else ""
         return None, PARSE_ERROR, f"Parse error: invalid JSON{where}"
     if isinstance(data, list):
@@ -108,6 +113,39 @@ def diagnose(line: bytes, error: Exception | None = None, *, notifications: bool
     if "params" in data and not isinstance(params, dict):
         return request_id, INVALID_PARAMS, f"Invalid params: params must be an object, got {type(params).__name__}"
     return request_id, INVALID_REQUEST, f"Invalid request: {_short(error)}"
+
+
+def lenient_id(data: bytes) -> Any:
+    """The id of the request in `data` as a lenient parser reads it (one holding NaN), so its client stops waiting;
+    None if it has no valid one."""
+    try:
+        message = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    request_id = message.get("id") if isinstance(message, dict) and "method" in message else None
+    return request_id if _valid_id(request_id) else None
+
+
+def not_json_message(constant: str) -> str:
+    """The parse error for a message that holds `NaN`, `Infinity` or `-Infinity`."""
+    return f"Parse error: {constant} is not JSON (JSON has no NaN or Infinity); send a number, null or a string instead"
+
+
+def _answer_for(constant: str, message: Any) -> tuple[Any, int, str] | None:
+    request_id = getattr(message, "id", None)
+    if getattr(message, "method", None) is None or request_id is None:
+        logger.warning("dropped a message holding %s, which is not JSON (id %r)", constant, request_id)
+        return None
+    return request_id, PARSE_ERROR, not_json_message(constant)
+
+
+def refuse_non_finite(line: bytes, message: Any) -> tuple[bool, tuple[Any, int, str] | None]:
+    """`(refused, answer)`: whether `line` (which the SDK accepted as `message`) holds NaN or Infinity and must not be
+    passed on, and the error to send back for it (None for a notification or a response)."""
+    constant = non_finite_constant(line)
+    if constant is None:
+        return False, None
+    return True, _answer_for(constant, message)
 
 
 def bad_id(line: bytes) -> tuple[Any, int, str] | None:

@@ -9,7 +9,14 @@ only keeps a reference to the body chunks as they pass, and looks at the SDK's a
 answer is one of the above, the body is diagnosed by the stdio classifier and the answer replaced
 with its JSON-RPC error (400, or 413 for the size), with the id when the request had one; a
 plain-text refusal (a wrong Content-Type) becomes a JSON-RPC -32600 with the same words. The
-session is not touched, so it goes on. May import `_frames.py` only.
+session is not touched, so it goes on.
+
+One malformed body the SDK does not refuse at all: both its parsers (pydantic's and the standard
+library's) take `NaN`, `Infinity` and `-Infinity`, which JSON does not have. So the body is read
+before the SDK sees it (the SDK reads it whole anyway, so nothing is held longer), and one that
+holds such a constant is answered here with the parse error (-32700, HTTP 400) and never reaches
+the session; other bodies are replayed to the SDK unchanged. A body over the size limit is passed
+on at the limit, for the SDK to refuse. May import `_frames.py` and the core leaves only.
 """
 
 from __future__ import annotations
@@ -17,7 +24,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from breakwater.gateway._frames import INVALID_REQUEST, bad_id, diagnose
+from breakwater._wire import non_finite_constant
+from breakwater.gateway._frames import INVALID_REQUEST, PARSE_ERROR, bad_id, diagnose, lenient_id, not_json_message
 
 __all__ = ["FrameErrors"]
 
@@ -39,8 +47,21 @@ class FrameErrors:
             return
         chunks: list[bytes] = []
         held: dict[str, Any] = {}
+        early = await self._read_body(receive, chunks)
+        if early is None and (constant := non_finite_constant(b"".join(chunks))) is not None:
+            await self._refuse(send, _error(lenient_id(b"".join(chunks)), PARSE_ERROR, not_json_message(constant)))
+            return
+        replay = [{"type": "http.request", "body": chunk, "more_body": True} for chunk in chunks]
+        if early is not None:
+            replay.append(early)
+        elif replay:
+            replay[-1]["more_body"] = False
+        else:
+            replay.append({"type": "http.request", "body": b"", "more_body": False})
 
         async def receive_and_keep() -> Any:
+            if replay:
+                return replay.pop(0)
             message = await receive()
             if message.get("type") == "http.request" and message.get("body"):
                 chunks.append(message["body"])
@@ -71,6 +92,29 @@ class FrameErrors:
             await send(message)
 
         await self.app(scope, receive_and_keep, send_or_rewrite)
+
+    async def _read_body(self, receive: Any, chunks: list[bytes]) -> Any:
+        """Read the body into `chunks`: None once it is whole; else the message that stopped the reading (a
+        disconnect, or the chunk that crossed the size limit, which is kept for the SDK to refuse)."""
+        size = 0
+        while True:
+            message = await receive()
+            if message.get("type") != "http.request":
+                return message
+            body = message.get("body", b"")
+            size += len(body)
+            if size > self.max_body_bytes:
+                return message
+            if body:
+                chunks.append(body)
+            if not message.get("more_body"):
+                return None
+
+    @staticmethod
+    async def _refuse(send: Any, payload: bytes) -> None:
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        await send({"type": "http.response.start", "status": 400, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
 
     def _better(self, status: int, answer: bytes, chunks: list[bytes]) -> tuple[int, bytes] | None:
         """The replacement (status, body) for the SDK's answer, or None to keep it."""
