@@ -105,8 +105,8 @@ def load_for_server_or_exit(path: str | None, name: str) -> Config:
     except ConfigError as exc:
         print(f"breakwater: config error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
-    for exc in broken:
-        print(f"breakwater: warning: left out a broken entry (`serve` refuses it): {exc}", file=sys.stderr)
+    for error in broken:
+        print(f"breakwater: warning: left out a broken entry (`serve` refuses it): {error}", file=sys.stderr)
     return config
 
 
