@@ -7,7 +7,8 @@ Speaks 2025-11-25 JSON-RPC over stdio, one message per line. `--bad-tools` lists
 second `echo`.
 `--non-finite` writes NaN and Infinity, which JSON does not have (Python's `json.dumps` does by
 default): a tool `bounded` whose schema has `"maximum": Infinity`, and a tool `measure` that answers
-`structuredContent` and `_meta` holding NaN, Infinity and -Infinity beside finite values.
+`structuredContent` and `_meta` holding NaN, Infinity and -Infinity beside finite values, after
+progress notifications holding them too.
 `--junk N` writes N lines that are not JSON-RPC on stdout before every answer. Tool `big` answers
 with a text of `arguments.bytes` bytes; `echo` answers with its arguments.
 """
@@ -58,6 +59,11 @@ def _answer(request: dict[str, Any], bad_tools: bool, non_finite: bool = False) 
         arguments = params.get("arguments") or {}
         if params.get("name") == "measure":
             nan, inf = float("nan"), float("inf")
+            token = (params.get("_meta") or {}).get("progressToken")
+            if token is not None:  # progress that is no number, then one that is
+                for progress, total in ((nan, inf), (inf, 2.0), (1.0, inf), (1.0, 2.0)):
+                    note = {"progressToken": token, "progress": progress, "total": total}
+                    _send({"jsonrpc": "2.0", "method": "notifications/progress", "params": note}, 0)
             structured = {"celsius": nan, "range": [-inf, 40.5, inf], "sensor": {"id": 7, "drift": nan}}
             return {"content": [{"type": "text", "text": "no reading"}], "structuredContent": structured, "_meta": {"q": inf}}
         text = "x" * int(arguments.get("bytes", 0)) if params.get("name") == "big" else json.dumps(arguments)

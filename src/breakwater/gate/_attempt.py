@@ -182,9 +182,9 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
     progress_callback = call.progress_callback
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-        deadline.nudge()
-        if progress_callback is not None:
-            await progress_callback(progress, total, message)
+        deadline.nudge()  # whatever it says, the server is alive and working on the call
+        if progress_callback is not None and math.isfinite(progress):  # NaN and Infinity are no progress (not JSON)
+            await progress_callback(progress, total if total is None or math.isfinite(total) else None, message)
 
     srv.in_flight += 1
     holding = True
