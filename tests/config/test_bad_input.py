@@ -586,6 +586,14 @@ def test_every_request_gets_the_json_rpc_error_the_spec_names(tmp_path: Path) ->
             result = _read_answer(proc, timeout=30)["result"]
             if not (result.get("isError") and result["structuredContent"]["code"] == "INVALID_ARGUMENTS"):
                 wrong.append(f"deadline {deadline!r}: {result}")
+        # 1e999 is JSON, but no double holds it (it parses as infinity): refused as an argument, naming it.
+        send(_call(111, b'"arguments":{"x":{"y":[1e999]}}'))
+        overflow = _read_answer(proc, timeout=30)
+        while "method" in overflow:
+            overflow = _read_answer(proc, timeout=30)
+        body = overflow.get("result", {}).get("structuredContent", {})
+        if (overflow.get("id"), body.get("code"), body.get("field")) != (111, "INVALID_ARGUMENTS", "x.y[0]"):
+            wrong.append(f"1e999: {overflow}")
         # A notification holding NaN is dropped (JSON-RPC answers none); the words NaN and Infinity in a string pass.
         send(b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":NaN}}')
         words = {**TOOLS_CALL, "arguments": {"text": "NaN, Infinity and -Infinity"}}

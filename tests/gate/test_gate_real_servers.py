@@ -9,6 +9,7 @@ and bounds generous.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -83,6 +84,9 @@ async def test_arguments_that_do_not_fit_the_schema_are_refused_by_the_library_b
         with pytest.raises(InvalidArgumentsError) as raised:
             await bw.call_tool("s", "add", {"a": [], "b": 1}, raise_on_error=True)
         assert raised.value.server == "s" and raised.value.tool == "add" and "argument 'a'" in str(raised.value)
+        for number in (math.nan, math.inf, -math.inf):  # JSON cannot carry them (sent on, they would arrive as null)
+            odd = envelope(await bw.call_tool("s", "add", {"a": number, "b": 3}))
+            assert (odd["code"], odd["field"]) == ("INVALID_ARGUMENTS", "a") and "NaN or infinite" in odd["problem"]
         await eventually(lambda: state.exists())
         assert read_state(state)["started"].get("add", 0) == 0  # not one of them was sent
         right = await bw.call_tool("s", "add", {"a": 2, "b": 3})

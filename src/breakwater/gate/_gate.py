@@ -65,7 +65,7 @@ import mcp.types as types
 
 from breakwater._clock import Clock
 from breakwater._wire import OPERATION_ID_META_KEY
-from breakwater.catalog._validate import argument_problem
+from breakwater.catalog._validate import argument_problem, not_json_argument
 from breakwater.config import JournalPolicy, RetryPolicy
 from breakwater.connect._readiness import call_window, wait_until_ready
 from breakwater.connect._upstream import Upstream
@@ -233,8 +233,9 @@ class CallGate:
                 srv, tool, UnknownToolError(server=server, tool=tool, detail={"tools": sorted(srv.tools)[:_MAX_LISTED_TOOLS]})
             )
         given = dict(arguments or {})
-        # Arguments that cannot fit the input schema are refused here, naming the field, never sent upstream.
-        problem = argument_problem(info.definition, given)
+        # Arguments that cannot fit the input schema, or that JSON cannot carry, are refused here, naming the
+        # field, never sent upstream.
+        problem = argument_problem(info.definition, given) or not_json_argument(given)
         if problem is not None:
             detail = {"field": problem.field, "problem": problem.problem}
             refused = InvalidArgumentsError(problem.sentence(), server=server, tool=tool, detail=detail)
