@@ -63,11 +63,6 @@ def json_depth(text: str) -> int:
     return deepest
 
 
-# What Python's and pydantic's parsers accept beyond JSON (RFC 8259 has no NaN or Infinity). Every
-# spelling contains one of these, so a message without them costs two substring scans, nothing more.
-_NON_FINITE_MARKS = (b"NaN", b"Infinity")
-
-
 class _NonFinite(ValueError):
     def __init__(self, name: str) -> None:
         super().__init__(f"{name} is not a JSON value")
@@ -90,7 +85,7 @@ def non_finite_constant(data: bytes) -> str | None:
     For a message the lenient parser already accepted: only when a mark occurs (it may sit inside a string)
     is the text parsed a second time, strictly.
     """
-    if not any(mark in data for mark in _NON_FINITE_MARKS):
+    if b"NaN" not in data and b"Infinity" not in data:  # every spelling holds one: two scans, the normal cost
         return None
     try:
         strict_json(data)
@@ -101,8 +96,28 @@ def non_finite_constant(data: bytes) -> str | None:
     return None
 
 
+def _has_non_finite(value: Any) -> bool:
+    # The walk every call pays (arguments, results): no paths built, containers only pushed.
+    stack = [value]
+    isfinite = math.isfinite
+    while stack:
+        item = stack.pop()
+        if type(item) is float:
+            if not isfinite(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(child for child in item.values() if not isinstance(child, (str, int)))
+        elif isinstance(item, list):
+            stack.extend(child for child in item if not isinstance(child, (str, int)))
+        elif isinstance(item, float) and not isfinite(item):  # a float subclass
+            return True
+    return False
+
+
 def non_finite_path(value: Any, root: str = "") -> str | None:
     """Where the first NaN or infinite float sits in parsed JSON `value` (`a.b[2]` under `root`); None if nowhere."""
+    if not _has_non_finite(value):
+        return None
     stack: list[tuple[str, Any]] = [(root, value)]
     while stack:
         path, item = stack.pop()
