@@ -40,6 +40,7 @@ def _config(tmp_path: Path) -> Path:
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(
         os.environ,
+        COLUMNS="250",  # one line per left-out tool, however wide the terminal the suite runs in
         BREAKWATER_ADMISSION_DIR=str(tmp_path / "admission"),
         BREAKWATER_CATALOG_DIR=str(tmp_path / "catalog"),
         BREAKWATER_CONNECT_STARTUP_JITTER_S="0",
