@@ -5,7 +5,7 @@ error: 4 validation errors for union[...]"` (a pydantic dump, for a batch, a mis
 `jsonrpc`, string params, a non-string method), accepts a request with a float, null or boolean id
 as a notification (202, so the client waits forever), and answers an oversized body with a plain
 text 413. This ASGI middleware in front of the MCP endpoint leaves every good request alone: it
-only keeps a reference to the body chunks as they pass, and looks at the SDK's answer. When that
+hands the SDK the body it read (below) and looks at the SDK's answer. When that
 answer is one of the above, the body is diagnosed by the stdio classifier and the answer replaced
 with its JSON-RPC error (400, or 413 for the size), with the id when the request had one; a
 plain-text refusal (a wrong Content-Type) becomes a JSON-RPC -32600 with the same words. The
