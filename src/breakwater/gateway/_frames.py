@@ -17,6 +17,7 @@ import logging
 import math
 from typing import Any
 
+import mcp_types as types
 from mcp import MCPError
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from pydantic import ValidationError
@@ -38,7 +39,7 @@ __all__ = [
     "invalid_deadline",
     "lenient_id",
     "not_json_message",
-    "refuse_non_finite",
+    "screen_non_finite",
 ]
 
 logger = logging.getLogger(__name__)
@@ -131,21 +132,31 @@ def not_json_message(constant: str) -> str:
     return f"Parse error: {constant} is not JSON (JSON has no NaN or Infinity); send a number, null or a string instead"
 
 
-def _answer_for(constant: str, message: Any) -> tuple[Any, int, str] | None:
-    request_id = getattr(message, "id", None)
-    if getattr(message, "method", None) is None or request_id is None:
-        logger.warning("dropped a message holding %s, which is not JSON (id %r)", constant, request_id)
-        return None
-    return request_id, PARSE_ERROR, not_json_message(constant)
-
-
-def refuse_non_finite(line: bytes, message: Any) -> tuple[bool, tuple[Any, int, str] | None]:
-    """`(refused, answer)`: whether `line` (which the SDK accepted as `message`) holds NaN or Infinity and must not be
-    passed on, and the error to send back for it (None for a notification or a response)."""
+def screen_non_finite(line: bytes, message: Any) -> tuple[Any, tuple[Any, int, str] | None]:
+    """`(message to pass on, or None; error to answer, or None)` for a line the SDK's lenient parser accepted as
+    `message`. Without `NaN`, `Infinity` or `-Infinity` in it (the normal case: two substring scans), the message
+    as it is. With one: a request is answered with the parse error and its own id (the client stops waiting); a
+    response, an answer a server waits for (to a sampling or elicitation request), is passed on with null in
+    their place, as an upstream's answer is; a notification is dropped (JSON-RPC answers none). Both are logged.
+    """
     constant = non_finite_constant(line)
     if constant is None:
-        return False, None
-    return True, _answer_for(constant, message)
+        return message, None
+    request_id = getattr(message, "id", None)
+    if getattr(message, "method", None) is not None:
+        if request_id is not None:
+            return None, (request_id, PARSE_ERROR, not_json_message(constant))
+        logger.warning("dropped a notification holding %s, which is not JSON", constant)
+        return None, None
+    try:  # pydantic's JSON output writes null for them
+        cleaned = types.jsonrpc_message_adapter.validate_json(
+            message.model_dump_json(by_alias=True, exclude_unset=True), by_name=False
+        )
+    except ValidationError:
+        cleaned = None
+    outcome = "passed on with null in their place" if cleaned is not None else "dropped: with null it is no valid answer"
+    logger.warning("the client's answer (id %r) holds %s, which is not JSON; %s", request_id, constant, outcome)
+    return cleaned, None
 
 
 def bad_id(line: bytes) -> tuple[Any, int, str] | None:

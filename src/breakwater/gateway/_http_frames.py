@@ -15,19 +15,24 @@ One malformed body the SDK does not refuse at all: both its parsers (pydantic's 
 library's) take `NaN`, `Infinity` and `-Infinity`, which JSON does not have. So the body is read
 before the SDK sees it (the SDK reads it whole anyway, so nothing is held longer), and one that
 holds such a constant is answered here with the parse error (-32700, HTTP 400) and never reaches
-the session; other bodies are replayed to the SDK unchanged. A body over the size limit is passed
+the session, unless it is the client's answer to a server's request (a sampling or elicitation
+result, which a call waits for): that one is passed on with null in their place, as stdio does.
+Other bodies are replayed to the SDK unchanged. A body over the size limit is passed
 on at the limit, for the SDK to refuse. May import `_frames.py` and the core leaves only.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
-from breakwater._wire import non_finite_constant
+from breakwater._wire import non_finite_constant, with_nulls_for_non_finite
 from breakwater.gateway._frames import INVALID_REQUEST, PARSE_ERROR, bad_id, diagnose, lenient_id, not_json_message
 
 __all__ = ["FrameErrors"]
+
+logger = logging.getLogger(__name__)
 
 # The SDK's own framing refusals (mcp/server/streamable_http.py): only these are re-explained.
 _SDK_FRAMING_PREFIXES = ("Validation error", "Parse error")
@@ -49,8 +54,12 @@ class FrameErrors:
         held: dict[str, Any] = {}
         early = await self._read_body(receive, chunks)
         if early is None and (constant := non_finite_constant(b"".join(chunks))) is not None:
-            await self._refuse(send, _error(lenient_id(b"".join(chunks)), PARSE_ERROR, not_json_message(constant)))
-            return
+            cleaned = _answer_with_nulls(b"".join(chunks))
+            if cleaned is None:
+                await self._refuse(send, _error(lenient_id(b"".join(chunks)), PARSE_ERROR, not_json_message(constant)))
+                return
+            logger.warning("the client's answer holds %s, which is not JSON; passed on with null in its place", constant)
+            chunks[:] = [cleaned]
         replay = [{"type": "http.request", "body": chunk, "more_body": True} for chunk in chunks]
         if early is not None:
             replay.append(early)
@@ -147,6 +156,18 @@ def _sdk_framing_error(answer: bytes) -> str | None:
     error = data.get("error") if isinstance(data, dict) else None
     message = error.get("message") if isinstance(error, dict) else None
     return message if isinstance(message, str) and message.startswith(_SDK_FRAMING_PREFIXES) else None
+
+
+def _answer_with_nulls(body: bytes) -> bytes | None:
+    """A posted response (the client's answer to a server's request) with null for each NaN and infinity; None if
+    `body` is no response (a request or notification holding one is refused)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or "method" in data or "id" not in data or not ("result" in data or "error" in data):
+        return None
+    return json.dumps(with_nulls_for_non_finite(data)).encode()
 
 
 def _error(request_id: Any, code: int, message: str) -> bytes:
