@@ -4,18 +4,27 @@ from __future__ import annotations
 
 import base64
 import os
+import random
 import shutil
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 import pytest
 
+if TYPE_CHECKING:
+    from mcp.server import Server
+
+    from breakwater.config import ServerSpec
+    from breakwater.connect._upstream import Upstream
+    from breakwater.testing import FakeClock, ScriptedServer
+
 #: The machine's Redis (or BREAKWATER_TEST_REDIS_URL): the tests' one place for it.
 REDIS_URL = os.environ.get("BREAKWATER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
-__all__ = ["REDIS_URL", "chrome", "code_of", "eventually", "require", "screenshot"]
+__all__ = ["REDIS_URL", "chrome", "code_of", "connected_upstream", "eventually", "require", "screenshot"]
 
 
 def code_of(result: Any) -> str | None:
@@ -29,6 +38,39 @@ async def eventually(check: Callable[[], bool], timeout: float = 5.0, *, interva
     with anyio.fail_after(timeout):
         while not check():
             await anyio.sleep(interval)
+
+
+@asynccontextmanager
+async def connected_upstream(
+    spec: ServerSpec, server: ScriptedServer | Server[Any], *, clock: FakeClock, rng: random.Random, ready: bool = True
+) -> AsyncIterator[Upstream]:
+    """A real `Upstream` connected to an in-process SDK server (a `ScriptedServer`, or any SDK `Server`) on the fake
+    clock, and kept running; with `ready=False` it is not waited for (a server whose handshake never ends).
+
+    For tests of the call gate: the transport seam is injected (`in_memory`), so the SDK client, its
+    session, cancellation and progress are the real ones; only the clock and the random draws are fakes.
+    """
+    from breakwater.connect._admission import Admission
+    from breakwater.connect._upstream import Upstream
+    from breakwater.status import ServerState
+    from breakwater.testing import ScriptedServer, in_memory
+
+    sdk_server = server.server if isinstance(server, ScriptedServer) else server
+    upstream = Upstream(
+        spec, clock=clock, rng=rng, admission=Admission(clock=clock, rng=rng, directory=None), transports=in_memory(sdk_server)
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(upstream.run)
+
+        async def until_ready() -> None:
+            while upstream.state is not ServerState.READY:
+                await upstream.wait_changed()
+
+        if ready:
+            with anyio.fail_after(20):  # real seconds: the connect runs on virtual time
+                await clock.run(until_ready)
+        yield upstream
+        tg.cancel_scope.cancel()
 
 
 def require(reason: str, *, ci_fix: str = "") -> NoReturn:

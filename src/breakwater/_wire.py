@@ -5,7 +5,9 @@ Each is defined once here; the modules that read or write one import it.
 
 from __future__ import annotations
 
-from typing import Final
+import json
+import math
+from typing import Any, Final
 
 __all__ = [
     "CONNECTION_CLOSED",
@@ -16,6 +18,10 @@ __all__ = [
     "REPLAYED_META_KEY",
     "RESULT_TOO_LARGE",
     "json_depth",
+    "non_finite_constant",
+    "non_finite_path",
+    "strict_json",
+    "with_nulls_for_non_finite",
 ]
 
 #: One operation id per logical call, the same on every attempt: `params._meta[...]` of a tools/call.
@@ -58,3 +64,82 @@ def json_depth(text: str) -> int:
         elif c in "]}":
             depth -= 1
     return deepest
+
+
+class _NonFinite(ValueError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"{name} is not a JSON value")
+        self.name = name
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NonFinite(name)
+
+
+def strict_json(text: str | bytes) -> Any:
+    """`json.loads` as RFC 8259 reads JSON: `NaN`, `Infinity` and `-Infinity` are a ValueError, not floats."""
+    return json.loads(text, parse_constant=_refuse_constant)
+
+
+def non_finite_constant(data: bytes) -> str | None:
+    """The non-finite constant (`NaN`, `Infinity`, `-Infinity`) that makes `data` JSON only to a lenient parser; None if
+    there is none (or `data` is no JSON at all, which the caller's own parser reports).
+
+    For a message the lenient parser already accepted: only when a mark occurs (it may sit inside a string)
+    is the text parsed a second time, strictly.
+    """
+    if b"NaN" not in data and b"Infinity" not in data:  # every spelling holds one: two scans, the normal cost
+        return None
+    try:
+        strict_json(data)
+    except _NonFinite as exc:
+        return exc.name
+    except (ValueError, RecursionError):
+        return None
+    return None
+
+
+def _has_non_finite(value: Any) -> bool:
+    # The walk every call pays (arguments, results): no paths built, containers only pushed.
+    stack = [value]
+    isfinite = math.isfinite
+    while stack:
+        item = stack.pop()
+        if type(item) is float:
+            if not isfinite(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(child for child in item.values() if not isinstance(child, (str, int)))
+        elif isinstance(item, list):
+            stack.extend(child for child in item if not isinstance(child, (str, int)))
+        elif isinstance(item, float) and not isfinite(item):  # a float subclass
+            return True
+    return False
+
+
+def non_finite_path(value: Any, root: str = "") -> str | None:
+    """Where the first NaN or infinite float sits in parsed JSON `value` (`a.b[2]` under `root`); None if nowhere."""
+    if not _has_non_finite(value):
+        return None
+    stack: list[tuple[str, Any]] = [(root, value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return path or "(the value)"
+        elif isinstance(item, dict):
+            stack.extend((f"{path}.{key}" if path else str(key), child) for key, child in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", child) for i, child in reversed(list(enumerate(item))))
+    return None
+
+
+def with_nulls_for_non_finite(value: Any) -> Any:
+    """`value` with each NaN or infinite float made None: what `JSON.stringify` and pydantic's JSON output make of them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: with_nulls_for_non_finite(child) for key, child in value.items()}
+    if isinstance(value, list):
+        return [with_nulls_for_non_finite(child) for child in value]
+    return value

@@ -15,9 +15,20 @@ SERVER = Path(__file__).with_name("oauth_server.py")
 
 @pytest.fixture
 def oauth_server(tmp_path: Path) -> Iterator[str]:
+    """The server's base URL; its MCP endpoint is `/mcp` (streamable HTTP)."""
+    yield from _serve(tmp_path)
+
+
+@pytest.fixture
+def oauth_sse_server(tmp_path: Path) -> Iterator[str]:
+    """The same server over the legacy HTTP+SSE transport: its MCP endpoint is `/sse`."""
+    yield from _serve(tmp_path, "--sse")
+
+
+def _serve(tmp_path: Path, *flags: str) -> Iterator[str]:
     port_file = tmp_path / "oauth.port"
     proc = subprocess.Popen(
-        [sys.executable, str(SERVER), "--port-file", str(port_file)],
+        [sys.executable, str(SERVER), "--port-file", str(port_file), *flags],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

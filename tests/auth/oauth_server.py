@@ -10,7 +10,10 @@ access token (as if they all expired; the refresh tokens stay), `POST /admin/rev
 token. `GET /admin/stats` counts the grants. `GET /custom/metadata` serves the authorization-server
 metadata at a URL discovery would not find (for `authServerMetadataUrl`).
 
-    python tests/auth/oauth_server.py --port-file F [--lifetime 3600]
+    python tests/auth/oauth_server.py --port-file F [--lifetime 3600] [--sse]
+
+`--sse` serves the legacy HTTP+SSE transport (`GET /sse`, `POST /messages/`) behind the same
+sign-in, in place of streamable HTTP at `/mcp`.
 """
 
 from __future__ import annotations
@@ -124,14 +127,14 @@ class Provider:
         self.refresh.pop(token.token, None)
 
 
-def build(port: int, lifetime: int) -> tuple[MCPServer, Provider]:
+def build(port: int, lifetime: int, path: str = "/mcp") -> tuple[MCPServer, Provider]:
     base = f"http://127.0.0.1:{port}"
     provider = Provider(lifetime)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MCPDeprecationWarning)
         settings = AuthSettings(
             issuer_url=AnyHttpUrl(base),
-            resource_server_url=AnyHttpUrl(f"{base}/mcp"),
+            resource_server_url=AnyHttpUrl(f"{base}{path}"),
             client_registration_options=ClientRegistrationOptions(enabled=True, valid_scopes=[SCOPE], default_scopes=[SCOPE]),
             revocation_options=RevocationOptions(enabled=True),
             required_scopes=[SCOPE],
@@ -178,7 +181,7 @@ def build(port: int, lifetime: int) -> tuple[MCPServer, Provider]:
     return mcp, provider
 
 
-async def serve(port_file: str, lifetime: int) -> None:
+async def serve(port_file: str, lifetime: int, sse: bool = False) -> None:
     import uvicorn
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -186,10 +189,10 @@ async def serve(port_file: str, lifetime: int) -> None:
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     port = int(sock.getsockname()[1])
-    mcp, _ = build(port, lifetime)
+    mcp, _ = build(port, lifetime, "/sse" if sse else "/mcp")
     # JSON responses: a call's HTTP response arrives when the tool ends, so a client that serialized its
     # requests (a lock held across one in flight) would show it.
-    app = mcp.streamable_http_app(json_response=True)
+    app = mcp.sse_app() if sse else mcp.streamable_http_app(json_response=True)
     Path(port_file).write_text(str(port))
     await uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).serve(sockets=[sock])
 
@@ -198,8 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--port-file", required=True)
     parser.add_argument("--lifetime", type=int, default=3600, help="access-token lifetime in seconds")
+    parser.add_argument("--sse", action="store_true", help="serve the legacy HTTP+SSE transport at /sse")
     args = parser.parse_args(argv)
-    anyio.run(serve, args.port_file, args.lifetime)
+    anyio.run(serve, args.port_file, args.lifetime, args.sse)
     return 0
 
 

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
@@ -89,3 +90,61 @@ def test_login_refuses_a_stdio_server(tmp_path: Path, config_home: Path, capsys:
     code, _, err = _breakwater(capsys, "auth", "login", "local", "--config", str(config))
     assert code == 2
     assert "local is a stdio server: there is nothing to sign in to" in err
+
+
+def _json_with_a_broken_entry(path: Path, url: str) -> str:
+    broken = {"command": "x", "args": ["${BW_TEST_NEVER_SET}"]}
+    path.write_text(
+        json.dumps({"mcpServers": {"broken": broken, "remote": {"type": "http", "url": url}, "bad": {"url": "http://"}}})
+    )
+    return "mcpServers.broken"
+
+
+def _toml_with_a_broken_entry(path: Path, url: str) -> str:
+    path.write_text(
+        f'[servers.remote]\nurl = "{url}"\n[servers.slow]\ncommand = "x"\n[servers.slow.call]\ntimeout_s = -1\n'
+        '[servers.bad]\nurl = "http://"\n'
+    )
+    return "servers.slow.call.timeout_s"
+
+
+@pytest.mark.parametrize("write", [_json_with_a_broken_entry, _toml_with_a_broken_entry], ids=["json", "toml"])
+def test_login_works_when_only_that_servers_entry_is_valid(
+    write: Any, oauth_server: str, config_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another server's broken entry is a warning naming file, key and fix, and the sign-in goes on; `serve` and
+    `config check` still refuse the file, and a login to the broken server itself is refused with its error."""
+    os.environ.pop("BW_TEST_NEVER_SET", None)
+    config = tmp_path / ("breakwater.toml" if write is _toml_with_a_broken_entry else "mcp.json")
+    key = write(config, f"{oauth_server}/mcp")
+    login = subprocess.Popen(
+        [sys.executable, "-m", "breakwater", "auth", "login", "remote", "--no-browser", "--config", str(config)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert login.stdout is not None
+    url = login.stdout.readline().strip()
+    assert url.startswith(f"{oauth_server}/authorize?"), login.communicate(timeout=30)
+    redirect = httpx2.get(url, follow_redirects=False, timeout=10).headers["location"]
+    _, err = login.communicate(input=redirect + "\n", timeout=60)
+    assert login.returncode == 0, err
+    assert "signed in to remote" in err
+    warnings = [line for line in err.splitlines() if line.startswith("breakwater: warning:")]
+    assert len(warnings) == 2 and f"{config}: {key}" in warnings[0] and "bad" in warnings[1], err
+    assert err.count("fix:") >= 2  # each warning says how to fix its entry
+
+    broken_name = key.split(".")[1]
+    for command in (["config", "check"], ["serve"], ["auth", "login", broken_name]):
+        refused = subprocess.run(
+            [sys.executable, "-m", "breakwater", *command, "--config", str(config)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert refused.returncode == 2 and "config error" in refused.stderr and key in refused.stderr, (command, refused.stderr)
+    code, _, logout_err = _breakwater(capsys, "auth", "logout", "remote", "--config", str(config))
+    assert code == 0 and "signed out of remote" in logout_err

@@ -149,3 +149,32 @@ async def test_auth_server_metadata_url_and_pinned_scopes(oauth_server: str, con
     assert done.scopes == "mcp:tools" and done.tools == 2
     assert _stats(oauth_server)["custom_metadata"] == 1
     assert "scope=mcp%3Atools" in seen[0]
+
+
+async def test_an_sse_server_signs_in_refreshes_and_reports_auth_required(
+    oauth_sse_server: str, config_home: Path, tmp_path: Path
+) -> None:
+    """The legacy `"type": "sse"` transport gets the same OAuth client as streamable HTTP: signed out it is failed with
+    auth_required naming the command, not a bare 401; `auth login`'s sign-in works over SSE; calls go through, and
+    through an expired access token (a refresh); a revocation turns it auth_required again."""
+    spec = replace(_spec(oauth_sse_server, tmp_path), transport="sse", url=f"{oauth_sse_server}/sse")
+    config = Config(servers=(spec,), journal=JournalPolicy(url="off"))
+    async with Breakwater(config, admission_dir=tmp_path / "admission") as bw:
+        signed_out = (await bw.wait_ready(timeout=20)).servers[0]
+    assert signed_out.error is not None and signed_out.error.code is Reason.AUTH_REQUIRED, signed_out
+    assert signed_out.error.message == "not signed in: run `breakwater auth login remote`"
+
+    done = await sign_in(spec, TokenStore(), browser=follow)
+    assert (done.scopes, done.refreshable, done.tools) == ("mcp:tools", True, 2)
+    async with Breakwater(config, admission_dir=tmp_path / "admission") as bw:
+        assert (await bw.wait_ready(timeout=20)).all_ready
+        assert (await bw.call_tool("remote", "whoami", {})).structured_content == {"result": "signed in"}
+        # The access token expires under the open stream: the next call's POST gets a 401, the client refreshes.
+        httpx2.post(f"{oauth_sse_server}/admin/expire")
+        assert (await bw.call_tool("remote", "whoami", {})).structured_content == {"result": "signed in"}
+        assert _stats(oauth_sse_server)["refresh_token"] == 1
+        httpx2.post(f"{oauth_sse_server}/admin/revoke")
+        await bw.call_tool("remote", "whoami", {})
+        await eventually(lambda: bw.status().servers[0].state is ServerState.FAILED, timeout=20)
+        error = bw.status().servers[0].error
+        assert error is not None and error.code is Reason.AUTH_REQUIRED and "breakwater auth login remote" in error.message

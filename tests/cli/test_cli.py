@@ -294,6 +294,8 @@ def test_call_usage_errors_exit_2_in_one_line(env: dict[str, str], tmp_path: Pat
         (["shopp", "echo"], "no server named 'shopp'"),
         (["shop", "echo", "[1, 2]"], "JSON_ARGS must be a JSON object"),
         (["shop", "echo", "{not json"], "JSON_ARGS is not JSON"),
+        (["shop", "echo", '{"x": NaN}'], "JSON_ARGS is not JSON (NaN is not a JSON value)"),
+        (["shop", "echo", '{"x": [-Infinity]}'], "-Infinity is not a JSON value"),
         (["shop", "echo", "--arg", "novalue"], "expected KEY=VALUE"),
     ):
         result = run(env, "call", *args, "--config", str(config))

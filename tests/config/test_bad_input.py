@@ -487,6 +487,14 @@ def test_signal_ends_serve_cleanly_and_stops_upstreams(tmp_path: Path, signum: s
 # ---- every request with an id gets an answer: the JSON-RPC error the spec names, and the session goes on ----
 
 TOOLS_CALL = {"name": "t__echo", "arguments": {}}
+
+
+def _call(request_id: int | str, params: bytes) -> bytes:
+    """A tools/call of t__echo, written by hand (json.dumps cannot write what JSON does not have)."""
+    head = b'{"jsonrpc":"2.0","id":%s,"method":"tools/call",' % json.dumps(request_id).encode()
+    return head + b'"params":{"name":"t__echo",' + params + b"}}"
+
+
 # (what is sent, the id the answer must carry, the error code, a word the message must hold)
 FRAMES: list[tuple[str, bytes, Any, int, str]] = [
     ("before-initialize", b'{"jsonrpc":"2.0","id":"early","method":"tools/list"}', "early", -32602, "initialize"),
@@ -500,6 +508,12 @@ FRAMES: list[tuple[str, bytes, Any, int, str]] = [
     ("invalid-utf8", b'{"jsonrpc":"2.0","id":15,"method":"ping","params":{"x":"\xff\xfe"}}', None, -32700, "UTF-8"),
     ("not-json", b"{not json", None, -32700, "JSON"),
     ("scalar", b"5", None, -32600, "object"),
+    # JSON has no NaN or Infinity, though Python's and pydantic's parsers take them: a parse error, with the id.
+    ("nan", _call(30, b'"arguments":{"x":NaN}'), 30, -32700, "NaN"),
+    ("infinity", _call("31", b'"arguments":{"x":[1,Infinity]}'), "31", -32700, "Infinity"),
+    ("minus-infinity", b'{"jsonrpc":"2.0","id":32,"method":"ping","params":{"_meta":{"x":-Infinity}}}', 32, -32700, "-Infinity"),
+    ("nan-deadline", _call(33, b'"_meta":{"io.breakwater/deadlineMs":NaN}'), 33, -32700, "NaN"),
+    ("nan-and-bad", b'{"jsonrpc":"1.0","id":34,"method":"ping","params":{"x":NaN}}', 34, -32700, "NaN"),
     ("method-number", b'{"jsonrpc":"2.0","id":21,"method":5}', 21, -32600, "method"),
     ("unknown-method", b'{"jsonrpc":"2.0","id":17,"method":"nope/x"}', 17, -32601, "not found"),
     ("bad-params", b'{"jsonrpc":"2.0","id":18,"method":"tools/call","params":{"name":5}}', 18, -32602, "name"),
@@ -566,13 +580,29 @@ def test_every_request_gets_the_json_rpc_error_the_spec_names(tmp_path: Path) ->
         oversized = _read_answer(proc, timeout=60)
         assert oversized["error"]["code"] == -32600 and "bytes" in oversized["error"]["message"]
         # Invalid _meta deadlines are refused as invalid arguments, not ignored.
-        for i, deadline in enumerate([-5, "abc", None, 1e300]):
+        for i, deadline in enumerate([-5, "abc", 1e300]):
             params: dict[str, Any] = {**TOOLS_CALL, "_meta": {DEADLINE_META_KEY: deadline}}
-            raw = json.dumps({"jsonrpc": "2.0", "id": 100 + i, "method": "tools/call", "params": params}).encode()
-            send(raw.replace(b"null", b"NaN"))
+            send(json.dumps({"jsonrpc": "2.0", "id": 100 + i, "method": "tools/call", "params": params}).encode())
             result = _read_answer(proc, timeout=30)["result"]
             if not (result.get("isError") and result["structuredContent"]["code"] == "INVALID_ARGUMENTS"):
                 wrong.append(f"deadline {deadline!r}: {result}")
+        # 1e999 is JSON, but no double holds it (it parses as infinity): refused as an argument, naming it.
+        send(_call(111, b'"arguments":{"x":{"y":[1e999]}}'))
+        overflow = _read_answer(proc, timeout=30)
+        while "method" in overflow:
+            overflow = _read_answer(proc, timeout=30)
+        body = overflow.get("result", {}).get("structuredContent", {})
+        if (overflow.get("id"), body.get("code"), body.get("field")) != (111, "INVALID_ARGUMENTS", "x.y[0]"):
+            wrong.append(f"1e999: {overflow}")
+        # A notification holding NaN is dropped (JSON-RPC answers none); the words NaN and Infinity in a string pass.
+        send(b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":NaN}}')
+        words = {**TOOLS_CALL, "arguments": {"text": "NaN, Infinity and -Infinity"}}
+        send(json.dumps({"jsonrpc": "2.0", "id": 110, "method": "tools/call", "params": words}).encode())
+        echoed = _read_answer(proc, timeout=30)
+        while "method" in echoed:  # a notification of the gateway's own (tools/list_changed) may come first
+            echoed = _read_answer(proc, timeout=30)
+        if echoed.get("id") != 110 or echoed["result"].get("isError"):
+            wrong.append(f"NaN in a string: {echoed}")
         # The session survived all of it.
         send(b'{"jsonrpc":"2.0","id":99,"method":"ping"}')
         assert _read_answer(proc) == {"jsonrpc": "2.0", "id": 99, "result": {}}

@@ -1,10 +1,14 @@
 """A stdio MCP server that breaks the rules on purpose, written by hand (the SDK's servers cannot).
 
-    python broken_upstream.py [--junk N] [--bad-tools]
+    python broken_upstream.py [--junk N] [--bad-tools] [--non-finite]
 
 Speaks 2025-11-25 JSON-RPC over stdio, one message per line. `--bad-tools` lists, beside the valid
 `echo` and `big`, a tool whose inputSchema is not an object, one with no inputSchema at all and a
 second `echo`.
+`--non-finite` writes NaN and Infinity, which JSON does not have (Python's `json.dumps` does by
+default): a tool `bounded` whose schema has `"maximum": Infinity`, and a tool `measure` that answers
+`structuredContent` and `_meta` holding NaN, Infinity and -Infinity beside finite values, after
+progress notifications holding them too.
 `--junk N` writes N lines that are not JSON-RPC on stdout before every answer. Tool `big` answers
 with a text of `arguments.bytes` bytes; `echo` answers with its arguments.
 """
@@ -19,6 +23,10 @@ from typing import Any
 GOOD = [
     {"name": "echo", "description": "echo", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}},
     {"name": "big", "description": "a large answer", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}},
+]
+NON_FINITE = [
+    {"name": "bounded", "inputSchema": {"type": "object", "properties": {"x": {"type": "number", "maximum": float("inf")}}}},
+    {"name": "measure", "description": "a sensor that fails", "inputSchema": {"type": "object"}},
 ]
 BAD = [
     {"name": "broken_schema", "description": "its schema is a string", "inputSchema": "not a schema"},
@@ -35,7 +43,7 @@ def _send(message: dict[str, Any], junk: int) -> None:
     out.flush()
 
 
-def _answer(request: dict[str, Any], bad_tools: bool) -> dict[str, Any]:
+def _answer(request: dict[str, Any], bad_tools: bool, non_finite: bool = False) -> dict[str, Any]:
     method, params = request.get("method"), request.get("params") or {}
     if method == "initialize":
         return {
@@ -44,11 +52,20 @@ def _answer(request: dict[str, Any], bad_tools: bool) -> dict[str, Any]:
             "serverInfo": {"name": "broken", "version": "1"},
         }
     if method == "tools/list":
-        return {"tools": GOOD + (BAD if bad_tools else [])}
+        return {"tools": GOOD + (BAD if bad_tools else []) + (NON_FINITE if non_finite else [])}
     if method == "ping":
         return {}
     if method == "tools/call":
         arguments = params.get("arguments") or {}
+        if params.get("name") == "measure":
+            nan, inf = float("nan"), float("inf")
+            token = (params.get("_meta") or {}).get("progressToken")
+            if token is not None:  # progress that is no number, then one that is
+                for progress, total in ((nan, inf), (inf, 2.0), (1.0, inf), (1.0, 2.0)):
+                    note = {"progressToken": token, "progress": progress, "total": total}
+                    _send({"jsonrpc": "2.0", "method": "notifications/progress", "params": note}, 0)
+            structured = {"celsius": nan, "range": [-inf, 40.5, inf], "sensor": {"id": 7, "drift": nan}}
+            return {"content": [{"type": "text", "text": "no reading"}], "structuredContent": structured, "_meta": {"q": inf}}
         text = "x" * int(arguments.get("bytes", 0)) if params.get("name") == "big" else json.dumps(arguments)
         return {"content": [{"type": "text", "text": text}]}
     raise KeyError(method)
@@ -58,13 +75,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--junk", type=int, default=0)
     parser.add_argument("--bad-tools", action="store_true")
+    parser.add_argument("--non-finite", action="store_true")
     args = parser.parse_args()
     for line in sys.stdin:
         request = json.loads(line)
         if "id" not in request or "method" not in request:
             continue  # notifications and answers need no reply
         try:
-            reply = {"jsonrpc": "2.0", "id": request["id"], "result": _answer(request, args.bad_tools)}
+            reply = {"jsonrpc": "2.0", "id": request["id"], "result": _answer(request, args.bad_tools, args.non_finite)}
         except KeyError:
             reply = {"jsonrpc": "2.0", "id": request["id"], "error": {"code": -32601, "message": "Method not found"}}
         _send(reply, args.junk)

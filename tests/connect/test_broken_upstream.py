@@ -72,6 +72,45 @@ async def test_a_broken_upstream_costs_only_itself(tmp_path: Path, caplog: pytes
     assert not [r for r in caplog.records if r.exc_info or r.name.startswith("mcp.client.stdio")]
 
 
+async def test_nan_and_infinity_from_an_upstream_become_null_and_a_tool_defined_with_them_is_left_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """JSON has no NaN or Infinity, but the SDK's parser takes them: a tool whose schema holds Infinity is left out
+    with where; an answer holding them is passed on with null in their place (finite values kept, one warning
+    naming the server), the same to a library caller as on the gateway's wire; a progress holding them is not
+    passed on as a number; the server keeps serving."""
+    spec = ServerSpec(
+        name="sensor",
+        transport="stdio",
+        command=sys.executable,
+        args=(str(SCRIPT), "--non-finite"),
+        connect=ConnectPolicy(startup_jitter_s=0, health_interval_s=0),
+    )
+    config = Config(servers=(spec,), journal=JournalPolicy(url="off"))
+    async with Breakwater(config, admission_dir=tmp_path / "admission") as bw:
+        (status,) = (await bw.wait_ready(timeout=30)).servers
+        assert status.state.value == "ready" and status.tools == 3
+        assert [(t.name, t.reason.split(":")[0]) for t in status.rejected_tools] == [
+            ("bounded", "inputSchema.properties.x.maximum")
+        ]
+        seen: list[tuple[float, float | None, str | None]] = []
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            seen.append((progress, total, message))
+
+        for _ in range(3):
+            result = await bw.call_tool("sensor", "measure", {}, progress_callback=on_progress)
+            assert not result.is_error
+            assert result.structured_content == {"celsius": None, "range": [None, 40.5, None], "sensor": {"id": 7, "drift": None}}
+            assert result.meta == {"q": None}
+            assert '"celsius":null' in result.model_dump_json(by_alias=True)
+        assert not (await bw.call_tool("sensor", "echo", {"n": 1})).is_error
+    # A progress that is NaN or infinite is no progress: not passed on; an infinite total is an unknown one.
+    assert seen == [(1.0, None, None), (1.0, 2.0, None)] * 3
+    warnings = [r.getMessage() for r in caplog.records if "NaN or Infinity" in r.getMessage()]
+    assert len(warnings) == 1 and "sensor answered measure" in warnings[0] and "structuredContent.celsius" in warnings[0]
+
+
 def test_lines_are_split_in_linear_time_and_an_oversized_one_keeps_only_its_ends() -> None:
     """Chunks of any size give the same lines; a line over the limit is an `Oversized` whose id finds its request,
     wherever in the envelope the server put it (first, as the Python SDK does, or last, as the TypeScript one)."""

@@ -1,8 +1,10 @@
-"""The call gate's timing and retry logic on the fake clock, against a scripted in-process client.
+"""The call gate's timing and retry logic on the fake clock, against a scripted in-process SDK server.
 
-What a real server must prove (cancellation reaching it, ledgers, in-flight counts) is in
-test_gate.py; here the clock only moves when every task is blocked, so timeouts, backoff, budgets
-and progress deadlines are checked to the microsecond in milliseconds of real time.
+What a real server process must prove (cancellation reaching it, ledgers, in-flight counts) is in
+test_gate_real_servers.py; here the clock only moves when every task is blocked, so timeouts,
+backoff, budgets and progress deadlines are checked to the microsecond in milliseconds of real
+time. The upstream, its SDK client and session are real and connected through the transport seam
+(`in_memory`); only the clock and the random draws are injected fakes.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import json
 import math
 import random
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,33 +24,30 @@ import pytest
 from mcp import MCPError
 from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 
-from breakwater.config import BreakerPolicy, CallPolicy, JournalPolicy, RetryPolicy, ServerSpec, ToolSettings, load_config
-from breakwater.connect._admission import Admission
+from breakwater.config import (
+    BreakerPolicy,
+    CallPolicy,
+    ConnectPolicy,
+    JournalPolicy,
+    RetryPolicy,
+    ServerSpec,
+    ToolSettings,
+    load_config,
+)
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import ConfigError
 from breakwater.gate._envelope import render_error_table
 from breakwater.gate._gate import OPERATION_ID_META_KEY, CallGate
 from breakwater.gate._turn_budget import turn_budget
-from breakwater.status import ServerState, StatusReport, ToolTimeout
-from breakwater.testing import FakeClock
+from breakwater.status import StatusReport, ToolTimeout
+from breakwater.testing import FakeClock, Progress, ScriptedCall, ScriptedServer
+from helpers import connected_upstream
 
 pytestmark = pytest.mark.anyio
 
 Behaviour = Callable[[int, dict[str, Any], Any, Any], Awaitable[CallToolResult]]
-
-
-class FakeClient:
-    """Stands in for `mcp.Client`: each call runs `behaviour(call_no, arguments, meta, progress)`."""
-
-    def __init__(self, behaviour: Behaviour) -> None:
-        self.behaviour = behaviour
-        self.calls: list[dict[str, Any]] = []
-
-    async def call_tool(
-        self, name: str, arguments: dict[str, Any], *, progress_callback: Any = None, meta: Any = None
-    ) -> CallToolResult:
-        self.calls.append({"name": name, "arguments": dict(arguments), "meta": meta})
-        return await self.behaviour(len(self.calls), arguments, meta, progress_callback)
+#: No startup jitter, no health pings: the connection is up at once and only the test's calls use it.
+CONNECT = ConnectPolicy(startup_jitter_s=0, health_interval_s=0)
 
 
 def ok(text: str = "ok") -> CallToolResult:
@@ -60,7 +60,8 @@ def tool(name: str, *, readonly: bool = False, idempotent: bool = False, op_arg:
     return Tool(name=name, input_schema={"type": "object", "properties": props}, annotations=annotations)
 
 
-def make_gate(
+@asynccontextmanager
+async def make_gate(
     clock: FakeClock,
     behaviour: Behaviour,
     listed: list[Tool],
@@ -68,17 +69,21 @@ def make_gate(
     learned: float | None = None,
     learning: JournalPolicy | None = None,
     **spec_kw: Any,
-) -> tuple[CallGate, FakeClient, Upstream]:
+) -> AsyncIterator[tuple[CallGate, ScriptedServer, Upstream]]:
+    """A gate over one real upstream connected to an in-process SDK server listing `listed`, each call of which
+    runs `behaviour(call_no, arguments, meta, progress)`; the server's `calls` are what reached it."""
     spec_kw.setdefault("breaker", BreakerPolicy(consecutive_failures=1000, failure_rate=1.0))
+    spec_kw.setdefault("connect", CONNECT)
     spec = ServerSpec(name="s", transport="stdio", command="unused", **spec_kw)
     rng = random.Random(1)
-    upstream = Upstream(spec, clock=clock, rng=rng, admission=Admission(clock=clock, rng=rng, directory=None))
-    client = FakeClient(behaviour)
-    upstream.state = ServerState.READY
-    upstream.client = client  # type: ignore[assignment]
-    upstream.tools = listed
-    gate = CallGate({"s": upstream}, clock=clock, rng=rng, learned_timeout=lambda _s, _t: learned, learning=learning)
-    return gate, client, upstream
+
+    async def answer(call: ScriptedCall, n: int, progress: Progress) -> CallToolResult:
+        return await behaviour(n, call.arguments, call.meta, progress)
+
+    server = ScriptedServer(listed, answer)
+    async with connected_upstream(spec, server, clock=clock, rng=rng) as upstream:
+        gate = CallGate({"s": upstream}, clock=clock, rng=rng, learned_timeout=lambda _s, _t: learned, learning=learning)
+        yield gate, server, upstream
 
 
 async def drive(clock: FakeClock, fn: Callable[[], Awaitable[Any]]) -> Any:
@@ -98,16 +103,16 @@ async def test_timeout_resolution_order() -> None:
     """Per-tool config, then per-server config, then the learned value, then the default."""
     clock = FakeClock()
     tools = [tool("a"), tool("b")]
-    gate, _, _ = make_gate(clock, sleeper(0, clock), tools, learned=None)
-    assert gate.resolved_timeout("s", "a") == CallPolicy().timeout_s == 5.0
-    gate, _, _ = make_gate(clock, sleeper(0, clock), tools, learned=1.5)
-    assert gate.resolved_timeout("s", "a") == 1.5
-    gate, _, _ = make_gate(
+    async with make_gate(clock, sleeper(0, clock), tools, learned=None) as (gate, _, _):
+        assert gate.resolved_timeout("s", "a") == CallPolicy().timeout_s == 5.0
+    async with make_gate(clock, sleeper(0, clock), tools, learned=1.5) as (gate, _, _):
+        assert gate.resolved_timeout("s", "a") == 1.5
+    async with make_gate(
         clock, sleeper(0, clock), tools, learned=1.5, call=CallPolicy(timeout_s=3), call_explicit=frozenset({"timeout_s"})
-    )
-    assert gate.resolved_timeout("s", "a") == 3
-    per_tool = {"b": ToolSettings(call=CallPolicy(timeout_s=9), retry=RetryPolicy(), explicit=frozenset({"timeout_s"}))}
-    gate, _, _ = make_gate(
+    ) as (gate, _, _):
+        assert gate.resolved_timeout("s", "a") == 3
+        per_tool = {"b": ToolSettings(call=CallPolicy(timeout_s=9), retry=RetryPolicy(), explicit=frozenset({"timeout_s"}))}
+    async with make_gate(
         clock,
         sleeper(0, clock),
         tools,
@@ -115,8 +120,8 @@ async def test_timeout_resolution_order() -> None:
         call=CallPolicy(timeout_s=3),
         call_explicit=frozenset({"timeout_s"}),
         tools=per_tool,
-    )
-    assert (gate.resolved_timeout("s", "a"), gate.resolved_timeout("s", "b")) == (3, 9)
+    ) as (gate, _, _):
+        assert (gate.resolved_timeout("s", "a"), gate.resolved_timeout("s", "b")) == (3, 9)
 
 
 async def test_timeout_is_exact_and_retries_back_off_with_full_jitter() -> None:
@@ -130,14 +135,14 @@ async def test_timeout_is_exact_and_retries_back_off_with_full_jitter() -> None:
         raise AssertionError("unreachable")
 
     retry = RetryPolicy(backoff_base_s=1.0, backoff_cap_s=8.0, retry_timeouts=True)
-    gate, client, _ = make_gate(clock, hang, [tool("t", readonly=True)], retry=retry)
-    t0 = clock.monotonic()
-    result = await drive(clock, lambda: gate.call("s", "t", timeout=2.0))
-    assert result.structured_content["code"] == "TIMEOUT"
-    assert len(client.calls) == 3
-    gaps = [b - a - 2.0 for a, b in itertools.pairwise(starts)]
-    assert 0 <= gaps[0] <= 1.0 and 0 <= gaps[1] <= 2.0
-    assert clock.monotonic() - t0 == pytest.approx(6.0 + sum(gaps))
+    async with make_gate(clock, hang, [tool("t", readonly=True)], retry=retry) as (gate, server, _):
+        t0 = clock.monotonic()
+        result = await drive(clock, lambda: gate.call("s", "t", timeout=2.0))
+        assert result.structured_content["code"] == "TIMEOUT"
+        assert len(server.calls) == 3
+        gaps = [b - a - 2.0 for a, b in itertools.pairwise(starts)]
+        assert 0 <= gaps[0] <= 1.0 and 0 <= gaps[1] <= 2.0
+        assert clock.monotonic() - t0 == pytest.approx(6.0 + sum(gaps))
 
 
 async def test_progress_pushes_the_idle_deadline_up_to_the_hard_cap() -> None:
@@ -150,13 +155,13 @@ async def test_progress_pushes_the_idle_deadline_up_to_the_hard_cap() -> None:
             await progress(float(i), None, None)
         return ok()
 
-    gate, _, _ = make_gate(
+    async with make_gate(
         clock, chatty, [tool("t", readonly=True)], call=CallPolicy(timeout_s=2.0, max_s=10.0), retry=RetryPolicy(max_attempts=1)
-    )
-    t0 = clock.monotonic()
-    result = await drive(clock, lambda: gate.call("s", "t"))
-    assert result.structured_content["code"] == "TIMEOUT"
-    assert clock.monotonic() - t0 == pytest.approx(10.0)
+    ) as (gate, _, _):
+        t0 = clock.monotonic()
+        result = await drive(clock, lambda: gate.call("s", "t"))
+        assert result.structured_content["code"] == "TIMEOUT"
+        assert clock.monotonic() - t0 == pytest.approx(10.0)
 
 
 async def test_retry_after_hint_is_a_floor_and_too_long_a_hint_stops_retries() -> None:
@@ -170,40 +175,44 @@ async def test_retry_after_hint_is_a_floor_and_too_long_a_hint_stops_retries() -
             return CallToolResult(content=[TextContent(type="text", text="busy")], structured_content=body, is_error=True)
         return ok()
 
-    gate, client, _ = make_gate(clock, shed, [tool("t", readonly=True)], retry=RetryPolicy(backoff_base_s=0.1, backoff_cap_s=0.2))
-    t0 = clock.monotonic()
-    result = await drive(clock, lambda: gate.call("s", "t"))
-    assert not result.is_error and len(client.calls) == 2
-    assert clock.monotonic() - t0 >= 3.0
+    async with make_gate(clock, shed, [tool("t", readonly=True)], retry=RetryPolicy(backoff_base_s=0.1, backoff_cap_s=0.2)) as (
+        gate,
+        server,
+        _,
+    ):
+        t0 = clock.monotonic()
+        result = await drive(clock, lambda: gate.call("s", "t"))
+        assert not result.is_error and len(server.calls) == 2
+        assert clock.monotonic() - t0 >= 3.0
 
-    hint["value"] = 600.0
-    gate, client, _ = make_gate(clock, shed, [tool("t", readonly=True)])
-    result = await drive(clock, lambda: gate.call("s", "t"))
-    assert result.structured_content["code"] == "TOOL_ERROR" and len(client.calls) == 1
-    assert "longer wait" in result.structured_content["retry_stopped"]
+        hint["value"] = 600.0
+    async with make_gate(clock, shed, [tool("t", readonly=True)]) as (gate, server, _):
+        result = await drive(clock, lambda: gate.call("s", "t"))
+        assert result.structured_content["code"] == "TOOL_ERROR" and len(server.calls) == 1
+        assert "longer wait" in result.structured_content["retry_stopped"]
 
 
 async def test_budget_stops_retries_it_cannot_cover() -> None:
     """With 3 s of budget and 2 s timeouts, the second attempt never starts if the backoff leaves too little."""
     clock = FakeClock()
-    gate, client, _ = make_gate(
+    async with make_gate(
         clock,
         sleeper(1e9, clock),
         [tool("t", readonly=True)],
         call=CallPolicy(timeout_s=2.0, min_attempt_s=1.5),
         retry=RetryPolicy(backoff_base_s=0.001, backoff_cap_s=0.001, retry_timeouts=True),
-    )
+    ) as (gate, server, _):
 
-    async def in_budget() -> CallToolResult:
-        # The scope's __exit__ returns bool (it may swallow a cancel), so mypy wants the return after it.
-        with turn_budget(3.0, clock=clock):
-            result = await gate.call("s", "t")
-        return result
+        async def in_budget() -> CallToolResult:
+            # The scope's __exit__ returns bool (it may swallow a cancel), so mypy wants the return after it.
+            with turn_budget(3.0, clock=clock):
+                result = await gate.call("s", "t")
+            return result
 
-    result = await drive(clock, in_budget)
-    assert result.structured_content["code"] == "TIMEOUT"
-    assert len(client.calls) == 1
-    assert "turn budget" in result.structured_content["retry_stopped"]
+        result = await drive(clock, in_budget)
+        assert result.structured_content["code"] == "TIMEOUT"
+        assert len(server.calls) == 1
+        assert "turn budget" in result.structured_content["retry_stopped"]
 
 
 async def test_full_outage_costs_at_most_about_one_attempt_per_call() -> None:
@@ -213,31 +222,31 @@ async def test_full_outage_costs_at_most_about_one_attempt_per_call() -> None:
     async def down(_n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
         raise MCPError(-32603, "Server returned an error response")
 
-    gate, client, _ = make_gate(clock, down, [tool("t", readonly=True)])
-    for _ in range(500):
-        await drive(clock, lambda: gate.call("s", "t"))
-        clock.advance(1.0)  # one logical call a second, so the floor trickles in as in real life
-    assert len(client.calls) / 500 <= 1.1
+    async with make_gate(clock, down, [tool("t", readonly=True)]) as (gate, server, _):
+        for _ in range(500):
+            await drive(clock, lambda: gate.call("s", "t"))
+            clock.advance(1.0)  # one logical call a second, so the floor trickles in as in real life
+        assert len(server.calls) / 500 <= 1.1
 
 
 async def test_caller_cancellation_is_reraised_not_retried_not_recorded() -> None:
     """A cancelled caller stays cancelled; the gate makes no second attempt and records nothing."""
     clock = FakeClock()
-    gate, client, _ = make_gate(clock, sleeper(1e9, clock), [tool("t", readonly=True)])
-    with anyio.CancelScope() as scope:
+    async with make_gate(clock, sleeper(1e9, clock), [tool("t", readonly=True)]) as (gate, server, _):
+        with anyio.CancelScope() as scope:
 
-        async def cancel_soon() -> None:
-            await anyio.wait_all_tasks_blocked()
-            scope.cancel()
+            async def cancel_soon() -> None:
+                await anyio.wait_all_tasks_blocked()
+                scope.cancel()
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(cancel_soon)
-            await gate.call("s", "t", timeout=60)
-            raise AssertionError("call_tool returned to a cancelled caller")
-    assert scope.cancelled_caught
-    assert len(client.calls) == 1
-    assert all(b.calls_in_window == 0 for b in gate.breaker_snapshots())
-    assert gate.in_flight()["s"] == 0
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(cancel_soon)
+                await gate.call("s", "t", timeout=60)
+                raise AssertionError("call_tool returned to a cancelled caller")
+        assert scope.cancelled_caught
+        assert len(server.calls) == 1
+        assert all(b.calls_in_window == 0 for b in gate.breaker_snapshots())
+        assert gate.in_flight()["s"] == 0
 
 
 async def test_operation_id_in_meta_and_argument_only_for_idempotent_tools() -> None:
@@ -245,21 +254,21 @@ async def test_operation_id_in_meta_and_argument_only_for_idempotent_tools() -> 
     clock = FakeClock()
 
     async def flaky(n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
-        if n % 2:
-            raise MCPError(-32000, "Connection closed")
+        if n % 2:  # the server sheds the first attempt of each call: a retryable refusal
+            body = {"ok": False, "retryable": True, "message": "busy"}
+            return CallToolResult(content=[TextContent(type="text", text="busy")], structured_content=body, is_error=True)
         return ok()
 
     tools = [tool("idem", idempotent=True, op_arg=True), tool("read", readonly=True)]
-    gate, client, upstream = make_gate(clock, flaky, tools)
-    upstream.report_lost = lambda: None  # type: ignore[method-assign]
-    result = await drive(clock, lambda: gate.call("s", "idem", {"x": 1}))
-    assert not result.is_error
-    first, second = client.calls
-    op = first["meta"][OPERATION_ID_META_KEY]
-    assert second["meta"][OPERATION_ID_META_KEY] == op
-    assert first["arguments"] == second["arguments"] == {"x": 1, "operationId": op}
-    await drive(clock, lambda: gate.call("s", "read", {"x": 1}))
-    assert client.calls[2]["meta"] is None and "operationId" not in client.calls[2]["arguments"]
+    async with make_gate(clock, flaky, tools) as (gate, server, _):
+        result = await drive(clock, lambda: gate.call("s", "idem", {"x": 1}))
+        assert not result.is_error
+        first, second = server.calls
+        op = first.meta[OPERATION_ID_META_KEY]
+        assert second.meta[OPERATION_ID_META_KEY] == op
+        assert first.arguments == second.arguments == {"x": 1, "operationId": op}
+        await drive(clock, lambda: gate.call("s", "read", {"x": 1}))
+        assert server.calls[2].meta == {} and "operationId" not in server.calls[2].arguments
 
 
 def test_toml_call_breaker_retry_and_tool_sections(tmp_path: Path) -> None:
@@ -342,33 +351,38 @@ def switchable(clock: FakeClock, latency: Callable[[], float]) -> tuple[Behaviou
 async def test_timeout_is_not_retried_by_default_but_a_tool_may_opt_back_in() -> None:
     """A passed deadline is evidence of slowness: one attempt, and the envelope says why no second one."""
     clock = FakeClock()
-    gate, client, _ = make_gate(clock, sleeper(1e9, clock), [tool("t", readonly=True), tool("u", readonly=True)])
-    t0 = clock.monotonic()
-    body = (await drive(clock, lambda: gate.call("s", "t", timeout=2.0))).structured_content
-    assert body["code"] == "TIMEOUT" and body["attempt"] == 1 and len(client.calls) == 1
-    assert clock.monotonic() - t0 == pytest.approx(2.0)
-    assert "not retried" in body["retry_stopped"]
-    # Per tool: `[servers.s.tools.u] retry_timeouts = true` brings the retries back for that tool only.
-    per_tool = {"u": ToolSettings(call=CallPolicy(), retry=RetryPolicy(retry_timeouts=True), explicit=frozenset())}
-    gate, client, _ = make_gate(clock, sleeper(1e9, clock), [tool("t", readonly=True), tool("u", readonly=True)], tools=per_tool)
-    await drive(clock, lambda: gate.call("s", "u", timeout=2.0))
-    assert len(client.calls) == 3
-    await drive(clock, lambda: gate.call("s", "t", timeout=2.0))
-    assert len(client.calls) == 4
+    async with make_gate(clock, sleeper(1e9, clock), [tool("t", readonly=True), tool("u", readonly=True)]) as (gate, server, _):
+        t0 = clock.monotonic()
+        body = (await drive(clock, lambda: gate.call("s", "t", timeout=2.0))).structured_content
+        assert body["code"] == "TIMEOUT" and body["attempt"] == 1 and len(server.calls) == 1
+        assert clock.monotonic() - t0 == pytest.approx(2.0)
+        assert "not retried" in body["retry_stopped"]
+        # Per tool: `[servers.s.tools.u] retry_timeouts = true` brings the retries back for that tool only.
+        per_tool = {"u": ToolSettings(call=CallPolicy(), retry=RetryPolicy(retry_timeouts=True), explicit=frozenset())}
+    async with make_gate(clock, sleeper(1e9, clock), [tool("t", readonly=True), tool("u", readonly=True)], tools=per_tool) as (
+        gate,
+        server,
+        _,
+    ):
+        await drive(clock, lambda: gate.call("s", "u", timeout=2.0))
+        assert len(server.calls) == 3
+        await drive(clock, lambda: gate.call("s", "t", timeout=2.0))
+        assert len(server.calls) == 4
 
 
 async def test_retries_stay_for_what_a_second_attempt_can_fix() -> None:
-    """A connection refused before the request was sent is still retried, timeouts or not."""
+    """A request the server says it never ran (its session was gone, as after a restart) is still retried, timeouts
+    or not, even for a tool that must never run twice. (A refused connection is the same verdict: test_classify.py.)"""
     clock = FakeClock()
 
-    async def refused_once(n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
+    async def forgot_the_session(n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
         if n == 1:
-            raise ConnectionRefusedError("refused")
+            raise MCPError(-32600, "Session terminated")
         return ok()
 
-    gate, client, _ = make_gate(clock, refused_once, [tool("t", readonly=True)])
-    result = await drive(clock, lambda: gate.call("s", "t"))
-    assert not result.is_error and len(client.calls) == 2
+    async with make_gate(clock, forgot_the_session, [tool("t")]) as (gate, server, _):
+        result = await drive(clock, lambda: gate.call("s", "t"))
+        assert not result.is_error and len(server.calls) == 2
 
 
 async def test_a_tool_that_turns_slow_is_refused_within_four_timeouts_in_light_traffic() -> None:
@@ -377,82 +391,86 @@ async def test_a_tool_that_turns_slow_is_refused_within_four_timeouts_in_light_t
     clock = FakeClock()
     rng = random.Random(3)
     behave, state = switchable(clock, lambda: rng.lognormvariate(math.log(0.02), 0.3))
-    gate, _, _ = make_gate(clock, behave, [tool("t", readonly=True)], breaker=BreakerPolicy(), learning=JournalPolicy())
+    async with make_gate(clock, behave, [tool("t", readonly=True)], breaker=BreakerPolicy(), learning=JournalPolicy()) as (
+        gate,
+        _,
+        _,
+    ):
 
-    async def afternoon() -> tuple[float, list[float], float]:
-        first_learned: float | None = None
-        for n in range(60):  # healthy turns, 100 ms apart
-            await gate.call("s", "t")
-            if first_learned is None and gate.timeout_in_force("s", "t") == (1.0, "learned"):
-                first_learned = n + 1
-            await clock.sleep(0.1)
-        assert first_learned == JournalPolicy().learn_min_samples  # at the 50th call, not a minute later
-        assert gate.learned_at("s", "t") is not None
-        timeout_s = gate.resolved_timeout("s", "t")
-        assert timeout_s == 1.0  # the 1 s floor: a 20 ms tool no longer keeps the 5 s default
-        state["slow"] = 20.0
-        start, costs = clock.monotonic(), []
-        while True:
-            t = clock.monotonic()
-            result = await gate.call("s", "t")
-            costs.append(clock.monotonic() - t)
-            assert result.structured_content is not None
-            if result.structured_content["code"] == "CIRCUIT_OPEN":
-                return clock.monotonic() - start, costs, timeout_s
-            await clock.sleep(0.1)
+        async def afternoon() -> tuple[float, list[float], float]:
+            first_learned: float | None = None
+            for n in range(60):  # healthy turns, 100 ms apart
+                await gate.call("s", "t")
+                if first_learned is None and gate.timeout_in_force("s", "t") == (1.0, "learned"):
+                    first_learned = n + 1
+                await clock.sleep(0.1)
+            assert first_learned == JournalPolicy().learn_min_samples  # at the 50th call, not a minute later
+            assert gate.learned_at("s", "t") is not None
+            timeout_s = gate.resolved_timeout("s", "t")
+            assert timeout_s == 1.0  # the 1 s floor: a 20 ms tool no longer keeps the 5 s default
+            state["slow"] = 20.0
+            start, costs = clock.monotonic(), []
+            while True:
+                t = clock.monotonic()
+                result = await gate.call("s", "t")
+                costs.append(clock.monotonic() - t)
+                assert result.structured_content is not None
+                if result.structured_content["code"] == "CIRCUIT_OPEN":
+                    return clock.monotonic() - start, costs, timeout_s
+                await clock.sleep(0.1)
 
-    refused_after, costs, timeout_s = await drive(clock, afternoon)
-    assert max(costs) <= 1.2 * timeout_s
-    assert refused_after <= 4 * timeout_s
-    assert len(costs) == 3  # two timeouts, then the refusal
+        refused_after, costs, timeout_s = await drive(clock, afternoon)
+        assert max(costs) <= 1.2 * timeout_s
+        assert refused_after <= 4 * timeout_s
+        assert len(costs) == 3  # two timeouts, then the refusal
 
 
 async def test_half_open_probe_of_a_still_slow_tool_costs_a_fraction_of_the_timeout() -> None:
     """The probe's deadline comes from the tool's healthy p99 (3 x p99, at least 0.1 s); failing, it re-opens at once."""
     clock = FakeClock()
     behave, state = switchable(clock, lambda: 0.05)
-    gate, _, _ = make_gate(clock, behave, [tool("t", readonly=True)], breaker=BreakerPolicy(open_jitter=0.0))
+    async with make_gate(clock, behave, [tool("t", readonly=True)], breaker=BreakerPolicy(open_jitter=0.0)) as (gate, _, _):
 
-    async def afternoon() -> tuple[dict[str, Any], float, dict[str, Any]]:
-        for _ in range(30):
-            await gate.call("s", "t")
-        state["slow"] = 30.0
-        for _ in range(2):
-            await gate.call("s", "t")  # two 5 s timeouts: open
-        refused = (await gate.call("s", "t")).structured_content
-        assert refused is not None and refused["code"] == "CIRCUIT_OPEN"
-        await clock.sleep(refused["retry_after_s"])
-        t = clock.monotonic()
-        probe = (await gate.call("s", "t")).structured_content
-        spent = clock.monotonic() - t
-        after = (await gate.call("s", "t")).structured_content
-        assert probe is not None and after is not None
-        return probe, spent, after
+        async def afternoon() -> tuple[dict[str, Any], float, dict[str, Any]]:
+            for _ in range(30):
+                await gate.call("s", "t")
+            state["slow"] = 30.0
+            for _ in range(2):
+                await gate.call("s", "t")  # two 5 s timeouts: open
+            refused = (await gate.call("s", "t")).structured_content
+            assert refused is not None and refused["code"] == "CIRCUIT_OPEN"
+            await clock.sleep(refused["retry_after_s"])
+            t = clock.monotonic()
+            probe = (await gate.call("s", "t")).structured_content
+            spent = clock.monotonic() - t
+            after = (await gate.call("s", "t")).structured_content
+            assert probe is not None and after is not None
+            return probe, spent, after
 
-    probe, spent, after = await drive(clock, afternoon)
-    assert probe["code"] == "TIMEOUT" and probe["cut_by"] == "probe deadline"
-    assert spent == pytest.approx(0.15)  # 3 x the 50 ms p99, not the 5 s timeout
-    assert after["code"] == "CIRCUIT_OPEN" and after["reason"] == "probe failed"
-    assert after["retry_after_s"] > 9.0  # the second open lasts twice the first
+        probe, spent, after = await drive(clock, afternoon)
+        assert probe["code"] == "TIMEOUT" and probe["cut_by"] == "probe deadline"
+        assert spent == pytest.approx(0.15)  # 3 x the 50 ms p99, not the 5 s timeout
+        assert after["code"] == "CIRCUIT_OPEN" and after["reason"] == "probe failed"
+        assert after["retry_after_s"] > 9.0  # the second open lasts twice the first
 
 
 async def test_probe_of_a_healed_tool_closes_the_breaker() -> None:
     clock = FakeClock()
     behave, state = switchable(clock, lambda: 0.02)
-    gate, _, _ = make_gate(clock, behave, [tool("t", readonly=True)], breaker=BreakerPolicy(open_jitter=0.0))
+    async with make_gate(clock, behave, [tool("t", readonly=True)], breaker=BreakerPolicy(open_jitter=0.0)) as (gate, _, _):
 
-    async def afternoon() -> CallToolResult:
-        for _ in range(30):
-            await gate.call("s", "t")
-        state["slow"] = 30.0
-        for _ in range(2):
-            await gate.call("s", "t")
-        state["slow"] = None
-        await clock.sleep(6.0)
-        return await gate.call("s", "t")
+        async def afternoon() -> CallToolResult:
+            for _ in range(30):
+                await gate.call("s", "t")
+            state["slow"] = 30.0
+            for _ in range(2):
+                await gate.call("s", "t")
+            state["slow"] = None
+            await clock.sleep(6.0)
+            return await gate.call("s", "t")
 
-    assert not (await drive(clock, afternoon)).is_error
-    assert gate.breakers.tool("s", "t").state.value == "closed"
+        assert not (await drive(clock, afternoon)).is_error
+        assert gate.breakers.tool("s", "t").state.value == "closed"
 
 
 async def test_healthy_heavy_tail_tool_never_opens_in_an_hour() -> None:
@@ -462,26 +480,26 @@ async def test_healthy_heavy_tail_tool_never_opens_in_an_hour() -> None:
     clock = FakeClock()
     rng = random.Random(11)
     behave, _ = switchable(clock, lambda: rng.lognormvariate(math.log(0.1), 2.0))
-    gate, _, _ = make_gate(clock, behave, [tool("t", readonly=True)], breaker=BreakerPolicy())
+    async with make_gate(clock, behave, [tool("t", readonly=True)], breaker=BreakerPolicy()) as (gate, _, _):
 
-    async def hour() -> tuple[int, int, int]:
-        timeouts = streak = longest = 0
-        while clock.monotonic() < 3600.0:
-            body = (await gate.call("s", "t")).structured_content
-            assert body is not None
-            assert body.get("code") not in ("CIRCUIT_OPEN", "SERVER_CIRCUIT_OPEN")
-            if body.get("code") == "TIMEOUT":
-                timeouts, streak = timeouts + 1, streak + 1
-                longest = max(longest, streak)
-            else:
-                streak = 0
-            await clock.sleep(0.25)
-        return timeouts, longest, gate.breakers.tool("s", "t").snapshot().consecutive_opens
+        async def hour() -> tuple[int, int, int]:
+            timeouts = streak = longest = 0
+            while clock.monotonic() < 3600.0:
+                body = (await gate.call("s", "t")).structured_content
+                assert body is not None
+                assert body.get("code") not in ("CIRCUIT_OPEN", "SERVER_CIRCUIT_OPEN")
+                if body.get("code") == "TIMEOUT":
+                    timeouts, streak = timeouts + 1, streak + 1
+                    longest = max(longest, streak)
+                else:
+                    streak = 0
+                await clock.sleep(0.25)
+            return timeouts, longest, gate.breakers.tool("s", "t").snapshot().consecutive_opens
 
-    timeouts, longest, opens = await drive(clock, hour)
-    assert timeouts > 50 and longest >= 2  # the tail is real: a naive "2 timeouts in a row" rule would have tripped
-    assert opens == 0
-    assert gate.breakers.tool("s", "t").state.value == "closed"
+        timeouts, longest, opens = await drive(clock, hour)
+        assert timeouts > 50 and longest >= 2  # the tail is real: a naive "2 timeouts in a row" rule would have tripped
+        assert opens == 0
+        assert gate.breakers.tool("s", "t").state.value == "closed"
 
 
 def test_status_json_says_when_a_timeout_was_learned() -> None:

@@ -9,6 +9,7 @@ and bounds generous.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,7 +23,7 @@ from mcp.types import CallToolResult
 
 from breakwater import Breakwater, Config, ConnectPolicy, ServerSpec, ServerState
 from breakwater.config import BreakerPolicy, CallPolicy, RetryPolicy, ToolSettings
-from breakwater.errors import ENVELOPE_KEYS, CallTimeoutError, OutcomeUnknownError, UnknownToolError
+from breakwater.errors import ENVELOPE_KEYS, CallTimeoutError, InvalidArgumentsError, OutcomeUnknownError, UnknownToolError
 from breakwater.gate._envelope import error_from_result
 from breakwater.testing.server import OPERATION_ID_META_KEY, count_ledger, launch_command, read_ledger, read_state
 from helpers import code_of as code
@@ -69,6 +70,28 @@ async def test_success_passes_the_result_through(tmp_path: Path) -> None:
         result = await bw.call_tool("s", "add", {"a": 2, "b": 3})
         assert not result.is_error
         assert result.structured_content is not None and result.structured_content["sum"] == 5
+
+
+async def test_arguments_that_do_not_fit_the_schema_are_refused_by_the_library_before_sending(tmp_path: Path) -> None:
+    """`Breakwater.call_tool` checks arguments as the gateway does: INVALID_ARGUMENTS naming the field (attempt 0,
+    not retryable), raised as `InvalidArgumentsError` with raise_on_error, and nothing reaches the server."""
+    state = tmp_path / "state.json"
+    async with gate(tmp_path, server("s", "--state-file", str(state))) as bw:
+        wrong = envelope(await bw.call_tool("s", "add", {"a": "two", "b": 3}))
+        assert (wrong["code"], wrong["field"], wrong["attempt"], wrong["retryable"]) == ("INVALID_ARGUMENTS", "a", 0, False)
+        second = envelope(await bw.call_tool("s", "add", {"a": 2, "b": {"n": 3}}))
+        assert (second["code"], second["field"]) == ("INVALID_ARGUMENTS", "b") and "{'n': 3}" in second["problem"]
+        with pytest.raises(InvalidArgumentsError) as raised:
+            await bw.call_tool("s", "add", {"a": [], "b": 1}, raise_on_error=True)
+        assert raised.value.server == "s" and raised.value.tool == "add" and "argument 'a'" in str(raised.value)
+        for number in (math.nan, math.inf, -math.inf):  # JSON cannot carry them (sent on, they would arrive as null)
+            odd = envelope(await bw.call_tool("s", "add", {"a": number, "b": 3}))
+            assert (odd["code"], odd["field"]) == ("INVALID_ARGUMENTS", "a") and "NaN or infinite" in odd["problem"]
+        await eventually(lambda: state.exists())
+        assert read_state(state)["started"].get("add", 0) == 0  # not one of them was sent
+        right = await bw.call_tool("s", "add", {"a": 2, "b": 3})
+        assert not right.is_error and (right.structured_content or {})["sum"] == 5
+        assert read_state(state)["started"]["add"] == 1
 
 
 async def test_half_open_admits_exactly_one_probe_under_50_callers(tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,11 @@ from typing import Any
 import anyio
 import pytest
 from mcp import Client, StdioServerParameters
-from mcp.types import CallToolResult, Implementation, TextContent, Tool, ToolAnnotations
+from mcp.server import Server
+from mcp.types import CallToolResult, Implementation, ListToolsResult, TextContent, Tool, ToolAnnotations
 
 from breakwater.cli._stats import in_flight_lines
-from breakwater.config import BreakerPolicy, CallPolicy, JournalPolicy, RetryPolicy, ServerSpec, ToolSettings
-from breakwater.connect._admission import Admission
-from breakwater.connect._upstream import Upstream
+from breakwater.config import BreakerPolicy, CallPolicy, ConnectPolicy, JournalPolicy, RetryPolicy, ServerSpec, ToolSettings
 from breakwater.gate._gate import GET_OPERATION_TOOL, CallGate
 from breakwater.journal import (
     DOWNSTREAM_CLIENT,
@@ -40,8 +40,9 @@ from breakwater.journal import (
     timeout_in_force,
 )
 from breakwater.status import ServerState, StatusReport, ToolTimeout
-from breakwater.testing import FakeClock
+from breakwater.testing import FakeClock, Progress, ScriptedCall, ScriptedServer
 from breakwater.testing.server import launch_command
+from helpers import connected_upstream
 
 pytestmark = pytest.mark.anyio
 
@@ -293,25 +294,28 @@ class Recorder:
         return True
 
 
-class ScriptedClient:
-    def __init__(self, script: Callable[[str, int], Awaitable[CallToolResult]]) -> None:
-        self.script = script
-        self.calls = 0
-
-    async def call_tool(
-        self, name: str, arguments: dict[str, Any], *, progress_callback: Any = None, meta: Any = None
-    ) -> CallToolResult:
-        self.calls += 1
-        return await self.script(name, self.calls)
-
-
 def ok(text: str = "ok") -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content={"ok": True})
 
 
-def make_gate(
+#: No startup jitter, no health pings: the connection is up at once and only the test's calls use it.
+CONNECT = ConnectPolicy(startup_jitter_s=0, health_interval_s=0)
+
+
+def scripted(listed: list[Tool], script: Callable[[str, int], Awaitable[CallToolResult]]) -> ScriptedServer:
+    """An in-process SDK server listing `listed`, answering call number n (of all) of tool `name` with `script(name, n)`."""
+
+    async def answer(call: ScriptedCall, n: int, _progress: Progress) -> CallToolResult:
+        return await script(call.name, n)
+
+    return ScriptedServer(listed, answer)
+
+
+@asynccontextmanager
+async def make_gate(
     clock: FakeClock, script: Callable[[str, int], Awaitable[CallToolResult]], listed: list[Tool]
-) -> tuple[CallGate, Recorder]:
+) -> AsyncIterator[tuple[CallGate, Recorder]]:
+    """A gate over one real upstream connected to an in-process SDK server, its attempts handed to a `Recorder`."""
     spec = ServerSpec(
         name="s",
         transport="stdio",
@@ -319,15 +323,12 @@ def make_gate(
         call=CallPolicy(timeout_s=1.0, max_s=30.0),
         breaker=BreakerPolicy(consecutive_failures=2, failure_rate=1.0, open_base_s=60),
         retry=RetryPolicy(max_attempts=2, backoff_base_s=0.1, backoff_cap_s=0.1, retry_timeouts=True),
+        connect=CONNECT,
     )
     rng = random.Random(3)
-    upstream = Upstream(spec, clock=clock, rng=rng, admission=Admission(clock=clock, rng=rng, directory=None))
-    upstream.state = ServerState.READY
-    upstream.client = ScriptedClient(script)  # type: ignore[assignment]
-    upstream.tools = listed
-    upstream.report_lost = lambda: None  # type: ignore[method-assign]
-    recorder = Recorder()
-    return CallGate({"s": upstream}, clock=clock, rng=rng, observer=recorder), recorder
+    async with connected_upstream(spec, scripted(listed, script), clock=clock, rng=rng) as upstream:
+        recorder = Recorder()
+        yield CallGate({"s": upstream}, clock=clock, rng=rng, observer=recorder), recorder
 
 
 async def drive(clock: FakeClock, fn: Callable[[], Awaitable[Any]]) -> Any:
@@ -350,13 +351,13 @@ async def test_gate_hands_the_observer_every_send_refusal_and_reconciliation() -
         await clock.sleep(0.25)
         return ok()
 
-    gate, recorder = make_gate(clock, script, [readonly, idempotent, get_op])
     token = DOWNSTREAM_CLIENT.set("agent-x")
     try:
-        assert not (await drive(clock, lambda: gate.call("s", "t", {"q": 1}))).is_error
-        assert (await drive(clock, lambda: gate.call("s", "t", {"q": 2}))).structured_content["code"] == "TIMEOUT"
-        assert (await drive(clock, lambda: gate.call("s", "t", {"q": 3}))).structured_content["code"] == "CIRCUIT_OPEN"
-        assert not (await drive(clock, lambda: gate.call("s", "op", {}))).is_error
+        async with make_gate(clock, script, [readonly, idempotent, get_op]) as (gate, recorder):
+            assert not (await drive(clock, lambda: gate.call("s", "t", {"q": 1}))).is_error
+            assert (await drive(clock, lambda: gate.call("s", "t", {"q": 2}))).structured_content["code"] == "TIMEOUT"
+            assert (await drive(clock, lambda: gate.call("s", "t", {"q": 3}))).structured_content["code"] == "CIRCUIT_OPEN"
+            assert not (await drive(clock, lambda: gate.call("s", "op", {}))).is_error
     finally:
         DOWNSTREAM_CLIENT.reset(token)
     rows = recorder.rows
@@ -390,20 +391,33 @@ async def test_gate_hands_the_observer_every_send_refusal_and_reconciliation() -
 async def test_calls_refused_before_reaching_a_tool_are_journaled_too() -> None:
     """SERVER_CONNECTING and UNKNOWN_TOOL answers are rows as well: they are what an outage looks like to the agent."""
     clock = FakeClock()
-    gate, recorder = make_gate(clock, lambda _n, _i: anyio.sleep_forever(), [])  # type: ignore[arg-type,return-value]
-    upstream = gate._servers["s"].upstream
-    assert (await gate.call("s", "missing", {})).structured_content["code"] == "UNKNOWN_TOOL"
-    upstream.state = ServerState.CONNECTING
-    token = DOWNSTREAM_CLIENT.set("agent-y")
-    try:
-        # A connecting server is waited for within the call's window (on the fake clock), then refused.
-        later = await drive(clock, lambda: gate.call("s", "later", {}))
-        assert later.structured_content["code"] == "SERVER_CONNECTING"
-    finally:
-        DOWNSTREAM_CLIENT.reset(token)
-    assert [(r.tool, r.attempt, r.outcome, r.error_code, r.client) for r in recorder.rows] == [
-        ("missing", 1, "unknown_tool", "UNKNOWN_TOOL", None),
-        ("later", 1, "server_connecting", "SERVER_CONNECTING", "agent-y"),
+    rng = random.Random(3)
+
+    async def never_lists(_ctx: Any, _params: Any) -> ListToolsResult:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    # "s" is up with no tools; "c" never finishes its handshake (its tools/list is never answered): connecting.
+    up = ServerSpec(name="s", transport="stdio", command="unused", connect=CONNECT)
+    stuck = replace(up, name="c", connect=replace(CONNECT, attempt_timeout_s=3600))
+    async with (
+        connected_upstream(up, scripted([], lambda _n, _i: anyio.sleep_forever()), clock=clock, rng=rng) as ready,  # type: ignore[arg-type,return-value]
+        connected_upstream(stuck, Server("stuck", on_list_tools=never_lists), clock=clock, rng=rng, ready=False) as connecting,
+    ):
+        recorder = Recorder()
+        gate = CallGate({"s": ready, "c": connecting}, clock=clock, rng=rng, observer=recorder)
+        assert (await gate.call("s", "missing", {})).structured_content["code"] == "UNKNOWN_TOOL"
+        token = DOWNSTREAM_CLIENT.set("agent-y")
+        try:
+            # A connecting server is waited for within the call's window (on the fake clock), then refused.
+            later = await drive(clock, lambda: gate.call("c", "later", {}))
+            assert later.structured_content["code"] == "SERVER_CONNECTING"
+            assert connecting.state is ServerState.CONNECTING
+        finally:
+            DOWNSTREAM_CLIENT.reset(token)
+    assert [(r.server, r.tool, r.attempt, r.outcome, r.error_code, r.client) for r in recorder.rows] == [
+        ("s", "missing", 1, "unknown_tool", "UNKNOWN_TOOL", None),
+        ("c", "later", 1, "server_connecting", "SERVER_CONNECTING", "agent-y"),
     ]
     assert all(r.duration_s == 0 and r.server_breaker == "closed" for r in recorder.rows)
 
@@ -419,8 +433,8 @@ async def test_re_sends_of_a_running_operation_are_numbered_as_sends() -> None:
             return CallToolResult(content=[TextContent(type="text", text="busy")], structured_content=body, is_error=True)
         return ok()
 
-    gate, recorder = make_gate(clock, script, [idempotent])
-    assert not (await drive(clock, lambda: gate.call("s", "op", {}))).is_error
+    async with make_gate(clock, script, [idempotent]) as (gate, recorder):
+        assert not (await drive(clock, lambda: gate.call("s", "op", {}))).is_error
     rows = recorder.rows
     assert [(r.attempt, r.retries, r.outcome) for r in rows] == [(1, 0, "tool_error"), (2, 1, "tool_error"), (3, 2, "completed")]
     assert len({r.call_id for r in rows}) == 1 and len({r.operation_id for r in rows}) == 1
@@ -430,7 +444,10 @@ async def test_re_sends_of_a_running_operation_are_numbered_as_sends() -> None:
 # ---------------------------------------------------------------------------- the timeout in force
 
 
-def gate_with_journal(clock: FakeClock, journal: Journal, latency: list[float]) -> tuple[CallGate, ServerSpec]:
+@asynccontextmanager
+async def gate_with_journal(
+    clock: FakeClock, journal: Journal, latency: list[float]
+) -> AsyncIterator[tuple[CallGate, ServerSpec]]:
     """A gate whose `t` answers after `latency[0]` seconds (changed by the test), `fixed` has its own
     configured timeout, and every call is journaled and timed by the journal's learned values."""
     spec = ServerSpec(
@@ -441,6 +458,7 @@ def gate_with_journal(clock: FakeClock, journal: Journal, latency: list[float]) 
         breaker=BreakerPolicy(consecutive_failures=1000, failure_rate=1.0),
         retry=RetryPolicy(max_attempts=1),
         tools={"fixed": ToolSettings(call=CallPolicy(timeout_s=3.0), retry=RetryPolicy(), explicit=frozenset({"timeout_s"}))},
+        connect=CONNECT,
     )
     rng = random.Random(8)
     jitter = random.Random(9)
@@ -449,14 +467,10 @@ def gate_with_journal(clock: FakeClock, journal: Journal, latency: list[float]) 
         await clock.sleep(latency[0] * jitter.lognormvariate(0, 0.3))
         return ok()
 
-    upstream = Upstream(spec, clock=clock, rng=rng, admission=Admission(clock=clock, rng=rng, directory=None))
-    upstream.state = ServerState.READY
-    upstream.client = ScriptedClient(script)  # type: ignore[assignment]
     readonly = ToolAnnotations(read_only_hint=True)
-    upstream.tools = [Tool(name=n, input_schema={"type": "object"}, annotations=readonly) for n in ("t", "fixed", "idle")]
-    upstream.report_lost = lambda: None  # type: ignore[method-assign]
-    gate = CallGate({"s": upstream}, clock=clock, rng=rng, learned_timeout=journal.learned_timeout, observer=journal)
-    return gate, spec
+    listed = [Tool(name=n, input_schema={"type": "object"}, annotations=readonly) for n in ("t", "fixed", "idle")]
+    async with connected_upstream(spec, scripted(listed, script), clock=clock, rng=rng) as upstream:
+        yield CallGate({"s": upstream}, clock=clock, rng=rng, learned_timeout=journal.learned_timeout, observer=journal), spec
 
 
 async def test_the_gate_follows_the_learned_timeout_as_a_tool_slows_down(tmp_path: Path) -> None:
@@ -467,38 +481,38 @@ async def test_the_gate_follows_the_learned_timeout_as_a_tool_slows_down(tmp_pat
     policy = JournalPolicy(learn_min_samples=50, learn_floor_s=0.05, learn_refresh_s=2)
     journal = Journal(SQLiteJournalStore(tmp_path / "j.sqlite3"), clock=clock, policy=policy)
     latency = [0.1]
-    gate, spec = gate_with_journal(clock, journal, latency)
+    async with gate_with_journal(clock, journal, latency) as (gate, spec):
 
-    async def calls(n: int) -> list[str]:
-        codes = []
-        for i in range(n):
-            result = await drive(clock, lambda: gate.call("s", "t", {}))
-            codes.append((result.structured_content or {}).get("code", "OK"))
-            if i % 25 == 24:
-                journal.flush()  # the writer's maintenance: a refresh every learn_refresh_s of fake time
-        return codes
+        async def calls(n: int) -> list[str]:
+            codes = []
+            for i in range(n):
+                result = await drive(clock, lambda: gate.call("s", "t", {}))
+                codes.append((result.structured_content or {}).get("code", "OK"))
+                if i % 25 == 24:
+                    journal.flush()  # the writer's maintenance: a refresh every learn_refresh_s of fake time
+            return codes
 
-    assert gate.timeout_in_force("s", "t") == (5.0, "default")
-    assert set(await calls(120)) == {"OK"}
-    learned = journal.learned_timeout("s", "t")
-    assert learned is not None and 0.1 < learned < 1.0  # p99.9 of ~0.1 s answers, times 2
-    assert gate.timeout_in_force("s", "t") == (learned, "learned") and gate.resolved_timeout("s", "t") == learned
-    assert gate.timeout_in_force("s", "fixed") == (3.0, "configured")  # configured wins over anything learned
-    assert gate.timeout_in_force("s", "idle") == (5.0, "default")  # never called: nothing learned
-    # The offline resolution (`breakwater stats`, no gate) agrees with the gate's own, tool by tool.
-    for tool in ("t", "fixed", "idle"):
-        assert timeout_in_force(spec, tool, journal.learned_timeout("s", tool)) == gate.timeout_in_force("s", tool)
+        assert gate.timeout_in_force("s", "t") == (5.0, "default")
+        assert set(await calls(120)) == {"OK"}
+        learned = journal.learned_timeout("s", "t")
+        assert learned is not None and 0.1 < learned < 1.0  # p99.9 of ~0.1 s answers, times 2
+        assert gate.timeout_in_force("s", "t") == (learned, "learned") and gate.resolved_timeout("s", "t") == learned
+        assert gate.timeout_in_force("s", "fixed") == (3.0, "configured")  # configured wins over anything learned
+        assert gate.timeout_in_force("s", "idle") == (5.0, "default")  # never called: nothing learned
+        # The offline resolution (`breakwater stats`, no gate) agrees with the gate's own, tool by tool.
+        for tool in ("t", "fixed", "idle"):
+            assert timeout_in_force(spec, tool, journal.learned_timeout("s", tool)) == gate.timeout_in_force("s", tool)
 
-    latency[0] = 0.5  # five times slower: the old timeout now cuts most calls
-    codes = await calls(400)
-    assert "TIMEOUT" in codes[:50]
-    after = journal.learned_timeout("s", "t")
-    assert after is not None and after > 3 * learned
-    assert codes[-100:].count("TIMEOUT") <= 1, "the learned timeout did not catch up with the slower tool"
-    journal.flush()
-    (row,) = journal.stats(3600, tool="t")
-    assert (row.timeout_s, row.timeout_source) == (after, "learned")
-    journal.close()
+        latency[0] = 0.5  # five times slower: the old timeout now cuts most calls
+        codes = await calls(400)
+        assert "TIMEOUT" in codes[:50]
+        after = journal.learned_timeout("s", "t")
+        assert after is not None and after > 3 * learned
+        assert codes[-100:].count("TIMEOUT") <= 1, "the learned timeout did not catch up with the slower tool"
+        journal.flush()
+        (row,) = journal.stats(3600, tool="t")
+        assert (row.timeout_s, row.timeout_source) == (after, "learned")
+        journal.close()
 
 
 def test_status_json_shows_each_tools_timeout_and_its_source(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Sign-in: the authorization-code flow with PKCE for one HTTP server, from `breakwater auth login`.
+"""Sign-in: the authorization-code flow with PKCE for one HTTP (or legacy SSE) server, from `breakwater auth login`.
 
 The SDK's provider does the protocol (discovery from the server's 401, authorization-server
 metadata, client ID metadata document or dynamic registration or the entry's `clientId`, scopes,
@@ -31,6 +31,7 @@ from anyio.streams.stapled import MultiListener
 from mcp import Client
 from mcp.client.auth import OAuthFlowError
 from mcp.client.auth.utils import union_scopes
+from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull
 
@@ -245,13 +246,20 @@ async def _sign_in(
                 )
             )
         provider = build_provider(spec, tokens, clock=clock, login=handlers)
-        tools = await _connect(spec.url or "", provider)
+        tools = await _connect(spec, provider)
         tg.cancel_scope.cancel()
     return _summary(spec, tokens, tools)
 
 
-async def _connect(url: str, auth: httpx2.Auth) -> int:
-    """Connect with the new sign-in (the first 401 starts it) and count the tools: the tokens work."""
+async def _connect(spec: ServerSpec, auth: httpx2.Auth) -> int:
+    """Connect with the new sign-in (the first 401 starts it) and count the tools: the tokens work.
+
+    Over the entry's own transport: the legacy SSE one (`"type": "sse"`) signs in the same way."""
+    url = spec.url or ""
+    if spec.transport == "sse":
+        sse = sse_client(url, timeout=_CONNECT_TIMEOUT_S, auth=auth)
+        async with Client(sse, mode="legacy", cache=None) as client:
+            return len((await client.list_tools()).tools)
     timeout = httpx2.Timeout(_CONNECT_TIMEOUT_S)
     async with (
         httpx2.AsyncClient(auth=auth, timeout=timeout) as http,

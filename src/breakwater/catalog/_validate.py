@@ -4,7 +4,9 @@ A call whose arguments cannot fit the tool's `inputSchema` is answered INVALID_A
 field, instead of reaching the server and coming back as the tool's own error (which a model reads
 as "fix the input" with no hint which). Uses `jsonschema`, which the MCP SDK already depends on (its
 client validates structured results with it). A schema that is not valid JSON Schema is the server's
-business: such a tool's arguments are not checked here. May import the core leaves only.
+business: such a tool's arguments are not checked here. A number JSON cannot carry (NaN, an
+infinity, or a literal such as `1e999` that overflows to one) is refused too, whatever the schema:
+sent on, it would reach the server as `null`. May import the core leaves only.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from typing import Any
 
 import mcp.types as types
 
-__all__ = ["ArgumentProblem", "argument_problem"]
+from breakwater._wire import non_finite_path
+
+__all__ = ["ArgumentProblem", "argument_problem", "not_json_argument"]
 
 _MAX_SHOWN = 80  # characters of a rejected value shown back to the model
 
@@ -118,3 +122,11 @@ def argument_problem(tool: types.Tool, arguments: Mapping[str, Any]) -> Argument
     if len(message) > _MAX_SHOWN * 2:
         message = message[: _MAX_SHOWN * 2] + "…"
     return ArgumentProblem(field=path, problem=message)
+
+
+def not_json_argument(arguments: Mapping[str, Any]) -> ArgumentProblem | None:
+    """The first argument that is NaN or infinite (JSON has neither; `1e999` parses to one), or None."""
+    where = non_finite_path(dict(arguments))
+    if where is None:
+        return None
+    return ArgumentProblem(field=where, problem="it is NaN or infinite, which JSON cannot carry; send a finite number or null")

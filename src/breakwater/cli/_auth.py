@@ -28,6 +28,7 @@ from breakwater.cli._common import (
     add_config_flag,
     did_you_mean,
     fail,
+    load_for_server_or_exit,
     load_or_exit,
     show,
 )
@@ -51,7 +52,8 @@ def _http_server(config: Config, name: str) -> ServerSpec | int:
 
 
 def _login(args: argparse.Namespace) -> int:
-    config = load_or_exit(args.config)
+    # Another server's broken entry must not keep the user from signing in to this one (a warning names it).
+    config = load_for_server_or_exit(args.config, args.name)
     spec = _http_server(config, args.name)
     if isinstance(spec, int):
         return spec
@@ -127,7 +129,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _logout(args: argparse.Namespace) -> int:
-    config = load_or_exit(args.config)
+    config = load_for_server_or_exit(args.config, args.name)
     spec = _http_server(config, args.name)
     if isinstance(spec, int):
         return spec

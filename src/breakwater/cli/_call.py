@@ -17,6 +17,7 @@ import anyio
 import mcp.types as types
 
 from breakwater._breakwater import Breakwater
+from breakwater._wire import strict_json
 from breakwater.cli._common import (
     EXIT_CONFIG,
     EXIT_FAILED,
@@ -39,9 +40,9 @@ _ON_ITS_WAY = (ServerState.PENDING, ServerState.CONNECTING)
 
 
 def _value(text: str) -> Any:
-    """A `--arg` value: JSON when it parses (numbers, true, null, objects), else the text itself."""
+    """A `--arg` value: JSON when it parses (numbers, true, null, objects), else the text itself (`NaN` too: not JSON)."""
     try:
-        return json.loads(text)
+        return strict_json(text)
     except ValueError:
         return text
 
@@ -52,7 +53,7 @@ def parse_arguments(json_args: str | None, pairs: list[str]) -> dict[str, Any]:
     if json_args is not None:
         text = sys.stdin.read() if json_args == "-" else json_args
         try:
-            parsed = json.loads(text)
+            parsed = strict_json(text)
         except ValueError as exc:
             raise ValueError(f'JSON_ARGS is not JSON ({exc}); pass an object such as \'{{"q": "flaky"}}\'') from None
         if not isinstance(parsed, dict):

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 from rich.console import Console, RenderableType
 
 from breakwater.config import Config, find_config, load_config
+from breakwater.config._files import load_config_for_server
 from breakwater.errors import ConfigError
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "did_you_mean",
     "exit_codes_epilog",
     "fail",
+    "load_for_server_or_exit",
     "load_or_exit",
     "out_console",
     "show",
@@ -93,6 +95,19 @@ def load_or_exit(path: str | None) -> Config:
     except ConfigError as exc:
         print(f"breakwater: config error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
+
+
+def load_for_server_or_exit(path: str | None, name: str) -> Config:
+    """`load_or_exit` for a command about server `name` alone: another server's broken entry is a warning (file, key,
+    fix) and is left out, so it does not stand in the way; the file and `name`'s own entry must be valid."""
+    try:
+        config, broken = load_config_for_server(path if path is not None else find_config(), name)
+    except ConfigError as exc:
+        print(f"breakwater: config error: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG) from None
+    for error in broken:
+        print(f"breakwater: warning: left out a broken entry (`serve` refuses it): {error}", file=sys.stderr)
+    return config
 
 
 def add_config_flag(parser: argparse.ArgumentParser) -> None:

@@ -30,6 +30,7 @@ from breakwater.cli._common import (
     show,
 )
 from breakwater.config import Config
+from breakwater.config._checks import namespaced
 from breakwater.status import ServerState, StatusReport
 
 __all__ = ["status_main", "status_view"]
@@ -47,8 +48,12 @@ STATE_STYLE = {
 }
 
 
-def status_view(report: StatusReport, *, now: float | None = None) -> Group:
-    """The status as a compact table, then one line per server that is not ready saying why, and one per tool left out."""
+def status_view(report: StatusReport, *, now: float | None = None, template: str | None = None) -> Group:
+    """The status as a compact table, then one line per server that is not ready saying why, and one per tool left out.
+
+    With the gateway's `template` (`[gateway] tool_name_template`), a tool left out is named as the gateway
+    would list it, the name an agent would look for.
+    """
     now = time.time() if now is None else now
     table = Table(title="breakwater status", title_justify="left")
     for column in ("server", "transport", "state", "protocol", "tools", "attempts", "connect"):
@@ -73,19 +78,22 @@ def status_view(report: StatusReport, *, now: float | None = None) -> Group:
                 line += f" [dim](next try in {max(0.0, s.next_retry_at - now):.0f} s)[/]"
             problems.append(line)
         for t in s.rejected_tools:
-            problems.append(f"[bold]{escape(s.name)}[/]: [yellow]tool {escape(t.name)!r} left out:[/] {escape(t.reason)}")
+            name = t.name if template is None else namespaced(template, s.name, t.name)
+            listed = f" (listed as {escape(t.name)!r})" if name != t.name else ""
+            problems.append(f"[bold]{escape(s.name)}[/]: [yellow]tool {escape(name)!r}{listed} left out:[/] {escape(t.reason)}")
     table.caption = ", ".join(f"{n} {state}" for state, n in report.summary.items())
     return Group(table, *(Text.from_markup(p) for p in problems))
 
 
 async def _wait_live(bw: Breakwater, wait: float, err: Console) -> StatusReport:
     """`wait_ready`, redrawing the table on the terminal while it waits."""
-    with Live(status_view(bw.status()), console=err, transient=True, refresh_per_second=8) as live:
+    template = bw.config.gateway.tool_name_template
+    with Live(status_view(bw.status(), template=template), console=err, transient=True, refresh_per_second=8) as live:
         async with anyio.create_task_group() as tg:
 
             async def refresh() -> None:
                 while True:
-                    live.update(status_view(bw.status()))
+                    live.update(status_view(bw.status(), template=template))
                     await bw.clock.sleep(LIVE_REFRESH_S)
 
             tg.start_soon(refresh)
@@ -110,7 +118,7 @@ async def _run_status(config: Config, wait: float, as_json: bool) -> int:
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
     else:
-        show(status_view(report))
+        show(status_view(report, template=config.gateway.tool_name_template))
     return EXIT_OK if report.all_ready else EXIT_NOT_READY
 
 
@@ -128,7 +136,8 @@ async def _gateway_status(url: str, token: str | None, as_json: bool) -> int:
         print(json.dumps(data, indent=2))
     report = StatusReport.from_json(data)
     if not as_json:
-        show(status_view(report))
+        template = data.get("tool_name_template")
+        show(status_view(report, template=template if isinstance(template, str) else None))
     return EXIT_OK if report.all_ready else EXIT_NOT_READY
 
 
@@ -181,7 +190,7 @@ def status_main(argv: list[str]) -> int:
         from breakwater.gateway._session import per_session
 
         if not per_session(config):
-            return _shared_status(shared, args.json)
+            return _shared_status(shared, args.json, config.gateway.tool_name_template)
         # Those run in each session, so the gateway cannot report them: connect to everything from here.
         print(
             f"breakwater: shared gateway pid {shared.get('pid')}, serving {shared.get('sessions')} session(s); "
@@ -192,7 +201,7 @@ def status_main(argv: list[str]) -> int:
     return code
 
 
-def _shared_status(info: dict[str, object], as_json: bool) -> int:
+def _shared_status(info: dict[str, object], as_json: bool, template: str) -> int:
     """The status of the shared gateway this config's sessions attach to, as it sees its servers."""
     data = info.get("status")
     report = StatusReport.from_json(data if isinstance(data, dict) else {})
@@ -202,5 +211,5 @@ def _shared_status(info: dict[str, object], as_json: bool) -> int:
         print(json.dumps(shown, indent=2))
     else:
         print(f"breakwater: {line}", file=sys.stderr, flush=True)
-        show(status_view(report))
+        show(status_view(report, template=template))
     return EXIT_OK if report.all_ready else EXIT_NOT_READY

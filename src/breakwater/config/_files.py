@@ -11,9 +11,10 @@ import difflib
 import json
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from dataclasses import fields as dc_fields
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ from breakwater.config._policies import GLOBAL_SECTIONS, POLICY_SECTIONS, CallPo
 from breakwater.config._redact import register_secrets
 from breakwater.errors import ConfigError
 
-__all__ = ["DEFAULT_CONFIG_NAMES", "find_config", "load_config", "load_config_lenient"]
+__all__ = ["DEFAULT_CONFIG_NAMES", "find_config", "load_config", "load_config_for_server", "load_config_lenient"]
 
 DEFAULT_CONFIG_NAMES = ("breakwater.toml", ".mcp.json")
 
@@ -300,7 +301,30 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _servers_from_json(path: Path, defaults: Mapping[str, Any], expand: Expander) -> tuple[list[ServerSpec], list[str]]:
+@dataclass
+class _Entries:
+    """Which server entries may be broken without refusing the file: all but `only`'s, when set (their errors kept)."""
+
+    only: str | None = None
+    broken: list[ConfigError] = field(default_factory=list)
+
+    @contextmanager
+    def tolerated(self, name: str) -> Iterator[None]:
+        """Around the reading of entry `name`: its ConfigError is kept in `broken` when another server is the one."""
+        try:
+            yield
+        except ConfigError as exc:
+            if self.only is None or name == self.only:
+                raise
+            self.broken.append(exc)
+
+
+_STRICT = _Entries()
+
+
+def _servers_from_json(
+    path: Path, defaults: Mapping[str, Any], expand: Expander, entries_ok: _Entries = _STRICT
+) -> tuple[list[ServerSpec], list[str]]:
     """The file's servers, and the notes about it (keys beside the servers, entries skipped)."""
     data = _read_json(path)
     top = "mcpServers" if "mcpServers" in data else "servers" if "servers" in data else None
@@ -313,13 +337,14 @@ def _servers_from_json(path: Path, defaults: Mapping[str, Any], expand: Expander
         raise ConfigError("expected an object of servers", path=str(path), key=top, fix=f'write "{top}": {{"name": {{...}}}}')
     specs = []
     for name, entry in entries.items():
-        check_server_name(name, path=str(path), key=f"{top}.{name}")
-        kind = entry.get("type") if isinstance(entry, dict) else None
-        if isinstance(kind, str) and kind in SKIPPED_TYPES:
-            notes.append(f"{top}.{name} skipped: {kind!r} is {SKIPPED_TYPES[kind]}")
-            continue
-        fields, _ = _parse_entry(entry, path=str(path), where=f"{top}.{name}", expand=expand)
-        specs.append(ServerSpec(name=name, source=str(path), **defaults, **fields))
+        with entries_ok.tolerated(name):
+            check_server_name(name, path=str(path), key=f"{top}.{name}")
+            kind = entry.get("type") if isinstance(entry, dict) else None
+            if isinstance(kind, str) and kind in SKIPPED_TYPES:
+                notes.append(f"{top}.{name} skipped: {kind!r} is {SKIPPED_TYPES[kind]}")
+                continue
+            fields, _ = _parse_entry(entry, path=str(path), where=f"{top}.{name}", expand=expand)
+            specs.append(ServerSpec(name=name, source=str(path), **defaults, **fields))
     return specs, notes
 
 
@@ -393,7 +418,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 def _servers_file_specs(
-    path: Path, servers_file: Any, defaults: Mapping[str, Any], expand: Expander
+    path: Path, servers_file: Any, defaults: Mapping[str, Any], expand: Expander, entries_ok: _Entries
 ) -> tuple[dict[str, ServerSpec], list[str]]:
     """The servers of the JSON file `servers_file` names (relative to the TOML file), by name, and its notes."""
     spath = str(path)
@@ -405,7 +430,7 @@ def _servers_file_specs(
     if not json_path.exists():
         raise _fail(f"{json_path} does not exist", spath, "servers_file", "point servers_file at an mcpServers JSON file")
     file_expand = Expander(expand.environ, str(json_path), strict=expand.strict, missing=expand.missing)
-    specs, notes = _servers_from_json(json_path, defaults, file_expand)
+    specs, notes = _servers_from_json(json_path, defaults, file_expand, entries_ok)
     return {spec.name: spec for spec in specs}, [f"{servers_file}: {note}" for note in notes]
 
 
@@ -465,14 +490,15 @@ def _toml_server(
     return replace(base_spec, **policies, call_explicit=frozenset(own["call"]), tools=tools)
 
 
-def _load_toml(path: Path, environ: Mapping[str, str], expand: Expander) -> Config:
+def _load_toml(path: Path, environ: Mapping[str, str], expand: Expander, entries_ok: _Entries) -> Config:
     spath = str(path)
     data = _read_toml(path)
     top = {section: _policy_table(data.get(section, {}), spath, section) for section in POLICY_SECTIONS}
     defaults = {section: _layered(section, top[section], spath, environ) for section in POLICY_SECTIONS}
-    specs, notes = _servers_file_specs(path, data.get("servers_file"), defaults, expand)
+    specs, notes = _servers_file_specs(path, data.get("servers_file"), defaults, expand, entries_ok)
     for name, table in _policy_table(data.get("servers", {}), spath, "servers").items():
-        specs[name] = _toml_server(name, table, spath=spath, top=top, environ=environ, known=specs, expand=expand)
+        with entries_ok.tolerated(name):
+            specs[name] = _toml_server(name, table, spath=spath, top=top, environ=environ, known=specs, expand=expand)
     # Servers from servers_file too: the top-level [call] is configuration for every one of them.
     configured = frozenset(top["call"])
     specs = {n: replace(s, call_configured=s.call_explicit | configured) for n, s in specs.items()}
@@ -500,13 +526,27 @@ def load_config_lenient(
     return _load(Path(path), os.environ if environ is None else environ, strict=False)
 
 
-def _load(p: Path, env: Mapping[str, str], *, strict: bool) -> tuple[Config, list[tuple[str, str]]]:
+def load_config_for_server(
+    path: str | os.PathLike[str], name: str, *, environ: Mapping[str, str] | None = None
+) -> tuple[Config, list[ConfigError]]:
+    """`load_config` for a command about one server (`auth login NAME`): another server's broken entry is left out
+    of the config and returned as its error (file, key, fix), to be shown as a warning, instead of refusing the
+    whole file. The file itself, its global sections and the named server's entry must be valid as for `serve`.
+    """
+    entries_ok = _Entries(only=name)
+    config = _load(Path(path), os.environ if environ is None else environ, strict=True, entries_ok=entries_ok)[0]
+    return config, entries_ok.broken
+
+
+def _load(
+    p: Path, env: Mapping[str, str], *, strict: bool, entries_ok: _Entries = _STRICT
+) -> tuple[Config, list[tuple[str, str]]]:
     expand = Expander(env, str(p), strict=strict)
     if p.suffix == ".toml":
-        config = _load_toml(p, env, expand)
+        config = _load_toml(p, env, expand, entries_ok)
     else:
         defaults = {section: build_policy(cls, [env_layer(cls, env)]) for section, cls in POLICY_SECTIONS.items()}
-        specs, notes = _servers_from_json(p, defaults, expand)
+        specs, notes = _servers_from_json(p, defaults, expand, entries_ok)
         config = Config(servers=tuple(specs), **defaults, **_global_policies({}, None, env), path=str(p), notes=tuple(notes))
     try:
         check_template_for_servers(config.gateway.tool_name_template, len(config.servers))

@@ -6,7 +6,9 @@ When a page fails only in its tools, it is asked for once more without the SDK's
 SDK's own framing and session state, pinned minor version), each tool is validated on its own, the
 valid ones are served and the others are reported with the reason (`RejectedTool`, shown by
 `status` and `tools`). A healthy server never takes this path: it costs nothing until a page fails.
-A second tool of the same name is left out the same way.
+A second tool of the same name is left out the same way, and so is one whose definition holds `NaN`
+or `Infinity` (the SDK's parser takes them; JSON has neither, and passed on they would reach the
+agent as `null`, an `inputSchema` with `"maximum": null` that a strict client refuses whole).
 May import the core leaves only.
 """
 
@@ -19,6 +21,7 @@ from mcp import Client
 from mcp_types import methods as sdk_methods
 from pydantic import ValidationError
 
+from breakwater._wire import non_finite_path
 from breakwater.status import RejectedTool
 
 __all__ = ["list_all_tools"]
@@ -43,7 +46,26 @@ async def list_all_tools(client: Client) -> tuple[list[types.Tool], list[Rejecte
         tools.extend(page.tools)
         cursor = page.next_cursor
         if not cursor:
-            return _without_duplicates(tools, rejected)
+            return _without_duplicates(*_finite_only(tools, rejected))
+
+
+def _finite_only(tools: list[types.Tool], rejected: list[RejectedTool]) -> tuple[list[types.Tool], list[RejectedTool]]:
+    """The tools whose definitions are JSON; one holding NaN or Infinity is left out, with where."""
+    kept: list[types.Tool] = []
+    for tool in tools:
+        where = _non_finite_field(tool)
+        if where is None:
+            kept.append(tool)
+        else:
+            rejected.append(RejectedTool(name=tool.name, reason=f"{where}: NaN or Infinity, which JSON does not have"))
+    return kept, rejected
+
+
+def _non_finite_field(tool: types.Tool) -> str | None:
+    for name, value in (("inputSchema", tool.input_schema), ("outputSchema", tool.output_schema), ("_meta", tool.meta)):
+        if value is not None and (where := non_finite_path(value, name)) is not None:
+            return where
+    return None
 
 
 def _without_duplicates(tools: list[types.Tool], rejected: list[RejectedTool]) -> tuple[list[types.Tool], list[RejectedTool]]:

@@ -101,7 +101,7 @@ async def default_transports(spec: ServerSpec, stack: AsyncExitStack, *, report_
         return OpenedTransport(process.open(), process=process)
     auth = HeadersHelperAuth(spec, clock=SystemClock()) if spec.headers_helper else None
     if spec.transport == "sse":
-        return _sse(spec, auth)
+        return _sse(spec, auth, report_lost)
     # Unarmed until the handshake is done: connect failures must reach the classifier as they are.
     cut_tolerant = CutTolerantTransport(
         httpx2.AsyncHTTPTransport(verify=_tls_context()), on_unreachable=report_lost, max_body_bytes=spec.call.max_result_bytes
@@ -134,11 +134,24 @@ async def default_transports(spec: ServerSpec, stack: AsyncExitStack, *, report_
     return opened
 
 
-def _sse(spec: ServerSpec, auth: httpx2.Auth | None) -> OpenedTransport:
-    """The legacy HTTP+SSE transport (`"type": "sse"`): the SDK's client, with breakwater's TLS and status record."""
+def _sse(spec: ServerSpec, helper: httpx2.Auth | None, report_lost: Callable[[], None]) -> OpenedTransport:
+    """The legacy HTTP+SSE transport (`"type": "sse"`): the SDK's client, with breakwater's TLS and status record,
+    and the same sign-in as streamable HTTP (a headersHelper, else OAuth on the stored tokens)."""
+    in_service = False
 
     async def record_status(response: httpx2.Response) -> None:
         await opened.record_status(response)
+
+    def ready() -> None:
+        nonlocal in_service
+        in_service = True
+
+    def auth_required(message: str) -> None:
+        opened.auth_required = message
+        if in_service:
+            report_lost()  # a ready connection whose sign-in ended: reconnect, and fail as auth_required
+
+    auth = helper if helper is not None else oauth_for(spec, auth_required)
 
     def client_factory(
         headers: dict[str, str] | None = None, timeout: httpx2.Timeout | None = None, auth: httpx2.Auth | None = None
@@ -159,7 +172,7 @@ def _sse(spec: ServerSpec, auth: httpx2.Auth | None) -> OpenedTransport:
         httpx_client_factory=client_factory,
         auth=auth,
     )
-    opened = OpenedTransport(target)
+    opened = OpenedTransport(target, on_ready=ready)
     return opened
 
 

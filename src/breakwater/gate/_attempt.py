@@ -28,6 +28,7 @@ from breakwater._clock import Clock, DeadlineScope
 from breakwater._wire import CONNECTION_CLOSED as _CONNECTION_CLOSED
 from breakwater.config._redact import redact_error
 from breakwater.connect._http_cut import cut_info
+from breakwater.connect._not_json import finite_result
 from breakwater.connect._readiness import connecting_note
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import (
@@ -181,9 +182,9 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
     progress_callback = call.progress_callback
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-        deadline.nudge()
-        if progress_callback is not None:
-            await progress_callback(progress, total, message)
+        deadline.nudge()  # whatever it says, the server is alive and working on the call
+        if progress_callback is not None and math.isfinite(progress):  # NaN and Infinity are no progress (not JSON)
+            await progress_callback(progress, total if total is None or math.isfinite(total) else None, message)
 
     srv.in_flight += 1
     holding = True
@@ -232,6 +233,8 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
             TASK_CALL.reset(task_token)
     if deadline.scope.cancelled_caught:
         failure = TimeoutError()
+    if result is not None:  # NaN or Infinity from the server: null, as on the gateway's wire (connect/_not_json.py)
+        result = finite_result(result, server=srv.name, tool=info.name)
     return _judge(ctx, call, permits, deadline, result, failure)
 
 

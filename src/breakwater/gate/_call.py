@@ -79,6 +79,8 @@ class ToolRecord:
     breaker: CircuitBreaker
     #: What the gate has seen of this tool's latency (kept across tool lists, see `ServerRecord.health`).
     health: ToolHealth
+    #: The definition the server listed: the input schema a call's arguments are checked against.
+    definition: types.Tool
 
 
 class ServerRecord:
@@ -131,6 +133,7 @@ class ServerRecord:
             operation_id_argument=isinstance(properties, dict) and OPERATION_ID_ARGUMENT in properties,
             breaker=self._breakers.tool(self.name, tool.name),
             health=health,
+            definition=tool,
         )
 
 

@@ -3,7 +3,9 @@
 One logical call, in order:
 
 1. the server must be ready (else SERVER_CONNECTING / SERVER_UNAVAILABLE), and have the tool (else
-   UNKNOWN_TOOL — only asked of a ready server, whose list is known);
+   UNKNOWN_TOOL — only asked of a ready server, whose list is known), and the arguments must fit
+   the tool's input schema (else INVALID_ARGUMENTS naming the field, `catalog/_validate.py`: for a
+   library caller as for the gateway's agents, and nothing is sent);
 2. per attempt: the turn budget must cover at least a minimal attempt (BUDGET_EXHAUSTED), the
    server breaker and the tool breaker must admit it (SERVER_CIRCUIT_OPEN, CIRCUIT_OPEN), and the
    server's bulkhead must have a free slot (OVERLOADED). These refusals send nothing and teach
@@ -63,10 +65,11 @@ import mcp.types as types
 
 from breakwater._clock import Clock
 from breakwater._wire import OPERATION_ID_META_KEY
+from breakwater.catalog._validate import argument_problem, not_json_argument
 from breakwater.config import JournalPolicy, RetryPolicy
 from breakwater.connect._readiness import call_window, wait_until_ready
 from breakwater.connect._upstream import Upstream
-from breakwater.errors import CallError, ErrorCode, UnknownToolError
+from breakwater.errors import CallError, ErrorCode, InvalidArgumentsError, UnknownToolError
 from breakwater.gate._admit import admit, admit_after_loss
 from breakwater.gate._attempt import ATTEMPT_WATCHER, AttemptDeadline, not_ready_error, run_attempt
 from breakwater.gate._breaker import BreakerRegistry, BreakerSnapshot, BreakerStore, Outcome
@@ -229,7 +232,15 @@ class CallGate:
             raise self._refused_early(
                 srv, tool, UnknownToolError(server=server, tool=tool, detail={"tools": sorted(srv.tools)[:_MAX_LISTED_TOOLS]})
             )
-        call = self._prepare(srv, info, dict(arguments or {}), timeout, progress_callback, operation_id)
+        given = dict(arguments or {})
+        # Arguments that cannot fit the input schema, or that JSON cannot carry, are refused here, naming the
+        # field, never sent upstream.
+        problem = argument_problem(info.definition, given) or not_json_argument(given)
+        if problem is not None:
+            detail = {"field": problem.field, "problem": problem.problem}
+            refused = InvalidArgumentsError(problem.sentence(), server=server, tool=tool, detail=detail)
+            raise self._refused_early(srv, tool, refused)
+        call = self._prepare(srv, info, given, timeout, progress_callback, operation_id)
         return await self._run(call)
 
     def _refused_early(self, srv: ServerRecord, tool: str, err: CallError) -> CallError:

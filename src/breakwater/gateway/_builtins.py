@@ -20,6 +20,7 @@ from breakwater._breakwater import Breakwater
 from breakwater.catalog._catalog import Entry, entry_json
 from breakwater.catalog._search import rank
 from breakwater.config import GatewayPolicy
+from breakwater.config._checks import namespaced
 from breakwater.status import RejectedTool, ServerState, ServerStatus, iso
 
 __all__ = ["NOT_READY", "STILL_CONNECTING", "BuiltinTools", "SearchAnswer"]
@@ -41,6 +42,8 @@ class SearchAnswer:
     servers: int
     drift: Mapping[str, Sequence[str]] = field(default_factory=dict)  # server -> tools changed since approved
     left_out: Sequence[tuple[str, RejectedTool]] = ()  # (server, tool) listed with an invalid definition
+    #: How the gateway names tools (`[gateway] tool_name_template`): a left-out tool is named as it would be listed.
+    template: str = GatewayPolicy().tool_name_template
 
     def changed(self, entry: Entry) -> bool:
         """Whether `entry`'s definition changed since it was approved."""
@@ -58,7 +61,7 @@ class SearchAnswer:
             "matches": [entry_json(e) | {"definition_changed": self.changed(e)} for e in self.matches],
             "complete": self.complete,
             "not_searched": [_server_note_json(s) for s in self.unsearched],
-            "left_out": [{"server": server, **t.to_json()} for server, t in self.left_out],
+            "left_out": [left_out_json(self.template, server, t) for server, t in self.left_out],
         }
 
     def text(self) -> str:
@@ -82,8 +85,13 @@ class SearchAnswer:
             lines.extend(f"- {_server_note(s)}" for s in self.unsearched)
         if self.left_out:
             lines.append("Left out (their servers list them with an invalid definition, so they cannot be called):")
-            lines.extend(f"- {server}__{t.name}: {t.reason}" for server, t in self.left_out)
+            lines.extend(f"- {namespaced(self.template, server, t.name)}: {t.reason}" for server, t in self.left_out)
         return "\n".join(lines)
+
+
+def left_out_json(template: str, server: str, tool: RejectedTool) -> dict[str, Any]:
+    """A tool left out, as the search and status tools show it: `name` as the gateway would list it (like a match's)."""
+    return {"server": server, "name": namespaced(template, server, tool.name), "tool": tool.name, "reason": tool.reason}
 
 
 def _server_note(s: ServerStatus) -> str:
@@ -191,7 +199,13 @@ class BuiltinTools:
         drift = dict(self._drift())
         left_out = [(s.name, t) for s in statuses for t in s.rejected_tools]
         return SearchAnswer(
-            query=query, matches=matches, unsearched=unsearched, servers=len(statuses), drift=drift, left_out=left_out
+            query=query,
+            matches=matches,
+            unsearched=unsearched,
+            servers=len(statuses),
+            drift=drift,
+            left_out=left_out,
+            template=self.policy.tool_name_template,
         )
 
     async def _search_tool(self, ctx: ServerRequestContext[Any], arguments: Mapping[str, Any]) -> types.CallToolResult:
@@ -206,9 +220,14 @@ class BuiltinTools:
 
     async def _status_tool(self, ctx: ServerRequestContext[Any], arguments: Mapping[str, Any]) -> types.CallToolResult:
         self._entries()
-        report = self.bw.status().to_json() | {
+        status = self.bw.status()
+        template = self.policy.tool_name_template
+        report = status.to_json() | {
             "drift": {server: tools for server, tools in self._drift().items()},
             "state_store": self.bw.state_store_status(),
+            # So a reader (`status --gateway`, the agent) names a left-out tool as it would be listed.
+            "tool_name_template": template,
+            "left_out": [left_out_json(template, s.name, t) for s in status.servers for t in s.rejected_tools],
         }
         return text_result(json.dumps(report, indent=2), report)
 

@@ -17,11 +17,12 @@ import logging
 import math
 from typing import Any
 
+import mcp_types as types
 from mcp import MCPError
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from pydantic import ValidationError
 
-from breakwater._wire import DEADLINE_META_KEY, json_depth
+from breakwater._wire import DEADLINE_META_KEY, json_depth, non_finite_constant, strict_json
 from breakwater.errors import InvalidArgumentsError
 
 __all__ = [
@@ -36,6 +37,9 @@ __all__ = [
     "explain_invalid_params",
     "explain_params_errors",
     "invalid_deadline",
+    "lenient_id",
+    "not_json_message",
+    "screen_non_finite",
 ]
 
 logger = logging.getLogger(__name__)
@@ -78,8 +82,10 @@ def diagnose(line: bytes, error: Exception | None = None, *, notifications: bool
     if json_depth(text) > MAX_DEPTH:
         return None, INVALID_REQUEST, f"Invalid request: JSON nested deeper than {MAX_DEPTH} levels"
     try:
-        data = json.loads(text)
+        data = strict_json(text)
     except (json.JSONDecodeError, RecursionError, ValueError) as exc:
+        if (constant := non_finite_constant(line)) is not None:
+            return lenient_id(line), PARSE_ERROR, not_json_message(constant)
         where = f" at line {exc.lineno}, column {exc.colno}: {exc.msg}" if isinstance(exc, json.JSONDecodeError) else ""
         return None, PARSE_ERROR, f"Parse error: invalid JSON{where}"
     if isinstance(data, list):
@@ -108,6 +114,49 @@ def diagnose(line: bytes, error: Exception | None = None, *, notifications: bool
     if "params" in data and not isinstance(params, dict):
         return request_id, INVALID_PARAMS, f"Invalid params: params must be an object, got {type(params).__name__}"
     return request_id, INVALID_REQUEST, f"Invalid request: {_short(error)}"
+
+
+def lenient_id(data: bytes) -> Any:
+    """The id of the request in `data` as a lenient parser reads it (one holding NaN), so its client stops waiting;
+    None if it has no valid one."""
+    try:
+        message = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    request_id = message.get("id") if isinstance(message, dict) and "method" in message else None
+    return request_id if _valid_id(request_id) else None
+
+
+def not_json_message(constant: str) -> str:
+    """The parse error for a message that holds `NaN`, `Infinity` or `-Infinity`."""
+    return f"Parse error: {constant} is not JSON (JSON has no NaN or Infinity); send a number, null or a string instead"
+
+
+def screen_non_finite(line: bytes, message: Any) -> tuple[Any, tuple[Any, int, str] | None]:
+    """`(message to pass on, or None; error to answer, or None)` for a line the SDK's lenient parser accepted as
+    `message`. Without `NaN`, `Infinity` or `-Infinity` in it (the normal case: two substring scans), the message
+    as it is. With one: a request is answered with the parse error and its own id (the client stops waiting); a
+    response, an answer a server waits for (to a sampling or elicitation request), is passed on with null in
+    their place, as an upstream's answer is; a notification is dropped (JSON-RPC answers none). Both are logged.
+    """
+    constant = non_finite_constant(line)
+    if constant is None:
+        return message, None
+    request_id = getattr(message, "id", None)
+    if getattr(message, "method", None) is not None:
+        if request_id is not None:
+            return None, (request_id, PARSE_ERROR, not_json_message(constant))
+        logger.warning("dropped a notification holding %s, which is not JSON", constant)
+        return None, None
+    try:  # pydantic's JSON output writes null for them
+        cleaned = types.jsonrpc_message_adapter.validate_json(
+            message.model_dump_json(by_alias=True, exclude_unset=True), by_name=False
+        )
+    except ValidationError:
+        cleaned = None
+    outcome = "passed on with null in their place" if cleaned is not None else "dropped: with null it is no valid answer"
+    logger.warning("the client's answer (id %r) holds %s, which is not JSON; %s", request_id, constant, outcome)
+    return cleaned, None
 
 
 def bad_id(line: bytes) -> tuple[Any, int, str] | None:

@@ -5,21 +5,34 @@ error: 4 validation errors for union[...]"` (a pydantic dump, for a batch, a mis
 `jsonrpc`, string params, a non-string method), accepts a request with a float, null or boolean id
 as a notification (202, so the client waits forever), and answers an oversized body with a plain
 text 413. This ASGI middleware in front of the MCP endpoint leaves every good request alone: it
-only keeps a reference to the body chunks as they pass, and looks at the SDK's answer. When that
+hands the SDK the body it read (below) and looks at the SDK's answer. When that
 answer is one of the above, the body is diagnosed by the stdio classifier and the answer replaced
 with its JSON-RPC error (400, or 413 for the size), with the id when the request had one; a
 plain-text refusal (a wrong Content-Type) becomes a JSON-RPC -32600 with the same words. The
-session is not touched, so it goes on. May import `_frames.py` only.
+session is not touched, so it goes on.
+
+One malformed body the SDK does not refuse at all: both its parsers (pydantic's and the standard
+library's) take `NaN`, `Infinity` and `-Infinity`, which JSON does not have. So the body is read
+before the SDK sees it (the SDK reads it whole anyway, so nothing is held longer), and one that
+holds such a constant is answered here with the parse error (-32700, HTTP 400) and never reaches
+the session, unless it is the client's answer to a server's request (a sampling or elicitation
+result, which a call waits for): that one is passed on with null in their place, as stdio does.
+Other bodies are replayed to the SDK unchanged. A body over the size limit is passed
+on at the limit, for the SDK to refuse. May import `_frames.py` and the core leaves only.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
-from breakwater.gateway._frames import INVALID_REQUEST, bad_id, diagnose
+from breakwater._wire import non_finite_constant, with_nulls_for_non_finite
+from breakwater.gateway._frames import INVALID_REQUEST, PARSE_ERROR, bad_id, diagnose, lenient_id, not_json_message
 
 __all__ = ["FrameErrors"]
+
+logger = logging.getLogger(__name__)
 
 # The SDK's own framing refusals (mcp/server/streamable_http.py): only these are re-explained.
 _SDK_FRAMING_PREFIXES = ("Validation error", "Parse error")
@@ -39,8 +52,25 @@ class FrameErrors:
             return
         chunks: list[bytes] = []
         held: dict[str, Any] = {}
+        early = await self._read_body(receive, chunks)
+        if early is None and (constant := non_finite_constant(b"".join(chunks))) is not None:
+            cleaned = _answer_with_nulls(b"".join(chunks))
+            if cleaned is None:
+                await self._refuse(send, _error(lenient_id(b"".join(chunks)), PARSE_ERROR, not_json_message(constant)))
+                return
+            logger.warning("the client's answer holds %s, which is not JSON; passed on with null in its place", constant)
+            chunks[:] = [cleaned]
+        replay = [{"type": "http.request", "body": chunk, "more_body": True} for chunk in chunks]
+        if early is not None:
+            replay.append(early)
+        elif replay:
+            replay[-1]["more_body"] = False
+        else:
+            replay.append({"type": "http.request", "body": b"", "more_body": False})
 
         async def receive_and_keep() -> Any:
+            if replay:
+                return replay.pop(0)
             message = await receive()
             if message.get("type") == "http.request" and message.get("body"):
                 chunks.append(message["body"])
@@ -71,6 +101,29 @@ class FrameErrors:
             await send(message)
 
         await self.app(scope, receive_and_keep, send_or_rewrite)
+
+    async def _read_body(self, receive: Any, chunks: list[bytes]) -> Any:
+        """Read the body into `chunks`: None once it is whole; else the message that stopped the reading (a
+        disconnect, or the chunk that crossed the size limit, which is kept for the SDK to refuse)."""
+        size = 0
+        while True:
+            message = await receive()
+            if message.get("type") != "http.request":
+                return message
+            body = message.get("body", b"")
+            size += len(body)
+            if size > self.max_body_bytes:
+                return message
+            if body:
+                chunks.append(body)
+            if not message.get("more_body"):
+                return None
+
+    @staticmethod
+    async def _refuse(send: Any, payload: bytes) -> None:
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        await send({"type": "http.response.start", "status": 400, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
 
     def _better(self, status: int, answer: bytes, chunks: list[bytes]) -> tuple[int, bytes] | None:
         """The replacement (status, body) for the SDK's answer, or None to keep it."""
@@ -103,6 +156,18 @@ def _sdk_framing_error(answer: bytes) -> str | None:
     error = data.get("error") if isinstance(data, dict) else None
     message = error.get("message") if isinstance(error, dict) else None
     return message if isinstance(message, str) and message.startswith(_SDK_FRAMING_PREFIXES) else None
+
+
+def _answer_with_nulls(body: bytes) -> bytes | None:
+    """A posted response (the client's answer to a server's request) with null for each NaN and infinity; None if
+    `body` is no response (a request or notification holding one is refused)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or "method" in data or "id" not in data or not ("result" in data or "error" in data):
+        return None
+    return json.dumps(with_nulls_for_non_finite(data)).encode()
 
 
 def _error(request_id: Any, code: int, message: str) -> bytes:

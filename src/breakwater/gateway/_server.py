@@ -36,10 +36,9 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from breakwater._breakwater import Breakwater
 from breakwater._wire import DEADLINE_META_KEY, OPERATION_ID_META_KEY
 from breakwater.catalog._catalog import Catalog, Entry
-from breakwater.catalog._validate import argument_problem
 from breakwater.config import GatewayPolicy
 from breakwater.connect._readiness import ON_ITS_WAY
-from breakwater.errors import CallCancelledError, InvalidArgumentsError, ToolChangedError, UnknownToolError
+from breakwater.errors import CallCancelledError, ToolChangedError, UnknownToolError
 from breakwater.gate._call import OPERATION_ID_ARGUMENT
 from breakwater.gate._envelope import error_result
 from breakwater.gateway._builtins import BuiltinTools, SearchAnswer
@@ -306,11 +305,7 @@ class Gateway:
         if self.policy.drift == "block" and tool in self.drift.get(server, ()):
             message = f"The definition of {params.name!r} changed since it was approved."
             return error_result(ToolChangedError(message, server=server, tool=tool))
-        entry = self._index.get(params.name)
-        problem = argument_problem(entry.tool, arguments) if entry is not None and entry.live else None
-        if problem is not None:
-            detail = {"field": problem.field, "problem": problem.problem}
-            return error_result(InvalidArgumentsError(problem.sentence(), server=server, tool=tool, detail=detail))
+        # Arguments that do not fit the tool's input schema are refused by the gate (INVALID_ARGUMENTS), as for a library caller.
         arguments_for = (server, tool, arguments)
         # Inside a gateway task (breakwater.gateway._tasks) there is no next round to carry questions in.
         in_task = current_task_id() is not None

@@ -39,7 +39,7 @@ from mcp.shared._context_streams import create_context_streams
 from mcp.shared.message import SessionMessage
 
 from breakwater import _platform
-from breakwater.gateway._frames import INVALID_REQUEST, bad_id, diagnose, error_line
+from breakwater.gateway._frames import INVALID_REQUEST, bad_id, diagnose, error_line, screen_non_finite
 from breakwater.gateway._pump import reserve_standard_fds
 
 __all__ = ["MAX_LINE_BYTES", "LineOutput", "pump_input", "pump_output", "reserve_standard_fds", "stdio_server"]
@@ -225,6 +225,11 @@ async def pump_input(reader: asyncio.StreamReader, sink: Any, output: LineOutput
             continue
         if isinstance(message, types.JSONRPCNotification) and b'"id"' in line and (answer := bad_id(line)):
             await output.send(error_line(*answer))
+            continue
+        message, answer = screen_non_finite(line, message)  # the SDK's parser takes NaN and Infinity; JSON has neither
+        if answer is not None:
+            await output.send(error_line(*answer))
+        if message is None:
             continue
         await sink.send(SessionMessage(message))
 

@@ -1,0 +1,101 @@
+"""A tool left out for its invalid definition is named as the gateway would list it, through the configured template.
+
+The agent (and the person reading `status` or `tools`) knows tools by their downstream names; with
+`tool_name_template = "{server}.{tool}"` a line saying `broken__broken_schema` names nothing they can
+find. The server is `tests/connect/broken_upstream.py`, a real stdio process listing tools that break
+the MCP schema.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client
+
+from breakwater import Breakwater, ConnectPolicy, ServerSpec
+from breakwater.catalog._catalog import Catalog
+from breakwater.config import Config, GatewayPolicy, JournalPolicy
+from breakwater.gateway._server import Gateway
+
+SCRIPT = Path(__file__).parents[1] / "connect" / "broken_upstream.py"
+TEMPLATE = "{server}.{tool}"
+
+
+def _config(tmp_path: Path) -> Path:
+    path = tmp_path / "breakwater.toml"
+    path.write_text(
+        f"[gateway]\ntool_name_template = {json.dumps(TEMPLATE)}\n"
+        f'[journal]\nurl = "off"\n'
+        f"[servers.broken]\ncommand = {json.dumps(sys.executable)}\nargs = {json.dumps([str(SCRIPT), '--bad-tools'])}\n"
+    )
+    return path
+
+
+def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(
+        os.environ,
+        COLUMNS="250",  # one line per left-out tool, however wide the terminal the suite runs in
+        BREAKWATER_ADMISSION_DIR=str(tmp_path / "admission"),
+        BREAKWATER_CATALOG_DIR=str(tmp_path / "catalog"),
+        BREAKWATER_CONNECT_STARTUP_JITTER_S="0",
+        XDG_CACHE_HOME=str(tmp_path / "cache"),
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "breakwater", *args, "--config", str(_config(tmp_path))],
+        capture_output=True,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        timeout=90,
+        check=False,
+    )
+
+
+def test_status_and_tools_name_left_out_tools_through_the_template(tmp_path: Path) -> None:
+    """`status` and `tools` (text and JSON) say `broken.broken_schema`, never `broken__broken_schema`."""
+    status = _run(tmp_path, "status", "--wait", "30")
+    assert "tool 'broken.broken_schema' (listed as 'broken_schema') left out: inputSchema" in status.stdout + status.stderr
+    tools = _run(tmp_path, "tools", "--wait", "30")
+    assert "- broken.broken_schema: inputSchema" in tools.stdout, tools.stdout
+    as_json = json.loads(_run(tmp_path, "tools", "--json", "--wait", "30").stdout)
+    assert {(t["name"], t["tool"]) for t in as_json["left_out"]} == {
+        ("broken.broken_schema", "broken_schema"),
+        ("broken.no_schema", "no_schema"),
+        ("broken.echo", "echo"),
+    }
+    for text in (status.stdout, status.stderr, tools.stdout, json.dumps(as_json)):
+        assert "broken__" not in text
+
+
+@pytest.mark.anyio
+async def test_the_status_and_search_tools_name_left_out_tools_through_the_template(tmp_path: Path) -> None:
+    """What the agent reads: both built-in tools name a left-out tool as it would be listed, and the status tool says
+    which template (so `status --gateway` can name them too)."""
+    policy = GatewayPolicy(tool_name_template=TEMPLATE)
+    spec = ServerSpec(
+        name="broken",
+        transport="stdio",
+        command=sys.executable,
+        args=(str(SCRIPT), "--bad-tools"),
+        connect=ConnectPolicy(startup_jitter_s=0, health_interval_s=0),
+    )
+    config = Config(servers=(spec,), journal=JournalPolicy(url="off"), gateway=policy)
+    async with Breakwater(config, admission_dir=tmp_path / "admission") as bw:
+        gateway = Gateway(bw, policy, catalog=Catalog(template=TEMPLATE, directory=tmp_path / "catalog"))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gateway.watch)
+            await bw.wait_ready(timeout=30)
+            async with Client(gateway.server) as client:
+                status = (await client.call_tool(policy.status_tool, {})).structured_content or {}
+                search = await client.call_tool(policy.search_tool, {"query": "schema"})
+            tg.cancel_scope.cancel()
+    assert status["tool_name_template"] == TEMPLATE
+    assert {t["name"] for t in status["left_out"]} == {"broken.broken_schema", "broken.no_schema", "broken.echo"}
+    text = search.content[0].text  # type: ignore[union-attr]
+    assert "- broken.no_schema: inputSchema" in text and "broken__" not in text
