@@ -7,7 +7,7 @@ Every target fronts the same stdio upstream (`breakwater testserver` with `echo`
 * direct            the SDK client spawns the upstream itself (stdio): the floor;
 * sdk-proxy         reference, not a peer: a bare pass-through on the SDK's low-level server
                     (`bench/peers/sdk_proxy.py`, stdio), the cost of one Python SDK hop without a gate;
-* breakwater-stdio  the client spawns `breakwater serve` (stdio), which spawns the upstream;
+* breakwater-stdio  the client spawns `breakwater serve --no-share` (stdio), which spawns the upstream;
 * breakwater-http   `breakwater serve --http 127.0.0.1:0`;
 * breakwater-http-2026  the same, with the client on 2026-07-28 (no peer speaks it; for reference);
 * breakwater-http-json  `serve --http --json-response`: plain JSON answers, as mcp-proxy (PyPI) gives
@@ -238,7 +238,9 @@ async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tu
             async with http_client(f"http://127.0.0.1:{port_file.read_text()}/mcp", proc, log) as c:
                 yield c, "mcp " + _version("mcp") + " (bare pass-through, HTTP, JSON answers)", proc.pid
     elif name == "breakwater-stdio":
-        cmd = [sys.executable, *(["-m", "cProfile", "-o", profile] if profile else []), "-m", "breakwater", "serve"]
+        # --no-share: this process is the gateway (by default `serve` attaches to the user's shared gateway,
+        # and the process the client spawned would be a line pump whose CPU and profile say nothing).
+        cmd = [sys.executable, *(["-m", "cProfile", "-o", profile] if profile else []), "-m", "breakwater", "serve", "--no-share"]
         params = StdioServerParameters(command=cmd[0], args=[*cmd[1:], "--config", str(mcp_json(tmp))], env=breakwater_env(tmp))
         async with Client(params, mode="legacy") as c:
             yield c, _version("mcp-breakwater"), child_pid("breakwater serve", _CLAIMED)

@@ -140,7 +140,7 @@ async def _serve_stdio(config: Config) -> int:
     from breakwater.gateway._stdio_server import stdio_server
 
     stopped_by: list[int] = []
-    async with open_gateway(config) as gateway, stdio_server(stopped_by) as (read, write):
+    async with open_gateway(config) as gateway, stdio_server(stopped_by, server=gateway.server) as (read, write):
         await gateway.server.run(read, write, gateway.server.create_initialization_options())
     if signal.SIGINT in stopped_by:
         # Everything is closed (upstreams stopped); a Ctrl-C still reads as an interruption, as in every command.
