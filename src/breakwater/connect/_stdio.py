@@ -11,6 +11,7 @@ Where Windows differs (the process group, the polite signal, killing the tree, f
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import errno
 import logging
@@ -22,7 +23,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 from anyio.abc import Process
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectSendStream
 from anyio.streams.text import TextReceiveStream
 from mcp.client.stdio import (  # the SDK's shutdown steps and timings, kept identical on purpose (pinned minor version)
     _KILL_REAP_TIMEOUT,
@@ -73,6 +74,58 @@ async def stop_process(process: Process) -> None:
     _close_subprocess_transport(process)
 
 
+class StdinWriter:
+    """The session's write stream: each message goes to the server's stdin from the task that sends it.
+
+    It was a memory stream to a writer task, which cost every message two trips through the event
+    loop (the sender's checkpoint, then the writer's turn) and anyio's process stream a third (a
+    checkpoint after each write): on a busy machine each trip is a wake-up (issue 16, docs/benchmarks.md).
+    A line is written whole in one `write` (the transport buffers what the pipe does not take), so
+    concurrent senders never interleave; `drain` waits only while the pipe is full. A broken pipe
+    ends the session's reads too, as the writer task did.
+    """
+
+    def __init__(self, process: Process, parser: StdoutParser, read_writer: MemoryObjectSendStream[Any]) -> None:
+        assert process.stdin is not None
+        self._stdin = process.stdin
+        # anyio's wrapper of the asyncio stream (pinned minor version); any other stream goes through `send`.
+        writer = getattr(process.stdin, "_stream", None)
+        self._writer: asyncio.StreamWriter | None = writer if isinstance(writer, asyncio.StreamWriter) else None
+        self._parser = parser
+        self._read_writer = read_writer
+        self._closed = False
+
+    async def send(self, message: SessionMessage) -> None:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        self._parser.sent(message)
+        data = (message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n").encode()
+        try:
+            if self._writer is not None:
+                if self._writer.is_closing():
+                    raise anyio.BrokenResourceError
+                self._writer.write(data)
+                await self._writer.drain()
+            else:
+                await self._stdin.send(data)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
+            self._closed = True
+            await self._read_writer.aclose()
+            raise anyio.BrokenResourceError from exc
+
+    def close(self) -> None:
+        self._closed = True
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+    async def __aenter__(self) -> StdinWriter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
 class StdioProcess:
     """One spawn of a stdio server; `open()` is the transport handed to `mcp.Client`."""
 
@@ -111,13 +164,12 @@ class StdioProcess:
         process = await anyio.open_process([program, *self.args], env=env, cwd=self.cwd, **_platform.spawn_options())
         self.process = process
         read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-        write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
+        write_stream = StdinWriter(process, self.parser, read_writer)
         self._shutting_down = False
         stdout_closed = anyio.Event()
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._read_stdout, process, read_writer, stdout_closed)
             tg.start_soon(self._read_stderr, process)
-            tg.start_soon(self._write_stdin, process, write_reader, read_writer)
             tg.start_soon(self._watch_exit, process)
             try:
                 yield read_stream, write_stream
@@ -133,7 +185,7 @@ class StdioProcess:
                     read_stream.close()
                     write_stream.close()
                     await stop_process(process)
-                    for stream in (read_stream, write_stream, read_writer, write_reader):
+                    for stream in (read_stream, write_stream, read_writer):
                         await stream.aclose()
                 tg.cancel_scope.cancel()
         await anyio.lowlevel.cancel_shielded_checkpoint()
@@ -174,23 +226,6 @@ class StdioProcess:
                 self.stderr_tail.extend(line.rstrip() for line in lines if line.strip())
             if buffer.strip():
                 self.stderr_tail.append(buffer.rstrip())
-
-    async def _write_stdin(
-        self,
-        process: Process,
-        write_reader: MemoryObjectReceiveStream[SessionMessage],
-        read_writer: MemoryObjectSendStream[SessionMessage | Exception],
-    ) -> None:
-        """The session's messages to stdin, one JSON line each; a broken pipe ends the session's reads too."""
-        assert process.stdin
-        try:
-            async with write_reader:
-                async for message in write_reader:
-                    self.parser.sent(message)
-                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
-                    await process.stdin.send(data.encode())
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            await read_writer.aclose()
 
     async def _watch_exit(self, process: Process) -> None:
         # Not process.wait(): on asyncio it also waits for pipe EOF, which a grandchild can hold open.
