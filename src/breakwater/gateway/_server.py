@@ -342,6 +342,11 @@ class Gateway:
             budget = self.bw.budget(seconds=deadline_seconds(deadline_ms))
         # The journal names the agent behind each call.
         client = DOWNSTREAM_CLIENT.set(_client_name(first, meta))
+        # A stdio upstream counts what it sends on its own: if that count did not move during the call,
+        # no progress or log message can be on its way to the caller, and the answer need not wait for one.
+        process = self.bw.upstream(server).process
+        parser = process.parser if process is not None else None
+        notices = parser.notices if parser is not None else None
         try:
             with self.drain.call(lambda: caller.attempt is not None) as in_flight:
                 async with budget:
@@ -352,7 +357,8 @@ class Gateway:
                 cut = self.drain.cut_error(self.bw, in_flight, server, tool, operation_id or own)
                 return error_result(cut)
             # Progress and log messages that arrived before the result reach the caller before it does.
-            await caller.drain()
+            if parser is None or parser.notices != notices:
+                await caller.drain()
             return explain_refusal(result, caller)
         finally:
             DOWNSTREAM_CLIENT.reset(client)
