@@ -216,3 +216,81 @@ def test_a_cancel_line_stops_a_lane_call_unanswered(tmp_path: Path) -> None:
     rest = [json.loads(line) for line in proc.stdout.read().splitlines()]
     assert proc.wait(timeout=60) == 0
     assert [m["id"] for m in rest if "id" in m] == [3]  # the cancelled call is never answered
+
+
+HTTP_SERVER = textwrap.dedent(
+    """
+    import sys, anyio, socket, uvicorn, mcp.types as types
+    from mcp import MCPError
+    from mcp.server.lowlevel import Server
+    from breakwater.gateway._fast_http import answer_fast
+
+    async def list_tools(ctx, params):
+        names = ["where", "hang", "fail"]
+        return types.ListToolsResult(tools=[types.Tool(name=n, input_schema={"type": "object"}) for n in names])
+
+    def text(value):
+        return types.CallToolResult(content=[types.TextContent(type="text", text=value)])
+
+    async def call_tool(ctx, params):
+        if params.name == "where":
+            # The transport frames the requests it dispatches with a hook for an unanswered one; the fast path answers itself.
+            unanswered = ctx.session._request_outbound.message_metadata.on_request_unanswered
+            return text("sdk" if unanswered is not None else "fast")
+        if params.name == "hang":
+            await ctx.session.report_progress(1, None, "dropped in JSON mode")
+            try:
+                await anyio.sleep_forever()
+            finally:
+                print("hang was cancelled", file=sys.stderr, flush=True)
+        raise MCPError(code=-32050, message="nope")
+
+    server = Server("fast", on_list_tools=list_tools, on_call_tool=call_tool)
+    app = server.streamable_http_app(json_response=True)
+    if sys.argv[1] == "fast":
+        answer_fast(server.session_manager, server)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    open(sys.argv[2], "w").write(str(sock.getsockname()[1]))
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    """
+)
+
+
+@pytest.fixture(params=["fast", "sdk"])
+async def http_url(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    path = tmp_path / "http_server.py"
+    path.write_text(HTTP_SERVER)
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen([sys.executable, str(path), request.param, str(port_file)], stderr=subprocess.PIPE, text=True)
+    try:
+        with anyio.fail_after(30):
+            while not (port_file.exists() and port_file.read_text()):
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                await anyio.sleep(0.05)
+        yield request.param, f"http://127.0.0.1:{port_file.read_text()}/mcp", proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+async def test_a_json_mode_post_takes_the_fast_path_with_the_sdks_answers(http_url: Any) -> None:
+    mode, url, proc = http_url
+    updates: list[float] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        updates.append(progress)
+
+    async with Client(url, mode="legacy") as client:
+        assert text(await client.call_tool("where", {})) == mode
+        with pytest.raises(MCPError) as raised:
+            await client.call_tool("fail", {})
+        assert (raised.value.code, raised.value.message) == (-32050, "nope")
+        with anyio.move_on_after(1):
+            await client.call_tool("hang", {}, progress_callback=on_progress)
+        # The client's cancel reached the call; the session still answers.
+        assert text(await client.call_tool("where", {})) == mode
+    assert updates == []  # JSON mode has no wire for it, on either path
+    proc.terminate()
+    assert proc.stderr is not None
+    assert "hang was cancelled" in proc.stderr.read()

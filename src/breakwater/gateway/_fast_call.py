@@ -34,10 +34,11 @@ a stop signal a call still running is answered CONNECTION_CLOSED, as the dispatc
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import anyio
@@ -55,7 +56,7 @@ from mcp.shared.jsonrpc_dispatcher import (
 from mcp_types import CONNECTION_CLOSED, PROTOCOL_VERSION_META_KEY, ErrorData
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-__all__ = ["FastLane", "install"]
+__all__ = ["FastLane", "call_params", "handler_error", "install"]
 
 logger = logging.getLogger("breakwater.gateway")
 
@@ -115,12 +116,27 @@ class FastLane:
         self.runner = ServerRunner(self.server, connection, ctx.lifespan_context)
 
     @property
-    def _ready(self) -> bool:
+    def ready(self) -> bool:
+        """Whether the connection finished its 2025-era handshake and the lane knows its dispatcher."""
         runner = self.runner
-        if runner is None or self._tg is None:
+        if runner is None:
             return False
         connection = runner.connection
         return connection.initialize_accepted and connection.protocol_version not in MODERN_PROTOCOL_VERSIONS
+
+    @property
+    def dispatcher(self) -> JSONRPCDispatcher[Any] | None:
+        """The connection's SDK dispatcher (once adopted)."""
+        return self._dispatcher
+
+    @contextlib.contextmanager
+    def bound(self) -> Iterator[None]:
+        """While the body runs, requests it hands the SDK show this lane their connection (see `_capture`)."""
+        token = _LANE.set(self)
+        try:
+            yield
+        finally:
+            _LANE.reset(token)
 
     def serving(self) -> _Serving:
         """The context the reader runs in: the lane's calls live inside it and end (answered) when it ends."""
@@ -135,34 +151,29 @@ class FastLane:
         return False
 
     def _take_call(self, line: bytes) -> bool:
-        if not self._ready:
+        if self._tg is None or not self.ready:
             return False
         message = _loads(line)
-        if message is None or message.get("jsonrpc") != "2.0" or message.get("method") != "tools/call":
+        if message is None:
             return False
-        if message.keys() - {"jsonrpc", "id", "method", "params"}:
+        params = call_params(message)
+        if params is None:
             return False
-        request_id = message.get("id")
-        params = message.get("params")
-        if not _valid_id(request_id) or not (params is None or isinstance(params, dict)):
-            return False
-        meta = params.get("_meta") if params else None
-        if isinstance(meta, Mapping) and PROTOCOL_VERSION_META_KEY in meta:
-            return False  # the SDK's legacy loop refuses a 2026-07-28 envelope: let it say so
+        request_id = message["id"]
         key = _key(request_id)
         if key in self._in_flight:
             return False  # a duplicate id: the SDK's rules for it
-        assert self._tg is not None and self._dispatcher is not None
+        assert self._dispatcher is not None
         dctx = _JSONRPCDispatchContext(
             transport=self._dispatcher._transport_builder(None),
             _dispatcher=self._dispatcher,
             _request_id=request_id,
-            _progress_token=progress_token_from_params(params),
+            _progress_token=progress_token_from_params(params or None),
         )
         scope = anyio.CancelScope()
         self._in_flight[key] = (scope, dctx)
         self.taken += 1
-        self._tg.start_soon(self._serve, request_id, params, dctx, scope)
+        self._tg.start_soon(self._serve, request_id, message.get("params"), dctx, scope)
         return True
 
     def _take_cancel(self, line: bytes) -> bool:
@@ -205,11 +216,7 @@ class FastLane:
                     await self._write_error(request_id, ErrorData(code=CONNECTION_CLOSED, message="Connection closed"))
             raise
         except Exception as exc:
-            error = handler_exception_to_error_data(exc)
-            if error is None:
-                logger.exception("handler for 'tools/call' raised")
-                # The dispatcher's own answer to an unmapped exception (its v1 compatibility code).
-                error = ErrorData(code=0, message=str(exc))
+            error = handler_error(exc)
             if not dctx.cancel_requested.is_set():
                 await self._write_error(request_id, error)
 
@@ -238,6 +245,37 @@ class _Serving:
             return await self._group.__aexit__(*exc)  # type: ignore[arg-type]
         finally:
             self._lane._tg = None
+
+
+def call_params(message: dict[str, Any]) -> dict[str, Any] | None:
+    """The params of `message` if it is a plain `tools/call` request a lane may serve (`{}` for none), else None.
+
+    Anything else — another shape of envelope, a 2026-07-28 envelope on a 2025-era connection (the
+    SDK refuses it) — is the SDK's to answer, as it always was.
+    """
+    if message.get("jsonrpc") != "2.0" or message.get("method") != "tools/call" or not _valid_id(message.get("id")):
+        return None
+    if message.keys() - {"jsonrpc", "id", "method", "params"}:
+        return None
+    params = message.get("params")
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        return None
+    meta = params.get("_meta")
+    if isinstance(meta, Mapping) and PROTOCOL_VERSION_META_KEY in meta:
+        return None
+    return params
+
+
+def handler_error(exc: Exception) -> ErrorData:
+    """The error the SDK dispatcher answers a handler's exception with."""
+    error = handler_exception_to_error_data(exc)
+    if error is None:
+        logger.exception("handler for 'tools/call' raised")
+        # The dispatcher's own answer to an unmapped exception (its v1 compatibility code).
+        error = ErrorData(code=0, message=str(exc))
+    return error
 
 
 def _loads(line: bytes) -> dict[str, Any] | None:

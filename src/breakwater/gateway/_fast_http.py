@@ -1,0 +1,149 @@
+"""The fast path for a 2025-11-25 `tools/call` POST answered with one JSON body (`--json-response`).
+
+Why it exists. In JSON-response mode the SDK's transport validates the POSTed body into its
+envelope model, hands it through a memory stream to the session's dispatcher loop, which spawns the
+handler task, whose answer goes through the session's write stream to the transport's message
+router task and from there through a per-request memory stream back to the POST's task: four task
+hand-offs (each a trip through the event loop, on a shared 2-core machine the costly part) for one
+request and one JSON answer (docs/benchmarks.md, issue 16).
+
+What it does. For a session whose handshake is done, a POST that is a well-formed `tools/call`
+request runs the SDK's own `ServerRunner.on_request` in the POST's own task, on the session's
+live dispatcher and connection (captured from the session's first request, as on stdio:
+`breakwater.gateway._fast_call`), and answers it with the transport's own JSON response. The same
+middleware, validation, handler and result serialisation run; the header checks (Host/Origin,
+session id, Accept, Content-Type) are the transport's, in the same order. The request is entered in
+the dispatcher's table of requests in flight, so a `notifications/cancelled` POSTed for it cancels
+it as the dispatcher would, and it is answered REQUEST_CANCELLED as the transport answers a
+cancelled request in this mode. What the handler sends for the request while it runs (progress,
+log messages) is dropped by the transport's router, exactly as in JSON-response mode; a server
+request cannot be sent (the request's context says so, as the transport's metadata does).
+
+Everything else — `initialize`, notifications and responses, other methods, a body that does not
+parse or does not look like a plain call, a session not yet initialized, the default SSE mode
+(`_lazy_sse`), an event store — is the SDK's own handler unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+import anyio
+from mcp.server import streamable_http as sdk
+from mcp.server.lowlevel.server import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.dispatcher import coerce_request_id
+from mcp.shared.jsonrpc_dispatcher import _InFlight, _JSONRPCDispatchContext, progress_token_from_params
+from mcp_types import ErrorData, JSONRPCError, JSONRPCResponse
+from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
+
+from breakwater.gateway._fast_call import FastLane, call_params, handler_error
+
+__all__ = ["answer_fast"]
+
+logger = logging.getLogger("breakwater.gateway")
+
+_Post = Callable[[Scope, Request, Receive, Send], Awaitable[None]]
+
+
+def answer_fast(manager: StreamableHTTPSessionManager, server: Server[Any]) -> None:
+    """Give every JSON-response session `manager` opens from now on the `tools/call` fast path."""
+    admit = manager._admit_session
+
+    def admit_fast(requestor: Any) -> sdk.StreamableHTTPServerTransport | None:
+        transport = admit(requestor)
+        if transport is not None and transport.is_json_response_enabled and transport._event_store is None:
+            lane = FastLane(server, _no_lines)
+            sdk_post: _Post = transport._handle_post_request
+            # An instance attribute: the transport's `_handle_request` looks the method up on `self`.
+            transport._handle_post_request = partial(_post, transport, lane, sdk_post)  # type: ignore[method-assign]
+        return transport
+
+    manager._admit_session = admit_fast  # type: ignore[method-assign]
+
+
+async def _no_lines(data: bytes) -> None:  # an HTTP lane answers through its POST, never as lines
+    raise RuntimeError("an HTTP lane writes no lines")
+
+
+async def _post(
+    transport: sdk.StreamableHTTPServerTransport,
+    lane: FastLane,
+    sdk_post: _Post,
+    scope: Scope,
+    request: Request,
+    receive: Receive,
+    send: Send,
+) -> None:
+    message = await _plain_call(transport, lane, request)
+    if message is None:
+        with lane.bound():  # the session's first request shows the lane its dispatcher
+            return await sdk_post(scope, request, receive, send)
+    if not await transport._validate_request_headers(request, send):
+        return None
+    answer = await _answer(transport, lane, request, message)
+    await transport._create_json_response(answer)(scope, receive, send)
+    return None
+
+
+async def _plain_call(transport: sdk.StreamableHTTPServerTransport, lane: FastLane, request: Request) -> dict[str, Any] | None:
+    """The POSTed `tools/call` if this path can serve it (else None: the SDK's handler takes the POST)."""
+    if not lane.ready or not transport._check_content_type(request) or not sdk.check_accept_headers(request)[0]:
+        return None
+    # Read once: Starlette keeps the body on `request`, so the SDK's handler reads the same bytes.
+    body = await request.body()
+    if b'"tools/call"' not in body:
+        return None
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(message, dict) or call_params(message) is None:
+        return None
+    dispatcher = lane.dispatcher
+    if dispatcher is None or coerce_request_id(message["id"]) in dispatcher._in_flight:
+        return None  # a duplicate id: the SDK's rules for it
+    return message
+
+
+async def _answer(
+    transport: sdk.StreamableHTTPServerTransport, lane: FastLane, request: Request, message: dict[str, Any]
+) -> JSONRPCResponse | JSONRPCError:
+    """The dispatcher's `_handle_request` for one POSTed call, in the POST's task: its answer."""
+    dispatcher, runner = lane.dispatcher, lane.runner
+    assert dispatcher is not None and runner is not None
+    request_id, params = message["id"], message.get("params")
+    metadata = transport._message_metadata(request)
+    dctx = _JSONRPCDispatchContext(
+        transport=dispatcher._transport_builder(metadata),
+        _dispatcher=dispatcher,
+        _request_id=request_id,
+        message_metadata=metadata,
+        _progress_token=progress_token_from_params(params),
+    )
+    scope = anyio.CancelScope()
+    key = coerce_request_id(request_id)
+    entry = _InFlight(scope=scope, dctx=dctx)
+    dispatcher._in_flight[key] = entry
+    answer: JSONRPCResponse | JSONRPCError | None = None
+    try:
+        with scope:
+            result = await runner.on_request(dctx, "tools/call", params)
+            answer = JSONRPCResponse(jsonrpc="2.0", id=request_id, result=result)
+    except Exception as exc:
+        answer = JSONRPCError(jsonrpc="2.0", id=request_id, error=handler_error(exc))
+    finally:
+        dctx.close()
+        if dispatcher._in_flight.get(key) is entry:
+            del dispatcher._in_flight[key]
+    if dctx.cancel_requested.is_set() or answer is None:
+        # Cancelled by the client: the 2025-era wire still ends the request, with REQUEST_CANCELLED.
+        return JSONRPCError(
+            jsonrpc="2.0", id=request_id, error=ErrorData(code=sdk.REQUEST_CANCELLED, message="Request cancelled")
+        )
+    return answer
