@@ -223,10 +223,13 @@ HTTP_SERVER = textwrap.dedent(
     import sys, anyio, socket, uvicorn, mcp.types as types
     from mcp import MCPError
     from mcp.server.lowlevel import Server
+    from breakwater._clock import SystemClock
+    from breakwater.gateway._fast_call import install
     from breakwater.gateway._fast_http import answer_fast
+    from breakwater.gateway._lazy_sse import answer_lazily
 
     async def list_tools(ctx, params):
-        names = ["where", "hang", "fail"]
+        names = ["where", "hang", "fail", "progress"]
         return types.ListToolsResult(tools=[types.Tool(name=n, input_schema={"type": "object"}) for n in names])
 
     def text(value):
@@ -234,9 +237,14 @@ HTTP_SERVER = textwrap.dedent(
 
     async def call_tool(ctx, params):
         if params.name == "where":
-            # The transport frames the requests it dispatches with a hook for an unanswered one; the fast path answers itself.
-            unanswered = ctx.session._request_outbound.message_metadata.on_request_unanswered
-            return text("sdk" if unanswered is not None else "fast")
+            # The fast paths build their own dispatch context: the transport's hook for an unanswered request is not
+            # there in JSON mode, and the lazy path's context watches what the call sends.
+            dctx = ctx.session._request_outbound
+            fast = dctx.message_metadata.on_request_unanswered is None or type(dctx).__name__ == "_WatchedContext"
+            return text("fast" if fast else "sdk")
+        if params.name == "progress":
+            await ctx.session.report_progress(1, 2, "half")
+            return text("progressed")
         if params.name == "hang":
             await ctx.session.report_progress(1, None, "dropped in JSON mode")
             try:
@@ -246,18 +254,24 @@ HTTP_SERVER = textwrap.dedent(
         raise MCPError(code=-32050, message="nope")
 
     server = Server("fast", on_list_tools=list_tools, on_call_tool=call_tool)
-    app = server.streamable_http_app(json_response=True)
-    if sys.argv[1] == "fast":
+    mode = sys.argv[1]
+    app = server.streamable_http_app(json_response=mode.startswith("json"))
+    if mode == "json-fast":
         answer_fast(server.session_manager, server)
+    elif mode.startswith("sse"):
+        answer_lazily(server.session_manager, SystemClock())
+        if mode == "sse-fast":
+            install(server)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
+    sock.listen(128)  # before the port is announced: a client may connect at once
     open(sys.argv[2], "w").write(str(sock.getsockname()[1]))
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     """
 )
 
 
-@pytest.fixture(params=["fast", "sdk"])
+@pytest.fixture(params=["json-fast", "json-sdk", "sse-fast", "sse-sdk"])
 async def http_url(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     path = tmp_path / "http_server.py"
     path.write_text(HTTP_SERVER)
@@ -274,7 +288,8 @@ async def http_url(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
         proc.wait(timeout=30)
 
 
-async def test_a_json_mode_post_takes_the_fast_path_with_the_sdks_answers(http_url: Any) -> None:
+async def test_a_post_takes_the_fast_path_with_the_sdks_answers(http_url: Any) -> None:
+    """JSON mode (`answer_fast`) and the default mode's lazy path (`start_call`), each against the SDK's own path."""
     mode, url, proc = http_url
     updates: list[float] = []
 
@@ -282,15 +297,17 @@ async def test_a_json_mode_post_takes_the_fast_path_with_the_sdks_answers(http_u
         updates.append(progress)
 
     async with Client(url, mode="legacy") as client:
-        assert text(await client.call_tool("where", {})) == mode
+        assert text(await client.call_tool("where", {})) == mode.split("-")[1]
         with pytest.raises(MCPError) as raised:
             await client.call_tool("fail", {})
         assert (raised.value.code, raised.value.message) == (-32050, "nope")
+        assert text(await client.call_tool("progress", {}, progress_callback=on_progress)) == "progressed"
         with anyio.move_on_after(1):
             await client.call_tool("hang", {}, progress_callback=on_progress)
         # The client's cancel reached the call; the session still answers.
-        assert text(await client.call_tool("where", {})) == mode
-    assert updates == []  # JSON mode has no wire for it, on either path
+        assert text(await client.call_tool("where", {})) == mode.split("-")[1]
+    # JSON mode has no wire for progress, on either path; an SSE answer carries it, on either path.
+    assert updates == ([] if mode.startswith("json") else [1, 1])
     proc.terminate()
     assert proc.stderr is not None
     assert "hang was cancelled" in proc.stderr.read()

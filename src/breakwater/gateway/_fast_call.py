@@ -56,7 +56,7 @@ from mcp.shared.jsonrpc_dispatcher import (
 from mcp_types import CONNECTION_CLOSED, PROTOCOL_VERSION_META_KEY, ErrorData
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-__all__ = ["FastLane", "call_params", "handler_error", "install"]
+__all__ = ["FastLane", "call_params", "handler_error", "install", "session_lane"]
 
 logger = logging.getLogger("breakwater.gateway")
 
@@ -74,17 +74,43 @@ _Write = Callable[[bytes], Awaitable[None]]
 
 def install(server: Server[Any]) -> None:
     """Add the middleware that hands each connection's lane its SDK dispatcher (once per server)."""
-    if getattr(server, _INSTALLED_FLAG, False):
+    if getattr(server, _INSTALLED_FLAG, None) is server:
         return
-    setattr(server, _INSTALLED_FLAG, True)
-    server.middleware.append(_capture)
+    setattr(server, _INSTALLED_FLAG, server)
+
+    async def capture(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        _capture(server, ctx)
+        return await call_next(ctx)
+
+    server.middleware.append(capture)
 
 
-async def _capture(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+#: The lanes of the 2025-11-25 HTTP sessions this process serves, by session id (while each session lives).
+_SESSIONS: dict[str, FastLane] = {}
+
+
+def session_lane(session_id: str | None) -> FastLane | None:
+    """The lane of the HTTP session `session_id`, once its first request showed the lane its dispatcher."""
+    return _SESSIONS.get(session_id) if session_id is not None else None
+
+
+def _capture(server: Server[Any], ctx: ServerRequestContext[Any, Any]) -> None:
     lane = _LANE.get()
     if lane is not None and lane.runner is None:
         lane.adopt(ctx)
-    return await call_next(ctx)
+    elif lane is None:
+        connection = getattr(ctx.session, "_connection", None)
+        session_id = getattr(connection, "session_id", None)
+        if isinstance(session_id, str) and session_id not in _SESSIONS:
+            lane = FastLane(server, _no_lines)
+            lane.adopt(ctx)
+            if lane.runner is not None and connection is not None:
+                _SESSIONS[session_id] = lane
+                connection.exit_stack.callback(_SESSIONS.pop, session_id, None)
+
+
+async def _no_lines(data: bytes) -> None:  # an HTTP lane answers through its POST, never as lines
+    raise RuntimeError("an HTTP lane writes no lines")
 
 
 class FastLane:

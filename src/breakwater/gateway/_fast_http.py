@@ -26,25 +26,34 @@ parse or does not look like a plain call, a session not yet initialized, the def
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import anyio
 from mcp.server import streamable_http as sdk
 from mcp.server.lowlevel.server import Server
+from mcp.server.runner import ServerRunner
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.dispatcher import coerce_request_id
-from mcp.shared.jsonrpc_dispatcher import _InFlight, _JSONRPCDispatchContext, progress_token_from_params
-from mcp_types import ErrorData, JSONRPCError, JSONRPCResponse
+from mcp.shared.jsonrpc_dispatcher import (
+    JSONRPCDispatcher,
+    _InFlight,
+    _JSONRPCDispatchContext,
+    progress_token_from_params,
+)
+from mcp.shared.message import SessionMessage
+from mcp_types import CONNECTION_CLOSED, ErrorData, JSONRPCError, JSONRPCRequest, JSONRPCResponse
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from breakwater.gateway._fast_call import FastLane, call_params, handler_error
+from breakwater.gateway._fast_call import FastLane, call_params, handler_error, session_lane
 
-__all__ = ["answer_fast"]
+__all__ = ["answer_fast", "start_call"]
 
 logger = logging.getLogger("breakwater.gateway")
 
@@ -147,3 +156,120 @@ async def _answer(
             jsonrpc="2.0", id=request_id, error=ErrorData(code=sdk.REQUEST_CANCELLED, message="Request cancelled")
         )
     return answer
+
+
+# ---- the default (lazy SSE) mode: the request skips the session's read stream, the answer its router ----
+
+
+@dataclass
+class _WatchedContext(_JSONRPCDispatchContext[Any]):
+    """The request's dispatch context, noting whether anything was sent on the request's own stream."""
+
+    emitted: bool = False
+
+    async def notify(self, method: str, params: Any, opts: Any = None) -> None:
+        self.emitted = True
+        await super().notify(method, params, opts)
+
+    async def send_raw_request(self, method: str, params: Any, opts: Any = None) -> dict[str, Any]:
+        self.emitted = True
+        return await super().send_raw_request(method, params, opts)
+
+
+#: The SDK dispatcher's bound on a last answer written while the session shuts down (real time, as there).
+_SHUTDOWN_WRITE_S = 1.0
+
+
+def start_call(transport: sdk.StreamableHTTPServerTransport, session_message: SessionMessage) -> bool:
+    """Start a POSTed plain `tools/call` on its session's handler directly; False: send it to the session as usual.
+
+    For `_lazy_sse`, which then waits on the request's stream as before. The SDK would write the
+    message into the session's read stream, where the dispatcher's receive loop spawns its handler,
+    whose answer goes through the session's write stream to the transport's router and from there
+    to the request's stream: this spawns the handler at once (in the dispatcher's own task group,
+    with the POST's context, as the dispatcher does), and when nothing was sent on the request's
+    stream before it, puts the answer on that stream itself. Anything sent before the answer goes the
+    SDK's way, and then the answer too, so it cannot overtake it.
+    """
+    lane = session_lane(transport.mcp_session_id)
+    message = session_message.message
+    if lane is None or not lane.ready or not isinstance(message, JSONRPCRequest) or message.method != "tools/call":
+        return False
+    dispatcher, runner = lane.dispatcher, lane.runner
+    if dispatcher is None or runner is None or dispatcher._tg is None or not dispatcher._running:
+        return False
+    raw: dict[str, Any] = {"jsonrpc": "2.0", "id": message.id, "method": message.method}
+    if message.params is not None:
+        raw["params"] = message.params
+    key = coerce_request_id(message.id)
+    if call_params(raw) is None or key in dispatcher._in_flight:
+        return False
+    metadata = session_message.metadata
+    dctx = _WatchedContext(
+        transport=dispatcher._transport_builder(metadata),
+        _dispatcher=dispatcher,
+        _request_id=message.id,
+        message_metadata=metadata,
+        _progress_token=progress_token_from_params(message.params),
+    )
+    scope = anyio.CancelScope()
+    dispatcher._in_flight[key] = _InFlight(scope=scope, dctx=dctx)
+    handle = partial(_handle, transport, dispatcher, runner, message, dctx, scope)
+    dispatcher._spawn(handle, sender_ctx=contextvars.copy_context())
+    return True
+
+
+async def _handle(
+    transport: sdk.StreamableHTTPServerTransport,
+    dispatcher: JSONRPCDispatcher[Any],
+    runner: ServerRunner[Any],
+    request: JSONRPCRequest,
+    dctx: _WatchedContext,
+    scope: anyio.CancelScope,
+) -> None:
+    """The dispatcher's `_handle_request` for one call, with the answer's short cut (see `start_call`)."""
+    answer_started = False
+    try:
+        with scope:
+            try:
+                result = await runner.on_request(dctx, request.method, request.params)
+            finally:
+                dctx.close()
+                key = coerce_request_id(request.id)
+                if (entry := dispatcher._in_flight.get(key)) is not None and entry.dctx is dctx:
+                    del dispatcher._in_flight[key]
+            if not dctx.cancel_requested.is_set():
+                answer_started = True
+                if dctx.emitted or not _deliver(transport, request.id, result):
+                    await dispatcher._write_result(request.id, result)
+    except anyio.get_cancelled_exc_class():
+        if not answer_started and not dctx.cancel_requested.is_set():
+            closed = ErrorData(code=CONNECTION_CLOSED, message="Connection closed")
+            await dispatcher._final_write(
+                partial(dispatcher._write_error, request.id, closed),
+                shield=True,
+                timeout=_SHUTDOWN_WRITE_S,
+                describe=f"shutdown error response for request {request.id!r}",
+            )
+        raise
+    except Exception as exc:
+        if not dctx.cancel_requested.is_set():
+            answer_started = True
+            await dispatcher._write_error(request.id, handler_error(exc))
+    if not answer_started:
+        await dispatcher._settle_unanswered(dctx)
+
+
+def _deliver(transport: sdk.StreamableHTTPServerTransport, request_id: Any, result: dict[str, Any]) -> bool:
+    """Put the answer on the request's stream, as the transport's router would; False if it cannot be done here."""
+    if transport._event_store is not None:
+        return False  # the router stores every event for replay
+    streams = transport._request_streams.get(str(request_id))
+    if streams is None:
+        return False
+    response = JSONRPCResponse(jsonrpc="2.0", id=request_id, result=result)
+    try:
+        streams[0].send_nowait(sdk.EventMessage(response, None))
+    except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        return False
+    return True

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from breakwater.config._checks import LOOPBACK_HOSTS as LOOPBACK_HOSTS  # importable from here as before
 from breakwater.config._redact import register_secrets
 from breakwater.gateway._drain import DrainGuard, end_get_streams, set_sse_keepalive
+from breakwater.gateway._fast_call import install as install_fast_calls
 from breakwater.gateway._fast_http import answer_fast
 from breakwater.gateway._lazy_sse import answer_lazily
 from breakwater.gateway._metrics import CallCounter, Metrics
@@ -163,6 +164,7 @@ def http_app(
     if not json_response:
         # A POST with nothing to stream before its answer gets one JSON body, not an SSE stream (_lazy_sse).
         answer_lazily(gateway.server.session_manager, gateway.bw.clock)
+        install_fast_calls(gateway.server)  # a session's plain tools/call skips its streams (_fast_http)
     else:
         # A plain tools/call POST runs in its own task, without the session's memory streams (_fast_http).
         answer_fast(gateway.server.session_manager, gateway.server)

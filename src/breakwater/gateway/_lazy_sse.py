@@ -50,6 +50,7 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from breakwater._clock import Clock
+from breakwater.gateway._fast_http import start_call
 
 __all__ = ["COMMIT_S", "answer_lazily"]
 
@@ -128,7 +129,10 @@ async def _answer(
     transport._request_streams[request_id] = streams
     reader = streams[1]
     protocol_version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER, DEFAULT_NEGOTIATED_VERSION)
-    await writer.send(transport._create_session_message(message, request, request_id, protocol_version))
+    session_message = transport._create_session_message(message, request, request_id, protocol_version)
+    # A plain tools/call skips the session's read stream, and its answer the router (breakwater.gateway._fast_http).
+    if not start_call(transport, session_message):
+        await writer.send(session_message)
     first: sdk.EventMessage | None = None
     try:
         with clock.deadline_scope(clock.monotonic() + COMMIT_S):
