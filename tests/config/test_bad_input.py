@@ -668,7 +668,7 @@ async def test_http_origin_port_and_bearer_scheme_case(tmp_path: Path) -> None:
 def _http_answer(response: Any) -> dict[str, Any]:
     """The JSON-RPC message of a response: a JSON body, or the one `data:` line of an SSE stream."""
     if response.headers.get("content-type", "").startswith("text/event-stream"):
-        data = next(line[5:] for line in response.text.splitlines() if line.startswith("data:"))
+        data = next(line[5:] for line in response.text.splitlines() if line.startswith("data:") and line[5:].strip())
         answer: dict[str, Any] = json.loads(data)
         return answer
     answer = response.json()

@@ -93,7 +93,7 @@ def _result(response: Any) -> dict[str, Any]:
     if response.headers.get("content-type", "").startswith("application/json"):
         assert "result" in response.json(), response.text
         return dict(response.json()["result"])
-    data = [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:")]
+    data = [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:") and line[5:].strip()]
     return dict(next(m for m in data if "result" in m)["result"])
 
 

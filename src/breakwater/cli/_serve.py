@@ -145,7 +145,7 @@ async def _serve_stdio(config: Config) -> int:
     async with open_gateway(config) as gateway:
         # The client went away (stdin closed) or a stop signal came: the calls in flight get `drain_s`.
         drain = partial(drain_stdio, gateway.drain, config.gateway.drain_s)
-        async with stdio_server(stopped_by, on_end=drain) as (read, write):
+        async with stdio_server(stopped_by, on_end=drain, server=gateway.server) as (read, write):
             await gateway.server.run(read, write, gateway.server.create_initialization_options())
     if signal.SIGINT in stopped_by:
         # Everything is closed (upstreams stopped); a Ctrl-C still reads as an interruption, as in every command.

@@ -100,6 +100,9 @@ class StdoutParser:
         self.limit = limit
         #: Requests sent and not yet answered, by id (their method): an oversized answer is matched to one.
         self.pending: dict[Any, str] = {}
+        #: Messages the server sent on its own (notifications, requests) so far: while it stays put,
+        #: nothing is on its way to a callback (the gateway's relay skips waiting for deliveries).
+        self.notices = 0
         self._junk: dict[str, int] = {}
 
     def sent(self, message: SessionMessage) -> None:
@@ -129,6 +132,8 @@ class StdoutParser:
                 return None
         if isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
             self.pending.pop(message.id, None)
+        else:
+            self.notices += 1
         return SessionMessage(message)
 
     def _too_large(self, line: Oversized) -> SessionMessage | None:

@@ -11,10 +11,11 @@ Where Windows differs (the process group, the polite signal, killing the tree, f
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import errno
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -22,7 +23,6 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 from anyio.abc import Process
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from anyio.streams.text import TextReceiveStream
 from mcp.client.stdio import (  # the SDK's shutdown steps and timings, kept identical on purpose (pinned minor version)
     _KILL_REAP_TIMEOUT,
@@ -73,6 +73,134 @@ async def stop_process(process: Process) -> None:
     _close_subprocess_transport(process)
 
 
+class StdinWriter:
+    """The session's write stream: each message goes to the server's stdin from the task that sends it.
+
+    It was a memory stream to a writer task, which cost every message two trips through the event
+    loop (the sender's checkpoint, then the writer's turn) and anyio's process stream a third (a
+    checkpoint after each write): on a busy machine each trip is a wake-up (issue 16, docs/benchmarks.md).
+    A line is written whole in one `write` (the transport buffers what the pipe does not take), so
+    concurrent senders never interleave; `drain` waits only while the pipe is full. A broken pipe
+    ends the session's reads too, as the writer task did.
+    """
+
+    def __init__(self, process: Process, parser: StdoutParser, end_reads: Callable[[], None]) -> None:
+        assert process.stdin is not None
+        self._stdin = process.stdin
+        # anyio's wrapper of the asyncio stream (pinned minor version); any other stream goes through `send`.
+        writer = getattr(process.stdin, "_stream", None)
+        self._writer: asyncio.StreamWriter | None = writer if isinstance(writer, asyncio.StreamWriter) else None
+        self._parser = parser
+        self._end_reads = end_reads
+        self._closed = False
+
+    async def send(self, message: SessionMessage) -> None:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        self._parser.sent(message)
+        data = (message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n").encode()
+        try:
+            if self._writer is not None:
+                if self._writer.is_closing():
+                    raise anyio.BrokenResourceError
+                self._writer.write(data)
+                await self._writer.drain()
+            else:
+                await self._stdin.send(data)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
+            self._closed = True
+            self._end_reads()
+            raise anyio.BrokenResourceError from exc
+
+    def close(self) -> None:
+        self._closed = True
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+    async def __aenter__(self) -> StdinWriter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class StdoutReader:
+    """The session's read stream: the server's stdout, read and parsed (`_lines.py`) when the session asks.
+
+    It was a reader task feeding a memory stream, so every message the server sent took two more
+    trips through the event loop (the reader's checkpoint on send, the session's on receive) before
+    the session saw it (issue 16, docs/benchmarks.md). The session's receive loop reads the pipe
+    itself now; nothing is lost on cancellation (unparsed bytes stay in the pipe's buffer, parsed
+    messages in `_ready`). `stdout_closed` is set when the server closes its stdout itself; `end()`
+    (a broken stdin) ends the reads at once, as closing the memory stream did.
+    """
+
+    def __init__(self, process: Process, parser: StdoutParser, max_line_bytes: int, stdout_closed: anyio.Event) -> None:
+        assert process.stdout is not None
+        self._stdout = process.stdout
+        self._parser = parser
+        self._lines = LineSplitter(max_line_bytes)
+        self._stdout_closed = stdout_closed
+        self._ready: collections.deque[SessionMessage] = collections.deque()
+        self._ended = False
+        self._reading: anyio.CancelScope | None = None
+        #: Set while breakwater closes the process: a pipe ending then is expected.
+        self.shutting_down = False
+
+    async def receive(self) -> SessionMessage:
+        while not self._ready:
+            if self._ended:
+                raise anyio.EndOfStream
+            with anyio.CancelScope() as self._reading:
+                try:
+                    chunk = await self._stdout.receive()
+                except anyio.EndOfStream:
+                    self._ended = True
+                    self._stdout_closed.set()
+                    raise
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError):
+                    self._ended = True
+                    if not self.shutting_down:
+                        logger.debug("stdout of %s ended", self._parser.server)
+                    raise anyio.EndOfStream from None
+                finally:
+                    self._reading = None
+            if self._ended:  # `end()` cut the read short
+                raise anyio.EndOfStream
+            for line in self._lines.feed(chunk):
+                message = self._parser.parse(line)
+                if message is not None:
+                    self._ready.append(message)
+        return self._ready.popleft()
+
+    def end(self) -> None:
+        self._ended = True
+        if self._reading is not None:
+            self._reading.cancel()
+
+    def __aiter__(self) -> StdoutReader:
+        return self
+
+    async def __anext__(self) -> SessionMessage:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    def close(self) -> None:
+        self._ended = True
+
+    async def aclose(self) -> None:
+        self.close()
+
+    async def __aenter__(self) -> StdoutReader:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
 class StdioProcess:
     """One spawn of a stdio server; `open()` is the transport handed to `mcp.Client`."""
 
@@ -110,19 +238,17 @@ class StdioProcess:
             raise FileNotFoundError(errno.ENOENT, "command not found", self.command)
         process = await anyio.open_process([program, *self.args], env=env, cwd=self.cwd, **_platform.spawn_options())
         self.process = process
-        read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-        write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
         self._shutting_down = False
         stdout_closed = anyio.Event()
+        read_stream = StdoutReader(process, self.parser, self.max_line_bytes, stdout_closed)
+        write_stream = StdinWriter(process, self.parser, read_stream.end)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._read_stdout, process, read_writer, stdout_closed)
             tg.start_soon(self._read_stderr, process)
-            tg.start_soon(self._write_stdin, process, write_reader, read_writer)
             tg.start_soon(self._watch_exit, process)
             try:
                 yield read_stream, write_stream
             finally:
-                self._shutting_down = True
+                self._shutting_down = read_stream.shutting_down = True
                 with anyio.CancelScope(shield=True):
                     if stdout_closed.is_set():
                         # The server closed its stdout: it is exiting on its own; give the event loop a
@@ -132,36 +258,11 @@ class StdioProcess:
                     self.exit_code_before_close = process.returncode
                     read_stream.close()
                     write_stream.close()
+                    # The session reads no more: drain the rest of stdout so a server flushing on its way out can exit.
+                    tg.start_soon(_drain_stdout, process)
                     await stop_process(process)
-                    for stream in (read_stream, write_stream, read_writer, write_reader):
-                        await stream.aclose()
                 tg.cancel_scope.cancel()
         await anyio.lowlevel.cancel_shielded_checkpoint()
-
-    async def _read_stdout(
-        self, process: Process, read_writer: MemoryObjectSendStream[SessionMessage | Exception], stdout_closed: anyio.Event
-    ) -> None:
-        """Stdout lines to the session, parsed (see `_lines.py`); `stdout_closed` once the server closes it itself."""
-        assert process.stdout
-        lines = LineSplitter(self.max_line_bytes)
-        try:
-            async with read_writer:
-                try:
-                    async for chunk in process.stdout:
-                        for line in lines.feed(chunk):
-                            message = self.parser.parse(line)
-                            if message is None:
-                                continue
-                            try:
-                                await read_writer.send(message)
-                            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                                return
-                    stdout_closed.set()
-                finally:
-                    await _drain_stdout(process)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError):
-            if not self._shutting_down:
-                logger.debug("stdout of %s ended", self.command)
 
     async def _read_stderr(self, process: Process) -> None:
         """Stderr lines into `stderr_tail` (the last few explain an exit)."""
@@ -174,23 +275,6 @@ class StdioProcess:
                 self.stderr_tail.extend(line.rstrip() for line in lines if line.strip())
             if buffer.strip():
                 self.stderr_tail.append(buffer.rstrip())
-
-    async def _write_stdin(
-        self,
-        process: Process,
-        write_reader: MemoryObjectReceiveStream[SessionMessage],
-        read_writer: MemoryObjectSendStream[SessionMessage | Exception],
-    ) -> None:
-        """The session's messages to stdin, one JSON line each; a broken pipe ends the session's reads too."""
-        assert process.stdin
-        try:
-            async with write_reader:
-                async for message in write_reader:
-                    self.parser.sent(message)
-                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
-                    await process.stdin.send(data.encode())
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            await read_writer.aclose()
 
     async def _watch_exit(self, process: Process) -> None:
         # Not process.wait(): on asyncio it also waits for pipe EOF, which a grandchild can hold open.

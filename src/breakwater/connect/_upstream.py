@@ -114,6 +114,8 @@ class Upstream:
         #: Tools the server listed with an invalid definition, left out of `tools` (see `_tool_list.py`).
         self.rejected_tools: list[RejectedTool] = []
         self.client: Client | None = None
+        #: The stdio process behind `client`, while it is connected (None for HTTP and in-memory servers).
+        self.process: StdioProcess | None = None
         self._era: str | None = None
         self._prior_discover: Any = None
         self._lost = anyio.Event()
@@ -289,6 +291,7 @@ class Upstream:
                     ticket.release()
                     self._remember_era(client)
                     self.client = client
+                    self.process = opened.process
                     reached_ready = True
                     self._set(
                         ServerState.READY,
@@ -317,6 +320,7 @@ class Upstream:
         finally:
             ticket.release()
             self.client = None
+            self.process = None
             self.tools = [] if not reached_ready else self.tools
         return self._after_attempt(reached_ready, _process(opened))
 

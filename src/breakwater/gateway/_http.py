@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 from breakwater.config._checks import LOOPBACK_HOSTS as LOOPBACK_HOSTS  # importable from here as before
 from breakwater.config._redact import register_secrets
 from breakwater.gateway._drain import DrainGuard, end_get_streams, set_sse_keepalive
+from breakwater.gateway._fast_call import install as install_fast_calls
+from breakwater.gateway._fast_http import answer_fast
 from breakwater.gateway._lazy_sse import answer_lazily
 from breakwater.gateway._metrics import CallCounter, Metrics
 from breakwater.gateway._resume import ResumableStreams
@@ -157,16 +159,14 @@ def http_app(
     policy = gateway.policy
     resumable: ResumableStreams | None = None
     if not json_response:
-        if policy.resume_events > 0:
-            from breakwater.state._streams import MemoryStreamLog
-
-            log = streams or MemoryStreamLog(events=policy.resume_events, ttl_s=policy.resume_ttl_s, clock=gateway.bw.clock)
-            resumable = ResumableStreams(log, clock=gateway.bw.clock, ttl_s=policy.resume_ttl_s)
-            # Replayed streams end with the drain, so their clients reconnect to a replica still serving.
-            gateway.drain.on_done.append(resumable.end_followers)
+        resumable = _resumable(gateway, streams)
         # A POST with nothing to stream before its answer gets one JSON body, not an SSE stream (_lazy_sse);
         # one that streams can be resumed with Last-Event-ID (_resume).
         answer_lazily(gateway.server.session_manager, gateway.bw.clock, keepalive_s=policy.sse_keepalive_s, streams=resumable)
+        install_fast_calls(gateway.server)  # a session's plain tools/call skips its streams (_fast_http)
+    else:
+        # A plain tools/call POST runs in its own task, without the session's memory streams (_fast_http).
+        answer_fast(gateway.server.session_manager, gateway.server)
     metrics = metrics if metrics is not None else Metrics()
     metrics.streams = resumable
     # One call counter per server: a second app over the same gateway replaces it, never counts twice.
@@ -178,6 +178,20 @@ def http_app(
     guarded = DrainGuard(app, gateway.drain)
     mcp_app = BearerAuth(guarded, token) if token else guarded
     return RequestGuard(WebApp(gateway, mcp_app, security=security, token=token, metrics=metrics), allowed_origins)
+
+
+def _resumable(gateway: Gateway, streams: StreamLog | None) -> ResumableStreams | None:
+    """Resumable SSE streams on `streams` (Redis) or on a log of this replica's own; None when turned off."""
+    policy = gateway.policy
+    if policy.resume_events <= 0:
+        return None
+    from breakwater.state._streams import MemoryStreamLog
+
+    log = streams or MemoryStreamLog(events=policy.resume_events, ttl_s=policy.resume_ttl_s, clock=gateway.bw.clock)
+    resumable = ResumableStreams(log, clock=gateway.bw.clock, ttl_s=policy.resume_ttl_s)
+    # Replayed streams end with the drain, so their clients reconnect to a replica still serving.
+    gateway.drain.on_done.append(resumable.end_followers)
+    return resumable
 
 
 def _security(host: str, allowed_hosts: Sequence[str], allowed_origins: Sequence[str]) -> Any:

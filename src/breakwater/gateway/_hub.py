@@ -30,6 +30,7 @@ from mcp.shared.message import SessionMessage
 
 from breakwater._clock import Clock
 from breakwater.config import Config
+from breakwater.gateway._fast_call import FastLane
 from breakwater.gateway._server import Gateway
 from breakwater.gateway._session import session_gateway
 from breakwater.gateway._share import HANDSHAKE_LIMIT, peer_uid
@@ -210,9 +211,11 @@ class SharedGateway:
         read_stream_writer, read_stream = create_context_streams[SessionMessage | Exception](0)
         write_stream, write_stream_reader = create_context_streams[SessionMessage](0)
 
+        lane = FastLane(server, output.send)
+
         async def read() -> None:
-            async with read_stream_writer:
-                await pump_input(reader, read_stream_writer, output)
+            async with read_stream_writer, lane.serving():
+                await pump_input(reader, read_stream_writer, output, lane)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(read)

@@ -61,6 +61,7 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from breakwater._clock import Clock
+from breakwater.gateway._fast_http import start_call
 from breakwater.gateway._resume import ResumableStreams, SessionStreams
 
 __all__ = ["COMMIT_S", "answer_lazily"]
@@ -209,7 +210,10 @@ async def _answer(
         view = None
     committed = False
     try:
-        await writer.send(transport._create_session_message(message, request, request_id, protocol_version))
+        session_message = transport._create_session_message(message, request, request_id, protocol_version)
+        # A plain tools/call skips the session's read stream, and its answer the router (breakwater.gateway._fast_http).
+        if not start_call(transport, session_message):
+            await writer.send(session_message)
         first: sdk.EventMessage | None = None
         try:
             with lazy.clock.deadline_scope(lazy.clock.monotonic() + lazy.commit_s):

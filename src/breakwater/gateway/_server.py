@@ -339,6 +339,11 @@ class Gateway:
             return error_result(refused)
         if deadline_ms is not None:
             budget = self.bw.budget(seconds=deadline_seconds(deadline_ms))
+        # A stdio upstream counts what it sends on its own: if that count did not move during the call,
+        # no progress or log message can be on its way to the caller, and the answer need not wait for one.
+        process = self.bw.upstream(server).process
+        parser = process.parser if process is not None else None
+        notices = parser.notices if parser is not None else None
         # The journal names the agent behind each call.
         client = DOWNSTREAM_CLIENT.set(_client_name(first, meta))
 
@@ -352,7 +357,8 @@ class Gateway:
                 cut = self.drain.cut_error(self.bw, in_flight, server, tool, operation_id or own)
                 return error_result(cut)
             # Progress and log messages that arrived before the result reach the caller before it does.
-            await caller.drain()
+            if parser is None or parser.notices != notices:
+                await caller.drain()
             return explain_refusal(result, caller)
 
         try:

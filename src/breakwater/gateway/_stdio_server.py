@@ -34,11 +34,13 @@ from typing import Any
 
 import anyio
 import mcp_types as types
+from mcp.server.lowlevel.server import Server
 from mcp.server.stdio import stdio_server as sdk_stdio_server
 from mcp.shared._context_streams import create_context_streams
 from mcp.shared.message import SessionMessage
 
 from breakwater import _platform
+from breakwater.gateway._fast_call import FastLane
 from breakwater.gateway._frames import INVALID_REQUEST, bad_id, diagnose, error_line, screen_non_finite
 from breakwater.gateway._pump import reserve_standard_fds
 
@@ -143,7 +145,8 @@ class LineOutput:
         self._fast = fast
         self._writer: asyncio.StreamWriter | None = None
         self._transport: asyncio.WriteTransport | None = None
-        self._lock = anyio.Lock()
+        # fast_acquire: an uncontended write must not cost a trip through the event loop (issue 16).
+        self._lock = anyio.Lock(fast_acquire=True)
 
     async def open(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._fast and self._fd is not None and _pollable(self._fd):
@@ -207,14 +210,18 @@ async def _open_input(
     return reader, _ThreadFeed(in_fd, reader, loop)
 
 
-async def pump_input(reader: asyncio.StreamReader, sink: Any, output: LineOutput) -> None:
-    """Lines from the client to the session; a line that is no valid message is answered here, never dropped."""
+async def pump_input(reader: asyncio.StreamReader, sink: Any, output: LineOutput, lane: FastLane | None = None) -> None:
+    """Lines from the client to the session; a line that is no valid message is answered here, never dropped.
+
+    With a `lane` (inside its `serving()`), a `tools/call` it can serve skips the session's streams (`_fast_call`)."""
     while True:
         line, oversized = await _next_line(reader)
         if line is None:
             return
         if oversized:
             await output.send(error_line(None, INVALID_REQUEST, f"Invalid request: message over {MAX_LINE_BYTES} bytes"))
+            continue
+        if lane is not None and lane.take(line):
             continue
         try:
             message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
@@ -272,6 +279,7 @@ async def stdio_server(
     *,
     fast: bool | None = None,
     on_end: Callable[[], Awaitable[None]] | None = None,
+    server: Server[Any] | None = None,
 ) -> AsyncIterator[tuple[Any, Any]]:
     """Serve MCP over this process's stdin and stdout: `(read_stream, write_stream)` for `Server.run`.
 
@@ -279,7 +287,8 @@ async def stdio_server(
     `fast` picks asyncio's pipe transports or the portable threads; by default, what the platform offers.
     `on_end` runs when the input ended (or a stop signal came), before the session's read side closes,
     so the calls in flight can still answer (`breakwater.gateway._drain.drain_stdio`); a second stop
-    signal cancels it."""
+    signal cancels it.
+    `server`, the one `Server.run` serves on these streams, gives `tools/call` its fast lane (`_fast_call`)."""
     fast = _platform.FAST_STDIO if fast is None else fast
     try:
         loop = asyncio.get_running_loop()
@@ -303,13 +312,25 @@ async def stdio_server(
     reading = anyio.CancelScope()
     ending = None if on_end is None else anyio.CancelScope()
 
+    lane = FastLane(server, output.send) if server is not None else None
+
     async def read_until_stopped() -> None:
         async with read_stream_writer:
-            with reading:
-                await pump_input(reader, read_stream_writer, output)
-            if on_end is not None and ending is not None:
-                with ending:
-                    await on_end()
+            if lane is None:
+                with reading:
+                    await pump_input(reader, read_stream_writer, output)
+                await end()
+                return
+            # The lane's calls live in `serving`: the drain (`on_end`) runs inside it, so they can still finish.
+            async with lane.serving():
+                with reading:
+                    await pump_input(reader, read_stream_writer, output, lane)
+                await end()
+
+    async def end() -> None:
+        if on_end is not None and ending is not None:
+            with ending:
+                await on_end()
 
     try:
         async with anyio.create_task_group() as tg:

@@ -1,0 +1,335 @@
+"""The fast lane for `tools/call` on a stdio connection: the SDK's own handler kernel, without its plumbing.
+
+Why it exists. Profiled through `bench/proxy_overhead.py --profile` (docs/benchmarks.md, issue 16),
+one proxied call cost the gateway ~18 event-loop iterations and ~34 anyio checkpoints, and the
+pydantic passes over the request and result only ~35 µs of it (micro-benchmarked: envelope
+validation 2.6 µs, surface and params validation 5.7 µs, result dump and per-version sieve 10.4 µs,
+response model and JSON 3.3 µs). The rest was hops: the line went from the stdin reader through a
+memory stream to the SDK dispatcher's receive loop, which spawned the handler task, whose answer went
+through a second memory stream to the stdout writer task; every hop is a wake-up of another task
+(anyio's memory streams checkpoint on both ends), and on a shared 2-core machine each wake-up is where
+the time goes. Measured with this lane and the upstream transport's own (`connect/_stdio.py`): 2,476
+→ 1,497 Python function calls and 22.6 → 8.3 event-loop iterations per proxied call, 3.05 → 2.2 M
+instructions (`bench/proxy_instructions.py`; the bare SDK hop costs 2.83 M).
+
+What it does. Once the connection finished its handshake (2025-era, on the SDK's legacy loop), a
+line that is a well-formed `tools/call` request skips the envelope model, the two memory streams
+and the dispatcher loop: the reader parses it once (stdlib `json`), spawns one task, which runs the
+SDK's own `ServerRunner.on_request` for it — the same middleware (OpenTelemetry, breakwater's
+`explain_params_errors`), the same surface and params validation, the same handler (the gateway's
+tasks wrapper, then `Gateway._on_call_tool`), the same result serialisation and per-version sieve —
+and writes the answer as one line itself. So every answer and every error envelope is byte-for-byte
+what the SDK path produces (up to JSON spacing), and only the transport plumbing differs.
+
+What stays the SDK's. Everything else on the connection: `initialize`, every other method, every
+notification except a `notifications/cancelled` naming a call in this lane, the client's answers
+to our server-to-client requests, and any line the checks below do not recognise (a malformed
+request gets the SDK's own error). The lane's request context is built on the live SDK dispatcher
+(captured by a middleware from the connection's first request), so what the handler sends while the
+call runs — progress for the caller's `progressToken`, relayed log messages, sampling and
+elicitation requests and their answers — goes through the SDK's dispatcher and writer exactly as
+on the SDK path. Cancellation follows the dispatcher's rules (`peer_cancel_mode="interrupt"`): the
+client's `notifications/cancelled` cancels the handler, which cancels the upstream call (the SDK
+client then tells the upstream), and a cancelled request is never answered; at the end of input or
+a stop signal a call still running is answered CONNECTION_CLOSED, as the dispatcher does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.lowlevel.server import Server
+from mcp.server.runner import ServerRunner
+from mcp.shared.dispatcher import as_request_id, coerce_request_id
+from mcp.shared.jsonrpc_dispatcher import (
+    JSONRPCDispatcher,
+    _JSONRPCDispatchContext,
+    handler_exception_to_error_data,
+    progress_token_from_params,
+)
+from mcp_types import CONNECTION_CLOSED, PROTOCOL_VERSION_META_KEY, ErrorData
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+__all__ = ["FastLane", "call_params", "handler_error", "install", "session_lane"]
+
+logger = logging.getLogger("breakwater.gateway")
+
+#: The lane of the connection whose reader is running in this context (the SDK runs each request's
+#: handler in the context of the task that read it, so the capturing middleware finds its lane here).
+_LANE: contextvars.ContextVar[FastLane | None] = contextvars.ContextVar("breakwater_fast_lane", default=None)
+
+#: How long a call still running at the end of the session may take to say CONNECTION_CLOSED (the SDK's bound).
+_SHUTDOWN_WRITE_S = 1.0
+
+_INSTALLED_FLAG = "_breakwater_fast_lane"
+
+_Write = Callable[[bytes], Awaitable[None]]
+
+
+def install(server: Server[Any]) -> None:
+    """Add the middleware that hands each connection's lane its SDK dispatcher (once per server)."""
+    if getattr(server, _INSTALLED_FLAG, None) is server:
+        return
+    setattr(server, _INSTALLED_FLAG, server)
+
+    async def capture(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        _capture(server, ctx)
+        return await call_next(ctx)
+
+    server.middleware.append(capture)
+
+
+#: The lanes of the 2025-11-25 HTTP sessions this process serves, by session id (while each session lives).
+_SESSIONS: dict[str, FastLane] = {}
+
+
+def session_lane(session_id: str | None) -> FastLane | None:
+    """The lane of the HTTP session `session_id`, once its first request showed the lane its dispatcher."""
+    return _SESSIONS.get(session_id) if session_id is not None else None
+
+
+def _capture(server: Server[Any], ctx: ServerRequestContext[Any, Any]) -> None:
+    lane = _LANE.get()
+    if lane is not None and lane.runner is None:
+        lane.adopt(ctx)
+    elif lane is None:
+        connection = getattr(ctx.session, "_connection", None)
+        session_id = getattr(connection, "session_id", None)
+        if isinstance(session_id, str) and session_id not in _SESSIONS:
+            lane = FastLane(server, _no_lines)
+            lane.adopt(ctx)
+            if lane.runner is not None and connection is not None:
+                _SESSIONS[session_id] = lane
+                connection.exit_stack.callback(_SESSIONS.pop, session_id, None)
+
+
+async def _no_lines(data: bytes) -> None:  # an HTTP lane answers through its POST, never as lines
+    raise RuntimeError("an HTTP lane writes no lines")
+
+
+class FastLane:
+    """One stdio connection's fast lane for `tools/call` (see the module docstring).
+
+    `take(line)` is called by the line reader for every line before the SDK sees it, inside
+    `serving()`, which holds the lane's calls and binds the lane to the reader's context.
+    """
+
+    def __init__(self, server: Server[Any], write: _Write) -> None:
+        install(server)
+        self.server = server
+        self._write = write
+        self.runner: ServerRunner[Any] | None = None
+        self._dispatcher: JSONRPCDispatcher[Any] | None = None
+        self._tg: TaskGroup | None = None
+        self._in_flight: dict[Any, tuple[anyio.CancelScope, _JSONRPCDispatchContext[Any]]] = {}
+        #: Calls this lane took (the tests and the benchmark read it to know the lane was used).
+        self.taken = 0
+
+    def adopt(self, ctx: ServerRequestContext[Any, Any]) -> None:
+        """Take the connection's dispatcher and state from one of its requests, on the SDK's legacy loop only."""
+        dctx = getattr(ctx.session, "_request_outbound", None)
+        connection = getattr(ctx.session, "_connection", None)
+        # A 2026-07-28 stdio connection wraps its dispatch contexts (no server-to-client requests): not ours.
+        if type(dctx) is not _JSONRPCDispatchContext or connection is None:
+            return
+        self._dispatcher = dctx._dispatcher
+        self.runner = ServerRunner(self.server, connection, ctx.lifespan_context)
+
+    @property
+    def ready(self) -> bool:
+        """Whether the connection finished its 2025-era handshake and the lane knows its dispatcher."""
+        runner = self.runner
+        if runner is None:
+            return False
+        connection = runner.connection
+        return connection.initialize_accepted and connection.protocol_version not in MODERN_PROTOCOL_VERSIONS
+
+    @property
+    def dispatcher(self) -> JSONRPCDispatcher[Any] | None:
+        """The connection's SDK dispatcher (once adopted)."""
+        return self._dispatcher
+
+    @contextlib.contextmanager
+    def bound(self) -> Iterator[None]:
+        """While the body runs, requests it hands the SDK show this lane their connection (see `_capture`)."""
+        token = _LANE.set(self)
+        try:
+            yield
+        finally:
+            _LANE.reset(token)
+
+    def serving(self) -> _Serving:
+        """The context the reader runs in: the lane's calls live inside it and end (answered) when it ends."""
+        return _Serving(self)
+
+    def take(self, line: bytes) -> bool:
+        """Handle `line` here if it is a `tools/call` request (or a cancel of one) this lane can serve."""
+        if b'"tools/call"' in line:
+            return self._take_call(line)
+        if b"notifications/cancelled" in line and self._in_flight:
+            return self._take_cancel(line)
+        return False
+
+    def _take_call(self, line: bytes) -> bool:
+        if self._tg is None or not self.ready:
+            return False
+        message = _loads(line)
+        if message is None:
+            return False
+        params = call_params(message)
+        if params is None:
+            return False
+        request_id = message["id"]
+        key = _key(request_id)
+        if key in self._in_flight:
+            return False  # a duplicate id: the SDK's rules for it
+        assert self._dispatcher is not None
+        dctx = _JSONRPCDispatchContext(
+            transport=self._dispatcher._transport_builder(None),
+            _dispatcher=self._dispatcher,
+            _request_id=request_id,
+            _progress_token=progress_token_from_params(params or None),
+        )
+        scope = anyio.CancelScope()
+        self._in_flight[key] = (scope, dctx)
+        self.taken += 1
+        self._tg.start_soon(self._serve, request_id, message.get("params"), dctx, scope)
+        return True
+
+    def _take_cancel(self, line: bytes) -> bool:
+        message = _loads(line)
+        if message is None or message.get("method") != "notifications/cancelled" or "id" in message:
+            return False
+        params = message.get("params")
+        request_id = params.get("requestId") if isinstance(params, dict) else None
+        if not _valid_id(request_id):
+            return False
+        entry = self._in_flight.get(_key(request_id))
+        if entry is None:
+            return False
+        scope, dctx = entry
+        dctx.cancel_requested.set()
+        scope.cancel()
+        return True
+
+    async def _serve(
+        self, request_id: Any, params: dict[str, Any] | None, dctx: _JSONRPCDispatchContext[Any], scope: anyio.CancelScope
+    ) -> None:
+        """The dispatcher's `_handle_request` for one call of this lane, writing the answer line itself."""
+        assert self.runner is not None
+        answer_started = False
+        try:
+            with scope:
+                try:
+                    result = await self.runner.on_request(dctx, "tools/call", params)
+                finally:
+                    dctx.close()
+                    key = _key(request_id)
+                    if (entry := self._in_flight.get(key)) is not None and entry[1] is dctx:
+                        del self._in_flight[key]
+                if not dctx.cancel_requested.is_set():
+                    answer_started = True
+                    await self._write(_line({"jsonrpc": "2.0", "id": request_id, "result": result}))
+        except anyio.get_cancelled_exc_class():
+            if not answer_started and not dctx.cancel_requested.is_set():
+                with anyio.move_on_after(_SHUTDOWN_WRITE_S, shield=True):  # noqa: TID251 - the SDK's real-time bound on a last write
+                    await self._write_error(request_id, ErrorData(code=CONNECTION_CLOSED, message="Connection closed"))
+            raise
+        except Exception as exc:
+            error = handler_error(exc)
+            if not dctx.cancel_requested.is_set():
+                await self._write_error(request_id, error)
+
+    async def _write_error(self, request_id: Any, error: ErrorData) -> None:
+        body = error.model_dump(by_alias=True, mode="json", exclude_unset=True)
+        await self._write(_line({"jsonrpc": "2.0", "id": request_id, "error": body}))
+
+
+class _Serving:
+    def __init__(self, lane: FastLane) -> None:
+        self._lane = lane
+        self._group = anyio.create_task_group()
+        self._token: contextvars.Token[FastLane | None] | None = None
+
+    async def __aenter__(self) -> FastLane:
+        self._lane._tg = await self._group.__aenter__()
+        self._token = _LANE.set(self._lane)
+        return self._lane
+
+    async def __aexit__(self, *exc: object) -> bool | None:
+        if self._token is not None:
+            _LANE.reset(self._token)
+        # The end of input (or a stop signal): calls still running are answered CONNECTION_CLOSED, as the SDK's are.
+        self._group.cancel_scope.cancel()
+        try:
+            return await self._group.__aexit__(*exc)  # type: ignore[arg-type]
+        finally:
+            self._lane._tg = None
+
+
+def call_params(message: dict[str, Any]) -> dict[str, Any] | None:
+    """The params of `message` if it is a plain `tools/call` request a lane may serve (`{}` for none), else None.
+
+    Anything else — another shape of envelope, a 2026-07-28 envelope on a 2025-era connection (the
+    SDK refuses it) — is the SDK's to answer, as it always was.
+    """
+    if message.get("jsonrpc") != "2.0" or message.get("method") != "tools/call" or not _valid_id(message.get("id")):
+        return None
+    if message.keys() - {"jsonrpc", "id", "method", "params"}:
+        return None
+    params = message.get("params")
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        return None
+    meta = params.get("_meta")
+    if isinstance(meta, Mapping) and PROTOCOL_VERSION_META_KEY in meta:
+        return None
+    return params
+
+
+def handler_error(exc: Exception) -> ErrorData:
+    """The error the SDK dispatcher answers a handler's exception with."""
+    error = handler_exception_to_error_data(exc)
+    if error is None:
+        logger.exception("handler for 'tools/call' raised")
+        # The dispatcher's own answer to an unmapped exception (its v1 compatibility code).
+        error = ErrorData(code=0, message=str(exc))
+    return error
+
+
+def _loads(line: bytes) -> dict[str, Any] | None:
+    try:
+        message = json.loads(line, parse_constant=refuse_constant)
+    except ValueError:
+        return None  # the SDK answers it (parse error, or NaN's: screen_non_finite), or drops it, as it always did
+    return message if isinstance(message, dict) else None
+
+
+def refuse_constant(constant: str) -> Any:
+    """For `json.loads(parse_constant=...)`: `NaN`, `Infinity` and `-Infinity` are not JSON, so the line is not."""
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _valid_id(value: Any) -> bool:
+    return as_request_id(value) is not None
+
+
+def _key(request_id: Any) -> Any:
+    # The dispatcher's correlation domain: a cancel naming "7" finds the call with id 7.
+    return coerce_request_id(request_id)
+
+
+def _line(message: dict[str, Any]) -> bytes:
+    try:
+        return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    except UnicodeEncodeError:  # a lone surrogate from the upstream's JSON: escape it rather than fail the answer
+        return json.dumps(message, separators=(",", ":")).encode() + b"\n"

@@ -1,0 +1,313 @@
+"""The stdio fast lane for `tools/call` (`breakwater.gateway._fast_call`), against the SDK path it stands in for.
+
+A real SDK server in a child process, on breakwater's stdio transport with the lane (`lane`) and
+without (`sdk`), driven by a real SDK client over its pipes and by raw lines: the same answers,
+errors, progress, log messages, sampling round trips and cancellations either way, and the lane
+actually taking the calls it claims.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp.types as types
+import pytest
+from mcp import Client, MCPError, StdioServerParameters
+from mcp.client.session import ClientRequestContext
+
+pytestmark = pytest.mark.anyio
+
+SERVER = textwrap.dedent(
+    """
+    import sys, anyio, mcp.types as types
+    from mcp import MCPError
+    from mcp.server.lowlevel import Server
+    from breakwater.gateway._stdio_server import stdio_server
+
+    TOOLS = ["where", "progress", "log", "ask", "hang", "fail", "crash"]
+
+    async def list_tools(ctx, params):
+        return types.ListToolsResult(tools=[types.Tool(name=n, input_schema={"type": "object"}) for n in TOOLS])
+
+    def text(value):
+        return types.CallToolResult(content=[types.TextContent(type="text", text=value)])
+
+    async def call_tool(ctx, params):
+        if params.name == "where":
+            # The SDK dispatcher knows every request it dispatched; the lane's calls never reach it.
+            dispatcher = ctx.session._request_outbound._dispatcher
+            return text("sdk" if ctx.request_id in dispatcher._in_flight else "lane")
+        if params.name == "progress":
+            await ctx.session.report_progress(1, 2, "half")
+            await ctx.session.report_progress(2, 2, "done")
+            return text("progressed")
+        if params.name == "log":
+            await ctx.session.send_log_message("warning", "careful", related_request_id=ctx.request_id)
+            return text("logged")
+        if params.name == "ask":
+            answer = await ctx.session.create_message(
+                [types.SamplingMessage(role="user", content=types.TextContent(type="text", text="2+2?"))],
+                max_tokens=5,
+                related_request_id=ctx.request_id,
+            )
+            return text("answer: " + answer.content.text)
+        if params.name == "hang":
+            try:
+                await anyio.sleep_forever()
+            finally:
+                print("hang was cancelled", file=sys.stderr, flush=True)
+        if params.name == "fail":
+            raise MCPError(code=-32050, message="nope", data={"why": "asked to"})
+        if params.name == "crash":
+            raise RuntimeError("boom")
+        return types.CallToolResult(content=[], is_error=True)
+
+    server = Server("lane", on_list_tools=list_tools, on_call_tool=call_tool)
+
+    async def main():
+        lane = server if sys.argv[1] == "lane" else None
+        async with stdio_server(server=lane) as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+    anyio.run(main)
+    """
+)
+
+INIT = [
+    {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    },
+    {"jsonrpc": "2.0", "method": "notifications/initialized"},
+]
+
+
+def call(request_id: Any, params: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+
+
+# Well-formed calls the lane takes, and lines it must leave to the SDK, whose answers must not change.
+LINES = [
+    call(2, {"name": "where", "arguments": {}}),
+    call("s-3", {"name": "fail"}),
+    call(4, {"name": "crash", "arguments": {}}),
+    call(5, {"name": 3, "arguments": {}}),  # not a string: the SDK's -32602
+    call(6, {"name": "where", "arguments": []}),
+    call(7, "where"),
+    {"jsonrpc": "2.0", "id": 8, "method": "tools/call"},
+    call(9, {"name": "where", "arguments": {}, "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}),
+    {"jsonrpc": "2.0", "id": 10, "method": "tools/call", "params": {"name": "where"}, "extra": 1},
+    call(11, {"name": "nothing", "arguments": {}}),
+]
+
+
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "server.py"
+    path.write_text(SERVER)
+    return path
+
+
+def run_lines(tmp_path: Path, mode: str) -> dict[Any, Any]:
+    wire = "".join(json.dumps(r) + "\n" for r in INIT + LINES)
+    done = subprocess.run(
+        [sys.executable, str(script(tmp_path)), mode], input=wire, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    messages = [json.loads(line) for line in done.stdout.splitlines()]
+    return {m["id"]: m for m in messages if "id" in m}
+
+
+def test_every_answer_and_error_is_the_sdks(tmp_path: Path) -> None:
+    lane, sdk = run_lines(tmp_path, "lane"), run_lines(tmp_path, "sdk")
+    assert lane[2]["result"]["content"][0]["text"] == "lane"
+    assert sdk[2]["result"]["content"][0]["text"] == "sdk"
+    assert lane[6]["error"]["code"] == -32602  # arguments that are no object: the SDK's validation ran in the lane too
+    assert lane["s-3"]["error"] == {"code": -32050, "message": "nope", "data": {"why": "asked to"}}
+    assert lane[4]["error"] == {"code": 0, "message": "boom"}
+    del lane[2], sdk[2]
+    assert lane == sdk
+
+
+@pytest.fixture(params=["lane", "sdk"])
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> StdioServerParameters:
+    return StdioServerParameters(command=sys.executable, args=[str(script(tmp_path)), request.param])
+
+
+def text(result: types.CallToolResult) -> str:
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+async def test_progress_logs_and_sampling_reach_the_client(server: StdioServerParameters) -> None:
+    seen: list[tuple[float, float | None, str | None]] = []
+    logs: list[Any] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        logs.append(params.data)
+
+    async def sample(context: ClientRequestContext, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        return types.CreateMessageResult(role="assistant", content=types.TextContent(type="text", text="4"), model="m")
+
+    async with Client(server, mode="legacy", logging_callback=on_log, sampling_callback=sample) as client:
+        assert text(await client.call_tool("progress", {}, progress_callback=on_progress)) == "progressed"
+        assert text(await client.call_tool("log", {})) == "logged"
+        assert text(await client.call_tool("ask", {})) == "answer: 4"
+        with pytest.raises(MCPError) as raised:
+            await client.call_tool("fail", {})
+        assert (raised.value.code, raised.value.message) == (-32050, "nope")
+        expected = "lane" if server.args[-1] == "lane" else "sdk"
+        assert text(await client.call_tool("where", {})) == expected
+    assert [p[0] for p in seen] == [1, 2] and seen[0][2] == "half"
+    assert logs == ["careful"]
+
+
+async def test_a_cancelled_call_stops_and_the_session_goes_on(server: StdioServerParameters) -> None:
+    async with Client(server, mode="legacy") as client:
+        with anyio.move_on_after(0.5):
+            await client.call_tool("hang", {})
+        # The cancel reached the tool; the session still answers.
+        assert text(await client.call_tool("progress", {})) == "progressed"
+    # (the tool's "cancelled" line goes to the child's stderr, which the SDK client passes through)
+
+
+def test_the_end_of_input_answers_a_running_call(tmp_path: Path) -> None:
+    wire = "".join(json.dumps(r) + "\n" for r in [*INIT, call(2, {"name": "hang", "arguments": {}})])
+    for mode in ("lane", "sdk"):
+        done = subprocess.run(
+            [sys.executable, str(script(tmp_path)), mode], input=wire, capture_output=True, text=True, timeout=60, check=False
+        )
+        answers = {m["id"]: m for m in map(json.loads, done.stdout.splitlines()) if "id" in m}
+        assert answers[2]["error"]["code"] == types.CONNECTION_CLOSED, (mode, done.stdout)
+        assert "hang was cancelled" in done.stderr
+
+
+def test_a_cancel_line_stops_a_lane_call_unanswered(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, str(script(tmp_path)), "lane"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    for message in [*INIT, call(2, {"name": "hang", "arguments": {}})]:
+        proc.stdin.write(json.dumps(message) + "\n")
+    proc.stdin.flush()
+    assert json.loads(proc.stdout.readline())["id"] == 1
+    # "2", not 2: the dispatcher's rule that a stringified id still names the call.
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "2", "reason": "t"}}
+    proc.stdin.write(json.dumps(cancel) + "\n")
+    proc.stdin.flush()
+    assert proc.stderr.readline().strip() == "hang was cancelled"
+    proc.stdin.write(json.dumps(call(3, {"name": "where", "arguments": {}})) + "\n")
+    proc.stdin.close()
+    rest = [json.loads(line) for line in proc.stdout.read().splitlines()]
+    assert proc.wait(timeout=60) == 0
+    assert [m["id"] for m in rest if "id" in m] == [3]  # the cancelled call is never answered
+
+
+HTTP_SERVER = textwrap.dedent(
+    """
+    import sys, anyio, socket, uvicorn, mcp.types as types
+    from mcp import MCPError
+    from mcp.server.lowlevel import Server
+    from breakwater._clock import SystemClock
+    from breakwater.gateway._fast_call import install
+    from breakwater.gateway._fast_http import answer_fast
+    from breakwater.gateway._lazy_sse import answer_lazily
+
+    async def list_tools(ctx, params):
+        names = ["where", "hang", "fail", "progress"]
+        return types.ListToolsResult(tools=[types.Tool(name=n, input_schema={"type": "object"}) for n in names])
+
+    def text(value):
+        return types.CallToolResult(content=[types.TextContent(type="text", text=value)])
+
+    async def call_tool(ctx, params):
+        if params.name == "where":
+            # The fast paths build their own dispatch context: the transport's hook for an unanswered request is not
+            # there in JSON mode, and the lazy path's context watches what the call sends.
+            dctx = ctx.session._request_outbound
+            fast = dctx.message_metadata.on_request_unanswered is None or type(dctx).__name__ == "_WatchedContext"
+            return text("fast" if fast else "sdk")
+        if params.name == "progress":
+            await ctx.session.report_progress(1, 2, "half")
+            return text("progressed")
+        if params.name == "hang":
+            await ctx.session.report_progress(1, None, "dropped in JSON mode")
+            try:
+                await anyio.sleep_forever()
+            finally:
+                print("hang was cancelled", file=sys.stderr, flush=True)
+        raise MCPError(code=-32050, message="nope")
+
+    server = Server("fast", on_list_tools=list_tools, on_call_tool=call_tool)
+    mode = sys.argv[1]
+    app = server.streamable_http_app(json_response=mode.startswith("json"))
+    if mode == "json-fast":
+        answer_fast(server.session_manager, server)
+    elif mode.startswith("sse"):
+        answer_lazily(server.session_manager, SystemClock())
+        if mode == "sse-fast":
+            install(server)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)  # before the port is announced: a client may connect at once
+    open(sys.argv[2], "w").write(str(sock.getsockname()[1]))
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    """
+)
+
+
+@pytest.fixture(params=["json-fast", "json-sdk", "sse-fast", "sse-sdk"])
+async def http_url(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    path = tmp_path / "http_server.py"
+    path.write_text(HTTP_SERVER)
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen([sys.executable, str(path), request.param, str(port_file)], stderr=subprocess.PIPE, text=True)
+    try:
+        with anyio.fail_after(30):
+            while not (port_file.exists() and port_file.read_text()):
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                await anyio.sleep(0.05)
+        yield request.param, f"http://127.0.0.1:{port_file.read_text()}/mcp", proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+async def test_a_post_takes_the_fast_path_with_the_sdks_answers(http_url: Any) -> None:
+    """JSON mode (`answer_fast`) and the default mode's lazy path (`start_call`), each against the SDK's own path."""
+    mode, url, proc = http_url
+    updates: list[float] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        updates.append(progress)
+
+    async with Client(url, mode="legacy") as client:
+        assert text(await client.call_tool("where", {})) == mode.split("-")[1]
+        with pytest.raises(MCPError) as raised:
+            await client.call_tool("fail", {})
+        assert (raised.value.code, raised.value.message) == (-32050, "nope")
+        assert text(await client.call_tool("progress", {}, progress_callback=on_progress)) == "progressed"
+        with anyio.move_on_after(1):
+            await client.call_tool("hang", {}, progress_callback=on_progress)
+        # The client's cancel reached the call; the session still answers.
+        assert text(await client.call_tool("where", {})) == mode.split("-")[1]
+    # JSON mode has no wire for progress, on either path; an SSE answer carries it, on either path.
+    assert updates == ([] if mode.startswith("json") else [1, 1])
+    proc.terminate()
+    assert proc.stderr is not None
+    assert "hang was cancelled" in proc.stderr.read()
