@@ -320,7 +320,8 @@ def main() -> None:
                 t = run["all_ready_s"]
                 print(
                     f"  repeat {i + 1}: all ready {t:.2f} s ({t / one:.2f} x bound); floor (one warm process, "
-                    f"{args.servers} connects) {floor:.2f} s ({floor / one:.2f} x bound); start-up above the floor {t - floor:.2f} s"
+                    f"{args.servers} connects) {floor:.2f} s ({floor / one:.2f} x bound); "
+                    f"start-up above the floor {t - floor:.2f} s"
                 )
         if args.json:
             print(json.dumps({"bound_s": bound, **figures}, default=str))

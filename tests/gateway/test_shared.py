@@ -423,21 +423,29 @@ def test_the_cut_answer_of_a_session_is_the_gates() -> None:
     assert json.loads(_cut_answer(5)) == {"jsonrpc": "2.0", "id": 5, "result": expected}
 
 
-def test_an_attaching_session_starts_without_loading_the_sdk() -> None:
-    """The relay a session runs when it attaches imports neither the SDK nor the gateway: it starts in a fraction of a second."""
+def test_an_attaching_session_starts_without_loading_the_sdk(tmp_path: Path) -> None:
+    """The relay a session runs when it attaches imports neither the SDK nor the gateway, nor an HTTP client or
+    rich: 14 sessions launched at once start on the same cores as the gateway they start, so each costs little."""
     import mcp.types
 
     from breakwater._wire import CONNECTION_CLOSED
 
     assert CONNECTION_CLOSED == mcp.types.CONNECTION_CLOSED  # spelled out in _wire so that configs load without the SDK
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"a": {"type": "http", "url": "https://user:pw@example.com/mcp?k=v"}}}))
     probe = (
-        "import json, sys, breakwater.cli._serve, breakwater.cli._gateway, breakwater.gateway._attach; "
+        "import json, sys, breakwater.cli._serve, breakwater.cli._gateway, breakwater.gateway._attach, "
+        "breakwater.gateway._pump, breakwater.gateway._share; "
+        "from breakwater.config import load_config; "
+        f"c = load_config({str(config)!r}); breakwater.gateway._share.config_fingerprint(c); "
+        "breakwater.gateway._pump.ToolSafety.of(c); "
         "print(json.dumps(sorted(sys.modules)))"
     )
     loaded = json.loads(
         subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout
     )
-    assert not [m for m in loaded if m == "mcp" or m.startswith(("mcp.", "mcp_types", "breakwater.gateway._server"))]
+    heavy = ("mcp.", "mcp_types", "breakwater.gateway._server", "httpx", "rich", "anyio._backends")
+    assert not [m for m in loaded if m == "mcp" or m.startswith(heavy)]
 
 
 def test_a_failed_over_session_is_replayed_under_ids_of_its_own() -> None:

@@ -53,23 +53,28 @@ def attach_or_none(config: Config, state: str | None) -> int | None:
     if config.path is None or not relayable():
         return None  # a file or /dev/null for stdin or stdout (not what agents give): this session serves itself
     fingerprint = config_fingerprint(config)
+    version = breakwater_version()  # once: each look-up reads the installed distributions' metadata
     try:
-        sock, lock, log = gateway_paths(share_dir(config.gateway), fingerprint, breakwater_version())
+        sock, lock, log = gateway_paths(share_dir(config.gateway), fingerprint, version)
     except OSError as exc:
         print(f"breakwater: serving this session on its own: {exc}", file=sys.stderr, flush=True)
         return None
     clock = SystemClock()
-    hello = {"breakwater": "attach", "fingerprint": fingerprint, "version": breakwater_version(), "pid": os.getpid()}
+    hello = {"breakwater": "attach", "fingerprint": fingerprint, "version": version, "pid": os.getpid()}
     spawn = _spawn_argv(config, fingerprint, state)
     safety = ToolSafety.of(config)
+    attached_before = False
 
     async def attach() -> Any:
-        if (now := breakwater_version()) != hello["version"]:
+        nonlocal attached_before
+        # The first attach runs on the version just read; a re-attach asks again (an upgrade under the session).
+        if attached_before and (now := breakwater_version()) != hello["version"]:
             # The spawned gateway would be the new version, on another socket: this session cannot follow.
             raise SessionOutdated(
                 f"breakwater was upgraded ({hello['version']} -> {now}) while this session ran: "
                 "restart this agent session (or its breakwater MCP server) to use the new version"
             )
+        attached_before = True
         return await open_attachment(sock, lock, hello, spawn, log, clock)
 
     async def run() -> int | None:
