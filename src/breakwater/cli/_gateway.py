@@ -44,7 +44,15 @@ def attach_or_none(config: Config, state: str | None) -> int | None:
     from breakwater._clock import SystemClock
     from breakwater.gateway._attach import AttachRefused, SessionOutdated, open_attachment
     from breakwater.gateway._pump import ToolSafety, attached_session, relayable
-    from breakwater.gateway._share import breakwater_version, config_fingerprint, gateway_paths, share_dir, share_refusal
+    from breakwater.gateway._share import (
+        SessionContext,
+        breakwater_version,
+        config_fingerprint,
+        gateway_paths,
+        per_session,
+        share_dir,
+        share_refusal,
+    )
 
     if (why := share_refusal(config)) is not None:
         if config.gateway.share:  # off on purpose needs no explanation; off for a reason does
@@ -60,7 +68,9 @@ def attach_or_none(config: Config, state: str | None) -> int | None:
         print(f"breakwater: serving this session on its own: {exc}", file=sys.stderr, flush=True)
         return None
     clock = SystemClock()
-    hello = {"breakwater": "attach", "fingerprint": fingerprint, "version": version, "pid": os.getpid()}
+    hello: dict[str, Any] = {"breakwater": "attach", "fingerprint": fingerprint, "version": version, "pid": os.getpid()}
+    if per_session(config):  # the stdio servers the gateway starts for this session start where it runs
+        hello["session"] = SessionContext.here().to_json()
     spawn = _spawn_argv(config, fingerprint, state)
     safety = ToolSafety.of(config)
     attached_before = False
@@ -209,8 +219,7 @@ async def _run_shared(config: Config, fingerprint: str, sock: Path) -> int:
     from breakwater._clock import SystemClock
     from breakwater.gateway._hub import SharedGateway, listening
     from breakwater.gateway._open import open_gateway
-    from breakwater.gateway._session import per_session
-    from breakwater.gateway._share import breakwater_version
+    from breakwater.gateway._share import breakwater_version, per_session
 
     async with listening(sock) as listener:
         if listener is None:
