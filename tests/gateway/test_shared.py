@@ -412,6 +412,28 @@ def test_a_stdio_server_is_shared_by_its_entry_or_by_the_knob(tmp_path: Path) ->
         load_config(tmp_path / "bad.json", environ={})
 
 
+def test_a_shared_gateway_spreads_its_first_connects_less(tmp_path: Path) -> None:
+    """The shared gateway opens every server but the per-session ones, with the start-up jitter capped at
+    `[gateway] share_startup_jitter_s` (one process, not a herd); a smaller window of a server's own stays."""
+    from breakwater.config import load_config
+    from breakwater.gateway._share import shared_config
+
+    servers = {
+        "web": {"type": "http", "url": "http://127.0.0.1:1/mcp"},
+        "mine": {"command": "srv"},
+        "common": {"command": "srv", "shared": True},
+    }
+    (tmp_path / "mcp.json").write_text(json.dumps({"mcpServers": servers}))
+
+    def jitters(**environ: str) -> dict[str, float]:
+        config = shared_config(load_config(tmp_path / "mcp.json", environ=environ))
+        return {s.name: s.connect.startup_jitter_s for s in config.servers}
+
+    assert jitters() == {"web": 0.1, "common": 0.1}
+    assert jitters(BREAKWATER_CONNECT_STARTUP_JITTER_S="0.05") == {"web": 0.05, "common": 0.05}
+    assert jitters(BREAKWATER_SHARE_STARTUP_JITTER_S="2") == {"web": 0.5, "common": 0.5}  # [connect]'s default
+
+
 def test_a_failover_sends_again_only_the_calls_that_read(tmp_path: Path) -> None:
     """readOnlyHint from a relayed tools/list makes a call safe to send again; the config's retry class wins over it."""
     from breakwater.config import load_config

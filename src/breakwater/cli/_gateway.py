@@ -219,15 +219,13 @@ async def _run_shared(config: Config, fingerprint: str, sock: Path) -> int:
     from breakwater._clock import SystemClock
     from breakwater.gateway._hub import SharedGateway, listening
     from breakwater.gateway._open import open_gateway
-    from breakwater.gateway._share import breakwater_version, per_session
+    from breakwater.gateway._share import breakwater_version, shared_config
 
     async with listening(sock) as listener:
         if listener is None:
             logging.getLogger("breakwater.gateway.shared").info("another gateway already serves %s", sock)
             return EXIT_OK
-        own = {s.name for s in per_session(config)}
-        shared = config.with_servers(tuple(s for s in config.servers if s.name not in own))
-        async with open_gateway(shared) as gateway:
+        async with open_gateway(shared_config(config)) as gateway:
             hub = SharedGateway(
                 gateway,
                 config,
