@@ -18,6 +18,19 @@ refuses (`"ok": false` and a reason) another fingerprint or another version (eac
 socket name of its own, so that takes a socket renamed by hand); on Linux both sides
 also check the peer's uid (SO_PEERCRED), so a socket that someone else could reach still serves only
 its user.
+
+Windows does not share (`_platform.SHARED_SOCKETS`; every session serves itself and says so). What a
+named pipe needs, beyond asyncio's `ProactorEventLoop.start_serving_pipe` / `create_pipe_connection`:
+(1) the pipe created with a DACL of the user's SID only, `PIPE_REJECT_REMOTE_CLIENTS` and
+`FILE_FLAG_FIRST_PIPE_INSTANCE` (asyncio creates it with default security, which lets Everyone
+read, and has no way to pass attributes: `CreateNamedPipeW` through ctypes, served on the
+Proactor's private `accept_pipe`); (2) the peer check, `GetNamedPipeClientProcessId` and the
+client token's user SID instead of SO_PEERCRED; (3) the relay's stdin and stdout, which on Windows
+are anonymous pipes the Proactor cannot read: the thread-served handles `_platform` already uses
+for stdio servers; (4) a detached start (`DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP` instead of
+a new session) and no SIGTERM receiver in the gateway (`gateway stop` already goes through the
+handshake). The simulated-Windows test can only show the branch taken; the pipe needs a Windows
+runner.
 """
 
 from __future__ import annotations
