@@ -14,7 +14,12 @@ Two clients, in the same run:
   session processes through lock files, per-attempt timeout, full-jitter backoff inside a budget);
 * attached: each session is a real stdio `breakwater serve` driven by the SDK's client, with
   sharing on (the default): the sessions attach to one shared local gateway, started by whichever
-  came first; a session is ready when its `tools/list` has every server's tools.
+  came first; a session is ready when its `tools/list` has every server's tools. The drivers are
+  like agents that are already running when they launch their MCP server: each has imported the
+  SDK before the clock starts, and launches `breakwater serve` at t=0. Each repeat also measures,
+  against fresh servers, the floor for the attached sessions: ONE process that has imported
+  everything before t=0 connecting to the M servers once (breakwater's defaults), i.e. the
+  handshakes alone, without any process start-up.
 
 Printed for each: share connected, time until all ready (p50/p99 over repeats), attempts per
 connect, upstream handshakes (counted by the servers), peak handshakes in flight, and the capacity
@@ -22,6 +27,7 @@ bound S*M*W/C.
 
     python bench/connect_storm.py                      # 14 x 17, W=1 s, C=4 (2x the 30 s timeout)
     python bench/connect_storm.py --sessions 4 --servers 5 --work 0.2 --repeats 1   # a quick look
+    python bench/connect_storm.py --only attached --repeats 3                        # shared gateway
 """
 
 from __future__ import annotations
@@ -112,7 +118,10 @@ async def attached_session(config_path: str, t0: float) -> dict[str, Any]:
         if isinstance(message, types.ToolListChangedNotification):
             changed.set()
 
-    params = StdioServerParameters(command=sys.executable, args=["-m", "breakwater", "serve", "--config", config_path])
+    # The SDK starts a server with a few safe variables only: pass the run's own (share, catalog and
+    # admission directories), as an agent passes the "env" of its MCP config entry.
+    env = {k: v for k, v in os.environ.items() if k.startswith("BREAKWATER_")}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "breakwater", "serve", "--config", config_path], env=env)
     async with Client(params, mode="legacy", message_handler=on_message) as client:
         with anyio.move_on_after(SESSION_DEADLINE_S):
             while len(ready_at) < len(names):
@@ -166,7 +175,7 @@ def start_servers(n: int, congestion_dir: Path, work: float, cores: float, sigma
     return [(proc, port) for (proc, _), port in zip(servers, ports, strict=True)]
 
 
-def run_once(kind: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+def run_once(kind: str, args: argparse.Namespace, tmp: Path, *, sessions: int | None = None) -> dict[str, Any]:
     """One storm against freshly started servers (no leftover work from an earlier run)."""
     congestion = tmp / "congestion"
     shutil.rmtree(congestion, ignore_errors=True)
@@ -182,10 +191,11 @@ def run_once(kind: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         env = dict(os.environ, BREAKWATER_ADMISSION_DIR=str(admission), BREAKWATER_SHARE_DIR=str(share), BREAKWATER_SHARE="on")
         env["BREAKWATER_CATALOG_DIR"] = str(tmp / "catalog")  # every run starts cold: no last-known tools
         shutil.rmtree(tmp / "catalog", ignore_errors=True)
-        result = storm(kind, args.sessions, config, congestion, env)
+        result = storm(kind, args.sessions if sessions is None else sessions, config, congestion, env)
         result["upstream_connects"] = sum(json.loads(f.read_text())["handshakes"] for f in tmp.glob("state-*.json"))
         if kind == "attached":
             stop_gateways(env)
+        shutil.rmtree(share, ignore_errors=True)
         return result
     finally:
         for proc, _ in servers:
@@ -273,7 +283,12 @@ def main() -> None:
         for kind in _SESSIONS:
             if args.only and kind not in args.only:
                 continue
-            runs = [run_once(kind, args, tmp) for _ in range(args.repeats)]
+            runs = []
+            floors = []
+            for _ in range(args.repeats):
+                if kind == "attached":  # the floor right before, under the same load
+                    floors.append(run_once("breakwater", args, tmp, sessions=1)["all_ready_s"])
+                runs.append(run_once(kind, args, tmp))
             times = [r["all_ready_s"] for r in runs]
             figures[kind] = {
                 "connected_min": min(r["connected"] for r in runs),
@@ -284,6 +299,8 @@ def main() -> None:
                 "upstream_connects": statistics.mean(r["upstream_connects"] for r in runs),
                 "runs": runs,
             }
+            if floors:
+                figures[kind]["floor_s"] = floors
         header = ("client", "connected", "all ready p50", "p99", "x bound", "attempts/connect", "upstream", "peak in flight")
         print("{:<11} {:>9} {:>13} {:>8} {:>8} {:>16} {:>9} {:>14}".format(*header))
         for kind, f in figures.items():
@@ -296,8 +313,16 @@ def main() -> None:
             )
         if "attached" in figures:
             one = args.servers * args.work / args.cores  # what the attached sessions need: each server connected once
-            p99 = figures["attached"]["all_ready_p99_s"]
+            attached = figures["attached"]
+            p99 = attached["all_ready_p99_s"]
             print(f"attached: bound for one connect per server {one:.1f} s; p99 all ready = {p99 / one:.2f} x that")
+            for i, (floor, run) in enumerate(zip(attached["floor_s"], attached["runs"], strict=True)):
+                t = run["all_ready_s"]
+                print(
+                    f"  repeat {i + 1}: all ready {t:.2f} s ({t / one:.2f} x bound); floor (one warm process, "
+                    f"{args.servers} connects) {floor:.2f} s ({floor / one:.2f} x bound); "
+                    f"start-up above the floor {t - floor:.2f} s"
+                )
         if args.json:
             print(json.dumps({"bound_s": bound, **figures}, default=str))
     finally:

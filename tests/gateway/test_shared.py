@@ -300,6 +300,85 @@ async def test_stdio_servers_run_per_session_unless_shared_and_no_share_runs_alo
     assert not gateway_pids(share)  # --no-share served on its own, with no shared gateway
 
 
+_WHERE_SERVER = """
+import json, os
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("where")
+
+
+@server.tool()
+def where() -> str:
+    return json.dumps({"cwd": os.getcwd(), "path": os.environ.get("PATH"), "marker": os.environ.get("BW_MARKER"),
+                       "entry": os.environ.get("FROM_ENTRY"), "pid": os.getpid()})
+
+
+server.run("stdio")
+"""
+
+
+async def test_a_sessions_own_stdio_server_runs_in_its_directory_with_its_environment(
+    tmp_path: Path, share: Path, upstream: tuple[str, Path]
+) -> None:
+    """Two agents in two repositories, one config: one gateway (one HTTP connection), and each session's stdio
+    server started where that session runs, found on that session's PATH, as a `serve` of its own would start it."""
+    url, state = upstream
+    script = tmp_path / "where_server.py"
+    script.write_text(_WHERE_SERVER)
+    entry = {"command": "where-server", "env": {"FROM_ENTRY": "e"}}  # found on each session's own PATH
+    config = write_config(tmp_path, url, where=entry)
+    repos = {}
+    for name in ("repo-a", "repo-b"):
+        repo = tmp_path / name
+        (repo / "bin").mkdir(parents=True)
+        launcher = repo / "bin" / "where-server"
+        launcher.write_text(f"#!/bin/sh\nexec {sys.executable} {script}\n")
+        launcher.chmod(0o755)
+        repos[name] = repo
+    base = env_for(tmp_path, share)
+    before = handshakes(state)
+
+    def params(repo: Path) -> StdioServerParameters:
+        env = {**base, "PATH": f"{repo / 'bin'}{os.pathsep}{base['PATH']}", "BW_MARKER": repo.name}
+        args = [*BREAKWATER[1:], "serve", "--config", str(config)]
+        return StdioServerParameters(command=BREAKWATER[0], args=args, env=env, cwd=str(repo))
+
+    seen = {}
+    async with Client(params(repos["repo-a"])) as a, Client(params(repos["repo-b"])) as b:
+        for name, client in (("repo-a", a), ("repo-b", b)):
+            result = await client.call_tool("where__where", {})
+            assert not result.is_error, result
+            block = result.content[0]
+            assert isinstance(block, types.TextContent)
+            seen[name] = json.loads(block.text)
+        assert pid_of(await a.call_tool("web__echo", {"text": "a"})) == pid_of(await b.call_tool("web__echo", {"text": "b"}))
+        assert len(gateway_pids(share)) == 1 and handshakes(state) - before == 1
+    for name, repo in repos.items():
+        assert Path(seen[name]["cwd"]).resolve() == repo.resolve()
+        assert seen[name]["path"].split(os.pathsep)[0] == str(repo / "bin")
+        assert seen[name]["entry"] == "e"  # the entry's env, over the session's
+        assert seen[name]["marker"] is None  # what else the session has stays its own, as with `serve --no-share`
+    assert seen["repo-a"]["pid"] != seen["repo-b"]["pid"]
+    # The sessions' environments went to their servers and nowhere else: not to the gateway's log.
+    logged = "".join(log.read_text(errors="replace") for log in share.glob("gw-*.log"))
+    assert "repo-a" not in logged and "repo-b" not in logged
+
+
+def test_the_environment_a_session_gives_its_servers_is_the_sdks() -> None:
+    """What an attached session sends for its stdio servers is what the SDK would let them inherit, and only that."""
+    from mcp.client.stdio import DEFAULT_INHERITED_ENV_VARS
+
+    from breakwater.gateway._share import INHERITED_ENV_VARS, SessionContext
+
+    assert list(INHERITED_ENV_VARS) == list(DEFAULT_INHERITED_ENV_VARS)
+    sent = {"cwd": "/work/repo", "env": {"PATH": "/x", "LD_PRELOAD": "/evil.so", "HOME": 3}}
+    context = SessionContext.from_json(sent)
+    assert context is not None and dict(context.env) == {"PATH": "/x"}
+    assert "/x" not in repr(context)  # values may be secrets
+    assert SessionContext.from_json({"cwd": "relative", "env": {}}) is None
+    assert SessionContext.from_json("nope") is None
+
+
 def test_a_stdio_server_is_shared_by_its_entry_or_by_the_knob(tmp_path: Path) -> None:
     """`"shared": true` (JSON), `shared = true` (breakwater.toml, inline or over servers_file) and `[gateway] share_stdio`
     each make a stdio server the gateway's; it is breakwater's own key, read, not noted as a client's."""
@@ -331,6 +410,28 @@ def test_a_stdio_server_is_shared_by_its_entry_or_by_the_knob(tmp_path: Path) ->
     (tmp_path / "bad.json").write_text(json.dumps({"mcpServers": {"mine": {**entry, "shared": "yes"}}}))
     with pytest.raises(ConfigError, match="true or false"):
         load_config(tmp_path / "bad.json", environ={})
+
+
+def test_a_shared_gateway_spreads_its_first_connects_less(tmp_path: Path) -> None:
+    """The shared gateway opens every server but the per-session ones, with the start-up jitter capped at
+    `[gateway] share_startup_jitter_s` (one process, not a herd); a smaller window of a server's own stays."""
+    from breakwater.config import load_config
+    from breakwater.gateway._share import shared_config
+
+    servers = {
+        "web": {"type": "http", "url": "http://127.0.0.1:1/mcp"},
+        "mine": {"command": "srv"},
+        "common": {"command": "srv", "shared": True},
+    }
+    (tmp_path / "mcp.json").write_text(json.dumps({"mcpServers": servers}))
+
+    def jitters(**environ: str) -> dict[str, float]:
+        config = shared_config(load_config(tmp_path / "mcp.json", environ=environ))
+        return {s.name: s.connect.startup_jitter_s for s in config.servers}
+
+    assert jitters() == {"web": 0.1, "common": 0.1}
+    assert jitters(BREAKWATER_CONNECT_STARTUP_JITTER_S="0.05") == {"web": 0.05, "common": 0.05}
+    assert jitters(BREAKWATER_SHARE_STARTUP_JITTER_S="2") == {"web": 0.5, "common": 0.5}  # [connect]'s default
 
 
 def test_a_failover_sends_again_only_the_calls_that_read(tmp_path: Path) -> None:
@@ -423,21 +524,29 @@ def test_the_cut_answer_of_a_session_is_the_gates() -> None:
     assert json.loads(_cut_answer(5)) == {"jsonrpc": "2.0", "id": 5, "result": expected}
 
 
-def test_an_attaching_session_starts_without_loading_the_sdk() -> None:
-    """The relay a session runs when it attaches imports neither the SDK nor the gateway: it starts in a fraction of a second."""
+def test_an_attaching_session_starts_without_loading_the_sdk(tmp_path: Path) -> None:
+    """The relay a session runs when it attaches imports neither the SDK nor the gateway, nor an HTTP client or
+    rich: 14 sessions launched at once start on the same cores as the gateway they start, so each costs little."""
     import mcp.types
 
     from breakwater._wire import CONNECTION_CLOSED
 
     assert CONNECTION_CLOSED == mcp.types.CONNECTION_CLOSED  # spelled out in _wire so that configs load without the SDK
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"a": {"type": "http", "url": "https://user:pw@example.com/mcp?k=v"}}}))
     probe = (
-        "import json, sys, breakwater.cli._serve, breakwater.cli._gateway, breakwater.gateway._attach; "
+        "import json, sys, breakwater.cli._serve, breakwater.cli._gateway, breakwater.gateway._attach, "
+        "breakwater.gateway._pump, breakwater.gateway._share; "
+        "from breakwater.config import load_config; "
+        f"c = load_config({str(config)!r}); breakwater.gateway._share.config_fingerprint(c); "
+        "breakwater.gateway._pump.ToolSafety.of(c); "
         "print(json.dumps(sorted(sys.modules)))"
     )
     loaded = json.loads(
         subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout
     )
-    assert not [m for m in loaded if m == "mcp" or m.startswith(("mcp.", "mcp_types", "breakwater.gateway._server"))]
+    heavy = ("mcp.", "mcp_types", "breakwater.gateway._server", "httpx", "rich", "anyio._backends")
+    assert not [m for m in loaded if m == "mcp" or m.startswith(heavy)]
 
 
 def test_a_failed_over_session_is_replayed_under_ids_of_its_own() -> None:

@@ -12,9 +12,10 @@ import difflib
 import os
 import sys
 from collections.abc import Iterable
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from rich.console import Console, RenderableType
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
 
 from breakwater.config import Config, find_config, load_config
 from breakwater.config._files import load_config_for_server
@@ -127,6 +128,8 @@ def out_console() -> Console:
     as their content) and, as always off a terminal, no colour codes. An explicit `COLUMNS` still
     wins (the demo sizes the tables it relays to its own terminal that way).
     """
+    from rich.console import Console  # here: an attaching `serve` shows no table and starts without rich
+
     console = Console()
     if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
         console.width = PIPED_WIDTH

@@ -44,7 +44,15 @@ def attach_or_none(config: Config, state: str | None) -> int | None:
     from breakwater._clock import SystemClock
     from breakwater.gateway._attach import AttachRefused, SessionOutdated, open_attachment
     from breakwater.gateway._pump import ToolSafety, attached_session, relayable
-    from breakwater.gateway._share import breakwater_version, config_fingerprint, gateway_paths, share_dir, share_refusal
+    from breakwater.gateway._share import (
+        SessionContext,
+        breakwater_version,
+        config_fingerprint,
+        gateway_paths,
+        per_session,
+        share_dir,
+        share_refusal,
+    )
 
     if (why := share_refusal(config)) is not None:
         if config.gateway.share:  # off on purpose needs no explanation; off for a reason does
@@ -53,23 +61,30 @@ def attach_or_none(config: Config, state: str | None) -> int | None:
     if config.path is None or not relayable():
         return None  # a file or /dev/null for stdin or stdout (not what agents give): this session serves itself
     fingerprint = config_fingerprint(config)
+    version = breakwater_version()  # once: each look-up reads the installed distributions' metadata
     try:
-        sock, lock, log = gateway_paths(share_dir(config.gateway), fingerprint, breakwater_version())
+        sock, lock, log = gateway_paths(share_dir(config.gateway), fingerprint, version)
     except OSError as exc:
         print(f"breakwater: serving this session on its own: {exc}", file=sys.stderr, flush=True)
         return None
     clock = SystemClock()
-    hello = {"breakwater": "attach", "fingerprint": fingerprint, "version": breakwater_version(), "pid": os.getpid()}
+    hello: dict[str, Any] = {"breakwater": "attach", "fingerprint": fingerprint, "version": version, "pid": os.getpid()}
+    if per_session(config):  # the stdio servers the gateway starts for this session start where it runs
+        hello["session"] = SessionContext.here().to_json()
     spawn = _spawn_argv(config, fingerprint, state)
     safety = ToolSafety.of(config)
+    attached_before = False
 
     async def attach() -> Any:
-        if (now := breakwater_version()) != hello["version"]:
+        nonlocal attached_before
+        # The first attach runs on the version just read; a re-attach asks again (an upgrade under the session).
+        if attached_before and (now := breakwater_version()) != hello["version"]:
             # The spawned gateway would be the new version, on another socket: this session cannot follow.
             raise SessionOutdated(
                 f"breakwater was upgraded ({hello['version']} -> {now}) while this session ran: "
                 "restart this agent session (or its breakwater MCP server) to use the new version"
             )
+        attached_before = True
         return await open_attachment(sock, lock, hello, spawn, log, clock)
 
     async def run() -> int | None:
@@ -204,16 +219,13 @@ async def _run_shared(config: Config, fingerprint: str, sock: Path) -> int:
     from breakwater._clock import SystemClock
     from breakwater.gateway._hub import SharedGateway, listening
     from breakwater.gateway._open import open_gateway
-    from breakwater.gateway._session import per_session
-    from breakwater.gateway._share import breakwater_version
+    from breakwater.gateway._share import breakwater_version, shared_config
 
     async with listening(sock) as listener:
         if listener is None:
             logging.getLogger("breakwater.gateway.shared").info("another gateway already serves %s", sock)
             return EXIT_OK
-        own = {s.name for s in per_session(config)}
-        shared = config.with_servers(tuple(s for s in config.servers if s.name not in own))
-        async with open_gateway(shared) as gateway:
+        async with open_gateway(shared_config(config)) as gateway:
             hub = SharedGateway(
                 gateway,
                 config,

@@ -27,8 +27,6 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlsplit
 
-import httpx2
-
 from breakwater.errors import CallError
 
 __all__ = [
@@ -232,6 +230,8 @@ def install_log_redaction(secrets: Iterable[str]) -> None:
 
 def display_url(url: str) -> str:
     """A URL safe to show: no user-info, no query, no fragment."""
+    import httpx2  # here: loading the config (every `serve` start) needs no HTTP client
+
     try:
         parsed = httpx2.URL(url)
     except Exception:

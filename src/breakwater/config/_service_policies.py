@@ -141,6 +141,14 @@ class GatewayPolicy(Policy):
         "Directory of the shared gateways' sockets (kept 0700); empty = the user runtime dir.",
         env="BREAKWATER_SHARE_DIR",
     )
+    share_startup_jitter_s: float = knob(
+        0.1,
+        "A shared gateway spreads its first connects over at most this window (each server's [connect] "
+        "startup_jitter_s, if smaller): it is one process for every session, not a herd of them.",
+        env="BREAKWATER_SHARE_STARTUP_JITTER_S",
+        minimum=0.0,
+        maximum=3600,
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

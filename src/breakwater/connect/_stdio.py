@@ -15,7 +15,7 @@ import asyncio
 import collections
 import errno
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -210,15 +210,21 @@ class StdioProcess:
         args: tuple[str, ...],
         *,
         env: dict[str, str] | None = None,
+        inherit: Mapping[str, str] | None = None,
         cwd: str | None = None,
         name: str | None = None,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     ) -> None:
         """`name` labels its log lines (default: the command); a stdout line over `max_line_bytes` is
-        dropped unread and the request it answers gets RESULT_TOO_LARGE (`[call] max_result_bytes`)."""
+        dropped unread and the request it answers gets RESULT_TOO_LARGE (`[call] max_result_bytes`).
+
+        The process gets `env` over `inherit`: by default the SDK's few safe variables of this
+        process (`get_default_environment`); a shared gateway passes those of the attached session
+        whose server it starts, with that session's directory as `cwd`."""
         self.command = command
         self.args = args
         self.env = env or {}
+        self.inherit = inherit
         self.cwd = cwd
         self.process: Process | None = None
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
@@ -232,7 +238,7 @@ class StdioProcess:
     @asynccontextmanager
     async def open(self) -> AsyncGenerator[tuple[Any, Any], None]:
         """Spawn the process and bridge its pipes to the session's streams."""
-        env = get_default_environment() | dict(self.env)
+        env = (get_default_environment() if self.inherit is None else dict(self.inherit)) | dict(self.env)
         program = _platform.resolve_command(self.command, env)
         if program is None:
             raise FileNotFoundError(errno.ENOENT, "command not found", self.command)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
 from typing import Any, Protocol, TypeAlias
 
@@ -33,7 +33,7 @@ from breakwater.connect._headers_helper import HeadersHelperAuth
 from breakwater.connect._http_cut import CUT_KEY, CutTolerantTransport
 from breakwater.connect._stdio import StdioProcess
 
-__all__ = ["ClientTarget", "OpenedTransport", "TransportFactory", "default_transports", "oauth_for"]
+__all__ = ["ClientTarget", "OpenedTransport", "TransportFactory", "default_transports", "oauth_for", "stdio_transport"]
 
 # The SDK's own defaults (mcp.shared._httpx_utils): connect/write/pool 30 s, read 300 s for SSE streams.
 HTTP_TIMEOUT_S = 30.0
@@ -87,18 +87,25 @@ class TransportFactory(Protocol):
     async def __call__(self, spec: ServerSpec, stack: AsyncExitStack, *, report_lost: Callable[[], None]) -> OpenedTransport: ...
 
 
+def stdio_transport(spec: ServerSpec, *, inherit: Mapping[str, str] | None = None, cwd: str | None = None) -> OpenedTransport:
+    """`spec`'s process: its entry's `env` over `inherit` (default: this process's safe variables), in its
+    entry's `cwd`, else in `cwd` (default: this process's)."""
+    process = StdioProcess(
+        spec.command or "",
+        spec.args,
+        env=dict(spec.env),
+        inherit=inherit,
+        cwd=spec.cwd or cwd,
+        name=spec.name,
+        max_line_bytes=spec.call.max_result_bytes,
+    )
+    return OpenedTransport(process.open(), process=process)
+
+
 async def default_transports(spec: ServerSpec, stack: AsyncExitStack, *, report_lost: Callable[[], None]) -> OpenedTransport:
     """What the config asks for: a stdio process, an SSE stream, or streamable HTTP (cut-tolerant)."""
     if spec.transport == "stdio":
-        process = StdioProcess(
-            spec.command or "",
-            spec.args,
-            env=dict(spec.env),
-            cwd=spec.cwd,
-            name=spec.name,
-            max_line_bytes=spec.call.max_result_bytes,
-        )
-        return OpenedTransport(process.open(), process=process)
+        return stdio_transport(spec)
     auth = HeadersHelperAuth(spec, clock=SystemClock()) if spec.headers_helper else None
     if spec.transport == "sse":
         return _sse(spec, auth, report_lost)

@@ -25,7 +25,12 @@ __all__ = ["SPAWN_WAIT_S", "AttachRefused", "Attachment", "SessionOutdated", "co
 
 #: How long a session waits for the gateway it started to answer before it serves on its own.
 SPAWN_WAIT_S = 15.0
+#: Waiting sessions look again after a pause that starts here and grows by half each time, up to
+#: `_POLL_MAX_S`: 13 sessions looking 100 times a second while a 14th starts the gateway took a
+#: tenth of a core from the gateway's own start-up (its imports are most of the time to ready).
 _POLL_S = 0.01
+_POLL_MAX_S = 0.1
+_POLL_GROWTH = 1.5
 
 
 class AttachRefused(Exception):
@@ -92,6 +97,7 @@ async def _lock(path: Path, clock: Clock, deadline: float) -> Any:
     import filelock
 
     lock = filelock.FileLock(str(path), mode=0o600)
+    pause = _POLL_S
     while True:
         try:
             lock.acquire(timeout=0)
@@ -99,7 +105,8 @@ async def _lock(path: Path, clock: Clock, deadline: float) -> Any:
         except filelock.Timeout:
             if clock.monotonic() >= deadline:
                 return None
-            await clock.sleep(_POLL_S)
+            await clock.sleep(pause)
+            pause = min(pause * _POLL_GROWTH, _POLL_MAX_S)
 
 
 async def open_attachment(
@@ -122,13 +129,15 @@ async def open_attachment(
             child = subprocess.Popen(
                 list(spawn), stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True
             )
+        pause = _POLL_S
         while clock.monotonic() < deadline:
             found = await connect_gateway(sock_path, hello)
             if found is not None:
                 return found
             if child.poll() is not None:
                 raise TimeoutError(f"the shared gateway exited with code {child.returncode} (its log: {log_path})")
-            await clock.sleep(_POLL_S)
+            await clock.sleep(pause)
+            pause = min(pause * _POLL_GROWTH, _POLL_MAX_S / 2)  # the gateway's own start-up is what it waits for
         raise TimeoutError(f"the shared gateway did not answer within {SPAWN_WAIT_S:g} s (its log: {log_path})")
     finally:
         if lock is not None:

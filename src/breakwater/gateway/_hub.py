@@ -5,7 +5,8 @@ the gateway once (its upstreams, breakers, retry budget and journal are the ones
 uses) and listens on the fingerprint's Unix socket. Each accepted connection, after the handshake
 (`breakwater.gateway._share`), is one run of the SDK's server loop over that socket, exactly as
 `serve` runs it over stdin and stdout, with the session's own stdio servers beside the shared ones
-(`breakwater.gateway._session`): the session has its own capabilities, log level,
+(`breakwater.gateway._session`), started in the session's own directory and environment as
+the handshake gives them (`SessionContext`): the session has its own capabilities, log level,
 subscriptions, cancellations and progress, and what an upstream asks during a call (sampling,
 elicitation) goes to the session whose call it is, as with HTTP clients of one gateway.
 
@@ -33,7 +34,7 @@ from breakwater.config import Config
 from breakwater.gateway._fast_call import FastLane
 from breakwater.gateway._server import Gateway
 from breakwater.gateway._session import session_gateway
-from breakwater.gateway._share import HANDSHAKE_LIMIT, peer_uid
+from breakwater.gateway._share import HANDSHAKE_LIMIT, SessionContext, peer_uid
 from breakwater.gateway._stdio_server import MAX_LINE_BYTES, LineOutput, pump_input, pump_output
 
 __all__ = ["SharedGateway", "bind_socket", "listening"]
@@ -158,11 +159,11 @@ class SharedGateway:
             return
         output = _SocketOutput(writer)
         try:
-            request = await self._handshake(conn, reader, output)
-            if request == "attach":
+            hello = await self._handshake(conn, reader, output)
+            if hello is not None and hello["breakwater"] == "attach":
                 self._note(+1)
                 try:
-                    await self._session(reader, output)
+                    await self._session(reader, output, SessionContext.from_json(hello.get("session")))
                 finally:
                     self._note(-1)
         except (OSError, EOFError, asyncio.IncompleteReadError):
@@ -170,8 +171,11 @@ class SharedGateway:
         finally:
             await output.close()
 
-    async def _handshake(self, conn: socket.socket, reader: asyncio.StreamReader, output: _SocketOutput) -> str | None:
-        """The session's first line: what it wants ("attach", "info", "stop"), answered; None when refused."""
+    async def _handshake(self, conn: socket.socket, reader: asyncio.StreamReader, output: _SocketOutput) -> dict[str, Any] | None:
+        """The session's first line (what it wants: "attach", "info", "stop"), answered; None when refused.
+
+        Nothing of it is logged: an attaching session's line carries its environment (`SessionContext`).
+        """
         line = b""
         with self.clock.deadline_scope(self.clock.monotonic() + _HANDSHAKE_S):
             line = await reader.readline()
@@ -199,11 +203,12 @@ class SharedGateway:
         if want == "stop":
             logger.info("asked to stop (breakwater gateway stop)")
             self.stop()
-        return str(want)
+        assert isinstance(hello, dict)  # `want` is one of the three only when it is
+        return hello
 
-    async def _session(self, reader: asyncio.StreamReader, output: _SocketOutput) -> None:
-        """One MCP session over the socket, until either side closes it."""
-        async with session_gateway(self.gateway, self.config) as gateway:
+    async def _session(self, reader: asyncio.StreamReader, output: _SocketOutput, context: SessionContext | None) -> None:
+        """One MCP session over the socket, until either side closes it; its own servers start in `context`."""
+        async with session_gateway(self.gateway, self.config, context) as gateway:
             await self._run(gateway, reader, output)
 
     async def _run(self, gateway: Gateway, reader: asyncio.StreamReader, output: _SocketOutput) -> None:

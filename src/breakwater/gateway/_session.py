@@ -3,7 +3,11 @@
 A stdio server often keeps per-connection state (a thought history, an open repository, a working
 directory), so in a shared gateway each session gets its own process of every stdio server that
 `[gateway] share_stdio` does not name and whose entry does not say `"shared": true`, while HTTP
-servers (and the shared stdio ones) are the gateway's, one connection for everyone.
+servers (and the shared stdio ones) are the gateway's, one connection for everyone. A session's
+own processes start as a `serve` of its own would start them: in the session's working directory
+(unless the entry names one) and with the session's inherited variables under the entry's `env`
+(`SessionContext`, sent in the attach handshake), not the gateway's, which are those of whichever
+session happened to start it.
 `session_gateway` opens such a session: a `Breakwater` of the session's own servers (its attempts go
 to the shared journal) and a `Gateway` over both, seen through `SessionServers`, which routes each
 server to the `Breakwater` that holds it. The catalog of last-known tools and the relay of sampling,
@@ -13,7 +17,8 @@ elicitation and logs are the shared gateway's.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AsyncExitStack
 from typing import Any, cast
 
 import anyio
@@ -22,21 +27,26 @@ import mcp.types as types
 from breakwater._breakwater import Breakwater
 from breakwater._clock import Clock
 from breakwater.config import Config, ServerSpec
+from breakwater.connect._transports import OpenedTransport, TransportFactory, default_transports, stdio_transport
 from breakwater.connect._upstream import Upstream
 from breakwater.gate._gate import ProgressCallback
 from breakwater.gate._turn_budget import TurnBudgetScope
 from breakwater.gateway._server import Gateway
+from breakwater.gateway._share import SessionContext, per_session
 from breakwater.status import StatusReport
 
-__all__ = ["SessionServers", "per_session", "session_gateway"]
+__all__ = ["SessionServers", "per_session", "session_gateway", "session_transports"]
 
 
-def per_session(config: Config) -> tuple[ServerSpec, ...]:
-    """The enabled stdio servers each session runs for itself: neither `"shared": true` nor named in `[gateway] share_stdio`."""
-    allowed = {name.strip() for name in config.gateway.share_stdio.split(",") if name.strip()}
-    if "*" in allowed:
-        return ()
-    return tuple(s for s in config.servers if s.enabled and s.transport == "stdio" and not s.shared and s.name not in allowed)
+def session_transports(context: SessionContext) -> TransportFactory:
+    """Connect attempts of one session's own servers: its stdio processes started where the session runs."""
+
+    async def transports(spec: ServerSpec, stack: AsyncExitStack, *, report_lost: Callable[[], None]) -> OpenedTransport:
+        if spec.transport != "stdio":
+            return await default_transports(spec, stack, report_lost=report_lost)
+        return stdio_transport(spec, inherit=context.env, cwd=context.cwd)
+
+    return transports
 
 
 class SessionServers:
@@ -119,11 +129,12 @@ class SessionServers:
 
 
 @contextlib.asynccontextmanager
-async def session_gateway(shared: Gateway, config: Config) -> AsyncIterator[Gateway]:
+async def session_gateway(shared: Gateway, config: Config, context: SessionContext | None = None) -> AsyncIterator[Gateway]:
     """A `Gateway` for one attached session: `shared`'s servers plus the session's own stdio servers.
 
     `config` is the whole config; `shared` was opened on its shared servers only. When there is no
-    per-session server, the shared gateway itself is the session's.
+    per-session server, the shared gateway itself is the session's. The session's own servers start
+    in `context` (its directory and inherited variables); without one, in the gateway's.
     """
     own_specs = per_session(config)
     if not own_specs:
@@ -131,7 +142,14 @@ async def session_gateway(shared: Gateway, config: Config) -> AsyncIterator[Gate
         return
     bw = shared.bw
     observers = [bw.journal] if bw.journal is not None else []
-    own = Breakwater(config.with_servers(own_specs), journal=None, observers=observers, client_hooks=shared.relay.client_kwargs)
+    transports = default_transports if context is None else session_transports(context)
+    own = Breakwater(
+        config.with_servers(own_specs),
+        journal=None,
+        observers=observers,
+        client_hooks=shared.relay.client_kwargs,
+        transports=transports,
+    )
     async with own:
         # A `Gateway` reads no more of its `Breakwater` than `SessionServers` has.
         view = cast(Breakwater, SessionServers(config, bw, own))

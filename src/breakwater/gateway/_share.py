@@ -5,14 +5,32 @@ every server itself (`breakwater.gateway._attach`); the gateway is `breakwater.g
 They meet on a Unix socket named after the config's fingerprint, in a directory only the user can
 enter (0700, socket 0600). The first line on a connection is a handshake, one JSON object each way:
 
-    session → gateway  {"breakwater": "attach", "fingerprint": FP, "version": V}   (or "info", "stop")
+    session → gateway  {"breakwater": "attach", "fingerprint": FP, "version": V, "session": {...}}   (or "info", "stop")
     gateway → session  {"breakwater": "gateway", "ok": true, "pid": ..., "sessions": ..., "version": V, ...}
 
-then MCP's own newline-delimited JSON-RPC, unchanged, for as long as the session lasts. The gateway
+then MCP's own newline-delimited JSON-RPC, unchanged, for as long as the session lasts. When the
+config has stdio servers each session runs for itself (`per_session`), "session" carries what a
+`serve` of its own would have given them: its working directory and the variables a stdio server
+inherits (`INHERITED_ENV_VARS`, the SDK's list: PATH, HOME, ...). They go no further than the
+gateway's memory and the processes it starts for that session: never to a log, the journal or an
+error (the socket is the user's own, 0600 in a 0700 directory). The gateway
 refuses (`"ok": false` and a reason) another fingerprint or another version (each version has a
 socket name of its own, so that takes a socket renamed by hand); on Linux both sides
 also check the peer's uid (SO_PEERCRED), so a socket that someone else could reach still serves only
 its user.
+
+Windows does not share (`_platform.SHARED_SOCKETS`; every session serves itself and says so). What a
+named pipe needs, beyond asyncio's `ProactorEventLoop.start_serving_pipe` / `create_pipe_connection`:
+(1) the pipe created with a DACL of the user's SID only, `PIPE_REJECT_REMOTE_CLIENTS` and
+`FILE_FLAG_FIRST_PIPE_INSTANCE` (asyncio creates it with default security, which lets Everyone
+read, and has no way to pass attributes: `CreateNamedPipeW` through ctypes, served on the
+Proactor's private `accept_pipe`); (2) the peer check, `GetNamedPipeClientProcessId` and the
+client token's user SID instead of SO_PEERCRED; (3) the relay's stdin and stdout, which on Windows
+are anonymous pipes the Proactor cannot read: the thread-served handles `_platform` already uses
+for stdio servers; (4) a detached start (`DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP` instead of
+a new session) and no SIGTERM receiver in the gateway (`gateway stop` already goes through the
+handshake). The simulated-Windows test can only show the branch taken; the pipe needs a Windows
+runner.
 """
 
 from __future__ import annotations
@@ -25,25 +43,117 @@ import socket
 import stat
 import struct
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from breakwater import _paths, _platform
-from breakwater.config import Config, GatewayPolicy
+from breakwater.config import Config, GatewayPolicy, ServerSpec
 
 __all__ = [
     "HANDSHAKE_LIMIT",
+    "INHERITED_ENV_VARS",
+    "SessionContext",
     "breakwater_version",
     "config_fingerprint",
     "gateway_paths",
     "peer_uid",
+    "per_session",
     "share_dir",
     "share_refusal",
+    "shared_config",
     "socket_supported",
 ]
 
 #: The longest handshake line either side reads; anything longer is no handshake.
 HANDSHAKE_LIMIT = 64 * 1024
+
+#: The variables a stdio server inherits from the process that starts it, as the SDK's
+#: `mcp.client.stdio.DEFAULT_INHERITED_ENV_VARS` (a test holds them equal; spelled out here so that
+#: a session attaches without loading the SDK). Everything else a server gets is its entry's `env`.
+INHERITED_ENV_VARS: tuple[str, ...] = (
+    (
+        "APPDATA",
+        "HOMEDRIVE",
+        "HOMEPATH",
+        "LOCALAPPDATA",
+        "PATH",
+        "PATHEXT",
+        "PROCESSOR_ARCHITECTURE",
+        "SYSTEMDRIVE",
+        "SYSTEMROOT",
+        "TEMP",
+        "USERNAME",
+        "USERPROFILE",
+    )
+    if _platform.IS_WINDOWS
+    else ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER")
+)
+
+
+def per_session(config: Config) -> tuple[ServerSpec, ...]:
+    """The enabled stdio servers each session runs for itself: neither `"shared": true` nor named in `[gateway] share_stdio`."""
+    allowed = {name.strip() for name in config.gateway.share_stdio.split(",") if name.strip()}
+    if "*" in allowed:
+        return ()
+    return tuple(s for s in config.servers if s.enabled and s.transport == "stdio" and not s.shared and s.name not in allowed)
+
+
+def shared_config(config: Config) -> Config:
+    """What the shared gateway itself opens: every server but the per-session ones, first connects spread less.
+
+    The start-up jitter spreads the first connects of many processes started at once (the connect
+    storm); the sessions that share a gateway are one process, whose connects the admission caps
+    already spread, so its window is `[gateway] share_startup_jitter_s` at most (0.5 s of jitter
+    cost a cold start 0.24 s on average in `bench/connect_storm.py`).
+    """
+    own = {s.name for s in per_session(config)}
+    cap = config.gateway.share_startup_jitter_s
+    servers = tuple(
+        s
+        if s.connect.startup_jitter_s <= cap
+        else dataclasses.replace(s, connect=dataclasses.replace(s.connect, startup_jitter_s=cap))
+        for s in config.servers
+        if s.name not in own
+    )
+    return config.with_servers(servers)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionContext:
+    """Where one attached session runs: what its own stdio servers are started with, as a `serve` of its own would.
+
+    `env` holds only `INHERITED_ENV_VARS` (a server's entry adds its own `env` over them). Its
+    values may be secrets: `repr` shows the names only.
+    """
+
+    cwd: str
+    env: Mapping[str, str]
+
+    def __repr__(self) -> str:
+        return f"SessionContext(cwd={self.cwd!r}, env=<{', '.join(sorted(self.env))}>)"
+
+    @classmethod
+    def here(cls) -> SessionContext:
+        """This process's working directory and inherited variables."""
+        return cls(cwd=os.getcwd(), env={k: os.environ[k] for k in INHERITED_ENV_VARS if k in os.environ})
+
+    def to_json(self) -> dict[str, Any]:
+        """The handshake's "session" object."""
+        return {"cwd": self.cwd, "env": dict(self.env)}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> SessionContext | None:
+        """A handshake's "session" object, or None when it is not one (then the gateway's own are used).
+
+        Only the inherited names are taken: the session says where it runs, not what else to set.
+        """
+        if not isinstance(raw, dict):
+            return None
+        cwd, env = raw.get("cwd"), raw.get("env")
+        if not isinstance(cwd, str) or not os.path.isabs(cwd) or not isinstance(env, dict):
+            return None
+        return cls(cwd=cwd, env={k: v for k, v in env.items() if k in INHERITED_ENV_VARS and isinstance(v, str)})
 
 
 def breakwater_version() -> str:
@@ -81,11 +191,13 @@ def config_fingerprint(config: Config, *, cwd: str | None = None) -> str:
 
     The resolved config (after the environment's knobs, with every server's headers and env) decides
     what the gateway connects to and how; the uid keeps users apart; the working directory counts
-    only when a stdio server would inherit it. The version is checked in the handshake instead, so an
-    old gateway is found and named rather than silently run beside.
+    only when a stdio server the gateway shares would inherit it (each session's own stdio servers
+    start in the session's directory, `SessionContext`). The version is checked in the handshake
+    instead, so an old gateway is found and named rather than silently run beside.
     """
     data = _canonical(dataclasses.replace(config, path=None))
-    stdio = any(s.transport == "stdio" and s.enabled for s in config.servers)
+    own = {s.name for s in per_session(config)}
+    stdio = any(s.transport == "stdio" and s.enabled and s.name not in own for s in config.servers)
     uid = os.getuid() if hasattr(os, "getuid") else 0
     blob = json.dumps({"config": data, "uid": uid, "cwd": (cwd or os.getcwd()) if stdio else None}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
