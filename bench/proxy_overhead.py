@@ -174,8 +174,9 @@ def breakwater_env(tmp: Path) -> dict[str, str]:
         BREAKWATER_JOURNAL=str(tmp / "journal.sqlite3"),
         # The burst is 50 wide; the default bulkhead (32 in flight per server) would refuse 18 of them at once.
         BREAKWATER_CALL_MAX_IN_FLIGHT="256",
-        # An attached `serve` starts its own shared gateway here, not the user's.
+        # An attached `serve` starts its own shared gateway here, not the user's, and it exits soon after the run.
         BREAKWATER_SHARE_DIR=str(tmp / "share"),
+        BREAKWATER_SHARE_IDLE_S="2",
     )
 
 
