@@ -121,6 +121,7 @@ ENVELOPE_KEYS: tuple[str, ...] = (
     "operation_id",
     "message",
 )
+_ENVELOPE_KEY_SET = frozenset(ENVELOPE_KEYS)
 
 
 class CallError(BreakwaterError):
@@ -161,10 +162,9 @@ class CallError(BreakwaterError):
         self.attempt = attempt
         self.max_attempts = max_attempts
         self.operation_id = operation_id
-        clash = set(detail or ()) & set(ENVELOPE_KEYS)
-        if clash:
-            raise ValueError(f"detail keys shadow envelope keys: {sorted(clash)}")
-        self.detail: dict[str, Any] = dict(detail or {})
+        if detail and not _ENVELOPE_KEY_SET.isdisjoint(detail):
+            raise ValueError(f"detail keys shadow envelope keys: {sorted(_ENVELOPE_KEY_SET.intersection(detail))}")
+        self.detail: dict[str, Any] = dict(detail) if detail else {}
         super().__init__(self.message)
 
     def __str__(self) -> str:

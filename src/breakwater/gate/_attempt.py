@@ -260,20 +260,21 @@ def _judge(
         verdict = Verdict(outcome=Outcome.IGNORED, code=ErrorCode.CANCELLED, retryable=False, outcome_unknown=True)
     # Read before recording: was this tool already failing before this attempt?
     tool_streak = info.breaker.snapshot().consecutive_failures if verdict.outcome is Outcome.FAILURE else 0
-    # The journal's breaker_opened: which breakers were open before this attempt's report.
+    # The journal's breaker_opened: in-process breakers say whether a report opened them; a shared
+    # store's transitions are the store's, so compare which breakers were open before the reports.
     open_before = None
-    if call.journal is not None:
+    if call.journal is not None and not (srv.breaker.in_process and info.breaker.in_process):
         open_before = (srv.breaker.state is BreakerState.OPEN, info.breaker.state is BreakerState.OPEN)
     # A call that became a task is judged by how long the handle took, not by the task's own length:
     # a healthy tool whose tasks run for minutes must not read as a slow call to the breakers.
     judged_s = elapsed if deadline.task_at is None else deadline.task_at - deadline.started
-    permits.tool.record(verdict.outcome, judged_s)
-    permits.server.record(_server_outcome(verdict, tool_streak), judged_s)
+    opened = bool(permits.tool.record(verdict.outcome, judged_s))
+    opened = bool(permits.server.record(_server_outcome(verdict, tool_streak), judged_s)) or opened
     timed_out = isinstance(attempt_result, TimeoutError) and not deadline.by_budget
     if result is not None and failure is None:
         call.info.health.answered(now, judged_s)
     elif timed_out:
-        _timed_out(call, deadline, now, judged_s)
+        opened = _timed_out(call, deadline, now, judged_s) or opened
     answer: Answer
     if verdict.ok and result is not None:
         answer = result
@@ -285,12 +286,21 @@ def _judge(
     if call.journal is not None:
         call.journal.sent += 1
         code = None if isinstance(answer, types.CallToolResult) else answer[1].code
-        observe(ctx, call, code, attempt=call.journal.sent, duration_s=elapsed, open_before=open_before, result=result)
+        observe(
+            ctx,
+            call,
+            code,
+            attempt=call.journal.sent,
+            duration_s=elapsed,
+            open_before=open_before,
+            opened=opened if open_before is None else None,
+            result=result,
+        )
     return answer
 
 
-def _timed_out(call: Call, deadline: AttemptDeadline, now: float, duration_s: float) -> None:
-    """Count the timeout; trip the tool's breaker if a tool that answers fast keeps timing out."""
+def _timed_out(call: Call, deadline: AttemptDeadline, now: float, duration_s: float) -> bool:
+    """Count the timeout; trip the tool's breaker if a tool that answers fast keeps timing out (True if it did)."""
     health = call.info.health
     health.timed_out(now, duration_s, short=deadline.short)
     need = call.info.breaker.policy.timeouts_to_trip
@@ -298,7 +308,9 @@ def _timed_out(call: Call, deadline: AttemptDeadline, now: float, duration_s: fl
     if need and health.timeouts_in_a_row >= need and health.far_below(call.timeout_s):
         p99 = health.p99()
         assert p99 is not None
-        call.info.breaker.trip(f"{health.timeouts_in_a_row} timeouts in a row; it usually answers within {seconds_text(p99)}")
+        why = f"{health.timeouts_in_a_row} timeouts in a row; it usually answers within {seconds_text(p99)}"
+        return call.info.breaker.trip(why)
+    return False
 
 
 def slow_now(call: Call, err: CallError) -> None:
