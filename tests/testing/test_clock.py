@@ -192,7 +192,7 @@ async def test_system_clock_deadline_scope_speaks_monotonic_seconds() -> None:
 
 
 async def test_system_clock_scopes_fire_each_at_its_own_deadline() -> None:
-    """Concurrent scopes share one loop timer: each is cut at its own deadline, moved ones at the moved time, others not at all."""
+    """Concurrent scopes share one loop timer: each is cut at its own deadline (a moved one at the moved time), others never."""
     clock = SystemClock()
     cut: dict[str, bool] = {}
 
