@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from breakwater.errors import BudgetExhaustedError, CallError, CircuitOpenError, OverloadedError, ServerCircuitOpenError
-from breakwater.gate._breaker import Permit, Rejection
+from breakwater.gate._breaker import BreakerState, Permit, Rejection
 from breakwater.gate._call import Call, GateContext, observe, stopped
 from breakwater.gate._reconcile import wait_ready
 
@@ -63,7 +63,7 @@ def _check_budget(ctx: GateContext, call: Call) -> None:
 
 def _take_permits(ctx: GateContext, call: Call) -> Permits:
     srv, info = call.srv, call.info
-    lease_s = info.call.hard_s + PROBE_LEASE_MARGIN_S
+    lease_s = info.hard_s + PROBE_LEASE_MARGIN_S
     server_permit = srv.breaker.acquire(lease_s=lease_s)
     if isinstance(server_permit, Rejection):
         raise _refusal(ctx, call, ServerCircuitOpenError, _rejected(server_permit), retry_after_s=server_permit.retry_after_s)
@@ -74,7 +74,12 @@ def _take_permits(ctx: GateContext, call: Call) -> Permits:
         usual = info.health.median()
         if usual is not None:
             detail["usual_s"] = round(usual, 3)
-        raise _refusal(ctx, call, CircuitOpenError, detail, retry_after_s=tool_permit.retry_after_s)
+        # The journal's row names both states; an in-process server breaker that gave an ordinary
+        # permit is closed, and the tool's is what it just refused with: no need to read them again.
+        states = None
+        if not server_permit.is_probe and not server_permit.shared and srv.breaker.in_process:
+            states = (BreakerState.CLOSED, tool_permit.state)
+        raise _refusal(ctx, call, CircuitOpenError, detail, retry_after_s=tool_permit.retry_after_s, states=states)
     permits = Permits(server_permit, tool_permit)
     cap = srv.upstream.spec.call.max_in_flight
     if srv.in_flight >= cap:
@@ -84,7 +89,7 @@ def _take_permits(ctx: GateContext, call: Call) -> Permits:
 
 
 def _rejected(rejection: Rejection) -> dict[str, Any]:
-    return {"breaker": rejection.state.value, "reason": rejection.reason}
+    return {"breaker": rejection.state._value_, "reason": rejection.reason}
 
 
 def _refusal(
@@ -95,6 +100,7 @@ def _refusal(
     *,
     attempt: int | None = None,
     retry_after_s: float | None = None,
+    states: tuple[BreakerState, BreakerState] | None = None,
 ) -> CallError:
     """The refusal of the next attempt (nothing was sent), journaled; `attempt` defaults to the attempts made so far."""
     err = cls(
@@ -107,5 +113,5 @@ def _refusal(
         detail=detail,
     )
     if call.journal is not None:
-        observe(ctx, call, err.code, attempt=call.journal.sent + 1)
+        observe(ctx, call, err.code, attempt=call.journal.sent + 1, states=states)
     return err

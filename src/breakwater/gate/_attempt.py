@@ -107,12 +107,13 @@ class AttemptDeadline:
     @classmethod
     def for_call(cls, clock: Clock, call: Call, *, probe: bool = False) -> AttemptDeadline:
         """The deadline of `call`'s next attempt: its timeout (a `probe`'s may be shorter), under the hard cap and budget."""
-        policy, timeout_s = call.info.call, call.timeout_s
+        info = call.info
+        policy, timeout_s = info.call, call.timeout_s
         if probe:
-            breaker = call.info.breaker.policy
-            timeout_s = call.info.health.probe_timeout(timeout_s, breaker.probe_timeout_factor, breaker.probe_timeout_floor_s)
+            breaker = info.breaker.policy
+            timeout_s = info.health.probe_timeout(timeout_s, breaker.probe_timeout_factor, breaker.probe_timeout_floor_s)
         started = clock.monotonic()
-        hard = started + max(policy.hard_s, timeout_s)
+        hard = started + max(info.hard_s, timeout_s)
         deadline = started + timeout_s
         by_budget = False
         if call.budget is not None:

@@ -102,9 +102,12 @@ class _BreakerData:
     reason: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    """The breaker refused a call (nothing was sent, nothing is recorded)."""
+class Rejection(NamedTuple):
+    """The breaker refused a call (nothing was sent, nothing is recorded).
+
+    A named tuple rather than a frozen dataclass: as immutable, and a third of the cost to make on
+    the rejection path (a frozen dataclass sets each field through `object.__setattr__`).
+    """
 
     #: Seconds until a call may be admitted again (best estimate).
     retry_after_s: float

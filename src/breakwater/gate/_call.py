@@ -79,6 +79,11 @@ class ToolRecord:
     breaker: CircuitBreaker
     #: What the gate has seen of this tool's latency (kept across tool lists, see `ServerRecord.health`).
     health: ToolHealth
+    #: `call.hard_s`, read on every attempt (a property of the policy).
+    hard_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.hard_s = self.call.hard_s
 
 
 class ServerRecord:
@@ -193,17 +198,19 @@ def observe(
     outcome: str | None = None,
     open_before: tuple[bool, bool] | None = None,
     opened: bool | None = None,
+    states: tuple[BreakerState, BreakerState] | None = None,
     result: types.CallToolResult | None = None,
 ) -> None:
     """Hand one journal row to the observer: an attempt sent, a refusal or a reconciliation.
 
     An attempt sent says whether its reports opened a breaker: `opened` (in-process breakers tell),
-    or `open_before`, which breakers were open before them (a shared store's).
+    or `open_before`, which breakers were open before them (a shared store's). `states` are the
+    server's and the tool's breaker states when the caller already knows them (a refusal does).
     """
     observer, journaled = ctx.observer, call.journal
     assert observer is not None and journaled is not None
     srv, info = call.srv, call.info
-    server_state, tool_state = srv.breaker.state, info.breaker.state
+    server_state, tool_state = states if states is not None else (srv.breaker.state, info.breaker.state)
     if opened is None:
         opened = open_before is not None and (
             (server_state is BreakerState.OPEN and not open_before[0]) or (tool_state is BreakerState.OPEN and not open_before[1])
