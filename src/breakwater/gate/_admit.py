@@ -64,28 +64,42 @@ def _check_budget(ctx: GateContext, call: Call) -> None:
 def _take_permits(ctx: GateContext, call: Call) -> Permits:
     srv, info = call.srv, call.info
     lease_s = info.hard_s + PROBE_LEASE_MARGIN_S
-    server_permit = srv.breaker.acquire(lease_s=lease_s)
-    if isinstance(server_permit, Rejection):
-        raise _refusal(ctx, call, ServerCircuitOpenError, _rejected(server_permit), retry_after_s=server_permit.retry_after_s)
+    # A closed in-process server breaker would admit the attempt with an ordinary permit whose
+    # return changes nothing: ask it after the tool's breaker, so an open tool breaker's refusal
+    # (the cheap path it must be) takes no server permit at all. Any other server breaker first.
+    server_permit = None if srv.breaker.admits_freely() else _server_permit(ctx, call, lease_s)
     tool_permit = info.breaker.acquire(slow_threshold_s=info.call.slow_call_s, lease_s=lease_s)
     if isinstance(tool_permit, Rejection):
-        server_permit.release()
+        states = None
+        if server_permit is None:
+            # The journal's row names both states: the server's is closed, the tool's what it refused with.
+            states = (BreakerState.CLOSED, tool_permit.state)
+        else:
+            server_permit.release()
         detail = _rejected(tool_permit)
         usual = info.health.median()
         if usual is not None:
             detail["usual_s"] = round(usual, 3)
-        # The journal's row names both states; an in-process server breaker that gave an ordinary
-        # permit is closed, and the tool's is what it just refused with: no need to read them again.
-        states = None
-        if not server_permit.is_probe and not server_permit.shared and srv.breaker.in_process:
-            states = (BreakerState.CLOSED, tool_permit.state)
         raise _refusal(ctx, call, CircuitOpenError, detail, retry_after_s=tool_permit.retry_after_s, states=states)
+    if server_permit is None:
+        try:
+            server_permit = _server_permit(ctx, call, lease_s)  # closed a moment ago (unless another thread moved it)
+        except CallError:
+            tool_permit.release()
+            raise
     permits = Permits(server_permit, tool_permit)
     cap = srv.upstream.spec.call.max_in_flight
     if srv.in_flight >= cap:
         permits.release()
         raise _refusal(ctx, call, OverloadedError, {"in_flight": srv.in_flight, "max_in_flight": cap})
     return permits
+
+
+def _server_permit(ctx: GateContext, call: Call, lease_s: float) -> Permit:
+    permit = call.srv.breaker.acquire(lease_s=lease_s)
+    if isinstance(permit, Rejection):
+        raise _refusal(ctx, call, ServerCircuitOpenError, _rejected(permit), retry_after_s=permit.retry_after_s)
+    return permit
 
 
 def _rejected(rejection: Rejection) -> dict[str, Any]:

@@ -299,6 +299,11 @@ class CircuitBreaker:
         """
         lease = lease_s or self.policy.probe_lease_s
         with self._lock:
+            if self._shared is None:
+                d = self._data
+                if d.state is BreakerState.CLOSED:  # the usual case, decided without reading the clock
+                    return Permit(self, d.epoch, is_probe=False, slow_threshold_s=slow_threshold_s)
+                return self._admit(self._clock.monotonic(), slow_threshold_s, lease)
             now = self._clock.monotonic()
             if self._shared is not None:
                 got = self._shared.admit(now, lease)
@@ -365,6 +370,10 @@ class CircuitBreaker:
             if d.state is BreakerState.OPEN and d.open_until <= self._clock.monotonic():
                 return BreakerState.HALF_OPEN
             return d.state
+
+    def admits_freely(self) -> bool:
+        """In-process and closed: `acquire` would give an ordinary permit, and giving it back unused changes nothing."""
+        return self._shared is None and self._data.state is BreakerState.CLOSED
 
     @property
     def in_process(self) -> bool:
