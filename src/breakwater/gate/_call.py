@@ -164,7 +164,8 @@ class Call:
     #: The operation id of a mutating tool's call (one for every attempt), else None.
     op_id: str | None
     meta: types.RequestParamsMeta | None
-    #: The per-attempt timeout (the caller's, else the tool's in force).
+    #: The per-attempt timeout (the caller's, else the tool's in force); NaN until the first attempt
+    #: is admitted when no turn budget needs it earlier (see `CallGate._prepare`).
     timeout_s: float
     budget: TurnBudget | None
     progress_callback: ProgressCallback | None

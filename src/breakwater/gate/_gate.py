@@ -54,6 +54,7 @@ it); without one, the journal costs one `is not None` test per attempt.
 
 from __future__ import annotations
 
+import math
 import random
 import uuid
 from collections.abc import Callable, Mapping
@@ -337,19 +338,24 @@ class CallGate:
             meta = cast(types.RequestParamsMeta, {OPERATION_ID_META_KEY: op_id})
             if info.operation_id_argument:
                 arguments.setdefault(OPERATION_ID_ARGUMENT, op_id)
+        budget = current_budget()
+        # Without a turn budget nothing reads the timeout before an attempt is admitted: a refused
+        # call (an open breaker) does not pay for resolving it (`_run` does, once admitted).
+        resolved = timeout if timeout is not None else self._timeout(srv, info) if budget is not None else math.nan
         return Call(
             srv=srv,
             info=info,
             arguments=arguments,
             op_id=op_id,
             meta=meta,
-            timeout_s=timeout if timeout is not None else self._timeout(srv, info),
-            budget=current_budget(),
+            timeout_s=resolved,
+            budget=budget,
             progress_callback=progress_callback,
             journal=None,
         )
 
     async def _run(self, call: Call) -> types.CallToolResult:
+        """The loop of steps 2–6 until a result, a final error or a refusal (one coroutine: one frame less per call)."""
         tracer = self.tracer
         # First, so the trace it opens is the one the journal's rows carry (TRACE_ID).
         handle = None if tracer is None else tracer.call_started(call.srv.name, call.info.name, call.op_id)
@@ -357,8 +363,37 @@ class CallGate:
             call_id = new_call_id()
             size, digest = arguments_digest(call.arguments) if self._observer.record_sizes else (None, None)
             call.journal = Journaled(call_id, TRACE_ID.get() or call_id, DOWNSTREAM_CLIENT.get(), call.op_id, size, digest)
+        ctx, srv = self._ctx, call.srv
         try:
-            result = await self._attempts(call)
+            while True:
+                permits = admit(ctx, call) if call.window is None or call.last is None else await admit_after_loss(ctx, call)
+                if math.isnan(call.timeout_s):
+                    call.timeout_s = self._timeout(srv, call.info)
+                call.attempt += 1
+                try:
+                    answer = await run_attempt(ctx, call, permits)
+                except CallError as refused:
+                    # The server went away between attempts, so nothing more was sent. After a lost answer
+                    # that answer is the truth to report (the call may have run); "connecting" would
+                    # invite a fresh call, which is how duplicates are made.
+                    if call.last is not None:
+                        raise stopped(call.last, "the server was not ready for another attempt") from refused
+                    raise
+                if isinstance(answer, types.CallToolResult):
+                    srv.retry_budget.record_success(was_retry=call.attempt > 1)
+                    result = answer
+                    break
+                verdict, err = answer
+                err.attempt, err.max_attempts, err.operation_id = call.attempt, call.max_attempts, call.op_id
+                if verdict.outcome is Outcome.SUCCESS:
+                    srv.retry_budget.record_success(was_retry=call.attempt > 1)
+                after = await after_lost_answer(ctx, call, verdict, err)
+                if isinstance(after, types.CallToolResult):
+                    result = after
+                    break
+                delay = after.delay_s if isinstance(after, Resend) else self._retry_delay(call, verdict, err)
+                call.last = err
+                await self._clock.sleep(delay)
         except BaseException as err:
             # Every envelope names the operation, whichever refusal or failure ended it.
             if isinstance(err, CallError) and err.operation_id is None:
@@ -369,35 +404,6 @@ class CallGate:
         if tracer is not None:
             tracer.call_finished(handle, None)
         return result
-
-    async def _attempts(self, call: Call) -> types.CallToolResult:
-        """The loop of steps 2–6 until a result, a final error or a refusal."""
-        ctx, srv = self._ctx, call.srv
-        while True:
-            permits = admit(ctx, call) if call.window is None or call.last is None else await admit_after_loss(ctx, call)
-            call.attempt += 1
-            try:
-                answer = await run_attempt(ctx, call, permits)
-            except CallError as refused:
-                # The server went away between attempts, so nothing more was sent. After a lost answer
-                # that answer is the truth to report (the call may have run); "connecting" would
-                # invite a fresh call, which is how duplicates are made.
-                if call.last is not None:
-                    raise stopped(call.last, "the server was not ready for another attempt") from refused
-                raise
-            if isinstance(answer, types.CallToolResult):
-                srv.retry_budget.record_success(was_retry=call.attempt > 1)
-                return answer
-            verdict, err = answer
-            err.attempt, err.max_attempts, err.operation_id = call.attempt, call.max_attempts, call.op_id
-            if verdict.outcome is Outcome.SUCCESS:
-                srv.retry_budget.record_success(was_retry=call.attempt > 1)
-            after = await after_lost_answer(ctx, call, verdict, err)
-            if isinstance(after, types.CallToolResult):
-                return after
-            delay = after.delay_s if isinstance(after, Resend) else self._retry_delay(call, verdict, err)
-            call.last = err
-            await self._clock.sleep(delay)
 
     def _retry_delay(self, call: Call, verdict: Verdict, err: CallError) -> float:
         """Step 4's decision: the wait before the next attempt, or raise `err` (noting why not)."""
