@@ -103,11 +103,7 @@ class _BreakerData:
 
 
 class Rejection(NamedTuple):
-    """The breaker refused a call (nothing was sent, nothing is recorded).
-
-    A named tuple rather than a frozen dataclass: as immutable, and a third of the cost to make on
-    the rejection path (a frozen dataclass sets each field through `object.__setattr__`).
-    """
+    """The breaker refused a call (nothing was sent, nothing is recorded); a named tuple: cheaper than a frozen dataclass."""
 
     #: Seconds until a call may be admitted again (best estimate).
     retry_after_s: float
@@ -196,11 +192,8 @@ class Permit:
         self.shared = shared
 
     def record(self, outcome: Outcome, duration_s: float) -> bool | None:
-        """Report how the call went and how long it took. Later reports are ignored.
-
-        True if this report opened the breaker, False if it did not, None when a shared store
-        took it (the store decides; compare `state` before and after to tell).
-        """
+        """Report how the call went and how long it took (later reports are ignored): whether it
+        opened the breaker, or None when a shared store took it (compare `state` before and after)."""
         if self._done:
             return False
         self._done = True
@@ -209,8 +202,7 @@ class Permit:
     def release(self) -> None:
         """Give the permit back without a verdict (the call was never sent, or was cancelled)."""
         if not self.is_probe and not self.shared and self._breaker._shared is None:
-            # A closed breaker's permit given back changes nothing (a permit of an earlier epoch is
-            # stale anyway): skip the lock. A probe's frees the half-open slot, so it goes through.
+            # A closed breaker's permit given back changes nothing (an older one is stale): no lock.
             self._done = True
             return
         self.record(Outcome.IGNORED, 0.0)

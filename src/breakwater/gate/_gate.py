@@ -188,9 +188,11 @@ class CallGate:
     ) -> types.CallToolResult:
         """One logical call; every failure comes back as an `isError` envelope."""
         try:
-            return await self.call_or_raise(
-                server, tool, arguments, timeout=timeout, progress_callback=progress_callback, operation_id=operation_id
-            )
+            # The body of `call_or_raise`, not a call of it: one coroutine less per call.
+            call = self._ready_call(server, tool, arguments, timeout, progress_callback, operation_id)
+            if call is None:
+                call = await self._call_when_ready(server, tool, arguments, timeout, progress_callback, operation_id)
+            return await self._run(call)
         except CallError as err:
             return error_result(err)
 
@@ -209,6 +211,12 @@ class CallGate:
         `operation_id` is the caller's own id for this logical call (a downstream agent re-sending a
         call passes the same one); without it the gate makes one.
         """
+        call = self._ready_call(server, tool, arguments, timeout, progress_callback, operation_id)
+        if call is None:
+            call = await self._call_when_ready(server, tool, arguments, timeout, progress_callback, operation_id)
+        return await self._run(call)
+
+    def _server(self, server: str, tool: str) -> ServerRecord:
         srv = self._servers.get(server)
         if srv is None:
             raise UnknownToolError(
@@ -217,21 +225,59 @@ class CallGate:
                 tool=tool,
                 detail={"reason": "unknown_server", "servers": sorted(self._servers)[:_MAX_LISTED_TOOLS]},
             )
+        return srv
+
+    def _ready_call(
+        self,
+        server: str,
+        tool: str,
+        arguments: Mapping[str, Any] | None,
+        timeout: float | None,
+        progress_callback: ProgressCallback | None,
+        operation_id: str | None,
+    ) -> Call | None:
+        """Step 1 for a server that is ready: the call's record (None: the server must be waited for first)."""
+        srv = self._server(server, tool)
         upstream = srv.upstream
         if upstream.state is not ServerState.READY or upstream.client is None:
-            # A server on its way up (pending, connecting) is waited for within the call's window.
+            return None
+        return self._known_tool(srv, tool, arguments, timeout, progress_callback, operation_id)
+
+    async def _call_when_ready(
+        self,
+        server: str,
+        tool: str,
+        arguments: Mapping[str, Any] | None,
+        timeout: float | None,
+        progress_callback: ProgressCallback | None,
+        operation_id: str | None,
+    ) -> Call:
+        """Step 1 for a server on its way up (pending, connecting): waited for within the call's window."""
+        srv = self._server(server, tool)
+        upstream = srv.upstream
+        if upstream.state is not ServerState.READY or upstream.client is None:
             budget = current_budget()
             window = call_window(upstream.spec, tool, timeout)
             until = None if budget is None else budget.deadline
             if not await wait_until_ready(upstream, clock=self._clock, seconds=window, deadline=until):
                 raise self._refused_early(srv, tool, not_ready_error(self._clock, upstream, tool))
+        return self._known_tool(srv, tool, arguments, timeout, progress_callback, operation_id)
+
+    def _known_tool(
+        self,
+        srv: ServerRecord,
+        tool: str,
+        arguments: Mapping[str, Any] | None,
+        timeout: float | None,
+        progress_callback: ProgressCallback | None,
+        operation_id: str | None,
+    ) -> Call:
         info = srv.tool(tool)
         if info is None:
             raise self._refused_early(
-                srv, tool, UnknownToolError(server=server, tool=tool, detail={"tools": sorted(srv.tools)[:_MAX_LISTED_TOOLS]})
+                srv, tool, UnknownToolError(server=srv.name, tool=tool, detail={"tools": sorted(srv.tools)[:_MAX_LISTED_TOOLS]})
             )
-        call = self._prepare(srv, info, dict(arguments or {}), timeout, progress_callback, operation_id)
-        return await self._run(call)
+        return self._prepare(srv, info, dict(arguments or {}), timeout, progress_callback, operation_id)
 
     def _refused_early(self, srv: ServerRecord, tool: str, err: CallError) -> CallError:
         """A call refused before it reached a known tool (its server is not ready, or has no such tool): journaled.
