@@ -11,12 +11,21 @@ hits both sides alike:
 
     python bench/gate_overhead.py                 # 20 x 500 calls per side
     python bench/gate_overhead.py --rounds 50     # more
+    python bench/gate_overhead.py --profile       # also: cProfile's top entries for the gate alone and a rejection
+
+`--profile` runs 20 000 stub calls and 20 000 open-breaker rejections under cProfile (the garbage
+collector off, so its pauses are not charged to whatever allocates when they strike), with the
+process CPU time per call beside it, and prints the top entries by own time.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
+import gc
+import io
+import pstats
 import statistics
 import tempfile
 import time
@@ -97,6 +106,13 @@ async def main_async(args: argparse.Namespace) -> None:
         stub_direct, stub_gated = await compare(
             lambda: stub.call_tool("echo", {"x": 1}), lambda: bw.call_tool("s", "echo", {"x": 1}), args.rounds, args.batch
         )
+        profiles: list[str] = []
+
+        def gated_echo() -> Awaitable[CallToolResult]:
+            return bw.call_tool("s", "echo", {"x": 1})
+
+        if args.profile:
+            profiles.append(await profile("gate alone (stub client)", gated_echo, args.profile_calls))
         breaker = bw.gate.breakers.tool("s", "echo")
         while breaker.snapshot().state.value != "open":
             permit = breaker.acquire()
@@ -112,8 +128,14 @@ async def main_async(args: argparse.Namespace) -> None:
                 await bw.call_tool("s", "echo", {"x": 1}, raise_on_error=True)
             raising.append(time.perf_counter() - t0)
 
+        if args.profile:
+            profiles.append(await profile("open-breaker rejection", gated_echo, args.profile_calls))
+
     if bw.journal is not None:
         bw.journal.close(10.0)
+    if args.profile:
+        for text in profiles:
+            print(text)
     us = 1e6
     print(f"calls per side: {args.rounds * args.batch}; journal {'off' if bw.journal is None else 'on (SQLite)'}")
     print(f"in-process SDK call  direct p50 {sdk_direct * us:8.1f} us   through gate p50 {sdk_gated * us:8.1f} us")
@@ -126,11 +148,34 @@ async def main_async(args: argparse.Namespace) -> None:
     print(f"rejection vs direct SDK call: {sdk_direct / r50:.0f}x faster")
 
 
+async def profile(label: str, fn: Callable[[], Awaitable[Any]], n: int) -> str:
+    """CPU time per call, then cProfile's top entries by own time, for `n` calls of `fn`."""
+    await timed(fn, 500)
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.process_time()
+        await timed(fn, n)
+        cpu = (time.process_time() - t0) / n
+        prof = cProfile.Profile()
+        prof.enable()
+        await timed(fn, n)
+        prof.disable()
+    finally:
+        gc.enable()
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(18)
+    return f"== {label}: {n} calls, CPU {cpu * 1e6:.1f} us per call (process time, GC off, unprofiled)\n{out.getvalue()}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--batch", type=int, default=500)
     p.add_argument("--journal", choices=("on", "off"), default="on", help="the call journal (default on, SQLite in a temp dir)")
+    p.add_argument("--profile", action="store_true", help="also profile the gate alone and a rejection (cProfile, top entries)")
+    p.add_argument("--profile-calls", type=int, default=20000, help="calls per profiled loop (default 20000)")
     anyio.run(main_async, p.parse_args())
 
 
