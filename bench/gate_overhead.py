@@ -39,7 +39,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from breakwater import Breakwater, Config, ServerSpec, ServerState
-from breakwater.config import JournalPolicy
+from breakwater.config import BreakerPolicy, JournalPolicy
 from breakwater.gate._breaker import Outcome, Permit
 
 
@@ -85,7 +85,9 @@ async def main_async(args: argparse.Namespace) -> None:
         return {"x": x}
 
     tmp = Path(tempfile.mkdtemp(prefix="bw-overhead-"))
-    spec = ServerSpec(name="s", transport="stdio", command="unused")
+    # Open for 10 minutes once tripped: the default few seconds would let a slow (profiled) rejection
+    # loop reach half-open, and the stub's answer would close the breaker mid-measurement.
+    spec = ServerSpec(name="s", transport="stdio", command="unused", breaker=BreakerPolicy(open_base_s=600.0, open_max_s=600.0))
     # The journal is on (a SQLite file of its own, its writer thread running), as a user runs the gate.
     journal = JournalPolicy(url="off" if args.journal == "off" else str(tmp / "journal.sqlite3"))
     # Not entered: no supervisor runs; the bench installs the connection itself.
@@ -130,6 +132,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
         if args.profile:
             profiles.append(await profile("open-breaker rejection", gated_echo, args.profile_calls))
+            assert breaker.snapshot().state.value == "open", "the breaker closed during the profile"
 
     if bw.journal is not None:
         bw.journal.close(10.0)

@@ -45,7 +45,7 @@ from breakwater.errors import (
 from breakwater.gate._admit import Permits
 from breakwater.gate._breaker import BreakerState, Outcome
 from breakwater.gate._call import Call, GateContext, mark_sent, observe, seconds_text
-from breakwater.gate._classify import Verdict, classify
+from breakwater.gate._classify import RetryClass, Verdict, classify
 from breakwater.gate._tasks import TASK_CALL
 from breakwater.status import ServerState, iso
 
@@ -206,7 +206,8 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
             srv.upstream, info.name, call.meta, info.retry_class, call.timeout_s, info.call.task_max_s, deadline
         )
         task_token = TASK_CALL.set(task_call)
-    mark_sent(ctx, call)
+    if ctx.record_sent is not None and info.retry_class is not RetryClass.SAFE:
+        mark_sent(ctx, call)
     try:
         with deadline.scope:
             result = await client.call_tool(info.name, call.arguments, progress_callback=on_progress, meta=call.meta)

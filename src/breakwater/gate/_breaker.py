@@ -507,10 +507,12 @@ class CircuitBreaker:
         return False
 
     def _trip_reason(self, now: float) -> str:
+        # Called right after `window.add(now, …)`, which dropped what fell out of the window: its totals are current.
         p, d = self.policy, self._data
         if d.consecutive_failures >= p.consecutive_failures:
             return f"{d.consecutive_failures} consecutive failures"
-        calls, failures, slow = d.window.totals(now)
+        w = d.window
+        calls, failures, slow = w.calls, w.failures, w.slow
         if calls >= p.minimum_calls:
             if failures / calls >= p.failure_rate:
                 return f"{failures} of {calls} calls failed in {p.window_s:g} s"
