@@ -83,7 +83,8 @@ class _LoopDeadlines:
     __slots__ = ("_at", "_handle", "_loop", "_scopes")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        # Weakly: the module keeps the last loop's `_LoopDeadlines`, which must not keep a closed loop alive.
+        self._loop = weakref.ref(loop)
         self._scopes: dict[_SystemDeadlineScope, None] = {}
         #: The monotonic time the timer fires at (inf: not set).
         self._at = math.inf
@@ -108,7 +109,9 @@ class _LoopDeadlines:
         if self._handle is not None:
             self._handle.cancel()
         self._at = at
-        loop = self._loop
+        loop = self._loop()
+        if loop is None:  # the loop is gone, and its scopes with it
+            return
         # asyncio's loop clock is time.monotonic(), but a loop only promises "some monotonic clock",
         # so translate through the difference instead of assuming they are the same line.
         self._handle = loop.call_at(loop.time() + (at - _time.monotonic()), self._fire)
