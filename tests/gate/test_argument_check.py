@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 import mcp.types as types
 from hypothesis import given, settings
 from hypothesis import strategies as st
