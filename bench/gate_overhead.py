@@ -11,12 +11,21 @@ hits both sides alike:
 
     python bench/gate_overhead.py                 # 20 x 500 calls per side
     python bench/gate_overhead.py --rounds 50     # more
+    python bench/gate_overhead.py --profile       # also: cProfile's top entries for the gate alone and a rejection
+
+`--profile` runs 20 000 stub calls and 20 000 open-breaker rejections under cProfile (the garbage
+collector off, so its pauses are not charged to whatever allocates when they strike), with the
+process CPU time per call beside it, and prints the top entries by own time.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
+import gc
+import io
+import pstats
 import statistics
 import tempfile
 import time
@@ -30,7 +39,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from breakwater import Breakwater, Config, ServerSpec, ServerState
-from breakwater.config import JournalPolicy
+from breakwater.config import BreakerPolicy, JournalPolicy
 from breakwater.gate._breaker import Outcome, Permit
 
 
@@ -76,7 +85,9 @@ async def main_async(args: argparse.Namespace) -> None:
         return {"x": x}
 
     tmp = Path(tempfile.mkdtemp(prefix="bw-overhead-"))
-    spec = ServerSpec(name="s", transport="stdio", command="unused")
+    # Open for 10 minutes once tripped: the default few seconds would let a slow (profiled) rejection
+    # loop reach half-open, and the stub's answer would close the breaker mid-measurement.
+    spec = ServerSpec(name="s", transport="stdio", command="unused", breaker=BreakerPolicy(open_base_s=600.0, open_max_s=600.0))
     # The journal is on (a SQLite file of its own, its writer thread running), as a user runs the gate.
     journal = JournalPolicy(url="off" if args.journal == "off" else str(tmp / "journal.sqlite3"))
     # Not entered: no supervisor runs; the bench installs the connection itself.
@@ -97,6 +108,13 @@ async def main_async(args: argparse.Namespace) -> None:
         stub_direct, stub_gated = await compare(
             lambda: stub.call_tool("echo", {"x": 1}), lambda: bw.call_tool("s", "echo", {"x": 1}), args.rounds, args.batch
         )
+        profiles: list[str] = []
+
+        def gated_echo() -> Awaitable[CallToolResult]:
+            return bw.call_tool("s", "echo", {"x": 1})
+
+        if args.profile:
+            profiles.append(await profile("gate alone (stub client)", gated_echo, args.profile_calls))
         breaker = bw.gate.breakers.tool("s", "echo")
         while breaker.snapshot().state.value != "open":
             permit = breaker.acquire()
@@ -112,8 +130,15 @@ async def main_async(args: argparse.Namespace) -> None:
                 await bw.call_tool("s", "echo", {"x": 1}, raise_on_error=True)
             raising.append(time.perf_counter() - t0)
 
+        if args.profile:
+            profiles.append(await profile("open-breaker rejection", gated_echo, args.profile_calls))
+            assert breaker.snapshot().state.value == "open", "the breaker closed during the profile"
+
     if bw.journal is not None:
         bw.journal.close(10.0)
+    if args.profile:
+        for text in profiles:
+            print(text)
     us = 1e6
     print(f"calls per side: {args.rounds * args.batch}; journal {'off' if bw.journal is None else 'on (SQLite)'}")
     print(f"in-process SDK call  direct p50 {sdk_direct * us:8.1f} us   through gate p50 {sdk_gated * us:8.1f} us")
@@ -126,11 +151,34 @@ async def main_async(args: argparse.Namespace) -> None:
     print(f"rejection vs direct SDK call: {sdk_direct / r50:.0f}x faster")
 
 
+async def profile(label: str, fn: Callable[[], Awaitable[Any]], n: int) -> str:
+    """CPU time per call, then cProfile's top entries by own time, for `n` calls of `fn`."""
+    await timed(fn, 500)
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.process_time()
+        await timed(fn, n)
+        cpu = (time.process_time() - t0) / n
+        prof = cProfile.Profile()
+        prof.enable()
+        await timed(fn, n)
+        prof.disable()
+    finally:
+        gc.enable()
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(18)
+    return f"== {label}: {n} calls, CPU {cpu * 1e6:.1f} us per call (process time, GC off, unprofiled)\n{out.getvalue()}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--batch", type=int, default=500)
     p.add_argument("--journal", choices=("on", "off"), default="on", help="the call journal (default on, SQLite in a temp dir)")
+    p.add_argument("--profile", action="store_true", help="also profile the gate alone and a rejection (cProfile, top entries)")
+    p.add_argument("--profile-calls", type=int, default=20000, help="calls per profiled loop (default 20000)")
     anyio.run(main_async, p.parse_args())
 
 

@@ -35,6 +35,7 @@ object is both the typed exception a library user catches and the `isError` resu
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -121,6 +122,7 @@ ENVELOPE_KEYS: tuple[str, ...] = (
     "operation_id",
     "message",
 )
+_ENVELOPE_KEY_SET = frozenset(ENVELOPE_KEYS)
 
 
 class CallError(BreakwaterError):
@@ -161,10 +163,9 @@ class CallError(BreakwaterError):
         self.attempt = attempt
         self.max_attempts = max_attempts
         self.operation_id = operation_id
-        clash = set(detail or ()) & set(ENVELOPE_KEYS)
-        if clash:
-            raise ValueError(f"detail keys shadow envelope keys: {sorted(clash)}")
-        self.detail: dict[str, Any] = dict(detail or {})
+        if detail and not _ENVELOPE_KEY_SET.isdisjoint(detail):
+            raise ValueError(f"detail keys shadow envelope keys: {sorted(_ENVELOPE_KEY_SET.intersection(detail))}")
+        self.detail: dict[str, Any] = dict(detail) if detail else {}
         super().__init__(self.message)
 
     def __str__(self) -> str:
@@ -261,11 +262,17 @@ class CircuitOpenError(CallRefused):
     def advice_text(self) -> str:
         """What to do instead, with the tool's usual latency when known, and when breakwater tries it again."""
         wait = f"about {_fmt_seconds(self.retry_after_s)}" if self.retry_after_s else "a moment"
-        text = f"Use another tool if one can do the job, or go on without it; breakwater tries this one again in {wait}"
         usual = self.detail.get("usual_s")
-        if isinstance(usual, (int, float)):
-            text += f" (when healthy it answers in {_fmt_latency(usual)})"
-        return text + "."
+        return _circuit_advice(wait, usual if isinstance(usual, (int, float)) else None)
+
+
+@functools.lru_cache(maxsize=256)
+def _circuit_advice(wait: str, usual: float | None) -> str:
+    # Remembered: every refusal of an open breaker asks for it, and the wait repeats for a tenth of a second or more.
+    text = f"Use another tool if one can do the job, or go on without it; breakwater tries this one again in {wait}"
+    if usual is not None:
+        text += f" (when healthy it answers in {_fmt_latency(usual)})"
+    return text + "."
 
 
 class ServerCircuitOpenError(CallRefused):

@@ -509,3 +509,44 @@ def test_status_json_says_when_a_timeout_was_learned() -> None:
     back = StatusReport.from_json(json.loads(json.dumps(report.to_json())))
     assert [t.learned_at for t in back.timeouts] == [1_700_000_000.0, None]
     assert "learned_at" not in report.to_json()["timeouts"][1]
+
+
+class Rows:
+    """An observer that keeps every row the gate hands it."""
+
+    record_sizes = False
+
+    def __init__(self) -> None:
+        self.rows: list[Any] = []
+
+    def record(self, record: Any) -> bool:
+        self.rows.append(record)
+        return True
+
+
+async def test_journal_rows_say_which_attempt_opened_the_breaker_and_what_a_refusal_met() -> None:
+    """The attempt whose failure trips the tool breaker is the one row marked `breaker_opened`; the call
+    refused next is a `circuit_open` row naming both breakers' states, and nothing more reached the tool."""
+    clock = FakeClock()
+
+    async def failing(_n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
+        return CallToolResult(content=[TextContent(type="text", text="boom")], is_error=True)
+
+    rows = Rows()
+    breaker = BreakerPolicy(consecutive_failures=2, failure_rate=1.0)
+    async with make_gate(clock, failing, [tool("t", readonly=True)], breaker=breaker) as (_, server, upstream):
+        gate = CallGate({"s": upstream}, clock=clock, rng=random.Random(1), observer=rows)
+
+        async def three_calls() -> list[Any]:
+            return [(await gate.call("s", "t")).structured_content for _ in range(3)]
+
+        answers = await drive(clock, three_calls)
+    assert [a["code"] for a in answers] == ["TOOL_ERROR", "TOOL_ERROR", "CIRCUIT_OPEN"]
+    assert len(server.calls) == 2
+    seen = [(r.outcome, r.error_code, r.server_breaker, r.tool_breaker, r.breaker_opened, r.attempt) for r in rows.rows]
+    assert seen == [
+        ("tool_error", "TOOL_ERROR", "closed", "closed", False, 1),
+        ("tool_error", "TOOL_ERROR", "closed", "open", True, 1),
+        ("circuit_open", "CIRCUIT_OPEN", "closed", "open", False, 1),
+    ]
+    assert all(type(r.server_breaker) is str and type(r.error_code) is str for r in rows.rows)

@@ -259,7 +259,7 @@ HTTP_SERVER = textwrap.dedent(
     if mode == "json-fast":
         answer_fast(server.session_manager, server)
     elif mode.startswith("sse"):
-        answer_lazily(server.session_manager, SystemClock())
+        answer_lazily(server.session_manager, SystemClock(), keepalive_s=15.0)
         if mode == "sse-fast":
             install(server)
     sock = socket.socket()

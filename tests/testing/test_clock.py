@@ -189,3 +189,59 @@ async def test_system_clock_deadline_scope_speaks_monotonic_seconds() -> None:
         scope.deadline = clock.monotonic() + 0.01
         await clock.sleep(5)
     assert scope.cancelled_caught
+
+
+async def test_system_clock_scopes_fire_each_at_its_own_deadline() -> None:
+    """Concurrent scopes share one loop timer: each is cut at its own deadline (a moved one at the moved time), others never."""
+    clock = SystemClock()
+    cut: dict[str, bool] = {}
+
+    async def body(name: str, deadline_in: float, move_to: float | None = None, work_s: float = 3.0) -> None:
+        with clock.deadline_scope(clock.monotonic() + deadline_in) as scope:
+            if move_to is not None:
+                scope.deadline = clock.monotonic() + move_to
+            await clock.sleep(work_s)
+        cut[name] = scope.cancelled_caught
+
+    started = clock.monotonic()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(body, "late", 60.0, None, 0.4)  # the first deadline the timer is set for
+        tg.start_soon(body, "sooner", 0.1)  # sooner than the one set: the timer moves
+        tg.start_soon(body, "moved_earlier", 60.0, 0.05)
+        tg.start_soon(body, "moved_later", 0.05, 60.0, 0.3)
+        tg.start_soon(body, "done_in_time", 30.0, None, 0.01)
+        tg.start_soon(body, "past_at_entry", -1.0)
+    assert cut == {
+        "past_at_entry": True,
+        "moved_earlier": True,
+        "sooner": True,
+        "done_in_time": False,
+        "moved_later": False,
+        "late": False,
+    }
+    assert clock.monotonic() - started < 2.5
+
+
+async def test_system_clock_scope_that_ended_early_does_not_hide_a_later_deadline() -> None:
+    """The timer stays set for a scope that ended early; when it fires it is set again for the next one due."""
+    clock = SystemClock()
+    with clock.deadline_scope(clock.monotonic() + 0.05):
+        pass
+    started = clock.monotonic()
+    with clock.deadline_scope(clock.monotonic() + 0.2) as scope:
+        await clock.sleep(5)
+    assert scope.cancelled_caught
+    assert 0.15 <= clock.monotonic() - started < 2.5
+
+
+async def test_system_clock_scopes_do_not_each_schedule_a_loop_timer() -> None:
+    """A thousand scopes entered and left keep at most one timer in the loop's schedule (not a thousand cancelled ones)."""
+    import asyncio
+
+    clock = SystemClock()
+    loop = asyncio.get_running_loop()
+    before = len(loop._scheduled)  # type: ignore[attr-defined]  # asyncio's timer heap
+    for _ in range(1000):
+        with clock.deadline_scope(clock.monotonic() + 30):
+            pass
+    assert len(loop._scheduled) <= before + 1  # type: ignore[attr-defined]

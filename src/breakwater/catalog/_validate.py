@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,27 +52,108 @@ class _Validators:
     _MAX_BY_ID = 4096  # schema objects remembered by identity (each entry also keeps its object alive)
 
     def __init__(self) -> None:
-        self._by_schema: dict[str, Any] = {}
-        # id -> (the schema object, held so its id cannot be reused while cached; its validator)
-        self._by_id: dict[int, tuple[Mapping[str, Any], Any]] = {}
+        self._by_schema: dict[str, tuple[Any, Callable[[dict[str, Any]], bool] | None]] = {}
+        # id -> (the schema object, held so its id cannot be reused while cached; its validator; its quick check)
+        self._by_id: dict[int, tuple[Mapping[str, Any], Any, Callable[[dict[str, Any]], bool] | None]] = {}
 
-    def get(self, schema: Mapping[str, Any]) -> Any:
+    def get(self, schema: Mapping[str, Any]) -> tuple[Any, Callable[[dict[str, Any]], bool] | None]:
+        """The schema's compiled validator (None: not valid JSON Schema) and its quick check (None: none applies)."""
         known = self._by_id.get(id(schema))
         if known is not None and known[0] is schema:
-            return known[1]
+            return known[1], known[2]
         key = json.dumps(schema, sort_keys=True, default=str)
         if key not in self._by_schema:
             jsonschema = _jsonschema()
             cls = jsonschema.validators.validator_for(schema)
             try:
                 cls.check_schema(schema)
-                self._by_schema[key] = cls(schema)
+                self._by_schema[key] = (cls(schema), _quick_check(schema))
             except jsonschema.SchemaError:
-                self._by_schema[key] = None
+                self._by_schema[key] = (None, None)
         if len(self._by_id) >= self._MAX_BY_ID:
             self._by_id.clear()
-        self._by_id[id(schema)] = (schema, self._by_schema[key])
-        return self._by_schema[key]
+        validator, quick = self._by_schema[key]
+        self._by_id[id(schema)] = (schema, validator, quick)
+        return validator, quick
+
+
+# The quick check. `jsonschema`'s `is_valid` takes ~10 µs for a one-property schema (its generic
+# keyword dispatch; measured with bench/gate_overhead.py, half of the gate's own 20 µs budget), and
+# most tools' schemas are a flat object of typed properties. For such a schema a few type checks
+# say "fits" with certainty; anything they cannot vouch for (another keyword, a float for an
+# integer, a missing required field, an unknown key under additionalProperties: false) goes to
+# `jsonschema`, which alone decides what is wrong. So the answers are jsonschema's; only the cost of
+# the common case changes (tests/gate/test_argument_check.py holds the two to the same answers).
+
+#: Keywords of the object schema that the quick check understands, or that assert nothing (annotations;
+#: `format` is not asserted by the validators built here, which get no format checker).
+_OBJECT_KEYWORDS = frozenset(
+    {"type", "properties", "required", "additionalProperties", "$schema", "$id", "$comment", "title", "description", "examples"}
+)
+_PROPERTY_KEYWORDS = frozenset({"type", "$comment", "title", "description", "default", "examples", "format", "deprecated"})
+_TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "string": lambda v: type(v) is str,
+    "integer": lambda v: type(v) is int,  # a float such as 2.0 may be an integer too: jsonschema judges it
+    "number": lambda v: type(v) is int or type(v) is float,
+    "boolean": lambda v: type(v) is bool,
+    "null": lambda v: v is None,
+    "object": lambda v: type(v) is dict,
+    "array": lambda v: type(v) is list,
+}
+
+
+def _accepts(spec: Any) -> Callable[[Any], bool] | None:
+    """A check that a value certainly fits property schema `spec`, or None when `spec` is beyond the quick check."""
+    if spec is True or spec == {}:
+        return lambda _v: True
+    if not isinstance(spec, Mapping) or spec.keys() - _PROPERTY_KEYWORDS:
+        return None
+    kind = spec.get("type")
+    if kind is None:
+        return lambda _v: True
+    kinds = [kind] if isinstance(kind, str) else kind
+    if not isinstance(kinds, list) or not kinds or not all(isinstance(k, str) and k in _TYPE_CHECKS for k in kinds):
+        return None
+    checks = tuple(_TYPE_CHECKS[k] for k in kinds)
+    if len(checks) == 1:
+        return checks[0]
+    return lambda v: any(check(v) for check in checks)
+
+
+def _quick_check(schema: Mapping[str, Any]) -> Callable[[dict[str, Any]], bool] | None:
+    """For a flat object schema, `fits(arguments)`: True only when they certainly fit; None for any other schema."""
+    if schema.keys() - _OBJECT_KEYWORDS or schema.get("type", "object") != "object":
+        return None
+    properties = schema.get("properties", {})
+    required = schema.get("required", [])
+    extra = schema.get("additionalProperties", True)
+    if not isinstance(properties, Mapping) or not isinstance(required, list) or extra not in (True, False, {}):
+        return None
+    if not all(isinstance(name, str) for name in required):
+        return None
+    checks: dict[str, Callable[[Any], bool]] = {}
+    for name, spec in properties.items():
+        check = _accepts(spec)
+        if check is None:
+            return None
+        checks[name] = check
+    closed = extra is False
+    needed = tuple(required)
+
+    def fits(arguments: dict[str, Any]) -> bool:
+        for name in needed:
+            if name not in arguments:
+                return False
+        for name, value in arguments.items():
+            check = checks.get(name)
+            if check is None:
+                if closed:
+                    return False
+            elif not check(value):
+                return False
+        return True
+
+    return fits
 
 
 @functools.cache
@@ -98,11 +179,13 @@ def argument_problem(tool: types.Tool, arguments: Mapping[str, Any]) -> Argument
     schema = tool.input_schema
     if not isinstance(schema, Mapping) or not schema:
         return None
-    validator = _VALIDATORS.get(schema)
+    validator, quick = _VALIDATORS.get(schema)
     if validator is None:
         return None
-    unresolvable = _unresolvable()
     instance = dict(arguments)
+    if quick is not None and quick(instance):
+        return None
+    unresolvable = _unresolvable()
     try:
         # The common case, fitting arguments, costs one pass; the best error is looked for only when there is one.
         if validator.is_valid(instance):

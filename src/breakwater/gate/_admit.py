@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from breakwater.errors import BudgetExhaustedError, CallError, CircuitOpenError, OverloadedError, ServerCircuitOpenError
-from breakwater.gate._breaker import Permit, Rejection
+from breakwater.gate._breaker import BreakerState, Permit, Rejection
 from breakwater.gate._call import Call, GateContext, observe, stopped
 from breakwater.gate._reconcile import wait_ready
 
@@ -63,18 +63,30 @@ def _check_budget(ctx: GateContext, call: Call) -> None:
 
 def _take_permits(ctx: GateContext, call: Call) -> Permits:
     srv, info = call.srv, call.info
-    lease_s = info.call.hard_s + PROBE_LEASE_MARGIN_S
-    server_permit = srv.breaker.acquire(lease_s=lease_s)
-    if isinstance(server_permit, Rejection):
-        raise _refusal(ctx, call, ServerCircuitOpenError, _rejected(server_permit), retry_after_s=server_permit.retry_after_s)
+    lease_s = info.hard_s + PROBE_LEASE_MARGIN_S
+    # A closed in-process server breaker would admit the attempt with an ordinary permit whose
+    # return changes nothing: ask it after the tool's breaker, so an open tool breaker's refusal
+    # (the cheap path it must be) takes no server permit at all. Any other server breaker first.
+    server_permit = None if srv.breaker.admits_freely() else _server_permit(ctx, call, lease_s)
     tool_permit = info.breaker.acquire(slow_threshold_s=info.call.slow_call_s, lease_s=lease_s)
     if isinstance(tool_permit, Rejection):
-        server_permit.release()
+        states = None
+        if server_permit is None:
+            # The journal's row names both states: the server's is closed, the tool's what it refused with.
+            states = (BreakerState.CLOSED, tool_permit.state)
+        else:
+            server_permit.release()
         detail = _rejected(tool_permit)
         usual = info.health.median()
         if usual is not None:
             detail["usual_s"] = round(usual, 3)
-        raise _refusal(ctx, call, CircuitOpenError, detail, retry_after_s=tool_permit.retry_after_s)
+        raise _refusal(ctx, call, CircuitOpenError, detail, retry_after_s=tool_permit.retry_after_s, states=states)
+    if server_permit is None:
+        try:
+            server_permit = _server_permit(ctx, call, lease_s)  # closed a moment ago (unless another thread moved it)
+        except CallError:
+            tool_permit.release()
+            raise
     permits = Permits(server_permit, tool_permit)
     cap = srv.upstream.spec.call.max_in_flight
     if srv.in_flight >= cap:
@@ -83,8 +95,15 @@ def _take_permits(ctx: GateContext, call: Call) -> Permits:
     return permits
 
 
+def _server_permit(ctx: GateContext, call: Call, lease_s: float) -> Permit:
+    permit = call.srv.breaker.acquire(lease_s=lease_s)
+    if isinstance(permit, Rejection):
+        raise _refusal(ctx, call, ServerCircuitOpenError, _rejected(permit), retry_after_s=permit.retry_after_s)
+    return permit
+
+
 def _rejected(rejection: Rejection) -> dict[str, Any]:
-    return {"breaker": rejection.state.value, "reason": rejection.reason}
+    return {"breaker": rejection.state._value_, "reason": rejection.reason}
 
 
 def _refusal(
@@ -95,6 +114,7 @@ def _refusal(
     *,
     attempt: int | None = None,
     retry_after_s: float | None = None,
+    states: tuple[BreakerState, BreakerState] | None = None,
 ) -> CallError:
     """The refusal of the next attempt (nothing was sent), journaled; `attempt` defaults to the attempts made so far."""
     err = cls(
@@ -107,5 +127,5 @@ def _refusal(
         detail=detail,
     )
     if call.journal is not None:
-        observe(ctx, call, err.code, attempt=call.journal.sent + 1)
+        observe(ctx, call, err.code, attempt=call.journal.sent + 1, states=states)
     return err

@@ -46,7 +46,7 @@ from breakwater.errors import (
 from breakwater.gate._admit import Permits
 from breakwater.gate._breaker import BreakerState, Outcome
 from breakwater.gate._call import Call, GateContext, mark_sent, observe, seconds_text
-from breakwater.gate._classify import Verdict, classify
+from breakwater.gate._classify import RetryClass, Verdict, classify
 from breakwater.gate._tasks import TASK_CALL
 from breakwater.status import ServerState, iso
 
@@ -108,12 +108,13 @@ class AttemptDeadline:
     @classmethod
     def for_call(cls, clock: Clock, call: Call, *, probe: bool = False) -> AttemptDeadline:
         """The deadline of `call`'s next attempt: its timeout (a `probe`'s may be shorter), under the hard cap and budget."""
-        policy, timeout_s = call.info.call, call.timeout_s
+        info = call.info
+        policy, timeout_s = info.call, call.timeout_s
         if probe:
-            breaker = call.info.breaker.policy
-            timeout_s = call.info.health.probe_timeout(timeout_s, breaker.probe_timeout_factor, breaker.probe_timeout_floor_s)
+            breaker = info.breaker.policy
+            timeout_s = info.health.probe_timeout(timeout_s, breaker.probe_timeout_factor, breaker.probe_timeout_floor_s)
         started = clock.monotonic()
-        hard = started + max(policy.hard_s, timeout_s)
+        hard = started + max(info.hard_s, timeout_s)
         deadline = started + timeout_s
         by_budget = False
         if call.budget is not None:
@@ -206,7 +207,8 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
             srv.upstream, info.name, call.meta, info.retry_class, call.timeout_s, info.call.task_max_s, deadline
         )
         task_token = TASK_CALL.set(task_call)
-    mark_sent(ctx, call)
+    if ctx.record_sent is not None and info.retry_class is not RetryClass.SAFE:
+        mark_sent(ctx, call)
     try:
         with deadline.scope:
             result = await client.call_tool(info.name, call.arguments, progress_callback=on_progress, meta=call.meta)
@@ -263,20 +265,21 @@ def _judge(
         verdict = Verdict(outcome=Outcome.IGNORED, code=ErrorCode.CANCELLED, retryable=False, outcome_unknown=True)
     # Read before recording: was this tool already failing before this attempt?
     tool_streak = info.breaker.snapshot().consecutive_failures if verdict.outcome is Outcome.FAILURE else 0
-    # The journal's breaker_opened: which breakers were open before this attempt's report.
+    # The journal's breaker_opened: in-process breakers say whether a report opened them; a shared
+    # store's transitions are the store's, so compare which breakers were open before the reports.
     open_before = None
-    if call.journal is not None:
+    if call.journal is not None and not (srv.breaker.in_process and info.breaker.in_process):
         open_before = (srv.breaker.state is BreakerState.OPEN, info.breaker.state is BreakerState.OPEN)
     # A call that became a task is judged by how long the handle took, not by the task's own length:
     # a healthy tool whose tasks run for minutes must not read as a slow call to the breakers.
     judged_s = elapsed if deadline.task_at is None else deadline.task_at - deadline.started
-    permits.tool.record(verdict.outcome, judged_s)
-    permits.server.record(_server_outcome(verdict, tool_streak), judged_s)
+    opened = bool(permits.tool.record(verdict.outcome, judged_s))
+    opened = bool(permits.server.record(_server_outcome(verdict, tool_streak), judged_s)) or opened
     timed_out = isinstance(attempt_result, TimeoutError) and not deadline.by_budget
     if result is not None and failure is None:
         call.info.health.answered(now, judged_s)
     elif timed_out:
-        _timed_out(call, deadline, now, judged_s)
+        opened = _timed_out(call, deadline, now, judged_s) or opened
     answer: Answer
     if verdict.ok and result is not None:
         answer = result
@@ -288,12 +291,21 @@ def _judge(
     if call.journal is not None:
         call.journal.sent += 1
         code = None if isinstance(answer, types.CallToolResult) else answer[1].code
-        observe(ctx, call, code, attempt=call.journal.sent, duration_s=elapsed, open_before=open_before, result=result)
+        observe(
+            ctx,
+            call,
+            code,
+            attempt=call.journal.sent,
+            duration_s=elapsed,
+            open_before=open_before,
+            opened=opened if open_before is None else None,
+            result=result,
+        )
     return answer
 
 
-def _timed_out(call: Call, deadline: AttemptDeadline, now: float, duration_s: float) -> None:
-    """Count the timeout; trip the tool's breaker if a tool that answers fast keeps timing out."""
+def _timed_out(call: Call, deadline: AttemptDeadline, now: float, duration_s: float) -> bool:
+    """Count the timeout; trip the tool's breaker if a tool that answers fast keeps timing out (True if it did)."""
     health = call.info.health
     health.timed_out(now, duration_s, short=deadline.short)
     need = call.info.breaker.policy.timeouts_to_trip
@@ -301,7 +313,9 @@ def _timed_out(call: Call, deadline: AttemptDeadline, now: float, duration_s: fl
     if need and health.timeouts_in_a_row >= need and health.far_below(call.timeout_s):
         p99 = health.p99()
         assert p99 is not None
-        call.info.breaker.trip(f"{health.timeouts_in_a_row} timeouts in a row; it usually answers within {seconds_text(p99)}")
+        why = f"{health.timeouts_in_a_row} timeouts in a row; it usually answers within {seconds_text(p99)}"
+        return call.info.breaker.trip(why)
+    return False
 
 
 def slow_now(call: Call, err: CallError) -> None:

@@ -102,9 +102,8 @@ class _BreakerData:
     reason: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    """The breaker refused a call (nothing was sent, nothing is recorded)."""
+class Rejection(NamedTuple):
+    """The breaker refused a call (nothing was sent, nothing is recorded); a named tuple: cheaper than a frozen dataclass."""
 
     #: Seconds until a call may be admitted again (best estimate).
     retry_after_s: float
@@ -192,15 +191,20 @@ class Permit:
         #: Issued from the shared store's state (its epoch is the store's).
         self.shared = shared
 
-    def record(self, outcome: Outcome, duration_s: float) -> None:
-        """Report how the call went and how long it took. Later reports are ignored."""
+    def record(self, outcome: Outcome, duration_s: float) -> bool | None:
+        """Report how the call went and how long it took (later reports are ignored): whether it
+        opened the breaker, or None when a shared store took it (compare `state` before and after)."""
         if self._done:
-            return
+            return False
         self._done = True
-        self._breaker._settle(self, outcome, duration_s)
+        return self._breaker._settle(self, outcome, duration_s)
 
     def release(self) -> None:
         """Give the permit back without a verdict (the call was never sent, or was cancelled)."""
+        if not self.is_probe and not self.shared and self._breaker._shared is None:
+            # A closed breaker's permit given back changes nothing (an older one is stale): no lock.
+            self._done = True
+            return
         self.record(Outcome.IGNORED, 0.0)
 
     def __repr__(self) -> str:
@@ -287,6 +291,11 @@ class CircuitBreaker:
         """
         lease = lease_s or self.policy.probe_lease_s
         with self._lock:
+            if self._shared is None:
+                d = self._data
+                if d.state is BreakerState.CLOSED:  # the usual case, decided without reading the clock
+                    return Permit(self, d.epoch, is_probe=False, slow_threshold_s=slow_threshold_s)
+                return self._admit(self._clock.monotonic(), slow_threshold_s, lease)
             now = self._clock.monotonic()
             if self._shared is not None:
                 got = self._shared.admit(now, lease)
@@ -353,6 +362,15 @@ class CircuitBreaker:
             if d.state is BreakerState.OPEN and d.open_until <= self._clock.monotonic():
                 return BreakerState.HALF_OPEN
             return d.state
+
+    def admits_freely(self) -> bool:
+        """In-process and closed: `acquire` would give an ordinary permit, and giving it back unused changes nothing."""
+        return self._shared is None and self._data.state is BreakerState.CLOSED
+
+    @property
+    def in_process(self) -> bool:
+        """Its state lives in this process only (no shared store attached): `Permit.record` says whether it opened it."""
+        return self._shared is None
 
     def snapshot(self) -> BreakerSnapshot:
         """A consistent copy of the breaker's state."""
@@ -446,25 +464,26 @@ class CircuitBreaker:
         # The probe usually answers long before its lease ends; suggest the shorter of the two.
         return max(0.0, min(self._data.probe_lease_until - now, self.policy.open_base_s))
 
-    def _settle(self, permit: Permit, outcome: Outcome, duration_s: float) -> None:
+    def _settle(self, permit: Permit, outcome: Outcome, duration_s: float) -> bool | None:
         slow = outcome is not Outcome.IGNORED and permit.slow_threshold_s is not None and duration_s > permit.slow_threshold_s
         with self._lock:
             if permit.shared and self._shared is not None and self._shared.settle(permit.epoch, permit.is_probe, outcome, slow):
-                return
-            self._settle_local(permit.epoch, outcome, slow)
+                return None
+            return self._settle_local(permit.epoch, outcome, slow)
 
     def settle_lost(self, epoch: int, outcome: Outcome, slow: bool) -> None:
         """A shared report the store could not take after all: apply it to the local state (store degraded)."""
         with self._lock:
             self._settle_local(epoch, outcome, slow)
 
-    def _settle_local(self, epoch: int, outcome: Outcome, slow: bool) -> None:
-        """Apply one outcome to the local record (called under the lock)."""
+    def _settle_local(self, epoch: int, outcome: Outcome, slow: bool) -> bool:
+        """Apply one outcome to the local record (called under the lock); True if it opened the breaker."""
         now = self._clock.monotonic()
-        self._go_local(now)
+        if self._use_shared:
+            self._go_local(now)
         d = self._data
         if epoch != d.epoch:
-            return  # stale: the breaker moved on since this permit was issued
+            return False  # stale: the breaker moved on since this permit was issued
         if d.state is BreakerState.HALF_OPEN:
             if outcome is Outcome.IGNORED:
                 d.probe_lease_until = -math.inf  # free the slot for the next caller's probe
@@ -473,9 +492,10 @@ class CircuitBreaker:
             else:
                 d.reason = "probe was slow" if outcome is Outcome.SUCCESS else "probe failed"
                 self._move(BreakerState.OPEN, now)
-            return
+                return True
+            return False
         if d.state is not BreakerState.CLOSED or outcome is Outcome.IGNORED:
-            return
+            return False
         failed = outcome is Outcome.FAILURE
         d.window.add(now, failed=failed, slow=slow)
         d.consecutive_failures = d.consecutive_failures + 1 if failed else 0
@@ -483,12 +503,16 @@ class CircuitBreaker:
         if reason:
             d.reason = reason
             self._move(BreakerState.OPEN, now)
+            return True
+        return False
 
     def _trip_reason(self, now: float) -> str:
+        # Called right after `window.add(now, …)`, which dropped what fell out of the window: its totals are current.
         p, d = self.policy, self._data
         if d.consecutive_failures >= p.consecutive_failures:
             return f"{d.consecutive_failures} consecutive failures"
-        calls, failures, slow = d.window.totals(now)
+        w = d.window
+        calls, failures, slow = w.calls, w.failures, w.slow
         if calls >= p.minimum_calls:
             if failures / calls >= p.failure_rate:
                 return f"{failures} of {calls} calls failed in {p.window_s:g} s"

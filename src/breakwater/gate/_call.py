@@ -81,6 +81,11 @@ class ToolRecord:
     health: ToolHealth
     #: The definition the server listed: the input schema a call's arguments are checked against.
     definition: types.Tool
+    #: `call.hard_s`, read on every attempt (a property of the policy).
+    hard_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.hard_s = self.call.hard_s
 
 
 class ServerRecord:
@@ -162,7 +167,8 @@ class Call:
     #: The operation id of a mutating tool's call (one for every attempt), else None.
     op_id: str | None
     meta: types.RequestParamsMeta | None
-    #: The per-attempt timeout (the caller's, else the tool's in force).
+    #: The per-attempt timeout (the caller's, else the tool's in force); NaN until the first attempt
+    #: is admitted when no turn budget needs it earlier (see `CallGate._prepare`).
     timeout_s: float
     budget: TurnBudget | None
     progress_callback: ProgressCallback | None
@@ -195,16 +201,24 @@ def observe(
     duration_s: float = 0.0,
     outcome: str | None = None,
     open_before: tuple[bool, bool] | None = None,
+    opened: bool | None = None,
+    states: tuple[BreakerState, BreakerState] | None = None,
     result: types.CallToolResult | None = None,
 ) -> None:
-    """Hand one journal row to the observer: an attempt sent (with `open_before`), a refusal or a reconciliation."""
+    """Hand one journal row to the observer: an attempt sent, a refusal or a reconciliation.
+
+    An attempt sent says whether its reports opened a breaker: `opened` (in-process breakers tell),
+    or `open_before`, which breakers were open before them (a shared store's). `states` are the
+    server's and the tool's breaker states when the caller already knows them (a refusal does).
+    """
     observer, journaled = ctx.observer, call.journal
     assert observer is not None and journaled is not None
     srv, info = call.srv, call.info
-    server_state, tool_state = srv.breaker.state, info.breaker.state
-    opened = open_before is not None and (
-        (server_state is BreakerState.OPEN and not open_before[0]) or (tool_state is BreakerState.OPEN and not open_before[1])
-    )
+    server_state, tool_state = states if states is not None else (srv.breaker.state, info.breaker.state)
+    if opened is None:
+        opened = open_before is not None and (
+            (server_state is BreakerState.OPEN and not open_before[0]) or (tool_state is BreakerState.OPEN and not open_before[1])
+        )
     result_size = None
     if result is not None and observer.record_sizes:
         result_size = len(result.model_dump_json(by_alias=True, exclude_none=True).encode())
@@ -218,12 +232,13 @@ def observe(
             started_at=ctx.clock.time() - duration_s,
             duration_s=duration_s,
             outcome=outcome or outcome_of(code),
-            error_code=None if code is None else code.value,
+            # `_value_`, not `.value`: a plain attribute read where `.value` is a descriptor call (3x the cost).
+            error_code=None if code is None else code._value_,
             retries=attempt - 1,
             trace_id=journaled.trace_id,
             operation_id=journaled.operation_id,
-            server_breaker=server_state.value,
-            tool_breaker=tool_state.value,
+            server_breaker=server_state._value_,
+            tool_breaker=tool_state._value_,
             breaker_opened=opened,
             client=journaled.client,
             arguments_size=journaled.arguments_size,

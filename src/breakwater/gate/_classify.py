@@ -155,6 +155,9 @@ def classify(
     classifier: Classifier | None = None,
 ) -> Verdict:
     """Classify one attempt's result or exception (see the module docstring for the rules)."""
+    if classifier is None and isinstance(attempt, CallToolResult):
+        # The call path's common case: no context to build, and a success is one shared verdict.
+        return _SUCCESS if not attempt.is_error else _classify_result(attempt)
     ctx = AttemptContext(server=server, tool=tool, retry_class=retry_class, request_sent=request_sent)
     if classifier is not None:
         try:
@@ -212,9 +215,13 @@ def _first_text(result: CallToolResult) -> str:
     return next((b.text for b in result.content if isinstance(b, TextContent)), "")
 
 
+#: A result that is not an error (frozen: one instance serves every call).
+_SUCCESS = Verdict(outcome=Outcome.SUCCESS, code=None, retryable=False)
+
+
 def _classify_result(result: CallToolResult) -> Verdict:
     if not result.is_error:
-        return Verdict(outcome=Outcome.SUCCESS, code=None, retryable=False)
+        return _SUCCESS
     data = result.structured_content
     hint = _retry_after(data)
     if isinstance(data, dict):

@@ -6,6 +6,7 @@ stdio session attached to the shared gateway, which never loads the SDK, can ans
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -16,22 +17,28 @@ __all__ = ["envelope", "error_text"]
 
 def error_text(err: CallError) -> str:
     """The sentence pair the model reads: what happened, then what to do next."""
-    where = _where(err)
-    text = (f"{where}: {err.message}" if where else err.message).rstrip()
-    if err.attempt > 1:
-        text = f"{text.rstrip('.')} (after {err.attempt} attempts)"
+    return f"{_headline(err.tool, err.server, err.message, err.attempt)} {err.advice_text()}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _headline(tool: str | None, server: str | None, message: str, attempt: int) -> str:
+    # Remembered: an open breaker's refusals (the path that must be cheap) repeat the same few.
+    where = _where(tool, server)
+    text = (f"{where}: {message}" if where else message).rstrip()
+    if attempt > 1:
+        text = f"{text.rstrip('.')} (after {attempt} attempts)"
     if not text.endswith((".", "!", "?")):
         text += "."
-    return f"{text} {err.advice_text()}"
+    return text
 
 
-def _where(err: CallError) -> str:
-    if err.tool and err.server:
-        return f"Tool '{err.tool}' on server '{err.server}'"
-    if err.server:
-        return f"Server '{err.server}'"
-    if err.tool:
-        return f"Tool '{err.tool}'"
+def _where(tool: str | None, server: str | None) -> str:
+    if tool and server:
+        return f"Tool '{tool}' on server '{server}'"
+    if server:
+        return f"Server '{server}'"
+    if tool:
+        return f"Tool '{tool}'"
     return ""
 
 
@@ -39,7 +46,7 @@ def envelope(err: CallError) -> dict[str, Any]:
     """The `structuredContent` object for `err` (core keys first, then extra detail)."""
     data: dict[str, Any] = {
         "ok": False,
-        "code": err.code.value,
+        "code": err.code._value_,  # the plain str (`.value` is a descriptor call, 3x the cost)
         "retryable": err.retryable,
         "retry_after_s": _round_s(err.retry_after_s),
         "attempt": err.attempt,

@@ -56,6 +56,7 @@ it); without one, the journal costs one `is not None` test per attempt.
 
 from __future__ import annotations
 
+import math
 import random
 import uuid
 from collections.abc import Callable, Mapping
@@ -190,9 +191,11 @@ class CallGate:
     ) -> types.CallToolResult:
         """One logical call; every failure comes back as an `isError` envelope."""
         try:
-            return await self.call_or_raise(
-                server, tool, arguments, timeout=timeout, progress_callback=progress_callback, operation_id=operation_id
-            )
+            # The body of `call_or_raise`, not a call of it: one coroutine less per call.
+            call = self._ready_call(server, tool, arguments, timeout, progress_callback, operation_id)
+            if call is None:
+                call = await self._call_when_ready(server, tool, arguments, timeout, progress_callback, operation_id)
+            return await self._run(call)
         except CallError as err:
             return error_result(err)
 
@@ -211,6 +214,12 @@ class CallGate:
         `operation_id` is the caller's own id for this logical call (a downstream agent re-sending a
         call passes the same one); without it the gate makes one.
         """
+        call = self._ready_call(server, tool, arguments, timeout, progress_callback, operation_id)
+        if call is None:
+            call = await self._call_when_ready(server, tool, arguments, timeout, progress_callback, operation_id)
+        return await self._run(call)
+
+    def _server(self, server: str, tool: str) -> ServerRecord:
         srv = self._servers.get(server)
         if srv is None:
             raise UnknownToolError(
@@ -219,18 +228,57 @@ class CallGate:
                 tool=tool,
                 detail={"reason": "unknown_server", "servers": sorted(self._servers)[:_MAX_LISTED_TOOLS]},
             )
+        return srv
+
+    def _ready_call(
+        self,
+        server: str,
+        tool: str,
+        arguments: Mapping[str, Any] | None,
+        timeout: float | None,
+        progress_callback: ProgressCallback | None,
+        operation_id: str | None,
+    ) -> Call | None:
+        """Step 1 for a server that is ready: the call's record (None: the server must be waited for first)."""
+        srv = self._server(server, tool)
         upstream = srv.upstream
         if upstream.state is not ServerState.READY or upstream.client is None:
-            # A server on its way up (pending, connecting) is waited for within the call's window.
+            return None
+        return self._known_tool(srv, tool, arguments, timeout, progress_callback, operation_id)
+
+    async def _call_when_ready(
+        self,
+        server: str,
+        tool: str,
+        arguments: Mapping[str, Any] | None,
+        timeout: float | None,
+        progress_callback: ProgressCallback | None,
+        operation_id: str | None,
+    ) -> Call:
+        """Step 1 for a server on its way up (pending, connecting): waited for within the call's window."""
+        srv = self._server(server, tool)
+        upstream = srv.upstream
+        if upstream.state is not ServerState.READY or upstream.client is None:
             budget = current_budget()
             window = call_window(upstream.spec, tool, timeout)
             until = None if budget is None else budget.deadline
             if not await wait_until_ready(upstream, clock=self._clock, seconds=window, deadline=until):
                 raise self._refused_early(srv, tool, not_ready_error(self._clock, upstream, tool))
+        return self._known_tool(srv, tool, arguments, timeout, progress_callback, operation_id)
+
+    def _known_tool(
+        self,
+        srv: ServerRecord,
+        tool: str,
+        arguments: Mapping[str, Any] | None,
+        timeout: float | None,
+        progress_callback: ProgressCallback | None,
+        operation_id: str | None,
+    ) -> Call:
         info = srv.tool(tool)
         if info is None:
             raise self._refused_early(
-                srv, tool, UnknownToolError(server=server, tool=tool, detail={"tools": sorted(srv.tools)[:_MAX_LISTED_TOOLS]})
+                srv, tool, UnknownToolError(server=srv.name, tool=tool, detail={"tools": sorted(srv.tools)[:_MAX_LISTED_TOOLS]})
             )
         given = dict(arguments or {})
         # Arguments that cannot fit the input schema, or that JSON cannot carry, are refused here, naming the
@@ -238,10 +286,9 @@ class CallGate:
         problem = argument_problem(info.definition, given) or not_json_argument(given)
         if problem is not None:
             detail = {"field": problem.field, "problem": problem.problem}
-            refused = InvalidArgumentsError(problem.sentence(), server=server, tool=tool, detail=detail)
+            refused = InvalidArgumentsError(problem.sentence(), server=srv.name, tool=tool, detail=detail)
             raise self._refused_early(srv, tool, refused)
-        call = self._prepare(srv, info, given, timeout, progress_callback, operation_id)
-        return await self._run(call)
+        return self._prepare(srv, info, given, timeout, progress_callback, operation_id)
 
     def _refused_early(self, srv: ServerRecord, tool: str, err: CallError) -> CallError:
         """A call refused before it reached a known tool (its server is not ready, or has no such tool): journaled.
@@ -354,19 +401,24 @@ class CallGate:
             meta = cast(types.RequestParamsMeta, {OPERATION_ID_META_KEY: op_id})
             if info.operation_id_argument:
                 arguments.setdefault(OPERATION_ID_ARGUMENT, op_id)
+        budget = current_budget()
+        # Without a turn budget nothing reads the timeout before an attempt is admitted: a refused
+        # call (an open breaker) does not pay for resolving it (`_run` does, once admitted).
+        resolved = timeout if timeout is not None else self._timeout(srv, info) if budget is not None else math.nan
         return Call(
             srv=srv,
             info=info,
             arguments=arguments,
             op_id=op_id,
             meta=meta,
-            timeout_s=timeout if timeout is not None else self._timeout(srv, info),
-            budget=current_budget(),
+            timeout_s=resolved,
+            budget=budget,
             progress_callback=progress_callback,
             journal=None,
         )
 
     async def _run(self, call: Call) -> types.CallToolResult:
+        """The loop of steps 2–6 until a result, a final error or a refusal (one coroutine: one frame less per call)."""
         tracer = self.tracer
         # First, so the trace it opens is the one the journal's rows carry (TRACE_ID).
         handle = None if tracer is None else tracer.call_started(call.srv.name, call.info.name, call.op_id)
@@ -374,8 +426,37 @@ class CallGate:
             call_id = new_call_id()
             size, digest = arguments_digest(call.arguments) if self._observer.record_sizes else (None, None)
             call.journal = Journaled(call_id, TRACE_ID.get() or call_id, DOWNSTREAM_CLIENT.get(), call.op_id, size, digest)
+        ctx, srv = self._ctx, call.srv
         try:
-            result = await self._attempts(call)
+            while True:
+                permits = admit(ctx, call) if call.window is None or call.last is None else await admit_after_loss(ctx, call)
+                if math.isnan(call.timeout_s):
+                    call.timeout_s = self._timeout(srv, call.info)
+                call.attempt += 1
+                try:
+                    answer = await run_attempt(ctx, call, permits)
+                except CallError as refused:
+                    # The server went away between attempts, so nothing more was sent. After a lost answer
+                    # that answer is the truth to report (the call may have run); "connecting" would
+                    # invite a fresh call, which is how duplicates are made.
+                    if call.last is not None:
+                        raise stopped(call.last, "the server was not ready for another attempt") from refused
+                    raise
+                if isinstance(answer, types.CallToolResult):
+                    srv.retry_budget.record_success(was_retry=call.attempt > 1)
+                    result = answer
+                    break
+                verdict, err = answer
+                err.attempt, err.max_attempts, err.operation_id = call.attempt, call.max_attempts, call.op_id
+                if verdict.outcome is Outcome.SUCCESS:
+                    srv.retry_budget.record_success(was_retry=call.attempt > 1)
+                after = await after_lost_answer(ctx, call, verdict, err)
+                if isinstance(after, types.CallToolResult):
+                    result = after
+                    break
+                delay = after.delay_s if isinstance(after, Resend) else self._retry_delay(call, verdict, err)
+                call.last = err
+                await self._clock.sleep(delay)
         except BaseException as err:
             # Every envelope names the operation, whichever refusal or failure ended it.
             if isinstance(err, CallError) and err.operation_id is None:
@@ -386,35 +467,6 @@ class CallGate:
         if tracer is not None:
             tracer.call_finished(handle, None)
         return result
-
-    async def _attempts(self, call: Call) -> types.CallToolResult:
-        """The loop of steps 2–6 until a result, a final error or a refusal."""
-        ctx, srv = self._ctx, call.srv
-        while True:
-            permits = admit(ctx, call) if call.window is None or call.last is None else await admit_after_loss(ctx, call)
-            call.attempt += 1
-            try:
-                answer = await run_attempt(ctx, call, permits)
-            except CallError as refused:
-                # The server went away between attempts, so nothing more was sent. After a lost answer
-                # that answer is the truth to report (the call may have run); "connecting" would
-                # invite a fresh call, which is how duplicates are made.
-                if call.last is not None:
-                    raise stopped(call.last, "the server was not ready for another attempt") from refused
-                raise
-            if isinstance(answer, types.CallToolResult):
-                srv.retry_budget.record_success(was_retry=call.attempt > 1)
-                return answer
-            verdict, err = answer
-            err.attempt, err.max_attempts, err.operation_id = call.attempt, call.max_attempts, call.op_id
-            if verdict.outcome is Outcome.SUCCESS:
-                srv.retry_budget.record_success(was_retry=call.attempt > 1)
-            after = await after_lost_answer(ctx, call, verdict, err)
-            if isinstance(after, types.CallToolResult):
-                return after
-            delay = after.delay_s if isinstance(after, Resend) else self._retry_delay(call, verdict, err)
-            call.last = err
-            await self._clock.sleep(delay)
 
     def _retry_delay(self, call: Call, verdict: Verdict, err: CallError) -> float:
         """Step 4's decision: the wait before the next attempt, or raise `err` (noting why not)."""

@@ -125,6 +125,10 @@ class RetryBudget:
     def record_success(self, *, was_retry: bool) -> None:
         """An attempt succeeded: a first attempt earns `budget_ratio`, a retry gets its token back."""
         with self._lock:
+            if self._shared is None and self._tokens >= self.policy.budget_max_tokens:
+                # Full already (the usual case): nothing to add. The refill time stamp may lag: every
+                # decrease refills first, and refilling a full bucket is clipped to the full bucket.
+                return
             self._refill()
             earned = 1.0 if was_retry else self.policy.budget_ratio
             self._add(earned)

@@ -23,15 +23,26 @@ class Bucket:
 
 @dataclass(slots=True)
 class Window:
-    """Counts per time bucket; buckets older than the window fall off whole."""
+    """Counts per time bucket; buckets older than the window fall off whole.
+
+    The totals are kept as buckets come and go, so reading them (every recorded call, to see
+    whether the breaker trips) does not sum the buckets.
+    """
 
     width_s: float
     buckets: deque[Bucket] = field(default_factory=deque)
+    calls: int = 0
+    failures: int = 0
+    slow: int = 0
 
     def _expire(self, now: float) -> int:
         current = math.floor(now / self.width_s)
-        while self.buckets and self.buckets[0].index <= current - BUCKETS:
-            self.buckets.popleft()
+        buckets = self.buckets
+        while buckets and buckets[0].index <= current - BUCKETS:
+            old = buckets.popleft()
+            self.calls -= old.calls
+            self.failures -= old.failures
+            self.slow -= old.slow
         return current
 
     def add(self, now: float, *, failed: bool, slow: bool) -> None:
@@ -42,15 +53,14 @@ class Window:
         b.calls += 1
         b.failures += failed
         b.slow += slow
+        self.calls += 1
+        self.failures += failed
+        self.slow += slow
 
     def totals(self, now: float) -> tuple[int, int, int]:
         self._expire(now)
-        calls = failures = slow = 0
-        for b in self.buckets:
-            calls += b.calls
-            failures += b.failures
-            slow += b.slow
-        return calls, failures, slow
+        return self.calls, self.failures, self.slow
 
     def clear(self) -> None:
         self.buckets.clear()
+        self.calls = self.failures = self.slow = 0

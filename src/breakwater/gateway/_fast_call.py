@@ -309,7 +309,7 @@ def handler_error(exc: Exception) -> ErrorData:
 def _loads(line: bytes) -> dict[str, Any] | None:
     try:
         message = json.loads(line, parse_constant=refuse_constant)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
         return None  # the SDK answers it (parse error, or NaN's: screen_non_finite), or drops it, as it always did
     return message if isinstance(message, dict) else None
 

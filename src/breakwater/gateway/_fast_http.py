@@ -112,7 +112,7 @@ async def _plain_call(transport: sdk.StreamableHTTPServerTransport, lane: FastLa
         return None
     try:
         message = json.loads(body, parse_constant=refuse_constant)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
         return None
     if not isinstance(message, dict) or call_params(message) is None:
         return None

@@ -135,10 +135,17 @@ def outcome_of(code: ErrorCode | str | None) -> str:
     """
     if code is None:
         return "completed"
-    value = code.value if isinstance(code, ErrorCode) else code
-    if value == ErrorCode.SERVER_CIRCUIT_OPEN.value:
-        return "circuit_open"
-    return value.lower()
+    known = _OUTCOMES.get(code)
+    if known is not None:
+        return known
+    return "circuit_open" if code == ErrorCode.SERVER_CIRCUIT_OPEN else code.lower()
+
+
+# Every code's outcome, computed once: the call path asks for one per attempt (ErrorCode members and
+# their plain-str values hash and compare alike, so either finds its entry).
+_OUTCOMES: dict[str, str] = {
+    code: "circuit_open" if code is ErrorCode.SERVER_CIRCUIT_OPEN else code.lower() for code in ErrorCode
+}
 
 
 _call_prefix = uuid.uuid4().hex[:12]

@@ -1,0 +1,81 @@
+"""The argument check's quick path says "fits" only where jsonschema does, and leaves every refusal to it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+import mcp.types as types
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from breakwater.catalog._validate import _quick_check, argument_problem
+
+TYPES = ["string", "integer", "number", "boolean", "null", "object", "array"]
+VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=3),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+)
+NAMES = st.sampled_from(["a", "b", "c"])
+PROPERTY = st.one_of(
+    st.just({}),
+    st.just(True),
+    st.builds(lambda t: {"type": t}, st.sampled_from(TYPES)),
+    st.builds(lambda ts: {"type": ts}, st.lists(st.sampled_from(TYPES), min_size=1, max_size=3, unique=True)),
+    st.builds(lambda t: {"type": t, "description": "d", "format": "uri"}, st.sampled_from(TYPES)),
+    # Beyond the quick check: it must step aside, not guess.
+    st.builds(lambda n: {"type": "string", "minLength": n}, st.integers(0, 3)),
+    st.builds(lambda t: {"enum": [t]}, st.sampled_from(["x", 1, None])),
+)
+SCHEMA = st.builds(
+    lambda props, required, extra, draft: {
+        "type": "object",
+        "properties": props,
+        "required": required,
+        **({"additionalProperties": extra} if extra is not None else {}),
+        **({"$schema": draft} if draft else {}),
+    },
+    st.dictionaries(NAMES, PROPERTY, max_size=3),
+    st.lists(NAMES, max_size=2, unique=True),
+    st.sampled_from([None, True, False, {}]),
+    st.sampled_from(["", "http://json-schema.org/draft-07/schema#", "https://json-schema.org/draft/2020-12/schema"]),
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(SCHEMA, st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), VALUES, max_size=4))
+def test_the_quick_check_never_passes_what_jsonschema_refuses(schema: dict[str, Any], arguments: dict[str, Any]) -> None:
+    quick = _quick_check(schema)
+    valid = jsonschema.validators.validator_for(schema)(schema).is_valid(arguments)
+    if quick is not None and quick(arguments):
+        assert valid, (schema, arguments)
+    # And the check as a whole answers exactly as jsonschema does.
+    tool = types.Tool(name="t", input_schema=schema)
+    assert (argument_problem(tool, arguments) is None) == valid, (schema, arguments)
+
+
+def test_the_quick_check_takes_the_common_flat_schemas_and_steps_aside_for_the_rest() -> None:
+    flat = {
+        "type": "object",
+        "properties": {"text": {"type": "string", "description": "what to echo"}, "n": {"type": "integer"}},
+        "required": ["text"],
+        "additionalProperties": False,
+    }
+    quick = _quick_check(flat)
+    assert quick is not None
+    assert quick({"text": "hi", "n": 3})
+    # Each of these is for jsonschema to judge (and name the field).
+    assert not quick({"n": 3})  # the required field is missing
+    assert not quick({"text": "hi", "extra": 1})  # closed object
+    assert not quick({"text": "hi", "n": 2.0})  # an integer-valued float: jsonschema's call
+    assert not quick({"text": True})
+    assert _quick_check({"type": "object", "properties": {"x": {"type": "string", "pattern": "^a"}}}) is None
+    assert _quick_check({"type": "object", "$defs": {}, "properties": {}}) is None
+    assert _quick_check({"type": "array"}) is None
+    problem = argument_problem(types.Tool(name="t", input_schema=flat), {"text": "hi", "extra": 1})
+    assert problem is not None and "extra" in problem.problem
