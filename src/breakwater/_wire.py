@@ -100,20 +100,36 @@ def non_finite_constant(data: bytes) -> str | None:
 
 
 def _has_non_finite(value: Any) -> bool:
-    # The walk every call pays (arguments, results): no paths built, containers only pushed.
+    # The walk every call pays (arguments, results): no paths built, no generator per container, and the
+    # common leaves (strings, ints, bools, None) never pushed.
     stack = [value]
     isfinite = math.isfinite
     while stack:
         item = stack.pop()
-        if type(item) is float:
+        kind = type(item)
+        if kind is dict:
+            children: Any = item.values()
+        elif kind is list:
+            children = item
+        elif isinstance(item, float):
             if not isfinite(item):
                 return True
+            continue
         elif isinstance(item, dict):
-            stack.extend(child for child in item.values() if not isinstance(child, (str, int)))
+            children = item.values()
         elif isinstance(item, list):
-            stack.extend(child for child in item if not isinstance(child, (str, int)))
-        elif isinstance(item, float) and not isfinite(item):  # a float subclass
-            return True
+            children = item
+        else:
+            continue
+        for child in children:
+            kind = type(child)
+            if kind is str or kind is int or kind is bool or child is None:
+                continue
+            if kind is float:
+                if not isfinite(child):
+                    return True
+            else:
+                stack.append(child)
     return False
 
 

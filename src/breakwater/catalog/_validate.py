@@ -182,7 +182,7 @@ def argument_problem(tool: types.Tool, arguments: Mapping[str, Any]) -> Argument
     validator, quick = _VALIDATORS.get(schema)
     if validator is None:
         return None
-    instance = dict(arguments)
+    instance = arguments if type(arguments) is dict else dict(arguments)
     if quick is not None and quick(instance):
         return None
     unresolvable = _unresolvable()
@@ -209,7 +209,7 @@ def argument_problem(tool: types.Tool, arguments: Mapping[str, Any]) -> Argument
 
 def not_json_argument(arguments: Mapping[str, Any]) -> ArgumentProblem | None:
     """The first argument that is NaN or infinite (JSON has neither; `1e999` parses to one), or None."""
-    where = non_finite_path(dict(arguments))
+    where = non_finite_path(arguments if type(arguments) is dict else dict(arguments))
     if where is None:
         return None
     return ArgumentProblem(field=where, problem="it is NaN or infinite, which JSON cannot carry; send a finite number or null")
