@@ -31,6 +31,7 @@ from typing import Any
 
 from breakwater._clock import Clock
 from breakwater.config._policies import StatePolicy
+from breakwater.state._record_client import record_client
 
 __all__ = ["REPLICA_LEASE_S", "OperationRecords"]
 
@@ -42,7 +43,6 @@ log = logging.getLogger("breakwater.operations")
 #: for a tool the server deduplicates, send it upstream under the same id), never run a call twice.
 REPLICA_LEASE_S = 2.0
 _RENEW_S = REPLICA_LEASE_S / 4
-_MIN_TIMEOUT_S = 0.5
 
 # Replace the record only if it is still exactly what the caller read (a takeover races other retries).
 _CAS = """
@@ -58,24 +58,13 @@ class OperationRecords:
     """The fleet's records of forwarded operations, and this replica's lease (the `redis` extra)."""
 
     def __init__(self, policy: StatePolicy, *, ttl_s: float, clock: Clock, replica: str | None = None) -> None:
-        import redis.asyncio as aredis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-
-        timeout = max(policy.timeout_s, _MIN_TIMEOUT_S)
         self.clock = clock
         #: This process's id in the records (a restarted replica is a new one).
         self.replica = replica or uuid.uuid4().hex
         self._ops = f"{policy.namespace}:op:"
         self._replicas = f"{policy.namespace}:replica:"
         self.ttl_ms = max(1, math.ceil(ttl_s * 1000))
-        self._r = aredis.Redis.from_url(
-            policy.url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 1),
-            decode_responses=True,
-        )
+        self._r = record_client(policy)
         self._cas = self._r.register_script(_CAS)
 
     def _key(self, op_id: str) -> str:

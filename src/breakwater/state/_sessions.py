@@ -23,33 +23,20 @@ import math
 from typing import Any
 
 from breakwater.config._policies import StatePolicy
+from breakwater.state._record_client import record_client
 
 __all__ = ["SessionStore"]
 
 log = logging.getLogger("breakwater.sessions")
-
-#: Session commands may wait longer than the breakers' (a lost lookup costs the client a re-initialize).
-_MIN_TIMEOUT_S = 0.5
 
 
 class SessionStore:
     """Session records in Redis (the `redis` extra)."""
 
     def __init__(self, policy: StatePolicy, *, ttl_s: float) -> None:
-        import redis.asyncio as aredis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-
-        timeout = max(policy.timeout_s, _MIN_TIMEOUT_S)
         self._prefix = f"{policy.namespace}:session:"
         self.ttl_ms = max(1, math.ceil(ttl_s * 1000))
-        self._r = aredis.Redis.from_url(
-            policy.url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 1),
-            decode_responses=True,
-        )
+        self._r = record_client(policy)
 
     def _key(self, session_id: str) -> str:
         return self._prefix + session_id

@@ -31,6 +31,7 @@ import anyio
 
 from breakwater._clock import Clock
 from breakwater.config._policies import StatePolicy
+from breakwater.state._record_client import record_client
 
 __all__ = [
     "FOLLOW_POLL_S",
@@ -180,8 +181,6 @@ class MemoryStreamLog:
         return StreamRead(entries, known=True, alive=stream.final or stream.alive(), final=stream.final)
 
 
-#: Stream commands may wait longer than the breakers' (a lost event is a gap in a resumed stream).
-_MIN_TIMEOUT_S = 0.5
 _DONE = "done"
 
 
@@ -191,23 +190,12 @@ class RedisStreamLog:
     needs_beat = True
 
     def __init__(self, policy: StatePolicy, *, events: int, ttl_s: float, owner_lost_s: float = OWNER_LOST_S) -> None:
-        import redis.asyncio as aredis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-
-        timeout = max(policy.timeout_s, _MIN_TIMEOUT_S)
         self._namespace = policy.namespace
         self.events = events
         self.ttl_ms = max(1, math.ceil(ttl_s * 1000))
         self.live_ms = max(1, math.ceil(owner_lost_s * 1000))
-        self._r = aredis.Redis.from_url(
-            policy.url,
-            # A follower's XREAD BLOCK holds its connection for up to FOLLOW_POLL_S.
-            socket_timeout=timeout + FOLLOW_POLL_S,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 1),
-            decode_responses=True,
-        )
+        # A follower's XREAD BLOCK holds its connection for up to FOLLOW_POLL_S.
+        self._r = record_client(policy, blocking_s=FOLLOW_POLL_S)
 
     def _keys(self, key: tuple[str, str]) -> tuple[str, str, str]:
         """The stream's keys: its events, its start record, its liveness mark."""
