@@ -1,6 +1,8 @@
-"""Fixtures shared by the whole suite: the asyncio backend, no writes to the user's journal, PostgreSQL."""
+"""Fixtures shared by the whole suite: the asyncio backend, no writes to the user's journal, PostgreSQL, Redis,
+HAProxy."""
 
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,3 +94,12 @@ def redis_available() -> None:
     except Exception as exc:
         message = f"Redis at {REDIS_URL} is unreachable ({type(exc).__name__}: {exc})"
         require(message)
+
+
+@pytest.fixture
+def haproxy() -> str:
+    """Debian's haproxy binary, for the fleet tests (or skip — but fail under CI=true)."""
+    found = shutil.which("haproxy") or (Path("/usr/sbin/haproxy").exists() and "/usr/sbin/haproxy")
+    if not found:
+        require("haproxy is not installed", ci_fix="apt-get install -y haproxy; .ci/run does it")
+    return str(found)

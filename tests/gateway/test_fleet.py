@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import uuid
 from pathlib import Path
@@ -16,17 +15,9 @@ import pytest
 from breakwater._wire import OPERATION_ID_META_KEY, REPLAYED_META_KEY
 from breakwater.testing._fleet import ACCEPT, UPSTREAM_TOOLS, Fleet, FleetOptions, loaded
 from breakwater.testing._ledger import read_ledger
-from helpers import REDIS_URL, eventually, require
+from helpers import REDIS_URL, eventually
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def haproxy() -> str:
-    found = shutil.which("haproxy") or (Path("/usr/sbin/haproxy").exists() and "/usr/sbin/haproxy")
-    if not found:
-        require("haproxy is not installed", ci_fix="apt-get install -y haproxy; .ci/run does it")
-    return str(found)
 
 
 async def test_a_rolling_restart_with_redis_and_a_long_drain_loses_no_call(

@@ -10,7 +10,6 @@ timeout cuts the SDK client's stream and the client resumes it with nothing lost
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +20,12 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from breakwater.testing._fleet import ACCEPT, Fleet, FleetOptions, sse_events
-from helpers import REDIS_URL, require
+from helpers import REDIS_URL
 
 pytestmark = pytest.mark.anyio
 
 #: Progress every 0.4 s for 2 s: events before and after the cut.
 PROGRESSING = "prog:latency=2,progress=0.4,readonly"
-
-
-@pytest.fixture
-def haproxy() -> str:
-    found = shutil.which("haproxy") or (Path("/usr/sbin/haproxy").exists() and "/usr/sbin/haproxy")
-    if not found:
-        require("haproxy is not installed", ci_fix="apt-get install -y haproxy; .ci/run does it")
-    return str(found)
 
 
 async def _session(http: httpx2.AsyncClient, url: str) -> dict[str, str]:

@@ -58,6 +58,8 @@ from mcp.shared.jsonrpc_dispatcher import (
 from mcp_types import CONNECTION_CLOSED, PROTOCOL_VERSION_META_KEY, ErrorData
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from breakwater._wire import strict_json
+
 __all__ = ["FastLane", "call_params", "handler_error", "install", "session_lane"]
 
 logger = logging.getLogger("breakwater.gateway")
@@ -308,15 +310,10 @@ def handler_error(exc: Exception) -> ErrorData:
 
 def _loads(line: bytes) -> dict[str, Any] | None:
     try:
-        message = json.loads(line, parse_constant=refuse_constant)
+        message = strict_json(line)
     except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
         return None  # the SDK answers it (parse error, or NaN's: screen_non_finite), or drops it, as it always did
     return message if isinstance(message, dict) else None
-
-
-def refuse_constant(constant: str) -> Any:
-    """For `json.loads(parse_constant=...)`: `NaN`, `Infinity` and `-Infinity` are not JSON, so the line is not."""
-    raise ValueError(f"{constant} is not JSON")
 
 
 def _valid_id(value: Any) -> bool:

@@ -29,7 +29,6 @@ parse or does not look like a plain call, a session not yet initialized, the def
 from __future__ import annotations
 
 import contextvars
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -53,7 +52,8 @@ from mcp_types import CONNECTION_CLOSED, ErrorData, JSONRPCError, JSONRPCRequest
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from breakwater.gateway._fast_call import FastLane, call_params, handler_error, refuse_constant, session_lane
+from breakwater._wire import strict_json
+from breakwater.gateway._fast_call import FastLane, call_params, handler_error, session_lane
 
 __all__ = ["answer_fast", "start_call"]
 
@@ -111,7 +111,7 @@ async def _plain_call(transport: sdk.StreamableHTTPServerTransport, lane: FastLa
     if b'"tools/call"' not in body:
         return None
     try:
-        message = json.loads(body, parse_constant=refuse_constant)
+        message = strict_json(body)
     except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
         return None
     if not isinstance(message, dict) or call_params(message) is None:
