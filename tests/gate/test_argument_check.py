@@ -28,6 +28,14 @@ PROPERTY = st.one_of(
     st.builds(lambda t: {"type": t}, st.sampled_from(TYPES)),
     st.builds(lambda ts: {"type": ts}, st.lists(st.sampled_from(TYPES), min_size=1, max_size=3, unique=True)),
     st.builds(lambda t: {"type": t, "description": "d", "format": "uri"}, st.sampled_from(TYPES)),
+    # pydantic's optional argument, and anyOf in general (a branch beyond the quick check spoils the whole).
+    st.builds(lambda t: {"anyOf": [{"type": t}, {"type": "null"}], "default": None, "title": "T"}, st.sampled_from(TYPES)),
+    st.builds(
+        lambda ts, n: {"anyOf": [{"type": t} for t in ts] + ([{"type": "string", "minLength": n}] if n else [])},
+        st.lists(st.sampled_from(TYPES), min_size=1, max_size=2),
+        st.integers(0, 2),
+    ),
+    st.builds(lambda t: {"anyOf": [{"type": t}], "type": "string"}, st.sampled_from(TYPES)),
     # Beyond the quick check: it must step aside, not guess.
     st.builds(lambda n: {"type": "string", "minLength": n}, st.integers(0, 3)),
     st.builds(lambda t: {"enum": [t]}, st.sampled_from(["x", 1, None])),
@@ -79,3 +87,22 @@ def test_the_quick_check_takes_the_common_flat_schemas_and_steps_aside_for_the_r
     assert _quick_check({"type": "array"}) is None
     problem = argument_problem(types.Tool(name="t", input_schema=flat), {"text": "hi", "extra": 1})
     assert problem is not None and "extra" in problem.problem
+
+
+def test_the_quick_check_takes_pydantic_optional_arguments() -> None:
+    # What FastMCP and the SDK's MCPServer list for `def echo(payload: str | None = None, a: float | None = None)`.
+    schema = {
+        "type": "object",
+        "title": "echoArguments",
+        "properties": {
+            "payload": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None, "title": "Payload"},
+            "a": {"anyOf": [{"type": "number"}, {"type": "null"}], "default": None, "title": "A"},
+        },
+    }
+    quick = _quick_check(schema)
+    assert quick is not None
+    assert quick({"payload": "hi", "a": 1.5}) and quick({"payload": None})
+    assert not quick({"payload": 3})  # jsonschema's to refuse, naming the field
+    problem = argument_problem(types.Tool(name="t", input_schema=schema), {"payload": 3})
+    assert problem is not None and problem.field == "payload"
+    assert _quick_check({"type": "object", "properties": {"x": {"anyOf": [{"type": "string", "pattern": "^a"}]}}}) is None

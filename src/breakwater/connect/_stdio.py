@@ -38,6 +38,7 @@ from mcp.shared.message import SessionMessage
 
 from breakwater import _platform
 from breakwater.connect._lines import LineSplitter, StdoutParser
+from breakwater.connect._raw_call import RawCalls
 
 __all__ = ["StdioProcess"]
 
@@ -98,7 +99,12 @@ class StdinWriter:
         if self._closed:
             raise anyio.ClosedResourceError
         self._parser.sent(message)
-        data = (message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n").encode()
+        await self.write_line((message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n").encode())
+
+    async def write_line(self, data: bytes) -> None:
+        """Write one encoded message (a raw call's line, `_raw_call.py`, or a session message's)."""
+        if self._closed:
+            raise anyio.ClosedResourceError
         try:
             if self._writer is not None:
                 if self._writer.is_closing():
@@ -140,6 +146,8 @@ class StdoutReader:
         assert process.stdout is not None
         self._stdout = process.stdout
         self._parser = parser
+        #: The raw `tools/call` requests in flight: their answers and progress never reach the SDK.
+        self.raw: RawCalls | None = None
         self._lines = LineSplitter(max_line_bytes)
         self._stdout_closed = stdout_closed
         self._ready: collections.deque[SessionMessage] = collections.deque()
@@ -157,10 +165,12 @@ class StdoutReader:
                     chunk = await self._stdout.receive()
                 except anyio.EndOfStream:
                     self._ended = True
+                    self._end_raw()
                     self._stdout_closed.set()
                     raise
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError):
                     self._ended = True
+                    self._end_raw()
                     if not self.shutting_down:
                         logger.debug("stdout of %s ended", self._parser.server)
                     raise anyio.EndOfStream from None
@@ -168,14 +178,22 @@ class StdoutReader:
                     self._reading = None
             if self._ended:  # `end()` cut the read short
                 raise anyio.EndOfStream
+            raw = self.raw
             for line in self._lines.feed(chunk):
+                if raw is not None and type(line) is bytes and raw.take(line):
+                    continue
                 message = self._parser.parse(line)
-                if message is not None:
+                if message is not None and not (raw is not None and raw.take_error(message.message)):
                     self._ready.append(message)
         return self._ready.popleft()
 
+    def _end_raw(self) -> None:
+        if self.raw is not None:
+            self.raw.close()
+
     def end(self) -> None:
         self._ended = True
+        self._end_raw()
         if self._reading is not None:
             self._reading.cancel()
 
@@ -190,6 +208,7 @@ class StdoutReader:
 
     def close(self) -> None:
         self._ended = True
+        self._end_raw()
 
     async def aclose(self) -> None:
         self.close()
@@ -227,6 +246,8 @@ class StdioProcess:
         self.inherit = inherit
         self.cwd = cwd
         self.process: Process | None = None
+        #: `tools/call` without the SDK session's plumbing, while the process runs (`_raw_call.py`).
+        self.raw_calls: RawCalls | None = None
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self.exited = anyio.Event()
         # The exit code if the process ended on its own, before breakwater began closing it.
@@ -248,6 +269,7 @@ class StdioProcess:
         stdout_closed = anyio.Event()
         read_stream = StdoutReader(process, self.parser, self.max_line_bytes, stdout_closed)
         write_stream = StdinWriter(process, self.parser, read_stream.end)
+        self.raw_calls = read_stream.raw = RawCalls(write_stream.write_line, self.parser)
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._read_stderr, process)
             tg.start_soon(self._watch_exit, process)
@@ -255,6 +277,7 @@ class StdioProcess:
                 yield read_stream, write_stream
             finally:
                 self._shutting_down = read_stream.shutting_down = True
+                self.raw_calls = None
                 with anyio.CancelScope(shield=True):
                     if stdout_closed.is_set():
                         # The server closed its stdout: it is exiting on its own; give the event loop a

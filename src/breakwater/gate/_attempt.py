@@ -29,6 +29,8 @@ from breakwater._wire import CONNECTION_CLOSED as _CONNECTION_CLOSED
 from breakwater.config._redact import redact_error
 from breakwater.connect._http_cut import cut_info
 from breakwater.connect._not_json import finite_result
+from breakwater.connect._raw_call import ProgressFn
+from breakwater.connect._raw_call import call_tool as raw_call_tool
 from breakwater.connect._readiness import connecting_note
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import (
@@ -211,7 +213,7 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
         mark_sent(ctx, call)
     try:
         with deadline.scope:
-            result = await client.call_tool(info.name, call.arguments, progress_callback=on_progress, meta=call.meta)
+            result = await _send(srv.upstream, client, info.name, call, on_progress)
     except anyio.get_cancelled_exc_class():
         task = asyncio.current_task()
         if task is not None and task.cancelling() > 0:
@@ -238,6 +240,19 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
     if result is not None:  # NaN or Infinity from the server: null, as on the gateway's wire (connect/_not_json.py)
         result = finite_result(result, server=srv.name, tool=info.name)
     return _judge(ctx, call, permits, deadline, result, failure)
+
+
+async def _send(upstream: Upstream, client: Any, name: str, call: Call, on_progress: ProgressFn) -> types.CallToolResult:
+    """The attempt's `tools/call`: on a stdio upstream without the SDK session's plumbing (`connect/_raw_call.py`)."""
+    process = upstream.process
+    raw = process.raw_calls if process is not None else None
+    if raw is not None:
+        result = await raw_call_tool(client, raw, name, call.arguments, progress_callback=on_progress, meta=call.meta)
+        if result is not None:
+            return result
+    result = await client.call_tool(name, call.arguments, progress_callback=on_progress, meta=call.meta)
+    assert isinstance(result, types.CallToolResult)
+    return result
 
 
 def _judge(

@@ -1,0 +1,160 @@
+"""`tools/call` on a stdio upstream without the SDK session's plumbing (`connect/_raw_call.py`).
+
+Real `breakwater testserver` processes, on both protocol revisions: the raw path is the one taken,
+and what a caller sees through it is what the SDK's `Client.call_tool` gives for the same call:
+results, the upstream's JSON-RPC errors, progress in order before the answer, cancellation that
+reaches the server, a server that dies mid-call, an answer over `max_result_bytes`, and arguments
+the stdlib encoder cannot write (which go through the SDK instead).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import MCPError
+
+from breakwater import Breakwater, Config, ConnectPolicy, ServerSpec, ServerState
+from breakwater.config import CallPolicy, RetryPolicy
+from breakwater.connect._raw_call import call_tool as raw_call_tool
+from breakwater.testing.server import launch_command, read_state
+from helpers import code_of, eventually
+
+pytestmark = pytest.mark.anyio
+
+FAST_CONNECT = ConnectPolicy(startup_jitter_s=0, backoff_base_s=0.1, backoff_cap_s=0.5, budget_s=20, attempt_timeout_s=15)
+PROTOCOLS = ["2025-11-25", "2026-07-28"]
+
+
+def spec(protocol: str, *flags: str, **policies: Any) -> ServerSpec:
+    cmd = launch_command("--name", "s", *flags)
+    return ServerSpec(
+        name="s",
+        transport="stdio",
+        command=cmd[0],
+        args=tuple(cmd[1:]),
+        connect=replace(FAST_CONNECT, protocol=protocol),
+        retry=RetryPolicy(max_attempts=1),
+        **policies,
+    )
+
+
+@asynccontextmanager
+async def connected(tmp_path: Path, server: ServerSpec) -> AsyncIterator[Breakwater]:
+    async with Breakwater(Config(servers=(server,)), admission_dir=tmp_path / "admission") as bw:
+        report = await bw.wait_ready(timeout=30)
+        assert all(s.state is ServerState.READY for s in report.servers), report.to_json()
+        yield bw
+
+
+def raw_count(bw: Breakwater) -> int:
+    process = bw.upstream("s").process
+    assert process is not None and process.raw_calls is not None
+    return process.raw_calls._count
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_a_call_takes_the_raw_path_and_answers_as_the_sdk_does(tmp_path: Path, protocol: str) -> None:
+    async with connected(tmp_path, spec(protocol)) as bw:
+        assert bw.upstream("s").protocol == protocol
+        result = await bw.call_tool("s", "add", {"a": 2, "b": 3, "payload": "é ✓ 😀"})
+        assert raw_count(bw) == 1
+        client = bw.upstream("s").client
+        assert client is not None
+        direct = await client.call_tool("add", {"a": 2, "b": 3, "payload": "é ✓ 😀"})
+        assert raw_count(bw) == 1  # the SDK's own call did not go through the raw path
+        assert not result.is_error
+        assert result.structured_content is not None and direct.structured_content is not None
+        # The same answer but for the server's call counter.
+        ours = {k: v for k, v in result.structured_content.items() if k != "call"}
+        theirs = {k: v for k, v in direct.structured_content.items() if k != "call"}
+        assert ours == theirs
+        assert ours["sum"] == 5 and ours["arguments"]["payload"] == "é ✓ 😀"
+        assert result.content[0].type == "text"
+
+
+async def outcome(call: Any) -> tuple[Any, ...]:
+    try:
+        result = await call
+    except MCPError as exc:
+        return ("error", exc.code, exc.message)
+    return ("result", result.is_error, [c.model_dump() for c in result.content])
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_an_unknown_tool_is_answered_as_the_sdk_answers_it(tmp_path: Path, protocol: str) -> None:
+    async with connected(tmp_path, spec(protocol)) as bw:
+        client = bw.upstream("s").client
+        process = bw.upstream("s").process
+        assert client is not None and process is not None and process.raw_calls is not None
+        sdk = await outcome(client.call_tool("no_such_tool", {}))
+        raw = await outcome(raw_call_tool(client, process.raw_calls, "no_such_tool", {}, progress_callback=None, meta=None))
+        assert raw == sdk
+        assert process.raw_calls._count == 1
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_progress_arrives_in_order_before_the_answer(tmp_path: Path, protocol: str) -> None:
+    seen: list[float] = []
+    finished: list[bool] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        assert not finished
+        seen.append(progress)
+
+    async with connected(tmp_path, spec(protocol, "--tool", "slow:latency=1.2,progress=0.2")) as bw:
+        result = await bw.call_tool("s", "slow", {}, progress_callback=on_progress)
+        finished.append(True)
+        assert not result.is_error, result
+        assert raw_count(bw) == 1
+        assert len(seen) >= 3 and seen == sorted(seen)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_a_cancelled_call_is_cancelled_on_the_server(tmp_path: Path, protocol: str) -> None:
+    state = tmp_path / "state.json"
+    async with connected(tmp_path, spec(protocol, "--tool", "hang:hang=1", "--state-file", str(state))) as bw:
+        with anyio.move_on_after(0.5):
+            await bw.call_tool("s", "hang", {})
+        assert raw_count(bw) == 1
+        await eventually(lambda: read_state(state)["cancelled"]["hang"] == 1, timeout=10)
+        assert read_state(state)["in_flight"]["hang"] == 0
+        # The connection is still good.
+        assert not (await bw.call_tool("s", "testserver_state", {})).is_error
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_a_server_that_dies_mid_call_is_a_closed_connection(tmp_path: Path, protocol: str) -> None:
+    async with connected(tmp_path, spec(protocol, "--tool", "boom:latency=0.4,crash=1")) as bw:
+        result = await bw.call_tool("s", "boom", {})
+        assert raw_count(bw) == 1
+        # The gate's answer to a cut connection for a tool without a retry class: the outcome is unknown.
+        assert code_of(result) == "OUTCOME_UNKNOWN", result
+
+
+async def test_an_answer_over_max_result_bytes_is_result_too_large(tmp_path: Path) -> None:
+    server = spec("2025-11-25", "--tool", "echo", call=CallPolicy(max_result_bytes=2048))
+    async with connected(tmp_path, server) as bw:
+        result = await bw.call_tool("s", "echo", {"payload": "x" * 5000})
+        assert raw_count(bw) == 1
+        assert code_of(result) == "RESULT_TOO_LARGE", result
+        # The next call on the same connection is answered normally.
+        assert not (await bw.call_tool("s", "echo", {"payload": "small"})).is_error
+
+
+async def test_arguments_the_stdlib_cannot_encode_go_through_the_sdk(tmp_path: Path) -> None:
+    async with connected(tmp_path, spec("2025-11-25")) as bw:
+        client = bw.upstream("s").client
+        process = bw.upstream("s").process
+        assert client is not None and process is not None and process.raw_calls is not None
+        when = datetime.date(2026, 12, 1)
+        via_raw = await raw_call_tool(client, process.raw_calls, "echo", {"payload": when}, progress_callback=None, meta=None)
+        assert via_raw is None  # nothing sent: the caller uses the SDK's path
+        result = await bw.call_tool("s", "echo", {"payload": "2026-12-01"})
+        assert not result.is_error
