@@ -10,6 +10,9 @@ the stdlib encoder cannot write (which go through the SDK instead).
 from __future__ import annotations
 
 import datetime
+import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -158,3 +161,40 @@ async def test_arguments_the_stdlib_cannot_encode_go_through_the_sdk(tmp_path: P
         assert via_raw is None  # nothing sent: the caller uses the SDK's path
         result = await bw.call_tool("s", "echo", {"payload": "2026-12-01"})
         assert not result.is_error
+
+
+TRACED = """
+import anyio, json, sys
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from breakwater import Breakwater, Config, ServerSpec
+from breakwater.testing.server import launch_command
+
+spans = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(spans))
+trace.set_tracer_provider(provider)
+
+async def main():
+    cmd = launch_command("--name", "s")
+    spec = ServerSpec(name="s", transport="stdio", command=cmd[0], args=tuple(cmd[1:]))
+    async with Breakwater(Config(servers=(spec,)), admission_dir=sys.argv[1]) as bw:
+        await bw.wait_ready(timeout=30)
+        result = await bw.call_tool("s", "echo", {"payload": "x"})
+        print(json.dumps({"error": result.is_error, "raw": bw.upstream("s").process.raw_calls._count,
+                          "spans": [s.name for s in spans.get_finished_spans()]}))
+
+anyio.run(main)
+"""
+
+
+def test_with_a_tracer_provider_set_calls_go_through_the_sdk_and_its_span_is_recorded(tmp_path: Path) -> None:
+    # A subprocess: a tracer provider can be set once per process, and it would turn tracing on for every later test.
+    out = subprocess.run([sys.executable, "-c", TRACED, str(tmp_path / "admission")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["error"] is False
+    assert seen["raw"] == 0
+    assert "MCP send tools/call echo" in seen["spans"], seen

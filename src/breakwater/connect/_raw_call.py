@@ -19,7 +19,9 @@ own drivers, and `structuredContent` is checked against the tool's output schema
 before. Progress for a raw call is delivered by the calling task before its answer, in the order the
 server sent them. Cancellation sends the SDK's courtesy `notifications/cancelled` ("caller
 cancelled"), so cancelling still reaches the server. A call whose arguments the stdlib encoder cannot
-write (a library caller's non-JSON object) goes through the SDK, which serialises it with pydantic.
+write (a library caller's non-JSON object) goes through the SDK, which serialises it with pydantic;
+so does every call while a tracer provider is set, so the SDK's client span and the trace context it
+injects into `_meta` are there whenever something records them.
 
 Raw requests carry string ids with their own prefix, so they never meet the SDK's integer ids.
 """
@@ -31,6 +33,7 @@ import collections
 import contextlib
 import json
 import logging
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -42,12 +45,13 @@ from mcp.client.session import _clamp_inbound_ttl, _later_revision_fields
 from mcp.shared.dispatcher import ProgressFnT
 from mcp_types import CONNECTION_CLOSED, ErrorData
 from mcp_types import methods as _methods
+from opentelemetry import trace
 from pydantic import ValidationError
 
 if TYPE_CHECKING:
     from breakwater.connect._lines import StdoutParser
 
-__all__ = ["RAW_ID_PREFIX", "RawCalls", "call_tool"]
+__all__ = ["RAW_ID_PREFIX", "RawCalls", "call_tool", "sdk_spans_recorded"]
 
 logger = logging.getLogger("breakwater.stdio")
 
@@ -59,6 +63,7 @@ _METHOD = "tools/call"
 _ABANDON_WRITE_S = 2.0
 _CANCEL_REASON = "caller cancelled"  # the SDK's words for it
 _META_ALIASES = {"progress_token": "progressToken"}
+_PROVIDER_FROM_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 
 ProgressFn = ProgressFnT
 WriteLine = Callable[[bytes], Awaitable[None]]
@@ -306,6 +311,16 @@ async def _finish(
     if not final.is_error:
         await client.session.validate_tool_result(name, final)
     return final
+
+
+def sdk_spans_recorded() -> bool:
+    """Whether a tracer provider is set, so the SDK's spans are recorded (the raw path opens none: it steps aside)."""
+    # `get_tracer_provider()` looks the environment up on every call while none is set (a few µs, twice per
+    # call); the module's own global says the same at once. A provider named only by the environment variable
+    # is installed by that first lookup, so the variable is read once here too.
+    if getattr(trace, "_TRACER_PROVIDER", None) is not None:
+        return True
+    return _PROVIDER_FROM_ENV and type(trace.get_tracer_provider()) is not trace.ProxyTracerProvider
 
 
 def _number(value: Any) -> bool:

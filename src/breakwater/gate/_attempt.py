@@ -29,7 +29,7 @@ from breakwater._wire import CONNECTION_CLOSED as _CONNECTION_CLOSED
 from breakwater.config._redact import redact_error
 from breakwater.connect._http_cut import cut_info
 from breakwater.connect._not_json import finite_result
-from breakwater.connect._raw_call import ProgressFn
+from breakwater.connect._raw_call import ProgressFn, sdk_spans_recorded
 from breakwater.connect._raw_call import call_tool as raw_call_tool
 from breakwater.connect._readiness import connecting_note
 from breakwater.connect._upstream import Upstream
@@ -246,7 +246,7 @@ async def _send(upstream: Upstream, client: Any, name: str, call: Call, on_progr
     """The attempt's `tools/call`: on a stdio upstream without the SDK session's plumbing (`connect/_raw_call.py`)."""
     process = upstream.process
     raw = process.raw_calls if process is not None else None
-    if raw is not None:
+    if raw is not None and not sdk_spans_recorded():
         result = await raw_call_tool(client, raw, name, call.arguments, progress_callback=on_progress, meta=call.meta)
         if result is not None:
             return result

@@ -56,6 +56,7 @@ from breakwater.gateway._relay import (
     _Exchange,
     explain_refusal,
 )
+from breakwater.gateway._spans import spans_only_when_traced
 from breakwater.gateway._tasks import GatewayTasks
 from breakwater.journal import DOWNSTREAM_CLIENT
 from breakwater.state._operations import OperationRecords
@@ -139,6 +140,7 @@ class Gateway:
             on_subscriptions_listen=RelayedListen(self.bus, self.passthrough.subscriptions),
             **self.passthrough.handlers(),
         )
+        spans_only_when_traced(self.server)
         self.server.middleware.append(explain_params_errors)  # a bare -32602 says what was wrong
         # Not `on_set_logging_level=`: that warns (deprecated at 2026-07-28) on every start.
         self.server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, self._on_set_level)
