@@ -198,3 +198,52 @@ def test_with_a_tracer_provider_set_calls_go_through_the_sdk_and_its_span_is_rec
     assert seen["error"] is False
     assert seen["raw"] == 0
     assert "MCP send tools/call echo" in seen["spans"], seen
+
+
+JUNK = [
+    b'{"jsonrpc":"2.0","id":["bw-1"],"result":{}}',  # an unhashable id
+    b'{"jsonrpc":"2.0","id":{"bw-1":1},"result":{}}',
+    b'{"jsonrpc":"2.0","id":"bw-99","result":{}}',  # no such call
+    b'{"jsonrpc":"2.0","id":"bw-1","result":"not an object"}',
+    b'{"jsonrpc":"2.0","id":"bw-1","error":{"code":"x"}}',  # an error without a number
+    b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":["bw-1"],"progress":1}}',
+    b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"bw-1","progress":"1"}}',
+    b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"bw-1","progress":true}}',
+    b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"bw-1","progress":1,"message":3}}',
+    b'{"jsonrpc":"2.0","method":"sampling/createMessage","id":"bw-1","params":{}}',  # the server's own request id
+    b'"bw-1"',
+    b'not json "bw-1',
+    b'{"id":"bw-1",' + b"[" * 100_000,
+]
+
+
+async def test_lines_that_are_not_a_raw_calls_answer_are_left_to_the_sdk_and_break_nothing() -> None:
+    from breakwater.connect._lines import StdoutParser
+    from breakwater.connect._raw_call import RawCalls
+
+    written: list[bytes] = []
+
+    async def write(line: bytes) -> None:
+        written.append(line)
+
+    raw = RawCalls(write, StdoutParser("s", 1 << 20))
+    progress: list[float] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append(value)
+
+    async with anyio.create_task_group() as tg:
+        answers: list[Any] = []
+
+        async def call() -> None:
+            answers.append(await raw.request({"name": "t"}, on_progress))
+
+        tg.start_soon(call)
+        await eventually(lambda: bool(written), timeout=5)
+        assert b'"id":"bw-1"' in written[0] and b'"progressToken":"bw-1"' in written[0]
+        for line in JUNK:
+            assert not raw.take(line), line
+        assert raw.take(b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"bw-1","progress":0.5}}')
+        # Invalid UTF-8 is read as the SDK's parser reads it (U+FFFD), not lost.
+        assert raw.take(b'{"jsonrpc":"2.0","id":"bw-1","result":{"content":[],"x":"\xff"}}')
+    assert answers == [{"content": [], "x": "\ufffd"}] and progress == [0.5]

@@ -106,13 +106,19 @@ class RawCalls:
             return False
         try:
             message = json.loads(line)
-        except (ValueError, RecursionError):  # not ours to judge: the SDK's parser logs or repairs it
+        except UnicodeDecodeError:  # as the SDK's parser reads it: invalid UTF-8 becomes U+FFFD, not a lost answer
+            try:
+                message = json.loads(line.decode("utf-8", "replace"))
+            except (ValueError, RecursionError):
+                return False
+        except (ValueError, RecursionError):  # not ours to judge: the SDK's parser logs it
             return False
         if not isinstance(message, dict):
             return False
         if "method" in message:
             return self._take_progress(message)
-        pending = self._pending.get(message.get("id"))  # type: ignore[arg-type]
+        key = message.get("id")
+        pending = self._pending.get(key) if isinstance(key, str) else None  # an id of another type is not ours
         if pending is None or pending.answer is not None:
             return False
         if "error" in message:
@@ -124,7 +130,7 @@ class RawCalls:
             pending.answer = result
         else:
             return False
-        self._parser.pending.pop(message["id"], None)
+        self._parser.pending.pop(key, None)
         pending.wake()
         return True
 
@@ -143,7 +149,8 @@ class RawCalls:
         params = message.get("params")
         if message.get("method") != "notifications/progress" or not isinstance(params, dict):
             return False
-        pending = self._pending.get(params.get("progressToken"))  # type: ignore[arg-type]
+        token = params.get("progressToken")
+        pending = self._pending.get(token) if isinstance(token, str) else None
         progress, total, text = params.get("progress"), params.get("total"), params.get("message")
         if pending is None or not _number(progress) or not (total is None or _number(total)):
             return False
