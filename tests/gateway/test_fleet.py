@@ -94,7 +94,9 @@ async def test_kill_9_loses_only_the_calls_it_ran_and_their_retries_never_run_th
     """The issue's kill -9 target: a replica killed mid-call loses only the calls it was running; each one's retry
     through the balancer, under the same operation id, is answered (OUTCOME_UNKNOWN with the id, or the first call's
     stored answer), and the ledger shows no call run twice; the clients under load see the same."""
-    tools = (*UPSTREAM_TOOLS, "hold:latency=2.5,mutating")
+    # Long enough that the kill lands while both calls run even on a machine loaded enough to see their ledger
+    # lines late (at 2.5 s, a load of 20 once let a call finish first).
+    tools = (*UPSTREAM_TOOLS, "hold:latency=4,mutating")
     options = FleetOptions(redis_url=REDIS_URL, idle_timeout_s=5.0, keepalive_s=0.5, drain_s=5.0, upstream_tools=tools)
     async with Fleet(tmp_path, options) as fleet:
         victim, other = fleet.replicas[0], fleet.replicas[1]
