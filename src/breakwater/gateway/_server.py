@@ -136,6 +136,7 @@ class Gateway:
             ),
             on_list_tools=self._on_list_tools,
             on_call_tool=self._on_call_tool,
+            get_tool_input_schema=self.input_schema,
             on_subscriptions_listen=RelayedListen(self.bus, self.passthrough.subscriptions),
             **self.passthrough.handlers(),
         )
@@ -186,6 +187,19 @@ class Gateway:
         if self._generation == self.bw.generation:
             return self._entries
         return self.refresh()
+
+    def input_schema(self, name: str) -> Mapping[str, Any] | None:
+        """The input schema `tools/list` shows for the tool `name` (None: not listed).
+
+        For the SDK's check of a 2026-07-28 call's `Mcp-Param-*` headers, which without it runs the whole
+        `tools/list` handler (a fresh connection, the middleware, the catalog's serialisation) on every
+        call to find one schema: about a fifth of that entry's cost per call (docs/benchmarks.md, issue 16).
+        """
+        if name in self.builtins.handlers:
+            return next((t.input_schema for t in self.builtins.tools() if t.name == name), None)
+        self.entries()
+        entry = self._index.get(name)
+        return entry.tool.input_schema if entry is not None else None
 
     def _resolve(self, name: str) -> tuple[str, str] | None:
         """The (server, tool) behind a downstream name: from the catalog, else from the name's shape."""
