@@ -15,13 +15,14 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import mcp.types as types
 import pytest
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.session import ClientRequestContext
+from pydantic import Field
 
 pytestmark = pytest.mark.anyio
 
@@ -493,8 +494,9 @@ async def test_the_lean_modern_entry_cancels_on_disconnect_and_keeps_a_silent_st
 
 
 async def test_the_gateway_gives_the_modern_entry_the_listed_input_schemas(tmp_path: Path) -> None:
-    """`Gateway.input_schema` (the SDK's `get_tool_input_schema`, instead of a `tools/list` per call) says what the
-    list says, for upstream and built-in tools, and nothing for a tool that is not listed."""
+    """`Gateway.header_schema` (the SDK's `get_tool_input_schema`, instead of a `tools/list` per call) is the listed
+    schema of a tool that declares `x-mcp-header` arguments, and None for one that declares none (nothing to check)
+    or is not listed."""
     import random
 
     from mcp.server.mcpserver import MCPServer
@@ -511,6 +513,10 @@ async def test_the_gateway_gives_the_modern_entry_the_listed_input_schemas(tmp_p
     async def add(a: int, b: int) -> int:
         return a + b
 
+    @upstream.tool()
+    async def stock(region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})]) -> str:
+        return region
+
     clock, policy = FakeClock(), GatewayPolicy()
     connect = ConnectPolicy(startup_jitter_s=0, attempt_timeout_s=5, backoff_base_s=1, backoff_cap_s=4, budget_s=20)
     spec = ServerSpec(name="shop", transport="stdio", command="not-used-in-memory", connect=connect)
@@ -522,11 +528,12 @@ async def test_the_gateway_gives_the_modern_entry_the_listed_input_schemas(tmp_p
             gateway = Gateway(bw, policy, catalog=Catalog(template=policy.tool_name_template, directory=tmp_path / "c"))
             await bw.wait_ready(timeout=30)
             async with Client(gateway.server, mode="legacy") as client:
-                listed = (await client.list_tools()).tools
-            assert "shop__add" in {t.name for t in listed} and len(listed) > 1  # and the built-ins
-            for tool in listed:
-                assert gateway.input_schema(tool.name) == tool.input_schema, tool.name
-            assert gateway.input_schema("shop__nothing") is None
-            assert gateway.server.get_tool_input_schema == gateway.input_schema
+                listed = {t.name: t.input_schema for t in (await client.list_tools()).tools}
+            assert {"shop__add", "shop__stock"} < set(listed)  # and the built-ins
+            assert "x-mcp-header" in json.dumps(listed["shop__stock"])
+            for name, schema in listed.items():
+                assert gateway.header_schema(name) == (schema if name == "shop__stock" else None), name
+            assert gateway.header_schema("shop__nothing") is None
+            assert gateway.server.get_tool_input_schema == gateway.header_schema
 
     await clock.run(run)
