@@ -504,6 +504,7 @@ async def test_the_gateway_gives_the_modern_entry_the_listed_input_schemas(tmp_p
     from breakwater import Breakwater, Config, ConnectPolicy, ServerSpec
     from breakwater.catalog._catalog import Catalog
     from breakwater.config import GatewayPolicy
+    from breakwater.gateway._http import http_app
     from breakwater.gateway._server import Gateway
     from breakwater.testing import FakeClock, in_memory
 
@@ -535,5 +536,9 @@ async def test_the_gateway_gives_the_modern_entry_the_listed_input_schemas(tmp_p
                 assert gateway.header_schema(name) == (schema if name == "shop__stock" else None), name
             assert gateway.header_schema("shop__nothing") is None
             assert gateway.server.get_tool_input_schema == gateway.header_schema
+            # `serve --http` in the default mode serves 2026-07-28 calls with the lean entry (the tests above).
+            http_app(gateway, host="127.0.0.1", token=None)
+            manager = gateway.server.session_manager
+            assert getattr(manager.asgi_app.app, "__module__", None) == "breakwater.gateway._modern_http"
 
     await clock.run(run)
