@@ -3,7 +3,9 @@
 A real SDK server in a child process, on breakwater's stdio transport with the lane (`lane`) and
 without (`sdk`), driven by a real SDK client over its pipes and by raw lines: the same answers,
 errors, progress, log messages, sampling round trips and cancellations either way, and the lane
-actually taking the calls it claims.
+actually taking the calls it claims. The HTTP fast paths likewise: 2025-11-25 in JSON and default
+mode (`_fast_http`), and 2026-07-28 in the default mode (`_modern_http`), each against the SDK's own
+entry, with raw POSTs compared byte for byte.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import mcp.types as types
 import pytest
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.session import ClientRequestContext
+from pydantic import Field
 
 pytestmark = pytest.mark.anyio
 
@@ -311,3 +314,231 @@ async def test_a_post_takes_the_fast_path_with_the_sdks_answers(http_url: Any) -
     proc.terminate()
     assert proc.stderr is not None
     assert "hang was cancelled" in proc.stderr.read()
+
+
+# ---- 2026-07-28 over HTTP: the lean entry (`breakwater.gateway._modern_http`) against the SDK's ----
+
+MODERN_SERVER = textwrap.dedent(
+    """
+    import sys, anyio, socket, uvicorn, mcp.types as types
+    import mcp.server._streamable_http_modern as modern
+    from mcp import MCPError
+    from mcp.server.lowlevel import Server
+    from breakwater._clock import SystemClock
+    from breakwater.gateway._modern_http import serve_modern_calls
+
+    REGION = {"type": "object", "properties": {"region": {"type": "string", "x-mcp-header": "Region"}}}
+
+    async def list_tools(ctx, params):
+        tools = [types.Tool(name=n, input_schema={"type": "object"}) for n in ["where", "hang", "fail", "progress", "slow"]]
+        return types.ListToolsResult(tools=[*tools, types.Tool(name="region", input_schema=REGION)])
+
+    def text(value):
+        return types.CallToolResult(content=[types.TextContent(type="text", text=value)])
+
+    async def call_tool(ctx, params):
+        if params.name == "where":
+            return text("lean" if type(ctx.session._request_outbound).__name__ == "_LeanContext" else "sdk")
+        if params.name == "progress":
+            await ctx.session.report_progress(1, 2, "half")
+            await ctx.session.report_progress(2, 2, "done")
+            return text("progressed")
+        if params.name == "slow":  # silent for longer than the keep-alive interval
+            await anyio.sleep(float(params.arguments["s"]))
+            return text("slept")
+        if params.name == "hang":
+            try:
+                await anyio.sleep_forever()
+            finally:
+                print("hang was cancelled", file=sys.stderr, flush=True)
+        if params.name == "region":
+            return text("region " + params.arguments.get("region", "-"))
+        raise MCPError(code=-32050, message="nope", data={"why": "asked to"})
+
+    server = Server("modern", on_list_tools=list_tools, on_call_tool=call_tool)
+    app = server.streamable_http_app()
+    if sys.argv[1] == "lean":
+        serve_modern_calls(server.session_manager, SystemClock())
+    modern._SSE_PING_INTERVAL = float(sys.argv[3])
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    open(sys.argv[2], "w").write(str(sock.getsockname()[1]))
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    """
+)
+
+MODERN = "2026-07-28"
+META = {
+    "io.modelcontextprotocol/protocolVersion": MODERN,
+    "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+SSE_ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+
+
+def modern_post(
+    tool: Any, arguments: Any = None, *, request_id: Any = 1, meta: Any = META, **extra_headers: str
+) -> tuple[list[tuple[str, str]], bytes]:
+    """A raw 2026-07-28 tools/call POST: its headers and body."""
+    params: dict[str, Any] = {"name": tool, "arguments": arguments if arguments is not None else {}}
+    if meta is not None:
+        params["_meta"] = meta
+    headers = {**SSE_ACCEPT, "mcp-protocol-version": MODERN, "mcp-method": "tools/call", "mcp-name": str(tool)}
+    headers.update({k.replace("_", "-"): v for k, v in extra_headers.items()})
+    body = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+    return list(headers.items()), json.dumps(body).encode()
+
+
+def _raw_posts() -> list[tuple[list[tuple[str, str]], bytes]]:
+    good_headers, good_body = modern_post("where")
+    posts = [
+        modern_post("where"),
+        modern_post("fail", request_id="s-2"),
+        modern_post("nothing"),
+        modern_post("progress", meta={**META, "progressToken": "p1"}),
+        modern_post("region", {"region": "eu"}, region="eu"),  # an Mcp-Param header (the SDK finds no "mcp-param-" prefix)
+        modern_post("region", {"region": "eu"}, **{"mcp-param-region": "eu"}),
+        modern_post("region", {"region": "eu"}, **{"mcp-param-region": "us"}),  # disagrees with the body
+        modern_post("region", {"region": "eu"}),  # the header is missing
+        modern_post("where", mcp_name="else"),  # Mcp-Name disagrees with the body
+        modern_post("where", meta=None),  # no envelope
+        modern_post("where", meta={**META, "io.modelcontextprotocol/protocolVersion": "2099-01-01"}),  # disagrees
+        modern_post(
+            "where", meta={**META, "io.modelcontextprotocol/protocolVersion": "2099-01-01"}, mcp_protocol_version="2099-01-01"
+        ),  # a version nobody serves
+        modern_post("where", accept="application/json"),  # SSE mode wants both
+        modern_post("where", host="evil.example:80"),  # the SDK's DNS-rebinding check
+        modern_post("where", arguments=[]),  # arguments that are no object
+        modern_post(3),  # a name that is no string
+        (good_headers, b"{not json"),
+        (good_headers, b"[" + good_body + b"]"),  # a batch
+        (good_headers, json.dumps({"jsonrpc": "2.0", "method": "tools/call", "params": {}}).encode()),  # no id
+        (good_headers, json.dumps({"jsonrpc": "2.0", "id": 9, "method": "tools/list", "params": {"_meta": META}}).encode()),
+        ([*good_headers, ("mcp-method", "tools/call")], good_body),  # the routing header twice
+    ]
+    return posts
+
+
+async def _start_modern(tmp_path: Path, mode: str, ping_s: float) -> tuple[str, subprocess.Popen[str]]:
+    path = tmp_path / f"modern_{mode}.py"
+    path.write_text(MODERN_SERVER)
+    port_file = tmp_path / f"port_{mode}"
+    proc = subprocess.Popen([sys.executable, str(path), mode, str(port_file), str(ping_s)], stderr=subprocess.PIPE, text=True)
+    with anyio.fail_after(30):
+        while not (port_file.exists() and port_file.read_text()):
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            await anyio.sleep(0.05)
+    return f"http://127.0.0.1:{port_file.read_text()}/mcp", proc
+
+
+async def _answers(url: str) -> list[tuple[int, str, bytes]]:
+    import httpx2
+
+    answers = []
+    async with httpx2.AsyncClient(timeout=30) as http:
+        for headers, body in _raw_posts():
+            reply = await http.post(url, headers=headers, content=body)
+            answers.append((reply.status_code, reply.headers.get("content-type", ""), reply.content))
+    return answers
+
+
+async def test_the_lean_modern_entry_answers_every_post_as_the_sdks_does(tmp_path: Path) -> None:
+    """Status, content type and body, byte for byte, for good calls, streamed progress and every refusal."""
+    answers: dict[str, list[tuple[int, str, bytes]]] = {}
+    for mode in ("lean", "sdk"):
+        url, proc = await _start_modern(tmp_path, mode, 15.0)
+        try:
+            answers[mode] = await _answers(url)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    lean, sdk = answers["lean"], answers["sdk"]
+    assert b'"text":"lean"' in lean[0][2] and b'"text":"sdk"' in sdk[0][2]  # each entry served its own
+    assert lean[0][:2] == sdk[0][:2] == (200, "application/json")
+    assert lean[1:] == sdk[1:]
+    statuses = [status for status, _, _ in lean]
+    assert statuses.count(400) >= 8 and 406 in statuses and 202 in statuses  # the refusals were exercised
+    progress = lean[3]
+    assert progress[1] == "text/event-stream" and progress[2].count(b"notifications/progress") == 2
+
+
+async def test_the_lean_modern_entry_cancels_on_disconnect_and_keeps_a_silent_stream_alive(tmp_path: Path) -> None:
+    """A client that goes away cancels the call; a call silent past the interval commits to SSE and gets pings."""
+    import httpx2
+
+    streams: dict[str, bytes] = {}
+    for mode in ("lean", "sdk"):
+        url, proc = await _start_modern(tmp_path, mode, 0.2)
+        try:
+            async with Client(url, mode=MODERN) as client:
+                assert text(await client.call_tool("where", {})) == mode
+                with anyio.move_on_after(1):
+                    await client.call_tool("hang", {})
+                assert text(await client.call_tool("where", {})) == mode  # the entry goes on
+            async with httpx2.AsyncClient(timeout=30) as http:
+                headers, body = modern_post("slow", {"s": 0.7})
+                reply = await http.post(url, headers=headers, content=body)
+                assert reply.headers["content-type"] == "text/event-stream"
+                streams[mode] = reply.content
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+            assert proc.stderr is not None
+            assert "hang was cancelled" in proc.stderr.read(), mode
+    for mode, stream in streams.items():
+        head, _, last = stream.rpartition(b"event: message")
+        assert head.count(b": ping") >= 2 and head.replace(b": ping\r\n\r\n", b"") == b"", (mode, stream)
+        assert b'"text":"slept"' in last
+    assert streams["lean"].rpartition(b"event: message")[2] == streams["sdk"].rpartition(b"event: message")[2]
+
+
+async def test_the_gateway_gives_the_modern_entry_the_listed_input_schemas(tmp_path: Path) -> None:
+    """`Gateway.header_schema` (the SDK's `get_tool_input_schema`, instead of a `tools/list` per call) is the listed
+    schema of a tool that declares `x-mcp-header` arguments, and None for one that declares none (nothing to check)
+    or is not listed."""
+    import random
+
+    from mcp.server.mcpserver import MCPServer
+
+    from breakwater import Breakwater, Config, ConnectPolicy, ServerSpec
+    from breakwater.catalog._catalog import Catalog
+    from breakwater.config import GatewayPolicy
+    from breakwater.gateway._http import http_app
+    from breakwater.gateway._server import Gateway
+    from breakwater.testing import FakeClock, in_memory
+
+    upstream = MCPServer("shop")
+
+    @upstream.tool()
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    @upstream.tool()
+    async def stock(region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})]) -> str:
+        return region
+
+    clock, policy = FakeClock(), GatewayPolicy()
+    connect = ConnectPolicy(startup_jitter_s=0, attempt_timeout_s=5, backoff_base_s=1, backoff_cap_s=4, budget_s=20)
+    spec = ServerSpec(name="shop", transport="stdio", command="not-used-in-memory", connect=connect)
+
+    async def run() -> None:
+        config = Config(servers=(spec,))
+        bw_kwargs: dict[str, Any] = {"journal": None, "telemetry": None, "transports": in_memory(upstream)}
+        async with Breakwater(config, clock=clock, rng=random.Random(3), admission_dir=tmp_path / "a", **bw_kwargs) as bw:
+            gateway = Gateway(bw, policy, catalog=Catalog(template=policy.tool_name_template, directory=tmp_path / "c"))
+            await bw.wait_ready(timeout=30)
+            async with Client(gateway.server, mode="legacy") as client:
+                listed = {t.name: t.input_schema for t in (await client.list_tools()).tools}
+            assert {"shop__add", "shop__stock"} < set(listed)  # and the built-ins
+            assert "x-mcp-header" in json.dumps(listed["shop__stock"])
+            for name, schema in listed.items():
+                assert gateway.header_schema(name) == (schema if name == "shop__stock" else None), name
+            assert gateway.header_schema("shop__nothing") is None
+            assert gateway.server.get_tool_input_schema == gateway.header_schema
+            # `serve --http` in the default mode serves 2026-07-28 calls with the lean entry (the tests above).
+            http_app(gateway, host="127.0.0.1", token=None)
+            manager = gateway.server.session_manager
+            assert getattr(manager.asgi_app.app, "__module__", None) == "breakwater.gateway._modern_http"
+
+    await clock.run(run)

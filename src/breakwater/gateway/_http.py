@@ -13,6 +13,7 @@ from breakwater.gateway._fast_call import install as install_fast_calls
 from breakwater.gateway._fast_http import answer_fast
 from breakwater.gateway._lazy_sse import answer_lazily
 from breakwater.gateway._metrics import CallCounter, Metrics
+from breakwater.gateway._modern_http import serve_modern_calls
 from breakwater.gateway._resume import ResumableStreams
 from breakwater.gateway._server import Gateway
 from breakwater.gateway._sessions import roaming_app
@@ -164,6 +165,8 @@ def http_app(
         # one that streams can be resumed with Last-Event-ID (_resume).
         answer_lazily(gateway.server.session_manager, gateway.bw.clock, keepalive_s=policy.sse_keepalive_s, streams=resumable)
         install_fast_calls(gateway.server)  # a session's plain tools/call skips its streams (_fast_http)
+        # A 2026-07-28 tools/call POST runs its handler in its own task, with one watcher beside (_modern_http).
+        serve_modern_calls(gateway.server.session_manager, gateway.bw.clock)
     else:
         # A plain tools/call POST runs in its own task, without the session's memory streams (_fast_http).
         answer_fast(gateway.server.session_manager, gateway.server)

@@ -31,6 +31,7 @@ from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.models import InitializationOptions
 from mcp.server.session import ServerSession
 from mcp.server.subscriptions import InMemorySubscriptionBus, ToolsListChanged
+from mcp.shared.inbound import X_MCP_HEADER_KEY, _walk_schema_positions
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from breakwater._breakwater import Breakwater
@@ -95,6 +96,26 @@ def _client_name(ctx: ServerRequestContext[Any], meta: Mapping[str, Any]) -> str
     return name if isinstance(name, str) else None
 
 
+#: Whether a listed tool's input schema declares `x-mcp-header` arguments, by the tool definition (kept alive
+#: here, so an id is never reused while it is a key); cleared when it grows past a bound (definitions change
+#: rarely; the built-ins' are made afresh for each list, so they are not remembered).
+_DECLARES_HEADERS: dict[int, tuple[types.Tool, bool]] = {}
+_DECLARES_HEADERS_MAX = 4096
+
+
+def _declares_headers(tool: types.Tool, *, remember: bool = True) -> bool:
+    known = _DECLARES_HEADERS.get(id(tool))
+    if known is not None and known[0] is tool:
+        return known[1]
+    declares = any(X_MCP_HEADER_KEY in position for _, position in _walk_schema_positions(tool.input_schema))
+    if not remember:
+        return declares
+    if len(_DECLARES_HEADERS) >= _DECLARES_HEADERS_MAX:
+        _DECLARES_HEADERS.clear()
+    _DECLARES_HEADERS[id(tool)] = (tool, declares)
+    return declares
+
+
 class Gateway:
     """The MCP server face of a `Breakwater`."""
 
@@ -137,6 +158,7 @@ class Gateway:
             ),
             on_list_tools=self._on_list_tools,
             on_call_tool=self._on_call_tool,
+            get_tool_input_schema=self.header_schema,
             on_subscriptions_listen=RelayedListen(self.bus, self.passthrough.subscriptions),
             **self.passthrough.handlers(),
         )
@@ -188,6 +210,23 @@ class Gateway:
         if self._generation == self.bw.generation:
             return self._entries
         return self.refresh()
+
+    def header_schema(self, name: str) -> Mapping[str, Any] | None:
+        """The input schema `tools/list` shows for the tool `name` if it declares `x-mcp-header` arguments, else None.
+
+        The SDK's `get_tool_input_schema`, for its check of a 2026-07-28 call's `Mcp-Param-*` headers:
+        without it the SDK runs the whole `tools/list` handler (a fresh connection, the middleware, the
+        catalog's serialisation) on every call to find one schema, about a fifth of that entry's cost
+        per call (docs/benchmarks.md, issue 16). A schema that declares no header can refuse nothing
+        (`validate_mcp_param_headers` walks it and finds no position to check), so for it, as for a tool
+        that is not listed, the answer is None and the walk is skipped.
+        """
+        if name in self.builtins.handlers:
+            tool = next((t for t in self.builtins.tools() if t.name == name), None)
+            return tool.input_schema if tool is not None and _declares_headers(tool, remember=False) else None
+        self.entries()
+        entry = self._index.get(name)
+        return entry.tool.input_schema if entry is not None and _declares_headers(entry.tool) else None
 
     def _resolve(self, name: str) -> tuple[str, str] | None:
         """The (server, tool) behind a downstream name: from the catalog, else from the name's shape."""
