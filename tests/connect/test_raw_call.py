@@ -227,10 +227,10 @@ async def test_lines_that_are_not_a_raw_calls_answer_are_left_to_the_sdk_and_bre
         written.append(line)
 
     raw = RawCalls(write, StdoutParser("s", 1 << 20))
-    progress: list[float] = []
+    seen: list[float] = []
 
-    async def on_progress(value: float, total: float | None, message: str | None) -> None:
-        progress.append(value)
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(progress)
 
     async with anyio.create_task_group() as tg:
         answers: list[Any] = []
@@ -246,4 +246,4 @@ async def test_lines_that_are_not_a_raw_calls_answer_are_left_to_the_sdk_and_bre
         assert raw.take(b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"bw-1","progress":0.5}}')
         # Invalid UTF-8 is read as the SDK's parser reads it (U+FFFD), not lost.
         assert raw.take(b'{"jsonrpc":"2.0","id":"bw-1","result":{"content":[],"x":"\xff"}}')
-    assert answers == [{"content": [], "x": "\ufffd"}] and progress == [0.5]
+    assert answers == [{"content": [], "x": "\ufffd"}] and seen == [0.5]
