@@ -450,6 +450,30 @@ def test_never_two_live_probes_and_never_open_past_the_cap(ops: list[tuple[str, 
             assert snap.open_until - now <= breaker.policy.open_max_s
 
 
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(ops=_ops, seed=st.integers(0, 2**16))
+def test_rejection_says_ahead_what_acquire_answers_and_takes_nothing(ops: list[tuple[str, float]], seed: int) -> None:
+    """`rejection()` (what the gate asks before checking a call's arguments) is `acquire`'s refusal, exactly,
+    or None where `acquire` admits; asking it changes nothing a snapshot shows."""
+    breaker, clock = make(BreakerPolicy(consecutive_failures=2, minimum_calls=2), seed=seed)
+    outstanding: list[Permit] = []
+    for op, arg in ops:
+        if op == "acquire":
+            before = breaker.snapshot()
+            ahead = breaker.rejection()
+            assert breaker.snapshot() == before
+            got = breaker.acquire(slow_threshold_s=1.0)
+            if isinstance(got, Permit):
+                assert ahead is None
+                outstanding.append(got)
+            else:
+                assert ahead == got
+        elif op == "advance":
+            clock.advance(arg)
+        elif outstanding:
+            outstanding.pop(int(arg) % len(outstanding)).record(Outcome(op), duration_s=0.5)
+
+
 def test_breaker_key_names_server_and_tool_without_parsing() -> None:
     """A tool name holding a slash stays whole: the key says whose breaker it is, the name is only its text."""
     registry = BreakerRegistry(clock=FakeClock())

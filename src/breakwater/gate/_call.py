@@ -18,10 +18,11 @@ from typing import Any
 import mcp.types as types
 
 from breakwater._clock import Clock
+from breakwater.catalog._validate import ArgumentCheck
 from breakwater.config import CallPolicy, RetryPolicy
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import CallError, ErrorCode
-from breakwater.gate._breaker import BreakerRegistry, BreakerState, CircuitBreaker
+from breakwater.gate._breaker import BreakerRegistry, BreakerState, CircuitBreaker, Rejection
 from breakwater.gate._classify import Classifier, RetryClass, retry_class_for
 from breakwater.gate._health import ToolHealth
 from breakwater.gate._retry_budget import RetryBudget
@@ -83,6 +84,9 @@ class ToolRecord:
     definition: types.Tool
     #: `call.hard_s`, read on every attempt (a property of the policy).
     hard_s: float = 0.0
+    #: The check of a call's arguments against `definition`, made on the tool's first call (compiling
+    #: a schema costs far more than checking against it, and most listed tools are never called).
+    check_arguments: ArgumentCheck | None = None
 
     def __post_init__(self) -> None:
         self.hard_s = self.call.hard_s
@@ -180,6 +184,9 @@ class Call:
     last: CallError | None = None
     #: Set when an answer is first lost: how long reconciliation may wait for the server or the operation.
     window: float | None = None
+    #: The breakers' refusal of the first attempt, decided before the arguments were checked (see
+    #: `_admit.breaker_refusal`): whether the server's breaker gave it, and the rejection.
+    refusal: tuple[bool, Rejection] | None = None
 
     @property
     def max_attempts(self) -> int:
