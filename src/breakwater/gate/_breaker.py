@@ -313,8 +313,10 @@ class CircuitBreaker:
         """
         if self._shared is not None:
             return self.snapshot().state
+        d = self._data
+        if d.state is BreakerState.CLOSED:  # whatever the time (the journal reads both breakers per attempt)
+            return BreakerState.CLOSED
         with self._lock:
-            d = self._data
             if d.state is BreakerState.OPEN and d.open_until <= self._clock.monotonic():
                 return BreakerState.HALF_OPEN
             return d.state
