@@ -245,12 +245,16 @@ class CircuitBreaker:
         `lease_s`: how long a half-open probe may stay out before another is allowed (default: the
         policy's `probe_lease_s`); pass the call's own deadline so a probe outlives its timeout.
         """
+        if self._shared is None:
+            d = self._data
+            # The usual case, decided without the clock or the lock: the epoch is read before the
+            # state, so the permit is of this closed period, or stale (its report then dropped).
+            epoch = d.epoch
+            if d.state is BreakerState.CLOSED:
+                return Permit(self, epoch, is_probe=False, slow_threshold_s=slow_threshold_s)
         lease = lease_s or self.policy.probe_lease_s
         with self._lock:
             if self._shared is None:
-                d = self._data
-                if d.state is BreakerState.CLOSED:  # the usual case, decided without reading the clock
-                    return Permit(self, d.epoch, is_probe=False, slow_threshold_s=slow_threshold_s)
                 return self._admit(self._clock.monotonic(), slow_threshold_s, lease)
             now = self._clock.monotonic()
             if self._shared is not None:
@@ -423,10 +427,14 @@ class CircuitBreaker:
 
     def _settle(self, permit: Permit, outcome: Outcome, duration_s: float) -> bool | None:
         slow = outcome is not Outcome.IGNORED and permit.slow_threshold_s is not None and duration_s > permit.slow_threshold_s
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`: a third of the cost of taking the lock, twice per call
+        try:
             if permit.shared and self._shared is not None and self._shared.settle(permit.epoch, permit.is_probe, outcome, slow):
                 return None
             return self._settle_local(permit.epoch, outcome, slow)
+        finally:
+            lock.release()
 
     def settle_lost(self, epoch: int, outcome: Outcome, slow: bool) -> None:
         """A shared report the store could not take after all: apply it to the local state (store degraded)."""
