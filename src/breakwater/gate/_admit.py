@@ -42,7 +42,8 @@ class Permits(NamedTuple):
 
 def admit(ctx: GateContext, call: Call) -> Permits:
     """Both permits for the next attempt; raises the refusal (journaled) or, after a failed attempt, why it stopped."""
-    _check_budget(ctx, call)
+    if call.budget is not None:  # most calls have no turn budget: no call to check one
+        _check_budget(ctx, call)
     return _take_permits(ctx, call)
 
 

@@ -442,7 +442,7 @@ class CallGate:
             while True:
                 permits = admit(ctx, call) if call.window is None or call.last is None else await admit_after_loss(ctx, call)
                 if math.isnan(call.timeout_s):
-                    call.timeout_s = self._timeout(srv, call.info)
+                    call.timeout_s = self._resolve_timeout(srv, call.info)[0]
                 call.attempt += 1
                 try:
                     answer = await run_attempt(ctx, call, permits)
