@@ -161,9 +161,13 @@ class Journaled:
     sent: int = 0
 
 
-@dataclass(slots=True, kw_only=True)
+@dataclass(slots=True)
 class Call:
-    """One logical call in progress: what it is, and how far it has got."""
+    """One logical call in progress: what it is, and how far it has got.
+
+    Not keyword-only, unlike the gate's other records: one is made per call, and CPython's matching
+    of ten keywords cost twice the construction itself (`CallGate._prepare` passes them by position).
+    """
 
     srv: ServerRecord
     info: ToolRecord

@@ -415,18 +415,9 @@ class CallGate:
         # Without a turn budget nothing reads the timeout before an attempt is admitted: a refused
         # call (an open breaker) does not pay for resolving it (`_run` does, once admitted).
         resolved = timeout if timeout is not None else self._timeout(srv, info) if budget is not None else math.nan
-        return Call(
-            srv=srv,
-            info=info,
-            arguments=arguments,
-            op_id=op_id,
-            meta=meta,
-            timeout_s=resolved,
-            budget=budget,
-            progress_callback=progress_callback,
-            journal=None,
-            refusal=refusal,
-        )
+        call = Call(srv, info, arguments, op_id, meta, resolved, budget, progress_callback, None)
+        call.refusal = refusal
+        return call
 
     async def _run(self, call: Call) -> types.CallToolResult:
         """The loop of steps 2–6 until a result, a final error or a refusal (one coroutine: one frame less per call)."""
