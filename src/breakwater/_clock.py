@@ -177,13 +177,15 @@ class _SystemDeadlineScope:
     __slots__ = ("_deadline", "_elsewhere", "_loop", "_scope")
 
     def __init__(self, deadline: float) -> None:
+        if math.isnan(deadline):
+            raise ValueError("deadline must not be NaN")
         self._scope = _new_cancel_scope()
         #: The loop's deadlines while the scope is active on asyncio, else None.
         self._loop: _LoopDeadlines | None = None
         #: Active on another backend: the anyio scope holds the deadline.
         self._elsewhere = False
-        self._deadline = math.inf
-        self.deadline = deadline
+        # Not through the `deadline` setter: an inactive scope has nothing to tell (one per attempt).
+        self._deadline = deadline
 
     @property
     def deadline(self) -> float:

@@ -17,6 +17,7 @@ __all__ = [
     "OPERATION_ID_META_KEY",
     "REPLAYED_META_KEY",
     "RESULT_TOO_LARGE",
+    "has_non_finite",
     "json_depth",
     "non_finite_constant",
     "non_finite_path",
@@ -99,7 +100,8 @@ def non_finite_constant(data: bytes) -> str | None:
     return None
 
 
-def _has_non_finite(value: Any) -> bool:
+def has_non_finite(value: Any) -> bool:
+    """Whether parsed JSON `value` holds a NaN or infinite float anywhere (`non_finite_path` says where)."""
     # The walk every call pays (arguments, results): no paths built, no generator per container, and the
     # common leaves (strings, ints, bools, None) never pushed.
     stack = [value]
@@ -135,7 +137,7 @@ def _has_non_finite(value: Any) -> bool:
 
 def non_finite_path(value: Any, root: str = "") -> str | None:
     """Where the first NaN or infinite float sits in parsed JSON `value` (`a.b[2]` under `root`); None if nowhere."""
-    if not _has_non_finite(value):
+    if not has_non_finite(value):
         return None
     stack: list[tuple[str, Any]] = [(root, value)]
     while stack:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
@@ -9,7 +10,7 @@ import mcp.types as types
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from breakwater.catalog._validate import _quick_check, argument_problem
+from breakwater.catalog._validate import _quick_check, argument_checker, argument_problem, not_json_argument
 
 TYPES = ["string", "integer", "number", "boolean", "null", "object", "array"]
 VALUES = st.one_of(
@@ -65,6 +66,22 @@ def test_the_quick_check_never_passes_what_jsonschema_refuses(schema: dict[str, 
     # And the check as a whole answers exactly as jsonschema does.
     tool = types.Tool(name="t", input_schema=schema)
     assert (argument_problem(tool, arguments) is None) == valid, (schema, arguments)
+
+
+ODD_NUMBERS = st.sampled_from([math.nan, math.inf, -math.inf])
+WITH_ODD = st.one_of(
+    VALUES, ODD_NUMBERS, st.lists(ODD_NUMBERS, max_size=2), st.dictionaries(st.text(max_size=2), ODD_NUMBERS, max_size=2)
+)
+ANY_SCHEMA = st.one_of(SCHEMA, st.just({}), st.just({"type": "object", "minProperties": 1}))
+
+
+@settings(max_examples=400, deadline=None)
+@given(ANY_SCHEMA, st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), WITH_ODD, max_size=4))
+def test_the_kept_check_answers_as_the_two_checks_do(schema: dict[str, Any], arguments: dict[str, Any]) -> None:
+    """The gate's per-tool check (the quick check and the NaN walk in one) gives the same answer, field and all,
+    as the schema check followed by the NaN check."""
+    tool = types.Tool(name="t", input_schema=schema)
+    assert argument_checker(tool)(arguments) == (argument_problem(tool, arguments) or not_json_argument(arguments))
 
 
 def test_the_quick_check_takes_the_common_flat_schemas_and_steps_aside_for_the_rest() -> None:

@@ -257,6 +257,36 @@ def test_half_open_admits_one_probe_among_50_threads() -> None:
     assert sum(isinstance(r, Permit) for r in results) == 1
 
 
+def test_closed_permits_taken_without_the_lock_never_act_after_the_breaker_opened() -> None:
+    """A closed breaker admits without its lock; permits taken by threads racing the trip either count in the
+    closed period or are dropped: once open, no success reported by them closes it or fills its window."""
+    breaker, clock = make(BreakerPolicy(consecutive_failures=3, minimum_calls=1000))
+    barrier = threading.Barrier(9)
+    late: list[Permit] = []
+    lock = threading.Lock()
+
+    def caller() -> None:
+        barrier.wait()
+        for _ in range(300):
+            got = breaker.acquire()
+            if isinstance(got, Permit):
+                with lock:
+                    late.append(got)
+
+    threads = [threading.Thread(target=caller) for _ in range(8)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    trip(breaker, clock)
+    for t in threads:
+        t.join()
+    calls = breaker.snapshot().calls_in_window
+    for p in late:
+        p.record(Outcome.SUCCESS, 0.01)
+    after = breaker.snapshot()
+    assert after.state is BreakerState.OPEN and after.calls_in_window == calls
+
+
 def test_a_probe_that_never_reports_loses_its_lease() -> None:
     breaker, clock = make(BreakerPolicy(probe_lease_s=30.0))
     trip(breaker, clock)
@@ -448,6 +478,30 @@ def test_never_two_live_probes_and_never_open_past_the_cap(ops: list[tuple[str, 
         snap = breaker.snapshot()
         if snap.open_until is not None:
             assert snap.open_until - now <= breaker.policy.open_max_s
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(ops=_ops, seed=st.integers(0, 2**16))
+def test_rejection_says_ahead_what_acquire_answers_and_takes_nothing(ops: list[tuple[str, float]], seed: int) -> None:
+    """`rejection()` (what the gate asks before checking a call's arguments) is `acquire`'s refusal, exactly,
+    or None where `acquire` admits; asking it changes nothing a snapshot shows."""
+    breaker, clock = make(BreakerPolicy(consecutive_failures=2, minimum_calls=2), seed=seed)
+    outstanding: list[Permit] = []
+    for op, arg in ops:
+        if op == "acquire":
+            before = breaker.snapshot()
+            ahead = breaker.rejection()
+            assert breaker.snapshot() == before
+            got = breaker.acquire(slow_threshold_s=1.0)
+            if isinstance(got, Permit):
+                assert ahead is None
+                outstanding.append(got)
+            else:
+                assert ahead == got
+        elif op == "advance":
+            clock.advance(arg)
+        elif outstanding:
+            outstanding.pop(int(arg) % len(outstanding)).record(Outcome(op), duration_s=0.5)
 
 
 def test_breaker_key_names_server_and_tool_without_parsing() -> None:

@@ -97,6 +97,28 @@ def test_every_error_becomes_an_is_error_result_with_the_envelope(code: ErrorCod
 
 
 @pytest.mark.parametrize("code", list(ErrorCode))
+def test_the_result_is_the_one_the_models_constructors_build(code: ErrorCode) -> None:
+    """`error_result` calls the models' validators directly (an open breaker's refusal must be cheap): the result
+    is equal, field for field and set for set, to the one `CallToolResult(...)` builds, and the same on the wire."""
+    err = sample(code)
+    built = error_result(err)
+    note = TextContent(type="text", text=error_text(err), _meta={ENVELOPE_META_KEY: True})
+    content: list[ContentBlock] = [note]
+    structured = json.loads(json.dumps(built.structured_content))
+    validated = CallToolResult(content=content, structured_content=structured, is_error=True)
+    assert built == validated and repr(built) == repr(validated)
+    assert built.model_fields_set == validated.model_fields_set
+    assert built.content[-1].model_fields_set == note.model_fields_set
+    for options in ({"by_alias": True, "exclude_none": True}, {"by_alias": True}, {"exclude_unset": True}, {}):
+        assert built.model_dump_json(**options) == validated.model_dump_json(**options), options  # type: ignore[arg-type]
+        assert built.model_dump(mode="json", **options) == validated.model_dump(mode="json", **options)  # type: ignore[arg-type]
+    assert CallToolResult.model_validate(built.model_dump(by_alias=True)) == built
+    assert built.model_copy(deep=True) == built
+    again = error_result(err)
+    assert again.content[-1].meta is not built.content[-1].meta  # nothing shared between two results
+
+
+@pytest.mark.parametrize("code", list(ErrorCode))
 def test_round_trip_to_a_typed_exception(code: ErrorCode) -> None:
     err = sample(code)
     back = error_from_result(error_result(err))

@@ -35,7 +35,7 @@ from breakwater.config import (
     load_config,
 )
 from breakwater.connect._upstream import Upstream
-from breakwater.errors import ConfigError
+from breakwater.errors import CircuitOpenError, ConfigError
 from breakwater.gate._envelope import render_error_table
 from breakwater.gate._gate import OPERATION_ID_META_KEY, CallGate
 from breakwater.gate._turn_budget import turn_budget
@@ -550,3 +550,52 @@ async def test_journal_rows_say_which_attempt_opened_the_breaker_and_what_a_refu
         ("circuit_open", "CIRCUIT_OPEN", "closed", "open", False, 1),
     ]
     assert all(type(r.server_breaker) is str and type(r.error_code) is str for r in rows.rows)
+
+
+async def test_an_open_breaker_refuses_a_call_before_its_arguments_are_checked() -> None:
+    """A call an open breaker refuses gets that refusal even when its arguments do not fit: the same envelope
+    and journal row as a call whose arguments fit (the model's next step is the same: another tool, or later).
+    Once the breaker would let a probe through, the arguments are checked first again: the wrong call is
+    INVALID_ARGUMENTS and takes no probe slot, so the next right call is the probe that closes the breaker."""
+    clock = FakeClock()
+    typed = Tool(
+        name="t",
+        input_schema={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+        annotations=ToolAnnotations(read_only_hint=True),
+    )
+    healthy = {"now": False}
+
+    async def behave(_n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
+        return ok() if healthy["now"] else CallToolResult(content=[TextContent(type="text", text="boom")], is_error=True)
+
+    rows = Rows()
+    breaker = BreakerPolicy(consecutive_failures=1, failure_rate=1.0, open_base_s=10.0, open_jitter=0.0)
+    async with make_gate(clock, behave, [typed], breaker=breaker) as (_, server, upstream):
+        gate = CallGate({"s": upstream}, clock=clock, rng=random.Random(1), observer=rows)
+
+        async def story() -> list[dict[str, Any]]:
+            seen = [await gate.call("s", "t", {"n": 1})]  # fails: the tool's breaker opens
+            seen += [await gate.call("s", "t", {"n": "one"}), await gate.call("s", "t", {"n": 1})]
+            with pytest.raises(CircuitOpenError):
+                await gate.call_or_raise("s", "t", {})
+            await clock.sleep(10.0)  # due for a probe
+            seen.append(await gate.call("s", "t", {"n": "one"}))
+            assert not gate.breakers.tool("s", "t").snapshot().probe_in_flight
+            healthy["now"] = True
+            seen.append(await gate.call("s", "t", {"n": 1}))  # the probe
+            gate.breakers.server("s").trip("tripped by the test")
+            seen.append(await gate.call("s", "t", {"n": "one"}))
+            return [r.structured_content or {} for r in seen]
+
+        first, wrong, right, wrong_late, probe, wrong_server = await drive(clock, story)
+    assert (first["code"], wrong["code"], wrong_late["code"], wrong_server["code"]) == (
+        "TOOL_ERROR",
+        "CIRCUIT_OPEN",
+        "INVALID_ARGUMENTS",
+        "SERVER_CIRCUIT_OPEN",
+    )
+    assert wrong == right and "field" not in wrong  # byte for byte the refusal of a right call
+    assert probe == {"ok": True} and gate.breakers.tool("s", "t").state.value == "closed"
+    assert len(server.calls) == 2  # the first call and the probe
+    refused = [(r.outcome, r.error_code, r.server_breaker, r.tool_breaker, r.attempt) for r in rows.rows[1:4]]
+    assert refused == [("circuit_open", "CIRCUIT_OPEN", "closed", "open", 1)] * 3

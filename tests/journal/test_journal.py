@@ -8,6 +8,8 @@ except under `CI=true`, where an unreachable server is a failure.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import math
 import random
@@ -40,6 +42,7 @@ from breakwater.journal import (
     PostgresJournalStore,
     SQLiteJournalStore,
     arguments_digest,
+    attempt_record,
     learned_value,
     new_call_id,
     open_journal_store,
@@ -87,6 +90,16 @@ def rec(clock: FakeClock, duration: float, *, outcome: str = "completed", **kw: 
 
 
 # ---------------------------------------------------------------------------- the store contract
+
+
+def test_the_call_paths_positional_constructor_is_the_records_own() -> None:
+    """`attempt_record` (the gate's cheap way to build a row) takes exactly the fields, in their order, and builds
+    the record the keyword constructor does."""
+    fields = [f.name for f in dataclasses.fields(AttemptRecord)]
+    assert list(inspect.signature(attempt_record).parameters) == fields
+    values: list[Any] = [f"v{i}" for i in range(len(fields))]
+    built = attempt_record(*values)
+    assert built == AttemptRecord(**dict(zip(fields, values, strict=True))) and type(built) is AttemptRecord
 
 
 def test_rows_round_trip_with_every_field(make_store: StoreFactory) -> None:

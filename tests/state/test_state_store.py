@@ -177,6 +177,21 @@ async def test_first_use_on_a_replica_sees_an_open_breaker() -> None:
 
 
 @pytest.mark.usefixtures("redis_available")
+async def test_rejection_reads_the_shared_state_a_replica_has_seen() -> None:
+    """`rejection()`, which the gate asks before checking a call's arguments, gives a shared breaker's refusal
+    from the state this replica has seen (no round trip); a breaker it has never seen is left to `acquire`."""
+    async with replicas(2) as (a, b):
+        trip(a)
+        await wait_until(lambda: a.tool("srv", "tool").snapshot().state is BreakerState.OPEN)
+        assert b.tool("srv", "tool").rejection() is None  # never used here: only Redis knows
+        refused = b.tool("srv", "tool").acquire()  # the first use reads Redis once
+        assert isinstance(refused, Rejection)
+        ahead = b.tool("srv", "tool").rejection()
+        assert ahead is not None and (ahead.state, ahead.reason) == (refused.state, refused.reason)
+        assert 0 < ahead.retry_after_s <= refused.retry_after_s
+
+
+@pytest.mark.usefixtures("redis_available")
 async def test_exactly_one_probe_cluster_wide_among_50_callers() -> None:
     async with replicas(3) as regs:
         trip(regs[0])

@@ -20,9 +20,9 @@ from typing import Any
 
 import mcp.types as types
 
-from breakwater._wire import non_finite_path
+from breakwater._wire import has_non_finite, non_finite_path
 
-__all__ = ["ArgumentProblem", "argument_problem", "not_json_argument"]
+__all__ = ["ArgumentCheck", "ArgumentProblem", "argument_checker", "argument_problem", "not_json_argument"]
 
 _MAX_SHOWN = 80  # characters of a rejected value shown back to the model
 
@@ -232,3 +232,37 @@ def not_json_argument(arguments: Mapping[str, Any]) -> ArgumentProblem | None:
     if where is None:
         return None
     return ArgumentProblem(field=where, problem="it is NaN or infinite, which JSON cannot carry; send a finite number or null")
+
+
+#: `problem(arguments)`: the first reason a call's arguments cannot be sent, or None (see `argument_checker`).
+ArgumentCheck = Callable[[dict[str, Any]], ArgumentProblem | None]
+
+
+def argument_checker(tool: types.Tool) -> ArgumentCheck:
+    """`argument_problem(tool, a) or not_json_argument(a)` as one function of the arguments, for a caller that keeps it.
+
+    What is fixed per definition (the schema's validator, its quick check) is looked up once, here;
+    per call, arguments that the quick check vouches for and that hold no NaN or infinity cost one
+    pass each, and anything else takes the two checks in full, so the answers are theirs.
+    """
+    schema = tool.input_schema
+    if not isinstance(schema, Mapping) or not schema:
+        fits: Callable[[dict[str, Any]], bool] = _anything
+    else:
+        validator, quick = _VALIDATORS.get(schema)
+        fits = _anything if validator is None else quick or _nothing
+
+    def check(arguments: dict[str, Any]) -> ArgumentProblem | None:
+        if fits(arguments) and not has_non_finite(arguments):
+            return None
+        return argument_problem(tool, arguments) or not_json_argument(arguments)
+
+    return check
+
+
+def _anything(_arguments: dict[str, Any]) -> bool:
+    return True  # a schema that is not checked: only JSON's own limits apply
+
+
+def _nothing(_arguments: dict[str, Any]) -> bool:
+    return False  # no quick check for this schema: jsonschema decides every call

@@ -9,6 +9,6 @@ observer), the gateway or the CLI.
 `_gate` (`CallGate`: resolution and the loop of a call's steps) runs `_admit` (budget, breakers,
 bulkhead), `_attempt` (one attempt under its `AttemptDeadline`, classified), `_reconcile` (a lost
 answer) over one `_call.Call`; `_health` keeps each tool's recent latency (slowness trips, cheap
-probes, learned timeouts in time); `_breaker` and `_window`, `_retry_budget`, `_turn_budget`,
+probes, learned timeouts in time); `_breaker` (its vocabulary in `_breaker_types`) and `_window`, `_retry_budget`, `_turn_budget`,
 `_classify`, `_envelope` and `_tasks` are the parts.
 """

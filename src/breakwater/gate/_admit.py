@@ -7,6 +7,10 @@ the server's bulkhead must have a free slot (OVERLOADED). These refusals send no
 breakers nothing: a permit taken before a later check refuses is released without a verdict (a
 half-open probe slot is freed at once), and local overload protection never feeds back into
 upstream health.
+
+The breakers are asked about a call's first attempt before its arguments are checked
+(`breaker_refusal`, which takes nothing): a call an open breaker refuses is refused as such, without
+paying for the check, and that refusal stands when the attempt comes to be admitted.
 """
 
 from __future__ import annotations
@@ -15,10 +19,10 @@ from typing import Any, NamedTuple
 
 from breakwater.errors import BudgetExhaustedError, CallError, CircuitOpenError, OverloadedError, ServerCircuitOpenError
 from breakwater.gate._breaker import BreakerState, Permit, Rejection
-from breakwater.gate._call import Call, GateContext, observe, stopped
+from breakwater.gate._call import Call, GateContext, ServerRecord, ToolRecord, observe, stopped
 from breakwater.gate._reconcile import wait_ready
 
-__all__ = ["PROBE_LEASE_MARGIN_S", "Permits", "admit", "admit_after_loss"]
+__all__ = ["PROBE_LEASE_MARGIN_S", "Permits", "admit", "admit_after_loss", "breaker_refusal"]
 
 # A probe's lease must outlive its call, or a second probe would be let in while the first still runs.
 PROBE_LEASE_MARGIN_S = 5.0
@@ -38,7 +42,8 @@ class Permits(NamedTuple):
 
 def admit(ctx: GateContext, call: Call) -> Permits:
     """Both permits for the next attempt; raises the refusal (journaled) or, after a failed attempt, why it stopped."""
-    _check_budget(ctx, call)
+    if call.budget is not None:  # most calls have no turn budget: no call to check one
+        _check_budget(ctx, call)
     return _take_permits(ctx, call)
 
 
@@ -61,8 +66,26 @@ def _check_budget(ctx: GateContext, call: Call) -> None:
         raise _refusal(ctx, call, BudgetExhaustedError, detail, attempt=0)
 
 
+def breaker_refusal(srv: ServerRecord, info: ToolRecord) -> tuple[bool, Rejection] | None:
+    """How the breakers would refuse a call's first attempt now, taking nothing: (the server's breaker?, its rejection), or None.
+
+    The server's breaker is asked first: its refusal is the one admission would give.
+    """
+    rejection = srv.breaker.rejection()
+    if rejection is not None:
+        return True, rejection
+    rejection = info.breaker.rejection()
+    return None if rejection is None else (False, rejection)
+
+
 def _take_permits(ctx: GateContext, call: Call) -> Permits:
     srv, info = call.srv, call.info
+    if call.refusal is not None:
+        by_server, rejection = call.refusal
+        call.refusal = None
+        if by_server:
+            raise _server_refused(ctx, call, rejection)
+        raise _tool_refused(ctx, call, rejection, server_closed=srv.breaker.admits_freely())
     lease_s = info.hard_s + PROBE_LEASE_MARGIN_S
     # A closed in-process server breaker would admit the attempt with an ordinary permit whose
     # return changes nothing: ask it after the tool's breaker, so an open tool breaker's refusal
@@ -70,17 +93,9 @@ def _take_permits(ctx: GateContext, call: Call) -> Permits:
     server_permit = None if srv.breaker.admits_freely() else _server_permit(ctx, call, lease_s)
     tool_permit = info.breaker.acquire(slow_threshold_s=info.call.slow_call_s, lease_s=lease_s)
     if isinstance(tool_permit, Rejection):
-        states = None
-        if server_permit is None:
-            # The journal's row names both states: the server's is closed, the tool's what it refused with.
-            states = (BreakerState.CLOSED, tool_permit.state)
-        else:
+        if server_permit is not None:
             server_permit.release()
-        detail = _rejected(tool_permit)
-        usual = info.health.median()
-        if usual is not None:
-            detail["usual_s"] = round(usual, 3)
-        raise _refusal(ctx, call, CircuitOpenError, detail, retry_after_s=tool_permit.retry_after_s, states=states)
+        raise _tool_refused(ctx, call, tool_permit, server_closed=server_permit is None)
     if server_permit is None:
         try:
             server_permit = _server_permit(ctx, call, lease_s)  # closed a moment ago (unless another thread moved it)
@@ -95,11 +110,25 @@ def _take_permits(ctx: GateContext, call: Call) -> Permits:
     return permits
 
 
+def _tool_refused(ctx: GateContext, call: Call, rejection: Rejection, *, server_closed: bool) -> CallError:
+    # With the server's breaker closed the journal's row names both states without reading them again.
+    states = (BreakerState.CLOSED, rejection.state) if server_closed else None
+    detail = _rejected(rejection)
+    usual = call.info.health.median()
+    if usual is not None:
+        detail["usual_s"] = round(usual, 3)
+    return _refusal(ctx, call, CircuitOpenError, detail, retry_after_s=rejection.retry_after_s, states=states)
+
+
 def _server_permit(ctx: GateContext, call: Call, lease_s: float) -> Permit:
     permit = call.srv.breaker.acquire(lease_s=lease_s)
     if isinstance(permit, Rejection):
-        raise _refusal(ctx, call, ServerCircuitOpenError, _rejected(permit), retry_after_s=permit.retry_after_s)
+        raise _server_refused(ctx, call, permit)
     return permit
+
+
+def _server_refused(ctx: GateContext, call: Call, rejection: Rejection) -> CallError:
+    return _refusal(ctx, call, ServerCircuitOpenError, _rejected(rejection), retry_after_s=rejection.retry_after_s)
 
 
 def _rejected(rejection: Rejection) -> dict[str, Any]:

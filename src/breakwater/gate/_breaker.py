@@ -25,16 +25,16 @@ breaker falls back to its own record, seeded from the last shared state it saw.
 
 from __future__ import annotations
 
-import enum
 import math
 import random
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from breakwater._clock import Clock
 from breakwater.config._policies import BreakerPolicy
+from breakwater.gate._breaker_types import BreakerKey, BreakerState, Outcome, Rejection
 from breakwater.gate._window import BUCKETS as _BUCKETS
 from breakwater.gate._window import Window as _Window
 
@@ -53,40 +53,6 @@ __all__ = [
 ]
 
 
-class BreakerKey(NamedTuple):
-    """Whose breaker: a server's (`tool` None) or one tool's on a server.
-
-    The one place the identity is spelled: `name` is its text form (`server` or `server/tool`, the
-    key a shared store keeps it under and what `status` shows); read `server` and `tool` instead
-    of parsing the name back (tool names may hold slashes).
-    """
-
-    server: str
-    tool: str | None = None
-
-    @property
-    def name(self) -> str:
-        """`server`, or `server/tool`."""
-        return self.server if self.tool is None else f"{self.server}/{self.tool}"
-
-
-class Outcome(enum.StrEnum):
-    """What one admitted call tells a breaker."""
-
-    SUCCESS = "success"
-    FAILURE = "failure"
-    #: Neither: the call says nothing about health (cancelled by the caller, refused locally).
-    IGNORED = "ignored"
-
-
-class BreakerState(enum.StrEnum):
-    """The three breaker states."""
-
-    CLOSED = "closed"
-    OPEN = "open"
-    HALF_OPEN = "half_open"
-
-
 @dataclass(slots=True)
 class _BreakerData:
     """The whole state of one breaker: what a shared store would hold under one key."""
@@ -100,16 +66,6 @@ class _BreakerData:
     consecutive_failures: int = 0
     probe_lease_until: float = -math.inf
     reason: str = ""
-
-
-class Rejection(NamedTuple):
-    """The breaker refused a call (nothing was sent, nothing is recorded); a named tuple: cheaper than a frozen dataclass."""
-
-    #: Seconds until a call may be admitted again (best estimate).
-    retry_after_s: float
-    state: BreakerState
-    #: Why the breaker is open, e.g. "4 consecutive failures".
-    reason: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -289,12 +245,16 @@ class CircuitBreaker:
         `lease_s`: how long a half-open probe may stay out before another is allowed (default: the
         policy's `probe_lease_s`); pass the call's own deadline so a probe outlives its timeout.
         """
+        if self._shared is None:
+            d = self._data
+            # The usual case, decided without the clock or the lock: the epoch is read before the
+            # state, so the permit is of this closed period, or stale (its report then dropped).
+            epoch = d.epoch
+            if d.state is BreakerState.CLOSED:
+                return Permit(self, epoch, is_probe=False, slow_threshold_s=slow_threshold_s)
         lease = lease_s or self.policy.probe_lease_s
         with self._lock:
             if self._shared is None:
-                d = self._data
-                if d.state is BreakerState.CLOSED:  # the usual case, decided without reading the clock
-                    return Permit(self, d.epoch, is_probe=False, slow_threshold_s=slow_threshold_s)
                 return self._admit(self._clock.monotonic(), slow_threshold_s, lease)
             now = self._clock.monotonic()
             if self._shared is not None:
@@ -357,8 +317,10 @@ class CircuitBreaker:
         """
         if self._shared is not None:
             return self.snapshot().state
+        d = self._data
+        if d.state is BreakerState.CLOSED:  # whatever the time (the journal reads both breakers per attempt)
+            return BreakerState.CLOSED
         with self._lock:
-            d = self._data
             if d.state is BreakerState.OPEN and d.open_until <= self._clock.monotonic():
                 return BreakerState.HALF_OPEN
             return d.state
@@ -372,6 +334,24 @@ class CircuitBreaker:
         """Its state lives in this process only (no shared store attached): `Permit.record` says whether it opened it."""
         return self._shared is None
 
+    def rejection(self) -> Rejection | None:
+        """The refusal `acquire` would give now, taking nothing (no permit, no transition), or None if it would admit.
+
+        None too when only the shared store could say (a breaker this replica has not seen yet, or the
+        store is unreachable). The gate asks before checking a call's arguments: a call an open
+        breaker refuses is refused as such, at the cost of this read alone.
+        """
+        shared = self._shared
+        if shared is None:
+            d = self._data
+            if d.state is BreakerState.CLOSED:  # the usual case, decided without the clock or the lock
+                return None
+            with self._lock:
+                return _refusal(d.state, d.open_until, d.probe_lease_until, d.reason, self._clock.monotonic(), self.policy)
+        now = self._clock.monotonic()
+        v = shared.view(now) if shared.available() else None
+        return None if v is None else _refusal(v.state, v.open_until, v.probe_lease_until, v.reason, now, self.policy)
+
     def snapshot(self) -> BreakerSnapshot:
         """A consistent copy of the breaker's state."""
         with self._lock:
@@ -379,40 +359,26 @@ class CircuitBreaker:
             if self._shared is not None:
                 view = self._shared.view(now) if self._shared.available() else None
                 if view is not None:
-                    return self._shared_snapshot(view, now)
+                    return self._snapshot_of(view, now)
                 self._go_local(now)
             d = self._data
             calls, failures, slow = d.window.totals(now)
-            state = d.state
-            retry_after = 0.0
-            probe_in_flight = False
-            if state is BreakerState.OPEN:
-                retry_after = max(0.0, d.open_until - now)
-                if retry_after == 0.0:
-                    state = BreakerState.HALF_OPEN
-            elif state is BreakerState.HALF_OPEN:
-                probe_in_flight = d.probe_lease_until > now
-                retry_after = self._half_open_wait(now) if probe_in_flight else 0.0
-            is_open = d.state is BreakerState.OPEN
-            return BreakerSnapshot(
-                name=self.name,
-                key=self.key,
-                state=state,
-                calls_in_window=calls,
-                failures_in_window=failures,
-                slow_in_window=slow,
-                failure_rate=failures / calls if calls else 0.0,
-                slow_call_rate=slow / calls if calls else 0.0,
-                consecutive_failures=d.consecutive_failures,
+            local = SharedView(
+                state=d.state,
+                epoch=d.epoch,
+                open_until=d.open_until,
                 consecutive_opens=d.consecutive_opens,
-                open_until=d.open_until if is_open else None,
-                open_until_wall=self._clock.time() + (d.open_until - now) if is_open else None,
-                retry_after_s=retry_after,
-                probe_in_flight=probe_in_flight,
+                consecutive_failures=d.consecutive_failures,
+                probe_lease_until=d.probe_lease_until,
                 reason=d.reason,
+                calls=calls,
+                failures=failures,
+                slow=slow,
             )
+            return self._snapshot_of(local, now)
 
-    def _shared_snapshot(self, v: SharedView, now: float) -> BreakerSnapshot:
+    def _snapshot_of(self, v: SharedView, now: float) -> BreakerSnapshot:
+        # One reading of the state for both homes: the local record is put in the shared view's shape.
         state = v.state
         retry_after = 0.0
         probe_in_flight = False
@@ -422,7 +388,7 @@ class CircuitBreaker:
                 state = BreakerState.HALF_OPEN
         elif state is BreakerState.HALF_OPEN:
             probe_in_flight = v.probe_lease_until > now
-            retry_after = max(0.0, min(v.probe_lease_until - now, self.policy.open_base_s)) if probe_in_flight else 0.0
+            retry_after = _half_open_wait(v.probe_lease_until, now, self.policy) if probe_in_flight else 0.0
         is_open = v.state is BreakerState.OPEN
         return BreakerSnapshot(
             name=self.name,
@@ -448,28 +414,27 @@ class CircuitBreaker:
         d = self._data
         if d.state is BreakerState.CLOSED:
             return Permit(self, d.epoch, is_probe=False, slow_threshold_s=slow_threshold_s)
-        if d.state is BreakerState.OPEN:
-            if now < d.open_until:
-                return Rejection(d.open_until - now, BreakerState.OPEN, d.reason)
+        refused = _refusal(d.state, d.open_until, d.probe_lease_until, d.reason, now, self.policy)
+        if refused is not None:
+            return refused
+        if d.state is BreakerState.OPEN:  # its time is up
             self._move(BreakerState.HALF_OPEN, now)
-        # HALF_OPEN: one probe holds the lease; a new epoch per grant fences off a probe whose
-        # lease ran out, so only the latest probe's report can decide.
-        if d.probe_lease_until > now:
-            return Rejection(self._half_open_wait(now), BreakerState.HALF_OPEN, d.reason)
+        # HALF_OPEN with no probe out: one probe holds the lease; a new epoch per grant fences off a
+        # probe whose lease ran out, so only the latest probe's report can decide.
         d.epoch += 1
         d.probe_lease_until = now + lease_s
         return Permit(self, d.epoch, is_probe=True, slow_threshold_s=slow_threshold_s)
 
-    def _half_open_wait(self, now: float) -> float:
-        # The probe usually answers long before its lease ends; suggest the shorter of the two.
-        return max(0.0, min(self._data.probe_lease_until - now, self.policy.open_base_s))
-
     def _settle(self, permit: Permit, outcome: Outcome, duration_s: float) -> bool | None:
         slow = outcome is not Outcome.IGNORED and permit.slow_threshold_s is not None and duration_s > permit.slow_threshold_s
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`: a third of the cost of taking the lock, twice per call
+        try:
             if permit.shared and self._shared is not None and self._shared.settle(permit.epoch, permit.is_probe, outcome, slow):
                 return None
             return self._settle_local(permit.epoch, outcome, slow)
+        finally:
+            lock.release()
 
     def settle_lost(self, epoch: int, outcome: Outcome, slow: bool) -> None:
         """A shared report the store could not take after all: apply it to the local state (store degraded)."""
@@ -542,6 +507,22 @@ class CircuitBreaker:
         jittered = base * self._rng.uniform(1.0 - p.open_jitter, 1.0 + p.open_jitter)
         # Clamp after jitter: at the cap the spread is [cap·(1−j), cap], never above the cap.
         return min(p.open_max_s, jittered)
+
+
+def _refusal(
+    state: BreakerState, open_until: float, lease_until: float, reason: str, now: float, policy: BreakerPolicy
+) -> Rejection | None:
+    """The refusal a breaker in this state gives a call at `now`, or None if it admits one (closed, or due a probe)."""
+    if state is BreakerState.OPEN:
+        return Rejection(open_until - now, state, reason) if now < open_until else None
+    if state is BreakerState.HALF_OPEN and lease_until > now:
+        return Rejection(_half_open_wait(lease_until, now, policy), state, reason)
+    return None
+
+
+def _half_open_wait(lease_until: float, now: float, policy: BreakerPolicy) -> float:
+    # The probe usually answers long before its lease ends; suggest the shorter of the two.
+    return max(0.0, min(lease_until - now, policy.open_base_s))
 
 
 class BreakerRegistry:

@@ -18,16 +18,17 @@ from typing import Any
 import mcp.types as types
 
 from breakwater._clock import Clock
+from breakwater.catalog._validate import ArgumentCheck
 from breakwater.config import CallPolicy, RetryPolicy
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import CallError, ErrorCode
-from breakwater.gate._breaker import BreakerRegistry, BreakerState, CircuitBreaker
+from breakwater.gate._breaker import BreakerRegistry, BreakerState, CircuitBreaker, Rejection
 from breakwater.gate._classify import Classifier, RetryClass, retry_class_for
 from breakwater.gate._health import ToolHealth
 from breakwater.gate._retry_budget import RetryBudget
 from breakwater.gate._tasks import TaskRuntime
 from breakwater.gate._turn_budget import TurnBudget
-from breakwater.journal import SENT, AttemptObserver, AttemptRecord, outcome_of
+from breakwater.journal import SENT, AttemptObserver, AttemptRecord, attempt_record, outcome_of
 
 __all__ = [
     "OPERATION_ID_ARGUMENT",
@@ -83,6 +84,9 @@ class ToolRecord:
     definition: types.Tool
     #: `call.hard_s`, read on every attempt (a property of the policy).
     hard_s: float = 0.0
+    #: The check of a call's arguments against `definition`, made on the tool's first call (compiling
+    #: a schema costs far more than checking against it, and most listed tools are never called).
+    check_arguments: ArgumentCheck | None = None
 
     def __post_init__(self) -> None:
         self.hard_s = self.call.hard_s
@@ -157,9 +161,13 @@ class Journaled:
     sent: int = 0
 
 
-@dataclass(slots=True, kw_only=True)
+@dataclass(slots=True)
 class Call:
-    """One logical call in progress: what it is, and how far it has got."""
+    """One logical call in progress: what it is, and how far it has got.
+
+    Not keyword-only, unlike the gate's other records: one is made per call, and CPython's matching
+    of ten keywords cost twice the construction itself (`CallGate._prepare` passes them by position).
+    """
 
     srv: ServerRecord
     info: ToolRecord
@@ -180,6 +188,9 @@ class Call:
     last: CallError | None = None
     #: Set when an answer is first lost: how long reconciliation may wait for the server or the operation.
     window: float | None = None
+    #: The breakers' refusal of the first attempt, decided before the arguments were checked (see
+    #: `_admit.breaker_refusal`): whether the server's breaker gave it, and the rejection.
+    refusal: tuple[bool, Rejection] | None = None
 
     @property
     def max_attempts(self) -> int:
@@ -223,27 +234,27 @@ def observe(
     if result is not None and observer.record_sizes:
         result_size = len(result.model_dump_json(by_alias=True, exclude_none=True).encode())
     observer.record(
-        AttemptRecord(
-            server=srv.name,
-            tool=info.name,
-            call_id=journaled.call_id,
-            attempt=attempt,
+        attempt_record(
+            srv.name,
+            info.name,
+            journaled.call_id,
+            attempt,
             # The attempt's start on the wall clock, from its duration on the monotonic one.
-            started_at=ctx.clock.time() - duration_s,
-            duration_s=duration_s,
-            outcome=outcome or outcome_of(code),
+            ctx.clock.time() - duration_s,
+            duration_s,
+            outcome or outcome_of(code),
             # `_value_`, not `.value`: a plain attribute read where `.value` is a descriptor call (3x the cost).
-            error_code=None if code is None else code._value_,
-            retries=attempt - 1,
-            trace_id=journaled.trace_id,
-            operation_id=journaled.operation_id,
-            server_breaker=server_state._value_,
-            tool_breaker=tool_state._value_,
-            breaker_opened=opened,
-            client=journaled.client,
-            arguments_size=journaled.arguments_size,
-            result_size=result_size,
-            arguments_hash=journaled.arguments_hash,
+            None if code is None else code._value_,
+            attempt - 1,  # retries
+            journaled.trace_id,
+            journaled.operation_id,
+            server_state._value_,
+            tool_state._value_,
+            opened,  # breaker_opened
+            journaled.client,
+            journaled.arguments_size,
+            result_size,
+            journaled.arguments_hash,
         )
     )
 
@@ -254,18 +265,25 @@ def mark_sent(ctx: GateContext, call: Call) -> None:
     if record_sent is None or journaled is None or call.info.retry_class is RetryClass.SAFE:
         return
     record_sent(
-        AttemptRecord(
-            server=call.srv.name,
-            tool=call.info.name,
-            call_id=journaled.call_id,
-            attempt=journaled.sent + 1,
-            started_at=ctx.clock.time(),
-            duration_s=0.0,
-            outcome=SENT,
-            retries=journaled.sent,
-            trace_id=journaled.trace_id,
-            operation_id=journaled.operation_id,
-            client=journaled.client,
+        attempt_record(
+            call.srv.name,
+            call.info.name,
+            journaled.call_id,
+            journaled.sent + 1,
+            ctx.clock.time(),
+            0.0,
+            SENT,
+            None,  # error_code
+            journaled.sent,  # retries
+            journaled.trace_id,
+            journaled.operation_id,
+            None,  # server_breaker
+            None,  # tool_breaker
+            False,  # breaker_opened
+            journaled.client,
+            None,  # arguments_size
+            None,  # result_size
+            None,  # arguments_hash
         )
     )
 

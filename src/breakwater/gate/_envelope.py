@@ -23,18 +23,25 @@ from breakwater.gate._envelope_data import envelope, error_text
 
 __all__ = ["ENVELOPE_META_KEY", "error_from_result", "error_result", "error_text", "render_error_table"]
 
-#: `_meta` key on breakwater's own text block inside an error result.
+# The models' own validators, called with the fields by name: the same validation as `Model(...)`,
+# without `BaseModel.__init__`'s Python frame (keyword arguments packed, `self_instance` filled in),
+# which cost a quarter of building the result on an open breaker's refusal (the path that must be
+# cheap; `model_validate` costs more still). tests/gate/test_envelope.py holds the results equal.
+_text_content = TextContent.__pydantic_validator__.validate_python
+_call_tool_result = CallToolResult.__pydantic_validator__.validate_python
 
 
 def error_result(err: CallError) -> CallToolResult:
     """`err` as the `isError` result the model sees."""
-    note = TextContent(type="text", text=error_text(err), _meta={ENVELOPE_META_KEY: True})
+    note = _text_content({"type": "text", "text": error_text(err), "meta": {ENVELOPE_META_KEY: True}})
     structured = envelope(err)
+    content = [note]
     if isinstance(err, ToolError):
         if err.upstream_structured_content is not None:
             structured["upstream"] = err.upstream_structured_content
-        return CallToolResult(content=[*err.content, note], structured_content=structured, is_error=True)
-    return CallToolResult(content=[note], structured_content=structured, is_error=True)
+        content = [*err.content, note]
+    result: CallToolResult = _call_tool_result({"content": content, "structured_content": structured, "is_error": True})
+    return result
 
 
 def _is_note(block: Any) -> bool:

@@ -5,7 +5,8 @@ One logical call, in order:
 1. the server must be ready (else SERVER_CONNECTING / SERVER_UNAVAILABLE), and have the tool (else
    UNKNOWN_TOOL — only asked of a ready server, whose list is known), and the arguments must fit
    the tool's input schema (else INVALID_ARGUMENTS naming the field, `catalog/_validate.py`: for a
-   library caller as for the gateway's agents, and nothing is sent);
+   library caller as for the gateway's agents, and nothing is sent). A call that an open breaker
+   refuses anyway is not checked: it gets the breaker's refusal of step 2, decided first;
 2. per attempt: the turn budget must cover at least a minimal attempt (BUDGET_EXHAUSTED), the
    server breaker and the tool breaker must admit it (SERVER_CIRCUIT_OPEN, CIRCUIT_OPEN), and the
    server's bulkhead must have a free slot (OVERLOADED). These refusals send nothing and teach
@@ -66,14 +67,14 @@ import mcp.types as types
 
 from breakwater._clock import Clock
 from breakwater._wire import OPERATION_ID_META_KEY
-from breakwater.catalog._validate import argument_problem, not_json_argument
+from breakwater.catalog._validate import argument_checker
 from breakwater.config import JournalPolicy, RetryPolicy
 from breakwater.connect._readiness import call_window, wait_until_ready
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import CallError, ErrorCode, InvalidArgumentsError, UnknownToolError
-from breakwater.gate._admit import admit, admit_after_loss
+from breakwater.gate._admit import admit, admit_after_loss, breaker_refusal
 from breakwater.gate._attempt import ATTEMPT_WATCHER, AttemptDeadline, not_ready_error, run_attempt
-from breakwater.gate._breaker import BreakerRegistry, BreakerSnapshot, BreakerStore, Outcome
+from breakwater.gate._breaker import BreakerRegistry, BreakerSnapshot, BreakerStore, Outcome, Rejection
 from breakwater.gate._call import (
     OPERATION_ID_ARGUMENT,
     Call,
@@ -281,14 +282,22 @@ class CallGate:
                 srv, tool, UnknownToolError(server=srv.name, tool=tool, detail={"tools": sorted(srv.tools)[:_MAX_LISTED_TOOLS]})
             )
         given = dict(arguments or {})
-        # Arguments that cannot fit the input schema, or that JSON cannot carry, are refused here, naming the
-        # field, never sent upstream.
-        problem = argument_problem(info.definition, given) or not_json_argument(given)
-        if problem is not None:
-            detail = {"field": problem.field, "problem": problem.problem}
-            refused = InvalidArgumentsError(problem.sentence(), server=srv.name, tool=tool, detail=detail)
-            raise self._refused_early(srv, tool, refused)
-        return self._prepare(srv, info, given, timeout, progress_callback, operation_id)
+        # A call an open breaker refuses is refused as such (at admission, so the refusal is journaled
+        # and traced like any other), without its arguments being checked: the model's next step is
+        # the same whatever is wrong with them (another tool, or later), and the refusal stays cheap.
+        refusal = breaker_refusal(srv, info)
+        if refusal is None:
+            check = info.check_arguments
+            if check is None:
+                check = info.check_arguments = argument_checker(info.definition)
+            # Arguments that cannot fit the input schema, or that JSON cannot carry, are refused here,
+            # naming the field, never sent upstream.
+            problem = check(given)
+            if problem is not None:
+                detail = {"field": problem.field, "problem": problem.problem}
+                refused = InvalidArgumentsError(problem.sentence(), server=srv.name, tool=tool, detail=detail)
+                raise self._refused_early(srv, tool, refused)
+        return self._prepare(srv, info, given, timeout, progress_callback, operation_id, refusal)
 
     def _refused_early(self, srv: ServerRecord, tool: str, err: CallError) -> CallError:
         """A call refused before it reached a known tool (its server is not ready, or has no such tool): journaled.
@@ -389,6 +398,7 @@ class CallGate:
         timeout: float | None,
         progress_callback: ProgressCallback | None,
         operation_id: str | None,
+        refusal: tuple[bool, Rejection] | None = None,
     ) -> Call:
         """Step 5 and the call's record: a mutating tool's operation id, the timeout, the budget, the journal's view."""
         op_id: str | None = None
@@ -405,17 +415,9 @@ class CallGate:
         # Without a turn budget nothing reads the timeout before an attempt is admitted: a refused
         # call (an open breaker) does not pay for resolving it (`_run` does, once admitted).
         resolved = timeout if timeout is not None else self._timeout(srv, info) if budget is not None else math.nan
-        return Call(
-            srv=srv,
-            info=info,
-            arguments=arguments,
-            op_id=op_id,
-            meta=meta,
-            timeout_s=resolved,
-            budget=budget,
-            progress_callback=progress_callback,
-            journal=None,
-        )
+        call = Call(srv, info, arguments, op_id, meta, resolved, budget, progress_callback, None)
+        call.refusal = refusal
+        return call
 
     async def _run(self, call: Call) -> types.CallToolResult:
         """The loop of steps 2–6 until a result, a final error or a refusal (one coroutine: one frame less per call)."""
@@ -431,7 +433,7 @@ class CallGate:
             while True:
                 permits = admit(ctx, call) if call.window is None or call.last is None else await admit_after_loss(ctx, call)
                 if math.isnan(call.timeout_s):
-                    call.timeout_s = self._timeout(srv, call.info)
+                    call.timeout_s = self._resolve_timeout(srv, call.info)[0]
                 call.attempt += 1
                 try:
                     answer = await run_attempt(ctx, call, permits)

@@ -34,6 +34,7 @@ __all__ = [
     "CallTracer",
     "JournalError",
     "arguments_digest",
+    "attempt_record",
     "fan_out",
     "new_call_id",
     "outcome_of",
@@ -115,6 +116,55 @@ class AttemptRecord:
     arguments_hash: str | None = None
 
 
+def attempt_record(
+    server: str,
+    tool: str,
+    call_id: str,
+    attempt: int,
+    started_at: float,
+    duration_s: float,
+    outcome: str,
+    error_code: str | None,
+    retries: int,
+    trace_id: str | None,
+    operation_id: str | None,
+    server_breaker: str | None,
+    tool_breaker: str | None,
+    breaker_opened: bool,
+    client: str | None,
+    arguments_size: int | None,
+    result_size: int | None,
+    arguments_hash: str | None,
+) -> AttemptRecord:
+    """`AttemptRecord(...)` with every field given, by position in field order, for the call path.
+
+    The keyword constructor costs three times as much (~13 000 instructions against ~4 000: CPython
+    matches each of the 18 keywords by name), and the gate makes one record per attempt and per
+    refusal. tests/journal/test_journal.py holds the parameters to the fields.
+    """
+    record = _new_record(AttemptRecord)
+    record.server = server
+    record.tool = tool
+    record.call_id = call_id
+    record.attempt = attempt
+    record.started_at = started_at
+    record.duration_s = duration_s
+    record.outcome = outcome
+    record.error_code = error_code
+    record.retries = retries
+    record.trace_id = trace_id
+    record.operation_id = operation_id
+    record.server_breaker = server_breaker
+    record.tool_breaker = tool_breaker
+    record.breaker_opened = breaker_opened
+    record.client = client
+    record.arguments_size = arguments_size
+    record.result_size = result_size
+    record.arguments_hash = arguments_hash
+    return record
+
+
+_new_record = object.__new__
 _COLUMNS: tuple[str, ...] = tuple(AttemptRecord.__dataclass_fields__)
 # One C call per row instead of a generator of getattr calls: the writer's main per-row cost.
 _as_row = operator.attrgetter(*_COLUMNS)
