@@ -578,3 +578,49 @@ def test_a_failed_over_session_is_replayed_under_ids_of_its_own() -> None:
     assert not state.note_answer(b'{"jsonrpc":"2.0","id":"breakwater-replay-init-1","result":{}}\n')
     assert state.note_answer(b'{"jsonrpc":"2.0","id":3,"result":{"tools":[]}}\n')
     assert not state.pending
+
+
+async def test_a_cold_start_forks_one_gateway_that_keeps_none_of_the_sessions_pipes(
+    tmp_path: Path, share: Path, upstream: tuple[str, Path]
+) -> None:
+    """Sessions launched at once start one gateway, forked from one of them (no new interpreter): it runs in a
+    session of its own, reads the null device, writes its log (0600), holds none of the agent's pipes (a session
+    that ends closes its stdout for good), and idles out after the last session leaves."""
+    url, state = upstream
+    config = write_config(tmp_path, url)
+    env = env_for(tmp_path, share, BREAKWATER_SHARE_IDLE_S="1")
+    before = handshakes(state)
+    upstream_pids: list[int] = []
+    all_in, leave = anyio.Event(), anyio.Event()
+
+    async def one() -> None:
+        async with session(config, env) as client:
+            assert "web__echo" in {t.name for t in (await client.list_tools()).tools}
+            upstream_pids.append(pid_of(await client.call_tool("web__echo", {"text": "hi"})))
+            if len(upstream_pids) == 4:
+                all_in.set()
+            await leave.wait()
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            for _ in range(4):
+                tg.start_soon(one)
+            await all_in.wait()
+            [gateway] = gateway_pids(share)
+            assert handshakes(state) - before == 1 and len(set(upstream_pids)) == 1
+            forked_from_a_session(gateway, share)
+            leave.set()
+    await eventually(lambda: gone(gateway), timeout=20)
+    assert not list(share.glob("*.sock"))
+
+
+def forked_from_a_session(pid: int, share: Path) -> None:
+    """What /proc says of the gateway at `pid`: a `serve` forked, detached, none of the agent's pipes held."""
+    proc = Path(f"/proc/{pid}")
+    assert b"serve" in (proc / "cmdline").read_bytes().split(b"\0")  # no `gateway run` interpreter was started
+    assert os.getsid(pid) not in (os.getsid(0), pid)  # detached from ours, and no session leader (forked twice)
+    [log] = share.glob("gw-*.log")
+    fds = {int(fd.name): os.readlink(fd) for fd in (proc / "fd").iterdir()}
+    assert fds[0] == os.devnull and fds[1] == fds[2] == str(log)
+    assert not [target for target in fds.values() if target.startswith("pipe:")], fds
+    assert oct(log.stat().st_mode & 0o777) == "0o600"

@@ -1,7 +1,8 @@
 """`breakwater gateway list|stop` (and the hidden `run`): the user's shared local gateways.
 
 `breakwater serve` over stdio attaches to a shared gateway for its config (`attach_or_none`, called
-by `cli/_serve.py`), starting `breakwater gateway run` detached when none answers. `list` shows every
+by `cli/_serve.py`), forking it when none answers (or, once its own loop runs, starting `breakwater
+gateway run` detached). `list` shows every
 gateway that answers in the user's socket directory, with its sessions; `stop` ends them (sessions
 still attached fail over to a new one when they next need it).
 """
@@ -14,8 +15,10 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +45,7 @@ def _spawn_argv(config: Config, fingerprint: str, state: str | None) -> list[str
 def attach_or_none(config: Config, state: str | None) -> int | None:
     """Serve this stdio session through the shared gateway; None when it cannot be shared (say why, serve directly)."""
     from breakwater._clock import SystemClock
-    from breakwater.gateway._attach import AttachRefused, SessionOutdated, open_attachment
+    from breakwater.gateway._attach import AttachRefused, SessionOutdated, fork_gateway, open_attachment
     from breakwater.gateway._pump import ToolSafety, attached_session, relayable
     from breakwater.gateway._share import (
         SessionContext,
@@ -67,6 +70,8 @@ def attach_or_none(config: Config, state: str | None) -> int | None:
     except OSError as exc:
         print(f"breakwater: serving this session on its own: {exc}", file=sys.stderr, flush=True)
         return None
+    # A cold start: the gateway is this process, forked before its loop runs (config loaded, no new interpreter).
+    fork_gateway(sock, lock, log, partial(_serve_forked, config, fingerprint, version, sock))
     clock = SystemClock()
     hello: dict[str, Any] = {"breakwater": "attach", "fingerprint": fingerprint, "version": version, "pid": os.getpid()}
     if per_session(config):  # the stdio servers the gateway starts for this session start where it runs
@@ -197,13 +202,26 @@ def _same_file(shown: Any, path: str | None) -> bool:
     return bool(shown and path) and os.path.abspath(str(shown)) == os.path.abspath(str(path))
 
 
+def _log_to_stderr() -> None:
+    """The shared gateway logs to its stderr, which is its log file beside its socket."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("breakwater.gateway.shared").setLevel(logging.INFO)
+
+
+def _serve_forked(config: Config, fingerprint: str, version: str, sock: Path, listener: socket.socket) -> int:
+    """The gateway a session forked (`fork_gateway`), on the session's config and on the socket it bound."""
+    _log_to_stderr()
+    code: int = anyio.run(_run_shared, config, fingerprint, sock, listener, version)
+    logging.shutdown()
+    return code
+
+
 def _run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from breakwater.gateway._share import breakwater_version, config_fingerprint, gateway_paths, share_dir
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("breakwater.gateway.shared").setLevel(logging.INFO)
+    _log_to_stderr()
     config = load_or_exit(args.config)
     if args.state is not None:
         config = replace(config, state=replace(config.state, url=args.state))
@@ -215,13 +233,15 @@ def _run(args: argparse.Namespace) -> int:
     return code
 
 
-async def _run_shared(config: Config, fingerprint: str, sock: Path) -> int:
+async def _run_shared(
+    config: Config, fingerprint: str, sock: Path, bound: socket.socket | None = None, version: str | None = None
+) -> int:
     from breakwater._clock import SystemClock
     from breakwater.gateway._hub import SharedGateway, listening
     from breakwater.gateway._open import open_gateway
     from breakwater.gateway._share import breakwater_version, shared_config
 
-    async with listening(sock) as listener:
+    async with listening(sock, bound) as listener:
         if listener is None:
             logging.getLogger("breakwater.gateway.shared").info("another gateway already serves %s", sock)
             return EXIT_OK
@@ -230,7 +250,7 @@ async def _run_shared(config: Config, fingerprint: str, sock: Path) -> int:
                 gateway,
                 config,
                 fingerprint=fingerprint,
-                version=breakwater_version(),
+                version=version or breakwater_version(),
                 idle_s=config.gateway.share_idle_s,
                 clock=SystemClock(),
             )

@@ -35,6 +35,7 @@ runner.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -54,6 +55,7 @@ __all__ = [
     "HANDSHAKE_LIMIT",
     "INHERITED_ENV_VARS",
     "SessionContext",
+    "bind_socket",
     "breakwater_version",
     "config_fingerprint",
     "gateway_paths",
@@ -224,6 +226,33 @@ def gateway_paths(directory: Path, fingerprint: str, version: str) -> tuple[Path
     tag = hashlib.sha256(version.encode()).hexdigest()[:6]
     stem = directory / f"gw-{fingerprint[:16]}-{tag}"
     return stem.with_suffix(".sock"), stem.with_suffix(".lock"), stem.with_suffix(".log")
+
+
+def bind_socket(path: Path) -> socket.socket | None:
+    """Listen on `path` (0600); None when a live gateway already answers there. A stale socket file is replaced.
+
+    Here, not in `_hub`, so that the session that starts the gateway can bind it without the SDK.
+    """
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    else:
+        return None  # someone else won the race: attach to theirs
+    finally:
+        probe.close()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # born 0600: no window in which another user could connect
+    try:
+        listener.bind(str(path))
+    finally:
+        os.umask(old)
+    path.chmod(0o600)
+    listener.listen(128)
+    listener.setblocking(False)
+    return listener
 
 
 def peer_uid(sock: socket.socket) -> int | None:
