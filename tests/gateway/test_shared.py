@@ -624,3 +624,22 @@ def forked_from_a_session(pid: int, share: Path) -> None:
     assert fds[0] == os.devnull and fds[1] == fds[2] == str(log)
     assert not [target for target in fds.values() if target.startswith("pipe:")], fds
     assert oct(log.stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_session_decides_and_shakes_hands_before_it_loads_asyncio(tmp_path: Path) -> None:
+    """Up to its first handshake a stdio session imports no event loop: at a cold start the first one forks the
+    gateway sooner, and the others wait for its answer asleep, leaving the cores to the gateway's imports."""
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"a": {"type": "http", "url": "https://example.com/mcp"}}}))
+    probe = (
+        "import json, sys, breakwater.cli, breakwater.cli._serve, breakwater.cli._gateway, breakwater.gateway._start; "
+        "from breakwater.cli._common import load_or_exit; "
+        "from breakwater.gateway import _share; "
+        f"c = load_or_exit({str(config)!r}); "
+        "_share.gateway_paths(_share.share_dir(c.gateway), _share.config_fingerprint(c), _share.breakwater_version()); "
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    env = {**os.environ, "BREAKWATER_SHARE_DIR": str(tmp_path / "share")}
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True, env=env)
+    loaded = json.loads(run.stdout)
+    assert not [m for m in loaded if m in ("asyncio", "anyio", "mcp", "breakwater.gateway._pump", "breakwater._clock")]

@@ -54,11 +54,15 @@ from breakwater.config import Config, GatewayPolicy, ServerSpec
 __all__ = [
     "HANDSHAKE_LIMIT",
     "INHERITED_ENV_VARS",
+    "SPAWN_WAIT_S",
+    "AttachRefused",
     "SessionContext",
     "bind_socket",
     "breakwater_version",
+    "check_peer",
     "config_fingerprint",
     "gateway_paths",
+    "handshake_answer",
     "peer_uid",
     "per_session",
     "share_dir",
@@ -69,6 +73,13 @@ __all__ = [
 
 #: The longest handshake line either side reads; anything longer is no handshake.
 HANDSHAKE_LIMIT = 64 * 1024
+#: How long a session waits for a gateway to answer (one it started, or one still starting) before it serves on its own.
+SPAWN_WAIT_S = 15.0
+
+
+class AttachRefused(Exception):
+    """A gateway answered, but will not take this session (another version, another user, a bad handshake)."""
+
 
 #: The variables a stdio server inherits from the process that starts it, as the SDK's
 #: `mcp.client.stdio.DEFAULT_INHERITED_ENV_VARS` (a test holds them equal; spelled out here so that
@@ -266,6 +277,27 @@ def peer_uid(sock: socket.socket) -> int | None:
         return None
     _pid, uid, _gid = struct.unpack("3i", raw)
     return int(uid)
+
+
+def check_peer(sock: socket.socket, path: Path) -> None:
+    """`AttachRefused` when the process listening at `path` (on `sock`) runs as another user."""
+    uid = peer_uid(sock)
+    if uid is not None and hasattr(os, "getuid") and uid != os.getuid():
+        raise AttachRefused(f"the gateway at {path} runs as uid {uid}, not as this user")
+
+
+def handshake_answer(received: bytes, path: Path) -> tuple[dict[str, Any], bytes]:
+    """The gateway's answer line in `received` (and what came after it); `AttachRefused` unless it says yes."""
+    line, _, rest = received.partition(b"\n")
+    try:
+        info = json.loads(line) if line else None
+    except ValueError:
+        info = None
+    if not isinstance(info, dict) or info.get("breakwater") != "gateway":
+        raise AttachRefused(f"what listens at {path} is not a breakwater gateway")
+    if not info.get("ok"):
+        raise AttachRefused(str(info.get("reason") or "refused"))
+    return info, rest
 
 
 def share_refusal(config: Config) -> str | None:
