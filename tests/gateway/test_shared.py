@@ -643,3 +643,52 @@ def test_a_session_decides_and_shakes_hands_before_it_loads_asyncio(tmp_path: Pa
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True, env=env)
     loaded = json.loads(run.stdout)
     assert not [m for m in loaded if m in ("asyncio", "anyio", "mcp", "breakwater.gateway._pump", "breakwater._clock")]
+
+
+def test_a_gateway_that_dies_before_answering_is_named_with_its_log(tmp_path: Path) -> None:
+    """A session connected to a gateway that was still starting, and died: it is told so (and where the log is),
+    and serves on its own rather than waiting."""
+    import threading
+
+    from breakwater.gateway._share import AttachRefused, bind_socket
+    from breakwater.gateway._start import attach_now
+
+    sock = tmp_path / "gw-x.sock"
+    listener = bind_socket(sock)
+    assert listener is not None
+    listener.setblocking(True)
+    outcome: list[BaseException] = []
+
+    def attach() -> None:
+        try:
+            attach_now(sock, {"breakwater": "attach"}, 10)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    waiting = threading.Thread(target=attach)
+    waiting.start()
+    conn, _ = listener.accept()
+    assert conn.recv(65536).startswith(b'{"breakwater": "attach"')
+    conn.close()  # the gateway's end, gone before it answered
+    listener.close()
+    waiting.join(10)
+    # And one that dies with the session's connection still in its backlog, never accepted.
+    listener = bind_socket(sock)
+    assert listener is not None
+    waiting = threading.Thread(target=attach)
+    waiting.start()
+    await_backlog = time.monotonic() + 10
+    while _backlog(sock) == 0 and time.monotonic() < await_backlog:
+        time.sleep(0.01)
+    listener.close()
+    waiting.join(10)
+    assert [type(e) for e in outcome] == [AttachRefused, AttachRefused]
+    for refused in outcome:
+        assert "closed the connection before answering" in str(refused) and "gw-x.log" in str(refused)
+
+
+def _backlog(sock: Path) -> int:
+    """How many connections wait to be accepted by the listening Unix socket at `sock`: in /proc/net/unix each is a
+    socket of its own under the listener's path, without the listener's accepting flag (__SO_ACCEPTCON)."""
+    lines = [line.split() for line in Path("/proc/net/unix").read_text().splitlines()[1:]]
+    return sum(1 for fields in lines if fields[-1] == str(sock) and fields[3] == "00000000")

@@ -72,11 +72,12 @@ async def connect_gateway(path: Path, hello: dict[str, Any]) -> Attachment | Non
         check_peer(sock, path)
         await loop.sock_sendall(sock, json.dumps(hello).encode() + b"\n")
         received = b""
-        while b"\n" not in received and len(received) < HANDSHAKE_LIMIT:
-            chunk = await loop.sock_recv(sock, 65536)
-            if not chunk:
-                break
-            received += chunk
+        with contextlib.suppress(ConnectionResetError):  # closed before it accepted: answered as a close
+            while b"\n" not in received and len(received) < HANDSHAKE_LIMIT:
+                chunk = await loop.sock_recv(sock, 65536)
+                if not chunk:
+                    break
+                received += chunk
         attachment.info, attachment.rest = handshake_answer(received, path)
         return attachment
     except BaseException:

@@ -288,6 +288,8 @@ def check_peer(sock: socket.socket, path: Path) -> None:
 
 def handshake_answer(received: bytes, path: Path) -> tuple[dict[str, Any], bytes]:
     """The gateway's answer line in `received` (and what came after it); `AttachRefused` unless it says yes."""
+    if not received:  # it listened, then closed: it died starting (or was stopped) before it served
+        raise AttachRefused(f"the gateway at {path} closed the connection before answering (its log: {path.with_suffix('.log')})")
     line, _, rest = received.partition(b"\n")
     try:
         info = json.loads(line) if line else None

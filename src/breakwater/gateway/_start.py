@@ -94,11 +94,12 @@ def attach_now(path: Path, hello: dict[str, Any], wait_s: float) -> tuple[socket
         check_peer(sock, path)
         sock.sendall(json.dumps(hello).encode() + b"\n")
         received = b""
-        while b"\n" not in received and len(received) < HANDSHAKE_LIMIT:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            received += chunk
+        with contextlib.suppress(ConnectionResetError):  # closed before it accepted: answered as a close
+            while b"\n" not in received and len(received) < HANDSHAKE_LIMIT:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                received += chunk
         info, rest = handshake_answer(received, path)
         sock.setblocking(False)
         return sock, info, rest
