@@ -74,12 +74,14 @@ def attach_or_none(config: Config, state: str | None) -> int | None:
         print(f"breakwater: serving this session on its own: {exc}", file=sys.stderr, flush=True)
         return None
     # A cold start: the gateway is this process, forked before its loop runs (config loaded, no new interpreter).
-    if fork_gateway(*paths, partial(_serve_forked, config, fingerprint, version, paths[0])):
-        # While the gateway loads the SDK this session has a core to itself: load its relay now, not after the answer.
-        import breakwater.gateway._pump  # noqa: F401
+    forked = fork_gateway(*paths, partial(_serve_forked, config, fingerprint, version, paths[0]))
     hello: dict[str, Any] = {"breakwater": "attach", "fingerprint": fingerprint, "version": version, "pid": os.getpid()}
     if per_session(config):  # the stdio servers the gateway starts for this session start where it runs
         hello["session"] = SessionContext.here().to_json()
+    if forked:
+        # While its gateway loads the SDK this session has a core to itself: it sets up its loop and relay
+        # meanwhile, and attaches from there (set up after the answer, they delayed a cold first answer 0.1-0.3 s).
+        return _attached(config, state, hello, paths, None)
     try:
         first = attach_now(paths[0], hello, SPAWN_WAIT_S)  # None: nobody listens (its start is someone else's)
     except (AttachRefused, TimeoutError, OSError) as exc:
