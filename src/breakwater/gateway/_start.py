@@ -12,7 +12,6 @@ while they ran, wait for it or start one in `breakwater.gateway._attach`.
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import os
 import socket
@@ -116,8 +115,6 @@ def _become_gateway(listener: socket.socket, log_path: Path, serve: Callable[[so
         os.setsid()
         if os.fork() > 0:
             os._exit(0)
-        # What this process inherited stays out of its collections: they would walk (and copy-on-write) it all.
-        gc.freeze()
         null = os.open(os.devnull, os.O_RDONLY)
         log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         for fd, target in ((0, null), (1, log), (2, log)):
