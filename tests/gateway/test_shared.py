@@ -692,3 +692,35 @@ def _backlog(sock: Path) -> int:
     socket of its own under the listener's path, without the listener's accepting flag (__SO_ACCEPTCON)."""
     lines = [line.split() for line in Path("/proc/net/unix").read_text().splitlines()[1:]]
     return sum(1 for fields in lines if fields[-1] == str(sock) and fields[3] == "00000000")
+
+
+def test_a_forked_gateway_keeps_no_descriptor_the_agent_gave_its_session(
+    tmp_path: Path, share: Path, upstream: tuple[str, Path]
+) -> None:
+    """An agent may leave more than stdio open in the server it launches; the gateway forked from that session
+    holds none of it (a pipe it kept would never read as closed), as a spawned one's `close_fds` ensured."""
+    url, _ = upstream
+    config = write_config(tmp_path, url)
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen(
+        [*BREAKWATER, "serve", "--config", str(config)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env_for(tmp_path, share),
+        pass_fds=(write_end,),
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+        proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}).encode() + b"\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["id"] == 1
+        [gateway] = gateway_pids(share)
+        held = {os.readlink(fd) for fd in Path(f"/proc/{gateway}/fd").iterdir()}
+        assert f"pipe:[{os.fstat(write_end).st_ino}]" not in held, held
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+        os.close(read_end)
+        os.close(write_end)

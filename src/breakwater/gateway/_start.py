@@ -108,6 +108,13 @@ def attach_now(path: Path, hello: dict[str, Any], wait_s: float) -> tuple[socket
         raise
 
 
+def _max_fd() -> int:
+    try:
+        return int(os.sysconf("SC_OPEN_MAX"))
+    except (AttributeError, ValueError, OSError):
+        return 65536
+
+
 def _become_gateway(listener: socket.socket, log_path: Path, serve: Callable[[socket.socket], int]) -> NoReturn:
     """In the first child of `fork_gateway`: detach, fork the gateway, and run it; never returns."""
     code = 1
@@ -121,6 +128,11 @@ def _become_gateway(listener: socket.socket, log_path: Path, serve: Callable[[so
             os.dup2(target, fd)
         os.close(null)
         os.close(log)
+        # Nor any other descriptor the agent gave its session (as `close_fds` does for a spawned one):
+        # nothing of this process's own is open here but the listener.
+        keep = listener.fileno()
+        os.closerange(3, keep)
+        os.closerange(keep + 1, _max_fd())
         code = serve(listener)
     except BaseException:
         traceback.print_exc()
