@@ -578,3 +578,149 @@ def test_a_failed_over_session_is_replayed_under_ids_of_its_own() -> None:
     assert not state.note_answer(b'{"jsonrpc":"2.0","id":"breakwater-replay-init-1","result":{}}\n')
     assert state.note_answer(b'{"jsonrpc":"2.0","id":3,"result":{"tools":[]}}\n')
     assert not state.pending
+
+
+async def test_a_cold_start_forks_one_gateway_that_keeps_none_of_the_sessions_pipes(
+    tmp_path: Path, share: Path, upstream: tuple[str, Path]
+) -> None:
+    """Sessions launched at once start one gateway, forked from one of them (no new interpreter): it runs in a
+    session of its own, reads the null device, writes its log (0600), holds none of the agent's pipes (a session
+    that ends closes its stdout for good), and idles out after the last session leaves."""
+    url, state = upstream
+    config = write_config(tmp_path, url)
+    env = env_for(tmp_path, share, BREAKWATER_SHARE_IDLE_S="1")
+    before = handshakes(state)
+    upstream_pids: list[int] = []
+    all_in, leave = anyio.Event(), anyio.Event()
+
+    async def one() -> None:
+        async with session(config, env) as client:
+            assert "web__echo" in {t.name for t in (await client.list_tools()).tools}
+            upstream_pids.append(pid_of(await client.call_tool("web__echo", {"text": "hi"})))
+            if len(upstream_pids) == 4:
+                all_in.set()
+            await leave.wait()
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            for _ in range(4):
+                tg.start_soon(one)
+            await all_in.wait()
+            [gateway] = gateway_pids(share)
+            assert handshakes(state) - before == 1 and len(set(upstream_pids)) == 1
+            forked_from_a_session(gateway, share)
+            leave.set()
+    await eventually(lambda: gone(gateway), timeout=20)
+    assert not list(share.glob("*.sock"))
+
+
+def forked_from_a_session(pid: int, share: Path) -> None:
+    """What /proc says of the gateway at `pid`: a `serve` forked, detached, none of the agent's pipes held."""
+    proc = Path(f"/proc/{pid}")
+    assert b"serve" in (proc / "cmdline").read_bytes().split(b"\0")  # no `gateway run` interpreter was started
+    assert os.getsid(pid) not in (os.getsid(0), pid)  # detached from ours, and no session leader (forked twice)
+    [log] = share.glob("gw-*.log")
+    fds = {int(fd.name): os.readlink(fd) for fd in (proc / "fd").iterdir()}
+    assert fds[0] == os.devnull and fds[1] == fds[2] == str(log)
+    assert not [target for target in fds.values() if target.startswith("pipe:")], fds
+    assert oct(log.stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_session_decides_and_shakes_hands_before_it_loads_asyncio(tmp_path: Path) -> None:
+    """Up to its first handshake a stdio session imports no event loop: at a cold start the first one forks the
+    gateway sooner, and the others wait for its answer asleep, leaving the cores to the gateway's imports."""
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"a": {"type": "http", "url": "https://example.com/mcp"}}}))
+    probe = (
+        "import json, sys, breakwater.cli, breakwater.cli._serve, breakwater.cli._gateway, breakwater.gateway._start; "
+        "from breakwater.cli._common import load_or_exit; "
+        "from breakwater.gateway import _share; "
+        f"c = load_or_exit({str(config)!r}); "
+        "_share.gateway_paths(_share.share_dir(c.gateway), _share.config_fingerprint(c), _share.breakwater_version()); "
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    env = {**os.environ, "BREAKWATER_SHARE_DIR": str(tmp_path / "share")}
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True, env=env)
+    loaded = json.loads(run.stdout)
+    assert not [m for m in loaded if m in ("asyncio", "anyio", "mcp", "breakwater.gateway._pump", "breakwater._clock")]
+
+
+def test_a_gateway_that_dies_before_answering_is_named_with_its_log(tmp_path: Path) -> None:
+    """A session connected to a gateway that was still starting, and died: it is told so (and where the log is),
+    and serves on its own rather than waiting."""
+    import threading
+
+    from breakwater.gateway._share import AttachRefused, bind_socket
+    from breakwater.gateway._start import attach_now
+
+    sock = tmp_path / "gw-x.sock"
+    listener = bind_socket(sock)
+    assert listener is not None
+    listener.setblocking(True)
+    outcome: list[BaseException] = []
+
+    def attach() -> None:
+        try:
+            attach_now(sock, {"breakwater": "attach"}, 10)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    waiting = threading.Thread(target=attach)
+    waiting.start()
+    conn, _ = listener.accept()
+    assert conn.recv(65536).startswith(b'{"breakwater": "attach"')
+    conn.close()  # the gateway's end, gone before it answered
+    listener.close()
+    waiting.join(10)
+    # And one that dies with the session's connection still in its backlog, never accepted.
+    listener = bind_socket(sock)
+    assert listener is not None
+    waiting = threading.Thread(target=attach)
+    waiting.start()
+    await_backlog = time.monotonic() + 10
+    while _backlog(sock) == 0 and time.monotonic() < await_backlog:
+        time.sleep(0.01)
+    listener.close()
+    waiting.join(10)
+    assert [type(e) for e in outcome] == [AttachRefused, AttachRefused]
+    for refused in outcome:
+        assert "closed the connection before answering" in str(refused) and "gw-x.log" in str(refused)
+
+
+def _backlog(sock: Path) -> int:
+    """How many connections wait to be accepted by the listening Unix socket at `sock`: in /proc/net/unix each is a
+    socket of its own under the listener's path, without the listener's accepting flag (__SO_ACCEPTCON)."""
+    lines = [line.split() for line in Path("/proc/net/unix").read_text().splitlines()[1:]]
+    return sum(1 for fields in lines if fields[-1] == str(sock) and fields[3] == "00000000")
+
+
+def test_a_forked_gateway_keeps_no_descriptor_the_agent_gave_its_session(
+    tmp_path: Path, share: Path, upstream: tuple[str, Path]
+) -> None:
+    """An agent may leave more than stdio open in the server it launches; the gateway forked from that session
+    holds none of it (a pipe it kept would never read as closed), as a spawned one's `close_fds` ensured."""
+    url, _ = upstream
+    config = write_config(tmp_path, url)
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen(
+        [*BREAKWATER, "serve", "--config", str(config)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env_for(tmp_path, share),
+        pass_fds=(write_end,),
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+        proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}).encode() + b"\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["id"] == 1
+        [gateway] = gateway_pids(share)
+        held = {os.readlink(fd) for fd in Path(f"/proc/{gateway}/fd").iterdir()}
+        assert f"pipe:[{os.fstat(write_end).st_ino}]" not in held, held
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+        os.close(read_end)
+        os.close(write_end)

@@ -1,7 +1,8 @@
 """`breakwater gateway list|stop` (and the hidden `run`): the user's shared local gateways.
 
 `breakwater serve` over stdio attaches to a shared gateway for its config (`attach_or_none`, called
-by `cli/_serve.py`), starting `breakwater gateway run` detached when none answers. `list` shows every
+by `cli/_serve.py`), forking it when none answers (or, once its own loop runs, starting `breakwater
+gateway run` detached). `list` shows every
 gateway that answers in the user's socket directory, with its sessions; `stop` ends them (sessions
 still attached fail over to a new one when they next need it).
 """
@@ -14,12 +15,12 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
-
-import anyio
 
 from breakwater.cli._common import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, Parser, add_config_flag, fail, load_or_exit, show
 from breakwater.config import Config, GatewayPolicy
@@ -40,11 +41,15 @@ def _spawn_argv(config: Config, fingerprint: str, state: str | None) -> list[str
 
 
 def attach_or_none(config: Config, state: str | None) -> int | None:
-    """Serve this stdio session through the shared gateway; None when it cannot be shared (say why, serve directly)."""
-    from breakwater._clock import SystemClock
-    from breakwater.gateway._attach import AttachRefused, SessionOutdated, open_attachment
-    from breakwater.gateway._pump import ToolSafety, attached_session, relayable
+    """Serve this stdio session through the shared gateway; None when it cannot be shared (say why, serve directly).
+
+    Up to the first handshake nothing here imports asyncio or anyio: at a cold start the first
+    session forks the gateway as soon as it can (`fork_gateway`), and the others wait for its answer
+    asleep (`attach_now`) rather than loading their relay on the cores the gateway starts on.
+    """
     from breakwater.gateway._share import (
+        SPAWN_WAIT_S,
+        AttachRefused,
         SessionContext,
         breakwater_version,
         config_fingerprint,
@@ -53,6 +58,7 @@ def attach_or_none(config: Config, state: str | None) -> int | None:
         share_dir,
         share_refusal,
     )
+    from breakwater.gateway._start import attach_now, fork_gateway, relayable
 
     if (why := share_refusal(config)) is not None:
         if config.gateway.share:  # off on purpose needs no explanation; off for a reason does
@@ -63,19 +69,49 @@ def attach_or_none(config: Config, state: str | None) -> int | None:
     fingerprint = config_fingerprint(config)
     version = breakwater_version()  # once: each look-up reads the installed distributions' metadata
     try:
-        sock, lock, log = gateway_paths(share_dir(config.gateway), fingerprint, version)
+        paths = gateway_paths(share_dir(config.gateway), fingerprint, version)
     except OSError as exc:
         print(f"breakwater: serving this session on its own: {exc}", file=sys.stderr, flush=True)
         return None
-    clock = SystemClock()
+    # A cold start: the gateway is this process, forked before its loop runs (config loaded, no new interpreter).
+    forked = fork_gateway(*paths, partial(_serve_forked, config, fingerprint, version, paths[0]))
     hello: dict[str, Any] = {"breakwater": "attach", "fingerprint": fingerprint, "version": version, "pid": os.getpid()}
     if per_session(config):  # the stdio servers the gateway starts for this session start where it runs
         hello["session"] = SessionContext.here().to_json()
-    spawn = _spawn_argv(config, fingerprint, state)
-    safety = ToolSafety.of(config)
-    attached_before = False
+    if forked:
+        # While its gateway loads the SDK this session has a core to itself: it sets up its loop and relay
+        # meanwhile, and attaches from there (set up after the answer, they delayed a cold first answer 0.1-0.3 s).
+        return _attached(config, state, hello, paths, None)
+    try:
+        first = attach_now(paths[0], hello, SPAWN_WAIT_S)  # None: nobody listens (its start is someone else's)
+    except (AttachRefused, TimeoutError, OSError) as exc:
+        print(f"breakwater: serving this session on its own: {exc}", file=sys.stderr, flush=True)
+        return None
+    return _attached(config, state, hello, paths, first)
 
-    async def attach() -> Any:
+
+def _attached(
+    config: Config,
+    state: str | None,
+    hello: dict[str, Any],
+    paths: tuple[Path, Path, Path],
+    first_attached: tuple[socket.socket, dict[str, Any], bytes] | None,
+) -> int | None:
+    """Relay this session through the gateway (attaching first when `first_attached` is None); None: serve it directly."""
+    import anyio
+
+    from breakwater._clock import SystemClock
+    from breakwater.gateway._attach import Attachment, AttachRefused, SessionOutdated, open_attachment
+    from breakwater.gateway._pump import ToolSafety, attached_session
+    from breakwater.gateway._share import breakwater_version
+
+    sock, lock, log = paths
+    clock = SystemClock()
+    spawn = _spawn_argv(config, str(hello["fingerprint"]), state)
+    safety = ToolSafety.of(config)
+    attached_before = first_attached is not None
+
+    async def attach() -> Attachment:
         nonlocal attached_before
         # The first attach runs on the version just read; a re-attach asks again (an upgrade under the session).
         if attached_before and (now := breakwater_version()) != hello["version"]:
@@ -88,11 +124,14 @@ def attach_or_none(config: Config, state: str | None) -> int | None:
         return await open_attachment(sock, lock, hello, spawn, log, clock)
 
     async def run() -> int | None:
-        try:
-            first = await attach()
-        except (AttachRefused, TimeoutError, OSError) as exc:
-            print(f"breakwater: serving this session on its own: {exc}", file=sys.stderr, flush=True)
-            return None
+        if first_attached is not None:
+            first = Attachment(*first_attached)
+        else:
+            try:
+                first = await attach()
+            except (AttachRefused, TimeoutError, OSError) as exc:
+                print(f"breakwater: serving this session on its own: {exc}", file=sys.stderr, flush=True)
+                return None
         code: int = await attached_session(first, attach, safety=safety, clock=clock)
         return code
 
@@ -102,6 +141,8 @@ def attach_or_none(config: Config, state: str | None) -> int | None:
 
 def shared_gateway_info(config: Config) -> dict[str, Any] | None:
     """What the shared gateway for `config` says about itself (with its `status`), or None when none answers."""
+    import anyio
+
     from breakwater.gateway._share import breakwater_version, config_fingerprint, gateway_paths, share_dir, share_refusal
 
     if share_refusal(config) is not None:
@@ -129,6 +170,8 @@ async def _ask(sock: Path, hello: dict[str, Any]) -> dict[str, Any] | None:
 
 def _gateways(policy: GatewayPolicy) -> list[tuple[Path, dict[str, Any]]]:
     """Every gateway that answers in the user's socket directory (sockets nobody answers on are removed)."""
+    import anyio
+
     from breakwater.gateway._share import share_dir
 
     found = []
@@ -169,6 +212,8 @@ def _list(policy: GatewayPolicy, as_json: bool) -> int:
 
 
 def _stop(policy: GatewayPolicy, config: Config | None) -> int:
+    import anyio
+
     from breakwater.gateway._share import config_fingerprint
 
     wanted = config_fingerprint(config) if config is not None else None
@@ -197,13 +242,30 @@ def _same_file(shown: Any, path: str | None) -> bool:
     return bool(shown and path) and os.path.abspath(str(shown)) == os.path.abspath(str(path))
 
 
+def _log_to_stderr() -> None:
+    """The shared gateway logs to its stderr, which is its log file beside its socket."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("breakwater.gateway.shared").setLevel(logging.INFO)
+
+
+def _serve_forked(config: Config, fingerprint: str, version: str, sock: Path, listener: socket.socket) -> int:
+    """The gateway a session forked (`fork_gateway`), on the session's config and on the socket it bound."""
+    import anyio
+
+    _log_to_stderr()
+    code: int = anyio.run(_run_shared, config, fingerprint, sock, listener, version)
+    logging.shutdown()
+    return code
+
+
 def _run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    import anyio
+
     from breakwater.gateway._share import breakwater_version, config_fingerprint, gateway_paths, share_dir
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("breakwater.gateway.shared").setLevel(logging.INFO)
+    _log_to_stderr()
     config = load_or_exit(args.config)
     if args.state is not None:
         config = replace(config, state=replace(config.state, url=args.state))
@@ -215,13 +277,17 @@ def _run(args: argparse.Namespace) -> int:
     return code
 
 
-async def _run_shared(config: Config, fingerprint: str, sock: Path) -> int:
+async def _run_shared(
+    config: Config, fingerprint: str, sock: Path, bound: socket.socket | None = None, version: str | None = None
+) -> int:
+    import anyio
+
     from breakwater._clock import SystemClock
     from breakwater.gateway._hub import SharedGateway, listening
     from breakwater.gateway._open import open_gateway
     from breakwater.gateway._share import breakwater_version, shared_config
 
-    async with listening(sock) as listener:
+    async with listening(sock, bound) as listener:
         if listener is None:
             logging.getLogger("breakwater.gateway.shared").info("another gateway already serves %s", sock)
             return EXIT_OK
@@ -230,7 +296,7 @@ async def _run_shared(config: Config, fingerprint: str, sock: Path) -> int:
                 gateway,
                 config,
                 fingerprint=fingerprint,
-                version=breakwater_version(),
+                version=version or breakwater_version(),
                 idle_s=config.gateway.share_idle_s,
                 clock=SystemClock(),
             )

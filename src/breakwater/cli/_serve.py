@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import os
 import signal
@@ -14,9 +13,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from types import FrameType
-from typing import Any
-
-import anyio
+from typing import TYPE_CHECKING, Any
 
 from breakwater import _platform
 from breakwater.cli._common import (
@@ -31,6 +28,9 @@ from breakwater.cli._common import (
 )
 from breakwater.config import Config
 from breakwater.errors import ConfigError
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["parse_listen", "serve_main"]
 
@@ -69,6 +69,8 @@ def _listen_failure(host: str, port: int, exc: OSError) -> str:
 
 
 def _graceful_server_class() -> Any:
+    import asyncio
+
     import uvicorn
 
     class GracefulServer(uvicorn.Server):
@@ -217,6 +219,8 @@ async def _session_store(config: Config) -> AsyncIterator[Any]:
 @contextlib.asynccontextmanager
 async def _operation_records(config: Config, gateway: Any) -> AsyncIterator[None]:
     """With a Redis `[state] url`, the fleet's records of forwarded operations, and this replica's lease in them."""
+    import anyio
+
     if not config.state.url.startswith(("redis://", "rediss://", "unix://")):
         yield
         return
@@ -297,10 +301,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def serve_main(argv: list[str]) -> int:
-    """`breakwater serve`: one MCP server in front of every configured server."""
+    """`breakwater serve`: one MCP server in front of every configured server.
+
+    Over stdio the attach path (`attach_or_none`) runs before anything imports asyncio or anyio:
+    at a cold start this session may be the one that forks the shared gateway, and the sooner it
+    decides the sooner the gateway's imports start (14 sessions start on the same cores).
+    """
     from breakwater.config._checks import check_listener_token
     from breakwater.gateway._listen import tcp_listener
-    from breakwater.gateway._pump import reserve_standard_fds
+    from breakwater.gateway._start import reserve_standard_fds
 
     args = _parser().parse_args(argv)
     token = args.token or os.environ.get("BREAKWATER_TOKEN") or None
@@ -321,6 +330,8 @@ def serve_main(argv: list[str]) -> int:
             attached = attach_or_none(config, args.state)
             if attached is not None:
                 return attached
+        import anyio
+
         stdio_code: int = anyio.run(_serve_stdio, config)
         return stdio_code
     host, port = args.http
@@ -329,6 +340,8 @@ def serve_main(argv: list[str]) -> int:
         sock = tcp_listener(host, port)
     except OSError as exc:
         return fail(_listen_failure(host, port, exc), EXIT_LISTEN)
+    import anyio
+
     with sock:
         http_code: int = anyio.run(
             _serve_http, config, sock, host, token, args.port_file, tuple(args.allowed_host), args.json_response

@@ -2,7 +2,10 @@
 
 `breakwater serve` over stdio connects to the gateway of its config's fingerprint
 (`breakwater.gateway._share`), starting one detached when none answers, under a lock, so sessions
-that start together start one gateway. What it then relays is `breakwater.gateway._pump`'s.
+that start together start one gateway. The first session of a cold start has forked it before its
+own event loop ran (`breakwater.gateway._start`); a session whose gateway died while it ran starts
+a new `breakwater gateway run` process here instead (its loop runs, and a fork must not inherit a
+running loop). What it then relays is `breakwater.gateway._pump`'s.
 """
 
 from __future__ import annotations
@@ -10,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import socket
 import subprocess
 from collections.abc import Sequence
@@ -19,22 +21,23 @@ from pathlib import Path
 from typing import Any
 
 from breakwater._clock import Clock
-from breakwater.gateway._share import HANDSHAKE_LIMIT, peer_uid
+from breakwater.gateway._share import HANDSHAKE_LIMIT, SPAWN_WAIT_S, AttachRefused, check_peer, handshake_answer
 
-__all__ = ["SPAWN_WAIT_S", "AttachRefused", "Attachment", "SessionOutdated", "connect_gateway", "open_attachment"]
+__all__ = [
+    "SPAWN_WAIT_S",
+    "AttachRefused",
+    "Attachment",
+    "SessionOutdated",
+    "connect_gateway",
+    "open_attachment",
+]
 
-#: How long a session waits for the gateway it started to answer before it serves on its own.
-SPAWN_WAIT_S = 15.0
 #: Waiting sessions look again after a pause that starts here and grows by half each time, up to
 #: `_POLL_MAX_S`: 13 sessions looking 100 times a second while a 14th starts the gateway took a
 #: tenth of a core from the gateway's own start-up (its imports are most of the time to ready).
 _POLL_S = 0.01
 _POLL_MAX_S = 0.1
 _POLL_GROWTH = 1.5
-
-
-class AttachRefused(Exception):
-    """A gateway answered, but will not take this session (another version, another user, a bad handshake)."""
 
 
 class SessionOutdated(Exception):
@@ -66,30 +69,31 @@ async def connect_gateway(path: Path, hello: dict[str, Any]) -> Attachment | Non
         except (FileNotFoundError, ConnectionRefusedError):
             attachment.close()
             return None
-        uid = peer_uid(sock)
-        if uid is not None and hasattr(os, "getuid") and uid != os.getuid():
-            raise AttachRefused(f"the gateway at {path} runs as uid {uid}, not as this user")
+        check_peer(sock, path)
         await loop.sock_sendall(sock, json.dumps(hello).encode() + b"\n")
         received = b""
-        while b"\n" not in received and len(received) < HANDSHAKE_LIMIT:
-            chunk = await loop.sock_recv(sock, 65536)
-            if not chunk:
-                break
-            received += chunk
-        line, _, attachment.rest = received.partition(b"\n")
-        try:
-            info = json.loads(line) if line else None
-        except ValueError:
-            info = None
-        if not isinstance(info, dict) or info.get("breakwater") != "gateway":
-            raise AttachRefused(f"what listens at {path} is not a breakwater gateway")
-        if not info.get("ok"):
-            raise AttachRefused(str(info.get("reason") or "refused"))
-        attachment.info = info
+        with contextlib.suppress(ConnectionResetError):  # closed before it accepted: answered as a close
+            while b"\n" not in received and len(received) < HANDSHAKE_LIMIT:
+                chunk = await loop.sock_recv(sock, 65536)
+                if not chunk:
+                    break
+                received += chunk
+        attachment.info, attachment.rest = handshake_answer(received, path)
         return attachment
     except BaseException:
         attachment.close()
         raise
+
+
+async def _connect_by(path: Path, hello: dict[str, Any], clock: Clock, deadline: float) -> Attachment | None:
+    """`connect_gateway`, its answer awaited until `deadline` (`TimeoutError` after): a gateway that listens but
+    never answers (still starting, or stopped) must not hold a session forever."""
+    found: Attachment | None = None
+    with clock.deadline_scope(deadline) as scope:
+        found = await connect_gateway(path, hello)
+    if scope.cancelled_caught:
+        raise TimeoutError(f"the shared gateway at {path} did not answer within {SPAWN_WAIT_S:g} s")
+    return found
 
 
 async def _lock(path: Path, clock: Clock, deadline: float) -> Any:
@@ -116,13 +120,13 @@ async def open_attachment(
 
     Raises `AttachRefused` when a gateway refuses, `TimeoutError` when the started one never answers.
     """
-    found = await connect_gateway(sock_path, hello)
+    deadline = clock.monotonic() + SPAWN_WAIT_S
+    found = await _connect_by(sock_path, hello, clock, deadline)
     if found is not None:
         return found
-    deadline = clock.monotonic() + SPAWN_WAIT_S
     lock = await _lock(lock_path, clock, deadline)
     try:
-        found = await connect_gateway(sock_path, hello)  # started by whoever held the lock
+        found = await _connect_by(sock_path, hello, clock, deadline)  # started by whoever held the lock
         if found is not None:
             return found
         with log_path.open("ab") as log:
@@ -131,7 +135,7 @@ async def open_attachment(
             )
         pause = _POLL_S
         while clock.monotonic() < deadline:
-            found = await connect_gateway(sock_path, hello)
+            found = await _connect_by(sock_path, hello, clock, deadline)
             if found is not None:
                 return found
             if child.poll() is not None:

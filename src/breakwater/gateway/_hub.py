@@ -34,7 +34,7 @@ from breakwater.config import Config
 from breakwater.gateway._fast_call import FastLane
 from breakwater.gateway._server import Gateway
 from breakwater.gateway._session import session_gateway
-from breakwater.gateway._share import HANDSHAKE_LIMIT, SessionContext, peer_uid
+from breakwater.gateway._share import HANDSHAKE_LIMIT, SessionContext, bind_socket, peer_uid
 from breakwater.gateway._stdio_server import MAX_LINE_BYTES, LineOutput, pump_input, pump_output
 
 __all__ = ["SharedGateway", "bind_socket", "listening"]
@@ -42,30 +42,6 @@ __all__ = ["SharedGateway", "bind_socket", "listening"]
 logger = logging.getLogger("breakwater.gateway.shared")
 
 _HANDSHAKE_S = 5.0  # a connection that says nothing for this long is no session
-
-
-def bind_socket(path: Path) -> socket.socket | None:
-    """Listen on `path` (0600); None when a live gateway already answers there. A stale socket file is replaced."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(str(path))
-    except (FileNotFoundError, ConnectionRefusedError):
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-    else:
-        return None  # someone else won the race: attach to theirs
-    finally:
-        probe.close()
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)  # born 0600: no window in which another user could connect
-    try:
-        listener.bind(str(path))
-    finally:
-        os.umask(old)
-    path.chmod(0o600)
-    listener.listen(128)
-    listener.setblocking(False)
-    return listener
 
 
 class _SocketOutput(LineOutput):
@@ -232,9 +208,9 @@ class SharedGateway:
 
 
 @contextlib.asynccontextmanager
-async def listening(path: Path) -> AsyncIterator[socket.socket | None]:
-    """`bind_socket(path)`, and the socket file removed on exit when it is still this gateway's."""
-    listener = bind_socket(path)
+async def listening(path: Path, listener: socket.socket | None = None) -> AsyncIterator[socket.socket | None]:
+    """`bind_socket(path)` (or `listener`, bound there already), the socket file removed on exit if still this gateway's."""
+    listener = listener if listener is not None else bind_socket(path)
     if listener is None:
         yield None
         return

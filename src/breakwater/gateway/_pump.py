@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import re
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +33,7 @@ from breakwater._clock import Clock
 from breakwater.config import Config
 from breakwater.config._checks import TOOL_NAME_OK, namespaced
 from breakwater.gateway._attach import Attachment, AttachRefused, SessionOutdated
+from breakwater.gateway._start import relayable, reserve_standard_fds
 
 __all__ = ["GIVE_UP_S", "MAX_LINE_BYTES", "ToolSafety", "attached_session", "relayable", "reserve_standard_fds"]
 
@@ -47,37 +47,6 @@ GIVE_UP_S = 5.0
 _REPLAY = "breakwater-replay-"
 #: The start of every response the SDK writes (`model_dump_json` keeps the declared field order).
 _RESPONSE = re.compile(rb'^\{"jsonrpc":"2\.0","id":(-?\d+|"(?:[^"\\]|\\.)*"),"(result|error)"')
-
-
-def reserve_standard_fds() -> None:
-    """Open the null device on any of fds 0, 1, 2 that is closed; call before the event loop starts.
-
-    Here, not in `_stdio_server` (which loads the SDK), as every stdio serve calls it before it attaches.
-
-    A process started with stdin closed (`<&-`) would otherwise get its event loop's epoll
-    descriptor as fd 0, and serving stdio would then read from (and divert) the loop itself. A
-    closed stdin reads as an immediately ended input: the session ends cleanly.
-    """
-    for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-        except OSError:
-            opened = os.open(os.devnull, os.O_RDWR)
-            if opened != fd:  # a lower one was closed too and has just been filled; keep trying
-                os.dup2(opened, fd)
-                os.close(opened)
-
-
-def relayable() -> bool:
-    """Whether stdin and stdout can be polled (pipes, sockets, terminals: what agents give); else serve directly."""
-    for fd in (0, 1):
-        try:
-            mode = os.fstat(fd).st_mode
-        except OSError:
-            return False
-        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or (stat.S_ISCHR(mode) and os.isatty(fd))):
-            return False
-    return True
 
 
 class _Lines(asyncio.Protocol):

@@ -35,6 +35,7 @@ runner.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -53,10 +54,15 @@ from breakwater.config import Config, GatewayPolicy, ServerSpec
 __all__ = [
     "HANDSHAKE_LIMIT",
     "INHERITED_ENV_VARS",
+    "SPAWN_WAIT_S",
+    "AttachRefused",
     "SessionContext",
+    "bind_socket",
     "breakwater_version",
+    "check_peer",
     "config_fingerprint",
     "gateway_paths",
+    "handshake_answer",
     "peer_uid",
     "per_session",
     "share_dir",
@@ -67,6 +73,13 @@ __all__ = [
 
 #: The longest handshake line either side reads; anything longer is no handshake.
 HANDSHAKE_LIMIT = 64 * 1024
+#: How long a session waits for a gateway to answer (one it started, or one still starting) before it serves on its own.
+SPAWN_WAIT_S = 15.0
+
+
+class AttachRefused(Exception):
+    """A gateway answered, but will not take this session (another version, another user, a bad handshake)."""
+
 
 #: The variables a stdio server inherits from the process that starts it, as the SDK's
 #: `mcp.client.stdio.DEFAULT_INHERITED_ENV_VARS` (a test holds them equal; spelled out here so that
@@ -226,6 +239,33 @@ def gateway_paths(directory: Path, fingerprint: str, version: str) -> tuple[Path
     return stem.with_suffix(".sock"), stem.with_suffix(".lock"), stem.with_suffix(".log")
 
 
+def bind_socket(path: Path) -> socket.socket | None:
+    """Listen on `path` (0600); None when a live gateway already answers there. A stale socket file is replaced.
+
+    Here, not in `_hub`, so that the session that starts the gateway can bind it without the SDK.
+    """
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    else:
+        return None  # someone else won the race: attach to theirs
+    finally:
+        probe.close()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # born 0600: no window in which another user could connect
+    try:
+        listener.bind(str(path))
+    finally:
+        os.umask(old)
+    path.chmod(0o600)
+    listener.listen(128)
+    listener.setblocking(False)
+    return listener
+
+
 def peer_uid(sock: socket.socket) -> int | None:
     """The uid of the process at the other end of a Unix socket (Linux; None where it cannot be asked cheaply)."""
     option = getattr(socket, "SO_PEERCRED", None)
@@ -237,6 +277,29 @@ def peer_uid(sock: socket.socket) -> int | None:
         return None
     _pid, uid, _gid = struct.unpack("3i", raw)
     return int(uid)
+
+
+def check_peer(sock: socket.socket, path: Path) -> None:
+    """`AttachRefused` when the process listening at `path` (on `sock`) runs as another user."""
+    uid = peer_uid(sock)
+    if uid is not None and hasattr(os, "getuid") and uid != os.getuid():
+        raise AttachRefused(f"the gateway at {path} runs as uid {uid}, not as this user")
+
+
+def handshake_answer(received: bytes, path: Path) -> tuple[dict[str, Any], bytes]:
+    """The gateway's answer line in `received` (and what came after it); `AttachRefused` unless it says yes."""
+    if not received:  # it listened, then closed: it died starting (or was stopped) before it served
+        raise AttachRefused(f"the gateway at {path} closed the connection before answering (its log: {path.with_suffix('.log')})")
+    line, _, rest = received.partition(b"\n")
+    try:
+        info = json.loads(line) if line else None
+    except ValueError:
+        info = None
+    if not isinstance(info, dict) or info.get("breakwater") != "gateway":
+        raise AttachRefused(f"what listens at {path} is not a breakwater gateway")
+    if not info.get("ok"):
+        raise AttachRefused(str(info.get("reason") or "refused"))
+    return info, rest
 
 
 def share_refusal(config: Config) -> str | None:

@@ -43,8 +43,9 @@ hang, flaky (fail=0.5), create_order (mutating, destructive). The built-in tool
 State, ledger and control files
 -------------------------------
 --state-file: JSON {"in_flight", "started", "completed", "cancelled", "errors": {tool: n},
-  "handshakes": n, "pid", "name"}, rewritten atomically on every change, so a test can prove
-  cancelled work stopped even when the connection is gone.
+  "handshakes": n, "congestion_works": [s], "pid", "name"}, rewritten atomically on every change, so a
+  test can prove cancelled work stopped even when the connection is gone ("congestion_works": the
+  service each finished handshake drew from the congestion model, in order; a benchmark's ideal).
 --ledger: JSON lines {"time", "tool", "operation_id", "args_sha256", "pid", "server"}, appended
   under an exclusive file lock so several processes can share one ledger (see `read_ledger`).
 --control-file: JSON re-read (when its mtime changes) at every call, overriding tool keys at run
@@ -161,6 +162,7 @@ class _Runtime:
             k: dict.fromkeys(names, 0) for k in ("in_flight", "started", "completed", "cancelled", "errors")
         }
         self.handshakes = 0
+        self.congestion_works: list[float] = []
         self.control = ControlFile(opts.control_file) if opts.control_file else None
         self._write_state()
 
@@ -168,6 +170,7 @@ class _Runtime:
         return {
             **{k: dict(v) for k, v in self.counters.items()},
             "handshakes": self.handshakes,
+            "congestion_works": list(self.congestion_works),
             "pid": os.getpid(),
             "name": self.opts.name,
         }
@@ -204,7 +207,8 @@ class _Runtime:
                 self.handshakes += 1
                 self._write_state()
                 if self.opts.congestion is not None:
-                    await self.opts.congestion.serve(self.rng)
+                    self.congestion_works.append(await self.opts.congestion.serve(self.rng))
+                    self._write_state()
         return await call_next(ctx)
 
     def _draw_outcome(self, spec: ToolSpec) -> str:
