@@ -23,14 +23,14 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import anyio
-from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
+from mcp.types import Tool, ToolAnnotations
 
 from breakwater import Breakwater, Config, ServerSpec, ServerState
 from breakwater.config import BreakerPolicy, JournalPolicy
 from breakwater.gate._breaker import Outcome, Permit
+from gate_overhead import Stub
 
 CASES = {
     "gate alone, journal on": ("answer", "on"),
@@ -38,18 +38,6 @@ CASES = {
     "open-breaker rejection (envelope), journal on": ("reject", "on"),
 }
 WARMUP = 500
-
-
-class Stub:
-    """A client that answers at once."""
-
-    def __init__(self) -> None:
-        self.result = CallToolResult(content=[TextContent(type="text", text="ok")], structured_content={"ok": True})
-
-    async def call_tool(
-        self, name: str, arguments: Any = None, *, progress_callback: Any = None, meta: Any = None
-    ) -> CallToolResult:
-        return self.result
 
 
 def _instrument(on: bool) -> None:
