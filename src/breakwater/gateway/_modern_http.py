@@ -11,7 +11,7 @@ shared 2-core machine of docs/benchmarks.md the wake-ups are where the time goes
 3.84 → 3.38 M instructions per call on top of the gateway's own schema lookup for the `Mcp-Param-*`
 check (`Gateway.header_schema`, 5.07 → 3.84 M, then 3.14 M with both); 3,141 → 2,092 Python function
 calls and 12.9 → 9.7 event-loop iterations per call (cProfile), and the gateway's CPU per call from 1.3×
-the 2025-11-25 default mode's to 1.0-1.07× (docs/benchmarks.md, session 5).
+the 2025-11-25 default mode's to 1.0-1.07× (docs/benchmarks.md, session 6).
 
 What it does. The same ladder as the SDK's entry, in the same order and with the SDK's own
 helpers (Host/Origin, Accept, parse, notification, envelope, duplicated routing headers, the
