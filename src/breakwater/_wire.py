@@ -19,6 +19,7 @@ __all__ = [
     "RESULT_TOO_LARGE",
     "has_non_finite",
     "json_depth",
+    "json_line",
     "non_finite_constant",
     "non_finite_path",
     "strict_json",
@@ -75,6 +76,20 @@ class _NonFinite(ValueError):
 
 def _refuse_constant(name: str) -> Any:
     raise _NonFinite(name)
+
+
+def json_line(message: Any, *, allow_nan: bool = True) -> bytes:
+    """`message` as one line of the stdio wire: compact UTF-8 JSON and a newline.
+
+    A lone surrogate (from an upstream's escaped JSON) cannot be UTF-8: the line is then written with
+    every non-ASCII character escaped rather than failing. Anything `json.dumps` refuses (TypeError,
+    or a NaN with `allow_nan=False`) is raised.
+    """
+    text = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=allow_nan)
+    try:
+        return text.encode() + b"\n"
+    except UnicodeEncodeError:
+        return json.dumps(message, separators=(",", ":"), allow_nan=allow_nan).encode() + b"\n"
 
 
 def strict_json(text: str | bytes) -> Any:

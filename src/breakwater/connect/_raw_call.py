@@ -48,6 +48,8 @@ from mcp_types import methods as _methods
 from opentelemetry import trace
 from pydantic import ValidationError
 
+from breakwater._wire import json_line
+
 if TYPE_CHECKING:
     from breakwater.connect._lines import StdoutParser
 
@@ -336,10 +338,6 @@ def _number(value: Any) -> bool:
 
 def _encode(message: dict[str, Any]) -> bytes | None:
     try:
-        text = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return json_line(message, allow_nan=False)
     except (TypeError, ValueError, RecursionError):  # not JSON to the stdlib (a library caller's object): the SDK's path
         return None
-    try:
-        return text.encode() + b"\n"
-    except UnicodeEncodeError:  # a lone surrogate cannot be UTF-8: write it escaped
-        return json.dumps(message, separators=(",", ":")).encode() + b"\n"

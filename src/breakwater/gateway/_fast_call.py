@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
@@ -58,7 +57,7 @@ from mcp.shared.jsonrpc_dispatcher import (
 from mcp_types import CONNECTION_CLOSED, PROTOCOL_VERSION_META_KEY, ErrorData
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from breakwater._wire import strict_json
+from breakwater._wire import json_line, strict_json
 
 __all__ = ["FastLane", "call_params", "handler_error", "install", "session_lane"]
 
@@ -239,7 +238,7 @@ class FastLane:
                         del self._in_flight[key]
                 if not dctx.cancel_requested.is_set():
                     answer_started = True
-                    await self._write(_line({"jsonrpc": "2.0", "id": request_id, "result": result}))
+                    await self._write(json_line({"jsonrpc": "2.0", "id": request_id, "result": result}))
         except anyio.get_cancelled_exc_class():
             if not answer_started and not dctx.cancel_requested.is_set():
                 with anyio.move_on_after(_SHUTDOWN_WRITE_S, shield=True):  # noqa: TID251 - the SDK's real-time bound on a last write
@@ -252,7 +251,7 @@ class FastLane:
 
     async def _write_error(self, request_id: Any, error: ErrorData) -> None:
         body = error.model_dump(by_alias=True, mode="json", exclude_unset=True)
-        await self._write(_line({"jsonrpc": "2.0", "id": request_id, "error": body}))
+        await self._write(json_line({"jsonrpc": "2.0", "id": request_id, "error": body}))
 
 
 class _Serving:
@@ -323,10 +322,3 @@ def _valid_id(value: Any) -> bool:
 def _key(request_id: Any) -> Any:
     # The dispatcher's correlation domain: a cancel naming "7" finds the call with id 7.
     return coerce_request_id(request_id)
-
-
-def _line(message: dict[str, Any]) -> bytes:
-    try:
-        return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
-    except UnicodeEncodeError:  # a lone surrogate from the upstream's JSON: escape it rather than fail the answer
-        return json.dumps(message, separators=(",", ":")).encode() + b"\n"
