@@ -212,6 +212,10 @@ async def explain_params_errors(ctx: ServerRequestContext[Any, Any], call_next: 
         raise better from None
 
 
+# It only rewrites errors: the lanes' kernel keeps it around the handler (`_fast_call.PASSIVE_FOR_CALLS`).
+explain_params_errors.breakwater_for_calls = "keep"  # type: ignore[attr-defined]
+
+
 #: The longest deadline a caller may ask for (a day); anything longer is surely a unit mistake.
 MAX_DEADLINE_MS = 86_400_000
 

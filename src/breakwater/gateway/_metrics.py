@@ -369,6 +369,9 @@ class CallCounter:
     set without bound.
     """
 
+    #: It counts calls and never rewrites them: the lanes' kernel keeps it (`_fast_call.PASSIVE_FOR_CALLS`).
+    breakwater_for_calls = "keep"
+
     def __init__(self, metrics: Metrics, resolve: Resolver, *, clock: Clock | None = None) -> None:
         self._metrics = metrics
         self._resolve = resolve

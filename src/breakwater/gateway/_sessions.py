@@ -52,6 +52,9 @@ log = logging.getLogger("breakwater.sessions")
 class SessionRecorder:
     """Server middleware: the session's record goes to Redis when `initialize` and `logging/setLevel` succeed."""
 
+    #: A `tools/call` is none of `_RECORDED`: the lanes' kernel skips it (`_fast_call.PASSIVE_FOR_CALLS`).
+    breakwater_for_calls = True
+
     def __init__(self, store: SessionStore, subscriptions: Subscriptions | None = None) -> None:
         self.store = store
         self.subscriptions = subscriptions

@@ -30,6 +30,11 @@ class _WhenTraced:
     def __init__(self, inner: OpenTelemetryMiddleware) -> None:
         self._inner = inner
 
+    @property
+    def breakwater_for_calls(self) -> bool | str:
+        """Skipped by the lanes' kernel while nothing records spans, kept while something does (`_fast_call`)."""
+        return True if not sdk_spans_recorded() else "keep"
+
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         if not sdk_spans_recorded():
             return await call_next(ctx)
