@@ -152,6 +152,8 @@ class FastLane:
         self._dispatcher: JSONRPCDispatcher[Any] | None = None
         self._tg: TaskGroup | None = None
         self._in_flight: dict[Any, tuple[anyio.CancelScope, _JSONRPCDispatchContext[Any]]] = {}
+        #: The reading task's context while the lane serves (`serving()`), for calls started outside it.
+        self._context: contextvars.Context | None = None
         #: Calls this lane took (the tests and the benchmark read it to know the lane was used).
         self.taken = 0
 
@@ -191,6 +193,22 @@ class FastLane:
     def serving(self) -> _Serving:
         """The context the reader runs in: the lane's calls live inside it and end (answered) when it ends."""
         return _Serving(self)
+
+    def take_lines(self, data: bytes) -> int:
+        """How many bytes of whole lines at the start of `data` this lane took (`_stdio_server.LaneReader`).
+
+        Called from a transport's callback, outside any task: the calls start in the reading task's
+        context (as captured by `serving()`), as those the task hands over do."""
+        context = self._context
+        if context is None:
+            return 0
+        return context.run(self._take_leading, data)
+
+    def _take_leading(self, data: bytes) -> int:
+        taken = 0
+        while (end := data.find(b"\n", taken) + 1) > 0 and self.take(data[taken:end]):
+            taken = end
+        return taken
 
     def take(self, line: bytes) -> bool:
         """Handle `line` here if it is a `tools/call` request (or a cancel of one) this lane can serve."""
@@ -284,9 +302,11 @@ class _Serving:
     async def __aenter__(self) -> FastLane:
         self._lane._tg = await self._group.__aenter__()
         self._token = _LANE.set(self._lane)
+        self._lane._context = contextvars.copy_context()
         return self._lane
 
     async def __aexit__(self, *exc: object) -> bool | None:
+        self._lane._context = None
         if self._token is not None:
             _LANE.reset(self._token)
         # The end of input (or a stop signal): calls still running are answered CONNECTION_CLOSED, as the SDK's are.
