@@ -20,9 +20,15 @@ from typing import Annotated, Any
 import anyio
 import mcp.types as types
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.session import ClientRequestContext
+from mcp.server.lowlevel.server import Server
+from mcp.server.runner import ServerRunner
 from pydantic import Field
+
+from breakwater.gateway._fast_call import serialize_call
 
 pytestmark = pytest.mark.anyio
 
@@ -542,3 +548,49 @@ async def test_the_gateway_gives_the_modern_entry_the_listed_input_schemas(tmp_p
             assert getattr(manager.asgi_app.app, "__module__", None) == "breakwater.gateway._modern_http"
 
     await clock.run(run)
+
+
+# ---- the kernel's own shaping of the common answer (`serialize_call`) -----------------------------
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=30,
+)
+_BLOCKS = st.lists(
+    st.builds(types.TextContent, type=st.just("text"), text=st.text(max_size=8))
+    | st.builds(
+        types.TextContent,
+        type=st.just("text"),
+        text=st.text(max_size=3),
+        annotations=st.just(types.Annotations(priority=0.5)),
+    )
+    | st.builds(types.ImageContent, type=st.just("image"), data=st.just("aGk="), mime_type=st.just("image/png")),
+    max_size=3,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    content=_BLOCKS,
+    structured=st.none() | st.dictionaries(st.text(max_size=4), _JSON, max_size=5),
+    meta=st.none() | st.dictionaries(st.text(max_size=4), _JSON, max_size=3),
+    is_error=st.booleans(),
+    version=st.sampled_from(["2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"]),
+)
+def test_the_kernel_shapes_an_answer_exactly_as_the_sdk_does(
+    content: list[Any], structured: dict[str, Any] | None, meta: dict[str, Any] | None, is_error: bool, version: str
+) -> None:
+    runner = ServerRunner(Server("t"), connection=None, lifespan_state=None)  # type: ignore[arg-type]  # shaping reads the server only
+    result = types.CallToolResult(content=content, structured_content=structured, is_error=is_error, _meta=meta)
+    # Byte for byte, key order included: what the wire carries.
+    assert json.dumps(serialize_call(runner, version, result)) == json.dumps(runner._serialize("tools/call", version, result))
+
+
+def test_the_kernel_shapes_the_common_answer_itself() -> None:
+    runner = ServerRunner(Server("t"), connection=None, lifespan_state=None)  # type: ignore[arg-type]
+    structured = {"ok": True, "n": [1, 2.5, None]}
+    result = types.CallToolResult(content=[types.TextContent(type="text", text="x")], structured_content=structured)
+    # The upstream's structured content goes out as it came (not dumped and re-validated), on the legacy wire only.
+    assert serialize_call(runner, "2025-11-25", result)["structuredContent"] is structured
+    assert serialize_call(runner, "2026-07-28", result)["structuredContent"] is not structured
