@@ -59,6 +59,11 @@ class LineSplitter:
         self._head: bytes | None = None  # set once the line in progress went over the limit
         self._tail = b""
 
+    @property
+    def between_lines(self) -> bool:
+        """Whether no line is in progress (the last chunk fed ended with its newline)."""
+        return self._size == 0 and self._head is None
+
     def feed(self, chunk: bytes) -> list[bytes | Oversized]:
         """The lines `chunk` completes (without their newlines)."""
         done: list[bytes | Oversized] = []
