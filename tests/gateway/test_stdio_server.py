@@ -9,11 +9,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
-from anyio import wait_all_tasks_blocked
-
-from breakwater.gateway._stdio_server import LaneReader
 
 # A tiny MCP server on breakwater's transport whose tool prints to stdout and writes to fd 1: both
 # must land on stderr, never on the JSON-RPC wire.
@@ -90,56 +86,3 @@ def test_pipes_serve_and_keep_stray_output_off_the_wire(tmp_path: Path, path: st
     assert answers(lines)[2]["result"]["content"][0]["text"] == "ok"
     assert answers(lines)[11]["error"]["code"] == -32600
     assert "stray print" in stderr and "stray fd write" in stderr
-
-
-# ---- LaneReader: calls handed to the lane as they arrive, never ahead of a message sent before them ----
-
-
-class _Lane:
-    """Takes every `tools/call` line it is offered (what a ready `FastLane` does with a well-formed one)."""
-
-    def __init__(self) -> None:
-        self.taken: list[bytes] = []
-
-    def take_lines(self, data: bytes) -> int:
-        taken = 0
-        while (end := data.find(b"\n", taken) + 1) > 0 and b'"tools/call"' in data[taken:end]:
-            self.taken.append(data[taken:end])
-            taken = end
-        return taken
-
-
-CALL = b'{"method":"tools/call","id":1}\n'
-PING = b'{"method":"ping","id":2}\n'
-
-
-@pytest.mark.anyio
-async def test_a_lane_reader_hands_calls_over_only_between_messages() -> None:
-    lane = _Lane()
-    reader = LaneReader()
-    reader.lane = lane  # type: ignore[assignment]  # our own stand-in for a ready lane
-    lines: list[bytes] = []
-
-    async def read(count: int) -> None:
-        for _ in range(count):
-            lines.append(await reader.readuntil(b"\n"))
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(read, 4)
-        await wait_all_tasks_blocked()  # the reading task is parked in readuntil, nothing unread
-        reader.feed_data(CALL + CALL)  # both taken, the task not woken
-        await wait_all_tasks_blocked()
-        assert lane.taken == [CALL, CALL] and lines == []
-        reader.feed_data(PING + CALL)  # the ping is the task's, and so is the call behind it
-        reader.feed_data(CALL[:5])  # unread data is waiting: a whole call after it waits its turn too
-        reader.feed_data(CALL[5:] + CALL)
-    assert lane.taken == [CALL, CALL]
-    assert lines == [PING, CALL, CALL, CALL]
-
-    # While the task skips the tail of an oversized line, what arrives is that tail, not a message.
-    reader.skipping = True
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(read, 1)
-        await wait_all_tasks_blocked()
-        reader.feed_data(CALL)
-    assert lines[-1] == CALL and len(lane.taken) == 2

@@ -17,9 +17,11 @@ May import the core leaves only.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +30,7 @@ from mcp.shared.message import SessionMessage
 
 from breakwater._wire import RESULT_TOO_LARGE
 
-__all__ = ["LineSplitter", "Oversized", "StdoutParser", "quiet_sdk_junk_logs"]
+__all__ = ["HandOffReader", "LineSplitter", "Oversized", "StdoutParser", "quiet_sdk_junk_logs"]
 
 logger = logging.getLogger("breakwater.stdio")
 
@@ -248,3 +250,29 @@ def quiet_sdk_junk_logs() -> None:
         sdk_logger = logging.getLogger(name)
         if not any(isinstance(f, _JunkLogLimit) for f in sdk_logger.filters):
             sdk_logger.addFilter(_JunkLogLimit(messages))
+
+
+class HandOffReader(asyncio.StreamReader):
+    """An asyncio stream buffer that offers whole lines to `hand_off` as they arrive, while its reader waits.
+
+    Why: a line read the usual way goes into this buffer, wakes the task parked in `read`/`readuntil`
+    (a trip through the event loop), and only then reaches whoever it is for. The hot path's two
+    hand-offs (issue 16) skip that trip: the downstream `tools/call` lines to the connection's fast
+    lane (`gateway._stdio_server.pump_input`), the upstream's answers to the raw calls waiting for
+    them (`_stdio.StdoutReader.tap`). Only while the reading task is parked with nothing unread, so a
+    line is never handed over ahead of one that task has not read yet: `hand_off(data)` returns how
+    many bytes of whole lines at the start of `data` it took; the first line it does not take, and
+    everything after it, stay for the reading task, in order.
+    """
+
+    #: Takes whole lines from the start of what arrives (None: every line is the reading task's).
+    hand_off: Callable[[bytes], int] | None = None
+
+    def feed_data(self, data: bytes) -> None:  # type: ignore[override]  # asyncio feeds it bytes
+        hand_off = self.hand_off
+        # `_waiter`: the reading task is parked in a read (asyncio's own attribute, stable since 3.8).
+        if hand_off is not None and self._waiter is not None and not self._buffer and data.endswith(b"\n"):  # type: ignore[attr-defined]
+            data = data[hand_off(data) :]
+            if not data:
+                return
+        super().feed_data(data)

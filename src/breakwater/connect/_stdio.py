@@ -37,7 +37,7 @@ from mcp.client.stdio import (  # the SDK's shutdown steps and timings, kept ide
 from mcp.shared.message import SessionMessage
 
 from breakwater import _platform
-from breakwater.connect._lines import LineSplitter, StdoutParser
+from breakwater.connect._lines import HandOffReader, LineSplitter, StdoutParser
 from breakwater.connect._raw_call import RawCalls
 
 __all__ = ["StdioProcess"]
@@ -188,7 +188,7 @@ class StdoutReader:
         return self._ready.popleft()
 
     def tap(self, data: bytes) -> int:
-        """How many bytes of whole lines at the start of `data` were raw calls' (`_TapReader`), taken as they arrived.
+        """How many bytes of whole lines at the start of `data` were raw calls' answers or progress (`HandOffReader`).
 
         Only while this reader waits for the pipe with nothing read and unparsed, so a line is never
         taken ahead of one the session has not seen yet."""
@@ -231,29 +231,6 @@ class StdoutReader:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-
-class _TapReader(asyncio.StreamReader):
-    """The server's stdout as asyncio buffers it, with the answers to raw calls taken as they arrive.
-
-    Why: an answer went from the pipe into this buffer, then woke the session's receive loop
-    (`StdoutReader.receive`), which read it, split it and woke the call: a trip through the event
-    loop and anyio's stream wrapper per call. While that loop waits with nothing unread, whole lines
-    that answer raw calls (`RawCalls.take`) wake their callers from here; the first line that is
-    anything else, and all after it, are left for the loop, in order. The class of the reader asyncio
-    made for the process is swapped for this one (`StdioProcess.open`): asyncio creates it inside
-    `create_subprocess_exec` and offers no way to pass another. Measured (`bench/proxy_instructions.py`,
-    issue 16): see docs/benchmarks.md, session 7.
-    """
-
-    tap: Callable[[bytes], int]
-
-    def feed_data(self, data: bytes) -> None:  # type: ignore[override]  # asyncio feeds it bytes
-        if self._waiter is not None and not self._buffer and data.endswith(b"\n"):  # type: ignore[attr-defined]
-            data = data[self.tap(data) :]
-            if not data:
-                return
-        super().feed_data(data)
 
 
 class StdioProcess:
@@ -306,11 +283,13 @@ class StdioProcess:
         read_stream = StdoutReader(process, self.parser, self.max_line_bytes, stdout_closed)
         write_stream = StdinWriter(process, self.parser, read_stream.end)
         self.raw_calls = read_stream.raw = RawCalls(write_stream.write_line, self.parser)
+        # Answers wake their callers from the pipe's buffer (`HandOffReader`). asyncio makes that buffer
+        # inside `create_subprocess_exec`, with no way to pass another class: its class is swapped.
         # anyio's wrapper of the asyncio stream (pinned minor version); any other stream is read as it is.
         buffer = getattr(process.stdout, "_stream", None)
         if type(buffer) is asyncio.StreamReader:
-            buffer.__class__ = _TapReader
-            cast(_TapReader, buffer).tap = read_stream.tap
+            buffer.__class__ = HandOffReader
+            cast(HandOffReader, buffer).hand_off = read_stream.tap
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._read_stderr, process)
             tg.start_soon(self._watch_exit, process)

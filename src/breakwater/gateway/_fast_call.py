@@ -206,7 +206,7 @@ class FastLane:
         return _Serving(self)
 
     def take_lines(self, data: bytes) -> int:
-        """How many bytes of whole lines at the start of `data` this lane took (`_stdio_server.LaneReader`).
+        """How many bytes of whole lines at the start of `data` this lane took (`connect._lines.HandOffReader`).
 
         Called from a transport's callback, outside any task: the calls start in the reading task's
         context (as captured by `serving()`), as those the task hands over do."""

@@ -31,11 +31,12 @@ from mcp.shared.message import SessionMessage
 
 from breakwater._clock import Clock
 from breakwater.config import Config
+from breakwater.connect._lines import HandOffReader
 from breakwater.gateway._fast_call import FastLane
 from breakwater.gateway._server import Gateway
 from breakwater.gateway._session import session_gateway
 from breakwater.gateway._share import HANDSHAKE_LIMIT, SessionContext, bind_socket, peer_uid
-from breakwater.gateway._stdio_server import MAX_LINE_BYTES, LaneReader, LineOutput, pump_input, pump_output
+from breakwater.gateway._stdio_server import MAX_LINE_BYTES, LineOutput, pump_input, pump_output
 
 __all__ = ["SharedGateway", "bind_socket", "listening"]
 
@@ -131,7 +132,7 @@ class SharedGateway:
         try:
             # `asyncio.open_unix_connection`, with the reader that hands calls to the session's lane.
             loop = asyncio.get_running_loop()
-            reader = LaneReader(limit=MAX_LINE_BYTES, loop=loop)
+            reader = HandOffReader(limit=MAX_LINE_BYTES, loop=loop)
             protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
             transport, _ = await loop.create_unix_connection(lambda: protocol, sock=conn)
             writer = asyncio.StreamWriter(transport, protocol, reader, loop)

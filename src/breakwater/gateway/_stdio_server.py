@@ -40,11 +40,12 @@ from mcp.shared._context_streams import create_context_streams
 from mcp.shared.message import SessionMessage
 
 from breakwater import _platform
+from breakwater.connect._lines import HandOffReader
 from breakwater.gateway._fast_call import FastLane
 from breakwater.gateway._frames import INVALID_REQUEST, bad_id, diagnose, error_line, screen_non_finite
 from breakwater.gateway._pump import reserve_standard_fds
 
-__all__ = ["MAX_LINE_BYTES", "LaneReader", "LineOutput", "pump_input", "pump_output", "reserve_standard_fds", "stdio_server"]
+__all__ = ["MAX_LINE_BYTES", "LineOutput", "pump_input", "pump_output", "reserve_standard_fds", "stdio_server"]
 
 #: Longest line accepted from the client. The SDK has no limit; a bound keeps one bad client from
 #: exhausting memory, and 64 MiB is far above any real MCP message. A longer one is answered with
@@ -177,36 +178,10 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-class LaneReader(asyncio.StreamReader):
-    """The client's lines, whose `tools/call` requests go to the connection's fast lane as they arrive.
-
-    Why: a call line read by the reading task (`pump_input`) cost a trip through the event loop (the
-    task's wake-up) and a `readuntil` before the lane saw it. While the reading task waits for input
-    with nothing unread (so it is between two messages, none of them still on its way to the SDK),
-    whole lines that arrive are offered to `lane` right here, in the transport's callback; the first
-    line the lane does not take, and everything after it, is left to the reading task, so the lane
-    never overtakes a message sent before its call. Measured (`bench/proxy_instructions.py`, issue 16):
-    1.67 → 1.62 M instructions per stdio call, one event-loop iteration less.
-    """
-
-    #: The connection's lane while `pump_input` serves it (None: every line is the reading task's).
-    lane: FastLane | None = None
-    #: True while the reading task skips the rest of an oversized line (its tail is no message).
-    skipping = False
-
-    def feed_data(self, data: bytes) -> None:  # type: ignore[override]  # asyncio feeds it bytes
-        lane = self.lane
-        # `_waiter`: the reading task is parked in `readuntil` (asyncio's own, stable since 3.8).
-        if lane is not None and self._waiter is not None and not self._buffer and not self.skipping and data.endswith(b"\n"):  # type: ignore[attr-defined]
-            data = data[lane.take_lines(data) :]
-            if not data:
-                return
-        super().feed_data(data)
-
-
 async def _next_line(reader: asyncio.StreamReader) -> tuple[bytes | None, bool]:
     """The next line (None at the end of input), and whether it was over MAX_LINE_BYTES (then skipped whole)."""
     oversized = False
+    hand_off = None
     try:
         while True:
             try:
@@ -216,23 +191,24 @@ async def _next_line(reader: asyncio.StreamReader) -> tuple[bytes | None, bool]:
                     return b"", True
                 return (exc.partial or None), False
             except asyncio.LimitOverrunError as exc:
-                # Drop what is buffered and keep dropping up to the newline: the rest of that line is no message.
-                if isinstance(reader, LaneReader):
-                    reader.skipping = True
+                # Drop what is buffered and keep dropping up to the newline: the rest of that line is no message
+                # (nor is its tail a line to hand over).
+                if not oversized and isinstance(reader, HandOffReader):
+                    hand_off, reader.hand_off = reader.hand_off, None
                 await reader.readexactly(exc.consumed)
                 oversized = True
                 continue
             return (b"" if oversized else line), oversized
     finally:
-        if oversized and isinstance(reader, LaneReader):
-            reader.skipping = False
+        if oversized and isinstance(reader, HandOffReader):
+            reader.hand_off = hand_off
 
 
 async def _open_input(
     in_fd: int | None, loop: asyncio.AbstractEventLoop, fast: bool
 ) -> tuple[asyncio.StreamReader, asyncio.BaseTransport | None]:
     """A reader over stdin: asyncio's pipe transport when it can be polled, else a reading thread; closed = ended."""
-    reader = LaneReader(limit=MAX_LINE_BYTES)
+    reader = HandOffReader(limit=MAX_LINE_BYTES)
     if in_fd is None:
         reader.feed_eof()
         return reader, None
@@ -247,13 +223,14 @@ async def pump_input(reader: asyncio.StreamReader, sink: Any, output: LineOutput
     """Lines from the client to the session; a line that is no valid message is answered here, never dropped.
 
     With a `lane` (inside its `serving()`), a `tools/call` it can serve skips the session's streams (`_fast_call`),
-    and, from a `LaneReader`, this task too."""
-    if lane is not None and isinstance(reader, LaneReader):
-        reader.lane = lane
+    and, from a `HandOffReader`, this task too: measured (`bench/proxy_instructions.py`, issue 16), 1.67 →
+    1.62 M instructions per stdio call, one event-loop iteration less."""
+    if lane is not None and isinstance(reader, HandOffReader):
+        reader.hand_off = lane.take_lines
         try:
             await _pump_lines(reader, sink, output, lane)
         finally:
-            reader.lane = None
+            reader.hand_off = None
     else:
         await _pump_lines(reader, sink, output, lane)
 

@@ -1,0 +1,75 @@
+"""`HandOffReader`: whole lines handed over as they arrive, never ahead of a line the reading task has not read.
+
+The hot path's two hand-offs (the downstream calls to the fast lane, the upstream's answers to the
+raw calls waiting for them) rest on this: a line is taken from the pipe's callback only while the
+reading task waits with nothing unread, and the first line not taken keeps everything behind it.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from anyio import wait_all_tasks_blocked
+
+from breakwater.connect._lines import HandOffReader
+
+pytestmark = pytest.mark.anyio
+
+CALL = b'{"method":"tools/call","id":1}\n'
+PING = b'{"method":"ping","id":2}\n'
+
+
+class Taker:
+    """Takes every line naming `tools/call`, as a ready lane (or a raw call's waiter) takes its own."""
+
+    def __init__(self) -> None:
+        self.taken: list[bytes] = []
+
+    def __call__(self, data: bytes) -> int:
+        taken = 0
+        while (end := data.find(b"\n", taken) + 1) > 0 and b'"tools/call"' in data[taken:end]:
+            self.taken.append(data[taken:end])
+            taken = end
+        return taken
+
+
+async def test_lines_are_handed_over_only_between_lines_the_task_has_read() -> None:
+    taker = Taker()
+    reader = HandOffReader()
+    reader.hand_off = taker
+    lines: list[bytes] = []
+
+    async def read(count: int) -> None:
+        for _ in range(count):
+            lines.append(await reader.readuntil(b"\n"))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(read, 4)
+        await wait_all_tasks_blocked()  # the reading task is parked in readuntil, nothing unread
+        reader.feed_data(CALL + CALL)  # both taken; the task is not woken
+        await wait_all_tasks_blocked()
+        assert taker.taken == [CALL, CALL] and lines == []
+        reader.feed_data(PING + CALL)  # the ping is the task's, and so is the call behind it
+        reader.feed_data(CALL[:5])  # unread data is waiting: a whole call after it waits its turn too
+        reader.feed_data(CALL[5:] + CALL)
+    assert taker.taken == [CALL, CALL]
+    assert lines == [PING, CALL, CALL, CALL]
+
+
+async def test_nothing_is_handed_over_while_the_task_is_busy_or_without_a_taker() -> None:
+    taker = Taker()
+    reader = HandOffReader()
+    reader.hand_off = taker
+    reader.feed_data(CALL)  # no task waits for it: the task reads it when it comes
+    assert await reader.readuntil(b"\n") == CALL
+    reader.hand_off = None
+    async with anyio.create_task_group() as tg:
+        got: list[bytes] = []
+
+        async def read() -> None:
+            got.append(await reader.readuntil(b"\n"))
+
+        tg.start_soon(read)
+        await wait_all_tasks_blocked()
+        reader.feed_data(CALL)
+    assert got == [CALL] and taker.taken == []
