@@ -70,9 +70,10 @@ async def connect_gateway(path: Path, hello: dict[str, Any]) -> Attachment | Non
             attachment.close()
             return None
         check_peer(sock, path)
-        await loop.sock_sendall(sock, json.dumps(hello).encode() + b"\n")
         received = b""
-        with contextlib.suppress(ConnectionResetError):  # closed before it accepted: answered as a close
+        # Closed before it accepted (or as it did): answered as a close, whether the send or the read finds out.
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            await loop.sock_sendall(sock, json.dumps(hello).encode() + b"\n")
             while b"\n" not in received and len(received) < HANDSHAKE_LIMIT:
                 chunk = await loop.sock_recv(sock, 65536)
                 if not chunk:

@@ -92,9 +92,10 @@ def attach_now(path: Path, hello: dict[str, Any], wait_s: float) -> tuple[socket
             sock.close()
             return None
         check_peer(sock, path)
-        sock.sendall(json.dumps(hello).encode() + b"\n")
         received = b""
-        with contextlib.suppress(ConnectionResetError):  # closed before it accepted: answered as a close
+        # Closed before it accepted (or as it did): answered as a close, whether the send or the read finds out.
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            sock.sendall(json.dumps(hello).encode() + b"\n")
             while b"\n" not in received and len(received) < HANDSHAKE_LIMIT:
                 chunk = sock.recv(65536)
                 if not chunk:
