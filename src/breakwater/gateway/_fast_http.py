@@ -6,8 +6,9 @@ handler task, whose answer goes through the session's write stream to the transp
 router task and from there through a per-request memory stream back to the POST's task: four task
 hand-offs (each a trip through the event loop, on a shared 2-core machine the costly part) for one
 request and one JSON answer (docs/benchmarks.md, issue 16). Measured: 3,258 → 2,168 Python
-function calls and 21.9 → 7.8 event-loop iterations per call in JSON mode; in the default mode
-(`start_call`) 2,872 → 2,510 and 15.6 → 9.4.
+function calls and 21.9 → 7.8 event-loop iterations per call in JSON mode. The default mode runs its
+calls in the POST's task too, with the same checks (`plain_call`) and the context that turns its
+response into an SSE stream when needed (`_WatchedContext`; `breakwater.gateway._lazy_call`).
 
 What it does. For a session whose handshake is done, a POST that is a well-formed `tools/call`
 request runs the SDK's own `ServerRunner.on_request` in the POST's own task, on the session's
@@ -22,13 +23,12 @@ log messages) is dropped by the transport's router, exactly as in JSON-response 
 request cannot be sent (the request's context says so, as the transport's metadata does).
 
 Everything else — `initialize`, notifications and responses, other methods, a body that does not
-parse or does not look like a plain call, a session not yet initialized, the default SSE mode
-(`_lazy_sse`), an event store — is the SDK's own handler unchanged.
+parse or does not look like a plain call, a session not yet initialized, an event store — is the
+SDK's own handler unchanged.
 """
 
 from __future__ import annotations
 
-import contextvars
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -38,24 +38,21 @@ from typing import Any
 import anyio
 from mcp.server import streamable_http as sdk
 from mcp.server.lowlevel.server import Server
-from mcp.server.runner import ServerRunner
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.jsonrpc_dispatcher import (
-    JSONRPCDispatcher,
     _InFlight,
     _JSONRPCDispatchContext,
     progress_token_from_params,
 )
-from mcp.shared.message import SessionMessage
-from mcp_types import CONNECTION_CLOSED, ErrorData, JSONRPCError, JSONRPCRequest, JSONRPCResponse
+from mcp_types import ErrorData, JSONRPCError, JSONRPCResponse
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from breakwater._wire import strict_json
-from breakwater.gateway._fast_call import FastLane, call_params, handler_error, session_lane
+from breakwater.gateway._fast_call import FastLane, call_params, handler_error
 
-__all__ = ["answer_fast", "start_call"]
+__all__ = ["answer_fast", "plain_call"]
 
 logger = logging.getLogger("breakwater.gateway")
 
@@ -160,118 +157,46 @@ async def _answer(
     return answer
 
 
-# ---- the default (lazy SSE) mode: the request skips the session's read stream, the answer its router ----
+# ---- the default (lazy SSE) mode: the call runs in its POST's task too (`breakwater.gateway._lazy_sse`) ----
+
+
+def plain_call(lane: FastLane, body: bytes) -> dict[str, Any] | None:
+    """The POSTed body as a plain `tools/call` the default mode's lane can run in the POST's task, else None.
+
+    The checks are `_plain_call`'s (and the stdio lane's); a dispatcher that stopped reading (the session is
+    ending) leaves the request to the SDK, which refuses or answers it as it always did.
+    """
+    if not lane.ready or b'"tools/call"' not in body:
+        return None
+    try:
+        message = strict_json(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(message, dict) or call_params(message) is None:
+        return None
+    dispatcher = lane.dispatcher
+    if dispatcher is None or not dispatcher._running or coerce_request_id(message["id"]) in dispatcher._in_flight:
+        return None  # closing, or a duplicate id: the SDK's rules for it
+    return message
 
 
 @dataclass
 class _WatchedContext(_JSONRPCDispatchContext[Any]):
-    """The request's dispatch context, noting whether anything was sent on the request's own stream."""
+    """The request's dispatch context in the default mode: `before_send` runs before the first message it sends.
 
-    emitted: bool = False
+    Every request-scoped message of a handler (progress, relayed log messages, sampling and elicitation
+    requests) goes through this context (`ServerSession._request_outbound`), so this is where the POST's
+    response learns that it must become an SSE stream before the message reaches the transport's router.
+    """
+
+    before_send: Callable[[], Awaitable[None]] | None = None
 
     async def notify(self, method: str, params: Any, opts: Any = None) -> None:
-        self.emitted = True
+        if not self._closed and self.before_send is not None:
+            await self.before_send()
         await super().notify(method, params, opts)
 
     async def send_raw_request(self, method: str, params: Any, opts: Any = None) -> dict[str, Any]:
-        self.emitted = True
+        if self.can_send_request and self.before_send is not None:
+            await self.before_send()
         return await super().send_raw_request(method, params, opts)
-
-
-#: The SDK dispatcher's bound on a last answer written while the session shuts down (real time, as there).
-_SHUTDOWN_WRITE_S = 1.0
-
-
-def start_call(transport: sdk.StreamableHTTPServerTransport, session_message: SessionMessage) -> bool:
-    """Start a POSTed plain `tools/call` on its session's handler directly; False: send it to the session as usual.
-
-    For `_lazy_sse`, which then waits on the request's stream as before. The SDK would write the
-    message into the session's read stream, where the dispatcher's receive loop spawns its handler,
-    whose answer goes through the session's write stream to the transport's router and from there
-    to the request's stream: this spawns the handler at once (in the dispatcher's own task group,
-    with the POST's context, as the dispatcher does), and when nothing was sent on the request's
-    stream before it, puts the answer on that stream itself. Anything sent before the answer goes the
-    SDK's way, and then the answer too, so it cannot overtake it.
-    """
-    lane = session_lane(transport.mcp_session_id)
-    message = session_message.message
-    if lane is None or not lane.ready or not isinstance(message, JSONRPCRequest) or message.method != "tools/call":
-        return False
-    dispatcher, runner = lane.dispatcher, lane.runner
-    if dispatcher is None or runner is None or dispatcher._tg is None or not dispatcher._running:
-        return False
-    raw: dict[str, Any] = {"jsonrpc": "2.0", "id": message.id, "method": message.method}
-    if message.params is not None:
-        raw["params"] = message.params
-    key = coerce_request_id(message.id)
-    if call_params(raw) is None or key in dispatcher._in_flight:
-        return False
-    metadata = session_message.metadata
-    dctx = _WatchedContext(
-        transport=dispatcher._transport_builder(metadata),
-        _dispatcher=dispatcher,
-        _request_id=message.id,
-        message_metadata=metadata,
-        _progress_token=progress_token_from_params(message.params),
-    )
-    scope = anyio.CancelScope()
-    dispatcher._in_flight[key] = _InFlight(scope=scope, dctx=dctx)
-    handle = partial(_handle, transport, dispatcher, runner, message, dctx, scope)
-    dispatcher._spawn(handle, sender_ctx=contextvars.copy_context())
-    return True
-
-
-async def _handle(
-    transport: sdk.StreamableHTTPServerTransport,
-    dispatcher: JSONRPCDispatcher[Any],
-    runner: ServerRunner[Any],
-    request: JSONRPCRequest,
-    dctx: _WatchedContext,
-    scope: anyio.CancelScope,
-) -> None:
-    """The dispatcher's `_handle_request` for one call, with the answer's short cut (see `start_call`)."""
-    answer_started = False
-    try:
-        with scope:
-            try:
-                result = await runner.on_request(dctx, request.method, request.params)
-            finally:
-                dctx.close()
-                key = coerce_request_id(request.id)
-                if (entry := dispatcher._in_flight.get(key)) is not None and entry.dctx is dctx:
-                    del dispatcher._in_flight[key]
-            if not dctx.cancel_requested.is_set():
-                answer_started = True
-                if dctx.emitted or not await _deliver(transport, request.id, result):
-                    await dispatcher._write_result(request.id, result)
-    except anyio.get_cancelled_exc_class():
-        if not answer_started and not dctx.cancel_requested.is_set():
-            closed = ErrorData(code=CONNECTION_CLOSED, message="Connection closed")
-            await dispatcher._final_write(
-                partial(dispatcher._write_error, request.id, closed),
-                shield=True,
-                timeout=_SHUTDOWN_WRITE_S,
-                describe=f"shutdown error response for request {request.id!r}",
-            )
-        raise
-    except Exception as exc:
-        if not dctx.cancel_requested.is_set():
-            answer_started = True
-            await dispatcher._write_error(request.id, handler_error(exc))
-    if not answer_started:
-        await dispatcher._settle_unanswered(dctx)
-
-
-async def _deliver(transport: sdk.StreamableHTTPServerTransport, request_id: Any, result: dict[str, Any]) -> bool:
-    """Put the answer on the request's stream, as the transport's router would; False if it cannot be done here."""
-    streams = transport._request_streams.get(str(request_id))
-    if streams is None:
-        return False
-    response = JSONRPCResponse(jsonrpc="2.0", id=request_id, result=result)
-    # As the router does: an event store (resumable streams, breakwater.gateway._resume) gets the answer first.
-    event_id = await transport._event_store.store_event(str(request_id), response) if transport._event_store else None
-    try:
-        streams[0].send_nowait(sdk.EventMessage(response, event_id))
-    except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
-        return False
-    return True

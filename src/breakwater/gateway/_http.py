@@ -164,7 +164,7 @@ def http_app(
         # A POST with nothing to stream before its answer gets one JSON body, not an SSE stream (_lazy_sse);
         # one that streams can be resumed with Last-Event-ID (_resume).
         answer_lazily(gateway.server.session_manager, gateway.bw.clock, keepalive_s=policy.sse_keepalive_s, streams=resumable)
-        install_fast_calls(gateway.server)  # a session's plain tools/call skips its streams (_fast_http)
+        install_fast_calls(gateway.server)  # a session's plain tools/call runs in its POST's task (_lazy_call)
         # A 2026-07-28 tools/call POST runs its handler in its own task, with one watcher beside (_modern_http).
         serve_modern_calls(gateway.server.session_manager, gateway.bw.clock)
     else:

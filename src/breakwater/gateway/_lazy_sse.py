@@ -9,7 +9,10 @@ progress, log message or server request, that machinery carries exactly one even
 largest single cost on the gateway's HTTP path: `bench/proxy_overhead.py` measured 3.5 ms of
 gateway CPU per call in the default SSE mode against 2.4 ms with `--json-response` (same run).
 
-This fast path waits for the first message the handler sends for the request, up to `COMMIT_S`:
+A plain `tools/call` (most POSTs) runs its handler in the POST's own task and commits to SSE only
+when it sends something or outlives the window (`breakwater.gateway._lazy_call`). Any other request
+(a list, a read, a call `plain_call` leaves to the SDK) goes to the session's dispatcher as the SDK
+sends it, and this path waits for the first message the handler sends for it, up to `COMMIT_S`:
 
 * the response itself: it is sent as one JSON body (as `--json-response` would), and that is all;
 * anything else first (progress, a log message, a sampling or elicitation request), or nothing
@@ -34,7 +37,6 @@ tests/gateway/test_gateway_relay.py are what show the protocol is still spoken.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -56,22 +58,18 @@ from mcp_types import (
     jsonrpc_message_adapter,
 )
 from mcp_types.version import is_version_at_least
-from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from breakwater._clock import Clock
-from breakwater.gateway._fast_http import start_call
+from breakwater.gateway._fast_call import session_lane
+from breakwater.gateway._fast_http import plain_call
+from breakwater.gateway._lazy_call import COMMIT_S, Call, Lazy, serve_call, stream_response
 from breakwater.gateway._resume import ResumableStreams, SessionStreams
 
 __all__ = ["COMMIT_S", "answer_lazily"]
 
 logger = logging.getLogger("breakwater.gateway")
-
-#: How long a POST waits for its first message before it commits to an SSE stream (whose pings then
-#: keep the connection alive). A call that answers within it with nothing before its answer is sent
-#: as one JSON body.
-COMMIT_S = 1.0
 
 _Post = Callable[[Scope, Request, Receive, Send], Awaitable[None]]
 
@@ -88,7 +86,7 @@ def answer_lazily(
     `keepalive_s` is the ping interval of the streams it opens (0: none); with `streams`, 2025-11-25
     request streams that commit to SSE can be resumed with `Last-Event-ID`.
     """
-    lazy = _Lazy(clock, keepalive_s)
+    lazy = Lazy(clock, keepalive_s, lambda: manager._task_group)
 
     def spawn(task: Callable[[], Awaitable[None]]) -> None:
         # The manager's task group runs while the app does; a task started there outlives the request.
@@ -107,8 +105,12 @@ def answer_lazily(
             transport._mint_priming_event = _no_priming  # type: ignore[method-assign]
             transport._handle_get_request = partial(_get, transport, transport._handle_get_request, view)  # type: ignore[method-assign]
         sdk_post: _Post = transport._handle_post_request
+        calls: set[Call] = set()
         # An instance attribute: the transport's `_handle_request` looks the method up on `self`.
-        transport._handle_post_request = partial(_post, transport, sdk_post, lazy, view)  # type: ignore[method-assign]
+        transport._handle_post_request = partial(_post, transport, sdk_post, lazy, view, calls)  # type: ignore[method-assign]
+        # Every end of a session (DELETE, idle timeout, the manager's stop) terminates its transport: the calls
+        # running in their POSTs' tasks end with it, as the dispatcher's own handlers do.
+        transport.terminate = partial(_terminate, transport.terminate, calls)  # type: ignore[method-assign]
         return transport
 
     admit = manager._admit_session
@@ -119,14 +121,10 @@ def answer_lazily(
         manager._adopted_transport = lambda session_id: prepare(adopted(session_id))  # type: ignore[attr-defined]
 
 
-class _Lazy:
-    """The settings of one app's lazy path."""
-
-    def __init__(self, clock: Clock, keepalive_s: float) -> None:
-        self.clock = clock
-        self.keepalive_s = keepalive_s
-        # A stream silent until it commits must not stay silent longer than its pings would let it.
-        self.commit_s = min(COMMIT_S, keepalive_s) if keepalive_s > 0 else COMMIT_S
+async def _terminate(sdk_terminate: Callable[[], Awaitable[None]], calls: set[Call]) -> None:
+    for call in list(calls):
+        call.end()
+    await sdk_terminate()
 
 
 async def _no_priming(stream_id: str, protocol_version: str) -> sdk.SSEEvent | None:
@@ -156,8 +154,9 @@ async def _get(
 async def _post(
     transport: sdk.StreamableHTTPServerTransport,
     sdk_post: _Post,
-    lazy: _Lazy,
+    lazy: Lazy,
     view: SessionStreams | None,
+    calls: set[Call],
     scope: Scope,
     request: Request,
     receive: Receive,
@@ -169,6 +168,21 @@ async def _post(
         return await sdk_post(scope, request, receive, send)
     # Read once: Starlette keeps the body on `request`, so the SDK's handler reads the same bytes.
     body = await request.body()
+    lane = session_lane(transport.mcp_session_id)
+    call = plain_call(lane, body) if lane is not None else None
+    if lane is not None and call is not None:
+        if not await transport._validate_request_headers(request, send):
+            return None
+        try:
+            await serve_call(transport, lane, lazy, view, calls, call, scope, request, receive, send)
+        except Exception as err:  # as the SDK's handler does
+            logger.exception("Error handling POST request")
+            response = transport._create_error_response(
+                "Error handling POST request", HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_ERROR
+            )
+            await response(scope, receive, send)
+            await writer.send(Exception(err))
+        return None
     try:
         message = jsonrpc_message_adapter.validate_python(pydantic_core.from_json(body), by_name=False)
     except ValueError:  # pydantic's ValidationError included: the SDK answers it
@@ -192,7 +206,7 @@ async def _post(
 async def _answer(
     transport: sdk.StreamableHTTPServerTransport,
     writer: Any,
-    lazy: _Lazy,
+    lazy: Lazy,
     view: SessionStreams | None,
     message: JSONRPCRequest,
     scope: Scope,
@@ -210,10 +224,7 @@ async def _answer(
         view = None
     committed = False
     try:
-        session_message = transport._create_session_message(message, request, request_id, protocol_version)
-        # A plain tools/call skips the session's read stream, and its answer the router (breakwater.gateway._fast_http).
-        if not start_call(transport, session_message):
-            await writer.send(session_message)
+        await writer.send(transport._create_session_message(message, request, request_id, protocol_version))
         first: sdk.EventMessage | None = None
         try:
             with lazy.clock.deadline_scope(lazy.clock.monotonic() + lazy.commit_s):
@@ -235,44 +246,4 @@ async def _answer(
     finally:
         if view is not None and not committed:
             view.discard(request_id)
-    await _stream(transport, lazy, request_id, reader, priming, first, scope, receive, send)
-
-
-async def _stream(
-    transport: sdk.StreamableHTTPServerTransport,
-    lazy: _Lazy,
-    request_id: str,
-    reader: Any,
-    priming: sdk.SSEEvent | None,
-    first: sdk.EventMessage | None,
-    scope: Scope,
-    receive: Receive,
-    send: Send,
-) -> None:
-    """Something comes before the answer, or the answer takes a while: the SDK's SSE stream, `first` first."""
-    sse_writer, sse_reader = anyio.create_memory_object_stream[sdk.SSEEvent](0)
-    transport._sse_stream_writers[request_id] = sse_writer
-    lead = transport._create_event_data(first) if first is not None else None
-    headers = {
-        "Cache-Control": "no-cache, no-transform",
-        "Connection": "keep-alive",
-        "Content-Type": sdk.CONTENT_TYPE_SSE,
-        **({sdk.MCP_SESSION_ID_HEADER: transport.mcp_session_id} if transport.mcp_session_id else {}),
-    }
-
-    async def write() -> None:
-        if priming is not None and lead is not None:
-            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-                await sse_writer.send(priming)
-        # `_run_sse_writer` sends its "priming" event before the rest of the request's stream: the lead message.
-        await transport._run_sse_writer(request_id, sse_writer, reader, lead if lead is not None else priming)
-
-    response = EventSourceResponse(content=sse_reader, data_sender_callable=write, headers=headers, ping=lazy.keepalive_s)
-    try:
-        await response(scope, receive, send)
-    except Exception:
-        logger.exception("SSE response error")
-        await sse_writer.aclose()
-        await transport._clean_up_memory_streams(request_id)
-    finally:
-        await sse_reader.aclose()
+    await stream_response(transport, lazy, request_id, reader, priming, first, scope, receive, send)
