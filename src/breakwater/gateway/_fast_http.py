@@ -11,7 +11,7 @@ calls in the POST's task too, with the same checks (`plain_call`) and the contex
 response into an SSE stream when needed (`_WatchedContext`; `breakwater.gateway._lazy_call`).
 
 What it does. For a session whose handshake is done, a POST that is a well-formed `tools/call`
-request runs the SDK's own `ServerRunner.on_request` in the POST's own task, on the session's
+request runs the SDK's `ServerRunner` kernel (`_fast_call.on_call`) in the POST's own task, on the session's
 live dispatcher and connection (captured from the session's first request, as on stdio:
 `breakwater.gateway._fast_call`), and answers it with the transport's own JSON response. The same
 middleware, validation, handler and result serialisation run; the header checks (Host/Origin,
@@ -50,7 +50,7 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from breakwater._wire import strict_json
-from breakwater.gateway._fast_call import FastLane, call_params, handler_error
+from breakwater.gateway._fast_call import FastLane, call_params, handler_error, on_call
 
 __all__ = ["answer_fast", "plain_call"]
 
@@ -141,7 +141,7 @@ async def _answer(
     answer: JSONRPCResponse | JSONRPCError | None = None
     try:
         with scope:
-            result = await runner.on_request(dctx, "tools/call", params)
+            result = await on_call(runner, dctx, params)
             answer = JSONRPCResponse(jsonrpc="2.0", id=request_id, result=result)
     except Exception as exc:
         answer = JSONRPCError(jsonrpc="2.0", id=request_id, error=handler_error(exc))
