@@ -594,3 +594,38 @@ def test_the_kernel_shapes_the_common_answer_itself() -> None:
     # The upstream's structured content goes out as it came (not dumped and re-validated), on the legacy wire only.
     assert serialize_call(runner, "2025-11-25", result)["structuredContent"] is structured
     assert serialize_call(runner, "2026-07-28", result)["structuredContent"] is not structured
+
+
+async def test_a_session_deleted_during_a_call_cancels_it_on_every_path(http_url: Any) -> None:
+    """The fast paths run a call in its POST's task; the session's end still cancels it, as the SDK's dispatcher does."""
+    import httpx2
+
+    mode, url, proc = http_url
+    headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}  # fmt: skip
+    async with httpx2.AsyncClient(timeout=30) as http:
+        opened = await http.post(url, json=init, headers=headers)
+        session = {**headers, "mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+        await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
+        where = await http.post(
+            url, json={"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "where"}}, headers=session
+        )
+        assert ("fast" if mode.endswith("fast") else "sdk") in where.text
+        replies: list[httpx2.Response] = []
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+
+                async def hang() -> None:
+                    body = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "hang", "arguments": {}}}
+                    replies.append(await http.post(url, json=body, headers=session))
+
+                tg.start_soon(hang)
+                await anyio.sleep(0.5)
+                assert (await http.delete(url, headers=session)).status_code == 200
+    # No progress token, so nothing was streamed in either mode: the transport's answer to a terminated session.
+    assert replies[0].status_code == 500
+    assert replies[0].json()["error"] == {"code": -32603, "message": "Session terminated before the request completed"}
+    proc.terminate()
+    assert proc.stderr is not None
+    assert "hang was cancelled" in proc.stderr.read()

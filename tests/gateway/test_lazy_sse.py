@@ -75,6 +75,15 @@ SERVER = textwrap.dedent(
     answer_lazily(server.session_manager, clock, keepalive_s=keepalive, streams=streams)
     if mode == "fast":
         install(server)
+    if len(sys.argv) > 5 and sys.argv[5] == "guard":  # the gateway's outermost middleware, and a log of each write
+        import asyncio.selector_events as selector_events
+        from breakwater.gateway._http import RequestGuard
+        app = RequestGuard(app)
+        write = selector_events._SelectorSocketTransport.write
+        def logged(self, data):
+            print("WRITE", bytes(data[:12]), len(data), file=sys.stderr, flush=True)
+            return write(self, data)
+        selector_events._SelectorSocketTransport.write = logged
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
@@ -104,11 +113,12 @@ class Server:
 async def start(tmp_path: Path) -> AsyncIterator[Any]:
     procs: list[subprocess.Popen[str]] = []
 
-    async def start(mode: str, *, keepalive: float = 15.0, resume: bool = False) -> Server:
+    async def start(mode: str, *, keepalive: float = 15.0, resume: bool = False, guard: bool = False) -> Server:
         path = tmp_path / "lazy_server.py"
         path.write_text(SERVER)
         port_file = tmp_path / f"port-{len(procs)}"
         args = [sys.executable, str(path), mode, str(port_file), str(keepalive), "resume" if resume else "-"]
+        args += ["guard"] if guard else []
         proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
         procs.append(proc)
         with anyio.fail_after(30):
@@ -317,3 +327,23 @@ async def test_a_burst_of_calls_is_answered_each_as_one_json_body(start: Any) ->
                 tg.start_soon(one, i)
     assert all(r.headers["content-type"] == "application/json" for r in replies.values())
     assert {i: r.json()["result"]["structuredContent"] for i, r in replies.items()} == {i: {"got": {"i": i}} for i in replies}
+
+
+async def test_a_json_answer_is_one_write_and_a_stream_is_not_held(start: Any) -> None:
+    """uvicorn writes a response's head and body separately; behind `RequestGuard` a whole response is one write."""
+    server = await start("fast", guard=True)
+    async with httpx2.AsyncClient(timeout=30) as http:
+        session = await open_session(http, server.url)
+        quick = await http.post(server.url, json=call(2, "echo", {"a": 1}), headers=session)
+        streamed = await http.post(server.url, json=call(3, "progress", _meta={"progressToken": "p"}), headers=session)
+        refused = await http.post(server.url, content=b"{not json", headers=session)
+    assert quick.json()["result"]["structuredContent"] == {"got": {"a": 1}}
+    assert [m.get("method") for m in events(streamed.text)] == ["notifications/progress", "notifications/progress", None]
+    assert refused.status_code == 400
+    writes = [line.split(" ", 1)[1] for line in server.stderr().splitlines() if line.startswith("WRITE ")]
+    heads = [w for w in writes if w.startswith("b'HTTP/1.1 ")]
+    # initialize (SSE), initialized (202, no body), the call, the stream, the refusal: one head each.
+    assert len(heads) == 5, writes
+    # Without the guard uvicorn writes each JSON body on its own (a write starting with `{`); with it, never.
+    assert not [w for w in writes if w.startswith("b'{")], writes
+    assert [w for w in writes if w.startswith("b'HTTP/1.1 200") and int(w.rsplit(" ", 1)[1]) > 250], writes

@@ -33,6 +33,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
+from http import HTTPStatus
 from typing import Any
 
 import anyio
@@ -45,7 +46,7 @@ from mcp.shared.jsonrpc_dispatcher import (
     _JSONRPCDispatchContext,
     progress_token_from_params,
 )
-from mcp_types import ErrorData, JSONRPCError, JSONRPCResponse
+from mcp_types import INTERNAL_ERROR, ErrorData, JSONRPCError, JSONRPCResponse
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
@@ -68,8 +69,12 @@ def answer_fast(manager: StreamableHTTPSessionManager, server: Server[Any]) -> N
         if transport is not None and transport.is_json_response_enabled and transport._event_store is None:
             lane = FastLane(server, _no_lines)
             sdk_post: _Post = transport._handle_post_request
+            running: set[anyio.CancelScope] = set()
             # An instance attribute: the transport's `_handle_request` looks the method up on `self`.
-            transport._handle_post_request = partial(_post, transport, lane, sdk_post)  # type: ignore[method-assign]
+            transport._handle_post_request = partial(_post, transport, lane, sdk_post, running)  # type: ignore[method-assign]
+            # Every end of a session (DELETE, idle timeout, the manager's stop) terminates its transport: the calls
+            # running in their POSTs' tasks end with it, as the dispatcher's own handlers do.
+            transport.terminate = partial(_terminate, transport.terminate, running)  # type: ignore[method-assign]
         return transport
 
     manager._admit_session = admit_fast  # type: ignore[method-assign]
@@ -79,10 +84,17 @@ async def _no_lines(data: bytes) -> None:  # an HTTP lane answers through its PO
     raise RuntimeError("an HTTP lane writes no lines")
 
 
+async def _terminate(sdk_terminate: Callable[[], Awaitable[None]], running: set[anyio.CancelScope]) -> None:
+    for scope in list(running):
+        scope.cancel()
+    await sdk_terminate()
+
+
 async def _post(
     transport: sdk.StreamableHTTPServerTransport,
     lane: FastLane,
     sdk_post: _Post,
+    running: set[anyio.CancelScope],
     scope: Scope,
     request: Request,
     receive: Receive,
@@ -94,7 +106,12 @@ async def _post(
             return await sdk_post(scope, request, receive, send)
     if not await transport._validate_request_headers(request, send):
         return None
-    answer = await _answer(transport, lane, request, message)
+    answer = await _answer(transport, lane, request, message, running)
+    if answer is None:  # the session ended under the call: as the SDK's JSON path answers it then
+        response = transport._create_error_response(
+            "Session terminated before the request completed", HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_ERROR
+        )
+        return await response(scope, receive, send)
     await transport._create_json_response(answer)(scope, receive, send)
     return None
 
@@ -120,9 +137,13 @@ async def _plain_call(transport: sdk.StreamableHTTPServerTransport, lane: FastLa
 
 
 async def _answer(
-    transport: sdk.StreamableHTTPServerTransport, lane: FastLane, request: Request, message: dict[str, Any]
-) -> JSONRPCResponse | JSONRPCError:
-    """The dispatcher's `_handle_request` for one POSTed call, in the POST's task: its answer."""
+    transport: sdk.StreamableHTTPServerTransport,
+    lane: FastLane,
+    request: Request,
+    message: dict[str, Any],
+    running: set[anyio.CancelScope],
+) -> JSONRPCResponse | JSONRPCError | None:
+    """The dispatcher's `_handle_request` for one POSTed call, in the POST's task: its answer (None: the session ended)."""
     dispatcher, runner = lane.dispatcher, lane.runner
     assert dispatcher is not None and runner is not None
     request_id, params = message["id"], message.get("params")
@@ -138,6 +159,7 @@ async def _answer(
     key = coerce_request_id(request_id)
     entry = _InFlight(scope=scope, dctx=dctx)
     dispatcher._in_flight[key] = entry
+    running.add(scope)
     answer: JSONRPCResponse | JSONRPCError | None = None
     try:
         with scope:
@@ -146,9 +168,12 @@ async def _answer(
     except Exception as exc:
         answer = JSONRPCError(jsonrpc="2.0", id=request_id, error=handler_error(exc))
     finally:
+        running.discard(scope)
         dctx.close()
         if dispatcher._in_flight.get(key) is entry:
             del dispatcher._in_flight[key]
+    if answer is None and not dctx.cancel_requested.is_set():
+        return None  # cancelled by the session's end (`_terminate`), not by the client
     if dctx.cancel_requested.is_set() or answer is None:
         # Cancelled by the client: the 2025-era wire still ends the request, with REQUEST_CANCELLED.
         return JSONRPCError(
