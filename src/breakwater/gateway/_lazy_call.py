@@ -12,7 +12,7 @@ docs/benchmarks.md, session 7).
 What it does, for a plain `tools/call` (`breakwater.gateway._fast_http.plain_call`) on a session whose
 handshake is done:
 
-* the SDK's `ServerRunner.on_request` runs in the POST's task, on the session's live dispatcher, with
+* the SDK's `ServerRunner` kernel (`_fast_call.on_call`) runs in the POST's task, on the session's live dispatcher, with
   the request entered in the dispatcher's table (a POSTed `notifications/cancelled` cancels it, as the
   dispatcher would) and the SDK's metadata for it (the unanswered-request hook, the resumable stream's
   close callbacks);
@@ -62,7 +62,7 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from breakwater._clock import Clock
-from breakwater.gateway._fast_call import FastLane, handler_error
+from breakwater.gateway._fast_call import FastLane, handler_error, on_call
 from breakwater.gateway._fast_http import _WatchedContext
 from breakwater.gateway._resume import SessionStreams
 
@@ -313,7 +313,7 @@ async def serve_call(
     handler here, as `--json-response` does (`breakwater.gateway._fast_http`), measured 2.36 → 2.02 M
     instructions per call (`bench/proxy_instructions.py`; JSON mode 1.97; docs/benchmarks.md, session 7).
 
-    What stays the SDK's: the handler (`ServerRunner.on_request`: middleware, validation, the gateway's
+    What stays the SDK's: the handler (`ServerRunner`'s kernel, `_fast_call.on_call`: middleware, validation, the gateway's
     handler, the result's serialisation), the request's entry in the dispatcher's table (a POSTed
     `notifications/cancelled` cancels it), and, once the response is an SSE stream, every message on it:
     the router puts them on the request's stream, the SDK's SSE writer writes them, the answer included
@@ -347,7 +347,7 @@ async def serve_call(
     try:
         with call.scope:
             try:
-                result = await runner.on_request(dctx, "tools/call", params)
+                result = await on_call(runner, dctx, params)
             finally:
                 call.done = True
                 dctx.close()
