@@ -53,7 +53,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -79,6 +79,7 @@ from breakwater._wire import json_line, strict_json
 __all__ = [
     "PASSIVE_FOR_CALLS",
     "FastLane",
+    "call_context",
     "call_params",
     "handler_error",
     "install",
@@ -244,12 +245,7 @@ class FastLane:
         if key in self._in_flight:
             return False  # a duplicate id: the SDK's rules for it
         assert self._dispatcher is not None
-        dctx = _JSONRPCDispatchContext(
-            transport=self._dispatcher._transport_builder(None),
-            _dispatcher=self._dispatcher,
-            _request_id=request_id,
-            _progress_token=progress_token_from_params(params or None),
-        )
+        dctx = call_context(_JSONRPCDispatchContext, self._dispatcher, request_id, params)
         scope = anyio.CancelScope()
         self._in_flight[key] = (scope, dctx)
         self.taken += 1
@@ -327,6 +323,23 @@ class _Serving:
             return await self._group.__aexit__(*exc)  # type: ignore[arg-type]
         finally:
             self._lane._tg = None
+
+
+_Context = TypeVar("_Context", bound=_JSONRPCDispatchContext[Any])
+
+
+def call_context(
+    cls: type[_Context], dispatcher: JSONRPCDispatcher[Any], request_id: Any, params: Any, metadata: Any = None, **extra: Any
+) -> _Context:
+    """The dispatch context the SDK dispatcher's `_handle_request` builds for a request, for a call a lane serves."""
+    return cls(
+        transport=dispatcher._transport_builder(metadata),
+        _dispatcher=dispatcher,
+        _request_id=request_id,
+        message_metadata=metadata,
+        _progress_token=progress_token_from_params(params or None),
+        **extra,
+    )
 
 
 async def on_call(runner: ServerRunner[Any], dctx: DispatchContext[Any], params: dict[str, Any] | None) -> dict[str, Any]:

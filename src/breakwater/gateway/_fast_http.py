@@ -44,14 +44,13 @@ from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.jsonrpc_dispatcher import (
     _InFlight,
     _JSONRPCDispatchContext,
-    progress_token_from_params,
 )
 from mcp_types import INTERNAL_ERROR, ErrorData, JSONRPCError, JSONRPCResponse
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from breakwater._wire import strict_json
-from breakwater.gateway._fast_call import FastLane, call_params, handler_error, on_call
+from breakwater.gateway._fast_call import FastLane, call_context, call_params, handler_error, on_call
 
 __all__ = ["answer_fast", "plain_call"]
 
@@ -147,14 +146,7 @@ async def _answer(
     dispatcher, runner = lane.dispatcher, lane.runner
     assert dispatcher is not None and runner is not None
     request_id, params = message["id"], message.get("params")
-    metadata = transport._message_metadata(request)
-    dctx = _JSONRPCDispatchContext(
-        transport=dispatcher._transport_builder(metadata),
-        _dispatcher=dispatcher,
-        _request_id=request_id,
-        message_metadata=metadata,
-        _progress_token=progress_token_from_params(params),
-    )
+    dctx = call_context(_JSONRPCDispatchContext, dispatcher, request_id, params, transport._message_metadata(request))
     scope = anyio.CancelScope()
     key = coerce_request_id(request_id)
     entry = _InFlight(scope=scope, dctx=dctx)

@@ -46,7 +46,7 @@ from anyio.abc import TaskGroup
 from mcp.server import streamable_http as sdk
 from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
-from mcp.shared.jsonrpc_dispatcher import _InFlight, progress_token_from_params
+from mcp.shared.jsonrpc_dispatcher import _InFlight
 from mcp_types import (
     CONNECTION_CLOSED,
     DEFAULT_NEGOTIATED_VERSION,
@@ -62,7 +62,7 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from breakwater._clock import Clock
-from breakwater.gateway._fast_call import FastLane, handler_error, on_call
+from breakwater.gateway._fast_call import FastLane, call_context, handler_error, on_call
 from breakwater.gateway._fast_http import _WatchedContext
 from breakwater.gateway._resume import SessionStreams
 
@@ -329,14 +329,7 @@ async def serve_call(
     envelope = cast(JSONRPCRequest, _Id(request_id))
     metadata = transport._create_session_message(envelope, request, str(request_id), protocol_version).metadata
     call = Call(transport, lazy, view, message, protocol_version, (scope, receive, send))
-    dctx = _WatchedContext(
-        transport=dispatcher._transport_builder(metadata),
-        _dispatcher=dispatcher,
-        _request_id=request_id,
-        message_metadata=metadata,
-        _progress_token=progress_token_from_params(params),
-        before_send=call.before_send,
-    )
+    dctx = call_context(_WatchedContext, dispatcher, request_id, params, metadata, before_send=call.before_send)
     key = coerce_request_id(request_id)
     entry = _InFlight(scope=call.scope, dctx=dctx)
     dispatcher._in_flight[key] = entry

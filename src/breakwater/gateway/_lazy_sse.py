@@ -175,13 +175,8 @@ async def _post(
             return None
         try:
             await serve_call(transport, lane, lazy, view, calls, call, scope, request, receive, send)
-        except Exception as err:  # as the SDK's handler does
-            logger.exception("Error handling POST request")
-            response = transport._create_error_response(
-                "Error handling POST request", HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_ERROR
-            )
-            await response(scope, receive, send)
-            await writer.send(Exception(err))
+        except Exception as err:
+            await _post_failed(transport, writer, err, scope, receive, send)
         return None
     try:
         message = jsonrpc_message_adapter.validate_python(pydantic_core.from_json(body), by_name=False)
@@ -193,14 +188,19 @@ async def _post(
         return None
     try:
         await _answer(transport, writer, lazy, view, message, scope, request, receive, send)
-    except Exception as err:  # as the SDK's handler does
-        logger.exception("Error handling POST request")
-        response = transport._create_error_response(
-            "Error handling POST request", HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_ERROR
-        )
-        await response(scope, receive, send)
-        await writer.send(Exception(err))
+    except Exception as err:
+        await _post_failed(transport, writer, err, scope, receive, send)
     return None
+
+
+async def _post_failed(
+    transport: sdk.StreamableHTTPServerTransport, writer: Any, err: Exception, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """A POST whose handling raised: answered 500 and the error handed to the session, as the SDK's handler does."""
+    logger.exception("Error handling POST request")
+    response = transport._create_error_response("Error handling POST request", HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_ERROR)
+    await response(scope, receive, send)
+    await writer.send(Exception(err))
 
 
 async def _answer(
