@@ -47,12 +47,13 @@ from mcp.shared.jsonrpc_dispatcher import (
 )
 from mcp_types import INTERNAL_ERROR, ErrorData, JSONRPCError, JSONRPCResponse
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from breakwater._wire import strict_json
 from breakwater.gateway._fast_call import FastLane, call_context, call_params, handler_error, on_call
 
-__all__ = ["answer_fast", "plain_call"]
+__all__ = ["answer_fast", "plain_call", "request_cancelled", "session_ended"]
 
 logger = logging.getLogger("breakwater.gateway")
 
@@ -107,10 +108,7 @@ async def _post(
         return None
     answer = await _answer(transport, lane, request, message, running)
     if answer is None:  # the session ended under the call: as the SDK's JSON path answers it then
-        response = transport._create_error_response(
-            "Session terminated before the request completed", HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_ERROR
-        )
-        return await response(scope, receive, send)
+        return await session_ended(transport)(scope, receive, send)
     await transport._create_json_response(answer)(scope, receive, send)
     return None
 
@@ -120,19 +118,19 @@ async def _plain_call(transport: sdk.StreamableHTTPServerTransport, lane: FastLa
     if not lane.ready or not transport._check_content_type(request) or not sdk.check_accept_headers(request)[0]:
         return None
     # Read once: Starlette keeps the body on `request`, so the SDK's handler reads the same bytes.
-    body = await request.body()
-    if b'"tools/call"' not in body:
-        return None
-    try:
-        message = strict_json(body)
-    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
-        return None
-    if not isinstance(message, dict) or call_params(message) is None:
-        return None
-    dispatcher = lane.dispatcher
-    if dispatcher is None or coerce_request_id(message["id"]) in dispatcher._in_flight:
-        return None  # a duplicate id: the SDK's rules for it
-    return message
+    return plain_call(lane, await request.body())
+
+
+def session_ended(transport: sdk.StreamableHTTPServerTransport) -> Response:
+    """What the SDK's path answers a POSTed request whose session was terminated before it completed."""
+    return transport._create_error_response(
+        "Session terminated before the request completed", HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_ERROR
+    )
+
+
+def request_cancelled(request_id: Any) -> JSONRPCError:
+    """A request the client cancelled: the 2025-era wire still ends it, with REQUEST_CANCELLED."""
+    return JSONRPCError(jsonrpc="2.0", id=request_id, error=ErrorData(code=sdk.REQUEST_CANCELLED, message="Request cancelled"))
 
 
 async def _answer(
@@ -164,24 +162,20 @@ async def _answer(
         dctx.close()
         if dispatcher._in_flight.get(key) is entry:
             del dispatcher._in_flight[key]
-    if answer is None and not dctx.cancel_requested.is_set():
-        return None  # cancelled by the session's end (`_terminate`), not by the client
-    if dctx.cancel_requested.is_set() or answer is None:
-        # Cancelled by the client: the 2025-era wire still ends the request, with REQUEST_CANCELLED.
-        return JSONRPCError(
-            jsonrpc="2.0", id=request_id, error=ErrorData(code=sdk.REQUEST_CANCELLED, message="Request cancelled")
-        )
-    return answer
+    if dctx.cancel_requested.is_set():
+        return request_cancelled(request_id)
+    return answer  # None: cancelled by the session's end (`_terminate`), not by the client
 
 
 # ---- the default (lazy SSE) mode: the call runs in its POST's task too (`breakwater.gateway._lazy_sse`) ----
 
 
 def plain_call(lane: FastLane, body: bytes) -> dict[str, Any] | None:
-    """The POSTed body as a plain `tools/call` the default mode's lane can run in the POST's task, else None.
+    """The POSTed body as a plain `tools/call` a lane can run in the POST's task, else None.
 
-    The checks are `_plain_call`'s (and the stdio lane's); a dispatcher that stopped reading (the session is
-    ending) leaves the request to the SDK, which refuses or answers it as it always did.
+    The stdio lane's checks (`call_params`); a dispatcher that stopped reading (the session is ending),
+    and an id still in flight, leave the request to the SDK, which refuses or answers it as it always did.
+    Both HTTP lanes read their POSTs through it (`_plain_call` for `--json-response`).
     """
     if not lane.ready or b'"tools/call"' not in body:
         return None

@@ -38,7 +38,6 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from functools import partial
-from http import HTTPStatus
 from typing import Any, NamedTuple, cast
 
 import anyio
@@ -50,7 +49,6 @@ from mcp.shared.jsonrpc_dispatcher import _InFlight
 from mcp_types import (
     CONNECTION_CLOSED,
     DEFAULT_NEGOTIATED_VERSION,
-    INTERNAL_ERROR,
     ErrorData,
     JSONRPCError,
     JSONRPCRequest,
@@ -63,7 +61,7 @@ from starlette.types import Receive, Scope, Send
 
 from breakwater._clock import Clock
 from breakwater.gateway._fast_call import FastLane, call_context, handler_error, on_call
-from breakwater.gateway._fast_http import _WatchedContext
+from breakwater.gateway._fast_http import _WatchedContext, request_cancelled, session_ended
 from breakwater.gateway._resume import SessionStreams
 
 __all__ = ["COMMIT_S", "Call", "Lazy", "serve_call", "stream_response"]
@@ -354,7 +352,6 @@ async def serve_call(
             await _connection_closed(dispatcher, request_id)
         raise
     finally:
-        call.done = True
         calls.discard(call)
         if not call.committed:
             call.asgi = None
@@ -378,17 +375,14 @@ async def _json_answer(
     """Nothing was streamed: the answer as one JSON body (the transport's own response for it)."""
     scope, receive, send = http
     if call.ended and result is None and error is None:
-        # As the SDK's path answers a request whose session was terminated under it.
-        response = transport._create_error_response(
-            "Session terminated before the request completed", HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_ERROR
-        )
-        return await response(scope, receive, send)
+        return await session_ended(transport)(scope, receive, send)
     answer: JSONRPCResponse | JSONRPCError
     if result is not None:
         answer = JSONRPCResponse(jsonrpc="2.0", id=request_id, result=result)
-    else:  # the handler's error, or the client's cancel (the 2025-era wire ends it with REQUEST_CANCELLED)
-        cancelled = ErrorData(code=sdk.REQUEST_CANCELLED, message="Request cancelled")
-        answer = JSONRPCError(jsonrpc="2.0", id=request_id, error=error or cancelled)
+    elif error is not None:
+        answer = JSONRPCError(jsonrpc="2.0", id=request_id, error=error)
+    else:
+        answer = request_cancelled(request_id)
     return await transport._create_json_response(answer)(scope, receive, send)
 
 
