@@ -7,11 +7,14 @@ reading task waits with nothing unread, and the first line not taken keeps every
 
 from __future__ import annotations
 
+import sys
+
 import anyio
 import pytest
 from anyio import wait_all_tasks_blocked
 
 from breakwater.connect._lines import HandOffReader
+from breakwater.connect._stdio import StdioProcess, _DirectFeed
 
 pytestmark = pytest.mark.anyio
 
@@ -73,3 +76,29 @@ async def test_nothing_is_handed_over_while_the_task_is_busy_or_without_a_taker(
         await wait_all_tasks_blocked()
         reader.feed_data(CALL)
     assert got == [CALL] and taker.taken == []
+
+
+async def test_a_real_upstreams_stdout_arrives_whole_and_in_order_then_ends() -> None:
+    """The stdout pipe feeds its buffer from its own callback (`_stdio._feed_directly`): nothing lost or reordered.
+
+    The child writes 3,000 messages in chunks of every size, as fast as it can, then exits: the
+    session reads every one of them, in order, then the end of the stream."""
+    line = '{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":%d}}\\n'
+    script = (
+        "import sys\n"
+        f"blob = ''.join('{line}' % i for i in range(3000)).encode()\n"
+        "i = 0\n"
+        "for size in range(1, 10**9):\n"
+        "    if i >= len(blob): break\n"
+        "    sys.stdout.buffer.write(blob[i:i + size * 7]); sys.stdout.buffer.flush(); i += size * 7\n"
+    )
+    upstream = StdioProcess(sys.executable, ("-c", script))
+    seen: list[int] = []
+    with anyio.fail_after(60):
+        async with upstream.open() as (read_stream, _write_stream):
+            assert upstream.process is not None
+            buffer = upstream.process.stdout._stream  # type: ignore[union-attr]
+            assert isinstance(buffer._transport.get_protocol(), _DirectFeed)
+            async for message in read_stream:
+                seen.append(message.message.params["data"])
+    assert seen == list(range(3000))

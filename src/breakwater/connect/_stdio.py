@@ -233,6 +233,44 @@ class StdoutReader:
         await self.aclose()
 
 
+def _feed_directly(buffer: asyncio.StreamReader) -> None:
+    """Feed what the pipe reads into `buffer` from the pipe's own callback, not one loop iteration later.
+
+    asyncio's subprocess transport relays each chunk a child writes through `loop.call_soon`
+    (`BaseSubprocessTransport._pipe_data_received`) before the stream protocol feeds it to its buffer:
+    one more event-loop iteration between the upstream's answer and the caller it wakes, on every
+    call (issue 16). The pipe's transport takes another protocol through its public `set_protocol`;
+    the end of the pipe still goes the usual way, after the data (the transport schedules it).
+    """
+    transport = getattr(buffer, "_transport", None)  # asyncio's own attribute: the stdout pipe's transport
+    if isinstance(transport, asyncio.ReadTransport) and not transport.is_closing():
+        transport.set_protocol(_DirectFeed(transport.get_protocol(), buffer))
+
+
+class _DirectFeed(asyncio.Protocol):
+    """The stdout pipe's protocol: data straight into the stream's buffer, the rest to asyncio's own protocol."""
+
+    def __init__(self, inner: asyncio.BaseProtocol, buffer: asyncio.StreamReader) -> None:
+        self._inner = inner
+        self._buffer = buffer
+
+    def data_received(self, data: bytes) -> None:
+        # Chunks asyncio relayed before the swap are ahead of this one in the loop's queue, so the order holds.
+        self._buffer.feed_data(data)
+
+    def eof_received(self) -> bool | None:
+        return cast(asyncio.Protocol, self._inner).eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+
 class StdioProcess:
     """One spawn of a stdio server; `open()` is the transport handed to `mcp.Client`."""
 
@@ -290,6 +328,7 @@ class StdioProcess:
         if type(buffer) is asyncio.StreamReader:
             buffer.__class__ = HandOffReader
             cast(HandOffReader, buffer).hand_off = read_stream.tap
+            _feed_directly(buffer)
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._read_stderr, process)
             tg.start_soon(self._watch_exit, process)
