@@ -26,9 +26,11 @@ from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.session import ClientRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.server.runner import ServerRunner
+from mcp_types import methods as sdk_methods
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
-from breakwater.gateway._fast_call import serialize_call
+from breakwater.gateway._fast_call import _plain_surface, serialize_call
 
 pytestmark = pytest.mark.anyio
 
@@ -594,6 +596,32 @@ def test_the_kernel_shapes_the_common_answer_itself() -> None:
     # The upstream's structured content goes out as it came (not dumped and re-validated), on the legacy wire only.
     assert serialize_call(runner, "2025-11-25", result)["structuredContent"] is structured
     assert serialize_call(runner, "2026-07-28", result)["structuredContent"] is not structured
+
+
+# ---- the kernel's checks of a call's params (`_plain_surface`) ----------------------------------
+
+_HANDSHAKE_ERA = sorted(
+    v for (method, v) in sdk_methods.CLIENT_REQUESTS if method == "tools/call" and v not in MODERN_PROTOCOL_VERSIONS
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    name=st.text(max_size=6) | st.just("") | st.just("\ud800"),
+    arguments=st.none() | st.dictionaries(st.text(max_size=4), _JSON, max_size=4),
+    version=st.sampled_from(_HANDSHAKE_ERA),
+)
+def test_the_surface_check_the_kernel_skips_is_one_that_passes(name: str, arguments: dict[str, Any] | None, version: str) -> None:
+    params: dict[str, Any] = {"name": name} if arguments is None else {"name": name, "arguments": arguments}
+    assert _plain_surface(version, params)
+    sdk_methods.validate_client_request("tools/call", version, params)  # raises if the skip were wrong
+
+
+def test_the_kernel_checks_every_other_surface_itself() -> None:
+    assert _HANDSHAKE_ERA and "2025-11-25" in _HANDSHAKE_ERA
+    for params in (None, {"name": 5}, {"name": "x", "arguments": []}, {"name": "x", "_meta": {}}, {"name": "x", "task": {}}):
+        assert not _plain_surface("2025-11-25", params)
+    assert not _plain_surface("2026-07-28", {"name": "x"})
 
 
 async def test_a_session_deleted_during_a_call_cancels_it_on_every_path(http_url: Any) -> None:

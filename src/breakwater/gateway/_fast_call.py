@@ -358,7 +358,8 @@ async def on_call(runner: ServerRunner[Any], dctx: DispatchContext[Any], params:
         return await runner.on_request(dctx, "tools/call", params)
     try:
         # Both of the SDK's checks, in its order; a failure is answered by the SDK itself, byte for byte.
-        sdk_methods.validate_client_request("tools/call", version, params)
+        if not _plain_surface(version, params):
+            sdk_methods.validate_client_request("tools/call", version, params)
         typed = entry.params_type.model_validate({} if params is None else params, by_name=False)
     except (ValidationError, KeyError):
         return await runner.on_request(dctx, "tools/call", params)
@@ -374,6 +375,22 @@ async def on_call(runner: ServerRunner[Any], dctx: DispatchContext[Any], params:
     for middleware in reversed(kept):
         call = partial(_apply_middleware, middleware, call)
     return _dump_result(await call(runner._make_context(dctx, "tools/call", params, _extract_meta(params), version)))
+
+
+def _plain_surface(version: str, params: dict[str, Any] | None) -> bool:
+    """Whether the revision's surface check of `params` is sure to pass, so `on_call` skips it.
+
+    A name and JSON arguments, nothing else, on a handshake-era revision: every such revision's
+    surface admits them (a hypothesis test holds it), and the surface check cost twice the params
+    model's validation that follows it (11 µs against 5 µs on the bench machine, issue 16).
+    """
+    if params is None or version in MODERN_PROTOCOL_VERSIONS or not params.keys() <= _PLAIN_KEYS:
+        return False
+    arguments = params.get("arguments")
+    return type(params.get("name")) is str and (arguments is None or type(arguments) is dict)
+
+
+_PLAIN_KEYS = frozenset({"name", "arguments"})
 
 
 def serialize_call(runner: ServerRunner[Any], version: str, result: HandlerResult) -> dict[str, Any]:

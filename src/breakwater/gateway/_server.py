@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import secrets
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -373,8 +373,9 @@ class Gateway:
         operation_id = given if isinstance(given, str) and given else None
         own = arguments.get(OPERATION_ID_ARGUMENT)
         if operation_id is None and not (isinstance(own, str) and own):
-            # Made here rather than by the gate, so a call the drain cuts can name its operation.
-            operation_id = uuid.uuid4().hex
+            # Made here rather than by the gate, so a call the drain cuts can name its operation. As random
+            # as `uuid4().hex` (128 bits, 32 hex digits), at a sixth of its cost on every call (issue 16).
+            operation_id = os.urandom(16).hex()
         budget: Any = contextlib.nullcontext()
         if (refused := invalid_deadline(deadline_ms, server=server, tool=tool)) is not None:
             return error_result(refused)
