@@ -28,23 +28,38 @@ def test_lab_run_never_imports_the_mcp_sdk() -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_a_default_run_takes_under_200_ms_start_to_finish() -> None:
-    """`python -m breakwater lab run`, interpreter start to exit, under 200 ms of CPU (user + system).
+#: The yardstick a default `lab run` is measured against, in the same test: an interpreter that loads a few of the
+#: standard library's larger modules. A `lab run` cost 1.8-2.6 of it (0.23-0.34 s against 0.11-0.16 s of CPU, on a
+#: machine three times slower than the one the old absolute 200 ms bound was set on); loading the MCP SDK alone
+#: costs about 17.
+YARDSTICK = "import asyncio, json, random, sqlite3"
+LAB_RUN_MAX_YARDSTICKS = 4
 
-    CPU time, not wall time, and the best of seven: on a shared machine a wall clock measures the
-    neighbours. Wall time is printed alongside.
-    """
+
+def _best_cpu(command: list[str]) -> tuple[float, float]:
+    """The least CPU (user + system) and wall time of seven runs of `command`, interpreter start to exit."""
     best_cpu = best_wall = float("inf")
     for _ in range(7):
         started = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "breakwater", "lab", "run"], stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL)
         _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        assert proc.returncode == 0
+        assert os.waitstatus_to_exitcode(status) == 0
         best_wall = min(best_wall, time.perf_counter() - started)
         best_cpu = min(best_cpu, usage.ru_utime + usage.ru_stime)
-    print(f"lab run: best of 7: {best_cpu * 1000:.0f} ms CPU, {best_wall * 1000:.0f} ms wall")
-    assert best_cpu < 0.2
+    return best_cpu, best_wall
+
+
+def test_a_default_run_costs_a_few_stdlib_imports() -> None:
+    """`python -m breakwater lab run`, interpreter start to exit, within `LAB_RUN_MAX_YARDSTICKS` yardsticks of CPU.
+
+    CPU time, not wall time, and the best of seven: on a shared machine a wall clock measures the
+    neighbours. The yardstick is measured in the same run, so the bound holds on a slow machine as on a
+    fast one. Wall time is printed alongside.
+    """
+    yardstick, _ = _best_cpu([sys.executable, "-c", YARDSTICK])
+    lab_cpu, lab_wall = _best_cpu([sys.executable, "-m", "breakwater", "lab", "run"])
+    print(f"lab run: {lab_cpu * 1000:.0f} ms CPU = {lab_cpu / yardstick:.1f} yardsticks; {lab_wall * 1000:.0f} ms wall")
+    assert lab_cpu < LAB_RUN_MAX_YARDSTICKS * yardstick
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("600", 600), ("90s", 90), ("10m", 600), ("2h", 7200), ("1h30m", 5400)])
