@@ -432,7 +432,24 @@ class CircuitBreaker:
         try:
             if permit.shared and self._shared is not None and self._shared.settle(permit.epoch, permit.is_probe, outcome, slow):
                 return None
-            return self._settle_local(permit.epoch, outcome, slow)
+            d = self._data
+            if self._use_shared or d.state is not BreakerState.CLOSED or outcome is Outcome.IGNORED or permit.epoch != d.epoch:
+                return self._settle_local(permit.epoch, outcome, slow)
+            # `_settle_local`'s closed-breaker branch inlined, and `_trip_reason` asked only once one of
+            # its thresholds is met: every answer settles two breakers this way (bench/gate_instructions.py).
+            now = self._clock.monotonic()
+            failed = outcome is Outcome.FAILURE
+            w = d.window
+            w.add(now, failed, slow)
+            d.consecutive_failures = d.consecutive_failures + 1 if failed else 0
+            p, calls = self.policy, w.calls
+            if d.consecutive_failures < p.consecutive_failures and (
+                calls < p.minimum_calls or (w.failures / calls < p.failure_rate and w.slow / calls < p.slow_call_rate)
+            ):
+                return False
+            d.reason = self._trip_reason(now)
+            self._move(BreakerState.OPEN, now)
+            return True
         finally:
             lock.release()
 
@@ -462,7 +479,7 @@ class CircuitBreaker:
         if d.state is not BreakerState.CLOSED or outcome is Outcome.IGNORED:
             return False
         failed = outcome is Outcome.FAILURE
-        d.window.add(now, failed=failed, slow=slow)
+        d.window.add(now, failed, slow)
         d.consecutive_failures = d.consecutive_failures + 1 if failed else 0
         reason = self._trip_reason(now)
         if reason:
