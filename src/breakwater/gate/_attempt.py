@@ -87,7 +87,18 @@ class AttemptDeadline:
         "timeout_s",
     )
 
-    def __init__(self, clock: Clock, scope: DeadlineScope, *, hard: float, idle_s: float) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        scope: DeadlineScope,
+        started: float,
+        hard: float,
+        idle_s: float,
+        timeout_s: float,
+        by_budget: bool,
+        short: bool,
+    ) -> None:
+        # Every field by position: one is made per attempt, and keywords are matched by name.
         self._clock = clock
         self._scope = scope
         self.hard = hard
@@ -95,20 +106,20 @@ class AttemptDeadline:
         self.finished = False
         self._waiting = 0
         #: When the attempt started (monotonic).
-        self.started = clock.monotonic()
+        self.started = started
         #: The turn budget, not the attempt's own timeout, set the first deadline.
-        self.by_budget = False
+        self.by_budget = by_budget
         #: The attempt's own timeout (the call's, or a half-open probe's shorter one).
-        self.timeout_s = math.inf
+        self.timeout_s = timeout_s
         #: A half-open probe with a deadline shorter than the call's timeout (see `_health`).
-        self.short = False
+        self.short = short
         #: When the server answered with a task handle (monotonic), if it did.
         self.task_at: float | None = None
         #: Called once if the call becomes a task (the gate gives back the attempt's bulkhead slot).
         self.on_task: Callable[[], None] | None = None
 
     @classmethod
-    def for_call(cls, clock: Clock, call: Call, *, probe: bool = False) -> AttemptDeadline:
+    def for_call(cls, clock: Clock, call: Call, probe: bool = False) -> AttemptDeadline:
         """The deadline of `call`'s next attempt: its timeout (a `probe`'s may be shorter), under the hard cap and budget."""
         info = call.info
         policy, timeout_s = info.call, call.timeout_s
@@ -125,10 +136,8 @@ class AttemptDeadline:
                 deadline, by_budget = call.budget.deadline, True
         # Without its own idle timeout a tool's gap between progress notifications is its timeout.
         idle_s = policy.idle_timeout_s if policy.idle_timeout_s is not None else timeout_s
-        made = cls(clock, clock.deadline_scope(deadline), hard=hard, idle_s=idle_s)
-        made.started, made.by_budget = started, by_budget
-        made.timeout_s, made.short = timeout_s, timeout_s < call.timeout_s
-        return made
+        scope = clock.deadline_scope(deadline)
+        return cls(clock, scope, started, hard, idle_s, timeout_s, by_budget, timeout_s < call.timeout_s)
 
     @property
     def scope(self) -> DeadlineScope:
@@ -178,7 +187,7 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
         # Lost between attempts: nothing was sent, so nothing is learned.
         permits.release()
         raise not_ready_error(clock, srv.upstream, info.name)
-    deadline = AttemptDeadline.for_call(clock, call, probe=permits.tool.is_probe)
+    deadline = AttemptDeadline.for_call(clock, call, permits.tool.is_probe)
     watcher = ATTEMPT_WATCHER.get()
     if watcher is not None:
         watcher(deadline)
@@ -211,8 +220,9 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
         task_token = TASK_CALL.set(task_call)
     if ctx.record_sent is not None and info.retry_class is not RetryClass.SAFE:
         mark_sent(ctx, call)
+    scope = deadline._scope
     try:
-        with deadline.scope:
+        with scope:
             result = await _send(srv.upstream, client, info.name, call, on_progress)
     except anyio.get_cancelled_exc_class():
         task = asyncio.current_task()
@@ -235,7 +245,7 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
         release_slot()
         if task_token is not None:
             TASK_CALL.reset(task_token)
-    if deadline.scope.cancelled_caught:
+    if scope.cancelled_caught:
         failure = TimeoutError()
     if result is not None:  # NaN or Infinity from the server: null, as on the gateway's wire (connect/_not_json.py)
         result = finite_result(result, server=srv.name, tool=info.name)
