@@ -46,7 +46,7 @@ from breakwater.errors import (
     UpstreamError,
 )
 from breakwater.gate._admit import Permits
-from breakwater.gate._breaker import BreakerState, Outcome
+from breakwater.gate._breaker_types import FAILURE, IGNORED, OPEN, Outcome
 from breakwater.gate._call import Call, GateContext, mark_sent, observe, seconds_text
 from breakwater.gate._classify import RetryClass, Verdict, classify
 from breakwater.gate._tasks import TASK_CALL
@@ -61,6 +61,8 @@ Answer = types.CallToolResult | tuple[Verdict, CallError]
 _SERVER_FAILURE_CODES = frozenset({ErrorCode.TIMEOUT, ErrorCode.UPSTREAM_ERROR, ErrorCode.OUTCOME_UNKNOWN})
 _MAX_UPSTREAM_TEXT = 500
 _DEFAULT_CONNECT_ESTIMATE_S = 2.0
+# Enum members read per call, as globals: a class attribute read of an enum is slow on Python 3.11 (see `_breaker_types`).
+_READY, _SAFE = ServerState.READY, RetryClass.SAFE
 
 
 class AttemptDeadline:
@@ -183,7 +185,7 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
     """Send one attempt of `call` (holding a bulkhead slot) and judge it: the breakers learn, the journal gets its row."""
     srv, info, clock = call.srv, call.info, ctx.clock
     client = srv.upstream.client
-    if client is None or srv.upstream.state is not ServerState.READY:
+    if client is None or srv.upstream.state is not _READY:
         # Lost between attempts: nothing was sent, so nothing is learned.
         permits.release()
         raise not_ready_error(clock, srv.upstream, info.name)
@@ -218,7 +220,7 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
             srv.upstream, info.name, call.meta, info.retry_class, call.timeout_s, info.call.task_max_s, deadline
         )
         task_token = TASK_CALL.set(task_call)
-    if ctx.record_sent is not None and info.retry_class is not RetryClass.SAFE:
+    if ctx.record_sent is not None and info.retry_class is not _SAFE:
         mark_sent(ctx, call)
     scope = deadline._scope
     try:
@@ -287,14 +289,14 @@ def _judge(
             srv.upstream.report_lost()
     verdict = classify(attempt_result, retry_class=info.retry_class, server=srv.name, tool=info.name, classifier=ctx.classifier)
     if isinstance(failure, CallCancelledError):
-        verdict = Verdict(outcome=Outcome.IGNORED, code=ErrorCode.CANCELLED, retryable=False, outcome_unknown=True)
+        verdict = Verdict(outcome=IGNORED, code=ErrorCode.CANCELLED, retryable=False, outcome_unknown=True)
     # Read before recording: was this tool already failing before this attempt?
-    tool_streak = info.breaker.snapshot().consecutive_failures if verdict.outcome is Outcome.FAILURE else 0
+    tool_streak = info.breaker.snapshot().consecutive_failures if verdict.outcome is FAILURE else 0
     # The journal's breaker_opened: in-process breakers say whether a report opened them; a shared
     # store's transitions are the store's, so compare which breakers were open before the reports.
     open_before = None
     if call.journal is not None and not (srv.breaker.in_process and info.breaker.in_process):
-        open_before = (srv.breaker.state is BreakerState.OPEN, info.breaker.state is BreakerState.OPEN)
+        open_before = (srv.breaker.state is OPEN, info.breaker.state is OPEN)
     # A call that became a task is judged by how long the handle took, not by the task's own length:
     # a healthy tool whose tasks run for minutes must not read as a slow call to the breakers.
     judged_s = elapsed if deadline.task_at is None else deadline.task_at - deadline.started
@@ -349,7 +351,7 @@ def slow_now(call: Call, err: CallError) -> None:
     if usual is not None:
         err.detail["usual_s"] = round(usual, 3)
     snap = call.info.breaker.snapshot()
-    if snap.state is BreakerState.OPEN:
+    if snap.state is OPEN:
         err.detail["breaker"] = snap.state.value
         err.retry_after_s = snap.retry_after_s
 
@@ -438,13 +440,13 @@ def _server_outcome(verdict: Verdict, tool_streak: int) -> Outcome:
     calls instead of each tool paying its own timeouts first. A tool's own `isError` answer says
     the server is up, so it counts as a success.
     """
-    if verdict.outcome is not Outcome.FAILURE:
+    if verdict.outcome is not FAILURE:
         return verdict.outcome
     if verdict.code not in _SERVER_FAILURE_CODES:
         return Outcome.SUCCESS
     if tool_streak == 0 or verdict.reason.startswith("connection"):
-        return Outcome.FAILURE
-    return Outcome.IGNORED
+        return FAILURE
+    return IGNORED
 
 
 def _connection_closed(exc: BaseException) -> bool:
