@@ -20,6 +20,9 @@ from typing import Protocol, runtime_checkable
 
 import anyio
 
+# The running loop or None, without the exception `asyncio.get_running_loop()` raises outside one.
+_get_running_loop = asyncio._get_running_loop
+
 __all__ = ["Clock", "DeadlineScope", "SystemClock"]
 
 
@@ -142,9 +145,8 @@ _asyncio_scope_class: Callable[[], anyio.CancelScope] | None = None
 def _running_deadlines() -> _LoopDeadlines | None:
     """The running asyncio loop's deadlines, or None outside one (another backend: anyio's own timers)."""
     global _last
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
+    loop = _get_running_loop()
+    if loop is None:
         return None
     last = _last
     if last is not None and last[0]() is loop:
@@ -179,7 +181,9 @@ class _SystemDeadlineScope:
     def __init__(self, deadline: float) -> None:
         if math.isnan(deadline):
             raise ValueError("deadline must not be NaN")
-        self._scope = _new_cancel_scope()
+        # `_new_cancel_scope`'s usual answer without its frame: one scope is made per gate attempt.
+        scope_class = _asyncio_scope_class
+        self._scope = scope_class() if scope_class is not None and _get_running_loop() is not None else _new_cancel_scope()
         #: The loop's deadlines while the scope is active on asyncio, else None.
         self._loop: _LoopDeadlines | None = None
         #: Active on another backend: the anyio scope holds the deadline.
@@ -260,5 +264,6 @@ class SystemClock:
     async def sleep(self, seconds: float) -> None:
         await anyio.sleep(max(0.0, seconds))
 
-    def deadline_scope(self, deadline: float) -> DeadlineScope:
-        return _SystemDeadlineScope(deadline)
+    # The class itself (a class is no descriptor: `clock.deadline_scope(d)` calls it), not a method
+    # returning one: a frame less per gate attempt.
+    deadline_scope = _SystemDeadlineScope

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from breakwater.errors import BudgetExhaustedError, CallError, CircuitOpenError, OverloadedError, ServerCircuitOpenError
 from breakwater.gate._breaker import BreakerState, Permit, Rejection
+from breakwater.gate._breaker_types import CLOSED
 from breakwater.gate._call import Call, GateContext, ServerRecord, ToolRecord, observe, stopped
 from breakwater.gate._reconcile import wait_ready
 
@@ -112,7 +113,7 @@ def _take_permits(ctx: GateContext, call: Call) -> Permits:
 
 def _tool_refused(ctx: GateContext, call: Call, rejection: Rejection, *, server_closed: bool) -> CallError:
     # With the server's breaker closed the journal's row names both states without reading them again.
-    states = (BreakerState.CLOSED, rejection.state) if server_closed else None
+    states = (CLOSED, rejection.state) if server_closed else None
     detail = _rejected(rejection)
     usual = call.info.health.median()
     if usual is not None:

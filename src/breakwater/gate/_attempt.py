@@ -46,7 +46,7 @@ from breakwater.errors import (
     UpstreamError,
 )
 from breakwater.gate._admit import Permits
-from breakwater.gate._breaker import BreakerState, Outcome
+from breakwater.gate._breaker_types import FAILURE, IGNORED, OPEN, Outcome
 from breakwater.gate._call import Call, GateContext, mark_sent, observe, seconds_text
 from breakwater.gate._classify import RetryClass, Verdict, classify
 from breakwater.gate._tasks import TASK_CALL
@@ -61,6 +61,8 @@ Answer = types.CallToolResult | tuple[Verdict, CallError]
 _SERVER_FAILURE_CODES = frozenset({ErrorCode.TIMEOUT, ErrorCode.UPSTREAM_ERROR, ErrorCode.OUTCOME_UNKNOWN})
 _MAX_UPSTREAM_TEXT = 500
 _DEFAULT_CONNECT_ESTIMATE_S = 2.0
+# Enum members read per call, as globals: a class attribute read of an enum is slow on Python 3.11 (see `_breaker_types`).
+_READY, _SAFE = ServerState.READY, RetryClass.SAFE
 
 
 class AttemptDeadline:
@@ -87,7 +89,18 @@ class AttemptDeadline:
         "timeout_s",
     )
 
-    def __init__(self, clock: Clock, scope: DeadlineScope, *, hard: float, idle_s: float) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        scope: DeadlineScope,
+        started: float,
+        hard: float,
+        idle_s: float,
+        timeout_s: float,
+        by_budget: bool,
+        short: bool,
+    ) -> None:
+        # Every field by position: one is made per attempt, and keywords are matched by name.
         self._clock = clock
         self._scope = scope
         self.hard = hard
@@ -95,20 +108,20 @@ class AttemptDeadline:
         self.finished = False
         self._waiting = 0
         #: When the attempt started (monotonic).
-        self.started = clock.monotonic()
+        self.started = started
         #: The turn budget, not the attempt's own timeout, set the first deadline.
-        self.by_budget = False
+        self.by_budget = by_budget
         #: The attempt's own timeout (the call's, or a half-open probe's shorter one).
-        self.timeout_s = math.inf
+        self.timeout_s = timeout_s
         #: A half-open probe with a deadline shorter than the call's timeout (see `_health`).
-        self.short = False
+        self.short = short
         #: When the server answered with a task handle (monotonic), if it did.
         self.task_at: float | None = None
         #: Called once if the call becomes a task (the gate gives back the attempt's bulkhead slot).
         self.on_task: Callable[[], None] | None = None
 
     @classmethod
-    def for_call(cls, clock: Clock, call: Call, *, probe: bool = False) -> AttemptDeadline:
+    def for_call(cls, clock: Clock, call: Call, probe: bool = False) -> AttemptDeadline:
         """The deadline of `call`'s next attempt: its timeout (a `probe`'s may be shorter), under the hard cap and budget."""
         info = call.info
         policy, timeout_s = info.call, call.timeout_s
@@ -125,10 +138,8 @@ class AttemptDeadline:
                 deadline, by_budget = call.budget.deadline, True
         # Without its own idle timeout a tool's gap between progress notifications is its timeout.
         idle_s = policy.idle_timeout_s if policy.idle_timeout_s is not None else timeout_s
-        made = cls(clock, clock.deadline_scope(deadline), hard=hard, idle_s=idle_s)
-        made.started, made.by_budget = started, by_budget
-        made.timeout_s, made.short = timeout_s, timeout_s < call.timeout_s
-        return made
+        scope = clock.deadline_scope(deadline)
+        return cls(clock, scope, started, hard, idle_s, timeout_s, by_budget, timeout_s < call.timeout_s)
 
     @property
     def scope(self) -> DeadlineScope:
@@ -174,11 +185,11 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
     """Send one attempt of `call` (holding a bulkhead slot) and judge it: the breakers learn, the journal gets its row."""
     srv, info, clock = call.srv, call.info, ctx.clock
     client = srv.upstream.client
-    if client is None or srv.upstream.state is not ServerState.READY:
+    if client is None or srv.upstream.state is not _READY:
         # Lost between attempts: nothing was sent, so nothing is learned.
         permits.release()
         raise not_ready_error(clock, srv.upstream, info.name)
-    deadline = AttemptDeadline.for_call(clock, call, probe=permits.tool.is_probe)
+    deadline = AttemptDeadline.for_call(clock, call, permits.tool.is_probe)
     watcher = ATTEMPT_WATCHER.get()
     if watcher is not None:
         watcher(deadline)
@@ -209,10 +220,11 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
             srv.upstream, info.name, call.meta, info.retry_class, call.timeout_s, info.call.task_max_s, deadline
         )
         task_token = TASK_CALL.set(task_call)
-    if ctx.record_sent is not None and info.retry_class is not RetryClass.SAFE:
+    if ctx.record_sent is not None and info.retry_class is not _SAFE:
         mark_sent(ctx, call)
+    scope = deadline._scope
     try:
-        with deadline.scope:
+        with scope:
             result = await _send(srv.upstream, client, info.name, call, on_progress)
     except anyio.get_cancelled_exc_class():
         task = asyncio.current_task()
@@ -235,7 +247,7 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
         release_slot()
         if task_token is not None:
             TASK_CALL.reset(task_token)
-    if deadline.scope.cancelled_caught:
+    if scope.cancelled_caught:
         failure = TimeoutError()
     if result is not None:  # NaN or Infinity from the server: null, as on the gateway's wire (connect/_not_json.py)
         result = finite_result(result, server=srv.name, tool=info.name)
@@ -277,14 +289,14 @@ def _judge(
             srv.upstream.report_lost()
     verdict = classify(attempt_result, retry_class=info.retry_class, server=srv.name, tool=info.name, classifier=ctx.classifier)
     if isinstance(failure, CallCancelledError):
-        verdict = Verdict(outcome=Outcome.IGNORED, code=ErrorCode.CANCELLED, retryable=False, outcome_unknown=True)
+        verdict = Verdict(outcome=IGNORED, code=ErrorCode.CANCELLED, retryable=False, outcome_unknown=True)
     # Read before recording: was this tool already failing before this attempt?
-    tool_streak = info.breaker.snapshot().consecutive_failures if verdict.outcome is Outcome.FAILURE else 0
+    tool_streak = info.breaker.snapshot().consecutive_failures if verdict.outcome is FAILURE else 0
     # The journal's breaker_opened: in-process breakers say whether a report opened them; a shared
     # store's transitions are the store's, so compare which breakers were open before the reports.
     open_before = None
     if call.journal is not None and not (srv.breaker.in_process and info.breaker.in_process):
-        open_before = (srv.breaker.state is BreakerState.OPEN, info.breaker.state is BreakerState.OPEN)
+        open_before = (srv.breaker.state is OPEN, info.breaker.state is OPEN)
     # A call that became a task is judged by how long the handle took, not by the task's own length:
     # a healthy tool whose tasks run for minutes must not read as a slow call to the breakers.
     judged_s = elapsed if deadline.task_at is None else deadline.task_at - deadline.started
@@ -339,7 +351,7 @@ def slow_now(call: Call, err: CallError) -> None:
     if usual is not None:
         err.detail["usual_s"] = round(usual, 3)
     snap = call.info.breaker.snapshot()
-    if snap.state is BreakerState.OPEN:
+    if snap.state is OPEN:
         err.detail["breaker"] = snap.state.value
         err.retry_after_s = snap.retry_after_s
 
@@ -428,13 +440,13 @@ def _server_outcome(verdict: Verdict, tool_streak: int) -> Outcome:
     calls instead of each tool paying its own timeouts first. A tool's own `isError` answer says
     the server is up, so it counts as a success.
     """
-    if verdict.outcome is not Outcome.FAILURE:
+    if verdict.outcome is not FAILURE:
         return verdict.outcome
     if verdict.code not in _SERVER_FAILURE_CODES:
         return Outcome.SUCCESS
     if tool_streak == 0 or verdict.reason.startswith("connection"):
-        return Outcome.FAILURE
-    return Outcome.IGNORED
+        return FAILURE
+    return IGNORED
 
 
 def _connection_closed(exc: BaseException) -> bool:

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from breakwater._clock import Clock
 from breakwater.config._policies import BreakerPolicy
-from breakwater.gate._breaker_types import BreakerKey, BreakerState, Outcome, Rejection
+from breakwater.gate._breaker_types import CLOSED, FAILURE, IGNORED, OPEN, BreakerKey, BreakerState, Outcome, Rejection
 from breakwater.gate._window import BUCKETS as _BUCKETS
 from breakwater.gate._window import Window as _Window
 
@@ -58,7 +58,7 @@ class _BreakerData:
     """The whole state of one breaker: what a shared store would hold under one key."""
 
     window: _Window
-    state: BreakerState = BreakerState.CLOSED
+    state: BreakerState = CLOSED
     #: Increases on every transition and every probe grant; permits from another epoch are stale.
     epoch: int = 0
     open_until: float = -math.inf
@@ -161,7 +161,7 @@ class Permit:
             # A closed breaker's permit given back changes nothing (an older one is stale): no lock.
             self._done = True
             return
-        self.record(Outcome.IGNORED, 0.0)
+        self.record(IGNORED, 0.0)
 
     def __repr__(self) -> str:
         return f"Permit(epoch={self.epoch}, is_probe={self.is_probe}, shared={self.shared}, done={self._done})"
@@ -250,7 +250,7 @@ class CircuitBreaker:
             # The usual case, decided without the clock or the lock: the epoch is read before the
             # state, so the permit is of this closed period, or stale (its report then dropped).
             epoch = d.epoch
-            if d.state is BreakerState.CLOSED:
+            if d.state is CLOSED:
                 return Permit(self, epoch, is_probe=False, slow_threshold_s=slow_threshold_s)
         lease = lease_s or self.policy.probe_lease_s
         with self._lock:
@@ -274,10 +274,10 @@ class CircuitBreaker:
         In-process breakers only: a breaker kept in a shared store goes by the store's rules.
         """
         with self._lock:
-            if self._shared is not None or self._data.state is not BreakerState.CLOSED:
+            if self._shared is not None or self._data.state is not CLOSED:
                 return False
             self._data.reason = reason
-            self._move(BreakerState.OPEN, self._clock.monotonic())
+            self._move(OPEN, self._clock.monotonic())
             return True
 
     def attach(self, shared: SharedBreaker | None) -> None:
@@ -301,7 +301,7 @@ class CircuitBreaker:
         # stays open and a probe elsewhere still counts: an outage must not close (or open) anything.
         d.epoch = view.epoch
         d.state = view.state
-        d.open_until = view.open_until if view.state is BreakerState.OPEN else -math.inf
+        d.open_until = view.open_until if view.state is OPEN else -math.inf
         d.consecutive_opens = view.consecutive_opens
         d.consecutive_failures = view.consecutive_failures
         d.probe_lease_until = view.probe_lease_until if view.state is BreakerState.HALF_OPEN else -math.inf
@@ -318,16 +318,16 @@ class CircuitBreaker:
         if self._shared is not None:
             return self.snapshot().state
         d = self._data
-        if d.state is BreakerState.CLOSED:  # whatever the time (the journal reads both breakers per attempt)
-            return BreakerState.CLOSED
+        if d.state is CLOSED:  # whatever the time (the journal reads both breakers per attempt)
+            return CLOSED
         with self._lock:
-            if d.state is BreakerState.OPEN and d.open_until <= self._clock.monotonic():
+            if d.state is OPEN and d.open_until <= self._clock.monotonic():
                 return BreakerState.HALF_OPEN
             return d.state
 
     def admits_freely(self) -> bool:
         """In-process and closed: `acquire` would give an ordinary permit, and giving it back unused changes nothing."""
-        return self._shared is None and self._data.state is BreakerState.CLOSED
+        return self._shared is None and self._data.state is CLOSED
 
     @property
     def in_process(self) -> bool:
@@ -344,7 +344,7 @@ class CircuitBreaker:
         shared = self._shared
         if shared is None:
             d = self._data
-            if d.state is BreakerState.CLOSED:  # the usual case, decided without the clock or the lock
+            if d.state is CLOSED:  # the usual case, decided without the clock or the lock
                 return None
             with self._lock:
                 return _refusal(d.state, d.open_until, d.probe_lease_until, d.reason, self._clock.monotonic(), self.policy)
@@ -382,14 +382,14 @@ class CircuitBreaker:
         state = v.state
         retry_after = 0.0
         probe_in_flight = False
-        if state is BreakerState.OPEN:
+        if state is OPEN:
             retry_after = max(0.0, v.open_until - now)
             if retry_after == 0.0:
                 state = BreakerState.HALF_OPEN
         elif state is BreakerState.HALF_OPEN:
             probe_in_flight = v.probe_lease_until > now
             retry_after = _half_open_wait(v.probe_lease_until, now, self.policy) if probe_in_flight else 0.0
-        is_open = v.state is BreakerState.OPEN
+        is_open = v.state is OPEN
         return BreakerSnapshot(
             name=self.name,
             key=self.key,
@@ -412,12 +412,12 @@ class CircuitBreaker:
 
     def _admit(self, now: float, slow_threshold_s: float | None, lease_s: float) -> Permit | Rejection:
         d = self._data
-        if d.state is BreakerState.CLOSED:
+        if d.state is CLOSED:
             return Permit(self, d.epoch, is_probe=False, slow_threshold_s=slow_threshold_s)
         refused = _refusal(d.state, d.open_until, d.probe_lease_until, d.reason, now, self.policy)
         if refused is not None:
             return refused
-        if d.state is BreakerState.OPEN:  # its time is up
+        if d.state is OPEN:  # its time is up
             self._move(BreakerState.HALF_OPEN, now)
         # HALF_OPEN with no probe out: one probe holds the lease; a new epoch per grant fences off a
         # probe whose lease ran out, so only the latest probe's report can decide.
@@ -426,13 +426,30 @@ class CircuitBreaker:
         return Permit(self, d.epoch, is_probe=True, slow_threshold_s=slow_threshold_s)
 
     def _settle(self, permit: Permit, outcome: Outcome, duration_s: float) -> bool | None:
-        slow = outcome is not Outcome.IGNORED and permit.slow_threshold_s is not None and duration_s > permit.slow_threshold_s
+        slow = outcome is not IGNORED and permit.slow_threshold_s is not None and duration_s > permit.slow_threshold_s
         lock = self._lock
         lock.acquire()  # not `with`: a third of the cost of taking the lock, twice per call
         try:
             if permit.shared and self._shared is not None and self._shared.settle(permit.epoch, permit.is_probe, outcome, slow):
                 return None
-            return self._settle_local(permit.epoch, outcome, slow)
+            d = self._data
+            if self._use_shared or d.state is not CLOSED or outcome is IGNORED or permit.epoch != d.epoch:
+                return self._settle_local(permit.epoch, outcome, slow)
+            # `_settle_local`'s closed-breaker branch inlined, and `_trip_reason` asked only once one of
+            # its thresholds is met: every answer settles two breakers this way (bench/gate_instructions.py).
+            now = self._clock.monotonic()
+            failed = outcome is FAILURE
+            w = d.window
+            w.add(now, failed, slow)
+            d.consecutive_failures = d.consecutive_failures + 1 if failed else 0
+            p, calls = self.policy, w.calls
+            if d.consecutive_failures < p.consecutive_failures and (
+                calls < p.minimum_calls or (w.failures / calls < p.failure_rate and w.slow / calls < p.slow_call_rate)
+            ):
+                return False
+            d.reason = self._trip_reason(now)
+            self._move(OPEN, now)
+            return True
         finally:
             lock.release()
 
@@ -450,24 +467,24 @@ class CircuitBreaker:
         if epoch != d.epoch:
             return False  # stale: the breaker moved on since this permit was issued
         if d.state is BreakerState.HALF_OPEN:
-            if outcome is Outcome.IGNORED:
+            if outcome is IGNORED:
                 d.probe_lease_until = -math.inf  # free the slot for the next caller's probe
             elif outcome is Outcome.SUCCESS and not slow:
-                self._move(BreakerState.CLOSED, now)
+                self._move(CLOSED, now)
             else:
                 d.reason = "probe was slow" if outcome is Outcome.SUCCESS else "probe failed"
-                self._move(BreakerState.OPEN, now)
+                self._move(OPEN, now)
                 return True
             return False
-        if d.state is not BreakerState.CLOSED or outcome is Outcome.IGNORED:
+        if d.state is not CLOSED or outcome is IGNORED:
             return False
-        failed = outcome is Outcome.FAILURE
-        d.window.add(now, failed=failed, slow=slow)
+        failed = outcome is FAILURE
+        d.window.add(now, failed, slow)
         d.consecutive_failures = d.consecutive_failures + 1 if failed else 0
         reason = self._trip_reason(now)
         if reason:
             d.reason = reason
-            self._move(BreakerState.OPEN, now)
+            self._move(OPEN, now)
             return True
         return False
 
@@ -490,10 +507,10 @@ class CircuitBreaker:
         d.epoch += 1
         d.state = state
         d.probe_lease_until = -math.inf
-        if state is BreakerState.OPEN:
+        if state is OPEN:
             d.consecutive_opens += 1
             d.open_until = now + self._open_duration(d.consecutive_opens)
-        elif state is BreakerState.CLOSED:
+        elif state is CLOSED:
             # A fresh start: the evidence that tripped the breaker is history.
             d.consecutive_opens = 0
             d.consecutive_failures = 0
@@ -513,7 +530,7 @@ def _refusal(
     state: BreakerState, open_until: float, lease_until: float, reason: str, now: float, policy: BreakerPolicy
 ) -> Rejection | None:
     """The refusal a breaker in this state gives a call at `now`, or None if it admits one (closed, or due a probe)."""
-    if state is BreakerState.OPEN:
+    if state is OPEN:
         return Rejection(open_until - now, state, reason) if now < open_until else None
     if state is BreakerState.HALF_OPEN and lease_until > now:
         return Rejection(_half_open_wait(lease_until, now, policy), state, reason)

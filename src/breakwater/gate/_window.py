@@ -45,7 +45,8 @@ class Window:
             self.slow -= old.slow
         return current
 
-    def add(self, now: float, *, failed: bool, slow: bool) -> None:
+    def add(self, now: float, failed: bool, slow: bool) -> None:
+        # Positional flags: CPython matches keywords by name, on every breaker report.
         # `_expire` inlined up to its usual answer (nothing to drop): every breaker report comes here.
         current = math.floor(now / self.width_s)
         buckets = self.buckets
