@@ -62,7 +62,7 @@ _SERVER_FAILURE_CODES = frozenset({ErrorCode.TIMEOUT, ErrorCode.UPSTREAM_ERROR, 
 _MAX_UPSTREAM_TEXT = 500
 _DEFAULT_CONNECT_ESTIMATE_S = 2.0
 # Enum members read per call, as globals: a class attribute read of an enum is slow on Python 3.11 (see `_breaker_types`).
-_READY, _SAFE = ServerState.READY, RetryClass.SAFE
+READY, SAFE = ServerState.READY, RetryClass.SAFE
 
 
 class AttemptDeadline:
@@ -185,7 +185,7 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
     """Send one attempt of `call` (holding a bulkhead slot) and judge it: the breakers learn, the journal gets its row."""
     srv, info, clock = call.srv, call.info, ctx.clock
     client = srv.upstream.client
-    if client is None or srv.upstream.state is not _READY:
+    if client is None or srv.upstream.state is not READY:
         # Lost between attempts: nothing was sent, so nothing is learned.
         permits.release()
         raise not_ready_error(clock, srv.upstream, info.name)
@@ -220,7 +220,7 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
             srv.upstream, info.name, call.meta, info.retry_class, call.timeout_s, info.call.task_max_s, deadline
         )
         task_token = TASK_CALL.set(task_call)
-    if ctx.record_sent is not None and info.retry_class is not _SAFE:
+    if ctx.record_sent is not None and info.retry_class is not SAFE:
         mark_sent(ctx, call)
     scope = deadline._scope
     try:

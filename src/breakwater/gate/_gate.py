@@ -73,7 +73,7 @@ from breakwater.connect._readiness import call_window, wait_until_ready
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import CallError, ErrorCode, InvalidArgumentsError, UnknownToolError
 from breakwater.gate._admit import admit, admit_after_loss, breaker_refusal
-from breakwater.gate._attempt import ATTEMPT_WATCHER, AttemptDeadline, not_ready_error, run_attempt
+from breakwater.gate._attempt import ATTEMPT_WATCHER, READY, SAFE, AttemptDeadline, not_ready_error, run_attempt
 from breakwater.gate._breaker import BreakerRegistry, BreakerSnapshot, BreakerStore, Outcome, Rejection
 from breakwater.gate._call import (
     OPERATION_ID_ARGUMENT,
@@ -102,7 +102,6 @@ from breakwater.journal import (
     outcome_of,
     sent_recorder,
 )
-from breakwater.status import ServerState
 
 __all__ = [
     "ATTEMPT_WATCHER",
@@ -120,8 +119,6 @@ __all__ = [
 LearnedTimeout = Callable[[str, str], float | None]
 
 _MAX_LISTED_TOOLS = 50
-# Enum members read per call, as globals: a class attribute read of an enum is slow on Python 3.11 (see `_breaker_types`).
-_READY, _SAFE = ServerState.READY, RetryClass.SAFE
 
 
 class SharedState(BreakerStore, Protocol):
@@ -245,7 +242,7 @@ class CallGate:
         """Step 1 for a server that is ready: the call's record (None: the server must be waited for first)."""
         srv = self._server(server, tool)
         upstream = srv.upstream
-        if upstream.state is not _READY or upstream.client is None:
+        if upstream.state is not READY or upstream.client is None:
             return None
         return self._known_tool(srv, tool, arguments, timeout, progress_callback, operation_id)
 
@@ -261,7 +258,7 @@ class CallGate:
         """Step 1 for a server on its way up (pending, connecting): waited for within the call's window."""
         srv = self._server(server, tool)
         upstream = srv.upstream
-        if upstream.state is not _READY or upstream.client is None:
+        if upstream.state is not READY or upstream.client is None:
             budget = current_budget()
             window = call_window(upstream.spec, tool, timeout)
             until = None if budget is None else budget.deadline
@@ -405,7 +402,7 @@ class CallGate:
         """Step 5 and the call's record: a mutating tool's operation id, the timeout, the budget, the journal's view."""
         op_id: str | None = None
         meta: types.RequestParamsMeta | None = None
-        if info.retry_class is not _SAFE:
+        if info.retry_class is not SAFE:
             given = operation_id or arguments.get(OPERATION_ID_ARGUMENT)
             # A caller's own idempotency key is the operation; otherwise one id for every attempt.
             op_id = given if isinstance(given, str) and given else uuid.uuid4().hex
