@@ -102,3 +102,39 @@ async def test_a_real_upstreams_stdout_arrives_whole_and_in_order_then_ends() ->
             async for message in read_stream:
                 seen.append(message.message.params["data"])
     assert seen == list(range(3000))
+
+
+async def test_lines_written_in_one_turn_go_out_together_whole_and_in_order() -> None:
+    """`StdinWriter`: the first line of a turn of the loop goes out at once, the rest in one write at its end.
+
+    A burst of 50 concurrent calls is 50 lines written by 50 tasks in one turn; a child that echoes
+    its stdin gets every one of them, whole and in the order they were written, from 2 writes."""
+    script = "import sys\nfor line in sys.stdin.buffer: sys.stdout.buffer.write(line); sys.stdout.buffer.flush()\n"
+    upstream = StdioProcess(sys.executable, ("-u", "-c", script))
+    lines = [b'{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":%d}}\n' % i for i in range(50)]
+    seen: list[int] = []
+    with anyio.fail_after(60):
+        async with upstream.open() as (read_stream, write_stream):
+            assert upstream.process is not None
+            transport = upstream.process.stdin._stream.transport  # type: ignore[union-attr]
+            writes: list[bytes] = []
+            real_write = transport.write
+
+            def counted(data: bytes) -> None:
+                writes.append(bytes(data))
+                real_write(data)
+
+            transport.write = counted
+            async with anyio.create_task_group() as tg:
+                for line in lines:
+                    tg.start_soon(write_stream.write_line, line)
+            await wait_all_tasks_blocked()
+            assert writes == [lines[0], b"".join(lines[1:])]
+            async for message in read_stream:
+                seen.append(message.message.params["data"])
+                if len(seen) == len(lines):
+                    break
+            # A lone line in a later turn goes out at once again.
+            await write_stream.write_line(lines[0])
+            assert writes[-1] == lines[0] and len(writes) == 3
+    assert seen == list(range(50))

@@ -21,11 +21,16 @@ from typing import Any
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mcp import MCPError
+from mcp_types import methods as sdk_methods
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from breakwater import Breakwater, Config, ConnectPolicy, ServerSpec, ServerState
 from breakwater.config import CallPolicy, RetryPolicy
 from breakwater.connect._raw_call import call_tool as raw_call_tool
+from breakwater.connect._raw_call import plain_result
 from breakwater.testing.server import launch_command, read_state
 from helpers import code_of, eventually
 
@@ -247,3 +252,46 @@ async def test_lines_that_are_not_a_raw_calls_answer_are_left_to_the_sdk_and_bre
         # Invalid UTF-8 is read as the SDK's parser reads it (U+FFFD), not lost.
         assert raw.take(b'{"jsonrpc":"2.0","id":"bw-1","result":{"content":[],"x":"\xff"}}')
     assert answers == [{"content": [], "x": "\ufffd"}] and seen == [0.5]
+
+
+# ---- the revision's check of an answer, skipped where it is sure to pass (`plain_result`) ----------
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=20,
+)
+_OBJECT = st.dictionaries(st.text(max_size=4), _JSON, max_size=3)
+_HANDSHAKE_ERA = sorted(v for (m, v) in sdk_methods.SERVER_RESULTS if m == "tools/call" and v not in MODERN_PROTOCOL_VERSIONS)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    texts=st.lists(st.text(max_size=6) | st.just("\ud800"), max_size=3),
+    fields=st.fixed_dictionaries({}, optional={"isError": st.booleans(), "structuredContent": _OBJECT, "_meta": _OBJECT}),
+    version=st.sampled_from(_HANDSHAKE_ERA),
+)
+def test_the_result_check_the_raw_path_skips_is_one_that_passes(texts: list[str], fields: dict[str, Any], version: str) -> None:
+    raw = {"content": [{"type": "text", "text": text} for text in texts], **fields}
+    assert plain_result(version, raw)
+    sdk_methods.validate_server_result("tools/call", version, raw)  # raises if the skip were wrong
+
+
+def test_the_raw_path_checks_every_other_result_itself() -> None:
+    assert "2025-11-25" in _HANDSHAKE_ERA
+    text = {"type": "text", "text": "x"}
+    for raw in (
+        {},  # no content: the check refuses it
+        {"content": text},
+        {"content": [text], "isError": "no"},
+        {"content": [text], "isError": None},
+        {"content": [text], "structuredContent": [1]},
+        {"content": [text], "_meta": "m"},
+        {"content": [{"type": "text", "text": 1}]},
+        {"content": [{"type": "text", "text": "x", "annotations": {"priority": 7}}]},
+        {"content": [{"type": "image", "data": "", "mimeType": "image/png"}]},
+        {"content": [text], "task": {}},
+    ):
+        assert not plain_result("2025-11-25", raw), raw
+    assert not plain_result("2026-07-28", {"content": [text]})
+    assert not plain_result("1999-01-01", {"content": [text]})

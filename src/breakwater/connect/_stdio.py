@@ -94,6 +94,8 @@ class StdinWriter:
         self._parser = parser
         self._end_reads = end_reads
         self._closed = False
+        # Lines written after the first one in a turn of the event loop, sent together at the turn's end (`_flush`).
+        self._batch: list[bytes] | None = None
 
     async def send(self, message: SessionMessage) -> None:
         if self._closed:
@@ -109,7 +111,12 @@ class StdinWriter:
             if self._writer is not None:
                 if self._writer.is_closing():
                     raise anyio.BrokenResourceError
-                self._writer.write(data)
+                if self._batch is not None:
+                    self._batch.append(data)
+                else:
+                    self._writer.write(data)
+                    self._batch = []
+                    asyncio.get_running_loop().call_soon(self._flush)
                 await self._writer.drain()
             else:
                 await self._stdin.send(data)
@@ -117,6 +124,19 @@ class StdinWriter:
             self._closed = True
             self._end_reads()
             raise anyio.BrokenResourceError from exc
+
+    def _flush(self) -> None:
+        """Write the lines that joined this turn's batch, in one `write`.
+
+        Why. A burst of calls (50 concurrent POSTs whose tasks all run in one turn of the loop) wrote
+        50 lines with 50 `write`s, and each write to a pipe whose reader sleeps may hand the CPU to
+        the server at once: in a burst, cProfile charged the gateway 370 µs of wall time per call to
+        `os.write` (20 µs in sequential calls). The first line of a turn still goes out at once, so a
+        lone call waits for nothing; the rest go out together at the end of the turn, in order.
+        """
+        batch, self._batch = self._batch, None
+        if batch and self._writer is not None and not self._writer.is_closing():
+            self._writer.write(b"".join(batch))
 
     def close(self) -> None:
         self._closed = True
