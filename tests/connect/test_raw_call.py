@@ -262,29 +262,35 @@ _JSON = st.recursive(
     max_leaves=20,
 )
 _OBJECT = st.dictionaries(st.text(max_size=4), _JSON, max_size=3)
-_HANDSHAKE_ERA = sorted(v for (m, v) in sdk_methods.SERVER_RESULTS if m == "tools/call" and v not in MODERN_PROTOCOL_VERSIONS)
+_REVISIONS = sorted(v for (m, v) in sdk_methods.SERVER_RESULTS if m == "tools/call")
+_OPTIONAL = {"isError": st.booleans(), "structuredContent": _OBJECT, "_meta": _OBJECT}
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(
     texts=st.lists(st.text(max_size=6) | st.just("\ud800"), max_size=3),
-    fields=st.fixed_dictionaries({}, optional={"isError": st.booleans(), "structuredContent": _OBJECT, "_meta": _OBJECT}),
-    version=st.sampled_from(_HANDSHAKE_ERA),
+    fields=st.fixed_dictionaries({}, optional={**_OPTIONAL, "resultType": st.text(max_size=8) | st.just("complete")}),
+    version=st.sampled_from(_REVISIONS),
 )
 def test_the_result_check_the_raw_path_skips_is_one_that_passes(texts: list[str], fields: dict[str, Any], version: str) -> None:
     raw = {"content": [{"type": "text", "text": text} for text in texts], **fields}
+    if version in MODERN_PROTOCOL_VERSIONS and "resultType" not in raw:
+        assert not plain_result(version, raw)  # 2026-07-28 requires it: the check runs, and refuses it
+        return
     assert plain_result(version, raw)
     sdk_methods.validate_server_result("tools/call", version, raw)  # raises if the skip were wrong
 
 
 def test_the_raw_path_checks_every_other_result_itself() -> None:
-    assert "2025-11-25" in _HANDSHAKE_ERA
+    assert "2025-11-25" in _REVISIONS and "2026-07-28" in _REVISIONS
     text = {"type": "text", "text": "x"}
     for raw in (
         {},  # no content: the check refuses it
         {"content": text},
         {"content": [text], "isError": "no"},
         {"content": [text], "isError": None},
+        {"content": [text], "resultType": None},
+        {"content": [text], "resultType": 1},
         {"content": [text], "structuredContent": [1]},
         {"content": [text], "_meta": "m"},
         {"content": [{"type": "text", "text": 1}]},
@@ -293,5 +299,8 @@ def test_the_raw_path_checks_every_other_result_itself() -> None:
         {"content": [text], "task": {}},
     ):
         assert not plain_result("2025-11-25", raw), raw
-    assert not plain_result("2026-07-28", {"content": [text]})
+        modern = raw if "resultType" in raw else {**raw, "resultType": "complete"}
+        assert not plain_result("2026-07-28", modern), modern
+    assert not plain_result("2026-07-28", {"content": [text]})  # no resultType
+    assert plain_result("2026-07-28", {"content": [text], "resultType": "complete"})
     assert not plain_result("1999-01-01", {"content": [text]})

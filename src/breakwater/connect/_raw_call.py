@@ -292,15 +292,18 @@ def plain_result(version: str, raw: dict[str, Any]) -> bool:
     """Whether the revision's check of a `tools/call` result is sure to pass for `raw`, so `_result` skips it.
 
     Text blocks of `{"type": "text", "text": str}` only, a bool `isError`, object-valued `structuredContent`
-    and `_meta`, nothing else, on a handshake-era revision: every such revision's result surface admits
-    that (a hypothesis test holds it). The check validates the result into the revision's model and dumps
-    it again, only to raise if it does not fit: 23 of the 95 µs the gateway spent on a call's answer
-    (cProfile of `serve --http`, issue 16); the result adapter after it still builds the call's model.
+    and `_meta`, a string `resultType` (which 2026-07-28 requires and earlier revisions ignore), nothing
+    else: every revision's result surface admits that (a hypothesis test holds it). The check validates
+    the result into the revision's model and dumps it again, only to raise if it does not fit: 23 of
+    the 95 µs the gateway spent on a call's answer (cProfile of `serve --http`, issue 16); the result
+    adapter after it still builds the call's model.
     """
-    if version not in _PLAIN_RESULT_VERSIONS or not raw.keys() <= _PLAIN_RESULT_KEYS:
+    if version not in _RESULT_VERSIONS or not raw.keys() <= _PLAIN_RESULT_KEYS:
         return False
-    content = raw.get("content")
+    content, result_type = raw.get("content"), raw.get("resultType", _ABSENT)
     if type(content) is not list or type(raw.get("isError", False)) is not bool:
+        return False
+    if type(result_type) is not str and (result_type is not _ABSENT or version in MODERN_PROTOCOL_VERSIONS):
         return False
     for key in ("structuredContent", "_meta"):
         if key in raw and type(raw[key]) is not dict:
@@ -311,11 +314,10 @@ def plain_result(version: str, raw: dict[str, Any]) -> bool:
     return True
 
 
-_PLAIN_RESULT_KEYS = frozenset({"content", "isError", "structuredContent", "_meta"})
+_ABSENT = object()
+_PLAIN_RESULT_KEYS = frozenset({"content", "isError", "structuredContent", "_meta", "resultType"})
 _TEXT_KEYS = frozenset({"type", "text"})
-_PLAIN_RESULT_VERSIONS = frozenset(
-    version for (method, version) in _methods.SERVER_RESULTS if method == _METHOD and version not in MODERN_PROTOCOL_VERSIONS
-)
+_RESULT_VERSIONS = frozenset(version for (method, version) in _methods.SERVER_RESULTS if method == _METHOD)
 
 
 async def _finish(
