@@ -3,6 +3,7 @@ HAProxy."""
 
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,29 @@ POSTGRES_CANDIDATES = [
 def anyio_backend() -> str:
     """Run `@pytest.mark.anyio` tests on asyncio only: uvicorn and the SDK's HTTP server need it."""
     return "asyncio"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_user_home() -> Iterator[None]:
+    """No test writes to the user's own home: caches, shared gateways, admission slots and journals included.
+
+    Setting `BREAKWATER_*` variables is not enough: a child started by an MCP client with the SDK's
+    default environment (the Inspector CLI, `mcp.Client` without `env`) gets only `HOME`, `PATH` and a
+    few more, so it found the real `~/.cache/breakwater` and left shared gateways and admission slots
+    there. Every process of the run gets a home of its own instead; npm keeps the user's download cache.
+    """
+    # Short, not under pytest's deep temporary tree: a shared gateway's Unix socket path must fit in 107 bytes.
+    home = Path(tempfile.mkdtemp(prefix="bw-home-"))
+    real_npm_cache = os.environ.get("NPM_CONFIG_CACHE") or str(Path.home() / ".npm")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOME", str(home))
+        for name, sub in (("XDG_CACHE_HOME", ".cache"), ("XDG_DATA_HOME", ".local/share"), ("XDG_STATE_HOME", ".local/state"),
+                          ("XDG_CONFIG_HOME", ".config")):  # fmt: skip
+            patch.setenv(name, str(home / sub))
+        patch.delenv("XDG_RUNTIME_DIR", raising=False)  # breakwater's runtime files then go under the cache
+        patch.setenv("NPM_CONFIG_CACHE", real_npm_cache)
+        yield
+    shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

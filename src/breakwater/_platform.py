@@ -43,6 +43,7 @@ __all__ = [
     "SHARED_SOCKETS",
     "STOP_SIGNALS",
     "TERMINATE_SIGNAL",
+    "UNIX_SOCKET_PATH_MAX",
     "ask_to_stop",
     "bind_error",
     "group_alive",
@@ -74,6 +75,9 @@ FILE_MODES: Final[bool] = not IS_WINDOWS
 #: Whether a local gateway can be shared over a Unix socket guarded by file modes (not on Windows, for now:
 #: that needs a named pipe with an ACL).
 SHARED_SOCKETS: Final[bool] = not IS_WINDOWS
+#: The longest path a Unix socket can be bound to, in bytes: `sun_path` holds 108 on Linux, 104 on macOS and the
+#: BSDs, the terminating NUL included. A longer one fails the bind (`OSError: AF_UNIX path too long`).
+UNIX_SOCKET_PATH_MAX: Final[int] = 107 if sys.platform.startswith("linux") else 103
 
 #: Ctrl-C, on every platform.
 INTERRUPT_SIGNAL: Final[int] = signal.SIGINT

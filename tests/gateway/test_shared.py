@@ -300,6 +300,23 @@ async def test_stdio_servers_run_per_session_unless_shared_and_no_share_runs_alo
     assert not gateway_pids(share)  # --no-share served on its own, with no shared gateway
 
 
+async def test_a_share_dir_too_deep_for_a_socket_serves_the_session_alone_and_says_which_knob(
+    tmp_path: Path, share: Path, upstream: tuple[str, Path]
+) -> None:
+    """A Unix socket's path holds at most ~107 bytes: a deeper share directory (or XDG_RUNTIME_DIR) cannot
+    hold the gateway's socket. The session is served all the same, on its own, and says what to set."""
+    url, _state = upstream
+    config = write_config(tmp_path, url)
+    deep = share / ("d" * 120)
+    err = tmp_path / "stderr.txt"
+    with err.open("w") as errlog:
+        async with session(config, env_for(tmp_path, deep), errlog=errlog) as alone:
+            assert pid_of(await alone.call_tool("web__echo", {"text": "a"}))
+    said = err.read_text()
+    assert "serving this session on its own" in said and "BREAKWATER_SHARE_DIR" in said, said
+    assert "Traceback" not in said and not list(deep.glob("gw-*")), said
+
+
 _WHERE_SERVER = """
 import json, os
 from mcp.server.mcpserver import MCPServer

@@ -272,7 +272,10 @@ def _run(args: argparse.Namespace) -> int:
     fingerprint = config_fingerprint(config)
     if args.fingerprint and fingerprint != args.fingerprint:
         return fail("the config changed since the session that started this gateway read it; not serving", EXIT_CONFIG)
-    sock = gateway_paths(share_dir(config.gateway), fingerprint, breakwater_version())[0]
+    try:
+        sock = gateway_paths(share_dir(config.gateway), fingerprint, breakwater_version())[0]
+    except OSError as exc:  # a share directory that cannot be made, or is not the user's, or is too deep
+        return fail(f"cannot run a shared gateway: {exc}", EXIT_CONFIG)
     code: int = anyio.run(_run_shared, config, fingerprint, sock)
     return code
 

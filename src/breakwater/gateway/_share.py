@@ -236,7 +236,15 @@ def gateway_paths(directory: Path, fingerprint: str, version: str) -> tuple[Path
     """
     tag = hashlib.sha256(version.encode()).hexdigest()[:6]
     stem = directory / f"gw-{fingerprint[:16]}-{tag}"
-    return stem.with_suffix(".sock"), stem.with_suffix(".lock"), stem.with_suffix(".log")
+    sock = stem.with_suffix(".sock")
+    if len(os.fsencode(sock)) > _platform.UNIX_SOCKET_PATH_MAX:
+        # A deep XDG_RUNTIME_DIR or share_dir: the bind would fail; the session serves itself and says why.
+        raise OSError(
+            f"the shared gateway's socket path {sock} is {len(os.fsencode(sock))} bytes, more than the "
+            f"{_platform.UNIX_SOCKET_PATH_MAX} a Unix socket allows: set [gateway] share_dir "
+            "(BREAKWATER_SHARE_DIR) to a shorter directory"
+        )
+    return sock, stem.with_suffix(".lock"), stem.with_suffix(".log")
 
 
 def bind_socket(path: Path) -> socket.socket | None:
