@@ -138,7 +138,8 @@ class GatewayPolicy(Policy):
     )
     share_dir: str = knob(
         "",
-        "Directory of the shared gateways' sockets (kept 0700); empty = the user runtime dir.",
+        "Directory of the shared gateways' sockets (kept 0700); empty = the user runtime dir. A socket's path "
+        "must fit in 107 bytes (103 on macOS): a deeper directory serves each session on its own, and says so.",
         env="BREAKWATER_SHARE_DIR",
     )
     share_startup_jitter_s: float = knob(
