@@ -22,7 +22,10 @@ ROOT = "breakwater"
 #: The stages, low → high. A module may import its own stage's layer or a lower one, never a higher one.
 #: Keys are the first name under `breakwater.`: a subpackage or a top-level module.
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("core", frozenset({"_clock", "_backoff", "_paths", "_platform", "_wire", "_groups", "_sqlite", "errors", "status"})),
+    (
+        "core",
+        frozenset({"_clock", "_backoff", "_codec", "_paths", "_platform", "_wire", "_groups", "_sqlite", "errors", "status"}),
+    ),
     ("config", frozenset({"config"})),
     ("wire extensions", frozenset({"tasks", "idempotency"})),
     ("connect, catalog, journal", frozenset({"auth", "connect", "catalog", "journal"})),

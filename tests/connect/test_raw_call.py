@@ -156,16 +156,21 @@ async def test_an_answer_over_max_result_bytes_is_result_too_large(tmp_path: Pat
         assert not (await bw.call_tool("s", "echo", {"payload": "small"})).is_error
 
 
-async def test_arguments_the_stdlib_cannot_encode_go_through_the_sdk(tmp_path: Path) -> None:
+async def test_arguments_of_no_json_shape_go_through_the_sdk_and_a_date_goes_as_the_sdk_writes_it(tmp_path: Path) -> None:
     async with connected(tmp_path, spec("2025-11-25")) as bw:
         client = bw.upstream("s").client
         process = bw.upstream("s").process
         assert client is not None and process is not None and process.raw_calls is not None
+        shapeless = await raw_call_tool(
+            client, process.raw_calls, "echo", {"payload": object()}, progress_callback=None, meta=None
+        )
+        assert shapeless is None  # nothing sent: the caller uses the SDK's path, which refuses it
+        # A library caller's date is written as pydantic writes it, which is what the SDK's path sent before.
         when = datetime.date(2026, 12, 1)
         via_raw = await raw_call_tool(client, process.raw_calls, "echo", {"payload": when}, progress_callback=None, meta=None)
-        assert via_raw is None  # nothing sent: the caller uses the SDK's path
-        result = await bw.call_tool("s", "echo", {"payload": "2026-12-01"})
-        assert not result.is_error
+        assert via_raw is not None and (via_raw.structured_content or {})["arguments"] == {"payload": "2026-12-01"}
+        via_sdk = await client.call_tool("echo", {"payload": when})
+        assert (via_sdk.structured_content or {})["arguments"] == {"payload": "2026-12-01"}
 
 
 TRACED = """

@@ -6,7 +6,7 @@ the answer is validated twice on the way in (the JSON-RPC envelope from the wire
 and it waits behind the session's receive loop, which hands it over through that memory stream.
 Over stdio that made the gateway spend more CPU per call than the whole direct call it relays
 (docs/benchmarks.md, issue 16). Here the request line is written from the calling task, the answer
-line is recognised by the reader before the SDK parses it (one stdlib `json.loads`), and the caller
+line is recognised by the reader before the SDK parses it (one JSON parse, `breakwater._codec`), and the caller
 wakes straight from the reader: one hop and one validation of the result.
 
 What stays the SDK's. The request is stamped by the session's own per-revision stamp (2026-07-28's
@@ -18,8 +18,8 @@ own drivers, and `structuredContent` is checked against the tool's output schema
 (sampling, elicitation), log messages, list changes, and the SDK's own requests — is the SDK's, as
 before. Progress for a raw call is delivered by the calling task before its answer, in the order the
 server sent them. Cancellation sends the SDK's courtesy `notifications/cancelled` ("caller
-cancelled"), so cancelling still reaches the server. A call whose arguments the stdlib encoder cannot
-write (a library caller's non-JSON object) goes through the SDK, which serialises it with pydantic;
+cancelled"), so cancelling still reaches the server. A call whose arguments pydantic-core cannot
+write (a library caller's object of no JSON shape) goes through the SDK, which raises the same error;
 so does every call while a tracer provider is set, so the SDK's client span and the trace context it
 injects into `_meta` are there whenever something records them.
 
@@ -49,7 +49,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from opentelemetry import trace
 from pydantic import ValidationError
 
-from breakwater._wire import json_line
+from breakwater._codec import dumps_line, loads
 
 if TYPE_CHECKING:
     from breakwater.connect._lines import StdoutParser
@@ -108,7 +108,7 @@ class RawCalls:
         if not self._pending or _MARK not in line:
             return False
         try:
-            message = json.loads(line)
+            message = loads(line)
         except UnicodeDecodeError:  # as the SDK's parser reads it: invalid UTF-8 becomes U+FFFD, not a lost answer
             try:
                 message = json.loads(line.decode("utf-8", "replace"))
@@ -372,6 +372,6 @@ def _number(value: Any) -> bool:
 
 def _encode(message: dict[str, Any]) -> bytes | None:
     try:
-        return json_line(message, allow_nan=False)
-    except (TypeError, ValueError, RecursionError):  # not JSON to the stdlib (a library caller's object): the SDK's path
+        return dumps_line(message, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):  # no JSON shape (a library caller's object): the SDK's path, and its error
         return None

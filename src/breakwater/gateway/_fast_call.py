@@ -74,7 +74,7 @@ from mcp_types import methods as sdk_methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from breakwater._wire import json_line, strict_json
+from breakwater._codec import dumps_line, loads_strict
 
 __all__ = [
     "PASSIVE_FOR_CALLS",
@@ -294,7 +294,7 @@ class FastLane:
                         del self._in_flight[key]
                 if not dctx.cancel_requested.is_set():
                     answer_started = True
-                    await self._write(json_line({"jsonrpc": "2.0", "id": request_id, "result": result}))
+                    await self._write(dumps_line({"jsonrpc": "2.0", "id": request_id, "result": result}))
             if scope.cancelled_caught and not answer_started and not dctx.cancel_requested.is_set():
                 await self._closed(request_id)
         except anyio.get_cancelled_exc_class():  # the event loop's own end
@@ -315,7 +315,7 @@ class FastLane:
 
     async def _write_error(self, request_id: Any, error: ErrorData) -> None:
         body = error.model_dump(by_alias=True, mode="json", exclude_unset=True)
-        await self._write(json_line({"jsonrpc": "2.0", "id": request_id, "error": body}))
+        await self._write(dumps_line({"jsonrpc": "2.0", "id": request_id, "error": body}))
 
 
 class _Serving:
@@ -510,7 +510,7 @@ def handler_error(exc: Exception) -> ErrorData:
 
 def _loads(line: bytes) -> dict[str, Any] | None:
     try:
-        message = strict_json(line)
+        message = loads_strict(line)
     except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
         return None  # the SDK answers it (parse error, or NaN's: screen_non_finite), or drops it, as it always did
     return message if isinstance(message, dict) else None

@@ -50,7 +50,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from breakwater._wire import strict_json
+from breakwater._codec import loads_strict
 from breakwater.gateway._fast_call import FastLane, call_context, call_params, handler_error, on_call
 
 __all__ = ["answer_fast", "plain_call", "request_cancelled", "session_ended"]
@@ -180,7 +180,7 @@ def plain_call(lane: FastLane, body: bytes) -> dict[str, Any] | None:
     if not lane.ready or b'"tools/call"' not in body:
         return None
     try:
-        message = strict_json(body)
+        message = loads_strict(body)
     except (ValueError, RecursionError):
         return None
     if not isinstance(message, dict) or call_params(message) is None:
