@@ -105,6 +105,37 @@ BAD_CONFIGS: list[tuple[str, str | bytes, str]] = [
 ]
 
 
+# A required key absent, present with another JSON type, blank, or (a url) with another scheme: each error says
+# which, names the key, and says "add" only when the key is not there. The value is never repeated (it may be a token).
+WRONG_REQUIRED: list[tuple[dict[str, Any], str, str]] = [
+    ({"args": []}, "mcpServers.a.command", "add "),
+    ({"command": 5}, "mcpServers.a.command", "got a number"),
+    ({"command": ["npx", "x"]}, "mcpServers.a.command", "got a list"),
+    ({"command": None}, "mcpServers.a.command", "got null"),
+    ({"command": "  "}, "mcpServers.a.command", "is empty"),
+    ({"type": "http"}, "mcpServers.a.url", "add "),
+    ({"type": "http", "url": {"href": "http://h/mcp?k=SECRET1"}}, "mcpServers.a.url", "got an object"),
+    ({"type": "http", "url": True}, "mcpServers.a.url", "got true/false"),
+    ({"type": "http", "url": ""}, "mcpServers.a.url", "is empty"),
+    ({"type": "http", "url": "ftp://h/mcp?k=SECRET1"}, "mcpServers.a.url", "scheme is 'ftp'"),
+    ({"type": "http", "url": "h:8000/mcp?k=SECRET1"}, "mcpServers.a.url", "does not start with http"),
+]
+
+
+@pytest.mark.parametrize(("entry", "key", "says"), WRONG_REQUIRED)
+def test_a_required_key_absent_mistyped_or_blank_is_told_apart(
+    tmp_path: Path, entry: dict[str, Any], key: str, says: str
+) -> None:
+    path = tmp_path / "mcp.json"
+    path.write_text(_json({"a": entry}))
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    text = str(info.value)
+    assert key in text and says in text, text
+    assert ("fix: add " in text) == (says == "add "), text
+    assert "SECRET1" not in text
+
+
 @pytest.mark.parametrize(("name", "content", "mentions"), BAD_CONFIGS, ids=[c[0] for c in BAD_CONFIGS])
 def test_bad_config_is_refused_with_file_key_and_fix(tmp_path: Path, name: str, content: str | bytes, mentions: str) -> None:
     """Each class of wrong config is a ConfigError naming the file, what is wrong (key or cause) and the fix."""

@@ -57,6 +57,27 @@ def _fail(message: str, path: str, key: str, fix: str) -> ConfigError:
     return ConfigError(message, path=path, key=key, fix=fix)
 
 
+def _json_kind(value: Any) -> str:
+    """What JSON type `value` is, for an error (never the value itself: it may be a secret)."""
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {list: "a list", dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _required_text(entry: Mapping[str, Any], path: str, where: str, key: str, missing: str, example: str) -> str:
+    """`entry[key]`, a non-blank string; else an error that says which of absent, not a string or blank it is."""
+    if key not in entry:
+        raise _fail(missing, path, f"{where}.{key}", f'add "{key}": "{example}"')
+    value = entry[key]
+    if not isinstance(value, str):
+        raise _fail(f"expected a string, got {_json_kind(value)}", path, f"{where}.{key}", f'write "{key}": "{example}"')
+    if not value.strip():
+        raise _fail(f"{key} is empty", path, f"{where}.{key}", f'write "{key}": "{example}"')
+    return value
+
+
 def _unknown_key(path: str, where: str, key: str, known: frozenset[str]) -> ConfigError:
     close = difflib.get_close_matches(key, sorted(known), n=1)
     fix = f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(sorted(known))}"
@@ -130,9 +151,7 @@ def _entry_transport(entry: Mapping[str, Any], path: str, where: str) -> Transpo
 
 
 def _stdio_fields(entry: Mapping[str, Any], path: str, where: str, expand: Expander) -> dict[str, Any]:
-    command = entry.get("command")
-    if not isinstance(command, str) or not command.strip():
-        raise _fail("a stdio server needs a command", path, f"{where}.command", 'add "command": "the-program"')
+    command = _required_text(entry, path, where, "command", "a stdio server needs a command", "the-program")
     command = expand(command, where=where, key=f"{where}.command")
     check_text(command, path=path, key=f"{where}.command", what="command", strict=True)
     # `~/bin/server` as a shell would run it; a bare name stays a name, looked up on PATH at spawn.
@@ -187,15 +206,20 @@ def _env_file(entry: Mapping[str, Any], path: str, where: str, expand: Expander)
 
 
 def _http_fields(entry: Mapping[str, Any], transport: Transport, path: str, where: str, expand: Expander) -> dict[str, Any]:
-    url = entry.get("url")
-    fix = 'add "url": "http://127.0.0.1:8000/mcp"'
-    if not isinstance(url, str):
-        raise _fail("an HTTP server needs an http(s) url", path, f"{where}.url", fix)
+    example = "http://127.0.0.1:8000/mcp"
+    url = _required_text(entry, path, where, "url", "an HTTP server needs an http(s) url", example)
     url = expand(url, where=where, key=f"{where}.url")
     lenient = has_reference(url) and not expand.strict
     if not lenient:
         if not url.startswith(("http://", "https://")):
-            raise _fail("an HTTP server needs an http(s) url", path, f"{where}.url", fix)
+            # Only the scheme is repeated: the rest of a URL may carry a token.
+            scheme = url.partition("://")[0] if "://" in url else ""
+            said = (
+                f"the url's scheme is {scheme!r}, not http or https"
+                if scheme.isalpha()
+                else "the url does not start with http:// or https://"
+            )
+            raise _fail(said, path, f"{where}.url", f'write "url": "{example}" (or https://)')
         check_url(url, path=path, key=f"{where}.url")
     fields: dict[str, Any] = {"url": url}
     if "headers" in entry:
