@@ -643,7 +643,7 @@ def forked_from_a_session(pid: int, share: Path) -> None:
     assert oct(log.stat().st_mode & 0o777) == "0o600"
 
 
-def test_a_session_decides_and_shakes_hands_before_it_loads_asyncio(tmp_path: Path) -> None:
+def test_a_session_decides_and_shakes_hands_before_it_loads_asyncio(tmp_path: Path, share: Path) -> None:
     """Up to its first handshake a stdio session imports no event loop: at a cold start the first one forks the
     gateway sooner, and the others wait for its answer asleep, leaving the cores to the gateway's imports."""
     config = tmp_path / "mcp.json"
@@ -656,7 +656,7 @@ def test_a_session_decides_and_shakes_hands_before_it_loads_asyncio(tmp_path: Pa
         "_share.gateway_paths(_share.share_dir(c.gateway), _share.config_fingerprint(c), _share.breakwater_version()); "
         "print(json.dumps(sorted(sys.modules)))"
     )
-    env = {**os.environ, "BREAKWATER_SHARE_DIR": str(tmp_path / "share")}
+    env = {**os.environ, "BREAKWATER_SHARE_DIR": str(share)}  # short: a socket's path must fit in 107 bytes
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True, env=env)
     loaded = json.loads(run.stdout)
     assert not [m for m in loaded if m in ("asyncio", "anyio", "mcp", "breakwater.gateway._pump", "breakwater._clock")]

@@ -105,7 +105,8 @@ class _Lines(asyncio.Protocol):
 
 
 def _id_key(raw: Any) -> str:
-    return json.dumps(raw)
+    """A request id as JSON text, so 7 and "7" stay two ids (an integer, the usual id, without the encoder)."""
+    return str(raw) if type(raw) is int else json.dumps(raw)
 
 
 @dataclass
@@ -305,11 +306,15 @@ class _Pump:
     def _from_client(self, line: bytes) -> None:
         if not line.strip():
             return
-        request = self.session.note_request(line)
         gateway = self.gateway
         if gateway is not None and not gateway.is_closing():
+            # Sent before it is noted: the gateway starts on it while this process parses it (nothing can
+            # answer it in between: this callback runs to its end first).
             gateway.write(line)
-        elif request is None and line is not self.session.initialized:  # that one is replayed in its place
+            self.session.note_request(line)
+            return
+        request = self.session.note_request(line)
+        if request is None and line is not self.session.initialized:  # that one is replayed in its place
             self.backlog.append(line)
         # A request with no gateway to take it waits in `pending`: the next gateway gets it (or failover answers it).
 
@@ -322,7 +327,10 @@ class _Pump:
         self.changed.set()
 
     def _from_gateway(self, line: bytes) -> None:
-        if self.session.note_answer(line):
+        if not self.session.swallow:  # no answer of our own is due: the client's goes out before it is noted
+            self.send(line)
+            self.session.note_answer(line)
+        elif self.session.note_answer(line):
             self.send(line)
 
     async def attach(self, attachment: Attachment, generation: int) -> _Lines:
