@@ -207,7 +207,6 @@ def observe(
     ctx: GateContext,
     call: Call,
     code: ErrorCode | None,
-    *,
     attempt: int,
     duration_s: float = 0.0,
     outcome: str | None = None,
@@ -217,6 +216,8 @@ def observe(
     result: types.CallToolResult | None = None,
 ) -> None:
     """Hand one journal row to the observer: an attempt sent, a refusal or a reconciliation.
+
+    Every parameter may be passed by position: the call path does (keywords are matched by name, per row).
 
     An attempt sent says whether its reports opened a breaker: `opened` (in-process breakers tell),
     or `open_before`, which breakers were open before them (a shared store's). `states` are the

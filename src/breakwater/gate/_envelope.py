@@ -24,23 +24,55 @@ from breakwater.gate._envelope_data import envelope, error_text
 __all__ = ["ENVELOPE_META_KEY", "error_from_result", "error_result", "error_text", "render_error_table"]
 
 # The models' own validators, called with the fields by name: the same validation as `Model(...)`,
-# without `BaseModel.__init__`'s Python frame (keyword arguments packed, `self_instance` filled in),
-# which cost a quarter of building the result on an open breaker's refusal (the path that must be
-# cheap; `model_validate` costs more still). tests/gate/test_envelope.py holds the results equal.
+# without `BaseModel.__init__`'s Python frame. Used where the content is not all ours (a TOOL_ERROR
+# carries the upstream's blocks, which validation may convert).
 _text_content = TextContent.__pydantic_validator__.validate_python
 _call_tool_result = CallToolResult.__pydantic_validator__.validate_python
+_new = object.__new__
+_set = object.__setattr__
+# The fields a validated note and result were given (each instance gets its own copy, as validation gives).
+_NOTE_SET = frozenset({"type", "text", "meta"})
+_RESULT_SET = frozenset({"content", "structured_content", "is_error"})
+
+
+def _note(text: str) -> TextContent:
+    """The envelope's note, as `TextContent(type="text", text=text, _meta={...})` builds it, without validation.
+
+    Every field is ours and of its type already, so validating it only copies: building the two models
+    directly took a refusal of an open breaker from 115,000 to ~85,000 instructions
+    (bench/gate_instructions.py). tests/gate/test_envelope.py holds the results equal to the validated ones.
+    """
+    note = _new(TextContent)
+    _set(note, "__dict__", {"type": "text", "text": text, "annotations": None, "meta": {ENVELOPE_META_KEY: True}})
+    _set(note, "__pydantic_fields_set__", set(_NOTE_SET))
+    _set(note, "__pydantic_extra__", None)
+    _set(note, "__pydantic_private__", None)
+    return note
 
 
 def error_result(err: CallError) -> CallToolResult:
     """`err` as the `isError` result the model sees."""
-    note = _text_content({"type": "text", "text": error_text(err), "meta": {ENVELOPE_META_KEY: True}})
     structured = envelope(err)
-    content = [note]
     if isinstance(err, ToolError):
+        note = _text_content({"type": "text", "text": error_text(err), "meta": {ENVELOPE_META_KEY: True}})
         if err.upstream_structured_content is not None:
             structured["upstream"] = err.upstream_structured_content
         content = [*err.content, note]
-    result: CallToolResult = _call_tool_result({"content": content, "structured_content": structured, "is_error": True})
+        result: CallToolResult = _call_tool_result({"content": content, "structured_content": structured, "is_error": True})
+        return result
+    # Breakwater's own note alone: built as `_note` builds it (`structured_content` is `Any`: validation keeps the dict).
+    result = _new(CallToolResult)
+    fields: dict[str, Any] = {
+        "meta": None,
+        "content": [_note(error_text(err))],
+        "structured_content": structured,
+        "is_error": True,
+        "result_type": "complete",
+    }
+    _set(result, "__dict__", fields)
+    _set(result, "__pydantic_fields_set__", set(_RESULT_SET))
+    _set(result, "__pydantic_extra__", None)
+    _set(result, "__pydantic_private__", None)
     return result
 
 

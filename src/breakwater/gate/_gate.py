@@ -72,7 +72,7 @@ from breakwater.config import JournalPolicy, RetryPolicy
 from breakwater.connect._readiness import call_window, wait_until_ready
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import CallError, ErrorCode, InvalidArgumentsError, UnknownToolError
-from breakwater.gate._admit import admit, admit_after_loss, breaker_refusal
+from breakwater.gate._admit import admit, admit_after_loss, breaker_refusal, first_refusal
 from breakwater.gate._attempt import ATTEMPT_WATCHER, READY, SAFE, AttemptDeadline, not_ready_error, run_attempt
 from breakwater.gate._breaker import BreakerRegistry, BreakerSnapshot, BreakerStore, Outcome, Rejection
 from breakwater.gate._call import (
@@ -195,6 +195,10 @@ class CallGate:
             call = self._ready_call(server, tool, arguments, timeout, progress_callback, operation_id)
             if call is None:
                 call = await self._call_when_ready(server, tool, arguments, timeout, progress_callback, operation_id)
+            if call.refusal is not None and call.budget is None:
+                # An open breaker's refusal, as `_run` would give it, without raising it through `_run` and
+                # `admit` (and without `_run`'s coroutine): the path that must be cheap (bench/gate_instructions.py).
+                return error_result(self._refused_at_once(call))
             return await self._run(call)
         except CallError as err:
             return error_result(err)
@@ -424,9 +428,7 @@ class CallGate:
         # First, so the trace it opens is the one the journal's rows carry (TRACE_ID).
         handle = None if tracer is None else tracer.call_started(call.srv.name, call.info.name, call.op_id)
         if self._observer is not None:
-            call_id = new_call_id()
-            size, digest = arguments_digest(call.arguments) if self._observer.record_sizes else (None, None)
-            call.journal = Journaled(call_id, TRACE_ID.get() or call_id, DOWNSTREAM_CLIENT.get(), call.op_id, size, digest)
+            _journaled(call, self._observer)
         ctx, srv = self._ctx, call.srv
         try:
             while True:
@@ -469,6 +471,20 @@ class CallGate:
             tracer.call_finished(handle, None)
         return result
 
+    def _refused_at_once(self, call: Call) -> CallError:
+        """`_run` for a call whose first attempt the breakers refuse (and no turn budget is checked first):
+        traced and journaled alike, the refusal returned. tests/gate hold the two paths equal."""
+        tracer = self.tracer
+        handle = None if tracer is None else tracer.call_started(call.srv.name, call.info.name, call.op_id)
+        if self._observer is not None:
+            _journaled(call, self._observer)
+        err = first_refusal(self._ctx, call)
+        if err.operation_id is None:
+            err.operation_id = call.op_id
+        if tracer is not None:
+            tracer.call_finished(handle, err)
+        return err
+
     def _retry_delay(self, call: Call, verdict: Verdict, err: CallError) -> float:
         """Step 4's decision: the wait before the next attempt, or raise `err` (noting why not)."""
         if not verdict.retryable or call.attempt >= call.max_attempts:
@@ -484,3 +500,10 @@ class CallGate:
         if not call.srv.retry_budget.try_acquire():
             raise stopped(err, "the server's retry budget is spent (too many recent failures)")
         return delay
+
+
+def _journaled(call: Call, observer: AttemptObserver) -> None:
+    """The journal's view of `call` (made only with an observer)."""
+    call_id = new_call_id()
+    size, digest = arguments_digest(call.arguments) if observer.record_sizes else (None, None)
+    call.journal = Journaled(call_id, TRACE_ID.get() or call_id, DOWNSTREAM_CLIENT.get(), call.op_id, size, digest)
