@@ -283,9 +283,7 @@ class Breakwater:
         have run); by default each call gets a fresh one.
         """
         call = self._gate.call_or_raise if raise_on_error else self._gate.call
-        return await call(
-            server, tool, arguments, timeout=timeout, progress_callback=progress_callback, operation_id=operation_id
-        )
+        return await call(server, tool, arguments, timeout, progress_callback, operation_id)  # by position: no name matching
 
     def pending_tasks(self) -> list[PendingTask]:
         """Tasks started through breakwater (by this or an earlier process) whose end no one has seen yet."""

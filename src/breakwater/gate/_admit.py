@@ -106,7 +106,7 @@ def _take_permits(ctx: GateContext, call: Call) -> Permits:
     # return changes nothing: ask it after the tool's breaker, so an open tool breaker's refusal
     # (the cheap path it must be) takes no server permit at all. Any other server breaker first.
     server_permit = None if srv.breaker.admits_freely() else _server_permit(ctx, call, lease_s)
-    tool_permit = info.breaker.acquire(slow_threshold_s=info.call.slow_call_s, lease_s=lease_s)
+    tool_permit = info.breaker.acquire(info.call.slow_call_s, lease_s)
     if isinstance(tool_permit, Rejection):
         if server_permit is not None:
             server_permit.release()
@@ -136,7 +136,7 @@ def _tool_refused(ctx: GateContext, call: Call, rejection: Rejection, server_clo
 
 
 def _server_permit(ctx: GateContext, call: Call, lease_s: float) -> Permit:
-    permit = call.srv.breaker.acquire(lease_s=lease_s)
+    permit = call.srv.breaker.acquire(None, lease_s)
     if isinstance(permit, Rejection):
         raise _server_refused(ctx, call, permit)
     return permit

@@ -184,12 +184,14 @@ class CallGate:
         server: str,
         tool: str,
         arguments: Mapping[str, Any] | None = None,
-        *,
         timeout: float | None = None,
         progress_callback: ProgressCallback | None = None,
         operation_id: str | None = None,
     ) -> types.CallToolResult:
-        """One logical call; every failure comes back as an `isError` envelope."""
+        """One logical call; every failure comes back as an `isError` envelope.
+
+        Its parameters may be given by position (`Breakwater.call_tool` does: keywords are matched by name).
+        """
         try:
             # The body of `call_or_raise`, not a call of it: one coroutine less per call.
             call = self._ready_call(server, tool, arguments, timeout, progress_callback, operation_id)
@@ -208,7 +210,6 @@ class CallGate:
         server: str,
         tool: str,
         arguments: Mapping[str, Any] | None = None,
-        *,
         timeout: float | None = None,
         progress_callback: ProgressCallback | None = None,
         operation_id: str | None = None,
@@ -446,7 +447,7 @@ class CallGate:
                         raise stopped(call.last, "the server was not ready for another attempt") from refused
                     raise
                 if isinstance(answer, types.CallToolResult):
-                    srv.retry_budget.record_success(was_retry=call.attempt > 1)
+                    srv.retry_budget.record_success(call.attempt > 1)
                     result = answer
                     break
                 verdict, err = answer
