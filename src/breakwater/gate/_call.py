@@ -243,7 +243,7 @@ def observe(
             # The attempt's start on the wall clock, from its duration on the monotonic one.
             ctx.clock.time() - duration_s,
             duration_s,
-            outcome or outcome_of(code),
+            outcome or ("completed" if code is None else outcome_of(code)),  # an answer's without a call
             # `_value_`, not `.value`: a plain attribute read where `.value` is a descriptor call (3x the cost).
             None if code is None else code._value_,
             attempt - 1,  # retries
