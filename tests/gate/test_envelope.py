@@ -26,6 +26,7 @@ from breakwater.errors import (
     refusal_error,
 )
 from breakwater.gate._envelope import ENVELOPE_META_KEY, error_from_result, error_result, error_text, render_error_table
+from breakwater.gate._envelope_data import _round_s, envelope
 
 ENVELOPE = {
     "ok",
@@ -314,3 +315,12 @@ def test_a_result_built_without_validation_is_the_validated_one(
     assert built.__pydantic_private__ is validated.__pydantic_private__ is None
     for options in ({"by_alias": True, "exclude_none": True}, {"by_alias": True}, {"exclude_unset": True}, {}):
         assert built.model_dump_json(**options) == validated.model_dump_json(**options), options  # type: ignore[arg-type]
+
+
+@given(st.none() | st.floats() | st.integers(-(10**6), 10**6))
+def test_the_envelopes_wait_is_the_rounded_one(seconds: float | None) -> None:
+    """`envelope` rounds the wait inline (it is built for every refusal): what `_round_s` gives, for every value."""
+    err = CircuitOpenError(retry_after_s=seconds)
+    expected = _round_s(seconds)
+    assert envelope(err)["retry_after_s"] == expected
+    assert type(envelope(err)["retry_after_s"]) is type(expected)

@@ -245,7 +245,9 @@ class CallGate:
         operation_id: str | None,
     ) -> Call | None:
         """Step 1 for a server that is ready: the call's record (None: the server must be waited for first)."""
-        srv = self._server(server, tool)
+        srv = self._servers.get(server)
+        if srv is None:  # `_server`'s refusal, its lookup inline
+            srv = self._server(server, tool)
         upstream = srv.upstream
         if upstream.state is not READY or upstream.client is None:
             return None
