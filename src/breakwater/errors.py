@@ -295,7 +295,13 @@ class CircuitOpenError(CallRefused):
 
     def advice_text(self) -> str:
         """What to do instead, with the tool's usual latency when known, and when breakwater tries it again."""
-        wait = f"about {_fmt_seconds(self.retry_after_s)}" if self.retry_after_s else "a moment"
+        seconds = self.retry_after_s
+        if not seconds:
+            wait = "a moment"
+        elif seconds < 10:  # `_fmt_seconds`, inline: every refusal of an open breaker comes here
+            wait = "about " + f"{seconds:.1f} s".replace(".0 s", " s")
+        else:
+            wait = f"about {round(seconds)} s"
         usual = self.detail.get("usual_s")
         return _circuit_advice(wait, usual if isinstance(usual, (int, float)) else None)
 

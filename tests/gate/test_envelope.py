@@ -23,6 +23,8 @@ from breakwater.errors import (
     ServerCircuitOpenError,
     ServerUnavailableError,
     ToolError,
+    _circuit_advice,
+    _fmt_seconds,
     refusal_error,
 )
 from breakwater.gate._envelope import ENVELOPE_META_KEY, error_from_result, error_result, error_text, render_error_table
@@ -324,3 +326,11 @@ def test_the_envelopes_wait_is_the_rounded_one(seconds: float | None) -> None:
     expected = _round_s(seconds)
     assert envelope(err)["retry_after_s"] == expected
     assert type(envelope(err)["retry_after_s"]) is type(expected)
+
+
+@given(st.none() | st.floats(min_value=-1e6, max_value=1e6) | st.integers(-(10**6), 10**6), st.none() | st.floats(0, 100))
+def test_an_open_breakers_advice_names_the_wait_as_fmt_seconds_does(seconds: float | None, usual: float | None) -> None:
+    """`CircuitOpenError.advice_text` formats the wait inline (every refusal of an open breaker asks): as `_fmt_seconds`."""
+    err = CircuitOpenError(retry_after_s=seconds, detail=None if usual is None else {"usual_s": usual})
+    wait = f"about {_fmt_seconds(seconds)}" if seconds else "a moment"
+    assert err.advice_text() == _circuit_advice(wait, usual)

@@ -40,6 +40,7 @@ from breakwater.errors import CircuitOpenError, ConfigError, ServerCircuitOpenEr
 from breakwater.gate._envelope import error_result, render_error_table
 from breakwater.gate._gate import OPERATION_ID_META_KEY, CallGate
 from breakwater.gate._turn_budget import turn_budget
+from breakwater.journal import AttemptRecord
 from breakwater.status import StatusReport, ToolTimeout
 from breakwater.testing import FakeClock, Progress, ScriptedCall, ScriptedServer
 from helpers import connected_upstream
@@ -551,6 +552,8 @@ async def test_journal_rows_say_which_attempt_opened_the_breaker_and_what_a_refu
         ("circuit_open", "CIRCUIT_OPEN", "closed", "open", False, 1),
     ]
     assert all(type(r.server_breaker) is str and type(r.error_code) is str for r in rows.rows)
+    # Every field set (the gate builds the rows field by field): a slot left out would raise here.
+    assert [len(dataclasses.asdict(r)) for r in rows.rows] == [len(dataclasses.fields(AttemptRecord))] * 3
 
 
 async def test_an_open_breaker_refuses_a_call_before_its_arguments_are_checked() -> None:

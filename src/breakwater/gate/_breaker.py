@@ -530,10 +530,14 @@ def _refusal(
 ) -> Rejection | None:
     """The refusal a breaker in this state gives a call at `now`, or None if it admits one (closed, or due a probe)."""
     if state is OPEN:
-        return Rejection(open_until - now, state, reason) if now < open_until else None
+        # `Rejection(...)` without its `__new__`, a Python frame (each refusal of an open breaker makes one).
+        return _tuple_new(Rejection, (open_until - now, state, reason)) if now < open_until else None
     if state is BreakerState.HALF_OPEN and lease_until > now:
         return Rejection(_half_open_wait(lease_until, now, policy), state, reason)
     return None
+
+
+_tuple_new = tuple.__new__
 
 
 def _half_open_wait(lease_until: float, now: float, policy: BreakerPolicy) -> float:

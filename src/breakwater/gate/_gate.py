@@ -430,8 +430,11 @@ class CallGate:
         tracer = self.tracer
         # First, so the trace it opens is the one the journal's rows carry (TRACE_ID).
         handle = None if tracer is None else tracer.call_started(call.srv.name, call.info.name, call.op_id)
-        if self._observer is not None:
-            _journaled(call, self._observer)
+        observer = self._observer
+        if observer is not None:
+            call_id = new_call_id()
+            size, digest = arguments_digest(call.arguments) if observer.record_sizes else (None, None)
+            call.journal = Journaled(call_id, TRACE_ID.get() or call_id, DOWNSTREAM_CLIENT.get(), call.op_id, size, digest)
         ctx, srv = self._ctx, call.srv
         try:
             while True:
@@ -479,8 +482,11 @@ class CallGate:
         traced and journaled alike, the refusal returned. tests/gate hold the two paths equal."""
         tracer = self.tracer
         handle = None if tracer is None else tracer.call_started(call.srv.name, call.info.name, call.op_id)
-        if self._observer is not None:
-            _journaled(call, self._observer)
+        observer = self._observer
+        if observer is not None:  # as `_run` does
+            call_id = new_call_id()
+            size, digest = arguments_digest(call.arguments) if observer.record_sizes else (None, None)
+            call.journal = Journaled(call_id, TRACE_ID.get() or call_id, DOWNSTREAM_CLIENT.get(), call.op_id, size, digest)
         err = first_refusal(self._ctx, call)
         if err.operation_id is None:
             err.operation_id = call.op_id
@@ -503,10 +509,3 @@ class CallGate:
         if not call.srv.retry_budget.try_acquire():
             raise stopped(err, "the server's retry budget is spent (too many recent failures)")
         return delay
-
-
-def _journaled(call: Call, observer: AttemptObserver) -> None:
-    """The journal's view of `call` (made only with an observer)."""
-    call_id = new_call_id()
-    size, digest = arguments_digest(call.arguments) if observer.record_sizes else (None, None)
-    call.journal = Journaled(call_id, TRACE_ID.get() or call_id, DOWNSTREAM_CLIENT.get(), call.op_id, size, digest)
