@@ -622,9 +622,10 @@ class Spans:
 @pytest.mark.parametrize("which", ["tool", "server"])
 @pytest.mark.parametrize("idempotent", [False, True])
 async def test_an_open_breakers_refusal_returned_at_once_is_the_one_raised_through_the_loop(which: str, idempotent: bool) -> None:
-    """`call` answers a call the breakers refuse without raising through the attempt loop (the cheap path);
-    `call_or_raise` raises it through the loop. Both give the same envelope, the same journal row and the
-    same trace events, whichever breaker refused and whether the call carries an operation id."""
+    """A call the breakers refuse is answered without raising through the attempt loop (the cheap path); under
+    a turn budget (checked first) the refusal is raised through the loop. Both give the same envelope, the
+    same journal row and the same trace events, whichever breaker refused and whether the call carries an
+    operation id."""
     clock = FakeClock()
 
     async def failing(_n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
@@ -644,7 +645,9 @@ async def test_an_open_breakers_refusal_returned_at_once_is_the_one_raised_throu
             del rows.rows[:], spans.events[:]
             returned = await gate.call("s", "t", {}, operation_id="op-1")
             try:
-                await gate.call_or_raise("s", "t", {}, operation_id="op-1")
+                # A turn budget is checked before the breakers: the refusal then comes through the loop.
+                with turn_budget(1000.0, clock=clock):
+                    await gate.call_or_raise("s", "t", {}, operation_id="op-1")
             except CircuitOpenError as err:
                 raised = error_result(err)
             except ServerCircuitOpenError as err:
