@@ -235,7 +235,7 @@ def observe(
     # The sizes are recorded when the call's arguments were measured (`record_sizes`, read once per call).
     if result is not None and journaled.arguments_size is not None:
         result_size = len(result.model_dump_json(by_alias=True, exclude_none=True).encode())
-    # `attempt_record(...)`'s body, inline: its call (18 arguments) cost ~1,000 instructions a row.
+    # `attempt_record(...)`'s body, inline: its call (18 arguments) cost ~900 instructions a row.
     # tests/gate/test_gate_fake_clock.py reads every field of the rows this builds.
     record = new_record(AttemptRecord)
     record.server = srv.name

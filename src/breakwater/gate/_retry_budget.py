@@ -124,7 +124,7 @@ class RetryBudget:
 
     def record_success(self, was_retry: bool) -> None:
         """An attempt succeeded: a first attempt earns `budget_ratio`, a retry gets its token back."""
-        # Full already (the usual case): nothing to add, decided without the lock (~1,500 instructions
+        # Full already (the usual case): nothing to add, decided without the lock (~1,000 instructions
         # a call): a spend racing this read is as if it came after it, and a full bucket stays full. The
         # refill time stamp may lag: every decrease refills first, and refilling a full bucket is clipped to it.
         if self._shared is None and self._tokens >= self.policy.budget_max_tokens:
