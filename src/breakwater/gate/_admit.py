@@ -34,6 +34,7 @@ __all__ = ["PROBE_LEASE_MARGIN_S", "Permits", "admit", "admit_after_loss", "brea
 
 # A probe's lease must outlive its call, or a second probe would be let in while the first still runs.
 PROBE_LEASE_MARGIN_S = 5.0
+_tuple_new = tuple.__new__
 
 
 class Permits(NamedTuple):
@@ -112,12 +113,15 @@ def _take_permits(ctx: GateContext, call: Call) -> Permits:
             server_permit.release()
         raise _tool_refused(ctx, call, tool_permit, server_permit is None)
     if server_permit is None:
-        try:
-            server_permit = _server_permit(ctx, call, lease_s)  # closed a moment ago (unless another thread moved it)
-        except CallError:
+        # Closed a moment ago (unless another thread moved it): `_server_permit`, inline (a frame per attempt).
+        got = srv.breaker.acquire(None, lease_s)
+        if isinstance(got, Rejection):
+            refused = _server_refused(ctx, call, got)  # journaled before the tool's permit goes back, as it was
             tool_permit.release()
-            raise
-    permits = Permits(server_permit, tool_permit)
+            raise refused
+        server_permit = got
+    # `Permits(...)` without the named tuple's `__new__`, a Python frame (~500 instructions per attempt).
+    permits: Permits = _tuple_new(Permits, (server_permit, tool_permit))
     cap = srv.upstream.spec.call.max_in_flight
     if srv.in_flight >= cap:
         permits.release()

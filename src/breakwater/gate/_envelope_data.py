@@ -57,8 +57,8 @@ def envelope(err: CallError) -> dict[str, Any]:
         "tool": err.tool,
         "operation_id": err.operation_id,
         "message": err.message,
+        **err.detail,
     }
-    data.update(err.detail)
     return data
 
 

@@ -346,7 +346,8 @@ class CallGate:
         progress_callback: ProgressCallback | None,
         operation_id: str | None,
     ) -> Call:
-        info = srv.tool(tool)
+        # `srv.tool(tool)`'s usual answer (the tool list has not changed) without its frame.
+        info = srv.tools.get(tool) if srv.upstream.tools is srv.tools_source else srv.tool(tool)
         if info is None:
             raise self._refused_early(
                 srv, tool, UnknownToolError(server=srv.name, tool=tool, detail={"tools": sorted(srv.tools)[:_MAX_LISTED_TOOLS]})
