@@ -30,7 +30,7 @@ from breakwater.gate._breaker_types import CLOSED
 from breakwater.gate._call import Call, GateContext, ServerRecord, ToolRecord, observe, stopped
 from breakwater.gate._reconcile import wait_ready
 
-__all__ = ["PROBE_LEASE_MARGIN_S", "Permits", "admit", "admit_after_loss", "breaker_refusal", "first_refusal"]
+__all__ = ["PROBE_LEASE_MARGIN_S", "Permits", "admit", "admit_after_loss", "breaker_refusal", "first_refusal", "take_permits"]
 
 # A probe's lease must outlive its call, or a second probe would be let in while the first still runs.
 PROBE_LEASE_MARGIN_S = 5.0
@@ -53,7 +53,7 @@ def admit(ctx: GateContext, call: Call) -> Permits:
     """Both permits for the next attempt; raises the refusal (journaled) or, after a failed attempt, why it stopped."""
     if call.budget is not None:  # most calls have no turn budget: no call to check one
         _check_budget(ctx, call)
-    return _take_permits(ctx, call)
+    return take_permits(ctx, call)
 
 
 async def admit_after_loss(ctx: GateContext, call: Call) -> Permits:
@@ -63,7 +63,7 @@ async def admit_after_loss(ctx: GateContext, call: Call) -> Permits:
     if not await wait_ready(ctx, call.srv, call.window):
         # The answer was lost with the connection; re-sending needs the server back first.
         raise stopped(call.last, "the server did not come back within the call's window")
-    return _take_permits(ctx, call)
+    return take_permits(ctx, call)
 
 
 def _check_budget(ctx: GateContext, call: Call) -> None:
@@ -98,7 +98,8 @@ def first_refusal(ctx: GateContext, call: Call) -> CallError:
     return _tool_refused(ctx, call, rejection, call.srv.breaker.admits_freely())
 
 
-def _take_permits(ctx: GateContext, call: Call) -> Permits:
+def take_permits(ctx: GateContext, call: Call) -> Permits:
+    """Both permits for the next attempt, the turn budget checked already (or none): `admit`'s second step."""
     srv, info = call.srv, call.info
     if call.refusal is not None:
         raise first_refusal(ctx, call)

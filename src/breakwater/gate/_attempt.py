@@ -61,6 +61,7 @@ Answer = types.CallToolResult | tuple[Verdict, CallError]
 _SERVER_FAILURE_CODES = frozenset({ErrorCode.TIMEOUT, ErrorCode.UPSTREAM_ERROR, ErrorCode.OUTCOME_UNKNOWN})
 _MAX_UPSTREAM_TEXT = 500
 _DEFAULT_CONNECT_ESTIMATE_S = 2.0
+_tuple_new = tuple.__new__
 # Enum members read per call, as globals: a class attribute read of an enum is slow on Python 3.11 (see `_breaker_types`).
 READY, SAFE = ServerState.READY, RetryClass.SAFE
 
@@ -157,11 +158,6 @@ class AttemptDeadline:
         self._scope.deadline = math.inf
         self.release_slot()
 
-    def hold_slot(self, srv: ServerRecord) -> None:
-        """Take a bulkhead slot of `srv` for the attempt (given back once, by `release_slot`)."""
-        srv.in_flight += 1
-        self._slot = srv
-
     def release_slot(self) -> None:
         """Give the attempt's bulkhead slot back, if it still holds it."""
         srv = self._slot
@@ -218,17 +214,17 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
         watcher(deadline)
     deadline.progress_callback = call.progress_callback
     on_progress = deadline.on_progress
-    deadline.hold_slot(srv)
+    srv.in_flight += 1  # the attempt's bulkhead slot, given back once by `deadline.release_slot()`
+    deadline._slot = srv
     result: types.CallToolResult | None = None
     failure: BaseException | None = None
     # If the server answers with a task handle, the tasks resolver takes the call from here (see _tasks).
     task_token = None
     tasks = ctx.tasks
     if tasks is not None:
-        # `tasks.attempt(...)`'s tuple made here: a frame less per attempt.
-        task_call = TaskCall(
-            tasks, srv.upstream, info.name, call.meta, info.retry_class, call.timeout_s, info.call.task_max_s, deadline
-        )
+        # `tasks.attempt(...)`'s tuple made here, without the named tuple's `__new__`: two frames less per attempt.
+        fields = (tasks, srv.upstream, info.name, call.meta, info.retry_class, call.timeout_s, info.call.task_max_s, deadline)
+        task_call: TaskCall = _tuple_new(TaskCall, fields)
         task_token = TASK_CALL.set(task_call)
     if ctx.record_sent is not None and info.retry_class is not SAFE:
         mark_sent(ctx, call)

@@ -72,7 +72,7 @@ from breakwater.config import JournalPolicy, RetryPolicy
 from breakwater.connect._readiness import call_window, wait_until_ready
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import CallError, ErrorCode, InvalidArgumentsError, UnknownToolError
-from breakwater.gate._admit import admit, admit_after_loss, breaker_refusal, first_refusal
+from breakwater.gate._admit import admit, admit_after_loss, breaker_refusal, first_refusal, take_permits
 from breakwater.gate._attempt import ATTEMPT_WATCHER, READY, SAFE, AttemptDeadline, not_ready_error, run_attempt
 from breakwater.gate._breaker import BreakerRegistry, BreakerSnapshot, BreakerStore, Outcome, Rejection
 from breakwater.gate._call import (
@@ -217,19 +217,14 @@ class CallGate:
         operation_id: str | None,
         raise_on_error: bool,
     ) -> types.CallToolResult:
-        """`call` (or, `raise_on_error`, `call_or_raise`) with every parameter by position, in one coroutine.
-
-        `Breakwater.call_tool` awaits it directly: each coroutine layer and each keyword matched by
-        name costs on every call (bench/gate_instructions.py). Steps 1 to 6 (the module docstring)
-        until a result, a final error or a refusal.
-        """
+        """`call` (`raise_on_error`: `call_or_raise`) by position in one coroutine, which `Breakwater.call_tool` awaits:
+        each coroutine layer and keyword costs per call. Steps 1 to 6 until a result, a final error or a refusal."""
         try:
             call = self._ready_call(server, tool, arguments, timeout, progress_callback, operation_id)
             if call is None:
                 call = await self._call_when_ready(server, tool, arguments, timeout, progress_callback, operation_id)
             if call.refusal is not None and call.budget is None:
-                # An open breaker's refusal, as the attempt loop would give it, without raising it through
-                # the loop and `admit`: the path that must be cheap (bench/gate_instructions.py).
+                # An open breaker's refusal as the loop would give it, not raised through it: the path that must be cheap.
                 err = self._refused_at_once(call)
                 if raise_on_error:
                     raise err
@@ -245,7 +240,10 @@ class CallGate:
             ctx, srv = self._ctx, call.srv
             try:
                 while True:
-                    permits = admit(ctx, call) if call.window is None or call.last is None else await admit_after_loss(ctx, call)
+                    if call.window is not None and call.last is not None:
+                        permits = await admit_after_loss(ctx, call)
+                    else:  # `admit`: without a turn budget (most calls) only the permits, without its frame
+                        permits = admit(ctx, call) if call.budget is not None else take_permits(ctx, call)
                     if math.isnan(call.timeout_s):
                         call.timeout_s = self._resolve_timeout(srv, call.info)[0]
                     call.attempt += 1
