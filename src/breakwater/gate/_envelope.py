@@ -30,9 +30,6 @@ _text_content = TextContent.__pydantic_validator__.validate_python
 _call_tool_result = CallToolResult.__pydantic_validator__.validate_python
 _new = object.__new__
 _set = object.__setattr__
-# The fields a validated note and result were given (each instance gets its own copy, as validation gives).
-_NOTE_SET = frozenset({"type", "text", "meta"})
-_RESULT_SET = frozenset({"content", "structured_content", "is_error"})
 
 
 def error_result(err: CallError) -> CallToolResult:
@@ -52,7 +49,7 @@ def error_result(err: CallError) -> CallToolResult:
     text = f"{_headline(err.tool, err.server, err.message, err.attempt)} {err.advice_text()}"
     note = _new(TextContent)
     _set(note, "__dict__", {"type": "text", "text": text, "annotations": None, "meta": {ENVELOPE_META_KEY: True}})
-    _set(note, "__pydantic_fields_set__", set(_NOTE_SET))
+    _set(note, "__pydantic_fields_set__", {"type", "text", "meta"})  # the fields validation was given, a set each
     _set(note, "__pydantic_extra__", None)
     _set(note, "__pydantic_private__", None)
     # `structured_content` is `Any`: validation keeps the dict itself.
@@ -65,7 +62,7 @@ def error_result(err: CallError) -> CallToolResult:
         "result_type": "complete",
     }
     _set(result, "__dict__", fields)
-    _set(result, "__pydantic_fields_set__", set(_RESULT_SET))
+    _set(result, "__pydantic_fields_set__", {"content", "structured_content", "is_error"})
     _set(result, "__pydantic_extra__", None)
     _set(result, "__pydantic_private__", None)
     return result
