@@ -282,10 +282,8 @@ class Breakwater:
         `operation_id` names the logical call (pass the same one when re-sending a call that may
         have run); by default each call gets a fresh one.
         """
-        call = self._gate.call_or_raise if raise_on_error else self._gate.call
-        return await call(
-            server, tool, arguments, timeout=timeout, progress_callback=progress_callback, operation_id=operation_id
-        )
+        # `CallGate.answer`: `call` and `call_or_raise` in one coroutine, by position (no name matching).
+        return await self._gate.answer(server, tool, arguments, timeout, progress_callback, operation_id, raise_on_error)
 
     def pending_tasks(self) -> list[PendingTask]:
         """Tasks started through breakwater (by this or an earlier process) whose end no one has seen yet."""

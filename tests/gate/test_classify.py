@@ -10,6 +10,8 @@ import anyio
 import httpx2
 import pydantic
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mcp import Client, MCPError
 from mcp.server import MCPServer
 from mcp.server.lowlevel import Server
@@ -30,7 +32,7 @@ from mcp.types import (
 
 from breakwater.errors import BudgetExhaustedError, CircuitOpenError, ErrorCode
 from breakwater.gate._breaker import Outcome
-from breakwater.gate._classify import AttemptContext, RetryClass, Verdict, classify, retry_class_for
+from breakwater.gate._classify import SUCCESS, AttemptContext, RetryClass, Verdict, classify, retry_class_for
 
 SAFE, IDEMPOTENT, NEVER = RetryClass.SAFE, RetryClass.IDEMPOTENT, RetryClass.NEVER
 
@@ -410,3 +412,18 @@ def test_retry_class_from_annotations(
 def test_an_unknown_configured_class_is_refused() -> None:
     with pytest.raises(ValueError):
         retry_class_for(None, "sometimes")
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    text=st.text(max_size=40),
+    structured=st.none() | st.dictionaries(st.text(max_size=8), st.booleans() | st.integers() | st.text(max_size=8), max_size=3),
+    retry_class=st.sampled_from(list(RetryClass)),
+)
+def test_a_plain_result_is_the_one_shared_success_verdict(
+    text: str, structured: dict[str, Any] | None, retry_class: RetryClass
+) -> None:
+    """The gate's attempt takes `SUCCESS` for a result that is not an error without calling `classify` (no
+    classifier set): `classify` must give that very verdict for every such result, whatever its content."""
+    result = CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
+    assert classify(result, retry_class=retry_class, server="s", tool="t") is SUCCESS

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent
 
 from breakwater.errors import (
@@ -16,11 +19,16 @@ from breakwater.errors import (
     CircuitOpenError,
     ErrorCode,
     OutcomeUnknownError,
+    OverloadedError,
     ServerCircuitOpenError,
     ServerUnavailableError,
     ToolError,
+    _circuit_advice,
+    _fmt_seconds,
+    refusal_error,
 )
 from breakwater.gate._envelope import ENVELOPE_META_KEY, error_from_result, error_result, error_text, render_error_table
+from breakwater.gate._envelope_data import _round_s, envelope
 
 ENVELOPE = {
     "ok",
@@ -214,3 +222,115 @@ def test_timeout_advice_says_slow_now_and_never_invites_a_retry() -> None:
     assert "go on without it; breakwater tries this one again in about 9 s" in error_text(refused)
     for err in (plain, opened, refused, CallTimeoutError(), CircuitOpenError(), ServerCircuitOpenError()):
         assert "retry" not in error_text(err).lower(), error_text(err)
+
+
+_names = st.none() | st.text(max_size=12)
+# Finite: an infinite wait has no advice text (`_fmt_seconds` cannot round it), and no refusal carries one.
+_seconds = st.none() | st.floats(min_value=-1e6, max_value=1e6) | st.floats(min_value=0, max_value=20)
+_detail = st.dictionaries(
+    st.text(max_size=8).filter(lambda k: k not in ENVELOPE),
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    max_size=4,
+)
+#: The classes `gate._admit` builds with `refusal_error`.
+_REFUSALS = [CircuitOpenError, ServerCircuitOpenError, OverloadedError, BudgetExhaustedError]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    cls=st.sampled_from(_REFUSALS),
+    server=_names,
+    tool=_names,
+    retry_after_s=_seconds,
+    attempt=st.integers(0, 5),
+    max_attempts=st.integers(1, 5),
+    operation_id=_names,
+    detail=_detail,
+)
+def test_a_refusal_built_by_position_is_the_one_the_constructor_builds(
+    cls: type[CallError],
+    server: str | None,
+    tool: str | None,
+    retry_after_s: float | None,
+    attempt: int,
+    max_attempts: int,
+    operation_id: str | None,
+    detail: dict[str, Any],
+) -> None:
+    """`refusal_error` (the call path's positional shortcut) makes the error the keyword constructor makes: the
+    same attributes in the same order, the same args, text and envelope."""
+    assert cls.__init__ is CallError.__init__  # the shortcut sets what `CallError.__init__` sets, nothing more
+    fast = refusal_error(cls, server, tool, retry_after_s, attempt, max_attempts, operation_id, dict(detail))
+    slow = cls(
+        server=server,
+        tool=tool,
+        retry_after_s=retry_after_s,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        operation_id=operation_id,
+        detail=detail,
+    )
+    assert type(fast) is type(slow)
+    assert list(vars(fast).items()) == list(vars(slow).items()) or _same_nan(vars(fast), vars(slow))
+    assert (fast.args, str(fast), repr(fast), fast.advice_text()) == (slow.args, str(slow), repr(slow), slow.advice_text())
+    assert error_result(fast).model_dump_json(by_alias=True) == error_result(slow).model_dump_json(by_alias=True)
+
+
+def _same_nan(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    # NaN is not equal to itself: compare the texts instead.
+    return list(a) == list(b) and repr(a) == repr(b)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    code=st.sampled_from([c for c in ErrorCode if c is not ErrorCode.TOOL_ERROR]),
+    server=_names,
+    tool=_names,
+    message=st.none() | st.text(max_size=40),
+    retry_after_s=_seconds,
+    attempt=st.integers(0, 5),
+    operation_id=_names,
+    detail=_detail,
+)
+def test_a_result_built_without_validation_is_the_validated_one(
+    code: ErrorCode,
+    server: str | None,
+    tool: str | None,
+    message: str | None,
+    retry_after_s: float | None,
+    attempt: int,
+    operation_id: str | None,
+    detail: dict[str, Any],
+) -> None:
+    """`error_result` builds breakwater's own envelope without the models' validation (it is only ours): equal,
+    field for field and set for set, to the one the models' constructors build, and the same on the wire."""
+    err = CODE_TO_ERROR[code](
+        message, server=server, tool=tool, retry_after_s=retry_after_s, attempt=attempt, operation_id=operation_id, detail=detail
+    )
+    built = error_result(err)
+    note = TextContent(type="text", text=error_text(err), _meta={ENVELOPE_META_KEY: True})
+    validated = CallToolResult(content=[note], structured_content=built.structured_content, is_error=True)
+    assert built == validated and repr(built) == repr(validated)
+    assert built.model_fields_set == validated.model_fields_set
+    assert built.content[0].model_fields_set == note.model_fields_set
+    assert built.__pydantic_extra__ is validated.__pydantic_extra__ is None
+    assert built.__pydantic_private__ is validated.__pydantic_private__ is None
+    for options in ({"by_alias": True, "exclude_none": True}, {"by_alias": True}, {"exclude_unset": True}, {}):
+        assert built.model_dump_json(**options) == validated.model_dump_json(**options), options  # type: ignore[arg-type]
+
+
+@given(st.none() | st.floats() | st.integers(-(10**6), 10**6))
+def test_the_envelopes_wait_is_the_rounded_one(seconds: float | None) -> None:
+    """`envelope` rounds the wait inline (it is built for every refusal): what `_round_s` gives, for every value."""
+    err = CircuitOpenError(retry_after_s=seconds)
+    expected = _round_s(seconds)
+    assert envelope(err)["retry_after_s"] == expected
+    assert type(envelope(err)["retry_after_s"]) is type(expected)
+
+
+@given(st.none() | st.floats(min_value=-1e6, max_value=1e6) | st.integers(-(10**6), 10**6), st.none() | st.floats(0, 100))
+def test_an_open_breakers_advice_names_the_wait_as_fmt_seconds_does(seconds: float | None, usual: float | None) -> None:
+    """`CircuitOpenError.advice_text` formats the wait inline (every refusal of an open breaker asks): as `_fmt_seconds`."""
+    err = CircuitOpenError(retry_after_s=seconds, detail=None if usual is None else {"usual_s": usual})
+    wait = f"about {_fmt_seconds(seconds)}" if seconds else "a moment"
+    assert err.advice_text() == _circuit_advice(wait, usual)

@@ -9,6 +9,7 @@ time. The upstream, its SDK client and session are real and connected through th
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -35,10 +36,11 @@ from breakwater.config import (
     load_config,
 )
 from breakwater.connect._upstream import Upstream
-from breakwater.errors import CircuitOpenError, ConfigError
-from breakwater.gate._envelope import render_error_table
+from breakwater.errors import CircuitOpenError, ConfigError, ServerCircuitOpenError
+from breakwater.gate._envelope import error_result, render_error_table
 from breakwater.gate._gate import OPERATION_ID_META_KEY, CallGate
 from breakwater.gate._turn_budget import turn_budget
+from breakwater.journal import AttemptRecord
 from breakwater.status import StatusReport, ToolTimeout
 from breakwater.testing import FakeClock, Progress, ScriptedCall, ScriptedServer
 from helpers import connected_upstream
@@ -550,6 +552,8 @@ async def test_journal_rows_say_which_attempt_opened_the_breaker_and_what_a_refu
         ("circuit_open", "CIRCUIT_OPEN", "closed", "open", False, 1),
     ]
     assert all(type(r.server_breaker) is str and type(r.error_code) is str for r in rows.rows)
+    # Every field set (the gate builds the rows field by field): a slot left out would raise here.
+    assert [len(dataclasses.asdict(r)) for r in rows.rows] == [len(dataclasses.fields(AttemptRecord))] * 3
 
 
 async def test_an_open_breaker_refuses_a_call_before_its_arguments_are_checked() -> None:
@@ -599,3 +603,68 @@ async def test_an_open_breaker_refuses_a_call_before_its_arguments_are_checked()
     assert len(server.calls) == 2  # the first call and the probe
     refused = [(r.outcome, r.error_code, r.server_breaker, r.tool_breaker, r.attempt) for r in rows.rows[1:4]]
     assert refused == [("circuit_open", "CIRCUIT_OPEN", "closed", "open", 1)] * 3
+
+
+class Spans:
+    """A tracer that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[Any, ...]] = []
+
+    def call_started(self, server: str, tool: str, operation_id: str | None) -> int:
+        self.events.append(("started", server, tool, operation_id))
+        return len(self.events)
+
+    def call_finished(self, handle: Any, error: BaseException | None) -> None:
+        self.events.append(("finished", handle, type(error), None if error is None else str(error)))
+
+
+@pytest.mark.parametrize("which", ["tool", "server"])
+@pytest.mark.parametrize("idempotent", [False, True])
+async def test_an_open_breakers_refusal_returned_at_once_is_the_one_raised_through_the_loop(which: str, idempotent: bool) -> None:
+    """A call the breakers refuse is answered without raising through the attempt loop (the cheap path); under
+    a turn budget (checked first) the refusal is raised through the loop. Both give the same envelope, the
+    same journal row and the same trace events, whichever breaker refused and whether the call carries an
+    operation id."""
+    clock = FakeClock()
+
+    async def failing(_n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
+        return CallToolResult(content=[TextContent(type="text", text="boom")], is_error=True)
+
+    rows, spans = Rows(), Spans()
+    breaker = BreakerPolicy(consecutive_failures=1, failure_rate=1.0, open_base_s=60.0, open_jitter=0.0)
+    listed = [tool("t", readonly=not idempotent, idempotent=idempotent)]
+    async with make_gate(clock, failing, listed, breaker=breaker) as (_, _server, upstream):
+        gate = CallGate({"s": upstream}, clock=clock, rng=random.Random(1), observer=rows, tracer=spans)
+
+        async def story() -> tuple[CallToolResult, CallToolResult]:
+            if which == "tool":
+                await gate.call("s", "t", {})  # fails: the tool's breaker opens
+            else:
+                gate.breakers.server("s").trip("tripped by the test")
+            del rows.rows[:], spans.events[:]
+            returned = await gate.call("s", "t", {}, operation_id="op-1")
+            try:
+                # A turn budget is checked before the breakers: the refusal then comes through the loop.
+                with turn_budget(1000.0, clock=clock):
+                    await gate.call_or_raise("s", "t", {}, operation_id="op-1")
+            except CircuitOpenError as err:
+                raised = error_result(err)
+            except ServerCircuitOpenError as err:
+                raised = error_result(err)
+            return returned, raised
+
+        returned, raised = await drive(clock, story)
+    code = "CIRCUIT_OPEN" if which == "tool" else "SERVER_CIRCUIT_OPEN"
+    assert returned.structured_content is not None and returned.structured_content["code"] == code
+    assert returned.structured_content["operation_id"] == ("op-1" if idempotent else None)
+    assert returned.model_dump_json(by_alias=True) == raised.model_dump_json(by_alias=True)
+    assert returned == raised
+    first, second = (dataclasses.asdict(r) for r in rows.rows)
+    assert first.pop("call_id") != second.pop("call_id")
+    assert first.pop("trace_id") != second.pop("trace_id")
+    assert first == second and first["outcome"] == "circuit_open"
+    # The same events, each finish naming its own start.
+    assert [spans.events[0], spans.events[2]] == [("started", "s", "t", "op-1" if idempotent else None)] * 2
+    assert (spans.events[1][1], spans.events[3][1]) == (1, 3)
+    assert spans.events[1][2:] == spans.events[3][2:] and spans.events[1][2] is not type(None)

@@ -17,16 +17,24 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from breakwater.errors import BudgetExhaustedError, CallError, CircuitOpenError, OverloadedError, ServerCircuitOpenError
+from breakwater.errors import (
+    BudgetExhaustedError,
+    CallError,
+    CircuitOpenError,
+    OverloadedError,
+    ServerCircuitOpenError,
+    refusal_error,
+)
 from breakwater.gate._breaker import BreakerState, Permit, Rejection
 from breakwater.gate._breaker_types import CLOSED
 from breakwater.gate._call import Call, GateContext, ServerRecord, ToolRecord, observe, stopped
 from breakwater.gate._reconcile import wait_ready
 
-__all__ = ["PROBE_LEASE_MARGIN_S", "Permits", "admit", "admit_after_loss", "breaker_refusal"]
+__all__ = ["PROBE_LEASE_MARGIN_S", "Permits", "admit", "admit_after_loss", "breaker_refusal", "first_refusal", "take_permits"]
 
 # A probe's lease must outlive its call, or a second probe would be let in while the first still runs.
 PROBE_LEASE_MARGIN_S = 5.0
+_tuple_new = tuple.__new__
 
 
 class Permits(NamedTuple):
@@ -45,7 +53,7 @@ def admit(ctx: GateContext, call: Call) -> Permits:
     """Both permits for the next attempt; raises the refusal (journaled) or, after a failed attempt, why it stopped."""
     if call.budget is not None:  # most calls have no turn budget: no call to check one
         _check_budget(ctx, call)
-    return _take_permits(ctx, call)
+    return take_permits(ctx, call)
 
 
 async def admit_after_loss(ctx: GateContext, call: Call) -> Permits:
@@ -55,7 +63,7 @@ async def admit_after_loss(ctx: GateContext, call: Call) -> Permits:
     if not await wait_ready(ctx, call.srv, call.window):
         # The answer was lost with the connection; re-sending needs the server back first.
         raise stopped(call.last, "the server did not come back within the call's window")
-    return _take_permits(ctx, call)
+    return take_permits(ctx, call)
 
 
 def _check_budget(ctx: GateContext, call: Call) -> None:
@@ -64,7 +72,7 @@ def _check_budget(ctx: GateContext, call: Call) -> None:
         if call.last is not None:
             raise stopped(call.last, "the turn budget cannot cover another attempt")
         detail = {"budget_left_s": round(budget.remaining(), 3), "needed_s": call.needed_s}
-        raise _refusal(ctx, call, BudgetExhaustedError, detail, attempt=0)
+        raise _refusal(ctx, call, BudgetExhaustedError, detail, 0)
 
 
 def breaker_refusal(srv: ServerRecord, info: ToolRecord) -> tuple[bool, Rejection] | None:
@@ -79,61 +87,69 @@ def breaker_refusal(srv: ServerRecord, info: ToolRecord) -> tuple[bool, Rejectio
     return None if rejection is None else (False, rejection)
 
 
-def _take_permits(ctx: GateContext, call: Call) -> Permits:
+def first_refusal(ctx: GateContext, call: Call) -> CallError:
+    """The refusal of `call.refusal` (the breakers' answer to the first attempt, decided before the arguments
+    were checked), journaled; returned, so a caller that needs no exception raises none."""
+    assert call.refusal is not None
+    by_server, rejection = call.refusal
+    call.refusal = None
+    if by_server:
+        return _server_refused(ctx, call, rejection)
+    return _tool_refused(ctx, call, rejection, call.srv.breaker.admits_freely())
+
+
+def take_permits(ctx: GateContext, call: Call) -> Permits:
+    """Both permits for the next attempt, the turn budget checked already (or none): `admit`'s second step."""
     srv, info = call.srv, call.info
     if call.refusal is not None:
-        by_server, rejection = call.refusal
-        call.refusal = None
-        if by_server:
-            raise _server_refused(ctx, call, rejection)
-        raise _tool_refused(ctx, call, rejection, server_closed=srv.breaker.admits_freely())
+        raise first_refusal(ctx, call)
     lease_s = info.hard_s + PROBE_LEASE_MARGIN_S
     # A closed in-process server breaker would admit the attempt with an ordinary permit whose
     # return changes nothing: ask it after the tool's breaker, so an open tool breaker's refusal
     # (the cheap path it must be) takes no server permit at all. Any other server breaker first.
     server_permit = None if srv.breaker.admits_freely() else _server_permit(ctx, call, lease_s)
-    tool_permit = info.breaker.acquire(slow_threshold_s=info.call.slow_call_s, lease_s=lease_s)
+    tool_permit = info.breaker.acquire(info.call.slow_call_s, lease_s)
     if isinstance(tool_permit, Rejection):
         if server_permit is not None:
             server_permit.release()
-        raise _tool_refused(ctx, call, tool_permit, server_closed=server_permit is None)
+        raise _tool_refused(ctx, call, tool_permit, server_permit is None)
     if server_permit is None:
-        try:
-            server_permit = _server_permit(ctx, call, lease_s)  # closed a moment ago (unless another thread moved it)
-        except CallError:
+        # Closed a moment ago (unless another thread moved it): `_server_permit`, inline (a frame per attempt).
+        got = srv.breaker.acquire(None, lease_s)
+        if isinstance(got, Rejection):
+            refused = _server_refused(ctx, call, got)  # journaled before the tool's permit goes back, as it was
             tool_permit.release()
-            raise
-    permits = Permits(server_permit, tool_permit)
+            raise refused
+        server_permit = got
+    # `Permits(...)` without the named tuple's `__new__`, a Python frame (~500 instructions per attempt).
+    permits: Permits = _tuple_new(Permits, (server_permit, tool_permit))
     cap = srv.upstream.spec.call.max_in_flight
     if srv.in_flight >= cap:
         permits.release()
-        raise _refusal(ctx, call, OverloadedError, {"in_flight": srv.in_flight, "max_in_flight": cap})
+        raise _refusal(ctx, call, OverloadedError, {"in_flight": srv.in_flight, "max_in_flight": cap}, call.attempt)
     return permits
 
 
-def _tool_refused(ctx: GateContext, call: Call, rejection: Rejection, *, server_closed: bool) -> CallError:
+def _tool_refused(ctx: GateContext, call: Call, rejection: Rejection, server_closed: bool) -> CallError:
     # With the server's breaker closed the journal's row names both states without reading them again.
     states = (CLOSED, rejection.state) if server_closed else None
-    detail = _rejected(rejection)
+    detail: dict[str, Any] = {"breaker": rejection.state._value_, "reason": rejection.reason}
     usual = call.info.health.median()
     if usual is not None:
         detail["usual_s"] = round(usual, 3)
-    return _refusal(ctx, call, CircuitOpenError, detail, retry_after_s=rejection.retry_after_s, states=states)
+    return _refusal(ctx, call, CircuitOpenError, detail, call.attempt, rejection.retry_after_s, states)
 
 
 def _server_permit(ctx: GateContext, call: Call, lease_s: float) -> Permit:
-    permit = call.srv.breaker.acquire(lease_s=lease_s)
+    permit = call.srv.breaker.acquire(None, lease_s)
     if isinstance(permit, Rejection):
         raise _server_refused(ctx, call, permit)
     return permit
 
 
 def _server_refused(ctx: GateContext, call: Call, rejection: Rejection) -> CallError:
-    return _refusal(ctx, call, ServerCircuitOpenError, _rejected(rejection), retry_after_s=rejection.retry_after_s)
-
-
-def _rejected(rejection: Rejection) -> dict[str, Any]:
-    return {"breaker": rejection.state._value_, "reason": rejection.reason}
+    detail = {"breaker": rejection.state._value_, "reason": rejection.reason}
+    return _refusal(ctx, call, ServerCircuitOpenError, detail, call.attempt, rejection.retry_after_s, None)
 
 
 def _refusal(
@@ -141,21 +157,15 @@ def _refusal(
     call: Call,
     cls: type[CallError],
     detail: dict[str, Any],
-    *,
-    attempt: int | None = None,
+    attempt: int,
     retry_after_s: float | None = None,
     states: tuple[BreakerState, BreakerState] | None = None,
 ) -> CallError:
-    """The refusal of the next attempt (nothing was sent), journaled; `attempt` defaults to the attempts made so far."""
-    err = cls(
-        server=call.srv.name,
-        tool=call.info.name,
-        retry_after_s=retry_after_s,
-        attempt=call.attempt if attempt is None else attempt,
-        max_attempts=call.max_attempts,
-        operation_id=call.op_id,
-        detail=detail,
-    )
-    if call.journal is not None:
-        observe(ctx, call, err.code, attempt=call.journal.sent + 1, states=states)
+    """The refusal of the next attempt (nothing was sent), journaled; `attempt` is the attempts made so far
+    (0 for a spent budget). `detail` is the error's own (made for it, keys not envelope keys)."""
+    info = call.info
+    err = refusal_error(cls, call.srv.name, info.name, retry_after_s, attempt, info.retry.max_attempts, call.op_id, detail)
+    journal = call.journal
+    if journal is not None:
+        observe(ctx, call, cls.code, journal.sent + 1, 0.0, None, None, None, states)
     return err

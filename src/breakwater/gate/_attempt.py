@@ -29,8 +29,8 @@ from breakwater._wire import CONNECTION_CLOSED as _CONNECTION_CLOSED
 from breakwater.config._redact import redact_error
 from breakwater.connect._http_cut import cut_info
 from breakwater.connect._not_json import finite_result
-from breakwater.connect._raw_call import ProgressFn, sdk_spans_recorded
 from breakwater.connect._raw_call import call_tool as raw_call_tool
+from breakwater.connect._raw_call import sdk_spans_recorded
 from breakwater.connect._readiness import connecting_note
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import (
@@ -47,9 +47,9 @@ from breakwater.errors import (
 )
 from breakwater.gate._admit import Permits
 from breakwater.gate._breaker_types import FAILURE, IGNORED, OPEN, Outcome
-from breakwater.gate._call import Call, GateContext, mark_sent, observe, seconds_text
-from breakwater.gate._classify import RetryClass, Verdict, classify
-from breakwater.gate._tasks import TASK_CALL
+from breakwater.gate._call import Call, GateContext, ProgressCallback, ServerRecord, mark_sent, observe, seconds_text
+from breakwater.gate._classify import SUCCESS, RetryClass, Verdict, classify
+from breakwater.gate._tasks import TASK_CALL, TaskCall
 from breakwater.status import ServerState, iso
 
 __all__ = ["ATTEMPT_WATCHER", "Answer", "AttemptDeadline", "not_ready_error", "run_attempt"]
@@ -61,6 +61,7 @@ Answer = types.CallToolResult | tuple[Verdict, CallError]
 _SERVER_FAILURE_CODES = frozenset({ErrorCode.TIMEOUT, ErrorCode.UPSTREAM_ERROR, ErrorCode.OUTCOME_UNKNOWN})
 _MAX_UPSTREAM_TEXT = 500
 _DEFAULT_CONNECT_ESTIMATE_S = 2.0
+_tuple_new = tuple.__new__
 # Enum members read per call, as globals: a class attribute read of an enum is slow on Python 3.11 (see `_breaker_types`).
 READY, SAFE = ServerState.READY, RetryClass.SAFE
 
@@ -77,12 +78,13 @@ class AttemptDeadline:
     __slots__ = (
         "_clock",
         "_scope",
+        "_slot",
         "_waiting",
         "by_budget",
         "finished",
         "hard",
         "idle_s",
-        "on_task",
+        "progress_callback",
         "short",
         "started",
         "task_at",
@@ -117,8 +119,10 @@ class AttemptDeadline:
         self.short = short
         #: When the server answered with a task handle (monotonic), if it did.
         self.task_at: float | None = None
-        #: Called once if the call becomes a task (the gate gives back the attempt's bulkhead slot).
-        self.on_task: Callable[[], None] | None = None
+        #: The server whose bulkhead slot the attempt holds, until it is given back (`release_slot`).
+        self._slot: ServerRecord | None = None
+        #: The caller's own progress callback, handed what `on_progress` passes on.
+        self.progress_callback: ProgressCallback | None = None
 
     @classmethod
     def for_call(cls, clock: Clock, call: Call, probe: bool = False) -> AttemptDeadline:
@@ -147,11 +151,26 @@ class AttemptDeadline:
         return self._scope
 
     def became_task(self) -> None:
-        """The call is now a task (breakwater.gate._tasks): its polling is bounded by the budget or `task_max_s`."""
+        """The call is now a task (breakwater.gate._tasks): its polling is bounded by the budget or `task_max_s`.
+
+        A task being polled holds no request open upstream: its bulkhead slot goes back at once."""
         self.task_at = self._clock.monotonic()
         self._scope.deadline = math.inf
-        if self.on_task is not None:
-            self.on_task()
+        self.release_slot()
+
+    def release_slot(self) -> None:
+        """Give the attempt's bulkhead slot back, if it still holds it."""
+        srv = self._slot
+        if srv is not None:
+            self._slot = None
+            srv.in_flight -= 1
+
+    async def on_progress(self, progress: float, total: float | None, message: str | None) -> None:
+        """The attempt's progress callback (a bound method, not a closure per attempt, with its cells)."""
+        self.nudge()  # whatever it says, the server is alive and working on the call
+        progress_callback = self.progress_callback
+        if progress_callback is not None and math.isfinite(progress):  # NaN and Infinity are no progress (not JSON)
+            await progress_callback(progress, total if total is None or math.isfinite(total) else None, message)
 
     def nudge(self) -> None:
         """The server showed signs of life: give it `idle_s` more, up to the hard cap."""
@@ -193,39 +212,35 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
     watcher = ATTEMPT_WATCHER.get()
     if watcher is not None:
         watcher(deadline)
-    progress_callback = call.progress_callback
-
-    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-        deadline.nudge()  # whatever it says, the server is alive and working on the call
-        if progress_callback is not None and math.isfinite(progress):  # NaN and Infinity are no progress (not JSON)
-            await progress_callback(progress, total if total is None or math.isfinite(total) else None, message)
-
-    srv.in_flight += 1
-    holding = True
-
-    def release_slot() -> None:
-        nonlocal holding
-        if holding:
-            holding = False
-            srv.in_flight -= 1
-
-    # A task being polled holds no request open upstream: its bulkhead slot goes back at once.
-    deadline.on_task = release_slot
+    deadline.progress_callback = call.progress_callback
+    on_progress = deadline.on_progress
+    srv.in_flight += 1  # the attempt's bulkhead slot, given back once by `deadline.release_slot()`
+    deadline._slot = srv
     result: types.CallToolResult | None = None
     failure: BaseException | None = None
     # If the server answers with a task handle, the tasks resolver takes the call from here (see _tasks).
     task_token = None
-    if ctx.tasks is not None:
-        task_call = ctx.tasks.attempt(
-            srv.upstream, info.name, call.meta, info.retry_class, call.timeout_s, info.call.task_max_s, deadline
-        )
+    tasks = ctx.tasks
+    if tasks is not None:
+        # `tasks.attempt(...)`'s tuple made here, without the named tuple's `__new__`: two frames less per attempt.
+        fields = (tasks, srv.upstream, info.name, call.meta, info.retry_class, call.timeout_s, info.call.task_max_s, deadline)
+        task_call: TaskCall = _tuple_new(TaskCall, fields)
         task_token = TASK_CALL.set(task_call)
     if ctx.record_sent is not None and info.retry_class is not SAFE:
         mark_sent(ctx, call)
     scope = deadline._scope
+    upstream = srv.upstream
     try:
         with scope:
-            result = await _send(srv.upstream, client, info.name, call, on_progress)
+            # The attempt's `tools/call`: on a stdio upstream without the SDK session's plumbing
+            # (`connect/_raw_call.py`). Inline, not a coroutine of its own: one frame less per attempt.
+            process, name = upstream.process, info.name
+            raw = process.raw_calls if process is not None else None
+            if raw is not None and not sdk_spans_recorded():
+                result = await raw_call_tool(client, raw, name, call.arguments, progress_callback=on_progress, meta=call.meta)
+            if result is None:
+                result = await client.call_tool(name, call.arguments, progress_callback=on_progress, meta=call.meta)
+                assert isinstance(result, types.CallToolResult)
     except anyio.get_cancelled_exc_class():
         task = asyncio.current_task()
         if task is not None and task.cancelling() > 0:
@@ -244,7 +259,7 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
         deadline.finished = True
         if watcher is not None:
             watcher(None)
-        release_slot()
+        deadline.release_slot()
         if task_token is not None:
             TASK_CALL.reset(task_token)
     if scope.cancelled_caught:
@@ -252,19 +267,6 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
     if result is not None:  # NaN or Infinity from the server: null, as on the gateway's wire (connect/_not_json.py)
         result = finite_result(result, server=srv.name, tool=info.name)
     return _judge(ctx, call, permits, deadline, result, failure)
-
-
-async def _send(upstream: Upstream, client: Any, name: str, call: Call, on_progress: ProgressFn) -> types.CallToolResult:
-    """The attempt's `tools/call`: on a stdio upstream without the SDK session's plumbing (`connect/_raw_call.py`)."""
-    process = upstream.process
-    raw = process.raw_calls if process is not None else None
-    if raw is not None and not sdk_spans_recorded():
-        result = await raw_call_tool(client, raw, name, call.arguments, progress_callback=on_progress, meta=call.meta)
-        if result is not None:
-            return result
-    result = await client.call_tool(name, call.arguments, progress_callback=on_progress, meta=call.meta)
-    assert isinstance(result, types.CallToolResult)
-    return result
 
 
 def _judge(
@@ -280,14 +282,20 @@ def _judge(
     now = ctx.clock.monotonic()
     elapsed = now - deadline.started
     attempt_result: types.CallToolResult | BaseException
+    verdict: Verdict | None = None
     if result is not None and failure is None:
         attempt_result = result
+        if ctx.classifier is None and not result.is_error:
+            verdict = SUCCESS  # `classify`'s answer to a plain result, without its call (and its keywords)
     else:
         assert failure is not None
         attempt_result = failure
         if _connection_closed(failure):
             srv.upstream.report_lost()
-    verdict = classify(attempt_result, retry_class=info.retry_class, server=srv.name, tool=info.name, classifier=ctx.classifier)
+    if verdict is None:
+        verdict = classify(
+            attempt_result, retry_class=info.retry_class, server=srv.name, tool=info.name, classifier=ctx.classifier
+        )
     if isinstance(failure, CallCancelledError):
         verdict = Verdict(outcome=IGNORED, code=ErrorCode.CANCELLED, retryable=False, outcome_unknown=True)
     # Read before recording: was this tool already failing before this attempt?
@@ -295,39 +303,35 @@ def _judge(
     # The journal's breaker_opened: in-process breakers say whether a report opened them; a shared
     # store's transitions are the store's, so compare which breakers were open before the reports.
     open_before = None
-    if call.journal is not None and not (srv.breaker.in_process and info.breaker.in_process):
+    journal = call.journal
+    if journal is not None and not (srv.breaker.in_process and info.breaker.in_process):
         open_before = (srv.breaker.state is OPEN, info.breaker.state is OPEN)
     # A call that became a task is judged by how long the handle took, not by the task's own length:
     # a healthy tool whose tasks run for minutes must not read as a slow call to the breakers.
     judged_s = elapsed if deadline.task_at is None else deadline.task_at - deadline.started
     opened = bool(permits.tool.record(verdict.outcome, judged_s))
-    opened = bool(permits.server.record(_server_outcome(verdict, tool_streak), judged_s)) or opened
+    outcome = verdict.outcome
+    server_outcome = outcome if outcome is not FAILURE else _server_outcome(verdict, tool_streak)  # its first line, inline
+    opened = bool(permits.server.record(server_outcome, judged_s)) or opened
     timed_out = isinstance(attempt_result, TimeoutError) and not deadline.by_budget
     if result is not None and failure is None:
         call.info.health.answered(now, judged_s)
     elif timed_out:
         opened = _timed_out(call, deadline, now, judged_s) or opened
     answer: Answer
-    if verdict.ok and result is not None:
+    code = verdict.code
+    if code is None and result is not None:
         answer = result
     else:
         err = redact_error(_error(call, verdict, attempt_result, elapsed, deadline), srv.upstream.spec.secrets)
         if timed_out:
             slow_now(call, err)
         answer = verdict, err
-    if call.journal is not None:
-        call.journal.sent += 1
-        code = None if isinstance(answer, types.CallToolResult) else answer[1].code
-        observe(
-            ctx,
-            call,
-            code,
-            attempt=call.journal.sent,
-            duration_s=elapsed,
-            open_before=open_before,
-            opened=opened if open_before is None else None,
-            result=result,
-        )
+        code = err.code
+    if journal is not None:
+        journal.sent += 1
+        # By position (keywords are matched by name, on every attempt).
+        observe(ctx, call, code, journal.sent, elapsed, None, open_before, opened if open_before is None else None, None, result)
     return answer
 
 

@@ -133,11 +133,11 @@ class Permit:
         self,
         breaker: CircuitBreaker,
         epoch: int,
-        *,
         is_probe: bool,
         slow_threshold_s: float | None,
         shared: bool = False,
     ) -> None:
+        # Positional parameters: two permits are made per attempt, and keywords are matched by name.
         self._breaker = breaker
         self._done = False
         self.epoch = epoch
@@ -233,13 +233,16 @@ class CircuitBreaker:
         # is shared across threads; uncontended it costs tens of nanoseconds.
         self._lock = threading.Lock()
         self._shared: SharedBreaker | None = None
+        #: Its state lives in this process only (no shared store attached): `Permit.record` says whether it
+        #: opened it. An attribute `attach` keeps, not a property: the journal reads it on every attempt.
+        self.in_process = True
         # Whether the last decision came from the shared store (so a fallback must seed _data first).
         self._use_shared = False
 
     # -- public -------------------------------------------------------------------------------
 
-    def acquire(self, *, slow_threshold_s: float | None = None, lease_s: float | None = None) -> Permit | Rejection:
-        """A permit to make one call, or a rejection if the breaker is open.
+    def acquire(self, slow_threshold_s: float | None = None, lease_s: float | None = None) -> Permit | Rejection:
+        """A permit to make one call, or a rejection if the breaker is open (the gate passes both by position).
 
         `slow_threshold_s`: a call longer than this counts as slow (None: never slow).
         `lease_s`: how long a half-open probe may stay out before another is allowed (default: the
@@ -251,7 +254,7 @@ class CircuitBreaker:
             # state, so the permit is of this closed period, or stale (its report then dropped).
             epoch = d.epoch
             if d.state is CLOSED:
-                return Permit(self, epoch, is_probe=False, slow_threshold_s=slow_threshold_s)
+                return Permit(self, epoch, False, slow_threshold_s)
         lease = lease_s or self.policy.probe_lease_s
         with self._lock:
             if self._shared is None:
@@ -284,6 +287,7 @@ class CircuitBreaker:
         """Keep this breaker's state in a shared store from now on (None: in this process)."""
         with self._lock:
             self._shared = shared
+            self.in_process = shared is None
             self._use_shared = False
         if shared is not None:
             shared.bind(self)
@@ -328,11 +332,6 @@ class CircuitBreaker:
     def admits_freely(self) -> bool:
         """In-process and closed: `acquire` would give an ordinary permit, and giving it back unused changes nothing."""
         return self._shared is None and self._data.state is CLOSED
-
-    @property
-    def in_process(self) -> bool:
-        """Its state lives in this process only (no shared store attached): `Permit.record` says whether it opened it."""
-        return self._shared is None
 
     def rejection(self) -> Rejection | None:
         """The refusal `acquire` would give now, taking nothing (no permit, no transition), or None if it would admit.
@@ -531,10 +530,14 @@ def _refusal(
 ) -> Rejection | None:
     """The refusal a breaker in this state gives a call at `now`, or None if it admits one (closed, or due a probe)."""
     if state is OPEN:
-        return Rejection(open_until - now, state, reason) if now < open_until else None
+        # `Rejection(...)` without its `__new__`, a Python frame (each refusal of an open breaker makes one).
+        return _tuple_new(Rejection, (open_until - now, state, reason)) if now < open_until else None
     if state is BreakerState.HALF_OPEN and lease_until > now:
         return Rejection(_half_open_wait(lease_until, now, policy), state, reason)
     return None
+
+
+_tuple_new = tuple.__new__
 
 
 def _half_open_wait(lease_until: float, now: float, policy: BreakerPolicy) -> float:

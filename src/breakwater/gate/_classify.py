@@ -60,6 +60,7 @@ from breakwater.gate._breaker import Outcome
 __all__ = [
     "OPERATION_IN_PROGRESS",
     "OPERATION_OUTCOME_UNKNOWN",
+    "SUCCESS",
     "AttemptContext",
     "Classifier",
     "RetryClass",
@@ -157,7 +158,7 @@ def classify(
     """Classify one attempt's result or exception (see the module docstring for the rules)."""
     if classifier is None and isinstance(attempt, CallToolResult):
         # The call path's common case: no context to build, and a success is one shared verdict.
-        return _SUCCESS if not attempt.is_error else _classify_result(attempt)
+        return SUCCESS if not attempt.is_error else _classify_result(attempt)
     ctx = AttemptContext(server=server, tool=tool, retry_class=retry_class, request_sent=request_sent)
     if classifier is not None:
         try:
@@ -216,12 +217,12 @@ def _first_text(result: CallToolResult) -> str:
 
 
 #: A result that is not an error (frozen: one instance serves every call).
-_SUCCESS = Verdict(outcome=Outcome.SUCCESS, code=None, retryable=False)
+SUCCESS = Verdict(outcome=Outcome.SUCCESS, code=None, retryable=False)
 
 
 def _classify_result(result: CallToolResult) -> Verdict:
     if not result.is_error:
-        return _SUCCESS
+        return SUCCESS
     data = result.structured_content
     hint = _retry_after(data)
     if isinstance(data, dict):

@@ -72,7 +72,7 @@ from breakwater.config import JournalPolicy, RetryPolicy
 from breakwater.connect._readiness import call_window, wait_until_ready
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import CallError, ErrorCode, InvalidArgumentsError, UnknownToolError
-from breakwater.gate._admit import admit, admit_after_loss, breaker_refusal
+from breakwater.gate._admit import admit, admit_after_loss, breaker_refusal, first_refusal, take_permits
 from breakwater.gate._attempt import ATTEMPT_WATCHER, READY, SAFE, AttemptDeadline, not_ready_error, run_attempt
 from breakwater.gate._breaker import BreakerRegistry, BreakerSnapshot, BreakerStore, Outcome, Rejection
 from breakwater.gate._call import (
@@ -184,27 +184,18 @@ class CallGate:
         server: str,
         tool: str,
         arguments: Mapping[str, Any] | None = None,
-        *,
         timeout: float | None = None,
         progress_callback: ProgressCallback | None = None,
         operation_id: str | None = None,
     ) -> types.CallToolResult:
         """One logical call; every failure comes back as an `isError` envelope."""
-        try:
-            # The body of `call_or_raise`, not a call of it: one coroutine less per call.
-            call = self._ready_call(server, tool, arguments, timeout, progress_callback, operation_id)
-            if call is None:
-                call = await self._call_when_ready(server, tool, arguments, timeout, progress_callback, operation_id)
-            return await self._run(call)
-        except CallError as err:
-            return error_result(err)
+        return await self.answer(server, tool, arguments, timeout, progress_callback, operation_id, False)
 
     async def call_or_raise(
         self,
         server: str,
         tool: str,
         arguments: Mapping[str, Any] | None = None,
-        *,
         timeout: float | None = None,
         progress_callback: ProgressCallback | None = None,
         operation_id: str | None = None,
@@ -214,10 +205,86 @@ class CallGate:
         `operation_id` is the caller's own id for this logical call (a downstream agent re-sending a
         call passes the same one); without it the gate makes one.
         """
-        call = self._ready_call(server, tool, arguments, timeout, progress_callback, operation_id)
-        if call is None:
-            call = await self._call_when_ready(server, tool, arguments, timeout, progress_callback, operation_id)
-        return await self._run(call)
+        return await self.answer(server, tool, arguments, timeout, progress_callback, operation_id, True)
+
+    async def answer(
+        self,
+        server: str,
+        tool: str,
+        arguments: Mapping[str, Any] | None,
+        timeout: float | None,
+        progress_callback: ProgressCallback | None,
+        operation_id: str | None,
+        raise_on_error: bool,
+    ) -> types.CallToolResult:
+        """`call` (`raise_on_error`: `call_or_raise`) by position in one coroutine, which `Breakwater.call_tool` awaits:
+        each coroutine layer and keyword costs per call. Steps 1 to 6 until a result, a final error or a refusal."""
+        try:
+            call = self._ready_call(server, tool, arguments, timeout, progress_callback, operation_id)
+            if call is None:
+                call = await self._call_when_ready(server, tool, arguments, timeout, progress_callback, operation_id)
+            if call.refusal is not None and call.budget is None:
+                # An open breaker's refusal as the loop would give it, not raised through it: the path that must be cheap.
+                err = self._refused_at_once(call)
+                if raise_on_error:
+                    raise err
+                return error_result(err)
+            tracer = self.tracer
+            # First, so the trace it opens is the one the journal's rows carry (TRACE_ID).
+            handle = None if tracer is None else tracer.call_started(call.srv.name, call.info.name, call.op_id)
+            observer = self._observer
+            if observer is not None:
+                call_id = new_call_id()
+                size, digest = arguments_digest(call.arguments) if observer.record_sizes else (None, None)
+                call.journal = Journaled(call_id, TRACE_ID.get() or call_id, DOWNSTREAM_CLIENT.get(), call.op_id, size, digest)
+            ctx, srv = self._ctx, call.srv
+            try:
+                while True:
+                    if call.window is not None and call.last is not None:
+                        permits = await admit_after_loss(ctx, call)
+                    else:  # `admit`: without a turn budget (most calls) only the permits, without its frame
+                        permits = admit(ctx, call) if call.budget is not None else take_permits(ctx, call)
+                    if math.isnan(call.timeout_s):
+                        call.timeout_s = self._resolve_timeout(srv, call.info)[0]
+                    call.attempt += 1
+                    try:
+                        got = await run_attempt(ctx, call, permits)
+                    except CallError as refused:
+                        # The server went away between attempts, so nothing more was sent. After a lost answer
+                        # that answer is the truth to report (the call may have run); "connecting" would
+                        # invite a fresh call, which is how duplicates are made.
+                        if call.last is not None:
+                            raise stopped(call.last, "the server was not ready for another attempt") from refused
+                        raise
+                    if isinstance(got, types.CallToolResult):
+                        srv.retry_budget.record_success(call.attempt > 1)
+                        result = got
+                        break
+                    verdict, err = got
+                    err.attempt, err.max_attempts, err.operation_id = call.attempt, call.max_attempts, call.op_id
+                    if verdict.outcome is Outcome.SUCCESS:
+                        srv.retry_budget.record_success(was_retry=call.attempt > 1)
+                    after = await after_lost_answer(ctx, call, verdict, err)
+                    if isinstance(after, types.CallToolResult):
+                        result = after
+                        break
+                    delay = after.delay_s if isinstance(after, Resend) else self._retry_delay(call, verdict, err)
+                    call.last = err
+                    await self._clock.sleep(delay)
+            except BaseException as err:
+                # Every envelope names the operation, whichever refusal or failure ended it.
+                if isinstance(err, CallError) and err.operation_id is None:
+                    err.operation_id = call.op_id
+                if tracer is not None:
+                    tracer.call_finished(handle, err)
+                raise
+            if tracer is not None:
+                tracer.call_finished(handle, None)
+            return result
+        except CallError as err:
+            if raise_on_error:
+                raise
+            return error_result(err)
 
     def _server(self, server: str, tool: str) -> ServerRecord:
         srv = self._servers.get(server)
@@ -240,7 +307,9 @@ class CallGate:
         operation_id: str | None,
     ) -> Call | None:
         """Step 1 for a server that is ready: the call's record (None: the server must be waited for first)."""
-        srv = self._server(server, tool)
+        srv = self._servers.get(server)
+        if srv is None:  # `_server`'s refusal, its lookup inline
+            srv = self._server(server, tool)
         upstream = srv.upstream
         if upstream.state is not READY or upstream.client is None:
             return None
@@ -275,7 +344,8 @@ class CallGate:
         progress_callback: ProgressCallback | None,
         operation_id: str | None,
     ) -> Call:
-        info = srv.tool(tool)
+        # `srv.tool(tool)`'s usual answer (the tool list has not changed) without its frame.
+        info = srv.tools.get(tool) if srv.upstream.tools is srv.tools_source else srv.tool(tool)
         if info is None:
             raise self._refused_early(
                 srv, tool, UnknownToolError(server=srv.name, tool=tool, detail={"tools": sorted(srv.tools)[:_MAX_LISTED_TOOLS]})
@@ -412,62 +482,28 @@ class CallGate:
                 arguments.setdefault(OPERATION_ID_ARGUMENT, op_id)
         budget = current_budget()
         # Without a turn budget nothing reads the timeout before an attempt is admitted: a refused
-        # call (an open breaker) does not pay for resolving it (`_run` does, once admitted).
+        # call (an open breaker) does not pay for resolving it (`answer` does, once admitted).
         resolved = timeout if timeout is not None else self._timeout(srv, info) if budget is not None else math.nan
         call = Call(srv, info, arguments, op_id, meta, resolved, budget, progress_callback, None)
         call.refusal = refusal
         return call
 
-    async def _run(self, call: Call) -> types.CallToolResult:
-        """The loop of steps 2–6 until a result, a final error or a refusal (one coroutine: one frame less per call)."""
+    def _refused_at_once(self, call: Call) -> CallError:
+        """The attempt loop of `answer` for a call whose first attempt the breakers refuse (and no turn budget is checked first):
+        traced and journaled alike, the refusal returned. tests/gate hold the two paths equal."""
         tracer = self.tracer
-        # First, so the trace it opens is the one the journal's rows carry (TRACE_ID).
         handle = None if tracer is None else tracer.call_started(call.srv.name, call.info.name, call.op_id)
-        if self._observer is not None:
+        observer = self._observer
+        if observer is not None:  # as `answer` does
             call_id = new_call_id()
-            size, digest = arguments_digest(call.arguments) if self._observer.record_sizes else (None, None)
+            size, digest = arguments_digest(call.arguments) if observer.record_sizes else (None, None)
             call.journal = Journaled(call_id, TRACE_ID.get() or call_id, DOWNSTREAM_CLIENT.get(), call.op_id, size, digest)
-        ctx, srv = self._ctx, call.srv
-        try:
-            while True:
-                permits = admit(ctx, call) if call.window is None or call.last is None else await admit_after_loss(ctx, call)
-                if math.isnan(call.timeout_s):
-                    call.timeout_s = self._resolve_timeout(srv, call.info)[0]
-                call.attempt += 1
-                try:
-                    answer = await run_attempt(ctx, call, permits)
-                except CallError as refused:
-                    # The server went away between attempts, so nothing more was sent. After a lost answer
-                    # that answer is the truth to report (the call may have run); "connecting" would
-                    # invite a fresh call, which is how duplicates are made.
-                    if call.last is not None:
-                        raise stopped(call.last, "the server was not ready for another attempt") from refused
-                    raise
-                if isinstance(answer, types.CallToolResult):
-                    srv.retry_budget.record_success(was_retry=call.attempt > 1)
-                    result = answer
-                    break
-                verdict, err = answer
-                err.attempt, err.max_attempts, err.operation_id = call.attempt, call.max_attempts, call.op_id
-                if verdict.outcome is Outcome.SUCCESS:
-                    srv.retry_budget.record_success(was_retry=call.attempt > 1)
-                after = await after_lost_answer(ctx, call, verdict, err)
-                if isinstance(after, types.CallToolResult):
-                    result = after
-                    break
-                delay = after.delay_s if isinstance(after, Resend) else self._retry_delay(call, verdict, err)
-                call.last = err
-                await self._clock.sleep(delay)
-        except BaseException as err:
-            # Every envelope names the operation, whichever refusal or failure ended it.
-            if isinstance(err, CallError) and err.operation_id is None:
-                err.operation_id = call.op_id
-            if tracer is not None:
-                tracer.call_finished(handle, err)
-            raise
+        err = first_refusal(self._ctx, call)
+        if err.operation_id is None:
+            err.operation_id = call.op_id
         if tracer is not None:
-            tracer.call_finished(handle, None)
-        return result
+            tracer.call_finished(handle, err)
+        return err
 
     def _retry_delay(self, call: Call, verdict: Verdict, err: CallError) -> float:
         """Step 4's decision: the wait before the next attempt, or raise `err` (noting why not)."""

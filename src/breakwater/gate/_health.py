@@ -103,7 +103,12 @@ class ToolHealth:
 
     def median(self) -> float | None:
         """The median of the latest answers (what "usually" means in an error message), or None."""
-        ordered = self._ordered()
+        # `_sorted` is only ever set with enough samples: the refusal of an open breaker reads it this way, without a call.
+        ordered = self._sorted
+        if ordered is None:
+            if len(self._answered) < KNOWN_SAMPLES:  # `_ordered`'s first answer, without its frame
+                return None
+            ordered = self._ordered()
         return None if ordered is None else ordered[(len(ordered) - 1) // 2]
 
     def far_below(self, timeout_s: float) -> bool:

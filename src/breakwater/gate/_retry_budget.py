@@ -122,12 +122,15 @@ class RetryBudget:
             self._refused += 1
             return False
 
-    def record_success(self, *, was_retry: bool) -> None:
+    def record_success(self, was_retry: bool) -> None:
         """An attempt succeeded: a first attempt earns `budget_ratio`, a retry gets its token back."""
+        # Full already (the usual case): nothing to add, decided without the lock (~1,000 instructions
+        # a call): a spend racing this read is as if it came after it, and a full bucket stays full. The
+        # refill time stamp may lag: every decrease refills first, and refilling a full bucket is clipped to it.
+        if self._shared is None and self._tokens >= self.policy.budget_max_tokens:
+            return
         with self._lock:
             if self._shared is None and self._tokens >= self.policy.budget_max_tokens:
-                # Full already (the usual case): nothing to add. The refill time stamp may lag: every
-                # decrease refills first, and refilling a full bucket is clipped to the full bucket.
                 return
             self._refill()
             earned = 1.0 if was_retry else self.policy.budget_ratio

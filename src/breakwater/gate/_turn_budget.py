@@ -17,6 +17,7 @@ agent's to bound; breakwater bounds the calls. `enforce=True` also cancels the b
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from types import TracebackType
@@ -51,9 +52,9 @@ class TurnBudget:
 _CURRENT: ContextVar[TurnBudget | None] = ContextVar("breakwater_turn_budget", default=None)
 
 
-def current_budget() -> TurnBudget | None:
-    """The budget in force in this task, if any."""
-    return _CURRENT.get()
+#: `current_budget()`: the budget in force in this task, if any. The context variable's own `get`, not a
+#: function calling it: every call asks, and the frame is most of the cost (~700 instructions against ~400).
+current_budget: Callable[[], TurnBudget | None] = _CURRENT.get
 
 
 def effective_deadline(call_deadline: float | None, budget: TurnBudget | None = None) -> float | None:

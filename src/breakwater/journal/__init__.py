@@ -16,6 +16,7 @@ from breakwater.journal._postgres import PostgresJournalStore
 from breakwater.journal._records import (
     ANSWERED_OUTCOMES,
     DOWNSTREAM_CLIENT,
+    OUTCOMES,
     RECONCILED,
     REFUSAL_OUTCOMES,
     SENT,
@@ -28,6 +29,7 @@ from breakwater.journal._records import (
     attempt_record,
     fan_out,
     new_call_id,
+    new_record,
     outcome_of,
     sent_recorder,
 )
@@ -42,6 +44,7 @@ __all__ = [
     "DOWNSTREAM_CLIENT",
     "HISTOGRAM_ACCURACY",
     "JOURNAL_DB_ENV",
+    "OUTCOMES",
     "RECONCILED",
     "REFUSAL_OUTCOMES",
     "ROLLUP_BUCKET_S",
@@ -67,6 +70,7 @@ __all__ = [
     "histogram_quantiles",
     "learned_value",
     "new_call_id",
+    "new_record",
     "open_journal_store",
     "outcome_of",
     "percentile",

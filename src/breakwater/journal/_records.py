@@ -25,6 +25,7 @@ from breakwater.errors import BreakwaterError, ErrorCode
 __all__ = [
     "ANSWERED_OUTCOMES",
     "DOWNSTREAM_CLIENT",
+    "OUTCOMES",
     "RECONCILED",
     "REFUSAL_OUTCOMES",
     "SENT",
@@ -142,7 +143,7 @@ def attempt_record(
     matches each of the 18 keywords by name), and the gate makes one record per attempt and per
     refusal. tests/journal/test_journal.py holds the parameters to the fields.
     """
-    record = _new_record(AttemptRecord)
+    record = new_record(AttemptRecord)
     record.server = server
     record.tool = tool
     record.call_id = call_id
@@ -164,7 +165,8 @@ def attempt_record(
     return record
 
 
-_new_record = object.__new__
+#: `object.__new__`, for building a record field by field (`attempt_record`, and the gate's `observe`).
+new_record = object.__new__
 _COLUMNS: tuple[str, ...] = tuple(AttemptRecord.__dataclass_fields__)
 # One C call per row instead of a generator of getattr calls: the writer's main per-row cost.
 _as_row = operator.attrgetter(*_COLUMNS)
@@ -185,17 +187,15 @@ def outcome_of(code: ErrorCode | str | None) -> str:
     """
     if code is None:
         return "completed"
-    known = _OUTCOMES.get(code)
+    known = OUTCOMES.get(code)
     if known is not None:
         return known
     return "circuit_open" if code == ErrorCode.SERVER_CIRCUIT_OPEN else code.lower()
 
 
-# Every code's outcome, computed once: the call path asks for one per attempt (ErrorCode members and
-# their plain-str values hash and compare alike, so either finds its entry).
-_OUTCOMES: dict[str, str] = {
-    code: "circuit_open" if code is ErrorCode.SERVER_CIRCUIT_OPEN else code.lower() for code in ErrorCode
-}
+#: Every code's outcome (`outcome_of`), computed once: the call path reads it per refusal and failed attempt
+#: (ErrorCode members and their plain-str values hash and compare alike, so either finds its entry).
+OUTCOMES: dict[str, str] = {code: "circuit_open" if code is ErrorCode.SERVER_CIRCUIT_OPEN else code.lower() for code in ErrorCode}
 
 
 _call_prefix = uuid.uuid4().hex[:12]
