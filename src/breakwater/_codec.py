@@ -16,6 +16,7 @@ the SDK's own path writes them, which is where such a call went when the stdlib 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic_core import PydanticSerializationError, from_json, to_json
@@ -49,6 +50,4 @@ def loads(data: bytes) -> Any:
     try:
         return from_json(data)
     except ValueError:
-        import json
-
-        return json.loads(data)
+        return json.loads(data)  # the stdlib's verdict, as for `loads_strict`
