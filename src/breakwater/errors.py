@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -180,11 +181,8 @@ class CallError(BreakwaterError):
 
     def advice_text(self) -> str:
         """The "what to do next" sentence, with the wait filled in."""
-        if self.retry_after_s is not None and self.retry_after_s > 0:
-            wait = f"about {_fmt_seconds(self.retry_after_s)}"
-        else:
-            wait = "a moment"
-        return self.advice.format(wait=wait)
+        seconds = self.retry_after_s
+        return self.advice.format(wait=_about(seconds) if seconds is not None and seconds > 0 else "a moment")
 
 
 _new_exception = BaseException.__new__
@@ -219,6 +217,12 @@ def refusal_error(
     err.operation_id = operation_id
     err.detail = detail
     return err
+
+
+def _about(seconds: float) -> str:
+    """A wait for the model to read: "about 2.5 s", or "a while" for one no clock can say (infinite or NaN)."""
+    # No wait breakwater computes is infinite, but an error must never fail to print.
+    return f"about {_fmt_seconds(seconds)}" if math.isfinite(seconds) else "a while"
 
 
 def _fmt_seconds(seconds: float) -> str:
@@ -272,7 +276,7 @@ def _fmt_latency(seconds: float) -> str:
 def _when_again(err: CallError, why: str) -> str:
     """The end of the advice: when breakwater lets a call through again (never an invitation to retry at once)."""
     if err.detail.get("breaker") in ("open", "half_open") and err.retry_after_s is not None and err.retry_after_s > 0:
-        return f"; {why}, and breakwater tries the tool again in about {_fmt_seconds(err.retry_after_s)}."
+        return f"; {why}, and breakwater tries the tool again in {_about(err.retry_after_s)}."
     return "."
 
 
@@ -301,7 +305,7 @@ class CircuitOpenError(CallRefused):
         elif seconds < 10:  # `_fmt_seconds`, inline: every refusal of an open breaker comes here
             wait = "about " + f"{seconds:.1f} s".replace(".0 s", " s")
         else:
-            wait = f"about {round(seconds)} s"
+            wait = _about(seconds)
         usual = self.detail.get("usual_s")
         return _circuit_advice(wait, usual if isinstance(usual, (int, float)) else None)
 

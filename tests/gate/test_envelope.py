@@ -105,6 +105,16 @@ def test_every_error_becomes_an_is_error_result_with_the_envelope(code: ErrorCod
 
 
 @pytest.mark.parametrize("code", list(ErrorCode))
+@pytest.mark.parametrize("wait", [float("inf"), float("nan"), 1e308, -1.0, 0.0])
+def test_any_wait_prints_and_never_as_a_number_no_clock_can_say(code: ErrorCode, wait: float) -> None:
+    """No wait breakwater computes is infinite, but an error must never fail to print (it raised OverflowError)."""
+    err = CODE_TO_ERROR[code](server="shop", tool="create_order", retry_after_s=wait, detail={"breaker": "open"})
+    text = error_result(err).content[-1]
+    assert isinstance(text, TextContent) and err.advice_text() in text.text
+    assert not any(word in err.advice_text() for word in ("inf s", "nan s", "about -"))
+
+
+@pytest.mark.parametrize("code", list(ErrorCode))
 def test_the_result_is_the_one_the_models_constructors_build(code: ErrorCode) -> None:
     """`error_result` calls the models' validators directly (an open breaker's refusal must be cheap): the result
     is equal, field for field and set for set, to the one `CallToolResult(...)` builds, and the same on the wire."""
