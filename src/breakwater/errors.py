@@ -300,7 +300,7 @@ class CircuitOpenError(CallRefused):
     def advice_text(self) -> str:
         """What to do instead, with the tool's usual latency when known, and when breakwater tries it again."""
         seconds = self.retry_after_s
-        if not seconds:
+        if seconds is None or seconds <= 0:  # none, or one the clock already passed
             wait = "a moment"
         elif seconds < 10:  # `_fmt_seconds`, inline: every refusal of an open breaker comes here
             wait = "about " + f"{seconds:.1f} s".replace(".0 s", " s")
