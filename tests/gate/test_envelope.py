@@ -342,5 +342,5 @@ def test_the_envelopes_wait_is_the_rounded_one(seconds: float | None) -> None:
 def test_an_open_breakers_advice_names_the_wait_as_fmt_seconds_does(seconds: float | None, usual: float | None) -> None:
     """`CircuitOpenError.advice_text` formats the wait inline (every refusal of an open breaker asks): as `_fmt_seconds`."""
     err = CircuitOpenError(retry_after_s=seconds, detail=None if usual is None else {"usual_s": usual})
-    wait = f"about {_fmt_seconds(seconds)}" if seconds else "a moment"
+    wait = f"about {_fmt_seconds(seconds)}" if seconds is not None and seconds > 0 else "a moment"  # a passed wait: none
     assert err.advice_text() == _circuit_advice(wait, usual)
