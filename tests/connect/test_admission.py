@@ -132,3 +132,44 @@ async def test_slot_held_by_another_process_is_respected_and_freed_when_it_dies(
     finally:
         holder.kill()
         holder.wait()
+
+
+async def test_a_directory_removed_after_start_is_made_again(tmp_path: Path) -> None:
+    """A cleaned /tmp took a shared gateway down (the demo's admission directory, removed when it ended): the next
+    connect makes the directory again, and the caps still hold across holders."""
+    import shutil
+
+    clock = FakeClock()
+    directory = tmp_path / "admission"
+    first, second = Admission(clock=clock, rng=random.Random(1), directory=directory), admission(directory, clock)
+    shutil.rmtree(directory)
+    held = await first.acquire([Slot("server-x", 1)])
+    assert (directory / "server-x").is_dir()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(second.acquire, [Slot("server-x", 1)])
+        await clock.wait_for_sleepers(1)  # the cap is shared again: the second holder waits
+        held.release()
+        while clock.sleepers:
+            await clock.step()
+
+
+async def test_a_directory_that_became_unusable_leaves_the_caps_per_process(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Replaced by a file (or unwritable, or on a full disk): no error reaches the connect loop; the caps hold in
+    this process, and a warning says why."""
+    import shutil
+
+    clock = FakeClock()
+    directory = tmp_path / "admission"
+    gate = Admission(clock=clock, rng=random.Random(1), directory=directory)
+    shutil.rmtree(directory)
+    directory.write_text("not a directory")
+    held = await gate.acquire([Slot("server-x", 1)])
+    assert "connect caps now hold per process" in caplog.text
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(gate.acquire, [Slot("server-x", 1)])
+        await clock.wait_for_sleepers(1)  # the cap of 1 still holds, in this process
+        held.release()
+        while clock.sleepers:
+            await clock.step()

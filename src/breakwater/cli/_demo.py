@@ -214,6 +214,9 @@ async def _run(console: Console) -> int:
         BREAKWATER_CATALOG_DIR=str(workdir / "catalog"),
         # The demo's calls go to a journal of its own, not to the user's.
         BREAKWATER_JOURNAL=str(workdir / "journal.sqlite3"),
+        # Its gateway is its session's own, as `--no-share` runs it: it exits with the session, its journal
+        # flushed for `stats`, and nothing outlives the temporary directory (a shared gateway would).
+        BREAKWATER_SHARE="off",
     )
     notifications: list[float] = []
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,8 @@ from filelock import FileLock, Timeout
 
 from breakwater import _paths
 from breakwater._clock import Clock
+
+logger = logging.getLogger("breakwater.connect")
 
 __all__ = ["Admission", "Slot", "default_admission_dir"]
 
@@ -85,50 +88,82 @@ class Admission:
     def _slot_locks(self, slot: Slot) -> list[FileLock]:
         assert self._dir is not None
         folder = self._dir / slot.key
-        folder.mkdir(exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)  # parents: the directory may have gone since start (a cleaned /tmp)
         # One lock object per file per waiter: an OS file lock belongs to one open file, so two waiters
         # in one process exclude each other as two processes do (and `blocking=False` never sleeps).
         return [FileLock(folder / f"{i}.lock", mode=0o600, blocking=False) for i in range(slot.limit)]
 
+    def _locks(self, slots: list[Slot]) -> dict[str, list[FileLock]]:
+        """The lock files of the slots shared across processes; none once the directory cannot hold them."""
+        if self._dir is None:
+            return {}
+        try:
+            return {s.key: self._slot_locks(s) for s in slots if s.shared}
+        except OSError as exc:
+            self._give_up_directory(exc)
+            return {}
+
+    def _give_up_directory(self, exc: OSError) -> None:
+        # A directory that went away or turned unusable after start (removed, replaced by a file, a full disk)
+        # must not stop breakwater, or crash a gateway's connect loop as it did: the caps then hold per
+        # process, as when the directory could not be made at start.
+        if self._dir is not None:
+            logger.warning("connect admission: %s is unusable (%s); the connect caps now hold per process", self._dir, exc)
+            self._dir = None
+
     def _try_all(self, slots: list[Slot], locks: dict[str, list[FileLock]]) -> Ticket | None:
-        """Take every slot now, or none of them."""
+        """Take every slot now, or none of them (a lock file that cannot be made releases what was taken)."""
         locked: list[tuple[str, FileLock]] = []
         local: list[str] = []
-        for slot in slots:
-            if slot.key in locks:
-                # Random order, so waiters do not all hammer slot 0.
-                for lock in self._rng.sample(locks[slot.key], len(locks[slot.key])):
-                    try:
-                        lock.acquire()
-                    except Timeout:
-                        continue
-                    locked.append((slot.key, lock))
-                    break
+        try:
+            for slot in slots:
+                if slot.key in locks:
+                    # Random order, so waiters do not all hammer slot 0.
+                    for lock in self._rng.sample(locks[slot.key], len(locks[slot.key])):
+                        try:
+                            lock.acquire()
+                        except Timeout:
+                            continue
+                        locked.append((slot.key, lock))
+                        break
+                    else:
+                        break
+                elif self._local.get(slot.key, 0) < slot.limit:
+                    self._local[slot.key] = self._local.get(slot.key, 0) + 1
+                    local.append(slot.key)
                 else:
                     break
-            elif self._local.get(slot.key, 0) < slot.limit:
-                self._local[slot.key] = self._local.get(slot.key, 0) + 1
-                local.append(slot.key)
             else:
-                break
-        else:
-            for key, lock in locked:
-                locks[key].remove(lock)
-            return Ticket(self, [lock for _, lock in locked], local)
+                for key, lock in locked:
+                    locks[key].remove(lock)
+                return Ticket(self, [lock for _, lock in locked], local)
+        except OSError:
+            self._undo(locked, local)
+            raise
+        self._undo(locked, local)
+        return None
+
+    def _undo(self, locked: list[tuple[str, FileLock]], local: list[str]) -> None:
         for _, lock in locked:
             lock.release()
         for key in local:
             self._local[key] -= 1
-        return None
 
     async def acquire(self, slots: list[Slot]) -> Ticket:
         """Wait until every slot has room, then hold them all (all or nothing, so no deadlock)."""
         ordered = sorted(slots, key=lambda s: s.key)
-        locks = {s.key: self._slot_locks(s) for s in ordered if s.shared and self._dir is not None}
+        locks = self._locks(ordered)
         interval = POLL_MIN_S
-        while (ticket := self._try_all(ordered, locks)) is None:
+        while True:
+            try:
+                ticket = self._try_all(ordered, locks)
+            except OSError as exc:  # a lock file that cannot be made now: its directory went away meanwhile
+                self._give_up_directory(exc)
+                locks = {}
+                continue
+            if ticket is not None:
+                return ticket
             await self._clock.sleep(interval * self._rng.uniform(0.5, 1.5))
             # Back off while the caps stay full: hundreds of waiters polling at a fast fixed rate
             # would burn the CPU that the handshakes they wait for need.
             interval = min(POLL_MAX_S, interval * POLL_GROWTH)
-        return ticket
