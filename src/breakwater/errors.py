@@ -300,12 +300,7 @@ class CircuitOpenError(CallRefused):
     def advice_text(self) -> str:
         """What to do instead, with the tool's usual latency when known, and when breakwater tries it again."""
         seconds = self.retry_after_s
-        if seconds is None or seconds <= 0:  # none, or one the clock already passed
-            wait = "a moment"
-        elif seconds < 10:  # `_fmt_seconds`, inline: every refusal of an open breaker comes here
-            wait = "about " + f"{seconds:.1f} s".replace(".0 s", " s")
-        else:
-            wait = _about(seconds)
+        wait = _about(seconds) if seconds is not None and seconds > 0 else "a moment"  # none, or already passed
         usual = self.detail.get("usual_s")
         return _circuit_advice(wait, usual if isinstance(usual, (int, float)) else None)
 

@@ -331,7 +331,7 @@ def test_a_result_built_without_validation_is_the_validated_one(
 
 @given(st.none() | st.floats() | st.integers(-(10**6), 10**6))
 def test_the_envelopes_wait_is_the_rounded_one(seconds: float | None) -> None:
-    """`envelope` rounds the wait inline (it is built for every refusal): what `_round_s` gives, for every value."""
+    """`envelope` rounds the wait as `_round_s` does, for every value."""
     err = CircuitOpenError(retry_after_s=seconds)
     expected = _round_s(seconds)
     assert envelope(err)["retry_after_s"] == expected
@@ -340,7 +340,7 @@ def test_the_envelopes_wait_is_the_rounded_one(seconds: float | None) -> None:
 
 @given(st.none() | st.floats(min_value=-1e6, max_value=1e6) | st.integers(-(10**6), 10**6), st.none() | st.floats(0, 100))
 def test_an_open_breakers_advice_names_the_wait_as_fmt_seconds_does(seconds: float | None, usual: float | None) -> None:
-    """`CircuitOpenError.advice_text` formats the wait inline (every refusal of an open breaker asks): as `_fmt_seconds`."""
+    """`CircuitOpenError.advice_text` formats the wait as `_fmt_seconds` does."""
     err = CircuitOpenError(retry_after_s=seconds, detail=None if usual is None else {"usual_s": usual})
     wait = f"about {_fmt_seconds(seconds)}" if seconds is not None and seconds > 0 else "a moment"  # a passed wait: none
     assert err.advice_text() == _circuit_advice(wait, usual)

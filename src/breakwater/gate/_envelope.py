@@ -19,52 +19,28 @@ from mcp.types import CallToolResult, TextContent
 
 from breakwater._wire import ENVELOPE_META_KEY
 from breakwater.errors import CODE_TO_ERROR, ENVELOPE_KEYS, CallError, ErrorCode, ToolError
-from breakwater.gate._envelope_data import _headline, envelope, error_text
+from breakwater.gate._envelope_data import envelope, error_text
 
 __all__ = ["ENVELOPE_META_KEY", "error_from_result", "error_result", "error_text", "render_error_table"]
 
 # The models' own validators, called with the fields by name: the same validation as `Model(...)`,
-# without `BaseModel.__init__`'s Python frame. Used where the content is not all ours (a TOOL_ERROR
-# carries the upstream's blocks, which validation may convert).
+# without `BaseModel.__init__`'s Python frame (keyword arguments packed, `self_instance` filled in),
+# which cost a quarter of building the result on an open breaker's refusal (the path that must be
+# cheap; `model_validate` costs more still). tests/gate/test_envelope.py holds the results equal.
 _text_content = TextContent.__pydantic_validator__.validate_python
 _call_tool_result = CallToolResult.__pydantic_validator__.validate_python
-_new = object.__new__
-_set = object.__setattr__
 
 
 def error_result(err: CallError) -> CallToolResult:
     """`err` as the `isError` result the model sees."""
+    note = _text_content({"type": "text", "text": error_text(err), "meta": {ENVELOPE_META_KEY: True}})
     structured = envelope(err)
+    content = [note]
     if isinstance(err, ToolError):
-        note = _text_content({"type": "text", "text": error_text(err), "meta": {ENVELOPE_META_KEY: True}})
         if err.upstream_structured_content is not None:
             structured["upstream"] = err.upstream_structured_content
         content = [*err.content, note]
-        result: CallToolResult = _call_tool_result({"content": content, "structured_content": structured, "is_error": True})
-        return result
-    # Breakwater's own note alone, every field ours and of its type already: both models are built as
-    # validation would build them, without it (validating only copies; ~1,400 instructions less per refusal of
-    # an open breaker, bench/gate_instructions.py). tests/gate/test_envelope.py holds them equal to validated ones.
-    # `error_text(err)`, inline (one frame less).
-    text = f"{_headline(err.tool, err.server, err.message, err.attempt)} {err.advice_text()}"
-    note = _new(TextContent)
-    _set(note, "__dict__", {"type": "text", "text": text, "annotations": None, "meta": {ENVELOPE_META_KEY: True}})
-    _set(note, "__pydantic_fields_set__", {"type", "text", "meta"})  # the fields validation was given, a set each
-    _set(note, "__pydantic_extra__", None)
-    _set(note, "__pydantic_private__", None)
-    # `structured_content` is `Any`: validation keeps the dict itself.
-    result = _new(CallToolResult)
-    fields: dict[str, Any] = {
-        "meta": None,
-        "content": [note],
-        "structured_content": structured,
-        "is_error": True,
-        "result_type": "complete",
-    }
-    _set(result, "__dict__", fields)
-    _set(result, "__pydantic_fields_set__", {"content", "structured_content", "is_error"})
-    _set(result, "__pydantic_extra__", None)
-    _set(result, "__pydantic_private__", None)
+    result: CallToolResult = _call_tool_result({"content": content, "structured_content": structured, "is_error": True})
     return result
 
 

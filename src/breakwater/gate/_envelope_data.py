@@ -44,13 +44,11 @@ def _where(tool: str | None, server: str | None) -> str:
 
 def envelope(err: CallError) -> dict[str, Any]:
     """The `structuredContent` object for `err` (core keys first, then extra detail)."""
-    s = err.retry_after_s
     data: dict[str, Any] = {
         "ok": False,
         "code": err.code._value_,  # the plain str (`.value` is a descriptor call, 3x the cost)
         "retryable": err.retryable,
-        # `_round_s`, inline (a frame per envelope): `s - s` is NaN for an infinity or NaN, 0.0 for a finite number.
-        "retry_after_s": None if s is None or s - s != 0.0 else round(s if s > 0.0 else 0.0, 3),
+        "retry_after_s": _round_s(err.retry_after_s),
         "attempt": err.attempt,
         "max_attempts": err.max_attempts,
         "server": err.server,
