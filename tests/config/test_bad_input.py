@@ -151,19 +151,27 @@ def test_bad_config_is_refused_with_file_key_and_fix(tmp_path: Path, name: str, 
 @pytest.mark.parametrize(
     ("env", "mentions"),
     [
-        ({"BREAKWATER_CALL_TIMEOUT_S": "nan"}, "timeout_s"),
-        ({"BREAKWATER_CALL_TIMEOUT_S": "1e300"}, "timeout_s"),
-        ({"BREAKWATER_JOURNAL": "mysql://x"}, "url"),
-        ({"BREAKWATER_TOOL_NAME_TEMPLATE": "{server}"}, "tool_name_template"),
+        ({"BREAKWATER_CALL_TIMEOUT_S": "nan"}, "finite"),
+        ({"BREAKWATER_CALL_TIMEOUT_S": "1e300"}, "at most"),
+        ({"BREAKWATER_CALL_MAX_IN_FLIGHT": "abc"}, "expected a number"),
+        ({"BREAKWATER_CONNECT_BUDGET_S": "-5"}, "at least 0"),
+        ({"BREAKWATER_CALL_RETRY": "often"}, "expected one of"),
+        ({"BREAKWATER_SHARE": "maybe"}, "true or false"),
+        ({"BREAKWATER_JOURNAL": "a\x01b"}, "control character"),
+        ({"BREAKWATER_JOURNAL": "mysql://x"}, "journal URL scheme"),
     ],
 )
 def test_bad_environment_values_are_refused(tmp_path: Path, env: dict[str, str], mentions: str) -> None:
-    """An environment variable is held to the same range as the file."""
+    """An environment variable is held to the same range as the file, and the error names the variable the user set."""
     path = tmp_path / "a.json"
     path.write_text(_json({"a": OK}))
     with pytest.raises(ConfigError, match=mentions) as info:
         load_config(path, environ=env)
-    assert "environment" in str(info.value)
+    (variable,) = env
+    assert info.value.path == "environment"
+    assert info.value.key == variable, "the error names the variable, not the knob's key in a file"
+    if "scheme" not in mentions:  # the journal URL check says what to write instead
+        assert info.value.fix is not None and variable in info.value.fix
 
 
 def test_a_template_without_server_suits_one_server_and_is_refused_for_two(tmp_path: Path) -> None:

@@ -73,7 +73,7 @@ def status_view(report: StatusReport, *, now: float | None = None, template: str
             "" if s.connect_ms is None else f"{s.connect_ms} ms",
         )
         if s.error is not None and s.state is not ServerState.READY:
-            line = f"[bold]{escape(s.name)}[/]: [{STATE_STYLE[s.state]}]{s.error.code.value}[/] {escape(s.error.message)}"
+            line = f"[bold]{escape(s.name)}[/]: [{STATE_STYLE[s.state]}]{s.error.code.value}:[/] {escape(s.error.message)}"
             if s.next_retry_at is not None:
                 line += f" [dim](next try in {max(0.0, s.next_retry_at - now):.0f} s)[/]"
             problems.append(line)

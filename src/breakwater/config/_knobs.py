@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import types
 import typing
 from collections.abc import Iterator, Mapping
@@ -116,7 +117,8 @@ def _coerce(value: Any, tp: Any, *, where: str, path: str | None, name: str, inf
             return value
         if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
             return value.lower() in ("1", "true", "yes", "on")
-        raise ConfigError(f"expected true or false, got {value!r}", path=path, key=where, fix=f"set {name} = true|false")
+        fix = f"set {name}=true or {name}=false" if path == ENV_LAYER else f"set {name} = true|false"
+        raise ConfigError(f"expected true or false, got {value!r}", path=path, key=where, fix=fix)
     if tp in (int, float):
         if isinstance(value, bool):
             raise ConfigError(f"expected a number, got {value!r}", path=path, key=where, fix=f"set {name} to a number")
@@ -158,21 +160,27 @@ def build_policy(
     origin: dict[str, tuple[str | None, str]] = {}
     for mapping, path, prefix in layers:
         for key, raw in mapping.items():
-            where = f"{prefix}.{key}" if prefix else key
-            origin[key] = (path, where)
             f = fields.get(key)
+            # A value from the environment is named by its variable, in the error and in its fix: the
+            # user set BREAKWATER_CALL_MAX_IN_FLIGHT, not a key called max_in_flight.
+            env = _info(f).env if f is not None and path == ENV_LAYER else None
+            where = env or (f"{prefix}.{key}" if prefix else key)
+            origin[key] = (path, where)
             if f is None:
                 close = difflib.get_close_matches(key, list(fields), n=1)
                 fix = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(fields)}"
                 raise ConfigError("unknown key", path=path, key=where, fix=fix)
-            values[key] = _coerce(raw, hints[key], where=where, path=path, name=key, info=_info(f))
+            values[key] = _coerce(raw, hints[key], where=where, path=path, name=env or key, info=_info(f))
     try:
         return policy_cls(**values)
     except ConfigError as exc:
-        # The policy checked itself; say which file and key the offending value came from.
+        # The policy checked itself; say which file and key (or variable) the offending value came from.
         if exc.path is None and exc.key in origin:
             path, where = origin[exc.key]
-            raise ConfigError(exc.detail, path=path, key=where, fix=exc.fix) from None
+            fix = exc.fix
+            if path == ENV_LAYER and fix is not None and exc.key is not None:
+                fix = re.sub(rf"\b{re.escape(exc.key)}\b", where, fix)
+            raise ConfigError(exc.detail, path=path, key=where, fix=fix) from None
         raise
 
 
@@ -240,7 +248,7 @@ def check_knobs(policy: Any) -> None:
                     fix=f"set {f.name} to one of: {', '.join(info.choices)}",
                 )
             if _bad_text(value):
-                raise ConfigError(f"contains a control character: {value!r}", key=f.name, fix="remove it")
+                raise ConfigError(f"contains a control character: {value!r}", key=f.name, fix=f"remove it from {f.name}")
 
 
 class Policy:
@@ -253,6 +261,10 @@ class Policy:
         check_knobs(self)
 
 
+#: The `path` of the layer `env_layer` makes: errors say "environment" where a file's name would be.
+ENV_LAYER = "environment"
+
+
 def env_layer(policy_cls: type[Any], environ: Mapping[str, str] | None = None) -> tuple[Mapping[str, Any], str | None, str]:
     """The values that environment variables set for one policy class, as a layer for `build_policy`."""
     environ = os.environ if environ is None else environ
@@ -261,7 +273,7 @@ def env_layer(policy_cls: type[Any], environ: Mapping[str, str] | None = None) -
         info = _info(f)
         if info.env and info.env in environ:
             found[f.name] = environ[info.env]
-    return found, "environment", ""
+    return found, ENV_LAYER, ""
 
 
 def _fmt_default(value: Any) -> str:
