@@ -177,10 +177,10 @@ def build_policy(
         # The policy checked itself; say which file and key (or variable) the offending value came from.
         if exc.path is None and exc.key in origin:
             path, where = origin[exc.key]
-            fix = exc.fix
-            if path == ENV_LAYER and fix is not None and exc.key is not None:
-                fix = re.sub(rf"\b{re.escape(exc.key)}\b", where, fix)
-            raise ConfigError(exc.detail, path=path, key=where, fix=fix) from None
+            advice = exc.fix
+            if path == ENV_LAYER and advice is not None and exc.key is not None:
+                advice = re.sub(rf"\b{re.escape(exc.key)}\b", where, advice)
+            raise ConfigError(exc.detail, path=path, key=where, fix=advice) from None
         raise
 
 
