@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -379,6 +380,52 @@ async def test_a_sessions_own_stdio_server_runs_in_its_directory_with_its_enviro
     # The sessions' environments went to their servers and nowhere else: not to the gateway's log.
     logged = "".join(log.read_text(errors="replace") for log in share.glob("gw-*.log"))
     assert "repo-a" not in logged and "repo-b" not in logged
+
+
+async def test_a_first_list_shows_at_once_the_tools_another_session_just_learned(
+    tmp_path: Path, share: Path, upstream: tuple[str, Path]
+) -> None:
+    """Agents started together, one config: one session's own process of a stdio server is slow to come up (queued
+    behind the machine's spawn cap, or slow to start), another session's is ready. The slow session's first
+    tools/list waits for servers on their way; it must be answered with that server's tools (last known, from the
+    shared catalog) as soon as another session's process listed them, not after list_wait_s without them: a client
+    that reads the list once would conclude the tool does not exist (seen with 6 cold Inspector one-shots: 2 failed)."""
+    url, _ = upstream
+    cmd = launch_command("--name", "local")
+    config = write_config(tmp_path, url, local={"command": "local-server"})  # found on each session's own PATH
+    base = env_for(tmp_path, share, BREAKWATER_LIST_WAIT_S="90")
+    repos = {}
+    for name, delay in (("slow", "600"), ("fast", "0")):
+        repo = tmp_path / name
+        (repo / "bin").mkdir(parents=True)
+        launcher = repo / "bin" / "local-server"
+        launcher.write_text(f"#!/bin/sh\nsleep {delay}\nexec {shlex.join(cmd)}\n")
+        launcher.chmod(0o755)
+        repos[name] = repo
+
+    def params(repo: Path) -> StdioServerParameters:
+        env = {**base, "PATH": f"{repo / 'bin'}{os.pathsep}{base['PATH']}"}
+        return StdioServerParameters(command=BREAKWATER[0], args=[*BREAKWATER[1:], "serve", "--config", str(config)], env=env)
+
+    slow_list: dict[str, Any] = {}
+    async with Client(params(repos["slow"])) as slow:
+
+        async def first_list() -> None:
+            slow_list["names"] = {t.name for t in (await slow.list_tools()).tools}
+            slow_list["at"] = time.monotonic()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first_list)
+            await anyio.sleep(1)  # the slow session is waiting for its own `local`
+            assert not slow_list
+            async with Client(params(repos["fast"])) as fast:
+                assert "local__echo" in {t.name for t in (await fast.list_tools()).tools}
+                fast_listed = time.monotonic()
+                with anyio.fail_after(60):  # list_wait_s is 90: an answer by then came from the catalog
+                    while not slow_list:
+                        await anyio.sleep(0.05)
+    assert {"local__echo", "web__echo"} <= slow_list["names"]
+    assert slow_list["at"] - fast_listed < 20, "the waiting list was answered only when its own wait ran out"
 
 
 def test_the_environment_a_session_gives_its_servers_is_the_sdks() -> None:

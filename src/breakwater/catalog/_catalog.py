@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import mcp.types as types
 
 from breakwater import _paths
@@ -59,6 +60,11 @@ class Catalog:
         self._dir = directory
         self._last_known: dict[str, list[types.Tool]] = {}
         self._pins: dict[str, dict[str, str]] = {}
+        #: Moves whenever a server's last-known tools change. In a shared gateway one catalog serves every
+        #: session, and a session's own stdio server may still be queued when another session's process of
+        #: it lists its tools: the waiting session's view is rebuilt, and its first tools/list answered, then.
+        self.version = 0
+        self._changed = anyio.Event()
 
     def _path(self, server: str, fingerprint: str) -> Path | None:
         if self._dir is None:
@@ -84,6 +90,9 @@ class Catalog:
         if self._last_known.get(server) == list(tools):
             return
         self._last_known[server] = list(tools)
+        self.version += 1
+        self._changed.set()
+        self._changed = anyio.Event()
         path = self._path(server, fingerprint)
         if path is None:
             return
@@ -94,6 +103,10 @@ class Catalog:
             payload = {"server": server, "tools": [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]}
             tmp.write_text(json.dumps(payload))
             tmp.replace(path)
+
+    async def wait_changed(self) -> None:
+        """Return at the next change of any server's last-known tools."""
+        await self._changed.wait()
 
     # ---- definition pins (drift) -------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import os
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -131,7 +131,7 @@ class Gateway:
         self._signature: tuple[Any, ...] = ()
         self._entries: list[Entry] = []
         self._index: dict[str, Entry] = {}
-        self._generation = -1  # the Breakwater generation `_entries` was built from
+        self._generation: tuple[int, int] = (-1, -1)  # the (Breakwater, catalog) versions `_entries` was built from
         self.drift: dict[str, list[str]] = {}  # server -> tools whose definition changed since approved
         self._tg: TaskGroup | None = None  # the gateway's background work (`watch`)
         if relay is None:
@@ -174,7 +174,9 @@ class Gateway:
 
     def refresh(self) -> list[Entry]:
         """Recompute the listed tools from the servers' states (and remember ready servers' tools on disk)."""
-        self._generation = self.bw.generation
+        # Only a change of this gateway's own servers teaches the catalog. A build because the catalog moved
+        # must not: two sessions whose processes of one server list different tools would teach it in turn forever.
+        learn = self._generation[0] != self.bw.generation
         triples = []
         drift: dict[str, list[str]] = {}
         for spec in self.bw.config.servers:
@@ -184,7 +186,8 @@ class Gateway:
             fingerprint = spec.fingerprint()
             if upstream.state is ServerState.READY:
                 tools = list(upstream.tools)
-                self.catalog.remember(spec.name, fingerprint, tools)
+                if learn:
+                    self.catalog.remember(spec.name, fingerprint, tools)
                 changed = self.catalog.drifted(spec.name, fingerprint, tools)
                 if changed and self.policy.drift == "accept":
                     logger.warning("server %s changed tools %s; accepted (drift = accept)", spec.name, changed)
@@ -199,15 +202,18 @@ class Gateway:
         self.drift = drift
         self._entries = self.catalog.entries(triples)
         self._index = {e.name: e for e in self._entries}
+        # After `remember`: what this build taught the catalog is in it already.
+        self._generation = (self.bw.generation, self.catalog.version)
         return self._entries
 
     def entries(self) -> list[Entry]:
         """Every tool the gateway lists: live tools of ready servers, last-known tools of the others.
 
-        Rebuilt only when a server's state or tools changed since the last build, so a call reads a
-        cached index, and never a stale one.
+        Rebuilt only when a server's state or tools changed since the last build, or the catalog learned
+        a server's tools (from another session of a shared gateway), so a call reads a cached index, and
+        never a stale one.
         """
-        if self._generation == self.bw.generation:
+        if self._generation == (self.bw.generation, self.catalog.version):
             return self._entries
         return self.refresh()
 
@@ -269,7 +275,7 @@ class Gateway:
     async def _watch_tools(self) -> None:
         self._signature = self._current_signature()
         while True:
-            await self.bw.wait_changed()
+            await self._wait_changed()
             signature = self._current_signature()
             if signature == self._signature:
                 continue
@@ -315,8 +321,19 @@ class Gateway:
         deadline = clock.monotonic() + self.policy.list_wait_s
         while self._unlisted_on_its_way() and clock.monotonic() < deadline:
             with clock.deadline_scope(deadline):
-                await self.bw.wait_changed()
+                await self._wait_changed()
         return self.entries()
+
+    async def _wait_changed(self) -> None:
+        """Return at the next change of a server or of the catalog (another session of a shared gateway taught it)."""
+        async with anyio.create_task_group() as tg:
+
+            async def wait(changed: Callable[[], Awaitable[None]]) -> None:
+                await changed()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(wait, self.bw.wait_changed)
+            tg.start_soon(wait, self.catalog.wait_changed)
 
     def _unlisted_on_its_way(self) -> bool:
         listed = {e.server for e in self.entries()}
