@@ -60,6 +60,8 @@ processes using that directory: while n handshakes are in flight (one marker fil
 after the pid so markers of dead processes are ignored) each progresses at min(1, cores/n).
 --startup-delay S holds every request (so the handshake) until S seconds after the process
 started, while the process is already up and, on HTTP, already accepting connections.
+--start-when PATH holds them, likewise, until PATH exists: a start-up that a script, not the
+machine's speed, decides (the demo's slow-starting server is still starting whenever it is asked).
 
 HTTP faults (per process)
 -------------------------
@@ -142,6 +144,7 @@ class _Options:
     seed: int | None
     specs: tuple[ToolSpec, ...]
     startup_delay: float
+    start_when: Path | None
     congestion: Congestion | None
     ledger: Path | None
     state_file: Path | None
@@ -203,6 +206,8 @@ class _Runtime:
             wait = self.ready_at - time.monotonic()
             if wait > 0:
                 await anyio.sleep(wait)
+            while self.opts.start_when is not None and not self.opts.start_when.exists():
+                await anyio.sleep(0.05)
             if ctx.method in _HANDSHAKE_METHODS:
                 self.handshakes += 1
                 self._write_state()
@@ -404,6 +409,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="S",
         help="hold every request (so the handshake) until S seconds after start",
     )
+    g.add_argument("--start-when", type=Path, default=None, metavar="PATH", help="hold every request until PATH exists")
     g.add_argument("--exit-at-start", type=int, default=None, metavar="CODE", help="exit with CODE before serving")
     g.add_argument("--exit-message", default=None, metavar="TEXT", help="with --exit-at-start: print TEXT to stderr")
     g.add_argument("--congestion-dir", type=Path, default=None, metavar="DIR", help="share handshake service via DIR")
@@ -452,6 +458,7 @@ def main(argv: list[str]) -> int:
         seed=ns.seed,
         specs=specs,
         startup_delay=ns.startup_delay,
+        start_when=ns.start_when,
         congestion=(
             Congestion(ns.congestion_dir, ns.congestion_work, ns.congestion_cores, ns.congestion_sigma)
             if ns.congestion_dir is not None
