@@ -335,6 +335,15 @@ server.run("stdio")
 """
 
 
+def repo_with(repo: Path, command: str, script: str) -> Path:
+    """A directory standing for an agent's repository, with `command` (a shell `script`) in its `bin`."""
+    (repo / "bin").mkdir(parents=True)
+    launcher = repo / "bin" / command
+    launcher.write_text(f"#!/bin/sh\n{script}\n")
+    launcher.chmod(0o755)
+    return repo
+
+
 async def test_a_sessions_own_stdio_server_runs_in_its_directory_with_its_environment(
     tmp_path: Path, share: Path, upstream: tuple[str, Path]
 ) -> None:
@@ -345,14 +354,7 @@ async def test_a_sessions_own_stdio_server_runs_in_its_directory_with_its_enviro
     script.write_text(_WHERE_SERVER)
     entry = {"command": "where-server", "env": {"FROM_ENTRY": "e"}}  # found on each session's own PATH
     config = write_config(tmp_path, url, where=entry)
-    repos = {}
-    for name in ("repo-a", "repo-b"):
-        repo = tmp_path / name
-        (repo / "bin").mkdir(parents=True)
-        launcher = repo / "bin" / "where-server"
-        launcher.write_text(f"#!/bin/sh\nexec {sys.executable} {script}\n")
-        launcher.chmod(0o755)
-        repos[name] = repo
+    repos = {name: repo_with(tmp_path / name, "where-server", f"exec {sys.executable} {script}") for name in ("repo-a", "repo-b")}
     base = env_for(tmp_path, share)
     before = handshakes(state)
 
@@ -394,14 +396,10 @@ async def test_a_first_list_shows_at_once_the_tools_another_session_just_learned
     cmd = launch_command("--name", "local")
     config = write_config(tmp_path, url, local={"command": "local-server"})  # found on each session's own PATH
     base = env_for(tmp_path, share, BREAKWATER_LIST_WAIT_S="90")
-    repos = {}
-    for name, delay in (("slow", "600"), ("fast", "0")):
-        repo = tmp_path / name
-        (repo / "bin").mkdir(parents=True)
-        launcher = repo / "bin" / "local-server"
-        launcher.write_text(f"#!/bin/sh\nsleep {delay}\nexec {shlex.join(cmd)}\n")
-        launcher.chmod(0o755)
-        repos[name] = repo
+    repos = {
+        name: repo_with(tmp_path / name, "local-server", f"sleep {delay}\nexec {shlex.join(cmd)}")
+        for name, delay in (("slow", "600"), ("fast", "0"))
+    }
 
     def params(repo: Path) -> StdioServerParameters:
         env = {**base, "PATH": f"{repo / 'bin'}{os.pathsep}{base['PATH']}"}
