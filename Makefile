@@ -26,9 +26,10 @@ demo: $(RUN_STAMP)
 
 # Two workers: the suite is mostly real processes starting and waiting, so a second worker nearly halves
 # the wall time even on two cores. A module's tests stay on one worker (--dist loadfile), so module
-# fixtures (the conformance runs, the npm servers) start once.
+# fixtures (the conformance runs, the npm servers) start once. The slowest tests are listed at the end
+# (--durations): on a slow host the suite's tail is what keeps CI long, and this says where it is.
 test: $(STAMP)
-	$(BIN)/pytest -q -n 2 --dist loadfile
+	$(BIN)/pytest -q -n 2 --dist loadfile --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
