@@ -64,7 +64,7 @@ from breakwater.state._operations import OperationRecords
 from breakwater.status import ServerState
 from breakwater.tasks._server import current_task_id
 
-__all__ = ["DEADLINE_META_KEY", "Gateway", "GatewayPolicy", "SearchAnswer"]
+__all__ = ["DEADLINE_META_KEY", "Gateway", "GatewayPolicy", "SearchAnswer", "first_of"]
 
 logger = logging.getLogger("breakwater.gateway")
 
@@ -131,7 +131,8 @@ class Gateway:
         self._signature: tuple[Any, ...] = ()
         self._entries: list[Entry] = []
         self._index: dict[str, Entry] = {}
-        self._generation: tuple[int, int] = (-1, -1)  # the (Breakwater, catalog) versions `_entries` was built from
+        self._generation = -1  # the Breakwater generation `_entries` was built from
+        self._catalog_version = -1  # and the catalog's version
         self.drift: dict[str, list[str]] = {}  # server -> tools whose definition changed since approved
         self._tg: TaskGroup | None = None  # the gateway's background work (`watch`)
         if relay is None:
@@ -176,7 +177,7 @@ class Gateway:
         """Recompute the listed tools from the servers' states (and remember ready servers' tools on disk)."""
         # Only a change of this gateway's own servers teaches the catalog. A build because the catalog moved
         # must not: two sessions whose processes of one server list different tools would teach it in turn forever.
-        learn = self._generation[0] != self.bw.generation
+        learn = self._generation != self.bw.generation
         triples = []
         drift: dict[str, list[str]] = {}
         for spec in self.bw.config.servers:
@@ -203,7 +204,7 @@ class Gateway:
         self._entries = self.catalog.entries(triples)
         self._index = {e.name: e for e in self._entries}
         # After `remember`: what this build taught the catalog is in it already.
-        self._generation = (self.bw.generation, self.catalog.version)
+        self._generation, self._catalog_version = self.bw.generation, self.catalog.version
         return self._entries
 
     def entries(self) -> list[Entry]:
@@ -213,7 +214,7 @@ class Gateway:
         a server's tools (from another session of a shared gateway), so a call reads a cached index, and
         never a stale one.
         """
-        if self._generation == (self.bw.generation, self.catalog.version):
+        if self._generation == self.bw.generation and self._catalog_version == self.catalog.version:
             return self._entries
         return self.refresh()
 
@@ -326,14 +327,7 @@ class Gateway:
 
     async def _wait_changed(self) -> None:
         """Return at the next change of a server or of the catalog (another session of a shared gateway taught it)."""
-        async with anyio.create_task_group() as tg:
-
-            async def wait(changed: Callable[[], Awaitable[None]]) -> None:
-                await changed()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(wait, self.bw.wait_changed)
-            tg.start_soon(wait, self.catalog.wait_changed)
+        await first_of(self.bw.wait_changed, self.catalog.wait_changed)
 
     def _unlisted_on_its_way(self) -> bool:
         listed = {e.server for e in self.entries()}
@@ -520,3 +514,15 @@ class Gateway:
             accepted += [e.name for e in live if e.tool.name in done]
         self.refresh()
         return accepted
+
+
+async def first_of(*waits: Callable[[], Awaitable[None]]) -> None:
+    """Return as soon as the first of `waits` returns; the others are cancelled."""
+    async with anyio.create_task_group() as tg:
+
+        async def wait(changed: Callable[[], Awaitable[None]]) -> None:
+            await changed()
+            tg.cancel_scope.cancel()
+
+        for changed in waits:
+            tg.start_soon(wait, changed)

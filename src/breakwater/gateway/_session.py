@@ -31,7 +31,7 @@ from breakwater.connect._transports import OpenedTransport, TransportFactory, de
 from breakwater.connect._upstream import Upstream
 from breakwater.gate._gate import ProgressCallback
 from breakwater.gate._turn_budget import TurnBudgetScope
-from breakwater.gateway._server import Gateway
+from breakwater.gateway._server import Gateway, first_of
 from breakwater.gateway._share import SessionContext, per_session
 from breakwater.status import StatusReport
 
@@ -84,14 +84,7 @@ class SessionServers:
 
     async def wait_changed(self) -> None:
         """Return at the next change of any server, shared or the session's own."""
-        async with anyio.create_task_group() as tg:
-
-            async def wait(bw: Breakwater) -> None:
-                await bw.wait_changed()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(wait, self.shared)
-            tg.start_soon(wait, self.own)
+        await first_of(self.shared.wait_changed, self.own.wait_changed)
 
     async def call_tool(
         self,
