@@ -676,13 +676,24 @@ async def test_a_cold_start_forks_one_gateway_that_keeps_none_of_the_sessions_pi
     assert not list(share.glob("*.sock"))
 
 
+def descriptors(pid: int) -> dict[int, str]:
+    """The open descriptors of `pid` and what they point at; one closed while /proc is read is not open."""
+    fds = {}
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            fds[int(fd.name)] = os.readlink(fd)
+        except FileNotFoundError:  # the gateway closed it (a finished connect, a socket) between listing and reading
+            continue
+    return fds
+
+
 def forked_from_a_session(pid: int, share: Path) -> None:
     """What /proc says of the gateway at `pid`: a `serve` forked, detached, none of the agent's pipes held."""
     proc = Path(f"/proc/{pid}")
     assert b"serve" in (proc / "cmdline").read_bytes().split(b"\0")  # no `gateway run` interpreter was started
     assert os.getsid(pid) not in (os.getsid(0), pid)  # detached from ours, and no session leader (forked twice)
     [log] = share.glob("gw-*.log")
-    fds = {int(fd.name): os.readlink(fd) for fd in (proc / "fd").iterdir()}
+    fds = descriptors(pid)
     assert fds[0] == os.devnull and fds[1] == fds[2] == str(log)
     assert not [target for target in fds.values() if target.startswith("pipe:")], fds
     assert oct(log.stat().st_mode & 0o777) == "0o600"
@@ -779,7 +790,7 @@ def test_a_forked_gateway_keeps_no_descriptor_the_agent_gave_its_session(
         proc.stdin.flush()
         assert json.loads(proc.stdout.readline())["id"] == 1
         [gateway] = gateway_pids(share)
-        held = {os.readlink(fd) for fd in Path(f"/proc/{gateway}/fd").iterdir()}
+        held = set(descriptors(gateway).values())
         assert f"pipe:[{os.fstat(write_end).st_ino}]" not in held, held
     finally:
         proc.stdin.close()
