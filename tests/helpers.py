@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import random
 import shutil
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -24,7 +26,17 @@ if TYPE_CHECKING:
 #: The machine's Redis (or BREAKWATER_TEST_REDIS_URL): the tests' one place for it.
 REDIS_URL = os.environ.get("BREAKWATER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
-__all__ = ["REDIS_URL", "chrome", "code_of", "connected_upstream", "eventually", "require", "screenshot"]
+__all__ = [
+    "REDIS_URL",
+    "ask_gateway",
+    "chrome",
+    "code_of",
+    "connected_upstream",
+    "eventually",
+    "gateway_pids",
+    "require",
+    "screenshot",
+]
 
 
 def code_of(result: Any) -> str | None:
@@ -38,6 +50,25 @@ async def eventually(check: Callable[[], bool], timeout: float = 5.0, *, interva
     with anyio.fail_after(timeout):
         while not check():
             await anyio.sleep(interval)
+
+
+def ask_gateway(sock: Path, hello: dict[str, Any]) -> dict[str, Any] | None:
+    """One handshake with the shared gateway at `sock`, synchronously (None when nothing answers)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        try:
+            s.connect(str(sock))
+        except OSError:
+            return None
+        s.sendall(json.dumps(hello).encode() + b"\n")
+        answer: dict[str, Any] = json.loads(s.makefile("rb").readline())
+        return answer
+
+
+def gateway_pids(share: Path) -> list[int]:
+    """The pids of the shared gateways that answer in the socket directory `share`."""
+    infos = [ask_gateway(sock, {"breakwater": "info"}) for sock in share.glob("gw-*.sock")]
+    return [int(i["pid"]) for i in infos if i is not None]
 
 
 @asynccontextmanager

@@ -12,7 +12,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from breakwater.testing.server import launch_command, read_state
-from helpers import code_of, eventually
+from helpers import ask_gateway, code_of, eventually, gateway_pids
 
 pytestmark = pytest.mark.anyio
 
@@ -54,25 +53,6 @@ def upstream() -> Iterator[tuple[str, Path]]:
         proc.kill()
         proc.wait()
         shutil.rmtree(directory, ignore_errors=True)
-
-
-def _ask(sock: Path, hello: dict[str, Any]) -> dict[str, Any] | None:
-    """One handshake with the gateway at `sock`, synchronously (None when nothing answers)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(5)
-        try:
-            s.connect(str(sock))
-        except OSError:
-            return None
-        s.sendall(json.dumps(hello).encode() + b"\n")
-        answer: dict[str, Any] = json.loads(s.makefile("rb").readline())
-        return answer
-
-
-def gateway_pids(share: Path) -> list[int]:
-    """The pids of the gateways that answer in `share`."""
-    infos = [_ask(sock, {"breakwater": "info"}) for sock in share.glob("gw-*.sock")]
-    return [int(i["pid"]) for i in infos if i is not None]
 
 
 @pytest.fixture
@@ -203,11 +183,11 @@ async def isolated(a: Client, b: Client) -> None:
 def refusals(share: Path) -> None:
     """A gateway refuses another config's fingerprint, another version, and (as root, tried) another user."""
     sock = next(share.glob("gw-*.sock"))
-    info = _ask(sock, {"breakwater": "info"})
+    info = ask_gateway(sock, {"breakwater": "info"})
     assert info is not None
-    wrong = _ask(sock, {"breakwater": "attach", "fingerprint": "0" * 32, "version": info["version"]})
+    wrong = ask_gateway(sock, {"breakwater": "attach", "fingerprint": "0" * 32, "version": info["version"]})
     assert wrong is not None and not wrong["ok"] and "another config" in wrong["reason"]
-    old = _ask(sock, {"breakwater": "attach", "fingerprint": info["fingerprint"], "version": "0.0.1"})
+    old = ask_gateway(sock, {"breakwater": "attach", "fingerprint": info["fingerprint"], "version": "0.0.1"})
     assert old is not None and not old["ok"] and "restart it" in old["reason"]
     if os.getuid() == 0:  # as root, also try it as another user: the 0700 directory keeps them out
         probe = f"socket.socket(socket.AF_UNIX).connect({str(sock)!r})"

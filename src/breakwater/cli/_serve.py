@@ -144,7 +144,7 @@ async def _serve_stdio(config: Config) -> int:
     from breakwater.gateway._stdio_server import stdio_server
 
     stopped_by: list[int] = []
-    async with open_gateway(config) as gateway:
+    async with open_gateway(config, one_client=True) as gateway:
         # The client went away (stdin closed) or a stop signal came: the calls in flight get `drain_s`.
         drain = partial(drain_stdio, gateway.drain, config.gateway.drain_s)
         async with stdio_server(stopped_by, on_end=drain, server=gateway.server) as (read, write):

@@ -16,6 +16,7 @@ from breakwater._breakwater import Breakwater
 from breakwater.catalog._catalog import Catalog, default_catalog_dir
 from breakwater.config import Config
 from breakwater.gateway._relay import Relay
+from breakwater.gateway._roots import ClientRoots
 from breakwater.gateway._server import Gateway
 from breakwater.journal import AttemptObserver
 
@@ -36,18 +37,24 @@ async def open_gateway(
     observers: Sequence[AttemptObserver] = (),
     catalog: Catalog | None = None,
     watch: bool = True,
+    one_client: bool = False,
 ) -> AsyncIterator[Gateway]:
     """Connect to every configured server and yield the `Gateway` in front of them; close it all on exit.
 
     `observers` see every attempt (after the journal), e.g. the HTTP app's `Metrics`. With `watch`
     (the default) the gateway follows state and tool-list changes while open: it refreshes the
     catalog and sends `list_changed` to its clients; a one-shot reader of the catalog turns it off.
-    Enter and exit in the same task, as with `Breakwater`.
+    `one_client` says the gateway serves one client (a stdio `serve` of its own): then its servers get
+    that client's roots (`breakwater.gateway._roots`). Enter and exit in the same task, as with `Breakwater`.
     """
     # The relay first: every connection carries its callbacks from the first connect on.
     relay = Relay()
-    async with Breakwater(config, observers=observers, client_hooks=relay.client_kwargs) as bw:
+    roots = ClientRoots(relay) if one_client else None
+    hooks = roots.hooks(relay.client_kwargs) if roots is not None else relay.client_kwargs
+    async with Breakwater(config, observers=observers, client_hooks=hooks) as bw:
         gateway = Gateway(bw, config.gateway, catalog=catalog if catalog is not None else gateway_catalog(config), relay=relay)
+        if roots is not None:
+            roots.serve(gateway.server, lambda: [bw.upstream(spec.name) for spec in config.servers])
         if not watch:
             yield gateway
             return

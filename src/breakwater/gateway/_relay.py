@@ -23,7 +23,6 @@ from pydantic import BaseModel, ValidationError
 from breakwater._clock import Clock, SystemClock
 from breakwater._wire import ENVELOPE_META_KEY
 from breakwater.config import ServerSpec
-from breakwater.connect._upstream import ClientHooks
 from breakwater.errors import ClientCannotAnswerError, ErrorCode
 from breakwater.gate._attempt import ATTEMPT_WATCHER, AttemptDeadline
 from breakwater.gate._envelope import error_result
@@ -315,6 +314,16 @@ class Relay:
             return live[-1]
         return None
 
+    def refused(self, server: str, transport: str, kind: str, why: str) -> types.ErrorData:
+        """Refuse `server`'s `kind` request; for the call it belongs to, if one is in flight, remembered as its reason."""
+        caller = self._caller(server, transport)
+        return caller.refuse(kind, why) if caller is not None else _refusal(why)
+
+    @property
+    def clock(self) -> Clock:
+        """The clock that bounds the relay's waits."""
+        return self._clock
+
     def client_kwargs(self, spec: ServerSpec) -> dict[str, Any]:
         """The relay callbacks for `spec`'s `mcp.Client` (an `Upstream.client_hooks`)."""
         server, transport = spec.name, spec.transport
@@ -455,13 +464,3 @@ def explain_refusal(result: types.CallToolResult, caller: _Caller) -> types.Call
 
 async def _no_subscribers(server: str, uri: str) -> None:
     return None
-
-
-def gateway_client_hooks() -> ClientHooks:
-    """Client arguments that make connections look as the gateway's do: declaring sampling and elicitation.
-
-    Some servers list more tools to a client that can answer those requests, so `breakwater status`
-    connects with these to count the tools the gateway lists (`Breakwater(client_hooks=...)`). With no
-    downstream caller, a request is refused at once.
-    """
-    return Relay().client_kwargs

@@ -11,7 +11,8 @@ session happened to start it.
 `session_gateway` opens such a session: a `Breakwater` of the session's own servers (its attempts go
 to the shared journal) and a `Gateway` over both, seen through `SessionServers`, which routes each
 server to the `Breakwater` that holds it. The catalog of last-known tools and the relay of sampling,
-elicitation and logs are the shared gateway's.
+elicitation and logs are the shared gateway's; the session's own servers get its client's roots
+(`breakwater.gateway._roots`), the shared ones none.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from breakwater.connect._transports import OpenedTransport, TransportFactory, de
 from breakwater.connect._upstream import Upstream
 from breakwater.gate._gate import ProgressCallback
 from breakwater.gate._turn_budget import TurnBudgetScope
+from breakwater.gateway._roots import ClientRoots
 from breakwater.gateway._server import Gateway, first_of
 from breakwater.gateway._share import SessionContext, per_session
 from breakwater.status import StatusReport
@@ -136,17 +138,19 @@ async def session_gateway(shared: Gateway, config: Config, context: SessionConte
     bw = shared.bw
     observers = [bw.journal] if bw.journal is not None else []
     transports = default_transports if context is None else session_transports(context)
+    roots = ClientRoots(shared.relay)  # the session's own servers serve this session's client alone
     own = Breakwater(
         config.with_servers(own_specs),
         journal=None,
         observers=observers,
-        client_hooks=shared.relay.client_kwargs,
+        client_hooks=roots.hooks(shared.relay.client_kwargs),
         transports=transports,
     )
     async with own:
         # A `Gateway` reads no more of its `Breakwater` than `SessionServers` has.
         view = cast(Breakwater, SessionServers(config, bw, own))
         gateway = Gateway(view, config.gateway, catalog=shared.catalog, relay=shared.relay)
+        roots.serve(gateway.server, lambda: [own.upstream(spec.name) for spec in own_specs])
         async with anyio.create_task_group() as tg:
             tg.start_soon(gateway.watch)
             yield gateway
