@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from typing import Any
@@ -119,6 +119,8 @@ class Upstream:
         self._era: str | None = None
         self._prior_discover: Any = None
         self._lost = anyio.Event()
+        self._relist = anyio.Event()  # the server said its tools changed (notifications/tools/list_changed)
+        self._listing = anyio.Lock()  # one tools/list at a time: the health check's or a change's
         self.ready_event = anyio.Event()
         self._changed = anyio.Event()  # set (and replaced) at every state change
         self._redact = Redactor(spec.secrets)
@@ -269,13 +271,16 @@ class Upstream:
                 async with AsyncExitStack() as stack:
                     opened = await self._transports(self.spec, stack, report_lost=self.report_lost)
                     mode = self._mode_kwargs()
+                    hooks = dict(self.client_hooks(self.spec)) if self.client_hooks is not None else {}
+                    hooks["message_handler"] = self._hear_list_changes(hooks.get("message_handler"))
+                    self._relist = anyio.Event()
                     client = Client(
                         opened.target,
                         cache=None,
                         client_info=_client_info(),
                         extensions=self._extensions,
                         **mode,
-                        **(self.client_hooks(self.spec) if self.client_hooks is not None else {}),
+                        **hooks,
                     )
                     await stack.enter_async_context(client)
                     if mode["mode"] == "2026-07-28" and mode.get("prior_discover") is None:
@@ -353,29 +358,65 @@ class Upstream:
             interval = self.spec.connect.health_interval_s
             if interval > 0:
                 tg.start_soon(self._health_loop, client, interval)
+            tg.start_soon(self._follow_list_changes, client)
             await self._lost.wait()
             tg.cancel_scope.cancel()
+
+    def _hear_list_changes(self, then: Callable[[Any], Awaitable[None]] | None) -> Callable[[Any], Awaitable[None]]:
+        """The client's message handler: note a `notifications/tools/list_changed`, then hand every message to `then`."""
+
+        async def handle(message: Any) -> None:
+            if isinstance(message, types.ToolListChangedNotification):
+                self._relist.set()
+            if then is not None:
+                await then(message)
+
+        return handle
+
+    async def _follow_list_changes(self, client: Client) -> None:
+        """List the tools again as soon as the server says they changed.
+
+        A server may add tools while it runs (GitHub's dynamic toolsets, a tool that unlocks others) and
+        says so with `notifications/tools/list_changed`; until the next health check (every
+        `health_interval_s`, 30 s by default) the gateway would list them nowhere, and the model would
+        take a tool it was just offered for one that does not exist. Changes that come while a list is
+        under way are taken by one more list after it.
+        """
+        while True:
+            await self._relist.wait()
+            self._relist = anyio.Event()
+            if not await self._list_again(client, "after the server's tools/list_changed"):
+                return
 
     async def _health_loop(self, client: Client, interval: float) -> None:
         while True:
             await self._clock.sleep(interval * self._rng.uniform(0.8, 1.2))
+            if not await self._list_again(client, "health check"):
+                return
+
+    async def _list_again(self, client: Client, why: str) -> bool:
+        """List the server's tools again and take any change (names or definitions); False when that failed
+        (the connection is dropped as unhealthy)."""
+        async with self._listing:
             deadline = self._clock.monotonic() + self.spec.connect.attempt_timeout_s
             try:
                 with self._clock.deadline_scope(deadline) as scope:
                     tools, rejected = await list_all_tools(client)
             except Exception as exc:
-                self.error = ErrorInfo(code=Reason.UNHEALTHY, message=f"health check failed: {describe(exc)}")
+                self.error = ErrorInfo(code=Reason.UNHEALTHY, message=f"{why} failed: {describe(exc)}")
                 self._drop()
-                return
+                return False
             if scope.cancelled_caught:
                 self.error = ErrorInfo(
-                    code=Reason.UNHEALTHY, message="health check (tools/list) did not answer within the attempt timeout"
+                    code=Reason.UNHEALTHY, message=f"{why} (tools/list) did not answer within the attempt timeout"
                 )
                 self._drop()
-                return
-            if [t.name for t in tools] != [t.name for t in self.tools] or rejected != self.rejected_tools:
+                return False
+            # Whole definitions, not names: a changed description or schema is drift the gateway must see.
+            if tools != self.tools or rejected != self.rejected_tools:
                 self.tools, self.rejected_tools = tools, rejected
                 self._on_change(self)
+            return True
 
     # ---- protocol revision memory -----------------------------------------------------------
 

@@ -1,0 +1,104 @@
+"""A server that changes its tools while it runs, and says so, is heard at once.
+
+A real `breakwater serve` (stdio) in front of a real SDK server that adds a tool, and rewords one,
+when asked, each time sending `notifications/tools/list_changed`. With the health check off, only
+that notification can tell breakwater: the client must get its own `list_changed`, list the new
+tool and call it, and `breakwater_status` must show the reworded tool as drift, within seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp.types as types
+import pytest
+from mcp import Client, StdioServerParameters
+
+pytestmark = pytest.mark.anyio
+
+_GROWING_SERVER = """
+from mcp.server.mcpserver import Context, MCPServer
+
+server = MCPServer("grow")
+
+
+def secret() -> str:
+    return "the secret tool answers"
+
+
+def echo(text: str) -> str:
+    return text
+
+
+server.add_tool(echo, name="echo", description="Echo the text.")
+
+
+@server.tool()
+async def unlock(ctx: Context) -> str:
+    server.add_tool(secret, name="secret", description="Only there once unlocked.")
+    await ctx.session.send_tool_list_changed()
+    return "unlocked"
+
+
+@server.tool()
+async def reword(ctx: Context) -> str:
+    server.remove_tool("echo")
+    server.add_tool(echo, name="echo", description="Echo the text, now described otherwise.")
+    await ctx.session.send_tool_list_changed()
+    return "reworded"
+
+
+server.run("stdio")
+"""
+
+
+async def test_a_tool_the_server_adds_or_rewords_reaches_the_client_at_its_list_changed(tmp_path: Path) -> None:
+    script = tmp_path / "grow.py"
+    script.write_text(_GROWING_SERVER)
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"g": {"command": sys.executable, "args": [str(script)]}}}))
+    env = {
+        **os.environ,
+        "BREAKWATER_CATALOG_DIR": str(tmp_path / "catalog"),
+        "BREAKWATER_ADMISSION_DIR": str(tmp_path / "admission"),
+        "BREAKWATER_CONNECT_STARTUP_JITTER_S": "0",
+        "BREAKWATER_HEALTH_INTERVAL_S": "0",  # no periodic re-list: only the server's notification can tell
+        "BREAKWATER_PROTOCOL": "2025-11-25",  # where a server sends list_changed on its connection
+    }
+    heard = anyio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            heard.set()
+
+    params = StdioServerParameters(command=sys.executable, args=["-m", "breakwater", "serve", "--config", str(config)], env=env)
+    async with Client(params, mode="legacy", message_handler=on_message) as client:
+
+        async def listed() -> dict[str, types.Tool]:
+            return {t.name: t for t in (await client.list_tools()).tools}
+
+        with anyio.fail_after(30):
+            while "g__unlock" not in await listed():
+                await anyio.sleep(0.1)
+        assert "g__secret" not in await listed()
+        heard = anyio.Event()  # list_changed from the start-up is not the one this test waits for
+
+        assert not (await client.call_tool("g__unlock", {})).is_error
+        with anyio.fail_after(10):
+            await heard.wait()
+        assert "g__secret" in await listed()
+        found = await client.call_tool("g__secret", {})
+        assert not found.is_error and "the secret tool answers" in str(found.content)
+
+        heard = anyio.Event()
+        assert not (await client.call_tool("g__reword", {})).is_error
+        with anyio.fail_after(10):
+            await heard.wait()
+        status = (await client.call_tool("breakwater_status", {})).structured_content or {}
+        assert status["drift"] == {"g": ["echo"]}, status  # the default, warn: listed, and said to have changed
+        assert (await listed())["g__echo"].description == "Echo the text, now described otherwise."
