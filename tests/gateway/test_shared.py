@@ -421,6 +421,24 @@ def test_the_environment_a_session_gives_its_servers_is_the_sdks() -> None:
     assert SessionContext.from_json("nope") is None
 
 
+def test_every_spelling_of_one_config_file_finds_one_gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Agents write the path their own way (`--config mcp.json` from the repository, `./mcp.json`, an absolute
+    path, a symlink): one file is one gateway. Until now each spelling had a gateway of its own, each connecting
+    every HTTP server again. A file that says something else still has another."""
+    from breakwater.config import load_config
+    from breakwater.gateway._share import config_fingerprint
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    config = write_config(repo, "https://example.com/mcp", local={"command": "echo", "args": ["hi"], "shared": True})
+    (tmp_path / "link.json").symlink_to(config)
+    monkeypatch.chdir(repo)
+    spellings = ["mcp.json", "./mcp.json", str(config), "../repo/mcp.json", str(tmp_path / "link.json")]
+    assert len({config_fingerprint(load_config(spelling)) for spelling in spellings}) == 1
+    other = write_config(repo, "https://example.com/other", "other.json")
+    assert config_fingerprint(load_config(other)) != config_fingerprint(load_config(config))
+
+
 def test_a_stdio_server_is_shared_by_its_entry_or_by_the_knob(tmp_path: Path) -> None:
     """`"shared": true` (JSON), `shared = true` (breakwater.toml, inline or over servers_file) and `[gateway] share_stdio`
     each make a stdio server the gateway's; it is breakwater's own key, read, not noted as a client's."""

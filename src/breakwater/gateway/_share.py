@@ -208,7 +208,10 @@ def config_fingerprint(config: Config, *, cwd: str | None = None) -> str:
     start in the session's directory, `SessionContext`). The version is checked in the handshake
     instead, so an old gateway is found and named rather than silently run beside.
     """
-    data = _canonical(dataclasses.replace(config, path=None))
+    # Where the config and each server were read from is how it was spelled (`--config mcp.json`,
+    # `./mcp.json`, an absolute path), not what it says: two spellings of one file share a gateway.
+    unsourced = tuple(dataclasses.replace(s, source=None) for s in config.servers)
+    data = _canonical(dataclasses.replace(config, path=None, servers=unsourced))
     own = {s.name for s in per_session(config)}
     stdio = any(s.transport == "stdio" and s.enabled and s.name not in own for s in config.servers)
     uid = os.getuid() if hasattr(os, "getuid") else 0
