@@ -1,9 +1,10 @@
 """A server that changes its tools while it runs, and says so, is heard at once.
 
 A real `breakwater serve` (stdio) in front of a real SDK server that adds a tool, and rewords one,
-when asked, each time sending `notifications/tools/list_changed`. With the health check off, only
-that notification can tell breakwater: the client must get its own `list_changed`, list the new
-tool and call it, and `breakwater_status` must show the reworded tool as drift, within seconds.
+when asked, each time saying its tools changed: `notifications/tools/list_changed` on the connection
+(2025-11-25), or on a `subscriptions/listen` stream (2026-07-28). With the health check off, only
+that can tell breakwater: the client must get its own `list_changed`, list the new tool and call it,
+and `breakwater_status` must show the reworded tool as drift, within seconds.
 """
 
 from __future__ import annotations
@@ -22,9 +23,16 @@ from mcp import Client, StdioServerParameters
 pytestmark = pytest.mark.anyio
 
 _GROWING_SERVER = """
+import contextlib
 from mcp.server.mcpserver import Context, MCPServer
 
 server = MCPServer("grow")
+
+
+async def changed(ctx: Context) -> None:
+    await ctx.notify_tools_changed()  # to 2026-07-28 listeners
+    with contextlib.suppress(Exception):  # on the connection, where 2025-11-25 has it
+        await ctx.session.send_tool_list_changed()
 
 
 def secret() -> str:
@@ -41,7 +49,7 @@ server.add_tool(echo, name="echo", description="Echo the text.")
 @server.tool()
 async def unlock(ctx: Context) -> str:
     server.add_tool(secret, name="secret", description="Only there once unlocked.")
-    await ctx.session.send_tool_list_changed()
+    await changed(ctx)
     return "unlocked"
 
 
@@ -49,7 +57,7 @@ async def unlock(ctx: Context) -> str:
 async def reword(ctx: Context) -> str:
     server.remove_tool("echo")
     server.add_tool(echo, name="echo", description="Echo the text, now described otherwise.")
-    await ctx.session.send_tool_list_changed()
+    await changed(ctx)
     return "reworded"
 
 
@@ -57,7 +65,8 @@ server.run("stdio")
 """
 
 
-async def test_a_tool_the_server_adds_or_rewords_reaches_the_client_at_its_list_changed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("era", ["2025-11-25", "2026-07-28"])
+async def test_a_tool_the_server_adds_or_rewords_reaches_the_client_at_its_list_changed(tmp_path: Path, era: str) -> None:
     script = tmp_path / "grow.py"
     script.write_text(_GROWING_SERVER)
     config = tmp_path / "mcp.json"
@@ -68,7 +77,7 @@ async def test_a_tool_the_server_adds_or_rewords_reaches_the_client_at_its_list_
         "BREAKWATER_ADMISSION_DIR": str(tmp_path / "admission"),
         "BREAKWATER_CONNECT_STARTUP_JITTER_S": "0",
         "BREAKWATER_HEALTH_INTERVAL_S": "0",  # no periodic re-list: only the server's notification can tell
-        "BREAKWATER_PROTOCOL": "2025-11-25",  # where a server sends list_changed on its connection
+        "BREAKWATER_PROTOCOL": era,  # the upstream's revision
     }
     heard = anyio.Event()
 

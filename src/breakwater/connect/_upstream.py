@@ -29,6 +29,7 @@ import httpx2
 import mcp.types as types
 from mcp import Client
 from mcp.client.extension import ClientExtension
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from breakwater._backoff import Backoff
 from breakwater._clock import Clock
@@ -380,13 +381,28 @@ class Upstream:
         says so with `notifications/tools/list_changed`; until the next health check (every
         `health_interval_s`, 30 s by default) the gateway would list them nowhere, and the model would
         take a tool it was just offered for one that does not exist. Changes that come while a list is
-        under way are taken by one more list after it.
+        under way are taken by one more list after it. A 2026-07-28 server that offers the notification
+        sends it on a `subscriptions/listen` stream, which is held open for it.
         """
-        while True:
-            await self._relist.wait()
-            self._relist = anyio.Event()
-            if not await self._list_again(client, "after the server's tools/list_changed"):
-                return
+        async with anyio.create_task_group() as tg:
+            caps = client.server_capabilities.tools if client.protocol_version in MODERN_PROTOCOL_VERSIONS else None
+            if caps is not None and caps.list_changed:
+                tg.start_soon(self._listen_for_list_changes, client)
+            while True:
+                await self._relist.wait()
+                self._relist = anyio.Event()
+                if not await self._list_again(client, "after the server's tools/list_changed"):
+                    tg.cancel_scope.cancel()
+                    return
+
+    async def _listen_for_list_changes(self, client: Client) -> None:
+        """On 2026-07-28 a server says its tools changed only on a `subscriptions/listen` stream: hold one open."""
+        try:
+            async with client.listen(tools_list_changed=True) as changes:
+                async for _ in changes:
+                    self._relist.set()
+        except Exception as exc:  # refused, or the stream dropped: the health check still finds changes, later
+            logger.debug("%s: no tools/list_changed stream (%s); the health check finds changes", self.spec.name, describe(exc))
 
     async def _health_loop(self, client: Client, interval: float) -> None:
         while True:
