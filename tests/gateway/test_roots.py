@@ -27,7 +27,7 @@ from mcp.client.session import ClientRequestContext
 from mcp.client.stdio import stdio_client
 
 from conformance.node_tools import NodeTools, node_tools
-from helpers import gateway_pids
+from helpers import code_of, gateway_pids
 
 pytestmark = pytest.mark.anyio
 
@@ -164,6 +164,11 @@ async def roots(ctx: Context) -> str:
     return json.dumps({"declared": declared, "listed": listed})
 
 
+@server.tool()
+async def needs_roots(ctx: Context) -> str:
+    return str((await ctx.session.list_roots()).roots[0].uri)  # a client without roots: this tool fails
+
+
 server.run("stdio")
 """
 
@@ -194,6 +199,9 @@ async def test_each_attached_session_gets_its_own_roots_and_a_shared_server_none
             assert await ask(second, "own") == {"declared": True, "listed": [b.as_uri()]}
             answer = await ask(rootless, "own")
             assert answer["declared"] and "the client does not list roots" in answer["listed"], answer
+            # The tool failed because its client could not answer: not "fix your input", as for sampling.
+            needed = await rootless.call_tool("own__needs_roots", {})
+            assert code_of(needed) == "CLIENT_CANNOT_ANSWER", needed
             for client in (first, second):
                 common = await ask(client, "common")
                 assert common["declared"] is False, common

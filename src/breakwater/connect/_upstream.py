@@ -391,7 +391,7 @@ class Upstream:
             while True:
                 await self._relist.wait()
                 self._relist = anyio.Event()
-                if not await self._list_again(client, "after the server's tools/list_changed"):
+                if not await self._list_again(client, "re-listing after the server's tools/list_changed"):
                     tg.cancel_scope.cancel()
                     return
 

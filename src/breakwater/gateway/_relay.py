@@ -437,15 +437,18 @@ def _admitted_levels(ctx: ServerRequestContext[Any]) -> frozenset[types.LoggingL
 
 
 def explain_refusal(result: types.CallToolResult, caller: _Caller) -> types.CallToolResult:
-    """A tool error that followed a refused sampling or elicitation request, as CLIENT_CANNOT_ANSWER.
+    """A tool error (or the server's error answer) that followed a refused sampling, elicitation or roots
+    request, as CLIENT_CANNOT_ANSWER.
 
     The tool's own words stay first; the code and advice say that different input will not help,
-    where a plain TOOL_ERROR would tell the model to fix its input.
+    where a plain TOOL_ERROR would tell the model to fix its input. A server whose tool raised on the
+    refusal (the Python SDK answers that with a JSON-RPC error) came back as UPSTREAM_ERROR, "the
+    connection to the tool's server failed": it did not, the client could not answer.
     """
     structured = result.structured_content
     if not result.is_error or not caller.refusals or not isinstance(structured, Mapping):
         return result
-    if structured.get("code") != ErrorCode.TOOL_ERROR.value:
+    if structured.get("code") not in (ErrorCode.TOOL_ERROR.value, ErrorCode.UPSTREAM_ERROR.value):
         return result
     kind, why = caller.refusals[-1]
     err = ClientCannotAnswerError(
