@@ -20,7 +20,7 @@ BreakwaterError
         ├── ToolError               TOOL_ERROR           the tool's own isError result (content passed through)
         ├── CallCancelledError      CANCELLED            the caller cancelled the call
         ├── ResultTooLargeError     RESULT_TOO_LARGE     the result was larger than `[call] max_result_bytes`
-        └── ClientCannotAnswerError CLIENT_CANNOT_ANSWER the tool asked the client for sampling or elicitation, in vain
+        └── ClientCannotAnswerError CLIENT_CANNOT_ANSWER the tool asked the client (or its user) for something, in vain
 
 The two groups split by phase, as httpx's `TransportError` tree does. A `CallRefused` means the tool
 did not run: breakwater declined to send (breaker, bulkhead, budget, server not ready, drift) or the
@@ -428,14 +428,20 @@ class InvalidArgumentsError(CallRefused):
 
 
 class ClientCannotAnswerError(CallFailed):
-    """The tool asked the client a question (sampling or elicitation) that could not be put to it or was refused."""
+    """The tool needed an answer from the client or its user (sampling, elicitation, roots, a page to open), in vain.
+
+    The question could not be put to the client or it refused, or the server needs the user to open a page
+    first (a URL elicitation it required): the reason names the page."""
 
     code = ErrorCode.CLIENT_CANNOT_ANSWER
     default_retryable = False
-    summary = "The tool needed the client to answer a sampling or elicitation request, and got no answer."
+    summary = (
+        "The tool needed the client to answer a sampling, elicitation or roots request, or the user to open a "
+        "page first, and got no answer."
+    )
     advice = (
-        "Do not change the input: this tool needs a client that can answer that request. Use another tool, "
-        "or tell the user what the tool needs."
+        "Do not change the input: this tool needs a client that can answer that request, or the user's step "
+        "the reason names (give the user the address). Use another tool, or tell the user what the tool needs."
     )
 
 

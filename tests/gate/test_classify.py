@@ -16,6 +16,7 @@ from mcp import Client, MCPError
 from mcp.server import MCPServer
 from mcp.server.lowlevel import Server
 from mcp.server.mcpserver.exceptions import ToolError as ServerToolError
+from mcp.shared.exceptions import UrlElicitationRequiredError
 from mcp.types import (
     CONNECTION_CLOSED,
     INTERNAL_ERROR,
@@ -24,6 +25,7 @@ from mcp.types import (
     METHOD_NOT_FOUND,
     REQUEST_TIMEOUT,
     CallToolResult,
+    ElicitRequestURLParams,
     ListToolsResult,
     TextContent,
     Tool,
@@ -79,6 +81,25 @@ async def slow() -> str:
 @server.tool()
 async def protocol_error() -> str:
     raise MCPError(INTERNAL_ERROR, "upstream exploded")
+
+
+@server.tool()
+async def sign_in() -> str:
+    page = ElicitRequestURLParams(message="Connect your calendar", url="https://cal.example/auth?s=1", elicitation_id="e1")
+    raise UrlElicitationRequiredError([page])
+
+
+@pytest.mark.anyio
+async def test_a_server_that_needs_the_user_on_a_page_gives_the_model_its_address() -> None:
+    """URL elicitation required (-32042, 2025-11-25): the server is healthy and no input or retry helps; the
+    user must open the page. The model is told so with the address (it was "needs the user", and a TOOL_ERROR
+    whose advice is to fix the input)."""
+    async with Client(server, mode="legacy") as client:
+        with pytest.raises(MCPError) as needed:
+            await client.call_tool("sign_in", {})
+    verdict = v(needed.value)
+    assert (verdict.outcome, verdict.code, verdict.retryable) == (Outcome.SUCCESS, ErrorCode.CLIENT_CANNOT_ANSWER, False)
+    assert "Connect your calendar — open https://cal.example/auth?s=1" in verdict.reason
 
 
 @pytest.mark.anyio

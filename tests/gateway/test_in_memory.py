@@ -233,3 +233,33 @@ async def test_the_gateway_serves_an_in_process_server_to_an_in_process_client(t
     assert slow.is_error and isinstance(slow.structured_content, dict)
     assert slow.structured_content["code"] == "OUTCOME_UNKNOWN" and slow.structured_content["timeout_s"] == 3.0
     assert elapsed == pytest.approx(3.0)
+
+
+async def test_a_server_that_needs_the_user_on_a_page_is_answered_with_the_address_once(tmp_path: Path) -> None:
+    """A 2025-11-25 server that needs a sign-in elsewhere first (URL elicitation required, -32042): the text the
+    model reads gives the user's step and the page's address, and the call is not repeated."""
+    from mcp.shared.exceptions import UrlElicitationRequiredError
+    from mcp.types import ElicitRequestURLParams
+
+    clock = FakeClock()
+    server = MCPServer("cal")
+    asked: list[int] = []
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))  # safe to retry: only the error stops it
+    async def agenda() -> str:
+        asked.append(1)
+        page = ElicitRequestURLParams(message="Connect your calendar", url="https://cal.example/auth?s=1", elicitation_id="e1")
+        raise UrlElicitationRequiredError([page])
+
+    policy = ConnectPolicy(startup_jitter_s=0, protocol="2025-11-25")
+
+    async def body(bw: Breakwater) -> CallToolResult:
+        await bw.wait_ready(timeout=30)
+        return await bw.call_tool("cal", "agenda", {})
+
+    result = await with_breakwater(tmp_path, clock, in_memory(server), (spec("cal", connect=policy),), body)
+    assert result.is_error and isinstance(result.structured_content, dict)
+    assert result.structured_content["code"] == "CLIENT_CANNOT_ANSWER"
+    [text] = [block.text for block in result.content if isinstance(block, TextContent)]
+    assert "Connect your calendar — open https://cal.example/auth?s=1" in text and "give the user the address" in text
+    assert asked == [1]

@@ -38,6 +38,7 @@ from breakwater.errors import (
     CallCancelledError,
     CallError,
     CallTimeoutError,
+    ClientCannotAnswerError,
     ErrorCode,
     OutcomeUnknownError,
     ServerConnectingError,
@@ -397,6 +398,10 @@ def _error(
         return CallTimeoutError(f"The tool did not answer in time ({what}) and the call was cancelled.", detail=detail, **common)
     if code is ErrorCode.UPSTREAM_ERROR:
         return UpstreamError(retryable=verdict.retryable, detail=detail, **common)
+    if code is ErrorCode.CLIENT_CANNOT_ANSWER and verdict.reason:
+        # What the user must do (a page's address) goes in the sentence the model reads, not only in the detail.
+        message = verdict.reason[:1].upper() + verdict.reason[1:]
+        return ClientCannotAnswerError(message, retryable=verdict.retryable, detail=detail, **common)
     return CODE_TO_ERROR[code](retryable=verdict.retryable, detail=detail, **common)
 
 

@@ -397,7 +397,14 @@ def _classify_mcp_error(exc: MCPError, ctx: AttemptContext) -> Verdict:
             return Verdict(outcome=Outcome.SUCCESS, code=ErrorCode.TOOL_ERROR, retryable=False, reason=message)
         return Verdict(outcome=Outcome.SUCCESS, code=ErrorCode.INVALID_ARGUMENTS, retryable=False, reason=message)
     if code == URL_ELICITATION_REQUIRED:
-        return Verdict(outcome=Outcome.SUCCESS, code=ErrorCode.TOOL_ERROR, retryable=False, reason="needs the user")
+        # The server needs the user on a page of its own first (a sign-in elsewhere, a payment): no other input
+        # and no retry helps, and the model must hand the user the address, which was lost as "needs the user".
+        return Verdict(
+            outcome=Outcome.SUCCESS,
+            code=ErrorCode.CLIENT_CANNOT_ANSWER,
+            retryable=False,
+            reason=_pages_to_open(message, exc.data),
+        )
     if code == INVALID_REQUEST and "session terminated" in message.lower():
         # HTTP 404 on a known session: the server forgot us and did not run the call.
         return _not_sent("session terminated", hint)
@@ -448,3 +455,16 @@ def _parse_retry_after(value: str | None) -> float | None:
     except ValueError:
         return None
     return seconds if seconds >= 0 else None
+
+
+def _pages_to_open(message: str, data: object) -> str:
+    """What a URL-elicitation-required error (-32042, 2025-11-25) asks of the user, with each page's address."""
+    pages = []
+    elicitations = data.get("elicitations") if isinstance(data, dict) else None
+    for item in elicitations if isinstance(elicitations, list) else ():
+        if isinstance(item, dict) and isinstance(item.get("url"), str):
+            why = item.get("message")
+            pages.append(f"{why} — open {item['url']}" if isinstance(why, str) and why else f"open {item['url']}")
+    if not pages:
+        return f"the server needs the user to complete a step in a browser first: {message}"
+    return f"the server needs the user to open a page first, then call the tool again: {'; '.join(pages)}"
