@@ -795,3 +795,101 @@ def test_a_forked_gateway_keeps_no_descriptor_the_agent_gave_its_session(
         proc.wait(timeout=30)
         os.close(read_end)
         os.close(write_end)
+
+
+CONFORMANCE_SERVER = Path(__file__).resolve().parents[1] / "conformance" / "server.py"
+WATCHED = "test://watched-resource"
+
+
+class ResourceUpdates:
+    """A message handler that records the URIs of `notifications/resources/updated`."""
+
+    def __init__(self) -> None:
+        self.uris: list[str] = []
+
+    async def __call__(self, message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            self.uris.append(str(message.params.uri))
+
+    async def wait_for(self, uri: str) -> None:
+        with anyio.fail_after(10):
+            while uri not in self.uris:
+                await anyio.sleep(0.02)
+
+
+def resource_session(config: Path, env: dict[str, str], heard: ResourceUpdates) -> Client:
+    """An attached `serve` session of a handshake-era client that records its resource updates."""
+    params = StdioServerParameters(command=BREAKWATER[0], args=[*BREAKWATER[1:], "serve", "--config", str(config)], env=env)
+    return Client(stdio_client(params), mode="legacy", message_handler=heard)
+
+
+async def update(client: Client, server: str) -> str:
+    """Have `server` send an update of WATCHED to its subscribers; what it says it holds."""
+    result = await client.call_tool(f"{server}__test_watch_resource_update", {"uri": WATCHED})
+    assert not result.is_error, result
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+async def all_ready(client: Client) -> None:
+    """Wait until every server of the session is ready (its list may show another session's last-known tools sooner)."""
+    with anyio.fail_after(30):
+        while True:
+            status = (await client.call_tool("breakwater_status", {})).structured_content or {}
+            if all(server["state"] == "ready" for server in status["servers"]):
+                return
+            await anyio.sleep(0.1)
+
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")  # resources/subscribe is 2025-era
+@pytest.mark.parametrize("upstream", ["2025-11-25", "2026-07-28"])
+async def test_sessions_with_servers_of_their_own_each_hear_their_resource_updates(
+    tmp_path: Path, share: Path, upstream: str
+) -> None:
+    """Sessions whose config has a stdio server of their own each have a gateway view of their own. A shared
+    server's resource updates reach every session subscribed to the URI, whichever attached last and whether
+    or not it is still there, and the upstream stays subscribed while any session wants it. (Each view took
+    the shared servers' updates for itself: the last session to attach heard them all, the others none.)"""
+    config = tmp_path / "mcp.json"
+    local = launch_command("--tool", "echo:latency=0")
+    servers = {
+        "conf": {"command": sys.executable, "args": [str(CONFORMANCE_SERVER)], "shared": True},
+        "own": {"command": local[0], "args": local[1:]},  # per session: each session gets a view of its own
+    }
+    config.write_text(json.dumps({"mcpServers": servers}))
+    env = env_for(tmp_path, share, BREAKWATER_PROTOCOL=upstream)
+    a_heard, b_heard = ResourceUpdates(), ResourceUpdates()
+    async with resource_session(config, env, a_heard) as a:
+        await all_ready(a)
+        await a.subscribe_resource(WATCHED)
+        async with resource_session(config, env, b_heard) as b:  # attaches after a subscribed
+            await all_ready(b)
+            await b.subscribe_resource(WATCHED)
+            await update(a, "conf")
+            await a_heard.wait_for(WATCHED)
+            await b_heard.wait_for(WATCHED)
+        a_heard.uris.clear()
+        held = await update(a, "conf")  # b has left: a still hears, and the upstream still holds the subscription
+        await a_heard.wait_for(WATCHED)
+        if upstream == "2025-11-25":
+            assert held == f"subscribed: {[WATCHED]}"
+
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")  # resources/subscribe is 2025-era
+async def test_a_sessions_own_server_updates_that_session_only(tmp_path: Path, share: Path) -> None:
+    """Each session runs its own process of a stdio server: its updates reach that session, not the one that
+    attached last (which heard them all, while the session whose server it was heard none)."""
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"own": {"command": sys.executable, "args": [str(CONFORMANCE_SERVER)]}}}))
+    env = env_for(tmp_path, share, BREAKWATER_PROTOCOL="2025-11-25")
+    a_heard, b_heard = ResourceUpdates(), ResourceUpdates()
+    async with resource_session(config, env, a_heard) as a, resource_session(config, env, b_heard) as b:
+        for client in (a, b):
+            await all_ready(client)
+            await client.subscribe_resource(WATCHED)
+        await update(a, "own")
+        await a_heard.wait_for(WATCHED)
+        await update(b, "own")  # b's own process: its update comes after a's would have
+        await b_heard.wait_for(WATCHED)
+        assert (a_heard.uris, b_heard.uris) == ([WATCHED], [WATCHED])

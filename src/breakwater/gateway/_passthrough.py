@@ -253,6 +253,13 @@ class _Link:
     error: MCPError | None = None
 
 
+@dataclass(frozen=True, eq=False)
+class _Listeners:
+    """The 2026-07-28 listen streams of one gateway view: an update is published once on their bus."""
+
+    bus: SubscriptionBus
+
+
 class Subscriptions:
     """Downstream resource subscriptions, each routed to the upstream that owns the URI.
 
@@ -265,11 +272,19 @@ class Subscriptions:
 
     def __init__(self, passthrough: Passthrough, bus: SubscriptionBus | None) -> None:
         self._pt = passthrough
-        self._bus = bus
-        self._holders: dict[tuple[str, str], dict[object, ServerSession | None]] = {}  # -> holder -> session (None: listen)
+        self._listeners = _Listeners(bus) if bus is not None else None
+        # (server, uri) -> holder -> where its updates go: its session, or the bus of its listen stream.
+        self._holders: dict[tuple[str, str], dict[object, ServerSession | _Listeners]] = {}
         self._by_holder: dict[object, set[tuple[str, str]]] = {}
         self._links: dict[tuple[str, str], _Link] = {}
         self._tg: TaskGroup | None = None
+        #: An attached session's view sends its subscriptions to these servers to the shared gateway's
+        #: `Subscriptions`, which holds them for every session (one upstream subscription) and hears their updates.
+        self._shared: tuple[Subscriptions, frozenset[str]] | None = None
+
+    def share(self, shared: Subscriptions, servers: frozenset[str]) -> None:
+        """Hold subscriptions to `servers`' resources in `shared` (the shared gateway's), not here."""
+        self._shared = (shared, servers)
 
     def attach(self, tg: TaskGroup | None) -> None:
         """Run the upstream subscriptions in `tg` (the gateway's), or stop taking new ones (None)."""
@@ -344,6 +359,8 @@ class Subscriptions:
 
     def release(self, holder: object, uri: str | None = None) -> None:
         """Drop `holder`'s subscription to `uri` (all of them when None); unlink what nobody wants."""
+        if self._shared is not None:
+            self._shared[0].release(holder, uri)
         keys = self._by_holder.get(holder, set())
         for key in [k for k in keys if uri is None or k[1] == uri]:
             keys.discard(key)
@@ -364,29 +381,41 @@ class Subscriptions:
             # A client may subscribe to a URI it never listed: learn who owns it first.
             with contextlib.suppress(MCPError):
                 await self._pt.list_resources(ctx, None)
-        candidates = self._pt._owners(uri)
+        target: ServerSession | _Listeners | None = session if session is not None else self._listeners
+        if target is None:
+            raise MCPError(INTERNAL_ERROR, "a listen stream needs the gateway's subscription bus")
         last: MCPError | None = None
-        for server in candidates:
-            key = (server, uri)
-            link = self._links.get(key)
-            if link is None:
-                link = self._links[key] = _Link(server, uri)
-                self._tg.start_soon(self._hold, link, name=f"breakwater subscription {server} {uri}")
-            timeout = self._pt.bw.config.server(server).call.timeout_s
-            clock = self._pt.bw.clock
-            with clock.deadline_scope(clock.monotonic() + timeout):
-                await link.ready.wait()
-            if link.ready.is_set() and link.error is None:
-                self._holders.setdefault(key, {})[holder] = session
-                self._by_holder.setdefault(holder, set()).add(key)
+        for server in self._pt._owners(uri):
+            shared = self._shared
+            holds = shared[0] if shared is not None and server in shared[1] else self
+            try:
+                await holds._hold_for(holder, server, uri, target)
                 return
-            last = link.error or MCPError(
-                INTERNAL_ERROR, f"server {server!r} did not answer resources/subscribe within {timeout:g} s"
-            )
-            if self._links.get(key) is link and not self._holders.get(key):
-                self._links.pop(key, None)
-                link.scope.cancel()
+            except MCPError as exc:
+                last = exc
         raise last or MCPError(INVALID_PARAMS, f"no server offers the resource {uri!r}")
+
+    async def _hold_for(self, holder: object, server: str, uri: str, target: ServerSession | _Listeners) -> None:
+        """Subscribe `holder` to `uri` on `server` (its updates go to `target`), linking upstream if nobody had."""
+        if self._tg is None:
+            raise MCPError(INTERNAL_ERROR, "resource subscriptions need a running gateway (breakwater serve)")
+        key = (server, uri)
+        link = self._links.get(key)
+        if link is None:
+            link = self._links[key] = _Link(server, uri)
+            self._tg.start_soon(self._hold, link, name=f"breakwater subscription {server} {uri}")
+        timeout = self._pt.bw.config.server(server).call.timeout_s
+        clock = self._pt.bw.clock
+        with clock.deadline_scope(clock.monotonic() + timeout):
+            await link.ready.wait()
+        if link.ready.is_set() and link.error is None:
+            self._holders.setdefault(key, {})[holder] = target
+            self._by_holder.setdefault(holder, set()).add(key)
+            return
+        if self._links.get(key) is link and not self._holders.get(key):
+            self._links.pop(key, None)
+            link.scope.cancel()
+        raise link.error or MCPError(INTERNAL_ERROR, f"server {server!r} did not answer resources/subscribe within {timeout:g} s")
 
     # ---- upstream side -------------------------------------------------------------------------
 
@@ -395,10 +424,10 @@ class Subscriptions:
         holders = self._holders.get((server, uri), {})
         if not holders:
             return
-        if self._bus is not None and any(session is None for session in holders.values()):
-            await self._bus.publish(ResourceUpdated(uri=uri))  # listen streams filter by their own URIs
+        for listeners in {t for t in holders.values() if isinstance(t, _Listeners)}:
+            await listeners.bus.publish(ResourceUpdated(uri=uri))  # once per bus: its streams filter by their own URIs
         for holder, session in list(holders.items()):
-            if session is None:
+            if isinstance(session, _Listeners):
                 continue
             try:
                 await session.send_resource_updated(uri)

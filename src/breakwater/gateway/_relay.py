@@ -244,6 +244,10 @@ def _elicitation_gap(caps: types.ClientCapabilities | None, params: types.Elicit
     return None if elicitation.form is not None or elicitation.url is None else "does not support form elicitation"
 
 
+#: Where an upstream's `notifications/resources/updated` goes: `(server, uri)`.
+ResourceUpdated = Callable[[str, str], Awaitable[None]]
+
+
 def _refusal(message: str) -> types.ErrorData:
     return types.ErrorData(code=types.INVALID_REQUEST, message=f"breakwater: {message}")
 
@@ -326,6 +330,16 @@ class Relay:
 
     def client_kwargs(self, spec: ServerSpec) -> dict[str, Any]:
         """The relay callbacks for `spec`'s `mcp.Client` (an `Upstream.client_hooks`)."""
+        return self._client_kwargs(spec, None)
+
+    def hooks_delivering_to(
+        self, resource_updated: Callable[[str, str], Awaitable[None]]
+    ) -> Callable[[ServerSpec], dict[str, Any]]:
+        """`client_kwargs`, but resource updates go to `resource_updated` (one attached session's own servers,
+        whose subscriptions that session's view holds), not where `deliver_to` sends the shared servers'."""
+        return lambda spec: self._client_kwargs(spec, resource_updated)
+
+    def _client_kwargs(self, spec: ServerSpec, resource_updated: ResourceUpdated | None) -> dict[str, Any]:
         server, transport = spec.name, spec.transport
 
         async def sampling(
@@ -345,7 +359,7 @@ class Relay:
 
         async def message(item: Any) -> None:
             if isinstance(item, types.ResourceUpdatedNotification):
-                await self._resource_updated(server, str(item.params.uri))
+                await (resource_updated or self._resource_updated)(server, str(item.params.uri))
 
         return {
             "sampling_callback": sampling,

@@ -119,10 +119,21 @@ def _declares_headers(tool: types.Tool, *, remember: bool = True) -> bool:
 class Gateway:
     """The MCP server face of a `Breakwater`."""
 
-    def __init__(self, bw: Breakwater, policy: GatewayPolicy, *, catalog: Catalog, relay: Relay | None = None) -> None:
+    def __init__(
+        self,
+        bw: Breakwater,
+        policy: GatewayPolicy,
+        *,
+        catalog: Catalog,
+        relay: Relay | None = None,
+        view_of: Gateway | None = None,
+        shared_servers: frozenset[str] = frozenset(),
+    ) -> None:
         """`relay` is the one whose callbacks `bw`'s connections were built with (`Breakwater(client_hooks=
         relay.client_kwargs)`, as `open_gateway` does); without one the gateway makes its own and hands it to
-        `bw`'s servers before their first connect."""
+        `bw`'s servers before their first connect. `view_of` makes this one attached session's view of a shared
+        gateway (`gateway._session`): subscriptions to `shared_servers`' resources are held by `view_of`, which
+        hears their updates for every session, and the relay's deliveries stay `view_of`'s."""
         self.bw = bw
         self.policy = policy
         self.catalog = catalog
@@ -146,7 +157,10 @@ class Gateway:
         #: SIGTERM's graceful drain over HTTP (`breakwater.gateway._drain`).
         self.drain = Drain(bw.clock)
         self.passthrough = Passthrough(bw, template=policy.tool_name_template, bus=self.bus, calling=self.relay.calling)
-        relay.deliver_to(self.passthrough.subscriptions.deliver)
+        if view_of is None:
+            relay.deliver_to(self.passthrough.subscriptions.deliver)
+        else:
+            self.passthrough.subscriptions.share(view_of.passthrough.subscriptions, shared_servers)
         from importlib.metadata import version
 
         self.server = _GatewayServer(

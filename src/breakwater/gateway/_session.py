@@ -139,17 +139,27 @@ async def session_gateway(shared: Gateway, config: Config, context: SessionConte
     observers = [bw.journal] if bw.journal is not None else []
     transports = default_transports if context is None else session_transports(context)
     roots = ClientRoots(shared.relay)  # the session's own servers serve this session's client alone
+    views: list[Gateway] = []  # this session's, once made: its own servers' resource updates are for it alone
+
+    async def own_update(server: str, uri: str) -> None:
+        for view in views:
+            await view.passthrough.subscriptions.deliver(server, uri)
+
     own = Breakwater(
         config.with_servers(own_specs),
         journal=None,
         observers=observers,
-        client_hooks=roots.hooks(shared.relay.client_kwargs),
+        client_hooks=roots.hooks(shared.relay.hooks_delivering_to(own_update)),
         transports=transports,
     )
     async with own:
         # A `Gateway` reads no more of its `Breakwater` than `SessionServers` has.
-        view = cast(Breakwater, SessionServers(config, bw, own))
-        gateway = Gateway(view, config.gateway, catalog=shared.catalog, relay=shared.relay)
+        servers = cast(Breakwater, SessionServers(config, bw, own))
+        shared_servers = frozenset(spec.name for spec in bw.config.servers)
+        gateway = Gateway(
+            servers, config.gateway, catalog=shared.catalog, relay=shared.relay, view_of=shared, shared_servers=shared_servers
+        )
+        views.append(gateway)
         roots.serve(gateway.server, lambda: [own.upstream(spec.name) for spec in own_specs])
         async with anyio.create_task_group() as tg:
             tg.start_soon(gateway.watch)
