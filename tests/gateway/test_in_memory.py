@@ -263,3 +263,29 @@ async def test_a_server_that_needs_the_user_on_a_page_is_answered_with_the_addre
     [text] = [block.text for block in result.content if isinstance(block, TextContent)]
     assert "Connect your calendar — open https://cal.example/auth?s=1" in text and "give the user the address" in text
     assert asked == [1]
+
+
+async def test_a_resource_of_a_server_not_ready_is_not_said_to_be_offered_by_nobody(tmp_path: Path) -> None:
+    """A resource is asked for while its server is down: the answer names the servers that are not ready (it was
+    "no server offers the resource", the resource's "does not exist")."""
+    from mcp import MCPError
+
+    clock = FakeClock()
+    policy = GatewayPolicy()
+
+    async def body(bw: Breakwater) -> str:
+        gateway = Gateway(bw, policy, catalog=Catalog(template=policy.tool_name_template, directory=tmp_path / "catalog"))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gateway.watch)
+            await bw.wait_ready(timeout=30)
+            async with Client(gateway.server, mode="legacy") as client:
+                with pytest.raises(MCPError) as refused:
+                    await client.read_resource("docs://readme")
+            tg.cancel_scope.cancel()
+        return refused.value.error.message
+
+    down = ConnectPolicy(startup_jitter_s=0, attempt_timeout_s=1, backoff_base_s=60, backoff_cap_s=60, budget_s=600)
+    specs = (spec(), spec("docs", connect=down))  # no in-process server answers for docs: it keeps retrying
+    message = await with_breakwater(tmp_path, clock, in_memory({"shop": shop(clock, [])}), specs, body)
+    assert "no ready server offers the resource 'docs://readme'" in message
+    assert "docs (retrying)" in message and "shop" not in message

@@ -101,6 +101,24 @@ class Passthrough:
             raise MCPError(INTERNAL_ERROR, f"server {server!r} did not answer within {timeout:g} s")
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _nobody_offers(self, what: str, tried: MCPError | None = None) -> MCPError:
+        """No ready server offers `what` (`tried`: the last one's refusal): name the servers that are not ready,
+        since one of them may (a resource is no tool: no catalog remembers whose it was), so that "not found" is
+        never said of a server still on its way."""
+        waiting = [
+            f"{s.name} ({s.state.value})"
+            for s in self.bw.status().servers
+            if s.state not in (ServerState.READY, ServerState.DISABLED)
+        ]
+        if not waiting:
+            return tried or MCPError(INVALID_PARAMS, f"no server offers {what}")
+        answered = f" ({tried.error.message})" if tried is not None else ""
+        return MCPError(
+            INVALID_PARAMS,
+            f"no ready server offers {what}{answered}; these are not ready and may: {', '.join(waiting)} "
+            "(try again once they are)",
+        )
+
     def _client(self, server: str) -> Client:
         upstream = self.bw.upstream(server)
         if upstream.state is not ServerState.READY or upstream.client is None:
@@ -195,7 +213,9 @@ class Passthrough:
                     return await self._bounded(candidate, client.read_resource, uri, cache_mode="bypass")
             except MCPError as exc:
                 last = exc
-        raise last or MCPError(INVALID_PARAMS, f"no server offers the resource {uri!r}")
+        if last is not None and uri in self._resources:
+            raise last  # its server listed it: its own answer
+        raise self._nobody_offers(f"the resource {uri!r}", last)
 
     def _owners(self, uri: str) -> list[str]:
         """The servers to ask about `uri`: the one that listed it, else (a URI made from a template) the
@@ -218,7 +238,7 @@ class Passthrough:
                 await self.list_resource_templates(ctx, None)
                 found = self._templates.get(ref.uri)
             if found is None:
-                raise MCPError(INVALID_PARAMS, f"no server offers the resource template {ref.uri!r}")
+                raise self._nobody_offers(f"the resource template {ref.uri!r}")
             server, upstream_ref = found, ref
         client = self._client(server)
         argument = {"name": params.argument.name, "value": params.argument.value}
@@ -393,7 +413,9 @@ class Subscriptions:
                 return
             except MCPError as exc:
                 last = exc
-        raise last or MCPError(INVALID_PARAMS, f"no server offers the resource {uri!r}")
+        if last is not None and uri in self._pt._resources:
+            raise last  # its server listed it: its own answer
+        raise self._pt._nobody_offers(f"the resource {uri!r}", last)
 
     async def _hold_for(self, holder: object, server: str, uri: str, target: ServerSession | _Listeners) -> None:
         """Subscribe `holder` to `uri` on `server` (its updates go to `target`), linking upstream if nobody had."""
