@@ -28,6 +28,7 @@ REDIS_URL = os.environ.get("BREAKWATER_TEST_REDIS_URL", "redis://127.0.0.1:6379/
 
 __all__ = [
     "REDIS_URL",
+    "ResourceUpdates",
     "ask_gateway",
     "chrome",
     "code_of",
@@ -50,6 +51,25 @@ async def eventually(check: Callable[[], bool], timeout: float = 5.0, *, interva
     with anyio.fail_after(timeout):
         while not check():
             await anyio.sleep(interval)
+
+
+class ResourceUpdates:
+    """A client's message handler that records the URIs of `notifications/resources/updated`."""
+
+    def __init__(self) -> None:
+        self.uris: list[str] = []
+
+    async def __call__(self, message: Any) -> None:
+        from mcp.types import ResourceUpdatedNotification
+
+        if isinstance(message, ResourceUpdatedNotification):
+            self.uris.append(str(message.params.uri))
+
+    async def wait_for(self, uri: str) -> None:
+        """Return once an update of `uri` arrived; fail the test after 10 s."""
+        with anyio.fail_after(10):
+            while uri not in self.uris:
+                await anyio.sleep(0.02)
 
 
 def ask_gateway(sock: Path, hello: dict[str, Any]) -> dict[str, Any] | None:

@@ -26,6 +26,7 @@ from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.session import ClientRequestContext
 
 from breakwater.gate._tasks import CLIENT_EXTENSION
+from helpers import ResourceUpdates
 
 # The logging, sampling and subscription APIs are deprecated at 2026-07-28; their 2025 paths are what is tested.
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")]
@@ -353,22 +354,6 @@ async def test_a_2026_client_gets_log_messages_only_when_it_opts_in(
 # ---- resource subscriptions -------------------------------------------------------------------------------
 
 
-class Updates:
-    """A message handler that records resource updates."""
-
-    def __init__(self) -> None:
-        self.uris: list[str] = []
-
-    async def __call__(self, message: Any) -> None:
-        if isinstance(message, types.ResourceUpdatedNotification):
-            self.uris.append(str(message.params.uri))
-
-    async def wait_for(self, uri: str) -> None:
-        with anyio.fail_after(10):
-            while uri not in self.uris:
-                await anyio.sleep(0.02)
-
-
 async def upstream_subscriptions(client: Client, uri: str = OTHER) -> str:
     """What the upstream itself holds (the tool answers with its subscription set), and an update for `uri`."""
     return text(await client.call_tool("test_watch_resource_update", {"uri": uri}))
@@ -382,7 +367,7 @@ async def test_resource_subscriptions_are_shared_upstream_and_end_with_the_last_
     that unsubscribed stops hearing them; when the last session goes away the upstream is unsubscribed (seen in
     the upstream's own subscription set, which a 2025-era upstream keeps; a 2026-07-28 one holds a listen stream).
     """
-    a_updates, b_updates = Updates(), Updates()
+    a_updates, b_updates = ResourceUpdates(), ResourceUpdates()
     path = config(tmp_path, stdio_upstream())
     async with (
         gateway_http(tmp_path, path, era(env, upstream)) as (url, _),

@@ -28,7 +28,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from breakwater.testing.server import launch_command, read_state
-from helpers import ask_gateway, code_of, eventually, gateway_pids
+from helpers import ResourceUpdates, ask_gateway, code_of, eventually, gateway_pids
 
 pytestmark = pytest.mark.anyio
 
@@ -799,22 +799,6 @@ def test_a_forked_gateway_keeps_no_descriptor_the_agent_gave_its_session(
 
 CONFORMANCE_SERVER = Path(__file__).resolve().parents[1] / "conformance" / "server.py"
 WATCHED = "test://watched-resource"
-
-
-class ResourceUpdates:
-    """A message handler that records the URIs of `notifications/resources/updated`."""
-
-    def __init__(self) -> None:
-        self.uris: list[str] = []
-
-    async def __call__(self, message: Any) -> None:
-        if isinstance(message, types.ResourceUpdatedNotification):
-            self.uris.append(str(message.params.uri))
-
-    async def wait_for(self, uri: str) -> None:
-        with anyio.fail_after(10):
-            while uri not in self.uris:
-                await anyio.sleep(0.02)
 
 
 def resource_session(config: Path, env: dict[str, str], heard: ResourceUpdates) -> Client:

@@ -311,8 +311,9 @@ class Subscriptions:
         self._tg = tg
 
     def subscribed(self, holder: object) -> set[str]:
-        """The URIs `holder` is subscribed to."""
-        return {uri for _, uri in self._by_holder.get(holder, ())}
+        """The URIs `holder` is subscribed to (here, and in the shared gateway's for its servers)."""
+        held = {uri for _, uri in self._by_holder.get(holder, ())}
+        return held | self._shared[0].subscribed(holder) if self._shared is not None else held
 
     def upstream(self) -> set[tuple[str, str]]:
         """The (server, uri) pairs subscribed upstream right now."""
