@@ -111,3 +111,78 @@ async def test_a_tool_the_server_adds_or_rewords_reaches_the_client_at_its_list_
         status = (await client.call_tool("breakwater_status", {})).structured_content or {}
         assert status["drift"] == {"g": ["echo"]}, status  # the default, warn: listed, and said to have changed
         assert (await listed())["g__echo"].description == "Echo the text, now described otherwise."
+
+
+_PROMPTS_SERVER = """
+import contextlib, sys, time
+from mcp.server.mcpserver import Context, MCPServer
+
+time.sleep(float(sys.argv[1]))  # a server that takes its time to start, as npx servers do
+
+server = MCPServer("slow")
+
+
+@server.prompt()
+def review() -> str:
+    return "Review this change."
+
+
+def summarise() -> str:
+    return "Summarise this thread."
+
+
+@server.tool()
+async def add_prompt(ctx: Context) -> str:
+    server.prompt(name="summarise")(summarise)
+    await ctx.notify_prompts_changed()  # to 2026-07-28 listeners
+    with contextlib.suppress(Exception):  # on the connection, where 2025-11-25 has it
+        await ctx.session.send_prompt_list_changed()
+    return "added"
+
+
+server.run("stdio")
+"""
+
+
+@pytest.mark.parametrize("era", ["2025-11-25", "2026-07-28"])
+async def test_prompts_of_a_server_that_comes_late_or_adds_one_reach_a_client_that_listed_them_first(
+    tmp_path: Path, era: str
+) -> None:
+    """A client lists prompts as it starts (Claude Code's slash commands), before a slow server is ready: the
+    gateway says `prompts/list_changed` when it is, and again when the server says its prompts changed."""
+    script = tmp_path / "slow.py"
+    script.write_text(_PROMPTS_SERVER)
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"s": {"command": sys.executable, "args": [str(script), "2"]}}}))
+    env = {
+        **os.environ,
+        "BREAKWATER_CATALOG_DIR": str(tmp_path / "catalog"),
+        "BREAKWATER_ADMISSION_DIR": str(tmp_path / "admission"),
+        "BREAKWATER_CONNECT_STARTUP_JITTER_S": "0",
+        "BREAKWATER_HEALTH_INTERVAL_S": "0",
+        "BREAKWATER_PROTOCOL": era,
+    }
+    heard = anyio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.PromptListChangedNotification):
+            heard.set()
+
+    params = StdioServerParameters(command=sys.executable, args=["-m", "breakwater", "serve", "--config", str(config)], env=env)
+    async with Client(params, mode="legacy", message_handler=on_message) as client:
+
+        async def prompts() -> set[str]:
+            return {p.name for p in (await client.list_prompts()).prompts}
+
+        assert client.server_capabilities.prompts is not None and client.server_capabilities.prompts.list_changed
+        assert await prompts() == set()  # the server is still starting
+        await client.list_tools()  # as clients do at start: the gateway now knows this connection
+        with anyio.fail_after(30):
+            await heard.wait()
+        assert await prompts() == {"s__review"}
+
+        heard = anyio.Event()
+        assert not (await client.call_tool("s__add_prompt", {})).is_error
+        with anyio.fail_after(10):
+            await heard.wait()
+        assert await prompts() == {"s__review", "s__summarise"}

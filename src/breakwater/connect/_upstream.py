@@ -121,6 +121,8 @@ class Upstream:
         self._prior_discover: Any = None
         self._lost = anyio.Event()
         self._relist = anyio.Event()  # the server said its tools changed (notifications/tools/list_changed)
+        #: Moves when the server says its prompts or resources changed: the gateway tells its clients to list again.
+        self.lists_version = 0
         self._listing = anyio.Lock()  # one tools/list at a time: the health check's or a change's
         self.ready_event = anyio.Event()
         self._changed = anyio.Event()  # set (and replaced) at every state change
@@ -369,6 +371,8 @@ class Upstream:
         async def handle(message: Any) -> None:
             if isinstance(message, types.ToolListChangedNotification):
                 self._relist.set()
+            elif isinstance(message, types.PromptListChangedNotification | types.ResourceListChangedNotification):
+                self._lists_changed()
             if then is not None:
                 await then(message)
 
@@ -385,9 +389,14 @@ class Upstream:
         sends it on a `subscriptions/listen` stream, which is held open for it.
         """
         async with anyio.create_task_group() as tg:
-            caps = client.server_capabilities.tools if client.protocol_version in MODERN_PROTOCOL_VERSIONS else None
-            if caps is not None and caps.list_changed:
-                tg.start_soon(self._listen_for_list_changes, client)
+            if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                caps = client.server_capabilities
+                offered = {
+                    kind: bool(getattr(getattr(caps, kind, None), "list_changed", False))
+                    for kind in ("tools", "prompts", "resources")
+                }
+                if any(offered.values()):
+                    tg.start_soon(self._listen_for_list_changes, client, offered)
             while True:
                 await self._relist.wait()
                 self._relist = anyio.Event()
@@ -395,12 +404,23 @@ class Upstream:
                     tg.cancel_scope.cancel()
                     return
 
-    async def _listen_for_list_changes(self, client: Client) -> None:
-        """On 2026-07-28 a server says its tools changed only on a `subscriptions/listen` stream: hold one open."""
+    def _lists_changed(self) -> None:
+        self.lists_version += 1
+        self._on_change(self)
+
+    async def _listen_for_list_changes(self, client: Client, offered: Mapping[str, bool]) -> None:
+        """On 2026-07-28 a server says its lists changed only on a `subscriptions/listen` stream: hold one open.
+
+        Its frames also reach the client's message handler (`_hear_list_changes`), which acts on them; the
+        events are only drained here."""
         try:
-            async with client.listen(tools_list_changed=True) as changes:
+            async with client.listen(
+                tools_list_changed=offered["tools"],
+                prompts_list_changed=offered["prompts"],
+                resources_list_changed=offered["resources"],
+            ) as changes:
                 async for _ in changes:
-                    self._relist.set()
+                    pass
         except Exception as exc:  # refused, or the stream dropped: the health check still finds changes, later
             logger.debug("%s: no tools/list_changed stream (%s); the health check finds changes", self.spec.name, describe(exc))
 

@@ -30,7 +30,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.models import InitializationOptions
 from mcp.server.session import ServerSession
-from mcp.server.subscriptions import InMemorySubscriptionBus, ToolsListChanged
+from mcp.server.subscriptions import InMemorySubscriptionBus, PromptsListChanged, ResourcesListChanged, ToolsListChanged
 from mcp.shared.inbound import X_MCP_HEADER_KEY, _walk_schema_positions
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
@@ -71,8 +71,15 @@ logger = logging.getLogger("breakwater.gateway")
 CALLED_STATE = "breakwater.calledTool"  # in the downstream connection's `state`: it has called a tool
 
 
+#: The other lists the gateway says have changed: their listen-stream event and handshake-era notification.
+_LISTS: dict[str, tuple[Any, Callable[[ServerSession], Awaitable[None]]]] = {
+    "prompts": (PromptsListChanged(), ServerSession.send_prompt_list_changed),
+    "resources": (ResourcesListChanged(), ServerSession.send_resource_list_changed),
+}
+
+
 class _GatewayServer(Server[Any]):
-    """The SDK's low-level server, announcing `tools.listChanged` to handshake-era clients."""
+    """The SDK's low-level server, announcing `listChanged` for tools, prompts and resources to handshake-era clients."""
 
     def create_initialization_options(
         self,
@@ -82,7 +89,9 @@ class _GatewayServer(Server[Any]):
     ) -> InitializationOptions:
         # The HTTP session manager calls this with no arguments; the gateway does send list_changed.
         return super().create_initialization_options(
-            notification_options or NotificationOptions(tools_changed=True), experimental_capabilities, extensions
+            notification_options or NotificationOptions(tools_changed=True, prompts_changed=True, resources_changed=True),
+            experimental_capabilities,
+            extensions,
         )
 
 
@@ -270,6 +279,17 @@ class Gateway:
         names = tuple(e.name for e in self.refresh())
         return states, names
 
+    def _lists_signature(self, kind: str) -> tuple[Any, ...]:
+        """What the prompts (or resources) list is made of: the ready servers that offer them, and how often
+        each said its list changed."""
+        offering = []
+        for spec in self.bw.config.servers:
+            upstream = self.bw.upstream(spec.name)
+            client = upstream.client
+            if upstream.state is ServerState.READY and client is not None and getattr(client.server_capabilities, kind, None):
+                offering.append((spec.name, upstream.lists_version))
+        return tuple(offering)
+
     async def watch(self) -> None:
         """Run the gateway's background work until cancelled.
 
@@ -288,21 +308,33 @@ class Gateway:
                 tg.cancel_scope.cancel()
 
     async def _watch_tools(self) -> None:
+        # Prompts and resources are listed live from the ready servers, so their lists change when a server
+        # that offers them comes or goes, or says they changed: a client that listed them in the first
+        # minute (Claude Code's slash commands) hears of the servers that were still on their way.
         self._signature = self._current_signature()
+        lists = {kind: self._lists_signature(kind) for kind in _LISTS}
         while True:
             await self._wait_changed()
             signature = self._current_signature()
-            if signature == self._signature:
-                continue
-            self._signature = signature
-            await self.notify_tools_changed()
+            if signature != self._signature:
+                self._signature = signature
+                await self.notify_tools_changed()
+            for kind, (event, send) in _LISTS.items():
+                now = self._lists_signature(kind)
+                if now != lists[kind]:
+                    lists[kind] = now
+                    await self._notify(event, send)
 
     async def notify_tools_changed(self) -> None:
         """`notifications/tools/list_changed` to every downstream client that can receive it."""
-        await self.bus.publish(ToolsListChanged())
+        await self._notify(ToolsListChanged(), ServerSession.send_tool_list_changed)
+
+    async def _notify(self, event: Any, send: Callable[[ServerSession], Awaitable[None]]) -> None:
+        """A list-changed `event` to 2026-07-28 listeners, and `send` to every handshake-era client connection."""
+        await self.bus.publish(event)
         for key, session in list(self._legacy_sessions.items()):
             try:
-                await session.send_tool_list_changed()
+                await send(session)
             except Exception:  # a client that went away must not stop the others from hearing
                 logger.debug("dropping a downstream connection that cannot take notifications", exc_info=True)
                 self._legacy_sessions.pop(key, None)
