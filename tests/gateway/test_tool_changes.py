@@ -65,28 +65,33 @@ server.run("stdio")
 """
 
 
+def serve(tmp_path: Path, config: Path, era: str) -> StdioServerParameters:
+    """A `breakwater serve` of `config` whose upstream speaks `era`, with no periodic re-list: only what the
+    server says can tell breakwater its lists changed."""
+    env = {
+        **os.environ,
+        "BREAKWATER_CATALOG_DIR": str(tmp_path / "catalog"),
+        "BREAKWATER_ADMISSION_DIR": str(tmp_path / "admission"),
+        "BREAKWATER_CONNECT_STARTUP_JITTER_S": "0",
+        "BREAKWATER_HEALTH_INTERVAL_S": "0",
+        "BREAKWATER_PROTOCOL": era,
+    }
+    return StdioServerParameters(command=sys.executable, args=["-m", "breakwater", "serve", "--config", str(config)], env=env)
+
+
 @pytest.mark.parametrize("era", ["2025-11-25", "2026-07-28"])
 async def test_a_tool_the_server_adds_or_rewords_reaches_the_client_at_its_list_changed(tmp_path: Path, era: str) -> None:
     script = tmp_path / "grow.py"
     script.write_text(_GROWING_SERVER)
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {"g": {"command": sys.executable, "args": [str(script)]}}}))
-    env = {
-        **os.environ,
-        "BREAKWATER_CATALOG_DIR": str(tmp_path / "catalog"),
-        "BREAKWATER_ADMISSION_DIR": str(tmp_path / "admission"),
-        "BREAKWATER_CONNECT_STARTUP_JITTER_S": "0",
-        "BREAKWATER_HEALTH_INTERVAL_S": "0",  # no periodic re-list: only the server's notification can tell
-        "BREAKWATER_PROTOCOL": era,  # the upstream's revision
-    }
     heard = anyio.Event()
 
     async def on_message(message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification):
             heard.set()
 
-    params = StdioServerParameters(command=sys.executable, args=["-m", "breakwater", "serve", "--config", str(config)], env=env)
-    async with Client(params, mode="legacy", message_handler=on_message) as client:
+    async with Client(serve(tmp_path, config, era), mode="legacy", message_handler=on_message) as client:
 
         async def listed() -> dict[str, types.Tool]:
             return {t.name: t for t in (await client.list_tools()).tools}
@@ -154,22 +159,13 @@ async def test_prompts_of_a_server_that_comes_late_or_adds_one_reach_a_client_th
     script.write_text(_PROMPTS_SERVER)
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {"s": {"command": sys.executable, "args": [str(script), "2"]}}}))
-    env = {
-        **os.environ,
-        "BREAKWATER_CATALOG_DIR": str(tmp_path / "catalog"),
-        "BREAKWATER_ADMISSION_DIR": str(tmp_path / "admission"),
-        "BREAKWATER_CONNECT_STARTUP_JITTER_S": "0",
-        "BREAKWATER_HEALTH_INTERVAL_S": "0",
-        "BREAKWATER_PROTOCOL": era,
-    }
     heard = anyio.Event()
 
     async def on_message(message: Any) -> None:
         if isinstance(message, types.PromptListChangedNotification):
             heard.set()
 
-    params = StdioServerParameters(command=sys.executable, args=["-m", "breakwater", "serve", "--config", str(config)], env=env)
-    async with Client(params, mode="legacy", message_handler=on_message) as client:
+    async with Client(serve(tmp_path, config, era), mode="legacy", message_handler=on_message) as client:
 
         async def prompts() -> set[str]:
             return {p.name for p in (await client.list_prompts()).prompts}
