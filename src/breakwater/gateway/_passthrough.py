@@ -119,6 +119,12 @@ class Passthrough:
             "(try again once they are)",
         )
 
+    def _unanswered(self, uri: str, last: MCPError | None) -> MCPError:
+        """Why no server answered for the resource `uri`: its server's own refusal if one listed it, else who may hold it."""
+        if last is not None and uri in self._resources:
+            return last
+        return self._nobody_offers(f"the resource {uri!r}", last)
+
     def _client(self, server: str) -> Client:
         upstream = self.bw.upstream(server)
         if upstream.state is not ServerState.READY or upstream.client is None:
@@ -213,9 +219,7 @@ class Passthrough:
                     return await self._bounded(candidate, client.read_resource, uri, cache_mode="bypass")
             except MCPError as exc:
                 last = exc
-        if last is not None and uri in self._resources:
-            raise last  # its server listed it: its own answer
-        raise self._nobody_offers(f"the resource {uri!r}", last)
+        raise self._unanswered(uri, last)
 
     def _owners(self, uri: str) -> list[str]:
         """The servers to ask about `uri`: the one that listed it, else (a URI made from a template) the
@@ -414,9 +418,7 @@ class Subscriptions:
                 return
             except MCPError as exc:
                 last = exc
-        if last is not None and uri in self._pt._resources:
-            raise last  # its server listed it: its own answer
-        raise self._pt._nobody_offers(f"the resource {uri!r}", last)
+        raise self._pt._unanswered(uri, last)
 
     async def _hold_for(self, holder: object, server: str, uri: str, target: ServerSession | _Listeners) -> None:
         """Subscribe `holder` to `uri` on `server` (its updates go to `target`), linking upstream if nobody had."""

@@ -245,7 +245,7 @@ def _elicitation_gap(caps: types.ClientCapabilities | None, params: types.Elicit
 
 
 #: Where an upstream's `notifications/resources/updated` goes: `(server, uri)`.
-ResourceUpdated = Callable[[str, str], Awaitable[None]]
+UpdateSink = Callable[[str, str], Awaitable[None]]
 
 
 def _refusal(message: str) -> types.ErrorData:
@@ -270,12 +270,12 @@ class Relay:
         """`clock` bounds the wait for deliveries still under way when a call answers. Made before the
         `Breakwater` whose connections carry its callbacks, and so before the gateway that owns the
         subscriptions; the gateway names where resource updates go with `deliver_to`."""
-        self._resource_updated: Callable[[str, str], Awaitable[None]] = _no_subscribers
+        self._resource_updated: UpdateSink = _no_subscribers
         self._clock: Clock = clock or SystemClock()
         self._callers: dict[str, list[_Caller]] = {}
         self.exchanges: dict[str, _Exchange] = {}
 
-    def deliver_to(self, resource_updated: Callable[[str, str], Awaitable[None]]) -> None:
+    def deliver_to(self, resource_updated: UpdateSink) -> None:
         """Where `notifications/resources/updated` from upstreams go from now on: `resource_updated(server, uri)`."""
         self._resource_updated = resource_updated
 
@@ -332,14 +332,12 @@ class Relay:
         """The relay callbacks for `spec`'s `mcp.Client` (an `Upstream.client_hooks`)."""
         return self._client_kwargs(spec, None)
 
-    def hooks_delivering_to(
-        self, resource_updated: Callable[[str, str], Awaitable[None]]
-    ) -> Callable[[ServerSpec], dict[str, Any]]:
+    def hooks_delivering_to(self, resource_updated: UpdateSink) -> Callable[[ServerSpec], dict[str, Any]]:
         """`client_kwargs`, but resource updates go to `resource_updated` (one attached session's own servers,
         whose subscriptions that session's view holds), not where `deliver_to` sends the shared servers'."""
         return lambda spec: self._client_kwargs(spec, resource_updated)
 
-    def _client_kwargs(self, spec: ServerSpec, resource_updated: ResourceUpdated | None) -> dict[str, Any]:
+    def _client_kwargs(self, spec: ServerSpec, resource_updated: UpdateSink | None) -> dict[str, Any]:
         server, transport = spec.name, spec.transport
 
         async def sampling(

@@ -136,13 +136,12 @@ class Gateway:
         catalog: Catalog,
         relay: Relay | None = None,
         view_of: Gateway | None = None,
-        shared_servers: frozenset[str] = frozenset(),
     ) -> None:
         """`relay` is the one whose callbacks `bw`'s connections were built with (`Breakwater(client_hooks=
         relay.client_kwargs)`, as `open_gateway` does); without one the gateway makes its own and hands it to
         `bw`'s servers before their first connect. `view_of` makes this one attached session's view of a shared
-        gateway (`gateway._session`): subscriptions to `shared_servers`' resources are held by `view_of`, which
-        hears their updates for every session, and the relay's deliveries stay `view_of`'s."""
+        gateway (`gateway._session`): subscriptions to the resources of `view_of`'s servers are held by `view_of`,
+        which hears their updates for every session, and the relay's deliveries stay `view_of`'s."""
         self.bw = bw
         self.policy = policy
         self.catalog = catalog
@@ -169,7 +168,8 @@ class Gateway:
         if view_of is None:
             relay.deliver_to(self.passthrough.subscriptions.deliver)
         else:
-            self.passthrough.subscriptions.share(view_of.passthrough.subscriptions, shared_servers)
+            shared = frozenset(spec.name for spec in view_of.bw.config.servers)
+            self.passthrough.subscriptions.share(view_of.passthrough.subscriptions, shared)
         from importlib.metadata import version
 
         self.server = _GatewayServer(
@@ -301,13 +301,13 @@ class Gateway:
             self._tg = tg
             self.passthrough.subscriptions.attach(tg)
             try:
-                await self._watch_tools()
+                await self._watch_lists()
             finally:
                 self._tg = None
                 self.passthrough.subscriptions.attach(None)
                 tg.cancel_scope.cancel()
 
-    async def _watch_tools(self) -> None:
+    async def _watch_lists(self) -> None:
         # Prompts and resources are listed live from the ready servers, so their lists change when a server
         # that offers them comes or goes, or says they changed: a client that listed them in the first
         # minute (Claude Code's slash commands) hears of the servers that were still on their way.

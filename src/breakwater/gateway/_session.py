@@ -155,10 +155,7 @@ async def session_gateway(shared: Gateway, config: Config, context: SessionConte
     async with own:
         # A `Gateway` reads no more of its `Breakwater` than `SessionServers` has.
         servers = cast(Breakwater, SessionServers(config, bw, own))
-        shared_servers = frozenset(spec.name for spec in bw.config.servers)
-        gateway = Gateway(
-            servers, config.gateway, catalog=shared.catalog, relay=shared.relay, view_of=shared, shared_servers=shared_servers
-        )
+        gateway = Gateway(servers, config.gateway, catalog=shared.catalog, relay=shared.relay, view_of=shared)
         views.append(gateway)
         roots.serve(gateway.server, lambda: [own.upstream(spec.name) for spec in own_specs])
         async with anyio.create_task_group() as tg:
