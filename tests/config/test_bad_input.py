@@ -15,6 +15,8 @@ import math
 import os
 import subprocess
 import sys
+import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -570,16 +572,28 @@ FRAMES: list[tuple[str, bytes, Any, int, str]] = [
 ]
 
 
+_UNREAD: weakref.WeakKeyDictionary[subprocess.Popen[bytes], bytearray] = weakref.WeakKeyDictionary()
+
+
 def _read_answer(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> dict[str, Any]:
+    """The next answer on `serve`'s stdout; the gateway's own notifications (its lists changed) may come between."""
     import select
 
     assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    assert ready, "no answer: the request was dropped"
-    line = proc.stdout.readline()
-    assert line, "the session ended"
-    answer: dict[str, Any] = json.loads(line)
-    return answer
+    fd = proc.stdout.fileno()
+    unread = _UNREAD.setdefault(proc, bytearray())
+    deadline = time.monotonic() + timeout
+    while True:
+        while (end := unread.find(b"\n")) < 0:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, "no answer: the request was dropped"
+            chunk = os.read(fd, 1 << 20)
+            assert chunk, "the session ended"
+            unread += chunk
+        message: dict[str, Any] = json.loads(bytes(unread[:end]))
+        del unread[: end + 1]
+        if "id" in message or "method" not in message:
+            return message
 
 
 def test_every_request_gets_the_json_rpc_error_the_spec_names(tmp_path: Path) -> None:
@@ -628,8 +642,6 @@ def test_every_request_gets_the_json_rpc_error_the_spec_names(tmp_path: Path) ->
         # 1e999 is JSON, but no double holds it (it parses as infinity): refused as an argument, naming it.
         send(_call(111, b'"arguments":{"x":{"y":[1e999]}}'))
         overflow = _read_answer(proc, timeout=30)
-        while "method" in overflow:
-            overflow = _read_answer(proc, timeout=30)
         body = overflow.get("result", {}).get("structuredContent", {})
         if (overflow.get("id"), body.get("code"), body.get("field")) != (111, "INVALID_ARGUMENTS", "x.y[0]"):
             wrong.append(f"1e999: {overflow}")
@@ -638,8 +650,6 @@ def test_every_request_gets_the_json_rpc_error_the_spec_names(tmp_path: Path) ->
         words = {**TOOLS_CALL, "arguments": {"text": "NaN, Infinity and -Infinity"}}
         send(json.dumps({"jsonrpc": "2.0", "id": 110, "method": "tools/call", "params": words}).encode())
         echoed = _read_answer(proc, timeout=30)
-        while "method" in echoed:  # a notification of the gateway's own (tools/list_changed) may come first
-            echoed = _read_answer(proc, timeout=30)
         if echoed.get("id") != 110 or echoed["result"].get("isError"):
             wrong.append(f"NaN in a string: {echoed}")
         # The session survived all of it.
