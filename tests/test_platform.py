@@ -120,3 +120,15 @@ def test_a_busy_port_reads_the_same_in_posix_and_winsock_codes() -> None:
         assert "the port is in use" in _listen_failure("127.0.0.1", 8000, OSError(code, "bind"))
     assert _platform.bind_error(OSError(10013, "bind")) == "denied"
     assert _platform.bind_error(OSError(errno.ENOENT, "other")) is None
+
+
+def test_long_running_commands_run_on_uvloop_unless_the_knob_says_asyncio() -> None:
+    # uvloop is a dependency on POSIX; `[gateway] event_loop = "asyncio"` keeps asyncio's own loop.
+    assert _platform.event_loop("auto") == "uvloop" == _platform.strategy()["event_loop"]
+    assert _platform.event_loop("asyncio") == "asyncio"
+    assert anyio.run(_running_loop, backend_options=_platform.loop_options("auto")) == "uvloop"
+    assert anyio.run(_running_loop, backend_options=_platform.loop_options("asyncio")) == "asyncio"
+
+
+async def _running_loop() -> str:
+    return _platform.running_loop()

@@ -156,6 +156,7 @@ def test_simulated_windows_imports_everything_and_takes_the_windows_branches(tmp
     assert strategy["platform"] == "windows"
     assert strategy["process_group"] == "CREATE_NEW_PROCESS_GROUP" and strategy["stdio"] == "threads"
     assert strategy["shared_gateway"] == "off"
+    assert strategy["event_loop"] == "asyncio"  # uvloop has no Windows build
     assert report["spawn"] == {"creationflags": 0x200}  # CREATE_NEW_PROCESS_GROUP, not a new session
     assert report["stop_signals"] == [21, 2]  # SIGBREAK (Ctrl-Break), SIGINT (Ctrl-C)
     assert report["npx"] == str(tmp_path / "node dir" / "npx.CMD")

@@ -75,20 +75,29 @@ SERVER = textwrap.dedent(
     answer_lazily(server.session_manager, clock, keepalive_s=keepalive, streams=streams)
     if mode == "fast":
         install(server)
-    if len(sys.argv) > 5 and sys.argv[5] == "guard":  # the gateway's outermost middleware, and a log of each write
-        import asyncio.selector_events as selector_events
+    loop = "auto"
+    if len(sys.argv) > 5 and sys.argv[5] != "-":  # the gateway's outermost middleware, and a log of each write
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
         from breakwater.gateway._http import RequestGuard
         app = RequestGuard(app)
-        write = selector_events._SelectorSocketTransport.write
-        def logged(self, data):
-            print("WRITE", bytes(data[:12]), len(data), file=sys.stderr, flush=True)
-            return write(self, data)
-        selector_events._SelectorSocketTransport.write = logged
+        loop = sys.argv[5]
+
+        class Logged:  # the connection's transport, whichever loop made it, with each write logged
+            def __init__(self, transport):
+                self._transport = transport
+            def write(self, data):
+                print("WRITE", bytes(data[:12]), len(data), file=sys.stderr, flush=True)
+                return self._transport.write(data)
+            def __getattr__(self, name):
+                return getattr(self._transport, name)
+
+        made = HttpToolsProtocol.connection_made
+        HttpToolsProtocol.connection_made = lambda self, transport: made(self, Logged(transport))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     open(port_file, "w").write(str(sock.getsockname()[1]))
-    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", loop=loop, http="httptools")).run(sockets=[sock])
     """
 )
 
@@ -113,12 +122,12 @@ class Server:
 async def start(tmp_path: Path) -> AsyncIterator[Any]:
     procs: list[subprocess.Popen[str]] = []
 
-    async def start(mode: str, *, keepalive: float = 15.0, resume: bool = False, guard: bool = False) -> Server:
+    async def start(mode: str, *, keepalive: float = 15.0, resume: bool = False, guard: str = "-") -> Server:
         path = tmp_path / "lazy_server.py"
         path.write_text(SERVER)
         port_file = tmp_path / f"port-{len(procs)}"
         args = [sys.executable, str(path), mode, str(port_file), str(keepalive), "resume" if resume else "-"]
-        args += ["guard"] if guard else []
+        args.append(guard)  # the loop to log each write on behind the guard, or "-"
         proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
         procs.append(proc)
         with anyio.fail_after(30):
@@ -329,9 +338,10 @@ async def test_a_burst_of_calls_is_answered_each_as_one_json_body(start: Any) ->
     assert {i: r.json()["result"]["structuredContent"] for i, r in replies.items()} == {i: {"got": {"i": i}} for i in replies}
 
 
-async def test_a_json_answer_is_one_write_and_a_stream_is_not_held(start: Any) -> None:
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+async def test_a_json_answer_is_one_write_and_a_stream_is_not_held(start: Any, loop: str) -> None:
     """uvicorn writes a response's head and body separately; behind `RequestGuard` a whole response is one write."""
-    server = await start("fast", guard=True)
+    server = await start("fast", guard=loop)
     async with httpx2.AsyncClient(timeout=30) as http:
         session = await open_session(http, server.url)
         quick = await http.post(server.url, json=call(2, "echo", {"a": 1}), headers=session)

@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from breakwater._platform import loop_options
 from breakwater.cli._common import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, Parser, add_config_flag, fail, load_or_exit, show
 from breakwater.config import Config, GatewayPolicy
 
@@ -135,7 +136,7 @@ def _attached(
         code: int = await attached_session(first, attach, safety=safety, clock=clock)
         return code
 
-    result: int | None = anyio.run(run)
+    result: int | None = anyio.run(run, backend_options=loop_options(config.gateway.event_loop))
     return result
 
 
@@ -200,13 +201,13 @@ def _list(policy: GatewayPolicy, as_json: bool) -> int:
         print("no shared gateway is running")
         return EXIT_OK
     table = Table(title="shared gateways", title_justify="left")
-    for column in ("pid", "sessions", "up", "version", "config"):
+    columns = ("pid", "sessions", "up", "version", "loop", "config")
+    for column in columns:
         table.add_column(column, no_wrap=True)
     for _, info in gateways:
         up = max(0.0, time.time() - float(info.get("started") or time.time()))
-        table.add_row(
-            str(info.get("pid")), str(info.get("sessions")), f"{up:.0f} s", str(info.get("version")), str(info.get("config"))
-        )
+        shown = {**info, "up": f"{up:.0f} s", "loop": info.get("event_loop")}
+        table.add_row(*(str(shown.get(column)) for column in columns))
     show(table)
     return EXIT_OK
 
@@ -253,7 +254,9 @@ def _serve_forked(config: Config, fingerprint: str, version: str, sock: Path, li
     import anyio
 
     _log_to_stderr()
-    code: int = anyio.run(_run_shared, config, fingerprint, sock, listener, version)
+    code: int = anyio.run(
+        _run_shared, config, fingerprint, sock, listener, version, backend_options=loop_options(config.gateway.event_loop)
+    )
     logging.shutdown()
     return code
 
@@ -276,7 +279,7 @@ def _run(args: argparse.Namespace) -> int:
         sock = gateway_paths(share_dir(config.gateway), fingerprint, breakwater_version())[0]
     except OSError as exc:  # a share directory that cannot be made, or is not the user's, or is too deep
         return fail(f"cannot run a shared gateway: {exc}", EXIT_CONFIG)
-    code: int = anyio.run(_run_shared, config, fingerprint, sock)
+    code: int = anyio.run(_run_shared, config, fingerprint, sock, backend_options=loop_options(config.gateway.event_loop))
     return code
 
 

@@ -16,6 +16,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from breakwater import _platform
+from breakwater._platform import loop_options
 from breakwater.cli._common import (
     EXIT_CONFIG,
     EXIT_INTERRUPTED,
@@ -332,7 +333,7 @@ def serve_main(argv: list[str]) -> int:
                 return attached
         import anyio
 
-        stdio_code: int = anyio.run(_serve_stdio, config)
+        stdio_code: int = anyio.run(_serve_stdio, config, backend_options=loop_options(config.gateway.event_loop))
         return stdio_code
     host, port = args.http
     try:
@@ -344,6 +345,14 @@ def serve_main(argv: list[str]) -> int:
 
     with sock:
         http_code: int = anyio.run(
-            _serve_http, config, sock, host, token, args.port_file, tuple(args.allowed_host), args.json_response
+            _serve_http,
+            config,
+            sock,
+            host,
+            token,
+            args.port_file,
+            tuple(args.allowed_host),
+            args.json_response,
+            backend_options=loop_options(config.gateway.event_loop),
         )
     return http_code

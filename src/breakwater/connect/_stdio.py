@@ -262,8 +262,9 @@ def _feed_directly(buffer: asyncio.StreamReader) -> None:
     call (issue 16). The pipe's transport takes another protocol through its public `set_protocol`;
     the end of the pipe still goes the usual way, after the data (the transport schedules it).
     """
-    transport = getattr(buffer, "_transport", None)  # asyncio's own attribute: the stdout pipe's transport
-    if isinstance(transport, asyncio.ReadTransport) and not transport.is_closing():
+    transport: Any = getattr(buffer, "_transport", None)  # asyncio's own attribute: the stdout pipe's transport
+    # Duck-typed: uvloop's pipe transports are no subclasses of asyncio's, and take a protocol the same way.
+    if transport is not None and callable(getattr(transport, "set_protocol", None)) and not transport.is_closing():
         transport.set_protocol(_DirectFeed(transport.get_protocol(), buffer))
 
 

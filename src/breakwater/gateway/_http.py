@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -115,7 +114,8 @@ def _whole_responses(send: _Send) -> _Send:
     transport); the cycle's transport is swapped only while the head and the body are handed to it.
     """
     cycle = getattr(send, "__self__", None)
-    if cycle is None or not isinstance(getattr(cycle, "transport", None), asyncio.WriteTransport):
+    # Duck-typed: uvloop's transports are no subclasses of asyncio's.
+    if cycle is None or not callable(getattr(getattr(cycle, "transport", None), "write", None)):
         return send
     held: list[Any] = []
 

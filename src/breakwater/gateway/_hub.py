@@ -30,6 +30,7 @@ from mcp.shared._context_streams import create_context_streams
 from mcp.shared.message import SessionMessage
 
 from breakwater._clock import Clock
+from breakwater._platform import running_loop
 from breakwater.config import Config
 from breakwater.connect._lines import HandOffReader
 from breakwater.gateway._fast_call import FastLane
@@ -91,6 +92,7 @@ class SharedGateway:
             "sessions": self.sessions,
             "config": self.config_path,
             "started": self.started,
+            "event_loop": running_loop(),
         }
         if reason is not None:
             answer["reason"] = reason

@@ -286,9 +286,10 @@ class _Pump:
         """Read stdin and write stdout through asyncio's pipe transports."""
         out = _Lines(lambda line: None, lambda: None)
         out.on_pause, out.on_resume = self._pause_gateway, self._resume_gateway
-        out_file = os.fdopen(1, "wb", buffering=0, closefd=False)
+        # Copies of the descriptors: uvloop's transports close what they drive (see `_stdio_server.transport_file`).
+        out_file = os.fdopen(os.dup(1), "wb", buffering=0)
         self.stdout, _ = await self.loop.connect_write_pipe(lambda: out, out_file)
-        in_file = os.fdopen(0, "rb", buffering=0, closefd=False)
+        in_file = os.fdopen(os.dup(0), "rb", buffering=0)
         self.stdin, _ = await self.loop.connect_read_pipe(lambda: _Lines(self._from_client, self._client_ended), in_file)
 
     def send(self, data: bytes) -> None:

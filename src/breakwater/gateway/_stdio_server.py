@@ -45,7 +45,7 @@ from breakwater.gateway._fast_call import FastLane
 from breakwater.gateway._frames import INVALID_REQUEST, bad_id, diagnose, error_line, screen_non_finite
 from breakwater.gateway._pump import reserve_standard_fds
 
-__all__ = ["MAX_LINE_BYTES", "LineOutput", "pump_input", "pump_output", "reserve_standard_fds", "stdio_server"]
+__all__ = ["MAX_LINE_BYTES", "LineOutput", "pump_input", "pump_output", "reserve_standard_fds", "stdio_server", "transport_file"]
 
 #: Longest line accepted from the client. The SDK has no limit; a bound keeps one bad client from
 #: exhausting memory, and 64 MiB is far above any real MCP message. A longer one is answered with
@@ -65,6 +65,15 @@ def _pollable(fd: int) -> bool:
     except OSError:
         return False
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or (stat.S_ISCHR(mode) and os.isatty(fd))
+
+
+def transport_file(fd: int, mode: str) -> Any:
+    """A file over a copy of `fd` for a pipe transport, which closes it when it closes.
+
+    uvloop's transports close the descriptor they drive whatever the file object says (asyncio's
+    close the file), so each gets its own copy and `fd` stays ours to restore and close.
+    """
+    return os.fdopen(os.dup(fd), mode, buffering=0)
 
 
 def _divert(fd: int, open_diversion: Callable[[], int]) -> int | None:
@@ -151,8 +160,7 @@ class LineOutput:
 
     async def open(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._fast and self._fd is not None and _pollable(self._fd):
-            out_file = os.fdopen(self._fd, "wb", buffering=0, closefd=False)
-            transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, out_file)
+            transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, transport_file(self._fd, "wb"))
             self._transport = transport
             self._writer = asyncio.StreamWriter(transport, protocol, None, loop)
 
@@ -213,8 +221,7 @@ async def _open_input(
         reader.feed_eof()
         return reader, None
     if fast and _pollable(in_fd):
-        in_file = os.fdopen(in_fd, "rb", buffering=0, closefd=False)
-        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), in_file)
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), transport_file(in_fd, "rb"))
         return reader, transport
     return reader, _ThreadFeed(in_fd, reader, loop)
 
