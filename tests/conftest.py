@@ -19,6 +19,14 @@ POSTGRES_CANDIDATES = [
 ]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules marked `long_module` first (a stable sort: the rest keep their order).
+
+    xdist hands modules to workers in collection order (`--dist loadfile`), and the run is CPU-bound, so
+    a 100 s module collected late is the run's tail, run while the other workers sit idle."""
+    items.sort(key=lambda item: item.get_closest_marker("long_module") is None)
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     """Run `@pytest.mark.anyio` tests on asyncio only: uvicorn and the SDK's HTTP server need it."""

@@ -13,6 +13,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.long_module
+
 
 def test_the_demo_tells_the_whole_story_and_leaves_nothing_behind(tmp_path: Path) -> None:
     before = set(Path(tempfile.gettempdir()).glob("breakwater-demo-*"))

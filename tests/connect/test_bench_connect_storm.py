@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.long_module
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "connect_storm.py"
 
 

@@ -24,6 +24,8 @@ import pytest
 
 from conformance.node_tools import NodeTools, node_tools
 
+pytestmark = pytest.mark.long_module
+
 CLIENT = Path(__file__).resolve().parents[1] / "conformance" / "client.py"
 SCENARIO_TIMEOUT_S = 45
 #: The suite's own per-scenario limit for the client under test (it kills the client after it).

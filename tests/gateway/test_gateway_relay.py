@@ -29,7 +29,11 @@ from breakwater.gate._tasks import CLIENT_EXTENSION
 from helpers import ResourceUpdates
 
 # The logging, sampling and subscription APIs are deprecated at 2026-07-28; their 2025 paths are what is tested.
-pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")]
+pytestmark = [
+    pytest.mark.long_module,
+    pytest.mark.anyio,
+    pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning"),
+]
 
 UPSTREAM = Path(__file__).resolve().parents[1] / "conformance" / "server.py"
 BREAKWATER = [sys.executable, "-m", "breakwater"]

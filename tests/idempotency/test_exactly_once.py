@@ -14,7 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from helpers import require
+
+pytestmark = pytest.mark.long_module
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "exactly_once.py"
 

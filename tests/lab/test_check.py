@@ -10,6 +10,8 @@ from breakwater.lab import MISSIONS
 from breakwater.lab.check import DEFAULT_SEEDS, check_missions, parse_seeds
 from breakwater.lab.cli import main
 
+pytestmark = pytest.mark.long_module
+
 
 def test_seed_ranges() -> None:
     """Ranges, single seeds and lists; repeats dropped; nonsense refused with a hint."""

@@ -20,6 +20,8 @@ import pytest
 
 from breakwater.lab import get_mission
 
+pytestmark = pytest.mark.long_module
+
 RSS_LIMIT_MB = 300
 RUNS = 200
 DISTINCT = 25
