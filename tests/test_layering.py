@@ -24,7 +24,9 @@ ROOT = "breakwater"
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     (
         "core",
-        frozenset({"_clock", "_backoff", "_codec", "_paths", "_platform", "_wire", "_groups", "_sqlite", "errors", "status"}),
+        frozenset(
+            {"_clock", "_backoff", "_codec", "_paths", "_platform", "_startup", "_wire", "_groups", "_sqlite", "errors", "status"}
+        ),
     ),
     ("config", frozenset({"config"})),
     ("wire extensions", frozenset({"tasks", "idempotency"})),

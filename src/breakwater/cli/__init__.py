@@ -65,7 +65,10 @@ def _demo(argv: list[str]) -> int:
 
 
 def _testserver(argv: list[str]) -> int:
-    from breakwater.testing.server import main
+    from breakwater._startup import sdk_imports
+
+    with sdk_imports():
+        from breakwater.testing.server import main
 
     return main(argv)
 

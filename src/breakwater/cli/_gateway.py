@@ -289,9 +289,12 @@ async def _run_shared(
     import anyio
 
     from breakwater._clock import SystemClock
-    from breakwater.gateway._hub import SharedGateway, listening
-    from breakwater.gateway._open import open_gateway
-    from breakwater.gateway._share import breakwater_version, shared_config
+    from breakwater._startup import sdk_imports
+
+    with sdk_imports():
+        from breakwater.gateway._hub import SharedGateway, listening
+        from breakwater.gateway._open import open_gateway
+        from breakwater.gateway._share import breakwater_version, shared_config
 
     async with listening(sock, bound) as listener:
         if listener is None:

@@ -140,9 +140,12 @@ def _announce(host: str, bound: int, port_file: str | None) -> None:
 
 
 async def _serve_stdio(config: Config) -> int:
-    from breakwater.gateway._drain import drain_stdio
-    from breakwater.gateway._open import open_gateway
-    from breakwater.gateway._stdio_server import stdio_server
+    from breakwater._startup import sdk_imports
+
+    with sdk_imports():
+        from breakwater.gateway._drain import drain_stdio
+        from breakwater.gateway._open import open_gateway
+        from breakwater.gateway._stdio_server import stdio_server
 
     stopped_by: list[int] = []
     async with open_gateway(config, one_client=True) as gateway:
@@ -166,11 +169,14 @@ async def _serve_http(
     allowed_hosts: tuple[str, ...],
     json_response: bool,
 ) -> int:
-    import uvicorn
+    from breakwater._startup import sdk_imports
 
-    from breakwater.gateway._http import http_app
-    from breakwater.gateway._metrics import Metrics
-    from breakwater.gateway._open import open_gateway
+    with sdk_imports():
+        import uvicorn
+
+        from breakwater.gateway._http import http_app
+        from breakwater.gateway._metrics import Metrics
+        from breakwater.gateway._open import open_gateway
 
     bound = sock.getsockname()[1]
     # Over HTTP the gateway also serves /metrics and the status page, fed by every attempt.

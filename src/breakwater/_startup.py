@@ -1,0 +1,28 @@
+"""A process's start: the SDK's imports without the cyclic garbage collector."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator
+
+__all__ = ["sdk_imports"]
+
+
+@contextlib.contextmanager
+def sdk_imports() -> Iterator[None]:
+    """Run the body (the imports that load the `mcp` SDK) with the cyclic garbage collector off.
+
+    Importing the SDK builds the pydantic models of both revisions: millions of objects, none of them
+    garbage, which the collector walks again and again as they pile up. Without those passes a
+    gateway's imports take 8 % fewer instructions (callgrind, `import breakwater.gateway._open`:
+    3.25 G against 2.98 G), about 0.1 s of every gateway's and SDK server's start. The collector is
+    left as the body found it; nothing is frozen, since tests run these paths in their own process.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
