@@ -289,3 +289,50 @@ async def test_a_resource_of_a_server_not_ready_is_not_said_to_be_offered_by_nob
     message = await with_breakwater(tmp_path, clock, in_memory({"shop": shop(clock, [])}), specs, body)
     assert "no ready server offers the resource 'docs://readme'" in message
     assert "docs (retrying)" in message and "shop" not in message
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_relayed_results_name_breakwater_as_their_server_not_the_upstream(tmp_path: Path, mode: str) -> None:
+    """A 2026-07-28 upstream stamps every result with its own `serverInfo`. Through the gateway, a 2026-07-28
+    client reads breakwater's in the tool's, the prompt's and the resource's results (it read the upstream's),
+    a 2025-era client none (its revision has no such stamp), and the tool's own `_meta` reaches both."""
+    from mcp.types import GetPromptResult, ReadResourceResult
+    from mcp_types import SERVER_INFO_META_KEY
+
+    clock = FakeClock()
+    policy = GatewayPolicy()
+    server = MCPServer("shop")
+
+    @server.tool()
+    async def receipt() -> CallToolResult:
+        return CallToolResult(content=[TextContent(type="text", text="ok")], _meta={"shop/receipt": 7})
+
+    @server.prompt()
+    async def greet() -> str:
+        return "hello"
+
+    @server.resource("shop://terms")
+    async def terms() -> str:
+        return "be nice"
+
+    async def body(bw: Breakwater) -> tuple[CallToolResult, GetPromptResult, ReadResourceResult]:
+        gateway = Gateway(bw, policy, catalog=Catalog(template=policy.tool_name_template, directory=tmp_path / "catalog"))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gateway.watch)
+            await bw.wait_ready(timeout=30)
+            async with Client(gateway.server, mode=mode) as client:
+                called = await client.call_tool("shop__receipt", {})
+                prompt = await client.get_prompt("shop__greet")
+                read = await client.read_resource("shop://terms")
+            tg.cancel_scope.cancel()
+        return called, prompt, read
+
+    upstream = spec(connect=ConnectPolicy(startup_jitter_s=0, protocol="2026-07-28"))
+    called, prompt, read = await with_breakwater(tmp_path, clock, in_memory(server), (upstream,), body)
+    assert not called.is_error and called.meta is not None and called.meta["shop/receipt"] == 7
+    for result in (called, prompt, read):
+        stamp = (result.meta or {}).get(SERVER_INFO_META_KEY)
+        if mode == "legacy":
+            assert stamp is None, result.meta
+        else:
+            assert stamp is not None and stamp["name"] == "breakwater", result.meta

@@ -9,9 +9,12 @@ import contextlib
 import sys
 from collections.abc import Callable, Sequence
 
+from breakwater._startup import sdk_imports
+
 
 def _status(argv: list[str]) -> int:
-    from breakwater.cli._status import status_main
+    with sdk_imports():  # the module loads the SDK
+        from breakwater.cli._status import status_main
 
     return status_main(argv)
 
@@ -47,26 +50,27 @@ def _stats(argv: list[str]) -> int:
 
 
 def _call(argv: list[str]) -> int:
-    from breakwater.cli._call import call_main
+    with sdk_imports():  # the module loads the SDK
+        from breakwater.cli._call import call_main
 
     return call_main(argv)
 
 
 def _auth(argv: list[str]) -> int:
-    from breakwater.cli._auth import auth_main
+    with sdk_imports():  # the module loads the SDK
+        from breakwater.cli._auth import auth_main
 
     return auth_main(argv)
 
 
 def _demo(argv: list[str]) -> int:
-    from breakwater.cli._demo import demo_main
+    with sdk_imports():  # the module loads the SDK
+        from breakwater.cli._demo import demo_main
 
     return demo_main(argv)
 
 
 def _testserver(argv: list[str]) -> int:
-    from breakwater._startup import sdk_imports
-
     with sdk_imports():
         from breakwater.testing.server import main
 

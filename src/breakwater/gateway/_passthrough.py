@@ -30,19 +30,21 @@ from mcp import Client, MCPError
 from mcp.server.context import ServerRequestContext
 from mcp.server.session import ServerSession
 from mcp.server.subscriptions import ListenHandler, ResourceUpdated, SubscriptionBus
+from mcp_types import SERVER_INFO_META_KEY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from breakwater._breakwater import Breakwater
 from breakwater.catalog._catalog import namespaced
 from breakwater.status import ServerState
 
-__all__ = ["Passthrough", "Subscriptions", "connection_of"]
+__all__ = ["Passthrough", "Subscriptions", "connection_of", "without_upstream_identity"]
 
 logger = logging.getLogger("breakwater.gateway")
 
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 T = TypeVar("T")
+R = TypeVar("R", bound=types.Result)
 #: Bound on the upstream `resources/unsubscribe` sent when the last subscriber leaves (it is shielded).
 UNSUBSCRIBE_TIMEOUT_S = 2.0
 #: Pause before re-opening an upstream subscription whose stream ended while its server stayed up.
@@ -51,6 +53,22 @@ RELINK_PAUSE_S = 1.0
 #: Opens the relay scope of a downstream request aimed at `server` (sampling, elicitation and log
 #: messages the server sends meanwhile are relayed to that request). See `Gateway`.
 Calling = Callable[[ServerRequestContext[Any], str], AbstractAsyncContextManager[Any]]
+
+
+def without_upstream_identity(result: R) -> R:
+    """`result` as the gateway answers it: without the upstream's own `serverInfo` stamp in its `_meta`.
+
+    On 2026-07-28 every result names the server that answered it (`_meta["io.modelcontextprotocol/serverInfo"]`),
+    and the SDK's server keeps a stamp the handler wrote rather than its own. Relayed as it came, a result
+    told a 2026-07-28 client that it talked to the upstream, not to breakwater, and gave a 2025-era client
+    a stamp its revision does not have. Dropped here, the SDK stamps breakwater's own on 2026-07-28 results
+    and none on earlier ones, as for any result of breakwater's; every other `_meta` key is the tool's and stays.
+    """
+    meta = result.meta
+    if not meta or SERVER_INFO_META_KEY not in meta:
+        return result
+    rest = {key: value for key, value in meta.items() if key != SERVER_INFO_META_KEY}
+    return result.model_copy(update={"meta": rest or None})
 
 
 def connection_of(ctx: ServerRequestContext[Any]) -> object:
@@ -96,7 +114,8 @@ class Passthrough:
         clock = self.bw.clock
         timeout = self.bw.config.server(server).call.timeout_s
         with clock.deadline_scope(clock.monotonic() + timeout) as scope:
-            return await call(*args, **kwargs)
+            answer = await call(*args, **kwargs)
+            return without_upstream_identity(answer) if isinstance(answer, types.Result) else answer
         if scope.cancelled_caught:
             raise MCPError(INTERNAL_ERROR, f"server {server!r} did not answer within {timeout:g} s")
         raise AssertionError("unreachable")  # pragma: no cover

@@ -46,7 +46,7 @@ from breakwater.gateway._builtins import BuiltinTools, SearchAnswer
 from breakwater.gateway._drain import Drain
 from breakwater.gateway._frames import deadline_seconds, explain_params_errors, invalid_deadline
 from breakwater.gateway._operations import forwarded_once
-from breakwater.gateway._passthrough import Passthrough, RelayedListen, connection_of
+from breakwater.gateway._passthrough import Passthrough, RelayedListen, connection_of, without_upstream_identity
 from breakwater.gateway._relay import (
     EXCHANGE_KEEP_S,
     EXCHANGE_STATE_PREFIX,
@@ -458,7 +458,7 @@ class Gateway:
             # Progress and log messages that arrived before the result reach the caller before it does.
             if parser is None or parser.notices != notices:
                 await caller.drain()
-            return explain_refusal(result, caller)
+            return explain_refusal(without_upstream_identity(result), caller)
 
         try:
             if self.operations is None:
