@@ -5,6 +5,8 @@ Every target fronts the same stdio upstream (`breakwater testserver` with `echo`
 (2025-11-25, which every peer speaks):
 
 * direct            the SDK client spawns the upstream itself (stdio): the floor;
+* byte-relay        reference, not a peer: a process in the middle that copies bytes and parses
+                    nothing (`bench/peers/byte_relay.py`): the floor of any stdio gateway;
 * sdk-proxy         reference, not a peer: a bare pass-through on the SDK's low-level server
                     (`bench/peers/sdk_proxy.py`, stdio), the cost of one Python SDK hop without a gate;
 * breakwater-stdio  the client spawns `breakwater serve` (stdio), as an agent does: with sharing on
@@ -66,6 +68,7 @@ UPSTREAM = launch_command("--tool", "echo:latency=0", "--tool", "hang:hang=1")
 HOL_TIMEOUT_S = 10.0
 TARGETS = (
     "direct",
+    "byte-relay",
     "sdk-proxy",
     "breakwater-stdio",
     "breakwater-stdio-noshare",
@@ -247,6 +250,10 @@ async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tu
     if name == "direct":
         async with Client(StdioServerParameters(command=UPSTREAM[0], args=UPSTREAM[1:]), mode="legacy") as c:
             yield c, "mcp " + _version("mcp"), ()
+    elif name == "byte-relay":
+        script = str(Path(__file__).parent / "peers" / "byte_relay.py")
+        async with Client(StdioServerParameters(command=sys.executable, args=[script, "--", *UPSTREAM]), mode="legacy") as c:
+            yield c, "select loop, no parsing", _pids(child_pid("byte_relay.py", _CLAIMED))
     elif name == "sdk-proxy":
         script = str(Path(__file__).parent / "peers" / "sdk_proxy.py")
         async with Client(StdioServerParameters(command=sys.executable, args=[script, "--", *UPSTREAM]), mode="legacy") as c:
@@ -608,6 +615,13 @@ def verdict(results: list[Result]) -> list[str]:
     for name in ("breakwater-stdio", "breakwater-stdio-noshare"):
         if name in by:
             line(f"{name} p50 / direct p50", pct(by[name].seq, 50) / d, 1.5)
+    floor = by.get("byte-relay")
+    if floor is not None and floor.seq:
+        relay = pct(floor.seq, 50)
+        out.append(f"byte-relay p50 / direct p50: {relay / d:.2f}× (a process in the middle, parsing nothing)")
+        for name in ("breakwater-stdio", "breakwater-stdio-noshare"):
+            if name in by:
+                out.append(f"{name} p50 over the byte relay's: {pct(by[name].seq, 50) - relay:+.2f} ms (the gateway's own work)")
     pypi = by.get("mcp-proxy-pypi")
     if pypi is not None:
         p = pct(pypi.seq, 50)
@@ -620,7 +634,7 @@ def verdict(results: list[Result]) -> list[str]:
             if name in by and by[name].burst_wall:
                 line(f"{name} burst wall p50 / faster mcp-proxy's", pct(by[name].burst_wall, 50) / min(walls), 0.8)
     cpu = {r.name: r.cpu_s / r.measured_calls * 1000 for r in by.values() if r.cpu_s is not None and r.measured_calls}
-    peers = {n: v for n, v in cpu.items() if not n.startswith(("breakwater", "sdk-proxy"))}
+    peers = {n: v for n, v in cpu.items() if not n.startswith(("breakwater", "sdk-proxy", "byte-relay"))}
     for name in ("breakwater-stdio", "breakwater-stdio-noshare", "breakwater-http", "breakwater-http-json"):
         if name in cpu and peers:
             best = min(peers, key=peers.__getitem__)
