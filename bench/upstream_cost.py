@@ -11,6 +11,7 @@ the machine's load.
 
     python bench/upstream_cost.py                 # 300 calls per variant (~4 min)
     python bench/upstream_cost.py --calls 100 --only as-sent,no-sampling-elicitation
+    python bench/upstream_cost.py --only as-sent,direct-2025-11-25-client   # the gateway's session against a direct one
 
 Needs valgrind (`callgrind_control`).
 """
@@ -71,6 +72,22 @@ def _int_id(message: dict[str, Any]) -> None:
     message["id"] = 0  # renumbered per call below
 
 
+def _as_a_direct_client(message: dict[str, Any]) -> None:
+    """The same call as a direct 2025-11-25 client sends it (its session opened by `initialize`): name and arguments."""
+    arguments = {k: v for k, v in message["params"].get("arguments", {}).items() if k != "operationId"}
+    message["params"] = {"name": message["params"]["name"], "arguments": arguments}
+    message["id"] = 0
+
+
+#: The variants whose upstream session is a 2025-11-25 one (`initialize`), not the gateway's handshake.
+HANDSHAKE_ERA = {"direct-2025-11-25-client"}
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}},
+}
+
 EDITS: dict[str, list[Callable[[dict[str, Any]], None]]] = {
     "as-sent": [],
     "no-sampling-elicitation": [_drop_sampling_elicitation],
@@ -80,6 +97,8 @@ EDITS: dict[str, list[Callable[[dict[str, Any]], None]]] = {
     "no-operation-id": [_drop_operation],
     "integer-id": [_int_id],
     "all-of-these": [_drop_sampling_elicitation, _drop_extensions, _drop_log_level, _drop_progress, _drop_operation, _int_id],
+    # Not a part taken out: the whole difference between the gateway's 2026-07-28 session and a direct client's.
+    "direct-2025-11-25-client": [_as_a_direct_client],
 }
 
 
@@ -102,7 +121,9 @@ async def captured_lines(tmp: Path) -> tuple[str, str]:
     return json.dumps(first), json.dumps(call)
 
 
-def measure(handshake: str, call: str, edits: list[Callable[[dict[str, Any]], None]], calls: int, tmp: Path) -> int:
+def measure(
+    handshake: str, call: str, edits: list[Callable[[dict[str, Any]], None]], calls: int, tmp: Path, *, legacy: bool = False
+) -> int:
     """Instructions the upstream executes for `calls` calls of `call` with `edits` applied."""
     out = tmp / f"callgrind.{time.monotonic_ns()}"
     cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", *UPSTREAM]
@@ -112,16 +133,17 @@ def measure(handshake: str, call: str, edits: list[Callable[[dict[str, Any]], No
     for edit in edits:
         edit(template)
 
-    def send(message: dict[str, Any]) -> bytes:
+    def send(message: dict[str, Any], *, answered: bool = True) -> bytes:
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
         proc.stdin.flush()
-        while True:
+        while answered:
             line = proc.stdout.readline()
             if not line:
                 raise RuntimeError("the upstream ended")
             if b'"id"' in line:  # an answer (notifications, if any, are read past)
                 return line
+        return b""
 
     def one(n: int) -> None:
         message = copy.deepcopy(template)
@@ -137,7 +159,11 @@ def measure(handshake: str, call: str, edits: list[Callable[[dict[str, Any]], No
         assert b'"isError":false' in answer, answer[:300]
 
     try:
-        send(json.loads(handshake))
+        if legacy:
+            send(INITIALIZE)
+            send({"jsonrpc": "2.0", "method": "notifications/initialized"}, answered=False)
+        else:
+            send(json.loads(handshake))
         for n in range(WARMUP):
             one(n + 1)
         _control(proc.pid, "-i", "on")
@@ -170,7 +196,10 @@ def main() -> None:
         tmp = Path(tmp_name)
         handshake, call = anyio.run(captured_lines, tmp)
         print(f"the gateway's tools/call line: {call}\n", file=sys.stderr)
-        rows = {name: measure(handshake, call, EDITS[name], args.calls, tmp) / args.calls for name in names}
+        rows = {
+            name: measure(handshake, call, EDITS[name], args.calls, tmp, legacy=name in HANDSHAKE_ERA) / args.calls
+            for name in names
+        }
     base = rows.get("as-sent")
     print("| request the upstream gets | instructions / call | vs as sent |")
     print("|---|---|---|")
