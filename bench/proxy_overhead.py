@@ -13,6 +13,9 @@ Every target fronts the same stdio upstream (`breakwater testserver` with `echo`
                     (the default) it attaches to the shared local gateway, which spawns the upstream
                     for this session; the CPU column counts both processes;
 * breakwater-stdio-noshare  `breakwater serve --no-share`: one process, which spawns the upstream;
+* breakwater-stdio-noshare-2025  the same with the upstream pinned to 2025-11-25 (`BREAKWATER_PROTOCOL`),
+                    the faster choice the README names for a server whose tools neither run as tasks
+                    nor ask for input (for reference; the targets are the default's);
 * breakwater-http   `breakwater serve --http 127.0.0.1:0`;
 * breakwater-http-2026  the same, with the client on 2026-07-28 (no peer speaks it; for reference);
 * breakwater-http-json  `serve --http --json-response`: plain JSON answers, as mcp-proxy (PyPI) gives
@@ -72,6 +75,7 @@ TARGETS = (
     "sdk-proxy",
     "breakwater-stdio",
     "breakwater-stdio-noshare",
+    "breakwater-stdio-noshare-2025",
     "breakwater-http",
     "breakwater-http-2026",
     "breakwater-http-json",
@@ -268,10 +272,12 @@ async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tu
                 await anyio.sleep(0.05)
             async with http_client(f"http://127.0.0.1:{port_file.read_text()}/mcp", proc, log) as c:
                 yield c, "mcp " + _version("mcp") + " (bare pass-through, HTTP, JSON answers)", (proc.pid,)
-    elif name in ("breakwater-stdio", "breakwater-stdio-noshare"):
+    elif name in ("breakwater-stdio", "breakwater-stdio-noshare", "breakwater-stdio-noshare-2025"):
         cmd = [sys.executable, *(["-m", "cProfile", "-o", profile] if profile else []), "-m", "breakwater", "serve"]
-        share = ["--no-share"] if name.endswith("noshare") else []
+        share = ["--no-share"] if "noshare" in name else []
         env = breakwater_env(tmp)
+        if name.endswith("2025"):
+            env["BREAKWATER_PROTOCOL"] = "2025-11-25"
         params = StdioServerParameters(command=cmd[0], args=[*cmd[1:], "--config", str(mcp_json(tmp)), *share], env=env)
         async with Client(params, mode="legacy") as c:
             serve = child_pid("breakwater serve", _CLAIMED)
@@ -279,7 +285,10 @@ async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tu
             if not share:
                 # The attached session's work is done by the shared gateway: count it (started by the first session).
                 pids += shared_gateway_pids(env)
-            yield c, _version("mcp-breakwater") + (" (--no-share)" if share else " (attached)"), pids
+            note = " (attached)" if not share else " (--no-share)"
+            if name.endswith("2025"):
+                note = " (--no-share, upstream on 2025-11-25)"
+            yield c, _version("mcp-breakwater") + note, pids
     elif name in ("breakwater-http", "breakwater-http-2026", "breakwater-http-json"):
         port_file = tmp / "bw.port"
         prof = ["-m", "cProfile", "-o", profile] if profile else []
@@ -619,7 +628,10 @@ def verdict(results: list[Result]) -> list[str]:
     if floor is not None and floor.seq:
         relay = pct(floor.seq, 50)
         out.append(f"byte-relay p50 / direct p50: {relay / d:.2f}× (a process in the middle, parsing nothing)")
-        for name in ("breakwater-stdio", "breakwater-stdio-noshare"):
+        if "breakwater-stdio-noshare-2025" in by:
+            pinned = pct(by["breakwater-stdio-noshare-2025"].seq, 50) / d
+            out.append(f"breakwater-stdio-noshare-2025 p50 / direct p50: {pinned:.2f}× (upstream on 2025-11-25; reference)")
+        for name in ("breakwater-stdio", "breakwater-stdio-noshare", "breakwater-stdio-noshare-2025"):
             if name in by:
                 out.append(f"{name} p50 over the byte relay's: {pct(by[name].seq, 50) - relay:+.2f} ms (the gateway's own work)")
     pypi = by.get("mcp-proxy-pypi")
