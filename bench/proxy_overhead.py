@@ -69,6 +69,12 @@ REPO = Path(__file__).resolve().parents[1]
 TOOLS = REPO / ".tools"
 UPSTREAM = launch_command("--tool", "echo:latency=0", "--tool", "hang:hang=1")
 HOL_TIMEOUT_S = 10.0
+#: The stdio `serve` targets, and how each one's version column says what it runs.
+STDIO_NOTES = {
+    "breakwater-stdio": " (attached)",
+    "breakwater-stdio-noshare": " (--no-share)",
+    "breakwater-stdio-noshare-2025": " (--no-share, upstream on 2025-11-25)",
+}
 TARGETS = (
     "direct",
     "byte-relay",
@@ -272,7 +278,7 @@ async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tu
                 await anyio.sleep(0.05)
             async with http_client(f"http://127.0.0.1:{port_file.read_text()}/mcp", proc, log) as c:
                 yield c, "mcp " + _version("mcp") + " (bare pass-through, HTTP, JSON answers)", (proc.pid,)
-    elif name in ("breakwater-stdio", "breakwater-stdio-noshare", "breakwater-stdio-noshare-2025"):
+    elif name in STDIO_NOTES:
         cmd = [sys.executable, *(["-m", "cProfile", "-o", profile] if profile else []), "-m", "breakwater", "serve"]
         share = ["--no-share"] if "noshare" in name else []
         env = breakwater_env(tmp)
@@ -285,10 +291,7 @@ async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tu
             if not share:
                 # The attached session's work is done by the shared gateway: count it (started by the first session).
                 pids += shared_gateway_pids(env)
-            note = " (attached)" if not share else " (--no-share)"
-            if name.endswith("2025"):
-                note = " (--no-share, upstream on 2025-11-25)"
-            yield c, _version("mcp-breakwater") + note, pids
+            yield c, _version("mcp-breakwater") + STDIO_NOTES[name], pids
     elif name in ("breakwater-http", "breakwater-http-2026", "breakwater-http-json"):
         port_file = tmp / "bw.port"
         prof = ["-m", "cProfile", "-o", profile] if profile else []
@@ -624,14 +627,14 @@ def verdict(results: list[Result]) -> list[str]:
     for name in ("breakwater-stdio", "breakwater-stdio-noshare"):
         if name in by:
             line(f"{name} p50 / direct p50", pct(by[name].seq, 50) / d, 1.5)
+    if "breakwater-stdio-noshare-2025" in by:
+        pinned = pct(by["breakwater-stdio-noshare-2025"].seq, 50) / d
+        out.append(f"breakwater-stdio-noshare-2025 p50 / direct p50: {pinned:.2f}× (upstream on 2025-11-25; reference)")
     floor = by.get("byte-relay")
     if floor is not None and floor.seq:
         relay = pct(floor.seq, 50)
         out.append(f"byte-relay p50 / direct p50: {relay / d:.2f}× (a process in the middle, parsing nothing)")
-        if "breakwater-stdio-noshare-2025" in by:
-            pinned = pct(by["breakwater-stdio-noshare-2025"].seq, 50) / d
-            out.append(f"breakwater-stdio-noshare-2025 p50 / direct p50: {pinned:.2f}× (upstream on 2025-11-25; reference)")
-        for name in ("breakwater-stdio", "breakwater-stdio-noshare", "breakwater-stdio-noshare-2025"):
+        for name in STDIO_NOTES:
             if name in by:
                 out.append(f"{name} p50 over the byte relay's: {pct(by[name].seq, 50) - relay:+.2f} ms (the gateway's own work)")
     pypi = by.get("mcp-proxy-pypi")

@@ -76,7 +76,7 @@ def _as_a_direct_client(message: dict[str, Any]) -> None:
     """The same call as a direct 2025-11-25 client sends it (its session opened by `initialize`): name and arguments."""
     arguments = {k: v for k, v in message["params"].get("arguments", {}).items() if k != "operationId"}
     message["params"] = {"name": message["params"]["name"], "arguments": arguments}
-    message["id"] = 0
+    _int_id(message)
 
 
 #: The variants whose upstream session is a 2025-11-25 one (`initialize`), not the gateway's handshake.
