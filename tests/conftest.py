@@ -79,6 +79,16 @@ def _no_user_journal(monkeypatch: pytest.MonkeyPatch, _stray_journal_dir: Path) 
     monkeypatch.setenv("BREAKWATER_SHARE", "off")
 
 
+@pytest.fixture(autouse=True)
+def _own_protocol_memory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Each test starts with no server's protocol revision remembered (`breakwater.connect._protocol_memory`).
+
+    The run's processes share one home: without this, a test would go by what an earlier test learned
+    of the same fixture server. Within a test, a second start goes by the first's, as a user's does.
+    """
+    monkeypatch.setenv("BREAKWATER_PROTOCOL_MEMORY_DIR", str(tmp_path / "protocols"))
+
+
 def _find_postgres() -> tuple[str | None, str]:
     try:
         import psycopg

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
@@ -18,6 +18,7 @@ from breakwater._clock import Clock, SystemClock
 from breakwater.config import Config, JournalPolicy, ServerSpec, find_config, load_config
 from breakwater.config._redact import install_log_redaction
 from breakwater.connect._admission import Admission, default_admission_dir
+from breakwater.connect._protocol_memory import ProtocolMemory, memory_at
 from breakwater.connect._transports import TransportFactory, default_transports
 from breakwater.connect._upstream import ClientHooks, Upstream
 from breakwater.errors import CallError, ToolError
@@ -68,6 +69,8 @@ class Breakwater:
         task_store: TaskStore | None = None,
         transports: TransportFactory = default_transports,
         client_hooks: ClientHooks | None = None,
+        protocol_memory_dir: str | os.PathLike[str] | None = None,
+        one_client: bool | Collection[str] = False,
     ) -> None:
         """`learned_timeout(server, tool)` may supply a timeout learned from observed latencies (it
         ranks below per-tool and per-server config, above the default); `classifier` may override
@@ -92,7 +95,14 @@ class Breakwater:
 
         `transports` builds each connect attempt's transport (default: what each server's config
         says; `breakwater.testing.in_memory(server)` reaches in-process servers); `client_hooks(spec)`
-        adds `mcp.Client` arguments to every connection (the gateway's relay callbacks)."""
+        adds `mcp.Client` arguments to every connection (the gateway's relay callbacks).
+
+        `protocol_memory_dir` is where each server's protocol revision is remembered between starts
+        (default: `[connect] protocol_memory_dir`, the user cache dir unless set; `"off"` for nowhere,
+        `""` for the default; with `transports` given, nowhere unless named here). `one_client` says
+        this instance serves one client (an agent, a stdio `serve`), for every server or for those
+        named: a remembered 2026-07-28 stdio server that offered nothing only that revision carries is
+        then spoken to in the cheaper 2025-11-25 (`connect._protocol_memory`)."""
         self.config = config
         install_log_redaction(config.secrets)  # no log record this process writes carries a secret
         self._clock: Clock = clock or SystemClock()
@@ -108,6 +118,8 @@ class Breakwater:
         self._changed = anyio.Event()
         self._transports = transports
         self._client_hooks = client_hooks
+        self._memory = _protocol_memory(config, protocol_memory_dir, custom_transports=transports is not default_transports)
+        self._one_client = one_client
         self._upstreams = {spec.name: self._upstream_for(spec) for spec in config.servers}
         self._tg: TaskGroup | None = None
         self._generation = 0
@@ -117,7 +129,19 @@ class Breakwater:
         self.tasks = TaskRuntime(clock=self._clock, rng=self._rng, store=task_store or TaskStore())
         if telemetry is not None:
             self._configure_telemetry(telemetry)
-        self._gate = CallGate(
+        self._gate = self._call_gate(learned_timeout, learning, classifier, observers)
+        if telemetry is not None:
+            telemetry.bind(self._gate)
+
+    def _call_gate(
+        self,
+        learned_timeout: LearnedTimeout | None,
+        learning: JournalPolicy | None,
+        classifier: Classifier | None,
+        observers: Sequence[AttemptObserver],
+    ) -> CallGate:
+        telemetry = self.telemetry
+        return CallGate(
             self._upstreams,
             clock=self._clock,
             rng=self._rng,
@@ -130,8 +154,6 @@ class Breakwater:
             state=None if isinstance(self.state_store, MemoryStore) else self.state_store,
             learning=learning,
         )
-        if telemetry is not None:
-            telemetry.bind(self._gate)
 
     def _learning(self, given: LearnedTimeout | None) -> tuple[LearnedTimeout | None, JournalPolicy | None]:
         """The learned-timeout hook, and the policy the gate learns by until the journal's refresh has a value."""
@@ -168,6 +190,8 @@ class Breakwater:
             extensions=[TasksClientExtension(clock=self._clock)],
             transports=self._transports,
             client_hooks=self._client_hooks,
+            memory=self._memory,
+            one_client=self._one_client if isinstance(self._one_client, bool) else spec.name in self._one_client,
         )
 
     def _configured_telemetry(self) -> Telemetry | None:
@@ -358,3 +382,16 @@ class Breakwater:
     def gate(self) -> CallGate:
         """The call gate itself (breakers, retry budgets, resolved timeouts)."""
         return self._gate
+
+
+def _protocol_memory(
+    config: Config, directory: str | os.PathLike[str] | None, *, custom_transports: bool
+) -> ProtocolMemory | None:
+    """Where servers' protocol revisions are remembered (`Breakwater(protocol_memory_dir=...)`), or None for nowhere.
+
+    Servers reached through transports of the caller's own (in-process fixtures, the fleet lab) are not
+    the configured ones, and a lab run must not depend on what an earlier run learned: nothing, unless named.
+    """
+    if directory is not None:
+        return memory_at(os.fspath(directory))
+    return None if custom_transports else memory_at(config.connect.protocol_memory_dir)

@@ -22,8 +22,9 @@ def write(path: Path, data: object) -> Path:
     return path
 
 
-def test_reads_claude_code_mcp_json_unchanged(tmp_path: Path) -> None:
+def test_reads_claude_code_mcp_json_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A .mcp.json as Claude Code writes it loads as is, stdio and HTTP entries alike."""
+    monkeypatch.delenv("BREAKWATER_PROTOCOL_MEMORY_DIR")  # the test run's own (conftest), not the file's: defaults all round
     cfg = write(
         tmp_path / ".mcp.json",
         {

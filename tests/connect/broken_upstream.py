@@ -1,6 +1,6 @@
 """A stdio MCP server that breaks the rules on purpose, written by hand (the SDK's servers cannot).
 
-    python broken_upstream.py [--junk N] [--bad-tools] [--non-finite]
+    python broken_upstream.py [--junk N] [--bad-tools] [--non-finite] [--swallow-unknown | --modern-only]
 
 Speaks 2025-11-25 JSON-RPC over stdio, one message per line. `--bad-tools` lists, beside the valid
 `echo` and `big`, a tool whose inputSchema is not an object, one with no inputSchema at all and a
@@ -9,6 +9,9 @@ second `echo`.
 default): a tool `bounded` whose schema has `"maximum": Infinity`, and a tool `measure` that answers
 `structuredContent` and `_meta` holding NaN, Infinity and -Infinity beside finite values, after
 progress notifications holding them too.
+`--swallow-unknown` never answers a method it does not know (`server/discover` included), as some
+servers do. `--modern-only` speaks 2026-07-28 alone: it answers `server/discover`, refuses
+`initialize` with -32022, and marks every result `resultType: "complete"`.
 `--junk N` writes N lines that are not JSON-RPC on stdout before every answer. Tool `big` answers
 with a text of `arguments.bytes` bytes; `echo` answers with its arguments.
 """
@@ -41,6 +44,32 @@ def _send(message: dict[str, Any], junk: int) -> None:
         out.write(f"debug: handling request, step {i}\n")
     out.write(json.dumps(message) + "\n")
     out.flush()
+
+
+class _Refused(Exception):
+    def __init__(self, error: dict[str, Any]) -> None:
+        self.error = error
+
+
+def _modern(request: dict[str, Any]) -> dict[str, Any]:
+    """The answer of a server that speaks 2026-07-28 only (`--modern-only`)."""
+    method = request.get("method")
+    if method == "initialize":
+        data = {"supported": ["2026-07-28"], "requested": (request.get("params") or {}).get("protocolVersion")}
+        raise _Refused({"code": -32022, "message": "Unsupported protocol version", "data": data})
+    if method == "server/discover":
+        info = {"io.modelcontextprotocol/serverInfo": {"name": "broken", "version": "1"}}
+        return {
+            "supportedVersions": ["2026-07-28"],
+            "capabilities": {"tools": {}},
+            "_meta": info,
+            "ttlMs": 0,
+            "cacheScope": "private",
+        }
+    answer = _answer(request, False)
+    if method == "tools/list":  # 2026-07-28 list results carry a cache hint
+        answer.update(ttlMs=0, cacheScope="private")
+    return answer
 
 
 def _answer(request: dict[str, Any], bad_tools: bool, non_finite: bool = False) -> dict[str, Any]:
@@ -76,14 +105,23 @@ def main() -> None:
     parser.add_argument("--junk", type=int, default=0)
     parser.add_argument("--bad-tools", action="store_true")
     parser.add_argument("--non-finite", action="store_true")
+    parser.add_argument("--swallow-unknown", action="store_true")
+    parser.add_argument("--modern-only", action="store_true")
     args = parser.parse_args()
     for line in sys.stdin:
         request = json.loads(line)
         if "id" not in request or "method" not in request:
             continue  # notifications and answers need no reply
         try:
-            reply = {"jsonrpc": "2.0", "id": request["id"], "result": _answer(request, args.bad_tools, args.non_finite)}
+            if args.modern_only:
+                reply = {"jsonrpc": "2.0", "id": request["id"], "result": {**_modern(request), "resultType": "complete"}}
+            else:
+                reply = {"jsonrpc": "2.0", "id": request["id"], "result": _answer(request, args.bad_tools, args.non_finite)}
+        except _Refused as refused:
+            reply = {"jsonrpc": "2.0", "id": request["id"], "error": refused.error}
         except KeyError:
+            if args.swallow_unknown:
+                continue
             reply = {"jsonrpc": "2.0", "id": request["id"], "error": {"code": -32601, "message": "Method not found"}}
         _send(reply, args.junk)
 

@@ -74,6 +74,9 @@ def env_for(tmp_path: Path, share: Path, **extra: str) -> dict[str, str]:
         "BREAKWATER_ADMISSION_DIR": str(tmp_path / "admission"),
         "BREAKWATER_CATALOG_DIR": str(tmp_path / "catalog"),
         "BREAKWATER_CONNECT_STARTUP_JITTER_S": "0",
+        # The upstream's handshake count is how these tests count connections: every connect must probe
+        # (a remembered 2026-07-28 server is pinned without one, `breakwater.connect._protocol_memory`).
+        "BREAKWATER_PROTOCOL_MEMORY_DIR": "off",
         **extra,
     }
 

@@ -103,11 +103,11 @@ async def _wait_live(bw: Breakwater, wait: float, err: Console) -> StatusReport:
 
 
 async def _run_status(config: Config, wait: float, as_json: bool) -> int:
-    from breakwater.gateway._roots import gateway_client_hooks
+    from breakwater.gateway._roots import gateway_client_hooks, one_client_servers
 
     err = Console(stderr=True)
     # Connect as the gateway does, so `tools` counts what the gateway lists (some servers list more to it).
-    async with Breakwater(config, client_hooks=gateway_client_hooks(config)) as bw:
+    async with Breakwater(config, client_hooks=gateway_client_hooks(config), one_client=one_client_servers(config)) as bw:
         if wait > 0 and err.is_terminal:
             report = await _wait_live(bw, wait, err)
         elif wait > 0:

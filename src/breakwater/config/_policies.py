@@ -116,6 +116,11 @@ class ConnectPolicy(Policy):
         env="BREAKWATER_PROTOCOL",
         choices=("auto", "2026-07-28", "2025-11-25"),
     )
+    protocol_memory_dir: str = knob(
+        "",
+        "Where each server's protocol revision is kept between starts (with auto); empty = the user cache dir, off = nowhere.",
+        env="BREAKWATER_PROTOCOL_MEMORY_DIR",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -38,6 +38,7 @@ from breakwater.config._redact import Redactor
 from breakwater.connect._admission import Admission, Slot
 from breakwater.connect._failures import classify, describe, lost_error, repeated_exit, timeout_error
 from breakwater.connect._lines import quiet_sdk_junk_logs
+from breakwater.connect._protocol_memory import ProtocolMemory, Recalled, needs_modern
 from breakwater.connect._stdio import StdioProcess
 from breakwater.connect._tool_list import list_all_tools
 from breakwater.connect._transports import OpenedTransport, TransportFactory, default_transports
@@ -85,12 +86,16 @@ class Upstream:
         extensions: Sequence[ClientExtension] = (),
         transports: TransportFactory = default_transports,
         client_hooks: ClientHooks | None = None,
+        memory: ProtocolMemory | None = None,
+        one_client: bool = False,
     ) -> None:
         """`extensions` are the SDK client extensions every connection carries (the gate's tasks
         extension, so a 2026-07-28 server may answer a call with a task handle). `transports`
         builds each attempt's transport (default: what the spec's `transport` says; tests pass an
         in-process server, see `breakwater.testing.in_memory`). `client_hooks` adds `mcp.Client`
-        arguments for each connection (the gateway's relay callbacks)."""
+        arguments for each connection (the gateway's relay callbacks). `memory` keeps the server's
+        protocol revision between starts; `one_client` says the server serves one client, which lets
+        a remembered 2026-07-28 server be spoken to in the cheaper 2025-11-25 (`connect._protocol_memory`)."""
         _lift_sdk_probe_timeout()
         quiet_sdk_junk_logs()
         self._transports = transports
@@ -119,6 +124,11 @@ class Upstream:
         self.process: StdioProcess | None = None
         self._era: str | None = None
         self._prior_discover: Any = None
+        self._memory = memory
+        self._one_client = one_client
+        #: What an earlier start knew of the server, while this process goes by it (None: probing, or pinned in config).
+        self._recalled: Recalled | None = None
+        self._recall_tried = False  # memory is consulted once, by a start's first attempt
         self._lost = anyio.Event()
         self._relist = anyio.Event()  # the server said its tools changed (notifications/tools/list_changed)
         #: Moves when the server says its prompts or resources changed: the gateway tells its clients to list again.
@@ -297,7 +307,7 @@ class Upstream:
                     scope.deadline = math.inf
                     opened.ready()
                     ticket.release()
-                    self._remember_era(client)
+                    self._remember_era(client, tools)
                     self.client = client
                     self.process = opened.process
                     reached_ready = True
@@ -340,7 +350,9 @@ class Upstream:
             return True
         if self.error is None:  # pragma: no cover - every path above sets it
             self.error = ErrorInfo(code=Reason.PROTOCOL_ERROR, message="the connection ended during the handshake")
-        if self.error.code is Reason.PROTOCOL_ERROR:
+        if self.error.code is Reason.PROTOCOL_ERROR and self._recalled is not None:
+            self._distrust_memory()
+        elif self.error.code is Reason.PROTOCOL_ERROR:
             self._next_era_after_protocol_error()
         elif self.error.code is Reason.TIMEOUT and self._era is None and self.spec.connect.protocol == "auto":
             # A server that never answered the server/discover probe may be one that swallows unknown
@@ -462,11 +474,27 @@ class Upstream:
             return {"mode": "legacy"}
         if wanted == "2026-07-28":
             return {"mode": "2026-07-28"}
+        if self._era is None and self._memory is not None and not self._recall_tried:
+            self._recall()
         if self._era == "legacy":
             return {"mode": "legacy"}
         if self._era == "modern":
             return {"mode": "2026-07-28", "prior_discover": self._prior_discover}
         return {"mode": "auto"}
+
+    def _recall(self) -> None:
+        """Go by what an earlier start learned of the server, if anything (`connect._protocol_memory`)."""
+        assert self._memory is not None
+        self._recall_tried = True
+        recalled = self._recalled = self._memory.recall(self.spec, self._clock.time())
+        if recalled is None:
+            return
+        if not recalled.modern or recalled.handshake_is_cheaper(one_client=self._one_client, transport=self.spec.transport):
+            self._era = "legacy"
+        elif (prior := recalled.prior_discover()) is not None:
+            self._era, self._prior_discover = "modern", prior
+        else:
+            self._recalled = None
 
     def _next_era_after_protocol_error(self) -> None:
         """Choose the revision to try next after a handshake the peer did not accept.
@@ -486,13 +514,54 @@ class Upstream:
             self._era = None
         self._prior_discover = None
 
-    def _remember_era(self, client: Client) -> None:
+    def _distrust_memory(self) -> None:
+        """A connect in the remembered revision failed on the protocol: the next attempt goes by what that proved."""
+        assert self._memory is not None and self._recalled is not None
+        recalled, self._recalled = self._recalled, None
+        if recalled.modern and self._era == "legacy":
+            # The 2025-11-25 handshake offered to a 2026-07-28 server was refused: it speaks only the newer one.
+            self._recalled = replace(recalled, handshake=False)
+            self._memory.keep(self.spec, self._recalled)
+            self._era, self._prior_discover = "modern", recalled.prior_discover()
+        else:
+            self._memory.forget(self.spec)
+            self._era, self._prior_discover = None, None
+
+    def _remember_era(self, client: Client, tools: Sequence[types.Tool]) -> None:
         version = client.protocol_version or ""
         if version >= "2026":
             self._era = "modern"
             self._prior_discover = getattr(client.session, "discover_result", None)
         else:
             self._era = "legacy"
+        if self._memory is not None and self.spec.connect.protocol == "auto":
+            self._keep_memory(client, version, tools)
+
+    def _keep_memory(self, client: Client, version: str, tools: Sequence[types.Tool]) -> None:
+        """Write down what this connect showed of the server, for the next start."""
+        assert self._memory is not None
+        recalled = self._recalled
+        info = client.server_info
+        server_version = info.version if info is not None else ""
+        if recalled is not None and recalled.modern and version not in MODERN_PROTOCOL_VERSIONS:
+            # A remembered 2026-07-28 server spoken to in 2025-11-25: what its probe showed holds only for
+            # the same version of it; another is probed again at the next start.
+            if server_version != recalled.server_version:
+                self._memory.forget(self.spec)
+            elif recalled.handshake is not True:
+                self._memory.keep(self.spec, replace(recalled, handshake=True))
+            return
+        discover = self._prior_discover if version in MODERN_PROTOCOL_VERSIONS else None
+        learned = Recalled(
+            protocol=version,
+            discover=None if discover is None else discover.model_dump(mode="json", by_alias=True, exclude_none=True),
+            needs=tuple(needs_modern(client.server_capabilities, tools)) if discover is not None else (),
+            handshake=recalled.handshake if recalled is not None else None,
+            server_version=server_version,
+            learned_at=recalled.learned_at if recalled is not None and recalled.protocol == version else self._clock.time(),
+        )
+        if learned != recalled:
+            self._memory.keep(self.spec, learned)
 
 
 def _process(opened: OpenedTransport | None) -> StdioProcess | None:

@@ -45,13 +45,14 @@ async def open_gateway(
     (the default) the gateway follows state and tool-list changes while open: it refreshes the
     catalog and sends `list_changed` to its clients; a one-shot reader of the catalog turns it off.
     `one_client` says the gateway serves one client (a stdio `serve` of its own): then its servers get
-    that client's roots (`breakwater.gateway._roots`). Enter and exit in the same task, as with `Breakwater`.
+    that client's roots (`breakwater.gateway._roots`), and its stdio servers may be spoken to in the
+    cheaper revision (`breakwater.connect._protocol_memory`). Enter and exit in the same task, as with `Breakwater`.
     """
     # The relay first: every connection carries its callbacks from the first connect on.
     relay = Relay()
     roots = ClientRoots(relay) if one_client else None
     hooks = roots.hooks(relay.client_kwargs) if roots is not None else relay.client_kwargs
-    async with Breakwater(config, observers=observers, client_hooks=hooks) as bw:
+    async with Breakwater(config, observers=observers, client_hooks=hooks, one_client=one_client) as bw:
         gateway = Gateway(bw, config.gateway, catalog=catalog if catalog is not None else gateway_catalog(config), relay=relay)
         if roots is not None:
             roots.serve(gateway.server, lambda: [bw.upstream(spec.name) for spec in config.servers])

@@ -151,6 +151,9 @@ async def session_gateway(shared: Gateway, config: Config, context: SessionConte
         observers=observers,
         client_hooks=roots.hooks(shared.relay.hooks_delivering_to(own_update)),
         transports=transports,
+        # The session's own transports start the configured servers: what their revisions are is remembered.
+        protocol_memory_dir=config.connect.protocol_memory_dir,
+        one_client=True,
     )
     async with own:
         # A `Gateway` reads no more of its `Breakwater` than `SessionServers` has.

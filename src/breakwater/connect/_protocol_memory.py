@@ -1,0 +1,183 @@
+"""Each server's protocol revision, remembered between starts: no probe once known, the cheaper revision where it loses nothing.
+
+Why. With `protocol = "auto"` every start asked each server which revision it speaks: a
+`server/discover` round trip before anything else, and for a server that swallows unknown methods
+a wait for the attempt deadline before the `initialize` that works. The spec says a client SHOULD
+cache a server's era and MAY keep it across restarts (2026-07-28, basic/versioning). The SDK 2.3
+server also pays for the newer revision on every call: its per-request envelope cost it 2.56 M
+instructions per `tools/call` against 2.12 M for a 2025-11-25 request (`bench/upstream_cost.py`),
+0.2 ms a call through breakwater on a 2-core machine (interleaved A/B, docs/benchmarks.md).
+
+What is kept, per server (its name and config fingerprint), in one small JSON file: the revision it
+was last reached in; for a 2026-07-28 server its discover result (the next start pins the revision
+without asking again); what it offered that only 2026-07-28 carries (an extension such as tasks, a
+tool whose output is not an object); whether it also took the 2025-11-25 handshake when offered.
+
+How a start chooses (`Recalled.mode`), when the config says `auto`:
+
+* a server last reached on 2025-11-25 gets the `initialize` handshake at once;
+* a 2026-07-28 server that offered nothing only that revision carries, reached over stdio by one
+  client, gets the 2025-11-25 handshake: it is cheaper per call, and what 2026-07-28 would add is
+  not there (no tasks offered; input requests tied to their call matter only where several
+  clients share the server: every request a one-client server sends is its client's). If it
+  refuses the handshake, that is remembered and it is pinned to 2026-07-28 from then on;
+* any other 2026-07-28 server is pinned to 2026-07-28 with the remembered discover result.
+
+What is remembered is dropped after `MEMORY_MAX_AGE_S` (the next start probes again, and sees a
+server that has since gained tasks), when the server names another version of itself in a
+handshake than when it was probed, and when a connect in the remembered revision fails on the
+protocol. A server shared by several clients (HTTP, `"shared": true`, every server of
+`serve --http`) never moves to the older revision: there the newer one is what ties a server's
+question to the call that asked it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mcp.types as types
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from breakwater import _paths
+from breakwater.config import ServerSpec
+from breakwater.config._checks import TOOL_NAME_OK
+
+__all__ = ["MEMORY_DIR_ENV", "MEMORY_MAX_AGE_S", "ProtocolMemory", "Recalled", "default_memory_dir", "memory_at", "needs_modern"]
+
+logger = logging.getLogger("breakwater.upstream")
+
+#: How long what a server's probe showed is trusted before the next start probes it again.
+MEMORY_MAX_AGE_S = 7 * 24 * 3600.0
+_FORMAT = 1
+#: The `[connect] protocol_memory_dir` knob's variable, also read where a config built in code leaves it empty.
+MEMORY_DIR_ENV = "BREAKWATER_PROTOCOL_MEMORY_DIR"
+
+
+def default_memory_dir() -> Path:
+    """Where servers' protocol revisions are remembered when no directory is configured: the user cache dir."""
+    return _paths.cache_dir() / "protocols"
+
+
+def memory_at(setting: str) -> ProtocolMemory | None:
+    """The memory a `protocol_memory_dir` setting names: a directory, `off` (None), or empty for the default.
+
+    Empty defers to `$BREAKWATER_PROTOCOL_MEMORY_DIR`, as the journal's default file defers to
+    `$BREAKWATER_JOURNAL_DB`, so that a config built in code goes where the environment says too.
+    """
+    chosen = setting or os.environ.get(MEMORY_DIR_ENV, "")
+    if chosen == "off":
+        return None
+    return ProtocolMemory(Path(chosen) if chosen else default_memory_dir())
+
+
+def needs_modern(capabilities: types.ServerCapabilities | None, tools: Sequence[types.Tool]) -> list[str]:
+    """What a 2026-07-28 server offered that only that revision carries (empty: the 2025-11-25 handshake loses nothing)."""
+    reasons: list[str] = []
+    if capabilities is not None:
+        reasons += [f"extension {name}" for name in sorted(capabilities.extensions or {})]
+        if capabilities.tasks is not None:
+            reasons.append("tasks")
+    for tool in tools:
+        schema = tool.output_schema
+        if schema is not None and schema.get("type") != "object":
+            reasons.append(f"tool {tool.name} has a non-object output")
+    return reasons
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recalled:
+    """What a start knows of a server from an earlier one."""
+
+    protocol: str
+    #: The 2026-07-28 discover result (raw, as the wire had it); None for a 2025-era server.
+    discover: dict[str, Any] | None
+    #: What the server offered that only 2026-07-28 carries (see `needs_modern`).
+    needs: tuple[str, ...]
+    #: Whether the server took the 2025-11-25 handshake (None: never offered it).
+    handshake: bool | None
+    #: The version the server gave of itself when this was learned ("" when it gave none).
+    server_version: str
+    learned_at: float
+
+    @property
+    def modern(self) -> bool:
+        """Whether the server was last reached on 2026-07-28."""
+        return self.protocol in MODERN_PROTOCOL_VERSIONS
+
+    def handshake_is_cheaper(self, *, one_client: bool, transport: str) -> bool:
+        """Whether a 2026-07-28 server is better spoken to with the 2025-11-25 handshake (module docstring)."""
+        return self.modern and one_client and transport == "stdio" and not self.needs and self.handshake is not False
+
+    def prior_discover(self) -> types.DiscoverResult | None:
+        """The remembered discover result, for a pinned 2026-07-28 connect (None if it no longer parses)."""
+        if self.discover is None:
+            return None
+        try:
+            return types.DiscoverResult.model_validate(self.discover)
+        except ValueError:
+            return None
+
+
+class ProtocolMemory:
+    """Servers' protocol revisions on disk, one file per server and config (see the module docstring)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def _path(self, spec: ServerSpec) -> Path:
+        return self.directory / f"{TOOL_NAME_OK.sub('_', spec.name)}-{spec.fingerprint()}.json"
+
+    def recall(self, spec: ServerSpec, now: float) -> Recalled | None:
+        """What is remembered of `spec`'s server, if it is recent enough to go by."""
+        try:
+            data = json.loads(self._path(spec).read_text(encoding="utf-8"))
+            if data.get("format") != _FORMAT:
+                return None
+            recalled = Recalled(
+                protocol=str(data["protocol"]),
+                discover=data.get("discover") if isinstance(data.get("discover"), dict) else None,
+                needs=tuple(str(n) for n in data.get("needs", ())),
+                handshake=data.get("handshake") if isinstance(data.get("handshake"), bool) else None,
+                server_version=str(data.get("server_version", "")),
+                learned_at=float(data["learned_at"]),
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None  # never written, unreadable or from another format: probe, as with no memory
+        if not 0 <= now - recalled.learned_at <= MEMORY_MAX_AGE_S:
+            return None
+        return recalled
+
+    def keep(self, spec: ServerSpec, recalled: Recalled) -> None:
+        """Remember `recalled` for `spec` (written whole, then renamed: a reader never sees half a file)."""
+        body = {
+            "format": _FORMAT,
+            "server": spec.name,
+            "protocol": recalled.protocol,
+            "discover": recalled.discover,
+            "needs": list(recalled.needs),
+            "handshake": recalled.handshake,
+            "server_version": recalled.server_version,
+            "learned_at": recalled.learned_at,
+        }
+        path = self._path(spec)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(json.dumps(body), encoding="utf-8")
+            os.replace(temporary, path)
+        except OSError as exc:  # a read-only cache costs the next start a probe, nothing more
+            logger.debug("could not remember %s's protocol revision: %s", spec.name, exc)
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+
+    def forget(self, spec: ServerSpec) -> None:
+        """Drop what is remembered of `spec`'s server: its next start probes."""
+        with contextlib.suppress(OSError):
+            self._path(spec).unlink()
