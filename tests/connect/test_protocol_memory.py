@@ -205,6 +205,11 @@ async def test_a_server_that_swallows_the_probe_is_waited_for_once_not_at_every_
     assert await _start(tmp_path, spec, one_client=True) == ("2025-11-25", 2)
     assert _remembered(tmp_path, spec)["protocol"] == "2025-11-25"
     assert await _start(tmp_path, spec, one_client=True) == ("2025-11-25", 1)
+    # Upgraded (it names another version of itself): the start after the one that sees it probes again.
+    path = next((tmp_path / "memory").glob("quiet-*.json"))
+    path.write_text(json.dumps({**json.loads(path.read_text()), "server_version": "0.9"}))
+    assert await _start(tmp_path, spec, one_client=True) == ("2025-11-25", 1)
+    assert not path.exists()
 
 
 async def test_another_version_of_the_server_is_probed_again(tmp_path: Path) -> None:

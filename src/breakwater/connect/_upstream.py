@@ -543,12 +543,13 @@ class Upstream:
         recalled = self._recalled
         info = client.server_info
         server_version = info.version if info is not None else ""
+        if recalled is not None and info is not None and server_version != recalled.server_version:
+            # Another version of the server than the one probed (an upgrade): what the probe showed may no
+            # longer hold, so the next start probes again.
+            self._memory.forget(self.spec)
+            return
         if recalled is not None and recalled.modern and version not in MODERN_PROTOCOL_VERSIONS:
-            # A remembered 2026-07-28 server spoken to in 2025-11-25: what its probe showed holds only for
-            # the same version of it; another is probed again at the next start.
-            if server_version != recalled.server_version:
-                self._memory.forget(self.spec)
-            elif recalled.handshake is not True:
+            if recalled.handshake is not True:  # a remembered 2026-07-28 server took the 2025-11-25 handshake
                 self._memory.keep(self.spec, replace(recalled, handshake=True))
             return
         discover = self._prior_discover if version in MODERN_PROTOCOL_VERSIONS else None
