@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -221,6 +222,18 @@ async def test_another_version_of_the_server_is_probed_again(tmp_path: Path) -> 
     assert await _start(tmp_path, spec, one_client=True) == ("2025-11-25", 1)
     assert not path.exists(), "forgotten: the next start probes this version"
     assert await _start(tmp_path, spec, one_client=True) == ("2026-07-28", 1)
+
+
+async def test_a_server_that_no_longer_speaks_the_remembered_revision_is_probed_again_at_once(tmp_path: Path) -> None:
+    # The same command now starts a 2025-era server (a downgrade, another package behind `npx -y`): the
+    # remembered 2026-07-28 pin fails once, and the next attempt probes.
+    spec = _spec("swapped", [sys.executable, str(BROKEN)])
+    modern = _recalled(server_version="1", learned_at=time.time())
+    ProtocolMemory(tmp_path / "memory").keep(spec, modern)
+    assert await _start(tmp_path, spec, one_client=False) == ("2025-11-25", 2)
+    kept = _remembered(tmp_path, spec)
+    assert (kept["protocol"], kept["discover"]) == ("2025-11-25", None)
+    assert await _start(tmp_path, spec, one_client=False) == ("2025-11-25", 1)
 
 
 async def test_a_revision_pinned_in_config_is_neither_recalled_nor_kept(tmp_path: Path) -> None:

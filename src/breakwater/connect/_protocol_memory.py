@@ -25,10 +25,12 @@ How a start chooses (`Recalled.mode`), when the config says `auto`:
 
 What is remembered is dropped after `MEMORY_MAX_AGE_S` (the next start probes again, and sees a
 server that has since gained tasks), when the server names another version of itself in a
-handshake than when it was probed, and when a connect in the remembered revision fails on the
-protocol. A server shared by several clients (HTTP, `"shared": true`, every server of
-`serve --http`) never moves to the older revision: there the newer one is what ties a server's
-question to the call that asked it.
+handshake than when it was probed, and when a connect that went by it fails for any reason (the
+next attempt probes: the command may now start another server).
+
+A server shared by several clients (HTTP, `"shared": true`, every server of `serve --http`) never
+moves to the older revision: there the newer one is what ties a server's question to the call that
+asked it.
 """
 
 from __future__ import annotations

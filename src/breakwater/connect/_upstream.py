@@ -350,8 +350,10 @@ class Upstream:
             return True
         if self.error is None:  # pragma: no cover - every path above sets it
             self.error = ErrorInfo(code=Reason.PROTOCOL_ERROR, message="the connection ended during the handshake")
-        if self.error.code is Reason.PROTOCOL_ERROR and self._recalled is not None:
-            self._distrust_memory()
+        if self._recalled is not None:
+            # A connect that went by what an earlier start learned did not get there (the server may be
+            # another one now): the next attempt goes by what this one proved, not by the memory.
+            self._distrust_memory(refused=self.error.code is Reason.PROTOCOL_ERROR)
         elif self.error.code is Reason.PROTOCOL_ERROR:
             self._next_era_after_protocol_error()
         elif self.error.code is Reason.TIMEOUT and self._era is None and self.spec.connect.protocol == "auto":
@@ -514,11 +516,12 @@ class Upstream:
             self._era = None
         self._prior_discover = None
 
-    def _distrust_memory(self) -> None:
-        """A connect in the remembered revision failed on the protocol: the next attempt goes by what that proved."""
+    def _distrust_memory(self, *, refused: bool) -> None:
+        """A connect in the remembered revision failed (`refused`: on the protocol): forget it, unless the failure
+        was the 2025-11-25 handshake offered to a remembered 2026-07-28 server, which pins that server."""
         assert self._memory is not None and self._recalled is not None
         recalled, self._recalled = self._recalled, None
-        if recalled.modern and self._era == "legacy":
+        if refused and recalled.modern and self._era == "legacy":
             # The 2025-11-25 handshake offered to a 2026-07-28 server was refused: it speaks only the newer one.
             self._recalled = replace(recalled, handshake=False)
             self._memory.keep(self.spec, self._recalled)
