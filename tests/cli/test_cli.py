@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp import Client, StdioServerParameters
 
 from breakwater.testing.server import launch_command
 
@@ -145,6 +146,28 @@ def test_calls_made_with_call_show_in_full_in_piped_stats(env: dict[str, str], t
 
     as_json = json.loads(run(env, "stats", "--json", "--config", str(config)).stdout)
     assert [(t["server"], t["tool"], t["calls"]) for t in as_json["tools"]] == [(LONG_SERVER, LONG_TOOL, 2)]
+
+
+@pytest.mark.anyio
+async def test_status_shows_the_revision_each_start_speaks_and_serve_speaks_it_too(env: dict[str, str], tmp_path: Path) -> None:
+    """A user's first `status` probes the server (2026-07-28); from the next start on, a stdio server that
+    serves one client and needs nothing of 2026-07-28 is spoken to in 2025-11-25, by `status` and `serve` alike."""
+    config = write_config(tmp_path / "mcp.json", {"shop": stdio_entry("--tool", "echo")})
+
+    def protocols() -> list[Any]:
+        result = run(env, "status", "--json", "--config", str(config))
+        assert result.returncode == 0, result.stderr
+        return [server["protocol"] for server in json.loads(result.stdout)["servers"]]
+
+    assert protocols() == ["2026-07-28"]
+    assert protocols() == ["2025-11-25"]
+    serve = StdioServerParameters(command=BREAKWATER[0], args=[*BREAKWATER[1:], "serve", "--config", str(config)], env=env)
+    async with Client(serve, mode="legacy") as client:
+        assert not (await client.call_tool("shop__echo", {"text": "hi"})).is_error
+        status = await client.call_tool("breakwater_status", {})
+    assert isinstance(status.structured_content, dict)
+    assert [s["protocol"] for s in status.structured_content["servers"]] == ["2025-11-25"]
+    assert list(Path(env["BREAKWATER_PROTOCOL_MEMORY_DIR"]).glob("shop-*.json")), "kept in the test's own memory"
 
 
 # ---- tools answers in seconds -----------------------------------------------------------------------------
