@@ -6,14 +6,14 @@ a wait for the attempt deadline before the `initialize` that works. The spec say
 cache a server's era and MAY keep it across restarts (2026-07-28, basic/versioning). The SDK 2.3
 server also pays for the newer revision on every call: its per-request envelope cost it 2.56 M
 instructions per `tools/call` against 2.12 M for a 2025-11-25 request (`bench/upstream_cost.py`),
-0.2 ms a call through breakwater on a 2-core machine (interleaved A/B, docs/benchmarks.md).
+0.24-0.27 ms a call through breakwater on a 2-core machine (interleaved A/B, docs/benchmarks.md).
 
 What is kept, per server (its name and config fingerprint), in one small JSON file: the revision it
 was last reached in; for a 2026-07-28 server its discover result (the next start pins the revision
 without asking again); what it offered that only 2026-07-28 carries (an extension such as tasks, a
 tool whose output is not an object); whether it also took the 2025-11-25 handshake when offered.
 
-How a start chooses (`Recalled.mode`), when the config says `auto`:
+How a start chooses (`Upstream._recall`, `Recalled.handshake_is_cheaper`), when the config says `auto`:
 
 * a server last reached on 2025-11-25 gets the `initialize` handshake at once;
 * a 2026-07-28 server that offered nothing only that revision carries, reached over stdio by one
@@ -28,9 +28,10 @@ server that has since gained tasks), when the server names another version of it
 handshake than when it was probed, and when a connect that went by it fails for any reason (the
 next attempt probes: the command may now start another server).
 
-A server shared by several clients (HTTP, `"shared": true`, every server of `serve --http`) never
-moves to the older revision: there the newer one is what ties a server's question to the call that
-asked it.
+A server reached over HTTP, or shared by several clients (`"shared": true`, every server of
+`serve --http`), never moves to the older revision: over HTTP the newer one needs no session (any
+replica behind a load balancer may answer), and for a shared server it is what ties a server's
+question to the call that asked it.
 """
 
 from __future__ import annotations
