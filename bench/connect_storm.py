@@ -193,7 +193,9 @@ def run_once(kind: str, args: argparse.Namespace, tmp: Path, *, sessions: int | 
         share = Path(tempfile.mkdtemp(prefix="bw-share-"))
         env = dict(os.environ, BREAKWATER_ADMISSION_DIR=str(admission), BREAKWATER_SHARE_DIR=str(share), BREAKWATER_SHARE="on")
         env["BREAKWATER_CATALOG_DIR"] = str(tmp / "catalog")  # every run starts cold: no last-known tools
+        env["BREAKWATER_PROTOCOL_MEMORY_DIR"] = str(tmp / "protocols")  # ... and no remembered protocol revisions
         shutil.rmtree(tmp / "catalog", ignore_errors=True)
+        shutil.rmtree(tmp / "protocols", ignore_errors=True)
         result = storm(kind, args.sessions if sessions is None else sessions, config, congestion, env)
         states = [json.loads(f.read_text()) for f in sorted(tmp.glob("state-*.json"))]
         result["upstream_connects"] = sum(s["handshakes"] for s in states)

@@ -300,6 +300,8 @@ async def run_mode(
         **os.environ,
         "BREAKWATER_CATALOG_DIR": str(data / "catalog"),
         "BREAKWATER_ADMISSION_DIR": str(data / "admission"),
+        # What breakwater learns of its servers' protocol revisions stays in this run, not the user's cache.
+        "BREAKWATER_PROTOCOL_MEMORY_DIR": str(data / "protocols"),
     }
     params = StdioServerParameters(
         command=sys.executable, args=["-m", "breakwater", "serve", "--config", str(config)], env=env, cwd=str(data)

@@ -91,7 +91,7 @@ async def main_async(args: argparse.Namespace) -> None:
     # The journal is on (a SQLite file of its own, its writer thread running), as a user runs the gate.
     journal = JournalPolicy(url="off" if args.journal == "off" else str(tmp / "journal.sqlite3"))
     # Not entered: no supervisor runs; the bench installs the connection itself.
-    bw = Breakwater(Config(servers=(spec,), journal=journal), admission_dir=tmp)
+    bw = Breakwater(Config(servers=(spec,), journal=journal), admission_dir=tmp, protocol_memory_dir="off")
     if bw.journal is not None:
         bw.journal.start()
     upstream = bw.upstream("s")

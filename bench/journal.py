@@ -240,6 +240,8 @@ async def _gateway_calls(tmp: Path, rounds: int, batch: int) -> dict[str, Any]:
         BREAKWATER_CATALOG_DIR=str(tmp / "catalog"),
         BREAKWATER_ADMISSION_DIR=str(tmp / "admission"),
         BREAKWATER_CONNECT_STARTUP_JITTER_S="0",
+        # What breakwater learns of the upstream's protocol revision stays in this run, not the user's cache.
+        BREAKWATER_PROTOCOL_MEMORY_DIR=str(tmp / "protocols"),
     )
     sides = {"journal off": dict(base, BREAKWATER_JOURNAL="off"), "journal on": dict(base, BREAKWATER_JOURNAL=str(db))}
     times: dict[str, list[float]] = {name: [] for name in sides}

@@ -78,7 +78,7 @@ async def main(args: argparse.Namespace) -> None:
 
         specs = (specs[0], replace(specs[1], call=CallPolicy(timeout_s=60, max_s=60)))
         config = Config(servers=specs, journal=JournalPolicy(url="off"))
-        async with Breakwater(config, admission_dir=Path(tmp) / "admission") as bw:
+        async with Breakwater(config, admission_dir=Path(tmp) / "admission", protocol_memory_dir="off") as bw:
             await bw.wait_ready(timeout=60)
             base, _ = await _phase(bw, args.seconds, None)
             over, over_outcomes = await _phase(bw, args.seconds, args.over)

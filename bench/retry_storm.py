@@ -99,7 +99,8 @@ async def breakwater_client(
     if breaker is not None:
         spec = replace(spec, breaker=breaker)
     async with AsyncExitStack() as stack:
-        bw = await stack.enter_async_context(Breakwater(Config(servers=(spec,)), admission_dir=tmp / "admission"))
+        bw = Breakwater(Config(servers=(spec,)), admission_dir=tmp / "admission", protocol_memory_dir="off")
+        await stack.enter_async_context(bw)
         await bw.wait_ready(timeout=60)
 
         async def call() -> bool:

@@ -152,7 +152,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 )
             )
         config = Config(servers=tuple(specs), journal=JournalPolicy(url=str(tmp / "journal.sqlite3")))
-        bw = await stack.enter_async_context(Breakwater(config, admission_dir=tmp / "admission"))
+        bw = await stack.enter_async_context(Breakwater(config, admission_dir=tmp / "admission", protocol_memory_dir="off"))
         await bw.wait_ready(timeout=60)
 
         def t0_timeout() -> float | None:
