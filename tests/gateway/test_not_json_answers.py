@@ -67,6 +67,9 @@ def test_an_elicitation_answer_holding_nan_reaches_the_server_as_null(tmp_path: 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=_env(tmp_path),
+        # Unbuffered: `_read` waits on the pipe with select, and a buffered readline could take the lines
+        # after the one it returns (list_changed, then the elicitation) into a buffer select never sees.
+        bufsize=0,
     )
     assert proc.stdin is not None and proc.stderr is not None
     until = time.monotonic() + DEADLINE_S
