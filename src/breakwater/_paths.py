@@ -21,7 +21,7 @@ from pathlib import Path
 
 import platformdirs
 
-__all__ = ["cache_dir", "config_dir", "data_dir", "runtime_dir"]
+__all__ = ["cache_dir", "config_dir", "data_dir", "runtime_dir", "write_atomic"]
 
 APP = "breakwater"
 
@@ -51,3 +51,16 @@ def runtime_dir() -> Path:
     if sys.platform.startswith("linux") and not os.environ.get("XDG_RUNTIME_DIR"):
         return cache_dir()
     return Path(platformdirs.user_runtime_dir(APP, appauthor=False))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` so that a reader sees the old file or the new one, never half of one."""
+    # Written beside it under a name of this process's own (two processes may write one cache file at
+    # once) and renamed over it: a rename is atomic.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -99,10 +99,8 @@ class Catalog:
         # The cache is an optimisation: a read-only or full disk must never break the gateway.
         with contextlib.suppress(OSError):
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
             payload = {"server": server, "tools": [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]}
-            tmp.write_text(json.dumps(payload))
-            tmp.replace(path)
+            _paths.write_atomic(path, json.dumps(payload))
 
     async def wait_changed(self) -> None:
         """Return at the next change of any server's last-known tools."""
@@ -132,9 +130,7 @@ class Catalog:
             return
         with contextlib.suppress(OSError):
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self._pins[server], sort_keys=True))
-            tmp.replace(path)
+            _paths.write_atomic(path, json.dumps(self._pins[server], sort_keys=True))
 
     def drifted(self, server: str, fingerprint: str, tools: Sequence[types.Tool]) -> list[str]:
         """Tools whose definition differs from the approved one. A tool seen for the first time is

@@ -41,7 +41,7 @@ import json
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -158,27 +158,14 @@ class ProtocolMemory:
         return recalled
 
     def keep(self, spec: ServerSpec, recalled: Recalled) -> None:
-        """Remember `recalled` for `spec` (written whole, then renamed: a reader never sees half a file)."""
-        body = {
-            "format": _FORMAT,
-            "server": spec.name,
-            "protocol": recalled.protocol,
-            "discover": recalled.discover,
-            "needs": list(recalled.needs),
-            "handshake": recalled.handshake,
-            "server_version": recalled.server_version,
-            "learned_at": recalled.learned_at,
-        }
+        """Remember `recalled` for `spec` (replaced whole: a reader never sees half a file)."""
+        body = {"format": _FORMAT, "server": spec.name, **asdict(recalled)}
         path = self._path(spec)
-        temporary = path.with_suffix(f".{os.getpid()}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            temporary.write_text(json.dumps(body), encoding="utf-8")
-            os.replace(temporary, path)
+            _paths.write_atomic(path, json.dumps(body))
         except OSError as exc:  # a read-only cache costs the next start a probe, nothing more
             logger.debug("could not remember %s's protocol revision: %s", spec.name, exc)
-            with contextlib.suppress(OSError):
-                temporary.unlink()
 
     def forget(self, spec: ServerSpec) -> None:
         """Drop what is remembered of `spec`'s server: its next start probes."""

@@ -18,7 +18,9 @@ __all__ = ["ControlFile", "append_ledger", "count_ledger", "read_ledger", "read_
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` so that a reader sees the old file or the new one, never half of one."""
+    """Replace `path` with `text` so that a reader sees the old file or the new one, never half of one.
+
+    `breakwater._paths.write_atomic` for the test server, which imports nothing of breakwater."""
     # Written beside it and renamed over it: a rename is atomic.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text, encoding="utf-8")
