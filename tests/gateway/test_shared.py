@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -690,7 +691,8 @@ def descriptors(pid: int) -> dict[int, str]:
 
 
 def forked_from_a_session(pid: int, share: Path) -> None:
-    """What /proc says of the gateway at `pid`: a `serve` forked, detached, none of the agent's pipes held."""
+    """What /proc says of the gateway at `pid`: a `serve` forked, detached, and of the agent's pipes only those the
+    sessions handed over (each live session's stdin and stdout: `breakwater.gateway._handoff`)."""
     proc = Path(f"/proc/{pid}")
     assert b"serve" in (proc / "cmdline").read_bytes().split(b"\0")  # no `gateway run` interpreter was started
     assert os.getsid(pid) not in (os.getsid(0), pid)  # detached from ours, and no session leader (forked twice)
@@ -700,8 +702,91 @@ def forked_from_a_session(pid: int, share: Path) -> None:
     # The agent's pipes are those this test process (the agent) holds the other end of; uvloop's own self-pipes
     # (both ends in the gateway) are no session's.
     agent_pipes = {target for target in descriptors(os.getpid()).values() if target.startswith("pipe:")}
-    assert agent_pipes and not agent_pipes & set(fds.values()), fds
+    handed = {descriptors(serve)[fd] for serve in sessions_of_this_agent() for fd in (0, 1)}
+    assert len(handed) == 8 and handed <= agent_pipes  # four sessions, each its own stdin and stdout
+    assert agent_pipes & set(fds.values()) == handed, fds
     assert oct(log.stat().st_mode & 0o777) == "0o600"
+
+
+def sessions_of_this_agent() -> list[int]:
+    """The pids of the `breakwater serve` processes this test process started."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and b"serve" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def raw_session(config: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """A `breakwater serve` on pipes of this test's own, initialized, its `echo` called once and answered."""
+    proc = subprocess.Popen(
+        [*BREAKWATER, "serve", "--config", str(config)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        bufsize=0,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    lines = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "web__echo", "arguments": {"text": "x"}}},
+    ]
+    proc.stdin.write(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+    answered: set[int] = set()
+    while answered != {1, 2}:
+        line = proc.stdout.readline()
+        assert line, "serve ended before answering"
+        message = json.loads(line)
+        if "id" in message and "method" not in message:
+            answered.add(message["id"])
+    return proc
+
+
+def ends_within(proc: subprocess.Popen[bytes], seconds: float) -> bytes:
+    """What is left on `proc`'s stdout once its end comes (the test fails if it does not come in time)."""
+    assert proc.stdout is not None
+    done: list[bytes] = []
+    reader = threading.Thread(target=lambda: done.append(proc.stdout.read() if proc.stdout else b""), daemon=True)
+    reader.start()
+    reader.join(seconds)
+    assert done, f"the agent's end of serve's stdout did not end within {seconds} s"
+    return done[0]
+
+
+async def test_a_session_the_agent_ends_or_kills_lets_go_of_the_agents_pipes_at_once(
+    tmp_path: Path, share: Path, upstream: tuple[str, Path]
+) -> None:
+    """The gateway serves a session on the pipes its `serve` handed over; when the agent closes the session's input,
+    interrupts its `serve` or kills it, the agent sees the session's output end at once, as it would with `serve`
+    alone, while the gateway goes on serving the other sessions."""
+    url, _ = upstream
+    config = write_config(tmp_path, url)
+    env = env_for(tmp_path, share)
+    async with session(config, env) as keeper:  # holds the gateway
+        await keeper.call_tool("web__echo", {"text": "a"})
+        [gateway] = gateway_pids(share)
+        for end in ("close input", "SIGINT", "SIGKILL"):
+            proc = raw_session(config, env)
+            pipes = {descriptors(proc.pid)[fd] for fd in (0, 1)}
+            assert pipes <= set(descriptors(gateway).values())  # the gateway serves it on them
+            assert proc.stdin is not None
+            if end == "close input":
+                proc.stdin.close()
+            else:
+                os.kill(proc.pid, signal.SIGINT if end == "SIGINT" else signal.SIGKILL)
+            assert ends_within(proc, 10) == b"", end
+            assert proc.wait(10) == {"close input": 0, "SIGINT": 130, "SIGKILL": -signal.SIGKILL}[end]
+            await eventually(lambda: not pipes & set(descriptors(gateway).values()), timeout=10)  # noqa: B023 - awaited here
+        assert not (await keeper.call_tool("web__echo", {"text": "b"})).is_error
+        assert gateway_pids(share) == [gateway]
 
 
 def test_a_session_decides_and_shakes_hands_before_it_loads_asyncio(tmp_path: Path, share: Path) -> None:

@@ -84,11 +84,19 @@ def attach_or_none(config: Config, state: str | None) -> int | None:
         # meanwhile, and attaches from there (set up after the answer, they delayed a cold first answer 0.1-0.3 s).
         return _attached(config, state, hello, paths, None)
     try:
-        first = attach_now(paths[0], hello, SPAWN_WAIT_S)  # None: nobody listens (its start is someone else's)
+        # None: nobody listens (its start is someone else's)
+        first = attach_now(paths[0], _offering(hello), SPAWN_WAIT_S)
     except (AttachRefused, TimeoutError, OSError) as exc:
         print(f"breakwater: serving this session on its own: {exc}", file=sys.stderr, flush=True)
         return None
     return _attached(config, state, hello, paths, first)
+
+
+def _offering(hello: dict[str, Any]) -> dict[str, Any]:
+    """`hello`, offering the gateway this session's stdin and stdout when they can be handed over (`_handoff`)."""
+    from breakwater.gateway._handoff import can_offer
+
+    return {**hello, "handoff": True} if can_offer() else hello
 
 
 def _attached(
@@ -121,8 +129,10 @@ def _attached(
                 f"breakwater was upgraded ({hello['version']} -> {now}) while this session ran: "
                 "restart this agent session (or its breakwater MCP server) to use the new version"
             )
+        # Only the first attach offers this session's stdin and stdout; after a failover the session relays.
+        offer = hello if attached_before else _offering(hello)
         attached_before = True
-        return await open_attachment(sock, lock, hello, spawn, log, clock)
+        return await open_attachment(sock, lock, offer, spawn, log, clock)
 
     async def run() -> int | None:
         if first_attached is not None:

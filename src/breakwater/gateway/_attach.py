@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from breakwater._clock import Clock
+from breakwater.gateway._handoff import hand_over
 from breakwater.gateway._share import HANDSHAKE_LIMIT, SPAWN_WAIT_S, AttachRefused, check_peer, handshake_answer
 
 __all__ = [
@@ -52,6 +53,11 @@ class Attachment:
     info: dict[str, Any]
     rest: bytes = b""
 
+    @property
+    def handed_off(self) -> bool:
+        """Whether the gateway serves this session on its stdin and stdout (`breakwater.gateway._handoff`)."""
+        return self.info.get("handoff") is True
+
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
@@ -80,6 +86,8 @@ async def connect_gateway(path: Path, hello: dict[str, Any]) -> Attachment | Non
                     break
                 received += chunk
         attachment.info, attachment.rest = handshake_answer(received, path)
+        if attachment.handed_off:
+            hand_over(sock)  # the gateway serves this session on our stdin and stdout from here (`_handoff`)
         return attachment
     except BaseException:
         attachment.close()

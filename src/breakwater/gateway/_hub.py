@@ -3,10 +3,11 @@
 `breakwater gateway run` (started by the first `breakwater serve` that finds none, detached) opens
 the gateway once (its upstreams, breakers, retry budget and journal are the ones every session
 uses) and listens on the fingerprint's Unix socket. Each accepted connection, after the handshake
-(`breakwater.gateway._share`), is one run of the SDK's server loop over that socket, exactly as
-`serve` runs it over stdin and stdout, with the session's own stdio servers beside the shared ones
-(`breakwater.gateway._session`), started in the session's own directory and environment as
-the handshake gives them (`SessionContext`): the session has its own capabilities, log level,
+(`breakwater.gateway._share`), is one run of the SDK's server loop, exactly as `serve` runs it over
+stdin and stdout: on the agent's own stdin and stdout when the session handed them over with its
+handshake (`breakwater.gateway._handoff`, the usual case), else over the socket, with the session's
+own stdio servers beside the shared ones (`breakwater.gateway._session`), started in the session's
+own directory and environment as the handshake gives them (`SessionContext`): the session has its own capabilities, log level,
 subscriptions, cancellations and progress, and what an upstream asks during a call (sampling,
 elicitation) goes to the session whose call it is, as with HTTP clients of one gateway.
 
@@ -34,6 +35,8 @@ from breakwater._platform import running_loop
 from breakwater.config import Config
 from breakwater.connect._lines import HandOffReader
 from breakwater.gateway._fast_call import FastLane
+from breakwater.gateway._handed import CAN_HAND_OFF, HandedOutput, Mirror, MirroredReader, receive_stdio, until_closed
+from breakwater.gateway._handoff import handable
 from breakwater.gateway._server import Gateway
 from breakwater.gateway._session import session_gateway
 from breakwater.gateway._share import HANDSHAKE_LIMIT, SessionContext, bind_socket, peer_uid
@@ -131,38 +134,68 @@ class SharedGateway:
         scope.cancel()
 
     async def _connection(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        stdio: list[int] = []  # the session's stdin and stdout, when it hands them over (`_handoff`)
+        transport: asyncio.BaseTransport | None = None
         try:
+            line, rest = await self._first_line(loop, conn)
+            hello, answer = self._handshake(conn, line)
+            await loop.sock_sendall(conn, json.dumps(answer).encode() + b"\n")
+            if hello is None:
+                return
+            if hello["breakwater"] == "stop":
+                logger.info("asked to stop (breakwater gateway stop)")
+                self.stop()
+            if hello["breakwater"] != "attach":
+                return
+            if answer.get("handoff"):
+                stdio = await self._stdio_of(loop, conn)
+                if not stdio:  # it never came: the session finds its socket closed and serves on its own
+                    return
             # `asyncio.open_unix_connection`, with the reader that hands calls to the session's lane.
-            loop = asyncio.get_running_loop()
             reader = HandOffReader(limit=MAX_LINE_BYTES, loop=loop)
+            if rest:
+                reader.feed_data(rest)
             protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
             transport, _ = await loop.create_unix_connection(lambda: protocol, sock=conn)
             writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-        except OSError:
-            conn.close()
-            return
-        output = _SocketOutput(writer)
-        try:
-            hello = await self._handshake(conn, reader, output)
-            if hello is not None and hello["breakwater"] == "attach":
-                self._note(+1)
-                try:
-                    await self._session(reader, output, SessionContext.from_json(hello.get("session")))
-                finally:
-                    self._note(-1)
+            context = SessionContext.from_json(hello.get("session"))
+            self._note(+1)
+            try:
+                if stdio:
+                    handed, stdio = stdio, []
+                    await self._handed_session(handed, reader, writer, context)
+                else:
+                    await self._session(reader, _SocketOutput(writer), context)
+            finally:
+                self._note(-1)
         except (OSError, EOFError, asyncio.IncompleteReadError):
             logger.debug("an attached session went away", exc_info=True)
         finally:
-            await output.close()
+            for fd in stdio:
+                os.close(fd)
+            if transport is not None:
+                transport.close()
+            else:
+                conn.close()
 
-    async def _handshake(self, conn: socket.socket, reader: asyncio.StreamReader, output: _SocketOutput) -> dict[str, Any] | None:
-        """The session's first line (what it wants: "attach", "info", "stop"), answered; None when refused.
+    async def _first_line(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> tuple[bytes, bytes]:
+        """The connection's first line (empty when it says nothing in time) and whatever came after it."""
+        received = b""
+        with self.clock.deadline_scope(self.clock.monotonic() + _HANDSHAKE_S):
+            while b"\n" not in received and len(received) < HANDSHAKE_LIMIT:
+                chunk = await loop.sock_recv(conn, HANDSHAKE_LIMIT)
+                if not chunk:
+                    break
+                received += chunk
+        line, _, rest = received.partition(b"\n")
+        return line, rest
+
+    def _handshake(self, conn: socket.socket, line: bytes) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """The session's first line (what it wants: "attach", "info", "stop") and the answer; no hello when refused.
 
         Nothing of it is logged: an attaching session's line carries its environment (`SessionContext`).
         """
-        line = b""
-        with self.clock.deadline_scope(self.clock.monotonic() + _HANDSHAKE_S):
-            line = await reader.readline()
         try:
             hello = json.loads(line[:HANDSHAKE_LIMIT]) if line else None
         except ValueError:
@@ -179,23 +212,68 @@ class SharedGateway:
         elif want == "attach" and isinstance(hello, dict) and hello.get("version") != self.version:
             reason = f"this gateway runs breakwater {self.version}; restart it (breakwater gateway stop) to use another"
         answer = self.info(ok=reason is None, reason=reason)
-        if reason is None and want == "info":
+        if reason is not None or not isinstance(hello, dict):
+            return None, answer
+        if want == "info":
             answer["status"] = self.gateway.bw.status().to_json()
-        await output.send(json.dumps(answer).encode() + b"\n")
-        if reason is not None:
-            return None
-        if want == "stop":
-            logger.info("asked to stop (breakwater gateway stop)")
-            self.stop()
-        assert isinstance(hello, dict)  # `want` is one of the three only when it is
-        return hello
+        elif want == "attach" and hello.get("handoff") is True and CAN_HAND_OFF:
+            answer["handoff"] = True  # send your stdin and stdout (`_handoff`)
+        return hello, answer
+
+    async def _stdio_of(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> list[int]:
+        """The session's stdin and stdout, sent after our answer; [] (any received closed) if not both, in time."""
+        received: list[int] = []
+        with self.clock.deadline_scope(self.clock.monotonic() + _HANDSHAKE_S):
+            received = await receive_stdio(loop, conn)
+        if len(received) == 2 and all(handable(fd) for fd in received):
+            return received
+        for fd in received:
+            os.close(fd)
+        return []
+
+    async def _handed_session(
+        self,
+        stdio: list[int],
+        sock_reader: asyncio.StreamReader,
+        sock_writer: asyncio.StreamWriter,
+        context: SessionContext | None,
+    ) -> None:
+        """One MCP session on the stdin and stdout its `serve` handed over, mirrored to its socket (`_handoff`).
+
+        It ends when the agent closes its input (the mirror then says so), when the gateway stops, or when
+        the socket closes (its `serve` was stopped: the agent's pipes are let go at once).
+        """
+        loop = asyncio.get_running_loop()
+        mirror = Mirror(sock_writer.transport, self.clock)
+        in_fd, out_fd = stdio
+        output = HandedOutput(out_fd, mirror, self.clock)
+        reader = MirroredReader(mirror, limit=MAX_LINE_BYTES, loop=loop)
+        read_transport: asyncio.BaseTransport | None = None
+        try:
+            read_transport, _ = await loop.connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(in_fd, "rb", buffering=0)
+            )
+            in_fd = -1  # the transport's now
+            await output.open(loop)
+            async with session_gateway(self.gateway, self.config, context) as gateway, anyio.create_task_group() as tg:
+                tg.start_soon(mirror.flushing)
+                tg.start_soon(until_closed, sock_reader, tg.cancel_scope)
+                await self._run(gateway, reader, output)
+                mirror.ended()
+                tg.cancel_scope.cancel()
+        finally:
+            await output.close()
+            if read_transport is not None:
+                read_transport.close()
+            if in_fd >= 0:
+                os.close(in_fd)
 
     async def _session(self, reader: asyncio.StreamReader, output: _SocketOutput, context: SessionContext | None) -> None:
         """One MCP session over the socket, until either side closes it; its own servers start in `context`."""
         async with session_gateway(self.gateway, self.config, context) as gateway:
             await self._run(gateway, reader, output)
 
-    async def _run(self, gateway: Gateway, reader: asyncio.StreamReader, output: _SocketOutput) -> None:
+    async def _run(self, gateway: Gateway, reader: asyncio.StreamReader, output: LineOutput) -> None:
         server = gateway.server
         read_stream_writer, read_stream = create_context_streams[SessionMessage | Exception](0)
         write_stream, write_stream_reader = create_context_streams[SessionMessage](0)

@@ -1,7 +1,10 @@
 """A stdio session attached to the shared local gateway: the client's lines to the gateway, its lines back.
 
-The MCP session runs in the gateway; this process only relays, reading enough of each line to know
-which requests wait for an answer. The relay runs in asyncio protocol callbacks (a line read is
+The MCP session runs in the gateway. At the first attach this process hands its stdin and stdout to
+the gateway (`breakwater.gateway._handoff`), which serves the session on them, and only follows the
+gateway's mirror of what it read and answered (`_Pump.watch`), a few times a second. Otherwise
+(after a failover, or stdio that cannot be handed over) this process relays, reading enough of each
+line to know which requests wait for an answer. The relay runs in asyncio protocol callbacks (a line read is
 written on at once, with no task switch), so it adds one process hop each way and little else.
 
 What it reads is what failover needs. When the gateway goes away mid-session (killed, crashed,
@@ -24,8 +27,7 @@ import contextlib
 import json
 import logging
 import os
-import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +35,7 @@ from breakwater._clock import Clock
 from breakwater.config import Config
 from breakwater.config._checks import TOOL_NAME_OK, namespaced
 from breakwater.gateway._attach import Attachment, AttachRefused, SessionOutdated
+from breakwater.gateway._handoff import WATCH_S, MirrorParser, answer_id
 from breakwater.gateway._start import relayable, reserve_standard_fds
 
 __all__ = ["GIVE_UP_S", "MAX_LINE_BYTES", "ToolSafety", "attached_session", "relayable", "reserve_standard_fds"]
@@ -45,8 +48,6 @@ MAX_LINE_BYTES = 64 * 1024 * 1024
 #: How long requests wait for a new gateway before they are answered with an error.
 GIVE_UP_S = 5.0
 _REPLAY = "breakwater-replay-"
-#: The start of every response the SDK writes (`model_dump_json` keeps the declared field order).
-_RESPONSE = re.compile(rb'^\{"jsonrpc":"2\.0","id":(-?\d+|"(?:[^"\\]|\\.)*"),"(result|error)"')
 
 
 class _Lines(asyncio.Protocol):
@@ -210,19 +211,10 @@ class _Session:
 
     def note_answer(self, line: bytes) -> bool:
         """Forget the request `line` answers; False when the answer is one of ours, not for the client."""
-        match = _RESPONSE.match(line)
-        if match is None:
-            if b'"id"' not in line[:200] or b'"method"' in line:
-                return True
-            try:
-                message = json.loads(line)
-            except ValueError:
-                return True
-            if not isinstance(message, dict) or "id" not in message or "method" in message:
-                return True
-            key = _id_key(message["id"])
-        else:
-            key = _id_key(json.loads(match.group(1)))
+        raw = answer_id(line)
+        if raw is None:
+            return True
+        key = _id_key(json.loads(raw))
         if key in self.swallow:
             self.swallow.discard(key)
             return False
@@ -281,6 +273,9 @@ class _Pump:
         self.backlog: list[bytes] = []  # notifications and answers the client sent while no gateway was attached
         self.ended = False  # the client closed its input
         self.changed = asyncio.Event()  # the client ended, or the gateway went away
+        self.client = _Lines(self._from_client, self._client_ended)
+        self.mirrored = False  # the gateway reads the client itself; its mirror says what it read (`_handoff`)
+        self.partial = False  # the gateway may have left the client a cut answer line
 
     async def open(self) -> None:
         """Read stdin and write stdout through asyncio's pipe transports."""
@@ -290,7 +285,7 @@ class _Pump:
         out_file = os.fdopen(os.dup(1), "wb", buffering=0)
         self.stdout, _ = await self.loop.connect_write_pipe(lambda: out, out_file)
         in_file = os.fdopen(os.dup(0), "rb", buffering=0)
-        self.stdin, _ = await self.loop.connect_read_pipe(lambda: _Lines(self._from_client, self._client_ended), in_file)
+        self.stdin, _ = await self.loop.connect_read_pipe(lambda: self.client, in_file)
 
     def send(self, data: bytes) -> None:
         if self.stdout is not None and not self.stdout.is_closing():
@@ -306,6 +301,9 @@ class _Pump:
 
     def _from_client(self, line: bytes) -> None:
         if not line.strip():
+            return
+        if self.mirrored:  # the gateway read it (and acts on it): only noted, for a failover
+            self.session.note_request(line)
             return
         gateway = self.gateway
         if gateway is not None and not gateway.is_closing():
@@ -349,9 +347,53 @@ class _Pump:
             self._client_ended()
         return lines
 
+    async def watch(self, attachment: Attachment, clock: Clock) -> bool:
+        """While the gateway serves this session on its stdin and stdout, follow its mirror; True when the session ended.
+
+        False: the gateway went away. What it read and had not answered is then in `session.pending`,
+        and the start of the client's next line in `client`'s buffer, for the failover to go on from.
+        """
+        self.mirrored = True
+        parser = MirrorParser()
+        ended = self._mirror(parser.feed(attachment.rest))
+        sock = attachment.sock
+        while not ended:
+            await clock.sleep(WATCH_S)  # not per call: the client's calls never wake this process
+            while not ended:
+                try:
+                    data = sock.recv(65536)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    data = b""
+                if not data:
+                    self.mirrored = False
+                    return False
+                ended = self._mirror(parser.feed(data))
+        return True
+
+    def _mirror(self, records: Iterable[tuple[bytes, bytes]]) -> bool:
+        """Note what the mirror's records say the gateway read and answered; True at the session's end."""
+        for kind, payload in records:
+            if kind == b"I":
+                self.client.data_received(payload)
+            elif kind == b"O":
+                with contextlib.suppress(ValueError):
+                    self.session.pending.pop(_id_key(json.loads(payload)), None)
+            elif kind == b"L":
+                self.session.note_answer(payload)
+            elif kind in (b"P", b"C"):
+                self.partial = kind == b"P"
+            elif kind == b"E":
+                return True
+        return False
+
     def lost(self) -> None:
         """The gateway went away: answer every tool call in flight that may change something now; the rest are re-sent."""
         self.gateway = None
+        if self.partial:  # what follows must start a line of its own
+            self.partial = False
+            self.send(b"\n")
         for key, (method, request_id, line) in list(self.session.pending.items()):
             if method == "tools/call" and not self.session.safety.safe_call(line):
                 del self.session.pending[key]
@@ -380,10 +422,22 @@ class _Pump:
 async def attached_session(first: Attachment, reattach: Any, *, safety: ToolSafety, clock: Clock) -> int:
     """Relay this process's stdio to `first`, failing over through `reattach()` whenever the gateway goes away."""
     pump = _Pump(asyncio.get_running_loop(), safety)
-    await pump.open()
     attachment: Attachment | None = first
     generation = 0
     try:
+        if first.handed_off:
+            attachment = None
+            try:
+                if await pump.watch(first, clock):
+                    return 0
+            finally:
+                first.close()
+            generation = 1
+            await pump.open()  # this process's stdin and stdout are its own again
+            logger.warning("breakwater: the shared gateway went away; attaching to a new one")
+            pump.lost()
+        else:
+            await pump.open()
         while True:
             if attachment is None:
                 try:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from breakwater.gateway._handoff import hand_over
 from breakwater.gateway._share import HANDSHAKE_LIMIT, bind_socket, check_peer, handshake_answer
 
 __all__ = ["attach_now", "fork_gateway", "relayable", "reserve_standard_fds"]
@@ -102,6 +103,8 @@ def attach_now(path: Path, hello: dict[str, Any], wait_s: float) -> tuple[socket
                     break
                 received += chunk
         info, rest = handshake_answer(received, path)
+        if info.get("handoff") is True:
+            hand_over(sock)  # the gateway serves this session on our stdin and stdout from here (`_handoff`)
         sock.setblocking(False)
         return sock, info, rest
     except BaseException:

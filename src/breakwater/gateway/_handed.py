@@ -1,0 +1,199 @@
+"""The shared gateway's side of a session whose `serve` handed over its stdin and stdout (`breakwater.gateway._handoff`).
+
+The session is served on the agent's own pipes, exactly as `serve --no-share` serves its own; what
+is read and answered is mirrored to the session's socket, so that its `serve` can fail over if this
+gateway dies. The mirror's costs on the call path: one socket write per chunk read (the chunk, with
+any answered ids that wait, in one record each) and a regular-expression match per line written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+from typing import Any
+
+import anyio
+
+from breakwater._clock import Clock
+from breakwater.connect._lines import HandOffReader
+from breakwater.gateway._handoff import MIRROR_FLUSH_S, answer_id, record
+from breakwater.gateway._stdio_server import LineOutput
+
+__all__ = ["CAN_HAND_OFF", "HandedOutput", "Mirror", "MirroredReader", "receive_stdio", "until_closed"]
+
+#: Whether this platform passes descriptors over a Unix socket (not Windows, which does not share anyway).
+CAN_HAND_OFF = hasattr(socket, "SCM_RIGHTS") and hasattr(socket, "recv_fds")
+#: How long a session's last answers may take to reach an agent that has stopped reading, once the session ends.
+CLOSE_WAIT_S = 1.0
+
+
+class Mirror:
+    """The records a handed-over session's `serve` needs to fail over, written to its socket."""
+
+    def __init__(self, transport: asyncio.WriteTransport, clock: Clock) -> None:
+        self._transport = transport
+        self._clock = clock
+        self._answered: list[bytes] = []
+        self._due = anyio.Event()
+        self._partial = False
+        #: The ids (JSON text) of the `tools/list` requests read and not yet answered: their answers go whole.
+        self._lists: set[str] = set()
+
+    def read(self, data: bytes) -> None:
+        """A chunk read from the agent, before anything acts on it; the answered ids waiting go with it."""
+        if b'"tools/list"' in data:
+            self._note_lists(data)
+        if self._answered:
+            self._answered.append(record(b"I", data))
+            self._transport.write(b"".join(self._answered))
+            self._answered.clear()
+        else:
+            self._transport.write(record(b"I", data))
+
+    def wrote(self, data: bytes, unwritten: int) -> None:
+        """`data` (whole lines) was handed to the agent's pipe; `unwritten` bytes of it, or before it, are still buffered."""
+        if unwritten and not self._partial:
+            self._partial = True
+            self._transport.write(record(b"P"))  # at once: a failover must end the cut line first
+        elif not unwritten and self._partial:
+            self._partial = False
+            self._later(record(b"C"))
+        for line in data.splitlines(keepends=True) if data.count(b"\n") > 1 else (data,):
+            key = answer_id(line)
+            if key is None:
+                continue
+            if self._lists and _normal(key) in self._lists:
+                self._lists.discard(_normal(key))
+                self._transport.write(record(b"L", line))
+            else:
+                self._later(record(b"O", key))
+
+    def ended(self) -> None:
+        """The agent closed its input and the session is over: nothing to fail over."""
+        self._transport.write(b"".join([*self._answered, record(b"E")]))
+        self._answered.clear()
+
+    async def flushing(self) -> None:
+        """Send the answered ids that wait, `MIRROR_FLUSH_S` after the first of them (a chunk read sends them sooner)."""
+        while True:
+            await self._due.wait()
+            self._due = anyio.Event()
+            await self._clock.sleep(MIRROR_FLUSH_S)
+            if self._answered and not self._transport.is_closing():
+                self._transport.write(b"".join(self._answered))
+                self._answered.clear()
+
+    def _later(self, data: bytes) -> None:
+        if not self._answered:
+            self._due.set()
+        self._answered.append(data)
+
+    def _note_lists(self, data: bytes) -> None:
+        for line in data.splitlines():
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                message = json.loads(line)
+                if message.get("method") == "tools/list" and "id" in message:
+                    self._lists.add(json.dumps(message["id"]))
+
+
+def _normal(key: bytes) -> str:
+    """An id's JSON text as `json.dumps` writes it (the SDK's serializer may escape differently)."""
+    try:
+        return json.dumps(json.loads(key))
+    except ValueError:
+        return key.decode("utf-8", "replace")
+
+
+class MirroredReader(HandOffReader):
+    """The agent's input: each chunk is mirrored before it is read (or handed to the call lane)."""
+
+    def __init__(self, mirror: Mirror, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._mirror = mirror
+
+    def feed_data(self, data: bytes) -> None:  # type: ignore[override]  # asyncio feeds it bytes
+        self._mirror.read(data)
+        super().feed_data(data)
+
+
+class HandedOutput(LineOutput):
+    """Lines to the agent's own stdout, each noted in the mirror; closed within `CLOSE_WAIT_S` at the end."""
+
+    def __init__(self, fd: int, mirror: Mirror, clock: Clock) -> None:
+        super().__init__(fd, fast=True)
+        self._mirror = mirror
+        self._clock = clock
+        self._closed = False
+
+    async def open(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            await super().open(loop)  # on a copy of the descriptor
+        finally:
+            assert self._fd is not None
+            os.close(self._fd)
+        self._fd = None
+
+    async def send(self, data: bytes) -> None:
+        async with self._lock:
+            writer = self._writer
+            if writer is None:  # closed: the session is ending
+                return
+            writer.write(data)
+            self._mirror.wrote(data, writer.transport.get_write_buffer_size())
+            await writer.drain()
+
+    async def close(self) -> None:
+        """Let the agent have what is buffered, for a while, then close its pipe (it sees the end of the session)."""
+        if self._closed:
+            return
+        self._closed = True
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        # Shielded: a session ends by cancellation too (the gateway stops), and its pipe must be let go then as well.
+        with anyio.CancelScope(shield=True):
+            deadline = self._clock.monotonic() + CLOSE_WAIT_S
+            with self._clock.deadline_scope(deadline), contextlib.suppress(ConnectionError, RuntimeError):
+                await writer.drain()
+            if writer.transport.get_write_buffer_size():
+                writer.transport.abort()
+            else:
+                writer.transport.close()
+
+
+async def receive_stdio(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> list[int]:
+    """The descriptors the session sends on `conn` (with one byte), as soon as they come; [] at the connection's end."""
+    while True:
+        try:
+            data, fds, _flags, _address = socket.recv_fds(conn, 1, 2)
+        except BlockingIOError:
+            await _readable(loop, conn)
+            continue
+        if data or fds:
+            return list(fds)
+        return []
+
+
+async def _readable(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(conn.fileno(), wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(conn.fileno())
+
+
+async def until_closed(reader: asyncio.StreamReader, scope: anyio.CancelScope) -> None:
+    """Wait for the end of a handed-over session's socket (its `serve` went away), then cancel `scope`."""
+    with contextlib.suppress(OSError):
+        while await reader.read(65536):
+            pass
+    scope.cancel()

@@ -1,0 +1,133 @@
+"""An attached session's stdin and stdout, handed to the shared gateway: what both sides say about them.
+
+Why. A session relayed through its `serve` process (`breakwater.gateway._pump`) is four processes
+on every call (agent, `serve`, gateway, upstream), and on a 2-core machine the fourth one costs more
+than its code: two byte relays chained cost +0.47 ms a call where one costs +0.06 ms
+(docs/benchmarks.md, issue 16). So at its first attach `serve` passes its stdin and stdout to the
+gateway with the handshake line (SCM_RIGHTS), and the gateway serves the session on them directly,
+as `serve --no-share` serves its own: `serve` is off the call path, asleep. The hand-over is
+three steps: `serve` offers (`"handoff": true` in its handshake line), the gateway accepts (the same in
+its answer), and only then does `serve` send the two descriptors (`hand_over`), so neither side reads
+the agent's input while the other might.
+
+What failover still needs. If the gateway dies, `serve` must answer every request in flight (the
+reads again, OUTCOME_UNKNOWN for the rest) and carry on. So the gateway tells it, over the session's
+socket, what it read and what it answered: the *mirror*, a stream of records (`RECORD`):
+
+    I <bytes>    a chunk read from the agent, written before the gateway acts on it (write-ahead)
+    O <id>       the JSON id of an answer the gateway wrote to the agent (batched: `MIRROR_FLUSH_S`)
+    L <line>     a whole `tools/list` answer, from which `serve` learns which tools only read
+    P            an answer line is still partly unwritten (the agent's pipe was full)
+    C            the last partly written line has been written since
+    E            the session ended (the agent closed its input): nothing to fail over
+
+`serve` drains the mirror every `WATCH_S`, not per call, so the agent's calls never wake it. When the
+socket ends without `E`, the gateway went away: `serve` takes its stdin and stdout back (the mirror's
+unfinished last chunk is the start of its next line), answers what was in flight and relays through
+a new gateway as before. Where the mirror can be behind: an answer written in the instant before the
+gateway died, its `O` not yet sent, is answered a second time (the agent ignores an answer to an id it
+no longer waits for); an answer cut mid-line (`P` without `C`) is ended with a newline first, so the
+failover's answers start on a line of their own. A chunk read and not yet mirrored when the gateway
+is killed (the same callback writes it, a microsecond later) would be lost: the one case this design
+accepts.
+
+This module imports neither asyncio nor the SDK: `serve` uses it before its loop exists.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import re
+import socket
+import stat
+import struct
+from collections.abc import Iterator
+
+__all__ = [
+    "MIRROR_FLUSH_S",
+    "RECORD",
+    "WATCH_S",
+    "MirrorParser",
+    "answer_id",
+    "can_offer",
+    "hand_over",
+    "handable",
+    "record",
+]
+
+#: How often a session whose stdio the gateway holds reads its mirror (and notices the gateway gone).
+WATCH_S = 0.1
+#: How long the gateway holds answered ids before it sends them to the session (lazily: a lost `O` costs
+#: at most a duplicate answer at a failover, never a lost one).
+MIRROR_FLUSH_S = 0.05
+#: Each record: one kind byte and a 4-byte big-endian payload length, then the payload.
+RECORD = struct.Struct(">cI")
+#: The start of every response the SDK writes (`model_dump_json` keeps the declared field order).
+_RESPONSE = re.compile(rb'^\{"jsonrpc":"2\.0","id":(-?\d+|"(?:[^"\\]|\\.)*"),"(result|error)"')
+
+
+def record(kind: bytes, payload: bytes = b"") -> bytes:
+    """One mirror record."""
+    return RECORD.pack(kind, len(payload)) + payload
+
+
+def answer_id(line: bytes) -> bytes | None:
+    """The JSON text of the id `line` answers, or None when it is no answer (a request, a notification, no JSON)."""
+    match = _RESPONSE.match(line)
+    if match is not None:
+        return match.group(1)
+    if b'"id"' not in line[:200] or b'"method"' in line:
+        return None
+    import json
+
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(message, dict) or "id" not in message or "method" in message:
+        return None
+    return json.dumps(message["id"]).encode()
+
+
+def handable(fd: int) -> bool:
+    """Whether the gateway can serve a session on `fd`: a pipe or a socket (a terminal stays with `serve`)."""
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+def can_offer() -> bool:
+    """Whether this session can hand its stdin and stdout to the gateway: pipes or sockets, on a platform that passes them."""
+    return hasattr(socket, "SCM_RIGHTS") and handable(0) and handable(1)
+
+
+def hand_over(sock: socket.socket) -> None:
+    """Send this process's stdin and stdout to the gateway, which has just said it will serve the session on them.
+
+    From here on this process must not read its stdin nor write its stdout until the gateway is gone.
+    """
+    if sock.sendmsg([b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", (0, 1)))]) != 1:
+        raise OSError("the handshake socket took none of the hand-over")
+
+
+class MirrorParser:
+    """Mirror records out of the bytes `serve` reads from its socket, in order, whatever the chunking."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Every whole record `data` completes, as (kind, payload)."""
+        self._buffer += data
+        start, size = 0, len(self._buffer)
+        while size - start >= RECORD.size:
+            kind, length = RECORD.unpack_from(self._buffer, start)
+            end = start + RECORD.size + length
+            if end > size:
+                break
+            yield kind, bytes(self._buffer[start + RECORD.size : end])
+            start = end
+        del self._buffer[:start]

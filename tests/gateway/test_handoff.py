@@ -1,0 +1,137 @@
+"""The mirror a gateway keeps for a session whose stdio it serves (`breakwater.gateway._handoff`): what `serve` learns from it.
+
+The gateway's `Mirror` writes to a real Unix socket through asyncio's transport; the session's
+`_Pump` reads the other end as it does when attached, on a fake clock. (The whole hand-over, with
+real processes, a killed gateway and a killed session, is in `test_shared.py`.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from typing import Any
+
+import pytest
+
+from breakwater.gateway._attach import Attachment
+from breakwater.gateway._handed import Mirror
+from breakwater.gateway._handoff import WATCH_S, MirrorParser, answer_id, record
+from breakwater.gateway._pump import ToolSafety, _Pump
+from breakwater.testing import FakeClock
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def line(message: dict[str, Any]) -> bytes:
+    return json.dumps(message).encode() + b"\n"
+
+
+def call(request_id: Any, tool: str) -> bytes:
+    return line({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {"name": tool, "arguments": {}}})
+
+
+def test_records_come_out_whole_however_the_bytes_are_cut() -> None:
+    records = [(b"I", b'{"id":1}\n{"id"'), (b"O", b'"a\\"b"'), (b"P", b""), (b"I", bytes(range(256)) * 300), (b"E", b"")]
+    data = b"".join(record(kind, payload) for kind, payload in records)
+    assert list(MirrorParser().feed(data)) == records
+    parser = MirrorParser()
+    byte_by_byte = [r for i in range(len(data)) for r in parser.feed(data[i : i + 1])]
+    assert byte_by_byte == records
+
+
+def test_an_answer_is_known_by_its_id_whatever_wrote_it() -> None:
+    assert answer_id(b'{"jsonrpc":"2.0","id":12,"result":{}}\n') == b"12"
+    assert answer_id(b'{"jsonrpc":"2.0","id":"x\\"y","error":{"code":1,"message":"m"}}\n') == b'"x\\"y"'
+    assert answer_id(b'{"id": "k", "jsonrpc": "2.0", "result": {}}\n') == b'"k"'  # another writer's key order
+    assert answer_id(b'{"jsonrpc":"2.0","id":3,"method":"sampling/createMessage","params":{}}\n') is None  # a request
+    assert answer_id(b'{"jsonrpc":"2.0","method":"notifications/progress"}\n') is None
+    assert answer_id(b"not json\n") is None
+
+
+async def mirrored() -> tuple[Mirror, asyncio.Transport, socket.socket, FakeClock]:
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    transport, _ = await asyncio.get_running_loop().create_unix_connection(asyncio.Protocol, sock=theirs)
+    clock = FakeClock()
+    return Mirror(transport, clock), transport, ours, clock
+
+
+async def test_a_session_whose_gateway_died_knows_what_was_in_flight_and_where_its_input_stopped() -> None:
+    mirror, transport, ours, clock = await mirrored()
+    pump = _Pump(asyncio.get_running_loop(), ToolSafety())
+    first, second, third, fourth = call(1, "a"), call(2, "b"), call(3, "c"), call(4, "d")
+    listing = line({"jsonrpc": "2.0", "id": "L", "method": "tools/list"})
+    mirror.read(first + second[:10])  # the gateway reads a request and a half
+    mirror.read(second[10:] + listing + third[:7])
+    mirror.wrote(b'{"jsonrpc":"2.0","id":1,"result":{}}\n', 0)
+    tools = [{"name": "peek", "annotations": {"readOnlyHint": True}}, {"name": "order"}]
+    mirror.wrote(line({"jsonrpc": "2.0", "id": "L", "result": {"tools": tools}}), 0)  # sent whole, at once
+    mirror.wrote(b'{"jsonrpc":"2.0","id":2,"result":{"content":[]}}\n', 4096)  # the agent's pipe is full
+    mirror.read(third[7:] + fourth[:20])  # the next chunk takes the answered ids along
+    watching = asyncio.create_task(pump.watch(Attachment(ours, {"handoff": True}), clock))
+    await clock.wait_for_sleepers()
+    clock.advance(WATCH_S)
+    await clock.wait_for_sleepers()
+    assert not watching.done()  # nothing says the session is over
+    transport.abort()  # the gateway dies
+    clock.advance(WATCH_S)
+    assert await watching is False
+    assert set(pump.session.pending) == {"3"}  # 1, 2 and the list were answered
+    assert pump.session.safety.safe("peek") and not pump.session.safety.safe("order")
+    assert bytes(pump.client.buffer) == fourth[:20]  # the rest of that line is still in the agent's pipe
+    written: list[bytes] = []
+    pump.stdout = Recorder(written)  # type: ignore[assignment]
+    pump.lost()
+    assert written[0] == b"\n"  # the answer to 2 may be cut: what follows starts on a line of its own
+    assert json.loads(written[1])["id"] == 3 and json.loads(written[1])["result"]["isError"] is True  # OUTCOME_UNKNOWN
+    ours.close()
+
+
+async def test_answered_ids_reach_the_session_within_the_flush_time_and_the_end_says_so() -> None:
+    mirror, transport, ours, clock = await mirrored()
+    pump = _Pump(asyncio.get_running_loop(), ToolSafety())
+    mirror.read(call(1, "a"))
+    mirror.wrote(b'{"jsonrpc":"2.0","id":1,"result":{}}\n', 0)
+    flushing = asyncio.create_task(mirror.flushing())
+    await clock.wait_for_sleepers()
+    clock.advance(1.0)  # no further chunk comes: the flush sends the id on its own
+    await asyncio.sleep(0.05)
+    assert b"".join(_drain(ours)) == record(b"I", call(1, "a")) + record(b"O", b"1")
+    mirror.read(call(2, "b"))
+    mirror.ended()
+    watching = asyncio.create_task(pump.watch(Attachment(ours, {"handoff": True}), clock))
+    await clock.wait_for_sleepers()
+    clock.advance(WATCH_S)
+    assert await watching is True  # the session is over, though the socket is still open
+    assert set(pump.session.pending) == {"2"}
+    flushing.cancel()
+    transport.abort()
+    ours.close()
+
+
+def _drain(sock: socket.socket) -> list[bytes]:
+    chunks = []
+    while True:
+        try:
+            chunks.append(sock.recv(65536))
+        except BlockingIOError:
+            return chunks
+
+
+class Recorder:
+    """The pump's stdout: what it writes, in order."""
+
+    def __init__(self, written: list[bytes]) -> None:
+        self.written = written
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def is_closing(self) -> bool:
+        return False
