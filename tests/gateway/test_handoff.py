@@ -1,7 +1,7 @@
 """The mirror a gateway keeps for a session whose stdio it serves (`breakwater.gateway._handoff`): what `serve` learns from it.
 
-The gateway's `Mirror` writes to a real Unix socket through asyncio's transport; the session's
-`_Pump` reads the other end as it does when attached, on a fake clock. (The whole hand-over, with
+The gateway's `Mirror` writes to a real Unix socket through asyncio's transport and rings a real
+pipe; the session's `_Pump` reads the other ends as it does when attached. (The whole hand-over, with
 real processes, a killed gateway and a killed session, is in `test_shared.py`.)
 """
 
@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 from typing import Any
 
 import pytest
 
 from breakwater.gateway._attach import Attachment
-from breakwater.gateway._handed import Mirror
-from breakwater.gateway._handoff import WATCH_S, MirrorParser, answer_id, record
+from breakwater.gateway._handed import Mirror, MirrorSocket
+from breakwater.gateway._handoff import MIRROR_FLUSH_S, MirrorParser, answer_id, record
 from breakwater.gateway._pump import ToolSafety, _Pump
 from breakwater.testing import FakeClock
+from helpers import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -54,19 +56,25 @@ def test_an_answer_is_known_by_its_id_whatever_wrote_it() -> None:
     assert answer_id(b"not json\n") is None
 
 
-async def mirrored() -> tuple[Mirror, asyncio.Transport, socket.socket, FakeClock]:
+async def mirrored() -> tuple[Mirror, asyncio.Transport, Attachment, FakeClock]:
+    """A gateway's mirror on one end of a socket pair and a bell; the session's attachment on the other ends."""
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
-    transport, _ = await asyncio.get_running_loop().create_unix_connection(asyncio.Protocol, sock=theirs)
+    bell, ringer = os.pipe()
+    os.set_blocking(bell, False)
+    protocol = MirrorSocket(asyncio.StreamReader())
+    transport, _ = await asyncio.get_running_loop().create_unix_connection(lambda: protocol, sock=theirs)
     clock = FakeClock()
-    return Mirror(transport, clock), transport, ours, clock
+    protocol.mirror = Mirror(transport, ringer, clock)
+    return protocol.mirror, transport, Attachment(ours, {"handoff": True}, bell=bell), clock
 
 
 async def test_a_session_whose_gateway_died_knows_what_was_in_flight_and_where_its_input_stopped() -> None:
-    mirror, transport, ours, clock = await mirrored()
+    mirror, transport, attachment, _ = await mirrored()
     pump = _Pump(asyncio.get_running_loop(), ToolSafety())
     first, second, third, fourth = call(1, "a"), call(2, "b"), call(3, "c"), call(4, "d")
     listing = line({"jsonrpc": "2.0", "id": "L", "method": "tools/list"})
+    watching = asyncio.create_task(pump.watch(attachment))
     mirror.read(first + second[:10])  # the gateway reads a request and a half
     mirror.read(second[10:] + listing + third[:7])
     mirror.wrote(b'{"jsonrpc":"2.0","id":1,"result":{}}\n', 0)
@@ -74,14 +82,11 @@ async def test_a_session_whose_gateway_died_knows_what_was_in_flight_and_where_i
     mirror.wrote(line({"jsonrpc": "2.0", "id": "L", "result": {"tools": tools}}), 0)  # sent whole, at once
     mirror.wrote(b'{"jsonrpc":"2.0","id":2,"result":{"content":[]}}\n', 4096)  # the agent's pipe is full
     mirror.read(third[7:] + fourth[:20])  # the next chunk takes the answered ids along
-    watching = asyncio.create_task(pump.watch(Attachment(ours, {"handoff": True}), clock))
-    await clock.wait_for_sleepers()
-    clock.advance(WATCH_S)
-    await clock.wait_for_sleepers()
-    assert not watching.done()  # nothing says the session is over
-    transport.abort()  # the gateway dies
-    clock.advance(WATCH_S)
-    assert await watching is False
+    await asyncio.sleep(0.1)
+    assert not watching.done()  # asleep: nothing woke it
+    transport.abort()  # the gateway dies: the kernel closes its socket and its end of the bell
+    mirror.close()
+    assert await asyncio.wait_for(watching, 10) is False
     assert set(pump.session.pending) == {"3"}  # 1, 2 and the list were answered
     assert pump.session.safety.safe("peek") and not pump.session.safety.safe("order")
     assert bytes(pump.client.buffer) == fourth[:20]  # the rest of that line is still in the agent's pipe
@@ -90,29 +95,40 @@ async def test_a_session_whose_gateway_died_knows_what_was_in_flight_and_where_i
     pump.lost()
     assert written[0] == b"\n"  # the answer to 2 may be cut: what follows starts on a line of its own
     assert json.loads(written[1])["id"] == 3 and json.loads(written[1])["result"]["isError"] is True  # OUTCOME_UNKNOWN
-    ours.close()
+    attachment.close()
 
 
-async def test_answered_ids_reach_the_session_within_the_flush_time_and_the_end_says_so() -> None:
-    mirror, transport, ours, clock = await mirrored()
+async def test_a_mirror_that_backs_up_rings_the_session_which_reads_it_while_the_gateway_goes_on() -> None:
+    mirror, transport, attachment, _ = await mirrored()
     pump = _Pump(asyncio.get_running_loop(), ToolSafety())
+    watching = asyncio.create_task(pump.watch(attachment))
+    big = call(1, "x" * (8 * 1024 * 1024))  # far more than a socket's buffer: the rest waits in the gateway
+    mirror.read(big)
+    assert transport.get_write_buffer_size() > 0
+    await eventually(lambda: transport.get_write_buffer_size() == 0, timeout=10)  # the session was woken and read it
+    assert set(pump.session.pending) == {"1"}
+    assert not watching.done()
+    mirror.read(call(2, "y"))
+    mirror.ended()
+    assert await asyncio.wait_for(watching, 10) is True  # the session is over, though the socket is still open
+    assert set(pump.session.pending) == {"1", "2"}
+    transport.abort()
+    attachment.close()
+
+
+async def test_answered_ids_reach_the_session_within_the_flush_time() -> None:
+    mirror, transport, attachment, clock = await mirrored()
     mirror.read(call(1, "a"))
     mirror.wrote(b'{"jsonrpc":"2.0","id":1,"result":{}}\n', 0)
     flushing = asyncio.create_task(mirror.flushing())
     await clock.wait_for_sleepers()
-    clock.advance(1.0)  # no further chunk comes: the flush sends the id on its own
-    await asyncio.sleep(0.05)
-    assert b"".join(_drain(ours)) == record(b"I", call(1, "a")) + record(b"O", b"1")
-    mirror.read(call(2, "b"))
-    mirror.ended()
-    watching = asyncio.create_task(pump.watch(Attachment(ours, {"handoff": True}), clock))
-    await clock.wait_for_sleepers()
-    clock.advance(WATCH_S)
-    assert await watching is True  # the session is over, though the socket is still open
-    assert set(pump.session.pending) == {"2"}
+    assert b"".join(_drain(attachment.sock)) == record(b"I", call(1, "a"))  # the id waits for company
+    clock.advance(MIRROR_FLUSH_S)  # none comes: the flush sends it on its own
+    await eventually(lambda: bool(chunks := _drain(attachment.sock)) and b"".join(chunks) == record(b"O", b"1"), timeout=10)
     flushing.cancel()
     transport.abort()
-    ours.close()
+    mirror.close()
+    attachment.close()
 
 
 def _drain(sock: socket.socket) -> list[bytes]:

@@ -104,7 +104,7 @@ def _attached(
     state: str | None,
     hello: dict[str, Any],
     paths: tuple[Path, Path, Path],
-    first_attached: tuple[socket.socket, dict[str, Any], bytes] | None,
+    first_attached: tuple[socket.socket, dict[str, Any], bytes, int | None] | None,
 ) -> int | None:
     """Relay this session through the gateway (attaching first when `first_attached` is None); None: serve it directly."""
     import anyio

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import socket
 import subprocess
 from collections.abc import Sequence
@@ -52,15 +53,21 @@ class Attachment:
     sock: socket.socket
     info: dict[str, Any]
     rest: bytes = b""
+    #: The bell's read end when the gateway serves this session on its stdin and stdout (`breakwater.gateway._handoff`).
+    bell: int | None = None
 
     @property
     def handed_off(self) -> bool:
-        """Whether the gateway serves this session on its stdin and stdout (`breakwater.gateway._handoff`)."""
-        return self.info.get("handoff") is True
+        """Whether the gateway serves this session on its stdin and stdout."""
+        return self.bell is not None
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
+        if self.bell is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.bell)
+            self.bell = None
 
 
 async def connect_gateway(path: Path, hello: dict[str, Any]) -> Attachment | None:
@@ -86,8 +93,8 @@ async def connect_gateway(path: Path, hello: dict[str, Any]) -> Attachment | Non
                     break
                 received += chunk
         attachment.info, attachment.rest = handshake_answer(received, path)
-        if attachment.handed_off:
-            hand_over(sock)  # the gateway serves this session on our stdin and stdout from here (`_handoff`)
+        if attachment.info.get("handoff") is True:
+            attachment.bell = hand_over(sock)  # the gateway serves this session on our stdin and stdout from here
         return attachment
     except BaseException:
         attachment.close()

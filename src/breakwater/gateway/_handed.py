@@ -22,7 +22,7 @@ from breakwater.connect._lines import HandOffReader
 from breakwater.gateway._handoff import MIRROR_FLUSH_S, answer_id, record
 from breakwater.gateway._stdio_server import LineOutput
 
-__all__ = ["CAN_HAND_OFF", "HandedOutput", "Mirror", "MirroredReader", "receive_stdio", "until_closed"]
+__all__ = ["CAN_HAND_OFF", "HandedOutput", "Mirror", "MirrorSocket", "MirroredReader", "receive_stdio", "until_closed"]
 
 #: Whether this platform passes descriptors over a Unix socket (not Windows, which does not share anyway).
 CAN_HAND_OFF = hasattr(socket, "SCM_RIGHTS") and hasattr(socket, "recv_fds")
@@ -31,10 +31,12 @@ CLOSE_WAIT_S = 1.0
 
 
 class Mirror:
-    """The records a handed-over session's `serve` needs to fail over, written to its socket."""
+    """The records a handed-over session's `serve` needs to fail over, written to its socket; `bell` wakes it to read them."""
 
-    def __init__(self, transport: asyncio.WriteTransport, clock: Clock) -> None:
+    def __init__(self, transport: asyncio.WriteTransport, bell: int, clock: Clock) -> None:
         self._transport = transport
+        os.set_blocking(bell, False)  # a bell that cannot take a byte has plenty waiting already
+        self._bell: int | None = bell
         self._clock = clock
         self._answered: list[bytes] = []
         self._due = anyio.Event()
@@ -48,16 +50,16 @@ class Mirror:
             self._note_lists(data)
         if self._answered:
             self._answered.append(record(b"I", data))
-            self._transport.write(b"".join(self._answered))
+            self._write(b"".join(self._answered))
             self._answered.clear()
         else:
-            self._transport.write(record(b"I", data))
+            self._write(record(b"I", data))
 
     def wrote(self, data: bytes, unwritten: int) -> None:
         """`data` (whole lines) was handed to the agent's pipe; `unwritten` bytes of it, or before it, are still buffered."""
         if unwritten and not self._partial:
             self._partial = True
-            self._transport.write(record(b"P"))  # at once: a failover must end the cut line first
+            self._write(record(b"P"))  # at once: a failover must end the cut line first
         elif not unwritten and self._partial:
             self._partial = False
             self._later(record(b"C"))
@@ -67,14 +69,37 @@ class Mirror:
                 continue
             if self._lists and _normal(key) in self._lists:
                 self._lists.discard(_normal(key))
-                self._transport.write(record(b"L", line))
+                self._write(record(b"L", line))
             else:
                 self._later(record(b"O", key))
 
     def ended(self) -> None:
         """The agent closed its input and the session is over: nothing to fail over."""
-        self._transport.write(b"".join([*self._answered, record(b"E")]))
+        self._write(b"".join([*self._answered, record(b"E")]))
         self._answered.clear()
+        self.close()
+
+    def close(self) -> None:
+        """Let go of the bell: its end wakes `serve`, which reads the socket to its end (`E`: the session is over)."""
+        if self._bell is not None:
+            os.close(self._bell)
+            self._bell = None
+
+    def _write(self, data: bytes) -> None:
+        self._transport.write(data)
+
+    def backed_up(self) -> None:
+        """The socket's buffer is full: what is left over waits here, where our death would lose it. `serve` must read."""
+        self._ring(b"!")
+
+    def drained(self) -> None:
+        """All of the mirror is in the socket again: `serve` may go back to sleep."""
+        self._ring(b".")
+
+    def _ring(self, signal: bytes) -> None:
+        if self._bell is not None:
+            with contextlib.suppress(OSError):  # its reader gone: nobody to wake
+                os.write(self._bell, signal)
 
     async def flushing(self) -> None:
         """Send the answered ids that wait, `MIRROR_FLUSH_S` after the first of them (a chunk read sends them sooner)."""
@@ -83,7 +108,7 @@ class Mirror:
             self._due = anyio.Event()
             await self._clock.sleep(MIRROR_FLUSH_S)
             if self._answered and not self._transport.is_closing():
-                self._transport.write(b"".join(self._answered))
+                self._write(b"".join(self._answered))
                 self._answered.clear()
 
     def _later(self, data: bytes) -> None:
@@ -105,6 +130,31 @@ def _normal(key: bytes) -> str:
         return json.dumps(json.loads(key))
     except ValueError:
         return key.decode("utf-8", "replace")
+
+
+class MirrorSocket(asyncio.StreamReaderProtocol):
+    """The protocol of a handed-over session's socket: its transport's flow control rings the bell (`Mirror`).
+
+    The transport's write buffer limits are set to zero on connection, so "paused" means: some of the
+    mirror is not in the kernel yet; "resumed": all of it is.
+    """
+
+    mirror: Mirror | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.set_write_buffer_limits(high=0, low=0)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.mirror is not None:
+            self.mirror.backed_up()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.mirror is not None:
+            self.mirror.drained()
 
 
 class MirroredReader(HandOffReader):
@@ -150,6 +200,9 @@ class HandedOutput(LineOutput):
         if self._closed:
             return
         self._closed = True
+        if self._fd is not None:  # never opened
+            os.close(self._fd)
+            self._fd = None
         writer, self._writer = self._writer, None
         if writer is None:
             return
@@ -165,10 +218,11 @@ class HandedOutput(LineOutput):
 
 
 async def receive_stdio(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> list[int]:
-    """The descriptors the session sends on `conn` (with one byte), as soon as they come; [] at the connection's end."""
+    """The descriptors the session sends on `conn` (with one byte: stdin, stdout, the bell), as soon as they come; [] at
+    the connection's end."""
     while True:
         try:
-            data, fds, _flags, _address = socket.recv_fds(conn, 1, 2)
+            data, fds, _flags, _address = socket.recv_fds(conn, 1, 3)
         except BlockingIOError:
             await _readable(loop, conn)
             continue

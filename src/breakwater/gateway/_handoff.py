@@ -7,7 +7,7 @@ than its code: two byte relays chained cost +0.47 ms a call where one costs +0.0
 gateway with the handshake line (SCM_RIGHTS), and the gateway serves the session on them directly,
 as `serve --no-share` serves its own: `serve` is off the call path, asleep. The hand-over is
 three steps: `serve` offers (`"handoff": true` in its handshake line), the gateway accepts (the same in
-its answer), and only then does `serve` send the two descriptors (`hand_over`), so neither side reads
+its answer), and only then does `serve` send the descriptors (`hand_over`), so neither side reads
 the agent's input while the other might.
 
 What failover still needs. If the gateway dies, `serve` must answer every request in flight (the
@@ -21,15 +21,22 @@ socket, what it read and what it answered: the *mirror*, a stream of records (`R
     C            the last partly written line has been written since
     E            the session ended (the agent closed its input): nothing to fail over
 
-`serve` drains the mirror every `WATCH_S`, not per call, so the agent's calls never wake it. When the
-socket ends without `E`, the gateway went away: `serve` takes its stdin and stdout back (the mirror's
-unfinished last chunk is the start of its next line), answers what was in flight and relays through
-a new gateway as before. Where the mirror can be behind: an answer written in the instant before the
-gateway died, its `O` not yet sent, is answered a second time (the agent ignores an answer to an id it
-no longer waits for); an answer cut mid-line (`P` without `C`) is ended with a newline first, so the
-failover's answers start on a line of their own. A chunk read and not yet mirrored when the gateway
-is killed (the same callback writes it, a microsecond later) would be lost: the one case this design
-accepts.
+`serve` does not read the mirror per call: the agent's calls never wake it. The records wait in the
+socket's kernel buffer. With the descriptors `serve` sends the write end of a pipe of its own, the
+*bell*, and sleeps until its read end wakes it: the gateway rings (one byte) when the mirror backs
+up (the socket's buffer is full, so `serve` must read it now), and the bell's end, when the gateway
+closes it or dies, says the session is over or the gateway gone; `serve` then reads the socket to
+its end and knows which (`E`). Gone: `serve` takes its stdin and stdout back (the mirror's unfinished
+last chunk is the start of its next line), answers what was in flight and relays through a new
+gateway as before.
+
+Where the mirror can be behind: an answer written in the instant before the gateway died, its `O`
+not yet sent, is answered a second time (the agent ignores an answer to an id it no longer waits
+for); an answer cut mid-line (`P` without `C`) is ended with a newline first, so the failover's
+answers start on a line of their own. What the gateway read and could not yet hand to the kernel
+when it was killed (a chunk it read in the microsecond before, or the tail of one larger than the
+socket's buffer while `serve` was being woken to read it) is lost with it: a request there would not
+be answered. That is the one case this design accepts.
 
 This module imports neither asyncio nor the SDK: `serve` uses it before its loop exists.
 """
@@ -47,17 +54,15 @@ from collections.abc import Iterator
 __all__ = [
     "MIRROR_FLUSH_S",
     "RECORD",
-    "WATCH_S",
     "MirrorParser",
     "answer_id",
     "can_offer",
     "hand_over",
     "handable",
+    "is_pipe",
     "record",
 ]
 
-#: How often a session whose stdio the gateway holds reads its mirror (and notices the gateway gone).
-WATCH_S = 0.1
 #: How long the gateway holds answered ids before it sends them to the session (lazily: a lost `O` costs
 #: at most a duplicate answer at a failover, never a lost one).
 MIRROR_FLUSH_S = 0.05
@@ -99,18 +104,37 @@ def handable(fd: int) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
+def is_pipe(fd: int) -> bool:
+    """Whether `fd` is a pipe (the bell)."""
+    try:
+        return stat.S_ISFIFO(os.fstat(fd).st_mode)
+    except OSError:
+        return False
+
+
 def can_offer() -> bool:
     """Whether this session can hand its stdin and stdout to the gateway: pipes or sockets, on a platform that passes them."""
     return hasattr(socket, "SCM_RIGHTS") and handable(0) and handable(1)
 
 
-def hand_over(sock: socket.socket) -> None:
-    """Send this process's stdin and stdout to the gateway, which has just said it will serve the session on them.
+def hand_over(sock: socket.socket) -> int:
+    """Send this process's stdin and stdout, and a bell's write end, to the gateway, which has just said it will serve
+    the session on them; the bell's read end is returned (non-blocking).
 
     From here on this process must not read its stdin nor write its stdout until the gateway is gone.
     """
-    if sock.sendmsg([b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", (0, 1)))]) != 1:
-        raise OSError("the handshake socket took none of the hand-over")
+    bell, ringer = os.pipe()
+    try:
+        fds = array.array("i", (0, 1, ringer))
+        if sock.sendmsg([b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)]) != 1:
+            raise OSError("the handshake socket took none of the hand-over")
+    except BaseException:
+        os.close(bell)
+        raise
+    finally:
+        os.close(ringer)  # the gateway's now: its end (closed, or its process gone) is what wakes us
+    os.set_blocking(bell, False)
+    return bell
 
 
 class MirrorParser:

@@ -35,8 +35,16 @@ from breakwater._platform import running_loop
 from breakwater.config import Config
 from breakwater.connect._lines import HandOffReader
 from breakwater.gateway._fast_call import FastLane
-from breakwater.gateway._handed import CAN_HAND_OFF, HandedOutput, Mirror, MirroredReader, receive_stdio, until_closed
-from breakwater.gateway._handoff import handable
+from breakwater.gateway._handed import (
+    CAN_HAND_OFF,
+    HandedOutput,
+    Mirror,
+    MirroredReader,
+    MirrorSocket,
+    receive_stdio,
+    until_closed,
+)
+from breakwater.gateway._handoff import handable, is_pipe
 from breakwater.gateway._server import Gateway
 from breakwater.gateway._session import session_gateway
 from breakwater.gateway._share import HANDSHAKE_LIMIT, SessionContext, bind_socket, peer_uid
@@ -156,7 +164,7 @@ class SharedGateway:
             reader = HandOffReader(limit=MAX_LINE_BYTES, loop=loop)
             if rest:
                 reader.feed_data(rest)
-            protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+            protocol = MirrorSocket(reader, loop=loop) if stdio else asyncio.StreamReaderProtocol(reader, loop=loop)
             transport, _ = await loop.create_unix_connection(lambda: protocol, sock=conn)
             writer = asyncio.StreamWriter(transport, protocol, reader, loop)
             context = SessionContext.from_json(hello.get("session"))
@@ -221,11 +229,11 @@ class SharedGateway:
         return hello, answer
 
     async def _stdio_of(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> list[int]:
-        """The session's stdin and stdout, sent after our answer; [] (any received closed) if not both, in time."""
+        """The session's stdin, stdout and bell, sent after our answer; [] (any received closed) if not all, in time."""
         received: list[int] = []
         with self.clock.deadline_scope(self.clock.monotonic() + _HANDSHAKE_S):
             received = await receive_stdio(loop, conn)
-        if len(received) == 2 and all(handable(fd) for fd in received):
+        if len(received) == 3 and handable(received[0]) and handable(received[1]) and is_pipe(received[2]):
             return received
         for fd in received:
             os.close(fd)
@@ -244,8 +252,10 @@ class SharedGateway:
         the socket closes (its `serve` was stopped: the agent's pipes are let go at once).
         """
         loop = asyncio.get_running_loop()
-        mirror = Mirror(sock_writer.transport, self.clock)
-        in_fd, out_fd = stdio
+        in_fd, out_fd, bell = stdio
+        mirror = Mirror(sock_writer.transport, bell, self.clock)
+        protocol = sock_writer._protocol  # type: ignore[attr-defined]  # the `MirrorSocket` it was made with
+        protocol.mirror = mirror
         output = HandedOutput(out_fd, mirror, self.clock)
         reader = MirroredReader(mirror, limit=MAX_LINE_BYTES, loop=loop)
         read_transport: asyncio.BaseTransport | None = None
@@ -267,6 +277,7 @@ class SharedGateway:
                 read_transport.close()
             if in_fd >= 0:
                 os.close(in_fd)
+            mirror.close()
 
     async def _session(self, reader: asyncio.StreamReader, output: _SocketOutput, context: SessionContext | None) -> None:
         """One MCP session over the socket, until either side closes it; its own servers start in `context`."""

@@ -27,6 +27,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +36,7 @@ from breakwater._clock import Clock
 from breakwater.config import Config
 from breakwater.config._checks import TOOL_NAME_OK, namespaced
 from breakwater.gateway._attach import Attachment, AttachRefused, SessionOutdated
-from breakwater.gateway._handoff import WATCH_S, MirrorParser, answer_id
+from breakwater.gateway._handoff import MirrorParser, answer_id
 from breakwater.gateway._start import relayable, reserve_standard_fds
 
 __all__ = ["GIVE_UP_S", "MAX_LINE_BYTES", "ToolSafety", "attached_session", "relayable", "reserve_standard_fds"]
@@ -347,30 +348,64 @@ class _Pump:
             self._client_ended()
         return lines
 
-    async def watch(self, attachment: Attachment, clock: Clock) -> bool:
+    async def watch(self, attachment: Attachment) -> bool:
         """While the gateway serves this session on its stdin and stdout, follow its mirror; True when the session ended.
 
         False: the gateway went away. What it read and had not answered is then in `session.pending`,
         and the start of the client's next line in `client`'s buffer, for the failover to go on from.
+        This process sleeps on the bell meanwhile (`breakwater.gateway._handoff`): it wakes when the
+        mirror backs up, and at the bell's end.
         """
+        assert attachment.bell is not None
         self.mirrored = True
         parser = MirrorParser()
-        ended = self._mirror(parser.feed(attachment.rest))
-        sock = attachment.sock
-        while not ended:
-            await clock.sleep(WATCH_S)  # not per call: the client's calls never wake this process
-            while not ended:
-                try:
-                    data = sock.recv(65536)
-                except BlockingIOError:
-                    break
-                except OSError:
-                    data = b""
-                if not data:
-                    self.mirrored = False
-                    return False
-                ended = self._mirror(parser.feed(data))
-        return True
+        if self._mirror(parser.feed(attachment.rest)):
+            return True
+        bell, sock = attachment.bell, attachment.sock
+        backed_up = False  # the gateway holds mirror the socket had no room for: read as it comes, until it says "drained"
+        while True:
+            await self._readable(bell, sock.fileno()) if backed_up else await self._readable(bell)
+            try:
+                rung: bytes | None = os.read(bell, 4096)
+            except BlockingIOError:
+                rung = None
+            except OSError:
+                rung = b""
+            if rung == b"":
+                break  # the gateway let go of the bell (or died): the socket's end says which
+            if rung:
+                backed_up = rung.endswith(b"!")  # the last word counts: "!" backed up, "." drained
+            if (ended := self._read_mirror(sock, parser)) is not None:
+                return ended
+        while (ended := self._read_mirror(sock, parser)) is None:
+            await self._readable(sock.fileno())
+        return ended
+
+    async def _readable(self, *fds: int) -> None:
+        """Until any of `fds` can be read."""
+        ready = asyncio.Event()
+        for fd in fds:
+            self.loop.add_reader(fd, ready.set)
+        try:
+            await ready.wait()
+        finally:
+            for fd in fds:
+                self.loop.remove_reader(fd)
+
+    def _read_mirror(self, sock: socket.socket, parser: MirrorParser) -> bool | None:
+        """Read what the mirror has now: True at `E`, False at the socket's end without one (the gateway went away)."""
+        while True:
+            try:
+                data = sock.recv(65536)
+            except BlockingIOError:
+                return None
+            except OSError:
+                data = b""
+            if not data:
+                self.mirrored = False
+                return False
+            if self._mirror(parser.feed(data)):
+                return True
 
     def _mirror(self, records: Iterable[tuple[bytes, bytes]]) -> bool:
         """Note what the mirror's records say the gateway read and answered; True at the session's end."""
@@ -428,7 +463,7 @@ async def attached_session(first: Attachment, reattach: Any, *, safety: ToolSafe
         if first.handed_off:
             attachment = None
             try:
-                if await pump.watch(first, clock):
+                if await pump.watch(first):
                     return 0
             finally:
                 first.close()

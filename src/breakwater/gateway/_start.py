@@ -74,11 +74,14 @@ def fork_gateway(sock_path: Path, lock_path: Path, log_path: Path, serve: Callab
     return True
 
 
-def attach_now(path: Path, hello: dict[str, Any], wait_s: float) -> tuple[socket.socket, dict[str, Any], bytes] | None:
+def attach_now(
+    path: Path, hello: dict[str, Any], wait_s: float
+) -> tuple[socket.socket, dict[str, Any], bytes, int | None] | None:
     """Connect to the gateway at `path` and shake hands, blocking, before this session's loop exists.
 
-    Returns the connected socket (non-blocking, for the relay), the gateway's answer and what came
-    after it; None when nothing listens there. Raises `AttachRefused` when the gateway says no,
+    Returns the connected socket (non-blocking, for the relay), the gateway's answer, what came
+    after it and, when the gateway took this session's stdin and stdout, the bell's read end
+    (`breakwater.gateway._handoff`); None when nothing listens there. Raises `AttachRefused` when the gateway says no,
     `TimeoutError` when it has not answered within `wait_s` (one that is starting answers once it
     serves). The first attach of every session runs here, so that a session waiting for a gateway
     that is starting sleeps in `recv` instead of importing asyncio and its relay meanwhile: at a
@@ -103,10 +106,10 @@ def attach_now(path: Path, hello: dict[str, Any], wait_s: float) -> tuple[socket
                     break
                 received += chunk
         info, rest = handshake_answer(received, path)
-        if info.get("handoff") is True:
-            hand_over(sock)  # the gateway serves this session on our stdin and stdout from here (`_handoff`)
+        # The gateway serves this session on our stdin and stdout from here (`_handoff`).
+        bell = hand_over(sock) if info.get("handoff") is True else None
         sock.setblocking(False)
-        return sock, info, rest
+        return sock, info, rest, bell
     except BaseException:
         sock.close()
         raise
