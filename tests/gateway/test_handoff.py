@@ -65,8 +65,9 @@ async def mirrored() -> tuple[Mirror, asyncio.Transport, Attachment, FakeClock]:
     protocol = MirrorSocket(asyncio.StreamReader())
     transport, _ = await asyncio.get_running_loop().create_unix_connection(lambda: protocol, sock=theirs)
     clock = FakeClock()
-    protocol.mirror = Mirror(transport, ringer, clock)
-    return protocol.mirror, transport, Attachment(ours, {"handoff": True}, bell=bell), clock
+    mirror = Mirror(transport, ringer, clock)
+    protocol.attach(mirror)
+    return mirror, transport, Attachment(ours, {"handoff": True}, bell=bell), clock
 
 
 async def test_a_session_whose_gateway_died_knows_what_was_in_flight_and_where_its_input_stopped() -> None:

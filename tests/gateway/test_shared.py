@@ -722,16 +722,17 @@ def sessions_of_this_agent() -> list[int]:
     return found
 
 
-def raw_session(config: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def raw_session(config: Path, env: dict[str, str], errlog: Path) -> subprocess.Popen[bytes]:
     """A `breakwater serve` on pipes of this test's own, initialized, its `echo` called once and answered."""
-    proc = subprocess.Popen(
-        [*BREAKWATER, "serve", "--config", str(config)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env,
-        bufsize=0,
-    )
+    with errlog.open("wb") as err:
+        proc = subprocess.Popen(
+            [*BREAKWATER, "serve", "--config", str(config)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            env=env,
+            bufsize=0,
+        )
     assert proc.stdin is not None and proc.stdout is not None
     hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
     lines = [
@@ -750,14 +751,17 @@ def raw_session(config: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     return proc
 
 
-def ends_within(proc: subprocess.Popen[bytes], seconds: float) -> bytes:
-    """What is left on `proc`'s stdout once its end comes (the test fails if it does not come in time)."""
+def ends_within(proc: subprocess.Popen[bytes], seconds: float, holders: list[int]) -> bytes:
+    """What is left on `proc`'s stdout once its end comes (the test fails if it does not come in time, and says which of
+    `proc` and `holders` still hold its pipe)."""
     assert proc.stdout is not None
+    pipe = descriptors(os.getpid())[proc.stdout.fileno()]
     done: list[bytes] = []
     reader = threading.Thread(target=lambda: done.append(proc.stdout.read() if proc.stdout else b""), daemon=True)
     reader.start()
     reader.join(seconds)
-    assert done, f"the agent's end of serve's stdout did not end within {seconds} s"
+    holding = [pid for pid in [proc.pid, *holders] if pid != os.getpid() and pipe in set(descriptors(pid).values())]
+    assert done, f"the agent's end of serve's stdout did not end within {seconds} s: still held by {holding} (serve {proc.pid})"
     return done[0]
 
 
@@ -774,7 +778,8 @@ async def test_a_session_the_agent_ends_or_kills_lets_go_of_the_agents_pipes_at_
         await keeper.call_tool("web__echo", {"text": "a"})
         [gateway] = gateway_pids(share)
         for end in ("close input", "SIGINT", "SIGKILL"):
-            proc = raw_session(config, env)
+            errlog = tmp_path / f"serve-{end}.err"
+            proc = raw_session(config, env, errlog)
             pipes = {descriptors(proc.pid)[fd] for fd in (0, 1)}
             assert pipes <= set(descriptors(gateway).values())  # the gateway serves it on them
             assert proc.stdin is not None
@@ -782,8 +787,12 @@ async def test_a_session_the_agent_ends_or_kills_lets_go_of_the_agents_pipes_at_
                 proc.stdin.close()
             else:
                 os.kill(proc.pid, signal.SIGINT if end == "SIGINT" else signal.SIGKILL)
-            assert ends_within(proc, 10) == b"", end
-            assert proc.wait(10) == {"close input": 0, "SIGINT": 130, "SIGKILL": -signal.SIGKILL}[end]
+            assert ends_within(proc, 10, [gateway]) == b"", end
+            # Interrupted: 130, or (1 run in 12 under load) the signal's own end after serve said so; a shell shows 130.
+            expected = {"close input": {0}, "SIGINT": {130, -signal.SIGINT}, "SIGKILL": {-signal.SIGKILL}}[end]
+            assert proc.wait(10) in expected, errlog.read_text()
+            if end == "SIGINT":
+                assert errlog.read_text().strip().endswith("breakwater: interrupted")
             await eventually(lambda: not pipes & set(descriptors(gateway).values()), timeout=10)  # noqa: B023 - awaited here
         assert not (await keeper.call_tool("web__echo", {"text": "b"})).is_error
         assert gateway_pids(share) == [gateway]

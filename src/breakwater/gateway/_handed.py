@@ -22,7 +22,7 @@ from breakwater.connect._lines import HandOffReader
 from breakwater.gateway._handoff import MIRROR_FLUSH_S, answer_id, record
 from breakwater.gateway._stdio_server import LineOutput
 
-__all__ = ["CAN_HAND_OFF", "HandedOutput", "Mirror", "MirrorSocket", "MirroredReader", "receive_stdio", "until_closed"]
+__all__ = ["CAN_HAND_OFF", "HandedOutput", "Mirror", "MirrorSocket", "MirroredReader", "until_closed"]
 
 #: Whether this platform passes descriptors over a Unix socket (not Windows, which does not share anyway).
 CAN_HAND_OFF = hasattr(socket, "SCM_RIGHTS") and hasattr(socket, "recv_fds")
@@ -133,17 +133,18 @@ def _normal(key: bytes) -> str:
 
 
 class MirrorSocket(asyncio.StreamReaderProtocol):
-    """The protocol of a handed-over session's socket: its transport's flow control rings the bell (`Mirror`).
+    """The protocol of an attached session's socket: once a mirror is attached, its flow control rings the bell.
 
-    The transport's write buffer limits are set to zero on connection, so "paused" means: some of the
-    mirror is not in the kernel yet; "resumed": all of it is.
+    The transport's write buffer limits are then zero, so "paused" means: some of the mirror is not in
+    the kernel yet; "resumed": all of it is.
     """
 
     mirror: Mirror | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        assert isinstance(transport, asyncio.WriteTransport)
+    def attach(self, mirror: Mirror) -> None:
+        """From now on this socket carries `mirror`."""
+        self.mirror = mirror
+        transport = self._transport  # type: ignore[attr-defined]  # asyncio's own, set in `connection_made`
         transport.set_write_buffer_limits(high=0, low=0)
 
     def pause_writing(self) -> None:
@@ -215,34 +216,6 @@ class HandedOutput(LineOutput):
                 writer.transport.abort()
             else:
                 writer.transport.close()
-
-
-async def receive_stdio(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> list[int]:
-    """The descriptors the session sends on `conn` (with one byte: stdin, stdout, the bell), as soon as they come; [] at
-    the connection's end."""
-    while True:
-        try:
-            data, fds, _flags, _address = socket.recv_fds(conn, 1, 3)
-        except BlockingIOError:
-            await _readable(loop, conn)
-            continue
-        if data or fds:
-            return list(fds)
-        return []
-
-
-async def _readable(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
-    ready: asyncio.Future[None] = loop.create_future()
-
-    def wake() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    loop.add_reader(conn.fileno(), wake)
-    try:
-        await ready
-    finally:
-        loop.remove_reader(conn.fileno())
 
 
 async def until_closed(reader: asyncio.StreamReader, scope: anyio.CancelScope) -> None:

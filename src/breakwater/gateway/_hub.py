@@ -41,20 +41,20 @@ from breakwater.gateway._handed import (
     Mirror,
     MirroredReader,
     MirrorSocket,
-    receive_stdio,
     until_closed,
 )
 from breakwater.gateway._handoff import handable, is_pipe
 from breakwater.gateway._server import Gateway
 from breakwater.gateway._session import session_gateway
 from breakwater.gateway._share import HANDSHAKE_LIMIT, SessionContext, bind_socket, peer_uid
-from breakwater.gateway._stdio_server import MAX_LINE_BYTES, LineOutput, pump_input, pump_output
+from breakwater.gateway._stdio_server import MAX_LINE_BYTES, LineOutput, pump_input, pump_output, transport_file
 
 __all__ = ["SharedGateway", "bind_socket", "listening"]
 
 logger = logging.getLogger("breakwater.gateway.shared")
 
 _HANDSHAKE_S = 5.0  # a connection that says nothing for this long is no session
+_STDIO_POLL_S = 0.002  # how often the socket is looked at for a session's descriptors (they follow our answer at once)
 
 
 class _SocketOutput(LineOutput):
@@ -142,13 +142,28 @@ class SharedGateway:
         scope.cancel()
 
     async def _connection(self, conn: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        stdio: list[int] = []  # the session's stdin and stdout, when it hands them over (`_handoff`)
-        transport: asyncio.BaseTransport | None = None
+        stdio: list[int] = []  # the session's stdin, stdout and bell, when it hands them over (`_handoff`)
         try:
-            line, rest = await self._first_line(loop, conn)
+            # `asyncio.open_unix_connection`, with the reader that hands calls to the session's lane. The socket is a
+            # transport's from the start: uvloop's `add_reader` (and `sock_recv`) on a descriptor that then becomes a
+            # transport's can leave the transport deaf (the poll handle's deferred close deletes it from epoll).
+            loop = asyncio.get_running_loop()
+            reader = HandOffReader(limit=MAX_LINE_BYTES, loop=loop)
+            protocol = MirrorSocket(reader, loop=loop)
+            transport, _ = await loop.create_unix_connection(lambda: protocol, sock=conn)
+        except OSError:
+            conn.close()
+            return
+        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+        try:
+            line = b""
+            with self.clock.deadline_scope(self.clock.monotonic() + _HANDSHAKE_S):
+                line = await reader.readline()
             hello, answer = self._handshake(conn, line)
-            await loop.sock_sendall(conn, json.dumps(answer).encode() + b"\n")
+            if answer.get("handoff"):
+                transport.pause_reading()  # the descriptors come with the next byte: for `_stdio_of`, not the reader
+            writer.write(json.dumps(answer).encode() + b"\n")
+            await writer.drain()
             if hello is None:
                 return
             if hello["breakwater"] == "stop":
@@ -157,22 +172,16 @@ class SharedGateway:
             if hello["breakwater"] != "attach":
                 return
             if answer.get("handoff"):
-                stdio = await self._stdio_of(loop, conn)
+                stdio = await self._stdio_of(conn)
                 if not stdio:  # it never came: the session finds its socket closed and serves on its own
                     return
-            # `asyncio.open_unix_connection`, with the reader that hands calls to the session's lane.
-            reader = HandOffReader(limit=MAX_LINE_BYTES, loop=loop)
-            if rest:
-                reader.feed_data(rest)
-            protocol = MirrorSocket(reader, loop=loop) if stdio else asyncio.StreamReaderProtocol(reader, loop=loop)
-            transport, _ = await loop.create_unix_connection(lambda: protocol, sock=conn)
-            writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+                transport.resume_reading()
             context = SessionContext.from_json(hello.get("session"))
             self._note(+1)
             try:
                 if stdio:
                     handed, stdio = stdio, []
-                    await self._handed_session(handed, reader, writer, context)
+                    await self._handed_session(handed, reader, writer, protocol, context)
                 else:
                     await self._session(reader, _SocketOutput(writer), context)
             finally:
@@ -182,22 +191,7 @@ class SharedGateway:
         finally:
             for fd in stdio:
                 os.close(fd)
-            if transport is not None:
-                transport.close()
-            else:
-                conn.close()
-
-    async def _first_line(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> tuple[bytes, bytes]:
-        """The connection's first line (empty when it says nothing in time) and whatever came after it."""
-        received = b""
-        with self.clock.deadline_scope(self.clock.monotonic() + _HANDSHAKE_S):
-            while b"\n" not in received and len(received) < HANDSHAKE_LIMIT:
-                chunk = await loop.sock_recv(conn, HANDSHAKE_LIMIT)
-                if not chunk:
-                    break
-                received += chunk
-        line, _, rest = received.partition(b"\n")
-        return line, rest
+            transport.close()
 
     def _handshake(self, conn: socket.socket, line: bytes) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         """The session's first line (what it wants: "attach", "info", "stop") and the answer; no hello when refused.
@@ -228,11 +222,21 @@ class SharedGateway:
             answer["handoff"] = True  # send your stdin and stdout (`_handoff`)
         return hello, answer
 
-    async def _stdio_of(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> list[int]:
-        """The session's stdin, stdout and bell, sent after our answer; [] (any received closed) if not all, in time."""
-        received: list[int] = []
-        with self.clock.deadline_scope(self.clock.monotonic() + _HANDSHAKE_S):
-            received = await receive_stdio(loop, conn)
+    async def _stdio_of(self, conn: socket.socket) -> list[int]:
+        """The session's stdin, stdout and bell, sent after our answer; [] (any received closed) if not all, in time.
+
+        Read from the socket itself while its transport is paused, polling on the clock: they come at once, and a
+        reader added to the loop for this descriptor would outlive the wait (see `_connection`).
+        """
+        received: list[int] | None = None
+        deadline = self.clock.monotonic() + _HANDSHAKE_S
+        while received is None and self.clock.monotonic() < deadline:
+            try:
+                data, fds, _flags, _address = socket.recv_fds(conn, 1, 3)
+                received = list(fds) if data or fds else []
+            except BlockingIOError:
+                await self.clock.sleep(_STDIO_POLL_S)
+        received = received or []
         if len(received) == 3 and handable(received[0]) and handable(received[1]) and is_pipe(received[2]):
             return received
         for fd in received:
@@ -244,6 +248,7 @@ class SharedGateway:
         stdio: list[int],
         sock_reader: asyncio.StreamReader,
         sock_writer: asyncio.StreamWriter,
+        protocol: MirrorSocket,
         context: SessionContext | None,
     ) -> None:
         """One MCP session on the stdin and stdout its `serve` handed over, mirrored to its socket (`_handoff`).
@@ -254,29 +259,36 @@ class SharedGateway:
         loop = asyncio.get_running_loop()
         in_fd, out_fd, bell = stdio
         mirror = Mirror(sock_writer.transport, bell, self.clock)
-        protocol = sock_writer._protocol  # type: ignore[attr-defined]  # the `MirrorSocket` it was made with
-        protocol.mirror = mirror
+        protocol.attach(mirror)
         output = HandedOutput(out_fd, mirror, self.clock)
         reader = MirroredReader(mirror, limit=MAX_LINE_BYTES, loop=loop)
         read_transport: asyncio.BaseTransport | None = None
         try:
-            read_transport, _ = await loop.connect_read_pipe(
-                lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(in_fd, "rb", buffering=0)
-            )
-            in_fd = -1  # the transport's now
+            try:
+                # On a copy: uvloop's transports close the descriptor they drive, whatever its file object says.
+                read_transport, _ = await loop.connect_read_pipe(
+                    lambda: asyncio.StreamReaderProtocol(reader, loop=loop), transport_file(in_fd, "rb")
+                )
+            finally:
+                os.close(in_fd)
             await output.open(loop)
-            async with session_gateway(self.gateway, self.config, context) as gateway, anyio.create_task_group() as tg:
-                tg.start_soon(mirror.flushing)
-                tg.start_soon(until_closed, sock_reader, tg.cancel_scope)
-                await self._run(gateway, reader, output)
-                mirror.ended()
-                tg.cancel_scope.cancel()
-        finally:
+            async with session_gateway(self.gateway, self.config, context) as gateway:
+                try:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(mirror.flushing)
+                        tg.start_soon(until_closed, sock_reader, tg.cancel_scope)
+                        await self._run(gateway, reader, output)
+                        mirror.ended()
+                        tg.cancel_scope.cancel()
+                finally:
+                    # Before the session's own servers are stopped: the agent sees its session end at once.
+                    await output.close()
+                    if read_transport is not None:
+                        read_transport.close()
+        finally:  # again, for a session that failed to start: each is closed once
             await output.close()
             if read_transport is not None:
                 read_transport.close()
-            if in_fd >= 0:
-                os.close(in_fd)
             mirror.close()
 
     async def _session(self, reader: asyncio.StreamReader, output: _SocketOutput, context: SessionContext | None) -> None:

@@ -362,35 +362,46 @@ class _Pump:
         if self._mirror(parser.feed(attachment.rest)):
             return True
         bell, sock = attachment.bell, attachment.sock
-        backed_up = False  # the gateway holds mirror the socket had no room for: read as it comes, until it says "drained"
-        while True:
-            await self._readable(bell, sock.fileno()) if backed_up else await self._readable(bell)
-            try:
-                rung: bytes | None = os.read(bell, 4096)
-            except BlockingIOError:
-                rung = None
-            except OSError:
-                rung = b""
-            if rung == b"":
-                break  # the gateway let go of the bell (or died): the socket's end says which
-            if rung:
-                backed_up = rung.endswith(b"!")  # the last word counts: "!" backed up, "." drained
-            if (ended := self._read_mirror(sock, parser)) is not None:
-                return ended
-        while (ended := self._read_mirror(sock, parser)) is None:
-            await self._readable(sock.fileno())
-        return ended
-
-    async def _readable(self, *fds: int) -> None:
-        """Until any of `fds` can be read."""
-        ready = asyncio.Event()
-        for fd in fds:
-            self.loop.add_reader(fd, ready.set)
+        woken = asyncio.Event()
+        # Each descriptor is watched from when it must be until the end, not re-added per wait: uvloop removes a
+        # descriptor from epoll when a reader's poll handle closes, which may come after a new reader was added.
+        watched = [bell]
+        self.loop.add_reader(bell, woken.set)
         try:
-            await ready.wait()
+            while True:
+                await woken.wait()
+                woken.clear()
+                try:
+                    rung: bytes | None = os.read(bell, 4096)
+                except BlockingIOError:
+                    rung = None
+                except OSError:
+                    rung = b""
+                if rung == b"":
+                    break  # the gateway let go of the bell (or died): the socket's end says which
+                # The last word counts: "!" the gateway holds mirror the socket had no room for (read it as it
+                # comes), "." it is all in the socket again.
+                if rung and rung.endswith(b"!") != (sock.fileno() in watched):
+                    self._watch(sock.fileno(), watched, woken, rung.endswith(b"!"))
+                if (ended := self._read_mirror(sock, parser)) is not None:
+                    return ended
+            if sock.fileno() not in watched:
+                self._watch(sock.fileno(), watched, woken, True)
+            while (ended := self._read_mirror(sock, parser)) is None:
+                await woken.wait()
+                woken.clear()
+            return ended
         finally:
-            for fd in fds:
+            for fd in watched:
                 self.loop.remove_reader(fd)
+
+    def _watch(self, fd: int, watched: list[int], woken: asyncio.Event, on: bool) -> None:
+        if on:
+            self.loop.add_reader(fd, woken.set)
+            watched.append(fd)
+        else:
+            self.loop.remove_reader(fd)
+            watched.remove(fd)
 
     def _read_mirror(self, sock: socket.socket, parser: MirrorParser) -> bool | None:
         """Read what the mirror has now: True at `E`, False at the socket's end without one (the gateway went away)."""
