@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 from typing import Any
 
 import anyio
@@ -22,10 +21,8 @@ from breakwater.connect._lines import HandOffReader
 from breakwater.gateway._handoff import MIRROR_FLUSH_S, answer_id, record
 from breakwater.gateway._stdio_server import LineOutput
 
-__all__ = ["CAN_HAND_OFF", "HandedOutput", "Mirror", "MirrorSocket", "MirroredReader", "until_closed"]
+__all__ = ["HandedOutput", "Mirror", "MirrorSocket", "MirroredReader", "until_closed"]
 
-#: Whether this platform passes descriptors over a Unix socket (not Windows, which does not share anyway).
-CAN_HAND_OFF = hasattr(socket, "SCM_RIGHTS") and hasattr(socket, "recv_fds")
 #: How long a session's last answers may take to reach an agent that has stopped reading, once the session ends.
 CLOSE_WAIT_S = 1.0
 
@@ -50,16 +47,16 @@ class Mirror:
             self._note_lists(data)
         if self._answered:
             self._answered.append(record(b"I", data))
-            self._write(b"".join(self._answered))
+            self._transport.write(b"".join(self._answered))
             self._answered.clear()
         else:
-            self._write(record(b"I", data))
+            self._transport.write(record(b"I", data))
 
     def wrote(self, data: bytes, unwritten: int) -> None:
         """`data` (whole lines) was handed to the agent's pipe; `unwritten` bytes of it, or before it, are still buffered."""
         if unwritten and not self._partial:
             self._partial = True
-            self._write(record(b"P"))  # at once: a failover must end the cut line first
+            self._transport.write(record(b"P"))  # at once: a failover must end the cut line first
         elif not unwritten and self._partial:
             self._partial = False
             self._later(record(b"C"))
@@ -69,13 +66,13 @@ class Mirror:
                 continue
             if self._lists and _normal(key) in self._lists:
                 self._lists.discard(_normal(key))
-                self._write(record(b"L", line))
+                self._transport.write(record(b"L", line))
             else:
                 self._later(record(b"O", key))
 
     def ended(self) -> None:
         """The agent closed its input and the session is over: nothing to fail over."""
-        self._write(b"".join([*self._answered, record(b"E")]))
+        self._transport.write(b"".join([*self._answered, record(b"E")]))
         self._answered.clear()
         self.close()
 
@@ -84,9 +81,6 @@ class Mirror:
         if self._bell is not None:
             os.close(self._bell)
             self._bell = None
-
-    def _write(self, data: bytes) -> None:
-        self._transport.write(data)
 
     def backed_up(self) -> None:
         """The socket's buffer is full: what is left over waits here, where our death would lose it. `serve` must read."""
@@ -108,7 +102,7 @@ class Mirror:
             self._due = anyio.Event()
             await self._clock.sleep(MIRROR_FLUSH_S)
             if self._answered and not self._transport.is_closing():
-                self._write(b"".join(self._answered))
+                self._transport.write(b"".join(self._answered))
                 self._answered.clear()
 
     def _later(self, data: bytes) -> None:

@@ -52,6 +52,7 @@ import struct
 from collections.abc import Iterator
 
 __all__ = [
+    "CAN_HAND_OFF",
     "MIRROR_FLUSH_S",
     "RECORD",
     "MirrorParser",
@@ -66,6 +67,8 @@ __all__ = [
 #: How long the gateway holds answered ids before it sends them to the session (lazily: a lost `O` costs
 #: at most a duplicate answer at a failover, never a lost one).
 MIRROR_FLUSH_S = 0.05
+#: Whether this platform passes descriptors over a Unix socket (not Windows, which does not share anyway).
+CAN_HAND_OFF = hasattr(socket, "SCM_RIGHTS") and hasattr(socket, "recv_fds")
 #: Each record: one kind byte and a 4-byte big-endian payload length, then the payload.
 RECORD = struct.Struct(">cI")
 #: The start of every response the SDK writes (`model_dump_json` keeps the declared field order).
@@ -114,7 +117,7 @@ def is_pipe(fd: int) -> bool:
 
 def can_offer() -> bool:
     """Whether this session can hand its stdin and stdout to the gateway: pipes or sockets, on a platform that passes them."""
-    return hasattr(socket, "SCM_RIGHTS") and handable(0) and handable(1)
+    return CAN_HAND_OFF and handable(0) and handable(1)
 
 
 def hand_over(sock: socket.socket) -> int:

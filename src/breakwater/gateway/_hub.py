@@ -7,9 +7,10 @@ uses) and listens on the fingerprint's Unix socket. Each accepted connection, af
 stdin and stdout: on the agent's own stdin and stdout when the session handed them over with its
 handshake (`breakwater.gateway._handoff`, the usual case), else over the socket, with the session's
 own stdio servers beside the shared ones (`breakwater.gateway._session`), started in the session's
-own directory and environment as the handshake gives them (`SessionContext`): the session has its own capabilities, log level,
-subscriptions, cancellations and progress, and what an upstream asks during a call (sampling,
-elicitation) goes to the session whose call it is, as with HTTP clients of one gateway.
+own directory and environment as the handshake gives them (`SessionContext`): the session has its
+own capabilities, log level, subscriptions, cancellations and progress, and what an upstream asks
+during a call (sampling, elicitation) goes to the session whose call it is, as with HTTP clients of
+one gateway.
 
 With no session attached for `[gateway] share_idle_s` the gateway closes everything and exits.
 """
@@ -35,15 +36,8 @@ from breakwater._platform import running_loop
 from breakwater.config import Config
 from breakwater.connect._lines import HandOffReader
 from breakwater.gateway._fast_call import FastLane
-from breakwater.gateway._handed import (
-    CAN_HAND_OFF,
-    HandedOutput,
-    Mirror,
-    MirroredReader,
-    MirrorSocket,
-    until_closed,
-)
-from breakwater.gateway._handoff import handable, is_pipe
+from breakwater.gateway._handed import HandedOutput, Mirror, MirroredReader, MirrorSocket, until_closed
+from breakwater.gateway._handoff import CAN_HAND_OFF, handable, is_pipe
 from breakwater.gateway._server import Gateway
 from breakwater.gateway._session import session_gateway
 from breakwater.gateway._share import HANDSHAKE_LIMIT, SessionContext, bind_socket, peer_uid

@@ -1,11 +1,12 @@
 """A stdio session attached to the shared local gateway: the client's lines to the gateway, its lines back.
 
 The MCP session runs in the gateway. At the first attach this process hands its stdin and stdout to
-the gateway (`breakwater.gateway._handoff`), which serves the session on them, and only follows the
-gateway's mirror of what it read and answered (`_Pump.watch`), a few times a second. Otherwise
-(after a failover, or stdio that cannot be handed over) this process relays, reading enough of each
-line to know which requests wait for an answer. The relay runs in asyncio protocol callbacks (a line read is
-written on at once, with no task switch), so it adds one process hop each way and little else.
+the gateway (`breakwater.gateway._handoff`), which serves the session on them, and sleeps: it reads
+the gateway's mirror of what it read and answered (`_Pump.watch`) only when the gateway rings or goes
+away. Otherwise (after a failover, or stdio that cannot be handed over) this process relays, reading
+enough of each line to know which requests wait for an answer. The relay runs in asyncio protocol
+callbacks (a line read is written on at once, with no task switch), so it adds one process hop each
+way and little else.
 
 What it reads is what failover needs. When the gateway goes away mid-session (killed, crashed,
 stopped), every request in flight still gets its answer: a `tools/call` that only reads (its
