@@ -99,15 +99,19 @@ async def test_a_session_whose_gateway_died_knows_what_was_in_flight_and_where_i
     attachment.close()
 
 
-async def test_a_mirror_that_backs_up_rings_the_session_which_reads_it_while_the_gateway_goes_on() -> None:
+async def test_a_mirror_that_backs_up_rings_the_session_which_reads_it_while_the_agents_input_waits() -> None:
     mirror, transport, attachment, _ = await mirrored()
+    agent_in, agent_out = os.pipe()
+    mirror.input, _ = await asyncio.get_running_loop().connect_read_pipe(asyncio.Protocol, os.fdopen(agent_in, "rb", 0))
     pump = _Pump(asyncio.get_running_loop(), ToolSafety())
     watching = asyncio.create_task(pump.watch(attachment))
     big = call(1, "x" * (8 * 1024 * 1024))  # far more than a socket's buffer: the rest waits in the gateway
     mirror.read(big)
     assert transport.get_write_buffer_size() > 0
+    assert not mirror.input.is_reading()  # no more of the agent's input until the session has the mirror
     await eventually(lambda: transport.get_write_buffer_size() == 0, timeout=10)  # the session was woken and read it
-    assert set(pump.session.pending) == {"1"}
+    assert mirror.input.is_reading()
+    await eventually(lambda: set(pump.session.pending) == {"1"}, timeout=10)  # the last of it is read as it comes
     assert not watching.done()
     mirror.read(call(2, "y"))
     mirror.ended()
@@ -115,6 +119,8 @@ async def test_a_mirror_that_backs_up_rings_the_session_which_reads_it_while_the
     assert set(pump.session.pending) == {"1", "2"}
     transport.abort()
     attachment.close()
+    mirror.input.close()
+    os.close(agent_out)
 
 
 async def test_answered_ids_reach_the_session_within_the_flush_time() -> None:

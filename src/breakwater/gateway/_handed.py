@@ -40,6 +40,8 @@ class Mirror:
         self._partial = False
         #: The ids (JSON text) of the `tools/list` requests read and not yet answered: their answers go whole.
         self._lists: set[str] = set()
+        #: The agent's input, paused while the mirror is backed up (`backed_up`).
+        self.input: asyncio.ReadTransport | None = None
 
     def read(self, data: bytes) -> None:
         """A chunk read from the agent, before anything acts on it; the answered ids waiting go with it."""
@@ -83,12 +85,17 @@ class Mirror:
             self._bell = None
 
     def backed_up(self) -> None:
-        """The socket's buffer is full: what is left over waits here, where our death would lose it. `serve` must read."""
+        """The socket's buffer is full: what is left over waits here, where our death would lose it. `serve` must read,
+        and no more of the agent's input is read meanwhile, so that at most one chunk is ever held here."""
         self._ring(b"!")
+        if self.input is not None and not self.input.is_closing():
+            self.input.pause_reading()
 
     def drained(self) -> None:
-        """All of the mirror is in the socket again: `serve` may go back to sleep."""
+        """All of the mirror is in the socket again: `serve` may go back to sleep, and the agent's input is read again."""
         self._ring(b".")
+        if self.input is not None and not self.input.is_closing():
+            self.input.resume_reading()
 
     def _ring(self, signal: bytes) -> None:
         if self._bell is not None:

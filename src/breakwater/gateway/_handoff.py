@@ -33,10 +33,11 @@ gateway as before.
 Where the mirror can be behind: an answer written in the instant before the gateway died, its `O`
 not yet sent, is answered a second time (the agent ignores an answer to an id it no longer waits
 for); an answer cut mid-line (`P` without `C`) is ended with a newline first, so the failover's
-answers start on a line of their own. What the gateway read and could not yet hand to the kernel
-when it was killed (a chunk it read in the microsecond before, or the tail of one larger than the
-socket's buffer while `serve` was being woken to read it) is lost with it: a request there would not
-be answered. That is the one case this design accepts.
+answers start on a line of their own. While the mirror is backed up the gateway reads no more of the
+agent's input, so it never holds more than one chunk that `serve` has not been sent. What it read
+and could not yet hand to the kernel when it was killed (a chunk it read in the microsecond before,
+or the tail of one larger than the socket's buffer while `serve` was being woken to read it) is
+lost with it: a request there would not be answered. That is the one case this design accepts.
 
 This module imports neither asyncio nor the SDK: `serve` uses it before its loop exists.
 """

@@ -265,6 +265,8 @@ class SharedGateway:
                 )
             finally:
                 os.close(in_fd)
+            assert isinstance(read_transport, asyncio.ReadTransport)
+            mirror.input = read_transport
             await output.open(loop)
             async with session_gateway(self.gateway, self.config, context) as gateway:
                 try:
