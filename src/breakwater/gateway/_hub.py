@@ -82,6 +82,7 @@ class SharedGateway:
         self.idle_s = idle_s
         self.clock = clock
         self.sessions = 0
+        self._arriving = 0  # connections accepted whose handshake is not over: no idle exit under them
         self.started = clock.time()
         self._changed = anyio.Event()
         self._stop = anyio.Event()
@@ -115,6 +116,8 @@ class SharedGateway:
             tg.start_soon(self._exit_when_idle, tg.cancel_scope)
             while True:
                 conn, _ = await loop.sock_accept(listener)
+                self._arriving += 1
+                self._note(0)
                 tg.start_soon(self._connection, conn, name="breakwater shared session")
 
     def stop(self) -> None:
@@ -125,18 +128,27 @@ class SharedGateway:
     async def _exit_when_idle(self, scope: anyio.CancelScope) -> None:
         while not self._stop.is_set():
             changed = self._changed
-            if self.sessions:
+            if self.sessions or self._arriving:
                 await changed.wait()
                 continue
             with self.clock.deadline_scope(self.clock.monotonic() + self.idle_s) as waiting:
                 await changed.wait()
-            if waiting.cancelled_caught and not self.sessions:
+            if waiting.cancelled_caught and not (self.sessions or self._arriving):
                 logger.info("no session for %.1f s: exiting", self.idle_s)
                 break
         scope.cancel()
 
     async def _connection(self, conn: socket.socket) -> None:
         stdio: list[int] = []  # the session's stdin, stdout and bell, when it hands them over (`_handoff`)
+        arriving = True
+
+        def arrived(delta: int) -> None:  # the handshake is over: a session (+1), or none (0)
+            nonlocal arriving
+            if arriving:
+                arriving = False
+                self._arriving -= 1
+                self._note(delta)
+
         try:
             # `asyncio.open_unix_connection`, with the reader that hands calls to the session's lane. The socket is a
             # transport's from the start: uvloop's `add_reader` (and `sock_recv`) on a descriptor that then becomes a
@@ -147,6 +159,7 @@ class SharedGateway:
             transport, _ = await loop.create_unix_connection(lambda: protocol, sock=conn)
         except OSError:
             conn.close()
+            arrived(0)
             return
         writer = asyncio.StreamWriter(transport, protocol, reader, loop)
         try:
@@ -171,7 +184,7 @@ class SharedGateway:
                     return
                 transport.resume_reading()
             context = SessionContext.from_json(hello.get("session"))
-            self._note(+1)
+            arrived(+1)
             try:
                 if stdio:
                     handed, stdio = stdio, []
@@ -182,7 +195,10 @@ class SharedGateway:
                 self._note(-1)
         except (OSError, EOFError, asyncio.IncompleteReadError):
             logger.debug("an attached session went away", exc_info=True)
+        except Exception:  # one session's failure ends that session, never the gateway every other session is on
+            logger.exception("an attached session failed")
         finally:
+            arrived(0)
             for fd in stdio:
                 os.close(fd)
             transport.close()
@@ -265,8 +281,7 @@ class SharedGateway:
                 )
             finally:
                 os.close(in_fd)
-            assert isinstance(read_transport, asyncio.ReadTransport)
-            mirror.input = read_transport
+            mirror.input = read_transport  # duck-typed: uvloop's is no subclass of asyncio's (no isinstance here)
             await output.open(loop)
             async with session_gateway(self.gateway, self.config, context) as gateway:
                 try:
