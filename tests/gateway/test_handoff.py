@@ -102,15 +102,20 @@ async def test_a_session_whose_gateway_died_knows_what_was_in_flight_and_where_i
 async def test_a_mirror_that_backs_up_rings_the_session_which_reads_it_while_the_agents_input_waits() -> None:
     mirror, transport, attachment, _ = await mirrored()
     agent_in, agent_out = os.pipe()
-    mirror.input, _ = await asyncio.get_running_loop().connect_read_pipe(asyncio.Protocol, os.fdopen(agent_in, "rb", 0))
-    pump = _Pump(asyncio.get_running_loop(), ToolSafety())
+    from_agent = Received()
+    loop = asyncio.get_running_loop()
+    mirror.input, _ = await loop.connect_read_pipe(lambda: from_agent, os.fdopen(agent_in, "rb", 0))
+    pump = _Pump(loop, ToolSafety())
     watching = asyncio.create_task(pump.watch(attachment))
     big = call(1, "x" * (8 * 1024 * 1024))  # far more than a socket's buffer: the rest waits in the gateway
     mirror.read(big)
     assert transport.get_write_buffer_size() > 0
-    assert not mirror.input.is_reading()  # no more of the agent's input until the session has the mirror
+    os.write(agent_out, call(2, "y"))  # the agent's next request waits in its pipe, unread, while the mirror is backed up
+    for _ in range(3):  # loop iterations enough for a readable pipe to be read, not for 8 MiB to be drained
+        await asyncio.sleep(0)
+    assert transport.get_write_buffer_size() > 0 and from_agent.data == b""
     await eventually(lambda: transport.get_write_buffer_size() == 0, timeout=10)  # the session was woken and read it
-    assert mirror.input.is_reading()
+    await eventually(lambda: from_agent.data == call(2, "y"), timeout=10)  # and the agent's input is read again
     await eventually(lambda: set(pump.session.pending) == {"1"}, timeout=10)  # the last of it is read as it comes
     assert not watching.done()
     mirror.read(call(2, "y"))
@@ -145,6 +150,16 @@ def _drain(sock: socket.socket) -> list[bytes]:
             chunks.append(sock.recv(65536))
         except BlockingIOError:
             return chunks
+
+
+class Received(asyncio.Protocol):
+    """What a read transport delivered."""
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.data += data
 
 
 class Recorder:
