@@ -175,6 +175,7 @@ async def _serve_http(
         import uvicorn
 
         from breakwater.gateway._http import http_app
+        from breakwater.gateway._known_heads import routing_protocol
         from breakwater.gateway._metrics import Metrics
         from breakwater.gateway._open import open_gateway
 
@@ -197,7 +198,9 @@ async def _serve_http(
             sessions=sessions,
             streams=streams,
         )
-        server = _graceful_server_class()(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        # A call POST whose head the stack accepted before goes straight to its session's call path (_known_heads).
+        routing = uvicorn.Config(app, log_level="warning", lifespan="on", http=routing_protocol())
+        server = _graceful_server_class()(routing)
         server.drain, server.drain_s = gateway.drain, config.gateway.drain_s
         # Announced only now: from here to `serve` taking over SIGINT nothing awaits, so a Ctrl-C
         # sent on seeing the port is always uvicorn's graceful stop, never a cancelled start-up.

@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from mcp.server import streamable_http as sdk
@@ -52,16 +52,24 @@ from starlette.types import Receive, Scope, Send
 
 from breakwater._codec import loads_strict
 from breakwater.gateway._fast_call import FastLane, call_context, call_params, handler_error, on_call
+from breakwater.gateway._known_heads import OFFER, routable, serving
 
 __all__ = ["answer_fast", "plain_call", "request_cancelled", "session_ended"]
+
+if TYPE_CHECKING:
+    from breakwater.gateway._drain import Drain
 
 logger = logging.getLogger("breakwater.gateway")
 
 _Post = Callable[[Scope, Request, Receive, Send], Awaitable[None]]
 
 
-def answer_fast(manager: StreamableHTTPSessionManager, server: Server[Any]) -> None:
-    """Give every JSON-response session `manager` opens from now on the `tools/call` fast path."""
+def answer_fast(manager: StreamableHTTPSessionManager, server: Server[Any], *, drain: Drain | None = None) -> None:
+    """Give every JSON-response session `manager` opens from now on the `tools/call` fast path.
+
+    With `drain` (the gateway's), a call POST with a head this path took before comes straight here
+    (`breakwater.gateway._known_heads`).
+    """
     admit = manager._admit_session
 
     def admit_fast(requestor: Any) -> sdk.StreamableHTTPServerTransport | None:
@@ -70,8 +78,9 @@ def answer_fast(manager: StreamableHTTPSessionManager, server: Server[Any]) -> N
             lane = FastLane(server, _no_lines)
             sdk_post: _Post = transport._handle_post_request
             running: set[anyio.CancelScope] = set()
+            route = _JsonRoute(transport, lane, running, drain) if drain is not None else None
             # An instance attribute: the transport's `_handle_request` looks the method up on `self`.
-            transport._handle_post_request = partial(_post, transport, lane, sdk_post, running)  # type: ignore[method-assign]
+            transport._handle_post_request = partial(_post, transport, lane, sdk_post, running, route)  # type: ignore[method-assign]
             # Every end of a session (DELETE, idle timeout, the manager's stop) terminates its transport: the calls
             # running in their POSTs' tasks end with it, as the dispatcher's own handlers do.
             transport.terminate = partial(_terminate, transport.terminate, running)  # type: ignore[method-assign]
@@ -95,6 +104,7 @@ async def _post(
     lane: FastLane,
     sdk_post: _Post,
     running: set[anyio.CancelScope],
+    route: _JsonRoute | None,
     scope: Scope,
     request: Request,
     receive: Receive,
@@ -106,11 +116,46 @@ async def _post(
             return await sdk_post(scope, request, receive, send)
     if not await transport._validate_request_headers(request, send):
         return None
+    if route is not None and (offer := scope.get(OFFER)) is not None:
+        offer.accept(route)  # every check of the request's head passed
+    await _respond(transport, lane, request, message, running, scope, receive, send)
+    return None
+
+
+async def _respond(
+    transport: sdk.StreamableHTTPServerTransport,
+    lane: FastLane,
+    request: Request,
+    message: dict[str, Any],
+    running: set[anyio.CancelScope],
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+) -> None:
     answer = await _answer(transport, lane, request, message, running)
     if answer is None:  # the session ended under the call: as the SDK's JSON path answers it then
         return await session_ended(transport)(scope, receive, send)
     await transport._create_json_response(answer)(scope, receive, send)
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class _JsonRoute:
+    """A JSON-response session's call path, for the POSTs a connection sends with a head the stack accepted."""
+
+    transport: sdk.StreamableHTTPServerTransport
+    lane: FastLane
+    running: set[anyio.CancelScope]
+    drain: Drain
+
+    def take(self, body: bytes) -> Callable[[Scope, Receive, Send], Awaitable[None]] | None:
+        if not routable(self.transport, self.drain) or (message := plain_call(self.lane, body)) is None:
+            return None
+        return partial(self._serve, message)
+
+    async def _serve(self, message: dict[str, Any], scope: Scope, receive: Receive, send: Send) -> None:
+        with serving(self.transport, self.drain):
+            await _respond(self.transport, self.lane, Request(scope, receive), message, self.running, scope, receive, send)
 
 
 async def _plain_call(transport: sdk.StreamableHTTPServerTransport, lane: FastLane, request: Request) -> dict[str, Any] | None:

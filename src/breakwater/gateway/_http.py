@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from breakwater.config._checks import LOOPBACK_HOSTS as LOOPBACK_HOSTS  # importable from here as before
@@ -14,6 +14,7 @@ from breakwater.gateway._fast_http import answer_fast
 from breakwater.gateway._lazy_sse import answer_lazily
 from breakwater.gateway._metrics import CallCounter, Metrics
 from breakwater.gateway._modern_http import serve_modern_calls
+from breakwater.gateway._one_write import whole_responses
 from breakwater.gateway._resume import ResumableStreams
 from breakwater.gateway._server import Gateway
 from breakwater.gateway._sessions import roaming_app
@@ -71,79 +72,6 @@ def _split_host(value: str) -> tuple[str, str | None]:
     return ("loopback" if host in LOOPBACK_HOSTS else host), port
 
 
-class _OneWrite:
-    """The transport of one uvicorn request cycle while it writes a whole response: one write instead of two.
-
-    uvicorn (httptools and h11 alike) writes a response's status line and headers with one
-    `transport.write` and its body with another: two `sendto` system calls and two TCP segments for
-    every answer (seen with `strace -e trace=sendto` on `serve --http`), the second one waking the client
-    again. A response whose length is known (a JSON answer, an error) is written here into a buffer and
-    handed to the real transport once; a stream (SSE, no Content-Length) is never held.
-    """
-
-    __slots__ = ("_chunks", "transport")
-
-    def __init__(self, transport: Any) -> None:
-        self.transport = transport
-        self._chunks: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self._chunks.append(data)
-
-    def flush(self) -> None:
-        if self._chunks:
-            data = b"".join(self._chunks)
-            self._chunks = []
-            self.transport.write(data)
-
-    def close(self) -> None:  # a response with `Connection: close`: what it wrote goes out first
-        self.flush()
-        self.transport.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.transport, name)
-
-
-_Send = Callable[[Any], Awaitable[None]]
-
-
-def _whole_responses(send: _Send) -> _Send:
-    """`send`, writing a response with a Content-Length in one transport write (`_OneWrite`); else `send` itself.
-
-    Only for uvicorn's own `send` (a request cycle's bound method with its connection's asyncio
-    transport); the cycle's transport is swapped only while the head and the body are handed to it.
-    """
-    cycle = getattr(send, "__self__", None)
-    # Duck-typed: uvloop's transports are no subclasses of asyncio's.
-    if cycle is None or not callable(getattr(getattr(cycle, "transport", None), "write", None)):
-        return send
-    held: list[Any] = []
-
-    async def send_whole(message: Any) -> None:
-        kind = message["type"]
-        if kind == "http.response.start" and not held:
-            if any(key.lower() == b"content-length" for key, _ in message.get("headers") or ()):
-                held.append(message)
-                return
-        elif held:
-            start = held.pop()
-            if kind == "http.response.body" and not message.get("more_body", False):
-                transport = cycle.transport
-                buffer = _OneWrite(transport)
-                cycle.transport = buffer
-                try:
-                    await send(start)
-                    await send(message)
-                finally:
-                    cycle.transport = transport
-                    buffer.flush()
-                return
-            await send(start)
-        await send(message)
-
-    return send_whole
-
-
 class RequestGuard:
     """ASGI middleware in front of every route: a lower-case `bearer` scheme is accepted, a cross-port Origin is not.
 
@@ -183,7 +111,7 @@ class RequestGuard:
             if b"authorization" in headers:
                 raw = [(k, _normalise_authorization(v) if k == b"authorization" else v) for k, v in raw]
                 scope = {**scope, "headers": raw}
-            send = _whole_responses(send)
+            send = whole_responses(send)
         await self.app(scope, receive, send)
 
 
@@ -232,18 +160,27 @@ def http_app(
         )
     app = FrameErrors(sdk_app, max_body_bytes=DEFAULT_MAX_REQUEST_BODY_SIZE)  # malformed requests: the spec's errors
     policy = gateway.policy
+    # A call POST whose head the stack accepted before skips it (_known_heads), except for roaming
+    # sessions: their manager renews the session's record in Redis on every request.
+    route_drain = gateway.drain if sessions is None else None
     resumable: ResumableStreams | None = None
     if not json_response:
         resumable = _resumable(gateway, streams)
         # A POST with nothing to stream before its answer gets one JSON body, not an SSE stream (_lazy_sse);
         # one that streams can be resumed with Last-Event-ID (_resume).
-        answer_lazily(gateway.server.session_manager, gateway.bw.clock, keepalive_s=policy.sse_keepalive_s, streams=resumable)
+        answer_lazily(
+            gateway.server.session_manager,
+            gateway.bw.clock,
+            keepalive_s=policy.sse_keepalive_s,
+            streams=resumable,
+            drain=route_drain,
+        )
         install_fast_calls(gateway.server)  # a session's plain tools/call runs in its POST's task (_lazy_call)
         # A 2026-07-28 tools/call POST runs its handler in its own task, with one watcher beside (_modern_http).
         serve_modern_calls(gateway.server.session_manager, gateway.bw.clock)
     else:
         # A plain tools/call POST runs in its own task, without the session's memory streams (_fast_http).
-        answer_fast(gateway.server.session_manager, gateway.server)
+        answer_fast(gateway.server.session_manager, gateway.server, drain=route_drain)
     metrics = metrics if metrics is not None else Metrics()
     metrics.streams = resumable
     # One call counter per server: a second app over the same gateway replaces it, never counts twice.

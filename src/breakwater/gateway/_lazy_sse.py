@@ -39,9 +39,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pydantic_core
@@ -62,10 +63,14 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from breakwater._clock import Clock
-from breakwater.gateway._fast_call import session_lane
+from breakwater.gateway._fast_call import FastLane, session_lane
 from breakwater.gateway._fast_http import plain_call
+from breakwater.gateway._known_heads import OFFER, routable, serving
 from breakwater.gateway._lazy_call import COMMIT_S, Call, Lazy, serve_call, stream_response
 from breakwater.gateway._resume import ResumableStreams, SessionStreams
+
+if TYPE_CHECKING:
+    from breakwater.gateway._drain import Drain
 
 __all__ = ["COMMIT_S", "answer_lazily"]
 
@@ -80,11 +85,14 @@ def answer_lazily(
     *,
     keepalive_s: float,
     streams: ResumableStreams | None = None,
+    drain: Drain | None = None,
 ) -> None:
     """Give every session `manager` opens (or adopts) from now on the lazy POST path (see the module docstring).
 
     `keepalive_s` is the ping interval of the streams it opens (0: none); with `streams`, 2025-11-25
-    request streams that commit to SSE can be resumed with `Last-Event-ID`.
+    request streams that commit to SSE can be resumed with `Last-Event-ID`. With `drain` (the
+    gateway's), a call POST with a head this path took before comes straight here
+    (`breakwater.gateway._known_heads`).
     """
     lazy = Lazy(clock, keepalive_s, lambda: manager._task_group)
 
@@ -106,8 +114,9 @@ def answer_lazily(
             transport._handle_get_request = partial(_get, transport, transport._handle_get_request, view)  # type: ignore[method-assign]
         sdk_post: _Post = transport._handle_post_request
         calls: set[Call] = set()
+        route = _LazyRoute(transport, lazy, view, calls, drain) if drain is not None else None
         # An instance attribute: the transport's `_handle_request` looks the method up on `self`.
-        transport._handle_post_request = partial(_post, transport, sdk_post, lazy, view, calls)  # type: ignore[method-assign]
+        transport._handle_post_request = partial(_post, transport, sdk_post, lazy, view, calls, route)  # type: ignore[method-assign]
         # Every end of a session (DELETE, idle timeout, the manager's stop) terminates its transport: the calls
         # running in their POSTs' tasks end with it, as the dispatcher's own handlers do.
         transport.terminate = partial(_terminate, transport.terminate, calls)  # type: ignore[method-assign]
@@ -157,6 +166,7 @@ async def _post(
     lazy: Lazy,
     view: SessionStreams | None,
     calls: set[Call],
+    route: _LazyRoute | None,
     scope: Scope,
     request: Request,
     receive: Receive,
@@ -173,11 +183,9 @@ async def _post(
     if lane is not None and call is not None:
         if not await transport._validate_request_headers(request, send):
             return None
-        try:
-            await serve_call(transport, lane, lazy, view, calls, call, scope, request, receive, send)
-        except Exception as err:
-            await _post_failed(transport, writer, err, scope, receive, send)
-        return None
+        if route is not None and (offer := scope.get(OFFER)) is not None:
+            offer.accept(route)  # every check of the request's head passed
+        return await _serve_plain(transport, writer, lane, lazy, view, calls, call, scope, request, receive, send)
     try:
         message = jsonrpc_message_adapter.validate_python(pydantic_core.from_json(body), by_name=False)
     except ValueError:  # pydantic's ValidationError included: the SDK answers it
@@ -191,6 +199,53 @@ async def _post(
     except Exception as err:
         await _post_failed(transport, writer, err, scope, receive, send)
     return None
+
+
+async def _serve_plain(
+    transport: sdk.StreamableHTTPServerTransport,
+    writer: Any,
+    lane: FastLane,
+    lazy: Lazy,
+    view: SessionStreams | None,
+    calls: set[Call],
+    call: dict[str, Any],
+    scope: Scope,
+    request: Request,
+    receive: Receive,
+    send: Send,
+) -> None:
+    try:
+        await serve_call(transport, lane, lazy, view, calls, call, scope, request, receive, send)
+    except Exception as err:
+        await _post_failed(transport, writer, err, scope, receive, send)
+
+
+@dataclass(frozen=True, slots=True)
+class _LazyRoute:
+    """A default-mode session's call path, for the POSTs a connection sends with a head the stack accepted."""
+
+    transport: sdk.StreamableHTTPServerTransport
+    lazy: Lazy
+    view: SessionStreams | None
+    calls: set[Call]
+    drain: Drain
+
+    def take(self, body: bytes) -> Callable[[Scope, Receive, Send], Awaitable[None]] | None:
+        transport = self.transport
+        if not routable(transport, self.drain) or transport._read_stream_writer is None:
+            return None
+        lane = session_lane(transport.mcp_session_id)
+        call = plain_call(lane, body) if lane is not None else None
+        if lane is None or call is None:
+            return None
+        return partial(self._serve, lane, call)
+
+    async def _serve(self, lane: FastLane, call: dict[str, Any], scope: Scope, receive: Receive, send: Send) -> None:
+        transport = self.transport
+        with serving(transport, self.drain):
+            request = Request(scope, receive)
+            writer = transport._read_stream_writer
+            await _serve_plain(transport, writer, lane, self.lazy, self.view, self.calls, call, scope, request, receive, send)
 
 
 async def _post_failed(

@@ -1,0 +1,180 @@
+"""Known heads: a call POST whose head the whole stack has accepted before goes straight to its session's call path.
+
+Why it exists. Every POST to `/mcp` crosses the whole ASGI stack before it reaches the session's
+call path: uvicorn's proxy-headers middleware, `RequestGuard`, the web routes, the bearer check,
+`DrainGuard`, `FrameErrors`, Starlette's error and exception middleware and router, the SDK's session
+manager and its DNS-rebinding check, and the transport's header checks, each with its own `send`
+wrapper on the way back. Every one of those checks reads only the request's head (and state this
+module checks again), and an agent's client sends the same head on every call of a session (host,
+session id, protocol version, accept, content type, token): only Content-Length changes. Measured
+with `bench/proxy_instructions.py`: 1.43 → 1.14 M instructions per call in the gateway with
+`--json-response`, 1.45 → 1.21 M in the default mode (issue 16, docs/benchmarks.md session 17).
+
+What it does. uvicorn's httptools protocol, with one change. When a POST went through the whole
+stack and the session's call path took it as a plain `tools/call` (`breakwater.gateway._fast_http`,
+`breakwater.gateway._lazy_sse`), the path *accepts* the request's offer: the server remembers the
+head (method, path, query, HTTP version and every header but Content-Length, byte for byte) and the
+`Route` that ran it. A later request, on any connection, whose head is identical gets the same
+verdict from every check that reads only the head, so it skips them; what the checks read beyond the
+head is checked again by the route (`Route.take`) once the body is whole: a plain call in the body,
+the drain, the session's life. Anything else, or a request the route does not take, goes the whole
+way as before. No check reads the connection (the client's address included), so a head accepted on
+one connection is accepted on any: a burst's new connections are routed from their first call.
+
+Never remembered, always the whole way: a head that differs in any byte, a request without
+Content-Length or with a body above `ROUTED_BODY_MAX` (64 KiB, uvicorn's read high-water mark: such
+a body is never paused mid-read), `Expect: 100-continue` (the client waits for the app to read),
+`Transfer-Encoding`, HTTP/1.0, a request uvicorn answers itself (over its concurrency limit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+import anyio
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from breakwater.gateway._one_write import whole_responses
+
+if TYPE_CHECKING:
+    from mcp.server.streamable_http import StreamableHTTPServerTransport
+
+    from breakwater.gateway._drain import Drain
+
+__all__ = ["KNOWN_HEADS_MAX", "OFFER", "ROUTED_BODY_MAX", "Offer", "Route", "routable", "routing_protocol", "serving"]
+
+#: The scope key of a routable request's `Offer` (absent from every other request's scope).
+OFFER = "breakwater.route"
+#: The largest body a routed request may carry: uvicorn's read high-water mark, so it is read whole unpaused.
+ROUTED_BODY_MAX = 65536
+#: Heads a server remembers; past it, it forgets them all and learns the live ones again (one whole-stack POST each).
+KNOWN_HEADS_MAX = 1024
+
+_App = Callable[[Any, Any, Any], Awaitable[None]]
+_Head = tuple[bytes, bytes, str, tuple[tuple[bytes, bytes], ...]]
+
+
+class Route(Protocol):
+    """What a session's call path leaves on a connection for its next POSTs with the same head."""
+
+    def take(self, body: bytes) -> _App | None:
+        """The ASGI app that serves a POST with this `body` the way the whole stack would, or None (not taken)."""
+
+
+class Offer:
+    """In a routable POST's scope: `accept` it once the whole stack has taken the request as a plain call."""
+
+    __slots__ = ("_head", "_known")
+
+    def __init__(self, known: dict[_Head, Route], head: _Head) -> None:
+        self._known = known
+        self._head = head
+
+    def accept(self, route: Route) -> None:
+        """Send the server's next POSTs with this head to `route`."""
+        known = self._known
+        if len(known) >= KNOWN_HEADS_MAX and self._head not in known:
+            known.clear()  # ended sessions' heads go with the live ones; each live one is learnt again
+        known[self._head] = route
+
+
+def _head(scope: Any) -> _Head | None:
+    """The part of a POST's request that every check before the call path reads, or None when it may not be routed."""
+    if scope["http_version"] != "1.1":
+        return None
+    length = b""
+    rest = []
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            length = value
+        elif name == b"expect" or name == b"transfer-encoding":
+            return None
+        else:
+            rest.append((name, value))
+    if not length.isdigit() or int(length) > ROUTED_BODY_MAX:
+        return None
+    return scope["raw_path"], scope["query_string"], scope["method"], tuple(rest)
+
+
+def routing_protocol() -> type[HttpToolsProtocol]:
+    """A uvicorn protocol class for one server: its connections share one table of known heads."""
+    known: dict[_Head, Route] = {}
+
+    class RoutingProtocol(HttpToolsProtocol):
+        """uvicorn's httptools protocol, sending the POSTs whose head the stack accepted to their route."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._held: tuple[RequestResponseCycle, Route] | None = None
+
+        def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+            scope: Any = cycle.scope
+            head = _head(scope) if scope["method"] == "POST" and app is self.app else None
+            if head is not None:
+                scope[OFFER] = Offer(known, head)
+                route = known.get(head)
+                if route is not None:
+                    if cycle.more_body:
+                        self._held = (cycle, route)  # started once the body is whole (`on_message_complete`)
+                        return
+                    app = self._routed(cycle, route)
+            super()._start_asgi_task(cycle, app)
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            held = self._held
+            if held is not None and held[0] is self.cycle:
+                self._held = None
+                super()._start_asgi_task(held[0], self._routed(*held))
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._held = None  # a body cut short: nothing ran, nothing to answer
+            super().connection_lost(exc)
+
+        def _routed(self, cycle: RequestResponseCycle, route: Route) -> Any:
+            app = route.take(bytes(cycle.body))
+            if app is None:
+                return self.app
+
+            async def routed(scope: Any, receive: Any, send: Any) -> None:
+                await app(scope, receive, whole_responses(send))
+
+            return routed
+
+    return RoutingProtocol
+
+
+def routable(transport: StreamableHTTPServerTransport, drain: Drain) -> bool:
+    """Whether a routed POST for `transport` would pass what the skipped stack checks beyond the request's head.
+
+    A drain refuses new requests (`DrainGuard`); a terminated session, or one whose idle time ran out,
+    is answered by the transport's own handler.
+    """
+    idle = transport.idle_scope
+    return not (drain.draining or transport._terminated or (idle is not None and idle.cancel_called))
+
+
+@contextlib.contextmanager
+def serving(transport: StreamableHTTPServerTransport, drain: Drain) -> Iterator[None]:
+    """Around a routed POST: what `DrainGuard` and the transport's `handle_request` keep for every request.
+
+    The drain counts it in flight; the session's idle countdown stops while it runs and restarts
+    when the last request in flight ends (`StreamableHTTPServerTransport.handle_request`).
+    """
+    idle = transport.idle_scope
+    timeout = transport._idle_timeout
+    drain.request_started()
+    if idle is not None and timeout is not None:
+        transport._requests_in_flight += 1
+        idle.deadline = math.inf
+    try:
+        yield
+    finally:
+        if idle is not None and timeout is not None:
+            transport._requests_in_flight -= 1
+            if not transport._requests_in_flight:
+                idle.deadline = anyio.current_time() + timeout
+        drain.request_done()
