@@ -141,7 +141,7 @@ async def _respond(
 
 @dataclass(frozen=True, slots=True)
 class _JsonRoute:
-    """A JSON-response session's call path, for the POSTs a connection sends with a head the stack accepted."""
+    """A JSON-response session's call path, for the POSTs whose head the whole stack accepted before."""
 
     transport: sdk.StreamableHTTPServerTransport
     lane: FastLane

@@ -222,7 +222,7 @@ async def _serve_plain(
 
 @dataclass(frozen=True, slots=True)
 class _LazyRoute:
-    """A default-mode session's call path, for the POSTs a connection sends with a head the stack accepted."""
+    """A default-mode session's call path, for the POSTs whose head the whole stack accepted before."""
 
     transport: sdk.StreamableHTTPServerTransport
     lazy: Lazy
