@@ -24,6 +24,9 @@ Every target fronts the same stdio upstream (`breakwater testserver` with `echo`
 * breakwater-http-json  `serve --http --json-response`: plain JSON answers, as mcp-proxy (PyPI) gives
                     (no progress, logs, sampling or elicitation mid-call for 2025-11-25 clients);
 * sdk-proxy-http-json  reference, not a peer: the bare SDK hop served over HTTP with JSON answers;
+* http-relay        reference, not a peer: the least an HTTP gateway can do (`bench/peers/http_relay.py`:
+                    each POSTed message goes to the upstream as a line, its answer comes back as plain
+                    JSON; one `json.loads` per message, no SDK, no checks): the floor of any HTTP row;
 * mcp-proxy (PyPI)  sparfenyuk/mcp-proxy `--port P -- <upstream>` (streamable HTTP);
 * fastmcp           `fastmcp run mcp.json --transport http` (FastMCP's proxy, one server);
 * mcp-proxy (npm)   punkpeye/mcp-proxy `--port P -- <upstream>`, on Node 22.
@@ -89,6 +92,7 @@ TARGETS = (
     "breakwater-http-2026",
     "breakwater-http-json",
     "sdk-proxy-http-json",
+    "http-relay",
     "mcp-proxy-pypi",
     "fastmcp",
     "mcp-proxy-npm",
@@ -283,6 +287,16 @@ async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tu
                 await anyio.sleep(0.05)
             async with http_client(f"http://127.0.0.1:{port_file.read_text()}/mcp", proc, log) as c:
                 yield c, "mcp " + _version("mcp") + " (bare pass-through, HTTP, JSON answers)", (proc.pid,)
+    elif name == "http-relay":
+        script = str(Path(__file__).parent / "peers" / "http_relay.py")
+        port_file = tmp / "http-relay.port"
+        with spawn([sys.executable, script, str(port_file), "--", *UPSTREAM]) as (proc, log):
+            while not (port_file.exists() and port_file.read_text()):
+                if proc.poll() is not None:
+                    raise RuntimeError(_tail(log))
+                await anyio.sleep(0.05)
+            async with http_client(f"http://127.0.0.1:{port_file.read_text()}/mcp", proc, log) as c:
+                yield c, "asyncio streams, one json.loads per message", (proc.pid,)
     elif name in STDIO_NOTES:
         share = ["--no-share"] if "noshare" in name else []
         serve = ["-m", "breakwater", "serve", "--config", str(mcp_json(tmp)), *share]
@@ -657,13 +671,20 @@ def verdict(results: list[Result]) -> list[str]:
         for name, bound in (("breakwater-http", 0.9), ("breakwater-http-json", 0.75), ("breakwater-http-2026", 1.0)):
             if name in by:
                 line(f"{name} p50 / mcp-proxy (PyPI) p50", pct(by[name].seq, 50) / p, bound)
+        if "http-relay" in by:
+            out.append(
+                f"http-relay p50 / mcp-proxy (PyPI) p50: {pct(by['http-relay'].seq, 50) / p:.2f}× (the floor of any HTTP gateway)"
+            )
     walls = [pct(by[n].burst_wall, 50) for n in ("mcp-proxy-pypi", "mcp-proxy-npm") if n in by and by[n].burst_wall]
     if walls:
         for name in ("breakwater-stdio", "breakwater-stdio-noshare", "breakwater-http", "breakwater-http-json"):
             if name in by and by[name].burst_wall:
                 line(f"{name} burst wall p50 / faster mcp-proxy's", pct(by[name].burst_wall, 50) / min(walls), 0.8)
+        if "http-relay" in by and by["http-relay"].burst_wall:
+            floor_wall = pct(by["http-relay"].burst_wall, 50) / min(walls)
+            out.append(f"http-relay burst wall p50 / faster mcp-proxy's: {floor_wall:.2f}× (the floor of any HTTP gateway)")
     cpu = {r.name: r.cpu_s / r.measured_calls * 1000 for r in by.values() if r.cpu_s is not None and r.measured_calls}
-    peers = {n: v for n, v in cpu.items() if not n.startswith(("breakwater", "sdk-proxy", "byte-relay"))}
+    peers = {n: v for n, v in cpu.items() if not n.startswith(("breakwater", "sdk-proxy", "byte-relay", "http-relay"))}
     for name in ("breakwater-stdio", "breakwater-stdio-noshare", "breakwater-http", "breakwater-http-json"):
         if name in cpu and peers:
             best = min(peers, key=peers.__getitem__)
