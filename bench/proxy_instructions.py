@@ -37,6 +37,7 @@ TARGETS = (
     "breakwater-http",
     "breakwater-http-json",
     "breakwater-http-2026",
+    "http-relay",
 )
 WARMUP = 20
 
@@ -69,6 +70,14 @@ async def connect(name: str, tmp: Path, out: Path) -> AsyncIterator[tuple[Client
         cmd = [*vg, str(venv / "bin" / "python"), str(venv / "bin" / "mcp-proxy"), "--host", "127.0.0.1", "--port", str(port)]
         with spawn([*cmd, "--", *UPSTREAM]) as (proc, log):
             async with http_client(f"http://127.0.0.1:{port}/mcp", proc, log, timeout=300) as client:
+                yield client, proc.pid, "echo"
+    elif name == "http-relay":
+        port_file = tmp / "relay.port"
+        script = str(Path(__file__).parent / "peers" / "http_relay.py")
+        with spawn([*vg, sys.executable, script, str(port_file), "--", *UPSTREAM]) as (proc, log):
+            while not (port_file.exists() and port_file.read_text()):
+                await anyio.sleep(0.1)
+            async with http_client(f"http://127.0.0.1:{port_file.read_text()}/mcp", proc, log, timeout=300) as client:
                 yield client, proc.pid, "echo"
     else:
         port_file = tmp / "bw.port"
