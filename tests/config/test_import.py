@@ -45,6 +45,8 @@ def test_import_writes_config_and_one_entry_file(tmp_path: Path) -> None:
     original = load_config(source, environ={})
     assert [s.describe() for s in config.servers] == [s.describe() for s in original.servers]
     assert [dict(s.env) for s in config.servers] == [dict(s.env) for s in original.servers]
+    # Claude Code will name each tool mcp__breakwater__NAME: that whole name must fit the API's 64 characters.
+    assert len(f"mcp__{next(iter(agent['mcpServers']))}__") + config.gateway.tool_name_max == 64
 
 
 def test_replace_keeps_a_backup_and_refuses_to_clobber(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import anyio
 import mcp.types as types
 
 from breakwater import _paths
-from breakwater.config._checks import TOOL_NAME_OK, namespaced
+from breakwater.config._checks import MAX_TOOL_NAME, TOOL_NAME_OK, namespaced
 
 __all__ = ["Catalog", "Entry", "default_catalog_dir", "entry_json", "namespaced", "tool_fingerprint"]
 
@@ -55,8 +55,10 @@ class Entry:
 class Catalog:
     """Live and last-known tools of every server, with on-disk memory."""
 
-    def __init__(self, *, template: str, directory: Path | None) -> None:
+    def __init__(self, *, template: str, directory: Path | None, name_max: int = MAX_TOOL_NAME) -> None:
         self.template = template
+        #: The longest name it gives a tool (`[gateway] tool_name_max`).
+        self.name_max = name_max
         self._dir = directory
         self._last_known: dict[str, list[types.Tool]] = {}
         self._pins: dict[str, dict[str, str]] = {}
@@ -172,7 +174,7 @@ class Catalog:
         out: list[Entry] = []
         for server, live, tools in servers:
             for tool in tools:
-                name = namespaced(self.template, server, tool.name)
+                name = namespaced(self.template, server, tool.name, self.name_max)
                 if name in seen:
                     continue
                 seen.add(name)

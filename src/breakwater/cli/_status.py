@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+from functools import partial
 
 import anyio
 from rich.console import Console, Group
@@ -29,8 +30,8 @@ from breakwater.cli._common import (
     load_or_exit,
     show,
 )
-from breakwater.config import Config
-from breakwater.config._checks import namespaced
+from breakwater.config import Config, GatewayPolicy
+from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX, MAX_TOOL_NAME, namespaced
 from breakwater.status import ServerState, StatusReport
 
 __all__ = ["status_main", "status_view"]
@@ -48,11 +49,13 @@ STATE_STYLE = {
 }
 
 
-def status_view(report: StatusReport, *, now: float | None = None, template: str | None = None) -> Group:
+def status_view(
+    report: StatusReport, *, now: float | None = None, template: str | None = None, name_max: int = DEFAULT_TOOL_NAME_MAX
+) -> Group:
     """The status as a compact table, then one line per server that is not ready saying why, and one per tool left out.
 
-    With the gateway's `template` (`[gateway] tool_name_template`), a tool left out is named as the gateway
-    would list it, the name an agent would look for.
+    With the gateway's `template` and `name_max` (`[gateway] tool_name_template`, `tool_name_max`), a tool left
+    out is named as the gateway would list it, the name an agent would look for.
     """
     now = time.time() if now is None else now
     table = Table(title="breakwater status", title_justify="left")
@@ -78,7 +81,7 @@ def status_view(report: StatusReport, *, now: float | None = None, template: str
                 line += f" [dim](next try in {max(0.0, s.next_retry_at - now):.0f} s)[/]"
             problems.append(line)
         for t in s.rejected_tools:
-            name = t.name if template is None else namespaced(template, s.name, t.name)
+            name = t.name if template is None else namespaced(template, s.name, t.name, name_max)
             listed = f" (listed as {escape(t.name)!r})" if name != t.name else ""
             problems.append(f"[bold]{escape(s.name)}[/]: [yellow]tool {escape(name)!r}{listed} left out:[/] {escape(t.reason)}")
     table.caption = ", ".join(f"{n} {state}" for state, n in report.summary.items())
@@ -87,13 +90,14 @@ def status_view(report: StatusReport, *, now: float | None = None, template: str
 
 async def _wait_live(bw: Breakwater, wait: float, err: Console) -> StatusReport:
     """`wait_ready`, redrawing the table on the terminal while it waits."""
-    template = bw.config.gateway.tool_name_template
-    with Live(status_view(bw.status(), template=template), console=err, transient=True, refresh_per_second=8) as live:
+    template, name_max = bw.config.gateway.tool_name_template, bw.config.gateway.tool_name_max
+    view = partial(status_view, template=template, name_max=name_max)
+    with Live(view(bw.status()), console=err, transient=True, refresh_per_second=8) as live:
         async with anyio.create_task_group() as tg:
 
             async def refresh() -> None:
                 while True:
-                    live.update(status_view(bw.status(), template=template))
+                    live.update(view(bw.status()))
                     await bw.clock.sleep(LIVE_REFRESH_S)
 
             tg.start_soon(refresh)
@@ -118,7 +122,7 @@ async def _run_status(config: Config, wait: float, as_json: bool) -> int:
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
     else:
-        show(status_view(report, template=config.gateway.tool_name_template))
+        show(status_view(report, template=config.gateway.tool_name_template, name_max=config.gateway.tool_name_max))
     return EXIT_OK if report.all_ready else EXIT_NOT_READY
 
 
@@ -136,8 +140,9 @@ async def _gateway_status(url: str, token: str | None, as_json: bool) -> int:
         print(json.dumps(data, indent=2))
     report = StatusReport.from_json(data)
     if not as_json:
-        template = data.get("tool_name_template")
-        show(status_view(report, template=template if isinstance(template, str) else None))
+        template, name_max = data.get("tool_name_template"), data.get("tool_name_max")
+        named = template if isinstance(template, str) else None
+        show(status_view(report, template=named, name_max=name_max if isinstance(name_max, int) else MAX_TOOL_NAME))
     return EXIT_OK if report.all_ready else EXIT_NOT_READY
 
 
@@ -190,7 +195,7 @@ def status_main(argv: list[str]) -> int:
         from breakwater.gateway._session import per_session
 
         if not per_session(config):
-            return _shared_status(shared, args.json, config.gateway.tool_name_template)
+            return _shared_status(shared, args.json, config.gateway)
         # Those run in each session, so the gateway cannot report them: connect to everything from here.
         print(
             f"breakwater: shared gateway pid {shared.get('pid')}, serving {shared.get('sessions')} session(s); "
@@ -201,7 +206,7 @@ def status_main(argv: list[str]) -> int:
     return code
 
 
-def _shared_status(info: dict[str, object], as_json: bool, template: str) -> int:
+def _shared_status(info: dict[str, object], as_json: bool, gateway: GatewayPolicy) -> int:
     """The status of the shared gateway this config's sessions attach to, as it sees its servers."""
     data = info.get("status")
     report = StatusReport.from_json(data if isinstance(data, dict) else {})
@@ -211,5 +216,5 @@ def _shared_status(info: dict[str, object], as_json: bool, template: str) -> int
         print(json.dumps(shown, indent=2))
     else:
         print(f"breakwater: {line}", file=sys.stderr, flush=True)
-        show(status_view(report, template=template))
+        show(status_view(report, template=gateway.tool_name_template, name_max=gateway.tool_name_max))
     return EXIT_OK if report.all_ready else EXIT_NOT_READY

@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 from breakwater.errors import ConfigError
 
 __all__ = [
+    "DEFAULT_TOOL_NAME_MAX",
+    "HASH_TAIL",
     "LOOPBACK_HOSTS",
     "MAX_TOOL_NAME",
     "MIN_TOKEN_CHARS",
@@ -36,18 +38,23 @@ __all__ = [
 #: What a downstream tool name may not hold (each such character becomes "_").
 TOOL_NAME_OK = re.compile(r"[^A-Za-z0-9_.\-]")
 MAX_TOOL_NAME = 128
+#: The longest downstream tool name by default: the most the Anthropic and OpenAI APIs accept for a
+#: tool the model sees (both refuse the whole request when one name is longer), below the spec's 128.
+DEFAULT_TOOL_NAME_MAX = 64
+#: A cut name ends in "-" and this many characters less one of a hash of the whole name.
+HASH_TAIL = 11
 
 
-def namespaced(template: str, server: str, tool: str) -> str:
-    """The downstream name of `tool` on `server`, within the spec's tool-name rules.
+def namespaced(template: str, server: str, tool: str, limit: int = MAX_TOOL_NAME) -> str:
+    """The downstream name of `tool` on `server`, within the spec's tool-name rules and at most `limit` characters.
 
     Here, SDK-free, so that a session attached to the shared gateway can name tools without the catalog.
     """
     name = TOOL_NAME_OK.sub("_", template.format(server=server, tool=tool))
-    if len(name) > MAX_TOOL_NAME:
-        # Keep names unique when they must be cut: the tail becomes a hash of the whole.
-        digest = hashlib.sha256(name.encode()).hexdigest()[:10]
-        name = f"{name[: MAX_TOOL_NAME - 11]}-{digest}"
+    if len(name) > limit:
+        # Keep names unique and stable when they must be cut: the tail becomes a hash of the whole.
+        digest = hashlib.sha256(name.encode()).hexdigest()[: HASH_TAIL - 1]
+        name = f"{name[: limit - HASH_TAIL]}-{digest}"
     return name
 
 

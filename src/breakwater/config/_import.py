@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from breakwater.config import Config
+from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX
 from breakwater.config._dialect import SIGN_IN_KEYS, SKIPPED_TYPES
 from breakwater.config._files import load_config_lenient
 from breakwater.errors import ConfigError
@@ -30,6 +31,8 @@ __all__ = ["import_main", "import_notes", "plan_import"]
 SERVERS_FILE = "breakwater.servers.json"
 TOML_FILE = "breakwater.toml"
 GATEWAY_NAME = "breakwater"
+#: What Claude Code puts before each tool name of the entry written for the agent (`mcp__SERVER__`).
+AGENT_PREFIX = f"mcp__{GATEWAY_NAME}__"
 
 TOML_TEMPLATE = """\
 # breakwater's config, written by `breakwater config import` from {source}.
@@ -42,6 +45,10 @@ timeout_s = 5          # one attempt of a tool call; slow tools get their own be
 # [servers.NAME.tools.TOOL]
 # timeout_s = 60
 # retry = "idempotent" # safe | idempotent | never (default: from the tool's annotations)
+
+[gateway]
+# Agents prefix each tool's name (Claude Code: {agent_prefix}NAME); model APIs take {api_max} characters at most.
+tool_name_max = {name_max}
 """
 
 
@@ -102,7 +109,13 @@ def _plan(source: Path) -> tuple[dict[Path, str], list[str]]:
     servers_file = {top: served}
     files = {
         folder / SERVERS_FILE: json.dumps(servers_file, indent=2) + "\n",
-        folder / TOML_FILE: TOML_TEMPLATE.format(source=source.name, servers=SERVERS_FILE),
+        folder / TOML_FILE: TOML_TEMPLATE.format(
+            source=source.name,
+            servers=SERVERS_FILE,
+            agent_prefix=AGENT_PREFIX,
+            api_max=DEFAULT_TOOL_NAME_MAX,
+            name_max=DEFAULT_TOOL_NAME_MAX - len(AGENT_PREFIX),
+        ),
         source: json.dumps(agent_file, indent=2) + "\n",
     }
     left = [f"{name} stays in the agent's file: breakwater cannot connect to it ({raw[top][name]['type']!r})" for name in kept]

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from breakwater.config._checks import check_journal_url, check_tool_name_template
+from breakwater.config._checks import (
+    DEFAULT_TOOL_NAME_MAX,
+    HASH_TAIL,
+    MAX_TOOL_NAME,
+    check_journal_url,
+    check_tool_name_template,
+)
 from breakwater.config._knobs import Policy, knob
 from breakwater.errors import ConfigError
 
@@ -22,6 +28,16 @@ class GatewayPolicy(Policy):
         "{server}__{tool}",
         "Downstream tool name; {server} and {tool} are replaced, other characters outside A-Z a-z 0-9 _ - . become _.",
         env="BREAKWATER_TOOL_NAME_TEMPLATE",
+    )
+    tool_name_max: int = knob(
+        DEFAULT_TOOL_NAME_MAX,
+        "Longest downstream tool or prompt name. A longer one keeps its start and ends in - and a hash of the "
+        "whole, so names stay unique and the same across starts. 64 is the most the Anthropic and OpenAI APIs "
+        "accept; a client that puts its own prefix before each name needs that many characters less (Claude Code "
+        "writes mcp__NAME__: 47 for breakwater added as breakwater).",
+        env="BREAKWATER_TOOL_NAME_MAX",
+        minimum=2 * HASH_TAIL,
+        maximum=MAX_TOOL_NAME,
     )
     list_unready_tools: bool = knob(
         True,

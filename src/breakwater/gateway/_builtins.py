@@ -42,8 +42,10 @@ class SearchAnswer:
     servers: int
     drift: Mapping[str, Sequence[str]] = field(default_factory=dict)  # server -> tools changed since approved
     left_out: Sequence[tuple[str, RejectedTool]] = ()  # (server, tool) listed with an invalid definition
-    #: How the gateway names tools (`[gateway] tool_name_template`): a left-out tool is named as it would be listed.
+    #: How the gateway names tools (`[gateway] tool_name_template`, `tool_name_max`): a left-out tool is named as it
+    #: would be listed.
     template: str = GatewayPolicy().tool_name_template
+    name_max: int = GatewayPolicy().tool_name_max
 
     def changed(self, entry: Entry) -> bool:
         """Whether `entry`'s definition changed since it was approved."""
@@ -61,7 +63,7 @@ class SearchAnswer:
             "matches": [entry_json(e) | {"definition_changed": self.changed(e)} for e in self.matches],
             "complete": self.complete,
             "not_searched": [_server_note_json(s) for s in self.unsearched],
-            "left_out": [left_out_json(self.template, server, t) for server, t in self.left_out],
+            "left_out": [left_out_json(self.template, server, t, self.name_max) for server, t in self.left_out],
         }
 
     def text(self) -> str:
@@ -85,13 +87,16 @@ class SearchAnswer:
             lines.extend(f"- {_server_note(s)}" for s in self.unsearched)
         if self.left_out:
             lines.append("Left out (their servers list them with an invalid definition, so they cannot be called):")
-            lines.extend(f"- {namespaced(self.template, server, t.name)}: {t.reason}" for server, t in self.left_out)
+            lines.extend(
+                f"- {namespaced(self.template, server, t.name, self.name_max)}: {t.reason}" for server, t in self.left_out
+            )
         return "\n".join(lines)
 
 
-def left_out_json(template: str, server: str, tool: RejectedTool) -> dict[str, Any]:
+def left_out_json(template: str, server: str, tool: RejectedTool, name_max: int) -> dict[str, Any]:
     """A tool left out, as the search and status tools show it: `name` as the gateway would list it (like a match's)."""
-    return {"server": server, "name": namespaced(template, server, tool.name), "tool": tool.name, "reason": tool.reason}
+    name = namespaced(template, server, tool.name, name_max)
+    return {"server": server, "name": name, "tool": tool.name, "reason": tool.reason}
 
 
 def _server_note(s: ServerStatus) -> str:
@@ -206,6 +211,7 @@ class BuiltinTools:
             drift=drift,
             left_out=left_out,
             template=self.policy.tool_name_template,
+            name_max=self.policy.tool_name_max,
         )
 
     async def _search_tool(self, ctx: ServerRequestContext[Any], arguments: Mapping[str, Any]) -> types.CallToolResult:
@@ -221,13 +227,14 @@ class BuiltinTools:
     async def _status_tool(self, ctx: ServerRequestContext[Any], arguments: Mapping[str, Any]) -> types.CallToolResult:
         self._entries()
         status = self.bw.status()
-        template = self.policy.tool_name_template
+        template, name_max = self.policy.tool_name_template, self.policy.tool_name_max
         report = status.to_json() | {
             "drift": {server: tools for server, tools in self._drift().items()},
             "state_store": self.bw.state_store_status(),
             # So a reader (`status --gateway`, the agent) names a left-out tool as it would be listed.
             "tool_name_template": template,
-            "left_out": [left_out_json(template, s.name, t) for s in status.servers for t in s.rejected_tools],
+            "tool_name_max": name_max,
+            "left_out": [left_out_json(template, s.name, t, name_max) for s in status.servers for t in s.rejected_tools],
         }
         return text_result(json.dumps(report, indent=2), report)
 

@@ -35,6 +35,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from breakwater._breakwater import Breakwater
 from breakwater.catalog._catalog import namespaced
+from breakwater.config._checks import MAX_TOOL_NAME
 from breakwater.status import ServerState
 
 __all__ = ["Passthrough", "Subscriptions", "connection_of", "without_upstream_identity"]
@@ -88,10 +89,17 @@ class Passthrough:
     """The gateway's handlers for prompts/*, resources/* and completion/complete."""
 
     def __init__(
-        self, bw: Breakwater, *, template: str, bus: SubscriptionBus | None = None, calling: Calling = _no_relay
+        self,
+        bw: Breakwater,
+        *,
+        template: str,
+        name_max: int = MAX_TOOL_NAME,
+        bus: SubscriptionBus | None = None,
+        calling: Calling = _no_relay,
     ) -> None:
         self.bw = bw
         self.template = template
+        self.name_max = name_max
         self._calling = calling
         self._prompts: dict[str, tuple[str, str]] = {}  # downstream name -> (server, upstream name)
         self._resources: dict[str, str] = {}  # uri -> server
@@ -171,7 +179,7 @@ class Passthrough:
         routes: dict[str, tuple[str, str]] = {}
         for server, client in self._ready("prompts"):
             for prompt in await self._paginate(server, client.list_prompts, "prompts"):
-                name = namespaced(self.template, server, prompt.name)
+                name = namespaced(self.template, server, prompt.name, self.name_max)
                 if name not in routes:
                     routes[name] = (server, prompt.name)
                     prompts.append(prompt.model_copy(update={"name": name}))

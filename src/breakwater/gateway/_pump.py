@@ -140,7 +140,7 @@ class ToolSafety:
                 safety.servers.append((TOOL_NAME_OK.sub("_", prefix), TOOL_NAME_OK.sub("_", suffix), spec.call.retry))
             for tool, settings in spec.tools.items():
                 if settings.call.retry != "auto":
-                    safety.configured[namespaced(template, spec.name, tool)] = settings.call.retry
+                    safety.configured[namespaced(template, spec.name, tool, config.gateway.tool_name_max)] = settings.call.retry
         return safety
 
     def learn(self, answer: bytes) -> None:
