@@ -120,14 +120,14 @@ def _coerce(value: Any, tp: Any, *, where: str, path: str | None, name: str, inf
         fix = f"set {name}=true or {name}=false" if path == ENV_LAYER else f"set {name} = true|false"
         raise ConfigError(f"expected true or false, got {value!r}", path=path, key=where, fix=fix)
     if tp in (int, float):
+        kind = "a whole number" if tp is int else "a number"
         if isinstance(value, bool):
-            raise ConfigError(f"expected a number, got {value!r}", path=path, key=where, fix=f"set {name} to a number")
+            raise ConfigError(f"expected {kind}, got {value!r}", path=path, key=where, fix=f"set {name} to {kind}")
         try:
             number = tp(value) if isinstance(value, str) else value
         except ValueError:
-            raise ConfigError(f"expected a number, got {value!r}", path=path, key=where, fix=f"set {name} to a number") from None
+            raise ConfigError(f"expected {kind}, got {value!r}", path=path, key=where, fix=f"set {name} to {kind}") from None
         if not isinstance(number, (int, float)) or (tp is int and isinstance(number, float) and not number.is_integer()):
-            kind = "a whole number" if tp is int else "a number"
             raise ConfigError(f"expected {kind}, got {value!r}", path=path, key=where, fix=f"set {name} to {kind}")
         if isinstance(number, float) and not math.isfinite(number):
             raise ConfigError(f"must be a finite number, got {value!r}", path=path, key=where, fix=_range_fix(name, info))
