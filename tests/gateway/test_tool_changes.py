@@ -65,11 +65,12 @@ server.run("stdio")
 """
 
 
-def serve(tmp_path: Path, config: Path, era: str) -> StdioServerParameters:
+def serve(tmp_path: Path, config: Path, era: str, **more: str) -> StdioServerParameters:
     """A `breakwater serve` of `config` whose upstream speaks `era`, with no periodic re-list: only what the
     server says can tell breakwater its lists changed."""
     env = {
         **os.environ,
+        **more,
         "BREAKWATER_CATALOG_DIR": str(tmp_path / "catalog"),
         "BREAKWATER_ADMISSION_DIR": str(tmp_path / "admission"),
         "BREAKWATER_CONNECT_STARTUP_JITTER_S": "0",
@@ -153,8 +154,9 @@ server.run("stdio")
 async def test_prompts_of_a_server_that_comes_late_or_adds_one_reach_a_client_that_listed_them_first(
     tmp_path: Path, era: str
 ) -> None:
-    """A client lists prompts as it starts (Claude Code's slash commands), before a slow server is ready: the
-    gateway says `prompts/list_changed` when it is, and again when the server says its prompts changed."""
+    """A client lists prompts as it starts (Claude Code's slash commands), before a server slower than the
+    first list's wait (`list_wait_s`, 0 here) is ready: the gateway says `prompts/list_changed` when it is, and
+    again when the server says its prompts changed."""
     script = tmp_path / "slow.py"
     script.write_text(_PROMPTS_SERVER)
     config = tmp_path / "mcp.json"
@@ -165,7 +167,8 @@ async def test_prompts_of_a_server_that_comes_late_or_adds_one_reach_a_client_th
         if isinstance(message, types.PromptListChangedNotification):
             heard.set()
 
-    async with Client(serve(tmp_path, config, era), mode="legacy", message_handler=on_message) as client:
+    params = serve(tmp_path, config, era, BREAKWATER_LIST_WAIT_S="0")
+    async with Client(params, mode="legacy", message_handler=on_message) as client:
 
         async def prompts() -> set[str]:
             return {p.name for p in (await client.list_prompts()).prompts}

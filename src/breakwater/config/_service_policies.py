@@ -75,8 +75,9 @@ class GatewayPolicy(Policy):
     )
     list_wait_s: float = knob(
         5.0,
-        "tools/list waits up to this long for connecting servers with no last-known tools, then answers with what "
-        "it has (later changes go out as list_changed).",
+        "tools/list waits up to this long for connecting servers with no last-known tools, and the prompts and "
+        "resources lists for any connecting server, then answers with what it has (later changes go out as "
+        "list_changed).",
         env="BREAKWATER_LIST_WAIT_S",
         minimum=0.0,
         maximum=300.0,

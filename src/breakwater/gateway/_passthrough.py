@@ -35,7 +35,8 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from breakwater._breakwater import Breakwater
 from breakwater.catalog._catalog import namespaced
-from breakwater.config._checks import MAX_TOOL_NAME
+from breakwater.config import GatewayPolicy
+from breakwater.connect._readiness import ON_ITS_WAY
 from breakwater.status import ServerState
 
 __all__ = ["Passthrough", "Subscriptions", "connection_of", "without_upstream_identity"]
@@ -92,20 +93,37 @@ class Passthrough:
         self,
         bw: Breakwater,
         *,
-        template: str,
-        name_max: int = MAX_TOOL_NAME,
+        policy: GatewayPolicy,
         bus: SubscriptionBus | None = None,
         calling: Calling = _no_relay,
     ) -> None:
         self.bw = bw
-        self.template = template
-        self.name_max = name_max
+        self.template = policy.tool_name_template
+        self.name_max = policy.tool_name_max
+        self.list_wait_s = policy.list_wait_s
         self._calling = calling
         self._prompts: dict[str, tuple[str, str]] = {}  # downstream name -> (server, upstream name)
         self._resources: dict[str, str] = {}  # uri -> server
         self._templates: dict[str, str] = {}  # uri template -> server
         #: The relayed resource subscriptions (2026-07-28 listeners hear updates through `bus`).
         self.subscriptions = Subscriptions(self, bus)
+
+    async def _settled(self) -> None:
+        """Wait, up to `[gateway] list_wait_s`, while a server is still on its way (pending or connecting).
+
+        Prompts and resources are listed live from the ready servers, and what a server still connecting
+        offers is not known yet. Many clients list them once, at start-up, as they list tools
+        (`Gateway._listable_entries`): a list answered at once in a session's first second left out every
+        server half a second from ready. A server that is retrying or failed is not waited for.
+        """
+        clock = self.bw.clock
+        deadline = clock.monotonic() + self.list_wait_s
+        while self._on_its_way() and clock.monotonic() < deadline:
+            with clock.deadline_scope(deadline):
+                await self.bw.wait_changed()
+
+    def _on_its_way(self) -> bool:
+        return any(spec.enabled and self.bw.upstream(spec.name).state in ON_ITS_WAY for spec in self.bw.config.servers)
 
     def _ready(self, capability: str) -> list[tuple[str, Client]]:
         out = []
@@ -177,6 +195,7 @@ class Passthrough:
     ) -> types.ListPromptsResult:
         prompts: list[types.Prompt] = []
         routes: dict[str, tuple[str, str]] = {}
+        await self._settled()
         for server, client in self._ready("prompts"):
             for prompt in await self._paginate(server, client.list_prompts, "prompts"):
                 name = namespaced(self.template, server, prompt.name, self.name_max)
@@ -213,6 +232,7 @@ class Passthrough:
     ) -> types.ListResourcesResult:
         resources: list[types.Resource] = []
         routes: dict[str, str] = {}
+        await self._settled()
         for server, client in self._ready("resources"):
             for resource in await self._paginate(server, client.list_resources, "resources"):
                 if str(resource.uri) not in routes:
@@ -226,6 +246,7 @@ class Passthrough:
     ) -> types.ListResourceTemplatesResult:
         templates: list[types.ResourceTemplate] = []
         routes: dict[str, str] = {}
+        await self._settled()
         for server, client in self._ready("resources"):
             for template in await self._paginate(server, client.list_resource_templates, "resource_templates"):
                 if template.uri_template not in routes:

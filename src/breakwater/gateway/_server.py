@@ -164,9 +164,7 @@ class Gateway:
         self.operations: OperationRecords | None = None
         #: SIGTERM's graceful drain over HTTP (`breakwater.gateway._drain`).
         self.drain = Drain(bw.clock)
-        self.passthrough = Passthrough(
-            bw, template=policy.tool_name_template, name_max=policy.tool_name_max, bus=self.bus, calling=self.relay.calling
-        )
+        self.passthrough = Passthrough(bw, policy=policy, bus=self.bus, calling=self.relay.calling)
         if view_of is None:
             relay.deliver_to(self.passthrough.subscriptions.deliver)
         else:

@@ -1,0 +1,69 @@
+"""A session's first prompts and resources lists include the servers still on their way.
+
+Many clients (Claude Code's slash commands, the Inspector's one-shot CLI) list prompts and resources
+once, right after the handshake. The gateway lists them live from the ready servers, so an answer
+given at once left out every server still connecting. Real parts: `breakwater serve` in a real
+process, the conformance server (`tests/conformance/server.py`) as the upstream, started 1.5 s late,
+and a server that cannot start at all, which is not waited for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+
+pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")]
+
+UPSTREAM = Path(__file__).resolve().parents[1] / "conformance" / "server.py"
+LATE_START = "import runpy, sys, time; time.sleep(1.5); sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+
+
+async def _lists(client: Client) -> tuple[set[str], set[str], set[str]]:
+    prompts = {p.name for p in (await client.list_prompts()).prompts}
+    resources = {str(r.uri) for r in (await client.list_resources()).resources}
+    templates = {t.uri_template for t in (await client.list_resource_templates()).resource_templates}
+    return prompts, resources, templates
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_the_first_lists_wait_for_a_server_on_its_way_and_not_for_one_that_failed(tmp_path: Path, mode: str) -> None:
+    config = tmp_path / "mcp.json"
+    config.write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "late": {"command": sys.executable, "args": ["-c", LATE_START, str(UPSTREAM)]},
+                    "gone": {"command": "breakwater-no-such-server"},
+                }
+            }
+        )
+    )
+    env = dict(
+        os.environ,
+        BREAKWATER_ADMISSION_DIR=str(tmp_path / "admission"),
+        BREAKWATER_CATALOG_DIR=str(tmp_path / "catalog"),
+        BREAKWATER_CONNECT_STARTUP_JITTER_S="0",
+        BREAKWATER_CONNECT_BACKOFF_BASE_S="60",  # the failed server stays retrying, not connecting again
+        BREAKWATER_LIST_WAIT_S="60",
+    )
+    with anyio.fail_after(90):
+        async with Client(StdioServerParameters(command=sys.executable, args=[str(UPSTREAM)]), mode=mode) as direct:
+            want_prompts, want_resources, want_templates = await _lists(direct)
+        serve = ["-m", "breakwater", "serve", "--no-share", "--config", str(config)]
+        async with Client(StdioServerParameters(command=sys.executable, args=serve, env=env), mode=mode) as client:
+            started = time.monotonic()
+            prompts, resources, templates = await _lists(client)
+            waited = time.monotonic() - started
+    assert want_prompts and want_resources and want_templates, "the conformance server offers all three"
+    assert prompts == {f"late__{name}" for name in want_prompts}
+    assert resources == want_resources
+    assert templates == want_templates
+    # Ready about 1.5 s after the start; far below the 60 s bound, which the failed server would have run out.
+    assert waited < 30, waited
