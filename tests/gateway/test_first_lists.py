@@ -1,4 +1,4 @@
-"""A session's first prompts and resources lists include the servers still on their way.
+"""A session's first prompts and resources lists, and its first reads, reach the servers still on their way.
 
 Many clients (Claude Code's slash commands, the Inspector's one-shot CLI) list prompts and resources
 once, right after the handshake. The gateway lists them live from the ready servers, so an answer
@@ -32,8 +32,7 @@ async def _lists(client: Client) -> tuple[set[str], set[str], set[str]]:
     return prompts, resources, templates
 
 
-@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
-async def test_the_first_lists_wait_for_a_server_on_its_way_and_not_for_one_that_failed(tmp_path: Path, mode: str) -> None:
+def _config(tmp_path: Path) -> Path:
     config = tmp_path / "mcp.json"
     config.write_text(
         json.dumps(
@@ -45,7 +44,11 @@ async def test_the_first_lists_wait_for_a_server_on_its_way_and_not_for_one_that
             }
         )
     )
-    env = dict(
+    return config
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return dict(
         os.environ,
         BREAKWATER_ADMISSION_DIR=str(tmp_path / "admission"),
         BREAKWATER_CATALOG_DIR=str(tmp_path / "catalog"),
@@ -53,11 +56,19 @@ async def test_the_first_lists_wait_for_a_server_on_its_way_and_not_for_one_that
         BREAKWATER_CONNECT_BACKOFF_BASE_S="60",  # the failed server stays retrying, not connecting again
         BREAKWATER_LIST_WAIT_S="60",
     )
+
+
+def _serve(tmp_path: Path) -> StdioServerParameters:
+    args = ["-m", "breakwater", "serve", "--no-share", "--config", str(_config(tmp_path))]
+    return StdioServerParameters(command=sys.executable, args=args, env=_env(tmp_path))
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_the_first_lists_wait_for_a_server_on_its_way_and_not_for_one_that_failed(tmp_path: Path, mode: str) -> None:
     with anyio.fail_after(90):
         async with Client(StdioServerParameters(command=sys.executable, args=[str(UPSTREAM)]), mode=mode) as direct:
             want_prompts, want_resources, want_templates = await _lists(direct)
-        serve = ["-m", "breakwater", "serve", "--no-share", "--config", str(config)]
-        async with Client(StdioServerParameters(command=sys.executable, args=serve, env=env), mode=mode) as client:
+        async with Client(_serve(tmp_path), mode=mode) as client:
             started = time.monotonic()
             prompts, resources, templates = await _lists(client)
             waited = time.monotonic() - started
@@ -67,3 +78,16 @@ async def test_the_first_lists_wait_for_a_server_on_its_way_and_not_for_one_that
     assert templates == want_templates
     # Ready about 1.5 s after the start; far below the 60 s bound, which the failed server would have run out.
     assert waited < 30, waited
+
+
+async def test_a_first_read_of_a_uri_never_listed_waits_for_the_server_that_offers_it(tmp_path: Path) -> None:
+    """A client that knows its URIs reads (or subscribes) without listing first: a static resource and one made
+    from a template come back as the server gives them, not as "no ready server offers the resource"."""
+    uris = ["test://static-text", "test://template/42/data"]
+    with anyio.fail_after(90):
+        async with Client(StdioServerParameters(command=sys.executable, args=[str(UPSTREAM)]), mode="legacy") as direct:
+            want = [(await direct.read_resource(uri)).contents for uri in uris]
+        async with Client(_serve(tmp_path), mode="legacy") as client:
+            got = [(await client.read_resource(uri)).contents for uri in uris]
+            await client.subscribe_resource("test://watched-resource")
+    assert got == want

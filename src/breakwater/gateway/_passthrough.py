@@ -259,6 +259,9 @@ class Passthrough:
         self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
         uri = str(params.uri)
+        if uri not in self._resources and self._on_its_way():
+            # A client may read a URI it knows without listing first, as its session starts.
+            await self.learn_owner(ctx, uri)
         last: MCPError | None = None
         for candidate in self._owners(uri):
             try:
@@ -268,6 +271,15 @@ class Passthrough:
             except MCPError as exc:
                 last = exc
         raise self._unanswered(uri, last)
+
+    async def learn_owner(self, ctx: ServerRequestContext[Any], uri: str) -> None:
+        """List resources, then resource templates, to learn which server offers `uri` (each list waits for
+        the servers on their way: `_settled`); a server that cannot list now is left to `_owners`."""
+        with contextlib.suppress(MCPError):
+            await self.list_resources(ctx, None)
+        if uri not in self._resources:
+            with contextlib.suppress(MCPError):
+                await self.list_resource_templates(ctx, None)
 
     def _owners(self, uri: str) -> list[str]:
         """The servers to ask about `uri`: the one that listed it, else (a URI made from a template) the
@@ -452,8 +464,7 @@ class Subscriptions:
             raise MCPError(INTERNAL_ERROR, "resource subscriptions need a running gateway (breakwater serve)")
         if uri not in self._pt._resources:
             # A client may subscribe to a URI it never listed: learn who owns it first.
-            with contextlib.suppress(MCPError):
-                await self._pt.list_resources(ctx, None)
+            await self._pt.learn_owner(ctx, uri)
         target: ServerSession | _Listeners | None = session if session is not None else self._listeners
         if target is None:
             raise MCPError(INTERNAL_ERROR, "a listen stream needs the gateway's subscription bus")
