@@ -63,7 +63,8 @@ def test_vscode_servers_key(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "key", "fix_fragment"),
     [
-        ('{"mcpServers": {"a": {"command": "x",}}}', None, "JSON syntax"),
+        ('{"mcpServers": {"a": {"command" "x"}}}', None, "JSON syntax"),
+        ('{"mcpServers": {"a": {"command": "x"}} /* never closed', None, "JSON syntax"),
         ({"mcpServers": {"a": {"comand": "x"}}}, "mcpServers.a.comand", "did you mean 'command'"),
         ({"mcpServers": {"a": {"args": ["x"]}}}, "mcpServers.a.command", "add"),
         ({"mcpServers": {"a": {"command": "x", "args": "--flag"}}}, "mcpServers.a.args", '"args": ['),

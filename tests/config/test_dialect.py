@@ -206,3 +206,54 @@ def test_a_bad_env_file_names_the_line_not_its_value(tmp_path: Path) -> None:
     assert "line 2" in str(caught.value) and "sk-not-a-name" not in str(caught.value)
     with pytest.raises(ConfigError, match="cannot read the envFile"):
         one(tmp_path, {"command": "s", "envFile": "missing.env"}, {})
+
+
+# ---- JSON with comments ---------------------------------------------------------------------
+
+
+JSONC = """{
+  // this workspace's servers
+  "servers": {
+    "files": {"type": "stdio", "command": "npx", "args": ["-y", "server-files", "a,}", "// not a comment"],},
+    /* the remote one,
+       signed in with a token */
+    "remote": {"type": "http", "url": "https://mcp.example.test/mcp/*x*/", "headers": {"Authorization": "Bearer \\"//\\""}},
+  },
+  "inputs": [],
+}
+"""
+CLEAN = {
+    "servers": {
+        "files": {"type": "stdio", "command": "npx", "args": ["-y", "server-files", "a,}", "// not a comment"]},
+        "remote": {"type": "http", "url": "https://mcp.example.test/mcp/*x*/", "headers": {"Authorization": 'Bearer "//"'}},
+    },
+    "inputs": [],
+}
+
+
+def test_a_vs_code_file_with_comments_and_trailing_commas_reads_as_its_json_would(tmp_path: Path) -> None:
+    """VS Code reads mcp.json as JSONC; what is inside strings ("//", "/*", ",}") stays as written."""
+    commented = tmp_path / ".vscode" / "mcp.json"
+    commented.parent.mkdir()
+    commented.write_text(JSONC)
+    clean = tmp_path / "clean.json"
+    clean.write_text(json.dumps(CLEAN))
+    got, want = (load_config(p, environ={}) for p in (commented, clean))
+    assert [s.describe() for s in got.servers] == [s.describe() for s in want.servers]
+    assert got.server("files").args == ("-y", "server-files", "a,}", "// not a comment")
+    assert dict(got.server("remote").headers) == {"Authorization": 'Bearer "//"'}
+
+
+def test_a_syntax_error_after_a_comment_is_reported_at_its_own_line_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "mcp.json"
+    path.write_text('{\n  /* one\n     two */ "mcpServers": {\n    "a": {"command" "x"}\n  }\n}\n')
+    with pytest.raises(ConfigError, match=r"line 4, column 21") as info:  # at "x", where the colon is missing
+        load_config(path, environ={})
+    assert info.value.path == str(path)
+
+
+def test_config_import_takes_a_commented_file(tmp_path: Path) -> None:
+    source = tmp_path / "mcp.json"
+    source.write_text(JSONC)
+    assert cli_main(["config", "import", str(source)]) == 0
+    assert json.loads((tmp_path / "breakwater.servers.json").read_text()) == {"servers": CLEAN["servers"]}

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from breakwater._wire import json_depth
+from breakwater.config import _jsonc
 from breakwater.config._checks import check_header, check_server_name, check_template_for_servers, check_text, check_url
 from breakwater.config._dialect import (
     IGNORED_ENTRY_KEYS,
@@ -303,8 +304,8 @@ MAX_NESTING = 64
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    text = _read_text(path)
-    fix = "fix the JSON syntax (a trailing comma or a missing quote is the usual cause)"
+    text = _jsonc.strip(_read_text(path))  # comments and trailing commas, as VS Code's mcp.json has them
+    fix = "fix the JSON syntax (a missing quote, comma or bracket is the usual cause)"
     if json_depth(text) > MAX_NESTING:
         raise ConfigError(f"nested deeper than {MAX_NESTING} levels", path=str(path), fix="flatten the file")
     try:

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from breakwater.config import Config
+from breakwater.config import Config, _jsonc
 from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX
 from breakwater.config._dialect import SIGN_IN_KEYS, SKIPPED_TYPES
 from breakwater.config._files import load_config_lenient
@@ -87,7 +87,7 @@ def _plan(source: Path) -> tuple[dict[Path, str], list[str]]:
     # A broken file is reported here, with file, key and fix. Variables are checked, not expanded:
     # the servers file keeps every ${VAR} (and every oauth object) exactly as written.
     config, missing = load_config_lenient(source)
-    raw: dict[str, Any] = json.loads(source.read_text())
+    raw: dict[str, Any] = json.loads(_jsonc.strip(source.read_text(encoding="utf-8-sig")))
     top = "mcpServers" if "mcpServers" in raw else "servers"
     if GATEWAY_NAME in raw.get(top, {}):
         raise ConfigError(
