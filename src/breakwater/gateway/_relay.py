@@ -26,7 +26,7 @@ from breakwater.config import ServerSpec
 from breakwater.errors import ClientCannotAnswerError, ErrorCode
 from breakwater.gate._attempt import ATTEMPT_WATCHER, AttemptDeadline
 from breakwater.gate._envelope import error_result
-from breakwater.gateway._passthrough import connection_of
+from breakwater.gateway._connection import connection_of
 from breakwater.tasks._server import current_task_id
 
 logger = logging.getLogger("breakwater.gateway")

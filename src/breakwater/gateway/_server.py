@@ -9,7 +9,7 @@ the next retry) — never "no such tool" for a server that is merely down.
 What an upstream sends back while it works on a call is relayed to the client that made the call
 (`Relay`): sampling and elicitation requests (as server-to-client requests to 2025-11-25 clients,
 as `InputRequiredResult` rounds to 2026-07-28 ones) and log messages (at the caller's level).
-Resource subscriptions are relayed by `breakwater.gateway._passthrough.Subscriptions`.
+Resource subscriptions are relayed by `breakwater.gateway._subscriptions.Subscriptions`.
 """
 
 from __future__ import annotations
@@ -43,10 +43,11 @@ from breakwater.errors import CallCancelledError, ToolChangedError, UnknownToolE
 from breakwater.gate._call import OPERATION_ID_ARGUMENT
 from breakwater.gate._envelope import error_result
 from breakwater.gateway._builtins import BuiltinTools, SearchAnswer
+from breakwater.gateway._connection import connection_of
 from breakwater.gateway._drain import Drain
 from breakwater.gateway._frames import deadline_seconds, explain_params_errors, invalid_deadline
 from breakwater.gateway._operations import forwarded_once
-from breakwater.gateway._passthrough import Passthrough, RelayedListen, connection_of, without_upstream_identity
+from breakwater.gateway._passthrough import Passthrough, without_upstream_identity
 from breakwater.gateway._relay import (
     EXCHANGE_KEEP_S,
     EXCHANGE_STATE_PREFIX,
@@ -58,6 +59,7 @@ from breakwater.gateway._relay import (
     explain_refusal,
 )
 from breakwater.gateway._spans import spans_only_when_traced
+from breakwater.gateway._subscriptions import RelayedListen
 from breakwater.gateway._tasks import GatewayTasks
 from breakwater.journal import DOWNSTREAM_CLIENT
 from breakwater.state._operations import OperationRecords

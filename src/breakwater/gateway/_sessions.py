@@ -35,8 +35,9 @@ from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServ
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.responses import Response
 
-from breakwater.gateway._passthrough import Subscriptions, connection_of
+from breakwater.gateway._connection import connection_of
 from breakwater.gateway._relay import LOG_LEVEL_STATE
+from breakwater.gateway._subscriptions import Subscriptions
 
 if TYPE_CHECKING:
     from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
