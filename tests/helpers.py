@@ -35,9 +35,23 @@ __all__ = [
     "connected_upstream",
     "eventually",
     "gateway_pids",
+    "isolated_env",
     "require",
     "screenshot",
 ]
+
+
+def isolated_env(tmp_path: Path, **more: str) -> dict[str, str]:
+    """This process's environment, with breakwater's caches in `tmp_path` (one test's last-known tools, admission
+    locks and learned revisions never reach another's), no start-up jitter, and `more` on top."""
+    return dict(
+        os.environ,
+        BREAKWATER_ADMISSION_DIR=str(tmp_path / "admission"),
+        BREAKWATER_CATALOG_DIR=str(tmp_path / "catalog"),
+        BREAKWATER_PROTOCOL_MEMORY_DIR=str(tmp_path / "protocols"),
+        BREAKWATER_CONNECT_STARTUP_JITTER_S="0",
+        **more,
+    )
 
 
 def code_of(result: Any) -> str | None:

@@ -10,7 +10,6 @@ and a server that cannot start at all, which is not waited for.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -18,6 +17,8 @@ from pathlib import Path
 import anyio
 import pytest
 from mcp import Client, StdioServerParameters
+
+from helpers import isolated_env
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")]
 
@@ -47,20 +48,11 @@ def _config(tmp_path: Path) -> Path:
     return config
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
-    return dict(
-        os.environ,
-        BREAKWATER_ADMISSION_DIR=str(tmp_path / "admission"),
-        BREAKWATER_CATALOG_DIR=str(tmp_path / "catalog"),
-        BREAKWATER_CONNECT_STARTUP_JITTER_S="0",
-        BREAKWATER_CONNECT_BACKOFF_BASE_S="60",  # the failed server stays retrying, not connecting again
-        BREAKWATER_LIST_WAIT_S="60",
-    )
-
-
 def _serve(tmp_path: Path) -> StdioServerParameters:
     args = ["-m", "breakwater", "serve", "--no-share", "--config", str(_config(tmp_path))]
-    return StdioServerParameters(command=sys.executable, args=args, env=_env(tmp_path))
+    # The failed server stays retrying (not connecting again) for longer than the test runs.
+    env = isolated_env(tmp_path, BREAKWATER_CONNECT_BACKOFF_BASE_S="60", BREAKWATER_LIST_WAIT_S="60")
+    return StdioServerParameters(command=sys.executable, args=args, env=env)
 
 
 @pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])

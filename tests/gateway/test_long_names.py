@@ -8,7 +8,6 @@ listing tools whose names differ only past the cut.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -22,6 +21,7 @@ from mcp import Client, StdioServerParameters
 
 from breakwater.config._checks import namespaced
 from breakwater.testing.server import launch_command
+from helpers import isolated_env
 
 pytestmark = pytest.mark.anyio
 
@@ -30,16 +30,6 @@ LONG = "synchronize_all_customer_data_across_multiple_systems_for_region"
 TOOLS = (f"{LONG}_one", f"{LONG}_two", "ping")
 #: The most the Anthropic and OpenAI APIs accept for a tool name.
 API_LIMIT = 64
-
-
-def _env(tmp_path: Path, **more: str) -> dict[str, str]:
-    return dict(
-        os.environ,
-        BREAKWATER_ADMISSION_DIR=str(tmp_path / "admission"),
-        BREAKWATER_CATALOG_DIR=str(tmp_path / "catalog"),
-        BREAKWATER_CONNECT_STARTUP_JITTER_S="0",
-        **more,
-    )
 
 
 def _config(tmp_path: Path) -> Path:
@@ -75,7 +65,7 @@ async def _listed(tmp_path: Path, env: dict[str, str]) -> dict[str, Any]:
 
 
 async def test_long_names_are_cut_to_the_limit_and_each_reaches_its_own_tool(tmp_path: Path) -> None:
-    reached = await _listed(tmp_path, _env(tmp_path))
+    reached = await _listed(tmp_path, isolated_env(tmp_path))
     assert sorted(reached.values()) == sorted(TOOLS)
     assert reached[f"{SERVER}__ping"] == "ping"  # a short name is left as it is
     for name, tool in reached.items():
@@ -85,8 +75,8 @@ async def test_long_names_are_cut_to_the_limit_and_each_reaches_its_own_tool(tmp
 
 async def test_a_lower_limit_gives_the_same_names_at_every_start(tmp_path: Path) -> None:
     """For a client that adds its own prefix: 47 leaves room for Claude Code's `mcp__breakwater__`."""
-    first = await _listed(tmp_path / "a", _env(tmp_path / "a", BREAKWATER_TOOL_NAME_MAX="47"))
-    again = await _listed(tmp_path / "b", _env(tmp_path / "b", BREAKWATER_TOOL_NAME_MAX="47"))
+    first = await _listed(tmp_path / "a", isolated_env(tmp_path / "a", BREAKWATER_TOOL_NAME_MAX="47"))
+    again = await _listed(tmp_path / "b", isolated_env(tmp_path / "b", BREAKWATER_TOOL_NAME_MAX="47"))
     assert first == again
     assert all(len(f"mcp__breakwater__{name}") <= API_LIMIT for name in first)
     assert sorted(first.values()) == sorted(TOOLS)
@@ -104,7 +94,7 @@ def test_names_keep_their_start_differ_by_the_whole_and_fit_the_limit() -> None:
 def test_a_limit_out_of_range_is_a_config_error_that_names_the_knob(tmp_path: Path, value: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "breakwater", "serve", "--no-share", "--config", str(_config(tmp_path))],
-        env=_env(tmp_path, BREAKWATER_TOOL_NAME_MAX=value),
+        env=isolated_env(tmp_path, BREAKWATER_TOOL_NAME_MAX=value),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
