@@ -100,6 +100,9 @@ async def test_a_server_that_needs_the_user_on_a_page_gives_the_model_its_addres
     verdict = v(needed.value)
     assert (verdict.outcome, verdict.code, verdict.retryable) == (Outcome.SUCCESS, ErrorCode.CLIENT_CANNOT_ANSWER, False)
     assert "Connect your calendar — open https://cal.example/auth?s=1" in verdict.reason
+    assert [(page["url"], page["message"]) for page in verdict.elicitations] == [
+        ("https://cal.example/auth?s=1", "Connect your calendar")
+    ]
 
 
 @pytest.mark.anyio

@@ -399,8 +399,11 @@ def _error(
     if code is ErrorCode.UPSTREAM_ERROR:
         return UpstreamError(retryable=verdict.retryable, detail=detail, **common)
     if code is ErrorCode.CLIENT_CANNOT_ANSWER and verdict.reason:
-        # What the user must do (a page's address) goes in the sentence the model reads, not only in the detail.
+        # What the user must do (a page's address) goes in the sentence the model reads, not only in the detail;
+        # the pages as the server sent them go in the detail, for a client that opens them itself.
         message = verdict.reason[:1].upper() + verdict.reason[1:]
+        if verdict.elicitations:
+            detail["elicitations"] = [dict(page) for page in verdict.elicitations]
         return ClientCannotAnswerError(message, retryable=verdict.retryable, detail=detail, **common)
     return CODE_TO_ERROR[code](retryable=verdict.retryable, detail=detail, **common)
 

@@ -32,7 +32,7 @@ import asyncio
 import enum
 import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,6 +124,8 @@ class Verdict:
     retry_after_s: float | None = None
     #: A short technical explanation, for logs and the envelope's detail.
     reason: str = ""
+    #: The pages a URL-elicitation-required error (-32042) asks the user to open, as the server sent them.
+    elicitations: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -404,6 +406,7 @@ def _classify_mcp_error(exc: MCPError, ctx: AttemptContext) -> Verdict:
             code=ErrorCode.CLIENT_CANNOT_ANSWER,
             retryable=False,
             reason=_pages_to_open(message, exc.data),
+            elicitations=_url_elicitations(exc.data),
         )
     if code == INVALID_REQUEST and "session terminated" in message.lower():
         # HTTP 404 on a known session: the server forgot us and did not run the call.
@@ -455,6 +458,17 @@ def _parse_retry_after(value: str | None) -> float | None:
     except ValueError:
         return None
     return seconds if seconds >= 0 else None
+
+
+def _url_elicitations(data: object) -> tuple[Mapping[str, Any], ...]:
+    """The well-formed URL elicitations of a -32042 error's data (mode, url, message, elicitationId: strings)."""
+    items = data.get("elicitations") if isinstance(data, dict) else None
+    keys = ("mode", "url", "message", "elicitationId")
+    return tuple(
+        dict(item)
+        for item in (items if isinstance(items, list) else ())
+        if isinstance(item, dict) and item.get("mode") == "url" and all(isinstance(item.get(k), str) for k in keys)
+    )
 
 
 def _pages_to_open(message: str, data: object) -> str:

@@ -17,6 +17,7 @@ from mcp.client.session import ClientRequestContext
 from mcp.server.connection import allowed_log_levels
 from mcp.server.context import ServerRequestContext
 from mcp.shared.message import ServerMessageMetadata
+from mcp_types.jsonrpc import URL_ELICITATION_REQUIRED
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 
@@ -446,6 +447,31 @@ def _admitted_levels(ctx: ServerRequestContext[Any]) -> frozenset[types.LoggingL
     state = getattr(connection_of(ctx), "state", None)
     level = state.get(LOG_LEVEL_STATE) if isinstance(state, dict) else None
     return frozenset(LOG_LEVELS[LOG_LEVELS.index(level) :] if level in LOG_LEVELS else LOG_LEVELS)
+
+
+def url_elicitation_required(result: types.CallToolResult, caller: _Caller) -> MCPError | None:
+    """The server's URL-elicitation-required error (-32042) as it sent it, for a caller that can open the pages itself.
+
+    The gate turns it into CLIENT_CANNOT_ANSWER with each page's address in the text, which is what a
+    model needs from a client that cannot take URL elicitations. A 2025-11-25 client that declared
+    `elicitation.url` shows the pages to its user and retries when they are done: it gets the error the
+    spec gives it, with the server's `elicitations`, rather than a text for its model.
+    """
+    structured = result.structured_content
+    if not result.is_error or not isinstance(structured, Mapping):
+        return None
+    pages = structured.get("elicitations")
+    if structured.get("code") != ErrorCode.CLIENT_CANNOT_ANSWER.value or not pages or not isinstance(pages, list):
+        return None
+    ctx = caller.ctx
+    if ctx is None or caller.in_task or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        return None  # 2026-07-28 carries input requests in results, and a task has no request to fail
+    elicitation = caller.capabilities.elicitation if caller.capabilities is not None else None
+    if elicitation is None or elicitation.url is None:
+        return None
+    message = structured.get("message")
+    text = message if isinstance(message, str) else "URL elicitation required"
+    return MCPError(URL_ELICITATION_REQUIRED, text, {"elicitations": pages})
 
 
 def explain_refusal(result: types.CallToolResult, caller: _Caller) -> types.CallToolResult:

@@ -57,6 +57,7 @@ from breakwater.gateway._relay import (
     _can_answer,
     _Exchange,
     explain_refusal,
+    url_elicitation_required,
 )
 from breakwater.gateway._spans import spans_only_when_traced
 from breakwater.gateway._subscriptions import RelayedListen
@@ -464,13 +465,17 @@ class Gateway:
 
         try:
             if self.operations is None:
-                return await run()
-            # A client's own id may be a retry of a call another replica ran (breakwater.gateway._operations).
-            chosen = given if isinstance(given, str) and given else own if isinstance(own, str) and own else None
-            deadline_s = deadline_seconds(deadline_ms) if deadline_ms is not None else None
-            return await forwarded_once(self.operations, self.bw, chosen, server, tool, arguments, deadline_s, run)
+                result = await run()
+            else:
+                # A client's own id may be a retry of a call another replica ran (breakwater.gateway._operations).
+                chosen = given if isinstance(given, str) and given else own if isinstance(own, str) and own else None
+                deadline_s = deadline_seconds(deadline_ms) if deadline_ms is not None else None
+                result = await forwarded_once(self.operations, self.bw, chosen, server, tool, arguments, deadline_s, run)
         finally:
             DOWNSTREAM_CLIENT.reset(client)
+        if (native := url_elicitation_required(result, caller)) is not None:
+            raise native
+        return result
 
     # ---- 2026-07-28 clients asked for input (multi round-trip) ------------------------------------
 
