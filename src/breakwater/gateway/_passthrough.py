@@ -115,6 +115,7 @@ class Passthrough:
         return out
 
     async def bounded(self, server: str, call: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """`call(*args, **kwargs)` to `server`, bounded by its call timeout (an MCP error when it runs out)."""
         clock = self.bw.clock
         timeout = self.bw.config.server(server).call.timeout_s
         with clock.deadline_scope(clock.monotonic() + timeout) as scope:
@@ -149,6 +150,7 @@ class Passthrough:
         return self._nobody_offers(f"the resource {uri!r}", last)
 
     def client(self, server: str) -> Client:
+        """`server`'s client if it is ready, else an MCP error that says its state and why."""
         upstream = self.bw.upstream(server)
         if upstream.state is not ServerState.READY or upstream.client is None:
             snap = upstream.snapshot()
