@@ -28,7 +28,7 @@ from helpers import isolated_env
 pytestmark = pytest.mark.anyio
 
 UPSTREAM = """
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.exceptions import UrlElicitationRequiredError
 from mcp.types import ElicitRequestURLParams, ToolAnnotations
 
@@ -39,6 +39,13 @@ server = MCPServer("cal")
 async def agenda() -> str:
     page = ElicitRequestURLParams(message="Connect your calendar", url="https://cal.example/auth?s=1", elicitation_id="e1")
     raise UrlElicitationRequiredError([page])
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+async def connect(ctx: Context) -> str:
+    answer = await ctx.session.elicit_url("Connect your calendar", "https://cal.example/auth?s=2", "e2", ctx.request_id)
+    await ctx.session.send_elicit_complete("e2", ctx.request_id)  # the user is done on the page
+    return answer.action
 
 
 server.run("stdio")
@@ -76,10 +83,10 @@ async def _gateway(tmp_path: Path, how: str) -> AsyncIterator[Any]:
         proc.wait(timeout=30)
 
 
-async def _call(client: Client) -> types.CallToolResult:
+async def _call(client: Client, tool: str = "agenda") -> types.CallToolResult:
     with anyio.fail_after(30):
         while True:  # the upstream may still be connecting: the gateway waits for it, within its call wait
-            result = await client.call_tool("cal__agenda", {})
+            result = await client.call_tool(f"cal__{tool}", {})
             if (result.structured_content or {}).get("code") != "SERVER_CONNECTING":
                 return result
 
@@ -105,3 +112,33 @@ async def test_any_other_client_gets_the_address_in_the_text_its_model_reads(tmp
     assert result.structured_content["elicitations"] == [PAGE]
     text = " ".join(block.text for block in result.content if isinstance(block, types.TextContent))
     assert "Connect your calendar — open https://cal.example/auth?s=1" in text
+
+
+@pytest.mark.parametrize("how", ["stdio", "http"])
+async def test_the_servers_word_that_the_user_is_done_on_the_page_reaches_the_client_it_sent_there(
+    tmp_path: Path, how: str
+) -> None:
+    """`notifications/elicitation/complete` goes to the client that was asked to open that page."""
+    asked: list[tuple[str, str]] = []
+    done: list[str] = []
+
+    async def opens(context: ClientRequestContext, params: types.ElicitRequestParams) -> types.ElicitResult:
+        assert isinstance(params, types.ElicitRequestURLParams)
+        asked.append((params.url, params.elicitation_id))
+        return types.ElicitResult(action="accept")
+
+    async def heard(message: Any) -> None:
+        if isinstance(message, types.ElicitCompleteNotification):
+            done.append(message.params.elicitation_id)
+
+    async with (
+        _gateway(tmp_path, how) as target,
+        Client(target, mode="legacy", elicitation_callback=opens, message_handler=heard) as client,
+    ):
+        result = await _call(client, "connect")
+        with anyio.fail_after(10):
+            while not done:
+                await anyio.sleep(0.02)
+    assert not result.is_error, result
+    assert asked == [("https://cal.example/auth?s=2", "e2")]
+    assert done == ["e2"]

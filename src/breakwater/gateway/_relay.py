@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast, get_args
@@ -45,6 +46,9 @@ LOG_LEVEL_STATE = "breakwater.logLevel"  # in the downstream connection's `state
 
 #: Upstream connections opt into every log level; each downstream caller then gets what its own level admits.
 UPSTREAM_LOG_LEVEL: types.LoggingLevel = "debug"
+
+#: URL elicitations sent to clients whose completion notice breakwater remembers where to send.
+URL_PAGES_MAX = 1024
 
 #: Transports whose wire does not say which request a server message belongs to.
 UNCORRELATED_TRANSPORTS = frozenset({"stdio", "sse"})
@@ -275,6 +279,9 @@ class Relay:
         self._clock: Clock = clock or SystemClock()
         self._callers: dict[str, list[_Caller]] = {}
         self.exchanges: dict[str, _Exchange] = {}
+        #: (server, elicitationId) -> the caller whose client was sent that page to open: where the server's
+        #: `notifications/elicitation/complete` for it goes. The oldest go first past `URL_PAGES_MAX`.
+        self._url_pages: OrderedDict[tuple[str, str], _Caller] = OrderedDict()
 
     def deliver_to(self, resource_updated: UpdateSink) -> None:
         """Where `notifications/resources/updated` from upstreams go from now on: `resource_updated(server, uri)`."""
@@ -359,6 +366,8 @@ class Relay:
         async def message(item: Any) -> None:
             if isinstance(item, types.ResourceUpdatedNotification):
                 await (resource_updated or self._resource_updated)(server, str(item.params.uri))
+            elif isinstance(item, types.ElicitCompleteNotification):
+                await self._url_page_done(server, item.params.elicitation_id)
 
         return {
             "sampling_callback": sampling,
@@ -402,6 +411,8 @@ class Relay:
                 return caller.refuse(kind, f"the client's call runs as a task, and breakwater does not relay {kind} into tasks")
             method = ctx.method if ctx is not None else "this request"
             return caller.refuse(kind, f"a 2026-07-28 client can be asked for {kind} during tools/call only, not {method}")
+        if isinstance(request.params, types.ElicitRequestURLParams) and request.params.elicitation_id:
+            self._page_sent(caller, request.params.elicitation_id)
         try:
             with caller.asking():
                 metadata = ServerMessageMetadata(related_request_id=ctx.request_id)
@@ -415,6 +426,36 @@ class Relay:
                 code=types.INTERNAL_ERROR, message=f"breakwater: the client did not answer: {type(exc).__name__}"
             )
         return types.ErrorData(code=types.INTERNAL_ERROR, message="breakwater: the call ended before the client answered")
+
+    def url_elicitation_required(self, result: types.CallToolResult, caller: _Caller) -> MCPError | None:
+        """`_url_elicitation_required`, remembering each page for the server's completion notice."""
+        error = _url_elicitation_required(result, caller)
+        if error is not None:
+            for page in cast("dict[str, list[dict[str, Any]]]", error.error.data)["elicitations"]:
+                self._page_sent(caller, str(page["elicitationId"]))
+        return error
+
+    def _page_sent(self, caller: _Caller, elicitation_id: str) -> None:
+        self._url_pages[(caller.server, elicitation_id)] = caller
+        while len(self._url_pages) > URL_PAGES_MAX:
+            self._url_pages.popitem(last=False)
+
+    async def _url_page_done(self, server: str, elicitation_id: str) -> None:
+        """A server's `notifications/elicitation/complete`, to the client it had sent to open that page.
+
+        The client may retry what waited for the page. On the call's own stream while the call runs,
+        on the connection's after (a 2025-11-25 HTTP client's GET stream).
+        """
+        caller = self._url_pages.pop((server, elicitation_id), None)
+        ctx = caller.ctx if caller is not None else None
+        if caller is None or ctx is None:
+            logger.debug("%s completed elicitation %r, which breakwater sent to no client", server, elicitation_id)
+            return
+        note = types.ElicitCompleteNotification(params=types.ElicitCompleteNotificationParams(elicitation_id=elicitation_id))
+        try:
+            await ctx.session.send_notification(note, related_request_id=None if caller.finished else ctx.request_id)
+        except Exception:  # the client went away: nothing to tell
+            logger.debug("could not relay the completion of elicitation %r from %s", elicitation_id, server, exc_info=True)
 
     async def log(self, server: str, transport: str, params: types.LoggingMessageNotificationParams) -> None:
         """An upstream `notifications/message`, to the caller (if its level admits it)."""
@@ -449,7 +490,7 @@ def _admitted_levels(ctx: ServerRequestContext[Any]) -> frozenset[types.LoggingL
     return frozenset(LOG_LEVELS[LOG_LEVELS.index(level) :] if level in LOG_LEVELS else LOG_LEVELS)
 
 
-def url_elicitation_required(result: types.CallToolResult, caller: _Caller) -> MCPError | None:
+def _url_elicitation_required(result: types.CallToolResult, caller: _Caller) -> MCPError | None:
     """The server's URL-elicitation-required error (-32042) as it sent it, for a caller that can open the pages itself.
 
     The gate turns it into CLIENT_CANNOT_ANSWER with each page's address in the text, which is what a

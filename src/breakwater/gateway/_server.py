@@ -57,7 +57,6 @@ from breakwater.gateway._relay import (
     _can_answer,
     _Exchange,
     explain_refusal,
-    url_elicitation_required,
 )
 from breakwater.gateway._spans import spans_only_when_traced
 from breakwater.gateway._subscriptions import RelayedListen
@@ -473,7 +472,7 @@ class Gateway:
                 result = await forwarded_once(self.operations, self.bw, chosen, server, tool, arguments, deadline_s, run)
         finally:
             DOWNSTREAM_CLIENT.reset(client)
-        if (native := url_elicitation_required(result, caller)) is not None:
+        if (native := self.relay.url_elicitation_required(result, caller)) is not None:
             raise native
         return result
 
