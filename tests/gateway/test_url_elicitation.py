@@ -119,7 +119,7 @@ async def test_the_servers_word_that_the_user_is_done_on_the_page_reaches_the_cl
     tmp_path: Path, how: str
 ) -> None:
     """`notifications/elicitation/complete` goes to the client that was asked to open that page."""
-    asked: list[tuple[str, str]] = []
+    asked: list[tuple[str, str | None]] = []
     done: list[str] = []
 
     async def opens(context: ClientRequestContext, params: types.ElicitRequestParams) -> types.ElicitResult:
