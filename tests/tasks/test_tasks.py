@@ -31,6 +31,7 @@ from breakwater.config import CallPolicy
 from breakwater.gate._tasks import CLIENT_EXTENSION, POLL_JITTER
 from breakwater.tasks._wire import CancelTaskRequest, GetTaskRequest, TaskAck, TaskHandle, TaskIdParams, TaskState
 from breakwater.testing.server import launch_command
+from helpers import isolated_env
 
 pytestmark = pytest.mark.anyio
 
@@ -446,13 +447,7 @@ async def test_leaving_breakwater_leaves_the_task_running_and_remembered(tmp_pat
 
 
 def gateway_env(tmp_path: Path) -> dict[str, str]:
-    return dict(
-        os.environ,
-        BREAKWATER_ADMISSION_DIR=str(tmp_path / "admission"),
-        BREAKWATER_CATALOG_DIR=str(tmp_path / "catalog"),
-        BREAKWATER_TASKS_DB=str(tmp_path / "gateway-tasks.sqlite3"),
-        BREAKWATER_CONNECT_STARTUP_JITTER_S="0",
-    )
+    return isolated_env(tmp_path, BREAKWATER_TASKS_DB=str(tmp_path / "gateway-tasks.sqlite3"))
 
 
 def gateway_config(tmp_path: Path, entry: dict[str, Any]) -> Path:

@@ -20,7 +20,7 @@ import anyio
 import mcp.types as types
 
 from breakwater import _paths
-from breakwater.config._checks import MAX_TOOL_NAME, TOOL_NAME_OK, namespaced
+from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX, TOOL_NAME_OK, namespaced
 
 __all__ = ["Catalog", "Entry", "default_catalog_dir", "entry_json", "namespaced", "tool_fingerprint"]
 
@@ -55,7 +55,7 @@ class Entry:
 class Catalog:
     """Live and last-known tools of every server, with on-disk memory."""
 
-    def __init__(self, *, template: str, directory: Path | None, name_max: int = MAX_TOOL_NAME) -> None:
+    def __init__(self, *, template: str, directory: Path | None, name_max: int = DEFAULT_TOOL_NAME_MAX) -> None:
         self.template = template
         #: The longest name it gives a tool (`[gateway] tool_name_max`).
         self.name_max = name_max

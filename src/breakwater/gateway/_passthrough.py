@@ -303,6 +303,3 @@ class Passthrough:
             "on_unsubscribe_resource": self.subscriptions.unsubscribe,
             "on_completion": self.complete,
         }
-
-
-# ---- resource subscriptions ---------------------------------------------------------------------

@@ -428,12 +428,31 @@ class Relay:
         return types.ErrorData(code=types.INTERNAL_ERROR, message="breakwater: the call ended before the client answered")
 
     def url_elicitation_required(self, result: types.CallToolResult, caller: _Caller) -> MCPError | None:
-        """`_url_elicitation_required`, remembering each page for the server's completion notice."""
-        error = _url_elicitation_required(result, caller)
-        if error is not None:
-            for page in cast("dict[str, list[dict[str, Any]]]", error.error.data)["elicitations"]:
-                self._page_sent(caller, str(page["elicitationId"]))
-        return error
+        """The server's URL-elicitation-required error (-32042) as it sent it, for a caller that can open the pages
+        itself; each page is remembered for the server's completion notice.
+
+        The gate turns it into CLIENT_CANNOT_ANSWER with each page's address in the text, which is what a
+        model needs from a client that cannot take URL elicitations. A 2025-11-25 client that declared
+        `elicitation.url` shows the pages to its user and retries when they are done: it gets the error the
+        spec gives it, with the server's `elicitations`, rather than a text for its model.
+        """
+        structured = result.structured_content
+        if not result.is_error or not isinstance(structured, Mapping):
+            return None
+        pages = structured.get("elicitations")
+        if structured.get("code") != ErrorCode.CLIENT_CANNOT_ANSWER.value or not pages or not isinstance(pages, list):
+            return None
+        ctx = caller.ctx
+        if ctx is None or caller.in_task or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return None  # 2026-07-28 carries input requests in results, and a task has no request to fail
+        elicitation = caller.capabilities.elicitation if caller.capabilities is not None else None
+        if elicitation is None or elicitation.url is None:
+            return None
+        for page in pages:
+            self._page_sent(caller, str(page["elicitationId"]))
+        message = structured.get("message")
+        text = message if isinstance(message, str) else "URL elicitation required"
+        return MCPError(URL_ELICITATION_REQUIRED, text, {"elicitations": pages})
 
     def _page_sent(self, caller: _Caller, elicitation_id: str) -> None:
         self._url_pages[(caller.server, elicitation_id)] = caller
@@ -488,31 +507,6 @@ def _admitted_levels(ctx: ServerRequestContext[Any]) -> frozenset[types.LoggingL
     state = getattr(connection_of(ctx), "state", None)
     level = state.get(LOG_LEVEL_STATE) if isinstance(state, dict) else None
     return frozenset(LOG_LEVELS[LOG_LEVELS.index(level) :] if level in LOG_LEVELS else LOG_LEVELS)
-
-
-def _url_elicitation_required(result: types.CallToolResult, caller: _Caller) -> MCPError | None:
-    """The server's URL-elicitation-required error (-32042) as it sent it, for a caller that can open the pages itself.
-
-    The gate turns it into CLIENT_CANNOT_ANSWER with each page's address in the text, which is what a
-    model needs from a client that cannot take URL elicitations. A 2025-11-25 client that declared
-    `elicitation.url` shows the pages to its user and retries when they are done: it gets the error the
-    spec gives it, with the server's `elicitations`, rather than a text for its model.
-    """
-    structured = result.structured_content
-    if not result.is_error or not isinstance(structured, Mapping):
-        return None
-    pages = structured.get("elicitations")
-    if structured.get("code") != ErrorCode.CLIENT_CANNOT_ANSWER.value or not pages or not isinstance(pages, list):
-        return None
-    ctx = caller.ctx
-    if ctx is None or caller.in_task or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-        return None  # 2026-07-28 carries input requests in results, and a task has no request to fail
-    elicitation = caller.capabilities.elicitation if caller.capabilities is not None else None
-    if elicitation is None or elicitation.url is None:
-        return None
-    message = structured.get("message")
-    text = message if isinstance(message, str) else "URL elicitation required"
-    return MCPError(URL_ELICITATION_REQUIRED, text, {"elicitations": pages})
 
 
 def explain_refusal(result: types.CallToolResult, caller: _Caller) -> types.CallToolResult:
