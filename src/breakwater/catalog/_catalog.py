@@ -48,8 +48,16 @@ class Entry:
     live: bool  # from a ready server (False: last known, from the cache)
 
     def downstream(self) -> types.Tool:
-        """The definition downstream clients see: the upstream one, renamed, nothing else changed."""
-        return self.tool.model_copy(update={"name": self.name})
+        """The definition downstream clients see: the upstream one, renamed, without its `execution`.
+
+        `execution.taskSupport` (2025-11-25) says how the *upstream* takes the tool. Downstream the
+        gateway answers every tool as an ordinary call (it calls a task-only tool as a task itself,
+        `gate/_task_required.py`) and offers no 2025-11-25 tasks, so relayed as it came it told a
+        client a tool it may call could only be called as a task the gateway does not take.
+        """
+        if self.tool.execution is None:
+            return self.tool.model_copy(update={"name": self.name})
+        return self.tool.model_copy(update={"name": self.name, "execution": None})
 
 
 class Catalog:

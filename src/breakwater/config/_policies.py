@@ -191,8 +191,8 @@ class CallPolicy(Policy):
     )
     task_max_s: float = knob(
         3600.0,
-        "A call the server turned into a task (2026-07-28 tasks extension) is polled this long at most, then "
-        "cancelled with tasks/cancel; a turn budget, when shorter, wins.",
+        "A call that runs as a task (one the server turned into a task, 2026-07-28, or a 2025-11-25 tool that "
+        "requires one) is polled this long at most, then cancelled with tasks/cancel; a turn budget, when shorter, wins.",
         env="BREAKWATER_CALL_TASK_MAX_S",
         minimum=0.001,
         maximum=2592000,

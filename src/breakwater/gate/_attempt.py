@@ -50,6 +50,7 @@ from breakwater.gate._admit import Permits
 from breakwater.gate._breaker_types import FAILURE, IGNORED, OPEN, Outcome
 from breakwater.gate._call import Call, GateContext, ProgressCallback, ServerRecord, mark_sent, observe, seconds_text
 from breakwater.gate._classify import SUCCESS, RetryClass, Verdict, classify
+from breakwater.gate._task_required import call_as_task, requires_task
 from breakwater.gate._tasks import TASK_CALL, TaskCall
 from breakwater.status import ServerState, iso
 
@@ -221,11 +222,12 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
     failure: BaseException | None = None
     # If the server answers with a task handle, the tasks resolver takes the call from here (see _tasks).
     task_token = None
+    task_call: TaskCall | None = None
     tasks = ctx.tasks
     if tasks is not None:
         # `tasks.attempt(...)`'s tuple made here, without the named tuple's `__new__`: two frames less per attempt.
         fields = (tasks, srv.upstream, info.name, call.meta, info.retry_class, call.timeout_s, info.call.task_max_s, deadline)
-        task_call: TaskCall = _tuple_new(TaskCall, fields)
+        task_call = _tuple_new(TaskCall, fields)
         task_token = TASK_CALL.set(task_call)
     if ctx.record_sent is not None and info.retry_class is not SAFE:
         mark_sent(ctx, call)
@@ -237,7 +239,9 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
             # (`connect/_raw_call.py`). Inline, not a coroutine of its own: one frame less per attempt.
             process, name = upstream.process, info.name
             raw = process.raw_calls if process is not None else None
-            if raw is not None and not sdk_spans_recorded():
+            if info.definition.execution is not None and task_call is not None and requires_task(client, info.definition):
+                result = await call_as_task(task_call, client, name, call.arguments, meta=call.meta, progress=on_progress)
+            elif raw is not None and not sdk_spans_recorded():
                 result = await raw_call_tool(client, raw, name, call.arguments, progress_callback=on_progress, meta=call.meta)
             if result is None:
                 result = await client.call_tool(name, call.arguments, progress_callback=on_progress, meta=call.meta)

@@ -158,6 +158,16 @@ class TaskRuntime:
         #: Set while the owning `Breakwater` shuts down: tasks are then left running and remembered.
         self.closing = False
 
+    @property
+    def clock(self) -> Clock:
+        """The clock that paces polls and bounds tasks."""
+        return self._clock
+
+    @property
+    def rng(self) -> random.Random:
+        """The source of the polls' jitter."""
+        return self._rng
+
     def attempt(
         self,
         upstream: Upstream,
