@@ -33,6 +33,7 @@ __all__ = [
     "chrome",
     "code_of",
     "connected_upstream",
+    "envelope_of",
     "eventually",
     "gateway_pids",
     "isolated_env",
@@ -54,10 +55,20 @@ def isolated_env(tmp_path: Path, **more: str) -> dict[str, str]:
     )
 
 
+def envelope_of(result: Any) -> dict[str, Any]:
+    """The error envelope of a `CallToolResult`: its `structuredContent`, or, for a tool with an output schema the
+    envelope does not fit, `_meta["io.breakwater/error"]` (`gateway._passthrough.fitted`); {} when the call succeeded."""
+    if not result.is_error:
+        return {}
+    moved = (result.meta or {}).get("io.breakwater/error")
+    sc = moved if isinstance(moved, dict) else result.structured_content
+    return sc if isinstance(sc, dict) else {}
+
+
 def code_of(result: Any) -> str | None:
     """The error code of a `CallToolResult` (its envelope's `code`), or None when the call succeeded."""
-    sc = result.structured_content
-    return sc.get("code") if isinstance(sc, dict) and result.is_error else None
+    code = envelope_of(result).get("code")
+    return code if isinstance(code, str) else None
 
 
 async def eventually(check: Callable[[], bool], timeout: float = 5.0, *, interval: float = 0.02) -> None:

@@ -14,6 +14,7 @@ __all__ = [
     "CUT_META_KEY",
     "DEADLINE_META_KEY",
     "ENVELOPE_META_KEY",
+    "ERROR_META_KEY",
     "OPERATION_ID_META_KEY",
     "REPLAYED_META_KEY",
     "RESULT_TOO_LARGE",
@@ -34,6 +35,8 @@ REPLAYED_META_KEY: Final = "io.breakwater/replayed"
 DEADLINE_META_KEY: Final = "io.breakwater/deadlineMs"
 #: The error envelope the model reads, in the `_meta` of an `isError` result.
 ENVELOPE_META_KEY: Final = "io.breakwater/envelope"
+#: Where the gateway puts the error envelope of a tool that declares an output schema (`gateway._passthrough.fitted`).
+ERROR_META_KEY: Final = "io.breakwater/error"
 #: Marks an HTTP request that was cut, in the error data: whether it was sent before the cut.
 CUT_META_KEY: Final = "io.breakwater/cut"
 #: The SDK's client-local code for "the transport ended" (never on the wire): `mcp.types.CONNECTION_CLOSED`,

@@ -29,7 +29,7 @@ from breakwater.catalog._catalog import Catalog
 from breakwater.config import Config, ConnectPolicy, GatewayPolicy, JournalPolicy, OAuthSettings, ServerSpec
 from breakwater.gateway._server import Gateway
 from breakwater.status import Reason, ServerState
-from helpers import code_of, eventually
+from helpers import code_of, envelope_of, eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -83,7 +83,7 @@ async def test_sign_in_refresh_and_revocation(oauth_server: str, config_home: Pa
             assert error["code"] == "auth_required" and "breakwater auth login remote" in error["message"]
             refused = await agent.call_tool("remote__whoami", {})
             assert code_of(refused) == "SERVER_UNAVAILABLE"
-            assert "breakwater auth login remote" in json.dumps(refused.structured_content)
+            assert "breakwater auth login remote" in json.dumps(envelope_of(refused))
             assert not _tokens_in(status, store)
 
             # A new sign-in is picked up by the running gateway (its next background attempt).

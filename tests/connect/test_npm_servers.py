@@ -122,8 +122,9 @@ async def test_gateway_lists_and_calls_real_npm_servers(tools: NodeTools, tmp_pa
     config = npm_config(tools, tmp_path)
     entries = json.loads(config.read_text())["mcpServers"]
     async with gateway(tmp_path, config, transport, mode) as client:
-        # `execution` (task support) does not exist in 2026-07-28, so a modern client never sees it.
-        differs_by_era = {"name"} if client.protocol_version == "2025-11-25" else {"name", "execution"}
+        # `execution` (task support) says how the upstream takes a tool; the gateway takes each as an ordinary
+        # call (a task-only one it runs as a task itself) and offers no 2025-11-25 tasks, so it lists none.
+        differs_by_era = {"name", "execution"}
         await wait_all_ready(client)
         listed = {t.name: t for t in (await client.list_tools()).tools}
 
@@ -135,6 +136,7 @@ async def test_gateway_lists_and_calls_real_npm_servers(tools: NodeTools, tmp_pa
                 mine = listed.get(f"{server}__{name}")
                 assert mine is not None, f"{server}__{name} missing from {sorted(listed)}"
                 assert mine.model_dump(exclude=differs_by_era) == tool.model_dump(exclude=differs_by_era)
+                assert mine.execution is None
 
         echo = await client.call_tool("everything__echo", {"message": "through breakwater"})
         assert not echo.is_error, echo

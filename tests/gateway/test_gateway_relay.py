@@ -26,7 +26,7 @@ from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.session import ClientRequestContext
 
 from breakwater.gate._tasks import CLIENT_EXTENSION
-from helpers import ResourceUpdates
+from helpers import ResourceUpdates, code_of
 
 # The logging, sampling and subscription APIs are deprecated at 2026-07-28; their 2025 paths are what is tested.
 pytestmark = [
@@ -479,5 +479,5 @@ async def test_a_2026_client_that_never_comes_back_costs_the_calls_hard_cap(tmp_
         )
         assert isinstance(late, types.CallToolResult) and late.is_error
         # A tool that may have side effects and was cut off: the gate calls its outcome unknown.
-        assert (late.structured_content or {}).get("code") in ("TIMEOUT", "OUTCOME_UNKNOWN"), late
+        assert code_of(late) in ("TIMEOUT", "OUTCOME_UNKNOWN"), late
         assert text(await client.call_tool("test_simple_text", {})) == "This is a simple text response for testing."

@@ -23,7 +23,7 @@ import pytest
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.session import ClientRequestContext
 
-from helpers import isolated_env
+from helpers import code_of, envelope_of, isolated_env
 
 pytestmark = pytest.mark.anyio
 
@@ -87,7 +87,7 @@ async def _call(client: Client, tool: str = "agenda") -> types.CallToolResult:
     with anyio.fail_after(30):
         while True:  # the upstream may still be connecting: the gateway waits for it, within its call wait
             result = await client.call_tool(f"cal__{tool}", {})
-            if (result.structured_content or {}).get("code") != "SERVER_CONNECTING":
+            if code_of(result) != "SERVER_CONNECTING":
                 return result
 
 
@@ -107,9 +107,8 @@ async def test_any_other_client_gets_the_address_in_the_text_its_model_reads(tmp
     callback = _opens_pages if mode == "2026-07-28" else None
     async with _gateway(tmp_path, "stdio") as target, Client(target, mode=mode, elicitation_callback=callback) as client:
         result = await _call(client)
-    assert result.is_error and isinstance(result.structured_content, dict)
-    assert result.structured_content["code"] == "CLIENT_CANNOT_ANSWER"
-    assert result.structured_content["elicitations"] == [PAGE]
+    envelope = envelope_of(result)  # the tools return text: their output schema moves the envelope to `_meta`
+    assert (envelope["code"], envelope["elicitations"]) == ("CLIENT_CANNOT_ANSWER", [PAGE]), result
     text = " ".join(block.text for block in result.content if isinstance(block, types.TextContent))
     assert "Connect your calendar — open https://cal.example/auth?s=1" in text
 

@@ -22,7 +22,7 @@ import mcp.types as types
 
 from breakwater._wire import has_non_finite, non_finite_path
 
-__all__ = ["ArgumentCheck", "ArgumentProblem", "argument_checker", "argument_problem", "not_json_argument"]
+__all__ = ["ArgumentCheck", "ArgumentProblem", "argument_checker", "argument_problem", "fits_schema", "not_json_argument"]
 
 _MAX_SHOWN = 80  # characters of a rejected value shown back to the model
 
@@ -224,6 +224,17 @@ def argument_problem(tool: types.Tool, arguments: Mapping[str, Any]) -> Argument
     if len(message) > _MAX_SHOWN * 2:
         message = message[: _MAX_SHOWN * 2] + "…"
     return ArgumentProblem(field=path, problem=message)
+
+
+def fits_schema(schema: Mapping[str, Any], value: Any) -> bool:
+    """Whether `value` is valid against the JSON Schema `schema` (True when the schema cannot be checked)."""
+    validator, _ = _VALIDATORS.get(schema)
+    if validator is None:
+        return True
+    try:
+        return bool(validator.is_valid(value))
+    except _unresolvable():  # a `$ref` the schema does not carry: no verdict
+        return True
 
 
 def not_json_argument(arguments: Mapping[str, Any]) -> ArgumentProblem | None:

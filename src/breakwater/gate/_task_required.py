@@ -120,16 +120,15 @@ async def call_as_task(
     try:
         task = types.CreateTaskResult.model_validate(raw, by_name=False).task
     except pydantic.ValidationError as exc:
-        pending = _pending(call, str(raw.get("task", {}).get("taskId", "?")) if isinstance(raw.get("task"), dict) else "?")
-        raise _broken(pending, "the server's answer to a task-augmented call is not a task") from exc
-    now, wall = clock.monotonic(), clock.time()
-    deadline, cut_by = now + call.max_s, "task_max_s"
+        given = raw["task"].get("taskId") if isinstance(raw["task"], dict) else None
+        raise _broken(_pending(call, str(given)), "the server's answer to a task-augmented call is not a task") from exc
+    started = clock.monotonic()
+    deadline, cut_by = started + call.max_s, "task_max_s"
     budget = current_budget()
     if budget is not None and budget.deadline <= deadline:
         deadline, cut_by = budget.deadline, "turn budget"
     call.attempt.became_task()
-    pending = _pending(call, task.task_id, wall)
-    started = clock.monotonic()
+    pending = _pending(call, task.task_id)
     try:
         with clock.deadline_scope(deadline):
             result = _untagged(await _until_done(call, pending, task))
@@ -153,7 +152,8 @@ def _untagged(result: types.CallToolResult) -> types.CallToolResult:
     return result.model_copy(update={"meta": rest or None})
 
 
-def _pending(call: TaskCall, task_id: str, wall: float = 0.0) -> PendingTask:
+def _pending(call: TaskCall, task_id: str) -> PendingTask:
+    """The task as `_tasks`' errors name it (never stored: no times kept)."""
     op_id = call.meta.get(OPERATION_ID_META_KEY) if call.meta else None
     return PendingTask(
         server=call.upstream.spec.name,
@@ -161,8 +161,8 @@ def _pending(call: TaskCall, task_id: str, wall: float = 0.0) -> PendingTask:
         task_id=task_id,
         operation_id=op_id if isinstance(op_id, str) else None,
         retry_class=call.retry_class.value,
-        started_at=wall,
-        deadline_at=wall,
+        started_at=0.0,
+        deadline_at=0.0,
         owner=None,
     )
 

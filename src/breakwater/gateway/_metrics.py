@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from breakwater._clock import Clock, SystemClock
+from breakwater._wire import ERROR_META_KEY
 from breakwater.errors import ErrorCode
 from breakwater.journal import ANSWERED_OUTCOMES, RECONCILED, REFUSAL_OUTCOMES, AttemptRecord, outcome_of
 
@@ -410,7 +411,9 @@ def _call_outcome(result: Any) -> tuple[str, str | None]:
         result = dump(by_alias=True) if callable(dump) else {}
     if not result.get("isError"):
         return "completed", None
-    data = result.get("structuredContent")
+    meta = result.get("_meta")
+    moved = meta.get(ERROR_META_KEY) if isinstance(meta, Mapping) else None  # a tool with an output schema: `fitted`
+    data = moved if isinstance(moved, Mapping) else result.get("structuredContent")
     if isinstance(data, Mapping) and data.get("ok") is False and data.get("code") in _ERROR_CODES:
         server = data.get("server")
         return outcome_of(str(data["code"])), server if isinstance(server, str) else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
@@ -23,7 +23,9 @@ from mcp.server.subscriptions import SubscriptionBus
 from mcp_types import SERVER_INFO_META_KEY
 
 from breakwater._breakwater import Breakwater
+from breakwater._wire import ERROR_META_KEY
 from breakwater.catalog._catalog import namespaced
+from breakwater.catalog._validate import fits_schema
 from breakwater.config import GatewayPolicy
 from breakwater.connect._readiness import ON_ITS_WAY
 from breakwater.gateway._subscriptions import Subscriptions
@@ -57,6 +59,28 @@ def without_upstream_identity(result: R) -> R:
         return result
     rest = {key: value for key, value in meta.items() if key != SERVER_INFO_META_KEY}
     return result.model_copy(update={"meta": rest or None})
+
+
+def fitted(result: types.CallToolResult, output_schema: Mapping[str, Any] | None) -> types.CallToolResult:
+    """An error `result` of a tool that declares an output schema, with its envelope in `_meta`, not `structuredContent`.
+
+    The spec says a tool with an output schema returns structured content that conforms to it, and
+    the TypeScript SDK's client (Claude Code, Cursor, the Inspector) checks `structuredContent`
+    against the schema even on an `isError` result: breakwater's envelope there made every error of
+    such a tool a client-side "Structured content does not match the tool's output schema", and the
+    model lost the envelope's advice. So where the schema rejects it, the envelope moves to
+    `_meta["io.breakwater/error"]` (without the upstream's own structured content, which goes back
+    where the tool put it); the note in the content, which is what the model reads, is unchanged. A
+    schema the envelope fits (an open object, as the SDK's servers declare for a dict) keeps it.
+    """
+    structured = result.structured_content
+    if output_schema is None or not result.is_error or not isinstance(structured, dict) or structured.get("ok") is not False:
+        return result
+    if fits_schema(output_schema, structured):
+        return result
+    envelope = {key: value for key, value in structured.items() if key != "upstream"}
+    meta = {**(result.meta or {}), ERROR_META_KEY: envelope}
+    return result.model_copy(update={"structured_content": structured.get("upstream"), "meta": meta})
 
 
 @contextlib.asynccontextmanager

@@ -47,7 +47,7 @@ from breakwater.gateway._connection import connection_of
 from breakwater.gateway._drain import Drain
 from breakwater.gateway._frames import deadline_seconds, explain_params_errors, invalid_deadline
 from breakwater.gateway._operations import forwarded_once
-from breakwater.gateway._passthrough import Passthrough, without_upstream_identity
+from breakwater.gateway._passthrough import Passthrough, fitted, without_upstream_identity
 from breakwater.gateway._relay import (
     EXCHANGE_KEEP_S,
     EXCHANGE_STATE_PREFIX,
@@ -404,15 +404,22 @@ class Gateway:
         server, tool = target
         if self.policy.drift == "block" and tool in self.drift.get(server, ()):
             message = f"The definition of {params.name!r} changed since it was approved."
-            return error_result(ToolChangedError(message, server=server, tool=tool))
+            return self._fitted(params.name, error_result(ToolChangedError(message, server=server, tool=tool)))
         # Arguments that do not fit the tool's input schema are refused by the gate (INVALID_ARGUMENTS), as for a library caller.
         arguments_for = (server, tool, arguments)
         # Inside a gateway task (breakwater.gateway._tasks) there is no next round to carry questions in.
         in_task = current_task_id() is not None
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and self._tg is not None and _can_answer(ctx) and not in_task:
-            return await self._exchange_round(ctx, self._start_exchange(ctx, params.name, *arguments_for))
+            answer = await self._exchange_round(ctx, self._start_exchange(ctx, params.name, *arguments_for))
+            return self._fitted(params.name, answer) if isinstance(answer, types.CallToolResult) else answer
         async with self.relay.calling(ctx, server) as caller:
-            return await self._call(caller, ctx, *arguments_for)
+            result = await self._call(caller, ctx, *arguments_for)
+        return self._fitted(params.name, result) if result.is_error else result
+
+    def _fitted(self, name: str, result: types.CallToolResult) -> types.CallToolResult:
+        """`result` as a client that checks `name`'s output schema can take it (`_passthrough.fitted`)."""
+        entry = self._index.get(name)
+        return fitted(result, entry.tool.output_schema if entry is not None else None)
 
     async def _call(
         self, caller: _Caller, first: ServerRequestContext[Any], server: str, tool: str, arguments: dict[str, Any]
@@ -536,7 +543,8 @@ class Gateway:
         if exchange is None or exchange.tool != params.name:
             raise MCPError(types.INVALID_PARAMS, "unknown or expired requestState: call the tool again")
         exchange.answer(params.input_responses)
-        return await self._exchange_round(ctx, exchange)
+        answer = await self._exchange_round(ctx, exchange)
+        return self._fitted(params.name, answer) if isinstance(answer, types.CallToolResult) else answer
 
     async def _on_set_level(self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> types.EmptyResult:
         """`logging/setLevel`: the least severe level this connection wants relayed from upstream log messages."""
