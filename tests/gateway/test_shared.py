@@ -582,11 +582,24 @@ def test_the_cut_answer_of_a_session_is_the_gates() -> None:
     """The relay writes OUTCOME_UNKNOWN without the SDK, exactly as the call gate's `error_result` would."""
     from breakwater.errors import OutcomeUnknownError
     from breakwater.gate._envelope import error_result
-    from breakwater.gateway._pump import _cut_answer
+    from breakwater.gateway._passthrough import fitted
+    from breakwater.gateway._pump import ToolSafety, _cut_answer
 
     error = OutcomeUnknownError("The shared gateway went away during this call; it may or may not have run.")
     expected = error_result(error).model_dump(mode="json", by_alias=True, exclude_none=True)
     assert json.loads(_cut_answer(5)) == {"jsonrpc": "2.0", "id": 5, "result": expected}
+    # A tool with an output schema the envelope does not fit: as the gateway would answer it.
+    schema = {"type": "object", "required": ["temperature"]}
+    moved = fitted(error_result(error), schema).model_dump(mode="json", by_alias=True, exclude_none=True)
+    assert json.loads(_cut_answer(5, schema=True)) == {"jsonrpc": "2.0", "id": 5, "result": moved}
+    # Which tools declare one, the session learns from the tools/list answers it relays.
+    safety = ToolSafety()
+    tools = [{"name": "w__now", "inputSchema": {}, "outputSchema": schema}, {"name": "w__say", "inputSchema": {}}]
+    safety.learn(json.dumps({"jsonrpc": "2.0", "id": 2, "result": {"tools": tools}}).encode())
+    call = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "w__now"}}
+    assert safety.declares_schema(json.dumps(call).encode())
+    call["params"] = {"name": "w__say"}
+    assert not safety.declares_schema(json.dumps(call).encode())
 
 
 def test_an_attaching_session_starts_without_loading_the_sdk(tmp_path: Path) -> None:

@@ -128,6 +128,8 @@ class ToolSafety:
     servers: list[tuple[str, str, str]] = field(default_factory=list)
     #: Downstream name -> its readOnlyHint, from the tools/list answers relayed.
     learned: dict[str, bool] = field(default_factory=dict)
+    #: Downstream names of the tools that declare an output schema, from the same answers.
+    schemas: set[str] = field(default_factory=set)
 
     @classmethod
     def of(cls, config: Config) -> ToolSafety:
@@ -144,11 +146,16 @@ class ToolSafety:
         return safety
 
     def learn(self, answer: bytes) -> None:
-        """Note each tool's readOnlyHint from a `tools/list` answer."""
+        """Note each tool's readOnlyHint, and whether it declares an output schema, from a `tools/list` answer."""
         with contextlib.suppress(ValueError, AttributeError, TypeError):
             for tool in json.loads(answer)["result"]["tools"]:
                 hints = tool.get("annotations") or {}
-                self.learned[str(tool["name"])] = hints.get("readOnlyHint") is True
+                name = str(tool["name"])
+                self.learned[name] = hints.get("readOnlyHint") is True
+                if tool.get("outputSchema") is not None:
+                    self.schemas.add(name)
+                else:
+                    self.schemas.discard(name)
 
     def safe(self, name: str) -> bool:
         """Whether a call of the tool named `name` downstream only reads."""
@@ -167,10 +174,20 @@ class ToolSafety:
 
     def safe_call(self, line: bytes) -> bool:
         """Whether the `tools/call` request `line` only reads."""
-        with contextlib.suppress(ValueError, AttributeError):
-            name = json.loads(line).get("params", {}).get("name")
-            return isinstance(name, str) and self.safe(name)
-        return False
+        name = _called(line)
+        return name is not None and self.safe(name)
+
+    def declares_schema(self, line: bytes) -> bool:
+        """Whether the tool the `tools/call` request `line` calls declares an output schema."""
+        return _called(line) in self.schemas
+
+
+def _called(line: bytes) -> str | None:
+    """The tool name of the `tools/call` request `line`, or None."""
+    with contextlib.suppress(ValueError, AttributeError):
+        name = json.loads(line).get("params", {}).get("name")
+        return name if isinstance(name, str) else None
+    return None
 
 
 @dataclass
@@ -247,19 +264,23 @@ class _Session:
         return lines
 
 
-def _cut_answer(request_id: Any) -> bytes:
+def _cut_answer(request_id: Any, *, schema: bool = False) -> bytes:
     """The answer a tool call in flight gets when the gateway under it went away: OUTCOME_UNKNOWN, as the gate answers a cut.
 
     Written as `breakwater.gate._envelope.error_result` writes it (a test holds them equal), without
-    the SDK: loading it in every session at once, just as their gateway died, took seconds.
+    the SDK: loading it in every session at once, just as their gateway died, took seconds. For a tool
+    that declares an output `schema`, the envelope goes under `_meta`, as the gateway puts it
+    (`gateway._passthrough.fitted`; no schema check here, so for every such tool).
     """
-    from breakwater._wire import ENVELOPE_META_KEY
+    from breakwater._wire import ENVELOPE_META_KEY, ERROR_META_KEY
     from breakwater.errors import OutcomeUnknownError
     from breakwater.gate._envelope_data import envelope, error_text
 
     error = OutcomeUnknownError("The shared gateway went away during this call; it may or may not have run.")
     note = {"type": "text", "text": error_text(error), "_meta": {ENVELOPE_META_KEY: True}}
-    result = {"content": [note], "structuredContent": envelope(error), "isError": True, "resultType": "complete"}
+    result: dict[str, Any] = {"content": [note], "structuredContent": envelope(error), "isError": True, "resultType": "complete"}
+    if schema:
+        result["_meta"] = {ERROR_META_KEY: result.pop("structuredContent")}
     return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}).encode() + b"\n"
 
 
@@ -444,7 +465,7 @@ class _Pump:
         for key, (method, request_id, line) in list(self.session.pending.items()):
             if method == "tools/call" and not self.session.safety.safe_call(line):
                 del self.session.pending[key]
-                self.send(_cut_answer(request_id))
+                self.send(_cut_answer(request_id, schema=self.session.safety.declares_schema(line)))
 
     def fail_pending(self, why: str) -> None:
         """Answer every request still waiting with a JSON-RPC error (the gateway cannot be had)."""
