@@ -41,7 +41,6 @@ import anyio
 import mcp.types as types
 import pydantic
 from mcp import Client, MCPError
-from mcp.client.session import ClientSession
 from mcp.shared.dispatcher import ProgressFnT
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
@@ -132,8 +131,9 @@ async def call_as_task(
     try:
         with clock.deadline_scope(deadline):
             result = _untagged(await _until_done(call, pending, task))
-            if not result.is_error:
-                await (await _session(call)).validate_tool_result(name, result)
+            if not result.is_error:  # the output schema, as `Client.call_tool` checks it
+                session = await runtime.ready_session(call.upstream)
+                await session.validate_tool_result(name, result)
             return result
         sent = await _cancel(call, pending.task_id)
         raise _cut(pending, cut_by, sent, clock.monotonic() - started)
@@ -197,22 +197,9 @@ async def _until_done(call: TaskCall, pending: PendingTask, task: types.Task) ->
             interval_s = _interval(state.poll_interval)
 
 
-async def _session(call: TaskCall) -> ClientSession:
-    """The upstream's current session, waiting (within the task's deadline) for it to be ready."""
-    upstream = call.upstream
-    while True:
-        client = upstream.client
-        if upstream.state is ServerState.READY and client is not None:
-            return client.session
-        if upstream.state is ServerState.READY:
-            await call.runtime.clock.sleep(MIN_POLL_S)  # between a drop and its report: a moment
-        else:
-            await upstream.ready_event.wait()
-
-
 async def _get(call: TaskCall, pending: PendingTask, timeout_s: float) -> types.GetTaskResult:
     clock = call.runtime.clock
-    session = await _session(call)
+    session = await call.runtime.ready_session(call.upstream)
     request = types.GetTaskRequest(params=types.GetTaskRequestParams(task_id=pending.task_id))
     with clock.deadline_scope(clock.monotonic() + timeout_s):
         state: types.GetTaskResult = await _asked(call, pending, session.send_request(request, types.GetTaskResult))
@@ -222,7 +209,7 @@ async def _get(call: TaskCall, pending: PendingTask, timeout_s: float) -> types.
 
 async def _result(call: TaskCall, pending: PendingTask) -> types.CallToolResult:
     """`tasks/result`: the call's own answer once the task ends (the task's deadline bounds the wait)."""
-    session = await _session(call)
+    session = await call.runtime.ready_session(call.upstream)
     request = types.GetTaskPayloadRequest(params=types.GetTaskPayloadRequestParams(task_id=pending.task_id))
     result: types.CallToolResult = await _asked(call, pending, session.send_request(request, types.CallToolResult), result=True)
     return result

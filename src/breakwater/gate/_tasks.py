@@ -300,7 +300,7 @@ class TaskRuntime:
                     detail={"task_id": pending.task_id, "task_status": "input_required"},
                 )
 
-    async def _client(self, upstream: Upstream) -> ClientSession:
+    async def ready_session(self, upstream: Upstream) -> ClientSession:
         """The upstream's current session, waiting (within the task's deadline) for it to be ready."""
         while True:
             client = upstream.client
@@ -312,7 +312,7 @@ class TaskRuntime:
                 await upstream.ready_event.wait()
 
     async def _get(self, upstream: Upstream, pending: PendingTask, timeout_s: float) -> TaskState:
-        session = await self._client(upstream)
+        session = await self.ready_session(upstream)
         request = GetTaskRequest(params=TaskIdParams(task_id=pending.task_id))
         try:
             with self._clock.deadline_scope(self._clock.monotonic() + timeout_s):
