@@ -53,6 +53,8 @@ from typing import Any
 import anyio
 from mcp import Client, StdioServerParameters
 
+from breakwater.gate._envelope import envelope_of
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "orders_server.py"
 PG_CANDIDATES = [
@@ -321,7 +323,7 @@ async def run_mode(
                         give_up = time.monotonic() + RESUBMIT_FOR_S
                         while True:
                             result = await client.call_tool(name, args)
-                            body = result.structured_content or {}
+                            body = envelope_of(result) or result.structured_content or {}
                             if not (result.is_error and body.get("attempt") == 0 and body.get("code") in NOT_SENT):
                                 break
                             if time.monotonic() > give_up:

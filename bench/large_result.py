@@ -29,6 +29,7 @@ import anyio
 
 from breakwater import Breakwater, Config, ConnectPolicy, ServerSpec
 from breakwater.config import JournalPolicy
+from breakwater.gate._envelope import envelope_of
 from breakwater.testing.server import launch_command
 
 BROKEN = Path(__file__).resolve().parent.parent / "tests" / "connect" / "broken_upstream.py"
@@ -54,7 +55,7 @@ async def _phase(bw: Breakwater, seconds: float, big_bytes: int | None) -> tuple
     async def big(size: int) -> None:
         while time.monotonic() < stop:
             result = await bw.call_tool("big", "big", {"bytes": size})
-            code = (result.structured_content or {}).get("code", "ERROR") if result.is_error else "ok"
+            code = (envelope_of(result) or {}).get("code", "ERROR") if result.is_error else "ok"
             outcomes[code] = outcomes.get(code, 0) + 1
 
     async with anyio.create_task_group() as tg:

@@ -69,6 +69,7 @@ import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
+from breakwater.gate._envelope import envelope_of
 from breakwater.testing.server import launch_command
 
 REPO = Path(__file__).resolve().parents[1]
@@ -417,7 +418,7 @@ async def call(client: Client, tool: str, result: Result, *, timeout: float = 30
         return None
     elapsed = time.perf_counter() - t0
     if r.is_error:
-        code = (r.structured_content or {}).get("code", "isError")
+        code = (envelope_of(r) or {}).get("code", "isError")
         result.error(str(code))
         if code == "SERVER_CONNECTING":
             return None

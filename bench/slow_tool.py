@@ -45,6 +45,7 @@ from mcp import Client
 
 from breakwater import Breakwater, Config, ConnectPolicy, ServerSpec
 from breakwater.config import JournalPolicy
+from breakwater.gate._envelope import envelope_of
 from breakwater.testing.server import launch_command, read_state, stdio_params
 
 SERVERS = 4
@@ -166,7 +167,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
         async def bw_call(server: int, tool: str) -> bool:
             result = await bw.call_tool(f"s{server}", tool, {})
-            env = result.structured_content if result.is_error and result.structured_content else {}
+            env = envelope_of(result) or {}
             # Refused outright: a breaker said no before any attempt (a probe that failed and was
             # then refused on retry made one attempt, so it counts as sent).
             return env.get("code") in ("CIRCUIT_OPEN", "SERVER_CIRCUIT_OPEN") and env.get("attempt") == 0

@@ -95,3 +95,25 @@ def test_a_moved_envelope_is_counted_by_its_code() -> None:
     assert _call_outcome(moved) == _call_outcome(refused) == ("invalid_arguments", "weather")
     # An open object schema takes the envelope as it is: nothing moves.
     assert fitted(refused, {"type": "object"}) is refused
+
+
+def test_a_moved_envelope_reads_back_as_the_same_error() -> None:
+    """`error_from_result` (what `breakwater call` prints from) finds a moved envelope, and a TOOL_ERROR's own
+    structured content where the tool put it."""
+    from mcp.types import CallToolResult
+
+    from breakwater.errors import ToolError
+    from breakwater.gate._envelope import envelope_of, error_from_result, error_result
+    from breakwater.gateway._passthrough import fitted
+
+    schema = {"type": "object", "properties": {"temperature": {"type": "number"}}, "required": ["temperature"]}
+    own = {"temperature": -1}
+    tool_error = ToolError("bad city", server="weather", tool="now", content=[TextContent(type="text", text="no such city")])
+    tool_error.upstream_structured_content = own
+    moved = fitted(error_result(tool_error), schema)
+    assert moved.structured_content == own and envelope_of(moved) is not None
+    back = error_from_result(moved)
+    assert isinstance(back, ToolError) and back.upstream_structured_content == own
+    assert [b.text for b in back.content if isinstance(b, TextContent)] == ["no such city"]
+    plain = CallToolResult(content=[TextContent(type="text", text="x")], structured_content={"code": "X"}, is_error=True)
+    assert envelope_of(plain) is None  # an upstream's own error is not an envelope

@@ -17,11 +17,11 @@ from typing import Any
 
 from mcp.types import CallToolResult, TextContent
 
-from breakwater._wire import ENVELOPE_META_KEY
+from breakwater._wire import ENVELOPE_META_KEY, ERROR_META_KEY
 from breakwater.errors import CODE_TO_ERROR, ENVELOPE_KEYS, CallError, ErrorCode, ToolError
 from breakwater.gate._envelope_data import envelope, error_text
 
-__all__ = ["ENVELOPE_META_KEY", "error_from_result", "error_result", "error_text", "render_error_table"]
+__all__ = ["ENVELOPE_META_KEY", "envelope_of", "error_from_result", "error_result", "error_text", "render_error_table"]
 
 # The models' own validators, called with the fields by name: the same validation as `Model(...)`,
 # without `BaseModel.__init__`'s Python frame (keyword arguments packed, `self_instance` filled in),
@@ -49,6 +49,21 @@ def _is_note(block: Any) -> bool:
     return isinstance(block, TextContent) and isinstance(meta, dict) and meta.get(ENVELOPE_META_KEY) is True
 
 
+def envelope_of(result: CallToolResult) -> dict[str, Any] | None:
+    """The breakwater envelope of an error `result`, wherever it is, or None (a success, or an upstream's own error).
+
+    In `structuredContent`, or, from the gateway for a tool whose output schema it does not fit, under
+    `_meta["io.breakwater/error"]` (`breakwater.gateway._passthrough.fitted`).
+    """
+    if not result.is_error:
+        return None
+    moved = result.meta.get(ERROR_META_KEY) if result.meta else None
+    data = moved if isinstance(moved, dict) else result.structured_content
+    if isinstance(data, dict) and data.get("ok") is False and data.get("code") in ErrorCode.__members__:
+        return data
+    return None
+
+
 def error_from_result(result: CallToolResult) -> CallError | None:
     """The typed error a result stands for, or None if it is not an error.
 
@@ -57,8 +72,8 @@ def error_from_result(result: CallToolResult) -> CallError | None:
     """
     if not result.is_error:
         return None
-    data = result.structured_content
-    if isinstance(data, dict) and data.get("ok") is False and data.get("code") in ErrorCode.__members__:
+    data = envelope_of(result)
+    if data is not None:
         cls = CODE_TO_ERROR[ErrorCode(data["code"])]
         retry_after = data.get("retry_after_s")
         common: dict[str, Any] = {
@@ -75,9 +90,12 @@ def error_from_result(result: CallToolResult) -> CallError | None:
         message = message if isinstance(message, str) else None
         if cls is ToolError:
             content = [b for b in result.content if not _is_note(b)]
-            return ToolError(message, content=content, upstream_structured_content=data.get("upstream"), **common)
+            # A moved envelope left the tool's own structured content where the tool put it.
+            upstream = data.get("upstream") if data is result.structured_content else result.structured_content
+            return ToolError(message, content=content, upstream_structured_content=upstream, **common)
         return cls(message, **common)
     # An upstream error result that never went through a breakwater envelope.
+    data = result.structured_content
     retryable = isinstance(data, dict) and data.get("retryable") is True
     texts = [b.text for b in result.content if isinstance(b, TextContent)]
     return ToolError(
