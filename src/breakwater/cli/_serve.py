@@ -153,6 +153,12 @@ async def _serve_stdio(config: Config) -> int:
         drain = partial(drain_stdio, gateway.drain, config.gateway.drain_s)
         async with stdio_server(stopped_by, on_end=drain, server=gateway.server) as (read, write):
             await gateway.server.run(read, write, gateway.server.create_initialization_options())
+        # The session is over, and its client signals this process 2 s after closing its stdin: the
+        # upstreams are stopped within that (`connect._stdio.PROMPT_STOP_S`), not in the SDK's 2 s + 2 s.
+        for spec in config.servers:
+            process = gateway.bw.upstream(spec.name).process
+            if process is not None:
+                process.prompt_stop = True
     if signal.SIGINT in stopped_by:
         # Everything is closed (upstreams stopped); a Ctrl-C still reads as an interruption, as in every command.
         print("breakwater: interrupted", file=sys.stderr)

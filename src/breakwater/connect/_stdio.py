@@ -50,18 +50,27 @@ _GROUP_POLL_S = 0.01
 DEFAULT_MAX_LINE_BYTES = 16 * 1024 * 1024  # `[call] max_result_bytes`'s default
 
 
-async def stop_process(process: Process) -> None:
+#: At the end of a stdio session (`StdioProcess.prompt_stop`): the stdin grace, then the polite signal's.
+#: Both SDKs' clients give the server they launched 2 s after closing its stdin, then signal it; a
+#: gateway that gave its own upstreams the SDK's 2 s + 2 s was stopped by its client mid-shutdown
+#: whenever one of them ignores the end of its input (a TypeScript server with a task's timer pending).
+PROMPT_STOP_S = (0.9, 0.4)
+
+
+async def stop_process(process: Process, *, prompt: bool = False) -> None:
     """The MCP shutdown: close stdin and wait; then the polite signal to the whole group and wait; then kill the tree.
 
     The SDK's sequence and timings (`mcp.client.stdio._stop_server_process`), with each platform's
     signal and tree kill from `_platform`: on Windows the SDK's own version kills only the process
-    (its Job Object is made only by its own spawn) and has no polite step.
+    (its Job Object is made only by its own spawn) and has no polite step. `prompt`: the same steps
+    within `PROMPT_STOP_S`, so the whole stop ends before the session's own client loses patience.
     """
     assert process.stdin is not None and process.stdout is not None
+    grace_s, polite_s = PROMPT_STOP_S if prompt else (PROCESS_TERMINATION_TIMEOUT, FORCE_KILL_TIMEOUT)
     await _close_pipe(process.stdin)
-    if not await _wait_for_process_exit(process, PROCESS_TERMINATION_TIMEOUT):
+    if not await _wait_for_process_exit(process, grace_s):
         _platform.ask_to_stop(process.pid)
-        with anyio.move_on_after(FORCE_KILL_TIMEOUT):  # noqa: TID251 - a real process's grace after the polite signal
+        with anyio.move_on_after(polite_s):  # noqa: TID251 - a real process's grace after the polite signal
             # Reading returncode reaps the leader; a zombie leader would keep the group alive.
             while _platform.group_alive(process.pid, process.returncode):
                 await anyio.sleep(_GROUP_POLL_S)  # noqa: TID251 - a real process exits in real time
@@ -318,6 +327,8 @@ class StdioProcess:
         self.inherit = inherit
         self.cwd = cwd
         self.process: Process | None = None
+        #: Set when the session that launched breakwater ends: the process is stopped within `PROMPT_STOP_S`.
+        self.prompt_stop = False
         #: `tools/call` without the SDK session's plumbing, while the process runs (`_raw_call.py`).
         self.raw_calls: RawCalls | None = None
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
@@ -369,7 +380,7 @@ class StdioProcess:
                     write_stream.close()
                     # The session reads no more: drain the rest of stdout so a server flushing on its way out can exit.
                     tg.start_soon(_drain_stdout, process)
-                    await stop_process(process)
+                    await stop_process(process, prompt=self.prompt_stop)
                 tg.cancel_scope.cancel()
         await anyio.lowlevel.cancel_shielded_checkpoint()
 
