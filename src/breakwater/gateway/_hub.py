@@ -244,6 +244,12 @@ class SharedGateway:
             try:
                 data, fds, _flags, _address = socket.recv_fds(conn, 1, 3)
                 received = list(fds) if data or fds else []
+                # Received descriptors are inheritable (PEP 446 covers only those Python opens). The stdio servers
+                # this gateway then starts on uvloop inherited them, the bell's write end among them: the session's
+                # `serve` heard its session end only when every such server had exited, 2 s after its client left
+                # with a server that ignores the end of its input (the npm "everything" one), so the client signalled it.
+                for fd in received:
+                    os.set_inheritable(fd, False)
             except BlockingIOError:
                 await self.clock.sleep(_STDIO_POLL_S)
         received = received or []
