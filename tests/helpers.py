@@ -30,6 +30,7 @@ __all__ = [
     "REDIS_URL",
     "ResourceUpdates",
     "ask_gateway",
+    "called_once_up",
     "chrome",
     "code_of",
     "connected_upstream",
@@ -37,6 +38,7 @@ __all__ = [
     "eventually",
     "gateway_pids",
     "isolated_env",
+    "lingering_server",
     "require",
     "screenshot",
 ]
@@ -63,6 +65,41 @@ def envelope_of(result: Any) -> dict[str, Any]:
     moved = (result.meta or {}).get("io.breakwater/error")
     sc = moved if isinstance(moved, dict) else result.structured_content
     return sc if isinstance(sc, dict) else {}
+
+
+def lingering_server(pid_file: Path) -> dict[str, Any]:
+    """An mcp.json entry for a stdio server that ignores the end of its input, as some real ones do (the npm
+    "everything" one with a task's timer pending): a wrapper, its pid in `pid_file`, runs a testserver with a
+    `ping` tool, then sleeps on for a minute after the testserver has exited."""
+    import sys
+
+    from breakwater.testing.server import launch_command
+
+    wrapper = (
+        "import os, subprocess, time\n"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        f"subprocess.call({launch_command('--tool', 'ping:latency=0')!r})\n"
+        "time.sleep(60)\n"
+    )
+    return {"command": sys.executable, "args": ["-c", wrapper]}
+
+
+def called_once_up(proc: Any, tool: str) -> dict[str, Any]:
+    """On a `breakwater serve` process with piped stdio: initialize, then call `tool` once; its answer (blocking)."""
+    stdin, stdout = proc.stdin, proc.stdout
+
+    def ask(message: dict[str, Any]) -> dict[str, Any]:
+        stdin.write(json.dumps(message).encode() + b"\n")
+        stdin.flush()
+        while True:
+            answer: dict[str, Any] = json.loads(stdout.readline())
+            if answer.get("id") == message["id"]:
+                return answer
+
+    hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    ask({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello})
+    stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+    return ask({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": tool, "arguments": {}}})
 
 
 def code_of(result: Any) -> str | None:

@@ -17,7 +17,7 @@ import pytest
 from mcp import Client
 
 from breakwater.testing.server import read_ledger, read_state, serve_http
-from helpers import code_of, eventually
+from helpers import called_once_up, code_of, eventually, isolated_env, lingering_server
 
 pytestmark = pytest.mark.anyio
 
@@ -188,48 +188,20 @@ async def test_a_session_whose_upstream_ignores_the_end_of_input_ends_before_its
     sleeps on) is stopped within `PROMPT_STOP_S`, so `serve` exits on its own with 0 before that, and leaves
     no process behind. With the SDK's 2 s + 2 s it took 3.5 s, and its client stopped it mid-shutdown."""
     from breakwater.connect._stdio import PROMPT_STOP_S
-    from breakwater.testing.server import launch_command
 
     lingering = tmp_path / "lingering.pid"
-    wrapper = (
-        "import os, subprocess, sys, time\n"
-        f"open({str(lingering)!r}, 'w').write(str(os.getpid()))\n"
-        f"subprocess.call({launch_command('--tool', 'ping:latency=0')!r})\n"
-        "time.sleep(60)\n"
-    )
     config = tmp_path / "mcp.json"
-    config.write_text(json.dumps({"mcpServers": {"slow": {"command": sys.executable, "args": ["-c", wrapper]}}}))
-    env = dict(
-        os.environ,
-        BREAKWATER_CATALOG_DIR=str(tmp_path / "catalog"),
-        BREAKWATER_ADMISSION_DIR=str(tmp_path / "admission"),
-        BREAKWATER_PROTOCOL_MEMORY_DIR=str(tmp_path / "protocols"),
-        BREAKWATER_CONNECT_STARTUP_JITTER_S="0",
-        BREAKWATER_JOURNAL=str(tmp_path / "journal.sqlite3"),
-    )
+    config.write_text(json.dumps({"mcpServers": {"slow": lingering_server(lingering)}}))
+    env = isolated_env(tmp_path, BREAKWATER_JOURNAL=str(tmp_path / "journal.sqlite3"))
     proc = subprocess.Popen(
         [*BREAKWATER, "serve", "--no-share", "--config", str(config)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
-    assert proc.stdin is not None and proc.stdout is not None
-    stdin, stdout = proc.stdin, proc.stdout
+    assert proc.stdin is not None
     try:
-
-        def ask(message: dict[str, Any]) -> dict[str, Any]:
-            stdin.write(json.dumps(message).encode() + b"\n")
-            stdin.flush()
-            while True:
-                answer: dict[str, Any] = json.loads(stdout.readline())
-                if answer.get("id") == message["id"]:
-                    return answer
-
-        params = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
-        await anyio.to_thread.run_sync(ask, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params})
-        stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
-        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "slow__ping", "arguments": {}}}
-        answer = await anyio.to_thread.run_sync(ask, call)
+        answer = await anyio.to_thread.run_sync(called_once_up, proc, "slow__ping")
         assert answer["result"]["isError"] is False, answer  # the upstream is up and answering
         gone_at = time.monotonic()
-        stdin.close()
+        proc.stdin.close()
         code = await anyio.to_thread.run_sync(lambda: proc.wait(timeout=30))
         elapsed = time.monotonic() - gone_at
         assert code == 0

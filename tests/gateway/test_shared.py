@@ -29,7 +29,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from breakwater.testing.server import launch_command, read_state
-from helpers import ResourceUpdates, ask_gateway, code_of, eventually, gateway_pids
+from helpers import ResourceUpdates, ask_gateway, called_once_up, code_of, eventually, gateway_pids, lingering_server
 
 pytestmark = pytest.mark.anyio
 
@@ -1003,13 +1003,7 @@ def test_a_sessions_own_server_holds_none_of_its_pipes_so_the_session_ends_at_on
     both SDKs' clients signal the server they launched."""
     url, _ = upstream
     own_pid = tmp_path / "own.pid"
-    wrapper = (
-        "import os, subprocess, time\n"
-        f"open({str(own_pid)!r}, 'w').write(str(os.getpid()))\n"
-        f"subprocess.call({launch_command('--tool', 'ping:latency=0')!r})\n"
-        "time.sleep(60)\n"
-    )
-    config = write_config(tmp_path, url, own={"command": sys.executable, "args": ["-c", wrapper]})
+    config = write_config(tmp_path, url, own=lingering_server(own_pid))
     proc = subprocess.Popen(
         [*BREAKWATER, "serve", "--config", str(config)],
         stdin=subprocess.PIPE,
@@ -1018,30 +1012,16 @@ def test_a_sessions_own_server_holds_none_of_its_pipes_so_the_session_ends_at_on
         env=env_for(tmp_path, share),
     )
     assert proc.stdin is not None and proc.stdout is not None
-    stdin, stdout = proc.stdin, proc.stdout
     try:
-
-        def ask(message: dict[str, Any]) -> dict[str, Any]:
-            stdin.write(json.dumps(message).encode() + b"\n")
-            stdin.flush()
-            while True:
-                answer: dict[str, Any] = json.loads(stdout.readline())
-                if answer.get("id") == message["id"]:
-                    return answer
-
-        hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
-        ask({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello})
-        stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
-        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "own__ping", "arguments": {}}}
-        answer = ask(call)
+        answer = called_once_up(proc, "own__ping")
         assert answer["result"]["isError"] is False, answer  # the session's own server is up
         # The session's stdin and stdout, and the pipes its `serve` holds (the bell among them).
-        session_pipes = {f"pipe:[{os.fstat(f.fileno()).st_ino}]" for f in (stdin, stdout)}
+        session_pipes = {f"pipe:[{os.fstat(f.fileno()).st_ino}]" for f in (proc.stdin, proc.stdout)}
         session_pipes |= {v for fd, v in descriptors(proc.pid).items() if fd > 2 and v.startswith("pipe:")}
         held = set(descriptors(int(own_pid.read_text())).values())
         assert not session_pipes & held, (session_pipes, held)
         gone_at = time.monotonic()
-        stdin.close()
+        proc.stdin.close()
         assert proc.wait(timeout=30) == 0
         assert time.monotonic() - gone_at < 1.5  # was 2 s and more: the server's exit, not the session's end
     finally:
