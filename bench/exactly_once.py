@@ -304,6 +304,8 @@ async def run_mode(
         "BREAKWATER_ADMISSION_DIR": str(data / "admission"),
         # What breakwater learns of its servers' protocol revisions stays in this run, not the user's cache.
         "BREAKWATER_PROTOCOL_MEMORY_DIR": str(data / "protocols"),
+        # So do its calls: the journal is on, as a user runs it, but not the user's own (nor its learned timeouts).
+        "BREAKWATER_JOURNAL": str(data / "journal.sqlite3"),
     }
     params = StdioServerParameters(
         command=sys.executable, args=["-m", "breakwater", "serve", "--config", str(config)], env=env, cwd=str(data)
