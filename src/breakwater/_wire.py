@@ -16,6 +16,7 @@ __all__ = [
     "ENVELOPE_META_KEY",
     "ERROR_META_KEY",
     "OPERATION_ID_META_KEY",
+    "RELATED_TASK_META_KEY",
     "REPLAYED_META_KEY",
     "RESULT_TOO_LARGE",
     "has_non_finite",
@@ -37,6 +38,8 @@ DEADLINE_META_KEY: Final = "io.breakwater/deadlineMs"
 ENVELOPE_META_KEY: Final = "io.breakwater/envelope"
 #: Where the gateway puts the error envelope of a tool that declares an output schema (`gateway._passthrough.fitted`).
 ERROR_META_KEY: Final = "io.breakwater/error"
+#: Where a 2025-11-25 task's own messages, and the result `tasks/result` gives, name the task.
+RELATED_TASK_META_KEY: Final = "io.modelcontextprotocol/related-task"
 #: Marks an HTTP request that was cut, in the error data: whether it was sent before the cut.
 CUT_META_KEY: Final = "io.breakwater/cut"
 #: The SDK's client-local code for "the transport ended" (never on the wire): `mcp.types.CONNECTION_CLOSED`,

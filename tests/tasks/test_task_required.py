@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -218,3 +219,47 @@ async def test_the_everything_servers_research_task_through_the_gateway(tmp_path
         result = await client.call_tool("jobs__simulate-research-query", {"topic": "breakwaters"})
     assert not result.is_error, text(result)
     assert text(result).startswith("# Research Report: breakwaters"), text(result)[:200]
+
+
+async def test_two_sessions_tasks_each_ask_their_own_client(tmp_path: Path) -> None:
+    """One `serve --http` gateway, one stdio upstream, two clients whose task-only calls overlap. Over stdio a
+    2025-11-25 request carries nothing that ties it to a call, so with calls of two sessions in flight the
+    gateway used to refuse the question; a task's question names its task (`related-task`), so each now
+    reaches the client whose call made that task, and each answer goes into its own result."""
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {"jobs": {"command": SERVER[0], "args": [*SERVER[1:], "--poll-ms", "100"]}}}))
+    port_file = tmp_path / "port"
+    env = isolated_env(tmp_path, BREAKWATER_JOURNAL=str(tmp_path / "journal.sqlite3"))
+    serve = [sys.executable, "-m", "breakwater", "serve", "--config", str(path), "--http", "127.0.0.1:0"]
+    proc = subprocess.Popen([*serve, "--port-file", str(port_file)], env=env, stderr=subprocess.DEVNULL)
+    try:
+        with anyio.fail_after(30):
+            while not port_file.exists() or not port_file.read_text():
+                assert proc.poll() is None, "the gateway exited"
+                await anyio.sleep(0.05)
+        url = f"http://127.0.0.1:{int(port_file.read_text())}/mcp"
+        results: dict[str, str] = {}
+        both_asked = anyio.Event()
+        asked: list[str] = []
+
+        async def session(pick: str) -> None:
+            async def answer(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+                asked.append(pick)
+                if len(asked) == 2:
+                    both_asked.set()
+                with anyio.fail_after(20):
+                    await both_asked.wait()  # both calls in flight, both questions out, before either is answered
+                return ElicitResult(action="accept", content={"pick": pick})
+
+            async with Client(url, mode="legacy", elicitation_callback=answer) as client:
+                await tools_of(client)
+                result = await client.call_tool("jobs__job", {"seconds": 0.1, "label": pick, "ask": True})
+                results[pick] = text(result)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(session, "red")
+            tg.start_soon(session, "blue")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert results == {"red": "done red (red)", "blue": "done blue (blue)"}, results

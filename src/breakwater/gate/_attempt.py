@@ -90,6 +90,7 @@ class AttemptDeadline:
         "short",
         "started",
         "task_at",
+        "task_id",
         "timeout_s",
     )
 
@@ -152,10 +153,13 @@ class AttemptDeadline:
         """The cancel scope the attempt's request runs in."""
         return self._scope
 
-    def became_task(self) -> None:
-        """The call is now a task (breakwater.gate._tasks): its polling is bounded by the budget or `task_max_s`.
+    def became_task(self, task_id: str) -> None:
+        """The call is now the task `task_id` (breakwater.gate._tasks): its polling is bounded by the budget or `task_max_s`.
 
-        A task being polled holds no request open upstream: its bulkhead slot goes back at once."""
+        A task being polled holds no request open upstream: its bulkhead slot goes back at once. The id
+        (unset until then: it is not written on every attempt) ties the questions a 2025-11-25 task asks
+        to this call (`gateway._relay`)."""
+        self.task_id = task_id
         self.task_at = self._clock.monotonic()
         self._scope.deadline = math.inf
         self.release_slot()

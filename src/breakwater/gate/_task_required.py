@@ -44,7 +44,7 @@ from mcp import Client, MCPError
 from mcp.shared.dispatcher import ProgressFnT
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from breakwater._wire import OPERATION_ID_META_KEY
+from breakwater._wire import OPERATION_ID_META_KEY, RELATED_TASK_META_KEY
 from breakwater.errors import CallCancelledError
 from breakwater.gate._tasks import (
     CANCEL_BOUND_S,
@@ -69,7 +69,6 @@ logger = logging.getLogger("breakwater.tasks")
 
 #: Statuses after which `tasks/result` answers at once (or, for `input_required`, carries the questions).
 _FETCH = frozenset({"completed", "failed", "input_required"})
-_RELATED_TASK = "io.modelcontextprotocol/related-task"
 _WIRE_KEYS = {"progress_token": "progressToken"}
 #: Extra retention asked beyond the task's deadline, so the result outlives the last poll.
 _TTL_MARGIN_S = 60.0
@@ -126,7 +125,7 @@ async def call_as_task(
     budget = current_budget()
     if budget is not None and budget.deadline <= deadline:
         deadline, cut_by = budget.deadline, "turn budget"
-    call.attempt.became_task()
+    call.attempt.became_task(task.task_id)
     pending = _pending(call, task.task_id)
     try:
         with clock.deadline_scope(deadline):
@@ -146,9 +145,9 @@ async def call_as_task(
 def _untagged(result: types.CallToolResult) -> types.CallToolResult:
     """`result` without the `related-task` tag `tasks/result` put on it: the task was breakwater's, not the caller's."""
     meta = result.meta
-    if not meta or _RELATED_TASK not in meta:
+    if not meta or RELATED_TASK_META_KEY not in meta:
         return result
-    rest = {key: value for key, value in meta.items() if key != _RELATED_TASK}
+    rest = {key: value for key, value in meta.items() if key != RELATED_TASK_META_KEY}
     return result.model_copy(update={"meta": rest or None})
 
 

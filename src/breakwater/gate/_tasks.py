@@ -132,8 +132,8 @@ class TaskCall(NamedTuple):
 class AttemptHandle(Protocol):
     """The gate's side of an attempt that became a task (`breakwater.gate._attempt.AttemptDeadline`)."""
 
-    def became_task(self) -> None:
-        """The server answered with a task handle: lift the attempt's deadline; time the attempt up to here."""
+    def became_task(self, task_id: str) -> None:
+        """The server answered with the handle of task `task_id`: lift the attempt's deadline; time the attempt up to here."""
         ...
 
 
@@ -192,7 +192,7 @@ class TaskRuntime:
         if budget is not None and budget.deadline <= deadline:
             deadline, cut_by = budget.deadline, "turn budget"
         # The attempt's timeout bounded getting the handle; from here on the task's deadline does.
-        call.attempt.became_task()
+        call.attempt.became_task(handle.task_id)
         op_id = call.meta.get(_OPERATION_ID_META_KEY) if call.meta else None
         pending = PendingTask(
             server=call.upstream.spec.name,

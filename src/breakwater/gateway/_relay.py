@@ -23,7 +23,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 
 from breakwater._clock import Clock, SystemClock
-from breakwater._wire import ENVELOPE_META_KEY
+from breakwater._wire import ENVELOPE_META_KEY, RELATED_TASK_META_KEY
 from breakwater.config import ServerSpec
 from breakwater.errors import ClientCannotAnswerError, ErrorCode
 from breakwater.gate._attempt import ATTEMPT_WATCHER, AttemptDeadline
@@ -315,13 +315,20 @@ class Relay:
             if not callers:
                 self._callers.pop(server, None)
 
-    def _caller(self, server: str, transport: str) -> _Caller | None:
+    def _caller(self, server: str, transport: str, meta: Any = None) -> _Caller | None:
         caller = _CALLER.get()
         if caller is not None and caller.server == server:
             return None if caller.finished else caller
+        live = [c for c in self._callers.get(server, ()) if not c.finished]
+        # A 2025-11-25 task tags what it asks with its id (`_meta`), whatever the transport: the call that made it.
+        related = meta.get(RELATED_TASK_META_KEY) if isinstance(meta, Mapping) else None
+        task_id = related.get("taskId") if isinstance(related, Mapping) else None
+        if isinstance(task_id, str):
+            for c in live:
+                if getattr(c.attempt, "task_id", None) == task_id:
+                    return c
         if transport not in UNCORRELATED_TRANSPORTS:
             return None
-        live = [c for c in self._callers.get(server, ()) if not c.finished]
         if live and all(c.connection is live[-1].connection for c in live):
             return live[-1]
         return None
@@ -379,7 +386,7 @@ class Relay:
 
     async def sample(self, server: str, transport: str, params: types.CreateMessageRequestParams) -> Any:
         """An upstream `sampling/createMessage`, asked of the downstream caller."""
-        caller = self._caller(server, transport)
+        caller = self._caller(server, transport, params.meta)
         if caller is None:
             return _refusal(f"no single client call to {server!r} is waiting for this sampling request")
         gap = _sampling_gap(caller.capabilities, params)
@@ -391,7 +398,7 @@ class Relay:
 
     async def elicit(self, server: str, transport: str, params: types.ElicitRequestParams) -> Any:
         """An upstream `elicitation/create`, asked of the downstream caller."""
-        caller = self._caller(server, transport)
+        caller = self._caller(server, transport, params.meta)
         if caller is None:
             return _refusal(f"no single client call to {server!r} is waiting for this elicitation request")
         gap = _elicitation_gap(caller.capabilities, params)
@@ -478,7 +485,7 @@ class Relay:
 
     async def log(self, server: str, transport: str, params: types.LoggingMessageNotificationParams) -> None:
         """An upstream `notifications/message`, to the caller (if its level admits it)."""
-        caller = self._caller(server, transport)
+        caller = self._caller(server, transport, params.meta)
         if caller is None:
             logger.debug("log message from %s belongs to no single call in flight; not relayed", server)
             return
