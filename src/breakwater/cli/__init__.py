@@ -159,6 +159,25 @@ def _run(command: Callable[[list[str]], int], argv: list[str], *, stoppable: boo
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_PIPE
+    except Exception as exc:
+        # Ctrl-C in the middle of an import that wraps what it meets: a dataclass being defined raises
+        # RuntimeError("Error calling __set_name__ ...") from the KeyboardInterrupt (an attached `serve`
+        # interrupted while it loads its relay). Still an interruption, not a traceback and exit code 1.
+        if _interrupt_behind(exc):
+            return _interrupted()
+        raise
+
+
+def _interrupt_behind(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is what `exc` was raised from (its chain of causes)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
