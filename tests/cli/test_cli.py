@@ -339,10 +339,12 @@ def test_ctrl_c_inside_an_import_that_wraps_it_is_still_an_interruption(capsys: 
         def __set_name__(self, owner: type, name: str) -> None:
             raise KeyboardInterrupt
 
+    interrupting = Interrupting()
+
     def command(argv: list[str]) -> int:
         @dataclasses.dataclass
         class Defined:  # the class body's descriptor is interrupted as Python sets it up
-            field: Any = Interrupting()
+            field: Any = interrupting
 
         return 0
 
