@@ -69,6 +69,10 @@ UPSTREAM_TOOLS = (
 )
 
 
+#: Starts of the balancer, each on a newly picked port, before a fleet gives up.
+_HAPROXY_STARTS = 3
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
     with socket.socket() as s:
@@ -226,6 +230,16 @@ class Fleet:
         await self._stack.enter_async_context(serve_http(*flags, "--port", str(upstream_port), "--ledger", str(self.ledger)))
         for replica in self.replicas:
             await replica.wait_ready(self.http)
+        for tries_left in reversed(range(_HAPROXY_STARTS)):
+            if await self._start_haproxy():
+                return
+            # Its port was taken between being picked and being bound (any outgoing connection on the machine
+            # may draw it as its ephemeral port): another one, before anything used this one.
+            assert tries_left, f"haproxy exited: {(self.tmp / 'haproxy.log').read_text()[-1000:]}"
+            self.port = free_port()
+
+    async def _start_haproxy(self) -> bool:
+        """Start the balancer on `self.port`; True once it answers, False if it exited (its log says why)."""
         haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
         cfg = self.tmp / "haproxy.cfg"
         cfg.write_text(
@@ -239,12 +253,12 @@ class Fleet:
         with (self.tmp / "haproxy.log").open("ab") as log:
             self._haproxy = subprocess.Popen([haproxy, "-db", "-f", str(cfg)], stdout=log, stderr=log)
         with anyio.fail_after(20):
-            while True:
-                assert self._haproxy.poll() is None, "haproxy exited"
+            while self._haproxy.poll() is None:
                 with contextlib.suppress(httpx2.HTTPError):
                     if (await self.http.get(f"http://127.0.0.1:{self.port}/readyz")).status_code == 200:
-                        break
+                        return True
                 await anyio.sleep(0.1)
+        return False
 
     def _replica(self, name: str, upstream_url: str) -> Replica:
         opts = self.options
