@@ -69,10 +69,6 @@ UPSTREAM_TOOLS = (
 )
 
 
-#: Starts of the balancer, each on a newly picked port, before a fleet gives up.
-_HAPROXY_STARTS = 3
-
-
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
     with socket.socket() as s:
@@ -230,26 +226,18 @@ class Fleet:
         await self._stack.enter_async_context(serve_http(*flags, "--port", str(upstream_port), "--ledger", str(self.ledger)))
         for replica in self.replicas:
             await replica.wait_ready(self.http)
-        for tries_left in reversed(range(_HAPROXY_STARTS)):
+        for tries_left in (2, 1, 0):  # its port taken between being picked and bound (an outgoing connection drew it)
             if await self._start_haproxy():
                 return
-            # Its port was taken between being picked and being bound (any outgoing connection on the machine
-            # may draw it as its ephemeral port): another one, before anything used this one.
             assert tries_left, f"haproxy exited: {(self.tmp / 'haproxy.log').read_text()[-1000:]}"
             self.port = free_port()
 
     async def _start_haproxy(self) -> bool:
         """Start the balancer on `self.port`; True once it answers, False if it exited (its log says why)."""
-        haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
-        cfg = self.tmp / "haproxy.cfg"
-        cfg.write_text(
-            haproxy_config(
-                listen_port=self.port,
-                replicas=[(r.name, f"127.0.0.1:{r.port}") for r in self.replicas],
-                idle_timeout_s=self.options.idle_timeout_s,
-                affinity=self.options.affinity,
-            )
-        )
+        cfg, haproxy = self.tmp / "haproxy.cfg", shutil.which("haproxy") or "/usr/sbin/haproxy"
+        replicas = [(r.name, f"127.0.0.1:{r.port}") for r in self.replicas]
+        idle_s, affinity = self.options.idle_timeout_s, self.options.affinity
+        cfg.write_text(haproxy_config(listen_port=self.port, replicas=replicas, idle_timeout_s=idle_s, affinity=affinity))
         with (self.tmp / "haproxy.log").open("ab") as log:
             self._haproxy = subprocess.Popen([haproxy, "-db", "-f", str(cfg)], stdout=log, stderr=log)
         with anyio.fail_after(20):
