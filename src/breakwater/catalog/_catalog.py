@@ -55,8 +55,6 @@ class Entry:
         `gate/_task_required.py`) and offers no 2025-11-25 tasks, so relayed as it came it told a
         client a tool it may call could only be called as a task the gateway does not take.
         """
-        if self.tool.execution is None:
-            return self.tool.model_copy(update={"name": self.name})
         return self.tool.model_copy(update={"name": self.name, "execution": None})
 
 

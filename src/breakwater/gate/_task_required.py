@@ -47,7 +47,6 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from breakwater._wire import OPERATION_ID_META_KEY, RELATED_TASK_META_KEY
 from breakwater.errors import CallCancelledError
 from breakwater.gate._tasks import (
-    CANCEL_BOUND_S,
     MAX_ERROR_BACKOFF_S,
     MIN_POLL_S,
     MIN_POLL_TIMEOUT_S,
@@ -60,7 +59,6 @@ from breakwater.gate._tasks import (
     _Transient,
 )
 from breakwater.gate._turn_budget import current_budget
-from breakwater.status import ServerState
 from breakwater.tasks._store import PendingTask
 
 __all__ = ["call_as_task", "requires_task"]
@@ -134,11 +132,11 @@ async def call_as_task(
                 session = await runtime.ready_session(call.upstream)
                 await session.validate_tool_result(name, result)
             return result
-        sent = await _cancel(call, pending.task_id)
+        sent = await runtime.cancel(call.upstream, pending.task_id)
         raise _cut(pending, cut_by, sent, clock.monotonic() - started)
     except anyio.get_cancelled_exc_class():
         if not runtime.closing:
-            await _cancel(call, pending.task_id)
+            await runtime.cancel(call.upstream, pending.task_id)
         raise
 
 
@@ -238,19 +236,3 @@ async def _asked(call: TaskCall, pending: PendingTask, request: Any, *, result: 
         if isinstance(exc, BaseExceptionGroup) and exc.subgroup(anyio.get_cancelled_exc_class()) is not None:
             raise  # a cancellation beside a transport failure is still a cancellation
         raise _Transient(f"{type(exc).__name__}: {exc}") from exc
-
-
-async def _cancel(call: TaskCall, task_id: str) -> bool:
-    """`tasks/cancel` (shielded, bounded); True if the server acknowledged it."""
-    upstream, clock = call.upstream, call.runtime.clock
-    client = upstream.client
-    if client is None or upstream.state is not ServerState.READY:
-        return False
-    request = types.CancelTaskRequest(params=types.CancelTaskRequestParams(task_id=task_id))
-    with anyio.CancelScope(shield=True), clock.deadline_scope(clock.monotonic() + CANCEL_BOUND_S):
-        try:
-            await client.session.send_request(request, types.CancelTaskResult)
-            return True
-        except (Exception, BaseExceptionGroup):
-            logger.debug("tasks/cancel of %s on %s failed", task_id, upstream.spec.name, exc_info=True)
-    return False

@@ -248,14 +248,14 @@ class TaskRuntime:
         try:
             with self._clock.deadline_scope(deadline):
                 return await self._until_done(upstream, pending, poll_timeout_s, interval_s, immediate=immediate)
-            sent = await self._cancel(upstream, pending.task_id)
+            sent = await self.cancel(upstream, pending.task_id)
             raise _cut(pending, cut_by, sent, self._clock.monotonic() - started)
         except anyio.get_cancelled_exc_class():
             if self.closing:
                 # Shutting down, not giving up: leave the task running and remembered for the next start.
                 forget = False
             else:
-                await self._cancel(upstream, pending.task_id)
+                await self.cancel(upstream, pending.task_id)
             raise
         finally:
             if forget:
@@ -293,7 +293,7 @@ class TaskRuntime:
                     detail={"task_id": pending.task_id, "task_status": "cancelled"},
                 )
             if state.status == "input_required":
-                await self._cancel(upstream, pending.task_id)
+                await self.cancel(upstream, pending.task_id)
                 raise UpstreamError(
                     "The task asked for input (elicitation or sampling), which breakwater does not relay; it was cancelled.",
                     retryable=False,
@@ -338,8 +338,10 @@ class TaskRuntime:
         # Only the poll's own deadline scope ends the block without a return.
         raise _Transient("no answer within the poll timeout")
 
-    async def _cancel(self, upstream: Upstream, task_id: str) -> bool:
-        """Send `tasks/cancel` (shielded, bounded); True if the server acknowledged it."""
+    async def cancel(self, upstream: Upstream, task_id: str) -> bool:
+        """Send `tasks/cancel` (shielded, bounded); True if the server acknowledged it.
+
+        The same request on both revisions; a 2025-11-25 server answers with the task, which reads as the ack."""
         client = upstream.client
         if client is None or upstream.state is not ServerState.READY:
             return False
