@@ -27,10 +27,11 @@ demo: $(RUN_STAMP)
 # Three workers on two cores: the suite is real processes starting and waiting, and with two workers a
 # quarter of the CPU sat idle (three: 6 %; 837 s with two, 756 s with three, one host, one hour). A
 # module's tests stay on one worker (--dist loadfile), so module fixtures (the conformance runs, the
-# npm servers) start once. The slowest tests are listed at the end (--durations): on a slow host the
-# suite's tail is what keeps CI long, and this says where it is.
+# npm servers) start once; the longest modules start first (tests/conftest.py), which needs xdist's own
+# reorder (by number of tests) off. The slowest tests are listed at the end (--durations): on a slow host
+# the suite's tail is what keeps CI long, and this says where it is.
 test: $(STAMP)
-	$(BIN)/pytest -q -n 3 --dist loadfile --durations=25
+	$(BIN)/pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples

@@ -20,11 +20,19 @@ POSTGRES_CANDIDATES = [
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules marked `long_module` first (a stable sort: the rest keep their order).
+    """The longest modules first, by their `long_module(seconds)` mark (a stable sort: the rest keep their order).
 
-    xdist hands modules to workers in collection order (`--dist loadfile`), and the run is CPU-bound, so
-    a 100 s module collected late is the run's tail, run while the other workers sit idle."""
-    items.sort(key=lambda item: item.get_closest_marker("long_module") is None)
+    xdist hands modules to workers in collection order (`--dist loadfile --no-loadscope-reorder`; its
+    default reorder, by number of tests, put a 150 s module of five tests last), and the run is CPU-bound,
+    so a long module collected late is the run's tail, run while the other workers sit idle. Longest
+    first is the classic greedy schedule. The seconds are one module's time on the CI host, 2 cores
+    (`pytest --junitxml`, docs/benchmarks.md "The test suite's own time"); only their order matters."""
+
+    def seconds(item: pytest.Item) -> float:
+        mark = item.get_closest_marker("long_module")
+        return float(mark.args[0]) if mark is not None and mark.args else 0.0
+
+    items.sort(key=lambda item: -seconds(item))
 
 
 @pytest.fixture

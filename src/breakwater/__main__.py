@@ -1,5 +1,3 @@
-import sys
+from breakwater.cli import run
 
-from breakwater.cli import main
-
-sys.exit(main())
+run()

@@ -23,6 +23,8 @@ from mcp import Client, StdioServerParameters
 
 from breakwater.testing.server import launch_command
 
+pytestmark = pytest.mark.long_module(100)
+
 BREAKWATER = [sys.executable, "-m", "breakwater"]
 LONG_SERVER = "warehouse-inventory-and-fulfilment-service"
 LONG_TOOL = "reserve_stock_for_outbound_shipment"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.long_module
+pytestmark = pytest.mark.long_module(33)
 
 
 def test_the_demo_tells_the_whole_story_and_leaves_nothing_behind(tmp_path: Path) -> None:

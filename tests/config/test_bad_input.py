@@ -30,6 +30,8 @@ from breakwater.config._knobs import knob_range
 from breakwater.config._policies import GLOBAL_SECTIONS, POLICY_SECTIONS, CallPolicy
 from breakwater.errors import ConfigError
 
+pytestmark = pytest.mark.long_module(58)
+
 NUMBER_KNOBS = [
     (section, f.name)
     for section, cls in {**POLICY_SECTIONS, **GLOBAL_SECTIONS}.items()

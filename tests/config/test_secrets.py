@@ -16,7 +16,7 @@ from mcp.client.stdio import stdio_client
 
 from breakwater.testing.server import launch_command, serve_http
 
-pytestmark = [pytest.mark.long_module, pytest.mark.anyio]
+pytestmark = [pytest.mark.long_module(92), pytest.mark.anyio]
 
 SECRET = "sk-planted-7f3a9c2e1d"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.long_module
+pytestmark = pytest.mark.long_module(71)
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "connect_storm.py"
 

@@ -185,3 +185,50 @@ async def test_an_http_answer_over_the_limit_is_result_too_large_once_in_any_bod
             fits = await bw.call_tool("big", "echo", {"pad": "x" * (LIMIT // 4)})
             assert not fits.is_error
             assert (fits.structured_content or {})["arguments"]["pad"] == "x" * (LIMIT // 4)
+
+
+async def test_a_line_written_to_a_server_that_died_is_one_broken_stream_and_nothing_in_the_log() -> None:
+    """A server that dies while the gateway writes to it: the writer says its stream broke, and asyncio's
+    record of the broken pipe is read, so no "exception was never retrieved" reaches the loop's error handler
+    (the tests' runner fails on one, as it did in CI when a `subscriptions/listen` line met a dead server).
+    A later 3.11 (3.11.7 here) no longer logs it; Debian's 3.11.2, which CI runs, does."""
+    import asyncio
+    import gc
+    import time
+
+    import anyio
+
+    from breakwater.connect._stdio import StdinWriter
+
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    ended: list[bool] = []
+    try:
+        process = await anyio.open_process([sys.executable, "-c", "pass"])
+        writer = StdinWriter(process, StdoutParser("dead", LIMIT), lambda: ended.append(True))
+        # Dead before the loop has looked at its pipe: the next write meets the broken pipe itself.
+        while _alive(process.pid):
+            time.sleep(0.01)  # blocking on purpose: the loop must not see the hang-up first
+        line = b'{"jsonrpc": "2.0", "id": "listen-1", "method": "subscriptions/listen"}\n'
+        await writer.write_line(line)  # asyncio takes it, meets the broken pipe, and keeps the error for later
+        await asyncio.sleep(0.05)
+        with pytest.raises(anyio.BrokenResourceError):
+            await writer.write_line(line)
+        assert ended == [True]  # the session's reads end with the pipe
+        await process.aclose()
+        del writer, process
+        for _ in range(3):
+            gc.collect()
+            await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(None)
+    assert reported == []
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (neither reaped nor a zombie)."""
+    try:
+        return not Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except FileNotFoundError:
+        return False

@@ -24,7 +24,7 @@ import pytest
 
 from conformance.node_tools import NodeTools, node_tools
 
-pytestmark = pytest.mark.long_module
+pytestmark = pytest.mark.long_module(65)
 
 CLIENT = Path(__file__).resolve().parents[1] / "conformance" / "client.py"
 SCENARIO_TIMEOUT_S = 45

@@ -23,7 +23,7 @@ import pytest
 from breakwater import Breakwater, Config, ConnectPolicy, Reason, ServerSpec, ServerState
 from breakwater.testing.server import launch_command, serve_http
 
-pytestmark = [pytest.mark.long_module, pytest.mark.anyio]
+pytestmark = [pytest.mark.long_module(81), pytest.mark.anyio]
 
 FAST = ConnectPolicy(startup_jitter_s=0, backoff_base_s=0.2, backoff_cap_s=1, budget_s=30, attempt_timeout_s=10)
 

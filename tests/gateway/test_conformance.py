@@ -30,7 +30,7 @@ from mcp import Client
 
 from conformance.node_tools import NodeTools, node_tools
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.long_module(78), pytest.mark.anyio]
 
 UPSTREAM = Path(__file__).resolve().parents[1] / "conformance" / "server.py"
 SUITE_TIMEOUT_S = 180

@@ -32,7 +32,7 @@ from pydantic import Field
 
 from breakwater.gateway._fast_call import _plain_surface, serialize_call
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.long_module(80), pytest.mark.anyio]
 
 SERVER = textwrap.dedent(
     """

@@ -17,7 +17,7 @@ from breakwater.testing._fleet import ACCEPT, UPSTREAM_TOOLS, Fleet, FleetOption
 from breakwater.testing._ledger import read_ledger
 from helpers import REDIS_URL, eventually
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.long_module(46), pytest.mark.anyio]
 
 
 async def test_a_rolling_restart_with_redis_and_a_long_drain_loses_no_call(

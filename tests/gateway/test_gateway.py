@@ -22,7 +22,7 @@ from mcp.types import RequestParamsMeta
 
 from breakwater.testing.server import launch_command, read_state
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.long_module(118), pytest.mark.anyio]
 
 BREAKWATER = [sys.executable, "-m", "breakwater"]
 

@@ -30,7 +30,7 @@ from helpers import ResourceUpdates, code_of
 
 # The logging, sampling and subscription APIs are deprecated at 2026-07-28; their 2025 paths are what is tested.
 pytestmark = [
-    pytest.mark.long_module,
+    pytest.mark.long_module(146),
     pytest.mark.anyio,
     pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning"),
 ]

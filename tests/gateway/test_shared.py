@@ -31,7 +31,7 @@ from mcp.client.stdio import stdio_client
 from breakwater.testing.server import launch_command, read_state
 from helpers import ResourceUpdates, ask_gateway, called_once_up, code_of, eventually, gateway_pids, lingering_server
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.long_module(86), pytest.mark.anyio]
 
 BREAKWATER = [sys.executable, "-m", "breakwater"]
 

@@ -32,6 +32,8 @@ from breakwater.journal import AttemptRecord
 from breakwater.testing.server import launch_command
 from helpers import chrome, require, screenshot
 
+pytestmark = pytest.mark.long_module(49)
+
 BREAKWATER = [sys.executable, "-m", "breakwater"]
 TOKEN = "web-test-token-4b1d"
 SECRET = "sk-planted-web-9e2c"

@@ -18,7 +18,7 @@ import pytest
 
 from helpers import require
 
-pytestmark = pytest.mark.long_module
+pytestmark = pytest.mark.long_module(89)
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "exactly_once.py"
 

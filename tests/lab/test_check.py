@@ -10,7 +10,7 @@ from breakwater.lab import MISSIONS
 from breakwater.lab.check import DEFAULT_SEEDS, check_missions, parse_seeds
 from breakwater.lab.cli import main
 
-pytestmark = pytest.mark.long_module
+pytestmark = pytest.mark.long_module(154)
 
 
 def test_seed_ranges() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from labkit import LAB, LAB_PAIRS, comparable, configs, entries, quick, quick_traffic
@@ -11,6 +12,8 @@ from labkit import LAB, LAB_PAIRS, comparable, configs, entries, quick, quick_tr
 from breakwater.lab import LabConfig
 from breakwater.lab.config import MAX_REISSUES, SLOTS
 from breakwater.lab.metrics import Metrics
+
+pytestmark = pytest.mark.long_module(112)
 
 MODES_2025 = st.sampled_from(["2025-11-25/memory", "2025-11-25/shared"])
 

@@ -20,7 +20,7 @@ import pytest
 
 from breakwater.lab import get_mission
 
-pytestmark = pytest.mark.long_module
+pytestmark = pytest.mark.long_module(88)
 
 RSS_LIMIT_MB = 300
 RUNS = 200

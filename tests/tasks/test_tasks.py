@@ -33,7 +33,7 @@ from breakwater.tasks._wire import CancelTaskRequest, GetTaskRequest, TaskAck, T
 from breakwater.testing.server import launch_command
 from helpers import isolated_env
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.long_module(92), pytest.mark.anyio]
 
 HERE = Path(__file__).resolve().parent
 TASKS_SERVER = [sys.executable, str(HERE / "tasks_server.py")]
