@@ -64,6 +64,38 @@ def _no_user_home() -> Iterator[None]:
     shutil.rmtree(home, ignore_errors=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _fork_server() -> Iterator[None]:
+    """One testserver fork server per test worker (`breakwater.testing._fork_server`): the suite's ~230
+    testservers start as forks of a process that imported the SDK once, not as 1.2 s imports of their own.
+    A test that needs the plain process deletes `BREAKWATER_TEST_FORK_SERVER` from its environment."""
+    import subprocess
+    import sys
+    import time
+
+    from breakwater.testing import _launcher
+
+    where = Path(tempfile.mkdtemp(prefix="bw-fork-"))  # short: a Unix socket's path must fit in 107 bytes
+    path = where / "s"
+    with (where / "log").open("wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "breakwater.testing._fork_server", str(path)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+        )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not path.exists() and server.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if not path.exists():
+        server.kill()
+        raise RuntimeError(f"the testserver fork server did not start: {(where / 'log').read_text()}")
+    os.environ[_launcher.ENV] = str(path)
+    yield
+    del os.environ[_launcher.ENV]
+    server.terminate()
+    server.wait(10)
+    shutil.rmtree(where, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def _stray_journal_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("stray-journal")

@@ -33,7 +33,9 @@ def test_the_exit_code_output_atexit_functions_and_threads_are_kept() -> None:
         "--version",
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [f"breakwater {version('mcp-breakwater')}", "thread finished", "atexit ran"]
+    lines = done.stdout.splitlines()  # the thread may finish before or after the command prints
+    assert sorted(lines[:2]) == sorted([f"breakwater {version('mcp-breakwater')}", "thread finished"])
+    assert lines[2:] == ["atexit ran"]  # after the thread: the interpreter's order
 
     refused = _program("", "no-such-command")
     assert refused.returncode == 2

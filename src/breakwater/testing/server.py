@@ -104,6 +104,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from breakwater._wire import OPERATION_ID_META_KEY
+from breakwater.testing import _launcher
 from breakwater.testing._congestion import Congestion
 from breakwater.testing._http_faults import HttpFaults, serve_streamable_http
 from breakwater.testing._ledger import ControlFile, append_ledger, count_ledger, read_ledger, read_state, write_atomic
@@ -501,7 +502,14 @@ def main(argv: list[str]) -> int:
 
 
 def launch_command(*flags: str) -> list[str]:
-    """The argv that launches a testserver subprocess with `flags`."""
+    """The argv that launches a testserver subprocess with `flags`.
+
+    Through the fork server named by `BREAKWATER_TEST_FORK_SERVER` when it is set (the test suite's
+    own start-up CPU: `breakwater.testing._fork_server`, `_launcher`), else as `python -m breakwater testserver`.
+    """
+    path = os.environ.get(_launcher.ENV)
+    if path:
+        return _launcher.launcher_command(path, flags)
     return [sys.executable, "-m", "breakwater", "testserver", *flags]
 
 

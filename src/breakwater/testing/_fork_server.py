@@ -1,0 +1,127 @@
+"""A fork server for testserver processes: the test suite's start-up CPU, not a different server.
+
+Why it exists. Every testserver process imports the SDK: 1.2 s of CPU on the 2-core CI host, and
+the suite starts about 230 of them, on a host where the suite is CPU-bound (docs/benchmarks.md,
+"The test suite's own time"). With `BREAKWATER_TEST_FORK_SERVER` set to this server's socket (the
+suite's `tests/conftest.py` starts one per test worker), `launch_command()` gives a launcher instead
+(`breakwater.testing._launcher`), which hands its stdin, stdout and stderr over; this server forks a
+copy of itself, with the SDK already imported, to run `breakwater testserver FLAGS` on them, in the
+launcher's environment and working directory. The server a test talks to is the same code on the
+same pipes, with its own pid and its own exit, which the launcher passes on.
+
+What differs, and is why this is for tests only: the server is this process's child, not in the
+launcher's process group, so a group signal reaches it through the launcher.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+from typing import Any, NoReturn
+
+__all__ = ["serve"]
+
+_MAX_MESSAGE = 1 << 22
+
+
+def serve(path: str) -> NoReturn:
+    """Listen at `path` and fork a testserver for each launcher, until the process that started this one ends."""
+    import gc
+    import select
+
+    from breakwater._startup import sdk_imports
+
+    with sdk_imports():
+        import breakwater.cli
+        import breakwater.testing.server  # noqa: F401 - loaded once here, shared by every fork
+    gc.freeze()
+    parent = os.getppid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(64)
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    waiting: dict[int, socket.socket] = {}
+    while os.getppid() == parent:
+        ready, _, _ = select.select([listener.fileno(), wake_read], [], [], 1.0)
+        if wake_read in ready:
+            os.read(wake_read, 512)
+            _reap(waiting)
+        if listener.fileno() in ready:
+            conn, _ = listener.accept()
+            payload, fds, _, _ = socket.recv_fds(conn, _MAX_MESSAGE, 4)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                _child(
+                    json.loads(payload), fds, [listener.fileno(), wake_read, wake_write, *(c.fileno() for c in waiting.values())]
+                )
+            for fd in fds:
+                os.close(fd)
+            conn.send(str(pid).encode())
+            waiting[pid] = conn
+    os._exit(0)
+
+
+def _reap(waiting: dict[int, socket.socket]) -> None:
+    while waiting:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = waiting.pop(pid, None)
+        if conn is not None:
+            with contextlib.suppress(OSError):  # the launcher is gone: nobody to tell
+                conn.send(str(status).encode())
+            conn.close()
+
+
+def _child(request: dict[str, Any], fds: list[int], inherited: list[int]) -> NoReturn:
+    import random
+    import threading
+
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for fd in inherited:
+        os.close(fd)
+    stdin, stdout, stderr, watch = fds
+    for source, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
+        os.dup2(source, target)
+        os.close(source)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    random.seed()  # a fork shares its parent's generator state
+
+    def watch_launcher() -> None:
+        while os.read(watch, 1):
+            pass
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch_launcher, daemon=True).start()
+    sys.argv = ["breakwater", "testserver", *request["flags"]]
+    from breakwater.cli import run
+
+    try:
+        run()
+    except SystemExit as exc:
+        os._exit(exc.code if isinstance(exc.code, int) else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])

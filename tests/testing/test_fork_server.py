@@ -1,0 +1,101 @@
+"""The testserver fork server (`breakwater.testing._fork_server`) keeps a process's contract for whoever launched it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mcp import Client
+
+from breakwater.testing import _launcher
+from breakwater.testing.server import launch_command, stdio_params
+from helpers import eventually
+
+pytestmark = pytest.mark.anyio
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return not Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except FileNotFoundError:
+        return False
+
+
+def test_the_suite_runs_its_testservers_through_the_fork_server() -> None:
+    """`tests/conftest.py` starts one per worker: `launch_command` gives the launcher, not a fresh import."""
+    command = launch_command("--tool", "echo")
+    assert command[:4] == [sys.executable, "-S", "-E", _launcher.__file__]
+    assert command[4:] == [os.environ[_launcher.ENV], "--tool", "echo"]
+
+
+async def test_a_forked_testserver_serves_its_launchers_pipes_from_its_directory(tmp_path: Path) -> None:
+    """Same answers as a plain testserver, from the launcher's working directory, with a pid of its own."""
+    params = stdio_params("--tool", "echo:latency=0", "--state-file", "state.json")
+    params.cwd = str(tmp_path)
+    async with Client(params) as client:
+        result = await client.call_tool("echo", {"text": "hi"})
+    assert not result.is_error
+    answer = json.loads(result.content[0].text)  # type: ignore[union-attr]
+    assert answer["arguments"] == {"text": "hi"} and answer["ok"] is True
+    assert answer["pid"] != os.getpid()
+    assert json.loads((tmp_path / "state.json").read_text())  # written where the launcher ran
+
+
+def test_exit_codes_and_signals_pass_through_and_a_killed_launcher_takes_its_server_along() -> None:
+    """The launcher exits as its server did; a signal to it reaches the server; SIGKILL to its group ends both."""
+    done = subprocess.run(
+        launch_command("--exit-at-start", "3", "--exit-message", "bye"), capture_output=True, text=True, timeout=30
+    )
+    assert (done.returncode, done.stderr) == (3, "bye\n")
+
+    for stop, code in ((lambda p: p.terminate(), -signal.SIGTERM), (lambda p: os.killpg(p.pid, signal.SIGKILL), -signal.SIGKILL)):
+        launched = subprocess.Popen(
+            launch_command("--tool", "echo:latency=0"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+        )
+        server = _server_pid(launched)
+        assert server != launched.pid
+        stop(launched)
+        assert launched.wait(10) == code
+        deadline = time.monotonic() + 10
+        while _alive(server) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(server)
+
+
+def _server_pid(launched: subprocess.Popen[bytes]) -> int:
+    """Initialize the launched server over its pipes and call `echo`: the pid the server reports."""
+    assert launched.stdin is not None and launched.stdout is not None
+    hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    for message in (
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "echo", "arguments": {}}},
+    ):
+        launched.stdin.write(json.dumps(message).encode() + b"\n")
+    launched.stdin.flush()
+    while True:
+        answer = json.loads(launched.stdout.readline())
+        if answer.get("id") == 2:
+            return int(json.loads(answer["result"]["content"][0]["text"])["pid"])
+
+
+async def test_with_no_fork_server_the_launcher_is_the_plain_testserver(tmp_path: Path) -> None:
+    """A launcher whose fork server is gone (the suite ended) execs `python -m breakwater testserver` itself."""
+    command = _launcher.launcher_command(str(tmp_path / "nobody-listens"), ("--tool", "echo"))
+    launched = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def argv() -> list[bytes]:  # empty for a moment while the exec replaces it
+        return Path(f"/proc/{launched.pid}/cmdline").read_bytes().split(b"\0")
+
+    try:
+        await eventually(lambda: argv()[1:4] == [b"-m", b"breakwater", b"testserver"], 30)
+        assert launched.poll() is None
+    finally:
+        launched.kill()
+        launched.wait()
