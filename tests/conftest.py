@@ -68,12 +68,17 @@ def _no_user_home() -> Iterator[None]:
 def _fork_server() -> Iterator[None]:
     """One testserver fork server per test worker (`breakwater.testing._fork_server`): the suite's ~230
     testservers start as forks of a process that imported the SDK once, not as 1.2 s imports of their own.
-    A test that needs the plain process deletes `BREAKWATER_TEST_FORK_SERVER` from its environment."""
+    A test that needs the plain process deletes `BREAKWATER_TEST_FORK_SERVER` from its environment. Linux
+    only (fork, and Unix sockets that keep message boundaries): elsewhere testservers start as plain processes."""
     import subprocess
     import sys
     import time
 
     from breakwater.testing import _launcher
+
+    if sys.platform != "linux":
+        yield
+        return
 
     where = Path(tempfile.mkdtemp(prefix="bw-fork-"))  # short: a Unix socket's path must fit in 107 bytes
     path = where / "s"

@@ -17,7 +17,10 @@ from breakwater.testing import _launcher
 from breakwater.testing.server import launch_command, stdio_params
 from helpers import eventually
 
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(sys.platform != "linux", reason="the fork server is Linux only (tests/conftest.py)"),
+]
 
 
 def _alive(pid: int) -> bool:
