@@ -102,6 +102,14 @@ def called_once_up(proc: Any, tool: str) -> dict[str, Any]:
     return ask({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": tool, "arguments": {}}})
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs: neither reaped nor a zombie (Linux: /proc)."""
+    try:
+        return not Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except FileNotFoundError:
+        return False
+
+
 def code_of(result: Any) -> str | None:
     """The error code of a `CallToolResult` (its envelope's `code`), or None when the call succeeded."""
     code = envelope_of(result).get("code")

@@ -20,6 +20,7 @@ from breakwater.config import CallPolicy, JournalPolicy
 from breakwater.connect._lines import LineSplitter, Oversized, StdoutParser
 from breakwater.status import StatusReport
 from breakwater.testing.server import serve_http
+from helpers import alive
 
 pytestmark = pytest.mark.anyio
 
@@ -208,7 +209,7 @@ async def test_a_line_written_to_a_server_that_died_is_one_broken_stream_and_not
         process = await anyio.open_process([sys.executable, "-c", "pass"])
         writer = StdinWriter(process, StdoutParser("dead", LIMIT), lambda: ended.append(True))
         # Dead before the loop has looked at its pipe: the next write meets the broken pipe itself.
-        while _alive(process.pid):
+        while alive(process.pid):
             time.sleep(0.01)  # blocking on purpose: the loop must not see the hang-up first
         line = b'{"jsonrpc": "2.0", "id": "listen-1", "method": "subscriptions/listen"}\n'
         await writer.write_line(line)  # asyncio takes it, meets the broken pipe, and keeps the error for later
@@ -224,11 +225,3 @@ async def test_a_line_written_to_a_server_that_died_is_one_broken_stream_and_not
     finally:
         loop.set_exception_handler(None)
     assert reported == []
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` runs (neither reaped nor a zombie)."""
-    try:
-        return not Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
-    except FileNotFoundError:
-        return False

@@ -735,6 +735,12 @@ def sessions_of_this_agent() -> list[int]:
     return found
 
 
+def piped_serve(config: Path, env: dict[str, str], **popen: Any) -> subprocess.Popen[bytes]:
+    """`breakwater serve` on `config`, on pipes of this test's own (its stderr dropped)."""
+    command = [*BREAKWATER, "serve", "--config", str(config)]
+    return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, **popen)
+
+
 def raw_session(config: Path, env: dict[str, str], errlog: Path) -> subprocess.Popen[bytes]:
     """A `breakwater serve` on pipes of this test's own, initialized, its `echo` called once and answered."""
     with errlog.open("wb") as err:
@@ -887,14 +893,7 @@ def test_a_forked_gateway_keeps_no_descriptor_the_agent_gave_its_session(
     url, _ = upstream
     config = write_config(tmp_path, url)
     read_end, write_end = os.pipe()
-    proc = subprocess.Popen(
-        [*BREAKWATER, "serve", "--config", str(config)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env_for(tmp_path, share),
-        pass_fds=(write_end,),
-    )
+    proc = piped_serve(config, env_for(tmp_path, share), pass_fds=(write_end,))
     assert proc.stdin is not None and proc.stdout is not None
     try:
         hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
@@ -1004,13 +1003,7 @@ def test_a_sessions_own_server_holds_none_of_its_pipes_so_the_session_ends_at_on
     url, _ = upstream
     own_pid = tmp_path / "own.pid"
     config = write_config(tmp_path, url, own=lingering_server(own_pid))
-    proc = subprocess.Popen(
-        [*BREAKWATER, "serve", "--config", str(config)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env_for(tmp_path, share),
-    )
+    proc = piped_serve(config, env_for(tmp_path, share))
     assert proc.stdin is not None and proc.stdout is not None
     try:
         answer = called_once_up(proc, "own__ping")

@@ -15,19 +15,12 @@ from mcp import Client
 
 from breakwater.testing import _launcher
 from breakwater.testing.server import launch_command, stdio_params
-from helpers import eventually
+from helpers import alive, called_once_up, eventually
 
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.skipif(sys.platform != "linux", reason="the fork server is Linux only (tests/conftest.py)"),
 ]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return not Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
-    except FileNotFoundError:
-        return False
 
 
 def test_the_suite_runs_its_testservers_through_the_fork_server() -> None:
@@ -66,26 +59,15 @@ def test_exit_codes_and_signals_pass_through_and_a_killed_launcher_takes_its_ser
         stop(launched)
         assert launched.wait(10) == code
         deadline = time.monotonic() + 10
-        while _alive(server) and time.monotonic() < deadline:
+        while alive(server) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(server)
+        assert not alive(server)
 
 
 def _server_pid(launched: subprocess.Popen[bytes]) -> int:
     """Initialize the launched server over its pipes and call `echo`: the pid the server reports."""
-    assert launched.stdin is not None and launched.stdout is not None
-    hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
-    for message in (
-        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello},
-        {"jsonrpc": "2.0", "method": "notifications/initialized"},
-        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "echo", "arguments": {}}},
-    ):
-        launched.stdin.write(json.dumps(message).encode() + b"\n")
-    launched.stdin.flush()
-    while True:
-        answer = json.loads(launched.stdout.readline())
-        if answer.get("id") == 2:
-            return int(json.loads(answer["result"]["content"][0]["text"])["pid"])
+    answer = called_once_up(launched, "echo")
+    return int(json.loads(answer["result"]["content"][0]["text"])["pid"])
 
 
 async def test_with_no_fork_server_the_launcher_is_the_plain_testserver(tmp_path: Path) -> None:
