@@ -169,6 +169,41 @@ def test_redactor_masks_every_eight_character_run() -> None:
     assert "5Jd8Wq2N" not in redact("sk-live-5Jd8Wq2Nf7Hc3Xb1sk-live-5Jd8Wq2Nf7Hc3Xb1")
 
 
+def test_a_web_address_in_a_secret_is_shown_and_its_credentials_are_not() -> None:
+    """A URL-valued setting (`JIRA_URL=https://...`) hides its user-info, path, query and fragment, not its host.
+
+    Masking its every 8-character run masked every `https://` the model read: a page the user had to
+    open lost its address ("open <redacted>cal.example/auth?s=1")."""
+    from breakwater.config._redact import Redactor
+
+    webhook = "https://hooks.slack.com/services/T0AB12CD/B0EF34GH/x9Y8z7W6v5U4"
+    redact = Redactor(["https://me.atlassian.net", webhook, "wss://bot:pw-Hq4Ns8Dv2Yj6@api.example.com:8443/v1?key=Mc5Rb9Wk"])
+    for text in (
+        "open https://cal.example/auth?s=1",
+        "GET https://me.atlassian.net/rest/api failed",
+        "wss://api.example.com:8443",
+    ):
+        assert redact(text) == text
+    shown = redact(f"posting to {webhook} failed")
+    assert shown.startswith("posting to https://hooks.slack.com") and shown.endswith(" failed")
+    assert not any(webhook[i : i + 8] in shown for i in range(len("https://hooks.slack.com"), len(webhook) - 7))
+    shown = redact("wss://bot:pw-Hq4Ns8Dv2Yj6@api.example.com:8443/v1?key=Mc5Rb9Wk")
+    assert "pw-Hq4Ns" not in shown and "Ns8Dv2Yj" not in shown and "?key=Mc5" not in shown and "Mc5Rb9Wk" not in shown
+    assert "%2Fservices%2FT0AB12" not in redact(f"next={webhook.replace('/', '%2F').replace(':', '%3A')}")
+    # Not a web URL, only text holding "://": every run of it is masked, as before.
+    assert Redactor(["token-for-https://s0.example/mcp"])("see https://docs.example") == "see <redacted>docs<redacted>"
+
+
+def test_a_settings_word_is_no_secret() -> None:
+    """`DEBUG=true`, `LOG_LEVEL=info`, `NODE_ENV=production`: every "true", "info" and "production" in every
+    error was `<redacted>`. A setting's word is left alone; any other value, a number included, is not."""
+    from breakwater.config._redact import Redactor
+
+    redact = Redactor(["true", "INFO", "production", "3000", "trueblue", "sk-live-5Jd8Wq2Nf7Hc3Xb1"])
+    shown = redact("debug is true, level info, NODE_ENV production, port 3000, trueblue, key live-5Jd8Wq2Nf7")
+    assert shown == "debug is true, level info, NODE_ENV production, port <redacted>, <redacted>, key <redacted>"
+
+
 def test_spec_secrets_cover_every_form(tmp_path: Path) -> None:
     """Env and header values, the token after the scheme, URL password and query, credential arguments."""
     from breakwater.config import load_config

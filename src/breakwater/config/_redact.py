@@ -10,7 +10,8 @@ reaches any output breakwater writes. A secret is
 * the gateway's own `--token`.
 An upstream that prints its token without the `Bearer ` prefix, or its key without the `sk-`
 prefix, or a fragment of either, is still caught; secrets shorter than 8 characters are matched
-whole (from 4). Not caught: a secret re-encoded (base64, hex) or split by other text.
+whole (from 4). Not caught: a secret re-encoded (base64, hex) or split by other text. Not a secret:
+the `scheme://` and `host[:port]` of a secret that is a web URL (`_public`), whose other parts are.
 
 Every text breakwater derives from an upstream (an error message, a stderr line, a URL) passes
 through a `Redactor` that knows the config's secret values, URLs are shown without user-info and
@@ -23,7 +24,7 @@ import logging
 import re
 import threading
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlsplit
 
@@ -32,6 +33,7 @@ from breakwater.errors import CallError
 __all__ = [
     "MIN_FRAGMENT",
     "REDACTED",
+    "SETTING_WORDS",
     "Redactor",
     "arg_secrets",
     "display_url",
@@ -47,8 +49,22 @@ REDACTED = "<redacted>"
 
 #: Any run of this many characters of a secret is redacted wherever it appears.
 MIN_FRAGMENT = 8
-#: Shorter secrets are redacted whole, from this length (shorter values are flags like "1" or "true").
+#: Shorter secrets are redacted whole, from this length (shorter values are flags like "1" or "no").
 MIN_SECRET = 4
+#: Values that name a setting and are never a credential, matched whole and case-blind: with the env of
+#: countless configs (`DEBUG=true`, `LOG_LEVEL=info`, `NODE_ENV=production`) every "true", "info" and
+#: "production" in every error and log line read `<redacted>`. Any other value of an env stays secret.
+SETTING_WORDS = frozenset(
+    {"true", "false", "yes", "no", "on", "off", "enabled", "disabled", "none", "null"}
+    | {"trace", "debug", "info", "notice", "warn", "warning", "error", "critical", "fatal", "silent", "verbose", "quiet"}
+    | {"production", "development", "staging", "test", "local", "prod", "dev"}
+)
+
+
+def _kept(value: str) -> bool:
+    """Whether `value` is redacted at all: long enough to be a secret, and no setting's word."""
+    return len(value) >= MIN_SECRET and value.strip().lower() not in SETTING_WORDS
+
 
 _CREDENTIAL_NAME = re.compile(r"(key|token|secret|passw|pwd|auth|credential|bearer|cookie|session)", re.IGNORECASE)
 _FLAG = re.compile(r"^-{1,2}([A-Za-z0-9][\w.-]*)$")
@@ -104,11 +120,37 @@ def arg_secrets(args: Iterable[str]) -> Iterator[str]:
             yield from url_secrets(arg)
 
 
-def _variants(secret: str) -> Iterator[str]:
-    yield secret
-    quoted = quote(secret, safe="")
+#: The schemes whose URLs name a place: `scheme://host[:port]` says where, not what (see `_public`).
+_ADDRESS_SCHEMES = ("http://", "https://", "ws://", "wss://")
+
+
+def _public(secret: str) -> tuple[bool, ...]:
+    """Which characters of `secret` are no secret: a web URL's `scheme://` and `host[:port]`; none of any other value.
+
+    An env value is a secret whatever it holds, and many hold an address (`JIRA_URL=https://me.atlassian.net`).
+    Every 8-character run of it was masked, so every `https://` in every text the model read was too, a
+    page the user must open included ("open <redacted>cal.example/auth?s=1"). The address is shown wherever
+    breakwater shows a URL (`display_url`); its user-info, path (a webhook's is the credential), query and
+    fragment stay secret, and a run that holds one character of them is masked.
+    """
+    scheme_end = next((len(p) for p in _ADDRESS_SCHEMES if secret[: len(p)].lower() == p), 0)
+    if not scheme_end:
+        return (False,) * len(secret)
+    end = scheme_end
+    while end < len(secret) and secret[end] not in "/?#":
+        end += 1
+    host_start = max(scheme_end, secret.rfind("@", scheme_end, end) + 1)  # user-info, before the last @, is secret
+    return tuple(i < scheme_end or host_start <= i < end for i in range(len(secret)))
+
+
+def _variants(secret: str) -> Iterator[tuple[str, tuple[bool, ...]]]:
+    """`secret` and its percent-encoded form, each with which of its characters are public (`_public`)."""
+    public = _public(secret)
+    yield secret, public
+    pieces = [quote(char, safe="") for char in secret]  # one char's encoding is its part of the whole's
+    quoted = "".join(pieces)
     if quoted != secret:
-        yield quoted
+        yield quoted, tuple(flag for piece, flag in zip(pieces, public, strict=True) for _ in piece)
 
 
 # The process's own secrets (the gateway's token), redacted by every Redactor and every log record.
@@ -119,28 +161,41 @@ _lock = threading.Lock()
 def register_secrets(secrets: Iterable[str]) -> None:
     """Add secrets every `Redactor` of this process (and its log records) must also scrub."""
     with _lock:
-        _registered.update(s for s in secrets if s and len(s) >= MIN_SECRET)
+        _registered.update(s for s in secrets if _kept(s))
 
 
 class Redactor:
     """Replaces every run of 8+ characters of a known secret (and every whole shorter secret) in text."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
-        self._own = frozenset(v for s in secrets if s and len(s) >= MIN_SECRET for v in _variants(s))
+        self._own = frozenset(s for s in secrets if _kept(s))
         self._built_for: frozenset[str] | None = None
-        self._grams: frozenset[str] = frozenset()
+        #: Each masked run, with the part of it that is masked: (first, end) within the run (`_public`'s characters are not).
+        self._grams: dict[str, tuple[int, int]] = {}
         self._whole: list[str] = []
 
-    def _tables(self) -> tuple[frozenset[str], list[str]]:
-        everything = self._own | frozenset(_registered)
+    def _tables(self) -> tuple[dict[str, tuple[int, int]], list[str]]:
+        everything = self._own | _registered
         if everything != self._built_for:
-            long = [s for s in everything if len(s) >= MIN_FRAGMENT]
-            # A run that starts or ends in white space ("Bearer tok..." has " tok...") would swallow the
-            # space before a secret in the text; the same characters are covered by their neighbours' runs.
-            grams = (s[i : i + MIN_FRAGMENT] for s in long for i in range(len(s) - MIN_FRAGMENT + 1))
-            self._grams = frozenset(g for g in grams if g == g.strip())
+            grams: dict[str, tuple[int, int]] = {}
+            whole: set[str] = set()
+            for secret in everything:
+                for text, public in _variants(secret):
+                    if len(text) < MIN_FRAGMENT:
+                        whole.add(text)
+                        continue
+                    for i in range(len(text) - MIN_FRAGMENT + 1):
+                        gram = text[i : i + MIN_FRAGMENT]
+                        # A run that starts or ends in white space ("Bearer tok..." has " tok...") would swallow the
+                        # space before a secret in the text; the same characters are covered by their neighbours' runs.
+                        secret_at = [k for k, flag in enumerate(public[i : i + MIN_FRAGMENT]) if not flag]
+                        if gram != gram.strip() or not secret_at:
+                            continue
+                        first, end = grams.get(gram, (MIN_FRAGMENT, 0))  # the same run of two secrets: the wider mask
+                        grams[gram] = (min(first, secret_at[0]), max(end, secret_at[-1] + 1))
+            self._grams = grams
             # Longest first, so a secret that contains another is replaced whole.
-            self._whole = sorted((s for s in everything if len(s) < MIN_FRAGMENT), key=len, reverse=True)
+            self._whole = sorted(whole, key=len, reverse=True)
             self._built_for = everything
         return self._grams, self._whole
 
@@ -164,19 +219,24 @@ class Redactor:
         return value
 
 
-def _mask_fragments(text: str, grams: frozenset[str]) -> str:
-    spans: list[list[int]] = []
+def _mask_fragments(text: str, grams: Mapping[str, tuple[int, int]]) -> str:
     n = MIN_FRAGMENT
+    spans: list[tuple[int, int]] = []
     for i in range(len(text) - n + 1):
-        if text[i : i + n] in grams:
-            if spans and i <= spans[-1][1]:
-                spans[-1][1] = i + n
-            else:
-                spans.append([i, i + n])
+        where = grams.get(text[i : i + n])
+        if where is not None:
+            spans.append((i + where[0], i + where[1]))
     if not spans:
         return text
+    spans.sort()
+    merged = [list(spans[0])]
+    for start, end in spans[1:]:
+        if start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
     out, last = [], 0
-    for start, end in spans:
+    for start, end in merged:
         out += [text[last:start], REDACTED]
         last = end
     out.append(text[last:])

@@ -10,6 +10,7 @@ output bit-for-bit (tests/lab/test_golden.py).
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 from collections.abc import Sequence
 from heapq import heappush as _heappush
@@ -543,7 +544,9 @@ class Fleet:
             lost_results=lost,
             wasted_slot_seconds=wasted_ms / 1000,
             utilisation=util,
-            utilisation_mean=sum(util) / len(util),
+            # `math.fsum`, not `sum`: Python 3.12 made `sum` of floats compensated, so its last bit differed
+            # from 3.11's and a seed's result was not the same on every Python (tests/lab/test_golden.py).
+            utilisation_mean=math.fsum(util) / len(util),
             utilisation_max=max(util),
             peak_queue=tuple(rep.peak_queue for rep in self.replicas),
             deploy_end_ms=self.deploy_end,
