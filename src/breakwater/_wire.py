@@ -21,6 +21,7 @@ __all__ = [
     "RESULT_TOO_LARGE",
     "has_non_finite",
     "json_depth",
+    "json_kind",
     "json_line",
     "non_finite_constant",
     "non_finite_path",
@@ -49,6 +50,15 @@ CONNECTION_CLOSED: Final = -32000
 #: Breakwater's client-local code for "the answer was over `[call] max_result_bytes` and dropped
 #: unread" (never on the wire): the stdio transport answers the waiting request with it.
 RESULT_TOO_LARGE: Final = -32090
+
+
+def json_kind(value: Any) -> str:
+    """What JSON type `value` is, for an error (never the value itself: it may be a secret)."""
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {list: "a list", dict: "an object", str: "a string", type(None): "null"}.get(type(value), type(value).__name__)
 
 
 def json_depth(text: str) -> int:

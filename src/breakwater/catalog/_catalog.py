@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +21,11 @@ import anyio
 import mcp.types as types
 
 from breakwater import _paths
-from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX, TOOL_NAME_OK, namespaced
+from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX, TOOL_NAME_OK, distinct_name, namespaced
 
 __all__ = ["Catalog", "Entry", "default_catalog_dir", "entry_json", "namespaced", "tool_fingerprint"]
+
+logger = logging.getLogger("breakwater.catalog")
 
 
 def default_catalog_dir() -> Path:
@@ -73,6 +76,7 @@ class Catalog:
         #: it lists its tools: the waiting session's view is rebuilt, and its first tools/list answered, then.
         self.version = 0
         self._changed = anyio.Event()
+        self._renamed: set[tuple[str, str]] = set()  # (taken name, the name given instead), each warned of once
 
     def _path(self, server: str, fingerprint: str) -> Path | None:
         if self._dir is None:
@@ -175,17 +179,29 @@ class Catalog:
         return accepted
 
     def entries(self, servers: Iterable[tuple[str, bool, Sequence[types.Tool]]]) -> list[Entry]:
-        """Entries for `(server, live, tools)` triples, in order, first name wins on a collision."""
+        """Entries for `(server, live, tools)` triples, in order.
+
+        Two tools that would be named alike (servers "a b" and "a_b", or "a"'s "b__add" and "a__b"'s
+        "add") are both listed: the first keeps the name, the second gets a `distinct_name`, with a
+        warning. (A server's list holds each name once: `connect._tool_list` leaves out a second.)
+        """
         seen: set[str] = set()
         out: list[Entry] = []
         for server, live, tools in servers:
             for tool in tools:
                 name = namespaced(self.template, server, tool.name, self.name_max)
                 if name in seen:
-                    continue
+                    name = self._renamed_from(name, server, tool.name)
                 seen.add(name)
                 out.append(Entry(name=name, server=server, tool=tool, live=live))
         return out
+
+    def _renamed_from(self, taken: str, server: str, tool: str) -> str:
+        name = distinct_name(taken, server, tool, self.name_max)
+        if (taken, name) not in self._renamed:
+            self._renamed.add((taken, name))
+            logger.warning("server %r's tool %r is listed as %r: %r is another tool's", server, tool, name, taken)
+        return name
 
 
 def entry_json(entry: Entry) -> dict[str, Any]:

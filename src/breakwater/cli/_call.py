@@ -17,7 +17,7 @@ import anyio
 import mcp.types as types
 
 from breakwater._breakwater import Breakwater
-from breakwater._wire import strict_json
+from breakwater._wire import json_kind, strict_json
 from breakwater.cli._common import (
     EXIT_CONFIG,
     EXIT_FAILED,
@@ -57,7 +57,7 @@ def parse_arguments(json_args: str | None, pairs: list[str]) -> dict[str, Any]:
         except ValueError as exc:
             raise ValueError(f'JSON_ARGS is not JSON ({exc}); pass an object such as \'{{"q": "flaky"}}\'') from None
         if not isinstance(parsed, dict):
-            raise ValueError(f'JSON_ARGS must be a JSON object, got {type(parsed).__name__}; e.g. \'{{"q": "flaky"}}\'')
+            raise ValueError(f'JSON_ARGS must be a JSON object, got {json_kind(parsed)}; e.g. \'{{"q": "flaky"}}\'')
         arguments.update(parsed)
     for pair in pairs:
         key, sep, value = pair.partition("=")

@@ -12,6 +12,7 @@ import hashlib
 import re
 import string
 import unicodedata
+from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from breakwater.errors import ConfigError
@@ -31,7 +32,10 @@ __all__ = [
     "check_text",
     "check_tool_name_template",
     "check_url",
+    "distinct_name",
+    "name_affixes",
     "namespaced",
+    "route_by_shape",
 ]
 
 # The spec's tool-name rules (2025-11-25 onwards): 1-128 characters of A-Z a-z 0-9 _ - .
@@ -56,6 +60,40 @@ def namespaced(template: str, server: str, tool: str, limit: int = MAX_TOOL_NAME
         digest = hashlib.sha256(name.encode()).hexdigest()[: HASH_TAIL - 1]
         name = f"{name[: limit - HASH_TAIL]}-{digest}"
     return name
+
+
+def distinct_name(name: str, server: str, tool: str, limit: int = MAX_TOOL_NAME) -> str:
+    """A name for `tool` on `server` when `name`, its namespaced one, is another tool's already.
+
+    Two servers "a b" and "a_b", or "a" with a tool "b__add" beside "a__b" with "add", name a tool
+    alike; the second keeps a name of its own (its tail a hash of its server and tool) instead of
+    being left out of the list unsaid.
+    """
+    digest = hashlib.sha256(f"{server}\0{tool}".encode()).hexdigest()[: HASH_TAIL - 1]
+    return f"{name[: limit - HASH_TAIL]}-{digest}"
+
+
+def name_affixes(template: str, server: str) -> tuple[str, str]:
+    """What `namespaced` puts before and after a tool's own name for `server` (characters outside the rules made "_")."""
+    prefix, _, suffix = template.format(server=server, tool="\0").partition("\0")
+    return TOOL_NAME_OK.sub("_", prefix), TOOL_NAME_OK.sub("_", suffix)
+
+
+def route_by_shape(template: str, servers: Iterable[str], name: str) -> tuple[str, str] | None:
+    """The (server, tool) a downstream `name` has the shape of, for a server whose list is not known yet.
+
+    The most specific server wins ("a__b__x" is a__b's "x", not a's "b__x"). Compared in namespaced
+    form, so a server named "My Server" still owns "My_Server__ping" while it connects, and the
+    caller hears "connecting", not "no such tool". A template without affixes ("{tool}") says nothing.
+    """
+    best: tuple[int, str, str] | None = None
+    for server in servers:
+        prefix, suffix = name_affixes(template, server)
+        fixed = len(prefix) + len(suffix)
+        fits = fixed and len(name) > fixed and name.startswith(prefix) and name.endswith(suffix)
+        if fits and (best is None or fixed > best[0]):
+            best = (fixed, server, name[len(prefix) : len(name) - len(suffix)])
+    return None if best is None else (best[1], best[2])
 
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})

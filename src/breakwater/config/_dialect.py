@@ -9,6 +9,7 @@ the core leaves only.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from breakwater.errors import ConfigError
@@ -20,6 +21,7 @@ __all__ = [
     "USED_ENTRY_KEYS",
     "entry_notes",
     "read_env_file",
+    "spaced_program",
     "top_level_notes",
 ]
 
@@ -83,7 +85,19 @@ def entry_notes(name: str, entry: dict[str, object]) -> list[str]:
             notes.append(f"{key} kept; {_SIGN_IN.format(name=name)}")
         elif key in IGNORED_ENTRY_KEYS:
             notes.append(f"{key} ignored: {IGNORED_ENTRY_KEYS[key]}")
+    if (program := spaced_program(entry.get("command"))) is not None:  # only the program: the rest may be a secret
+        notes.append(
+            f'command holds spaces and is started as one name (no shell splits it): write "command": "{program}"'
+            ' and put each word after it in "args"'
+        )
     return notes
+
+
+def spaced_program(command: object) -> str | None:
+    """The program of a command written with its arguments ("npx -y server"), when it is one."""
+    if not isinstance(command, str) or len(words := command.split()) < 2 or shutil.which(command) is not None:
+        return None
+    return words[0] if shutil.which(words[0]) is not None else None
 
 
 def top_level_notes(data: dict[str, object], top: str) -> list[str]:

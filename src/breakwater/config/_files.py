@@ -18,7 +18,7 @@ from dataclasses import fields as dc_fields
 from pathlib import Path
 from typing import Any
 
-from breakwater._wire import json_depth
+from breakwater._wire import json_depth, json_kind
 from breakwater.config import _jsonc
 from breakwater.config._checks import check_header, check_server_name, check_template_for_servers, check_text, check_url
 from breakwater.config._dialect import (
@@ -58,22 +58,13 @@ def _fail(message: str, path: str, key: str, fix: str) -> ConfigError:
     return ConfigError(message, path=path, key=key, fix=fix)
 
 
-def _json_kind(value: Any) -> str:
-    """What JSON type `value` is, for an error (never the value itself: it may be a secret)."""
-    if isinstance(value, bool):
-        return "true/false"
-    if isinstance(value, (int, float)):
-        return "a number"
-    return {list: "a list", dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
-
-
 def _required_text(entry: Mapping[str, Any], path: str, where: str, key: str, missing: str, example: str) -> str:
     """`entry[key]`, a non-blank string; else an error that says which of absent, not a string or blank it is."""
     if key not in entry:
         raise _fail(missing, path, f"{where}.{key}", f'add "{key}": "{example}"')
     value = entry[key]
     if not isinstance(value, str):
-        raise _fail(f"expected a string, got {_json_kind(value)}", path, f"{where}.{key}", f'write "{key}": "{example}"')
+        raise _fail(f"expected a string, got {json_kind(value)}", path, f"{where}.{key}", f'write "{key}": "{example}"')
     if not value.strip():
         raise _fail(f"{key} is empty", path, f"{where}.{key}", f'write "{key}": "{example}"')
     return value

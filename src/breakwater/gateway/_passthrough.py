@@ -27,6 +27,7 @@ from breakwater._wire import ERROR_META_KEY
 from breakwater.catalog._catalog import namespaced
 from breakwater.catalog._validate import fits_schema
 from breakwater.config import GatewayPolicy
+from breakwater.config._checks import distinct_name, route_by_shape
 from breakwater.connect._readiness import ON_ITS_WAY
 from breakwater.gateway._subscriptions import Subscriptions
 from breakwater.status import ServerState
@@ -203,7 +204,9 @@ class Passthrough:
         for server, client in self._ready("prompts"):
             for prompt in await self._paginate(server, client.list_prompts, "prompts"):
                 name = namespaced(self.template, server, prompt.name, self.name_max)
-                if name not in routes:
+                if routes.get(name, (server, prompt.name)) != (server, prompt.name):
+                    name = distinct_name(name, server, prompt.name, self.name_max)  # another's prompt has the name
+                if name not in routes:  # else the server listed this prompt twice
                     routes[name] = (server, prompt.name)
                     prompts.append(prompt.model_copy(update={"name": name}))
         self._prompts = routes
@@ -217,10 +220,10 @@ class Passthrough:
             route = self._prompts.get(name)
         if route is not None:
             return route
-        for spec in self.bw.config.servers:  # a prompt of a server not listed yet: route by its prefix
-            prefix = namespaced(self.template, spec.name, "")
-            if prefix and name.startswith(prefix) and len(name) > len(prefix):
-                return spec.name, name[len(prefix) :]
+        # A prompt of a server not listed yet: route by the name's shape.
+        route = route_by_shape(self.template, (spec.name for spec in self.bw.config.servers), name)
+        if route is not None:
+            return route
         raise MCPError(INVALID_PARAMS, f"unknown prompt {name!r}")
 
     async def get_prompt(self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> types.GetPromptResult:

@@ -35,7 +35,7 @@ from typing import Any
 
 from breakwater._clock import Clock
 from breakwater.config import Config
-from breakwater.config._checks import TOOL_NAME_OK, namespaced
+from breakwater.config._checks import name_affixes, namespaced
 from breakwater.gateway._attach import Attachment, AttachRefused, SessionOutdated
 from breakwater.gateway._handoff import MirrorParser, answer_id
 from breakwater.gateway._start import relayable, reserve_standard_fds
@@ -138,8 +138,7 @@ class ToolSafety:
         safety = cls(builtins=frozenset(n for n in (config.gateway.search_tool, config.gateway.status_tool) if n))
         for spec in config.servers:
             if spec.call.retry != "auto":
-                prefix, _, suffix = template.format(server=spec.name, tool="\0").partition("\0")
-                safety.servers.append((TOOL_NAME_OK.sub("_", prefix), TOOL_NAME_OK.sub("_", suffix), spec.call.retry))
+                safety.servers.append((*name_affixes(template, spec.name), spec.call.retry))
             for tool, settings in spec.tools.items():
                 if settings.call.retry != "auto":
                     safety.configured[namespaced(template, spec.name, tool, config.gateway.tool_name_max)] = settings.call.retry

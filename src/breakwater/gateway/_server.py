@@ -38,6 +38,7 @@ from breakwater._breakwater import Breakwater
 from breakwater._wire import DEADLINE_META_KEY, OPERATION_ID_META_KEY
 from breakwater.catalog._catalog import Catalog, Entry
 from breakwater.config import GatewayPolicy
+from breakwater.config._checks import route_by_shape
 from breakwater.connect._readiness import ON_ITS_WAY
 from breakwater.errors import CallCancelledError, ToolChangedError, UnknownToolError
 from breakwater.gate._call import OPERATION_ID_ARGUMENT
@@ -266,13 +267,9 @@ class Gateway:
         entry = self._index.get(name)
         if entry is not None:
             return entry.server, entry.tool.name
-        # A server that was never seen has no catalog yet: still route its tools by prefix, so the
-        # caller hears "connecting" or "failed" instead of "no such tool".
-        for spec in self.bw.config.servers:
-            prefix = self.catalog.template.format(server=spec.name, tool="")
-            if prefix and name.startswith(prefix) and len(name) > len(prefix):
-                return spec.name, name[len(prefix) :]
-        return None
+        # A server that was never seen has no catalog yet: still route its tools by their names' shape,
+        # so the caller hears "connecting" or "failed" instead of "no such tool".
+        return route_by_shape(self.catalog.template, (spec.name for spec in self.bw.config.servers), name)
 
     # ---- change notifications ------------------------------------------------------------------
 

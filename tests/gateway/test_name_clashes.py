@@ -1,0 +1,92 @@
+"""Server names that are not tool-name characters, and tools two servers would name alike.
+
+Cursor's and Claude Desktop's users name servers "Framelink Figma MCP"; a downstream tool name may hold
+only `A-Za-z0-9_.-`, so the gateway lists that server's tools as `Framelink_Figma_MCP__…`. Before its
+list is known (the first minute), a call of such a name must still reach the server's "connecting"
+answer, not "no such tool". And when two (server, tool) pairs come out as one name ("a b" and "a_b",
+or "a"'s `b__ping` and "a__b"'s `ping`), both stay listed and callable. Real `serve`, real test servers.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+
+from breakwater.config._checks import route_by_shape
+from breakwater.testing.server import launch_command
+from helpers import isolated_env
+
+pytestmark = pytest.mark.anyio
+
+
+def _entry(name: str, *flags: str) -> dict[str, Any]:
+    command = launch_command("--name", name, *flags)
+    return {"command": command[0], "args": command[1:]}
+
+
+@asynccontextmanager
+async def _serve(tmp_path: Path, servers: dict[str, Any], **env: str) -> AsyncIterator[Client]:
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": servers}))
+    args = ["-m", "breakwater", "serve", "--no-share", "--config", str(config)]
+    params = StdioServerParameters(command=sys.executable, args=args, env=isolated_env(tmp_path, **env))
+    async with Client(params) as client:
+        yield client
+
+
+async def test_tools_named_alike_are_all_listed_and_each_call_reaches_its_own_server(tmp_path: Path) -> None:
+    servers = {
+        "a": _entry("a", "--tool", "b__ping:latency=0"),
+        "a__b": _entry("a__b", "--tool", "ping:latency=0"),
+        "My Server": _entry("My Server", "--tool", "ping:latency=0"),
+        "My_Server": _entry("My_Server", "--tool", "ping:latency=0"),
+    }
+    reached: dict[str, tuple[str, str]] = {}
+    with anyio.fail_after(60):
+        async with _serve(tmp_path, servers) as client:
+            names: list[str] = []
+            while len(names) < len(servers):
+                names = [t.name for t in (await client.list_tools()).tools if "ping" in t.name]
+                await anyio.sleep(0.1)
+            for name in names:
+                result = await client.call_tool(name, {})
+                assert not result.is_error, result
+                answer = result.structured_content or {}
+                reached[name] = (answer["server"], answer["tool"])
+    assert sorted(reached.values()) == [("My Server", "ping"), ("My_Server", "ping"), ("a", "b__ping"), ("a__b", "ping")]
+    # The first of each pair keeps the plain name; the second is told apart by a tail of its own.
+    assert reached["a__b__ping"] == ("a", "b__ping") and reached["My_Server__ping"] == ("My Server", "ping")
+    assert all(len(name) <= 64 for name in reached)
+
+
+async def test_a_server_whose_name_is_not_tool_name_characters_is_connecting_not_missing(tmp_path: Path) -> None:
+    """Never seen (no last-known tools) and still starting: its tool's call says "connecting", naming the server."""
+    servers = {
+        "My Server": _entry("My Server", "--startup-delay", "60", "--tool", "ping:latency=0"),
+        "a": _entry("a", "--startup-delay", "60"),
+        "a__b": _entry("a__b", "--startup-delay", "60"),
+    }
+    with anyio.fail_after(60):
+        async with _serve(tmp_path, servers, BREAKWATER_CALL_TIMEOUT_S="0.5") as client:
+            spaced = await client.call_tool("My_Server__ping", {})
+            nested = await client.call_tool("a__b__ping", {})
+    for result, server in ((spaced, "My Server"), (nested, "a__b")):
+        answer = result.structured_content or {}
+        assert result.is_error and answer["code"] == "SERVER_CONNECTING", answer
+        assert f"Tool 'ping' on server '{server}'" in result.content[0].text  # type: ignore[union-attr]
+
+
+def test_a_name_is_routed_by_the_templates_shape_whichever_side_the_server_is_on() -> None:
+    servers = ["a", "a.b", "My Server"]
+    assert route_by_shape("{tool}.{server}", servers, "ping.a.b") == ("a.b", "ping")
+    assert route_by_shape("{tool}.{server}", servers, "ping.My_Server") == ("My Server", "ping")
+    assert route_by_shape("{server}__{tool}", servers, "a__") is None  # a prefix alone names no tool
+    assert route_by_shape("{tool}", servers, "ping") is None  # one server, no affixes: nothing to go by
