@@ -14,6 +14,7 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
+from breakwater.config._checks import distinct_name
 from breakwater.testing.server import launch_command
 
 pytestmark = pytest.mark.anyio
@@ -99,3 +100,30 @@ async def test_warn_mode_keeps_the_tool_and_says_so(tmp_path: Path) -> None:
     )
     (match,) = json.loads(result.stdout)["matches"]
     assert match["name"] == "svc__lookup" and match["definition_changed"] is True
+
+
+async def test_a_tool_renamed_for_a_clash_is_accepted_by_the_name_it_is_listed_under(tmp_path: Path) -> None:
+    """"svc"'s `x__lookup` and "svc__x"'s `lookup` are both `svc__x__lookup`; the second is listed under a name of
+    its own, and `--accept` of that name approves its changed definition (it named nothing before)."""
+    config, flags, env = setup(tmp_path)
+    changing = json.loads(config.read_text())["mcpServers"]["svc"]
+    fixed = launch_command("--tool", "x__lookup:latency=0,readonly")
+    servers = {"svc": {"command": fixed[0], "args": fixed[1:]}, "svc__x": changing}
+    config.write_text(json.dumps({"mcpServers": servers}))
+    env["BREAKWATER_DRIFT"] = "block"
+    renamed = distinct_name("svc__x__lookup", "svc__x", "lookup", 64)
+    flags.write_text("--tool lookup:latency=0,readonly")
+    params = StdioServerParameters(command=sys.executable, args=["-m", "breakwater", "serve", "--config", str(config)], env=env)
+
+    async def listed() -> list[str]:
+        async with Client(params) as client:
+            with anyio.fail_after(30):
+                while (await client.call_tool("breakwater_status", {})).structured_content["summary"].get("ready") != 2:
+                    await anyio.sleep(0.1)
+            return [t.name for t in (await client.list_tools()).tools]
+
+    assert {"svc__x__lookup", renamed} <= set(await listed())
+    flags.write_text("--tool lookup:latency=0,destructive")
+    assert renamed not in await listed()  # blocked until accepted
+    assert f"accepted: {renamed}" in accept(config, env, renamed)
+    assert renamed in await listed()

@@ -561,14 +561,15 @@ class Gateway:
         self.refresh()
         wanted = set(names)
         accepted: list[str] = []
-        for spec in self.bw.config.servers:
-            upstream = self.bw.upstream(spec.name)
-            if upstream.state is not ServerState.READY:
-                continue
-            live = self.catalog.entries([(spec.name, True, upstream.tools)])
-            todo = [e.tool.name for e in live if e.name in wanted] if wanted else self.drift.get(spec.name, [])
-            done = set(self.catalog.accept(spec.name, spec.fingerprint(), upstream.tools, todo))
-            accepted += [e.name for e in live if e.tool.name in done]
+        ready = [spec for spec in self.bw.config.servers if self.bw.upstream(spec.name).state is ServerState.READY]
+        # Named as listed, changed tools included, all servers at once: a tool renamed for a clash is found too.
+        live = self.catalog.entries([(spec.name, True, self.bw.upstream(spec.name).tools) for spec in ready])
+        for spec in ready:
+            tools = self.bw.upstream(spec.name).tools
+            own = [e for e in live if e.server == spec.name]
+            todo = [e.tool.name for e in own if e.name in wanted] if wanted else self.drift.get(spec.name, [])
+            done = set(self.catalog.accept(spec.name, spec.fingerprint(), tools, todo))
+            accepted += [e.name for e in own if e.tool.name in done]
         self.refresh()
         return accepted
 
