@@ -103,7 +103,7 @@ async def test_warn_mode_keeps_the_tool_and_says_so(tmp_path: Path) -> None:
 
 
 async def test_a_tool_renamed_for_a_clash_is_accepted_by_the_name_it_is_listed_under(tmp_path: Path) -> None:
-    """"svc"'s `x__lookup` and "svc__x"'s `lookup` are both `svc__x__lookup`; the second is listed under a name of
+    """Server "svc"'s `x__lookup` and "svc__x"'s `lookup` are both `svc__x__lookup`; the second is listed under a name of
     its own, and `--accept` of that name approves its changed definition (it named nothing before)."""
     config, flags, env = setup(tmp_path)
     changing = json.loads(config.read_text())["mcpServers"]["svc"]
