@@ -20,6 +20,7 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
+from breakwater.config import load_config
 from breakwater.config._checks import route_by_shape
 from breakwater.testing.server import launch_command
 from helpers import isolated_env
@@ -90,3 +91,12 @@ def test_a_name_is_routed_by_the_templates_shape_whichever_side_the_server_is_on
     assert route_by_shape("{tool}.{server}", servers, "ping.My_Server") == ("My Server", "ping")
     assert route_by_shape("{server}__{tool}", servers, "a__") is None  # a prefix alone names no tool
     assert route_by_shape("{tool}", servers, "ping") is None  # one server, no affixes: nothing to go by
+
+
+def test_config_check_notes_servers_whose_tools_would_be_named_alike(tmp_path: Path) -> None:
+    config = tmp_path / "mcp.json"
+    names = ["a b", "a_b", "日本", "中国", "ok"]
+    config.write_text(json.dumps({"mcpServers": {name: {"command": "sh"} for name in names}}, ensure_ascii=False))
+    notes = load_config(config).notes
+    assert [n.split(" name ")[0] for n in notes] == ["servers 'a b', 'a_b'", "servers '日本', '中国'"]
+    assert "(a_b__…)" in notes[0] and "rename" in notes[0]

@@ -24,6 +24,7 @@ __all__ = [
     "MAX_TOOL_NAME",
     "MIN_TOKEN_CHARS",
     "TOOL_NAME_OK",
+    "alike_servers",
     "check_header",
     "check_journal_url",
     "check_listener_token",
@@ -94,6 +95,22 @@ def route_by_shape(template: str, servers: Iterable[str], name: str) -> tuple[st
         if fits and (best is None or fixed > best[0]):
             best = (fixed, server, name[len(prefix) : len(name) - len(suffix)])
     return None if best is None else (best[1], best[2])
+
+
+def alike_servers(template: str, servers: Iterable[str]) -> list[str]:
+    """Notes for servers whose tools `template` names alike ("a b" and "a_b", or "日本" and "中国": both "__").
+
+    Their tools are still listed (`distinct_name`), but a person reads the one set of names as one server's.
+    """
+    by_affixes: dict[tuple[str, str], list[str]] = {}
+    for server in servers:
+        by_affixes.setdefault(name_affixes(template, server), []).append(server)
+    return [
+        f"servers {', '.join(map(repr, names))} name their tools alike ({prefix}…{suffix}): after the first, each"
+        " clashing tool is listed under its name and a hash; rename the servers to tell them apart"
+        for (prefix, suffix), names in by_affixes.items()
+        if len(names) > 1 and (prefix or suffix)
+    ]
 
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})

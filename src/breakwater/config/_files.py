@@ -20,7 +20,14 @@ from typing import Any
 
 from breakwater._wire import json_depth, json_kind
 from breakwater.config import _jsonc
-from breakwater.config._checks import check_header, check_server_name, check_template_for_servers, check_text, check_url
+from breakwater.config._checks import (
+    alike_servers,
+    check_header,
+    check_server_name,
+    check_template_for_servers,
+    check_text,
+    check_url,
+)
 from breakwater.config._dialect import (
     IGNORED_ENTRY_KEYS,
     SIGN_IN_KEYS,
@@ -564,10 +571,13 @@ def _load(
         defaults = {section: build_policy(cls, [env_layer(cls, env)]) for section, cls in POLICY_SECTIONS.items()}
         specs, notes = _servers_from_json(p, defaults, expand, entries_ok)
         config = Config(servers=tuple(specs), **defaults, **_global_policies({}, None, env), path=str(p), notes=tuple(notes))
+    template = config.gateway.tool_name_template
     try:
-        check_template_for_servers(config.gateway.tool_name_template, len(config.servers))
+        check_template_for_servers(template, len(config.servers))
     except ConfigError as exc:
         raise ConfigError(exc.detail, path=str(p), key=exc.key, fix=exc.fix) from None
+    if alike := alike_servers(template, (spec.name for spec in config.servers)):
+        config = replace(config, notes=(*config.notes, *alike))
     # Any server's secret is scrubbed from every output of this process, not only that server's.
     register_secrets(config.secrets)
     return config, expand.missing
