@@ -32,6 +32,7 @@ __all__ = [
     "EXIT_PIPE",
     "Parser",
     "add_config_flag",
+    "counted",
     "did_you_mean",
     "exit_codes_epilog",
     "fail",
@@ -158,3 +159,8 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """
     close = difflib.get_close_matches(word, list(choices), n=2, cutoff=0.6)
     return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+
+
+def counted(n: object, noun: str) -> str:
+    """`1 session`, `2 sessions` (a plain `s` plural: every noun counted here takes one)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -10,7 +10,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from breakwater.cli._common import EXIT_OK, Parser, add_config_flag, load_or_exit, out_console, show
+from breakwater.cli._common import EXIT_OK, Parser, add_config_flag, counted, load_or_exit, out_console, show
 from breakwater.config import Config, all_knobs
 from breakwater.config._knobs import render_markdown
 
@@ -66,7 +66,7 @@ def _print_check(config: Config, as_json: bool) -> None:
         print(json.dumps(understood, indent=2))
         return
     console = out_console()
-    console.print(f"[green]ok[/]: {config.path}: {len(config.servers)} server(s)")
+    console.print(f"[green]ok[/]: {config.path}: {counted(len(config.servers), 'server')}")
     for entry in understood["servers"]:
         where = entry.get("url") or " ".join([entry["command"], *entry["args"]])
         flags = "" if entry["enabled"] else " [dim](disabled)[/]"

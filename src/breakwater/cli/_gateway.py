@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from breakwater._platform import loop_options
-from breakwater.cli._common import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, Parser, add_config_flag, fail, load_or_exit, show
+from breakwater.cli._common import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, Parser, add_config_flag, counted, fail, load_or_exit, show
 from breakwater.config import Config, GatewayPolicy
 
 __all__ = ["attach_or_none", "gateway_main", "shared_gateway_info"]
@@ -236,7 +236,8 @@ def _stop(policy: GatewayPolicy, config: Config | None) -> int:
             continue
         if anyio.run(_ask, sock, {"breakwater": "stop"}) is not None:
             stopped += 1
-            print(f"stopped the shared gateway pid {info.get('pid')} ({info.get('sessions')} sessions; {info.get('config')})")
+            sessions = counted(info.get("sessions"), "session")
+            print(f"stopped the shared gateway pid {info.get('pid')} ({sessions}; {info.get('config')})")
     if not stopped:
         print("no shared gateway to stop")
         if other_settings:

@@ -26,6 +26,7 @@ from breakwater.cli._common import (
     EXIT_OK,
     Parser,
     add_config_flag,
+    counted,
     fail,
     load_or_exit,
     show,
@@ -198,7 +199,7 @@ def status_main(argv: list[str]) -> int:
             return _shared_status(shared, args.json, config.gateway)
         # Those run in each session, so the gateway cannot report them: connect to everything from here.
         print(
-            f"breakwater: shared gateway pid {shared.get('pid')}, serving {shared.get('sessions')} session(s); "
+            f"breakwater: shared gateway pid {shared.get('pid')}, serving {counted(shared.get('sessions'), 'session')}; "
             "its sessions' own stdio servers are not its to report, so this status connects from here",
             file=sys.stderr,
         )
@@ -210,7 +211,7 @@ def _shared_status(info: dict[str, object], as_json: bool, gateway: GatewayPolic
     """The status of the shared gateway this config's sessions attach to, as it sees its servers."""
     data = info.get("status")
     report = StatusReport.from_json(data if isinstance(data, dict) else {})
-    line = f"shared gateway pid {info.get('pid')}, serving {info.get('sessions')} session(s) (breakwater gateway list)"
+    line = f"shared gateway pid {info.get('pid')}, serving {counted(info.get('sessions'), 'session')} (breakwater gateway list)"
     if as_json:
         shown = report.to_json() | {"shared_gateway": {k: info.get(k) for k in ("pid", "sessions", "version", "started")}}
         print(json.dumps(shown, indent=2))
