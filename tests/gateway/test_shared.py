@@ -502,6 +502,7 @@ def test_a_shared_gateway_spreads_its_first_connects_less(tmp_path: Path) -> Non
 def test_a_failover_sends_again_only_the_calls_that_read(tmp_path: Path) -> None:
     """readOnlyHint from a relayed tools/list makes a call safe to send again; the config's retry class wins over it."""
     from breakwater.config import load_config
+    from breakwater.config._checks import distinct_name
     from breakwater.gateway._pump import ToolSafety, _Session
 
     (tmp_path / "breakwater.toml").write_text(
@@ -510,20 +511,23 @@ def test_a_failover_sends_again_only_the_calls_that_read(tmp_path: Path) -> None
     )
     config = load_config(tmp_path / "breakwater.toml", environ={})
     state = _Session(safety=ToolSafety.of(config))
+    renamed = distinct_name("web__lies", "web", "lies", config.gateway.tool_name_max)
     state.note_request(b'{"jsonrpc":"2.0","id":7,"method":"tools/list"}\n')
     tools = [
         {"name": "web__read", "annotations": {"readOnlyHint": True}},
         {"name": "web__write", "annotations": {"readOnlyHint": False, "idempotentHint": True}},
         {"name": "web__bare"},
         {"name": "web__lies", "annotations": {"readOnlyHint": True}},
+        {"name": renamed, "annotations": {"readOnlyHint": True}},  # as listed when another tool is `web__lies`
     ]
     state.note_answer(json.dumps({"jsonrpc": "2.0", "id": 7, "result": {"tools": tools}}).encode() + b"\n")
-    safe = {n: state.safety.safe(n) for n in ("web__read", "web__write", "web__bare", "web__lies", "db__any", "nope")}
+    safe = {n: state.safety.safe(n) for n in ("web__read", "web__write", "web__bare", "web__lies", renamed, "db__any", "nope")}
     assert safe == {
         "web__read": True,
         "web__write": False,
         "web__bare": False,
         "web__lies": False,
+        renamed: False,
         "db__any": True,
         "nope": False,
     }

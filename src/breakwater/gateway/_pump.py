@@ -35,7 +35,7 @@ from typing import Any
 
 from breakwater._clock import Clock
 from breakwater.config import Config
-from breakwater.config._checks import name_affixes, namespaced
+from breakwater.config._checks import distinct_name, name_affixes, namespaced
 from breakwater.gateway._attach import Attachment, AttachRefused, SessionOutdated
 from breakwater.gateway._handoff import MirrorParser, answer_id
 from breakwater.gateway._start import relayable, reserve_standard_fds
@@ -141,7 +141,10 @@ class ToolSafety:
                 safety.servers.append((*name_affixes(template, spec.name), spec.call.retry))
             for tool, settings in spec.tools.items():
                 if settings.call.retry != "auto":
-                    safety.configured[namespaced(template, spec.name, tool, config.gateway.tool_name_max)] = settings.call.retry
+                    name = namespaced(template, spec.name, tool, config.gateway.tool_name_max)
+                    safety.configured[name] = settings.call.retry
+                    # And the name it is listed under when another server's tool has that one (the catalog's rule).
+                    safety.configured[distinct_name(name, spec.name, tool, config.gateway.tool_name_max)] = settings.call.retry
         return safety
 
     def learn(self, answer: bytes) -> None:
