@@ -274,7 +274,7 @@ def test_kill_9_mid_call_leaves_the_calls_in_flight_as_outcome_unknown(tmp_path:
         text = "\n".join(in_flight_lines(store.in_flight(10)))
     finally:
         store.close()
-    assert f"Outcome unknown: {IN_FLIGHT_CALLS} call(s)" in text and "check whether each took effect" in text
+    assert f"Outcome unknown: {IN_FLIGHT_CALLS} calls" in text and "check whether each took effect" in text
     assert all(m["operation_id"] in text for m in in_flight)
 
 

@@ -38,6 +38,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from breakwater.cli._common import counted
 from breakwater.testing.server import count_ledger, launch_command, serve_http
 
 __all__ = ["demo_main"]
@@ -191,7 +192,8 @@ async def _destructive(agent: Agent, ledger: Path) -> None:
     agent.console.rule("[bold]4. A destructive call times out: OUTCOME_UNKNOWN, never retried blindly")
     await agent.call("payments__charge", {"payload": "order 1042: 120 EUR"})
     await anyio.sleep(2.5)  # let the upstream call finish (or be cancelled) so the ledger is final
-    agent.say(f"payments ledger: the charge ran {count_ledger(ledger, tool='charge')} time(s) — the agent must check, not retry")
+    ran = counted(count_ledger(ledger, tool="charge"), "time")
+    agent.say(f"payments ledger: the charge ran {ran} — the agent must check, not retry")
 
 
 def _summary(agent: Agent) -> None:

@@ -244,7 +244,7 @@ def _stop(policy: GatewayPolicy, config: Config | None) -> int:
             # The fingerprint is of the resolved config: an agent that launched serve with other
             # environment variables (BREAKWATER_*, ${VAR}s) runs its own gateway for the same file.
             print(
-                f"{other_settings} shared gateway(s) of this file run with other settings (another environment): "
+                f"{counted(other_settings, 'shared gateway')} of this file run with other settings (another environment): "
                 "`breakwater gateway stop` without --config stops every one"
             )
     return EXIT_OK

@@ -15,6 +15,7 @@ from breakwater.cli._common import (
     EXIT_OK,
     Parser,
     add_config_flag,
+    counted,
     fail,
     load_or_exit,
     show,
@@ -125,7 +126,7 @@ def in_flight_lines(marks: list[Any]) -> list[str]:
     lines: list[str] = []
     if unknown:
         lines.append(
-            f"Outcome unknown: {len(unknown)} call(s) sent to a tool that is not read-only, whose process stopped "
+            f"Outcome unknown: {counted(len(unknown), 'call')} sent to a tool that is not read-only, whose process stopped "
             "before the answer (check whether each took effect before repeating it):"
         )
         for m in unknown:
@@ -135,7 +136,7 @@ def in_flight_lines(marks: list[Any]) -> list[str]:
             )
     live = len(marks) - len(unknown)
     if live:
-        lines.append(f"In flight now: {live} call(s) to tools that are not read-only, sent by running processes.")
+        lines.append(f"In flight now: {counted(live, 'call')} to tools that are not read-only, sent by running processes.")
     return lines
 
 
