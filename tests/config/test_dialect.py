@@ -182,16 +182,23 @@ def test_every_key_every_client_writes_loads_with_notes(tmp_path: Path) -> None:
 
 
 def test_a_command_written_with_its_arguments_gets_a_note_naming_the_program_alone(tmp_path: Path) -> None:
-    """`config check` says what spawning would: the program is the first word, the rest belongs in `args` (and is
-    not repeated: it may hold a secret). A command that is a file with spaces in its path gets no note."""
+    """`config check` says how a command line in `command` is started (as Cursor starts it) and how to write it for
+    every client, naming only the program (the arguments may hold a secret). A program whose path holds a space,
+    or a first word that is no program, gets no note."""
     spaced = tmp_path / "my server"
     spaced.write_text("#!/bin/sh\n")
     spaced.chmod(0o755)
-    servers = {"joined": {"command": "sh -c true --token s3cr3t"}, "path": {"command": str(spaced)}, "plain": {"command": "sh"}}
+    servers = {
+        "joined": {"command": "sh -c true --token s3cr3t"},
+        "path": {"command": str(spaced)},
+        "plain": {"command": "sh"},
+        "unknown": {"command": "breakwater-no-such-program --flag"},
+    }
     config = load_config(write(tmp_path, servers), environ={})
     (note,) = config.server("joined").notes
-    assert note.startswith("command holds spaces") and '"command": "sh"' in note and "s3cr3t" not in note
-    assert config.server("path").notes == () and config.server("plain").notes == ()
+    assert note.startswith("command holds its arguments: started as 'sh'") and "Cursor" in note
+    assert '"command": "sh"' in note and "s3cr3t" not in note
+    assert all(config.server(name).notes == () for name in ("path", "plain", "unknown"))
 
 
 def test_a_key_no_client_writes_is_still_a_typo(tmp_path: Path) -> None:

@@ -124,29 +124,6 @@ async def test_missing_command_fails_at_once_without_burning_the_budget(tmp_path
         tg.cancel_scope.cancel()
 
 
-async def test_a_command_written_with_its_arguments_says_to_split_them(tmp_path: Path) -> None:
-    """`"command": "sh -c 'x' --token T"` starts a program named all of that (no shell splits it, in breakwater as in
-    every MCP client): the failure says to put the first word in `command` and the rest in `args`, without
-    repeating the rest (an argument may be a secret). A path with spaces whose first word is no program gets the
-    plain advice."""
-    clock = FakeClock()
-    written = {"joined": "sh -c true --token s3cr3t-value", "a path": "/opt/no such dir/server --flag"}
-    specs = [ServerSpec(name=name, transport="stdio", command=command, connect=POLICY) for name, command in written.items()]
-    upstreams = [make_upstream(spec, clock, tmp_path / spec.name)[0] for spec in specs]
-    async with anyio.create_task_group() as tg:
-        for upstream in upstreams:
-            tg.start_soon(upstream.run)
-        for upstream in upstreams:
-            await wait_for_state(upstream, ServerState.FAILED)
-        joined, path = (u.snapshot().error for u in upstreams)
-        tg.cancel_scope.cancel()
-    assert joined is not None and joined.code is Reason.SPAWN_FAILED
-    assert 'write "command": "sh" and put each word after it in "args"' in joined.message
-    assert "s3cr3t-value" not in joined.message and "-c" not in joined.message
-    assert path is not None
-    assert path.message == "command not found: /opt/no such dir/server --flag; install it, or write its full path"
-
-
 async def test_not_executable_is_spawn_failed(tmp_path: Path) -> None:
     """A file that exists but cannot be executed is `spawn_failed` too, with a message that says so."""
     script = tmp_path / "server.sh"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -82,6 +83,36 @@ async def test_healthy_stdio_server_becomes_ready(tmp_path: Path) -> None:
     assert (s.state, s.attempts, s.protocol, s.error) == (ServerState.READY, 1, "2026-07-28", None)
     assert s.tools is not None and s.tools >= 5
     assert s.connect_ms is not None and 0 < s.connect_ms < 30_000
+
+
+async def test_a_command_line_written_into_command_starts_as_cursor_starts_it(tmp_path: Path) -> None:
+    """Cursor's install links write `"command": "npx -y pkg --flag"` with no `args`, and Cursor starts it: here too,
+    split as a shell splits words (quotes included), with `args` after them. A program whose own path holds a space
+    is started as it is, and a first word that is no program is still `spawn_failed`."""
+    cmd = launch_command("--tool", "add")
+    spaced = tmp_path / "my tools" / "server"
+    spaced.parent.mkdir()
+    spaced.write_text(f"#!/bin/sh\nexec {shlex.join(cmd)} --name spaced-path\n")
+    spaced.chmod(0o755)
+    specs = [
+        ServerSpec(name="joined", transport="stdio", command=shlex.join([*cmd, "--name", "joined"]), connect=FAST),
+        ServerSpec(name="quoted", transport="stdio", command=f"sh -c {shlex.quote(shlex.join(cmd))}", connect=FAST),
+        ServerSpec(name="head", transport="stdio", command=shlex.join(cmd[:3]), args=tuple(cmd[3:]), connect=FAST),
+        ServerSpec(name="spaced", transport="stdio", command=str(spaced), connect=FAST),
+        ServerSpec(name="nothing", transport="stdio", command="breakwater-no-such-program --flag", connect=FAST),
+    ]
+    async with breakwater(tmp_path, *specs) as bw:
+        report = await bw.wait_ready(timeout=30)
+        by_name = {s.name: s for s in report.servers}
+        assert {n: by_name[n].state for n in ("joined", "quoted", "head", "spaced")} == dict.fromkeys(
+            ("joined", "quoted", "head", "spaced"), ServerState.READY
+        )
+        assert by_name["nothing"].error is not None and by_name["nothing"].error.code is Reason.SPAWN_FAILED
+        answers = {name: await bw.call_tool(name, "add", {"a": 1, "b": 2}) for name in ("joined", "spaced")}
+    assert {name: (a.structured_content or {}).get("server") for name, a in answers.items()} == {
+        "joined": "joined",
+        "spaced": "spaced-path",
+    }
 
 
 async def test_entering_never_blocks_on_a_slow_server(tmp_path: Path) -> None:

@@ -9,9 +9,13 @@ the core leaves only.
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
+from breakwater import _platform
 from breakwater.errors import ConfigError
 
 __all__ = [
@@ -19,9 +23,9 @@ __all__ = [
     "SIGN_IN_KEYS",
     "SKIPPED_TYPES",
     "USED_ENTRY_KEYS",
+    "command_words",
     "entry_notes",
     "read_env_file",
-    "spaced_program",
     "top_level_notes",
 ]
 
@@ -85,19 +89,43 @@ def entry_notes(name: str, entry: dict[str, object]) -> list[str]:
             notes.append(f"{key} kept; {_SIGN_IN.format(name=name)}")
         elif key in IGNORED_ENTRY_KEYS:
             notes.append(f"{key} ignored: {IGNORED_ENTRY_KEYS[key]}")
-    if (program := spaced_program(entry.get("command"))) is not None:  # only the program: the rest may be a secret
+    command = entry.get("command")
+    if isinstance(command, str) and (words := command_words(command, (), None, None)) != [command]:
+        # Only the program: the words after it are arguments, which may hold a secret.
         notes.append(
-            f'command holds spaces and is started as one name (no shell splits it): write "command": "{program}"'
-            ' and put each word after it in "args"'
+            f"command holds its arguments: started as {words[0]!r} with the rest as its first arguments, as Cursor"
+            f' starts it (Claude Code does not: for a file every client reads alike, write "command": "{words[0]}"'
+            ' and put each word after it in "args")'
         )
     return notes
 
 
-def spaced_program(command: object) -> str | None:
-    """The program of a command written with its arguments ("npx -y server"), when it is one."""
-    if not isinstance(command, str) or len(words := command.split()) < 2 or shutil.which(command) is not None:
-        return None
-    return words[0] if shutil.which(words[0]) is not None else None
+def command_words(command: str, args: Sequence[str], path: str | None, cwd: str | None) -> list[str]:
+    """The program and arguments to start for an entry's `command` and `args` (`path`: the PATH it is found on).
+
+    Cursor's install links write a whole command line into `command` ("npx -y pkg --flag", no `args`)
+    and Cursor starts it; `claude mcp add NAME "npx -y pkg"` writes the same, which Claude Code then
+    fails to start. So when no program has the whole string as its name, and the string's first word
+    (split as a POSIX shell splits words, quotes included; nothing is expanded) names one, its words are
+    the program and its first arguments. A path with spaces that is a program is started as it is.
+    """
+    if not any(c.isspace() for c in command) or _runnable(command, path, cwd):
+        return [command, *args]
+    try:
+        words = shlex.split(command, posix=not _platform.IS_WINDOWS)
+    except ValueError:  # an unclosed quote: not a command line after all
+        return [command, *args]
+    if _platform.IS_WINDOWS:  # non-POSIX splitting keeps the quotes (and the backslashes of paths)
+        words = [w[1:-1] if len(w) > 1 and w[0] == w[-1] == '"' else w for w in words]
+    if not words or not _runnable(words[0], path, cwd):
+        return [command, *args]
+    return [*words, *args]
+
+
+def _runnable(program: str, path: str | None, cwd: str | None) -> bool:
+    if os.sep in program or (os.altsep is not None and os.altsep in program):
+        return shutil.which(os.path.join(cwd or os.getcwd(), program)) is not None  # an absolute one stays itself
+    return shutil.which(program, path=path) is not None
 
 
 def top_level_notes(data: dict[str, object], top: str) -> list[str]:

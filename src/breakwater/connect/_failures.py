@@ -17,7 +17,6 @@ from pydantic import ValidationError
 from breakwater import _platform
 from breakwater._wire import CONNECTION_CLOSED
 from breakwater.config import ServerSpec
-from breakwater.config._dialect import spaced_program
 from breakwater.config._redact import display_url
 from breakwater.connect._headers_helper import HeadersHelperError
 from breakwater.connect._stdio import StdioProcess
@@ -139,24 +138,13 @@ def _spawn_failure(leaves: list[BaseException], spec: ServerSpec, process: Stdio
     command = spec.command or ""
     for leaf in leaves:
         if isinstance(leaf, FileNotFoundError):
-            return ErrorInfo(code=Reason.SPAWN_FAILED, message=_not_found(command))
+            advice = _platform.not_found_advice(command)
+            return ErrorInfo(code=Reason.SPAWN_FAILED, message=f"command not found: {command}; {advice}")
         if isinstance(leaf, PermissionError):
             return ErrorInfo(code=Reason.SPAWN_FAILED, message=f"not executable: {command}")
         if isinstance(leaf, OSError):
             return ErrorInfo(code=Reason.SPAWN_FAILED, message=f"cannot start {command}: {leaf.strerror or leaf}")
     return None
-
-
-def _not_found(command: str) -> str:
-    program = spaced_program(command)
-    if program is not None:
-        # "npx -y server" written as one command: no shell splits it (nor does any MCP client), and the
-        # words after the first are arguments, which may hold a secret: they are not repeated.
-        return (
-            f"command not found: {program!r} and what follows it, as one name (no shell splits a command); "
-            f'write "command": "{program}" and put each word after it in "args"'
-        )
-    return f"command not found: {command}; {_platform.not_found_advice(command)}"
 
 
 def _network_failure(leaves: list[BaseException], where: str) -> ErrorInfo | None:

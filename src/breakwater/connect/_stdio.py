@@ -37,6 +37,7 @@ from mcp.client.stdio import (  # the SDK's shutdown steps and timings, kept ide
 from mcp.shared.message import SessionMessage
 
 from breakwater import _platform
+from breakwater.config._dialect import command_words
 from breakwater.connect._lines import HandOffReader, LineSplitter, StdoutParser
 from breakwater.connect._raw_call import RawCalls
 
@@ -354,10 +355,11 @@ class StdioProcess:
     async def open(self) -> AsyncGenerator[tuple[Any, Any], None]:
         """Spawn the process and bridge its pipes to the session's streams."""
         env = (get_default_environment() if self.inherit is None else dict(self.inherit)) | dict(self.env)
-        program = _platform.resolve_command(self.command, env)
+        words = command_words(self.command, self.args, env.get("PATH"), self.cwd)
+        program = _platform.resolve_command(words[0], env)
         if program is None:
             raise FileNotFoundError(errno.ENOENT, "command not found", self.command)
-        process = await anyio.open_process([program, *self.args], env=env, cwd=self.cwd, **_platform.spawn_options())
+        process = await anyio.open_process([program, *words[1:]], env=env, cwd=self.cwd, **_platform.spawn_options())
         self.process = process
         self._shutting_down = False
         stdout_closed = anyio.Event()
