@@ -201,6 +201,26 @@ def test_a_command_written_with_its_arguments_gets_a_note_naming_the_program_alo
     assert all(config.server(name).notes == () for name in ("path", "plain", "unknown"))
 
 
+def test_windsurfs_server_url_is_the_url_of_an_http_server(tmp_path: Path) -> None:
+    """Windsurf's `mcp_config.json` names a remote server's address `serverUrl`, `${env:VAR}` and headers included."""
+    entry = {"serverUrl": "https://example.test/${env:MCP_PATH}", "headers": {"Authorization": "Bearer ${env:TOKEN}"}}
+    spec = one(tmp_path, entry, {"MCP_PATH": "mcp", "TOKEN": "t0ken-value-123"})
+    assert (spec.transport, spec.url, spec.headers["Authorization"]) == (
+        "http",
+        "https://example.test/mcp",
+        "Bearer t0ken-value-123",
+    )
+    assert "t0ken-value-123" in spec.secrets
+    for wrong, message in (
+        ({"serverUrl": "ftp://example.test/mcp"}, "scheme is 'ftp'"),
+        ({"serverUrl": "https://a.test/mcp", "url": "https://b.test/mcp"}, "both url and serverUrl"),
+        ({"command": "s", "serverUrl": "https://a.test/mcp"}, "a stdio server has no serverUrl"),
+    ):
+        with pytest.raises(ConfigError, match=message) as caught:
+            one(tmp_path, wrong, {})
+        assert caught.value.key == "mcpServers.s.serverUrl"
+
+
 def test_a_key_no_client_writes_is_still_a_typo(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(write(tmp_path, {"a": {"command": "s", "headerHelper": "x"}}), environ={})

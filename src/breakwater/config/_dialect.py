@@ -12,25 +12,30 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any, Literal
 
 from breakwater import _platform
 from breakwater.errors import ConfigError
 
 __all__ = [
+    "HTTP_KINDS",
     "IGNORED_ENTRY_KEYS",
     "SIGN_IN_KEYS",
     "SKIPPED_TYPES",
     "USED_ENTRY_KEYS",
     "command_words",
     "entry_notes",
+    "entry_transport",
+    "entry_url_key",
     "read_env_file",
     "top_level_notes",
 ]
 
-#: Keys breakwater reads (`enabled` is breakwater.toml's spelling of JSON's `disabled`; `shared` is
-#: breakwater's own: a stdio server every session of the shared local gateway uses, not one each).
+#: Keys breakwater reads (`enabled` is breakwater.toml's spelling of JSON's `disabled`; `serverUrl` is
+#: Windsurf's spelling of `url`; `shared` is breakwater's own: a stdio server every session of the
+#: shared local gateway uses, not one each).
 USED_ENTRY_KEYS = frozenset(
     {
         "type",
@@ -41,6 +46,7 @@ USED_ENTRY_KEYS = frozenset(
         "envFile",
         "cwd",
         "url",
+        "serverUrl",
         "headers",
         "headersHelper",
         "disabled",
@@ -79,6 +85,38 @@ SKIPPED_TYPES: dict[str, str] = {
 }
 
 _TOP_LEVEL_QUIET = frozenset({"mcpServers", "servers", "$schema"})
+
+
+#: What `type` (or `transport`) the clients write for a streamable HTTP server.
+HTTP_KINDS = frozenset({"http", "streamable-http", "streamable_http", "streamableHttp"})
+
+
+def entry_url_key(entry: Mapping[str, Any], path: str, where: str) -> str:
+    """`url`, or Windsurf's `serverUrl` for it; both at once is an error (which one would win is a guess)."""
+    if "serverUrl" not in entry:
+        return "url"
+    if "url" in entry:
+        raise ConfigError(
+            "both url and serverUrl are set",
+            path=path,
+            key=f"{where}.serverUrl",
+            fix='keep one ("serverUrl" is Windsurf\'s "url")',
+        )
+    return "serverUrl"
+
+
+def entry_transport(entry: Mapping[str, Any], path: str, where: str) -> Literal["stdio", "http", "sse"]:
+    """The transport an entry names (`type`, or `transport`), else the one its keys imply."""
+    kind = entry.get("type", entry.get("transport"))
+    if kind is None:
+        kind = "http" if entry_url_key(entry, path, where) in entry and "command" not in entry else "stdio"
+    if kind in HTTP_KINDS:
+        return "http"
+    if kind == "sse":
+        return "sse"
+    if kind == "stdio":
+        return "stdio"
+    raise ConfigError(f"unknown transport {kind!r}", path=path, key=f"{where}.type", fix='use "stdio", "http" or "sse"')
 
 
 def entry_notes(name: str, entry: dict[str, object]) -> list[str]:

@@ -34,6 +34,8 @@ from breakwater.config._dialect import (
     SKIPPED_TYPES,
     USED_ENTRY_KEYS,
     entry_notes,
+    entry_transport,
+    entry_url_key,
     read_env_file,
     top_level_notes,
 )
@@ -58,7 +60,6 @@ _TOOL_RETRY_KEYS = frozenset({"max_attempts"})
 _ENTRY_KEYS = USED_ENTRY_KEYS | SIGN_IN_KEYS | frozenset(IGNORED_ENTRY_KEYS)
 _TOML_TOP_KEYS = frozenset({"servers_file", "servers", *POLICY_SECTIONS, *GLOBAL_SECTIONS})
 _SERVER_POLICY_KEYS = frozenset({*POLICY_SECTIONS, "tools"})
-_HTTP_KINDS = frozenset({"http", "streamable-http", "streamable_http", "streamableHttp"})
 
 
 def _fail(message: str, path: str, key: str, fix: str) -> ConfigError:
@@ -122,7 +123,7 @@ def _parse_entry(
             rest[key] = value
         elif key not in _ENTRY_KEYS:
             raise _unknown_key(path, where, key, USED_ENTRY_KEYS | extra_keys)
-    transport = _entry_transport(entry, path, where)
+    transport = entry_transport(entry, path, where)
     fields: dict[str, Any] = {"transport": transport}
     if transport == "stdio":
         fields.update(_stdio_fields(entry, path, where, expand))
@@ -136,25 +137,13 @@ def _parse_entry(
     return fields, rest
 
 
-def _entry_transport(entry: Mapping[str, Any], path: str, where: str) -> Transport:
-    kind = entry.get("type", entry.get("transport"))
-    if kind is None:
-        kind = "http" if "url" in entry and "command" not in entry else "stdio"
-    if kind in _HTTP_KINDS:
-        return "http"
-    if kind == "sse":
-        return "sse"
-    if kind == "stdio":
-        return "stdio"
-    raise _fail(f"unknown transport {kind!r}", path, f"{where}.type", 'use "stdio", "http" or "sse"')
-
-
 def _stdio_fields(entry: Mapping[str, Any], path: str, where: str, expand: Expander) -> dict[str, Any]:
     command = _required_text(entry, path, where, "command", "a stdio server needs a command", "the-program")
     command = expand(command, where=where, key=f"{where}.command")
     check_text(command, path=path, key=f"{where}.command", what="command", strict=True)
     # `~/bin/server` as a shell would run it; a bare name stays a name, looked up on PATH at spawn.
-    # Arguments are passed exactly as written: no shell runs in between, as with every MCP client.
+    # Arguments are passed exactly as written: no shell runs in between (a command line written into
+    # `command` alone is split into words at spawn, as Cursor does: `_dialect.command_words`).
     fields: dict[str, Any] = {"command": os.path.expanduser(command) if command.startswith("~") else command}
     args = entry.get("args", [])
     if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in args):
@@ -179,7 +168,7 @@ def _stdio_fields(entry: Mapping[str, Any], path: str, where: str, expand: Expan
         if not resolved.is_dir() and not (has_reference(cwd) and not expand.strict):
             raise _fail(f"the directory {str(resolved)!r} does not exist", path, f"{where}.cwd", "create it or fix the path")
         fields["cwd"] = str(resolved)
-    for key in ("url", "headersHelper"):
+    for key in ("url", "serverUrl", "headersHelper"):
         if key in entry:
             raise _fail(f"a stdio server has no {key}", path, f"{where}.{key}", f'remove "{key}" or set "type": "http"')
     return fields
@@ -206,8 +195,9 @@ def _env_file(entry: Mapping[str, Any], path: str, where: str, expand: Expander)
 
 def _http_fields(entry: Mapping[str, Any], transport: Transport, path: str, where: str, expand: Expander) -> dict[str, Any]:
     example = "http://127.0.0.1:8000/mcp"
-    url = _required_text(entry, path, where, "url", "an HTTP server needs an http(s) url", example)
-    url = expand(url, where=where, key=f"{where}.url")
+    url_key = entry_url_key(entry, path, where)
+    url = _required_text(entry, path, where, url_key, "an HTTP server needs an http(s) url", example)
+    url = expand(url, where=where, key=f"{where}.{url_key}")
     lenient = has_reference(url) and not expand.strict
     if not lenient:
         if not url.startswith(("http://", "https://")):
@@ -218,8 +208,8 @@ def _http_fields(entry: Mapping[str, Any], transport: Transport, path: str, wher
                 if scheme.isalpha()
                 else "the url does not start with http:// or https://"
             )
-            raise _fail(said, path, f"{where}.url", f'write "url": "{example}" (or https://)')
-        check_url(url, path=path, key=f"{where}.url")
+            raise _fail(said, path, f"{where}.{url_key}", f'write "{url_key}": "{example}" (or https://)')
+        check_url(url, path=path, key=f"{where}.{url_key}")
     fields: dict[str, Any] = {"url": url}
     if "headers" in entry:
         fields["headers"] = _str_map(entry["headers"], path, f"{where}.headers", expand, where)
