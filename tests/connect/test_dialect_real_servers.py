@@ -98,6 +98,29 @@ async def test_legacy_sse_server_connects_lists_and_calls(tmp_path: Path) -> Non
             assert result.structured_content == {"result": 42}
 
 
+async def test_a_url_of_no_stated_type_that_is_a_legacy_sse_endpoint_connects_over_sse(tmp_path: Path) -> None:
+    """Cursor's files often give a remote server only its `url`, and Cursor finds out which transport it speaks. As
+    the spec's backwards compatibility says: the handshake's POST answered 405, the same URL is opened as SSE at once.
+    With `"type": "http"` stated, it stays streamable HTTP, and the failure says what to write."""
+    mcp = _tools()
+    async with _serve(mcp.sse_app(host="127.0.0.1")) as port:
+        url = f"http://127.0.0.1:{port}/sse"
+        config = load_config(_config(tmp_path, {"url": url}))
+        async with Breakwater(config, admission_dir=tmp_path / "admission") as bw:
+            await _ready(bw)
+            snap = bw.upstream("up").snapshot()
+            assert (snap.transport, snap.attempts) == ("sse", 2)
+            result = await bw.call_tool("up", "add", {"a": 2, "b": 40}, raise_on_error=True)
+            assert result.structured_content == {"result": 42}
+        stated = load_config(_config(tmp_path, {"type": "http", "url": url}))
+        async with Breakwater(stated, admission_dir=tmp_path / "admission") as bw:
+            await bw.wait_ready(timeout=5)
+            snap = bw.upstream("up").snapshot()
+    assert snap.transport == "http" and snap.state is not ServerState.READY and snap.error is not None
+    assert (snap.error.code, snap.error.http_status) == (Reason.HTTP_STATUS, 405)
+    assert snap.error.message.endswith('a legacy SSE endpoint answers so: set "type": "sse"')
+
+
 class _TokenGate:
     """ASGI middleware: 401 unless `Authorization: Bearer <valid>`; `valid` can be rotated mid-test."""
 

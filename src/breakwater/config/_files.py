@@ -133,6 +133,7 @@ def _parse_entry(
     if "shared" in entry:
         fields["shared"] = _flag(entry["shared"], path, f"{where}.shared", '"shared": true')
     fields["notes"] = tuple(entry_notes(where.rsplit(".", 1)[-1], entry))
+    fields["transport_guessed"] = transport == "http" and entry.get("type", entry.get("transport")) is None
     fields["expanded_secrets"] = expand.take_secrets(where)
     return fields, rest
 

@@ -138,6 +138,9 @@ class ServerSpec:
     expanded_secrets: tuple[str, ...] = field(default=(), repr=False)
     #: What `config check` says about this entry's keys that were kept for sign-in or ignored.
     notes: tuple[str, ...] = ()
+    #: The entry names no `type`: its `url` is taken for streamable HTTP and, if the server answers the
+    #: handshake's POST 404 or 405, tried over the legacy SSE transport (the spec's backwards compatibility).
+    transport_guessed: bool = False
 
     @property
     def default_timeout_source(self) -> str:

@@ -128,7 +128,10 @@ def classify(
                 message=f"HTTP {http_status}: the server wants credentials (check the headers in the config)",
                 http_status=http_status,
             )
-        return ErrorInfo(code=Reason.HTTP_STATUS, message=f"HTTP {http_status} from {where}", http_status=http_status)
+        hint = ""
+        if http_status == 405 and spec.transport == "http":  # a legacy SSE endpoint takes GET, not the handshake's POST
+            hint = '; a legacy SSE endpoint answers so: set "type": "sse"'
+        return ErrorInfo(code=Reason.HTTP_STATUS, message=f"HTTP {http_status} from {where}{hint}", http_status=http_status)
     return _network_failure(leaves, where) or _protocol_failure(leaves)
 
 

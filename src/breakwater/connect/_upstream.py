@@ -129,6 +129,8 @@ class Upstream:
         #: What an earlier start knew of the server, while this process goes by it (None: probing, or pinned in config).
         self._recalled: Recalled | None = None
         self._recall_tried = False  # memory is consulted once, by a start's first attempt
+        #: A `url` of no stated type that refused streamable HTTP (404, 405): attempts go over legacy SSE.
+        self._legacy_sse = False
         self._lost = anyio.Event()
         self._relist = anyio.Event()  # the server said its tools changed (notifications/tools/list_changed)
         #: Moves when the server says its prompts or resources changed: the gateway tells its clients to list again.
@@ -148,7 +150,7 @@ class Upstream:
         """The state as of now."""
         return ServerStatus(
             name=self.spec.name,
-            transport=self.spec.transport,
+            transport="sse" if self._legacy_sse else self.spec.transport,
             state=self.state,
             protocol=self.protocol,
             tools=len(self.tools) if self.state is ServerState.READY else None,
@@ -224,6 +226,8 @@ class Upstream:
         while True:
             previous = self.error
             connected = await self._attempt()
+            if not connected and self._switch_transport():
+                continue  # the same URL over the other transport, at once: no failure of the server's yet
             if connected:
                 # A drop starts a fresh round with the full budget: the server was healthy a moment ago.
                 round_started = self._clock.monotonic()
@@ -251,6 +255,20 @@ class Upstream:
                 phase=None,
             )
             await self._clock.sleep(delay)
+
+    def _switch_transport(self) -> bool:
+        """After a failed attempt to a `url` of no stated type: whether to try legacy SSE now.
+
+        A streamable HTTP server answers the handshake's POST; a legacy HTTP+SSE endpoint answers
+        it 404 or 405. The spec's backwards compatibility: on such a 4xx, open the same URL as SSE.
+        If SSE is refused alike, the next (backed-off) attempt is streamable HTTP again.
+        """
+        error = self.error
+        refused = error is not None and error.code is Reason.HTTP_STATUS and error.http_status in (404, 405)
+        if not (self.spec.transport_guessed and refused):
+            return False
+        self._legacy_sse = not self._legacy_sse
+        return self._legacy_sse
 
     def _slots(self) -> list[Slot]:
         policy = self.spec.connect
@@ -282,7 +300,8 @@ class Upstream:
         try:
             with self._clock.deadline_scope(started + policy.attempt_timeout_s) as scope:
                 async with AsyncExitStack() as stack:
-                    opened = await self._transports(self.spec, stack, report_lost=self.report_lost)
+                    spec = replace(self.spec, transport="sse") if self._legacy_sse else self.spec
+                    opened = await self._transports(spec, stack, report_lost=self.report_lost)
                     mode = self._mode_kwargs()
                     hooks = dict(self.client_hooks(self.spec)) if self.client_hooks is not None else {}
                     hooks["message_handler"] = self._hear_list_changes(hooks.get("message_handler"))
