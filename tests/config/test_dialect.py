@@ -172,7 +172,8 @@ def test_every_key_every_client_writes_loads_with_notes(tmp_path: Path) -> None:
     assert config.server("cursor").transport == "sse" and "auth kept" in notes["cursor"][0]
     assert notes["desktop"] == ()
     assert any("sandboxEnabled ignored" in n and "unsandboxed" in n for n in notes["vscode"])
-    assert {n.split(" ")[0] for n in notes["cline"]} == {"alwaysAllow", "autoApprove", "disabledTools", "timeout"}
+    assert {n.split(" ")[0] for n in notes["cline"]} == {"alwaysAllow", "autoApprove", "timeout"}
+    assert config.server("cline").disabled_tools == {"u"}  # kept: those tools are left out
     assert any("mcpServers.ws skipped" in n and "WebSocket" in n for n in config.notes)
     assert any("mcpServers.ide skipped" in n for n in config.notes)
     assert any(n.startswith("numStartups, projects ignored") for n in config.notes)
@@ -219,6 +220,19 @@ def test_windsurfs_server_url_is_the_url_of_an_http_server(tmp_path: Path) -> No
         with pytest.raises(ConfigError, match=message) as caught:
             one(tmp_path, wrong, {})
         assert caught.value.key == "mcpServers.s.serverUrl"
+
+
+def test_clines_transport_type_and_roos_watch_paths_and_disabled_tools(tmp_path: Path) -> None:
+    """Cline's older files say `transportType`; Roo's `watchPaths` is noted as not watched; `disabledTools` is kept."""
+    sse = one(tmp_path, {"url": "https://example.test/sse", "transportType": "sse"}, {})
+    assert (sse.transport, sse.transport_guessed) == ("sse", False)
+    roo = one(tmp_path, {"command": "s", "watchPaths": ["src"], "disabledTools": ["wipe", "drop"]}, {})
+    assert roo.disabled_tools == {"wipe", "drop"} and roo.describe()["disabledTools"] == ["drop", "wipe"]
+    assert [n.split(":")[0] for n in roo.notes] == ["watchPaths ignored"]
+    assert one(tmp_path, {"url": "https://example.test/mcp"}, {}).transport_guessed is True
+    with pytest.raises(ConfigError, match="expected a list of tool names") as caught:
+        one(tmp_path, {"command": "s", "disabledTools": "wipe"}, {})
+    assert caught.value.key == "mcpServers.s.disabledTools"
 
 
 def test_a_key_no_client_writes_is_still_a_typo(tmp_path: Path) -> None:

@@ -100,3 +100,27 @@ def test_config_check_notes_servers_whose_tools_would_be_named_alike(tmp_path: P
     notes = load_config(config).notes
     assert [n.split(" name ")[0] for n in notes] == ["servers 'a b', 'a_b'", "servers '日本', '中国'"]
     assert "(a_b__…)" in notes[0] and "rename" in notes[0]
+
+
+async def test_a_tool_the_entry_disables_is_not_listed_and_a_call_of_it_says_why(tmp_path: Path) -> None:
+    """Cline's, Roo's and Windsurf's `disabledTools` hide a tool from the agent; behind breakwater too. Search names
+    it as left out, and a call by its name is refused with the reason, never sent."""
+    servers = {
+        "box": {**_entry("box", "--tool", "read:latency=0,readonly", "--tool", "wipe:latency=0"), "disabledTools": ["wipe"]}
+    }
+    with anyio.fail_after(60):
+        async with _serve(tmp_path, servers) as client:
+            names: list[str] = []
+            while "box__read" not in names:
+                names = [t.name for t in (await client.list_tools()).tools]
+                await anyio.sleep(0.1)
+            search = await client.call_tool("breakwater_search_tools", {"query": "wipe"})
+            wiped = await client.call_tool("box__wipe", {})
+            state = (await client.call_tool("box__testserver_state", {})).structured_content or {}
+    assert "box__wipe" not in names
+    left_out = (search.structured_content or {})["left_out"]
+    assert [(t["name"], t["reason"]) for t in left_out] == [("box__wipe", "disabled in the config (disabledTools)")]
+    answer = wiped.structured_content or {}
+    assert wiped.is_error and answer["code"] == "UNKNOWN_TOOL"
+    assert "leaves it out: disabled in the config (disabledTools)" in wiped.content[0].text  # type: ignore[union-attr]
+    assert state["started"]["wipe"] == 0  # never sent

@@ -78,6 +78,8 @@ def _print_check(config: Config, as_json: bool) -> None:
             console.print(f"    headersHelper: {escape(entry['headersHelper'])} (its output redacted)")
         if "connect" in entry:
             console.print(f"    connect overrides: {entry['connect']}")
+        if "disabledTools" in entry:
+            console.print(f"    disabledTools (left out of the list): {escape(', '.join(entry['disabledTools']))}")
         for note in entry.get("notes", ()):
             console.print(f"    [yellow]note[/]: {escape(note)}")
     for note in understood.get("notes", ()):

@@ -47,6 +47,8 @@ USED_ENTRY_KEYS = frozenset(
         "cwd",
         "url",
         "serverUrl",
+        "transportType",
+        "disabledTools",
         "headers",
         "headersHelper",
         "disabled",
@@ -64,7 +66,7 @@ SIGN_IN_KEYS = frozenset({"oauth", "auth"})
 IGNORED_ENTRY_KEYS: dict[str, str] = {
     "alwaysAllow": "tools Cline and Roo run without asking; breakwater never asks, your agent does",
     "autoApprove": "tools Cline and Windsurf run without asking; breakwater never asks, your agent does",
-    "disabledTools": "tools Cline, Roo and Windsurf hide; breakwater lists every tool the server offers",
+    "watchPaths": "files whose change makes Roo restart the server; breakwater does not watch them",
     "timeout": "Cline's and Roo's request timeout; set timeout_s under [servers.NAME.call] in breakwater.toml",
     "description": "a label for people; not used",
     "icon": "a label for people; not used",
@@ -107,7 +109,7 @@ def entry_url_key(entry: Mapping[str, Any], path: str, where: str) -> str:
 
 def entry_transport(entry: Mapping[str, Any], path: str, where: str) -> Literal["stdio", "http", "sse"]:
     """The transport an entry names (`type`, or `transport`), else the one its keys imply."""
-    kind = entry.get("type", entry.get("transport"))
+    kind = entry.get("type", entry.get("transport", entry.get("transportType")))  # the last: Cline's older files
     if kind is None:
         kind = "http" if entry_url_key(entry, path, where) in entry and "command" not in entry else "stdio"
     if kind in HTTP_KINDS:

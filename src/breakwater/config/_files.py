@@ -133,7 +133,9 @@ def _parse_entry(
     if "shared" in entry:
         fields["shared"] = _flag(entry["shared"], path, f"{where}.shared", '"shared": true')
     fields["notes"] = tuple(entry_notes(where.rsplit(".", 1)[-1], entry))
-    fields["transport_guessed"] = transport == "http" and entry.get("type", entry.get("transport")) is None
+    fields["transport_guessed"] = transport == "http" and not {"type", "transport", "transportType"} & entry.keys()
+    if "disabledTools" in entry:
+        fields["disabled_tools"] = frozenset(_names(entry["disabledTools"], path, f"{where}.disabledTools"))
     fields["expanded_secrets"] = expand.take_secrets(where)
     return fields, rest
 
@@ -226,6 +228,12 @@ def _http_fields(entry: Mapping[str, Any], transport: Transport, path: str, wher
         if key in entry:
             raise _fail(f"an {transport} server has no {key}", path, f"{where}.{key}", f'remove "{key}" or the url')
     return fields
+
+
+def _names(value: Any, path: str, key: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _fail("expected a list of tool names", path, key, 'write "disabledTools": ["tool_name"]')
+    return value
 
 
 def _entry_enabled(entry: Mapping[str, Any], path: str, where: str) -> bool:

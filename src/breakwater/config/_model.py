@@ -141,6 +141,8 @@ class ServerSpec:
     #: The entry names no `type`: its `url` is taken for streamable HTTP and, if the server answers the
     #: handshake's POST 404 or 405, tried over the legacy SSE transport (the spec's backwards compatibility).
     transport_guessed: bool = False
+    #: Tools the entry's `disabledTools` (Cline, Roo, Windsurf) names: left out of the list, named in `status`.
+    disabled_tools: frozenset[str] = frozenset()
 
     @property
     def default_timeout_source(self) -> str:
@@ -174,6 +176,8 @@ class ServerSpec:
                 out["oauth"] = self.oauth.describe()
             if self.headers_helper:
                 out["headersHelper"] = redact(self.headers_helper)
+        if self.disabled_tools:
+            out["disabledTools"] = sorted(self.disabled_tools)
         if self.notes:
             out["notes"] = list(self.notes)
         return out

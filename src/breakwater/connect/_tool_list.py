@@ -24,14 +24,18 @@ from pydantic import ValidationError
 from breakwater._wire import non_finite_path
 from breakwater.status import RejectedTool
 
-__all__ = ["list_all_tools"]
+__all__ = ["DISABLED", "list_all_tools"]
 
 _REASON_CHARS = 200  # of one rejected tool's reason
 _DUPLICATE = "listed twice: this second definition is left out, the first one is served"
 
 
-async def list_all_tools(client: Client) -> tuple[list[types.Tool], list[RejectedTool]]:
-    """Every valid tool of every page, and the listed tools left out for an invalid definition."""
+#: Why a tool the entry's `disabledTools` names is left out.
+DISABLED = "disabled in the config (disabledTools)"
+
+
+async def list_all_tools(client: Client, disabled: frozenset[str] = frozenset()) -> tuple[list[types.Tool], list[RejectedTool]]:
+    """Every valid tool of every page, and the listed tools left out: for an invalid definition, or named in `disabled`."""
     tools: list[types.Tool] = []
     rejected: list[RejectedTool] = []
     cursor: str | None = None
@@ -46,7 +50,9 @@ async def list_all_tools(client: Client) -> tuple[list[types.Tool], list[Rejecte
         tools.extend(page.tools)
         cursor = page.next_cursor
         if not cursor:
-            return _without_duplicates(*_finite_only(tools, rejected))
+            tools, rejected = _without_duplicates(*_finite_only(tools, rejected))
+            rejected.extend(RejectedTool(name=t.name, reason=DISABLED) for t in tools if t.name in disabled)
+            return [t for t in tools if t.name not in disabled], rejected
 
 
 def _finite_only(tools: list[types.Tool], rejected: list[RejectedTool]) -> tuple[list[types.Tool], list[RejectedTool]]:

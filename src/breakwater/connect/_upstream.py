@@ -320,7 +320,7 @@ class Upstream:
                         # capabilities, which would hide the server's prompts and resources: ask.
                         raw = await client.session.send_discover("2026-07-28")
                         client.session.adopt(types.DiscoverResult.model_validate(raw))
-                    tools, self.rejected_tools = await list_all_tools(client)
+                    tools, self.rejected_tools = await list_all_tools(client, self.spec.disabled_tools)
                     # Connected: lift the attempt deadline for the life of the connection, and give
                     # the admission slot back now, not when the connection ends.
                     scope.deadline = math.inf
@@ -470,7 +470,7 @@ class Upstream:
             deadline = self._clock.monotonic() + self.spec.connect.attempt_timeout_s
             try:
                 with self._clock.deadline_scope(deadline) as scope:
-                    tools, rejected = await list_all_tools(client)
+                    tools, rejected = await list_all_tools(client, self.spec.disabled_tools)
             except Exception as exc:
                 self.error = ErrorInfo(code=Reason.UNHEALTHY, message=f"{why} failed: {describe(exc)}")
                 self._drop()

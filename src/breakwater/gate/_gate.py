@@ -349,9 +349,7 @@ class CallGate:
         # `srv.tool(tool)`'s usual answer (the tool list has not changed) without its frame.
         info = srv.tools.get(tool) if srv.upstream.tools is srv.tools_source else srv.tool(tool)
         if info is None:
-            raise self._refused_early(
-                srv, tool, UnknownToolError(server=srv.name, tool=tool, detail={"tools": sorted(srv.tools)[:_MAX_LISTED_TOOLS]})
-            )
+            raise self._refused_early(srv, tool, _unknown_tool(srv, tool))
         given = dict(arguments or {})
         # A call an open breaker refuses is refused as such (at admission, so the refusal is journaled
         # and traced like any other), without its arguments being checked: the model's next step is
@@ -522,3 +520,14 @@ class CallGate:
         if not call.srv.retry_budget.try_acquire():
             raise stopped(err, "the server's retry budget is spent (too many recent failures)")
         return delay
+
+
+def _unknown_tool(srv: ServerRecord, tool: str) -> UnknownToolError:
+    """No such tool on `srv`; or one it lists that is left out (an invalid definition, `disabledTools`), and why."""
+    detail: dict[str, Any] = {"tools": sorted(srv.tools)[:_MAX_LISTED_TOOLS]}
+    why = next((t.reason for t in srv.upstream.rejected_tools if t.name == tool), None)
+    if why is None:
+        return UnknownToolError(server=srv.name, tool=tool, detail=detail)
+    return UnknownToolError(
+        f"The server lists this tool, but breakwater leaves it out: {why}.", server=srv.name, tool=tool, detail=detail
+    )

@@ -86,7 +86,7 @@ class SearchAnswer:
             lines.append("Not searched live (their tools may exist; do not conclude they are missing):")
             lines.extend(f"- {_server_note(s)}" for s in self.unsearched)
         if self.left_out:
-            lines.append("Left out (their servers list them with an invalid definition, so they cannot be called):")
+            lines.append("Left out (their servers list them, but they cannot be called: an invalid definition, or disabled):")
             lines.extend(
                 f"- {namespaced(self.template, server, t.name, self.name_max)}: {t.reason}" for server, t in self.left_out
             )
