@@ -108,8 +108,8 @@ def entry_url_key(entry: Mapping[str, Any], path: str, where: str) -> str:
 
 
 def entry_transport(entry: Mapping[str, Any], path: str, where: str) -> Literal["stdio", "http", "sse"]:
-    """The transport an entry names (`type`, or `transport`), else the one its keys imply."""
-    kind = entry.get("type", entry.get("transport", entry.get("transportType")))  # the last: Cline's older files
+    """The transport an entry names (`type`, `transport`, or Cline's older `transportType`), else the one its keys imply."""
+    kind = entry.get("type", entry.get("transport", entry.get("transportType")))
     if kind is None:
         kind = "http" if entry_url_key(entry, path, where) in entry and "command" not in entry else "stdio"
     if kind in HTTP_KINDS:

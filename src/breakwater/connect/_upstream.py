@@ -297,10 +297,10 @@ class Upstream:
         self._lost = anyio.Event()
         opened: OpenedTransport | None = None
         reached_ready = False
+        spec = replace(self.spec, transport="sse") if self._legacy_sse else self.spec
         try:
             with self._clock.deadline_scope(started + policy.attempt_timeout_s) as scope:
                 async with AsyncExitStack() as stack:
-                    spec = replace(self.spec, transport="sse") if self._legacy_sse else self.spec
                     opened = await self._transports(spec, stack, report_lost=self.report_lost)
                     mode = self._mode_kwargs()
                     hooks = dict(self.client_hooks(self.spec)) if self.client_hooks is not None else {}
@@ -348,7 +348,7 @@ class Upstream:
                 raise
             self.error = classify(
                 exc,
-                self.spec,
+                spec,
                 process=_process(opened),
                 http_status=None if opened is None else opened.http_status,
                 was_ready=reached_ready,
