@@ -220,14 +220,18 @@ def test_inspector_one_shot_call_on_a_fresh_cache_gets_the_real_result(tmp_path:
     config = write_config(tmp_path, {"everything": stdio_entry("--startup-delay", "0.5")})
     assert not (tmp_path / "catalog").exists()
     inspector = tools.bin / "mcp-inspector"
-    serve = [sys.executable, "-m", "breakwater", "serve", "--config", str(config)]
-    cmd = [str(inspector), "--cli", "--method", "tools/call", "--tool-name", "everything__echo", "--tool-arg", "message=hi"]
     run_env = dict(env, PATH=tools.env()["PATH"], BREAKWATER_LIST_WAIT_S="30", BREAKWATER_CALL_TIMEOUT_S="30")
+    # The Inspector starts its server with a few safe variables only, as the SDKs do: the test's own (the fresh
+    # catalog dir, no shared gateway to outlive the test) reach `serve` through `env`.
+    ours = [f"{k}={v}" for k, v in run_env.items() if k.startswith("BREAKWATER_")]
+    serve = ["env", *ours, sys.executable, "-m", "breakwater", "serve", "--config", str(config)]
+    cmd = [str(inspector), "--cli", "--method", "tools/call", "--tool-name", "everything__echo", "--tool-arg", "message=hi"]
     done = subprocess.run([*cmd, "--", *serve], capture_output=True, text=True, timeout=120, env=run_env, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     answer = json.loads(done.stdout)
     assert answer.get("isError") is not True, answer
     assert answer["structuredContent"]["arguments"] == {"message": "hi"}
+    assert (tmp_path / "catalog").is_dir()  # its first-ever serve was the one the test set up
 
 
 async def test_first_list_waits_only_for_servers_on_their_way(tmp_path: Path, env: dict[str, str]) -> None:
