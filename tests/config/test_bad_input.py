@@ -74,6 +74,10 @@ BAD_CONFIGS: list[tuple[str, str | bytes, str]] = [
     ("bigint.toml", "[call]\nmax_in_flight = 99999999999999999999\n", "call.max_in_flight"),
     ("latin1.json", b'{"mcpServers": {"caf\xe9": {"command": "x"}}}', "not UTF-8"),
     ("latin1.toml", b'[servers.caf\xe9]\ncommand = "x"\n', "not UTF-8"),
+    ("utf16.json", '{"mcpServers": {"a": {"command": "x"}}}'.encode("utf-16"), "UTF-16"),  # what PowerShell's > writes
+    ("utf16le.toml", '[servers.a]\ncommand = "x"\n'.encode("utf-16-le"), "UTF-16"),  # the same without a BOM
+    ("serverurl.json", _json({"a": {"serverUrl": "ftp://x/mcp"}}), "mcpServers.a.serverUrl"),
+    ("disabled-tools.json", _json({"a": {**OK, "disabledTools": [1]}}), "mcpServers.a.disabledTools"),
     ("nul.json", b'{"mcpServers": {"a": {"command": "x\x00"}}}', "NUL"),
     ("deep.json", "[" * 100_000 + "]" * 100_000, "nested deeper"),
     ("deep2.json", '{"mcpServers": {"a": {"command": "x", "args": ' + "[" * 5000 + "]" * 5000 + "}}}", "nested deeper"),

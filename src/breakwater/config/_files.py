@@ -262,6 +262,9 @@ def _read_text(path: Path) -> str:
         raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read the file: {exc.strerror or exc}", path=spath, fix="check the path") from None
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")) or (len(raw) > 1 and (raw[0] == 0) != (raw[1] == 0)):
+        # A BOM, or ASCII text with a NUL beside each character: what PowerShell's `>` and Notepad write.
+        raise ConfigError("the file is UTF-16, not UTF-8", path=spath, fix="save the file as UTF-8")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
