@@ -183,7 +183,7 @@ def test_every_key_every_client_writes_loads_with_notes(tmp_path: Path) -> None:
 
 
 def test_a_command_written_with_its_arguments_gets_a_note_naming_the_program_alone(tmp_path: Path) -> None:
-    """`config check` says how a command line in `command` is started (as Cursor starts it) and how to write it for
+    """`config check` says how a command line in `command` is started (split as a shell splits it) and how to write it for
     every client, naming only the program (the arguments may hold a secret). A program whose path holds a space,
     or a first word that is no program, gets no note."""
     spaced = tmp_path / "my server"
@@ -197,7 +197,7 @@ def test_a_command_written_with_its_arguments_gets_a_note_naming_the_program_alo
     }
     config = load_config(write(tmp_path, servers), environ={})
     (note,) = config.server("joined").notes
-    assert note.startswith("command holds its arguments: started as 'sh'") and "Cursor" in note
+    assert note.startswith("command holds its arguments: started as 'sh'") and "Claude Code does not start it" in note
     assert '"command": "sh"' in note and "s3cr3t" not in note
     assert all(config.server(name).notes == () for name in ("path", "plain", "unknown"))
 

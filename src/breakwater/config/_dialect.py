@@ -133,9 +133,9 @@ def entry_notes(name: str, entry: dict[str, object]) -> list[str]:
     if isinstance(command, str) and (words := command_words(command, (), None, None)) != [command]:
         # Only the program: the words after it are arguments, which may hold a secret.
         notes.append(
-            f"command holds its arguments: started as {words[0]!r} with the rest as its first arguments, as Cursor"
-            f' starts it (Claude Code does not: for a file every client reads alike, write "command": "{words[0]}"'
-            ' and put each word after it in "args")'
+            f"command holds its arguments: started as {words[0]!r} with the rest as its first arguments, split as a"
+            " shell splits them (Claude Code does not start it: for a file every client reads alike, write"
+            f' "command": "{words[0]}" and put each word after it in "args")'
         )
     return notes
 
