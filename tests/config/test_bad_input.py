@@ -78,6 +78,11 @@ BAD_CONFIGS: list[tuple[str, str | bytes, str]] = [
     ("utf16le.toml", '[servers.a]\ncommand = "x"\n'.encode("utf-16-le"), "UTF-16"),  # the same without a BOM
     ("serverurl.json", _json({"a": {"serverUrl": "ftp://x/mcp"}}), "mcpServers.a.serverUrl"),
     ("disabled-tools.json", _json({"a": {**OK, "disabledTools": [1]}}), "mcpServers.a.disabledTools"),
+    (
+        "transport-type.json",
+        _json({"a": {"url": "https://x.test/mcp", "transportType": "websocket"}}),
+        "mcpServers.a.transportType",
+    ),
     ("nul.json", b'{"mcpServers": {"a": {"command": "x\x00"}}}', "NUL"),
     ("deep.json", "[" * 100_000 + "]" * 100_000, "nested deeper"),
     ("deep2.json", '{"mcpServers": {"a": {"command": "x", "args": ' + "[" * 5000 + "]" * 5000 + "}}}", "nested deeper"),

@@ -109,7 +109,8 @@ def entry_url_key(entry: Mapping[str, Any], path: str, where: str) -> str:
 
 def entry_transport(entry: Mapping[str, Any], path: str, where: str) -> Literal["stdio", "http", "sse"]:
     """The transport an entry names (`type`, `transport`, or Cline's older `transportType`), else the one its keys imply."""
-    kind = entry.get("type", entry.get("transport", entry.get("transportType")))
+    key = next((k for k in ("type", "transport", "transportType") if k in entry), "type")
+    kind = entry.get(key)
     if kind is None:
         kind = "http" if entry_url_key(entry, path, where) in entry and "command" not in entry else "stdio"
     if kind in HTTP_KINDS:
@@ -118,7 +119,7 @@ def entry_transport(entry: Mapping[str, Any], path: str, where: str) -> Literal[
         return "sse"
     if kind == "stdio":
         return "stdio"
-    raise ConfigError(f"unknown transport {kind!r}", path=path, key=f"{where}.type", fix='use "stdio", "http" or "sse"')
+    raise ConfigError(f"unknown transport {kind!r}", path=path, key=f"{where}.{key}", fix='use "stdio", "http" or "sse"')
 
 
 def entry_notes(name: str, entry: dict[str, object]) -> list[str]:
