@@ -151,6 +151,21 @@ async def test_auth_server_metadata_url_and_pinned_scopes(oauth_server: str, con
     assert "scope=mcp%3Atools" in seen[0]
 
 
+async def test_a_url_of_no_stated_type_signs_in_over_sse_when_the_server_is_a_legacy_sse_one(
+    oauth_sse_server: str, config_home: Path, tmp_path: Path
+) -> None:
+    """`{"url": ".../sse"}` with no type: the sign-in's streamable HTTP POST is refused (after the 401 and the
+    browser's round), so `auth login` finishes over SSE, as connects do; the server is then ready over SSE."""
+    spec = replace(_spec(oauth_sse_server, tmp_path), url=f"{oauth_sse_server}/sse", transport_guessed=True)
+    done = await sign_in(spec, TokenStore(), browser=follow)
+    assert (done.scopes, done.tools) == ("mcp:tools", 2)
+    config = Config(servers=(spec,), journal=JournalPolicy(url="off"))
+    async with Breakwater(config, admission_dir=tmp_path / "admission") as bw:
+        assert (await bw.wait_ready(timeout=20)).all_ready
+        assert bw.status().servers[0].transport == "sse"
+        assert (await bw.call_tool("remote", "whoami", {})).structured_content == {"result": "signed in"}
+
+
 async def test_an_sse_server_signs_in_refreshes_and_reports_auth_required(
     oauth_sse_server: str, config_home: Path, tmp_path: Path
 ) -> None:

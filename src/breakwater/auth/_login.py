@@ -254,18 +254,29 @@ async def _sign_in(
 async def _connect(spec: ServerSpec, auth: httpx2.Auth) -> int:
     """Connect with the new sign-in (the first 401 starts it) and count the tools: the tokens work.
 
-    Over the entry's own transport: the legacy SSE one (`"type": "sse"`) signs in the same way."""
+    Over the entry's own transport: the legacy SSE one (`"type": "sse"`) signs in the same way, and a
+    `url` of no stated type that refuses streamable HTTP's POST (404, 405) is tried over SSE, as connects do."""
     url = spec.url or ""
     if spec.transport == "sse":
         sse = sse_client(url, timeout=_CONNECT_TIMEOUT_S, auth=auth)
         async with Client(sse, mode="legacy", cache=None) as client:
             return len((await client.list_tools()).tools)
+    statuses: list[int] = []
+
+    async def record(response: httpx2.Response) -> None:
+        statuses.append(response.status_code)
+
     timeout = httpx2.Timeout(_CONNECT_TIMEOUT_S)
-    async with (
-        httpx2.AsyncClient(auth=auth, timeout=timeout) as http,
-        Client(streamable_http_client(url, http_client=http), mode="legacy", cache=None) as client,
-    ):
-        return len((await client.list_tools()).tools)
+    try:
+        async with (
+            httpx2.AsyncClient(auth=auth, timeout=timeout, event_hooks={"response": [record]}) as http,
+            Client(streamable_http_client(url, http_client=http), mode="legacy", cache=None) as client,
+        ):
+            return len((await client.list_tools()).tools)
+    except Exception:
+        if not (spec.transport_guessed and statuses and statuses[-1] in (404, 405)):
+            raise
+    return await _connect(replace(spec, transport="sse"), auth)
 
 
 def _summary(spec: ServerSpec, tokens: ServerTokens, tools: int) -> SignIn:
