@@ -103,16 +103,17 @@ async def test_warn_mode_keeps_the_tool_and_says_so(tmp_path: Path) -> None:
 
 
 async def test_a_tool_renamed_for_a_clash_is_accepted_by_the_name_it_is_listed_under(tmp_path: Path) -> None:
-    """Server "svc"'s `x__lookup` and "svc__x"'s `lookup` are both `svc__x__lookup`; the second is listed under a name of
-    its own, and `--accept` of that name approves its changed definition (it named nothing before)."""
+    """Server "svc"'s `x__lookup` and "svc__x"'s `lookup` are both `svc__x__lookup`; "svc__x" claims it (the more
+    specific), "svc"'s tool is listed under a name of its own, and `--accept` of that name approves its changed
+    definition (it named nothing before)."""
     config, flags, env = setup(tmp_path)
     changing = json.loads(config.read_text())["mcpServers"]["svc"]
-    fixed = launch_command("--tool", "x__lookup:latency=0,readonly")
-    servers = {"svc": {"command": fixed[0], "args": fixed[1:]}, "svc__x": changing}
+    fixed = launch_command("--tool", "lookup:latency=0,readonly")
+    servers = {"svc": changing, "svc__x": {"command": fixed[0], "args": fixed[1:]}}
     config.write_text(json.dumps({"mcpServers": servers}))
     env["BREAKWATER_DRIFT"] = "block"
-    renamed = distinct_name("svc__x__lookup", "svc__x", "lookup", 64)
-    flags.write_text("--tool lookup:latency=0,readonly")
+    renamed = distinct_name("svc__x__lookup", "svc", "x__lookup", 64)
+    flags.write_text("--tool x__lookup:latency=0,readonly")
     params = StdioServerParameters(command=sys.executable, args=["-m", "breakwater", "serve", "--config", str(config)], env=env)
 
     async def listed() -> list[str]:
@@ -123,7 +124,7 @@ async def test_a_tool_renamed_for_a_clash_is_accepted_by_the_name_it_is_listed_u
             return [t.name for t in (await client.list_tools()).tools]
 
     assert {"svc__x__lookup", renamed} <= set(await listed())
-    flags.write_text("--tool lookup:latency=0,destructive")
+    flags.write_text("--tool x__lookup:latency=0,destructive")
     assert renamed not in await listed()  # blocked until accepted
     assert f"accepted: {renamed}" in accept(config, env, renamed)
     assert renamed in await listed()

@@ -21,7 +21,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from breakwater.config import load_config
-from breakwater.config._checks import route_by_shape
+from breakwater.config._checks import distinct_name, downstream_names, route_by_shape
 from breakwater.testing.server import launch_command
 from helpers import isolated_env
 
@@ -63,8 +63,10 @@ async def test_tools_named_alike_are_all_listed_and_each_call_reaches_its_own_se
                 answer = result.structured_content or {}
                 reached[name] = (answer["server"], answer["tool"])
     assert sorted(reached.values()) == [("My Server", "ping"), ("My_Server", "ping"), ("a", "b__ping"), ("a__b", "ping")]
-    # The first of each pair keeps the plain name; the second is told apart by a tail of its own.
-    assert reached["a__b__ping"] == ("a", "b__ping") and reached["My_Server__ping"] == ("My Server", "ping")
+    # The stronger claim keeps the plain name (the more specific server; the one whose name needs no "_"), whatever
+    # the config's order, so a name means the tool `route_by_shape` routes it to before any list is known; the
+    # other is told apart by a tail of its own.
+    assert reached["a__b__ping"] == ("a__b", "ping") and reached["My_Server__ping"] == ("My_Server", "ping")
     assert all(len(name) <= 64 for name in reached)
 
 
@@ -90,6 +92,8 @@ def test_a_name_is_routed_by_the_templates_shape_whichever_side_the_server_is_on
     assert route_by_shape("{tool}.{server}", servers, "ping.a.b") == ("a.b", "ping")
     assert route_by_shape("{tool}.{server}", servers, "ping.My_Server") == ("My Server", "ping")
     assert route_by_shape("{server}__{tool}", servers, "a__") is None  # a prefix alone names no tool
+    # Equal affixes: the server whose name needs no "_" owns the name, as the catalog names it.
+    assert route_by_shape("{server}__{tool}", ["My Server", "My_Server"], "My_Server__ping") == ("My_Server", "ping")
     assert route_by_shape("{tool}", servers, "ping") is None  # one server, no affixes: nothing to go by
 
 
@@ -124,3 +128,14 @@ async def test_a_tool_the_entry_disables_is_not_listed_and_a_call_of_it_says_why
     assert wiped.is_error and answer["code"] == "UNKNOWN_TOOL"
     assert "leaves it out: disabled in the config (disabledTools)" in wiped.content[0].text  # type: ignore[union-attr]
     assert state["started"]["wipe"] == 0  # never sent
+
+
+def test_downstream_names_give_a_clashing_name_to_the_stronger_claim_whatever_the_order() -> None:
+    """The rule tools and prompts are named by: the more specific server, then the one whose name needs no "_", then
+    the first listed; a (server, name) listed twice is named alike both times (one entry), never renamed apart."""
+    pairs = [("a", "b__ping"), ("My Server", "ping"), ("a__b", "ping"), ("My_Server", "ping"), ("a", "b__ping")]
+    names = downstream_names("{server}__{tool}", pairs, 64)
+    assert names[2] == "a__b__ping" and names[3] == "My_Server__ping"
+    assert names[0] == names[4] == distinct_name("a__b__ping", "a", "b__ping", 64)
+    assert names[1] == distinct_name("My_Server__ping", "My Server", "ping", 64)
+    assert downstream_names("{server}__{tool}", list(reversed(pairs)), 64) == list(reversed(names))

@@ -21,7 +21,7 @@ import anyio
 import mcp.types as types
 
 from breakwater import _paths
-from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX, TOOL_NAME_OK, distinct_name, namespaced
+from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX, TOOL_NAME_OK, downstream_names, namespaced
 
 __all__ = ["Catalog", "Entry", "default_catalog_dir", "entry_json", "namespaced", "tool_fingerprint"]
 
@@ -182,26 +182,23 @@ class Catalog:
         """Entries for `(server, live, tools)` triples, in order.
 
         Two tools that would be named alike (servers "a b" and "a_b", or "a"'s "b__add" and "a__b"'s
-        "add") are both listed: the first keeps the name, the second gets a `distinct_name`, with a
-        warning. (A server's list holds each name once: `connect._tool_list` leaves out a second.)
+        "add") are both listed: the server with the stronger `claim` (a__b; a_b) keeps the name, the
+        other's tool gets a `distinct_name`, with a warning. (A server's list holds each name once:
+        `connect._tool_list` leaves out a second.)
         """
-        seen: set[str] = set()
+        listed = [(server, live, tool) for server, live, tools in servers for tool in tools]
+        names = downstream_names(self.template, [(server, tool.name) for server, _live, tool in listed], self.name_max)
         out: list[Entry] = []
-        for server, live, tools in servers:
-            for tool in tools:
-                name = namespaced(self.template, server, tool.name, self.name_max)
-                if name in seen:
-                    name = self._renamed_from(name, server, tool.name)
-                seen.add(name)
-                out.append(Entry(name=name, server=server, tool=tool, live=live))
+        for (server, live, tool), name in zip(listed, names, strict=True):
+            self._warn_if_renamed(name, server, tool.name)
+            out.append(Entry(name=name, server=server, tool=tool, live=live))
         return out
 
-    def _renamed_from(self, taken: str, server: str, tool: str) -> str:
-        name = distinct_name(taken, server, tool, self.name_max)
-        if (taken, name) not in self._renamed:
+    def _warn_if_renamed(self, name: str, server: str, tool: str) -> None:
+        taken = namespaced(self.template, server, tool, self.name_max)
+        if name != taken and (taken, name) not in self._renamed:
             self._renamed.add((taken, name))
             logger.warning("server %r's tool %r is listed as %r: %r is another tool's", server, tool, name, taken)
-        return name
 
 
 def entry_json(entry: Entry) -> dict[str, Any]:

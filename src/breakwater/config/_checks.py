@@ -12,7 +12,7 @@ import hashlib
 import re
 import string
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from urllib.parse import urlsplit
 
 from breakwater.errors import ConfigError
@@ -33,7 +33,9 @@ __all__ = [
     "check_text",
     "check_tool_name_template",
     "check_url",
+    "claim",
     "distinct_name",
+    "downstream_names",
     "name_affixes",
     "namespaced",
     "route_by_shape",
@@ -80,20 +82,49 @@ def name_affixes(template: str, server: str) -> tuple[str, str]:
     return TOOL_NAME_OK.sub("_", prefix), TOOL_NAME_OK.sub("_", suffix)
 
 
+def claim(template: str, server: str) -> tuple[int, bool]:
+    """How strongly `server` claims a downstream name its affixes fit; the larger claim owns the name.
+
+    The most specific server first ("a__b__x" is a__b's "x", not a's "b__x"), then the one whose name
+    needs no character replaced ("a_b__x" is a_b's, not "a b"'s); between equals, the first in config.
+    The catalog names tools by it and `route_by_shape` routes by it, so a name means one tool whether
+    or not the servers' lists are known yet.
+    """
+    prefix, suffix = name_affixes(template, server)
+    return len(prefix) + len(suffix), TOOL_NAME_OK.search(server) is None
+
+
+def downstream_names(template: str, pairs: Sequence[tuple[str, str]], limit: int = MAX_TOOL_NAME) -> list[str]:
+    """The downstream name of each `(server, name)`: `namespaced`, unless another pair comes out alike and has the
+    stronger `claim` (between equals, the one listed first), then a `distinct_name`. A pair listed twice is named
+    alike both times."""
+    plain = [namespaced(template, server, name, limit) for server, name in pairs]
+    strength = {server: claim(template, server) for server, _name in pairs}
+    first: dict[tuple[str, str], int] = {}
+    keys = [(strength[pair[0]], -first.setdefault(pair, i)) for i, pair in enumerate(pairs)]
+    owner: dict[str, tuple[tuple[int, bool], int]] = {}
+    for name, key in zip(plain, keys, strict=True):
+        owner[name] = max(owner.get(name, key), key)
+    return [
+        name if owner[name] == key else distinct_name(name, server, own, limit)
+        for name, key, (server, own) in zip(plain, keys, pairs, strict=True)
+    ]
+
+
 def route_by_shape(template: str, servers: Iterable[str], name: str) -> tuple[str, str] | None:
     """The (server, tool) a downstream `name` has the shape of, for a server whose list is not known yet.
 
-    The most specific server wins ("a__b__x" is a__b's "x", not a's "b__x"). Compared in namespaced
-    form, so a server named "My Server" still owns "My_Server__ping" while it connects, and the
-    caller hears "connecting", not "no such tool". A template without affixes ("{tool}") says nothing.
+    The strongest `claim` wins. Compared in namespaced form, so a server named "My Server" still owns
+    "My_Server__ping" while it connects, and the caller hears "connecting", not "no such tool". A
+    template without affixes ("{tool}") says nothing.
     """
-    best: tuple[int, str, str] | None = None
+    best: tuple[tuple[int, bool], str, str] | None = None
     for server in servers:
         prefix, suffix = name_affixes(template, server)
         fixed = len(prefix) + len(suffix)
         fits = fixed and len(name) > fixed and name.startswith(prefix) and name.endswith(suffix)
-        if fits and (best is None or fixed > best[0]):
-            best = (fixed, server, name[len(prefix) : len(name) - len(suffix)])
+        if fits and (best is None or claim(template, server) > best[0]):
+            best = (claim(template, server), server, name[len(prefix) : len(name) - len(suffix)])
     return None if best is None else (best[1], best[2])
 
 

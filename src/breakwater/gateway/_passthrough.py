@@ -24,10 +24,9 @@ from mcp_types import SERVER_INFO_META_KEY
 
 from breakwater._breakwater import Breakwater
 from breakwater._wire import ERROR_META_KEY
-from breakwater.catalog._catalog import namespaced
 from breakwater.catalog._validate import fits_schema
 from breakwater.config import GatewayPolicy
-from breakwater.config._checks import distinct_name, route_by_shape
+from breakwater.config._checks import downstream_names, route_by_shape
 from breakwater.connect._readiness import ON_ITS_WAY
 from breakwater.gateway._subscriptions import Subscriptions
 from breakwater.status import ServerState
@@ -198,17 +197,19 @@ class Passthrough:
     async def list_prompts(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListPromptsResult:
+        await self._settled()
+        listed = [
+            (server, prompt)
+            for server, client in self._ready("prompts")
+            for prompt in await self._paginate(server, client.list_prompts, "prompts")
+        ]
+        names = downstream_names(self.template, [(server, prompt.name) for server, prompt in listed], self.name_max)
         prompts: list[types.Prompt] = []
         routes: dict[str, tuple[str, str]] = {}
-        await self._settled()
-        for server, client in self._ready("prompts"):
-            for prompt in await self._paginate(server, client.list_prompts, "prompts"):
-                name = namespaced(self.template, server, prompt.name, self.name_max)
-                if routes.get(name, (server, prompt.name)) != (server, prompt.name):
-                    name = distinct_name(name, server, prompt.name, self.name_max)  # another's prompt has the name
-                if name not in routes:  # else the server listed this prompt twice
-                    routes[name] = (server, prompt.name)
-                    prompts.append(prompt.model_copy(update={"name": name}))
+        for (server, prompt), name in zip(listed, names, strict=True):
+            if name not in routes:  # else the server listed this prompt twice
+                routes[name] = (server, prompt.name)
+                prompts.append(prompt.model_copy(update={"name": name}))
         self._prompts = routes
         return types.ListPromptsResult(prompts=prompts)
 
