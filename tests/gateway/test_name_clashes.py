@@ -139,3 +139,21 @@ def test_downstream_names_give_a_clashing_name_to_the_stronger_claim_whatever_th
     assert names[0] == names[4] == distinct_name("a__b__ping", "a", "b__ping", 64)
     assert names[1] == distinct_name("My_Server__ping", "My Server", "ping", 64)
     assert downstream_names("{server}__{tool}", list(reversed(pairs)), 64) == list(reversed(names))
+
+
+async def test_a_tool_named_as_one_of_breakwaters_own_is_listed_under_a_name_of_its_own(tmp_path: Path) -> None:
+    """With `tool_name_template = "{tool}"` a server's `breakwater_status` came out as breakwater's own status tool:
+    two tools of one name in the list (which a client may refuse whole), and the server's unreachable. The built-in
+    keeps its name; the server's tool gets one of its own and answers from the server."""
+    servers = {"t": _entry("t", "--tool", "breakwater_status:latency=0", "--tool", "add:latency=0")}
+    renamed = distinct_name("breakwater_status", "t", "breakwater_status", 64)
+    with anyio.fail_after(60):
+        async with _serve(tmp_path, servers, BREAKWATER_TOOL_NAME_TEMPLATE="{tool}") as client:
+            names: list[str] = []
+            while "add" not in names:
+                names = [t.name for t in (await client.list_tools()).tools]
+                await anyio.sleep(0.1)
+            builtin = (await client.call_tool("breakwater_status", {})).structured_content or {}
+            upstream = (await client.call_tool(renamed, {})).structured_content or {}
+    assert len(names) == len(set(names)) and {"breakwater_status", renamed} <= set(names)
+    assert "servers" in builtin and (upstream["server"], upstream["tool"]) == ("t", "breakwater_status")

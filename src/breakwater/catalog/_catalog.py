@@ -178,16 +178,18 @@ class Catalog:
             self._save_pins(server, fingerprint)
         return accepted
 
-    def entries(self, servers: Iterable[tuple[str, bool, Sequence[types.Tool]]]) -> list[Entry]:
+    def entries(
+        self, servers: Iterable[tuple[str, bool, Sequence[types.Tool]]], reserved: frozenset[str] = frozenset()
+    ) -> list[Entry]:
         """Entries for `(server, live, tools)` triples, in order.
 
         Two tools that would be named alike (servers "a b" and "a_b", or "a"'s "b__add" and "a__b"'s
         "add") are both listed: the server with the stronger `claim` (a__b; a_b) keeps the name, the
-        other's tool gets a `distinct_name`, with a warning. (A server's list holds each name once:
-        `connect._tool_list` leaves out a second.)
+        other's tool gets a `distinct_name`, with a warning; so does a tool named as one of breakwater's own
+        (`reserved`). (A server's list holds each name once: `connect._tool_list` leaves out a second.)
         """
         listed = [(server, live, tool) for server, live, tools in servers for tool in tools]
-        names = downstream_names(self.template, [(server, tool.name) for server, _live, tool in listed], self.name_max)
+        names = downstream_names(self.template, [(server, tool.name) for server, _live, tool in listed], self.name_max, reserved)
         out: list[Entry] = []
         for (server, live, tool), name in zip(listed, names, strict=True):
             self._warn_if_renamed(name, server, tool.name)

@@ -94,10 +94,12 @@ def claim(template: str, server: str) -> tuple[int, bool]:
     return len(prefix) + len(suffix), TOOL_NAME_OK.search(server) is None
 
 
-def downstream_names(template: str, pairs: Sequence[tuple[str, str]], limit: int = MAX_TOOL_NAME) -> list[str]:
-    """The downstream name of each `(server, name)`: `namespaced`, unless another pair comes out alike and has the
-    stronger `claim` (between equals, the one listed first), then a `distinct_name`. A pair listed twice is named
-    alike both times."""
+def downstream_names(
+    template: str, pairs: Sequence[tuple[str, str]], limit: int = MAX_TOOL_NAME, reserved: frozenset[str] = frozenset()
+) -> list[str]:
+    """The downstream name of each `(server, name)`: `namespaced`, unless the name is `reserved` (breakwater's own
+    tools) or another pair comes out alike and has the stronger `claim` (between equals, the one listed first), then
+    a `distinct_name`. A pair listed twice is named alike both times."""
     plain = [namespaced(template, server, name, limit) for server, name in pairs]
     strength = {server: claim(template, server) for server, _name in pairs}
     first: dict[tuple[str, str], int] = {}
@@ -106,7 +108,7 @@ def downstream_names(template: str, pairs: Sequence[tuple[str, str]], limit: int
     for name, key in zip(plain, keys, strict=True):
         owner[name] = max(owner.get(name, key), key)
     return [
-        name if owner[name] == key else distinct_name(name, server, own, limit)
+        name if owner[name] == key and name not in reserved else distinct_name(name, server, own, limit)
         for name, key, (server, own) in zip(plain, keys, pairs, strict=True)
     ]
 

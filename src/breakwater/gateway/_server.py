@@ -227,7 +227,7 @@ class Gateway:
             elif self.policy.list_unready_tools:
                 triples.append((spec.name, False, self.catalog.load(spec.name, fingerprint)))
         self.drift = drift
-        self._entries = self.catalog.entries(triples)
+        self._entries = self.catalog.entries(triples, reserved=self.builtins.names)
         self._index = {e.name: e for e in self._entries}
         # After `remember`: what this build taught the catalog is in it already.
         self._generation, self._catalog_version = self.bw.generation, self.catalog.version
@@ -563,7 +563,7 @@ class Gateway:
         accepted: list[str] = []
         ready = [spec for spec in self.bw.config.servers if self.bw.upstream(spec.name).state is ServerState.READY]
         # Named as listed, changed tools included, all servers at once: a tool renamed for a clash is found too.
-        live = self.catalog.entries([(spec.name, True, self.bw.upstream(spec.name).tools) for spec in ready])
+        live = self.catalog.entries([(spec.name, True, self.bw.upstream(spec.name).tools) for spec in ready], self.builtins.names)
         for spec in ready:
             tools = self.bw.upstream(spec.name).tools
             own = [e for e in live if e.server == spec.name]
