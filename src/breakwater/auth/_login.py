@@ -274,7 +274,7 @@ async def _connect(spec: ServerSpec, auth: httpx2.Auth) -> int:
         ):
             return len((await client.list_tools()).tools)
     except Exception:
-        if not (spec.transport_guessed and statuses and statuses[-1] in (404, 405)):
+        if not (statuses and spec.legacy_sse_answer(statuses[-1])):
             raise
     return await _connect(replace(spec, transport="sse"), auth)
 

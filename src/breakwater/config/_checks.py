@@ -69,8 +69,8 @@ def distinct_name(name: str, server: str, tool: str, limit: int = MAX_TOOL_NAME)
     """A name for `tool` on `server` when `name`, its namespaced one, is another tool's already.
 
     Two servers "a b" and "a_b", or "a" with a tool "b__add" beside "a__b" with "add", name a tool
-    alike; the second keeps a name of its own (its tail a hash of its server and tool) instead of
-    being left out of the list unsaid.
+    alike; the one with the weaker `claim` gets a name of its own (its tail a hash of its server and
+    tool) instead of being left out of the list unsaid.
     """
     digest = hashlib.sha256(f"{server}\0{tool}".encode()).hexdigest()[: HASH_TAIL - 1]
     return f"{name[: limit - HASH_TAIL]}-{digest}"
@@ -124,9 +124,11 @@ def route_by_shape(template: str, servers: Iterable[str], name: str) -> tuple[st
     for server in servers:
         prefix, suffix = name_affixes(template, server)
         fixed = len(prefix) + len(suffix)
-        fits = fixed and len(name) > fixed and name.startswith(prefix) and name.endswith(suffix)
-        if fits and (best is None or claim(template, server) > best[0]):
-            best = (claim(template, server), server, name[len(prefix) : len(name) - len(suffix)])
+        if not (fixed and len(name) > fixed and name.startswith(prefix) and name.endswith(suffix)):
+            continue
+        strength = claim(template, server)
+        if best is None or strength > best[0]:
+            best = (strength, server, name[len(prefix) : len(name) - len(suffix)])
     return None if best is None else (best[1], best[2])
 
 
@@ -139,8 +141,8 @@ def alike_servers(template: str, servers: Iterable[str]) -> list[str]:
     for server in servers:
         by_affixes.setdefault(name_affixes(template, server), []).append(server)
     return [
-        f"servers {', '.join(map(repr, names))} name their tools alike ({prefix}…{suffix}): after the first, each"
-        " clashing tool is listed under its name and a hash; rename the servers to tell them apart"
+        f"servers {', '.join(map(repr, names))} name their tools alike ({prefix}…{suffix}): a clashing tool of all"
+        " but one is listed under its name and a hash; rename the servers to tell them apart"
         for (prefix, suffix), names in by_affixes.items()
         if len(names) > 1 and (prefix or suffix)
     ]

@@ -24,6 +24,7 @@ __all__ = [
     "IGNORED_ENTRY_KEYS",
     "SIGN_IN_KEYS",
     "SKIPPED_TYPES",
+    "TRANSPORT_KEYS",
     "USED_ENTRY_KEYS",
     "command_words",
     "entry_notes",
@@ -89,6 +90,8 @@ SKIPPED_TYPES: dict[str, str] = {
 _TOP_LEVEL_QUIET = frozenset({"mcpServers", "servers", "$schema"})
 
 
+#: The keys an entry names its transport under: `type`, `transport`, Cline's older `transportType`.
+TRANSPORT_KEYS = ("type", "transport", "transportType")
 #: What `type` (or `transport`) the clients write for a streamable HTTP server.
 HTTP_KINDS = frozenset({"http", "streamable-http", "streamable_http", "streamableHttp"})
 
@@ -109,7 +112,7 @@ def entry_url_key(entry: Mapping[str, Any], path: str, where: str) -> str:
 
 def entry_transport(entry: Mapping[str, Any], path: str, where: str) -> Literal["stdio", "http", "sse"]:
     """The transport an entry names (`type`, `transport`, or Cline's older `transportType`), else the one its keys imply."""
-    key = next((k for k in ("type", "transport", "transportType") if k in entry), "type")
+    key = next((k for k in TRANSPORT_KEYS if k in entry), "type")
     kind = entry.get(key)
     if kind is None:
         kind = "http" if entry_url_key(entry, path, where) in entry and "command" not in entry else "stdio"

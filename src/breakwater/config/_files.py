@@ -32,6 +32,7 @@ from breakwater.config._dialect import (
     IGNORED_ENTRY_KEYS,
     SIGN_IN_KEYS,
     SKIPPED_TYPES,
+    TRANSPORT_KEYS,
     USED_ENTRY_KEYS,
     entry_notes,
     entry_transport,
@@ -133,7 +134,7 @@ def _parse_entry(
     if "shared" in entry:
         fields["shared"] = _flag(entry["shared"], path, f"{where}.shared", '"shared": true')
     fields["notes"] = tuple(entry_notes(where.rsplit(".", 1)[-1], entry))
-    fields["transport_guessed"] = transport == "http" and not {"type", "transport", "transportType"} & entry.keys()
+    fields["transport_guessed"] = transport == "http" and not any(k in entry for k in TRANSPORT_KEYS)
     if "disabledTools" in entry:
         fields["disabled_tools"] = frozenset(_names(entry["disabledTools"], path, f"{where}.disabledTools"))
     fields["expanded_secrets"] = expand.take_secrets(where)

@@ -149,6 +149,11 @@ class ServerSpec:
         """The label of a timeout that comes from `call.timeout_s`: `configured` when the file set it, else `default`."""
         return "configured" if "timeout_s" in self.call_configured else "default"
 
+    def legacy_sse_answer(self, http_status: int | None) -> bool:
+        """Whether `http_status`, the answer to the handshake's POST, says this entry's `url` of no stated type is a
+        legacy HTTP+SSE endpoint (404 or 405: the spec's backwards compatibility), to be opened as SSE."""
+        return self.transport_guessed and http_status in (404, 405)
+
     def describe(self) -> dict[str, Any]:
         """What was understood, safe to print: secret values are replaced by their key names.
 

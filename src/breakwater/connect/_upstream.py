@@ -264,8 +264,7 @@ class Upstream:
         If SSE is refused alike, the next (backed-off) attempt is streamable HTTP again.
         """
         error = self.error
-        refused = error is not None and error.code is Reason.HTTP_STATUS and error.http_status in (404, 405)
-        if not (self.spec.transport_guessed and refused):
+        if error is None or error.code is not Reason.HTTP_STATUS or not self.spec.legacy_sse_answer(error.http_status):
             return False
         self._legacy_sse = not self._legacy_sse
         return self._legacy_sse
