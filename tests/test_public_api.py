@@ -98,6 +98,7 @@ PUBLIC: dict[str, list[str]] = {
         "ServerSpec",
         "StatePolicy",
         "TelemetryPolicy",
+        "ToolFilter",
         "ToolSettings",
         "all_knobs",
         "find_config",

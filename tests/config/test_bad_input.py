@@ -291,6 +291,14 @@ _ENTRY = st.fixed_dictionaries(
         "cwd": st.sampled_from([".", "/nope/nope", "", "~"]),
         "headers": st.dictionaries(_TEXT, _TEXT, max_size=2),
         "disabled": st.one_of(st.booleans(), _TEXT),
+        # Gemini CLI's keys
+        "httpUrl": st.sampled_from(["http://h/mcp", "ftp://h", "", "http://h:99999"]),
+        "includeTools": st.one_of(st.lists(st.one_of(_TEXT, st.integers()), max_size=3), _TEXT),
+        "excludeTools": st.lists(_TEXT, max_size=3),
+        "trust": st.one_of(st.booleans(), _TEXT),
+        "oauth": st.fixed_dictionaries(
+            {}, optional={"enabled": st.one_of(st.booleans(), _TEXT), "scopes": st.one_of(st.lists(_TEXT, max_size=2), _TEXT)}
+        ),
     },
 )
 
@@ -320,8 +328,31 @@ def _assert_in_range(config: Config) -> None:
         assert spec.cwd is None or Path(spec.cwd).is_dir()
 
 
+_CODEX_VALUE = st.one_of(_KNOB_VALUE, st.lists(st.one_of(_TEXT, st.integers()), max_size=2))
+_CODEX_KEYS = [
+    *("args", "env_vars", "cwd", "enabled", "tool_timeout_sec", "startup_timeout_sec", "startup_timeout_ms"),
+    *("enabled_tools", "disabled_tools", "bearer_token_env_var", "scopes", "required", "bogus"),
+]
+
+
+@st.composite
+def _codex_configs(draw: st.DrawFn) -> str:
+    """Codex's config.toml: [mcp_servers.NAME] tables with its keys, any value."""
+    lines = ['model = "gpt-5"']
+    for server in draw(st.lists(st.sampled_from(["a", "b", "", "x y", "\u202e"]), max_size=2, unique=True)):
+        lines.append(f"[mcp_servers.{json.dumps(server)}]")
+        lines.append(draw(st.sampled_from(['command = "x"', 'url = "http://h/mcp"', 'url = "ftp://h"', "enabled = true"])))
+        for key in draw(st.lists(st.sampled_from(_CODEX_KEYS), max_size=4, unique=True)):
+            value = draw(_CODEX_VALUE)
+            lines.append(f"{key} = {json.dumps(value) if isinstance(value, list) else _toml_value(value)}")
+        if draw(st.booleans()):
+            lines.append(f"[mcp_servers.{json.dumps(server)}.env_http_headers]")
+            lines.append(f'"X-A" = {_toml_value(draw(_KNOB_VALUE))}')
+    return "\n".join(lines) + "\n"
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(text=st.one_of(_toml_configs(), _json_configs()), suffix=st.sampled_from([".toml", ".json"]))
+@given(text=st.one_of(_toml_configs(), _json_configs(), _codex_configs()), suffix=st.sampled_from([".toml", ".json"]))
 def test_property_any_config_is_a_clear_error_or_in_range(tmp_path: Path, text: str, suffix: str) -> None:
     """Whatever is written, loading it gives a ConfigError naming the file and the fix, or a config in range."""
     path = tmp_path / f"generated{suffix}"

@@ -173,7 +173,7 @@ def test_every_key_every_client_writes_loads_with_notes(tmp_path: Path) -> None:
     assert notes["desktop"] == ()
     assert any("sandboxEnabled ignored" in n and "unsandboxed" in n for n in notes["vscode"])
     assert {n.split(" ")[0] for n in notes["cline"]} == {"alwaysAllow", "autoApprove", "timeout"}
-    assert config.server("cline").disabled_tools == {"u"}  # kept: those tools are left out
+    assert config.server("cline").tool_filter.without == {"u"}  # kept: those tools are left out
     assert any("mcpServers.ws skipped" in n and "WebSocket" in n for n in config.notes)
     assert any("mcpServers.ide skipped" in n for n in config.notes)
     assert any(n.startswith("numStartups, projects ignored") for n in config.notes)
@@ -227,7 +227,7 @@ def test_clines_transport_type_and_roos_watch_paths_and_disabled_tools(tmp_path:
     sse = one(tmp_path, {"url": "https://example.test/sse", "transportType": "sse"}, {})
     assert (sse.transport, sse.transport_guessed) == ("sse", False)
     roo = one(tmp_path, {"command": "s", "watchPaths": ["src"], "disabledTools": ["wipe", "drop"]}, {})
-    assert roo.disabled_tools == {"wipe", "drop"} and roo.describe()["disabledTools"] == ["drop", "wipe"]
+    assert roo.tool_filter.without == {"wipe", "drop"} and roo.describe()["disabledTools"] == ["drop", "wipe"]
     assert [n.split(":")[0] for n in roo.notes] == ["watchPaths ignored"]
     assert one(tmp_path, {"url": "https://example.test/mcp"}, {}).transport_guessed is True
     with pytest.raises(ConfigError, match="expected a list of tool names") as caught:

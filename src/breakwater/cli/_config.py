@@ -22,9 +22,9 @@ def _understood(config: Config) -> dict[str, Any]:
     servers = []
     for spec in config.servers:
         entry = spec.describe()
-        overrides = {k: v for k, v in vars(spec.connect).items() if getattr(defaults, k) != v}
-        if overrides:
-            entry["connect"] = overrides
+        for section, default in (("connect", defaults), ("call", config.call)):
+            if overrides := {k: v for k, v in vars(getattr(spec, section)).items() if getattr(default, k) != v}:
+                entry[section] = overrides
         servers.append(entry)
     out: dict[str, Any] = {"path": config.path, "connect": vars(defaults), "servers": servers}
     if config.notes:
@@ -60,6 +60,16 @@ def _print_knobs(markdown: bool) -> None:
     show(out)
 
 
+#: The keys a server's tool lists are written under, and what each does to the list.
+TOOL_LIST_KEYS = {
+    "disabledTools": "left out of the list",
+    "excludeTools": "left out of the list",
+    "disabled_tools": "left out of the list",
+    "includeTools": "the only tools listed",
+    "enabled_tools": "the only tools listed",
+}
+
+
 def _print_check(config: Config, as_json: bool) -> None:
     understood = _understood(config)
     if as_json:
@@ -76,10 +86,12 @@ def _print_check(config: Config, as_json: bool) -> None:
                 console.print(f"    {key}: {', '.join(entry[key])} (values redacted)")
         if "headersHelper" in entry:
             console.print(f"    headersHelper: {escape(entry['headersHelper'])} (its output redacted)")
-        if "connect" in entry:
-            console.print(f"    connect overrides: {entry['connect']}")
-        if "disabledTools" in entry:
-            console.print(f"    disabledTools (left out of the list): {escape(', '.join(entry['disabledTools']))}")
+        for section in ("connect", "call"):
+            if section in entry:
+                console.print(f"    {section} overrides: {entry[section]}")
+        for key, said in TOOL_LIST_KEYS.items():
+            if key in entry:
+                console.print(f"    {key} ({said}): {escape(', '.join(entry[key]))}")
         for note in entry.get("notes", ()):
             console.print(f"    [yellow]note[/]: {escape(note)}")
     for note in understood.get("notes", ()):

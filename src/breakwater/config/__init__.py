@@ -2,8 +2,10 @@
 
 Two file shapes are read:
 
-* an `mcpServers` JSON file as Claude Code (`.mcp.json`), Claude Desktop, Cursor and VS Code
-  (`"servers"`) write it, unchanged, with default policy;
+* an agent's own file, unchanged, with default policy: `mcpServers` JSON as Claude Code
+  (`.mcp.json`), Claude Desktop, Cursor, Gemini CLI and VS Code (`"servers"`) write it (`_files.py`,
+  each entry by `_entry.py` in every client's dialect, `_dialect.py`), or Codex's `config.toml`
+  (`_codex.py`);
 * a `breakwater.toml`, which may point at such a file (`servers_file`), define servers inline
   (`[servers.NAME]`), and set policy: `[connect]`, `[call]`, `[breaker]` and `[retry]` for every
   server, `[servers.NAME.connect]` (`.call`, `.breaker`, `.retry`) for one, and
@@ -14,8 +16,8 @@ Without `--config`, breakwater looks for `breakwater.toml`, then `.mcp.json`, in
 directory. Every error names the file, the key and the fix. An HTTP entry's `oauth` object (Claude
 Code's keys, and breakwater's for client credentials) becomes `ServerSpec.oauth` (`_oauth.py`).
 
-The model (`Config`, `ServerSpec`, `ToolSettings`) is in `_model.py`, the file readers in
-`_files.py`, the policies in `_policies.py` and the knob machinery in `_knobs.py`. May import the
+The model (`Config`, `ServerSpec`, `ToolSettings`, `ToolFilter`) is in `_model.py`, the file readers in
+`_files.py` and `_codex.py`, the policies in `_policies.py` and the knob machinery in `_knobs.py`. May import the
 core leaves only.
 """
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 from breakwater.config._files import DEFAULT_CONFIG_NAMES as DEFAULT_CONFIG_NAMES  # importable as before
 from breakwater.config._files import find_config, load_config
-from breakwater.config._model import Config, OAuthSettings, ServerSpec, ToolSettings, all_knobs
+from breakwater.config._model import Config, OAuthSettings, ServerSpec, ToolFilter, ToolSettings, all_knobs
 from breakwater.config._model import Transport as Transport  # importable as before
 from breakwater.config._policies import (
     BreakerPolicy,
@@ -48,6 +50,7 @@ __all__ = [
     "ServerSpec",
     "StatePolicy",
     "TelemetryPolicy",
+    "ToolFilter",
     "ToolSettings",
     "all_knobs",
     "find_config",

@@ -1,15 +1,17 @@
-"""The keys Claude Code, Cursor, Claude Desktop, VS Code (and Cline, Roo, Windsurf) write in server entries.
+"""The keys Claude Code, Cursor, Claude Desktop, VS Code, Gemini CLI (and Cline, Roo, Windsurf) write in server entries.
 
 Each key is used, kept for sign-in, or ignored with a note that `config check` prints; only a key
 no client writes (a typo) is an error. Entries of a kind breakwater cannot connect to (WebSocket,
 Claude Code's IDE and SDK links) are skipped with a note, so the rest of the file still works.
-Also `envFile` (VS Code, Cursor): the dotenv file whose variables a stdio server gets. May import
-the core leaves only.
+Also `envFile` (VS Code, Cursor): the dotenv file whose variables a stdio server gets, and Gemini CLI's
+ways: `httpUrl`, its `mcp.allowed` and `mcp.excluded` lists, `$VAR` without braces in its own files.
+Codex's `config.toml` has keys of its own (`_codex.py`). May import the core leaves only.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 from collections.abc import Mapping, Sequence
@@ -20,23 +22,30 @@ from breakwater import _platform
 from breakwater.errors import ConfigError
 
 __all__ = [
+    "GEMINI_OAUTH_KEYS",
     "HTTP_KINDS",
     "IGNORED_ENTRY_KEYS",
     "SIGN_IN_KEYS",
+    "SKIPPED_KEYS",
     "SKIPPED_TYPES",
     "TRANSPORT_KEYS",
+    "URL_KEYS",
     "USED_ENTRY_KEYS",
+    "bare_reference_notes",
     "command_words",
     "entry_notes",
     "entry_transport",
     "entry_url_key",
+    "gemini_file",
+    "gemini_server_lists",
     "read_env_file",
+    "skipped_entry",
     "top_level_notes",
 ]
 
 #: Keys breakwater reads (`enabled` is breakwater.toml's spelling of JSON's `disabled`; `serverUrl` is
-#: Windsurf's spelling of `url`; `shared` is breakwater's own: a stdio server every session of the
-#: shared local gateway uses, not one each).
+#: Windsurf's spelling of `url`, `httpUrl` Gemini CLI's for a streamable HTTP one; `shared` is breakwater's
+#: own: a stdio server every session of the shared local gateway uses, not one each).
 USED_ENTRY_KEYS = frozenset(
     {
         "type",
@@ -48,8 +57,11 @@ USED_ENTRY_KEYS = frozenset(
         "cwd",
         "url",
         "serverUrl",
+        "httpUrl",
         "transportType",
         "disabledTools",
+        "includeTools",
+        "excludeTools",
         "headers",
         "headersHelper",
         "disabled",
@@ -68,7 +80,16 @@ IGNORED_ENTRY_KEYS: dict[str, str] = {
     "alwaysAllow": "tools Cline and Roo run without asking; breakwater never asks, your agent does",
     "autoApprove": "tools Cline and Windsurf run without asking; breakwater never asks, your agent does",
     "watchPaths": "files whose change makes Roo restart the server; breakwater does not watch them",
-    "timeout": "Cline's and Roo's request timeout; set timeout_s under [servers.NAME.call] in breakwater.toml",
+    "trust": "Gemini CLI runs this server's tools without asking; breakwater never asks, your agent does",
+    "timeout": (
+        "the client's request timeout (Cline and Roo: seconds, Gemini CLI: milliseconds); set timeout_s under"
+        " [servers.NAME.call] in breakwater.toml"
+    ),
+    "authProviderType": (
+        "Gemini CLI's way to get a token (Google credentials); breakwater signs in by OAuth: breakwater auth login NAME"
+    ),
+    "targetAudience": "Gemini CLI's Google service-account sign-in; not used",
+    "targetServiceAccount": "Gemini CLI's Google service-account sign-in; not used",
     "description": "a label for people; not used",
     "icon": "a label for people; not used",
     "dev": "VS Code's watch-and-debug settings for a server under development; not used",
@@ -87,6 +108,16 @@ SKIPPED_TYPES: dict[str, str] = {
     "claudeai-proxy": "a claude.ai connector reached through claude.ai; only Claude Code can use it",
 }
 
+#: Keys that make an entry one breakwater cannot connect to, skipped with a note saying why.
+SKIPPED_KEYS: dict[str, str] = {"tcp": "a WebSocket server (Gemini CLI's tcp); breakwater speaks stdio, streamable HTTP and SSE"}
+
+#: Keys of an `oauth` object only Gemini CLI writes: endpoints breakwater discovers, and what Gemini CLI's own
+#: redirect needs. Ignored with a note.
+GEMINI_OAUTH_KEYS = frozenset({"authorizationUrl", "tokenUrl", "registrationUrl", "redirectUri", "tokenParamName", "audiences"})
+
+#: Keys only Gemini CLI writes in an entry: a file holding one is read as Gemini CLI reads its settings.
+_GEMINI_ONLY_KEYS = frozenset({"httpUrl", "includeTools", "excludeTools", "trust", "authProviderType", "tcp"})
+
 _TOP_LEVEL_QUIET = frozenset({"mcpServers", "servers", "$schema"})
 
 
@@ -96,26 +127,37 @@ TRANSPORT_KEYS = ("type", "transport", "transportType")
 HTTP_KINDS = frozenset({"http", "streamable-http", "streamable_http", "streamableHttp"})
 
 
+#: The keys an entry's address can be written under: `url`, Windsurf's `serverUrl`, Gemini CLI's `httpUrl`.
+URL_KEYS = ("url", "serverUrl", "httpUrl")
+
+
 def entry_url_key(entry: Mapping[str, Any], path: str, where: str) -> str:
-    """`url`, or Windsurf's `serverUrl` for it; both at once is an error (which one would win is a guess)."""
-    if "serverUrl" not in entry:
-        return "url"
-    if "url" in entry:
+    """The key the entry's address is under (`url` when none is); two at once is an error (which would win is a guess)."""
+    written = [k for k in URL_KEYS if k in entry]
+    if len(written) > 1:
         raise ConfigError(
-            "both url and serverUrl are set",
+            f"both {written[0]} and {written[1]} are set",
             path=path,
-            key=f"{where}.serverUrl",
-            fix='keep one ("serverUrl" is Windsurf\'s "url")',
+            key=f"{where}.{written[1]}",
+            fix='keep one ("serverUrl" is Windsurf\'s "url", "httpUrl" Gemini CLI\'s for a streamable HTTP server)',
         )
-    return "serverUrl"
+    return written[0] if written else "url"
 
 
 def entry_transport(entry: Mapping[str, Any], path: str, where: str) -> Literal["stdio", "http", "sse"]:
     """The transport an entry names (`type`, `transport`, or Cline's older `transportType`), else the one its keys imply."""
     key = next((k for k in TRANSPORT_KEYS if k in entry), "type")
     kind = entry.get(key)
+    url_key = entry_url_key(entry, path, where)
     if kind is None:
-        kind = "http" if entry_url_key(entry, path, where) in entry and "command" not in entry else "stdio"
+        kind = "http" if url_key in entry and "command" not in entry else "stdio"
+    elif url_key == "httpUrl" and kind not in HTTP_KINDS:
+        raise ConfigError(
+            f"httpUrl is a streamable HTTP server's address, and {key} says {kind!r}",
+            path=path,
+            key=f"{where}.{key}",
+            fix='remove it, or write the address as "url"',
+        )
     if kind in HTTP_KINDS:
         return "http"
     if kind == "sse":
@@ -133,6 +175,12 @@ def entry_notes(name: str, entry: dict[str, object]) -> list[str]:
             notes.append(f"{key} kept; {_SIGN_IN.format(name=name)}")
         elif key in IGNORED_ENTRY_KEYS:
             notes.append(f"{key} ignored: {IGNORED_ENTRY_KEYS[key]}")
+    oauth = entry.get("oauth")
+    if isinstance(oauth, dict) and (gemini := sorted(GEMINI_OAUTH_KEYS & oauth.keys())):
+        notes.append(
+            f"oauth.{', oauth.'.join(gemini)} ignored: breakwater discovers the sign-in endpoints from the server, and its"
+            " redirect is http://localhost:PORT/callback (oauth.callbackPort)"
+        )
     command = entry.get("command")
     if isinstance(command, str) and (words := command_words(command, (), None, None)) != [command]:
         # Only the program: the words after it are arguments, which may hold a secret.
@@ -142,6 +190,45 @@ def entry_notes(name: str, entry: dict[str, object]) -> list[str]:
             f' "command": "{words[0]}" and put each word after it in "args")'
         )
     return notes
+
+
+_BARE_REFERENCE = re.compile(r"\$[A-Za-z_]\w*")
+
+
+def bare_reference_notes(entry: Mapping[str, Any]) -> list[str]:
+    """Notes for values that are a whole `$NAME`: Gemini CLI's form of a variable, passed as written elsewhere."""
+    args = entry.get("args")
+    found = [("args", str(i), v) for i, v in enumerate(args) if isinstance(v, str)] if isinstance(args, list) else []
+    for key in ("env", "headers"):
+        if isinstance(table := entry.get(key), dict):
+            found += [(key, name, v) for name, v in table.items() if isinstance(v, str)]
+    return [
+        f"{key}.{name} is {value!r}, passed as written: only Gemini CLI's own files read $NAME as a variable;"
+        f" write ${{{value[1:]}}} for its value"
+        for key, name, value in found
+        if _BARE_REFERENCE.fullmatch(value)
+    ]
+
+
+def skipped_entry(entry: Any) -> str | None:
+    """Why an entry is one breakwater cannot connect to (a WebSocket server, an IDE link), or None."""
+    if not isinstance(entry, dict):
+        return None
+    kind = entry.get("type")
+    if isinstance(kind, str) and kind in SKIPPED_TYPES:
+        return f"{kind!r} is {SKIPPED_TYPES[kind]}"
+    if _starts_breakwater(entry.get("command"), entry.get("args")):
+        return "it starts breakwater serve, which would serve itself (this is the file your agent reads, not the servers')"
+    return next((f"it is {why}" for key, why in SKIPPED_KEYS.items() if key in entry), None)
+
+
+def _starts_breakwater(command: Any, args: Any) -> bool:
+    # `breakwater serve`, `python -m breakwater serve`, `uvx breakwater serve`, by any path.
+    if not isinstance(command, str) or not isinstance(args, list):
+        return False
+    words = [*command.split(), *(a for a in args if isinstance(a, str))]
+    names = [os.path.basename(w.replace("\\", "/")).removesuffix(".exe").lower() for w in words[:3]]
+    return any(name == "breakwater" and words[i + 1 : i + 2] == ["serve"] for i, name in enumerate(names))
 
 
 def command_words(command: str, args: Sequence[str], path: str | None, cwd: str | None) -> list[str]:
@@ -172,8 +259,35 @@ def _runnable(program: str, path: str | None, cwd: str | None) -> bool:
     return shutil.which(program, path=path) is not None
 
 
+def gemini_file(path: Path, data: Mapping[str, Any], top: str) -> bool:
+    """Whether the file is Gemini CLI's settings (or written for it): it is read as Gemini CLI reads them.
+
+    Gemini CLI's own files (`~/.gemini/settings.json`, a project's `.gemini/settings.json`, the system's
+    `gemini-cli/settings.json`), or a file with a key only Gemini CLI writes (its top-level `mcp` object, an
+    entry's `httpUrl`, `includeTools`, `excludeTools`, `trust`, `authProviderType` or `tcp`).
+    """
+    if path.parent.name in (".gemini", "gemini-cli") or isinstance(data.get("mcp"), dict):
+        return True
+    entries = data.get(top)
+    return isinstance(entries, dict) and any(isinstance(e, dict) and _GEMINI_ONLY_KEYS & e.keys() for e in entries.values())
+
+
+def gemini_server_lists(data: Mapping[str, Any], path: str) -> tuple[frozenset[str] | None, frozenset[str]]:
+    """Gemini CLI's `mcp.allowed` (None when unset: every server) and `mcp.excluded` (servers it does not start)."""
+    mcp = data.get("mcp")
+    if not isinstance(mcp, dict):
+        return None, frozenset()
+    lists: list[frozenset[str] | None] = []
+    for key in ("allowed", "excluded"):
+        value = mcp.get(key)
+        if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
+            raise ConfigError("expected a list of server names", path=path, key=f"mcp.{key}", fix=f'write "{key}": ["name"]')
+        lists.append(None if value is None else frozenset(value))
+    return lists[0], lists[1] or frozenset()
+
+
 def top_level_notes(data: dict[str, object], top: str) -> list[str]:
-    """Notes for a file's keys beside the servers (VS Code's `inputs`, the rest of `~/.claude.json`)."""
+    """Notes for a file's keys beside the servers (VS Code's `inputs`, Gemini CLI's settings, the rest of `~/.claude.json`)."""
     notes = []
     other = "servers" if top == "mcpServers" else "mcpServers"
     if other in data:
@@ -183,7 +297,14 @@ def top_level_notes(data: dict[str, object], top: str) -> list[str]:
             "inputs ignored: VS Code prompts for these when it starts a server, and breakwater runs in the "
             "background with no one to ask; a ${input:...} reference is an error, write ${VAR} and set VAR instead"
         )
-    rest = sorted(k for k in data if k not in _TOP_LEVEL_QUIET and k != "inputs")
+    mcp = data.get("mcp")
+    if isinstance(mcp, dict):
+        if "serverCommand" in mcp:
+            notes.append("mcp.serverCommand ignored: Gemini CLI's one command for every server; breakwater starts each entry's")
+        if unknown := sorted(set(mcp) - {"allowed", "excluded", "serverCommand"}):
+            notes.append(f"mcp.{', mcp.'.join(unknown)} ignored: Gemini CLI's own settings")
+    read = {"inputs", "mcp"} if isinstance(mcp, dict) else {"inputs"}
+    rest = sorted(k for k in data if k not in _TOP_LEVEL_QUIET and k not in read)
     if rest:
         notes.append(f"{', '.join(rest)} ignored: the client's own settings, not servers")
     return notes

@@ -20,6 +20,10 @@ Two other clients' forms are understood so their files work unchanged: Cursor's 
 `${command:ID}` and `${config:KEY}` are answered by the editor when it starts a server; a
 background gateway has no one to ask, so they are a config error that says what to write instead.
 
+Gemini CLI reads `$VAR` without braces as a variable too, in its own settings files; those are read
+with `bare=True` (an unset one is an error, as `${VAR}` is). Codex expands nothing in its
+`config.toml` (it names variables in keys of their own): read with `literal=True`.
+
 Values from the environment that land in `env` or `headers`, and values of any variable whose name
 looks like a credential (`API_KEY`, `GITHUB_TOKEN`), are secrets (`config/_redact.py`). May import
 the core leaves and `config/_redact.py` only.
@@ -39,6 +43,7 @@ from breakwater.errors import ConfigError
 __all__ = ["Expander", "has_reference"]
 
 _REFERENCE = re.compile(r"\$\{([^}]+)\}")
+_BARE_OR_BRACED = re.compile(r"\$(?:\{([^}]+)\}|([A-Za-z_]\w*))")
 _EDITOR_ONLY = ("input:", "command:", "config:")
 
 
@@ -64,6 +69,10 @@ class Expander:
     environ: Mapping[str, str]
     path: str
     strict: bool = True
+    #: `$VAR` without braces is a reference too (Gemini CLI's own files).
+    bare: bool = False
+    #: Nothing is expanded (Codex's config.toml).
+    literal: bool = False
     #: Unset variables without a default met while lenient: (key, variable name).
     missing: list[tuple[str, str]] = field(default_factory=list)
     #: Expanded values that are secrets, per entry (`where` -> values); read by `take_secrets`.
@@ -75,13 +84,16 @@ class Expander:
 
     def __call__(self, value: str, *, where: str, key: str, secret: bool = False) -> str:
         """`value` with its references expanded; `key` (under entry `where`) names it in errors."""
-        if "${" not in value:
+        if self.literal or ("${" not in value and not (self.bare and "$" in value)):
             return value
 
         def one(match: re.Match[str]) -> str:
-            return self._one(match.group(0), match.group(1), where=where, key=key, secret=secret)
+            content = match.group(1)
+            if content is None:  # $NAME
+                return self._one(match.group(0), match.group(2), where=where, key=key, secret=secret)
+            return self._one(match.group(0), content, where=where, key=key, secret=secret)
 
-        return _REFERENCE.sub(one, value)
+        return (_BARE_OR_BRACED if self.bare else _REFERENCE).sub(one, value)
 
     def _one(self, whole: str, content: str, *, where: str, key: str, secret: bool) -> str:
         parts = content.split(":-")
@@ -103,8 +115,9 @@ class Expander:
         if not self.strict:
             self.missing.append((key, lookup))
             return whole
+        said = whole if whole.startswith("${") else f"{whole} (Gemini CLI's form of ${{{lookup}}})"
         raise ConfigError(
-            f"the variable {lookup} is not set and ${{{content}}} has no default",
+            f"the variable {lookup} is not set and {said} has no default",
             path=self.path,
             key=key,
             fix=f"set {lookup} in the environment breakwater runs in, or give a default: ${{{lookup}:-value}}",

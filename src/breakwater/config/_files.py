@@ -7,43 +7,24 @@ core leaves and the rest of `config` only.
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import tomllib
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
 from dataclasses import fields as dc_fields
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from breakwater._wire import json_depth, json_kind
+from breakwater._wire import json_depth
 from breakwater.config import _jsonc
-from breakwater.config._checks import (
-    alike_servers,
-    check_header,
-    check_server_name,
-    check_template_for_servers,
-    check_text,
-    check_url,
-)
-from breakwater.config._dialect import (
-    IGNORED_ENTRY_KEYS,
-    SIGN_IN_KEYS,
-    SKIPPED_TYPES,
-    TRANSPORT_KEYS,
-    USED_ENTRY_KEYS,
-    entry_notes,
-    entry_transport,
-    entry_url_key,
-    read_env_file,
-    top_level_notes,
-)
-from breakwater.config._expand import Expander, has_reference
+from breakwater.config._checks import alike_servers, check_server_name, check_template_for_servers
+from breakwater.config._codex import CODEX_TOP, servers_from_codex
+from breakwater.config._dialect import gemini_file, gemini_server_lists, skipped_entry, top_level_notes
+from breakwater.config._entry import STRICT, Entries, fail, flag, parse_entry, unknown_key
+from breakwater.config._expand import Expander
 from breakwater.config._knobs import build_policy, env_layer
-from breakwater.config._model import Config, ServerSpec, ToolSettings, Transport
-from breakwater.config._oauth import parse_oauth
+from breakwater.config._model import Config, ServerSpec, ToolSettings
 from breakwater.config._policies import GLOBAL_SECTIONS, POLICY_SECTIONS, CallPolicy, RetryPolicy
 from breakwater.config._redact import register_secrets
 from breakwater.errors import ConfigError
@@ -57,200 +38,8 @@ DEFAULT_CONFIG_NAMES = ("breakwater.toml", ".mcp.json")
 _TOOL_CALL_KEYS = frozenset(f.name for f in dc_fields(CallPolicy)) - {"max_in_flight", "max_result_bytes"}
 _TOOL_RETRY_KEYS = frozenset({"max_attempts"})
 
-# Every key a client writes in an entry is known: used, kept for sign-in, or ignored with a note.
-_ENTRY_KEYS = USED_ENTRY_KEYS | SIGN_IN_KEYS | frozenset(IGNORED_ENTRY_KEYS)
 _TOML_TOP_KEYS = frozenset({"servers_file", "servers", *POLICY_SECTIONS, *GLOBAL_SECTIONS})
 _SERVER_POLICY_KEYS = frozenset({*POLICY_SECTIONS, "tools"})
-
-
-def _fail(message: str, path: str, key: str, fix: str) -> ConfigError:
-    return ConfigError(message, path=path, key=key, fix=fix)
-
-
-def _required_text(entry: Mapping[str, Any], path: str, where: str, key: str, missing: str, example: str) -> str:
-    """`entry[key]`, a non-blank string; else an error that says which of absent, not a string or blank it is."""
-    if key not in entry:
-        raise _fail(missing, path, f"{where}.{key}", f'add "{key}": "{example}"')
-    value = entry[key]
-    if not isinstance(value, str):
-        raise _fail(f"expected a string, got {json_kind(value)}", path, f"{where}.{key}", f'write "{key}": "{example}"')
-    if not value.strip():
-        raise _fail(f"{key} is empty", path, f"{where}.{key}", f'write "{key}": "{example}"')
-    return value
-
-
-def _unknown_key(path: str, where: str, key: str, known: frozenset[str]) -> ConfigError:
-    close = difflib.get_close_matches(key, sorted(known), n=1)
-    fix = f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(sorted(known))}"
-    return _fail("unknown key", path, f"{where}.{key}" if where else key, fix)
-
-
-def _str_map(value: Any, path: str, key: str, expand: Expander, where: str) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise _fail("expected a table of strings", path, key, f'write {key} as {{"NAME": "value"}}')
-    out: dict[str, str] = {}
-    for k, v in value.items():
-        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
-            raise _fail("expected a string value", path, f"{key}.{k}", "quote the value")
-        # Values only: Claude Code expands no names.
-        out[k] = expand(str(v), where=where, key=f"{key}.{k}", secret=True)
-        if key.endswith(".headers"):
-            check_header(k, out[k], path=path, key=f"{key}.{k}")
-        else:
-            if not k or "=" in k:
-                raise _fail(f"invalid environment variable name {k!r}", path, f"{key}.{k}", "use letters, digits and _")
-            check_text(k, path=path, key=f"{key}.{k}", what="name", strict=True)
-            check_text(out[k], path=path, key=f"{key}.{k}", secret=True)
-    return out
-
-
-# ---- one server entry (mcpServers JSON or [servers.NAME]) ---------------------------------------
-
-
-def _parse_entry(
-    entry: Any,
-    *,
-    path: str,
-    where: str,
-    expand: Expander,
-    extra_keys: frozenset[str] = frozenset(),
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Validate one server entry; returns (connection fields, the rest for the caller)."""
-    if not isinstance(entry, dict):
-        raise _fail("expected an object describing the server", path, where, 'e.g. {"command": "npx", "args": [...]}')
-    rest: dict[str, Any] = {}
-    for key, value in entry.items():
-        if key in extra_keys:
-            rest[key] = value
-        elif key not in _ENTRY_KEYS:
-            raise _unknown_key(path, where, key, USED_ENTRY_KEYS | extra_keys)
-    transport = entry_transport(entry, path, where)
-    fields: dict[str, Any] = {"transport": transport}
-    if transport == "stdio":
-        fields.update(_stdio_fields(entry, path, where, expand))
-    else:
-        fields.update(_http_fields(entry, transport, path, where, expand))
-    fields["enabled"] = _entry_enabled(entry, path, where)
-    if "shared" in entry:
-        fields["shared"] = _flag(entry["shared"], path, f"{where}.shared", '"shared": true')
-    fields["notes"] = tuple(entry_notes(where.rsplit(".", 1)[-1], entry))
-    fields["transport_guessed"] = transport == "http" and not any(k in entry for k in TRANSPORT_KEYS)
-    if "disabledTools" in entry:
-        fields["disabled_tools"] = frozenset(_names(entry["disabledTools"], path, f"{where}.disabledTools"))
-    fields["expanded_secrets"] = expand.take_secrets(where)
-    return fields, rest
-
-
-def _stdio_fields(entry: Mapping[str, Any], path: str, where: str, expand: Expander) -> dict[str, Any]:
-    command = _required_text(entry, path, where, "command", "a stdio server needs a command", "the-program")
-    command = expand(command, where=where, key=f"{where}.command")
-    check_text(command, path=path, key=f"{where}.command", what="command", strict=True)
-    # `~/bin/server` as a shell would run it; a bare name stays a name, looked up on PATH at spawn.
-    # Arguments are passed exactly as written: no shell runs in between (a command line written into
-    # `command` alone is split into words at spawn, as Cursor does: `_dialect.command_words`).
-    fields: dict[str, Any] = {"command": os.path.expanduser(command) if command.startswith("~") else command}
-    args = entry.get("args", [])
-    if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in args):
-        raise _fail("expected a list of strings", path, f"{where}.args", 'write "args": ["--flag", "value"]')
-    fields["args"] = tuple(expand(str(a), where=where, key=f"{where}.args[{i}]") for i, a in enumerate(args))
-    for i, arg in enumerate(fields["args"]):
-        check_text(arg, path=path, key=f"{where}.args[{i}]", what="argument")
-    env = _env_file(entry, path, where, expand)
-    if "env" in entry:
-        # The entry's own env wins over its envFile, as in VS Code.
-        env.update(_str_map(entry["env"], path, f"{where}.env", expand, where))
-    if env:
-        fields["env"] = env
-    cwd = entry.get("cwd")
-    if cwd is not None:
-        if not isinstance(cwd, str):
-            raise _fail("expected a directory path", path, f"{where}.cwd", 'write "cwd": "/some/dir"')
-        cwd = expand(cwd, where=where, key=f"{where}.cwd")
-        check_text(cwd, path=path, key=f"{where}.cwd", what="directory", strict=True)
-        base = Path(path).parent if path else Path.cwd()
-        resolved = (base / os.path.expanduser(cwd)).resolve()
-        if not resolved.is_dir() and not (has_reference(cwd) and not expand.strict):
-            raise _fail(f"the directory {str(resolved)!r} does not exist", path, f"{where}.cwd", "create it or fix the path")
-        fields["cwd"] = str(resolved)
-    for key in ("url", "serverUrl", "headersHelper"):
-        if key in entry:
-            raise _fail(f"a stdio server has no {key}", path, f"{where}.{key}", f'remove "{key}" or set "type": "http"')
-    return fields
-
-
-def _env_file(entry: Mapping[str, Any], path: str, where: str, expand: Expander) -> dict[str, str]:
-    raw = entry.get("envFile")
-    if raw is None:
-        return {}
-    key = f"{where}.envFile"
-    if not isinstance(raw, str) or not raw.strip():
-        raise _fail("expected a file path", path, key, 'write "envFile": "${workspaceFolder}/.env"')
-    name = expand(raw, where=where, key=key)
-    if has_reference(name) and not expand.strict:
-        return {}
-    file = Path(os.path.expanduser(name))
-    if not file.is_absolute():
-        file = (Path(path).parent if path else Path.cwd()) / file
-    values = read_env_file(file, config_path=path, key=key)
-    for k, v in values.items():
-        check_text(v, path=path, key=f"{key}.{k}", secret=True)
-    return values
-
-
-def _http_fields(entry: Mapping[str, Any], transport: Transport, path: str, where: str, expand: Expander) -> dict[str, Any]:
-    example = "http://127.0.0.1:8000/mcp"
-    url_key = entry_url_key(entry, path, where)
-    url = _required_text(entry, path, where, url_key, "an HTTP server needs an http(s) url", example)
-    url = expand(url, where=where, key=f"{where}.{url_key}")
-    lenient = has_reference(url) and not expand.strict
-    if not lenient:
-        if not url.startswith(("http://", "https://")):
-            # Only the scheme is repeated: the rest of a URL may carry a token.
-            scheme = url.partition("://")[0] if "://" in url else ""
-            said = (
-                f"the url's scheme is {scheme!r}, not http or https"
-                if scheme.isalpha()
-                else "the url does not start with http:// or https://"
-            )
-            raise _fail(said, path, f"{where}.{url_key}", f'write "{url_key}": "{example}" (or https://)')
-        check_url(url, path=path, key=f"{where}.{url_key}")
-    fields: dict[str, Any] = {"url": url}
-    if "headers" in entry:
-        fields["headers"] = _str_map(entry["headers"], path, f"{where}.headers", expand, where)
-    helper = entry.get("headersHelper")
-    if helper is not None:
-        if not isinstance(helper, str) or not helper.strip():
-            raise _fail("expected a command", path, f"{where}.headersHelper", 'write "headersHelper": "/path/to/get-headers.sh"')
-        check_text(helper, path=path, key=f"{where}.headersHelper", what="command", strict=True)
-        fields["headers_helper"] = helper
-    if "oauth" in entry:
-        fields["oauth"] = parse_oauth(entry["oauth"], path=path, where=where)
-    for key in ("command", "envFile"):
-        if key in entry:
-            raise _fail(f"an {transport} server has no {key}", path, f"{where}.{key}", f'remove "{key}" or the url')
-    return fields
-
-
-def _names(value: Any, path: str, key: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise _fail("expected a list of tool names", path, key, 'write "disabledTools": ["tool_name"]')
-    return value
-
-
-def _entry_enabled(entry: Mapping[str, Any], path: str, where: str) -> bool:
-    # JSON clients write "disabled": true; breakwater.toml writes enabled = false. The last one set wins.
-    enabled = True
-    if "disabled" in entry:
-        enabled = not _flag(entry["disabled"], path, f"{where}.disabled", '"disabled": true')
-    if "enabled" in entry:
-        enabled = _flag(entry["enabled"], path, f"{where}.enabled", "enabled = false")
-    return enabled
-
-
-def _flag(value: Any, path: str, key: str, fix: str) -> bool:
-    if not isinstance(value, bool):
-        raise _fail("expected true or false", path, key, fix)
-    return value
 
 
 # ---- mcpServers JSON -----------------------------------------------------------------------------
@@ -327,29 +116,8 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-@dataclass
-class _Entries:
-    """Which server entries may be broken without refusing the file: all but `only`'s, when set (their errors kept)."""
-
-    only: str | None = None
-    broken: list[ConfigError] = field(default_factory=list)
-
-    @contextmanager
-    def tolerated(self, name: str) -> Iterator[None]:
-        """Around the reading of entry `name`: its ConfigError is kept in `broken` when another server is the one."""
-        try:
-            yield
-        except ConfigError as exc:
-            if self.only is None or name == self.only:
-                raise
-            self.broken.append(exc)
-
-
-_STRICT = _Entries()
-
-
 def _servers_from_json(
-    path: Path, defaults: Mapping[str, Any], expand: Expander, entries_ok: _Entries = _STRICT
+    path: Path, defaults: Mapping[str, Any], expand: Expander, entries_ok: Entries = STRICT
 ) -> tuple[list[ServerSpec], list[str]]:
     """The file's servers, and the notes about it (keys beside the servers, entries skipped)."""
     data = _read_json(path)
@@ -361,15 +129,20 @@ def _servers_from_json(
     entries = data[top]
     if not isinstance(entries, dict):
         raise ConfigError("expected an object of servers", path=str(path), key=top, fix=f'write "{top}": {{"name": {{...}}}}')
+    if gemini_file(path, data, top):
+        expand = replace(expand, bare=True)  # Gemini CLI reads $NAME as a variable in its own files
+    allowed, excluded = gemini_server_lists(data, str(path))
     specs = []
     for name, entry in entries.items():
         with entries_ok.tolerated(name):
             check_server_name(name, path=str(path), key=f"{top}.{name}")
-            kind = entry.get("type") if isinstance(entry, dict) else None
-            if isinstance(kind, str) and kind in SKIPPED_TYPES:
-                notes.append(f"{top}.{name} skipped: {kind!r} is {SKIPPED_TYPES[kind]}")
+            if (why := skipped_entry(entry)) is not None:
+                notes.append(f"{top}.{name} skipped: {why}")
                 continue
-            fields, _ = _parse_entry(entry, path=str(path), where=f"{top}.{name}", expand=expand)
+            fields, _ = parse_entry(entry, path=str(path), where=f"{top}.{name}", expand=expand)
+            if name in excluded or (allowed is not None and name not in allowed):
+                said = "mcp.excluded lists it" if name in excluded else "mcp.allowed does not list it"
+                fields |= {"enabled": False, "notes": (*fields["notes"], f"not started: {said} (Gemini CLI's settings)")}
             specs.append(ServerSpec(name=name, source=str(path), **defaults, **fields))
     return specs, notes
 
@@ -379,7 +152,7 @@ def _servers_from_json(
 
 def _policy_table(value: Any, path: str, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise _fail("expected a table", path, where, f"write [{where}] with key = value lines")
+        raise fail("expected a table", path, where, f"write [{where}] with key = value lines")
     return value
 
 
@@ -412,7 +185,7 @@ def _tool_settings(
         values = _policy_table(raw, spath, twhere)
         for key in values:
             if key not in _TOOL_CALL_KEYS | _TOOL_RETRY_KEYS:
-                raise _unknown_key(spath, twhere, key, _TOOL_CALL_KEYS | _TOOL_RETRY_KEYS)
+                raise unknown_key(spath, twhere, key, _TOOL_CALL_KEYS | _TOOL_RETRY_KEYS)
         call_values = {k: v for k, v in values.items() if k in _TOOL_CALL_KEYS}
         retry_values = {k: v for k, v in values.items() if k in _TOOL_RETRY_KEYS}
         # Layer the tool's keys over its server's resolved policy: unset keys inherit.
@@ -430,33 +203,46 @@ def _read_toml(path: Path) -> dict[str, Any]:
     spath = str(path)
     text = _read_text(path)
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"invalid TOML: {exc}", path=spath, fix="fix the TOML syntax") from None
     except RecursionError:
         raise ConfigError("nested too deeply", path=spath, fix="flatten the file") from None
     except ValueError as exc:
         raise ConfigError(f"invalid TOML: {exc}", path=spath, fix="fix the TOML syntax") from None
-    for key in data:
-        if key not in _TOML_TOP_KEYS:
-            raise _unknown_key(spath, "", key, _TOML_TOP_KEYS)
-    return data
+
+
+def _servers_from_file(
+    path: Path, defaults: Mapping[str, Any], expand: Expander, entries_ok: Entries = STRICT
+) -> tuple[list[ServerSpec], list[str]]:
+    """The servers of a client's file (mcpServers JSON, or Codex's config.toml), and the notes about it."""
+    if path.suffix == ".toml":
+        data = _read_toml(path)
+        if CODEX_TOP not in data:
+            raise fail(
+                "no [mcp_servers] table",
+                str(path),
+                CODEX_TOP,
+                "point servers_file at Codex's config.toml or an mcpServers JSON file",
+            )
+        return servers_from_codex(path, data, defaults, expand, entries_ok)
+    return _servers_from_json(path, defaults, expand, entries_ok)
 
 
 def _servers_file_specs(
-    path: Path, servers_file: Any, defaults: Mapping[str, Any], expand: Expander, entries_ok: _Entries
+    path: Path, servers_file: Any, defaults: Mapping[str, Any], expand: Expander, entries_ok: Entries
 ) -> tuple[dict[str, ServerSpec], list[str]]:
     """The servers of the JSON file `servers_file` names (relative to the TOML file), by name, and its notes."""
     spath = str(path)
     if servers_file is None:
         return {}, []
     if not isinstance(servers_file, str):
-        raise _fail("expected a path", spath, "servers_file", 'servers_file = ".mcp.json"')
+        raise fail("expected a path", spath, "servers_file", 'servers_file = ".mcp.json"')
     json_path = (path.parent / os.path.expanduser(servers_file)).resolve()
     if not json_path.exists():
-        raise _fail(f"{json_path} does not exist", spath, "servers_file", "point servers_file at an mcpServers JSON file")
+        raise fail(f"{json_path} does not exist", spath, "servers_file", "point servers_file at an mcpServers JSON file")
     file_expand = Expander(expand.environ, str(json_path), strict=expand.strict, missing=expand.missing)
-    specs, notes = _servers_from_json(json_path, defaults, file_expand, entries_ok)
+    specs, notes = _servers_from_file(json_path, defaults, file_expand, entries_ok)
     return {spec.name: spec for spec in specs}, [f"{servers_file}: {note}" for note in notes]
 
 
@@ -466,10 +252,10 @@ def _server_base(
     """`[servers.NAME]`'s connection: defined inline (command or url), or the servers_file's, maybe disabled."""
     where = f"servers.{name}"
     if any(k in table for k in ("command", "url")):
-        fields, _ = _parse_entry(table, path=spath, where=where, expand=expand, extra_keys=_SERVER_POLICY_KEYS)
+        fields, _ = parse_entry(table, path=spath, where=where, expand=expand, extra_keys=_SERVER_POLICY_KEYS)
         return ServerSpec(name=name, source=spath, **fields)
     if name not in known:
-        raise _fail(
+        raise fail(
             "this server is neither defined here nor in servers_file",
             spath,
             where,
@@ -478,11 +264,11 @@ def _server_base(
     base_spec = known[name]
     for key in table:
         if key not in _SERVER_POLICY_KEYS | {"enabled", "shared"}:
-            raise _unknown_key(spath, where, key, _SERVER_POLICY_KEYS | {"enabled", "shared", "command", "url"})
+            raise unknown_key(spath, where, key, _SERVER_POLICY_KEYS | {"enabled", "shared", "command", "url"})
     if "enabled" in table:
-        base_spec = replace(base_spec, enabled=_flag(table["enabled"], spath, f"{where}.enabled", "enabled = false"))
+        base_spec = replace(base_spec, enabled=flag(table["enabled"], spath, f"{where}.enabled", "enabled = false"))
     if "shared" in table:
-        base_spec = replace(base_spec, shared=_flag(table["shared"], spath, f"{where}.shared", "shared = true"))
+        base_spec = replace(base_spec, shared=flag(table["shared"], spath, f"{where}.shared", "shared = true"))
     return base_spec
 
 
@@ -502,10 +288,17 @@ def _toml_server(
     table = _policy_table(raw, spath, where)
     base_spec = _server_base(name, table, spath, known, expand)
     own = {section: _policy_table(table.get(section, {}), spath, f"{where}.{section}") for section in POLICY_SECTIONS}
-    policies = {
-        section: _layered(section, top[section], spath, environ, (own[section], spath, f"{where}.{section}"))
-        for section in POLICY_SECTIONS
-    }
+    policies = {}
+    for section in POLICY_SECTIONS:
+        # What the servers_file's entry set itself (Codex's tool_timeout_sec) sits between the top-level table and
+        # this server's own: the entry's values are those that differ from the defaults it was read with.
+        entry: dict[str, Any] = {}
+        if base_spec is known.get(name):
+            default = _as_values(_layered(section, top[section], spath, environ))
+            entry = {k: v for k, v in _as_values(getattr(base_spec, section)).items() if v != default[k]}
+        policies[section] = _layered(
+            section, top[section], spath, environ, (entry, base_spec.source, where), (own[section], spath, f"{where}.{section}")
+        )
     tools = _tool_settings(
         _policy_table(table.get("tools", {}), spath, f"{where}.tools"),
         spath=spath,
@@ -513,12 +306,14 @@ def _toml_server(
         call=policies["call"],
         retry=policies["retry"],
     )
-    return replace(base_spec, **policies, call_explicit=frozenset(own["call"]), tools=tools)
+    return replace(base_spec, **policies, call_explicit=base_spec.call_explicit | frozenset(own["call"]), tools=tools)
 
 
-def _load_toml(path: Path, environ: Mapping[str, str], expand: Expander, entries_ok: _Entries) -> Config:
+def _load_toml(path: Path, data: Mapping[str, Any], environ: Mapping[str, str], expand: Expander, entries_ok: Entries) -> Config:
     spath = str(path)
-    data = _read_toml(path)
+    for key in data:
+        if key not in _TOML_TOP_KEYS:
+            raise unknown_key(spath, "", key, _TOML_TOP_KEYS)
     top = {section: _policy_table(data.get(section, {}), spath, section) for section in POLICY_SECTIONS}
     defaults = {section: _layered(section, top[section], spath, environ) for section in POLICY_SECTIONS}
     specs, notes = _servers_file_specs(path, data.get("servers_file"), defaults, expand, entries_ok)
@@ -559,20 +354,19 @@ def load_config_for_server(
     of the config and returned as its error (file, key, fix), to be shown as a warning, instead of refusing the
     whole file. The file itself, its global sections and the named server's entry must be valid as for `serve`.
     """
-    entries_ok = _Entries(only=name)
+    entries_ok = Entries(only=name)
     config = _load(Path(path), os.environ if environ is None else environ, strict=True, entries_ok=entries_ok)[0]
     return config, entries_ok.broken
 
 
-def _load(
-    p: Path, env: Mapping[str, str], *, strict: bool, entries_ok: _Entries = _STRICT
-) -> tuple[Config, list[tuple[str, str]]]:
+def _load(p: Path, env: Mapping[str, str], *, strict: bool, entries_ok: Entries = STRICT) -> tuple[Config, list[tuple[str, str]]]:
     expand = Expander(env, str(p), strict=strict)
-    if p.suffix == ".toml":
-        config = _load_toml(p, env, expand, entries_ok)
-    else:
+    data = _read_toml(p) if p.suffix == ".toml" else None
+    if data is not None and CODEX_TOP not in data:
+        config = _load_toml(p, data, env, expand, entries_ok)
+    else:  # a client's file: mcpServers JSON, or Codex's config.toml
         defaults = {section: build_policy(cls, [env_layer(cls, env)]) for section, cls in POLICY_SECTIONS.items()}
-        specs, notes = _servers_from_json(p, defaults, expand, entries_ok)
+        specs, notes = _servers_from_file(p, defaults, expand, entries_ok)
         config = Config(servers=tuple(specs), **defaults, **_global_policies({}, None, env), path=str(p), notes=tuple(notes))
     template = config.gateway.tool_name_template
     try:

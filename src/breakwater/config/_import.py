@@ -1,9 +1,11 @@
 """`breakwater config import`: move an agent's mcpServers behind breakwater in one step.
 
 Given the file an agent reads today (Claude Code's `.mcp.json`, Cursor's `mcp.json`, Claude
-Desktop's config, VS Code's `mcp.json`), it writes, beside it:
+Desktop's config, VS Code's `mcp.json`, Gemini CLI's `settings.json`, Codex's `config.toml`), it
+writes, beside it:
 
-* `breakwater.servers.json` — the servers, exactly as they were;
+* `breakwater.servers.json` — the servers, exactly as they were (`breakwater.servers.toml` for
+  Codex's, `_import_codex.py`; Gemini CLI's `mcp.allowed` and `mcp.excluded` go with them);
 * `breakwater.toml` — breakwater's config, pointing at that file, with the policy knobs to tune;
 * the one-entry file the agent should use instead, which launches `breakwater serve`.
 
@@ -22,8 +24,9 @@ from typing import Any
 
 from breakwater.config import Config, _jsonc
 from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX
-from breakwater.config._dialect import SIGN_IN_KEYS, SKIPPED_TYPES
+from breakwater.config._dialect import SIGN_IN_KEYS, skipped_entry
 from breakwater.config._files import load_config_lenient
+from breakwater.config._import_codex import SERVERS_TOML, codex_files
 from breakwater.errors import ConfigError
 
 __all__ = ["import_main", "import_notes", "plan_import"]
@@ -60,14 +63,11 @@ def _breakwater_command() -> list[str]:
     return [sys.executable, "-m", "breakwater"]
 
 
-def import_notes(config: Config, raw: dict[str, Any], missing: list[tuple[str, str]]) -> list[str]:
+def import_notes(config: Config, missing: list[tuple[str, str]]) -> list[str]:
     """What the user must still do: sign in to OAuth servers, set the variables this shell lacks."""
-    top = "mcpServers" if "mcpServers" in raw else "servers"
-    entries = raw.get(top, {})
     notes = []
     for spec in config.servers:
-        entry = entries.get(spec.name, {})
-        if isinstance(entry, dict) and SIGN_IN_KEYS & set(entry):
+        if spec.oauth is not None or any(note.startswith(tuple(SIGN_IN_KEYS)) for note in spec.notes):
             notes.append(f"{spec.name} signs in with OAuth: run `breakwater auth login {spec.name}` once")
     for variable in sorted({var for _, var in missing}):
         keys = ", ".join(key for key, var in missing if var == variable)
@@ -87,6 +87,33 @@ def _plan(source: Path) -> tuple[dict[Path, str], list[str]]:
     # A broken file is reported here, with file, key and fix. Variables are checked, not expanded:
     # the servers file keeps every ${VAR} (and every oauth object) exactly as written.
     config, missing = load_config_lenient(source)
+    folder = source.parent
+    toml_path = (folder / TOML_FILE).resolve()
+    command = [*_breakwater_command(), "serve", "--config", str(toml_path)]
+    if source.suffix == ".toml":  # Codex's config.toml (load_config refused any other TOML file)
+        servers_text, agent_text, kept = codex_files(source, config, command, GATEWAY_NAME)
+        servers_name = SERVERS_TOML
+    else:
+        servers_text, agent_text, kept = _json_files(source, command)
+        servers_name = SERVERS_FILE
+    files = {
+        folder / servers_name: servers_text,
+        folder / TOML_FILE: TOML_TEMPLATE.format(
+            source=source.name,
+            servers=servers_name,
+            agent_prefix=AGENT_PREFIX,
+            api_max=DEFAULT_TOOL_NAME_MAX,
+            name_max=DEFAULT_TOOL_NAME_MAX - len(AGENT_PREFIX),
+        ),
+        source: agent_text,
+    }
+    left = [f"{name} stays in the agent's file: {skipped_entry(entry)}" for name, entry in kept.items()]
+    # The file's other keys stay with the agent, so config.notes (about breakwater reading them) do not apply.
+    return files, [*import_notes(config, missing), *left, *_entry_notes(config)]
+
+
+def _json_files(source: Path, command: list[str]) -> tuple[str, str, dict[str, Any]]:
+    """(the servers file's text, the agent's new file, the entries that stay with the agent) for an mcpServers file."""
     raw: dict[str, Any] = json.loads(_jsonc.strip(source.read_text(encoding="utf-8-sig")))
     top = "mcpServers" if "mcpServers" in raw else "servers"
     if GATEWAY_NAME in raw.get(top, {}):
@@ -96,35 +123,25 @@ def _plan(source: Path) -> tuple[dict[Path, str], list[str]]:
             key=f"{top}.{GATEWAY_NAME}",
             fix="this file may already go through breakwater; rename that server to import it",
         )
-    folder = source.parent
-    toml_path = (folder / TOML_FILE).resolve()
-    command = _breakwater_command()
-    gateway_entry: dict[str, Any] = {"command": command[0], "args": [*command[1:], "serve", "--config", str(toml_path)]}
+    gateway_entry: dict[str, Any] = {"command": command[0], "args": command[1:]}
     if top == "servers":
         gateway_entry = {"type": "stdio", **gateway_entry}
     # Entries breakwater cannot connect to (WebSocket, Claude Code's IDE links) stay with the agent.
     served = {name: entry for name, entry in raw[top].items() if not _skipped(entry)}
     kept = {name: entry for name, entry in raw[top].items() if _skipped(entry)}
     agent_file = {key: value for key, value in raw.items() if key not in (top,)} | {top: {GATEWAY_NAME: gateway_entry, **kept}}
-    servers_file = {top: served}
-    files = {
-        folder / SERVERS_FILE: json.dumps(servers_file, indent=2) + "\n",
-        folder / TOML_FILE: TOML_TEMPLATE.format(
-            source=source.name,
-            servers=SERVERS_FILE,
-            agent_prefix=AGENT_PREFIX,
-            api_max=DEFAULT_TOOL_NAME_MAX,
-            name_max=DEFAULT_TOOL_NAME_MAX - len(AGENT_PREFIX),
-        ),
-        source: json.dumps(agent_file, indent=2) + "\n",
-    }
-    left = [f"{name} stays in the agent's file: breakwater cannot connect to it ({raw[top][name]['type']!r})" for name in kept]
-    # The file's other keys stay with the agent, so config.notes (about breakwater reading them) do not apply.
-    return files, [*import_notes(config, raw, missing), *left, *_entry_notes(config)]
+    servers_file: dict[str, Any] = {top: served}
+    mcp = raw.get("mcp")
+    if isinstance(mcp, dict) and {"allowed", "excluded"} & mcp.keys():
+        # Gemini CLI's lists of servers to start now name breakwater's servers: they go with them, and the agent,
+        # which starts only breakwater, keeps the rest of its `mcp` settings.
+        servers_file = {"mcp": {k: v for k, v in mcp.items() if k in ("allowed", "excluded")}, **servers_file}
+        agent_file["mcp"] = {k: v for k, v in mcp.items() if k not in ("allowed", "excluded")}
+    return json.dumps(servers_file, indent=2) + "\n", json.dumps(agent_file, indent=2) + "\n", kept
 
 
 def _skipped(entry: Any) -> bool:
-    return isinstance(entry, dict) and isinstance(entry.get("type"), str) and entry["type"] in SKIPPED_TYPES
+    return skipped_entry(entry) is not None
 
 
 def _entry_notes(config: Config) -> list[str]:
@@ -137,7 +154,11 @@ def import_main(argv: list[str]) -> int:
         prog="breakwater config import",
         description="Turn an mcpServers file into a breakwater config plus the one-entry file your agent should use.",
     )
-    parser.add_argument("path", type=Path, help="the agent's mcpServers file (.mcp.json, mcp.json, claude_desktop_config.json)")
+    parser.add_argument(
+        "path",
+        type=Path,
+        help="the agent's file (.mcp.json, mcp.json, claude_desktop_config.json, .gemini/settings.json, .codex/config.toml)",
+    )
     parser.add_argument(
         "--replace", action="store_true", help="replace PATH with the one-entry file (the original is kept as PATH.bak)"
     )
@@ -172,5 +193,5 @@ def import_main(argv: list[str]) -> int:
         print(agent_text, end="")
     for note in notes:
         print(f"note: {note}")
-    print(f"check it with: breakwater status --config {next(p for p in files if p.suffix == '.toml')}")
+    print(f"check it with: breakwater status --config {source.parent / TOML_FILE}")
     return 0

@@ -25,7 +25,7 @@ from breakwater.config._policies import (
     TelemetryPolicy,
 )
 
-__all__ = ["Config", "OAuthSettings", "ServerSpec", "ToolSettings", "Transport", "all_knobs"]
+__all__ = ["Config", "OAuthSettings", "ServerSpec", "ToolFilter", "ToolSettings", "Transport", "all_knobs"]
 
 Transport = Literal["stdio", "http", "sse"]
 
@@ -97,6 +97,36 @@ class ToolSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ToolFilter:
+    """Which of a server's listed tools the entry serves: an allow-list and a deny-list, named by the keys written.
+
+    Cline's, Roo's and Windsurf's `disabledTools`, Gemini CLI's `includeTools` and `excludeTools`, Codex's
+    `enabled_tools` and `disabled_tools`. The deny-list wins over the allow-list, as in both of those clients.
+    """
+
+    #: The allow-list; None serves every tool the deny-list leaves.
+    only: frozenset[str] | None = None
+    only_key: str = "includeTools"
+    without: frozenset[str] = frozenset()
+    without_key: str = "disabledTools"
+
+    def left_out(self, tool: str) -> str | None:
+        """Why `tool` is left out of the list, or None when it is served."""
+        if tool in self.without:
+            return f"disabled in the config ({self.without_key})"
+        if self.only is not None and tool not in self.only:
+            return f"not among the config's {self.only_key}"
+        return None
+
+    def describe(self) -> dict[str, list[str]]:
+        """The lists as written (key -> sorted names), for `config check`."""
+        out = {self.without_key: sorted(self.without)} if self.without else {}
+        if self.only is not None:
+            out[self.only_key] = sorted(self.only)
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
 class ServerSpec:
     """One upstream MCP server as configured.
 
@@ -141,8 +171,8 @@ class ServerSpec:
     #: The entry names no `type`: its `url` is taken for streamable HTTP and, if the server answers the
     #: handshake's POST 404 or 405, tried over the legacy SSE transport (the spec's backwards compatibility).
     transport_guessed: bool = False
-    #: Tools the entry's `disabledTools` (Cline, Roo, Windsurf) names: left out of the list, named in `status`.
-    disabled_tools: frozenset[str] = frozenset()
+    #: The tools the entry leaves out of the list (`disabledTools`, `includeTools`, ...), named with why in `status`.
+    tool_filter: ToolFilter = field(default_factory=ToolFilter)
 
     @property
     def default_timeout_source(self) -> str:
@@ -181,8 +211,7 @@ class ServerSpec:
                 out["oauth"] = self.oauth.describe()
             if self.headers_helper:
                 out["headersHelper"] = redact(self.headers_helper)
-        if self.disabled_tools:
-            out["disabledTools"] = sorted(self.disabled_tools)
+        out.update(self.tool_filter.describe())
         if self.notes:
             out["notes"] = list(self.notes)
         return out

@@ -3,7 +3,9 @@
 Claude Code's keys: `clientId` (a client registered ahead of time, for servers without dynamic
 registration), `callbackPort` (the redirect is `http://localhost:PORT/callback`),
 `authServerMetadataUrl` (skips discovery) and `scopes` (one space-separated string that pins what is
-asked for). Claude Code keeps the client secret in the keychain; breakwater takes it from
+asked for). Gemini CLI's object is read too: `enabled` (false: no sign-in), `scopes` as a list, and
+the endpoints it may name (`authorizationUrl`, `tokenUrl`, ...) are left to discovery, with a note.
+Claude Code keeps the client secret in the keychain; breakwater takes it from
 `clientSecret` (write `"${VAR}"` to keep it out of the file) or from `MCP_CLIENT_SECRET` at sign-in,
 which stores it with the tokens.
 
@@ -22,6 +24,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from breakwater.config._dialect import GEMINI_OAUTH_KEYS
 from breakwater.config._model import OAuthSettings
 from breakwater.errors import ConfigError
 
@@ -37,7 +40,7 @@ _STRING_KEYS = {
     "signingAlgorithm": "signing_algorithm",
     "issuer": "issuer",
 }
-OAUTH_KEYS = frozenset({*_STRING_KEYS, "callbackPort", "grantType", "privateKeyFile"})
+OAUTH_KEYS = frozenset({*_STRING_KEYS, "callbackPort", "grantType", "privateKeyFile", "enabled"})
 _GRANTS = ("authorization_code", "client_credentials")
 
 
@@ -45,13 +48,24 @@ def _fail(message: str, path: str, key: str, fix: str) -> ConfigError:
     return ConfigError(message, path=path, key=key, fix=fix)
 
 
-def parse_oauth(value: Any, *, path: str, where: str) -> OAuthSettings:
-    """Validate `where.oauth`; every error names the key and the fix."""
+def parse_oauth(value: Any, *, path: str, where: str) -> OAuthSettings | None:
+    """Validate `where.oauth`; every error names the key and the fix. None: Gemini CLI's `"enabled": false`."""
     key = f"{where}.oauth"
     if not isinstance(value, dict):
         raise _fail("expected an object", path, key, 'write "oauth": {"clientId": "...", "callbackPort": 8080}')
     fields: dict[str, Any] = {}
     for name, raw in value.items():
+        if name in GEMINI_OAUTH_KEYS:
+            continue  # noted by `entry_notes`: endpoints breakwater discovers
+        if name == "enabled":
+            if not isinstance(raw, bool):
+                raise _fail("expected true or false", path, f"{key}.{name}", '"enabled": true')
+            if not raw:
+                return None
+            continue
+        if name == "scopes" and isinstance(raw, list) and raw and all(isinstance(s, str) and s.strip() for s in raw):
+            fields["scopes"] = " ".join(raw)  # Gemini CLI writes a list
+            continue
         if name not in OAUTH_KEYS:
             close = difflib.get_close_matches(name, sorted(OAUTH_KEYS), n=1)
             fix = f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(sorted(OAUTH_KEYS))}"

@@ -22,20 +22,17 @@ from mcp_types import methods as sdk_methods
 from pydantic import ValidationError
 
 from breakwater._wire import non_finite_path
+from breakwater.config import ToolFilter
 from breakwater.status import RejectedTool
 
-__all__ = ["DISABLED", "list_all_tools"]
+__all__ = ["list_all_tools"]
 
 _REASON_CHARS = 200  # of one rejected tool's reason
 _DUPLICATE = "listed twice: this second definition is left out, the first one is served"
 
 
-#: Why a tool the entry's `disabledTools` names is left out.
-DISABLED = "disabled in the config (disabledTools)"
-
-
-async def list_all_tools(client: Client, disabled: frozenset[str] = frozenset()) -> tuple[list[types.Tool], list[RejectedTool]]:
-    """Every valid tool of every page, and the listed tools left out: for an invalid definition, or named in `disabled`."""
+async def list_all_tools(client: Client, served: ToolFilter | None = None) -> tuple[list[types.Tool], list[RejectedTool]]:
+    """Every valid tool of every page, and the listed tools left out: for an invalid definition, or by the entry's `served`."""
     tools: list[types.Tool] = []
     rejected: list[RejectedTool] = []
     cursor: str | None = None
@@ -51,8 +48,15 @@ async def list_all_tools(client: Client, disabled: frozenset[str] = frozenset())
         cursor = page.next_cursor
         if not cursor:
             tools, rejected = _without_duplicates(*_finite_only(tools, rejected))
-            rejected.extend(RejectedTool(name=t.name, reason=DISABLED) for t in tools if t.name in disabled)
-            return [t for t in tools if t.name not in disabled], rejected
+            if served is None:
+                return tools, rejected
+            kept = []
+            for tool in tools:
+                if (reason := served.left_out(tool.name)) is None:
+                    kept.append(tool)
+                else:
+                    rejected.append(RejectedTool(name=tool.name, reason=reason))
+            return kept, rejected
 
 
 def _finite_only(tools: list[types.Tool], rejected: list[RejectedTool]) -> tuple[list[types.Tool], list[RejectedTool]]:

@@ -319,7 +319,7 @@ class Upstream:
                         # capabilities, which would hide the server's prompts and resources: ask.
                         raw = await client.session.send_discover("2026-07-28")
                         client.session.adopt(types.DiscoverResult.model_validate(raw))
-                    tools, self.rejected_tools = await list_all_tools(client, self.spec.disabled_tools)
+                    tools, self.rejected_tools = await list_all_tools(client, self.spec.tool_filter)
                     # Connected: lift the attempt deadline for the life of the connection, and give
                     # the admission slot back now, not when the connection ends.
                     scope.deadline = math.inf
@@ -469,7 +469,7 @@ class Upstream:
             deadline = self._clock.monotonic() + self.spec.connect.attempt_timeout_s
             try:
                 with self._clock.deadline_scope(deadline) as scope:
-                    tools, rejected = await list_all_tools(client, self.spec.disabled_tools)
+                    tools, rejected = await list_all_tools(client, self.spec.tool_filter)
             except Exception as exc:
                 self.error = ErrorInfo(code=Reason.UNHEALTHY, message=f"{why} failed: {describe(exc)}")
                 self._drop()

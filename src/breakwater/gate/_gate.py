@@ -523,7 +523,7 @@ class CallGate:
 
 
 def _unknown_tool(srv: ServerRecord, tool: str) -> UnknownToolError:
-    """No such tool on `srv`; or one it lists that is left out (an invalid definition, `disabledTools`), and why."""
+    """No such tool on `srv`; or one it lists that is left out (an invalid definition, the entry's tool filter), and why."""
     detail: dict[str, Any] = {"tools": sorted(srv.tools)[:_MAX_LISTED_TOOLS]}
     why = next((t.reason for t in srv.upstream.rejected_tools if t.name == tool), None)
     if why is None:

@@ -1,0 +1,275 @@
+"""One server entry, in the dialect of any client that writes one, into the fields of a `ServerSpec`.
+
+The keys each client writes are listed in `_dialect.py`; this module validates an entry's values and
+says, for a bad one, the file, the key as written and the fix. The files around the entries (JSON,
+breakwater.toml, Codex's config.toml) are read in `_files.py` and `_codex.py`. May import the core
+leaves and the rest of `config` only.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from breakwater._wire import json_kind
+from breakwater.config._checks import check_header, check_text, check_url
+from breakwater.config._dialect import (
+    IGNORED_ENTRY_KEYS,
+    SIGN_IN_KEYS,
+    TRANSPORT_KEYS,
+    URL_KEYS,
+    USED_ENTRY_KEYS,
+    bare_reference_notes,
+    entry_notes,
+    entry_transport,
+    entry_url_key,
+    read_env_file,
+)
+from breakwater.config._expand import Expander, has_reference
+from breakwater.config._model import ToolFilter, Transport
+from breakwater.config._oauth import parse_oauth
+from breakwater.errors import ConfigError
+
+__all__ = ["STRICT", "Entries", "fail", "flag", "parse_entry", "required_text", "str_map", "tool_filter", "unknown_key"]
+
+# Every key a client writes in an entry is known: used, kept for sign-in, or ignored with a note.
+_ENTRY_KEYS = USED_ENTRY_KEYS | SIGN_IN_KEYS | frozenset(IGNORED_ENTRY_KEYS)
+
+
+def fail(message: str, path: str, key: str, fix: str) -> ConfigError:
+    return ConfigError(message, path=path, key=key, fix=fix)
+
+
+def required_text(entry: Mapping[str, Any], path: str, where: str, key: str, missing: str, example: str) -> str:
+    """`entry[key]`, a non-blank string; else an error that says which of absent, not a string or blank it is."""
+    if key not in entry:
+        raise fail(missing, path, f"{where}.{key}", f'add "{key}": "{example}"')
+    value = entry[key]
+    if not isinstance(value, str):
+        raise fail(f"expected a string, got {json_kind(value)}", path, f"{where}.{key}", f'write "{key}": "{example}"')
+    if not value.strip():
+        raise fail(f"{key} is empty", path, f"{where}.{key}", f'write "{key}": "{example}"')
+    return value
+
+
+def unknown_key(path: str, where: str, key: str, known: frozenset[str]) -> ConfigError:
+    close = difflib.get_close_matches(key, sorted(known), n=1)
+    fix = f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(sorted(known))}"
+    return fail("unknown key", path, f"{where}.{key}" if where else key, fix)
+
+
+def str_map(value: Any, path: str, key: str, expand: Expander, where: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise fail("expected a table of strings", path, key, f'write {key} as {{"NAME": "value"}}')
+    out: dict[str, str] = {}
+    for k, v in value.items():
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise fail("expected a string value", path, f"{key}.{k}", "quote the value")
+        # Values only: Claude Code expands no names.
+        out[k] = expand(str(v), where=where, key=f"{key}.{k}", secret=True)
+        if key.endswith("headers"):  # `headers`, or Codex's `http_headers`
+            check_header(k, out[k], path=path, key=f"{key}.{k}")
+        else:
+            if not k or "=" in k:
+                raise fail(f"invalid environment variable name {k!r}", path, f"{key}.{k}", "use letters, digits and _")
+            check_text(k, path=path, key=f"{key}.{k}", what="name", strict=True)
+            check_text(out[k], path=path, key=f"{key}.{k}", secret=True)
+    return out
+
+
+# ---- one server entry (mcpServers JSON or [servers.NAME]) ---------------------------------------
+
+
+def parse_entry(
+    entry: Any,
+    *,
+    path: str,
+    where: str,
+    expand: Expander,
+    extra_keys: frozenset[str] = frozenset(),
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Validate one server entry; returns (connection fields, the rest for the caller)."""
+    if not isinstance(entry, dict):
+        raise fail("expected an object describing the server", path, where, 'e.g. {"command": "npx", "args": [...]}')
+    rest: dict[str, Any] = {}
+    for key, value in entry.items():
+        if key in extra_keys:
+            rest[key] = value
+        elif key not in _ENTRY_KEYS:
+            raise unknown_key(path, where, key, USED_ENTRY_KEYS | extra_keys)
+    transport = entry_transport(entry, path, where)
+    fields: dict[str, Any] = {"transport": transport}
+    if transport == "stdio":
+        fields.update(_stdio_fields(entry, path, where, expand))
+    else:
+        fields.update(_http_fields(entry, transport, path, where, expand))
+    fields["enabled"] = _entry_enabled(entry, path, where)
+    if "shared" in entry:
+        fields["shared"] = flag(entry["shared"], path, f"{where}.shared", '"shared": true')
+    notes = entry_notes(where.rsplit(".", 1)[-1], entry)
+    fields["notes"] = tuple(notes if expand.bare else [*notes, *bare_reference_notes(entry)])
+    fields["transport_guessed"] = transport == "http" and not any(k in entry for k in (*TRANSPORT_KEYS, "httpUrl"))
+    fields["tool_filter"] = tool_filter(entry, path, where, deny=_DENY_KEYS, allow=_ALLOW_KEYS)
+    fields["expanded_secrets"] = expand.take_secrets(where)
+    return fields, rest
+
+
+#: The keys a tool deny-list and allow-list are written under in JSON files (Cline, Roo, Windsurf; Gemini CLI).
+_DENY_KEYS = ("disabledTools", "excludeTools")
+_ALLOW_KEYS = ("includeTools",)
+
+
+def tool_filter(entry: Mapping[str, Any], path: str, where: str, *, deny: tuple[str, ...], allow: tuple[str, ...]) -> ToolFilter:
+    """The entry's tool lists, under whichever of the `deny` and `allow` keys it wrote (one of each at most)."""
+    lists: list[tuple[str, frozenset[str]] | None] = []
+    for keys in (deny, allow):
+        written = [k for k in keys if k in entry]
+        if len(written) > 1:
+            raise fail(f"both {written[0]} and {written[1]} are set", path, f"{where}.{written[1]}", "keep one list")
+        lists.append((written[0], frozenset(_names(entry[written[0]], path, f"{where}.{written[0]}"))) if written else None)
+    denied, allowed = lists
+    return ToolFilter(
+        without=denied[1] if denied else frozenset(),
+        without_key=denied[0] if denied else deny[0],
+        only=allowed[1] if allowed else None,
+        only_key=allowed[0] if allowed else allow[0],
+    )
+
+
+def _stdio_fields(entry: Mapping[str, Any], path: str, where: str, expand: Expander) -> dict[str, Any]:
+    command = required_text(entry, path, where, "command", "a stdio server needs a command", "the-program")
+    command = expand(command, where=where, key=f"{where}.command")
+    check_text(command, path=path, key=f"{where}.command", what="command", strict=True)
+    # `~/bin/server` as a shell would run it; a bare name stays a name, looked up on PATH at spawn.
+    # Arguments are passed exactly as written: no shell runs in between (a command line written into
+    # `command` alone is split into words at spawn, as Cursor does: `_dialect.command_words`).
+    fields: dict[str, Any] = {"command": os.path.expanduser(command) if command.startswith("~") else command}
+    args = entry.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in args):
+        raise fail("expected a list of strings", path, f"{where}.args", 'write "args": ["--flag", "value"]')
+    fields["args"] = tuple(expand(str(a), where=where, key=f"{where}.args[{i}]") for i, a in enumerate(args))
+    for i, arg in enumerate(fields["args"]):
+        check_text(arg, path=path, key=f"{where}.args[{i}]", what="argument")
+    env = _env_file(entry, path, where, expand)
+    if "env" in entry:
+        # The entry's own env wins over its envFile, as in VS Code.
+        env.update(str_map(entry["env"], path, f"{where}.env", expand, where))
+    if env:
+        fields["env"] = env
+    cwd = entry.get("cwd")
+    if cwd is not None:
+        if not isinstance(cwd, str):
+            raise fail("expected a directory path", path, f"{where}.cwd", 'write "cwd": "/some/dir"')
+        cwd = expand(cwd, where=where, key=f"{where}.cwd")
+        check_text(cwd, path=path, key=f"{where}.cwd", what="directory", strict=True)
+        base = Path(path).parent if path else Path.cwd()
+        resolved = (base / os.path.expanduser(cwd)).resolve()
+        if not resolved.is_dir() and not (has_reference(cwd) and not expand.strict):
+            raise fail(f"the directory {str(resolved)!r} does not exist", path, f"{where}.cwd", "create it or fix the path")
+        fields["cwd"] = str(resolved)
+    for key in (*URL_KEYS, "headersHelper"):
+        if key in entry:
+            raise fail(f"a stdio server has no {key}", path, f"{where}.{key}", f'remove "{key}" or set "type": "http"')
+    return fields
+
+
+def _env_file(entry: Mapping[str, Any], path: str, where: str, expand: Expander) -> dict[str, str]:
+    raw = entry.get("envFile")
+    if raw is None:
+        return {}
+    key = f"{where}.envFile"
+    if not isinstance(raw, str) or not raw.strip():
+        raise fail("expected a file path", path, key, 'write "envFile": "${workspaceFolder}/.env"')
+    name = expand(raw, where=where, key=key)
+    if has_reference(name) and not expand.strict:
+        return {}
+    file = Path(os.path.expanduser(name))
+    if not file.is_absolute():
+        file = (Path(path).parent if path else Path.cwd()) / file
+    values = read_env_file(file, config_path=path, key=key)
+    for k, v in values.items():
+        check_text(v, path=path, key=f"{key}.{k}", secret=True)
+    return values
+
+
+def _http_fields(entry: Mapping[str, Any], transport: Transport, path: str, where: str, expand: Expander) -> dict[str, Any]:
+    example = "http://127.0.0.1:8000/mcp"
+    url_key = entry_url_key(entry, path, where)
+    url = required_text(entry, path, where, url_key, "an HTTP server needs an http(s) url", example)
+    url = expand(url, where=where, key=f"{where}.{url_key}")
+    lenient = has_reference(url) and not expand.strict
+    if not lenient:
+        if not url.startswith(("http://", "https://")):
+            # Only the scheme is repeated: the rest of a URL may carry a token.
+            scheme = url.partition("://")[0] if "://" in url else ""
+            said = (
+                f"the url's scheme is {scheme!r}, not http or https"
+                if scheme.isalpha()
+                else "the url does not start with http:// or https://"
+            )
+            raise fail(said, path, f"{where}.{url_key}", f'write "{url_key}": "{example}" (or https://)')
+        check_url(url, path=path, key=f"{where}.{url_key}")
+    fields: dict[str, Any] = {"url": url}
+    if "headers" in entry:
+        fields["headers"] = str_map(entry["headers"], path, f"{where}.headers", expand, where)
+    helper = entry.get("headersHelper")
+    if helper is not None:
+        if not isinstance(helper, str) or not helper.strip():
+            raise fail("expected a command", path, f"{where}.headersHelper", 'write "headersHelper": "/path/to/get-headers.sh"')
+        check_text(helper, path=path, key=f"{where}.headersHelper", what="command", strict=True)
+        fields["headers_helper"] = helper
+    if "oauth" in entry and (oauth := parse_oauth(entry["oauth"], path=path, where=where)) is not None:
+        fields["oauth"] = oauth
+    for key in ("command", "envFile"):
+        if key in entry:
+            raise fail(f"an {transport} server has no {key}", path, f"{where}.{key}", f'remove "{key}" or the url')
+    return fields
+
+
+def _names(value: Any, path: str, key: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise fail("expected a list of tool names", path, key, f'write "{key.rsplit(".", 1)[-1]}": ["tool_name"]')
+    # `gemini mcp add --include-tools a,b` writes ["a,b"]; no tool name holds a comma (the spec's A-Z a-z 0-9 _ - .).
+    return [name.strip() for v in value for name in v.split(",") if name.strip()]
+
+
+def _entry_enabled(entry: Mapping[str, Any], path: str, where: str) -> bool:
+    # JSON clients write "disabled": true; breakwater.toml writes enabled = false. The last one set wins.
+    enabled = True
+    if "disabled" in entry:
+        enabled = not flag(entry["disabled"], path, f"{where}.disabled", '"disabled": true')
+    if "enabled" in entry:
+        enabled = flag(entry["enabled"], path, f"{where}.enabled", "enabled = false")
+    return enabled
+
+
+def flag(value: Any, path: str, key: str, fix: str) -> bool:
+    if not isinstance(value, bool):
+        raise fail("expected true or false", path, key, fix)
+    return value
+
+
+@dataclass
+class Entries:
+    """Which server entries may be broken without refusing the file: all but `only`'s, when set (their errors kept)."""
+
+    only: str | None = None
+    broken: list[ConfigError] = field(default_factory=list)
+
+    @contextmanager
+    def tolerated(self, name: str) -> Iterator[None]:
+        """Around the reading of entry `name`: its ConfigError is kept in `broken` when another server is the one."""
+        try:
+            yield
+        except ConfigError as exc:
+            if self.only is None or name == self.only:
+                raise
+            self.broken.append(exc)
+
+
+STRICT = Entries()

@@ -1,0 +1,128 @@
+"""`breakwater config import` for Codex's `config.toml`: its `[mcp_servers.*]` move behind breakwater.
+
+The servers are written, as they were, to `breakwater.servers.toml` (a Codex-shaped file that
+`servers_file` reads); the agent's side is Codex's own file with every `[mcp_servers.*]` table taken
+out and one `[mcp_servers.breakwater]` put in. breakwater writes TOML without a TOML library (the
+standard library only reads it), so the agent's file is edited as text, table by table, and the edit
+is kept only when reading it back gives the original's every other setting unchanged and exactly the
+one server: anything the text edit cannot be sure of (a server written as dotted keys on another
+table's lines) is refused, with the lines to change by hand. May import the core leaves and the rest
+of `config` only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from breakwater.config._codex import CODEX_TOP
+from breakwater.config._dialect import skipped_entry
+from breakwater.config._model import Config
+from breakwater.errors import ConfigError
+
+__all__ = ["SERVERS_TOML", "codex_files"]
+
+SERVERS_TOML = "breakwater.servers.toml"
+_HEADER = re.compile(r"^\s*\[\[?\s*(?P<name>[^\]]*?)\s*\]\]?\s*(#.*)?$")
+#: Floor of the agent's wait for one breakwater call: Codex's own default (60 s) would cut a call breakwater
+#: still governs (its own timeouts, progress, retries).
+_MIN_TOOL_TIMEOUT_S = 60
+
+
+def codex_files(
+    source: Path, config: Config, gateway_command: list[str], gateway_name: str
+) -> tuple[str, str, dict[str, dict[str, Any]]]:
+    """(the servers file's text, the agent's new config.toml, the entries that stay with the agent)."""
+    text = source.read_text(encoding="utf-8-sig")
+    data = tomllib.loads(text)
+    tables: dict[str, Any] = data[CODEX_TOP]
+    if gateway_name in tables:
+        raise ConfigError(
+            f"a server is already called {gateway_name!r}",
+            path=str(source),
+            key=f"{CODEX_TOP}.{gateway_name}",
+            fix="this file may already go through breakwater; rename that server to import it",
+        )
+    kept = {name: table for name, table in tables.items() if skipped_entry(table) is not None}
+    served = {name: table for name, table in tables.items() if name not in kept}
+    servers_text = f"# The servers of {source.name}, as they were; breakwater.toml reads them (servers_file).\n\n"
+    servers_text += "\n".join(_tables(f"{CODEX_TOP}.{_key(name)}", table) for name, table in served.items())
+    longest = max((s.call.max_s * s.retry.max_attempts for s in config.servers), default=_MIN_TOOL_TIMEOUT_S)
+    entry = {
+        "command": gateway_command[0],
+        "args": gateway_command[1:],
+        "tool_timeout_sec": max(_MIN_TOOL_TIMEOUT_S, int(longest) + 10),
+    }
+    agent_text = _without_servers(text) + "\n" + _tables(f"{CODEX_TOP}.{gateway_name}", entry)
+    for name, table in kept.items():
+        agent_text += "\n" + _tables(f"{CODEX_TOP}.{_key(name)}", table)
+    _check_agent_file(agent_text, data, {gateway_name: entry, **kept}, source)
+    return servers_text, agent_text, kept
+
+
+def _key(name: str) -> str:
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_key(k)} = {_value(v)}" for k, v in value.items()) + " }"
+    return json.dumps(str(value), ensure_ascii=False)  # a JSON string is a TOML basic string
+
+
+def _tables(header: str, table: dict[str, Any]) -> str:
+    """`[header]` with the table's values, then its sub-tables as tables of their own."""
+    lines = [f"[{header}]"] + [f"{_key(k)} = {_value(v)}" for k, v in table.items() if not isinstance(v, dict)]
+    out = "\n".join(lines) + "\n"
+    for k, v in table.items():
+        if isinstance(v, dict):
+            out += "\n" + _tables(f"{header}.{_key(k)}", v)
+    return out
+
+
+def _without_servers(text: str) -> str:
+    """The text without its `[mcp_servers...]` tables (each from its header to the next header); the comments just
+    above a header that stays stay with it."""
+    out: list[str] = []
+    above: list[str] = []  # comment and blank lines at the end of a table taken out
+    skipping = False
+    for line in text.splitlines(keepends=True):
+        header = _HEADER.match(line)
+        if header:
+            skipping = header["name"].split(".")[0].strip().strip("\"'") == CODEX_TOP
+            if not skipping:
+                out += above
+            above = []
+        if not skipping:
+            out.append(line)
+        elif not line.strip() or line.lstrip().startswith("#"):
+            above.append(line)
+        else:
+            above = []
+    return "".join(out).rstrip() + "\n"
+
+
+def _check_agent_file(agent_text: str, original: dict[str, Any], servers: dict[str, Any], source: Path) -> None:
+    """The agent's new file says what the original said, but for its servers, which are exactly `servers`."""
+    try:
+        written = tomllib.loads(agent_text)
+    except tomllib.TOMLDecodeError as exc:
+        written = {"unreadable": str(exc)}
+    rest = {k: v for k, v in original.items() if k != CODEX_TOP}
+    if {k: v for k, v in written.items() if k != CODEX_TOP} != rest or written.get(CODEX_TOP) != servers:
+        raise ConfigError(
+            f"{CODEX_TOP} are written in a way breakwater cannot take out of the file as text",
+            path=str(source),
+            key=CODEX_TOP,
+            fix=f"write each server as its own [{CODEX_TOP}.NAME] table, or move them by hand: breakwater.toml can read"
+            f" this file as it is (servers_file = {str(source)!r}) once the agent's copy lists only breakwater",
+        )
