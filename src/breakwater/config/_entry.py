@@ -112,7 +112,8 @@ def parse_entry(
     if "shared" in entry:
         fields["shared"] = flag(entry["shared"], path, f"{where}.shared", '"shared": true')
     notes = entry_notes(where.rsplit(".", 1)[-1], entry)
-    fields["notes"] = tuple(notes if expand.bare else [*notes, *bare_reference_notes(entry)])
+    # `$NAME` is a variable in Gemini CLI's files (`bare`) and nothing in Codex's (`literal`, which has env_vars).
+    fields["notes"] = tuple(notes if expand.bare or expand.literal else [*notes, *bare_reference_notes(entry)])
     fields["transport_guessed"] = transport == "http" and not any(k in entry for k in (*TRANSPORT_KEYS, "httpUrl"))
     fields["tool_filter"] = tool_filter(entry, path, where, deny=_DENY_KEYS, allow=_ALLOW_KEYS)
     fields["expanded_secrets"] = expand.take_secrets(where)
