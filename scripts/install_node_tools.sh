@@ -3,7 +3,7 @@
 # (project-local, never global). Idempotent: a stamp records what was installed; a second run is a no-op.
 #
 #   scripts/install_node_tools.sh            # npm: Node 22, the MCP conformance suite, three reference servers,
-#                                            # the Inspector CLI, Codex and Gemini CLI
+#                                            # the Inspector CLI, Codex, Gemini CLI and Claude Code
 #   scripts/install_node_tools.sh --peers    # also the benchmark peers: npm mcp-proxy, and PyPI mcp-proxy and
 #                                            # fastmcp in their own virtual environments (they pin other SDKs)
 #
@@ -22,9 +22,10 @@ NPM_PACKAGES=(
     "@modelcontextprotocol/server-filesystem@2026.8.31"
     # The MCP Inspector CLI: the one-shot client of the first-minute test.
     "@modelcontextprotocol/inspector@2.12.0"
-    # Two agents whose own config files breakwater reads: their `mcp add` writes the files the tests load.
+    # Agents whose own config files breakwater reads: their `mcp add` writes the files the tests load.
     "@openai/codex@0.171.0"
     "@google/gemini-cli@0.61.0"
+    "@anthropic-ai/claude-code@2.1.197"
 )
 PEER_NPM_PACKAGES=("mcp-proxy@6.7.19")
 PEER_PYPI=("mcp-proxy:mcp-proxy==0.13.0" "fastmcp:fastmcp==4.2.3")

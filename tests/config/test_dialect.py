@@ -176,7 +176,8 @@ def test_every_key_every_client_writes_loads_with_notes(tmp_path: Path) -> None:
     assert config.server("cline").tool_filter.without == {"u"}  # kept: those tools are left out
     assert any("mcpServers.ws skipped" in n and "WebSocket" in n for n in config.notes)
     assert any("mcpServers.ide skipped" in n for n in config.notes)
-    assert any(n.startswith("numStartups, projects ignored") for n in config.notes)
+    assert any(n.startswith("numStartups ignored") for n in config.notes)
+    assert any(n.startswith("projects: none is") for n in config.notes)  # Claude Code's local scope: none for this folder
     # config check prints them, with the oauth object untouched.
     understood = config.server("claude-code").describe()
     assert understood["notes"] == list(notes["claude-code"]) and understood["headersHelper"] == "get-headers.sh"

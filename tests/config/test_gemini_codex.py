@@ -433,3 +433,63 @@ def test_gemini_cli_connects_to_breakwater_after_import(tmp_path: Path) -> None:
     )
     listed = [line for line in (done.stdout + done.stderr).splitlines() if "breakwater" in line]  # it prints to stderr
     assert len(listed) == 1 and "serve --config" in listed[0] and listed[0].endswith("- Connected"), done.stdout + done.stderr
+
+
+# ---- servers a client keeps beside its top-level list ----------------------------------------------
+
+
+def test_claude_codes_local_scope_is_read_for_the_folder_breakwater_runs_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`claude mcp add` (its default, local scope) keeps a server in ~/.claude.json under the project's folder; a
+    session there gets it, and it wins over a user-scope server of the same name."""
+    from conformance.node_tools import node_tools
+
+    tools = node_tools()
+    project = tmp_path / "proj"
+    (project / "sub").mkdir(parents=True)
+    env = dict(tools.env(), HOME=str(tmp_path))
+    claude = str(tools.bin / "claude")
+    subprocess.run(
+        [claude, "mcp", "add", "here", "--", "local-cmd"], cwd=project, env=env, check=True, capture_output=True, timeout=120
+    )
+    subprocess.run(
+        [claude, "mcp", "add", "-s", "user", "everywhere", "--", "user-cmd"],
+        cwd=project,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    subprocess.run(
+        [claude, "mcp", "add", "-s", "user", "here", "--", "shadowed"],
+        cwd=project,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    path = tmp_path / ".claude.json"
+    monkeypatch.chdir(project / "sub")  # a session in a folder of the project
+    config = load_config(path, environ={})
+    assert {s.name: s.command for s in config.servers} == {"everywhere": "user-cmd", "here": "local-cmd"}
+    assert any(n.startswith(f"projects.{project}.mcpServers read") and n.endswith(": here") for n in config.notes)
+    monkeypatch.chdir(tmp_path)  # no project here: the user's servers only, and a note that says why
+    config = load_config(path, environ={})
+    assert {s.name: s.command for s in config.servers} == {"everywhere": "user-cmd", "here": "shadowed"}
+    assert any(n.startswith("projects: none is") for n in config.notes)
+
+
+def test_vs_code_user_settings_with_an_mcp_object_load_and_import(tmp_path: Path) -> None:
+    """VS Code kept servers in settings.json (`"mcp": {"servers": ...}`) before it had mcp.json; both load."""
+    settings = tmp_path / "settings.json"
+    settings.write_text(
+        '{\n  // mine\n  "editor.fontSize": 14,\n  "mcp": {"servers": {"a": {"type": "stdio", "command": "x"}}}\n}\n'
+    )
+    config = load_config(settings, environ={})
+    assert [(s.name, s.command) for s in config.servers] == [("a", "x")] and "editor.fontSize ignored" in config.notes[0]
+    done = _import(settings, "--replace")
+    assert done.returncode == 0, done.stderr
+    agent = json.loads(settings.read_text())
+    assert agent["editor.fontSize"] == 14 and list(agent["mcp"]["servers"]) == ["breakwater"]
+    assert [s.name for s in load_config(tmp_path / "breakwater.toml", environ={}).servers] == ["a"]

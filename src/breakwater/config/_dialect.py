@@ -32,6 +32,7 @@ __all__ = [
     "URL_KEYS",
     "USED_ENTRY_KEYS",
     "bare_reference_notes",
+    "claude_local_servers",
     "command_words",
     "entry_notes",
     "entry_transport",
@@ -39,6 +40,7 @@ __all__ = [
     "gemini_file",
     "gemini_server_lists",
     "read_env_file",
+    "server_table",
     "skipped_entry",
     "top_level_notes",
 ]
@@ -126,6 +128,9 @@ TRANSPORT_KEYS = ("type", "transport", "transportType")
 #: What `type` (or `transport`) the clients write for a streamable HTTP server.
 HTTP_KINDS = frozenset({"http", "streamable-http", "streamable_http", "streamableHttp"})
 
+
+#: The keys of Gemini CLI's top-level `mcp` object (VS Code's user settings hold its servers in an `mcp` object too).
+_GEMINI_MCP_KEYS = frozenset({"allowed", "excluded", "serverCommand"})
 
 #: The keys an entry's address can be written under: `url`, Windsurf's `serverUrl`, Gemini CLI's `httpUrl`.
 URL_KEYS = ("url", "serverUrl", "httpUrl")
@@ -266,7 +271,8 @@ def gemini_file(path: Path, data: Mapping[str, Any], top: str) -> bool:
     `gemini-cli/settings.json`), or a file with a key only Gemini CLI writes (its top-level `mcp` object, an
     entry's `httpUrl`, `includeTools`, `excludeTools`, `trust`, `authProviderType` or `tcp`).
     """
-    if path.parent.name in (".gemini", "gemini-cli") or isinstance(data.get("mcp"), dict):
+    mcp = data.get("mcp")
+    if path.parent.name in (".gemini", "gemini-cli") or (isinstance(mcp, dict) and _GEMINI_MCP_KEYS & mcp.keys()):
         return True
     entries = data.get(top)
     return isinstance(entries, dict) and any(isinstance(e, dict) and _GEMINI_ONLY_KEYS & e.keys() for e in entries.values())
@@ -286,24 +292,55 @@ def gemini_server_lists(data: Mapping[str, Any], path: str) -> tuple[frozenset[s
     return lists[0], lists[1] or frozenset()
 
 
+def server_table(data: Mapping[str, Any]) -> tuple[str, Any] | None:
+    """Where a JSON file keeps its servers: `mcpServers`, VS Code's `servers`, or `mcp.servers` in VS Code's user
+    settings.json (before it had an mcp.json); None when it keeps none."""
+    for top in ("mcpServers", "servers"):
+        if top in data:
+            return top, data[top]
+    mcp = data.get("mcp")
+    if isinstance(mcp, dict) and "servers" in mcp:
+        return "mcp.servers", mcp["servers"]
+    return None
+
+
+def claude_local_servers(data: Mapping[str, Any], cwd: Path) -> tuple[str, Any] | None:
+    """Claude Code's `~/.claude.json`: the project whose servers a session in `cwd` gets, and its `mcpServers`.
+
+    `claude mcp add` keeps a server in `projects[DIR].mcpServers` (its local scope, the default) and Claude Code
+    starts it for sessions in DIR (the git root or the folder it was started in): the nearest DIR at or above `cwd`.
+    """
+    projects = data.get("projects")
+    if not isinstance(projects, dict):
+        return None
+    by_path = {key.replace("\\", "/").rstrip("/") or "/": key for key in projects if isinstance(key, str)}
+    for folder in (cwd, *cwd.parents):
+        key = by_path.get(folder.as_posix().rstrip("/") or "/")
+        if key is not None and isinstance(projects[key], dict):
+            return key, projects[key].get("mcpServers", {})
+    return None
+
+
 def top_level_notes(data: dict[str, object], top: str) -> list[str]:
     """Notes for a file's keys beside the servers (VS Code's `inputs`, Gemini CLI's settings, the rest of `~/.claude.json`)."""
     notes = []
-    other = "servers" if top == "mcpServers" else "mcpServers"
-    if other in data:
-        notes.append(f"{other} ignored: this file's servers are read from {top!r}")
-    if data.get("inputs"):
+    for other in ("mcpServers", "servers"):
+        if other in data and other != top:
+            notes.append(f"{other} ignored: this file's servers are read from {top!r}")
+    mcp = data.get("mcp")
+    inputs = mcp.get("inputs") if top == "mcp.servers" and isinstance(mcp, dict) else data.get("inputs")
+    if inputs:
         notes.append(
             "inputs ignored: VS Code prompts for these when it starts a server, and breakwater runs in the "
             "background with no one to ask; a ${input:...} reference is an error, write ${VAR} and set VAR instead"
         )
-    mcp = data.get("mcp")
-    if isinstance(mcp, dict):
+    if isinstance(mcp, dict) and top != "mcp.servers":
         if "serverCommand" in mcp:
             notes.append("mcp.serverCommand ignored: Gemini CLI's one command for every server; breakwater starts each entry's")
-        if unknown := sorted(set(mcp) - {"allowed", "excluded", "serverCommand"}):
+        if unknown := sorted(set(mcp) - _GEMINI_MCP_KEYS):
             notes.append(f"mcp.{', mcp.'.join(unknown)} ignored: Gemini CLI's own settings")
-    read = {"inputs", "mcp"} if isinstance(mcp, dict) else {"inputs"}
+    # Read elsewhere: VS Code's inputs above, Gemini CLI's (or VS Code's) `mcp`, Claude Code's `projects` (local scope).
+    read = {"inputs", "mcp", "projects"}
     rest = sorted(k for k in data if k not in _TOP_LEVEL_QUIET and k not in read)
     if rest:
         notes.append(f"{', '.join(rest)} ignored: the client's own settings, not servers")

@@ -20,7 +20,14 @@ from breakwater._wire import json_depth
 from breakwater.config import _jsonc
 from breakwater.config._checks import alike_servers, check_server_name, check_template_for_servers
 from breakwater.config._codex import CODEX_TOP, servers_from_codex
-from breakwater.config._dialect import gemini_file, gemini_server_lists, skipped_entry, top_level_notes
+from breakwater.config._dialect import (
+    claude_local_servers,
+    gemini_file,
+    gemini_server_lists,
+    server_table,
+    skipped_entry,
+    top_level_notes,
+)
 from breakwater.config._entry import STRICT, Entries, fail, flag, parse_entry, unknown_key
 from breakwater.config._expand import Expander
 from breakwater.config._knobs import build_policy, env_layer
@@ -121,25 +128,39 @@ def _servers_from_json(
 ) -> tuple[list[ServerSpec], list[str]]:
     """The file's servers, and the notes about it (keys beside the servers, entries skipped)."""
     data = _read_json(path)
-    top = "mcpServers" if "mcpServers" in data else "servers" if "servers" in data else None
-    if top is None:
+    found, local = server_table(data), claude_local_servers(data, Path.cwd())
+    if found is None and local is None:
         raise ConfigError('no "mcpServers" object', path=str(path), key="mcpServers", fix='write {"mcpServers": {"name": {...}}}')
+    top, entries = found or ("mcpServers", {})
     # The rest of the file is the client's own settings (VS Code's "inputs", all of ~/.claude.json).
     notes = top_level_notes(data, top)
-    entries = data[top]
     if not isinstance(entries, dict):
         raise ConfigError("expected an object of servers", path=str(path), key=top, fix=f'write "{top}": {{"name": {{...}}}}')
+    listed = {name: (f"{top}.{name}", entry) for name, entry in entries.items()}
+    if local is not None:
+        folder, servers = local
+        where = f"projects.{folder}.mcpServers"
+        if not isinstance(servers, dict):
+            raise ConfigError("expected an object of servers", path=str(path), key=where, fix='write "mcpServers": {}')
+        # Claude Code's local scope wins over its user scope for a name both hold.
+        listed |= {name: (f"{where}.{name}", entry) for name, entry in servers.items()}
+        notes.append(f"{where} read, the servers `claude mcp add` keeps for this folder: {', '.join(servers) or 'none'}")
+    elif isinstance(data.get("projects"), dict):
+        notes.append(
+            f"projects: none is {Path.cwd()} or a folder above it, so no servers of `claude mcp add`'s local scope are read"
+            " (run breakwater in the project's folder)"
+        )
     if gemini_file(path, data, top):
         expand = replace(expand, bare=True)  # Gemini CLI reads $NAME as a variable in its own files
     allowed, excluded = gemini_server_lists(data, str(path))
     specs = []
-    for name, entry in entries.items():
+    for name, (where, entry) in listed.items():
         with entries_ok.tolerated(name):
-            check_server_name(name, path=str(path), key=f"{top}.{name}")
+            check_server_name(name, path=str(path), key=where)
             if (why := skipped_entry(entry)) is not None:
-                notes.append(f"{top}.{name} skipped: {why}")
+                notes.append(f"{where} skipped: {why}")
                 continue
-            fields, _ = parse_entry(entry, path=str(path), where=f"{top}.{name}", expand=expand)
+            fields, _ = parse_entry(entry, path=str(path), where=where, expand=expand)
             if name in excluded or (allowed is not None and name not in allowed):
                 said = "mcp.excluded lists it" if name in excluded else "mcp.allowed does not list it"
                 fields |= {"enabled": False, "notes": (*fields["notes"], f"not started: {said} (Gemini CLI's settings)")}

@@ -24,7 +24,7 @@ from typing import Any
 
 from breakwater.config import Config, _jsonc
 from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX
-from breakwater.config._dialect import SIGN_IN_KEYS, skipped_entry
+from breakwater.config._dialect import SIGN_IN_KEYS, claude_local_servers, server_table, skipped_entry
 from breakwater.config._files import load_config_lenient
 from breakwater.config._import_codex import SERVERS_TOML, codex_files
 from breakwater.errors import ConfigError
@@ -90,11 +90,12 @@ def _plan(source: Path) -> tuple[dict[Path, str], list[str]]:
     folder = source.parent
     toml_path = (folder / TOML_FILE).resolve()
     command = [*_breakwater_command(), "serve", "--config", str(toml_path)]
+    more: list[str] = []
     if source.suffix == ".toml":  # Codex's config.toml (load_config refused any other TOML file)
         servers_text, agent_text, kept = codex_files(source, config, command, GATEWAY_NAME)
         servers_name = SERVERS_TOML
     else:
-        servers_text, agent_text, kept = _json_files(source, command)
+        servers_text, agent_text, kept, more = _json_files(source, command)
         servers_name = SERVERS_FILE
     files = {
         folder / servers_name: servers_text,
@@ -109,14 +110,14 @@ def _plan(source: Path) -> tuple[dict[Path, str], list[str]]:
     }
     left = [f"{name} stays in the agent's file: {skipped_entry(entry)}" for name, entry in kept.items()]
     # The file's other keys stay with the agent, so config.notes (about breakwater reading them) do not apply.
-    return files, [*import_notes(config, missing), *left, *_entry_notes(config)]
+    return files, [*import_notes(config, missing), *left, *more, *_entry_notes(config)]
 
 
-def _json_files(source: Path, command: list[str]) -> tuple[str, str, dict[str, Any]]:
-    """(the servers file's text, the agent's new file, the entries that stay with the agent) for an mcpServers file."""
+def _json_files(source: Path, command: list[str]) -> tuple[str, str, dict[str, Any], list[str]]:
+    """(the servers file's text, the agent's new file, the entries that stay with the agent, notes) for a JSON file."""
     raw: dict[str, Any] = json.loads(_jsonc.strip(source.read_text(encoding="utf-8-sig")))
-    top = "mcpServers" if "mcpServers" in raw else "servers"
-    if GATEWAY_NAME in raw.get(top, {}):
+    top, entries = server_table(raw) or ("mcpServers", {})
+    if GATEWAY_NAME in entries:
         raise ConfigError(
             f"a server is already called {GATEWAY_NAME!r}",
             path=str(source),
@@ -124,20 +125,32 @@ def _json_files(source: Path, command: list[str]) -> tuple[str, str, dict[str, A
             fix="this file may already go through breakwater; rename that server to import it",
         )
     gateway_entry: dict[str, Any] = {"command": command[0], "args": command[1:]}
-    if top == "servers":
+    if top != "mcpServers":  # VS Code's shape
         gateway_entry = {"type": "stdio", **gateway_entry}
     # Entries breakwater cannot connect to (WebSocket, Claude Code's IDE links) stay with the agent.
-    served = {name: entry for name, entry in raw[top].items() if not _skipped(entry)}
-    kept = {name: entry for name, entry in raw[top].items() if _skipped(entry)}
-    agent_file = {key: value for key, value in raw.items() if key not in (top,)} | {top: {GATEWAY_NAME: gateway_entry, **kept}}
-    servers_file: dict[str, Any] = {top: served}
+    served = {name: entry for name, entry in entries.items() if not _skipped(entry)}
+    kept = {name: entry for name, entry in entries.items() if _skipped(entry)}
+    agent_file = dict(raw)
+    if top == "mcp.servers":  # VS Code's user settings.json
+        agent_file["mcp"] = {**raw["mcp"], "servers": {GATEWAY_NAME: gateway_entry, **kept}}
+        servers_file: dict[str, Any] = {"servers": served}
+    else:
+        agent_file[top] = {GATEWAY_NAME: gateway_entry, **kept}
+        servers_file = {top: served}
     mcp = raw.get("mcp")
     if isinstance(mcp, dict) and {"allowed", "excluded"} & mcp.keys():
         # Gemini CLI's lists of servers to start now name breakwater's servers: they go with them, and the agent,
         # which starts only breakwater, keeps the rest of its `mcp` settings.
         servers_file = {"mcp": {k: v for k, v in mcp.items() if k in ("allowed", "excluded")}, **servers_file}
         agent_file["mcp"] = {k: v for k, v in mcp.items() if k not in ("allowed", "excluded")}
-    return json.dumps(servers_file, indent=2) + "\n", json.dumps(agent_file, indent=2) + "\n", kept
+    notes = []
+    if (local := claude_local_servers(raw, Path.cwd())) is not None and local[1]:
+        names = ", ".join(local[1])
+        notes.append(
+            f"{names} ({local[0]}: `claude mcp add`'s local scope) stay with Claude Code, which starts them beside breakwater;"
+            " to serve them through breakwater too, add them to the servers file"
+        )
+    return json.dumps(servers_file, indent=2) + "\n", json.dumps(agent_file, indent=2) + "\n", kept, notes
 
 
 def _skipped(entry: Any) -> bool:
