@@ -450,25 +450,12 @@ def test_claude_codes_local_scope_is_read_for_the_folder_breakwater_runs_in(
     (project / "sub").mkdir(parents=True)
     env = dict(tools.env(), HOME=str(tmp_path))
     claude = str(tools.bin / "claude")
-    subprocess.run(
-        [claude, "mcp", "add", "here", "--", "local-cmd"], cwd=project, env=env, check=True, capture_output=True, timeout=120
-    )
-    subprocess.run(
-        [claude, "mcp", "add", "-s", "user", "everywhere", "--", "user-cmd"],
-        cwd=project,
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    subprocess.run(
-        [claude, "mcp", "add", "-s", "user", "here", "--", "shadowed"],
-        cwd=project,
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    for scope, name, command in (
+        ("local", "here", "local-cmd"),
+        ("user", "everywhere", "user-cmd"),
+        ("user", "here", "shadowed"),
+    ):
+        subprocess.run([claude, "mcp", "add", "-s", scope, name, "--", command], cwd=project, env=env, check=True, timeout=120)
     path = tmp_path / ".claude.json"
     monkeypatch.chdir(project / "sub")  # a session in a folder of the project
     config = load_config(path, environ={})

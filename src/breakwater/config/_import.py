@@ -26,7 +26,7 @@ from breakwater.config import Config, _jsonc
 from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX
 from breakwater.config._dialect import SIGN_IN_KEYS, claude_local_servers, server_table, skipped_entry
 from breakwater.config._files import load_config_lenient
-from breakwater.config._import_codex import SERVERS_TOML, codex_files
+from breakwater.config._import_codex import SERVERS_TOML, codex_files, name_taken
 from breakwater.errors import ConfigError
 
 __all__ = ["import_main", "import_notes", "plan_import"]
@@ -118,12 +118,7 @@ def _json_files(source: Path, command: list[str]) -> tuple[str, str, dict[str, A
     raw: dict[str, Any] = json.loads(_jsonc.strip(source.read_text(encoding="utf-8-sig")))
     top, entries = server_table(raw) or ("mcpServers", {})
     if GATEWAY_NAME in entries:
-        raise ConfigError(
-            f"a server is already called {GATEWAY_NAME!r}",
-            path=str(source),
-            key=f"{top}.{GATEWAY_NAME}",
-            fix="this file may already go through breakwater; rename that server to import it",
-        )
+        raise name_taken(source, f"{top}.{GATEWAY_NAME}")
     gateway_entry: dict[str, Any] = {"command": command[0], "args": command[1:]}
     if top != "mcpServers":  # VS Code's shape
         gateway_entry = {"type": "stdio", **gateway_entry}

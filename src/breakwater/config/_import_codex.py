@@ -23,7 +23,7 @@ from breakwater.config._dialect import skipped_entry
 from breakwater.config._model import Config
 from breakwater.errors import ConfigError
 
-__all__ = ["SERVERS_TOML", "codex_files"]
+__all__ = ["SERVERS_TOML", "codex_files", "name_taken"]
 
 SERVERS_TOML = "breakwater.servers.toml"
 _HEADER = re.compile(r"^\s*\[\[?\s*(?P<name>[^\]]*?)\s*\]\]?\s*(#.*)?$")
@@ -40,12 +40,7 @@ def codex_files(
     data = tomllib.loads(text)
     tables: dict[str, Any] = data[CODEX_TOP]
     if gateway_name in tables:
-        raise ConfigError(
-            f"a server is already called {gateway_name!r}",
-            path=str(source),
-            key=f"{CODEX_TOP}.{gateway_name}",
-            fix="this file may already go through breakwater; rename that server to import it",
-        )
+        raise name_taken(source, f"{CODEX_TOP}.{gateway_name}")
     kept = {name: table for name, table in tables.items() if skipped_entry(table) is not None}
     served = {name: table for name, table in tables.items() if name not in kept}
     servers_text = f"# The servers of {source.name}, as they were; breakwater.toml reads them (servers_file).\n\n"
@@ -61,6 +56,16 @@ def codex_files(
         agent_text += "\n" + _tables(f"{CODEX_TOP}.{_key(name)}", table)
     _check_agent_file(agent_text, data, {gateway_name: entry, **kept}, source)
     return servers_text, agent_text, kept
+
+
+def name_taken(source: Path, key: str) -> ConfigError:
+    """The error for a file that already has a server of the gateway entry's name (`key`)."""
+    return ConfigError(
+        f"a server is already called {key.rsplit('.', 1)[-1]!r}",
+        path=str(source),
+        key=key,
+        fix="this file may already go through breakwater; rename that server to import it",
+    )
 
 
 def _key(name: str) -> str:
