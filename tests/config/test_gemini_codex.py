@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from breakwater.config import load_config
 from breakwater.errors import ConfigError
@@ -480,3 +482,64 @@ def test_vs_code_user_settings_with_an_mcp_object_load_and_import(tmp_path: Path
     agent = json.loads(settings.read_text())
     assert agent["editor.fontSize"] == 14 and list(agent["mcp"]["servers"]) == ["breakwater"]
     assert [s.name for s in load_config(tmp_path / "breakwater.toml", environ={}).servers] == ["a"]
+
+
+def _toml_string(text: str) -> str:
+    return '"' + "".join(c if c.isprintable() and c not in '"\\' else f"\\U{ord(c):08x}" for c in text) + '"'
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_toml_string(k)} = {_toml(v)}" for k, v in value.items()) + " }"
+    return _toml_string(value)
+
+
+_NAMES = st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=8)
+_LEAF = st.one_of(_NAMES, st.integers(-(2**40), 2**40), st.booleans(), st.floats(allow_nan=False))
+_VALUES = st.recursive(
+    _LEAF, lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(_NAMES, inner, max_size=3)), max_leaves=6
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    servers=st.dictionaries(
+        _NAMES,
+        st.dictionaries(st.sampled_from(["args", "env", "tools", "name", "required", "scopes"]), _VALUES, max_size=3),
+        max_size=3,
+    ),
+    settings_=st.dictionaries(st.sampled_from(["model", "approval_policy", "notify"]), _VALUES, max_size=2),
+)
+def test_property_a_codex_import_moves_any_servers_exactly_or_refuses(
+    tmp_path: Path, servers: dict[str, Any], settings_: dict[str, Any]
+) -> None:
+    """Whatever a Codex file's servers hold (any names, strings, nesting), import writes them back exactly and leaves
+    every other setting as it was, or refuses with the file, the key and the fix; it never writes a file that says
+    something else."""
+    from breakwater.config._import import plan_import
+
+    folder = tmp_path / f"case{len(list(tmp_path.iterdir()))}"
+    folder.mkdir()
+    source = folder / "config.toml"
+    lines = [f"{k} = {_toml(v)}" for k, v in settings_.items()]
+    for name, table in servers.items():
+        lines += [f"[mcp_servers.{_toml_string(name)}]", 'command = "x"', *(f"{k} = {_toml(v)}" for k, v in table.items())]
+    source.write_text("\n".join(lines) + "\n")
+    try:
+        files = plan_import(source)
+    except ConfigError as exc:
+        assert str(source) in str(exc) and "fix:" in str(exc), str(exc)
+        return
+    import tomllib
+
+    written = tomllib.loads(files[folder / "breakwater.servers.toml"])
+    assert written.get("mcp_servers", {}) == {n: {"command": "x", **t} for n, t in servers.items() if n != "breakwater"}
+    agent = tomllib.loads(files[source])
+    assert {k: v for k, v in agent.items() if k != "mcp_servers"} == settings_
+    assert list(agent["mcp_servers"]) == ["breakwater"]

@@ -38,6 +38,9 @@ def codex_files(
     """(the servers file's text, the agent's new config.toml, the entries that stay with the agent)."""
     text = source.read_text(encoding="utf-8-sig")
     data = tomllib.loads(text)
+    if not isinstance(data.get(CODEX_TOP), dict):  # breakwater's own config, which has no agent to move
+        fix = "import takes the file your agent reads: Codex's config.toml, or an mcpServers JSON file"
+        raise ConfigError("no [mcp_servers] table", path=str(source), key=CODEX_TOP, fix=fix)
     tables: dict[str, Any] = data[CODEX_TOP]
     if gateway_name in tables:
         raise name_taken(source, f"{CODEX_TOP}.{gateway_name}")
@@ -55,6 +58,13 @@ def codex_files(
     for name, table in kept.items():
         agent_text += "\n" + _tables(f"{CODEX_TOP}.{_key(name)}", table)
     _check_agent_file(agent_text, data, {gateway_name: entry, **kept}, source)
+    if tomllib.loads(servers_text).get(CODEX_TOP, {}) != served:  # what this writer cannot say (a date) is not guessed at
+        raise ConfigError(
+            "a server's settings hold a value breakwater cannot copy into a file of its own",
+            path=str(source),
+            key=CODEX_TOP,
+            fix="write its values as strings, numbers, true/false, lists and tables",
+        )
     return servers_text, agent_text, kept
 
 
@@ -69,7 +79,7 @@ def name_taken(source: Path, key: str) -> ConfigError:
 
 
 def _key(name: str) -> str:
-    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else _value(name)
 
 
 def _value(value: Any) -> str:
@@ -81,7 +91,8 @@ def _value(value: Any) -> str:
         return "[" + ", ".join(_value(v) for v in value) + "]"
     if isinstance(value, dict):
         return "{ " + ", ".join(f"{_key(k)} = {_value(v)}" for k, v in value.items()) + " }"
-    return json.dumps(str(value), ensure_ascii=False)  # a JSON string is a TOML basic string
+    # A JSON string is a TOML basic string, but for DEL, which TOML wants escaped and JSON leaves as it is.
+    return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def _tables(header: str, table: dict[str, Any]) -> str:
