@@ -3,7 +3,8 @@
 # (project-local, never global). Idempotent: a stamp records what was installed; a second run is a no-op.
 #
 #   scripts/install_node_tools.sh            # npm: Node 22, the MCP conformance suite, three reference servers,
-#                                            # the Inspector CLI, Codex, Gemini CLI and Claude Code
+#                                            # the Inspector CLI, and the agents Codex, Gemini CLI, Claude Code
+#                                            # and OpenCode
 #   scripts/install_node_tools.sh --peers    # also the benchmark peers: npm mcp-proxy, and PyPI mcp-proxy and
 #                                            # fastmcp in their own virtual environments (they pin other SDKs)
 #
@@ -26,6 +27,7 @@ NPM_PACKAGES=(
     "@openai/codex@0.171.0"
     "@google/gemini-cli@0.61.0"
     "@anthropic-ai/claude-code@2.1.197"
+    "opencode-ai@1.18.33"
 )
 PEER_NPM_PACKAGES=("mcp-proxy@6.7.19")
 PEER_PYPI=("mcp-proxy:mcp-proxy==0.13.0" "fastmcp:fastmcp==4.2.3")

@@ -283,11 +283,21 @@ def _toml_configs(draw: st.DrawFn) -> str:
 _ENTRY = st.fixed_dictionaries(
     {},
     optional={
-        "command": st.one_of(st.sampled_from(["x", "", sys.executable]), _TEXT, st.integers()),
+        "command": st.one_of(
+            st.sampled_from(["x", "", sys.executable]),
+            _TEXT,
+            st.integers(),
+            st.lists(_TEXT, max_size=2),  # OpenCode's
+            st.fixed_dictionaries({}, optional={"path": _TEXT, "args": st.lists(_TEXT, max_size=2), "bogus": _TEXT}),  # Zed's
+        ),
         "args": st.one_of(st.lists(st.one_of(_TEXT, st.integers(), st.booleans()), max_size=3), _TEXT),
         "env": st.one_of(st.dictionaries(_TEXT, st.one_of(_TEXT, st.integers(), st.none()), max_size=2), _TEXT),
         "url": st.one_of(st.sampled_from(["http://", "http://h:99999", "http://127.0.0.1:8/mcp", "https://u:p@h/x?k=v"]), _TEXT),
-        "type": st.sampled_from(["stdio", "http", "sse", "streamable-http", "bogus"]),
+        "type": st.sampled_from(["stdio", "http", "sse", "streamable-http", "bogus", "local", "remote"]),
+        "environment": st.one_of(
+            st.dictionaries(_TEXT, st.sampled_from(["v", "{env:NOPE}", "{file:nope}", "{env:}"]), max_size=2), _TEXT
+        ),
+        "source": st.sampled_from(["custom", "extension", "bogus"]),
         "cwd": st.sampled_from([".", "/nope/nope", "", "~"]),
         "headers": st.dictionaries(_TEXT, _TEXT, max_size=2),
         "disabled": st.one_of(st.booleans(), _TEXT),
@@ -306,7 +316,8 @@ _ENTRY = st.fixed_dictionaries(
 @st.composite
 def _json_configs(draw: st.DrawFn) -> str:
     servers = draw(st.dictionaries(_TEXT, _ENTRY, max_size=3))
-    text = json.dumps({draw(st.sampled_from(["mcpServers", "servers", "bogus"])): servers})
+    top = draw(st.sampled_from(["mcpServers", "servers", "bogus", "context_servers", "mcp"]))
+    text = json.dumps({top: servers} if top != "mcp" else {"mcp": draw(st.sampled_from([{"servers": servers}, servers]))})
     if draw(st.booleans()):  # a duplicate key, as a hand-edited file has it
         text = text.replace("{", '{"mcpServers": {}, ', 1)
     return text

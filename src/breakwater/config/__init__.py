@@ -3,9 +3,9 @@
 Two file shapes are read:
 
 * an agent's own file, unchanged, with default policy: `mcpServers` JSON as Claude Code
-  (`.mcp.json`), Claude Desktop, Cursor, Gemini CLI and VS Code (`"servers"`) write it (`_files.py`,
-  each entry by `_entry.py` in every client's dialect, `_dialect.py`), or Codex's `config.toml`
-  (`_codex.py`);
+  (`.mcp.json`, `~/.claude.json`), Claude Desktop, Cursor, Gemini CLI and VS Code (`"servers"`) write
+  it, OpenCode's and Zed's servers of other shapes (`_shapes.py`) (`_files.py`, each entry by
+  `_entry.py` in every client's dialect, `_dialect.py`), or Codex's `config.toml` (`_codex.py`);
 * a `breakwater.toml`, which may point at such a file (`servers_file`), define servers inline
   (`[servers.NAME]`), and set policy: `[connect]`, `[call]`, `[breaker]` and `[retry]` for every
   server, `[servers.NAME.connect]` (`.call`, `.breaker`, `.retry`) for one, and

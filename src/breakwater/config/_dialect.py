@@ -1,5 +1,7 @@
 """The keys Claude Code, Cursor, Claude Desktop, VS Code, Gemini CLI (and Cline, Roo, Windsurf) write in server entries.
 
+OpenCode's and Zed's entries have shapes of their own, turned into this one first (`_shapes.py`).
+
 Each key is used, kept for sign-in, or ignored with a note that `config check` prints; only a key
 no client writes (a typo) is an error. Entries of a kind breakwater cannot connect to (WebSocket,
 Claude Code's IDE and SDK links) are skipped with a note, so the rest of the file still works.
@@ -40,7 +42,6 @@ __all__ = [
     "gemini_file",
     "gemini_server_lists",
     "read_env_file",
-    "server_table",
     "skipped_entry",
     "top_level_notes",
 ]
@@ -84,7 +85,7 @@ IGNORED_ENTRY_KEYS: dict[str, str] = {
     "watchPaths": "files whose change makes Roo restart the server; breakwater does not watch them",
     "trust": "Gemini CLI runs this server's tools without asking; breakwater never asks, your agent does",
     "timeout": (
-        "the client's request timeout (Cline and Roo: seconds, Gemini CLI: milliseconds); set timeout_s under"
+        "the client's request timeout (Cline and Roo: seconds; Gemini CLI and OpenCode: milliseconds); set timeout_s under"
         " [servers.NAME.call] in breakwater.toml"
     ),
     "authProviderType": (
@@ -120,7 +121,7 @@ GEMINI_OAUTH_KEYS = frozenset({"authorizationUrl", "tokenUrl", "registrationUrl"
 #: Keys only Gemini CLI writes in an entry: a file holding one is read as Gemini CLI reads its settings.
 _GEMINI_ONLY_KEYS = frozenset({"httpUrl", "includeTools", "excludeTools", "trust", "authProviderType", "tcp"})
 
-_TOP_LEVEL_QUIET = frozenset({"mcpServers", "servers", "$schema"})
+_TOP_LEVEL_QUIET = frozenset({"mcpServers", "servers", "context_servers", "$schema"})
 
 
 #: The keys an entry names its transport under: `type`, `transport`, Cline's older `transportType`.
@@ -222,6 +223,8 @@ def skipped_entry(entry: Any) -> str | None:
     kind = entry.get("type")
     if isinstance(kind, str) and kind in SKIPPED_TYPES:
         return f"{kind!r} is {SKIPPED_TYPES[kind]}"
+    if entry.get("source") == "extension" or (set(entry) <= {"settings", "enabled"} and "settings" in entry):
+        return "it is a server a Zed extension provides; only Zed can start it"
     if _starts_breakwater(entry.get("command"), entry.get("args")):
         return "it starts breakwater serve, which would serve itself (this is the file your agent reads, not the servers')"
     return next((f"it is {why}" for key, why in SKIPPED_KEYS.items() if key in entry), None)
@@ -292,18 +295,6 @@ def gemini_server_lists(data: Mapping[str, Any], path: str) -> tuple[frozenset[s
     return lists[0], lists[1] or frozenset()
 
 
-def server_table(data: Mapping[str, Any]) -> tuple[str, Any] | None:
-    """Where a JSON file keeps its servers: `mcpServers`, VS Code's `servers`, or `mcp.servers` in VS Code's user
-    settings.json (before it had an mcp.json); None when it keeps none."""
-    for top in ("mcpServers", "servers"):
-        if top in data:
-            return top, data[top]
-    mcp = data.get("mcp")
-    if isinstance(mcp, dict) and "servers" in mcp:
-        return "mcp.servers", mcp["servers"]
-    return None
-
-
 def claude_local_servers(data: Mapping[str, Any], cwd: Path) -> tuple[str, Any] | None:
     """Claude Code's `~/.claude.json`: the project whose servers a session in `cwd` gets, and its `mcpServers`.
 
@@ -328,13 +319,13 @@ def top_level_notes(data: dict[str, object], top: str) -> list[str]:
         if other in data and other != top:
             notes.append(f"{other} ignored: this file's servers are read from {top!r}")
     mcp = data.get("mcp")
-    inputs = mcp.get("inputs") if top == "mcp.servers" and isinstance(mcp, dict) else data.get("inputs")
+    inputs = mcp.get("inputs") if top.startswith("mcp") and isinstance(mcp, dict) else data.get("inputs")
     if inputs:
         notes.append(
             "inputs ignored: VS Code prompts for these when it starts a server, and breakwater runs in the "
             "background with no one to ask; a ${input:...} reference is an error, write ${VAR} and set VAR instead"
         )
-    if isinstance(mcp, dict) and top != "mcp.servers":
+    if isinstance(mcp, dict) and top not in ("mcp", "mcp.servers"):  # Gemini CLI's `mcp` (OpenCode's holds servers)
         if "serverCommand" in mcp:
             notes.append("mcp.serverCommand ignored: Gemini CLI's one command for every server; breakwater starts each entry's")
         if unknown := sorted(set(mcp) - _GEMINI_MCP_KEYS):

@@ -45,15 +45,19 @@ def fail(message: str, path: str, key: str, fix: str) -> ConfigError:
     return ConfigError(message, path=path, key=key, fix=fix)
 
 
-def required_text(entry: Mapping[str, Any], path: str, where: str, key: str, missing: str, example: str) -> str:
-    """`entry[key]`, a non-blank string; else an error that says which of absent, not a string or blank it is."""
+def required_text(
+    entry: Mapping[str, Any], path: str, where: str, key: str, missing: str, example: str, written: str | None = None
+) -> str:
+    """`entry[key]`, a non-blank string; else an error that says which of absent, not a string or blank it is
+    (naming the key as `written`, when the user wrote it under another name)."""
+    at = f"{where}.{written or key}"
     if key not in entry:
-        raise fail(missing, path, f"{where}.{key}", f'add "{key}": "{example}"')
+        raise fail(missing, path, at, f'add "{key}": "{example}"')
     value = entry[key]
     if not isinstance(value, str):
-        raise fail(f"expected a string, got {json_kind(value)}", path, f"{where}.{key}", f'write "{key}": "{example}"')
+        raise fail(f"expected a string, got {json_kind(value)}", path, at, f'write "{key}": "{example}"')
     if not value.strip():
-        raise fail(f"{key} is empty", path, f"{where}.{key}", f'write "{key}": "{example}"')
+        raise fail(f"{key} is empty", path, at, f'write "{key}": "{example}"')
     return value
 
 
@@ -92,8 +96,12 @@ def parse_entry(
     where: str,
     expand: Expander,
     extra_keys: frozenset[str] = frozenset(),
+    names: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Validate one server entry; returns (connection fields, the rest for the caller)."""
+    """Validate one server entry; returns (connection fields, the rest for the caller).
+
+    `names` are the keys as the user wrote them where the entry was reshaped (`_shapes.py`), for errors.
+    """
     if not isinstance(entry, dict):
         raise fail("expected an object describing the server", path, where, 'e.g. {"command": "npx", "args": [...]}')
     rest: dict[str, Any] = {}
@@ -105,7 +113,7 @@ def parse_entry(
     transport = entry_transport(entry, path, where)
     fields: dict[str, Any] = {"transport": transport}
     if transport == "stdio":
-        fields.update(_stdio_fields(entry, path, where, expand))
+        fields.update(_stdio_fields(entry, path, where, expand, names or {}))
     else:
         fields.update(_http_fields(entry, transport, path, where, expand))
     fields["enabled"] = _entry_enabled(entry, path, where)
@@ -142,10 +150,11 @@ def tool_filter(entry: Mapping[str, Any], path: str, where: str, *, deny: tuple[
     )
 
 
-def _stdio_fields(entry: Mapping[str, Any], path: str, where: str, expand: Expander) -> dict[str, Any]:
-    command = required_text(entry, path, where, "command", "a stdio server needs a command", "the-program")
-    command = expand(command, where=where, key=f"{where}.command")
-    check_text(command, path=path, key=f"{where}.command", what="command", strict=True)
+def _stdio_fields(entry: Mapping[str, Any], path: str, where: str, expand: Expander, names: Mapping[str, str]) -> dict[str, Any]:
+    written = names.get("command", "command")
+    command = required_text(entry, path, where, "command", "a stdio server needs a command", "the-program", written)
+    command = expand(command, where=where, key=f"{where}.{written}")
+    check_text(command, path=path, key=f"{where}.{written}", what="command", strict=True)
     # `~/bin/server` as a shell would run it; a bare name stays a name, looked up on PATH at spawn.
     # Arguments are passed exactly as written: no shell runs in between (a command line written into
     # `command` alone is split into words at spawn, as Cursor does: `_dialect.command_words`).
@@ -159,7 +168,7 @@ def _stdio_fields(entry: Mapping[str, Any], path: str, where: str, expand: Expan
     env = _env_file(entry, path, where, expand)
     if "env" in entry:
         # The entry's own env wins over its envFile, as in VS Code.
-        env.update(str_map(entry["env"], path, f"{where}.env", expand, where))
+        env.update(str_map(entry["env"], path, f"{where}.{names.get('env', 'env')}", expand, where))
     if env:
         fields["env"] = env
     cwd = entry.get("cwd")

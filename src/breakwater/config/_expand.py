@@ -24,6 +24,10 @@ Gemini CLI reads `$VAR` without braces as a variable too, in its own settings fi
 with `bare=True` (an unset one is an error, as `${VAR}` is). Codex expands nothing in its
 `config.toml` (it names variables in keys of their own): read with `literal=True`.
 
+OpenCode's files are read with `opencode=True`: `{env:VAR}` is VAR's value and `{file:PATH}` the
+content of a file (`~` is the home folder, a relative path is the config file's folder's), both
+secrets wherever they land.
+
 Values from the environment that land in `env` or `headers`, and values of any variable whose name
 looks like a credential (`API_KEY`, `GITHUB_TOKEN`), are secrets (`config/_redact.py`). May import
 the core leaves and `config/_redact.py` only.
@@ -43,6 +47,7 @@ from breakwater.errors import ConfigError
 __all__ = ["Expander", "has_reference"]
 
 _REFERENCE = re.compile(r"\$\{([^}]+)\}")
+_OPENCODE = re.compile(r"\{(env|file):([^}]*)\}")
 _BARE_OR_BRACED = re.compile(r"\$(?:\{([^}]+)\}|([A-Za-z_]\w*))")
 _EDITOR_ONLY = ("input:", "command:", "config:")
 
@@ -73,6 +78,8 @@ class Expander:
     bare: bool = False
     #: Nothing is expanded (Codex's config.toml).
     literal: bool = False
+    #: OpenCode's `{env:VAR}` and `{file:PATH}` (its files only).
+    opencode: bool = False
     #: Unset variables without a default met while lenient: (key, variable name).
     missing: list[tuple[str, str]] = field(default_factory=list)
     #: Expanded values that are secrets, per entry (`where` -> values); read by `take_secrets`.
@@ -84,7 +91,11 @@ class Expander:
 
     def __call__(self, value: str, *, where: str, key: str, secret: bool = False) -> str:
         """`value` with its references expanded; `key` (under entry `where`) names it in errors."""
-        if self.literal or ("${" not in value and not (self.bare and "$" in value)):
+        if self.literal:
+            return value
+        if self.opencode and "{" in value:
+            value = _OPENCODE.sub(lambda m: self._opencode(m.group(0), m.group(1), m.group(2), where=where, key=key), value)
+        if "${" not in value and not (self.bare and "$" in value):
             return value
 
         def one(match: re.Match[str]) -> str:
@@ -122,6 +133,28 @@ class Expander:
             key=key,
             fix=f"set {lookup} in the environment breakwater runs in, or give a default: ${{{lookup}:-value}}",
         )
+
+    def _opencode(self, whole: str, kind: str, name: str, *, where: str, key: str) -> str:
+        if kind == "file":
+            file = Path(os.path.expanduser(name))
+            if not file.is_absolute():
+                file = (Path(self.path).parent if self.path else Path.cwd()) / file
+            try:
+                value = file.read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = getattr(exc, "strerror", None) or str(exc)
+                said = f"{whole}: cannot read {str(file)!r}: {reason}"
+                raise ConfigError(said, path=self.path, key=key, fix="fix the path") from None
+        elif (found := self.environ.get(name)) is not None:
+            value = found
+        elif not self.strict:
+            self.missing.append((key, name))
+            return whole
+        else:
+            fix = f"set {name} in the environment breakwater runs in"
+            raise ConfigError(f"the variable {name} is not set ({whole})", path=self.path, key=key, fix=fix)
+        self._secrets.setdefault(where, []).append(value)
+        return value
 
     def _predefined(self, name: str) -> str | None:
         if name == "userHome":

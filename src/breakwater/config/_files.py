@@ -20,20 +20,14 @@ from breakwater._wire import json_depth
 from breakwater.config import _jsonc
 from breakwater.config._checks import alike_servers, check_server_name, check_template_for_servers
 from breakwater.config._codex import CODEX_TOP, servers_from_codex
-from breakwater.config._dialect import (
-    claude_local_servers,
-    gemini_file,
-    gemini_server_lists,
-    server_table,
-    skipped_entry,
-    top_level_notes,
-)
+from breakwater.config._dialect import claude_local_servers, gemini_file, gemini_server_lists, skipped_entry, top_level_notes
 from breakwater.config._entry import STRICT, Entries, fail, flag, parse_entry, unknown_key
 from breakwater.config._expand import Expander
 from breakwater.config._knobs import build_policy, env_layer
 from breakwater.config._model import Config, ServerSpec, ToolSettings
 from breakwater.config._policies import GLOBAL_SECTIONS, POLICY_SECTIONS, CallPolicy, RetryPolicy
 from breakwater.config._redact import register_secrets
+from breakwater.config._shapes import common_entry, opencode_file, server_table
 from breakwater.errors import ConfigError
 
 __all__ = ["DEFAULT_CONFIG_NAMES", "find_config", "load_config", "load_config_for_server", "load_config_lenient"]
@@ -152,6 +146,8 @@ def _servers_from_json(
         )
     if gemini_file(path, data, top):
         expand = replace(expand, bare=True)  # Gemini CLI reads $NAME as a variable in its own files
+    elif opencode_file(path, top, entries):
+        expand = replace(expand, opencode=True)  # and OpenCode {env:NAME} and {file:PATH}
     allowed, excluded = gemini_server_lists(data, str(path))
     specs = []
     for name, (where, entry) in listed.items():
@@ -160,7 +156,9 @@ def _servers_from_json(
             if (why := skipped_entry(entry)) is not None:
                 notes.append(f"{where} skipped: {why}")
                 continue
-            fields, _ = parse_entry(entry, path=str(path), where=where, expand=expand)
+            entry, names, reshaped = common_entry(entry, str(path), where)
+            fields, _ = parse_entry(entry, path=str(path), where=where, expand=expand, names=names)
+            fields["notes"] = (*fields["notes"], *reshaped)
             if name in excluded or (allowed is not None and name not in allowed):
                 said = "mcp.excluded lists it" if name in excluded else "mcp.allowed does not list it"
                 fields |= {"enabled": False, "notes": (*fields["notes"], f"not started: {said} (Gemini CLI's settings)")}

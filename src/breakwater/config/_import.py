@@ -24,9 +24,10 @@ from typing import Any
 
 from breakwater.config import Config, _jsonc
 from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX
-from breakwater.config._dialect import SIGN_IN_KEYS, claude_local_servers, server_table, skipped_entry
+from breakwater.config._dialect import SIGN_IN_KEYS, claude_local_servers, skipped_entry
 from breakwater.config._files import load_config_lenient
 from breakwater.config._import_codex import SERVERS_TOML, codex_files, name_taken
+from breakwater.config._shapes import gateway_entry, server_table
 from breakwater.errors import ConfigError
 
 __all__ = ["import_main", "import_notes", "plan_import"]
@@ -119,21 +120,19 @@ def _json_files(source: Path, command: list[str]) -> tuple[str, str, dict[str, A
     top, entries = server_table(raw) or ("mcpServers", {})
     if GATEWAY_NAME in entries:
         raise name_taken(source, f"{top}.{GATEWAY_NAME}")
-    gateway_entry: dict[str, Any] = {"command": command[0], "args": command[1:]}
-    if top != "mcpServers":  # VS Code's shape
-        gateway_entry = {"type": "stdio", **gateway_entry}
+    ours = gateway_entry(top, next(iter(entries.values()), None), command)
     # Entries breakwater cannot connect to (WebSocket, Claude Code's IDE links) stay with the agent.
     served = {name: entry for name, entry in entries.items() if not _skipped(entry)}
     kept = {name: entry for name, entry in entries.items() if _skipped(entry)}
     agent_file = dict(raw)
-    if top == "mcp.servers":  # VS Code's user settings.json
-        agent_file["mcp"] = {**raw["mcp"], "servers": {GATEWAY_NAME: gateway_entry, **kept}}
-        servers_file: dict[str, Any] = {"servers": served}
+    if top.startswith("mcp."):  # VS Code's user settings.json, OpenCode's second config version
+        agent_file["mcp"] = {**raw["mcp"], "servers": {GATEWAY_NAME: ours, **kept}}
+        servers_file: dict[str, Any] = {"mcp": {"servers": served}}
     else:
-        agent_file[top] = {GATEWAY_NAME: gateway_entry, **kept}
+        agent_file[top] = {GATEWAY_NAME: ours, **kept}
         servers_file = {top: served}
     mcp = raw.get("mcp")
-    if isinstance(mcp, dict) and {"allowed", "excluded"} & mcp.keys():
+    if isinstance(mcp, dict) and not top.startswith("mcp") and {"allowed", "excluded"} & mcp.keys():
         # Gemini CLI's lists of servers to start now name breakwater's servers: they go with them, and the agent,
         # which starts only breakwater, keeps the rest of its `mcp` settings.
         servers_file = {"mcp": {k: v for k, v in mcp.items() if k in ("allowed", "excluded")}, **servers_file}

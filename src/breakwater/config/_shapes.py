@@ -1,0 +1,129 @@
+"""Where a client's JSON file keeps its servers, and entries of other shapes read as the common one.
+
+Most clients write `mcpServers` (VS Code: `servers`) with the entry keys `_dialect.py` lists. Two write
+other shapes, turned here into that common entry before it is read (`_entry.py`):
+
+* OpenCode (`opencode.json`): `mcp.NAME` (`mcp.servers.NAME` in its second config version) with
+  `"type": "local"`, `command` as a list (program and arguments), `environment`, `cwd`, `enabled` or
+  `disabled`; or `"type": "remote"`, `url`, `headers`, `oauth` (`clientId`, `clientSecret`, `scope`,
+  or `false`). A remote server is tried over streamable HTTP, then SSE, as OpenCode does. Its
+  `{env:VAR}` and `{file:PATH}` are read by `_expand.py`.
+* Zed (`settings.json`): `context_servers.NAME` with `"source": "custom"` and the common keys, or the
+  older `"command": {"path", "args", "env"}`; a server an extension provides (`"source": "extension"`)
+  only Zed can start, and is skipped with a note.
+
+An error names the key as the user wrote it (`environment`, not `env`). May import the core leaves and
+`_dialect.py` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from breakwater._wire import json_kind
+from breakwater.errors import ConfigError
+
+__all__ = ["OPENCODE_KINDS", "common_entry", "gateway_entry", "opencode_file", "server_table"]
+
+#: OpenCode's `type` values.
+OPENCODE_KINDS = frozenset({"local", "remote"})
+
+_OPENCODE_OAUTH = {"clientId": "clientId", "clientSecret": "clientSecret", "scope": "scopes"}
+
+
+def server_table(data: Mapping[str, Any]) -> tuple[str, Any] | None:
+    """Where a JSON file keeps its servers (`mcpServers`, VS Code's `servers` or its settings' `mcp.servers`, Zed's
+    `context_servers`, OpenCode's `mcp` or `mcp.servers`), and the table; None when it keeps none."""
+    for top in ("mcpServers", "servers", "context_servers"):
+        if top in data:
+            return top, data[top]
+    mcp = data.get("mcp")
+    if isinstance(mcp, dict):
+        if "servers" in mcp:
+            return "mcp.servers", mcp["servers"]
+        if any(isinstance(v, dict) and v.get("type") in OPENCODE_KINDS for v in mcp.values()):
+            return "mcp", mcp
+    return None
+
+
+def opencode_file(path: Path, top: str, entries: Any) -> bool:
+    """Whether the file is OpenCode's (read with its `{env:VAR}` and `{file:PATH}`): by its name or its entries' shape."""
+    if path.name in ("opencode.json", "opencode.jsonc") or top == "mcp":
+        return True
+    return isinstance(entries, dict) and any(isinstance(e, dict) and e.get("type") in OPENCODE_KINDS for e in entries.values())
+
+
+def _fail(message: str, path: str, key: str, fix: str) -> ConfigError:
+    return ConfigError(message, path=path, key=key, fix=fix)
+
+
+def common_entry(entry: Any, path: str, where: str) -> tuple[Any, dict[str, str], list[str]]:
+    """`entry` in the common shape, the keys renamed on the way (common -> as written), and notes."""
+    if not isinstance(entry, dict):
+        return entry, {}, []
+    if entry.get("type") in OPENCODE_KINDS:
+        return _opencode(entry, path, where)
+    if "source" in entry or isinstance(entry.get("command"), dict):
+        return _zed(entry, path, where)
+    return entry, {}, []
+
+
+def _opencode(entry: dict[str, Any], path: str, where: str) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+    out = {k: v for k, v in entry.items() if k not in ("type", "command", "environment", "oauth")}
+    renames: dict[str, str] = {}
+    notes: list[str] = []
+    if entry["type"] == "local":
+        command = entry.get("command")
+        if not isinstance(command, list) or not command or not all(isinstance(w, str) for w in command):
+            said = "is empty" if command == [] else f"got {json_kind(command)}" if command is not None else "is missing"
+            fix = '"command": ["npx", "-y", "pkg"]'
+            raise _fail(f"expected the program and its arguments as a list; it {said}", path, f"{where}.command", fix)
+        out |= {"type": "stdio", "command": command[0], "args": command[1:]}
+        if "environment" in entry:
+            out["env"], renames["env"] = entry["environment"], "environment"
+    else:  # remote: OpenCode tries streamable HTTP, then SSE, as an entry of no stated type is tried here
+        oauth = entry.get("oauth")
+        if isinstance(oauth, dict):
+            out["oauth"] = {_OPENCODE_OAUTH.get(k, k): v for k, v in oauth.items() if k != "redirectUri"}
+            if "redirectUri" in oauth:
+                notes.append(
+                    "oauth.redirectUri ignored: breakwater's redirect is http://localhost:PORT/callback (oauth.callbackPort)"
+                )
+        elif oauth is not None and oauth is not False:
+            raise _fail("expected an object, or false", path, f"{where}.oauth", '"oauth": {"clientId": "..."} or "oauth": false')
+        for key in ("environment", "command"):
+            if key in entry:
+                raise _fail(f"a remote server has no {key}", path, f"{where}.{key}", f'remove "{key}", or write "type": "local"')
+        if "url" not in entry:
+            raise _fail("a remote server needs an http(s) url", path, f"{where}.url", 'add "url": "https://.../mcp"')
+    return out, renames, notes
+
+
+def _zed(entry: dict[str, Any], path: str, where: str) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+    source = entry.get("source", "custom")
+    if source != "custom":
+        fix = 'use "custom" (a server an extension provides is Zed\'s)'
+        raise _fail(f"unknown source {source!r}", path, f"{where}.source", fix)
+    out = {k: v for k, v in entry.items() if k not in ("source", "settings", "command")}
+    notes = ["settings ignored: settings a Zed extension reads; not used"] if "settings" in entry else []
+    command = entry.get("command")
+    if isinstance(command, dict):  # Zed's older shape
+        for key in command:
+            if key not in ("path", "args", "env"):
+                raise _fail("unknown key", path, f"{where}.command.{key}", "use path, args and env")
+        out |= {"command" if k == "path" else k: v for k, v in command.items()}
+    elif command is not None:
+        out["command"] = command
+    return out, {"command": "command.path"} if isinstance(command, dict) else {}, notes
+
+
+def gateway_entry(top: str, sample: Any, command: list[str]) -> dict[str, Any]:
+    """The one entry that starts breakwater, in the shape of the table `top` (whose first entry is `sample`)."""
+    if top == "mcp" or (isinstance(sample, dict) and sample.get("type") in OPENCODE_KINDS):
+        return {"type": "local", "command": command}
+    entry: dict[str, Any] = {"command": command[0], "args": command[1:]}
+    if top == "context_servers":
+        return {"source": "custom", **entry}
+    return {"type": "stdio", **entry} if top != "mcpServers" else entry
