@@ -319,7 +319,7 @@ def top_level_notes(data: dict[str, object], top: str) -> list[str]:
         if other in data and other != top:
             notes.append(f"{other} ignored: this file's servers are read from {top!r}")
     mcp = data.get("mcp")
-    inputs = mcp.get("inputs") if top.startswith("mcp") and isinstance(mcp, dict) else data.get("inputs")
+    inputs = mcp.get("inputs") if top in ("mcp", "mcp.servers") and isinstance(mcp, dict) else data.get("inputs")
     if inputs:
         notes.append(
             "inputs ignored: VS Code prompts for these when it starts a server, and breakwater runs in the "

@@ -125,14 +125,14 @@ def _json_files(source: Path, command: list[str]) -> tuple[str, str, dict[str, A
     served = {name: entry for name, entry in entries.items() if not _skipped(entry)}
     kept = {name: entry for name, entry in entries.items() if _skipped(entry)}
     agent_file = dict(raw)
-    if top.startswith("mcp."):  # VS Code's user settings.json, OpenCode's second config version
+    if top == "mcp.servers":  # VS Code's user settings.json, OpenCode's second config version
         agent_file["mcp"] = {**raw["mcp"], "servers": {GATEWAY_NAME: ours, **kept}}
         servers_file: dict[str, Any] = {"mcp": {"servers": served}}
     else:
         agent_file[top] = {GATEWAY_NAME: ours, **kept}
         servers_file = {top: served}
     mcp = raw.get("mcp")
-    if isinstance(mcp, dict) and not top.startswith("mcp") and {"allowed", "excluded"} & mcp.keys():
+    if isinstance(mcp, dict) and top not in ("mcp", "mcp.servers") and {"allowed", "excluded"} & mcp.keys():
         # Gemini CLI's lists of servers to start now name breakwater's servers: they go with them, and the agent,
         # which starts only breakwater, keeps the rest of its `mcp` settings.
         servers_file = {"mcp": {k: v for k, v in mcp.items() if k in ("allowed", "excluded")}, **servers_file}
