@@ -228,3 +228,24 @@ def test_import_of_zed_settings_writes_zeds_entry(tmp_path: Path) -> None:
     ours = agent["context_servers"]["breakwater"]
     assert ours["source"] == "custom" and ours["args"][-2:] == ["--config", str((tmp_path / "breakwater.toml").resolve())]
     assert [s.name for s in load_config(tmp_path / "breakwater.toml", environ={}).servers] == ["a"]
+
+
+def test_an_entry_of_another_shape_that_starts_breakwater_serve_is_skipped(tmp_path: Path) -> None:
+    """The agent's own file, pointed at by mistake, lists breakwater: in OpenCode's and Zed's shapes too."""
+    opencode = _write(
+        tmp_path / "opencode.json",
+        {"mcp": {"bw": {"type": "local", "command": ["/x/breakwater", "serve"]}, "a": {"type": "local", "command": ["x"]}}},
+    )
+    zed = _write(
+        tmp_path / "settings.json",
+        {
+            "context_servers": {
+                "bw": {"command": {"path": "breakwater", "args": ["serve", "--config", "c"]}},
+                "a": {"source": "custom", "command": "x"},
+            }
+        },
+    )
+    for path, top in ((opencode, "mcp"), (zed, "context_servers")):
+        config = load_config(path, environ={})
+        assert [s.name for s in config.servers] == ["a"]
+        assert any(n.startswith(f"{top}.bw skipped: it starts breakwater serve") for n in config.notes)

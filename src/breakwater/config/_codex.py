@@ -26,7 +26,6 @@ of `config` only.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import Any
 
 from breakwater.config._checks import check_server_name
 from breakwater.config._dialect import skipped_entry
-from breakwater.config._entry import Entries, fail, parse_entry, str_map, tool_filter
+from breakwater.config._entry import Entries, fail, parse_entry, str_map, tool_filter, unknown_key
 from breakwater.config._expand import Expander
 from breakwater.config._model import OAuthSettings, ServerSpec
 from breakwater.errors import ConfigError
@@ -88,11 +87,8 @@ def servers_from_codex(
 def _server(name: str, table: Any, spath: str, where: str, defaults: Mapping[str, Any], expand: Expander) -> ServerSpec:
     if not isinstance(table, dict):
         raise fail("expected a table describing the server", spath, where, f'write [{where}] with command = "..." or url = "..."')
-    for key in table:
-        if key not in _KEYS:
-            close = difflib.get_close_matches(key, sorted(_KEYS), n=1)
-            fix = f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(sorted(_KEYS))}"
-            raise fail("unknown key", spath, f"{where}.{key}", fix)
+    if unknown := next((key for key in table if key not in _KEYS), None):
+        raise unknown_key(spath, where, unknown, _KEYS)
     if "command" not in table and "url" not in table:
         raise fail("neither command nor url is set", spath, where, 'add command = "the-program" (stdio) or url = "https://..."')
     fields, _ = parse_entry({k: v for k, v in table.items() if k in _COMMON}, path=spath, where=where, expand=expand)

@@ -225,16 +225,22 @@ def skipped_entry(entry: Any) -> str | None:
         return f"{kind!r} is {SKIPPED_TYPES[kind]}"
     if entry.get("source") == "extension" or (set(entry) <= {"settings", "enabled"} and "settings" in entry):
         return "it is a server a Zed extension provides; only Zed can start it"
-    if _starts_breakwater(entry.get("command"), entry.get("args")):
+    if _starts_breakwater(entry):
         return "it starts breakwater serve, which would serve itself (this is the file your agent reads, not the servers')"
     return next((f"it is {why}" for key, why in SKIPPED_KEYS.items() if key in entry), None)
 
 
-def _starts_breakwater(command: Any, args: Any) -> bool:
-    # `breakwater serve`, `python -m breakwater serve`, `uvx breakwater serve`, by any path.
-    if not isinstance(command, str) or not isinstance(args, list):
+def _starts_breakwater(entry: Mapping[str, Any]) -> bool:
+    # `breakwater serve`, `python -m breakwater serve`, `uvx breakwater serve`, by any path, in any client's shape:
+    # `command` and `args`, OpenCode's `command` list, Zed's `command` object.
+    command: Any = entry.get("command")
+    args: Any = entry.get("args")
+    if isinstance(command, dict):
+        command, args = command.get("path"), command.get("args")
+    args = args if isinstance(args, list) else []
+    words = command if isinstance(command, list) else [*command.split(), *args] if isinstance(command, str) else []
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
         return False
-    words = [*command.split(), *(a for a in args if isinstance(a, str))]
     names = [os.path.basename(w.replace("\\", "/")).removesuffix(".exe").lower() for w in words[:3]]
     return any(name == "breakwater" and words[i + 1 : i + 2] == ["serve"] for i, name in enumerate(names))
 
