@@ -175,3 +175,23 @@ enabled_tools = ["slow"]
                 hasty = envelope_of(await client.call_tool("hasty__slow", {}))
                 # (cut at its deadline; a tool of no stated retry class may have run, so it is not "just a timeout")
                 assert (hasty["code"], hasty["reason"], hasty["timeout_s"]) == ("OUTCOME_UNKNOWN", "deadline expired", 0.5)
+
+
+@pytest.mark.parametrize(("client", "at_most"), [("opencode", 4.6), ("claude-code", 6.5)])
+async def test_a_first_tools_list_is_answered_before_the_agent_gives_up_on_it(
+    tmp_path: Path, client: str, at_most: float
+) -> None:
+    """OpenCode closes a server whose first tools/list takes over 5 s (its `timeout`, default 5000 ms) and loses every
+    tool of it: breakwater answers such an agent a second sooner than the 5 s it waits for the others. Wall clock."""
+    from mcp.types import Implementation
+
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"quick": _tester("--tool", "add"), "slow": _tester("--startup-delay", "60")}}))
+    args = ["-m", "breakwater", "serve", "--no-share", "--config", str(config)]
+    params = StdioServerParameters(command=sys.executable, args=args, env=isolated_env(tmp_path))
+    async with Client(params, client_info=Implementation(name=client, version="1.0")) as session:
+        started = anyio.current_time()
+        names = [t.name for t in (await session.list_tools()).tools]
+        took = anyio.current_time() - started
+    assert "quick__add" in names and not any(n.startswith("slow__") for n in names)
+    assert 3.5 <= took <= at_most, took  # it did wait for the slow server, and no longer than the agent allows

@@ -31,7 +31,7 @@ from breakwater.connect._readiness import ON_ITS_WAY
 from breakwater.gateway._subscriptions import Subscriptions
 from breakwater.status import ServerState
 
-__all__ = ["Passthrough", "without_upstream_identity"]
+__all__ = ["Passthrough", "first_list_wait_s", "without_upstream_identity"]
 
 logger = logging.getLogger("breakwater.gateway")
 
@@ -86,6 +86,22 @@ def fitted(result: types.CallToolResult, output_schema: Mapping[str, Any] | None
 @contextlib.asynccontextmanager
 async def _no_relay(ctx: ServerRequestContext[Any], server: str) -> AsyncIterator[None]:
     yield
+
+
+#: Agents that give up on their first tools/list sooner than `[gateway] list_wait_s`, and after how long. OpenCode
+#: waits `timeout` (default 5000 ms) for the list of a server it has just connected to, then closes that server and
+#: marks it failed, every tool lost for the session (packages/opencode/src/mcp/index.ts,
+#: `withTimeout(mcpClient.listTools(), mcp.timeout ?? 5000)`): a first list held the full 5 s came 4 ms too late.
+CLIENT_LIST_DEADLINES_S: dict[str, float] = {"opencode": 5.0}
+#: How long before such a client's deadline the first list is answered (the answer's way back, a slow host).
+LIST_DEADLINE_MARGIN_S = 1.0
+
+
+def first_list_wait_s(list_wait_s: float, client: str | None) -> float:
+    """How long a first tools/list may wait for servers on their way: `list_wait_s`, or less for `client` when it
+    gives up sooner (what the list leaves out follows in list_changed, which those clients follow)."""
+    deadline = CLIENT_LIST_DEADLINES_S.get(client or "")
+    return list_wait_s if deadline is None else max(0.0, min(list_wait_s, deadline - LIST_DEADLINE_MARGIN_S))
 
 
 class Passthrough:

@@ -48,7 +48,7 @@ from breakwater.gateway._connection import connection_of
 from breakwater.gateway._drain import Drain
 from breakwater.gateway._frames import deadline_seconds, explain_params_errors, invalid_deadline
 from breakwater.gateway._operations import forwarded_once
-from breakwater.gateway._passthrough import Passthrough, fitted, without_upstream_identity
+from breakwater.gateway._passthrough import Passthrough, first_list_wait_s, fitted, without_upstream_identity
 from breakwater.gateway._relay import (
     EXCHANGE_KEEP_S,
     EXCHANGE_STATE_PREFIX,
@@ -354,17 +354,21 @@ class Gateway:
         # call, for the output schema) must not hold the answer it is waiting for.
         state = getattr(connection_of(ctx), "state", None)
         called = isinstance(state, dict) and state.get(CALLED_STATE, False)
-        entries = self.entries() if called else await self._listable_entries()
+        if called:
+            entries = self.entries()
+        else:
+            meta = ctx.meta if isinstance(ctx.meta, Mapping) else {}
+            entries = await self._listable_entries(first_list_wait_s(self.policy.list_wait_s, _client_name(ctx, meta)))
         return types.ListToolsResult(tools=self.builtins.tools() + [e.downstream() for e in entries])
 
-    async def _listable_entries(self) -> list[Entry]:
+    async def _listable_entries(self, wait_s: float) -> list[Entry]:
         """The entries, once connecting servers with nothing listed yet are ready (or `list_wait_s` passed).
 
         Many clients read the tool list once, at start-up, and ignore list_changed: a first-ever
         `serve` must not answer with the built-ins alone for servers half a second from ready.
         """
         clock = self.bw.clock
-        deadline = clock.monotonic() + self.policy.list_wait_s
+        deadline = clock.monotonic() + wait_s
         while self._unlisted_on_its_way() and clock.monotonic() < deadline:
             with clock.deadline_scope(deadline):
                 await self._wait_changed()
