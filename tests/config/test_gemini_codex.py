@@ -373,6 +373,7 @@ model = "gpt-5-mini"
     entry = written["mcp_servers"]["breakwater"]
     assert entry["args"][-3:] == ["serve", "--config", str((tmp_path / ".codex" / "breakwater.toml").resolve())]
     assert entry["tool_timeout_sec"] > 60  # Codex's default would cut a call breakwater still governs
+    assert entry["startup_timeout_sec"] >= 15  # and its 10 s start-up is close to breakwater's 5 s first-list wait
     from conformance.node_tools import node_tools
 
     tools = node_tools()  # Codex itself reads the new file: breakwater is its one server

@@ -30,6 +30,8 @@ _HEADER = re.compile(r"^\s*\[\[?\s*(?P<name>[^\]]*?)\s*\]\]?\s*(#.*)?$")
 #: Floor of the agent's wait for one breakwater call: Codex's own default (60 s) would cut a call breakwater
 #: still governs (its own timeouts, progress, retries).
 _MIN_TOOL_TIMEOUT_S = 60
+#: Room in the agent's start-up timeout beyond breakwater's first-list wait: its own start, the handshake, a slow host.
+_STARTUP_MARGIN_S = 10
 
 
 def codex_files(
@@ -53,6 +55,9 @@ def codex_files(
         "command": gateway_command[0],
         "args": gateway_command[1:],
         "tool_timeout_sec": max(_MIN_TOOL_TIMEOUT_S, int(longest) + 10),
+        # Codex's start-up (10 s by default) covers breakwater's first tools/list, which waits up to list_wait_s for
+        # servers still starting: on a slow machine the two come close.
+        "startup_timeout_sec": int(config.gateway.list_wait_s) + _STARTUP_MARGIN_S,
     }
     agent_text = _without_servers(text) + "\n" + _tables(f"{CODEX_TOP}.{gateway_name}", entry)
     for name, table in kept.items():
