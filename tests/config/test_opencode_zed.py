@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -249,3 +250,35 @@ def test_an_entry_of_another_shape_that_starts_breakwater_serve_is_skipped(tmp_p
         config = load_config(path, environ={})
         assert [s.name for s in config.servers] == ["a"]
         assert any(n.startswith(f"{top}.bw skipped: it starts breakwater serve") for n in config.notes)
+
+
+def test_import_of_opencode_rewrites_its_tool_patterns_to_the_names_through_breakwater(tmp_path: Path) -> None:
+    """`"tools": {"github_*": false}` switched GitHub's tools off in OpenCode; behind breakwater they are named
+    `breakwater_github__TOOL`, and a pattern left as it was would switch nothing off."""
+    from fnmatch import fnmatchcase
+
+    servers = {"github": {"type": "local", "command": ["x"]}, "my.server": {"type": "local", "command": ["y"]}}
+    tools = {"github_*": False, "my_server_read": False, "bash": True}
+    path = _write(tmp_path / "opencode.json", {"mcp": servers, "tools": tools, "agent": {"plan": {"tools": {"github_*": True}}}})
+    done = subprocess.run(
+        [sys.executable, "-m", "breakwater", "config", "import", str(path), "--replace"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    agent = json.loads(path.read_text())
+    assert agent["tools"] == {"bash": True, "breakwater_github__*": False, "breakwater_my_server__read": False}
+    assert agent["agent"]["plan"]["tools"] == {"breakwater_github__*": True}
+    assert "OpenCode's tool pattern tools: 'github_*' is now 'breakwater_github__*'" in done.stdout
+    # What OpenCode will call those tools: `breakwater_` and breakwater's own name, each character outside
+    # [a-zA-Z0-9_-] made `_` (OpenCode's rule); the patterns match them.
+    config = load_config(tmp_path / "breakwater.toml", environ={})
+    template = config.gateway.tool_name_template
+
+    def through(server: str, tool: str) -> str:
+        return "breakwater_" + re.sub(r"[^a-zA-Z0-9_-]", "_", template.format(server=server, tool=tool))
+
+    assert fnmatchcase(through("github", "create_issue"), "breakwater_github__*")
+    assert through("my.server", "read") == "breakwater_my_server__read"

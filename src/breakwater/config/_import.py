@@ -27,7 +27,7 @@ from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX
 from breakwater.config._dialect import SIGN_IN_KEYS, claude_local_servers, skipped_entry
 from breakwater.config._files import load_config_lenient
 from breakwater.config._import_codex import SERVERS_TOML, codex_files, name_taken
-from breakwater.config._shapes import gateway_entry, server_table
+from breakwater.config._shapes import OPENCODE_KINDS, gateway_entry, opencode_tool_patterns, server_table
 from breakwater.errors import ConfigError
 
 __all__ = ["import_main", "import_notes", "plan_import"]
@@ -138,6 +138,9 @@ def _json_files(source: Path, command: list[str]) -> tuple[str, str, dict[str, A
         servers_file = {"mcp": {k: v for k, v in mcp.items() if k in ("allowed", "excluded")}, **servers_file}
         agent_file["mcp"] = {k: v for k, v in mcp.items() if k not in ("allowed", "excluded")}
     notes = []
+    if top in ("mcp", "mcp.servers") and any(isinstance(e, dict) and e.get("type") in OPENCODE_KINDS for e in served.values()):
+        rewritten = opencode_tool_patterns(agent_file, list(served), GATEWAY_NAME)
+        notes += [f"OpenCode's tool pattern {change} (its tools are named through breakwater now)" for change in rewritten]
     if (local := claude_local_servers(raw, Path.cwd())) is not None and local[1]:
         names = ", ".join(local[1])
         notes.append(

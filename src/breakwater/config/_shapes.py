@@ -18,6 +18,7 @@ An error names the key as the user wrote it (`environment`, not `env`). May impo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 from breakwater._wire import json_kind
 from breakwater.errors import ConfigError
 
-__all__ = ["OPENCODE_KINDS", "common_entry", "gateway_entry", "opencode_file", "server_table"]
+__all__ = ["OPENCODE_KINDS", "common_entry", "gateway_entry", "opencode_file", "opencode_tool_patterns", "server_table"]
 
 #: OpenCode's `type` values.
 OPENCODE_KINDS = frozenset({"local", "remote"})
@@ -127,3 +128,33 @@ def gateway_entry(top: str, sample: Any, command: list[str]) -> dict[str, Any]:
     if top == "context_servers":
         return {"source": "custom", **entry}
     return {"type": "stdio", **entry} if top != "mcpServers" else entry
+
+
+def _opencode_name(name: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_-]", "_", name)
+
+
+def opencode_tool_patterns(raw: dict[str, Any], servers: list[str], gateway: str) -> list[str]:
+    """Rewrite, in place, OpenCode's tool patterns (`tools`, `agent.NAME.tools`) that name the moved servers' tools.
+
+    OpenCode names a server's tool `SERVER_TOOL` and its `tools` patterns (`"github_*": false`) switch them off or
+    on, per agent too. Behind breakwater the same tool is `GATEWAY_SERVER__TOOL` (breakwater's `{server}__{tool}`),
+    so a pattern left as it was would match nothing and a tool the user switched off would come back. Returns what
+    was rewritten, for the notes.
+    """
+    prefixes = sorted({_opencode_name(s) for s in servers}, key=len, reverse=True)
+    tables = [("tools", raw.get("tools"))]
+    agents = raw.get("agent")
+    if isinstance(agents, dict):
+        tables += [(f"agent.{name}.tools", a.get("tools")) for name, a in agents.items() if isinstance(a, dict)]
+    done = []
+    for where, table in tables:
+        if not isinstance(table, dict):
+            continue
+        for pattern in list(table):
+            server = next((p for p in prefixes if pattern.startswith(p + "_")), None)
+            if server is not None:
+                new = f"{gateway}_{server}__{pattern[len(server) + 1 :]}"
+                table[new] = table.pop(pattern)
+                done.append(f"{where}: {pattern!r} is now {new!r}")
+    return done
