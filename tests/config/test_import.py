@@ -104,3 +104,32 @@ def test_import_carries_variables_and_oauth_over_unexpanded_and_names_what_is_le
     assert "auth login local" not in result.stdout and "auth login templated" not in result.stdout
     agent = json.loads((tmp_path / ".mcp.breakwater.json").read_text())
     assert list(agent["mcpServers"]) == ["breakwater", "socket"]
+
+
+def test_import_names_the_claude_code_permission_rules_that_must_follow_the_tools(tmp_path: Path) -> None:
+    """A rule `mcp__github__delete_repo` in Claude Code's deny list matches nothing once the tool is
+    `mcp__breakwater__github__delete_repo`: the denied tool would be asked for instead. Import says so, rule by rule."""
+    (tmp_path / ".mcp.json").write_text(
+        json.dumps(SERVERS | {"mcpServers": {**SERVERS["mcpServers"], "github": {"command": "x"}}})
+    )
+    (tmp_path / ".claude").mkdir()
+    rules = {"deny": ["mcp__github__delete_repo", "Bash(rm:*)"], "allow": ["mcp__github", "mcp__fs__*"]}
+    (tmp_path / ".claude" / "settings.json").write_text(json.dumps({"permissions": rules}))
+    result = subprocess.run(
+        [sys.executable, "-m", "breakwater", "config", "import", ".mcp.json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+        env={**os.environ, "HOME": str(tmp_path / "home")},
+    )
+    assert result.returncode == 0, result.stderr
+    said = [line.split(": ", 2)[-1] for line in result.stdout.splitlines() if "permissions." in line]
+    suffix = " (the tool's name through breakwater)"
+    assert [line.removesuffix(suffix) for line in said] == [
+        "permissions.allow 'mcp__github' must become 'mcp__breakwater__github__*'",
+        "permissions.allow 'mcp__fs__*' must become 'mcp__breakwater__fs__*'",
+        "permissions.deny 'mcp__github__delete_repo' must become 'mcp__breakwater__github__delete_repo'",
+    ]
+    assert all(line.endswith(suffix) for line in said)

@@ -141,6 +141,8 @@ def _json_files(source: Path, command: list[str]) -> tuple[str, str, dict[str, A
     if top in ("mcp", "mcp.servers") and any(isinstance(e, dict) and e.get("type") in OPENCODE_KINDS for e in served.values()):
         rewritten = opencode_tool_patterns(agent_file, list(served), GATEWAY_NAME)
         notes += [f"OpenCode's tool pattern {change} (its tools are named through breakwater now)" for change in rewritten]
+    if source.name in (".mcp.json", ".claude.json"):
+        notes += _claude_permission_notes(source, list(served))
     if (local := claude_local_servers(raw, Path.cwd())) is not None and local[1]:
         names = ", ".join(local[1])
         notes.append(
@@ -148,6 +150,44 @@ def _json_files(source: Path, command: list[str]) -> tuple[str, str, dict[str, A
             " to serve them through breakwater too, add them to the servers file"
         )
     return json.dumps(servers_file, indent=2) + "\n", json.dumps(agent_file, indent=2) + "\n", kept, notes
+
+
+#: The permission lists of Claude Code's settings files.
+_PERMISSION_LISTS = ("allow", "deny", "ask")
+
+
+def _claude_permission_notes(source: Path, servers: list[str]) -> list[str]:
+    """Claude Code's permission rules that name a moved server's tools, and what each must become.
+
+    A rule is `mcp__SERVER`, `mcp__SERVER__*` or `mcp__SERVER__TOOL`; behind breakwater the tool is
+    `mcp__breakwater__SERVER__TOOL`, so a rule left as it was matches nothing: a denied tool would be asked for
+    instead, an allowed one asked every time. The files are the user's settings and the project's, and are not
+    changed here (they are not the file being imported); the note names each rule and its new form.
+    """
+    files = [source.parent / ".claude" / "settings.json", source.parent / ".claude" / "settings.local.json"]
+    files.append(Path.home() / ".claude" / "settings.json")
+    notes = []
+    for file in dict.fromkeys(files):
+        try:
+            permissions = json.loads(file.read_text(encoding="utf-8")).get("permissions", {})
+        except (OSError, ValueError, AttributeError):
+            continue
+        for kind in _PERMISSION_LISTS:
+            rules = permissions.get(kind) if isinstance(permissions, dict) else None
+            for rule in rules if isinstance(rules, list) else ():
+                if isinstance(rule, str) and (new := _through_breakwater(rule, servers)) is not None:
+                    notes.append(f"{file}: permissions.{kind} {rule!r} must become {new!r} (the tool's name through breakwater)")
+    return notes
+
+
+def _through_breakwater(rule: str, servers: list[str]) -> str | None:
+    for server in sorted(servers, key=len, reverse=True):
+        head = f"mcp__{server}"
+        if rule == head:
+            return f"{AGENT_PREFIX}{server}__*"
+        if rule.startswith(head + "__"):
+            return f"{AGENT_PREFIX}{server}__{rule[len(head) + 2 :]}"
+    return None
 
 
 def _skipped(entry: Any) -> bool:
