@@ -544,3 +544,32 @@ def test_property_a_codex_import_moves_any_servers_exactly_or_refuses(
     agent = tomllib.loads(files[source])
     assert {k: v for k, v in agent.items() if k != "mcp_servers"} == settings_
     assert list(agent["mcp_servers"]) == ["breakwater"]
+
+
+def test_import_of_a_codex_config_keeps_its_approvals_under_the_tools_names_through_breakwater(tmp_path: Path) -> None:
+    """Codex asked before `github`'s calls (`prompt`) and never before its `search`: behind breakwater the one entry asks
+    by the most careful of the servers' defaults, and each tool's own mode moves to the tool's new name."""
+    import tomllib
+
+    source = _codex(
+        tmp_path,
+        """[mcp_servers.github]
+command = "x"
+default_tools_approval_mode = "prompt"
+
+[mcp_servers.github.tools.search]
+approval_mode = "approve"
+
+[mcp_servers.notes]
+command = "y"
+""",
+    )
+    assert _import(source, "--replace").returncode == 0
+    entry = tomllib.loads(source.read_text())["mcp_servers"]["breakwater"]
+    assert entry["default_tools_approval_mode"] == "prompt"
+    assert entry["tools"] == {"github__search": {"approval_mode": "approve"}}
+    from conformance.node_tools import node_tools
+
+    tools = node_tools()  # and Codex reads the entry
+    env = dict(tools.env(), CODEX_HOME=str(tmp_path / ".codex"), HOME=str(tmp_path))
+    assert [s["name"] for s in json.loads(_run([str(tools.bin / "codex"), "mcp", "list", "--json"], env))] == ["breakwater"]

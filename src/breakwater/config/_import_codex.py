@@ -58,6 +58,7 @@ def codex_files(
         # Codex's start-up (10 s by default) covers breakwater's first tools/list, which waits up to list_wait_s for
         # servers still starting: on a slow machine the two come close.
         "startup_timeout_sec": int(config.gateway.list_wait_s) + _STARTUP_MARGIN_S,
+        **_approvals(served, config.gateway.tool_name_template),
     }
     agent_text = _without_servers(text) + "\n" + _tables(f"{CODEX_TOP}.{gateway_name}", entry)
     for name, table in kept.items():
@@ -71,6 +72,36 @@ def codex_files(
             fix="write its values as strings, numbers, true/false, lists and tables",
         )
     return servers_text, agent_text, kept
+
+
+#: Codex's approval modes, the most careful first: `prompt` asks every time, `auto` lets Codex decide, `approve` never asks.
+_APPROVALS = ("prompt", "auto", "approve")
+
+
+def _approvals(served: dict[str, Any], template: str) -> dict[str, Any]:
+    """The moved servers' approvals, for the one entry: Codex asks before a call as it did before the move.
+
+    Codex keeps approvals per server (`default_tools_approval_mode`) and per tool (`tools.TOOL.approval_mode`). Behind
+    breakwater every tool is the one server's, under its name through breakwater: each tool's mode moves to that name,
+    and the servers' defaults become the most careful of them (a tool never asked about before may be asked about now,
+    never the other way round).
+    """
+    defaults = {str(t.get("default_tools_approval_mode", "auto")) for t in served.values() if isinstance(t, dict)}
+    out: dict[str, Any] = {}
+    if len(defaults) == 1 and defaults != {"auto"}:
+        out["default_tools_approval_mode"] = defaults.pop()
+    elif len(defaults) > 1:  # with a mode this breakwater cannot rank, `prompt`: it asks, whatever that mode did
+        ranked = [m for m in _APPROVALS if m in defaults]
+        out["default_tools_approval_mode"] = ranked[0] if defaults <= set(_APPROVALS) else "prompt"
+    tools = {
+        template.format(server=server, tool=tool): mode
+        for server, table in served.items()
+        if isinstance(table, dict) and isinstance(table.get("tools"), dict)
+        for tool, mode in table["tools"].items()
+    }
+    if tools:
+        out["tools"] = tools
+    return out
 
 
 def name_taken(source: Path, key: str) -> ConfigError:
