@@ -151,10 +151,14 @@ class ServerStatus:
     failing_since: float | None = None
     #: Tools the server listed whose definitions are invalid, left out of `tools` (the rest are served).
     rejected_tools: tuple[RejectedTool, ...] = ()
+    #: Why a `disabled` server is configured but not started: the key that says so ("mcpServers.x.disabled is true",
+    #: "mcp.excluded lists it (Gemini CLI's settings)").
+    disabled_by: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """One entry of `status --json`'s `servers` list (`phase` only while queued for admission,
-        `failing_since` only while connects keep failing, `rejected_tools` only when a tool was left out)."""
+        `failing_since` only while connects keep failing, `rejected_tools` only when a tool was left out, `disabled_by`
+        only for a disabled server)."""
         return (
             {
                 "name": self.name,
@@ -170,6 +174,7 @@ class ServerStatus:
             | ({"phase": self.phase} if self.phase else {})
             | ({"failing_since": iso(self.failing_since)} if self.failing_since is not None else {})
             | ({"rejected_tools": [t.to_json() for t in self.rejected_tools]} if self.rejected_tools else {})
+            | ({"disabled_by": self.disabled_by} if self.disabled_by else {})
         )
 
 
@@ -244,6 +249,7 @@ class StatusReport:
                     rejected_tools=tuple(
                         RejectedTool(name=str(t.get("name")), reason=str(t.get("reason"))) for t in s.get("rejected_tools", [])
                     ),
+                    disabled_by=s.get("disabled_by"),
                 )
                 for s in data.get("servers", [])
             ),

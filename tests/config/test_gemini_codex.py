@@ -573,3 +573,29 @@ command = "y"
     tools = node_tools()  # and Codex reads the entry
     env = dict(tools.env(), CODEX_HOME=str(tmp_path / ".codex"), HOME=str(tmp_path))
     assert [s["name"] for s in json.loads(_run([str(tools.bin / "codex"), "mcp", "list", "--json"], env))] == ["breakwater"]
+
+
+def test_status_says_why_a_server_is_not_started(tmp_path: Path) -> None:
+    """A server Gemini CLI's `mcp.excluded` names, or one the entry turns off, is `disabled` in `status`, with the
+    key that decided it: a user who sees a server missing learns where to look."""
+    from breakwater.status import StatusReport
+
+    settings = _gemini(tmp_path, {"on": OK, "off": OK, "paused": {**OK, "disabled": True}}, mcp={"excluded": ["off"]})
+    cmd = [sys.executable, "-m", "breakwater", "status", "--json", "--config", str(settings)]
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=60, check=False, env={**os.environ, "BREAKWATER_SHARE": "off"}
+    )
+    report = StatusReport.from_json(json.loads(done.stdout))
+    said = {s.name: (s.state.value, s.disabled_by) for s in report.servers}
+    assert said["off"] == ("disabled", "mcp.excluded lists it (Gemini CLI's settings)")
+    assert said["paused"] == ("disabled", "mcpServers.paused.disabled is true")
+    assert said["on"][1] is None
+    table = subprocess.run(
+        [c for c in cmd if c != "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "BREAKWATER_SHARE": "off"},
+    )
+    assert "off: not started: mcp.excluded lists it (Gemini CLI's settings)" in table.stdout

@@ -81,6 +81,8 @@ def status_view(
             if s.next_retry_at is not None:
                 line += f" [dim](next try in {max(0.0, s.next_retry_at - now):.0f} s)[/]"
             problems.append(line)
+        if s.disabled_by:
+            problems.append(f"[bold]{escape(s.name)}[/]: [dim]not started: {escape(s.disabled_by)}[/]")
         for t in s.rejected_tools:
             name = t.name if template is None else namespaced(template, s.name, t.name, name_max)
             listed = f" (listed as {escape(t.name)!r})" if name != t.name else ""

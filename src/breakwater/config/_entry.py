@@ -117,6 +117,8 @@ def parse_entry(
     else:
         fields.update(_http_fields(entry, transport, path, where, expand))
     fields["enabled"] = _entry_enabled(entry, path, where)
+    if not fields["enabled"]:
+        fields["disabled_by"] = f"{where}.enabled is false" if "enabled" in entry else f"{where}.disabled is true"
     if "shared" in entry:
         fields["shared"] = flag(entry["shared"], path, f"{where}.shared", '"shared": true')
     notes = entry_notes(where.rsplit(".", 1)[-1], entry)

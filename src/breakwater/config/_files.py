@@ -161,7 +161,8 @@ def _servers_from_json(
             fields["notes"] = (*fields["notes"], *reshaped)
             if name in excluded or (allowed is not None and name not in allowed):
                 said = "mcp.excluded lists it" if name in excluded else "mcp.allowed does not list it"
-                fields |= {"enabled": False, "notes": (*fields["notes"], f"not started: {said} (Gemini CLI's settings)")}
+                said += " (Gemini CLI's settings)"
+                fields |= {"enabled": False, "disabled_by": said, "notes": (*fields["notes"], f"not started: {said}")}
             specs.append(ServerSpec(name=name, source=str(path), **defaults, **fields))
     return specs, notes
 
@@ -285,7 +286,8 @@ def _server_base(
         if key not in _SERVER_POLICY_KEYS | {"enabled", "shared"}:
             raise unknown_key(spath, where, key, _SERVER_POLICY_KEYS | {"enabled", "shared", "command", "url"})
     if "enabled" in table:
-        base_spec = replace(base_spec, enabled=flag(table["enabled"], spath, f"{where}.enabled", "enabled = false"))
+        enabled = flag(table["enabled"], spath, f"{where}.enabled", "enabled = false")
+        base_spec = replace(base_spec, enabled=enabled, disabled_by=None if enabled else f"{where}.enabled is false")
     if "shared" in table:
         base_spec = replace(base_spec, shared=flag(table["shared"], spath, f"{where}.shared", "shared = true"))
     return base_spec

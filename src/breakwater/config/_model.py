@@ -144,6 +144,8 @@ class ServerSpec:
     #: The entry's `oauth` object (HTTP servers only); None when it has none.
     oauth: OAuthSettings | None = None
     enabled: bool = True
+    #: Why a server is not enabled, as `status` says it: the key that turned it off.
+    disabled_by: str | None = None
     #: A stdio server that every session attached to the shared local gateway uses (one process for
     #: all), instead of one process per session; see `[gateway] share_stdio`. Meaningless for HTTP,
     #: which is always shared.

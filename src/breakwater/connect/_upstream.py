@@ -164,6 +164,7 @@ class Upstream:
             rejected_tools=tuple(replace(t, reason=self._redact(t.reason)) for t in self.rejected_tools)
             if self.state is ServerState.READY
             else (),
+            disabled_by=self.spec.disabled_by if self.state is ServerState.DISABLED else None,
         )
 
     def _redacted(self, error: ErrorInfo) -> ErrorInfo:
