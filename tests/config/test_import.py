@@ -11,7 +11,7 @@ from pathlib import Path
 from breakwater.config import load_config
 
 
-def run_import(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def run_import(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "breakwater", "config", "import", *args],
         capture_output=True,
@@ -19,6 +19,7 @@ def run_import(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         cwd=cwd,
         timeout=60,
         check=False,
+        env=env,
     )
 
 
@@ -86,15 +87,7 @@ def test_import_carries_variables_and_oauth_over_unexpanded_and_names_what_is_le
         }
     }
     (tmp_path / ".mcp.json").write_text(json.dumps(servers))
-    result = subprocess.run(
-        [sys.executable, "-m", "breakwater", "config", "import", ".mcp.json"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=60,
-        check=False,
-        env={**os.environ, "BW_IMPORT_SET_KEY": "key-value-123456"},
-    )
+    result = run_import(".mcp.json", cwd=tmp_path, env={**os.environ, "BW_IMPORT_SET_KEY": "key-value-123456"})
     assert result.returncode == 0, result.stderr
     written = json.loads((tmp_path / "breakwater.servers.json").read_text())
     assert written == {"mcpServers": {k: v for k, v in servers["mcpServers"].items() if k != "socket"}}
@@ -115,15 +108,7 @@ def test_import_names_the_claude_code_permission_rules_that_must_follow_the_tool
     (tmp_path / ".claude").mkdir()
     rules = {"deny": ["mcp__github__delete_repo", "Bash(rm:*)"], "allow": ["mcp__github", "mcp__fs__*"]}
     (tmp_path / ".claude" / "settings.json").write_text(json.dumps({"permissions": rules}))
-    result = subprocess.run(
-        [sys.executable, "-m", "breakwater", "config", "import", ".mcp.json"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=60,
-        check=False,
-        env={**os.environ, "HOME": str(tmp_path / "home")},
-    )
+    result = run_import(".mcp.json", cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path / "home")})
     assert result.returncode == 0, result.stderr
     said = [line.split(": ", 2)[-1] for line in result.stdout.splitlines() if "permissions." in line]
     suffix = " (the tool's name through breakwater)"
