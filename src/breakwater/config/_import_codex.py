@@ -60,7 +60,8 @@ def codex_files(
         "startup_timeout_sec": int(config.gateway.list_wait_s) + _STARTUP_MARGIN_S,
         **_approvals(served, config.gateway.tool_name_template),
     }
-    agent_text = _without_servers(text) + "\n" + _tables(f"{CODEX_TOP}.{gateway_name}", entry)
+    rest = _without_servers(text).strip()
+    agent_text = (rest + "\n\n" if rest else "") + _tables(f"{CODEX_TOP}.{gateway_name}", entry)
     for name, table in kept.items():
         agent_text += "\n" + _tables(f"{CODEX_TOP}.{_key(name)}", table)
     _check_agent_file(agent_text, data, {gateway_name: entry, **kept}, source)
