@@ -238,6 +238,10 @@ timeout_s = 0.3
 [servers.erp]
 command = "breakwater-no-such-erp-server"
 
+[servers.paused]
+command = "breakwater-no-such-paused-server"
+enabled = false
+
 [servers.crashy]
 command = {json.dumps(crash[0])}
 args = {_toml_args(crash[1:])}
@@ -388,6 +392,8 @@ def test_status_api_shows_reasons_timeouts_in_force_and_hour_figures(gateway: Ru
     assert crashy["error"]["code"] == "exited" and "<redacted>" in json.dumps(crashy["error"])
     assert SECRET not in json.dumps(data)
     assert erp["breaker"] is None  # never ready: no call has been possible, so no breaker state
+    paused = server_row(data, "paused")  # configured, not started, and why
+    assert (paused["state"], paused["disabled_by"]) == ("disabled", "servers.paused.enabled is false")
     slow = tool_row(data, "files__slow")
     assert (slow["timeout_s"], slow["timeout_source"]) == (pytest.approx(0.3), "configured")
     oops = tool_row(data, "files__oops")  # never called: the top-level [call] value, labelled as set in the file
@@ -584,6 +590,8 @@ def _check_page(driver: Any, gateway: RunningGateway, tmp_path: Path) -> None:
             )
             assert "exited" in crashy[0].text and "<redacted>" in crashy[0].text
             assert driver.find_element(By.CSS_SELECTOR, 'tr[data-server="files"]').get_attribute("data-state") == "ready"
+            paused = driver.find_element(By.CSS_SELECTOR, 'tr[data-server="paused"][data-state="disabled"] td.reason').text
+            assert paused == "not started: servers.paused.enabled is false"
             # State colours (the inline stylesheet passed the page's Content-Security-Policy): failed and ready differ.
             colour = "return getComputedStyle(arguments[0]).backgroundColor"
             failed_pill = driver.execute_script(colour, erp.find_element(By.CSS_SELECTOR, ".pill"))
