@@ -38,6 +38,7 @@ __all__ = [
     "downstream_names",
     "name_affixes",
     "namespaced",
+    "namespaced_pattern",
     "route_by_shape",
 ]
 
@@ -63,6 +64,14 @@ def namespaced(template: str, server: str, tool: str, limit: int = MAX_TOOL_NAME
         digest = hashlib.sha256(name.encode()).hexdigest()[: HASH_TAIL - 1]
         name = f"{name[: limit - HASH_TAIL]}-{digest}"
     return name
+
+
+def namespaced_pattern(template: str, server: str, pattern: str, limit: int = MAX_TOOL_NAME) -> str:
+    """`namespaced` for a name an agent's pattern may write with `*` (a permission rule, a tool switch): each `*`
+    stays one; a name without one is the tool's exact downstream name, cut as the gateway cuts it."""
+    if "*" not in pattern:
+        return namespaced(template, server, pattern, limit)
+    return "*".join(TOOL_NAME_OK.sub("_", part) for part in template.format(server=server, tool=pattern).split("*"))
 
 
 def distinct_name(name: str, server: str, tool: str, limit: int = MAX_TOOL_NAME) -> str:

@@ -46,8 +46,12 @@ CODEX_TOP = "mcp_servers"
 _COMMON = frozenset({"command", "args", "env", "cwd", "url", "enabled"})
 _HTTP_ONLY = ("http_headers", "env_http_headers", "bearer_token_env_var", "bearer_token", "oauth", "oauth_resource")
 _HANDLED = frozenset({"env_vars", *_HTTP_ONLY, "enabled_tools", "disabled_tools", "scopes"})
-_TIMEOUTS = {"tool_timeout_sec": ("call", "timeout_s", 1.0), "startup_timeout_sec": ("connect", "attempt_timeout_s", 1.0)}
-_TIMEOUTS_MS = {"startup_timeout_ms": ("connect", "attempt_timeout_s", 0.001)}
+#: Codex's timeout keys: the policy section and knob each one sets, and its unit in seconds.
+_TIMEOUTS = {
+    "tool_timeout_sec": ("call", "timeout_s", 1.0),
+    "startup_timeout_sec": ("connect", "attempt_timeout_s", 1.0),
+    "startup_timeout_ms": ("connect", "attempt_timeout_s", 0.001),
+}
 
 #: Keys that mean nothing to breakwater, and what the note says about each.
 _IGNORED = {
@@ -59,7 +63,7 @@ _IGNORED = {
     "experimental_environment": "Codex's choice of where to start the server; breakwater starts it here",
     "name": "a label for people; not used",
 }
-_KEYS = _COMMON | _HANDLED | frozenset(_TIMEOUTS) | frozenset(_TIMEOUTS_MS) | frozenset(_IGNORED)
+_KEYS = _COMMON | _HANDLED | frozenset(_TIMEOUTS) | frozenset(_IGNORED)
 
 
 def servers_from_codex(
@@ -92,12 +96,11 @@ def _server(name: str, table: Any, spath: str, where: str, defaults: Mapping[str
     if "command" not in table and "url" not in table:
         raise fail("neither command nor url is set", spath, where, 'add command = "the-program" (stdio) or url = "https://..."')
     fields, _ = parse_entry({k: v for k, v in table.items() if k in _COMMON}, path=spath, where=where, expand=expand)
-    variables = replace(expand, literal=False)  # the keys that name variables take their values from the environment
     if fields["transport"] == "stdio":
         for key in _HTTP_ONLY:
             if key in table:
                 raise fail(f"a stdio server has no {key}", spath, f"{where}.{key}", f"remove {key}, or the command for a url")
-        passed = _passed_on(table.get("env_vars"), spath, f"{where}.env_vars", variables)
+        passed = _passed_on(table.get("env_vars"), spath, f"{where}.env_vars", expand.environ)
         fields["env"] = passed | dict(fields.get("env", {}))
         if unset := [n for n in _var_names(table.get("env_vars")) if n not in passed]:
             fields["notes"] = (*fields["notes"], f"env_vars: {', '.join(unset)} not set here, so not passed on")
@@ -105,29 +108,25 @@ def _server(name: str, table: Any, spath: str, where: str, defaults: Mapping[str
         for key in ("args", "env", "env_vars", "cwd"):  # as Codex refuses them beside a url
             if key in table:
                 raise fail(f"an HTTP server has no {key}", spath, f"{where}.{key}", f"remove {key}, or the url for a command")
-        fields["headers"] = _headers(table, spath, where, expand, variables)
+        fields["headers"] = _headers(table, spath, where, expand)
         if (oauth := _oauth(table, spath, where)) is not None:
             fields["oauth"] = oauth
-    fields["expanded_secrets"] = (*fields["expanded_secrets"], *variables.take_secrets(where))
+    # The values of variables its keys name (env_vars too, which env holds and `secrets` scrubs) are secrets.
+    fields["expanded_secrets"] = (*fields["expanded_secrets"], *expand.take_secrets(where))
     fields["tool_filter"] = tool_filter(table, spath, where, deny=("disabled_tools",), allow=("enabled_tools",))
     fields["notes"] = (*fields["notes"], *(f"{key} ignored: {why}" for key, why in _IGNORED.items() if key in table))
     spec = ServerSpec(name=name, source=spath, **defaults, **fields)
     return _with_timeouts(spec, table, spath, where)
 
 
-def _variable(variables: Expander, name: Any, spath: str, key: str, where: str) -> str | None:
+def _variable(expand: Expander, name: Any, spath: str, key: str, where: str) -> str | None:
     """The value of the variable `name` (a secret); unset is an error, or None while importing (recorded as missing)."""
     if not isinstance(name, str) or not name.strip() or any(c in name for c in "${}= "):
         raise fail("expected the name of an environment variable", spath, key, 'write the name alone: "GITHUB_TOKEN"')
-    if name not in variables.environ:
-        if not variables.strict:
-            variables.missing.append((key, name))
-            return None
-        raise fail(f"the variable {name} is not set", spath, key, f"set {name} in the environment breakwater runs in")
-    return variables(f"${{{name}}}", where=where, key=key, secret=True)
+    return expand.variable(name, where=where, key=key)
 
 
-def _passed_on(value: Any, spath: str, key: str, variables: Expander) -> dict[str, str]:
+def _passed_on(value: Any, spath: str, key: str, environ: Mapping[str, str]) -> dict[str, str]:
     """`env_vars`: the variables of breakwater's own environment the stdio server gets, those that are set."""
     if value is None:
         return {}
@@ -140,8 +139,8 @@ def _passed_on(value: Any, spath: str, key: str, variables: Expander) -> dict[st
             raise fail(f"source {source!r} is not on this machine", spath, f"{key}[{i}].source", 'use "local", or leave it out')
         if not isinstance(name, str) or not name.strip():
             raise fail("expected the name of an environment variable", spath, f"{key}[{i}]", 'env_vars = ["GITHUB_TOKEN"]')
-        if name in variables.environ:  # Codex passes on the ones that are set, and so does breakwater
-            out[name] = variables(f"${{{name}}}", where=key.rsplit(".", 1)[0], key=f"{key}[{i}]", secret=True)
+        if name in environ:  # Codex passes on the ones that are set, and so does breakwater
+            out[name] = environ[name]
     return out
 
 
@@ -149,7 +148,7 @@ def _var_names(value: Any) -> list[Any]:
     return [item.get("name") if isinstance(item, dict) else item for item in value or ()]
 
 
-def _headers(table: Mapping[str, Any], spath: str, where: str, expand: Expander, variables: Expander) -> dict[str, str]:
+def _headers(table: Mapping[str, Any], spath: str, where: str, expand: Expander) -> dict[str, str]:
     if "bearer_token" in table:
         raise fail(
             "a token written into the file (Codex refuses it too)",
@@ -167,11 +166,11 @@ def _headers(table: Mapping[str, Any], spath: str, where: str, expand: Expander,
             'env_http_headers = { "X-Api-Key" = "MY_KEY" }',
         )
     for header, name in from_env.items():
-        if (value := _variable(variables, name, spath, f"{where}.env_http_headers.{header}", where)) is not None:
+        if (value := _variable(expand, name, spath, f"{where}.env_http_headers.{header}", where)) is not None:
             headers[header] = value
     if "bearer_token_env_var" in table:
         key = f"{where}.bearer_token_env_var"
-        if (token := _variable(variables, table["bearer_token_env_var"], spath, key, where)) is not None:
+        if (token := _variable(expand, table["bearer_token_env_var"], spath, key, where)) is not None:
             headers["Authorization"] = f"Bearer {token}"
     return headers
 
@@ -194,7 +193,7 @@ def _oauth(table: Mapping[str, Any], spath: str, where: str) -> OAuthSettings | 
 
 def _with_timeouts(spec: ServerSpec, table: Mapping[str, Any], spath: str, where: str) -> ServerSpec:
     """Codex's timeouts as the server's own policy: they win over defaults and learned values, as a config's do."""
-    for key, (section, knob, scale) in {**_TIMEOUTS, **_TIMEOUTS_MS}.items():
+    for key, (section, knob, scale) in _TIMEOUTS.items():
         if key not in table:
             continue
         value = table[key]

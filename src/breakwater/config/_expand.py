@@ -145,14 +145,21 @@ class Expander:
                 reason = getattr(exc, "strerror", None) or str(exc)
                 said = f"{whole}: cannot read {str(file)!r}: {reason}"
                 raise ConfigError(said, path=self.path, key=key, fix="fix the path") from None
-        elif (found := self.environ.get(name)) is not None:
-            value = found
-        elif not self.strict:
-            self.missing.append((key, name))
-            return whole
-        else:
+            self._secrets.setdefault(where, []).append(value)
+            return value
+        found = self.variable(name, where=where, key=key, said=f" ({whole})")
+        return whole if found is None else found
+
+    def variable(self, name: str, *, where: str, key: str, said: str = "") -> str | None:
+        """The value of the environment variable `name`, a secret of the entry `where` (OpenCode's `{env:NAME}`,
+        Codex's keys that name a variable); unset is an error, or None while lenient (recorded in `missing`)."""
+        value = self.environ.get(name)
+        if value is None:
+            if not self.strict:
+                self.missing.append((key, name))
+                return None
             fix = f"set {name} in the environment breakwater runs in"
-            raise ConfigError(f"the variable {name} is not set ({whole})", path=self.path, key=key, fix=fix)
+            raise ConfigError(f"the variable {name} is not set{said}", path=self.path, key=key, fix=fix)
         self._secrets.setdefault(where, []).append(value)
         return value
 

@@ -19,14 +19,15 @@ import argparse
 import json
 import shutil
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from breakwater.config import Config, _jsonc
-from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX
+from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX, namespaced_pattern
 from breakwater.config._dialect import SIGN_IN_KEYS, claude_local_servers, skipped_entry
 from breakwater.config._files import load_config_lenient
-from breakwater.config._import_codex import SERVERS_TOML, codex_files, name_taken
+from breakwater.config._import_codex import SERVERS_TOML, Named, codex_files, name_taken
 from breakwater.config._shapes import OPENCODE_KINDS, gateway_entry, opencode_tool_patterns, server_table
 from breakwater.errors import ConfigError
 
@@ -37,6 +38,9 @@ TOML_FILE = "breakwater.toml"
 GATEWAY_NAME = "breakwater"
 #: What Claude Code puts before each tool name of the entry written for the agent (`mcp__SERVER__`).
 AGENT_PREFIX = f"mcp__{GATEWAY_NAME}__"
+#: The longest tool name the written breakwater.toml lets the gateway list: with Claude Code's prefix, the 64 a model
+#: API takes.
+NAME_MAX = DEFAULT_TOOL_NAME_MAX - len(AGENT_PREFIX)
 
 TOML_TEMPLATE = """\
 # breakwater's config, written by `breakwater config import` from {source}.
@@ -91,12 +95,14 @@ def _plan(source: Path) -> tuple[dict[Path, str], list[str]]:
     folder = source.parent
     toml_path = (folder / TOML_FILE).resolve()
     command = [*_breakwater_command(), "serve", "--config", str(toml_path)]
+    # A tool's name through the gateway written here (agents' approvals and patterns must follow it).
+    named = partial(namespaced_pattern, config.gateway.tool_name_template, limit=NAME_MAX)
     more: list[str] = []
     if source.suffix == ".toml":  # Codex's config.toml (load_config refused any other TOML file)
-        servers_text, agent_text, kept = codex_files(source, config, command, GATEWAY_NAME)
+        servers_text, agent_text, kept = codex_files(source, config, command, GATEWAY_NAME, named)
         servers_name = SERVERS_TOML
     else:
-        servers_text, agent_text, kept, more = _json_files(source, command)
+        servers_text, agent_text, kept, more = _json_files(source, command, named)
         servers_name = SERVERS_FILE
     files = {
         folder / servers_name: servers_text,
@@ -105,7 +111,7 @@ def _plan(source: Path) -> tuple[dict[Path, str], list[str]]:
             servers=servers_name,
             agent_prefix=AGENT_PREFIX,
             api_max=DEFAULT_TOOL_NAME_MAX,
-            name_max=DEFAULT_TOOL_NAME_MAX - len(AGENT_PREFIX),
+            name_max=NAME_MAX,
         ),
         source: agent_text,
     }
@@ -114,7 +120,7 @@ def _plan(source: Path) -> tuple[dict[Path, str], list[str]]:
     return files, [*import_notes(config, missing), *left, *more, *_entry_notes(config)]
 
 
-def _json_files(source: Path, command: list[str]) -> tuple[str, str, dict[str, Any], list[str]]:
+def _json_files(source: Path, command: list[str], named: Named) -> tuple[str, str, dict[str, Any], list[str]]:
     """(the servers file's text, the agent's new file, the entries that stay with the agent, notes) for a JSON file."""
     raw: dict[str, Any] = json.loads(_jsonc.strip(source.read_text(encoding="utf-8-sig")))
     top, entries = server_table(raw) or ("mcpServers", {})
@@ -139,10 +145,10 @@ def _json_files(source: Path, command: list[str]) -> tuple[str, str, dict[str, A
         agent_file["mcp"] = {k: v for k, v in mcp.items() if k not in ("allowed", "excluded")}
     notes = []
     if top in ("mcp", "mcp.servers") and any(isinstance(e, dict) and e.get("type") in OPENCODE_KINDS for e in served.values()):
-        rewritten = opencode_tool_patterns(agent_file, list(served), GATEWAY_NAME)
+        rewritten = opencode_tool_patterns(agent_file, list(served), GATEWAY_NAME, named)
         notes += [f"OpenCode's tool pattern {change} (its tools are named through breakwater now)" for change in rewritten]
     if source.name in (".mcp.json", ".claude.json"):
-        notes += _claude_permission_notes(source, list(served))
+        notes += _claude_permission_notes(source, list(served), named)
     if (local := claude_local_servers(raw, Path.cwd())) is not None and local[1]:
         names = ", ".join(local[1])
         notes.append(
@@ -156,7 +162,7 @@ def _json_files(source: Path, command: list[str]) -> tuple[str, str, dict[str, A
 _PERMISSION_LISTS = ("allow", "deny", "ask")
 
 
-def _claude_permission_notes(source: Path, servers: list[str]) -> list[str]:
+def _claude_permission_notes(source: Path, servers: list[str], named: Named) -> list[str]:
     """Claude Code's permission rules that name a moved server's tools, and what each must become.
 
     A rule is `mcp__SERVER`, `mcp__SERVER__*` or `mcp__SERVER__TOOL`; behind breakwater the tool is
@@ -175,18 +181,18 @@ def _claude_permission_notes(source: Path, servers: list[str]) -> list[str]:
         for kind in _PERMISSION_LISTS:
             rules = permissions.get(kind) if isinstance(permissions, dict) else None
             for rule in rules if isinstance(rules, list) else ():
-                if isinstance(rule, str) and (new := _through_breakwater(rule, servers)) is not None:
+                if isinstance(rule, str) and (new := _through_breakwater(rule, servers, named)) is not None:
                     notes.append(f"{file}: permissions.{kind} {rule!r} must become {new!r} (the tool's name through breakwater)")
     return notes
 
 
-def _through_breakwater(rule: str, servers: list[str]) -> str | None:
+def _through_breakwater(rule: str, servers: list[str], named: Named) -> str | None:
     for server in sorted(servers, key=len, reverse=True):
         head = f"mcp__{server}"
         if rule == head:
-            return f"{AGENT_PREFIX}{server}__*"
+            return AGENT_PREFIX + named(server, "*")
         if rule.startswith(head + "__"):
-            return f"{AGENT_PREFIX}{server}__{rule[len(head) + 2 :]}"
+            return AGENT_PREFIX + named(server, rule[len(head) + 2 :])
     return None
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from breakwater.config._dialect import skipped_entry
 from breakwater.config._model import Config
 from breakwater.errors import ConfigError
 
-__all__ = ["SERVERS_TOML", "codex_files", "name_taken"]
+__all__ = ["SERVERS_TOML", "Named", "codex_files", "name_taken"]
 
 SERVERS_TOML = "breakwater.servers.toml"
 _HEADER = re.compile(r"^\s*\[\[?\s*(?P<name>[^\]]*?)\s*\]\]?\s*(#.*)?$")
@@ -34,8 +35,12 @@ _MIN_TOOL_TIMEOUT_S = 60
 _STARTUP_MARGIN_S = 10
 
 
+#: A tool's name through the gateway being written, from its server and its own name (or a pattern with `*`).
+Named = Callable[[str, str], str]
+
+
 def codex_files(
-    source: Path, config: Config, gateway_command: list[str], gateway_name: str
+    source: Path, config: Config, gateway_command: list[str], gateway_name: str, named: Named
 ) -> tuple[str, str, dict[str, dict[str, Any]]]:
     """(the servers file's text, the agent's new config.toml, the entries that stay with the agent)."""
     text = source.read_text(encoding="utf-8-sig")
@@ -58,7 +63,7 @@ def codex_files(
         # Codex's start-up (10 s by default) covers breakwater's first tools/list, which waits up to list_wait_s for
         # servers still starting: on a slow machine the two come close.
         "startup_timeout_sec": int(config.gateway.list_wait_s) + _STARTUP_MARGIN_S,
-        **_approvals(served, config.gateway.tool_name_template),
+        **_approvals(served, named),
     }
     rest = _without_servers(text).strip()
     agent_text = (rest + "\n\n" if rest else "") + _tables(f"{CODEX_TOP}.{gateway_name}", entry)
@@ -79,7 +84,7 @@ def codex_files(
 _APPROVALS = ("prompt", "auto", "approve")
 
 
-def _approvals(served: dict[str, Any], template: str) -> dict[str, Any]:
+def _approvals(served: dict[str, Any], named: Named) -> dict[str, Any]:
     """The moved servers' approvals, for the one entry: Codex asks before a call as it did before the move.
 
     Codex keeps approvals per server (`default_tools_approval_mode`) and per tool (`tools.TOOL.approval_mode`). Behind
@@ -95,7 +100,7 @@ def _approvals(served: dict[str, Any], template: str) -> dict[str, Any]:
         ranked = [m for m in _APPROVALS if m in defaults]
         out["default_tools_approval_mode"] = ranked[0] if defaults <= set(_APPROVALS) else "prompt"
     tools = {
-        template.format(server=server, tool=tool): mode
+        named(server, tool): mode
         for server, table in served.items()
         if isinstance(table, dict) and isinstance(table.get("tools"), dict)
         for tool, mode in table["tools"].items()

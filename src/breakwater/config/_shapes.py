@@ -19,7 +19,7 @@ An error names the key as the user wrote it (`environment`, not `env`). May impo
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -134,15 +134,15 @@ def _opencode_name(name: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_-]", "_", name)
 
 
-def opencode_tool_patterns(raw: dict[str, Any], servers: list[str], gateway: str) -> list[str]:
+def opencode_tool_patterns(raw: dict[str, Any], servers: list[str], gateway: str, named: Callable[[str, str], str]) -> list[str]:
     """Rewrite, in place, OpenCode's tool patterns (`tools`, `agent.NAME.tools`) that name the moved servers' tools.
 
     OpenCode names a server's tool `SERVER_TOOL` and its `tools` patterns (`"github_*": false`) switch them off or
-    on, per agent too. Behind breakwater the same tool is `GATEWAY_SERVER__TOOL` (breakwater's `{server}__{tool}`),
-    so a pattern left as it was would match nothing and a tool the user switched off would come back. Returns what
-    was rewritten, for the notes.
+    on, per agent too. Behind breakwater the same tool is `GATEWAY_` and its name through breakwater (`named`), so a
+    pattern left as it was would match nothing and a tool the user switched off would come back. Returns what was
+    rewritten, for the notes.
     """
-    prefixes = sorted({_opencode_name(s) for s in servers}, key=len, reverse=True)
+    by_prefix = {_opencode_name(s): s for s in sorted(servers, key=len, reverse=True)}
     tables = [("tools", raw.get("tools"))]
     agents = raw.get("agent")
     if isinstance(agents, dict):
@@ -152,9 +152,11 @@ def opencode_tool_patterns(raw: dict[str, Any], servers: list[str], gateway: str
         if not isinstance(table, dict):
             continue
         for pattern in list(table):
-            server = next((p for p in prefixes if pattern.startswith(p + "_")), None)
-            if server is not None:
-                new = f"{gateway}_{server}__{pattern[len(server) + 1 :]}"
+            prefix = next((p for p in by_prefix if pattern.startswith(p + "_")), None)
+            if prefix is not None:
+                # OpenCode makes each character outside [a-zA-Z0-9_-] of a tool's name `_`; a `*` stays a `*`.
+                through = named(by_prefix[prefix], pattern[len(prefix) + 1 :])
+                new = f"{gateway}_" + "*".join(_opencode_name(part) for part in through.split("*"))
                 table[new] = table.pop(pattern)
                 done.append(f"{where}: {pattern!r} is now {new!r}")
     return done
