@@ -264,6 +264,18 @@ async def http_client(
         yield client
 
 
+#: `python -m breakwater` ends in `os._exit` (`breakwater.cli.run`), before cProfile's `-o` would write: profile
+#: `main()`, which returns, instead.
+_PROFILED_MAIN = (
+    "import cProfile, sys; out = sys.argv.pop(1); del sys.argv[1:3]; from breakwater.cli import main; cProfile.run('main()', out)"
+)
+
+
+def profiled(profile: str | None) -> list[str]:
+    """What goes before `-m breakwater ...` on a command line: nothing, or a cProfile of `main()` into `profile`."""
+    return ["-c", _PROFILED_MAIN, profile] if profile else []
+
+
 @contextlib.asynccontextmanager
 async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tuple[Client, str, tuple[int, ...]]]:
     """A connected client for target `name`, that target's version string and its gateway's pids (none for `direct`)."""
@@ -304,8 +316,7 @@ async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tu
         env = breakwater_env(tmp)
         if not name.endswith("-first"):
             await earlier_session(StdioServerParameters(command=sys.executable, args=serve, env=env))
-        prof = ["-m", "cProfile", "-o", profile] if profile else []
-        params = StdioServerParameters(command=sys.executable, args=[*prof, *serve], env=env)
+        params = StdioServerParameters(command=sys.executable, args=[*profiled(profile), *serve], env=env)
         async with Client(params, mode="legacy") as c:
             serve_pid = child_pid("breakwater serve", _CLAIMED)
             pids: tuple[int, ...] = (serve_pid,) if serve_pid else ()
@@ -315,8 +326,17 @@ async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tu
             yield c, _version("mcp-breakwater") + STDIO_NOTES[name], pids
     elif name in ("breakwater-http", "breakwater-http-2026", "breakwater-http-json"):
         port_file = tmp / "bw.port"
-        prof = ["-m", "cProfile", "-o", profile] if profile else []
-        cmd = [sys.executable, *prof, "-m", "breakwater", "serve", "--config", str(mcp_json(tmp)), "--http", "127.0.0.1:0"]
+        cmd = [
+            sys.executable,
+            *profiled(profile),
+            "-m",
+            "breakwater",
+            "serve",
+            "--config",
+            str(mcp_json(tmp)),
+            "--http",
+            "127.0.0.1:0",
+        ]
         if name.endswith("json"):
             cmd.append("--json-response")
         with spawn([*cmd, "--port-file", str(port_file)], env=breakwater_env(tmp)) as (proc, log):

@@ -15,13 +15,27 @@ while the user is logged in.
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
+import re
+import stat
 import sys
 from pathlib import Path
 
 import platformdirs
 
-__all__ = ["cache_dir", "config_dir", "data_dir", "runtime_dir", "write_atomic"]
+__all__ = [
+    "MAX_SECRET_FILE_BYTES",
+    "MAX_USER_FILE_BYTES",
+    "cache_dir",
+    "config_dir",
+    "data_dir",
+    "file_stem",
+    "read_user_file",
+    "runtime_dir",
+    "write_atomic",
+]
 
 APP = "breakwater"
 
@@ -64,3 +78,39 @@ def write_atomic(path: Path, text: str) -> None:
     except OSError:
         tmp.unlink(missing_ok=True)
         raise
+
+
+#: The most breakwater reads of a file the user names (a config, its `servers_file` or `envFile`, a `{file:}` or key
+#: file). Real ones are kilobytes; without a bound, `--config /dev/zero` read until the memory ran out.
+MAX_USER_FILE_BYTES = 4 * 1024 * 1024
+#: The most read of a file whose whole text is one secret (OpenCode's `{file:}`, a private key): a token or a PEM key
+#: is a few kilobytes, and every secret is matched in everything breakwater prints (`config/_redact.py`).
+MAX_SECRET_FILE_BYTES = 64 * 1024
+
+
+def read_user_file(path: Path, limit: int = MAX_USER_FILE_BYTES) -> bytes:
+    """The bytes of the regular file `path`; an OSError whose `strerror` says why for anything else.
+
+    Checked before it is opened: opening a FIFO waits for a writer, and a device (`/dev/zero`) never ends.
+    """
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise OSError(errno.EINVAL, "not a regular file (a directory, a FIFO or a device)")
+    with open(path, "rb") as file:
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit // 1024} KiB, far more than any such file")
+    return data
+
+
+#: The longest `file_stem`: with a fingerprint and a suffix beside it, far below the 255 bytes a file name may have.
+_STEM_MAX = 100
+_NOT_IN_FILE_NAMES = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+def file_stem(name: str) -> str:
+    """`name` (a server's) as the start of a file name: other characters made `_`, and a long one cut, with a hash of
+    the whole name after it (a 300-character server name made the cache's file name too long to open)."""
+    safe = _NOT_IN_FILE_NAMES.sub("_", name)
+    if len(safe) <= _STEM_MAX:
+        return safe
+    return f"{safe[: _STEM_MAX - 17]}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"

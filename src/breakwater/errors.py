@@ -37,6 +37,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
+import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -74,6 +75,21 @@ class BreakwaterError(Exception):
     """Base of every error breakwater raises on purpose."""
 
 
+def visible(text: str) -> str:
+    """`text` with each control, format (bidirectional), separator or surrogate character written as `\\uXXXX`.
+
+    For what breakwater prints of a file's or a server's own text: a terminal would otherwise obey such a
+    character (a bidirectional override makes a name read differently than it is) instead of showing it.
+    """
+    if text.isprintable():
+        return text
+    return "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) in _INVISIBLE else c for c in text)
+
+
+#: Unicode categories `visible` escapes: controls, formats, line and paragraph separators, surrogates.
+_INVISIBLE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+
+
 class ConfigError(BreakwaterError):
     """A configuration that cannot be used, with where and how to fix it."""
 
@@ -82,7 +98,8 @@ class ConfigError(BreakwaterError):
         self.key = key
         self.fix = fix
         self.detail = message
-        where = ": ".join(p for p in (path, key) if p)
+        # A key is the file's own text: a control or bidirectional character in it is shown, not obeyed, by the terminal.
+        where = ": ".join(visible(p) for p in (path, key) if p)
         text = f"{where}: {message}" if where else message
         if fix:
             text += f"\n  fix: {fix}"
@@ -181,9 +198,16 @@ class CallError(BreakwaterError):
 
     def advice_text(self) -> str:
         """The "what to do next" sentence, with the wait filled in."""
+        if self.default_retryable and not self.retryable:
+            # An advice that invites a retry, on an error this call must not repeat (`retryable: false`): the two
+            # said opposite things to the model (an invalid reply to a call that may have run).
+            return NOT_RETRYABLE_ADVICE
         seconds = self.retry_after_s
         return self.advice.format(wait=_about(seconds) if seconds is not None and seconds > 0 else "a moment")
 
+
+#: The advice of an error whose kind is retried, for a call that must not be (its `retryable` is false).
+NOT_RETRYABLE_ADVICE = "Do not repeat this call: use another tool if one can do the job, or tell the user."
 
 _new_exception = BaseException.__new__
 

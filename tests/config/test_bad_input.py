@@ -20,6 +20,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -115,6 +116,48 @@ BAD_CONFIGS: list[tuple[str, str | bytes, str]] = [
     ("namespace-ctrl.toml", '[state]\nnamespace = "a\\u0007b"\n', "state.namespace"),
     ("ceiling.toml", "[journal]\nlearn_floor_s = 10\nlearn_ceiling_s = 5\n", "journal.learn_ceiling_s"),
     ("bool-arg.json", _json({"a": {"command": "x", "args": [True]}}), "mcpServers.a.args"),
+    # A value of the wrong JSON type where a transport's name goes (a list is unhashable: once a TypeError).
+    ("type-list.json", _json({"a": {"command": "x", "type": ["stdio"]}}), "mcpServers.a.type"),
+    ("transport-obj.json", _json({"a": {"command": "x", "transport": {"x": 1}}}), "mcpServers.a.transport"),
+    ("opencode-type.json", json.dumps({"mcp": {"a": {"type": {"k": 1}, "command": ["x"]}}}), "mcp.a.type"),
+    ("opencode-case.json", json.dumps({"mcp": {"a": {"type": "Local", "command": ["x"]}}}), "did you mean 'local'"),
+    ("two-transports.json", _json({"a": {"command": "x", "type": "stdio", "transport": "sse"}}), "mcpServers.a.transport"),
+    # Text no process, header or file name can be given, found once accepted and then crashing `serve`.
+    ("surrogate-arg.json", '{"mcpServers": {"a": {"command": "x", "args": ["\\ud83d"]}}}', "mcpServers.a.args[0]"),
+    ("surrogate-key.json", '{"mcpServers": {"a": {"command": "x", "env": {"K\\udc00": "1"}}}}', "lone surrogate"),
+    ("ipv4.json", _json({"a": {"type": "http", "url": "http://999.999.999.999:9/mcp"}}), "no IPv4 address"),
+    ("ipv6.json", _json({"a": {"type": "http", "url": "http://[zz::q]:9/mcp"}}), "mcpServers.a.url"),
+    ("idna.json", _json({"a": {"type": "http", "url": "http://\u2603.net/mcp"}}), "internationalised"),
+    ("header-ascii.json", _json({"a": {"type": "http", "url": "http://h/mcp", "headers": {"X-A": "\u00e9"}}}), "not ASCII"),
+    (
+        "header-length.json",
+        _json({"a": {"type": "http", "url": "http://h/mcp", "headers": {"Content-Length": "5"}}}),
+        "HTTP transport",
+    ),
+    ("blank-command.json", _json({"a": {"command": "${EMPTY_HERE:-}"}}), "empty once its variables"),
+    ("search-tool.toml", '[gateway]\nsearch_tool = "bad name!"\n', "gateway.search_tool"),
+    ("same-tools.toml", '[gateway]\nsearch_tool = "x"\nstatus_tool = "x"\n', "gateway.status_tool"),
+    # A server or a key read by nobody, which once vanished without a word.
+    ("opencode-stray.json", json.dumps({"mcp": {"a": {"type": "local", "command": ["x"]}, "servers": {}}}), "mcp.a"),
+    ("opencode-args.json", json.dumps({"mcp": {"a": {"type": "local", "command": ["x"], "args": ["y"]}}}), "mcp.a.args"),
+    ("opencode-env.json", json.dumps({"mcp": {"a": {"type": "local", "command": ["x"], "env": {"K": "v"}}}}), "mcp.a.env"),
+    ("two-tables.json", json.dumps({"mcpServers": {"a": OK}, "mcp": {"servers": {"b": OK}}}), "mcp.servers"),
+    ("enabled-disabled.json", _json({"a": {**OK, "enabled": True, "disabled": True}}), "contradict"),
+    ("url-args.json", _json({"a": {"type": "http", "url": "http://h/mcp", "args": ["--x"]}}), "mcpServers.a.args"),
+    (
+        "codex-two.toml",
+        '[mcp_servers.a]\ncommand = "x"\nstartup_timeout_sec = 5\nstartup_timeout_ms = 5000\n',
+        "startup_timeout_ms",
+    ),
+    (
+        "env-no-name.json",
+        json.dumps({"mcp": {"a": {"type": "local", "command": ["x"], "environment": {"K": "{env:}"}}}}),
+        "names no variable",
+    ),
+    ("dup-path.json", '{"mcpServers": {"a": {"command": "x", "command": "y"}}}', "mcpServers.a.command"),
+    ("servers-file-dir.toml", 'servers_file = ""\n', "servers_file"),
+    ("inf-arg.json", '{"mcpServers": {"a": {"command": "x", "args": [1e400]}}}', "mcpServers.a.args[0]"),
+    ("inf-env.json", '{"mcpServers": {"a": {"command": "x", "env": {"K": -1e400}}}}', "mcpServers.a.env.K"),
 ]
 
 
@@ -290,10 +333,21 @@ _ENTRY = st.fixed_dictionaries(
             st.lists(_TEXT, max_size=2),  # OpenCode's
             st.fixed_dictionaries({}, optional={"path": _TEXT, "args": st.lists(_TEXT, max_size=2), "bogus": _TEXT}),  # Zed's
         ),
-        "args": st.one_of(st.lists(st.one_of(_TEXT, st.integers(), st.booleans()), max_size=3), _TEXT),
+        "args": st.one_of(st.lists(st.one_of(_TEXT, st.integers(), st.booleans(), st.just("\ud83d")), max_size=3), _TEXT),
         "env": st.one_of(st.dictionaries(_TEXT, st.one_of(_TEXT, st.integers(), st.none()), max_size=2), _TEXT),
-        "url": st.one_of(st.sampled_from(["http://", "http://h:99999", "http://127.0.0.1:8/mcp", "https://u:p@h/x?k=v"]), _TEXT),
-        "type": st.sampled_from(["stdio", "http", "sse", "streamable-http", "bogus", "local", "remote"]),
+        "url": st.one_of(
+            st.sampled_from(["http://", "http://h:99999", "http://127.0.0.1:8/mcp", "https://u:p@h/x?k=v"]),
+            st.sampled_from(
+                ["http://999.1.1.1/x", "http://[::1]:8/x", "http://[zz]/x", "http://\u2603.net/", "http://xn--a.com/"]
+            ),
+            _TEXT,
+        ),
+        "type": st.one_of(
+            st.sampled_from(["stdio", "http", "sse", "streamable-http", "bogus", "local", "remote", "Local", "HTTP"]),
+            st.lists(st.sampled_from(["stdio", "local"]), max_size=1),
+            st.fixed_dictionaries({"k": st.integers()}),
+        ),
+        "transport": st.one_of(st.sampled_from(["stdio", "sse", "http"]), st.none(), st.integers()),
         "environment": st.one_of(
             st.dictionaries(_TEXT, st.sampled_from(["v", "{env:NOPE}", "{file:nope}", "{env:}"]), max_size=2), _TEXT
         ),
@@ -337,6 +391,12 @@ def _assert_in_range(config: Config) -> None:
     for spec in config.servers:
         assert spec.name.strip() and spec.name.isprintable()
         assert spec.cwd is None or Path(spec.cwd).is_dir()
+        # Accepted means it can run: every text can be given to a process, every header sent, every URL opened.
+        for text in (spec.command or "", *spec.args, *spec.env, *spec.env.values()):
+            text.encode()
+        assert all(v.isascii() and k.isascii() for k, v in spec.headers.items())
+        if spec.url is not None:
+            httpx2.URL(spec.url)
 
 
 _CODEX_VALUE = st.one_of(_KNOB_VALUE, st.lists(st.one_of(_TEXT, st.integers()), max_size=2))

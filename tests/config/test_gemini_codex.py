@@ -180,7 +180,7 @@ def test_a_breakwater_toml_takes_codex_config_as_its_servers_file(tmp_path: Path
 
 CODEX_BAD = [
     ('command = "x"\ncomand = "y"\n', "mcp_servers.a.comand", "did you mean 'command'"),
-    ('command = "x"\nurl = "https://h/mcp"\n', "mcp_servers.a.url", "a stdio server has no url"),
+    ('command = "x"\nurl = "https://h/mcp"\n', "mcp_servers.a.url", "both command and url are set"),
     ('command = "x"\nbearer_token_env_var = "T"\n', "mcp_servers.a.bearer_token_env_var", "a stdio server has no"),
     ('url = "https://h/mcp"\nenv_vars = ["A"]\n', "mcp_servers.a.env_vars", "an HTTP server has no env_vars"),
     ('url = "https://h/mcp"\nbearer_token = "SECRET1"\n', "mcp_servers.a.bearer_token", "bearer_token_env_var"),

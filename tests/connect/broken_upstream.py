@@ -3,8 +3,8 @@
     python broken_upstream.py [--junk N] [--bad-tools] [--non-finite] [--swallow-unknown | --modern-only]
 
 Speaks 2025-11-25 JSON-RPC over stdio, one message per line. `--bad-tools` lists, beside the valid
-`echo` and `big`, a tool whose inputSchema is not an object, one with no inputSchema at all and a
-second `echo`.
+`echo` and `big`, a tool whose inputSchema is not an object, one with no inputSchema at all, a
+second `echo` and one named "".
 `--non-finite` writes NaN and Infinity, which JSON does not have (Python's `json.dumps` does by
 default): a tool `bounded` whose schema has `"maximum": Infinity`, and a tool `measure` that answers
 `structuredContent` and `_meta` holding NaN, Infinity and -Infinity beside finite values, after
@@ -35,6 +35,7 @@ BAD = [
     {"name": "broken_schema", "description": "its schema is a string", "inputSchema": "not a schema"},
     {"name": "no_schema", "description": "no inputSchema at all"},
     {"name": "echo", "description": "a second echo", "inputSchema": {"type": "object"}},
+    {"name": "", "description": "a tool without a name", "inputSchema": {"type": "object"}},
 ]
 
 

@@ -344,3 +344,13 @@ def test_an_open_breakers_advice_names_the_wait_as_fmt_seconds_does(seconds: flo
     err = CircuitOpenError(retry_after_s=seconds, detail=None if usual is None else {"usual_s": usual})
     wait = f"about {_fmt_seconds(seconds)}" if seconds is not None and seconds > 0 else "a moment"  # a passed wait: none
     assert err.advice_text() == _circuit_advice(wait, usual)
+
+
+@pytest.mark.parametrize("leaf", [leaf for leaf in all_leaves() if leaf.default_retryable])
+def test_an_error_that_must_not_be_retried_never_advises_a_retry(leaf: type[CallError]) -> None:
+    """An invalid reply to a call that may have run is UPSTREAM_ERROR with `retryable: false`; its text said "Wait a
+    moment and retry once", the opposite of its envelope. Every kind that is retried says otherwise when this one is not."""
+    refused = leaf(server="s", tool="t", retryable=False)
+    advice = refused.advice_text().lower()
+    assert not any(invite in advice for invite in ("and retry", "retry once", "retry after", "retry,")), advice
+    assert envelope(refused)["retryable"] is False

@@ -21,7 +21,7 @@ import anyio
 import mcp.types as types
 
 from breakwater import _paths
-from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX, TOOL_NAME_OK, downstream_names, namespaced
+from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX, downstream_names, namespaced
 
 __all__ = ["Catalog", "Entry", "default_catalog_dir", "entry_json", "namespaced", "tool_fingerprint"]
 
@@ -81,8 +81,7 @@ class Catalog:
     def _path(self, server: str, fingerprint: str) -> Path | None:
         if self._dir is None:
             return None
-        safe = TOOL_NAME_OK.sub("_", server)
-        return self._dir / f"{safe}-{fingerprint}.json"
+        return self._dir / f"{_paths.file_stem(server)}-{fingerprint}.json"
 
     def load(self, server: str, fingerprint: str) -> list[types.Tool]:
         """The last-known tools of `server` as configured now (empty when never seen)."""

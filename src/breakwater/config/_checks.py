@@ -9,6 +9,7 @@ leaves only.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import re
 import string
 import unicodedata
@@ -208,12 +209,15 @@ def check_server_name(name: str, *, path: str | None, key: str) -> None:
 
 
 def _shown(url: str) -> str:
-    # The URL as an error may quote it: user-info and query are where tokens hide.
-    head, sep, _ = url.partition("?")
-    scheme, slashes, rest = head.partition("//")
-    if "@" in rest.split("/", 1)[0]:
-        rest = "<redacted>@" + rest.split("@", 1)[1]
-    return repr(scheme + slashes + rest + ("?<redacted>" if sep else ""))
+    """The URL as an error may quote it: its scheme, host and port. User-info (up to the last @, as `urlsplit` reads
+    it), path (a webhook's is its credential), query and fragment are where tokens hide, and an error is written
+    before the config's secrets are known to the redactor."""
+    scheme, slashes, rest = url.partition("//")
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:end], rest[end:]
+    if "@" in authority:
+        authority = "<redacted>@" + authority.rpartition("@")[2]
+    return repr(scheme + slashes + authority + ("<redacted>" if tail.strip("/") else tail))
 
 
 def check_url(url: str, *, path: str | None, key: str) -> None:
@@ -233,12 +237,61 @@ def check_url(url: str, *, path: str | None, key: str) -> None:
         raise ConfigError(f"the URL {shown} has no host", path=path, key=key, fix=fix)
     if port is not None and not 1 <= port <= 65535:
         raise ConfigError(f"the URL {shown} has port {port}, outside 1-65535", path=path, key=key, fix=fix)
+    if (wrong := _wrong_host(parts.hostname)) is not None:
+        raise ConfigError(f"the URL {shown} has {wrong}", path=path, key=key, fix=fix)
+
+
+_IPV4_STYLE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$")
+
+
+def _wrong_host(host: str) -> str | None:
+    """What httpx2, which sends the requests, would refuse in a URL's host (its `_urlparse.encode_host`), else None.
+
+    Checked here so that such a URL is a config error, not a connect that fails (and is retried) for ever.
+    """
+    if _IPV4_STYLE.match(host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return f"the host {host!r}, which is no IPv4 address (each of its four numbers is 0-255)"
+    elif ":" in host:  # an IPv6 literal, out of its brackets (`urlsplit`'s hostname)
+        address, percent, zone = host.partition("%")
+        try:
+            ipaddress.IPv6Address(address + percent + (zone.removeprefix("25") if len(zone) > 2 else zone))
+        except ValueError:
+            return "a host in brackets that is no IPv6 address"
+    elif not host.isascii():
+        import idna  # httpx2's own dependency; only for a name that is not ASCII
+
+        try:
+            idna.encode(host.lower())
+        except idna.IDNAError:
+            return f"the host {host!r}, which is no valid internationalised domain name"
+    return None
+
+
+#: Headers the HTTP client or the MCP transport writes itself: one set by hand would frame the request wrongly or
+#: break the session (a `Content-Length` the body does not have, a second `Mcp-Session-Id`).
+_TRANSPORT_HEADERS = frozenset(
+    {"content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer", "proxy-connection"}
+    | {"mcp-session-id", "mcp-protocol-version"}
+)
 
 
 def check_header(name: str, value: str, *, path: str | None, key: str) -> None:
-    """A header name of token characters and a value without line breaks or control characters."""
+    """A header name of token characters and an ASCII value without line breaks or control characters, which the
+    HTTP client can send; not one of the headers the client or the transport writes itself."""
     if not name or not set(name) <= _HEADER_NAME_CHARS:
         raise ConfigError(f"invalid header name {name!r}", path=path, key=key, fix="use letters, digits and -")
+    if name.lower() in _TRANSPORT_HEADERS:
+        raise ConfigError(f"the header {name!r} is written by the HTTP transport itself", path=path, key=key, fix="remove it")
+    if not value.isascii():
+        raise ConfigError(
+            f"the value of header {name!r} is not ASCII, which HTTP cannot send",
+            path=path,
+            key=key,
+            fix="percent-encode or base64-encode it, as the server expects",
+        )
     if any(_invisible(c) for c in value) or value != value.strip():
         raise ConfigError(
             f"the value of header {name!r} has a control character or surrounding spaces",

@@ -95,6 +95,8 @@ def _server(name: str, table: Any, spath: str, where: str, defaults: Mapping[str
         raise unknown_key(spath, where, unknown, _KEYS)
     if "command" not in table and "url" not in table:
         raise fail("neither command nor url is set", spath, where, 'add command = "the-program" (stdio) or url = "https://..."')
+    if "command" in table and "url" in table:
+        raise fail("both command and url are set", spath, f"{where}.url", "keep command (a stdio server) or url (an HTTP one)")
     fields, _ = parse_entry({k: v for k, v in table.items() if k in _COMMON}, path=spath, where=where, expand=expand)
     if fields["transport"] == "stdio":
         for key in _HTTP_ONLY:
@@ -193,16 +195,19 @@ def _oauth(table: Mapping[str, Any], spath: str, where: str) -> OAuthSettings | 
 
 def _with_timeouts(spec: ServerSpec, table: Mapping[str, Any], spath: str, where: str) -> ServerSpec:
     """Codex's timeouts as the server's own policy: they win over defaults and learned values, as a config's do."""
+    if "startup_timeout_sec" in table and "startup_timeout_ms" in table:  # which one wins would be a guess
+        raise fail("both startup_timeout_sec and startup_timeout_ms are set", spath, f"{where}.startup_timeout_ms", "keep one")
     for key, (section, knob, scale) in _TIMEOUTS.items():
         if key not in table:
             continue
-        value = table[key]
+        value, example = table[key], f"{key} = {round(30 / scale)}"
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise fail("expected a positive number", spath, f"{where}.{key}", f"{key} = 30")
+            raise fail("expected a positive number", spath, f"{where}.{key}", example)
         try:
             policy = replace(getattr(spec, section), **{knob: value * scale})
         except (ValueError, ConfigError) as exc:
-            raise fail(str(getattr(exc, "detail", exc)), spath, f"{where}.{key}", f"{key} = 30") from None
+            said = str(getattr(exc, "detail", exc))
+            raise fail(f"{said} ({key} = {value} is {value * scale:g} s)", spath, f"{where}.{key}", example) from None
         spec = replace(spec, **{section: policy})
         if section == "call":
             spec = replace(spec, call_explicit=spec.call_explicit | {knob}, call_configured=spec.call_configured | {knob})

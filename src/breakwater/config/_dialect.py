@@ -12,6 +12,7 @@ Codex's `config.toml` has keys of its own (`_codex.py`). May import the core lea
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import shlex
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from breakwater import _platform
+from breakwater._paths import read_user_file
+from breakwater._wire import json_kind
 from breakwater.errors import ConfigError
 
 __all__ = [
@@ -152,7 +155,20 @@ def entry_url_key(entry: Mapping[str, Any], path: str, where: str) -> str:
 
 def entry_transport(entry: Mapping[str, Any], path: str, where: str) -> Literal["stdio", "http", "sse"]:
     """The transport an entry names (`type`, `transport`, or Cline's older `transportType`), else the one its keys imply."""
-    key = next((k for k in TRANSPORT_KEYS if k in entry), "type")
+    written = [k for k in TRANSPORT_KEYS if k in entry]
+    key = written[0] if written else "type"
+    for other in written:
+        if not isinstance(entry[other], str):
+            raise ConfigError(
+                f"expected a string, got {json_kind(entry[other])}",
+                path=path,
+                key=f"{where}.{other}",
+                fix='write "stdio", "http" or "sse"',
+            )
+    if len({_kind_of(entry[k]) for k in written}) > 1:  # which one wins would be a guess
+        raise ConfigError(
+            f"{written[0]} and {written[1]} name different transports", path=path, key=f"{where}.{written[1]}", fix="keep one"
+        )
     kind = entry.get(key)
     url_key = entry_url_key(entry, path, where)
     if kind is None:
@@ -170,7 +186,17 @@ def entry_transport(entry: Mapping[str, Any], path: str, where: str) -> Literal[
         return "sse"
     if kind == "stdio":
         return "stdio"
-    raise ConfigError(f"unknown transport {kind!r}", path=path, key=f"{where}.{key}", fix='use "stdio", "http" or "sse"')
+    close = [k for k in _KNOWN_KINDS if k.lower() == kind.lower()] or difflib.get_close_matches(kind, _KNOWN_KINDS, n=1)
+    fix = f"did you mean {close[0]!r}?" if close else 'use "stdio", "http" or "sse"'
+    raise ConfigError(f"unknown transport {kind!r}", path=path, key=f"{where}.{key}", fix=fix)
+
+
+#: Every transport name an entry may hold, for the "did you mean" of a misspelt one (OpenCode's, read in `_shapes.py`, too).
+_KNOWN_KINDS = sorted({"stdio", "sse", *HTTP_KINDS, "local", "remote"})
+
+
+def _kind_of(kind: str) -> str:
+    return "http" if kind in HTTP_KINDS else kind
 
 
 def entry_notes(name: str, entry: dict[str, object]) -> list[str]:
@@ -313,8 +339,9 @@ def claude_local_servers(data: Mapping[str, Any], cwd: Path) -> tuple[str, Any] 
     by_path = {key.replace("\\", "/").rstrip("/") or "/": key for key in projects if isinstance(key, str)}
     for folder in (cwd, *cwd.parents):
         key = by_path.get(folder.as_posix().rstrip("/") or "/")
-        if key is not None and isinstance(projects[key], dict):
-            return key, projects[key].get("mcpServers", {})
+        if key is not None:  # a project that is no object is this folder's, and an error, not "no project here"
+            project = projects[key]
+            return key, project.get("mcpServers", {}) if isinstance(project, dict) else project
     return None
 
 
@@ -347,7 +374,7 @@ def top_level_notes(data: dict[str, object], top: str) -> list[str]:
 def read_env_file(path: Path, *, config_path: str, key: str) -> dict[str, str]:
     """A dotenv file as VS Code and Cursor read `envFile`: `NAME=value` lines, `#` comments, optional quotes and `export`."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_user_file(path).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(
             f"cannot read the envFile {str(path)!r}: {getattr(exc, 'strerror', None) or exc}",

@@ -9,6 +9,7 @@ leaves and the rest of `config` only.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -75,7 +76,7 @@ def str_map(value: Any, path: str, key: str, expand: Expander, where: str) -> di
         if isinstance(v, bool) or not isinstance(v, (str, int, float)):
             raise fail("expected a string value", path, f"{key}.{k}", "quote the value")
         # Values only: Claude Code expands no names.
-        out[k] = expand(str(v), where=where, key=f"{key}.{k}", secret=True)
+        out[k] = expand(_text(v, path, f"{key}.{k}"), where=where, key=f"{key}.{k}", secret=True)
         if key.endswith("headers"):  # `headers`, or Codex's `http_headers`
             check_header(k, out[k], path=path, key=f"{key}.{k}")
         else:
@@ -84,6 +85,13 @@ def str_map(value: Any, path: str, key: str, expand: Expander, where: str) -> di
             check_text(k, path=path, key=f"{key}.{k}", what="name", strict=True)
             check_text(out[k], path=path, key=f"{key}.{k}", secret=True)
     return out
+
+
+def _text(value: str | float, path: str, key: str) -> str:
+    """A string, or a number written where a string goes, as its text; `1e400` (JSON's infinity) is no number to pass."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise fail("a number too large to write out", path, key, "quote the value as a string")
+    return str(value)
 
 
 # ---- one server entry (mcpServers JSON or [servers.NAME]) ---------------------------------------
@@ -156,7 +164,9 @@ def _stdio_fields(entry: Mapping[str, Any], path: str, where: str, expand: Expan
     written = names.get("command", "command")
     command = required_text(entry, path, where, "command", "a stdio server needs a command", "the-program", written)
     command = expand(command, where=where, key=f"{where}.{written}")
-    check_text(command, path=path, key=f"{where}.{written}", what="command", strict=True)
+    if not command.strip():
+        raise fail("the command is empty once its variables are expanded", path, f"{where}.{written}", "set the variable")
+    check_text(command, path=path, key=f"{where}.{written}", what="command", strict=True, secret=True)
     # `~/bin/server` as a shell would run it; a bare name stays a name, looked up on PATH at spawn.
     # Arguments are passed exactly as written: no shell runs in between (a command line written into
     # `command` alone is split into words at spawn, as Cursor does: `_dialect.command_words`).
@@ -164,9 +174,11 @@ def _stdio_fields(entry: Mapping[str, Any], path: str, where: str, expand: Expan
     args = entry.get("args", [])
     if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in args):
         raise fail("expected a list of strings", path, f"{where}.args", 'write "args": ["--flag", "value"]')
-    fields["args"] = tuple(expand(str(a), where=where, key=f"{where}.args[{i}]") for i, a in enumerate(args))
+    fields["args"] = tuple(
+        expand(_text(a, path, f"{where}.args[{i}]"), where=where, key=f"{where}.args[{i}]") for i, a in enumerate(args)
+    )
     for i, arg in enumerate(fields["args"]):
-        check_text(arg, path=path, key=f"{where}.args[{i}]", what="argument")
+        check_text(arg, path=path, key=f"{where}.args[{i}]", what="argument", secret=True)
     env = _env_file(entry, path, where, expand)
     if "env" in entry:
         # The entry's own env wins over its envFile, as in VS Code.
@@ -235,11 +247,17 @@ def _http_fields(entry: Mapping[str, Any], transport: Transport, path: str, wher
             raise fail("expected a command", path, f"{where}.headersHelper", 'write "headersHelper": "/path/to/get-headers.sh"')
         check_text(helper, path=path, key=f"{where}.headersHelper", what="command", strict=True)
         fields["headers_helper"] = helper
-    if "oauth" in entry and (oauth := parse_oauth(entry["oauth"], path=path, where=where)) is not None:
+    if "oauth" in entry and (oauth := parse_oauth(entry["oauth"], path=path, where=where, expand=expand)) is not None:
         fields["oauth"] = oauth
-    for key in ("command", "envFile"):
-        if key in entry:
-            raise fail(f"an {transport} server has no {key}", path, f"{where}.{key}", f'remove "{key}" or the url')
+    for key in ("command", "envFile", "args", "env", "cwd"):
+        # An empty `args` or `env` beside a url is what some generators write; anything in one would not be used.
+        if key in entry and (entry[key] not in ([], {}, "") or key == "command"):
+            raise fail(
+                f"an {transport} server has no {key}: it is not started here",
+                path,
+                f"{where}.{key}",
+                f'remove "{key}" or the url',
+            )
     return fields
 
 
@@ -251,12 +269,14 @@ def _names(value: Any, path: str, key: str) -> list[str]:
 
 
 def _entry_enabled(entry: Mapping[str, Any], path: str, where: str) -> bool:
-    # JSON clients write "disabled": true; breakwater.toml writes enabled = false. The last one set wins.
+    # JSON clients write "disabled": true; breakwater.toml writes enabled = false. Both, contradicting, is an error.
     enabled = True
     if "disabled" in entry:
         enabled = not flag(entry["disabled"], path, f"{where}.disabled", '"disabled": true')
     if "enabled" in entry:
-        enabled = flag(entry["enabled"], path, f"{where}.enabled", "enabled = false")
+        if flag(entry["enabled"], path, f"{where}.enabled", "enabled = false") != enabled and "disabled" in entry:
+            raise fail("enabled and disabled contradict each other", path, f"{where}.enabled", "keep one of them")
+        enabled = entry["enabled"]
     return enabled
 
 

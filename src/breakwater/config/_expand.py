@@ -41,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from breakwater._paths import MAX_SECRET_FILE_BYTES, read_user_file
 from breakwater.config._redact import is_credential_name
 from breakwater.errors import ConfigError
 
@@ -112,6 +113,8 @@ class Expander:
         if name.startswith(_EDITOR_ONLY):
             raise self._editor_only(name, key)
         lookup = name.removeprefix("env:")
+        if not lookup.strip():
+            raise self._no_name(whole, key)
         value = self.environ.get(lookup)
         if value is None:
             value = self._predefined(lookup)
@@ -140,15 +143,23 @@ class Expander:
             if not file.is_absolute():
                 file = (Path(self.path).parent if self.path else Path.cwd()) / file
             try:
-                value = file.read_text(encoding="utf-8").strip()
+                value = read_user_file(file, MAX_SECRET_FILE_BYTES).decode("utf-8").strip()
             except (OSError, UnicodeDecodeError) as exc:
                 reason = getattr(exc, "strerror", None) or str(exc)
                 said = f"{whole}: cannot read {str(file)!r}: {reason}"
                 raise ConfigError(said, path=self.path, key=key, fix="fix the path") from None
             self._secrets.setdefault(where, []).append(value)
             return value
+        if not name.strip():
+            raise self._no_name(whole, key)
         found = self.variable(name, where=where, key=key, said=f" ({whole})")
         return whole if found is None else found
+
+    def _no_name(self, whole: str, key: str) -> ConfigError:
+        example = "{env:NAME}" if whole.startswith("{") else "${NAME}"
+        return ConfigError(
+            f"{whole} names no variable", path=self.path, key=key, fix=f"write {example}, with the variable's name"
+        )
 
     def variable(self, name: str, *, where: str, key: str, said: str = "") -> str | None:
         """The value of the environment variable `name`, a secret of the entry `where` (OpenCode's `{env:NAME}`,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import fields as dc_fields
@@ -16,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from breakwater._paths import read_user_file
 from breakwater._wire import json_depth
 from breakwater.config import _jsonc
 from breakwater.config._checks import alike_servers, check_server_name, check_template_for_servers
@@ -50,7 +52,7 @@ def _read_text(path: Path) -> str:
     """The file as text; unreadable, non-UTF-8 or NUL-bearing files are a ConfigError that says where."""
     spath = str(path)
     try:
-        raw = path.read_bytes()
+        raw = read_user_file(path)
     except OSError as exc:
         raise ConfigError(f"cannot read the file: {exc.strerror or exc}", path=spath, fix="check the path") from None
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")) or (len(raw) > 1 and (raw[0] == 0) != (raw[1] == 0)):
@@ -71,19 +73,59 @@ def _read_text(path: Path) -> str:
     return text.removeprefix("\ufeff")
 
 
+class _Twice(dict[str, Any]):
+    """A JSON object that wrote `key` twice. Marked, not raised, while parsing: the parser builds the innermost
+    objects first, so only a walk of the whole document (`_unusable`) can say where the object is."""
+
+    key = ""
+
+
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
-        if key in out:
-            raise _Duplicate(key)
-        out[key] = value
+        if key in out and type(out) is dict:
+            out = _Twice(out)
+            out.key = key
+        out.setdefault(key, value)
     return out
 
 
-class _Duplicate(Exception):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _unusable(data: Any, path: str) -> None:
+    """Refuse a key written twice (the first would silently be lost) and a lone surrogate (`"\\ud83d"`: JSON escapes
+    it, but no text holds it, so no process, header or file name could be given it), naming the key where it is."""
+    todo: list[tuple[Any, str]] = [(data, "")]
+    while todo:
+        value, where = todo.pop()
+        if isinstance(value, dict):
+            if isinstance(value, _Twice):
+                key = f"{where}.{value.key}" if where else value.key
+                raise ConfigError(
+                    f"the key {value.key!r} appears twice (the first would silently be lost)",
+                    path=path,
+                    key=key,
+                    fix="remove or rename one of them",
+                )
+            for k, v in value.items():
+                inner = f"{where}.{k}" if where else k
+                if _SURROGATE.search(k):
+                    raise _surrogate(path, inner)
+                todo.append((v, inner))
+        elif isinstance(value, list):
+            todo.extend((v, f"{where}[{i}]") for i, v in enumerate(value))
+        elif isinstance(value, str) and _SURROGATE.search(value):
+            raise _surrogate(path, where)
+
+
+def _surrogate(path: str, key: str) -> ConfigError:
+    return ConfigError(
+        "a lone surrogate escape (\\ud800-\\udfff without its pair), which is no character",
+        path=path,
+        key=key,
+        fix="write the character itself, or both halves of its surrogate pair",
+    )
 
 
 def _no_constant(name: str) -> Any:
@@ -103,15 +145,9 @@ def _read_json(path: Path) -> dict[str, Any]:
         data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", path=str(path), fix=fix) from None
-    except _Duplicate as exc:
-        raise ConfigError(
-            f"the key {exc.key!r} appears twice (the first would silently be lost)",
-            path=str(path),
-            key=exc.key,
-            fix="remove or rename one of them",
-        ) from None
     except (ValueError, RecursionError) as exc:
         raise ConfigError(f"invalid JSON: {exc}", path=str(path), fix=fix) from None
+    _unusable(data, str(path))
     if not isinstance(data, dict):
         raise ConfigError("expected a JSON object", path=str(path), fix='write {"mcpServers": {...}}')
     return data
@@ -122,7 +158,7 @@ def _servers_from_json(
 ) -> tuple[list[ServerSpec], list[str]]:
     """The file's servers, and the notes about it (keys beside the servers, entries skipped)."""
     data = _read_json(path)
-    found, local = server_table(data), claude_local_servers(data, Path.cwd())
+    found, local = server_table(data, str(path)), claude_local_servers(data, Path.cwd())
     if found is None and local is None:
         raise ConfigError('no "mcpServers" object', path=str(path), key="mcpServers", fix='write {"mcpServers": {"name": {...}}}')
     top, entries = found or ("mcpServers", {})
@@ -262,7 +298,14 @@ def _servers_file_specs(
     if not json_path.exists():
         raise fail(f"{json_path} does not exist", spath, "servers_file", "point servers_file at an mcpServers JSON file")
     file_expand = Expander(expand.environ, str(json_path), strict=expand.strict, missing=expand.missing)
-    specs, notes = _servers_from_file(json_path, defaults, file_expand, entries_ok)
+    try:
+        specs, notes = _servers_from_file(json_path, defaults, file_expand, entries_ok)
+    except ConfigError as exc:
+        if exc.key is not None and "." in exc.key:
+            raise  # an entry's error names the servers file and the key in it
+        # The file as a whole: named as breakwater.toml's servers_file, which is what the user must fix.
+        said = f"{json_path}{': ' + exc.key if exc.key else ''}: {exc.detail}"
+        raise fail(said, spath, "servers_file", exc.fix or "point servers_file at a file of servers") from None
     return {spec.name: spec for spec in specs}, [f"{servers_file}: {note}" for note in notes]
 
 
@@ -339,6 +382,8 @@ def _load_toml(path: Path, data: Mapping[str, Any], environ: Mapping[str, str], 
     defaults = {section: _layered(section, top[section], spath, environ) for section in POLICY_SECTIONS}
     specs, notes = _servers_file_specs(path, data.get("servers_file"), defaults, expand, entries_ok)
     for name, table in _policy_table(data.get("servers", {}), spath, "servers").items():
+        if name in specs and isinstance(table, dict) and any(k in table for k in ("command", "url")):
+            notes.append(f"servers.{name} is defined here and in servers_file: this one is used")
         with entries_ok.tolerated(name):
             specs[name] = _toml_server(name, table, spath=spath, top=top, environ=environ, known=specs, expand=expand)
     # Servers from servers_file too: the top-level [call] is configuration for every one of them.

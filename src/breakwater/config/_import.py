@@ -16,7 +16,9 @@ existing is overwritten without `--force`.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import shutil
 import sys
 from functools import partial
@@ -28,7 +30,7 @@ from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX, namespaced_pattern
 from breakwater.config._dialect import SIGN_IN_KEYS, claude_local_servers, skipped_entry
 from breakwater.config._files import load_config_lenient
 from breakwater.config._import_codex import SERVERS_TOML, Named, codex_files, name_taken
-from breakwater.config._shapes import OPENCODE_KINDS, gateway_entry, opencode_tool_patterns, server_table
+from breakwater.config._shapes import gateway_entry, opencode_entry, opencode_tool_patterns, server_table
 from breakwater.errors import ConfigError
 
 __all__ = ["import_main", "import_notes", "plan_import"]
@@ -115,6 +117,9 @@ def _plan(source: Path) -> tuple[dict[Path, str], list[str]]:
         ),
         source: agent_text,
     }
+    if not config.servers:
+        # A gateway in front of nothing would replace the agent's file with one that serves no tool.
+        raise ConfigError("the file lists no server breakwater can start", path=str(source), fix="add the servers first")
     left = [f"{name} stays in the agent's file: {skipped_entry(entry)}" for name, entry in kept.items()]
     # The file's other keys stay with the agent, so config.notes (about breakwater reading them) do not apply.
     return files, [*import_notes(config, missing), *left, *more, *_entry_notes(config)]
@@ -123,7 +128,7 @@ def _plan(source: Path) -> tuple[dict[Path, str], list[str]]:
 def _json_files(source: Path, command: list[str], named: Named) -> tuple[str, str, dict[str, Any], list[str]]:
     """(the servers file's text, the agent's new file, the entries that stay with the agent, notes) for a JSON file."""
     raw: dict[str, Any] = json.loads(_jsonc.strip(source.read_text(encoding="utf-8-sig")))
-    top, entries = server_table(raw) or ("mcpServers", {})
+    top, entries = server_table(raw, str(source)) or ("mcpServers", {})
     if GATEWAY_NAME in entries:
         raise name_taken(source, f"{top}.{GATEWAY_NAME}")
     ours = gateway_entry(top, next(iter(entries.values()), None), command)
@@ -144,7 +149,7 @@ def _json_files(source: Path, command: list[str], named: Named) -> tuple[str, st
         servers_file = {"mcp": {k: v for k, v in mcp.items() if k in ("allowed", "excluded")}, **servers_file}
         agent_file["mcp"] = {k: v for k, v in mcp.items() if k not in ("allowed", "excluded")}
     notes = []
-    if top in ("mcp", "mcp.servers") and any(isinstance(e, dict) and e.get("type") in OPENCODE_KINDS for e in served.values()):
+    if top in ("mcp", "mcp.servers") and any(opencode_entry(e) for e in served.values()):
         rewritten = opencode_tool_patterns(agent_file, list(served), GATEWAY_NAME, named)
         notes += [f"OpenCode's tool pattern {change} (its tools are named through breakwater now)" for change in rewritten]
     if source.name in (".mcp.json", ".claude.json"):
@@ -204,6 +209,35 @@ def _entry_notes(config: Config) -> list[str]:
     return [f"{spec.name}: {note}" for spec in config.servers for note in spec.notes if not note.startswith(tuple(SIGN_IN_KEYS))]
 
 
+def _write_all(source: Path, files: dict[Path, str], backup: Path | None) -> None:
+    """Write every file, or none: each is written beside its place first, then all are renamed into place.
+
+    The agent's file goes first (`files`' first key, the one most likely refused: a read-only or immutable file), so
+    a refusal there leaves the folder as it was; an OSError says which file.
+    """
+    staged: dict[Path, Path] = {}
+    backed_up = False
+    try:
+        for path, text in files.items():
+            if path.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "it is a directory", str(path))
+            staged[path] = tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(text, encoding="utf-8")
+        if backup is not None:
+            shutil.copy2(source, backup)
+            backed_up = True
+        for path, tmp in list(staged.items()):
+            os.replace(tmp, path)
+            del staged[path]
+    except OSError:
+        if backed_up and source in staged and backup is not None:  # the agent's file was not replaced: no backup of it
+            backup.unlink(missing_ok=True)
+        raise
+    finally:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
+
+
 def import_main(argv: list[str]) -> int:
     """`breakwater config import PATH [--replace] [--force]`."""
     parser = argparse.ArgumentParser(
@@ -236,17 +270,23 @@ def import_main(argv: list[str]) -> int:
         names = ", ".join(str(p) for p in clashes)
         print(f"breakwater: would overwrite {names}\n  fix: pass --force, or move them away first", file=sys.stderr)
         return 2
-    for path, text in files.items():
-        path.write_text(text)
-    if args.replace:
-        shutil.copy2(source, backup)
-    agent_path.write_text(agent_text)
+    try:
+        _write_all(source, {agent_path: agent_text, **files}, backup if args.replace else None)
+    except OSError as exc:
+        where = exc.filename or source.parent
+        print(
+            f"breakwater: cannot write {where}: {exc.strerror or exc}; nothing was changed\n"
+            "  fix: make it a writable file, or move it away",
+            file=sys.stderr,
+        )
+        return 1
     print(f"wrote {', '.join(str(p) for p in files)}")
     if args.replace:
         print(f"replaced {source} with the one-entry file (original kept as {backup})")
     else:
-        print(f"wrote {agent_path}: the one entry your agent should use instead of {source}:")
-        print(agent_text, end="")
+        # Its path, not its text: the rest of the agent's file (other projects' servers in ~/.claude.json, entries
+        # breakwater cannot serve) stays as it was, secrets included, and is not breakwater's to print.
+        print(f"wrote {agent_path}: {source.name} with the one entry that starts breakwater; point your agent at it")
     for note in notes:
         print(f"note: {note}")
     print(f"check it with: breakwater status --config {source.parent / TOML_FILE}")

@@ -206,7 +206,7 @@ class ServerSpec:
             if self.shared:
                 out["shared"] = True
         else:
-            out["url"] = display_url(self.url or "")
+            out["url"] = redact(display_url(self.url or ""))  # a path may hold an expanded secret
             if self.headers:
                 out["headers"] = {k: "<redacted>" for k in sorted(self.headers)}
             if self.oauth is not None:
@@ -225,12 +225,13 @@ class ServerSpec:
         Env and header values (and the token after an auth scheme), a URL's user-info and query
         values, and the values of credential-looking arguments; see `config/_redact.py` for the rule.
         """
-        from breakwater.config._redact import MIN_SECRET, arg_secrets, header_secrets, url_secrets
+        from breakwater.config._redact import MIN_SECRET, arg_secrets, command_line_words, header_secrets, url_secrets
 
         found = [*self.env.values(), *self.expanded_secrets]
         found += [s for v in self.headers.values() for s in header_secrets(v)]
         found += url_secrets(self.url or "")
-        found += arg_secrets(self.args)
+        # A whole command line written into `command` (Cursor's links) holds its arguments too.
+        found += arg_secrets([*command_line_words(self.command or ""), *self.args])
         found += self.oauth.secrets if self.oauth is not None else ()
         return tuple(dict.fromkeys(v for v in found if len(v) >= MIN_SECRET))
 

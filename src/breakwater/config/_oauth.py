@@ -24,7 +24,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from breakwater._paths import MAX_SECRET_FILE_BYTES, read_user_file
 from breakwater.config._dialect import GEMINI_OAUTH_KEYS
+from breakwater.config._expand import Expander
 from breakwater.config._model import OAuthSettings
 from breakwater.errors import ConfigError
 
@@ -48,8 +50,11 @@ def _fail(message: str, path: str, key: str, fix: str) -> ConfigError:
     return ConfigError(message, path=path, key=key, fix=fix)
 
 
-def parse_oauth(value: Any, *, path: str, where: str) -> OAuthSettings | None:
-    """Validate `where.oauth`; every error names the key and the fix. None: Gemini CLI's `"enabled": false`."""
+def parse_oauth(value: Any, *, path: str, where: str, expand: Expander | None = None) -> OAuthSettings | None:
+    """Validate `where.oauth`; every error names the key and the fix. None: Gemini CLI's `"enabled": false`.
+
+    With `expand` (the file's), its string values are expanded as the entry's others are: `"clientSecret": "${SECRET}"`.
+    """
     key = f"{where}.oauth"
     if not isinstance(value, dict):
         raise _fail("expected an object", path, key, 'write "oauth": {"clientId": "...", "callbackPort": 8080}')
@@ -83,6 +88,8 @@ def parse_oauth(value: Any, *, path: str, where: str) -> OAuthSettings | None:
         else:
             if not isinstance(raw, str) or not raw.strip():
                 raise _fail("expected a non-empty string", path, f"{key}.{name}", "quote the value")
+            if expand is not None:
+                raw = expand(raw, where=where, key=f"{key}.{name}", secret=name in ("clientSecret", "privateKey"))
             fields[_STRING_KEYS[name]] = raw
     for url_key in ("authServerMetadataUrl", "clientMetadataUrl", "issuer"):
         url = value.get(url_key)
@@ -108,6 +115,8 @@ def _read_key(raw: Any, path: str, key: str) -> str:
     base = Path(path).parent if path else Path.cwd()
     file = base / os.path.expanduser(raw)
     try:
-        return file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise _fail(f"cannot read {file}: {exc.strerror or exc}", path, key, "point it at a PEM private key") from None
+        return read_user_file(file, MAX_SECRET_FILE_BYTES).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(
+            f"cannot read {file}: {getattr(exc, 'strerror', None) or exc}", path, key, "point it at a PEM private key"
+        ) from None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 import threading
 import traceback
 from collections.abc import Iterable, Iterator, Mapping
@@ -36,6 +37,7 @@ __all__ = [
     "SETTING_WORDS",
     "Redactor",
     "arg_secrets",
+    "command_line_words",
     "display_url",
     "header_secrets",
     "install_log_redaction",
@@ -100,6 +102,14 @@ def url_secrets(url: str) -> Iterator[str]:
         yield parts.fragment
 
 
+def command_line_words(command: str) -> list[str]:
+    """`command`'s words as a POSIX shell splits them (its whitespace-separated words if its quotes do not close)."""
+    try:
+        return shlex.split(command)
+    except ValueError:
+        return command.split()
+
+
 def arg_secrets(args: Iterable[str]) -> Iterator[str]:
     """Values of credential-looking arguments: `--api-key X`, `--token=X`, `API_KEY=X`, `Authorization: Bearer X`."""
     expecting = False
@@ -113,9 +123,13 @@ def arg_secrets(args: Iterable[str]) -> Iterator[str]:
         if flag is not None:
             expecting = bool(_CREDENTIAL_NAME.search(flag.group(1)))
             continue
+        # `--header=Authorization: Bearer X` (mcp-remote's): an assignment whose value is itself a credential's.
         assigned = _ASSIGNMENT.match(arg)
-        if assigned is not None and _CREDENTIAL_NAME.search(assigned.group(1)):
-            yield from header_secrets(assigned.group(2).strip())
+        while assigned is not None:
+            if _CREDENTIAL_NAME.search(assigned.group(1)):
+                yield from header_secrets(assigned.group(2).strip())
+                break
+            assigned = _ASSIGNMENT.match(assigned.group(2).strip())
         if "://" in arg:
             yield from url_secrets(arg)
 

@@ -11,6 +11,7 @@ from breakwater.config._checks import (
     DEFAULT_TOOL_NAME_MAX,
     HASH_TAIL,
     MAX_TOOL_NAME,
+    TOOL_NAME_OK,
     check_journal_url,
     check_tool_name_template,
 )
@@ -178,6 +179,14 @@ class GatewayPolicy(Policy):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_tool_name_template(self.tool_name_template)
+        for key in ("search_tool", "status_tool"):
+            name = getattr(self, key)
+            if name and (TOOL_NAME_OK.search(name) or len(name) > MAX_TOOL_NAME):
+                # The spec's tool names: a client may refuse a whole tools/list for one name outside them.
+                fix = f"use letters, digits, _, - and . (at most {MAX_TOOL_NAME}), or empty to turn it off"
+                raise ConfigError(f"{name!r} is not a tool name", key=key, fix=fix)
+        if self.search_tool and self.search_tool == self.status_tool:
+            raise ConfigError("the same name as search_tool: two tools of one name", key="status_tool", fix="name them apart")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -50,7 +50,6 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from breakwater import _paths
 from breakwater.config import ServerSpec
-from breakwater.config._checks import TOOL_NAME_OK
 
 __all__ = ["MEMORY_DIR_ENV", "MEMORY_MAX_AGE_S", "ProtocolMemory", "Recalled", "default_memory_dir", "memory_at", "needs_modern"]
 
@@ -135,7 +134,7 @@ class ProtocolMemory:
         self.directory = directory
 
     def _path(self, spec: ServerSpec) -> Path:
-        return self.directory / f"{TOOL_NAME_OK.sub('_', spec.name)}-{spec.fingerprint()}.json"
+        return self.directory / f"{_paths.file_stem(spec.name)}-{spec.fingerprint()}.json"
 
     def recall(self, spec: ServerSpec, now: float) -> Recalled | None:
         """What is remembered of `spec`'s server, if it is recent enough to go by."""

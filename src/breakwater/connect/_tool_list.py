@@ -6,7 +6,7 @@ When a page fails only in its tools, it is asked for once more without the SDK's
 SDK's own framing and session state, pinned minor version), each tool is validated on its own, the
 valid ones are served and the others are reported with the reason (`RejectedTool`, shown by
 `status` and `tools`). A healthy server never takes this path: it costs nothing until a page fails.
-A second tool of the same name is left out the same way, and so is one whose definition holds `NaN`
+A second tool of the same name is left out the same way, so is one without a name, and one whose definition holds `NaN`
 or `Infinity` (the SDK's parser takes them; JSON has neither, and passed on they would reach the
 agent as `null`, an `inputSchema` with `"maximum": null` that a strict client refuses whole).
 May import the core leaves only.
@@ -60,9 +60,13 @@ async def list_all_tools(client: Client, served: ToolFilter | None = None) -> tu
 
 
 def _finite_only(tools: list[types.Tool], rejected: list[RejectedTool]) -> tuple[list[types.Tool], list[RejectedTool]]:
-    """The tools whose definitions are JSON; one holding NaN or Infinity is left out, with where."""
+    """The tools whose definitions are JSON; one holding NaN or Infinity is left out, with where, and one without a
+    name (the spec's names are 1 to 128 characters; listed, it became the server's bare prefix)."""
     kept: list[types.Tool] = []
     for tool in tools:
+        if not tool.name.strip():
+            rejected.append(RejectedTool(name=tool.name, reason="an empty name, which no call can name"))
+            continue
         where = _non_finite_field(tool)
         if where is None:
             kept.append(tool)

@@ -1,0 +1,232 @@
+"""The second adversarial pass over config input: the classes it found, each held by a test.
+
+Accepted-then-crashing values (a host httpx2 refuses, a server name too long for a file name), files
+that never end (a FIFO, `/dev/zero`), text printed as markup or obeyed by the terminal, secrets in
+shapes the redactor did not know (a whole command line in `command`, `--header=Authorization: ...`,
+an `@` in a URL's password), `config import` that printed the agent's other secrets or wrote half
+of its files, and an `oauth.clientSecret` of `${VAR}` never expanded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client, StdioServerParameters
+
+from breakwater._paths import MAX_SECRET_FILE_BYTES, file_stem
+from breakwater.config import load_config
+from breakwater.config._checks import check_url
+from breakwater.config._redact import arg_secrets
+from breakwater.errors import ConfigError, visible
+from breakwater.testing.server import launch_command
+
+pytestmark = pytest.mark.long_module(20)
+
+
+def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "breakwater", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+HOSTS = [
+    "127.0.0.1",
+    "999.999.999.999",
+    "1.2.3",
+    "[::1]",
+    "[zz]",
+    "[fe80::1%25eth0]",
+    "exa_mple.com",
+    "a..b",
+    "\u00e9.com",
+    "\u2603.net",
+    "xn--a.com",
+    "0.0.0.256",
+]
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_a_url_is_refused_exactly_when_httpx2_would_refuse_it(host: str) -> None:
+    """Once, `http://999.999.999.999/` passed `config check` and every connect failed with AddressValueError."""
+    url = f"http://{host}:8080/mcp"
+    try:
+        httpx2.URL(url)
+        sendable = True
+    except httpx2.InvalidURL:
+        sendable = False
+    try:
+        check_url(url, path="p", key="k")
+        accepted = True
+    except ConfigError:
+        accepted = False
+    assert accepted == sendable
+
+
+@pytest.mark.parametrize("target", ["fifo", "/dev/zero"])
+def test_a_config_that_never_ends_is_refused_at_once(tmp_path: Path, target: str) -> None:
+    """A FIFO waited for a writer for ever; /dev/zero read until the memory ran out."""
+    path = tmp_path / "fifo"
+    if target == "fifo":
+        os.mkfifo(path)
+    else:
+        path = Path(target)
+    result = _cli("config", "check", "--config", str(path), cwd=tmp_path, timeout=30)
+    assert result.returncode == 2 and "not a regular file" in result.stderr, result.stderr
+
+
+def test_a_file_reference_to_a_device_or_a_huge_file_is_refused(tmp_path: Path) -> None:
+    """OpenCode's `{file:}` read /dev/zero until a MemoryError, and a 50 MB file for a minute."""
+    big = tmp_path / "big.txt"
+    big.write_text("x" * (MAX_SECRET_FILE_BYTES + 1))
+    for name in ("/dev/zero", str(big)):
+        config = tmp_path / "opencode.json"
+        config.write_text(
+            json.dumps({"mcp": {"a": {"type": "local", "command": ["x"], "environment": {"K": f"{{file:{name}}}"}}}})
+        )
+        with pytest.raises(ConfigError) as info:
+            load_config(config, environ={})
+        assert "mcp.a.environment.K" in str(info.value) and (
+            "not a regular file" in str(info.value) or "larger" in str(info.value)
+        )
+
+
+def test_config_check_prints_the_files_text_not_markup_or_control(tmp_path: Path) -> None:
+    """An argument `[/]` crashed Rich's markup (a traceback); a bidirectional override was obeyed by the terminal."""
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"[red]a": {"command": "x", "args": ["[/]", "\u202eb", "[bold]c"]}}}))
+    result = _cli("config", "check", "--config", str(config), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "[red]a" in result.stdout and "x [/] \\u202eb [bold]c" in result.stdout
+    assert "\u202e" not in result.stdout
+
+
+def test_an_error_shows_a_keys_invisible_characters_escaped(tmp_path: Path) -> None:
+    config = tmp_path / "mcp.json"
+    config.write_text('{"mcpServers": {"a": {"command": "x", "env": {"K\\u0007\\u202e": 5, "K\\u0007\\u202e": 6}}}}')
+    with pytest.raises(ConfigError) as info:
+        load_config(config, environ={})
+    assert "\u202e" not in str(info.value).splitlines()[0].split(": ", 2)[1] and "\\u202e" in str(info.value)
+    assert visible("a\u202eb\nc") == "a\\u202eb\\u000ac"
+
+
+@pytest.mark.anyio
+async def test_a_long_server_name_serves_its_tools(tmp_path: Path) -> None:
+    """A 300-character name passed `config check`; `serve` then died at tools/list: its cache file's name was too long."""
+    name = "s" * 300
+    command = launch_command("--tool", "add")
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {name: {"command": command[0], "args": command[1:]}}}))
+    env = {**os.environ, "BREAKWATER_CATALOG_DIR": str(tmp_path / "catalog")}
+    env["BREAKWATER_PROTOCOL_MEMORY_DIR"] = str(tmp_path / "protocols")
+    serve = StdioServerParameters(command=sys.executable, args=["-m", "breakwater", "serve", "--config", str(config)], env=env)
+    with anyio.fail_after(60):
+        async with Client(serve, mode="legacy") as client:
+            listed = [tool.name for tool in (await client.list_tools()).tools]
+            # The name is cut to the client's limit with a hash of the whole (`tool_name_max`): the server's own tools.
+            assert len([tool for tool in listed if tool.startswith("sss")]) >= 1, listed
+    assert len(file_stem(name)) <= 100 and file_stem(name) != file_stem("s" * 301)
+    assert [p for p in (tmp_path / "catalog").iterdir() if p.name.startswith(file_stem(name))]
+
+
+def test_a_whole_command_line_and_a_header_argument_hold_secrets(tmp_path: Path) -> None:
+    """Cursor's `"command": "prog --api-key=K"` and mcp-remote's `--header=Authorization: Bearer T` were printed."""
+    config = tmp_path / "mcp.json"
+    entry = {
+        "command": "prog --api-key=Kk1Kk1Kk1Kk1 --token Tt2Tt2Tt2Tt2",
+        "args": ["--header=Authorization: Bearer Hh3Hh3Hh3Hh3"],
+    }
+    config.write_text(json.dumps({"mcpServers": {"a": entry}}))
+    secrets = load_config(config, environ={}).server("a").secrets
+    assert {"Kk1Kk1Kk1Kk1", "Tt2Tt2Tt2Tt2", "Hh3Hh3Hh3Hh3"} <= set(secrets)
+    assert "Hh3Hh3Hh3Hh3" in set(arg_secrets(["--header", "Authorization: Bearer Hh3Hh3Hh3Hh3"]))
+    result = _cli("config", "check", "--config", str(config), cwd=tmp_path)
+    assert result.returncode == 0 and not any(s[:8] in result.stdout for s in ("Kk1Kk1Kk1Kk1", "Tt2Tt2Tt2Tt2", "Hh3Hh3Hh3Hh3"))
+
+
+@pytest.mark.parametrize(
+    ("entry", "secret"),
+    [
+        ({"command": "x", "args": ["--api-key=Aa1Aa1Aa1Aa1\u0000"]}, "Aa1Aa1Aa1Aa1"),
+        ({"command": "x --token=Bb2Bb2Bb2Bb2\u200b"}, "Bb2Bb2Bb2Bb2"),
+        ({"type": "http", "url": "http://user:Pa@Cc3Cc3Cc3Cc3@127.0.0.1:99999/mcp"}, "Cc3Cc3Cc3Cc3"),
+        ({"type": "http", "url": "http://127.0.0.1:99999/mcp#Dd4Dd4Dd4Dd4"}, "Dd4Dd4Dd4Dd4"),
+        ({"type": "http", "url": "http://127.0.0.1:99999/Ee5Ee5Ee5Ee5/mcp"}, "Ee5Ee5Ee5Ee5"),
+    ],
+)
+def test_a_config_error_does_not_quote_a_secret(tmp_path: Path, entry: dict[str, object], secret: str) -> None:
+    """An error is written before the config's secrets are known to the redactor: it quotes none of them."""
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"a": entry}}))
+    with pytest.raises(ConfigError) as info:
+        load_config(config, environ={})
+    assert secret[:8] not in str(info.value) and "mcpServers.a" in str(info.value)
+
+
+def test_a_url_path_holding_an_expanded_secret_is_redacted_in_config_check(tmp_path: Path) -> None:
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"a": {"url": "http://127.0.0.1:1/${API_TOKEN}/mcp"}}}))
+    result = _cli("config", "check", "--json", "--config", str(config), cwd=tmp_path, env={"API_TOKEN": "Ff6Ff6Ff6Ff6"})
+    assert result.returncode == 0 and "Ff6Ff6Ff" not in result.stdout and "127.0.0.1:1" in result.stdout
+
+
+def test_an_oauth_client_secret_variable_is_expanded_and_secret(tmp_path: Path) -> None:
+    """The README says `"clientSecret": "${VAR}"`; the literal `${VAR}` was sent to the token endpoint."""
+    config = tmp_path / "mcp.json"
+    oauth = {"grantType": "client_credentials", "clientId": "cid", "clientSecret": "${MY_CS}"}
+    config.write_text(json.dumps({"mcpServers": {"a": {"type": "http", "url": "https://h.test/mcp", "oauth": oauth}}}))
+    loaded = load_config(config, environ={"MY_CS": "Gg7Gg7Gg7Gg7"})
+    spec = loaded.server("a")
+    assert spec.oauth is not None and spec.oauth.client_secret == "Gg7Gg7Gg7Gg7" and "Gg7Gg7Gg7Gg7" in loaded.secrets
+    with pytest.raises(ConfigError, match="MY_CS"):
+        load_config(config, environ={})
+
+
+def test_import_prints_no_secret_of_the_agents_file(tmp_path: Path) -> None:
+    """The agent's new file was printed whole: other projects' servers of ~/.claude.json, entries left with the agent."""
+    command = launch_command("--tool", "add")
+    data = {
+        "mcpServers": {
+            "t": {"command": command[0], "args": command[1:], "env": {"K": "Hh8Hh8Hh8Hh8"}},
+            "ws": {"type": "ws", "url": "ws://h.test/x?token=Ii9Ii9Ii9Ii9", "headers": {"Authorization": "Bearer Jj0Jj0Jj0Jj0"}},
+        },
+        "projects": {"/elsewhere": {"mcpServers": {"o": {"command": "x", "env": {"K": "Kk1Kk1Kk1Kk2"}}}}},
+    }
+    (tmp_path / ".claude.json").write_text(json.dumps(data))
+    result = _cli("config", "import", ".claude.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert not any(
+        s[:8] in result.stdout + result.stderr for s in ("Hh8Hh8Hh8Hh8", "Ii9Ii9Ii9Ii9", "Jj0Jj0Jj0Jj0", "Kk1Kk1Kk1Kk2")
+    )
+    assert ".claude.breakwater.json" in result.stdout
+
+
+def test_import_writes_every_file_or_none(tmp_path: Path) -> None:
+    """A target that could not be written (here a directory) left the other two files written and a traceback."""
+    command = launch_command("--tool", "add")
+    (tmp_path / ".mcp.json").write_text(json.dumps({"mcpServers": {"t": {"command": command[0], "args": command[1:]}}}))
+    (tmp_path / ".mcp.breakwater.json").mkdir()
+    result = _cli("config", "import", ".mcp.json", "--force", cwd=tmp_path)
+    assert result.returncode == 1 and "nothing was changed" in result.stderr and "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".mcp.breakwater.json", ".mcp.json"]
+
+
+def test_import_of_a_file_without_servers_is_refused(tmp_path: Path) -> None:
+    """It wrote a gateway in front of nothing, and the agent's file that starts it."""
+    (tmp_path / ".mcp.json").write_text(json.dumps({"mcpServers": {}}))
+    result = _cli("config", "import", ".mcp.json", cwd=tmp_path)
+    assert result.returncode == 2 and "no server" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".mcp.json"]
