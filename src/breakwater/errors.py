@@ -75,15 +75,17 @@ class BreakwaterError(Exception):
     """Base of every error breakwater raises on purpose."""
 
 
-def visible(text: str) -> str:
-    """`text` with each control, format (bidirectional), separator or surrogate character written as `\\uXXXX`.
+def visible(text: str, keep: str = "") -> str:
+    """`text` with each control, format (bidirectional), separator or surrogate character written as `\\uXXXX`, but
+    those in `keep` (`"\\n\\t"` for a text of several lines).
 
     For what breakwater prints of a file's or a server's own text: a terminal would otherwise obey such a
-    character (a bidirectional override makes a name read differently than it is) instead of showing it.
+    character (an escape sequence that moves the cursor or clears the screen, a bidirectional override that
+    makes a name read differently than it is) instead of showing it.
     """
     if text.isprintable():
         return text
-    return "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) in _INVISIBLE else c for c in text)
+    return "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) in _INVISIBLE and c not in keep else c for c in text)
 
 
 #: Unicode categories `visible` escapes: controls, formats, line and paragraph separators, surrogates.

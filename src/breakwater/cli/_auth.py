@@ -32,6 +32,7 @@ from breakwater.cli._common import (
     load_or_exit,
     show,
 )
+from breakwater.cli._text import cell
 from breakwater.config import Config, ServerSpec
 
 __all__ = ["auth_main", "auth_status"]
@@ -123,7 +124,7 @@ def _status(args: argparse.Namespace) -> int:
     for row in rows:
         signed = "yes" if row["signed_in"] else ("client credentials" if row["grant"] == "client_credentials" else "no")
         expires = "" if row["expires_at"] is None else _when(row["expires_at"])
-        table.add_row(row["name"], signed, row["scopes"] or "", expires, "yes" if row["refreshable"] else "no")
+        table.add_row(cell(row["name"]), signed, cell(row["scopes"] or ""), expires, "yes" if row["refreshable"] else "no")
     show(table)
     return EXIT_OK
 

@@ -28,6 +28,7 @@ from breakwater.cli._common import (
     fail,
     load_or_exit,
 )
+from breakwater.cli._text import lines
 from breakwater.config import Config
 from breakwater.gate._envelope import error_from_result, error_text
 from breakwater.status import ServerState
@@ -86,14 +87,14 @@ def _print_result(result: types.CallToolResult, as_json: bool) -> int:
         if not as_json:
             texts = [_content_text(b) for b in result.content]
             # A tool that answers only with structured content is shown as that JSON.
-            print("\n".join(texts) if texts else json.dumps(result.structured_content, indent=2))
+            print(lines("\n".join(texts)) if texts else json.dumps(result.structured_content, indent=2))
         return EXIT_OK
     if not as_json:
         # The tool's own words first (for TOOL_ERROR), then breakwater's one line: what happened, what to do.
         own = [b for b in getattr(err, "content", ()) if not isinstance(b, types.TextContent) or b.text != err.message]
         for block in own:
-            print(_content_text(block), file=sys.stderr)
-    return fail(f"call failed: {err.code.value}: {error_text(err)}", EXIT_FAILED)
+            print(lines(_content_text(block)), file=sys.stderr)
+    return fail(lines(f"call failed: {err.code.value}: {error_text(err)}"), EXIT_FAILED)
 
 
 async def _wait_for(bw: Breakwater, server: str, wait: float) -> None:

@@ -7,13 +7,12 @@ import json
 import sys
 from typing import Any
 
-from rich.markup import escape
 from rich.table import Table
 
 from breakwater.cli._common import EXIT_OK, Parser, add_config_flag, counted, load_or_exit, out_console, show
+from breakwater.cli._text import markup
 from breakwater.config import Config, all_knobs
 from breakwater.config._knobs import render_markdown
-from breakwater.errors import visible
 
 __all__ = ["config_main"]
 
@@ -77,31 +76,26 @@ def _print_check(config: Config, as_json: bool) -> None:
         print(json.dumps(understood, indent=2))
         return
     console = out_console()
-    console.print(f"[green]ok[/]: {_shown(config.path or '')}: {counted(len(config.servers), 'server')}")
+    console.print(f"[green]ok[/]: {markup(config.path or '')}: {counted(len(config.servers), 'server')}")
     for entry in understood["servers"]:
         where = entry.get("url") or " ".join([entry["command"], *entry["args"]])
         flags = "" if entry["enabled"] else " [dim](disabled)[/]"
-        console.print(f"  [bold]{_shown(entry['name'])}[/] ({entry['transport']}): {_shown(where)}{flags}")
+        console.print(f"  [bold]{markup(entry['name'])}[/] ({entry['transport']}): {markup(where)}{flags}")
         for key in ("env", "headers"):
             if key in entry:
-                console.print(f"    {key}: {_shown(', '.join(entry[key]))} (values redacted)")
+                console.print(f"    {key}: {markup(', '.join(entry[key]))} (values redacted)")
         if "headersHelper" in entry:
-            console.print(f"    headersHelper: {_shown(entry['headersHelper'])} (its output redacted)")
+            console.print(f"    headersHelper: {markup(entry['headersHelper'])} (its output redacted)")
         for section in ("connect", "call"):
             if section in entry:
-                console.print(f"    {section} overrides: {_shown(str(entry[section]))}")
+                console.print(f"    {section} overrides: {markup(str(entry[section]))}")
         for key, said in TOOL_LIST_KEYS.items():
             if key in entry:
-                console.print(f"    {key} ({said}): {_shown(', '.join(entry[key]))}")
+                console.print(f"    {key} ({said}): {markup(', '.join(entry[key]))}")
         for note in entry.get("notes", ()):
-            console.print(f"    [yellow]note[/]: {_shown(note)}")
+            console.print(f"    [yellow]note[/]: {markup(note)}")
     for note in understood.get("notes", ()):
-        console.print(f"  [yellow]note[/]: {_shown(note)}")
-
-
-def _shown(text: str) -> str:
-    """The file's own text as printed: markup-escaped (an argument `[/]` is not Rich's), invisible characters shown."""
-    return escape(visible(text))
+        console.print(f"  [yellow]note[/]: {markup(note)}")
 
 
 def config_main(argv: list[str]) -> int:

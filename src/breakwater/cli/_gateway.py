@@ -24,6 +24,7 @@ from typing import Any
 
 from breakwater._platform import loop_options
 from breakwater.cli._common import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, Parser, add_config_flag, counted, fail, load_or_exit, show
+from breakwater.cli._text import cell
 from breakwater.config import Config, GatewayPolicy
 
 __all__ = ["attach_or_none", "gateway_main", "shared_gateway_info"]
@@ -217,7 +218,7 @@ def _list(policy: GatewayPolicy, as_json: bool) -> int:
     for _, info in gateways:
         up = max(0.0, time.time() - float(info.get("started") or time.time()))
         shown = {**info, "up": f"{up:.0f} s", "loop": info.get("event_loop")}
-        table.add_row(*(str(shown.get(column)) for column in columns))
+        table.add_row(*(cell(str(shown.get(column))) for column in columns))
     show(table)
     return EXIT_OK
 

@@ -20,6 +20,7 @@ from breakwater.cli._common import (
     load_or_exit,
     show,
 )
+from breakwater.cli._text import cell
 from breakwater.config import Config, find_config
 from breakwater.errors import ConfigError
 
@@ -74,8 +75,8 @@ def stats_view(stats: list[Any], *, since: str, location: str) -> Table:
         success = s.success_rate
         style = "green" if success is not None and success >= 0.99 else "yellow" if success and success >= 0.9 else "red"
         table.add_row(
-            s.server,
-            s.tool,
+            cell(s.server),
+            cell(s.tool),
             str(s.calls),
             f"[{style}]{_pct(success)}[/]" if success is not None else "",
             _ms(s.p50_s),

@@ -16,7 +16,6 @@ from functools import partial
 import anyio
 from rich.console import Console, Group
 from rich.live import Live
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -31,6 +30,7 @@ from breakwater.cli._common import (
     load_or_exit,
     show,
 )
+from breakwater.cli._text import cell, markup
 from breakwater.config import Config, GatewayPolicy
 from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX, MAX_TOOL_NAME, namespaced
 from breakwater.status import ServerState, StatusReport
@@ -68,25 +68,25 @@ def status_view(
         if s.state is ServerState.CONNECTING:
             state += f" #{s.attempt}" + (" (queued)" if s.phase == "queued" else "")
         table.add_row(
-            s.name,
+            cell(s.name),
             s.transport,
             f"[{STATE_STYLE[s.state]}]{state}[/]",
-            s.protocol or "",
+            cell(s.protocol or ""),
             "" if s.tools is None else str(s.tools),
             str(s.attempts),
             "" if s.connect_ms is None else f"{s.connect_ms} ms",
         )
         if s.error is not None and s.state is not ServerState.READY:
-            line = f"[bold]{escape(s.name)}[/]: [{STATE_STYLE[s.state]}]{s.error.code.value}:[/] {escape(s.error.message)}"
+            line = f"[bold]{markup(s.name)}[/]: [{STATE_STYLE[s.state]}]{s.error.code.value}:[/] {markup(s.error.message)}"
             if s.next_retry_at is not None:
                 line += f" [dim](next try in {max(0.0, s.next_retry_at - now):.0f} s)[/]"
             problems.append(line)
         if s.disabled_by:
-            problems.append(f"[bold]{escape(s.name)}[/]: [dim]not started: {escape(s.disabled_by)}[/]")
+            problems.append(f"[bold]{markup(s.name)}[/]: [dim]not started: {markup(s.disabled_by)}[/]")
         for t in s.rejected_tools:
             name = t.name if template is None else namespaced(template, s.name, t.name, name_max)
-            listed = f" (listed as {escape(t.name)!r})" if name != t.name else ""
-            problems.append(f"[bold]{escape(s.name)}[/]: [yellow]tool {escape(name)!r}{listed} left out:[/] {escape(t.reason)}")
+            listed = f" (listed as '{markup(t.name)}')" if name != t.name else ""
+            problems.append(f"[bold]{markup(s.name)}[/]: [yellow]tool '{markup(name)}'{listed} left out:[/] {markup(t.reason)}")
     table.caption = ", ".join(f"{n} {state}" for state, n in report.summary.items())
     return Group(table, *(Text.from_markup(p) for p in problems))
 

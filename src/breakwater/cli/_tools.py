@@ -8,6 +8,7 @@ import json
 import anyio
 
 from breakwater.cli._common import EXIT_OK, Parser, add_config_flag, load_or_exit
+from breakwater.cli._text import lines
 from breakwater.config import Config
 
 __all__ = ["DEFAULT_TOOLS_WAIT_S", "tools_main"]
@@ -32,7 +33,7 @@ async def _tools(config: Config, query: str, as_json: bool, wait: float, accept:
     if as_json:
         print(json.dumps(answer.to_json(), indent=2))
     else:
-        print(answer.text())
+        print(lines(answer.text()))  # the servers' own names and descriptions
     return EXIT_OK
 
 
