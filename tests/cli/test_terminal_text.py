@@ -16,7 +16,7 @@ import pytest
 
 pytestmark = pytest.mark.long_module(15)
 
-UPSTREAM = '''
+UPSTREAM = """
 from mcp.server.mcpserver import MCPServer
 
 server = MCPServer("marked")
@@ -28,7 +28,7 @@ def mk() -> str:
 
 
 server.run()
-'''
+"""
 
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -68,6 +68,7 @@ def test_status_and_tools_name_left_out_tools_through_the_template(tmp_path: Pat
         ("broken.broken_schema", "broken_schema"),
         ("broken.no_schema", "no_schema"),
         ("broken.echo", "echo"),
+        ("broken.", ""),  # a tool without a name
     }
     for text in (status.stdout, status.stderr, tools.stdout, json.dumps(as_json)):
         assert "broken__" not in text
@@ -96,6 +97,6 @@ async def test_the_status_and_search_tools_name_left_out_tools_through_the_templ
                 search = await client.call_tool(policy.search_tool, {"query": "schema"})
             tg.cancel_scope.cancel()
     assert status["tool_name_template"] == TEMPLATE
-    assert {t["name"] for t in status["left_out"]} == {"broken.broken_schema", "broken.no_schema", "broken.echo"}
+    assert {t["name"] for t in status["left_out"]} == {"broken.broken_schema", "broken.no_schema", "broken.echo", "broken."}
     text = search.content[0].text  # type: ignore[union-attr]
     assert "- broken.no_schema: inputSchema" in text and "broken__" not in text

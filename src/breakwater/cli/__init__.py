@@ -149,17 +149,16 @@ def _run(command: Callable[[list[str]], int], argv: list[str], *, stoppable: boo
         return _interrupted()
     except BaseExceptionGroup as group:
         interrupts, rest = group.split(KeyboardInterrupt)
-        if interrupts is None or rest is not None:
+        if interrupts is None:
+            pipes, rest = group.split(BrokenPipeError)
+            if pipes is not None and rest is None:
+                return _reader_gone()
+            raise
+        if rest is not None:
             raise
         return _interrupted()
     except BrokenPipeError:
-        # The reader went away (`| head`): nothing more to say to it, and nothing to flush at exit.
-        import os
-
-        from breakwater.cli._common import EXIT_PIPE
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_PIPE
+        return _reader_gone()
     except Exception as exc:
         # Ctrl-C in the middle of an import that wraps what it meets: a dataclass being defined raises
         # RuntimeError("Error calling __set_name__ ...") from the KeyboardInterrupt (an attached `serve`
@@ -167,6 +166,18 @@ def _run(command: Callable[[list[str]], int], argv: list[str], *, stoppable: boo
         if _interrupt_behind(exc):
             return _interrupted()
         raise
+
+
+def _reader_gone() -> int:
+    """The reader of stdout went away (`| head`, or stdout closed): nothing more to say to it, nothing to flush at exit."""
+    import os
+
+    from breakwater.cli._common import EXIT_PIPE
+
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, sys.stdout.fileno())
+    os.close(null)
+    return EXIT_PIPE
 
 
 def _interrupt_behind(exc: BaseException) -> bool:
@@ -196,6 +207,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run(command[1], args[1:], stoppable=args[0] in _STOPPABLE)
 
 
+def _standard_streams() -> None:
+    """Give a process started with fd 0, 1 or 2 closed (`<&-`, `>&-`, `2>&-`) standard streams that behave.
+
+    Python sets the stream of a closed descriptor to None, so every command's first print was an
+    AttributeError traceback, and the next file opened took the number (a database opened as fd 2
+    would have received stderr's lines, and every child process's). Closed stdout is a pipe closed
+    from the start: fd 1 is the write end of a pipe nobody reads, so output is lost exactly as with
+    `| head` (`serve` included: its session ends as for a reader gone) and the command exits 141
+    (EXIT_PIPE) when it had output to lose, its own code when it had none. Closed stderr is the null
+    device: diagnostics are dropped and the exit code stays the command's. Closed stdin is the null
+    device too: an empty input, as `serve` already reads it. Call before anything opens a file.
+    """
+    import os
+
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        if fd == 1:
+            read_end, write_end = os.pipe()
+            os.dup2(write_end, fd)  # when the pipe took fd 1 as its read end, this closes that end
+            for extra in {read_end, write_end} - {fd}:
+                os.close(extra)
+        else:
+            null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+        if getattr(sys, name) is None:
+            stream = open(fd, "r" if fd == 0 else "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115 - the process's own stream, kept open
+            setattr(sys, name, stream)
+            setattr(sys, f"__{name}__", stream)
+
+
 def run() -> NoReturn:
     """The `breakwater` program: `main()`, then the process ends without tearing the interpreter down.
 
@@ -212,6 +259,7 @@ def run() -> NoReturn:
     import os
     import threading
 
+    _standard_streams()  # first: a closed fd 0, 1 or 2 must not be the next file opened
     code = main()
     getattr(threading, "_shutdown", lambda: None)()  # what `Py_FinalizeEx` does first
     import atexit
@@ -220,9 +268,10 @@ def run() -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError):  # a reader gone or a stream closed: as the interpreter, say nothing more
+        except (OSError, ValueError) as exc:  # a reader gone or a stream closed: as the interpreter, say nothing more
             if stream is sys.stdout and code == 0:
-                code = 120  # the interpreter's own code for an unflushable stdout at exit
+                # A reader gone is the documented 141, as when it goes earlier; anything else, the interpreter's own 120.
+                code = 141 if isinstance(exc, BrokenPipeError) else 120  # 141: _common.EXIT_PIPE, not imported for this
     os._exit(code)
 
 

@@ -56,7 +56,7 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_CONFIG, "config or usage error (the message names the file, key or flag, and the fix)"),
     (EXIT_LISTEN, "serve --http cannot listen: the port is in use or the address is not this machine's"),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C)"),
-    (EXIT_PIPE, "the output pipe closed early (e.g. `| head`)"),
+    (EXIT_PIPE, "the output pipe closed early (e.g. `| head`), or stdout was closed (`>&-`) and there was output"),
 )
 
 # Piped or redirected output is for reading in full (or by a program): never cut to 80 columns.

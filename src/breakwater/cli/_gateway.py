@@ -24,7 +24,6 @@ from typing import Any
 
 from breakwater._platform import loop_options
 from breakwater.cli._common import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, Parser, add_config_flag, counted, fail, load_or_exit, show
-from breakwater.cli._text import cell
 from breakwater.config import Config, GatewayPolicy
 
 __all__ = ["attach_or_none", "gateway_main", "shared_gateway_info"]
@@ -199,6 +198,8 @@ def _gateways(policy: GatewayPolicy) -> list[tuple[Path, dict[str, Any]]]:
 
 def _list(policy: GatewayPolicy, as_json: bool) -> int:
     from rich.table import Table
+
+    from breakwater.cli._text import cell  # here: an attaching `serve` imports this module, and must not load Rich
 
     gateways = _gateways(policy)
     if as_json:

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from functools import partial
@@ -316,7 +317,62 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: 128 + SIGHUP, what shells report for a hang-up: the terminal closed (how an interactive `serve` usually
+#: ends) or a supervisor sent it. `serve` stops on it as cleanly as on SIGTERM, upstreams first, then exits with this.
+EXIT_HANGUP = 129
+
+
+@contextlib.contextmanager
+def _hangup_as_terminate() -> Iterator[list[int]]:
+    """While inside, SIGHUP does what SIGTERM does in whichever mode runs; the list says whether one came.
+
+    Why. SIGHUP's default action killed `serve` at once, in every mode: no drain, and the stdio upstreams
+    were left running with no parent (one that ignores the end of its stdin runs on for good). Each mode
+    already stops cleanly on SIGTERM, through its own receiver (the stdio transport's handlers, uvicorn's,
+    the attached session's interrupt), so the hang-up is raised again as SIGTERM rather than handled once
+    more per mode. POSIX only (Windows has no SIGHUP); a no-op outside the main thread, like every handler.
+    """
+    hung_up: list[int] = []
+    hangup: int | None = getattr(signal, "SIGHUP", None)
+    if hangup is None or threading.current_thread() is not threading.main_thread():
+        yield hung_up
+        return
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        hung_up.append(signum)
+        signal.raise_signal(_platform.TERMINATE_SIGNAL)
+
+    previous = signal.signal(hangup, forward)
+    try:
+        yield hung_up
+    finally:
+        signal.signal(hangup, previous)
+
+
+def _interruption(exc: BaseException) -> bool:
+    """Whether `exc` is a KeyboardInterrupt, alone or as the only kind in a group (what SIGTERM becomes here)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        interrupts, rest = exc.split(KeyboardInterrupt)
+        return interrupts is not None and rest is None
+    return False
+
+
 def serve_main(argv: list[str]) -> int:
+    """`breakwater serve`; a hang-up ends it as SIGTERM does, with `EXIT_HANGUP` (`_hangup_as_terminate`)."""
+    with _hangup_as_terminate() as hung_up:
+        try:
+            code = _serve_main(argv)
+        except BaseException as exc:
+            # SIGTERM while no mode's receiver runs is an interruption (`cli._run`); after a hang-up it is still one.
+            if hung_up and _interruption(exc):
+                return EXIT_HANGUP
+            raise
+    return EXIT_HANGUP if hung_up else code
+
+
+def _serve_main(argv: list[str]) -> int:
     """`breakwater serve`: one MCP server in front of every configured server.
 
     Over stdio the attach path (`attach_or_none`) runs before anything imports asyncio or anyio:

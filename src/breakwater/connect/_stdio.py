@@ -15,7 +15,8 @@ import asyncio
 import collections
 import errno
 import logging
-from collections.abc import AsyncGenerator, Callable, Mapping
+import os
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager, suppress
 from typing import Any, cast
 
@@ -49,6 +50,8 @@ STDERR_TAIL_LINES = 20
 EXIT_CODE_GRACE_S = 1.0
 _GROUP_POLL_S = 0.01
 DEFAULT_MAX_LINE_BYTES = 16 * 1024 * 1024  # `[call] max_result_bytes`'s default
+_FD_SCAN_LIMIT = 4096  # descriptors looked at where none can be listed (`_close_on_exec`)
+_CANCEL_CHECK_CHUNKS = 32  # chunks of an upstream's stdout read between two looks for a cancellation (`StdoutReader`)
 
 
 #: At the end of a stdio session (`StdioProcess.prompt_stop`): the stdin grace, then the polite signal's.
@@ -69,7 +72,9 @@ async def stop_process(process: Process, *, prompt: bool = False) -> None:
     assert process.stdin is not None and process.stdout is not None
     grace_s, polite_s = PROMPT_STOP_S if prompt else (PROCESS_TERMINATION_TIMEOUT, FORCE_KILL_TIMEOUT)
     await _close_pipe(process.stdin)
-    if not await _wait_for_process_exit(process, grace_s):
+    # A leader that exits within the grace may leave what it started running (a forked worker, a
+    # `sh -c` child) in its group, holding nothing breakwater watches: the group is stopped too.
+    if not await _wait_for_process_exit(process, grace_s) or _group_left(process):
         _platform.ask_to_stop(process.pid)
         with anyio.move_on_after(polite_s):  # noqa: TID251 - a real process's grace after the polite signal
             # Reading returncode reaps the leader; a zombie leader would keep the group alive.
@@ -82,6 +87,57 @@ async def stop_process(process: Process, *, prompt: bool = False) -> None:
     # A kill survivor can hold the stdout pipe open; poison the reader anyway.
     await _close_pipe(process.stdout)
     _close_subprocess_transport(process)
+
+
+async def _spawn(command: list[str], env: dict[str, str], cwd: str | None) -> Process:
+    """Start an upstream with pipes for its stdin, stdout and stderr, and none of breakwater's other descriptors.
+
+    Why. uvloop spawns through libuv, which has no `close_fds`: the child kept an inheritable copy of
+    its own end of each stdio socket besides fds 0-2, so an upstream that closed its stdout and kept
+    running never showed EOF (it stayed `ready` and every call waited for its timeout), and any
+    inheritable descriptor of breakwater's own leaked into every upstream. Under uvloop the child marks
+    every descriptor above 2 close-on-exec before libuv moves the pipes onto 0-2 (`_close_on_exec`):
+    what asyncio's own spawn does with `close_fds=True`. anyio's `open_process` has no `preexec_fn`,
+    so that spawn goes through its backend (pinned minor version).
+    """
+    options = _platform.spawn_options()
+    if _platform.running_loop() != "uvloop":
+        return await anyio.open_process(command, env=env, cwd=cwd, **options)
+    from anyio._core._eventloop import get_async_backend
+
+    pipe = asyncio.subprocess.PIPE
+    spawned: Process = await get_async_backend().open_process(
+        command, stdin=pipe, stdout=pipe, stderr=pipe, env=env, cwd=cwd, preexec_fn=_close_on_exec, **options
+    )
+    return spawned
+
+
+def _close_on_exec() -> None:
+    """In the forked child, before exec: every descriptor above 2 closes at exec. Never raises (a raise aborts the spawn)."""
+    fds: Iterable[int] = ()
+    for listing in ("/proc/self/fd", "/dev/fd"):
+        with suppress(OSError, ValueError):
+            fds = [int(name) for name in os.listdir(listing)]
+            break
+    else:
+        fds = range(3, _FD_SCAN_LIMIT)
+    for fd in fds:
+        if fd > 2:
+            with suppress(OSError):
+                os.set_inheritable(fd, False)
+
+
+def _group_left(process: Process) -> bool:
+    """Whether the exited leader's process group still has members (only ever the upstream's own group).
+
+    The group id is the leader's pid (`_platform.spawn_options` starts it in a session of its own), and
+    a pid is not reused while a group of that id has members. Never this process's own group: that
+    would take breakwater down with it (a spawn option changed, or a platform without sessions).
+    """
+    getpgrp = getattr(os, "getpgrp", None)
+    if getpgrp is not None and getpgrp() == process.pid:
+        return False
+    return _platform.group_alive(process.pid, process.returncode)
 
 
 class StdinWriter:
@@ -194,6 +250,7 @@ class StdoutReader:
         self._ready: collections.deque[SessionMessage] = collections.deque()
         self._ended = False
         self._reading: anyio.CancelScope | None = None
+        self._unchecked = 0  # chunks read since the last look for a cancellation
         #: Set while breakwater closes the process: a pipe ending then is expected.
         self.shutting_down = False
 
@@ -201,6 +258,15 @@ class StdoutReader:
         while not self._ready:
             if self._ended:
                 raise anyio.EndOfStream
+            # A read of a pipe with data waiting returns without suspending, and anyio delivers a cancellation
+            # only to a task that waits on an unfinished future: an upstream that writes without pause (a flood
+            # of notifications) kept the session's reader out of reach of every cancellation, so a session end
+            # or a SIGTERM waited for the flood to pause (over 60 s seen). Checked every `_CANCEL_CHECK_CHUNKS`
+            # chunks: a flood reaches that in a moment, and a call's answer (one chunk) pays nothing for it.
+            self._unchecked += 1
+            if self._unchecked >= _CANCEL_CHECK_CHUNKS:
+                self._unchecked = 0
+                await anyio.lowlevel.checkpoint_if_cancelled()
             with anyio.CancelScope() as self._reading:
                 try:
                     chunk = await self._stdout.receive()
@@ -359,7 +425,7 @@ class StdioProcess:
         program = _platform.resolve_command(words[0], env)
         if program is None:
             raise FileNotFoundError(errno.ENOENT, "command not found", self.command)
-        process = await anyio.open_process([program, *words[1:]], env=env, cwd=self.cwd, **_platform.spawn_options())
+        process = await _spawn([program, *words[1:]], env, self.cwd)
         self.process = process
         self._shutting_down = False
         stdout_closed = anyio.Event()

@@ -191,11 +191,18 @@ class HandedOutput(LineOutput):
     async def send(self, data: bytes) -> None:
         async with self._lock:
             writer = self._writer
-            if writer is None:  # closed: the session is ending
+            if writer is None or self.broken:  # closed (the session is ending), or the agent stopped reading
                 return
-            writer.write(data)
-            self._mirror.wrote(data, writer.transport.get_write_buffer_size())
-            await writer.drain()
+            try:
+                writer.write(data)
+                self._mirror.wrote(data, writer.transport.get_write_buffer_size())
+                await writer.drain()
+            except (OSError, RuntimeError) as exc:
+                # EPIPE, or (uvloop) a write to the transport an earlier EPIPE closed: the agent's reader is gone
+                # (`| head`), which ends its session as the end of its input does (`LineOutput`).
+                if isinstance(exc, RuntimeError) and not writer.transport.is_closing():
+                    raise
+                self._break()
 
     async def close(self) -> None:
         """Let the agent have what is buffered, for a while, then close its pipe (it sees the end of the session)."""

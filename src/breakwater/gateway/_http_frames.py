@@ -18,7 +18,14 @@ holds such a constant is answered here with the parse error (-32700, HTTP 400) a
 the session, unless it is the client's answer to a server's request (a sampling or elicitation
 result, which a call waits for): that one is passed on with null in their place, as stdio does.
 Other bodies are replayed to the SDK unchanged. A body over the size limit is passed
-on at the limit, for the SDK to refuse. May import `_frames.py` and the core leaves only.
+on at the limit, for the SDK to refuse; one whose Content-Length already says so is refused here
+at once (413), unread: a client may declare a terabyte and send nothing. The connection stays open
+(not `Connection: close`): a client still uploading would otherwise get a reset instead of the 413;
+uvicorn's parser drops the rest of the body as it comes, and the connection ends at the keep-alive
+timeout or, for a body still coming, at the read timeout (`_known_heads.BODY_READ_TIMEOUT_S`). A
+client that goes away before its body is whole gets no answer and leaves no error behind (there is
+nobody to answer); how long a body may take to arrive is the server protocol's bound
+(`_known_heads.BODY_READ_TIMEOUT_S`). May import `_frames.py` and the core leaves only.
 """
 
 from __future__ import annotations
@@ -50,9 +57,15 @@ class FrameErrors:
         if scope["type"] != "http" or scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
+        if _declared_over(scope["headers"], self.max_body_bytes):
+            await self._refuse(send, self._too_large(), status=413)
+            return
         chunks: list[bytes] = []
         held: dict[str, Any] = {}
         early = await self._read_body(receive, chunks)
+        if early is not None and early.get("type") == "http.disconnect":
+            logger.debug("the client went away before its request body was whole; nothing to answer")
+            return
         if early is None and (constant := non_finite_constant(b"".join(chunks))) is not None:
             cleaned = _answer_with_nulls(b"".join(chunks))
             if cleaned is None:
@@ -120,16 +133,19 @@ class FrameErrors:
                 return None
 
     @staticmethod
-    async def _refuse(send: Any, payload: bytes) -> None:
+    async def _refuse(send: Any, payload: bytes, *, status: int = 400) -> None:
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-        await send({"type": "http.response.start", "status": 400, "headers": headers})
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
+
+    def _too_large(self) -> bytes:
+        message = f"Invalid request: the body is over the {self.max_body_bytes}-byte limit; send a smaller message"
+        return _error(None, INVALID_REQUEST, message)
 
     def _better(self, status: int, answer: bytes, chunks: list[bytes]) -> tuple[int, bytes] | None:
         """The replacement (status, body) for the SDK's answer, or None to keep it."""
         if status == 413:
-            message = f"Invalid request: the body is over the {self.max_body_bytes}-byte limit; send a smaller message"
-            return 413, _error(None, INVALID_REQUEST, message)
+            return 413, self._too_large()
         body = b"".join(chunks)
         if status == 202:  # accepted as a notification: wrong if it carried an id the SDK could not read
             found = bad_id(body) if b'"id"' in body else None
@@ -144,6 +160,14 @@ class FrameErrors:
             return None
         request_id, code, message = found
         return 400, _error(request_id, code, message)
+
+
+def _declared_over(headers: Any, limit: int) -> bool:
+    """Whether the request's Content-Length announces a body over `limit`."""
+    for name, value in headers:
+        if name == b"content-length":
+            return value.isdigit() and int(value) > limit
+    return False
 
 
 def _sdk_framing_error(answer: bytes) -> str | None:

@@ -288,6 +288,8 @@ class SharedGateway:
             finally:
                 os.close(in_fd)
             mirror.input = read_transport  # duck-typed: uvloop's is no subclass of asyncio's (no isinstance here)
+            # An agent that stopped reading ends its session as one that closed its input does (`serve` sees `E`).
+            output.on_broken = read_transport.close
             await output.open(loop)
             async with session_gateway(self.gateway, self.config, context) as gateway:
                 try:

@@ -29,7 +29,9 @@ a body is never paused mid-read), `Expect: 100-continue` (the client waits for t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import math
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
@@ -44,12 +46,26 @@ if TYPE_CHECKING:
 
     from breakwater.gateway._drain import Drain
 
-__all__ = ["KNOWN_HEADS_MAX", "OFFER", "ROUTED_BODY_MAX", "Offer", "Route", "routable", "routing_protocol", "serving"]
+__all__ = [
+    "BODY_READ_TIMEOUT_S",
+    "KNOWN_HEADS_MAX",
+    "OFFER",
+    "ROUTED_BODY_MAX",
+    "Offer",
+    "Route",
+    "routable",
+    "routing_protocol",
+    "serving",
+]
 
 #: The scope key of a routable request's `Offer` (absent from every other request's scope).
 OFFER = "breakwater.route"
 #: The largest body a routed request may carry: uvicorn's read high-water mark, so it is read whole unpaused.
 ROUTED_BODY_MAX = 65536
+#: How long a request may take to arrive whole once it began (head and body): past it, it is answered 408 and its
+#: connection closed. uvicorn bounds only the idle time between requests (`timeout_keep_alive`), so a client that
+#: sent part of a request and stopped held its connection, and the app's task reading it, for ever.
+BODY_READ_TIMEOUT_S = 30.0
 #: Heads a server remembers; past it, it forgets them all and learns the live ones again (one whole-stack POST each).
 KNOWN_HEADS_MAX = 1024
 
@@ -99,8 +115,11 @@ def _head(scope: Any) -> _Head | None:
     return scope["raw_path"], scope["query_string"], scope["method"], tuple(rest)
 
 
-def routing_protocol() -> type[HttpToolsProtocol]:
-    """A uvicorn protocol class for one server: its connections share one table of known heads."""
+def routing_protocol(read_timeout_s: float = BODY_READ_TIMEOUT_S) -> type[HttpToolsProtocol]:
+    """A uvicorn protocol class for one server: its connections share one table of known heads.
+
+    Its connections also bound how long a request may take to arrive whole (`read_timeout_s`).
+    """
     known: dict[_Head, Route] = {}
 
     class RoutingProtocol(HttpToolsProtocol):
@@ -109,6 +128,31 @@ def routing_protocol() -> type[HttpToolsProtocol]:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._held: tuple[RequestResponseCycle, Route] | None = None
+            self.scope = None  # type: ignore[assignment]  # uvicorn sets it at each request's first byte
+            #: Armed while a request is arriving in more than one read (`_read_timed_out`).
+            self._read_timer: asyncio.TimerHandle | None = None
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            # A request that arrived whole in this read (the common case) costs this check only; one still
+            # arriving (its head cut, or its body) gets a deadline: uvicorn's own timers run on the loop too.
+            if self._read_timer is None and _arriving(self.scope, self.cycle) and not self.transport.is_closing():
+                self._read_timer = self.loop.call_later(read_timeout_s, self._read_timed_out)
+
+        def _read_timed_out(self) -> None:
+            self._read_timer = None
+            if self.transport.is_closing() or not _arriving(self.scope, self.cycle):
+                return
+            cycle = self.cycle
+            if cycle is None or cycle.scope is not self.scope or not cycle.response_started:
+                self.transport.write(_timed_out(read_timeout_s))
+            # The app reading the body then sees the client gone (`http.disconnect`) and ends.
+            self.transport.close()
+
+        def _stop_read_timer(self) -> None:
+            if self._read_timer is not None:
+                self._read_timer.cancel()
+                self._read_timer = None
 
         def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
             scope: Any = cycle.scope
@@ -125,6 +169,11 @@ def routing_protocol() -> type[HttpToolsProtocol]:
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
+            # uvicorn leaves `more_body` set on a request answered before its body was whole (a 413 unread):
+            # the body did arrive, so the read timeout must not count it.
+            self.cycle.more_body = False
+            if self._read_timer is not None:
+                self._stop_read_timer()
             held = self._held
             if held is not None and held[0] is self.cycle:
                 self._held = None
@@ -132,6 +181,7 @@ def routing_protocol() -> type[HttpToolsProtocol]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._held = None  # a body cut short: nothing ran, nothing to answer
+            self._stop_read_timer()
             super().connection_lost(exc)
 
         def _routed(self, cycle: RequestResponseCycle, route: Route) -> Any:
@@ -145,6 +195,22 @@ def routing_protocol() -> type[HttpToolsProtocol]:
             return routed
 
     return RoutingProtocol
+
+
+def _arriving(scope: Any, cycle: RequestResponseCycle | None) -> bool:
+    """Whether a request began and has not arrived whole: its head is cut (uvicorn made its scope, not yet
+    its cycle), or its body is still coming (answered or not: a refused body still holds the connection)."""
+    if scope is None:
+        return False
+    return cycle is None or cycle.scope is not scope or cycle.more_body
+
+
+def _timed_out(read_timeout_s: float) -> bytes:
+    """The raw 408 for a request that did not arrive whole in time, as a JSON-RPC error (the MCP endpoint's shape)."""
+    message = f"Invalid request: the request did not arrive whole within {read_timeout_s:g} s; send it again"
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}).encode()
+    head = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    return head + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
 
 
 def routable(transport: StreamableHTTPServerTransport, drain: Drain) -> bool:

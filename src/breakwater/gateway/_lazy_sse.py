@@ -59,7 +59,7 @@ from mcp_types import (
     jsonrpc_message_adapter,
 )
 from mcp_types.version import is_version_at_least
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive, Scope, Send
 
 from breakwater._clock import Clock
@@ -177,7 +177,11 @@ async def _post(
     if writer is None or not (has_json and has_sse) or not transport._check_content_type(request):
         return await sdk_post(scope, request, receive, send)
     # Read once: Starlette keeps the body on `request`, so the SDK's handler reads the same bytes.
-    body = await request.body()
+    try:
+        body = await request.body()
+    except ClientDisconnect:  # gone before its body was whole: nobody to answer, nothing went wrong here
+        logger.debug("the client went away before its request body was whole")
+        return None
     lane = session_lane(transport.mcp_session_id)
     call = plain_call(lane, body) if lane is not None else None
     if lane is not None and call is not None:

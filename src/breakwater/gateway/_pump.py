@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
+import select
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -489,6 +491,16 @@ class _Pump:
                 os.set_blocking(fd, True)
 
 
+def _reader_gone(fd: int) -> bool:
+    """Whether `fd` is a pipe or socket whose reading end is closed (poll says POLLERR or POLLHUP for a writer)."""
+    try:
+        poller = select.poll()
+    except AttributeError:  # no poll (Windows): hand-off needs POSIX descriptors passing anyway
+        return False
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
 async def attached_session(first: Attachment, reattach: Any, *, safety: ToolSafety, clock: Clock) -> int:
     """Relay this process's stdio to `first`, failing over through `reattach()` whenever the gateway goes away."""
     pump = _Pump(asyncio.get_running_loop(), safety)
@@ -499,6 +511,8 @@ async def attached_session(first: Attachment, reattach: Any, *, safety: ToolSafe
             attachment = None
             try:
                 if await pump.watch(first):
+                    if _reader_gone(1):  # the session ended because the agent stopped reading: as `| head` makes it
+                        raise BrokenPipeError(errno.EPIPE, "the agent stopped reading this session's output")
                     return 0
             finally:
                 first.close()

@@ -33,6 +33,7 @@ from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import mcp_types as types
 from mcp.server.lowlevel.server import Server
 from mcp.server.stdio import stdio_server as sdk_stdio_server
@@ -53,6 +54,9 @@ __all__ = ["MAX_LINE_BYTES", "LineOutput", "pump_input", "pump_output", "reserve
 MAX_LINE_BYTES = 64 * 1024 * 1024
 
 _CHUNK = 64 * 1024
+
+#: Event-loop turns given, at the end of input, to the requests just read to reach their handlers (`stdio_server`).
+_HANDLER_START_TURNS = 8
 
 
 def _pollable(fd: int) -> bool:
@@ -148,15 +152,24 @@ class _ThreadFeed(asyncio.ReadTransport):
 
 
 class LineOutput:
-    """Whole lines to the client, one at a time: asyncio's pipe writer, or blocking writes on a thread for a file."""
+    """Whole lines to the client, one at a time: asyncio's pipe writer, or blocking writes on a thread for a file.
 
-    def __init__(self, fd: int | None, fast: bool) -> None:
+    A client that stopped reading (its end of the pipe closed: `| head`, a crashed agent) is not an
+    error of whoever was writing: the first failed write marks the output `broken` and calls
+    `on_broken` (the session then ends as at the end of input), and every line after it is dropped.
+    """
+
+    def __init__(self, fd: int | None, fast: bool, on_broken: Callable[[], None] | None = None) -> None:
         self._fd = fd
         self._fast = fast
         self._writer: asyncio.StreamWriter | None = None
         self._transport: asyncio.WriteTransport | None = None
         # fast_acquire: an uncontended write must not cost a trip through the event loop (issue 16).
         self._lock = anyio.Lock(fast_acquire=True)
+        #: Called once, at the first write that fails because the reader is gone.
+        self.on_broken = on_broken
+        #: A write failed because the reader is gone: nothing more reaches the client.
+        self.broken = False
 
     async def open(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._fast and self._fd is not None and _pollable(self._fd):
@@ -166,11 +179,25 @@ class LineOutput:
 
     async def send(self, data: bytes) -> None:
         async with self._lock:
-            if self._writer is not None:
-                self._writer.write(data)
-                await self._writer.drain()
-            elif self._fd is not None:
-                await anyio.to_thread.run_sync(_write_all, self._fd, data)
+            if self.broken:
+                return
+            try:
+                if self._writer is not None:
+                    self._writer.write(data)
+                    await self._writer.drain()
+                elif self._fd is not None:
+                    await anyio.to_thread.run_sync(_write_all, self._fd, data)
+            except (OSError, RuntimeError) as exc:
+                # EPIPE and the like, or (uvloop) a write to the transport that an earlier EPIPE closed.
+                if isinstance(exc, RuntimeError) and not (self._transport is not None and self._transport.is_closing()):
+                    raise
+                self._break()
+
+    def _break(self) -> None:
+        if not self.broken:
+            self.broken = True
+            if self.on_broken is not None:
+                self.on_broken()
 
     async def close(self) -> None:
         if self._writer is not None:
@@ -302,6 +329,36 @@ async def _stop_on_signal(reading: anyio.CancelScope, ending: anyio.CancelScope 
         ending.cancel()
 
 
+async def _close(
+    output: LineOutput, read_transport: asyncio.BaseTransport | None, in_fd: int | None, out_fd: int | None, fast: bool
+) -> None:
+    """Close the session's transports and give fds 0 and 1 back what they held before it."""
+    await output.close()
+    if read_transport is not None:
+        read_transport.close()
+    # Let the transports run their close callbacks before the descriptors go.
+    await asyncio.sleep(0)
+    _restore(0, in_fd, fast)
+    _restore(1, out_fd, fast)
+    # A reading thread may still be inside read(): its descriptor is left open rather than closed
+    # under it (where the number could be reused by another file and read from).
+    for fd in (None if isinstance(read_transport, _ThreadFeed) else in_fd, out_fd):
+        if fd is not None:
+            os.close(fd)
+
+
+async def _let_handlers_start() -> None:
+    """At the end of input: let the last requests read reach their handlers before the drain looks.
+
+    A lane call's task, or the dispatcher's receive loop and then the handler it spawns, each start a
+    loop turn later; a drain that looked at once saw no call in flight and ended, and the session's
+    end answered them a bare CONNECTION_CLOSED. asyncio runs ready tasks in order, so a few turns are
+    enough (3 on the SDK path, measured; 8 for margin): no clock time passes.
+    """
+    for _ in range(_HANDLER_START_TURNS):
+        await anyio.lowlevel.checkpoint()
+
+
 @asynccontextmanager
 async def stdio_server(
     stopped_by: list[int] | None = None,
@@ -333,12 +390,13 @@ async def stdio_server(
     in_fd = _divert(0, lambda: os.open(os.devnull, os.O_RDONLY))
     out_fd = _divert(1, lambda: os.dup(2))
     reader, read_transport = await _open_input(in_fd, loop, fast)
-    output = LineOutput(out_fd, fast)
+    reading = anyio.CancelScope()
+    # A client that stopped reading is gone as surely as one that closed our input: the session ends the same way.
+    output = LineOutput(out_fd, fast, on_broken=reading.cancel)
     await output.open(loop)
 
     read_stream_writer, read_stream = create_context_streams[SessionMessage | Exception](0)
     write_stream, write_stream_reader = create_context_streams[SessionMessage](0)
-    reading = anyio.CancelScope()
     ending = None if on_end is None else anyio.CancelScope()
 
     lane = FastLane(server, output.send) if server is not None else None
@@ -359,6 +417,7 @@ async def stdio_server(
     async def end() -> None:
         if on_end is not None and ending is not None:
             with ending:
+                await _let_handlers_start()
                 await on_end()
 
     try:
@@ -370,15 +429,7 @@ async def stdio_server(
             yield read_stream, write_stream
             tg.cancel_scope.cancel()
     finally:
-        await output.close()
-        if read_transport is not None:
-            read_transport.close()
-        # Let the transports run their close callbacks before the descriptors go.
-        await asyncio.sleep(0)
-        _restore(0, in_fd, fast)
-        _restore(1, out_fd, fast)
-        # A reading thread may still be inside read(): its descriptor is left open rather than closed
-        # under it (where the number could be reused by another file and read from).
-        for fd in (None if isinstance(read_transport, _ThreadFeed) else in_fd, out_fd):
-            if fd is not None:
-                os.close(fd)
+        await _close(output, read_transport, in_fd, out_fd, fast)
+    if output.broken:
+        # Everything is closed in order; the caller's exit code says the output was cut (`cli._run`: 141).
+        raise BrokenPipeError("the client stopped reading the session's output")

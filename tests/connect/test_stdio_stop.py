@@ -1,0 +1,113 @@
+"""A stdio upstream's process, at the edges of its life: what it forked, a stdout it closed while it runs.
+
+Real processes on both event loops `serve` may run (uvloop spawns through libuv, asyncio through the
+stdlib); wall-clock bounds are generous, since what is measured is a real process exiting.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from breakwater.connect._stdio import StdioProcess
+
+LOOPS = ["asyncio", "uvloop"]
+
+
+def _run(loop: str, main: object) -> None:
+    anyio.run(main, backend="asyncio", backend_options={"use_uvloop": loop == "uvloop"})  # type: ignore[arg-type]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie has exited; its parent just has not reaped it
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def _wait_for_file(path: Path, timeout: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and (text := path.read_text()).endswith("\n"):
+            return text
+        time.sleep(0.02)
+    raise AssertionError(f"{path} was never written")
+
+
+FORKS = """
+import os, sys, time
+if os.fork() == 0:  # a worker that outlives its parent, holding the pipes it inherited
+    with open(sys.argv[1] + ".tmp", "w") as f:
+        f.write(f"{os.getpid()}\\n")
+    os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+    time.sleep(600)
+    os._exit(0)
+sys.stdin.buffer.read()  # the leader itself ends politely, at the end of its input
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="process groups are POSIX's")
+@pytest.mark.parametrize("loop", LOOPS)
+def test_what_an_upstream_forked_is_stopped_with_it(tmp_path: Path, loop: str) -> None:
+    """The leader exits within the stdin grace, its forked child does not: the child is stopped too, not orphaned."""
+    script, pid_file = tmp_path / "forks.py", tmp_path / "child.pid"
+    script.write_text(FORKS)
+
+    async def main() -> None:
+        process = StdioProcess(sys.executable, (str(script), str(pid_file)))
+        process.prompt_stop = True
+        async with process.open():
+            await anyio.to_thread.run_sync(_wait_for_file, pid_file)
+
+    _run(loop, main)
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = _alive(child)
+    if alive:
+        os.kill(child, 9)
+    assert not alive, "the upstream's forked child outlived the session"
+
+
+CLOSES_STDOUT = """
+import os, sys, time
+sys.stdout.write('{"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "hi"}}\\n')
+sys.stdout.flush()
+os.close(1)  # no more answers, ever; the process runs on
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="uvloop and os.close(1) semantics are POSIX's")
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_stdout_closed_while_the_upstream_runs_ends_the_reads_at_once(tmp_path: Path, loop: str) -> None:
+    """EOF on the upstream's stdout is the end of the connection, whatever the loop.
+
+    Under uvloop the child kept a second copy of its stdout (libuv has no close_fds), so the end never
+    came: the server stayed `ready` and each call waited for its whole timeout.
+    """
+    script = tmp_path / "closes.py"
+    script.write_text(CLOSES_STDOUT)
+    seen: list[float] = []
+
+    async def main() -> None:
+        process = StdioProcess(sys.executable, (str(script),))
+        process.prompt_stop = True
+        async with process.open() as (read, _write):
+            started = time.monotonic()
+            with anyio.move_on_after(10):
+                async for _message in read:
+                    pass
+                seen.append(time.monotonic() - started)
+
+    _run(loop, main)
+    assert seen, "the reads never ended after the upstream closed its stdout"
+    assert seen[0] < 5
