@@ -108,9 +108,13 @@ _NOT_IN_FILE_NAMES = re.compile(r"[^A-Za-z0-9_.\-]")
 
 
 def file_stem(name: str) -> str:
-    """`name` (a server's) as the start of a file name: other characters made `_`, and a long one cut, with a hash of
-    the whole name after it (a 300-character server name made the cache's file name too long to open)."""
+    """`name` (a server's) as the start of a file name, one per name: other characters made `_`, and a long one cut.
+
+    A name that was changed on the way, or that holds a capital (which a case-insensitive file system would not
+    tell apart), gets a hash of the whole name after it: "a b" and "a_b", "é" and "ü", "Git" and "git" shared one
+    cache file, and a 300-character name made the file name too long to open.
+    """
     safe = _NOT_IN_FILE_NAMES.sub("_", name)
-    if len(safe) <= _STEM_MAX:
-        return safe
-    return f"{safe[: _STEM_MAX - 17]}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
+    if safe == name and name == name.lower() and len(name) <= _STEM_MAX:
+        return name
+    return f"{safe[: _STEM_MAX - 17]}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:16]}"

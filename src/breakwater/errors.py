@@ -83,13 +83,36 @@ def visible(text: str, keep: str = "") -> str:
     character (an escape sequence that moves the cursor or clears the screen, a bidirectional override that
     makes a name read differently than it is) instead of showing it.
     """
-    if text.isprintable():
+    if text.isprintable() and not any(invisible(c) for c in text):
         return text
-    return "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) in _INVISIBLE and c not in keep else c for c in text)
+    return "".join(f"\\u{ord(c):04x}" if invisible(c) and c not in keep else c for c in text)
 
 
-#: Unicode categories `visible` escapes: controls, formats, line and paragraph separators, surrogates.
-_INVISIBLE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+def invisible(c: str) -> bool:
+    """Whether the character `c` shows nothing of its own: a control, format (bidirectional), separator or surrogate
+    character, or one Unicode marks as ignorable in display (a variation selector, a Hangul filler, U+034F), or the
+    blank braille pattern. A name holding one reads as another name, or as nothing."""
+    if unicodedata.category(c) in _INVISIBLE_CATEGORIES:
+        return True
+    code = ord(c)
+    return code >= 0x34F and any(low <= code <= high for low, high in _IGNORABLE)
+
+
+#: Unicode categories `invisible` counts: controls, formats, line and paragraph separators, surrogates.
+_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+#: Unicode's Default_Ignorable_Code_Point ranges (DerivedCoreProperties.txt) outside those categories, and U+2800.
+_IGNORABLE = (
+    (0x034F, 0x034F),
+    (0x115F, 0x1160),
+    (0x17B4, 0x17B5),
+    (0x180B, 0x180F),
+    (0x2800, 0x2800),
+    (0x3164, 0x3164),
+    (0xFE00, 0xFE0F),
+    (0xFFA0, 0xFFA0),
+    (0xFFF0, 0xFFF8),
+    (0xE0100, 0xE01EF),
+)
 
 
 class ConfigError(BreakwaterError):

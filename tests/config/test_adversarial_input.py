@@ -230,3 +230,86 @@ def test_import_of_a_file_without_servers_is_refused(tmp_path: Path) -> None:
     result = _cli("config", "import", ".mcp.json", cwd=tmp_path)
     assert result.returncode == 2 and "no server" in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [".mcp.json"]
+
+
+# ---- the third pass: variations of the same classes --------------------------------------------------------------
+
+
+def test_one_redaction_table_serves_every_redactor_of_the_same_secrets() -> None:
+    """Built per Redactor, `config check` of 1,000 servers with a secret each took over 30 s (each server's describe
+    built the table of all 1,000 registered secrets)."""
+    from breakwater.config._redact import Redactor
+
+    secrets = [f"BigSecret{i:06d}xyz" for i in range(50)]
+    first, second = Redactor(secrets), Redactor(list(reversed(secrets)))
+    assert first._tables()[0] is second._tables()[0]
+    assert first("x BigSecret000007xyz y") == "x <redacted> y"
+
+
+def test_a_key_in_a_url_path_is_a_secret(tmp_path: Path) -> None:
+    """Zapier's `/mcp/sk-ak-.../sse` was shown in config check, status and /api/status; `auth status --json` showed
+    the whole URL, password and query too."""
+    url = "http://bob:Pp9Pp9Pp9Pp9@127.0.0.1:9/mcp/sk-ak-Zz8Zz8Zz8Zz8Zz8/sse?token=Qq7Qq7Qq7Qq7"
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"z": {"url": url, "oauth": {"clientId": "cid"}}}}))
+    assert "sk-ak-Zz8Zz8Zz8Zz8Zz8" in load_config(config, environ={}).server("z").secrets
+    home = {"HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "data"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    for command in (["config", "check"], ["config", "check", "--json"], ["auth", "status", "--json"], ["auth", "status"]):
+        result = _cli(*command, "--config", str(config), cwd=tmp_path, env=home)
+        assert result.returncode == 0, result.stderr
+        shown = result.stdout + result.stderr
+        assert not any(s in shown for s in ("Pp9Pp9Pp", "Zz8Zz8Zz", "Qq7Qq7Qq")), shown
+    assert "/mcp/<redacted>/sse" in _cli("config", "check", "--config", str(config), cwd=tmp_path).stdout
+
+
+def test_claude_json_with_only_other_folders_servers_loads_none_and_says_why(tmp_path: Path) -> None:
+    """It was refused: `no "mcpServers" object`, fix "write mcpServers"; and a project "" matched every folder."""
+    data = {"numStartups": 3, "projects": {"/nowhere/else": {"mcpServers": {"p": OK_ENTRY}}, "": {"mcpServers": {"q": OK_ENTRY}}}}
+    (tmp_path / ".claude.json").write_text(json.dumps(data))
+    result = _cli("config", "check", "--config", str(tmp_path / ".claude.json"), cwd=tmp_path)
+    assert result.returncode == 0 and "0 servers" in result.stdout and "none is" in result.stdout, result.stdout
+
+
+OK_ENTRY = {"command": "x"}
+
+
+def test_an_env_file_with_a_bom_names_its_first_variable_as_written(tmp_path: Path) -> None:
+    """Notepad's BOM became part of the first name (`\\ufeffFIRST_K`): the server never got FIRST_K."""
+    (tmp_path / ".env").write_bytes("\ufeffFIRST_K=one\r\nSECOND_K=two\r\n".encode())
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"a": {"command": "x", "envFile": str(tmp_path / ".env")}}}))
+    assert dict(load_config(config, environ={}).server("a").env) == {"FIRST_K": "one", "SECOND_K": "two"}
+
+
+@pytest.mark.parametrize("char", ["\ufe0f", "\u034f", "\u3164", "\u115f", "\u17b4", "\u2800", "\uffa0"])
+def test_a_server_name_with_a_character_that_shows_nothing_is_refused(tmp_path: Path, char: str) -> None:
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {f"a{char}b": {"command": "x"}}}))
+    with pytest.raises(ConfigError, match=f"U\\+{ord(char):04X}"):
+        load_config(config, environ={})
+
+
+def test_names_that_look_the_same_are_noted_and_kept_apart_on_disk(tmp_path: Path) -> None:
+    """ "é" composed and decomposed, "Git" and "git": accepted without a word, and (with "a b" and "a_b") one cache file."""
+    config = tmp_path / "mcp.json"
+    names = ["\u00e9", "e\u0301", "Git", "git", "a b", "a_b"]
+    config.write_text(json.dumps({"mcpServers": {name: {"command": "x"} for name in names}}))
+    notes = " ".join(load_config(config, environ={}).notes)
+    assert "'\\xe9', 'e\\u0301' look the same" in notes and "'Git', 'git' look the same" in notes
+    stems = [file_stem(name) for name in names]
+    assert len(set(stems)) == len(names) and len({s.lower() for s in stems}) == len(names)
+    assert file_stem("github") == "github"  # a name that needs nothing keeps its cache file
+
+
+@pytest.mark.parametrize("value", ["1_000", "\u0665", "0x10", "1 2"])
+def test_a_number_written_as_text_is_plain_digits(value: str) -> None:
+    """Python's int() read "1_000" and the Arabic-Indic "٥"; an environment variable set so was taken as a number."""
+    with pytest.raises(ConfigError, match="BREAKWATER_CALL_TIMEOUT_S|timeout_s"):
+        load_config_env({"BREAKWATER_CALL_TIMEOUT_S": value})
+
+
+def load_config_env(environ: dict[str, str]) -> None:
+    from breakwater.config import CallPolicy
+    from breakwater.config._knobs import build_policy, env_layer
+
+    build_policy(CallPolicy, [env_layer(CallPolicy, environ)])

@@ -98,7 +98,7 @@ def auth_status(config: Config, store: TokenStore, *, now: float | None = None) 
         rows.append(
             {
                 "name": spec.name,
-                "url": spec.url,
+                "url": spec.describe()["url"],  # its address, without user-info, query or a key in its path
                 "grant": grant,
                 "signed_in": bool(tokens.get("access_token")),
                 "scopes": tokens.get("scope"),

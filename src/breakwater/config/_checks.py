@@ -16,7 +16,7 @@ import unicodedata
 from collections.abc import Iterable, Sequence
 from urllib.parse import urlsplit
 
-from breakwater.errors import ConfigError
+from breakwater.errors import ConfigError, invisible, visible
 
 __all__ = [
     "DEFAULT_TOOL_NAME_MAX",
@@ -148,13 +148,22 @@ def alike_servers(template: str, servers: Iterable[str]) -> list[str]:
     Their tools are still listed (`distinct_name`), but a person reads the one set of names as one server's.
     """
     by_affixes: dict[tuple[str, str], list[str]] = {}
-    for server in servers:
+    servers_list = list(servers)
+    for server in servers_list:
         by_affixes.setdefault(name_affixes(template, server), []).append(server)
+    by_look: dict[str, list[str]] = {}
+    for server in servers_list:
+        by_look.setdefault(unicodedata.normalize("NFKC", server).casefold(), []).append(server)
     return [
         f"servers {', '.join(map(repr, names))} name their tools alike ({prefix}…{suffix}): a clashing tool of all"
         " but one is listed under its name and a hash; rename the servers to tell them apart"
         for (prefix, suffix), names in by_affixes.items()
         if len(names) > 1 and (prefix or suffix)
+    ] + [
+        f"servers {', '.join(map(ascii, names))} look the same (they differ only in case or in how a character is"
+        " encoded): rename one to tell them apart"
+        for names in by_look.values()
+        if len(names) > 1
     ]
 
 
@@ -169,9 +178,9 @@ _HEADER_NAME_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVW
 
 
 def _invisible(c: str) -> bool:
-    # Cc: control characters; Cf: format characters, the bidirectional overrides among them (they
-    # make a name read differently than it is); Zl/Zp: line and paragraph separators.
-    return unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp", "Cs")
+    # Controls, format characters (the bidirectional overrides among them make a name read differently than it
+    # is), separators, and what Unicode ignores in display (a variation selector, a Hangul filler): `errors.invisible`.
+    return invisible(c)
 
 
 def check_text(
@@ -201,7 +210,7 @@ def check_server_name(name: str, *, path: str | None, key: str) -> None:
     if any(_invisible(c) for c in name):
         bad = next(c for c in name if _invisible(c))
         raise ConfigError(
-            f"server name {name!r} contains the invisible or bidirectional character U+{ord(bad):04X}",
+            f"server name '{visible(name)}' contains the invisible or bidirectional character U+{ord(bad):04X}",
             path=path,
             key=key,
             fix="use letters, digits, - and _",

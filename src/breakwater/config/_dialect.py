@@ -336,7 +336,8 @@ def claude_local_servers(data: Mapping[str, Any], cwd: Path) -> tuple[str, Any] 
     projects = data.get("projects")
     if not isinstance(projects, dict):
         return None
-    by_path = {key.replace("\\", "/").rstrip("/") or "/": key for key in projects if isinstance(key, str)}
+    # A key that is no folder ("" read as "/" matched every folder) is nobody's project.
+    by_path = {key.replace("\\", "/").rstrip("/") or "/": key for key in projects if isinstance(key, str) and key.strip()}
     for folder in (cwd, *cwd.parents):
         key = by_path.get(folder.as_posix().rstrip("/") or "/")
         if key is not None:  # a project that is no object is this folder's, and an error, not "no project here"
@@ -374,7 +375,8 @@ def top_level_notes(data: dict[str, object], top: str) -> list[str]:
 def read_env_file(path: Path, *, config_path: str, key: str) -> dict[str, str]:
     """A dotenv file as VS Code and Cursor read `envFile`: `NAME=value` lines, `#` comments, optional quotes and `export`."""
     try:
-        text = read_user_file(path).decode("utf-8")
+        # "utf-8-sig": a BOM (Notepad's) is no part of the first variable's name.
+        text = read_user_file(path).decode("utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(
             f"cannot read the envFile {str(path)!r}: {getattr(exc, 'strerror', None) or exc}",
@@ -389,7 +391,7 @@ def read_env_file(path: Path, *, config_path: str, key: str) -> dict[str, str]:
             continue
         name, sep, value = line.removeprefix("export ").partition("=")
         name = name.strip()
-        if not sep or not name or any(c.isspace() for c in name):
+        if not sep or not name or not name.isprintable() or any(c.isspace() for c in name):
             # Never quote the line: it may hold a secret.
             raise ConfigError(
                 f"line {number} of the envFile {str(path)!r} is not NAME=value",

@@ -171,14 +171,12 @@ def _stdio_fields(entry: Mapping[str, Any], path: str, where: str, expand: Expan
     # Arguments are passed exactly as written: no shell runs in between (a command line written into
     # `command` alone is split into words at spawn, as Cursor does: `_dialect.command_words`).
     fields: dict[str, Any] = {"command": os.path.expanduser(command) if command.startswith("~") else command}
-    args = entry.get("args", [])
+    args, at = entry.get("args", []), f"{where}.{names.get('args', 'args')}"
     if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in args):
-        raise fail("expected a list of strings", path, f"{where}.args", 'write "args": ["--flag", "value"]')
-    fields["args"] = tuple(
-        expand(_text(a, path, f"{where}.args[{i}]"), where=where, key=f"{where}.args[{i}]") for i, a in enumerate(args)
-    )
+        raise fail("expected a list of strings", path, at, 'write "args": ["--flag", "value"]')
+    fields["args"] = tuple(expand(_text(a, path, f"{at}[{i}]"), where=where, key=f"{at}[{i}]") for i, a in enumerate(args))
     for i, arg in enumerate(fields["args"]):
-        check_text(arg, path=path, key=f"{where}.args[{i}]", what="argument", secret=True)
+        check_text(arg, path=path, key=f"{at}[{i}]", what="argument", secret=True)
     env = _env_file(entry, path, where, expand)
     if "env" in entry:
         # The entry's own env wins over its envFile, as in VS Code.
@@ -228,7 +226,7 @@ def _http_fields(entry: Mapping[str, Any], transport: Transport, path: str, wher
     url = expand(url, where=where, key=f"{where}.{url_key}")
     lenient = has_reference(url) and not expand.strict
     if not lenient:
-        if not url.startswith(("http://", "https://")):
+        if not url[:8].lower().startswith(("http://", "https://")):  # a scheme is case-insensitive (RFC 3986)
             # Only the scheme is repeated: the rest of a URL may carry a token.
             scheme = url.partition("://")[0] if "://" in url else ""
             said = (

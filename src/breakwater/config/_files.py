@@ -159,7 +159,8 @@ def _servers_from_json(
     """The file's servers, and the notes about it (keys beside the servers, entries skipped)."""
     data = _read_json(path)
     found, local = server_table(data, str(path)), claude_local_servers(data, Path.cwd())
-    if found is None and local is None:
+    # Claude Code's ~/.claude.json with only other folders' servers: none for this folder, which the notes say.
+    if found is None and local is None and not isinstance(data.get("projects"), dict):
         raise ConfigError('no "mcpServers" object', path=str(path), key="mcpServers", fix='write {"mcpServers": {"name": {...}}}')
     top, entries = found or ("mcpServers", {})
     # The rest of the file is the client's own settings (VS Code's "inputs", all of ~/.claude.json).

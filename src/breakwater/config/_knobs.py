@@ -124,6 +124,10 @@ def _coerce(value: Any, tp: Any, *, where: str, path: str | None, name: str, inf
         if isinstance(value, bool):
             raise ConfigError(f"expected {kind}, got {value!r}", path=path, key=where, fix=f"set {name} to {kind}")
         try:
+            # A number written as text the way TOML and JSON write one: ASCII digits, no `_` (Python's int() and
+            # float() read "1_000" and the Arabic-Indic "٥" too, neither of which a person meant as a number here).
+            if isinstance(value, str) and not _PLAIN_NUMBER.fullmatch(value.strip()):
+                raise ValueError(value)
             number = tp(value) if isinstance(value, str) else value
         except ValueError:
             raise ConfigError(f"expected {kind}, got {value!r}", path=path, key=where, fix=f"set {name} to {kind}") from None
@@ -215,6 +219,11 @@ def knob_range(policy_cls: type[Any], name: str) -> tuple[float | None, float | 
     """The `(minimum, maximum)` a number knob accepts."""
     info = _info(next(f for f in dataclasses.fields(policy_cls) if f.name == name))
     return info.minimum, info.maximum
+
+
+#: A number as text: what `_coerce` reads from an environment variable or a quoted value (nan and inf too, to refuse them
+#: with their own message).
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|nan|inf|infinity)", re.IGNORECASE)
 
 
 def _bad_text(value: str) -> bool:

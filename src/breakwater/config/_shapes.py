@@ -160,7 +160,8 @@ def _zed(entry: dict[str, Any], path: str, where: str) -> tuple[dict[str, Any], 
         out |= {"command" if k == "path" else k: v for k, v in command.items()}
     elif command is not None:
         out["command"] = command
-    return out, {"command": "command.path"} if isinstance(command, dict) else {}, notes
+    older = {"command": "command.path", "args": "command.args", "env": "command.env"}  # as written in the older shape
+    return out, older if isinstance(command, dict) else {}, notes
 
 
 def gateway_entry(top: str, sample: Any, command: list[str]) -> dict[str, Any]:

@@ -179,7 +179,8 @@ class Gateway:
             "breakwater",
             version=version("mcp-breakwater"),
             instructions=(
-                "breakwater is a gateway in front of several MCP servers. Tool names are server__tool. "
+                "breakwater is a gateway in front of several MCP servers. Tool names are "
+                f"{policy.tool_name_template.format(server='server', tool='tool')}. "  # the names it lists, as configured
                 "If a tool you expect is missing or its server is down, call "
                 f"{policy.search_tool or 'the search tool'} before concluding it does not exist."
             ),
