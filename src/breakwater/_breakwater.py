@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 from collections.abc import Collection, Mapping, Sequence
@@ -29,7 +30,7 @@ from breakwater.gate._tasks import TaskRuntime, TasksClientExtension
 from breakwater.gate._turn_budget import TurnBudgetScope, turn_budget
 from breakwater.journal import AttemptObserver, Journal, fan_out
 from breakwater.state import MemoryStore, StateStore, open_store
-from breakwater.status import ServerState, StatusReport, ToolTimeout
+from breakwater.status import ServerState, ServerStatus, StatusReport, ToolTimeout
 from breakwater.tasks._store import PendingTask, TaskStore
 
 if TYPE_CHECKING:  # imported only when telemetry is on: OpenTelemetry's SDK stays unloaded otherwise
@@ -256,7 +257,17 @@ class Breakwater:
                         timeouts.append(
                             ToolTimeout(server=name, tool=tool.name, timeout_s=found[0], source=found[1], learned_at=learned_at)
                         )
-        return StatusReport(servers=tuple(u.snapshot() for u in self._upstreams.values()), timeouts=tuple(timeouts))
+        return StatusReport(servers=tuple(self._snapshot(u) for u in self._upstreams.values()), timeouts=tuple(timeouts))
+
+    @staticmethod
+    def _snapshot(upstream: Upstream) -> ServerStatus:
+        """`upstream.snapshot()`, with what its entry configures for tools it does not list (a ready one's)."""
+        snapshot = upstream.snapshot()
+        if upstream.state is not ServerState.READY:
+            return snapshot
+        listed = {t.name for t in upstream.tools} | {t.name for t in snapshot.rejected_tools}
+        unmatched = upstream.spec.unmatched_tools(listed)
+        return dataclasses.replace(snapshot, unmatched=unmatched) if unmatched else snapshot
 
     async def wait_changed(self) -> None:
         """Return at the next state change of any server."""

@@ -154,11 +154,14 @@ class ServerStatus:
     #: Why a `disabled` server is configured but not started: the key that says so ("mcpServers.x.disabled is true",
     #: "mcp.excluded lists it (Gemini CLI's settings)").
     disabled_by: str | None = None
+    #: For a ready server: each tool name the config gives settings or lists for (`[servers.NAME.tools.T]`,
+    #: `includeTools`, ...) that the server does not list, said with the key and a close name (a typo configures nothing).
+    unmatched: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """One entry of `status --json`'s `servers` list (`phase` only while queued for admission,
         `failing_since` only while connects keep failing, `rejected_tools` only when a tool was left out, `disabled_by`
-        only for a disabled server)."""
+        only for a disabled server, `unmatched` only when the config names a tool the server does not list)."""
         return (
             {
                 "name": self.name,
@@ -175,6 +178,7 @@ class ServerStatus:
             | ({"failing_since": iso(self.failing_since)} if self.failing_since is not None else {})
             | ({"rejected_tools": [t.to_json() for t in self.rejected_tools]} if self.rejected_tools else {})
             | ({"disabled_by": self.disabled_by} if self.disabled_by else {})
+            | ({"unmatched": list(self.unmatched)} if self.unmatched else {})
         )
 
 
@@ -250,6 +254,7 @@ class StatusReport:
                         RejectedTool(name=str(t.get("name")), reason=str(t.get("reason"))) for t in s.get("rejected_tools", [])
                     ),
                     disabled_by=s.get("disabled_by"),
+                    unmatched=tuple(str(note) for note in s.get("unmatched", [])),
                 )
                 for s in data.get("servers", [])
             ),

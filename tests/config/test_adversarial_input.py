@@ -304,7 +304,7 @@ def test_names_that_look_the_same_are_noted_and_kept_apart_on_disk(tmp_path: Pat
 @pytest.mark.parametrize("value", ["1_000", "\u0665", "0x10", "1 2"])
 def test_a_number_written_as_text_is_plain_digits(value: str) -> None:
     """Python's int() read "1_000" and the Arabic-Indic "٥"; an environment variable set so was taken as a number."""
-    with pytest.raises(ConfigError, match="BREAKWATER_CALL_TIMEOUT_S|timeout_s"):
+    with pytest.raises(ConfigError, match=r"BREAKWATER_CALL_TIMEOUT_S|timeout_s"):
         load_config_env({"BREAKWATER_CALL_TIMEOUT_S": value})
 
 
@@ -313,3 +313,27 @@ def load_config_env(environ: dict[str, str]) -> None:
     from breakwater.config._knobs import build_policy, env_layer
 
     build_policy(CallPolicy, [env_layer(CallPolicy, environ)])
+
+
+def test_status_says_which_configured_tool_names_the_server_does_not_list(tmp_path: Path) -> None:
+    """`[servers.t.tools.ecko]` (a typo) and `includeTools: ["g__echo"]` (the gateway's name) configured nothing, and
+    nothing said so; the allow-list hid every tool."""
+    command = launch_command("--tool", "echo", "--tool", "add")
+    toml = tmp_path / "breakwater.toml"
+    toml.write_text(
+        f"servers_file = 'mcp.json'\n[servers.t]\ncommand = {json.dumps(command[0])}\nargs = {json.dumps(command[1:])}\n"
+        "[servers.t.tools.ecko]\ntimeout_s = 9\n[servers.t.tools.add]\ntimeout_s = 9\n"
+    )
+    (tmp_path / "mcp.json").write_text(
+        json.dumps({"mcpServers": {"g": {"command": command[0], "args": command[1:], "includeTools": ["g__echo", "add"]}}})
+    )
+    result = _cli("status", "--json", "--wait", "30", "--config", str(toml), cwd=tmp_path)
+    servers = {s["name"]: s for s in json.loads(result.stdout)["servers"]}
+    assert servers["t"]["unmatched"] == [
+        "servers.t.tools.ecko names the tool 'ecko', which the server does not list (did you mean 'echo'?)"
+    ]
+    assert servers["g"]["unmatched"] == [
+        "includeTools names the tool 'g__echo', which the server does not list (did you mean 'echo'?)"
+    ]
+    text = _cli("status", "--wait", "30", "--config", str(toml), cwd=tmp_path)
+    assert "t: servers.t.tools.ecko names the tool 'ecko'" in text.stdout + text.stderr

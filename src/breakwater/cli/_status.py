@@ -83,6 +83,7 @@ def status_view(
             problems.append(line)
         if s.disabled_by:
             problems.append(f"[bold]{markup(s.name)}[/]: [dim]not started: {markup(s.disabled_by)}[/]")
+        problems += [f"[bold]{markup(s.name)}[/]: [yellow]{markup(note)}[/]" for note in s.unmatched]
         for t in s.rejected_tools:
             name = t.name if template is None else namespaced(template, s.name, t.name, name_max)
             listed = f" (listed as '{markup(t.name)}')" if name != t.name else ""

@@ -6,8 +6,9 @@ May import the core leaves and the rest of `config` only.
 
 from __future__ import annotations
 
+import difflib
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -234,6 +235,22 @@ class ServerSpec:
         found += arg_secrets([*command_line_words(self.command or ""), *self.args])
         found += self.oauth.secrets if self.oauth is not None else ()
         return tuple(dict.fromkeys(v for v in found if len(v) >= MIN_SECRET))
+
+    def unmatched_tools(self, listed: Collection[str]) -> tuple[str, ...]:
+        """What `status` says of each tool name this entry configures that the server, listing `listed`, does not have:
+        a `[servers.NAME.tools.T]` table or a tool list naming a typo (or the gateway's name for a tool) sets nothing."""
+        named = [(tool, f"servers.{self.name}.tools.{tool}") for tool in self.tools]
+        named += [(tool, self.tool_filter.only_key) for tool in sorted(self.tool_filter.only or ())]
+        named += [(tool, self.tool_filter.without_key) for tool in sorted(self.tool_filter.without)]
+        notes = []
+        for tool, key in named:
+            if tool in listed:
+                continue
+            own = next((t for t in listed if tool.endswith(("__" + t, "_" + t, "." + t))), None)
+            close = [own] if own else difflib.get_close_matches(tool, sorted(listed), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            notes.append(f"{key} names the tool {tool!r}, which the server does not list{hint}")
+        return tuple(notes)
 
     def fingerprint(self) -> str:
         """A stable hash of what defines the connection (secrets included, but only as a hash)."""
