@@ -54,7 +54,7 @@ from breakwater._codec import dumps_line, loads
 if TYPE_CHECKING:
     from breakwater.connect._lines import StdoutParser
 
-__all__ = ["RAW_ID_PREFIX", "RawCalls", "call_tool", "plain_result", "sdk_spans_recorded"]
+__all__ = ["RAW_ID_PREFIX", "RawCalls", "ServerReplyError", "call_tool", "plain_result", "sdk_spans_recorded"]
 
 logger = logging.getLogger("breakwater.stdio")
 
@@ -70,6 +70,21 @@ _PROVIDER_FROM_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 
 ProgressFn = ProgressFnT
 WriteLine = Callable[[bytes], Awaitable[None]]
+
+
+class ServerReplyError(MCPError):
+    """The server's own JSON-RPC error answer to a request, as it came off the wire.
+
+    Its code may be one breakwater and the SDK also give failures they make themselves (-32000
+    connection closed, -32001 request timed out, -32090 result too large): a server may send any
+    number, so this class, not the code, says the server answered (`gate._classify`). The raw path
+    raises it for every error answer it reads; the SDK's path raises plain `MCPError`s, its own and
+    the server's alike (`gate._classify.server_answer` tells them apart where it can).
+    """
+
+
+class _WireError(ErrorData):
+    """An error answer read off the wire by `take()`, unlike the ones made here (`take_error`, `close`)."""
 
 
 class _Pending:
@@ -126,7 +141,7 @@ class RawCalls:
             return False
         if "error" in message:
             try:
-                pending.answer = ErrorData.model_validate(message["error"], by_name=False)
+                pending.answer = _WireError.model_validate(message["error"], by_name=False)
             except ValidationError:
                 return False  # malformed: the SDK's parser drops it, as it would any junk line
         elif isinstance(result := message.get("result"), dict):
@@ -165,6 +180,11 @@ class RawCalls:
         pending.wake()
         return True
 
+    @property
+    def closed(self) -> bool:
+        """Whether the connection ended (`close()`)."""
+        return self._closed
+
     def close(self) -> None:
         """The connection ended: every call still waiting is answered CONNECTION_CLOSED, as the SDK's are."""
         self._closed = True
@@ -177,7 +197,8 @@ class RawCalls:
         """Send one `tools/call` with `params` (stamped already) and wait for its result.
 
         Returns None, having sent nothing, when the stdlib encoder cannot write `params`. Raises
-        `MCPError` for an error answer or a closed connection, as `send_raw_request` does.
+        `ServerReplyError` for the server's error answer and `MCPError` for a closed connection or an
+        answer over the size limit, as `send_raw_request` raises `MCPError` for all three.
         """
         if self._closed:
             raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
@@ -208,7 +229,8 @@ class RawCalls:
             del self._pending[request_id]
             self._parser.pending.pop(request_id, None)
         if isinstance(answer, ErrorData):
-            raise MCPError(code=answer.code, message=answer.message, data=answer.data)
+            error = ServerReplyError if type(answer) is _WireError else MCPError  # the server's, or made here
+            raise error(code=answer.code, message=answer.message, data=answer.data)
         return answer
 
     async def _wait(self, pending: _Pending, on_progress: ProgressFn | None) -> dict[str, Any] | ErrorData:

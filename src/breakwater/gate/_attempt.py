@@ -29,8 +29,8 @@ from breakwater._wire import CONNECTION_CLOSED as _CONNECTION_CLOSED
 from breakwater.config._redact import redact_error
 from breakwater.connect._http_cut import cut_info
 from breakwater.connect._not_json import finite_result
+from breakwater.connect._raw_call import ServerReplyError, sdk_spans_recorded
 from breakwater.connect._raw_call import call_tool as raw_call_tool
-from breakwater.connect._raw_call import sdk_spans_recorded
 from breakwater.connect._readiness import connecting_note
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import (
@@ -49,7 +49,7 @@ from breakwater.errors import (
 from breakwater.gate._admit import Permits
 from breakwater.gate._breaker_types import FAILURE, IGNORED, OPEN, Outcome
 from breakwater.gate._call import Call, GateContext, ProgressCallback, ServerRecord, mark_sent, observe, seconds_text
-from breakwater.gate._classify import SUCCESS, RetryClass, Verdict, classify
+from breakwater.gate._classify import SUCCESS, RetryClass, Verdict, classify, server_answer
 from breakwater.gate._task_required import call_as_task, requires_task
 from breakwater.gate._tasks import TASK_CALL, TaskCall
 from breakwater.status import ServerState, iso
@@ -298,7 +298,8 @@ def _judge(
             verdict = SUCCESS  # `classify`'s answer to a plain result, without its call (and its keywords)
     else:
         assert failure is not None
-        attempt_result = failure
+        # The server's error answer relayed by the SDK with a code of a local failure's (see `server_answer`).
+        attempt_result = failure = server_answer(failure, stdio_open=_stdio_open(srv.upstream))
         if _connection_closed(failure):
             srv.upstream.report_lost()
     if verdict is None:
@@ -473,10 +474,23 @@ def _connection_closed(exc: BaseException) -> bool:
     """The connection is gone: closed, or an HTTP session the server no longer knows (it restarted)."""
     if isinstance(exc, BaseExceptionGroup):
         return any(_connection_closed(e) for e in exc.exceptions)
-    if not isinstance(exc, MCPError):
+    if not isinstance(exc, MCPError) or isinstance(exc, ServerReplyError):  # the server's answer: it is there
         return False
     cut = cut_info(exc.data)
     if cut is not None:
         # One HTTP request cut: the connection itself is fine unless the server could not be reached.
         return cut.get("sent") is False
     return exc.code == _CONNECTION_CLOSED or (exc.code == types.INVALID_REQUEST and "session terminated" in exc.message.lower())
+
+
+def _stdio_open(upstream: Upstream) -> bool:
+    """Whether `upstream` is a stdio server whose connection is still up (the raw calls' and the SDK session's)."""
+    process, client = upstream.process, upstream.client
+    raw = process.raw_calls if process is not None else None
+    if raw is None or raw.closed or client is None:
+        return False
+    try:
+        dispatcher = client.session._dispatcher
+    except RuntimeError:  # the client was not entered, or has exited
+        return False
+    return not getattr(dispatcher, "_closed", False)

@@ -20,8 +20,12 @@ The rules (from how SDK 2.3 reports errors on both sides, and the spec's error c
   `retryable: false`, a not-found, an argument-validation error, an unknown tool. The server did
   its job; the breaker must not open because a model asked for something that does not exist.
 * Ignored: the caller's cancellation and breakwater's own refusals (`CallError`s raised locally).
-* The SDK's -32000/-32001 are local to the client (never on the wire) and are re-labelled, not
-  forwarded as if the server had sent them.
+* Origin, not the code, says who failed. The SDK's -32000 (connection closed) and -32001 (request
+  timed out) and breakwater's -32090 (result too large) stand for failures made locally and are
+  re-labelled, not forwarded as if the server had sent them; but a server may answer with any of
+  these numbers (-32000 is the most common generic server error), and an error that came off the
+  wire (`ServerReplyError`) is the server's answer: judged by the rules for a server's error reply,
+  never as a timeout, a lost connection, a cancellation or an oversize result.
 
 A user classifier runs first and may return a `Verdict` to override, or None to fall through.
 """
@@ -54,6 +58,7 @@ from mcp.types import (
 
 from breakwater._wire import RESULT_TOO_LARGE
 from breakwater.connect._http_cut import cut_info
+from breakwater.connect._raw_call import ServerReplyError
 from breakwater.errors import CallError, ErrorCode
 from breakwater.gate._breaker import Outcome
 
@@ -67,14 +72,17 @@ __all__ = [
     "Verdict",
     "classify",
     "retry_class_for",
+    "server_answer",
 ]
 
 log = logging.getLogger("breakwater.classify")
 
 # Retired "resource not found" (≤ 2025-11-25); old servers still send it.
 _LEGACY_NOT_FOUND = -32002
-# 2025-era streamable HTTP servers end a request they cancelled on our behalf with this.
-_REQUEST_CANCELLED = -32800
+# The codes of failures the SDK or breakwater make themselves; a server may send them too.
+_LOCAL_CODES = frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT, RESULT_TOO_LARGE})
+# What the SDK is handling when it makes one: its read timeout, or a write the transport refused.
+_LOCAL_CAUSES = (TimeoutError, anyio.BrokenResourceError, anyio.ClosedResourceError)
 # The SDK's streamable HTTP client ends a request whose SSE event overflowed `max_sse_event_size` with this.
 _SSE_EVENT_TOO_LARGE = re.compile(r"Server-sent event exceeded the \d+ byte limit")
 
@@ -370,9 +378,32 @@ def _classify_exception(exc: BaseException, ctx: AttemptContext) -> Verdict:
     )
 
 
-def _classify_mcp_error(exc: MCPError, ctx: AttemptContext) -> Verdict:
+def server_answer(exc: BaseException, *, stdio_open: bool) -> BaseException:
+    """`exc` as a `ServerReplyError` when the SDK's path relayed the server's error answer with a local code.
+
+    The raw stdio path marks every error it reads off the wire itself. The SDK hands the server's
+    answers and its own failures over alike, as plain `MCPError`s, so here origin is read from what
+    its own leave behind: the read timeout (-32001) and a refused write (-32000) are raised while
+    handling the transport's error; breakwater's -32090 carries `max_result_bytes`, a cut HTTP request
+    its cut; a connection that closed is closed (`stdio_open`: the stdio connection is still up).
+    Over HTTP the SDK's transport also answers a lost or oversized stream with -32000 of its own,
+    indistinguishable here, so -32000 is taken for the server's on a live stdio connection only.
+    """
+    if type(exc) is not MCPError or exc.code not in _LOCAL_CODES or isinstance(exc.__context__, _LOCAL_CAUSES):
+        return exc
+    code, data = exc.code, exc.data
+    if code == RESULT_TOO_LARGE and isinstance(data, dict) and "max_result_bytes" in data:
+        return exc
+    if code == CONNECTION_CLOSED and (not stdio_open or cut_info(data) is not None):
+        return exc
+    reply = ServerReplyError(code=code, message=exc.message, data=data)
+    reply.__cause__ = exc
+    return reply
+
+
+def _classify_local(exc: MCPError, ctx: AttemptContext) -> Verdict | None:
+    """The verdict on a failure the SDK or breakwater made locally (by its code), or None for another error."""
     code, message = exc.code, exc.message
-    hint = _retry_after(exc.data)
     if code == REQUEST_TIMEOUT:
         return _cut(ctx, ErrorCode.TIMEOUT, "request timed out (SDK read timeout)")
     if code == RESULT_TOO_LARGE or (code == CONNECTION_CLOSED and _SSE_EVENT_TOO_LARGE.search(message)):
@@ -388,8 +419,21 @@ def _classify_mcp_error(exc: MCPError, ctx: AttemptContext) -> Verdict:
         if cut.get("sent") is False:
             return _not_sent(f"could not connect: {kind}")
         return _cut(ctx, ErrorCode.TIMEOUT if "Timeout" in kind else ErrorCode.UPSTREAM_ERROR, f"connection cut: {kind}")
-    if code == _REQUEST_CANCELLED:
-        return Verdict(outcome=Outcome.IGNORED, code=ErrorCode.CANCELLED, retryable=False, outcome_unknown=True)
+    if code == INVALID_REQUEST and "session terminated" in message.lower():
+        # HTTP 404 on a known session (the SDK's transport says so): the server forgot us and did not run the call.
+        return _not_sent("session terminated", _retry_after(exc.data))
+    return None
+
+
+def _classify_mcp_error(exc: MCPError, ctx: AttemptContext) -> Verdict:
+    if not isinstance(exc, ServerReplyError):  # made locally, or by a transport that cannot tell (see `server_answer`)
+        local = _classify_local(exc, ctx)
+        if local is not None:
+            return local
+    # The server's error answer. (A -32800 "request cancelled" from it is one too: breakwater's own
+    # cancellations, the caller's or the deadline's, are judged before any answer.)
+    code, message = exc.code, exc.message
+    hint = _retry_after(exc.data)
     if code in (INVALID_PARAMS, _LEGACY_NOT_FOUND):
         # A correct refusal: the server is healthy, the request was wrong.
         lowered = message.lower()
@@ -408,9 +452,6 @@ def _classify_mcp_error(exc: MCPError, ctx: AttemptContext) -> Verdict:
             reason=_pages_to_open(message, exc.data),
             elicitations=_url_elicitations(exc.data),
         )
-    if code == INVALID_REQUEST and "session terminated" in message.lower():
-        # HTTP 404 on a known session: the server forgot us and did not run the call.
-        return _not_sent("session terminated", hint)
     if code in (INTERNAL_ERROR, 0):
         # HTTP 5xx or a crashed handler: it may have half-run, so only repeatable tools retry.
         verdict = _cut(ctx, ErrorCode.UPSTREAM_ERROR, f"server error: {message}", hint)
