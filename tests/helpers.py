@@ -102,6 +102,16 @@ def called_once_up(proc: Any, tool: str) -> dict[str, Any]:
     return ask({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": tool, "arguments": {}}})
 
 
+#: The handshake a raw stdio client writes first (2025-11-25), then `INITIALIZED`.
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+}
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+
 def alive(pid: int) -> bool:
     """Whether process `pid` runs: neither reaped nor a zombie (Linux: /proc)."""
     try:
@@ -249,3 +259,16 @@ def screenshot(driver: Any, path: Path, *, copy_env: str) -> Path:
         Path(copy_dir).mkdir(parents=True, exist_ok=True)
         shutil.copy(path, Path(copy_dir) / path.name)
     return path
+
+
+class AttemptRows:
+    """An `AttemptObserver` that keeps every attempt the gate hands it: the journal's view of the calls, in memory."""
+
+    record_sizes = False
+
+    def __init__(self) -> None:
+        self.rows: list[Any] = []
+
+    def record(self, record: Any) -> bool:
+        self.rows.append(record)
+        return True

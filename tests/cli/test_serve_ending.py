@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import INITIALIZE, INITIALIZED, alive
+
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGHUP and process groups are POSIX's")
 
 #: A tiny MCP server: answers initialize, tools/list (one tool, t0) and tools/call; writes its pid to argv[1].
@@ -59,13 +61,6 @@ if mode == "sticky":
     time.sleep(600)
 """
 
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
-}
-INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 CALL = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "up__t0", "arguments": {}}}
 
 
@@ -97,20 +92,11 @@ def _wait_for(path: Path, timeout: float = 30.0) -> str:
     raise AssertionError(f"{path} was never written")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie has exited; its parent just has not reaped it
-        return f.read().split(")")[-1].split()[0] != "Z"
-
-
 def _gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not _alive(pid)
+    return not alive(pid)
 
 
 def _serve(tmp_path: Path, mode: str, *extra: str) -> subprocess.Popen[bytes]:

@@ -30,6 +30,7 @@ from breakwater.config._checks import check_listener_token
 from breakwater.config._knobs import knob_range
 from breakwater.config._policies import GLOBAL_SECTIONS, POLICY_SECTIONS, CallPolicy
 from breakwater.errors import ConfigError
+from helpers import INITIALIZE, INITIALIZED, alive
 
 pytestmark = pytest.mark.long_module(58)
 
@@ -484,14 +485,6 @@ def test_serve_refuses_weak_token_on_reachable_listener(tmp_path: Path) -> None:
 
 # ---- launch modes: whatever stdin is, serve ends cleanly at its end; signals stop it, upstreams too ----
 
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
-}
-INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-
 
 def _serve_env(tmp_path: Path) -> dict[str, str]:
     return {
@@ -522,15 +515,6 @@ def _upstream_pid(tmp_path: Path, timeout: float = 30.0) -> int:
         except (OSError, ValueError, KeyError):
             time.sleep(0.1)
     raise AssertionError("the upstream never started")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie has exited; its parent just has not reaped it
-        return f.read().split(")")[-1].split()[0] != "Z"
 
 
 def _serve_with_stdin(tmp_path: Path, stdin: Any, *, pass_fds: tuple[int, ...] = (), preexec: Any = None) -> tuple[int, str, str]:
@@ -632,9 +616,9 @@ def test_signal_ends_serve_cleanly_and_stops_upstreams(tmp_path: Path, signum: s
         import time
 
         deadline = time.monotonic() + 10
-        while _alive(upstream) and time.monotonic() < deadline:
+        while alive(upstream) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _alive(upstream), "the upstream outlived the gateway"
+        assert not alive(upstream), "the upstream outlived the gateway"
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -15,21 +15,13 @@ import anyio
 import pytest
 
 from breakwater.connect._stdio import StdioProcess
+from helpers import alive
 
 LOOPS = ["asyncio", "uvloop"]
 
 
 def _run(loop: str, main: object) -> None:
     anyio.run(main, backend="asyncio", backend_options={"use_uvloop": loop == "uvloop"})  # type: ignore[arg-type]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie has exited; its parent just has not reaped it
-        return f.read().split(")")[-1].split()[0] != "Z"
 
 
 def _wait_for_file(path: Path, timeout: float = 20.0) -> str:
@@ -69,12 +61,12 @@ def test_what_an_upstream_forked_is_stopped_with_it(tmp_path: Path, loop: str) -
     _run(loop, main)
     child = int(pid_file.read_text())
     deadline = time.monotonic() + 10
-    while _alive(child) and time.monotonic() < deadline:
+    while alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
-    alive = _alive(child)
-    if alive:
+    outlived = alive(child)
+    if outlived:
         os.kill(child, 9)
-    assert not alive, "the upstream's forked child outlived the session"
+    assert not outlived, "the upstream's forked child outlived the session"
 
 
 CLOSES_STDOUT = """

@@ -28,7 +28,7 @@ from breakwater.config import RetryPolicy
 from breakwater.connect._raw_call import ServerReplyError
 from breakwater.errors import ErrorCode
 from breakwater.gate._classify import RetryClass, classify, server_answer
-from breakwater.journal import AttemptRecord
+from helpers import AttemptRows
 
 pytestmark = pytest.mark.anyio
 
@@ -66,21 +66,8 @@ CODES = [-32000, -32001, -32090, -32800, -32603, -1]
 _LOCAL_MEANINGS = {"TIMEOUT", "OUTCOME_UNKNOWN", "RESULT_TOO_LARGE", "CANCELLED"}
 
 
-class _Rows:
-    """The attempts the gate hands its observers (the journal's rows)."""
-
-    record_sizes = False
-
-    def __init__(self) -> None:
-        self.rows: list[AttemptRecord] = []
-
-    def record(self, record: AttemptRecord) -> bool:
-        self.rows.append(record)
-        return True
-
-
 @asynccontextmanager
-async def _gate(tmp_path: Path, code: int, rows: _Rows) -> AsyncIterator[Breakwater]:
+async def _gate(tmp_path: Path, code: int, rows: AttemptRows) -> AsyncIterator[Breakwater]:
     script = tmp_path / "answers.py"
     script.write_text(_SERVER)
     spec = ServerSpec(
@@ -114,7 +101,7 @@ def _calls(tmp_path: Path, tool: str) -> int:
 async def test_a_servers_error_answer_is_its_answer_whatever_the_code(tmp_path: Path, code: int) -> None:
     """The envelope says UPSTREAM_ERROR with the server's message, the journal no timeout, the destructive
     tool ran once and the connection stays up; a read-only tool retries only as a server error allows."""
-    rows = _Rows()
+    rows = AttemptRows()
     async with _gate(tmp_path, code, rows) as bw:
         destroyed = _envelope(await bw.call_tool("s", "destroy"))
         text = json.dumps(destroyed)

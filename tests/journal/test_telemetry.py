@@ -24,24 +24,11 @@ from opentelemetry.trace import SpanKind, StatusCode
 from breakwater import Breakwater
 from breakwater.config import TelemetryPolicy, load_config
 from breakwater.errors import ConfigError
-from breakwater.journal import AttemptRecord
 from breakwater.observe._telemetry import Telemetry
 from breakwater.testing.server import launch_command
+from helpers import AttemptRows
 
 pytestmark = pytest.mark.anyio
-
-
-class Recorder:
-    """An `AttemptObserver` beside the telemetry: the journal's view of the same attempts."""
-
-    record_sizes = False
-
-    def __init__(self) -> None:
-        self.rows: list[AttemptRecord] = []
-
-    def record(self, record: AttemptRecord) -> bool:
-        self.rows.append(record)
-        return True
 
 
 @pytest.fixture
@@ -116,7 +103,7 @@ async def test_spans_and_metrics_of_calls_through_a_real_testserver(
     the conventions' attributes, and metrics that count the same attempts the journal saw."""
     monkeypatch.setenv("BREAKWATER_CONNECT_STARTUP_JITTER_S", "0")
     telemetry, exporter, reader = otel
-    recorder = Recorder()
+    recorder = AttemptRows()
     bw = Breakwater(
         load_config(write_config(tmp_path)),
         admission_dir=tmp_path / "adm",
