@@ -73,6 +73,12 @@ async def test_a_request_that_stops_arriving_is_answered_408_and_closed() -> Non
                     assert 0.4 < time.monotonic() - started < 15
                     assert answer.startswith(b"HTTP/1.1 408 "), answer
                     assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == -32600
+            # A connection that sends nothing is closed after the same time, without an answer (it asked nothing).
+            async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+                started = time.monotonic()
+                with anyio.fail_after(20), pytest.raises(anyio.EndOfStream):
+                    await stream.receive()
+                assert 0.4 < time.monotonic() - started < 15
             # A request that arrives whole, even in pieces, is served as ever.
             async with await anyio.connect_tcp("127.0.0.1", port) as stream:
                 whole = request(b"call 1")

@@ -132,6 +132,12 @@ def routing_protocol(read_timeout_s: float = BODY_READ_TIMEOUT_S) -> type[HttpTo
             #: Armed while a request is arriving in more than one read (`_read_timed_out`).
             self._read_timer: asyncio.TimerHandle | None = None
 
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            # A connection that never sends a byte held its descriptor for ever (uvicorn's keep-alive timer starts
+            # only after a response): 300 of them under `ulimit -n 256` left a real client an empty reply.
+            self._read_timer = self.loop.call_later(read_timeout_s, self._read_timed_out)
+
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
             # A request that arrived whole in this read (the common case) costs this check only; one still
@@ -141,7 +147,12 @@ def routing_protocol(read_timeout_s: float = BODY_READ_TIMEOUT_S) -> type[HttpTo
 
         def _read_timed_out(self) -> None:
             self._read_timer = None
-            if self.transport.is_closing() or not _arriving(self.scope, self.cycle):
+            if self.transport.is_closing():
+                return
+            if self.scope is None and self.cycle is None:  # connected and silent since: nothing to answer
+                self.transport.close()
+                return
+            if not _arriving(self.scope, self.cycle):
                 return
             cycle = self.cycle
             if cycle is None or cycle.scope is not self.scope or not cycle.response_started:
