@@ -152,7 +152,9 @@ async def _serve_stdio(config: Config) -> int:
     async with open_gateway(config, one_client=True) as gateway:
         # The client went away (stdin closed) or a stop signal came: the calls in flight get `drain_s`.
         drain = partial(drain_stdio, gateway.drain, config.gateway.drain_s)
-        async with stdio_server(stopped_by, on_end=drain, server=gateway.server) as (read, write):
+        # A second stop signal cuts what is still running at once, answered as the drain answers it.
+        cut = gateway.drain.cut_now
+        async with stdio_server(stopped_by, on_end=drain, cut=cut, server=gateway.server) as (read, write):
             await gateway.server.run(read, write, gateway.server.create_initialization_options())
         # The session is over, and its client signals this process 2 s after closing its stdin: the
         # upstreams are stopped within that (`connect._stdio.PROMPT_STOP_S`), not in the SDK's 2 s + 2 s.
@@ -349,6 +351,34 @@ def _hangup_as_terminate() -> Iterator[list[int]]:
         signal.signal(hangup, previous)
 
 
+@contextlib.contextmanager
+def _terminate_noted() -> Iterator[list[int]]:
+    """While inside, a `TERMINATE_SIGNAL` still does what it did (`cli._run`: what Ctrl-C does), and the list says it came.
+
+    Why. Until a mode's own receiver runs (the stdio transport's handlers, uvicorn's), SIGTERM stops `serve`
+    as an interruption: 130 and "interrupted", where a supervisor's stop of a `serve` that had just
+    started (nothing sent yet) should exit 0, as it does a moment later. No-op outside the main thread.
+    """
+    terminated: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield terminated
+        return
+    previous = signal.getsignal(_platform.TERMINATE_SIGNAL)
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        terminated.append(signum)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
+
+    signal.signal(_platform.TERMINATE_SIGNAL, note)
+    try:
+        yield terminated
+    finally:
+        signal.signal(_platform.TERMINATE_SIGNAL, previous)
+
+
 def _interruption(exc: BaseException) -> bool:
     """Whether `exc` is a KeyboardInterrupt, alone or as the only kind in a group (what SIGTERM becomes here)."""
     if isinstance(exc, KeyboardInterrupt):
@@ -361,13 +391,14 @@ def _interruption(exc: BaseException) -> bool:
 
 def serve_main(argv: list[str]) -> int:
     """`breakwater serve`; a hang-up ends it as SIGTERM does, with `EXIT_HANGUP` (`_hangup_as_terminate`)."""
-    with _hangup_as_terminate() as hung_up:
+    with _hangup_as_terminate() as hung_up, _terminate_noted() as terminated:
         try:
             code = _serve_main(argv)
         except BaseException as exc:
-            # SIGTERM while no mode's receiver runs is an interruption (`cli._run`); after a hang-up it is still one.
-            if hung_up and _interruption(exc):
-                return EXIT_HANGUP
+            # SIGTERM while no mode's receiver runs is an interruption (`cli._run`): after a hang-up it is still
+            # one, and after SIGTERM alone a clean stop (exit 0, as once a mode runs); Ctrl-C stays `interrupted`.
+            if (hung_up or terminated) and _interruption(exc):
+                return EXIT_HANGUP if hung_up else EXIT_OK
             raise
     return EXIT_HANGUP if hung_up else code
 

@@ -16,8 +16,11 @@ On SIGTERM (`Drain.run`, started by `cli/_serve.py`):
 Only POSTs count as in flight: a GET stream of a 2025-11-25 session lives as long as its session.
 
 Stdio ends the same way when its client goes away (`drain_stdio`): when stdin closes, or on SIGTERM
-or Ctrl-C, nothing new can arrive; the calls in flight get the same window, what is left is cut with
-the same envelopes (written to stdout while the client may still read it), and the process exits 0.
+or Ctrl-C; the calls in flight get the same window, what is left is cut with the same envelopes
+(written to stdout while the client may still read it), and the process exits 0. After a stop signal
+stdin is still read until the drain ends: each new request is answered at once with the refusal HTTP
+gives (`stdio_refusal`), and notifications (a cancellation) and responses still go through. A second
+stop signal skips what is left of the window (`Drain.cut_now`): the cut and its envelopes come at once.
 """
 
 from __future__ import annotations
@@ -37,13 +40,18 @@ from breakwater.errors import CallError, OutcomeUnknownError, UpstreamError
 if TYPE_CHECKING:
     from breakwater._breakwater import Breakwater
 
-__all__ = ["CUT_GRACE_S", "Drain", "DrainGuard", "drain_stdio"]
+__all__ = ["CUT_GRACE_S", "Drain", "DrainGuard", "drain_stdio", "stdio_refusal"]
 
 #: After the window, how long the cut calls' envelopes get to be written before the server stops.
 CUT_GRACE_S = 0.5
 #: A request body read while draining (to tell a request from a notification) is capped like the SDK's.
 _BODY_LIMIT = 4 * 1024 * 1024
 _REFUSAL = "this breakwater replica is shutting down and runs nothing new; send the request to another replica (nothing was run)"
+#: The same refusal over stdio, where the session, not a replica, is ending (JSON-RPC internal error, as over HTTP).
+_STDIO_REFUSAL = (
+    "this breakwater session is shutting down and runs nothing new; send the request again in a new session (nothing was run)"
+)
+_REFUSAL_CODE = -32603
 
 
 @dataclass(slots=True, eq=False)
@@ -69,6 +77,9 @@ class Drain:
         self.cut = 0
         self._calls: set[_InFlight] = set()
         self._idle: anyio.Event | None = None
+        #: A second stop signal came: the window is over (`cut_now`).
+        self.hurried = False
+        self._window: DeadlineScope | None = None
         #: Called when the drain is over, before the server stops (ends the sessions' GET streams).
         self.on_done: list[Callable[[], None]] = []
 
@@ -104,8 +115,13 @@ class Drain:
         """Refuse new work, wait up to `window_s` for the calls in flight, cut the rest."""
         self.draining = True
         clock = self.clock
-        if self.requests > 0 or self._calls:
-            await self._wait_idle(clock.monotonic() + window_s)
+        if (self.requests > 0 or self._calls) and not self.hurried:
+            self._window = clock.deadline_scope(clock.monotonic() + window_s)
+            try:
+                with self._window:
+                    await self._wait_idle(math.inf)
+            finally:
+                self._window = None
         if self.requests > 0 or self._calls:
             self.cutting = True
             for entry in list(self._calls):
@@ -115,6 +131,12 @@ class Drain:
             await self._wait_idle(clock.monotonic() + CUT_GRACE_S)
         for done in self.on_done:
             done()
+
+    def cut_now(self) -> None:
+        """End the window now (a second stop signal): `run` cuts what is in flight at once, envelopes and all."""
+        self.hurried = True
+        if self._window is not None:
+            self._window.cancel()
 
     async def _wait_idle(self, deadline: float) -> None:
         clock = self.clock
@@ -231,8 +253,16 @@ def _replay(body: bytes, receive: Any) -> Any:
     return replay
 
 
+def stdio_refusal(line: bytes) -> tuple[Any, int, str] | None:
+    """For a stdio line read while draining: `(id, code, message)` of its refusal if it is a request, else None."""
+    message_id = _request_id(line)
+    if message_id is _NOT_A_REQUEST:
+        return None
+    return message_id, _REFUSAL_CODE, _STDIO_REFUSAL
+
+
 async def _refuse(send: Any, message_id: Any) -> None:
-    error = {"jsonrpc": "2.0", "id": message_id, "error": {"code": -32603, "message": _REFUSAL}}
+    error = {"jsonrpc": "2.0", "id": message_id, "error": {"code": _REFUSAL_CODE, "message": _REFUSAL}}
     await send(
         {
             "type": "http.response.start",

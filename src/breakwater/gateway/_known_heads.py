@@ -115,55 +115,76 @@ def _head(scope: Any) -> _Head | None:
     return scope["raw_path"], scope["query_string"], scope["method"], tuple(rest)
 
 
+class _Deadlined(HttpToolsProtocol):
+    """uvicorn's httptools protocol, bounding how long a request may take to arrive whole once it began, and how long
+    a connection may stay silent before its first (`read_timeout_s`)."""
+
+    read_timeout_s = BODY_READ_TIMEOUT_S
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.scope = None  # type: ignore[assignment]  # uvicorn sets it at each request's first byte
+        #: Armed while a connection is silent, or a request is arriving in more than one read (`_read_timed_out`).
+        self._read_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        # A connection that never sends a byte held its descriptor for ever (uvicorn's keep-alive timer starts
+        # only after a response): 300 of them under `ulimit -n 256` left a real client an empty reply.
+        self._read_timer = self.loop.call_later(self.read_timeout_s, self._read_timed_out)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        # A request that arrived whole in this read (the common case) costs this check only; one still
+        # arriving (its head cut, or its body) gets a deadline: uvicorn's own timers run on the loop too.
+        if self._read_timer is None and _arriving(self.scope, self.cycle) and not self.transport.is_closing():
+            self._read_timer = self.loop.call_later(self.read_timeout_s, self._read_timed_out)
+
+    def _read_timed_out(self) -> None:
+        self._read_timer = None
+        if self.transport.is_closing():
+            return
+        if self.scope is None and self.cycle is None:  # connected and silent since: nothing to answer
+            self.transport.close()
+            return
+        if not _arriving(self.scope, self.cycle):
+            return
+        cycle = self.cycle
+        if cycle is None or cycle.scope is not self.scope or not cycle.response_started:
+            self.transport.write(_timed_out(self.read_timeout_s))
+        # The app reading the body then sees the client gone (`http.disconnect`) and ends.
+        self.transport.close()
+
+    def _stop_read_timer(self) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        # uvicorn leaves `more_body` set on a request answered before its body was whole (a 413 unread):
+        # the body did arrive, so the read timeout must not count it.
+        self.cycle.more_body = False
+        self._stop_read_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_read_timer()
+        super().connection_lost(exc)
+
+
 def routing_protocol(read_timeout_s: float = BODY_READ_TIMEOUT_S) -> type[HttpToolsProtocol]:
     """A uvicorn protocol class for one server: its connections share one table of known heads.
 
-    Its connections also bound how long a request may take to arrive whole (`read_timeout_s`).
+    Its connections also bound how long a request may take to arrive whole (`read_timeout_s`, `_Deadlined`).
     """
     known: dict[_Head, Route] = {}
 
-    class RoutingProtocol(HttpToolsProtocol):
+    class RoutingProtocol(_Deadlined):
         """uvicorn's httptools protocol, sending the POSTs whose head the stack accepted to their route."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._held: tuple[RequestResponseCycle, Route] | None = None
-            self.scope = None  # type: ignore[assignment]  # uvicorn sets it at each request's first byte
-            #: Armed while a request is arriving in more than one read (`_read_timed_out`).
-            self._read_timer: asyncio.TimerHandle | None = None
-
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            # A connection that never sends a byte held its descriptor for ever (uvicorn's keep-alive timer starts
-            # only after a response): 300 of them under `ulimit -n 256` left a real client an empty reply.
-            self._read_timer = self.loop.call_later(read_timeout_s, self._read_timed_out)
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            # A request that arrived whole in this read (the common case) costs this check only; one still
-            # arriving (its head cut, or its body) gets a deadline: uvicorn's own timers run on the loop too.
-            if self._read_timer is None and _arriving(self.scope, self.cycle) and not self.transport.is_closing():
-                self._read_timer = self.loop.call_later(read_timeout_s, self._read_timed_out)
-
-        def _read_timed_out(self) -> None:
-            self._read_timer = None
-            if self.transport.is_closing():
-                return
-            if self.scope is None and self.cycle is None:  # connected and silent since: nothing to answer
-                self.transport.close()
-                return
-            if not _arriving(self.scope, self.cycle):
-                return
-            cycle = self.cycle
-            if cycle is None or cycle.scope is not self.scope or not cycle.response_started:
-                self.transport.write(_timed_out(read_timeout_s))
-            # The app reading the body then sees the client gone (`http.disconnect`) and ends.
-            self.transport.close()
-
-        def _stop_read_timer(self) -> None:
-            if self._read_timer is not None:
-                self._read_timer.cancel()
-                self._read_timer = None
 
         def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
             scope: Any = cycle.scope
@@ -180,11 +201,6 @@ def routing_protocol(read_timeout_s: float = BODY_READ_TIMEOUT_S) -> type[HttpTo
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
-            # uvicorn leaves `more_body` set on a request answered before its body was whole (a 413 unread):
-            # the body did arrive, so the read timeout must not count it.
-            self.cycle.more_body = False
-            if self._read_timer is not None:
-                self._stop_read_timer()
             held = self._held
             if held is not None and held[0] is self.cycle:
                 self._held = None
@@ -192,7 +208,6 @@ def routing_protocol(read_timeout_s: float = BODY_READ_TIMEOUT_S) -> type[HttpTo
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._held = None  # a body cut short: nothing ran, nothing to answer
-            self._stop_read_timer()
             super().connection_lost(exc)
 
         def _routed(self, cycle: RequestResponseCycle, route: Route) -> Any:
@@ -205,6 +220,7 @@ def routing_protocol(read_timeout_s: float = BODY_READ_TIMEOUT_S) -> type[HttpTo
 
             return routed
 
+    RoutingProtocol.read_timeout_s = read_timeout_s
     return RoutingProtocol
 
 

@@ -19,6 +19,8 @@ Like the SDK, it points fd 0 at the null device and fd 1 at stderr while serving
 or a child process cannot corrupt the wire, and restores both on exit. SIGTERM and SIGINT end the
 session like the end of input: the caller's `server.run` returns and everything it opened (the
 upstream processes) is closed in order; on Windows Ctrl-Break and Ctrl-C do (`_platform.STOP_SIGNALS`).
+With a drain (`on_end`), stdin is still read while it runs: each new request is refused at once
+(`_drain.stdio_refusal`), and a cancellation still reaches the call it names.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from mcp.shared.message import SessionMessage
 
 from breakwater import _platform
 from breakwater.connect._lines import HandOffReader
+from breakwater.gateway._drain import stdio_refusal
 from breakwater.gateway._fast_call import FastLane
 from breakwater.gateway._frames import INVALID_REQUEST, bad_id, diagnose, error_line, screen_non_finite
 from breakwater.gateway._pump import reserve_standard_fds
@@ -253,27 +256,44 @@ async def _open_input(
     return reader, _ThreadFeed(in_fd, reader, loop)
 
 
-async def pump_input(reader: asyncio.StreamReader, sink: Any, output: LineOutput, lane: FastLane | None = None) -> None:
+class _Refusing:
+    """Whether new requests are refused (set by the first stop signal while the drain runs)."""
+
+    on = False
+
+
+async def pump_input(
+    reader: asyncio.StreamReader, sink: Any, output: LineOutput, lane: FastLane | None = None, refusing: _Refusing | None = None
+) -> None:
     """Lines from the client to the session; a line that is no valid message is answered here, never dropped.
 
     With a `lane` (inside its `serving()`), a `tools/call` it can serve skips the session's streams (`_fast_call`),
     and, from a `HandOffReader`, this task too: measured (`bench/proxy_instructions.py`, issue 16), 1.67 →
     1.62 M instructions per stdio call, one event-loop iteration less."""
+    refusing = refusing or _Refusing()
     if lane is not None and isinstance(reader, HandOffReader):
         reader.hand_off = lane.take_lines
         try:
-            await _pump_lines(reader, sink, output, lane)
+            await _pump_lines(reader, sink, output, lane, refusing)
         finally:
             reader.hand_off = None
     else:
-        await _pump_lines(reader, sink, output, lane)
+        await _pump_lines(reader, sink, output, lane, refusing)
 
 
-async def _pump_lines(reader: asyncio.StreamReader, sink: Any, output: LineOutput, lane: FastLane | None) -> None:
+async def _pump_lines(
+    reader: asyncio.StreamReader, sink: Any, output: LineOutput, lane: FastLane | None, refusing: _Refusing
+) -> None:
     while True:
         line, oversized = await _next_line(reader)
         if line is None:
             return
+        if refusing.on:
+            if isinstance(reader, HandOffReader):
+                reader.hand_off = None  # every line is this task's now: the lane takes no new call
+            if (refusal := stdio_refusal(line)) is not None:
+                await output.send(error_line(*refusal))
+                continue
         if oversized:
             await output.send(error_line(None, INVALID_REQUEST, f"Invalid request: message over {MAX_LINE_BYTES} bytes"))
             continue
@@ -305,28 +325,70 @@ async def pump_output(source: Any, output: LineOutput) -> None:
             await output.send(data.encode() + b"\n")
 
 
-async def _stop_on_signal(reading: anyio.CancelScope, ending: anyio.CancelScope | None, sink: Any, stopped_by: list[int]) -> None:
+class _Ending:
+    """How a session with a drain ends: the drain runs once (the end of input, or the first stop signal)."""
+
+    def __init__(self, on_end: Callable[[], Awaitable[None]], cut: Callable[[], None] | None) -> None:
+        self.on_end = on_end
+        self.cut = cut
+        self.scope = anyio.CancelScope()
+        self.refusing = _Refusing()
+        self._started = False
+        self._done = anyio.Event()
+
+    async def run(self) -> None:
+        """Run the drain, or wait for the one running."""
+        if self._started:
+            await self._done.wait()
+            return
+        self._started = True
+        try:
+            with self.scope:
+                await _let_handlers_start()
+                await self.on_end()
+        finally:
+            self._done.set()
+
+    async def on_signal(self, reading: anyio.CancelScope, reader: asyncio.StreamReader) -> None:
+        """The first stop signal: refuse new requests while the drain runs, then stop reading."""
+        self.refusing.on = True
+        if isinstance(reader, HandOffReader):
+            reader.hand_off = None
+        await self.run()
+        reading.cancel()
+
+    def again(self) -> None:
+        """A later stop signal: the second cuts the calls in flight now (`cut`), the one after ends the drain."""
+        cut, self.cut = self.cut, None
+        if cut is not None:
+            cut()
+        else:
+            self.scope.cancel()
+
+
+async def _stop_on_signal(
+    reading: anyio.CancelScope, ending: _Ending | None, reader: asyncio.StreamReader, sink: Any, stopped_by: list[int]
+) -> None:
     # A stop signal ends the session as the end of input does, so the caller shuts down in order;
-    # with an `on_end` (the drain), a second one cuts that short.
+    # with an `on_end` (the drain), stdin is still read meanwhile, and a second one cuts that short.
     loop = asyncio.get_running_loop()
     received = anyio.Event()
-    again = anyio.Event()
 
     def on_signal(signum: int) -> None:  # on the main thread, between two steps of the loop
         if not received.is_set():
             stopped_by.append(signum)
             loop.call_soon_threadsafe(received.set)
-        else:
-            loop.call_soon_threadsafe(again.set)
+        elif ending is not None:
+            loop.call_soon_threadsafe(ending.again)
 
     with _platform.on_stop_signals(on_signal):
         await received.wait()
-        reading.cancel()
         if ending is None:
+            reading.cancel()
             await sink.aclose()
             return
-        await again.wait()
-        ending.cancel()
+        await ending.on_signal(reading, reader)
+        await anyio.sleep_forever()  # later signals still come here until the session ends
 
 
 async def _close(
@@ -365,6 +427,7 @@ async def stdio_server(
     *,
     fast: bool | None = None,
     on_end: Callable[[], Awaitable[None]] | None = None,
+    cut: Callable[[], None] | None = None,
     server: Server[Any] | None = None,
 ) -> AsyncIterator[tuple[Any, Any]]:
     """Serve MCP over this process's stdin and stdout: `(read_stream, write_stream)` for `Server.run`.
@@ -372,8 +435,9 @@ async def stdio_server(
     A stop signal that ended the session is appended to `stopped_by` (the caller's exit code says which).
     `fast` picks asyncio's pipe transports or the portable threads; by default, what the platform offers.
     `on_end` runs when the input ended (or a stop signal came), before the session's read side closes,
-    so the calls in flight can still answer (`breakwater.gateway._drain.drain_stdio`); a second stop
-    signal cancels it.
+    so the calls in flight can still answer (`breakwater.gateway._drain.drain_stdio`); after a stop signal
+    stdin is read on while it runs, and each new request is refused. A second stop signal calls `cut`
+    (`Drain.cut_now`: the calls in flight are cut and answered at once); one more cancels `on_end`.
     `server`, the one `Server.run` serves on these streams, gives `tools/call` its fast lane (`_fast_call`)."""
     fast = _platform.FAST_STDIO if fast is None else fast
     try:
@@ -397,7 +461,8 @@ async def stdio_server(
 
     read_stream_writer, read_stream = create_context_streams[SessionMessage | Exception](0)
     write_stream, write_stream_reader = create_context_streams[SessionMessage](0)
-    ending = None if on_end is None else anyio.CancelScope()
+    ending = None if on_end is None else _Ending(on_end, cut)
+    refusing = None if ending is None else ending.refusing
 
     lane = FastLane(server, output.send) if server is not None else None
 
@@ -405,27 +470,26 @@ async def stdio_server(
         async with read_stream_writer:
             if lane is None:
                 with reading:
-                    await pump_input(reader, read_stream_writer, output)
+                    await pump_input(reader, read_stream_writer, output, None, refusing)
                 await end()
                 return
             # The lane's calls live in `serving`: the drain (`on_end`) runs inside it, so they can still finish.
             async with lane.serving():
                 with reading:
-                    await pump_input(reader, read_stream_writer, output, lane)
+                    await pump_input(reader, read_stream_writer, output, lane, refusing)
                 await end()
 
     async def end() -> None:
-        if on_end is not None and ending is not None:
-            with ending:
-                await _let_handlers_start()
-                await on_end()
+        if ending is not None:
+            await ending.run()
 
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(read_until_stopped)
             tg.start_soon(pump_output, write_stream_reader, output)
             if threading.current_thread() is threading.main_thread():
-                tg.start_soon(_stop_on_signal, reading, ending, read_stream_writer, [] if stopped_by is None else stopped_by)
+                stops = [] if stopped_by is None else stopped_by
+                tg.start_soon(_stop_on_signal, reading, ending, reader, read_stream_writer, stops)
             yield read_stream, write_stream
             tg.cancel_scope.cancel()
     finally:
