@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,44 @@ def test_a_call_in_flight_when_the_input_ends_is_answered_not_cut(tmp_path: Path
     answers = {line["id"]: line for line in map(json.loads, done.stdout.splitlines()) if "id" in line}
     assert "result" in answers[2], answers[2]
     assert answers[2]["result"]["isError"] is False
+
+
+def test_a_requests_file_that_starts_with_a_bom_is_answered_from_its_first_line(tmp_path: Path) -> None:
+    """PowerShell and Notepad start a file with a BOM: the handshake's line was a parse error and its id never answered."""
+    requests = _requests(tmp_path)
+    requests.write_bytes(b"\xef\xbb\xbf" + requests.read_bytes())
+    argv = [*BREAKWATER, "serve", "--config", str(_config(tmp_path)), "--no-share"]
+    with open(requests, "rb") as given:
+        done = subprocess.run(argv, stdin=given, capture_output=True, env=_env(tmp_path), timeout=120)
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    answers = {line["id"]: line for line in lines if "id" in line}
+    assert "result" in answers["init"] and "result" in answers[2], done.stdout
+    assert not [line for line in lines if "error" in line]  # no parse error for the first line
+
+
+def test_stdin_read_on_a_thread_pauses_when_the_reader_is_full(tmp_path: Path) -> None:
+    """`serve < /dev/zero` (a file: read on a thread) grew past a gigabyte: each chunk was queued on the event loop
+    before the reader could ask the thread to pause, so the pause came after everything was read. Here a reader
+    that nobody drains, over a 16 MiB file: it must hold about its high-water mark, not the file."""
+    import asyncio
+
+    from breakwater.gateway._stdio_server import _ThreadFeed
+
+    zeros = tmp_path / "zeros"
+    zeros.write_bytes(bytes(16 * 1024 * 1024))
+    limit = 64 * 1024
+
+    async def main() -> int:
+        reader = asyncio.StreamReader(limit=limit)
+        fd = os.open(zeros, os.O_RDONLY)
+        feed = _ThreadFeed(fd, reader, asyncio.get_running_loop())
+        try:
+            for _ in range(50):  # the thread has all the time it needs to read ahead
+                await asyncio.sleep(0.02)
+            return len(reader._buffer)  # type: ignore[attr-defined]
+        finally:
+            feed.close()
+            os.close(fd)
+
+    held = asyncio.run(main())
+    assert held <= 2 * limit + 64 * 1024, held  # StreamReader pauses past twice its limit; one chunk may be in flight

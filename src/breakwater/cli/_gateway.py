@@ -236,10 +236,12 @@ def _stop(policy: GatewayPolicy, config: Config | None) -> int:
         if wanted is not None and info.get("fingerprint") != wanted:
             other_settings += config is not None and _same_file(info.get("config"), config.path)
             continue
-        if anyio.run(_ask, sock, {"breakwater": "stop"}) is not None:
+        took = anyio.run(_stop_one, sock, policy.drain_s)
+        if took is not None:
             stopped += 1
             sessions = counted(info.get("sessions"), "session")
-            print(f"stopped the shared gateway pid {info.get('pid')} ({sessions}; {info.get('config')})")
+            done = f"stopped the shared gateway pid {info.get('pid')} ({sessions}"
+            print(f"{done}, drained in {took:.1f} s; {info.get('config')})" if took >= 0 else f"{done}; still draining)")
     if not stopped:
         print("no shared gateway to stop")
         if other_settings:
@@ -250,6 +252,31 @@ def _stop(policy: GatewayPolicy, config: Config | None) -> int:
                 "`breakwater gateway stop` without --config stops every one"
             )
     return EXIT_OK
+
+
+async def _stop_one(sock: Path, drain_s: float) -> float | None:
+    """Ask the gateway at `sock` to stop and wait for its drain to end (it closes the connection then): the seconds it
+    took, -1 if it was still draining after `drain_s` and a grace, None if nothing answered."""
+    import asyncio
+
+    from breakwater._clock import SystemClock
+    from breakwater.gateway._attach import AttachRefused, connect_gateway
+
+    clock = SystemClock()
+    started = clock.monotonic()
+    try:
+        attachment = await connect_gateway(sock, {"breakwater": "stop"})
+    except (AttachRefused, OSError):
+        return None
+    if attachment is None:
+        return None
+    try:
+        with clock.deadline_scope(started + drain_s + 10.0) as waiting, contextlib.suppress(OSError):
+            while await asyncio.get_running_loop().sock_recv(attachment.sock, 4096):
+                pass
+    finally:
+        attachment.close()
+    return -1.0 if waiting.cancelled_caught else clock.monotonic() - started
 
 
 def _same_file(shown: Any, path: str | None) -> bool:

@@ -87,7 +87,8 @@ class GatewayPolicy(Policy):
         20.0,
         "On SIGTERM, serve --http answers /readyz with 503 and refuses new sessions and calls, then waits up to "
         "this long for calls in flight; what is left is cancelled (upstream too) and answered with an error envelope. "
-        "Stdio serve does the same when its client closes stdin or on SIGTERM.",
+        "Stdio serve does the same when its client closes stdin or on SIGTERM, and a shared gateway on breakwater "
+        "gateway stop or SIGTERM.",
         env="BREAKWATER_DRAIN_S",
         minimum=0.0,
         maximum=3600,

@@ -267,8 +267,16 @@ class HandOffReader(asyncio.StreamReader):
 
     #: Takes whole lines from the start of what arrives (None: every line is the reading task's).
     hand_off: Callable[[bytes], int] | None = None
+    #: Nothing has arrived yet: a UTF-8 BOM there (PowerShell's and Notepad's files) is no part of the first line.
+    _first = True
 
     def feed_data(self, data: bytes) -> None:  # type: ignore[override]  # asyncio feeds it bytes
+        if self._first:
+            # The handshake came after a BOM: its line was a parse error, its id never answered.
+            self._first = False
+            data = data.removeprefix(b"\xef\xbb\xbf")
+            if not data:
+                return
         hand_off = self.hand_off
         # `_waiter`: the reading task is parked in a read (asyncio's own attribute, stable since 3.8).
         if hand_off is not None and self._waiter is not None and not self._buffer and data.endswith(b"\n"):  # type: ignore[attr-defined]

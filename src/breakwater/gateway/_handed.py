@@ -12,17 +12,23 @@ import asyncio
 import contextlib
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
+import mcp.types as types
 
 from breakwater._clock import Clock
 from breakwater.connect._lines import HandOffReader
 from breakwater.gateway._handoff import MIRROR_FLUSH_S, answer_id, record
+from breakwater.gateway._server import first_of
 from breakwater.gateway._stdio_server import LineOutput
 
-__all__ = ["HandedOutput", "Mirror", "MirrorSocket", "MirroredReader", "until_closed"]
+if TYPE_CHECKING:
+    from breakwater.gateway._server import Gateway
 
+__all__ = ["HandedOutput", "Mirror", "MirrorSocket", "MirroredReader", "tell_tools", "until_closed"]
+
+_NO_HINTS = types.ToolAnnotations()
 #: How long a session's last answers may take to reach an agent that has stopped reading, once the session ends.
 CLOSE_WAIT_S = 1.0
 
@@ -77,6 +83,23 @@ class Mirror:
         self._transport.write(b"".join([*self._answered, record(b"E")]))
         self._answered.clear()
         self.close()
+
+    def tools(self, payload: bytes) -> None:
+        """Which tools only read, for `serve`'s failover (`tell_tools`)."""
+        self._transport.write(record(b"T", payload))
+
+    def stop_input(self) -> None:
+        """Read no more of the agent's input (a stop's drain): what it sends next waits in its pipe for `serve`."""
+        if self.input is not None and not self.input.is_closing():
+            self.input.pause_reading()
+        self.input = None  # nor again when the mirror drains
+
+    async def let_go(self, output: HandedOutput) -> None:
+        """The end of a stop's drain: the last answers out, their ids to `serve`, and from here nothing more to the agent."""
+        await output.close()
+        if self._answered and not self._transport.is_closing():
+            self._transport.write(b"".join(self._answered))
+            self._answered.clear()
 
     def close(self) -> None:
         """Let go of the bell: its end wakes `serve`, which reads the socket to its end (`E`: the session is over)."""
@@ -232,3 +255,26 @@ async def until_closed(reader: asyncio.StreamReader, scope: anyio.CancelScope) -
         while await reader.read(65536):
             pass
     scope.cancel()
+
+
+async def tell_tools(gateway: Gateway, mirror: Mirror) -> None:
+    """Tell the session's `serve`, in its mirror, which tools only read: at once, and again whenever they change.
+
+    So its failover sends a read-only call in flight again even when the agent never listed the tools
+    (`_pump.ToolSafety`). Off the call path: this wakes only when a server or the catalog changes.
+    """
+    told = b""
+    while True:
+        tools = [
+            {
+                "name": entry.name,
+                "annotations": {"readOnlyHint": (entry.tool.annotations or _NO_HINTS).read_only_hint is True},
+                "outputSchema": None if entry.tool.output_schema is None else {},
+            }
+            for entry in gateway.entries()
+        ]
+        payload = json.dumps({"result": {"tools": tools}}).encode()
+        if payload != told:
+            mirror.tools(payload)
+            told = payload
+        await first_of(gateway.bw.wait_changed, gateway.catalog.wait_changed)

@@ -17,6 +17,8 @@ socket, what it read and what it answered: the *mirror*, a stream of records (`R
     I <bytes>    a chunk read from the agent, written before the gateway acts on it (write-ahead)
     O <id>       the JSON id of an answer the gateway wrote to the agent (batched: `MIRROR_FLUSH_S`)
     L <line>     a whole `tools/list` answer, from which `serve` learns which tools only read
+    T <json>     the session's tools as the gateway sees them (which only read, which declare an output
+                 schema): at the start and at each change, so that needs no `tools/list` of the agent's
     P            an answer line is still partly unwritten (the agent's pipe was full)
     C            the last partly written line has been written since
     E            the session ended (the agent closed its input): nothing to fail over

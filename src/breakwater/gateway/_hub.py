@@ -13,6 +13,14 @@ during a call (sampling, elicitation) goes to the session whose call it is, as w
 one gateway.
 
 With no session attached for `[gateway] share_idle_s` the gateway closes everything and exits.
+
+`breakwater gateway stop` (or SIGTERM) drains it, as `serve` drains on SIGTERM: the socket goes at once
+(a session failing over starts the next gateway), each session reads no more of its agent's input
+(what the agent sends meanwhile waits in its pipe for its `serve`), its calls in flight get
+`[gateway] drain_s` to finish and the rest are cut with the gate's envelope (`_drain`); then the
+session lets go of its agent's output before its server stops, so whatever is still unanswered is
+answered by its `serve`, as after a crash (never the SDK's bare "Connection closed"), and its `serve`
+relays on through the next gateway. The stop's connection closes when the drain is over.
 """
 
 from __future__ import annotations
@@ -23,11 +31,13 @@ import json
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 from mcp.shared._context_streams import create_context_streams
 from mcp.shared.message import SessionMessage
 
@@ -35,8 +45,9 @@ from breakwater._clock import Clock
 from breakwater._platform import running_loop
 from breakwater.config import Config
 from breakwater.connect._lines import HandOffReader
+from breakwater.gateway._drain import CUT_GRACE_S, drain_stdio
 from breakwater.gateway._fast_call import FastLane
-from breakwater.gateway._handed import HandedOutput, Mirror, MirroredReader, MirrorSocket, until_closed
+from breakwater.gateway._handed import CLOSE_WAIT_S, HandedOutput, Mirror, MirroredReader, MirrorSocket, tell_tools, until_closed
 from breakwater.gateway._handoff import CAN_HAND_OFF, handable, is_pipe
 from breakwater.gateway._server import Gateway
 from breakwater.gateway._session import session_gateway
@@ -49,6 +60,8 @@ logger = logging.getLogger("breakwater.gateway.shared")
 
 _HANDSHAKE_S = 5.0  # a connection that says nothing for this long is no session
 _STDIO_POLL_S = 0.002  # how often the socket is looked at for a session's descriptors (they follow our answer at once)
+#: Loop turns for the requests already read to reach their handlers before a stop's drain looks (as `_stdio_server`'s).
+_HANDLER_START_TURNS = 8
 
 
 class _SocketOutput(LineOutput):
@@ -57,13 +70,17 @@ class _SocketOutput(LineOutput):
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         super().__init__(None, fast=True)  # no descriptor: `send` below is the only way out
         self._sock_writer = writer
+        self._closed = False
 
     async def send(self, data: bytes) -> None:
         async with self._lock:
+            if self._closed:  # let go at a stop: what is unanswered is the session's `serve`'s to answer
+                return
             self._sock_writer.write(data)
             await self._sock_writer.drain()
 
     async def close(self) -> None:
+        self._closed = True
         with contextlib.suppress(OSError, RuntimeError):
             self._sock_writer.close()
 
@@ -110,20 +127,47 @@ class SharedGateway:
         self._changed = anyio.Event()
 
     async def serve(self, listener: socket.socket) -> None:
-        """Accept sessions until idle for `idle_s` (or told to stop); then return, with every session closed."""
+        """Accept sessions until idle for `idle_s` (or told to stop: they drain first); then return, every session closed."""
         loop = asyncio.get_running_loop()
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._exit_when_idle, tg.cancel_scope)
-            while True:
-                conn, _ = await loop.sock_accept(listener)
-                self._arriving += 1
-                self._note(0)
-                tg.start_soon(self._connection, conn, name="breakwater shared session")
+            with anyio.CancelScope() as accepting:
+                tg.start_soon(self._exit_when_idle, accepting)
+                while True:
+                    conn, _ = await loop.sock_accept(listener)
+                    self._arriving += 1
+                    self._note(0)
+                    tg.start_soon(self._connection, conn, name="breakwater shared session")
+            # Nobody is accepted from here on: a session that fails over finds the socket dead and starts the next gateway.
+            listener.close()
+            await self._until_drained()
+            tg.cancel_scope.cancel()
 
     def stop(self) -> None:
-        """End `serve`: every session is closed (their `serve` processes fail over to a new gateway)."""
+        """End `serve`: every session drains, then lets go (their `serve` processes fail over to a new gateway)."""
         self._stop.set()
         self._note(0)
+
+    async def _until_drained(self) -> None:
+        """Wait for the sessions a stop drains (`_drained`) to end, for at most their window and its grace."""
+        if not self._stop.is_set():
+            return
+        deadline = self.clock.monotonic() + self.config.gateway.drain_s + CUT_GRACE_S + CLOSE_WAIT_S + 1.0
+        with self.clock.deadline_scope(deadline):
+            while self.sessions or self._arriving:
+                await self._changed.wait()
+
+    async def _drained(
+        self, gateway: Gateway, pause: Callable[[], None], let_go: Callable[[], Awaitable[None]], session: anyio.CancelScope
+    ) -> None:
+        """At a stop: `pause` the session's input, give its calls in flight `[gateway] drain_s` (the rest are cut with
+        the gate's envelope), then `let_go` of its output before its server stops, and end the `session`."""
+        await self._stop.wait()
+        pause()
+        for _ in range(_HANDLER_START_TURNS):  # the requests read already reach their handlers, and count
+            await anyio.lowlevel.checkpoint()
+        await drain_stdio(gateway.drain, self.config.gateway.drain_s)
+        await let_go()
+        session.cancel()
 
     async def _exit_when_idle(self, scope: anyio.CancelScope) -> None:
         while not self._stop.is_set():
@@ -174,8 +218,10 @@ class SharedGateway:
             if hello is None:
                 return
             if hello["breakwater"] == "stop":
-                logger.info("asked to stop (breakwater gateway stop)")
+                logger.info("asked to stop (breakwater gateway stop): draining")
+                arrived(0)  # no session: the drain does not wait for this connection
                 self.stop()
+                await anyio.sleep_forever()  # closed when the drain is over: `gateway stop` waits for that
             if hello["breakwater"] != "attach":
                 return
             if answer.get("handoff"):
@@ -295,7 +341,9 @@ class SharedGateway:
                 try:
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(mirror.flushing)
+                        tg.start_soon(tell_tools, gateway, mirror)
                         tg.start_soon(until_closed, sock_reader, tg.cancel_scope)
+                        tg.start_soon(self._drained, gateway, mirror.stop_input, partial(mirror.let_go, output), tg.cancel_scope)
                         await self._run(gateway, reader, output)
                         mirror.ended()
                         tg.cancel_scope.cancel()
@@ -312,8 +360,12 @@ class SharedGateway:
 
     async def _session(self, reader: asyncio.StreamReader, output: _SocketOutput, context: SessionContext | None) -> None:
         """One MCP session over the socket, until either side closes it; its own servers start in `context`."""
-        async with session_gateway(self.gateway, self.config, context) as gateway:
+        async with session_gateway(self.gateway, self.config, context) as gateway, anyio.create_task_group() as tg:
+            # Its input is read on through the drain: what `serve` wrote to the socket and we never read would be
+            # answered OUTCOME_UNKNOWN by it, though it never ran.
+            tg.start_soon(self._drained, gateway, lambda: None, output.close, tg.cancel_scope)
             await self._run(gateway, reader, output)
+            tg.cancel_scope.cancel()
 
     async def _run(self, gateway: Gateway, reader: asyncio.StreamReader, output: LineOutput) -> None:
         server = gateway.server

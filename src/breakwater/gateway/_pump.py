@@ -454,6 +454,8 @@ class _Pump:
                     self.session.pending.pop(_id_key(json.loads(payload)), None)
             elif kind == b"L":
                 self.session.note_answer(payload)
+            elif kind == b"T":  # the gateway's own word on which tools only read, listed by the agent or not
+                self.session.safety.learn(payload)
             elif kind in (b"P", b"C"):
                 self.partial = kind == b"P"
             elif kind == b"E":

@@ -51,6 +51,16 @@ def session_transports(context: SessionContext) -> TransportFactory:
     return transports
 
 
+class SessionGate:
+    """The retry class of a tool of a session's own servers or of the shared ones, for a drain's cut."""
+
+    def __init__(self, servers: SessionServers) -> None:
+        self._servers = servers
+
+    def retry_class(self, server: str, tool: str) -> Any:
+        return self._servers._of(server).gate.retry_class(server, tool)
+
+
 class SessionServers:
     """The part of `Breakwater` a `Gateway` uses, over the shared servers and one session's own."""
 
@@ -67,6 +77,11 @@ class SessionServers:
     def clock(self) -> Clock:
         """The shared gateway's clock."""
         return self.shared.clock
+
+    @property
+    def gate(self) -> SessionGate:
+        """What a drain's cut asks of the gate (`_drain.cut_error`), over both sides' servers."""
+        return SessionGate(self)
 
     @property
     def generation(self) -> int:

@@ -57,6 +57,8 @@ __all__ = ["MAX_LINE_BYTES", "LineOutput", "pump_input", "pump_output", "reserve
 MAX_LINE_BYTES = 64 * 1024 * 1024
 
 _CHUNK = 64 * 1024
+#: How often a stdin thread waiting for its chunk to be fed looks whether the session ended meanwhile.
+_FEED_WAIT_S = 0.5
 
 #: Event-loop turns given, at the end of input, to the requests just read to reach their handlers (`stdio_server`).
 _HANDLER_START_TURNS = 8
@@ -135,7 +137,19 @@ class _ThreadFeed(asyncio.ReadTransport):
                 if not chunk:
                     self._loop.call_soon_threadsafe(self._reader.feed_eof)
                     return
-                self._loop.call_soon_threadsafe(self._reader.feed_data, chunk)
+                # Each chunk is fed before the next is read, so that the reader's `pause_reading` comes in time:
+                # queued on the loop unwaited, /dev/zero as stdin grew past a gigabyte in 12 s.
+                fed = threading.Event()
+                self._loop.call_soon_threadsafe(self._feed, chunk, fed)
+                while not fed.wait(_FEED_WAIT_S):
+                    if self._closing or self._loop.is_closed():
+                        return
+
+    def _feed(self, chunk: bytes, fed: threading.Event) -> None:
+        try:
+            self._reader.feed_data(chunk)
+        finally:
+            fed.set()
 
     def pause_reading(self) -> None:
         self._room.clear()

@@ -1,0 +1,184 @@
+"""A shared gateway that goes away under calls in flight: stopped (`breakwater gateway stop`), or killed.
+
+Real processes throughout: `breakwater serve` sessions on pipes of the test's own, the detached
+shared gateway they attach to, and `breakwater testserver` over stdio as each session's own server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import gateway_pids, isolated_env
+
+pytestmark = pytest.mark.long_module(30)
+
+BREAKWATER = [sys.executable, "-m", "breakwater"]
+TOOLS = ["rslow:latency=2,readonly", "mslow:latency=2,mutating", "mhang:hang=1,mutating"]
+DRAIN_S = 4.0
+
+
+@pytest.fixture
+def share() -> Iterator[Path]:
+    """A socket directory of the test's own (short: socket paths are limited); its gateways die after."""
+    directory = Path(tempfile.mkdtemp(prefix="bw-st-"))
+    yield directory
+    for pid in gateway_pids(directory):
+        os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def setup(tmp_path: Path, share: Path) -> tuple[Path, dict[str, str]]:
+    command = [*BREAKWATER, "testserver", "--name", "ts", "--default-tools"]
+    for tool in TOOLS:
+        command += ["--tool", tool]
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"ts": {"command": command[0], "args": command[1:]}}}))
+    env = isolated_env(
+        tmp_path,
+        BREAKWATER_SHARE="on",
+        BREAKWATER_SHARE_DIR=str(share),
+        BREAKWATER_SHARE_IDLE_S="20",
+        BREAKWATER_DRAIN_S=str(DRAIN_S),
+    )
+    return config, env
+
+
+class Agent:
+    """A `breakwater serve` session on pipes: requests written, answers collected by id."""
+
+    def __init__(self, config: Path, env: dict[str, str], errlog: Path) -> None:
+        with errlog.open("wb") as err:
+            self.proc = subprocess.Popen(
+                [*BREAKWATER, "serve", "--config", str(config)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env=env,
+                bufsize=0,
+            )
+        self.answers: dict[Any, dict[str, Any]] = {}
+        self.arrived: queue.Queue[Any] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+        self.send({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": hello})
+        self.wait("init", 60)
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            message = json.loads(raw)
+            if "id" in message and "method" not in message:
+                self.answers[message["id"]] = message
+                self.arrived.put(message["id"])
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+
+    def call(self, request_id: Any, tool: str) -> None:
+        self.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {"name": tool, "arguments": {}}})
+
+    def wait(self, request_id: Any, seconds: float) -> dict[str, Any]:
+        deadline = time.monotonic() + seconds
+        while request_id not in self.answers:
+            assert time.monotonic() < deadline, f"no answer to {request_id!r} within {seconds} s"
+            time.sleep(0.02)
+        return self.answers[request_id]
+
+    def end(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(30)
+
+
+def result_of(answer: dict[str, Any]) -> dict[str, Any]:
+    assert "result" in answer, answer  # never a bare JSON-RPC error (the SDK's -32000 "Connection closed")
+    result: dict[str, Any] = answer["result"]
+    return result
+
+
+def ran(answer: dict[str, Any]) -> int:
+    """The pid of the testserver that answered the call (it ran to its end)."""
+    result = result_of(answer)
+    assert not result.get("isError"), result
+    return int(result["structuredContent"]["pid"])
+
+
+def code(answer: dict[str, Any]) -> str:
+    result = result_of(answer)
+    assert result.get("isError"), result
+    return str(result["structuredContent"]["code"])
+
+
+def test_gateway_stop_drains_the_calls_in_flight_and_the_sessions_go_on(tmp_path: Path, share: Path) -> None:
+    """`gateway stop` under calls in flight: they finish (the one past the window is cut with the gate's envelope, never
+    a bare error), a request the agent sends during the drain waits for the next gateway, and both sessions go on."""
+    config, env = setup(tmp_path, share)
+    a, b = Agent(config, env, tmp_path / "a.err"), Agent(config, env, tmp_path / "b.err")
+    try:
+        for agent in (a, b):
+            agent.call("warm", "ts__echo")
+        first = {ran(a.wait("warm", 60)), ran(b.wait("warm", 60))}
+        [gateway] = gateway_pids(share)
+        a.call("r", "ts__rslow")
+        a.call("m", "ts__mslow")
+        b.call("h", "ts__mhang")
+        time.sleep(0.7)  # all three are running in their testservers
+        started = time.monotonic()
+        stop = subprocess.Popen([*BREAKWATER, "gateway", "stop"], env=env, stdout=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        a.call("during", "ts__echo")  # read by nobody until the next gateway
+        out, _ = stop.communicate(timeout=DRAIN_S + 20)
+        took = time.monotonic() - started
+        assert stop.returncode == 0 and f"stopped the shared gateway pid {gateway} (2 sessions, drained in" in out, out
+        assert DRAIN_S - 0.5 < took < DRAIN_S + 5  # it waited for the drain: the hanging call held it to the window
+        # The calls finished where they ran; the one past the window was cut, as a drain cuts a mutating call.
+        assert ran(a.wait("r", 5)) in first and ran(a.wait("m", 5)) in first
+        answer = b.wait("h", 5)
+        assert code(answer) == "OUTCOME_UNKNOWN" and "shutting down" in answer["result"]["structuredContent"]["message"], answer
+        assert ran(a.wait("during", 30)) not in first  # answered by the next gateway's process of the server
+        for agent in (a, b):
+            agent.call("after", "ts__echo")
+            assert ran(agent.wait("after", 30)) not in first
+        assert gateway not in gateway_pids(share)
+    finally:
+        for agent in (a, b):
+            agent.end()
+        subprocess.run([*BREAKWATER, "gateway", "stop"], env=env, capture_output=True, timeout=60, check=True)
+    assert not gateway_pids(share)
+
+
+def test_a_gateway_killed_under_a_read_the_agent_never_listed_sends_it_again(tmp_path: Path, share: Path) -> None:
+    """The gateway tells the session which tools only read: a read in flight is sent again to the next gateway even
+    though the agent never called tools/list; a mutating one is answered OUTCOME_UNKNOWN."""
+    config, env = setup(tmp_path, share)
+    a = Agent(config, env, tmp_path / "a.err")
+    try:
+        a.call("warm", "ts__echo")
+        first = ran(a.wait("warm", 60))
+        [gateway] = gateway_pids(share)
+        a.call("r", "ts__rslow")
+        a.call("m", "ts__mslow")
+        time.sleep(0.7)
+        os.kill(gateway, signal.SIGKILL)
+        assert code(a.wait("m", 10)) == "OUTCOME_UNKNOWN"
+        assert ran(a.wait("r", 30)) != first  # run again, by the next gateway's process of the server
+    finally:
+        a.end()
+        subprocess.run([*BREAKWATER, "gateway", "stop"], env=env, capture_output=True, timeout=60, check=True)
+    assert not gateway_pids(share)
