@@ -138,3 +138,28 @@ def test_a_stop_before_the_first_request_is_a_clean_stop(tmp_path: Path, signum:
     assert code == expected, stderr
     assert ("interrupted" in stderr) == (expected == 130), stderr
     assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("how", ["eof", "sigterm"])
+def test_a_first_list_waiting_for_a_server_is_answered_when_the_session_ends(tmp_path: Path, how: str) -> None:
+    """tools/list and prompts/list wait up to `list_wait_s` for a server still starting; the session ended under them
+    (its input closed, a SIGTERM) and they were answered a bare -32000 Connection closed: now with what is known."""
+    session = Session(tmp_path, "--startup-delay", "100")
+    session.send(INITIALIZE)
+    session.answer(1)
+    session.send(
+        INITIALIZED, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, {"jsonrpc": "2.0", "id": 3, "method": "prompts/list"}
+    )
+    time.sleep(1.0)  # both are waiting now
+    assert session.proc.stdin is not None
+    if how == "eof":
+        session.proc.stdin.close()
+    else:
+        session.proc.send_signal(signal.SIGTERM)
+    tools, prompts = session.answer(2, timeout=20), session.answer(3, timeout=20)
+    assert "result" in tools and "result" in prompts, (tools, prompts)
+    assert "breakwater_status" in {tool["name"] for tool in tools["result"]["tools"]}
+    if how == "sigterm":
+        session.proc.stdin.close()
+    code, stderr = session.finish()
+    assert code == 0 and "Traceback" not in stderr, stderr

@@ -77,6 +77,7 @@ class Drain:
         self.cut = 0
         self._calls: set[_InFlight] = set()
         self._idle: anyio.Event | None = None
+        self._began: anyio.Event | None = None  # made by the first `started()`: no Event outside a running loop
         #: A second stop signal came: the window is over (`cut_now`).
         self.hurried = False
         self._window: DeadlineScope | None = None
@@ -111,9 +112,20 @@ class Drain:
 
     # ---- the drain ------------------------------------------------------------------------------
 
+    async def started(self) -> None:
+        """Return once the drain has begun: a wait that is no call (a first list waiting for servers) ends with it,
+        to answer what it has while the session can still be answered."""
+        if self.draining:
+            return
+        if self._began is None:
+            self._began = anyio.Event()
+        await self._began.wait()
+
     async def run(self, window_s: float) -> None:
         """Refuse new work, wait up to `window_s` for the calls in flight, cut the rest."""
         self.draining = True
+        if self._began is not None:
+            self._began.set()
         clock = self.clock
         if (self.requests > 0 or self._calls) and not self.hurried:
             self._window = clock.deadline_scope(clock.monotonic() + window_s)

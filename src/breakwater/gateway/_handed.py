@@ -20,8 +20,8 @@ import mcp.types as types
 from breakwater._clock import Clock
 from breakwater.connect._lines import HandOffReader
 from breakwater.gateway._handoff import MIRROR_FLUSH_S, answer_id, record
-from breakwater.gateway._server import first_of
 from breakwater.gateway._stdio_server import LineOutput
+from breakwater.gateway._waits import first_of
 
 if TYPE_CHECKING:
     from breakwater.gateway._server import Gateway

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
+import anyio
 import mcp.types as types
 from mcp import Client, MCPError
 from mcp.server.context import ServerRequestContext
@@ -29,6 +30,7 @@ from breakwater.config import GatewayPolicy
 from breakwater.config._checks import downstream_names, route_by_shape
 from breakwater.connect._readiness import ON_ITS_WAY
 from breakwater.gateway._subscriptions import Subscriptions
+from breakwater.gateway._waits import first_of
 from breakwater.status import ServerState
 
 __all__ = ["Passthrough", "first_list_wait_s", "without_upstream_identity"]
@@ -114,8 +116,11 @@ class Passthrough:
         policy: GatewayPolicy,
         bus: SubscriptionBus | None = None,
         calling: Calling = _no_relay,
+        ending: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.bw = bw
+        #: Returns when the session starts to end (`Drain.started`): a list waiting for servers answers then.
+        self._ending = ending
         self.template = policy.tool_name_template
         self.name_max = policy.tool_name_max
         self.list_wait_s = policy.list_wait_s
@@ -136,9 +141,16 @@ class Passthrough:
         """
         clock = self.bw.clock
         deadline = clock.monotonic() + self.list_wait_s
-        while self._on_its_way() and clock.monotonic() < deadline:
+        ended = False
+
+        async def until_ended() -> None:
+            nonlocal ended
+            await (self._ending or anyio.sleep_forever)()
+            ended = True
+
+        while self._on_its_way() and clock.monotonic() < deadline and not ended:
             with clock.deadline_scope(deadline):
-                await self.bw.wait_changed()
+                await first_of(self.bw.wait_changed, until_ended)
 
     def _on_its_way(self) -> bool:
         return any(spec.enabled and self.bw.upstream(spec.name).state in ON_ITS_WAY for spec in self.bw.config.servers)

@@ -62,12 +62,13 @@ from breakwater.gateway._relay import (
 from breakwater.gateway._spans import spans_only_when_traced
 from breakwater.gateway._subscriptions import RelayedListen
 from breakwater.gateway._tasks import GatewayTasks
+from breakwater.gateway._waits import first_of
 from breakwater.journal import DOWNSTREAM_CLIENT
 from breakwater.state._operations import OperationRecords
 from breakwater.status import ServerState
 from breakwater.tasks._server import current_task_id
 
-__all__ = ["DEADLINE_META_KEY", "Gateway", "GatewayPolicy", "SearchAnswer", "first_of"]
+__all__ = ["DEADLINE_META_KEY", "Gateway", "GatewayPolicy", "SearchAnswer"]
 
 logger = logging.getLogger("breakwater.gateway")
 
@@ -167,7 +168,7 @@ class Gateway:
         self.operations: OperationRecords | None = None
         #: SIGTERM's graceful drain over HTTP (`breakwater.gateway._drain`).
         self.drain = Drain(bw.clock)
-        self.passthrough = Passthrough(bw, policy=policy, bus=self.bus, calling=self.relay.calling)
+        self.passthrough = Passthrough(bw, policy=policy, bus=self.bus, calling=self.relay.calling, ending=self.drain.started)
         if view_of is None:
             relay.deliver_to(self.passthrough.subscriptions.deliver)
         else:
@@ -370,9 +371,10 @@ class Gateway:
         """
         clock = self.bw.clock
         deadline = clock.monotonic() + wait_s
-        while self._unlisted_on_its_way() and clock.monotonic() < deadline:
+        # Nor past the session's end (its input closed, a SIGTERM): the list answered a bare -32000 then.
+        while self._unlisted_on_its_way() and clock.monotonic() < deadline and not self.drain.draining:
             with clock.deadline_scope(deadline):
-                await self._wait_changed()
+                await first_of(self.bw.wait_changed, self.catalog.wait_changed, self.drain.started)
         return self.entries()
 
     async def _wait_changed(self) -> None:
@@ -577,15 +579,3 @@ class Gateway:
             accepted += [e.name for e in own if e.tool.name in done]
         self.refresh()
         return accepted
-
-
-async def first_of(*waits: Callable[[], Awaitable[None]]) -> None:
-    """Return as soon as the first of `waits` returns; the others are cancelled."""
-    async with anyio.create_task_group() as tg:
-
-        async def wait(changed: Callable[[], Awaitable[None]]) -> None:
-            await changed()
-            tg.cancel_scope.cancel()
-
-        for changed in waits:
-            tg.start_soon(wait, changed)

@@ -33,8 +33,9 @@ from breakwater.connect._upstream import Upstream
 from breakwater.gate._gate import ProgressCallback
 from breakwater.gate._turn_budget import TurnBudgetScope
 from breakwater.gateway._roots import ClientRoots
-from breakwater.gateway._server import Gateway, first_of
+from breakwater.gateway._server import Gateway
 from breakwater.gateway._share import SessionContext, per_session
+from breakwater.gateway._waits import first_of
 from breakwater.status import StatusReport
 
 __all__ = ["SessionServers", "per_session", "session_gateway", "session_transports"]
