@@ -149,8 +149,10 @@ def test_gateway_stop_drains_the_calls_in_flight_and_the_sessions_go_on(tmp_path
         assert DRAIN_S - 0.5 < took < DRAIN_S + 5  # it waited for the drain: the hanging call held it to the window
         # The calls finished where they ran; the one past the window was cut, as a drain cuts a mutating call.
         assert ran(a.wait("r", 5)) in first and ran(a.wait("m", 5)) in first
+        # Cut with the drain's envelope, or, when the cut's answer is not written within its grace (CUT_GRACE_S, a
+        # loaded host), by the session's `serve` as after a kill -9: OUTCOME_UNKNOWN either way, never a bare error.
         answer = b.wait("h", 5)
-        assert code(answer) == "OUTCOME_UNKNOWN" and "shutting down" in answer["result"]["structuredContent"]["message"], answer
+        assert code(answer) == "OUTCOME_UNKNOWN", answer
         assert ran(a.wait("during", 30)) not in first  # answered by the next gateway's process of the server
         for agent in (a, b):
             agent.call("after", "ts__echo")
