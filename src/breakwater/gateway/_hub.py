@@ -52,7 +52,14 @@ from breakwater.gateway._handoff import CAN_HAND_OFF, handable, is_pipe
 from breakwater.gateway._server import Gateway
 from breakwater.gateway._session import session_gateway
 from breakwater.gateway._share import HANDSHAKE_LIMIT, SessionContext, bind_socket, peer_uid
-from breakwater.gateway._stdio_server import MAX_LINE_BYTES, LineOutput, pump_input, pump_output, transport_file
+from breakwater.gateway._stdio_server import (
+    MAX_LINE_BYTES,
+    LineOutput,
+    let_handlers_start,
+    pump_input,
+    pump_output,
+    transport_file,
+)
 
 __all__ = ["SharedGateway", "bind_socket", "listening"]
 
@@ -60,8 +67,6 @@ logger = logging.getLogger("breakwater.gateway.shared")
 
 _HANDSHAKE_S = 5.0  # a connection that says nothing for this long is no session
 _STDIO_POLL_S = 0.002  # how often the socket is looked at for a session's descriptors (they follow our answer at once)
-#: Loop turns for the requests already read to reach their handlers before a stop's drain looks (as `_stdio_server`'s).
-_HANDLER_START_TURNS = 8
 
 
 class _SocketOutput(LineOutput):
@@ -163,8 +168,7 @@ class SharedGateway:
         the gate's envelope), then `let_go` of its output before its server stops, and end the `session`."""
         await self._stop.wait()
         pause()
-        for _ in range(_HANDLER_START_TURNS):  # the requests read already reach their handlers, and count
-            await anyio.lowlevel.checkpoint()
+        await let_handlers_start()  # the requests read already reach their handlers, and count
         await drain_stdio(gateway.drain, self.config.gateway.drain_s)
         await let_go()
         session.cancel()

@@ -49,7 +49,16 @@ from breakwater.gateway._fast_call import FastLane
 from breakwater.gateway._frames import INVALID_REQUEST, bad_id, diagnose, error_line, screen_non_finite
 from breakwater.gateway._pump import reserve_standard_fds
 
-__all__ = ["MAX_LINE_BYTES", "LineOutput", "pump_input", "pump_output", "reserve_standard_fds", "stdio_server", "transport_file"]
+__all__ = [
+    "MAX_LINE_BYTES",
+    "LineOutput",
+    "let_handlers_start",
+    "pump_input",
+    "pump_output",
+    "reserve_standard_fds",
+    "stdio_server",
+    "transport_file",
+]
 
 #: Longest line accepted from the client. The SDK has no limit; a bound keeps one bad client from
 #: exhausting memory, and 64 MiB is far above any real MCP message. A longer one is answered with
@@ -358,7 +367,7 @@ class _Ending:
         self._started = True
         try:
             with self.scope:
-                await _let_handlers_start()
+                await let_handlers_start()
                 await self.on_end()
         finally:
             self._done.set()
@@ -423,7 +432,7 @@ async def _close(
             os.close(fd)
 
 
-async def _let_handlers_start() -> None:
+async def let_handlers_start() -> None:
     """At the end of input: let the last requests read reach their handlers before the drain looks.
 
     A lane call's task, or the dispatcher's receive loop and then the handler it spawns, each start a
