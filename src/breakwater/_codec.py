@@ -21,9 +21,9 @@ from typing import Any
 
 from pydantic_core import PydanticSerializationError, from_json, to_json
 
-from breakwater._wire import json_line, strict_json
+from breakwater._wire import json_line
 
-__all__ = ["dumps_line", "loads", "loads_strict"]
+__all__ = ["dumps_line", "loads"]
 
 
 def dumps_line(message: Any, *, allow_nan: bool = True) -> bytes:
@@ -37,17 +37,9 @@ def dumps_line(message: Any, *, allow_nan: bool = True) -> bytes:
     return data + b"\n"
 
 
-def loads_strict(data: bytes) -> Any:
-    """`_wire.strict_json(data)`: JSON as RFC 8259 reads it (`NaN` and `Infinity` refused), the same values."""
-    try:
-        return from_json(data, allow_inf_nan=False)
-    except ValueError:
-        return strict_json(data)  # the stdlib's verdict: its value (a surrogate escape, a BOM) or its error
-
-
 def loads(data: bytes) -> Any:
     """`json.loads(data)`, the same values (`NaN` and `Infinity` read as floats)."""
     try:
         return from_json(data)
     except ValueError:
-        return json.loads(data)  # the stdlib's verdict, as for `loads_strict`
+        return json.loads(data)  # the stdlib's verdict: its value (a surrogate escape, a BOM) or its error

@@ -73,8 +73,9 @@ from mcp_types import CONNECTION_CLOSED, PROTOCOL_VERSION_META_KEY, CallToolResu
 from mcp_types import methods as sdk_methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
+from pydantic_core import from_json
 
-from breakwater._codec import dumps_line, loads_strict
+from breakwater._codec import dumps_line
 
 __all__ = [
     "PASSIVE_FOR_CALLS",
@@ -509,9 +510,14 @@ def handler_error(exc: Exception) -> ErrorData:
 
 
 def _loads(line: bytes) -> dict[str, Any] | None:
+    """The line as the lane's JSON, or None: the SDK's path reads it (and answers what is wrong with it).
+
+    Only what the SDK's own parser reads (pydantic-core's): the stdlib also reads a lone surrogate escape, which the
+    lane then sent on to a server whose parser dropped it, and the call waited for its timeout (a TIMEOUT, retryable)
+    where the SDK's path answers the client at once."""
     try:
-        message = loads_strict(line)
-    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
+        message = from_json(line, allow_inf_nan=False)
+    except ValueError:
         return None  # the SDK answers it (parse error, or NaN's: screen_non_finite), or drops it, as it always did
     return message if isinstance(message, dict) else None
 
