@@ -7,6 +7,7 @@ Tools (all async, so a cancel interrupts them):
 * `long_job(seconds, label)`: sleeps, then answers `done <label>` (task-capable);
 * `tool_error()`: the tool's own `isError` result (task-capable): a task that ends `completed`;
 * `protocol_error()`: raises a JSON-RPC error (task-capable): a task that ends `failed`;
+* `coded_error(code)`: the same with the given code;
 * `must_task(seconds)`: like `long_job`, but only as a task (`required`);
 * `quick(x)`: an ordinary tool, never a task;
 * `task_info(task_id)`: what the server knows of a task (status, polls, cancel requested);
@@ -33,7 +34,10 @@ from breakwater.tasks import TaskSupport
 
 def build(poll_ms: int, ttl_s: float | None, fail_polls: int = 0) -> MCPServer:
     tasks = TaskSupport(
-        tools=["long_job", "tool_error", "protocol_error"], required=["must_task"], poll_interval_s=poll_ms / 1000, ttl_s=ttl_s
+        tools=["long_job", "tool_error", "protocol_error", "coded_error"],
+        required=["must_task"],
+        poll_interval_s=poll_ms / 1000,
+        ttl_s=ttl_s,
     )
     refused = [0]
 
@@ -68,6 +72,12 @@ def build(poll_ms: int, ttl_s: float | None, fail_polls: int = 0) -> MCPServer:
         """Fail with a JSON-RPC error."""
         await anyio.sleep(0.05)
         raise MCPError(code=-32603, message="API rate limit exceeded")
+
+    @mcp.tool()
+    async def coded_error(code: int) -> str:
+        """Fail with a JSON-RPC error of the given code (one the SDK also gives its own failures, say)."""
+        await anyio.sleep(0.05)
+        raise MCPError(code=code, message=f"the server's own error {code}")
 
     @mcp.tool()
     async def quick(x: int) -> int:

@@ -298,6 +298,16 @@ async def test_tool_error_is_a_completed_task_and_a_protocol_error_a_failed_one(
         assert statuses["protocol_error"].error == {"code": -32603, "message": "API rate limit exceeded"}
 
 
+@pytest.mark.parametrize("code", [-32000, -32001, -32090])
+async def test_a_failed_tasks_error_is_the_servers_whatever_its_code(tmp_path: Path, code: int) -> None:
+    """A task that failed with a code the SDK also gives its own failures (-32000 connection closed, -32001 timed
+    out, -32090 too large) is the server's answer: UPSTREAM_ERROR with its message, not a lost connection, a timeout
+    or an oversize result (it was made INTERNAL_ERROR, and -32090 read as RESULT_TOO_LARGE)."""
+    async with breakwater(tmp_path, stdio_spec("--poll-ms", "50")) as bw:
+        env = envelope(await bw.call_tool("jobs", "coded_error", {"code": code}))
+    assert env["code"] == "UPSTREAM_ERROR" and f"the server's own error {code}" in env["reason"], env
+
+
 async def poll_until_done(client: Client, task_id: str, timeout: float = 10) -> TaskState:
     with anyio.fail_after(timeout):
         while True:

@@ -51,6 +51,7 @@ from mcp.client.session import ClientSession
 
 from breakwater._clock import Clock, SystemClock
 from breakwater._wire import OPERATION_ID_META_KEY as _OPERATION_ID_META_KEY
+from breakwater.connect._raw_call import ServerReplyError
 from breakwater.errors import CallCancelledError, CallError, CallTimeoutError, OutcomeUnknownError, UpstreamError
 from breakwater.gate._classify import RetryClass
 from breakwater.gate._turn_budget import current_budget
@@ -95,9 +96,6 @@ MIN_POLL_TIMEOUT_S = 1.0
 CANCEL_BOUND_S = 5.0
 
 _TERMINAL = frozenset({"completed", "failed", "cancelled"})
-# SDK-local codes (the client's own, never sent by a server): a server's task error carrying one must not
-# look like our own lost connection or timeout to the gate.
-_LOCAL_CODES = frozenset({types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT})
 
 
 # ---- wire shapes --------------------------------------------------------------------------------
@@ -371,15 +369,14 @@ def _interval(ms: int | None) -> float:
 
 
 def _failure(error: Mapping[str, Any] | None) -> MCPError:
-    """The JSON-RPC error of a failed task, as the exception the gate classifies."""
+    """The JSON-RPC error of a failed task, as the exception the gate classifies: the server's, whatever its code
+    (`ServerReplyError`: a -32000 or -32001 of its own is no lost connection or timeout of ours)."""
     error = error or {}
     code = error.get("code")
     message = error.get("message")
     code = code if isinstance(code, int) and not isinstance(code, bool) else types.INTERNAL_ERROR
     message = message if isinstance(message, str) and message else "the task failed"
-    if code in _LOCAL_CODES:
-        code = types.INTERNAL_ERROR
-    return MCPError(code=code, message=message, data=error.get("data"))
+    return ServerReplyError(code=code, message=message, data=error.get("data"))
 
 
 def _lost(pending: PendingTask, why: str) -> CallError:
