@@ -264,9 +264,8 @@ def screenshot(driver: Any, path: Path, *, copy_env: str) -> Path:
 class AttemptRows:
     """An `AttemptObserver` that keeps every attempt the gate hands it: the journal's view of the calls, in memory."""
 
-    record_sizes = False
-
-    def __init__(self) -> None:
+    def __init__(self, *, record_sizes: bool = False) -> None:
+        self.record_sizes = record_sizes
         self.rows: list[Any] = []
 
     def record(self, record: Any) -> bool:

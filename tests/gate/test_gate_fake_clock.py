@@ -43,7 +43,7 @@ from breakwater.gate._turn_budget import turn_budget
 from breakwater.journal import AttemptRecord
 from breakwater.status import StatusReport, ToolTimeout
 from breakwater.testing import FakeClock, Progress, ScriptedCall, ScriptedServer
-from helpers import connected_upstream
+from helpers import AttemptRows, connected_upstream
 
 pytestmark = pytest.mark.anyio
 
@@ -513,19 +513,6 @@ def test_status_json_says_when_a_timeout_was_learned() -> None:
     assert "learned_at" not in report.to_json()["timeouts"][1]
 
 
-class Rows:
-    """An observer that keeps every row the gate hands it."""
-
-    record_sizes = False
-
-    def __init__(self) -> None:
-        self.rows: list[Any] = []
-
-    def record(self, record: Any) -> bool:
-        self.rows.append(record)
-        return True
-
-
 async def test_journal_rows_say_which_attempt_opened_the_breaker_and_what_a_refusal_met() -> None:
     """The attempt whose failure trips the tool breaker is the one row marked `breaker_opened`; the call
     refused next is a `circuit_open` row naming both breakers' states, and nothing more reached the tool."""
@@ -534,7 +521,7 @@ async def test_journal_rows_say_which_attempt_opened_the_breaker_and_what_a_refu
     async def failing(_n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
         return CallToolResult(content=[TextContent(type="text", text="boom")], is_error=True)
 
-    rows = Rows()
+    rows = AttemptRows()
     breaker = BreakerPolicy(consecutive_failures=2, failure_rate=1.0)
     async with make_gate(clock, failing, [tool("t", readonly=True)], breaker=breaker) as (_, server, upstream):
         gate = CallGate({"s": upstream}, clock=clock, rng=random.Random(1), observer=rows)
@@ -572,7 +559,7 @@ async def test_an_open_breaker_refuses_a_call_before_its_arguments_are_checked()
     async def behave(_n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
         return ok() if healthy["now"] else CallToolResult(content=[TextContent(type="text", text="boom")], is_error=True)
 
-    rows = Rows()
+    rows = AttemptRows()
     breaker = BreakerPolicy(consecutive_failures=1, failure_rate=1.0, open_base_s=10.0, open_jitter=0.0)
     async with make_gate(clock, behave, [typed], breaker=breaker) as (_, server, upstream):
         gate = CallGate({"s": upstream}, clock=clock, rng=random.Random(1), observer=rows)
@@ -631,7 +618,7 @@ async def test_an_open_breakers_refusal_returned_at_once_is_the_one_raised_throu
     async def failing(_n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
         return CallToolResult(content=[TextContent(type="text", text="boom")], is_error=True)
 
-    rows, spans = Rows(), Spans()
+    rows, spans = AttemptRows(), Spans()
     breaker = BreakerPolicy(consecutive_failures=1, failure_rate=1.0, open_base_s=60.0, open_jitter=0.0)
     listed = [tool("t", readonly=not idempotent, idempotent=idempotent)]
     async with make_gate(clock, failing, listed, breaker=breaker) as (_, _server, upstream):

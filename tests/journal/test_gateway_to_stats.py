@@ -42,7 +42,7 @@ from breakwater.journal import (
 from breakwater.status import ServerState, StatusReport, ToolTimeout
 from breakwater.testing import FakeClock, Progress, ScriptedCall, ScriptedServer
 from breakwater.testing.server import launch_command
-from helpers import connected_upstream
+from helpers import AttemptRows, connected_upstream
 
 pytestmark = pytest.mark.anyio
 
@@ -281,19 +281,6 @@ def test_kill_9_mid_call_leaves_the_calls_in_flight_as_outcome_unknown(tmp_path:
 # ---------------------------------------------------------------------------- the rows, on the fake clock
 
 
-class Recorder:
-    """An `AttemptObserver` that keeps every row."""
-
-    record_sizes = True
-
-    def __init__(self) -> None:
-        self.rows: list[AttemptRecord] = []
-
-    def record(self, record: AttemptRecord) -> bool:
-        self.rows.append(record)
-        return True
-
-
 def ok(text: str = "ok") -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content={"ok": True})
 
@@ -314,8 +301,8 @@ def scripted(listed: list[Tool], script: Callable[[str, int], Awaitable[CallTool
 @asynccontextmanager
 async def make_gate(
     clock: FakeClock, script: Callable[[str, int], Awaitable[CallToolResult]], listed: list[Tool]
-) -> AsyncIterator[tuple[CallGate, Recorder]]:
-    """A gate over one real upstream connected to an in-process SDK server, its attempts handed to a `Recorder`."""
+) -> AsyncIterator[tuple[CallGate, AttemptRows]]:
+    """A gate over one real upstream connected to an in-process SDK server, its attempts handed to an `AttemptRows`."""
     spec = ServerSpec(
         name="s",
         transport="stdio",
@@ -327,7 +314,7 @@ async def make_gate(
     )
     rng = random.Random(3)
     async with connected_upstream(spec, scripted(listed, script), clock=clock, rng=rng) as upstream:
-        recorder = Recorder()
+        recorder = AttemptRows(record_sizes=True)
         yield CallGate({"s": upstream}, clock=clock, rng=rng, observer=recorder), recorder
 
 
@@ -404,7 +391,7 @@ async def test_calls_refused_before_reaching_a_tool_are_journaled_too() -> None:
         connected_upstream(up, scripted([], lambda _n, _i: anyio.sleep_forever()), clock=clock, rng=rng) as ready,  # type: ignore[arg-type,return-value]
         connected_upstream(stuck, Server("stuck", on_list_tools=never_lists), clock=clock, rng=rng, ready=False) as connecting,
     ):
-        recorder = Recorder()
+        recorder = AttemptRows(record_sizes=True)
         gate = CallGate({"s": ready, "c": connecting}, clock=clock, rng=rng, observer=recorder)
         assert (await gate.call("s", "missing", {})).structured_content["code"] == "UNKNOWN_TOOL"
         token = DOWNSTREAM_CLIENT.set("agent-y")
