@@ -282,3 +282,13 @@ def test_import_of_opencode_rewrites_its_tool_patterns_to_the_names_through_brea
 
     assert fnmatchcase(through("github", "create_issue"), "breakwater_github__*")
     assert through("my.server", "read") == "breakwater_my_server__read"
+
+
+def test_an_opencode_switch_for_a_server_defined_elsewhere_is_skipped_with_a_note(tmp_path: Path) -> None:
+    """OpenCode's schema takes `"NAME": {"enabled": false}` (a server another of its config files defines, turned
+    off here); breakwater refused the whole file: `mcp.b.command: a stdio server needs a command`."""
+    path = tmp_path / "opencode.json"
+    path.write_text(json.dumps({"mcp": {"a": {"type": "local", "command": ["x"]}, "b": {"enabled": False}}}))
+    config = load_config(path, environ={})
+    assert [spec.name for spec in config.servers] == ["a"]
+    assert any(note.startswith("mcp.b skipped: only a switch") for note in config.notes), config.notes

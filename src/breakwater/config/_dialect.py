@@ -253,6 +253,10 @@ def skipped_entry(entry: Any) -> str | None:
         return "it is a server a Zed extension provides; only Zed can start it"
     if _starts_breakwater(entry):
         return "it starts breakwater serve, which would serve itself (this is the file your agent reads, not the servers')"
+    if entry and set(entry) <= {"enabled", "disabled"} and all(isinstance(v, bool) for v in entry.values()):
+        # OpenCode's `"NAME": {"enabled": false}` (its schema allows it) turns off a server another of its config
+        # files defines: there is nothing to start here, and refusing the file refused a valid OpenCode config.
+        return "only a switch for a server another config file defines; nothing to start here"
     return next((f"it is {why}" for key, why in SKIPPED_KEYS.items() if key in entry), None)
 
 
