@@ -291,4 +291,9 @@ def test_an_opencode_switch_for_a_server_defined_elsewhere_is_skipped_with_a_not
     path.write_text(json.dumps({"mcp": {"a": {"type": "local", "command": ["x"]}, "b": {"enabled": False}}}))
     config = load_config(path, environ={})
     assert [spec.name for spec in config.servers] == ["a"]
-    assert any(note.startswith("mcp.b skipped: only a switch") for note in config.notes), config.notes
+    assert any(note.startswith("mcp.b skipped: only OpenCode's switch") for note in config.notes), config.notes
+    # Not a server in any other client's file: there it is an entry without a command, refused as before.
+    other = tmp_path / "mcp.json"
+    other.write_text(json.dumps({"mcpServers": {"b": {"enabled": False}}}))
+    with pytest.raises(ConfigError, match="needs a command"):
+        load_config(other, environ={})

@@ -242,8 +242,12 @@ def bare_reference_notes(entry: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def skipped_entry(entry: Any) -> str | None:
-    """Why an entry is one breakwater cannot connect to (a WebSocket server, an IDE link), or None."""
+def skipped_entry(entry: Any, *, opencode: bool = False) -> str | None:
+    """Why an entry is one breakwater cannot connect to (a WebSocket server, an IDE link), or None.
+
+    In an OpenCode file (`opencode`), also an entry that is only `{"enabled": false}`: OpenCode's schema takes it
+    as a switch for a server another of its config files defines (refused, it refused a valid OpenCode config).
+    """
     if not isinstance(entry, dict):
         return None
     kind = entry.get("type")
@@ -253,10 +257,8 @@ def skipped_entry(entry: Any) -> str | None:
         return "it is a server a Zed extension provides; only Zed can start it"
     if _starts_breakwater(entry):
         return "it starts breakwater serve, which would serve itself (this is the file your agent reads, not the servers')"
-    if entry and set(entry) <= {"enabled", "disabled"} and all(isinstance(v, bool) for v in entry.values()):
-        # OpenCode's `"NAME": {"enabled": false}` (its schema allows it) turns off a server another of its config
-        # files defines: there is nothing to start here, and refusing the file refused a valid OpenCode config.
-        return "only a switch for a server another config file defines; nothing to start here"
+    if opencode and entry and set(entry) <= {"enabled"} and isinstance(entry["enabled"], bool):
+        return "only OpenCode's switch for a server another of its config files defines; nothing to start here"
     return next((f"it is {why}" for key, why in SKIPPED_KEYS.items() if key in entry), None)
 
 

@@ -190,7 +190,7 @@ def _servers_from_json(
     for name, (where, entry) in listed.items():
         with entries_ok.tolerated(name):
             check_server_name(name, path=str(path), key=where)
-            if (why := skipped_entry(entry)) is not None:
+            if (why := skipped_entry(entry, opencode=expand.opencode)) is not None:
                 notes.append(f"{where} skipped: {why}")
                 continue
             entry, names, reshaped = common_entry(entry, str(path), where)

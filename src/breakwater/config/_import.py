@@ -120,7 +120,7 @@ def _plan(source: Path) -> tuple[dict[Path, str], list[str]]:
     if not config.servers:
         # A gateway in front of nothing would replace the agent's file with one that serves no tool.
         raise ConfigError("the file lists no server breakwater can start", path=str(source), fix="add the servers first")
-    left = [f"{name} stays in the agent's file: {skipped_entry(entry)}" for name, entry in kept.items()]
+    left = [f"{name} stays in the agent's file: {skipped_entry(entry, opencode=True)}" for name, entry in kept.items()]
     # The file's other keys stay with the agent, so config.notes (about breakwater reading them) do not apply.
     return files, [*import_notes(config, missing), *left, *more, *_entry_notes(config)]
 
@@ -202,7 +202,8 @@ def _through_breakwater(rule: str, servers: list[str], named: Named) -> str | No
 
 
 def _skipped(entry: Any) -> bool:
-    return skipped_entry(entry) is not None
+    # `opencode`: a file that loaded holds a bare `{"enabled": ...}` only if it is OpenCode's (others refuse it).
+    return skipped_entry(entry, opencode=True) is not None
 
 
 def _entry_notes(config: Config) -> list[str]:
