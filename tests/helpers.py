@@ -271,3 +271,13 @@ class AttemptRows:
     def record(self, record: Any) -> bool:
         self.rows.append(record)
         return True
+
+
+async def lifespan_answered(scope: Any, receive: Any, send: Any) -> bool:
+    """For a bare ASGI app under uvicorn in a test: answer the lifespan's messages; True when `scope` was the lifespan's."""
+    if scope["type"] != "lifespan":
+        return False
+    while (await receive())["type"] != "lifespan.shutdown":
+        await send({"type": "lifespan.startup.complete"})
+    await send({"type": "lifespan.shutdown.complete"})
+    return True

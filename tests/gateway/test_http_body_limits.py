@@ -22,7 +22,7 @@ import pytest
 
 from breakwater.gateway._known_heads import routing_protocol
 from breakwater.gateway._listen import tcp_listener
-from helpers import eventually
+from helpers import eventually, lifespan_answered
 
 pytestmark = pytest.mark.anyio
 
@@ -33,10 +33,7 @@ async def test_a_request_that_stops_arriving_is_answered_408_and_closed() -> Non
     seen: list[bytes] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while (message := await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+        if await lifespan_answered(scope, receive, send):
             return
         body = b""
         while (message := await receive())["type"] == "http.request":

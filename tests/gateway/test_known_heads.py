@@ -30,7 +30,7 @@ from breakwater.gateway import _known_heads
 from breakwater.gateway._known_heads import OFFER, ROUTED_BODY_MAX, routing_protocol
 from breakwater.gateway._listen import tcp_listener
 from breakwater.testing.server import read_state, serve_http
-from helpers import eventually
+from helpers import eventually, lifespan_answered
 
 pytestmark = pytest.mark.anyio
 
@@ -114,10 +114,7 @@ class Recorder:
         self.seen: list[tuple[str, bytes]] = []
 
     async def app(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while (message := await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+        if await lifespan_answered(scope, receive, send):
             return
         body = b""
         while True:

@@ -177,12 +177,6 @@ MIN_TOKEN_CHARS = 16
 _HEADER_NAME_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 
 
-def _invisible(c: str) -> bool:
-    # Controls, format characters (the bidirectional overrides among them make a name read differently than it
-    # is), separators, and what Unicode ignores in display (a variation selector, a Hangul filler): `errors.invisible`.
-    return invisible(c)
-
-
 def check_text(
     value: str, *, path: str | None, key: str, what: str = "value", strict: bool = False, secret: bool = False
 ) -> None:
@@ -190,7 +184,7 @@ def check_text(
 
     Argument and environment values may hold line breaks (a PEM key); a command or a path may not.
     """
-    bad = next((c for c in value if (_invisible(c) if strict else c == "\x00")), None)
+    bad = next((c for c in value if (invisible(c) if strict else c == "\x00")), None)
     if bad is not None:
         shown = "" if secret else f" {value!r}"
         raise ConfigError(
@@ -207,8 +201,8 @@ def check_server_name(name: str, *, path: str | None, key: str) -> None:
         raise ConfigError(f"empty server name {name!r}", path=path, key=key, fix='name the server, e.g. "github"')
     if name != name.strip():
         raise ConfigError(f"server name {name!r} starts or ends with a space", path=path, key=key, fix="remove the spaces")
-    if any(_invisible(c) for c in name):
-        bad = next(c for c in name if _invisible(c))
+    if any(invisible(c) for c in name):
+        bad = next(c for c in name if invisible(c))
         raise ConfigError(
             f"server name '{visible(name)}' contains the invisible or bidirectional character U+{ord(bad):04X}",
             path=path,
@@ -233,7 +227,7 @@ def check_url(url: str, *, path: str | None, key: str) -> None:
     """An upstream URL: http(s), a host, a port in 1-65535, no spaces or control characters."""
     fix = 'write a full URL, e.g. "http://127.0.0.1:8000/mcp"'
     shown = _shown(url)
-    if any(c.isspace() or _invisible(c) for c in url):
+    if any(c.isspace() or invisible(c) for c in url):
         raise ConfigError(f"the URL {shown} contains a space or control character", path=path, key=key, fix=fix)
     try:
         parts = urlsplit(url)
@@ -301,7 +295,7 @@ def check_header(name: str, value: str, *, path: str | None, key: str) -> None:
             key=key,
             fix="percent-encode or base64-encode it, as the server expects",
         )
-    if any(_invisible(c) for c in value) or value != value.strip():
+    if any(invisible(c) for c in value) or value != value.strip():
         raise ConfigError(
             f"the value of header {name!r} has a control character or surrounding spaces",
             path=path,
@@ -316,7 +310,7 @@ def check_listener_token(host: str, token: str | None) -> str | None:
     A listener other machines can reach needs a token, and one that cannot be guessed; a token
     with spaces or control characters could never match an `Authorization` header.
     """
-    if token is not None and (not token.strip() or any(c.isspace() or _invisible(c) for c in token)):
+    if token is not None and (not token.strip() or any(c.isspace() or invisible(c) for c in token)):
         return (
             "breakwater: the token is empty or contains spaces or control characters\n"
             "  fix: use a random token, e.g. `openssl rand -hex 24`"

@@ -47,7 +47,7 @@ async def list_all_tools(client: Client, served: ToolFilter | None = None) -> tu
         tools.extend(page.tools)
         cursor = page.next_cursor
         if not cursor:
-            tools, rejected = _without_duplicates(*_finite_only(tools, rejected))
+            tools, rejected = _without_duplicates(*_usable_only(tools, rejected))
             if served is None:
                 return tools, rejected
             kept = []
@@ -59,7 +59,7 @@ async def list_all_tools(client: Client, served: ToolFilter | None = None) -> tu
             return kept, rejected
 
 
-def _finite_only(tools: list[types.Tool], rejected: list[RejectedTool]) -> tuple[list[types.Tool], list[RejectedTool]]:
+def _usable_only(tools: list[types.Tool], rejected: list[RejectedTool]) -> tuple[list[types.Tool], list[RejectedTool]]:
     """The tools whose definitions are JSON; one holding NaN or Infinity is left out, with where, and one without a
     name (the spec's names are 1 to 128 characters; listed, it became the server's bare prefix)."""
     kept: list[types.Tool] = []

@@ -84,6 +84,7 @@ __all__ = [
     "call_params",
     "handler_error",
     "install",
+    "lane_message",
     "on_call",
     "serialize_call",
     "session_lane",
@@ -236,7 +237,7 @@ class FastLane:
     def _take_call(self, line: bytes) -> bool:
         if self._tasks is None or not self.ready:
             return False
-        message = _loads(line)
+        message = lane_message(line)
         if message is None:
             return False
         params = call_params(message)
@@ -258,7 +259,7 @@ class FastLane:
         return True
 
     def _take_cancel(self, line: bytes) -> bool:
-        message = _loads(line)
+        message = lane_message(line)
         if message is None or message.get("method") != "notifications/cancelled" or "id" in message:
             return False
         params = message.get("params")
@@ -509,8 +510,9 @@ def handler_error(exc: Exception) -> ErrorData:
     return error
 
 
-def _loads(line: bytes) -> dict[str, Any] | None:
-    """The line as the lane's JSON, or None: the SDK's path reads it (and answers what is wrong with it).
+def lane_message(line: bytes) -> dict[str, Any] | None:
+    """A line (or an HTTP lane's body) as the lane's JSON object, or None: the SDK's path reads it (and answers what is
+    wrong with it).
 
     Only what the SDK's own parser reads (pydantic-core's): the stdlib also reads a lone surrogate escape, which the
     lane then sent on to a server whose parser dropped it, and the call waited for its timeout (a TIMEOUT, retryable)

@@ -46,12 +46,11 @@ from mcp.shared.jsonrpc_dispatcher import (
     _JSONRPCDispatchContext,
 )
 from mcp_types import INTERNAL_ERROR, ErrorData, JSONRPCError, JSONRPCResponse
-from pydantic_core import from_json
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from breakwater.gateway._fast_call import FastLane, call_context, call_params, handler_error, on_call
+from breakwater.gateway._fast_call import FastLane, call_context, call_params, handler_error, lane_message, on_call
 from breakwater.gateway._known_heads import OFFER, routable, serving
 
 __all__ = ["answer_fast", "plain_call", "request_cancelled", "session_ended"]
@@ -224,11 +223,8 @@ def plain_call(lane: FastLane, body: bytes) -> dict[str, Any] | None:
     """
     if not lane.ready or b'"tools/call"' not in body:
         return None
-    try:
-        message = from_json(body, allow_inf_nan=False)  # what the SDK's parser reads, no more (`_fast_call._loads`)
-    except ValueError:
-        return None
-    if not isinstance(message, dict) or call_params(message) is None:
+    message = lane_message(body)  # what the SDK's parser reads, no more
+    if message is None or call_params(message) is None:
         return None
     dispatcher = lane.dispatcher
     if dispatcher is None or not dispatcher._running or coerce_request_id(message["id"]) in dispatcher._in_flight:

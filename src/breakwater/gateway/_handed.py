@@ -221,11 +221,7 @@ class HandedOutput(LineOutput):
                 self._mirror.wrote(data, writer.transport.get_write_buffer_size())
                 await writer.drain()
             except (OSError, RuntimeError) as exc:
-                # EPIPE, or (uvloop) a write to the transport an earlier EPIPE closed: the agent's reader is gone
-                # (`| head`), which ends its session as the end of its input does (`LineOutput`).
-                if isinstance(exc, RuntimeError) and not writer.transport.is_closing():
-                    raise
-                self._break()
+                self._failed(exc, writer.transport)  # the agent stopped reading (`| head`): its session ends
 
     async def close(self) -> None:
         """Let the agent have what is buffered, for a while, then close its pipe (it sees the end of the session)."""

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
-import anyio
 import mcp.types as types
 from mcp import Client, MCPError
 from mcp.server.context import ServerRequestContext
@@ -29,6 +28,7 @@ from breakwater.catalog._validate import fits_schema
 from breakwater.config import GatewayPolicy
 from breakwater.config._checks import downstream_names, route_by_shape
 from breakwater.connect._readiness import ON_ITS_WAY
+from breakwater.gateway._drain import Drain
 from breakwater.gateway._subscriptions import Subscriptions
 from breakwater.gateway._waits import first_of
 from breakwater.status import ServerState
@@ -116,11 +116,11 @@ class Passthrough:
         policy: GatewayPolicy,
         bus: SubscriptionBus | None = None,
         calling: Calling = _no_relay,
-        ending: Callable[[], Awaitable[None]] | None = None,
+        drain: Drain | None = None,
     ) -> None:
         self.bw = bw
-        #: Returns when the session starts to end (`Drain.started`): a list waiting for servers answers then.
-        self._ending = ending
+        #: The session's drain: a list waiting for servers answers with what it has once the session starts to end.
+        self._drain = drain if drain is not None else Drain(bw.clock)
         self.template = policy.tool_name_template
         self.name_max = policy.tool_name_max
         self.list_wait_s = policy.list_wait_s
@@ -141,16 +141,9 @@ class Passthrough:
         """
         clock = self.bw.clock
         deadline = clock.monotonic() + self.list_wait_s
-        ended = False
-
-        async def until_ended() -> None:
-            nonlocal ended
-            await (self._ending or anyio.sleep_forever)()
-            ended = True
-
-        while self._on_its_way() and clock.monotonic() < deadline and not ended:
+        while self._on_its_way() and clock.monotonic() < deadline and not self._drain.draining:
             with clock.deadline_scope(deadline):
-                await first_of(self.bw.wait_changed, until_ended)
+                await first_of(self.bw.wait_changed, self._drain.started)
 
     def _on_its_way(self) -> bool:
         return any(spec.enabled and self.bw.upstream(spec.name).state in ON_ITS_WAY for spec in self.bw.config.servers)

@@ -168,7 +168,7 @@ class Gateway:
         self.operations: OperationRecords | None = None
         #: SIGTERM's graceful drain over HTTP (`breakwater.gateway._drain`).
         self.drain = Drain(bw.clock)
-        self.passthrough = Passthrough(bw, policy=policy, bus=self.bus, calling=self.relay.calling, ending=self.drain.started)
+        self.passthrough = Passthrough(bw, policy=policy, bus=self.bus, calling=self.relay.calling, drain=self.drain)
         if view_of is None:
             relay.deliver_to(self.passthrough.subscriptions.deliver)
         else:

@@ -214,10 +214,14 @@ class LineOutput:
                 elif self._fd is not None:
                     await anyio.to_thread.run_sync(_write_all, self._fd, data)
             except (OSError, RuntimeError) as exc:
-                # EPIPE and the like, or (uvloop) a write to the transport that an earlier EPIPE closed.
-                if isinstance(exc, RuntimeError) and not (self._transport is not None and self._transport.is_closing()):
-                    raise
-                self._break()
+                self._failed(exc, self._transport)
+
+    def _failed(self, exc: OSError | RuntimeError, transport: asyncio.BaseTransport | None) -> None:
+        """After a write failed: the reader is gone (EPIPE and the like, or, under uvloop, a write to the transport an
+        earlier EPIPE closed), so the output breaks; any other error is raised."""
+        if isinstance(exc, RuntimeError) and not (transport is not None and transport.is_closing()):
+            raise exc
+        self._break()
 
     def _break(self) -> None:
         if not self.broken:
