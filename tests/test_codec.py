@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mcp_types import JSONRPCResponse
 
-from breakwater._codec import dumps_line, loads
+from breakwater._codec import dumps_answer, dumps_line, loads
 from breakwater._wire import json_line
 
 _TEXT = st.text(max_size=6) | st.sampled_from(["\ud800", "\udfff x", "é", "\x00", '"\\', "\u2028"])
@@ -91,3 +92,28 @@ def test_the_odd_corners_read_as_the_stdlib_reads_them(data: bytes) -> None:
     for ours_fn, theirs_fn in ((loads, json.loads),):
         ours, theirs = _outcome(ours_fn, data), _outcome(theirs_fn, data)
         assert ours[0] == theirs[0] and (ours[0] == "error" or _same(ours[1], theirs[1])), (ours_fn, data, ours, theirs)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    request_id=st.integers(min_value=-(2**53), max_value=2**53) | st.text(max_size=6),
+    result=st.dictionaries(_TEXT, _JSON, max_size=5),
+)
+def test_a_calls_answer_is_written_byte_for_byte_as_the_sdks_model_writes_it(request_id: Any, result: dict[str, Any]) -> None:
+    # The routed HTTP answer (`reply_json`) skips the SDK's envelope model; where pydantic-core will not write a
+    # value (a lone surrogate, which the model's own serializer refuses or, in a key, replaces) it says so, and the
+    # caller takes the model's way.
+    fast = dumps_answer(request_id, result)
+    if fast is None:
+        assert _surrogate(result)
+        return
+    sdk = JSONRPCResponse(jsonrpc="2.0", id=request_id, result=result).model_dump_json(by_alias=True, exclude_unset=True)
+    assert fast == sdk.encode()
+
+
+def _surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        return any("\ud800" <= c <= "\udfff" for c in value)
+    if isinstance(value, dict):
+        return any(_surrogate(k) or _surrogate(v) for k, v in value.items())
+    return isinstance(value, list) and any(_surrogate(v) for v in value)

@@ -23,7 +23,7 @@ from pydantic_core import PydanticSerializationError, from_json, to_json
 
 from breakwater._wire import json_line
 
-__all__ = ["dumps_line", "loads"]
+__all__ = ["dumps_answer", "dumps_line", "loads"]
 
 
 def dumps_line(message: Any, *, allow_nan: bool = True) -> bytes:
@@ -35,6 +35,21 @@ def dumps_line(message: Any, *, allow_nan: bool = True) -> bytes:
     if not allow_nan and (b"NaN" in data or b"Infinity" in data):
         return json_line(message, allow_nan=False)  # raises if a number is not finite (the mark may be in a string)
     return data + b"\n"
+
+
+def dumps_answer(request_id: Any, result: dict[str, Any]) -> bytes | None:
+    """The SDK's JSON for a call's answer, without its model; None where pydantic-core will not write `result`.
+
+    `JSONRPCResponse(jsonrpc="2.0", id=request_id, result=result).model_dump_json(by_alias=True,
+    exclude_unset=True)`, byte for byte (a tested property, tests/test_codec.py): the model's
+    validation of `result` (a `dict[str, Any]`, walked whole) changes nothing a model dump gave, and its
+    serializer is this one, with a non-finite float written `null`. On None the caller takes the
+    model's way, which raises the SDK's own error for such a value.
+    """
+    try:
+        return to_json({"jsonrpc": "2.0", "id": request_id, "result": result}, inf_nan_mode="null", serialize_unknown=False)
+    except (PydanticSerializationError, RecursionError):
+        return None
 
 
 def loads(data: bytes) -> Any:

@@ -98,6 +98,15 @@ class Raw:
         return await self.read()
 
 
+async def _closed(raw: Raw) -> bool:
+    """Whether the server closes `raw` (with nothing more sent on it)."""
+    try:
+        await raw.stream.receive()
+    except anyio.EndOfStream:
+        return True
+    return False
+
+
 @asynccontextmanager
 async def connection(port: int) -> AsyncIterator[Raw]:
     async with await anyio.connect_tcp("127.0.0.1", port) as stream:
@@ -314,6 +323,17 @@ async def test_a_routed_call_is_answered_byte_for_byte_as_the_whole_stack_answer
         status, headers, _ = first
         assert status == 200 and dict(headers)["content-type"] == "application/json"
         assert _json(first)["result"]["structuredContent"]["sum"] == 5
+        # A client that closes after each call: its head is learnt as any other, and the routed answer says
+        # `connection: close` and closes, as uvicorn's own answer does.
+        closing = [*session, ("connection", "close")]
+        answers = []
+        for _ in range(3):
+            async with connection(port) as once:
+                answers.append(_comparable(await once.exchange(request("POST", "/mcp", closing, _call(7)))))
+                with anyio.fail_after(10):
+                    assert await _closed(once)
+        assert answers[0] == answers[1] == answers[2]
+        assert dict(answers[0][1])["connection"] == "close" and answers[0][2] == first[2]
 
 
 @pytest.mark.parametrize("mode", ["json-response", "default"])

@@ -50,10 +50,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from breakwater._codec import dumps_answer
 from breakwater.gateway._fast_call import FastLane, call_context, call_params, handler_error, lane_message, on_call
 from breakwater.gateway._known_heads import OFFER, routable, serving
+from breakwater.gateway._one_write import WholeSend
 
-__all__ = ["answer_fast", "plain_call", "request_cancelled", "session_ended"]
+__all__ = ["answer_fast", "plain_call", "reply_json", "request_cancelled", "session_ended"]
 
 if TYPE_CHECKING:
     from breakwater.gateway._drain import Drain
@@ -134,7 +136,34 @@ async def _respond(
     answer = await _answer(transport, lane, request, message, running)
     if answer is None:  # the session ended under the call: as the SDK's JSON path answers it then
         return await session_ended(transport)(scope, receive, send)
-    await transport._create_json_response(answer)(scope, receive, send)
+    await reply_json(transport, message["id"], answer, scope, receive, send)
+    return None
+
+
+async def reply_json(
+    transport: sdk.StreamableHTTPServerTransport,
+    request_id: Any,
+    answer: dict[str, Any] | JSONRPCError,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+) -> None:
+    """The transport's JSON response to a call (`_create_json_response`): `answer` is its result, or its error.
+
+    On a routed POST (`send` is a `WholeSend`) a result is written byte for byte as that response,
+    without the envelope model, the `Response` or the ASGI messages (`WholeSend.reply`, `dumps_answer`).
+    """
+    if isinstance(answer, dict):
+        if isinstance(send, WholeSend) and (body := dumps_answer(request_id, answer)) is not None:
+            headers = [(b"content-type", b"application/json")]
+            if transport.mcp_session_id:
+                headers.append((b"mcp-session-id", transport.mcp_session_id.encode("latin-1")))
+            headers.append((b"content-length", b"%d" % len(body)))
+            return await send.reply(HTTPStatus.OK, headers, body)
+        message: JSONRPCResponse | JSONRPCError = JSONRPCResponse(jsonrpc="2.0", id=request_id, result=answer)
+    else:
+        message = answer
+    await transport._create_json_response(message)(scope, receive, send)
     return None
 
 
@@ -183,8 +212,9 @@ async def _answer(
     request: Request,
     message: dict[str, Any],
     running: set[anyio.CancelScope],
-) -> JSONRPCResponse | JSONRPCError | None:
-    """The dispatcher's `_handle_request` for one POSTed call, in the POST's task: its answer (None: the session ended)."""
+) -> dict[str, Any] | JSONRPCError | None:
+    """The dispatcher's `_handle_request` for one POSTed call, in the POST's task: its result or its error (None: the
+    session ended)."""
     dispatcher, runner = lane.dispatcher, lane.runner
     assert dispatcher is not None and runner is not None
     request_id, params = message["id"], message.get("params")
@@ -194,11 +224,10 @@ async def _answer(
     entry = _InFlight(scope=scope, dctx=dctx)
     dispatcher._in_flight[key] = entry
     running.add(scope)
-    answer: JSONRPCResponse | JSONRPCError | None = None
+    answer: dict[str, Any] | JSONRPCError | None = None
     try:
         with scope:
-            result = await on_call(runner, dctx, params)
-            answer = JSONRPCResponse(jsonrpc="2.0", id=request_id, result=result)
+            answer = await on_call(runner, dctx, params)
     except Exception as exc:
         answer = JSONRPCError(jsonrpc="2.0", id=request_id, error=handler_error(exc))
     finally:

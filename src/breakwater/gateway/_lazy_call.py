@@ -52,7 +52,6 @@ from mcp_types import (
     ErrorData,
     JSONRPCError,
     JSONRPCRequest,
-    JSONRPCResponse,
 )
 from mcp_types.version import is_version_at_least
 from sse_starlette import EventSourceResponse
@@ -61,7 +60,7 @@ from starlette.types import Receive, Scope, Send
 
 from breakwater._clock import Clock
 from breakwater.gateway._fast_call import FastLane, call_context, handler_error, on_call
-from breakwater.gateway._fast_http import _WatchedContext, request_cancelled, session_ended
+from breakwater.gateway._fast_http import _WatchedContext, reply_json, request_cancelled, session_ended
 from breakwater.gateway._resume import SessionStreams
 
 __all__ = ["COMMIT_S", "Call", "Lazy", "serve_call", "stream_response"]
@@ -376,14 +375,14 @@ async def _json_answer(
     scope, receive, send = http
     if call.ended and result is None and error is None:
         return await session_ended(transport)(scope, receive, send)
-    answer: JSONRPCResponse | JSONRPCError
+    answer: dict[str, Any] | JSONRPCError
     if result is not None:
-        answer = JSONRPCResponse(jsonrpc="2.0", id=request_id, result=result)
+        answer = result
     elif error is not None:
         answer = JSONRPCError(jsonrpc="2.0", id=request_id, error=error)
     else:
         answer = request_cancelled(request_id)
-    return await transport._create_json_response(answer)(scope, receive, send)
+    return await reply_json(transport, request_id, answer, scope, receive, send)
 
 
 async def _stream_answer(
