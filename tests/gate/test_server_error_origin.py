@@ -10,9 +10,12 @@ never repeated after it. Real subprocess servers (an `MCPServer` written to `tmp
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
 import subprocess
 import sys
+import textwrap
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,6 +23,7 @@ from typing import Any
 
 import pytest
 from mcp import MCPError
+from mcp.client.streamable_http import StreamableHTTPTransport
 from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult
 
 from breakwater import Breakwater, Config, ConnectPolicy, ServerSpec, ServerState
@@ -28,6 +32,7 @@ from breakwater.config import RetryPolicy
 from breakwater.connect._raw_call import ServerReplyError
 from breakwater.errors import ErrorCode
 from breakwater.gate._classify import RetryClass, classify, server_answer
+from breakwater.testing.server import read_ledger, read_state, serve_http
 from helpers import AttemptRows
 
 pytestmark = pytest.mark.anyio
@@ -184,19 +189,85 @@ def test_the_sdks_own_failures_keep_their_meaning() -> None:
             raise MCPError(code=REQUEST_TIMEOUT, message="Request 'tools/call' timed out") from None
     except MCPError as exc:
         timed_out = exc
-    assert server_answer(timed_out, stdio_open=True) is timed_out
+    assert server_answer(timed_out, session_open=True) is timed_out
     assert classify(timed_out, retry_class=RetryClass.SAFE).code is ErrorCode.TIMEOUT
     closed = MCPError(code=CONNECTION_CLOSED, message="Connection closed")
-    assert server_answer(closed, stdio_open=False) is closed  # the connection is gone: the SDK's
+    assert server_answer(closed, session_open=False) is closed  # the connection is gone: the SDK's
     assert classify(closed, retry_class=RetryClass.NEVER).code is ErrorCode.OUTCOME_UNKNOWN
     too_large = MCPError(code=RESULT_TOO_LARGE, message="over", data={"bytes": 9, "max_result_bytes": 8})
-    assert server_answer(too_large, stdio_open=True) is too_large
+    assert server_answer(too_large, session_open=True) is too_large
     assert classify(too_large, retry_class=RetryClass.NEVER).code is ErrorCode.RESULT_TOO_LARGE
+    # A live HTTP session: a -32000 the SDK's transport made for a request it gave up on is its own, any other the
+    # server's (over stdio the SDK's path has no such messages of its own).
+    for message in _sdk_abandon_messages():
+        abandoned = MCPError(code=CONNECTION_CLOSED, message=message)
+        assert server_answer(abandoned, session_open=True, over_http=True) is abandoned, message
+        assert isinstance(server_answer(abandoned, session_open=True), ServerReplyError), message
+    server_said = MCPError(code=CONNECTION_CLOSED, message="the server says no")
+    assert isinstance(server_answer(server_said, session_open=True, over_http=True), ServerReplyError)
     for code in (CONNECTION_CLOSED, REQUEST_TIMEOUT, RESULT_TOO_LARGE, -32800):
         plain = MCPError(code=code, message="the server says no")
-        marked = server_answer(plain, stdio_open=True)
+        marked = server_answer(plain, session_open=True)
         assert isinstance(marked, ServerReplyError) or code == -32800, code
         for attempt in (marked, ServerReplyError(code=code, message="the server says no")):
             verdict = classify(attempt, retry_class=RetryClass.NEVER)
             assert (verdict.code, verdict.retryable, verdict.outcome_unknown) == (ErrorCode.UPSTREAM_ERROR, False, False)
             assert verdict.reason == f"protocol error {code}: the server says no"
+
+
+@pytest.mark.parametrize("protocol", ["2025-11-25", "2026-07-28"])
+async def test_over_http_a_servers_minus_32000_is_its_answer_and_its_connection_stays(tmp_path: Path, protocol: str) -> None:
+    """Over streamable HTTP the SDK's transport gives its own failures -32000 too (a request's stream that ended
+    unanswered, a closed session): the server's -32000 on a live session is still the server's answer, and the
+    upstream is not taken for lost (it was reconnected after every such answer, the calls beside it cut)."""
+    ledger, state = tmp_path / "ledger", tmp_path / "state"
+    tools = ["--tool", "destroy:mutating,destructive,rpc_error=1", "--tool", "peek:readonly,rpc_error=1"]
+    tools += ["--tool", "add:readonly"]
+    async with serve_http(*tools, "--ledger", str(ledger), "--state-file", str(state)) as upstream:
+        spec = ServerSpec(
+            name="s",
+            transport="http",
+            url=upstream.url,
+            connect=ConnectPolicy(startup_jitter_s=0, budget_s=20, attempt_timeout_s=15, protocol=protocol),
+            retry=RetryPolicy(backoff_base_s=0.01, backoff_cap_s=0.05, max_attempts=3),
+        )
+        rows = AttemptRows()
+        async with Breakwater(Config(servers=(spec,)), admission_dir=tmp_path / "adm", journal=None, observers=(rows,)) as bw:
+            await bw.wait_ready(timeout=30)
+            attempts = bw.upstream("s").snapshot().attempts
+            destroyed = _envelope(await bw.call_tool("s", "destroy"))
+            text = json.dumps(destroyed)
+            assert destroyed["code"] == "UPSTREAM_ERROR" and "injected server error in destroy" in text, text
+            assert "connection closed" not in text.lower() and destroyed["attempt"] == 1, text
+            assert len(read_ledger(ledger)) == 1  # ran once, never repeated
+            peeked = _envelope(await bw.call_tool("s", "peek"))
+            assert "injected server error in peek" in json.dumps(peeked)
+            assert read_state(state)["started"].get("peek") == 1  # the same answer would come again: not repeated
+            assert [(r.outcome, r.error_code) for r in rows.rows] == [("upstream_error", "UPSTREAM_ERROR")] * 2
+            # The server answered: one handshake, the session kept, and the next call goes through at once.
+            snap = bw.upstream("s").snapshot()
+            assert snap.state is ServerState.READY and snap.attempts == attempts, snap
+            added = await bw.call_tool("s", "add", {"a": 2, "b": 3})
+            assert added.structured_content is not None and added.structured_content["sum"] == 5
+            assert read_state(state)["handshakes"] == 1
+
+
+def _sdk_abandon_messages() -> list[str]:
+    """How the installed SDK's streamable HTTP client words each -32000 it makes for a request it gives up on.
+
+    Read from its source (each `_resolve_abandoned_request` call without a code of its own), so a new wording
+    in a later SDK fails this test instead of reading as a server's answer.
+    """
+    source = textwrap.dedent(inspect.getsource(StreamableHTTPTransport))
+    messages = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        if node.func.attr != "_resolve_abandoned_request" or any(k.arg == "code" for k in node.keywords):
+            continue
+        text = node.args[2]
+        first = text.values[0] if isinstance(text, ast.JoinedStr) else text
+        assert isinstance(first, ast.Constant) and isinstance(first.value, str), ast.dump(text)
+        messages.append(first.value + ("{...}" if isinstance(text, ast.JoinedStr) else ""))
+    assert len(messages) >= 3, messages  # a failed stream, one ended unanswered, reconnection given up
+    return messages

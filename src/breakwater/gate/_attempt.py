@@ -49,7 +49,7 @@ from breakwater.errors import (
 from breakwater.gate._admit import Permits
 from breakwater.gate._breaker_types import FAILURE, IGNORED, OPEN, Outcome
 from breakwater.gate._call import Call, GateContext, ProgressCallback, ServerRecord, mark_sent, observe, seconds_text
-from breakwater.gate._classify import SUCCESS, RetryClass, Verdict, classify, server_answer
+from breakwater.gate._classify import SUCCESS, RetryClass, Verdict, answer_of, classify
 from breakwater.gate._task_required import call_as_task, requires_task
 from breakwater.gate._tasks import TASK_CALL, TaskCall
 from breakwater.status import ServerState, iso
@@ -299,7 +299,7 @@ def _judge(
     else:
         assert failure is not None
         # The server's error answer relayed by the SDK with a code of a local failure's (see `server_answer`).
-        attempt_result = failure = server_answer(failure, stdio_open=_stdio_open(srv.upstream))
+        attempt_result = failure = answer_of(failure, srv.upstream)
         if _connection_closed(failure):
             srv.upstream.report_lost()
     if verdict is None:
@@ -481,16 +481,3 @@ def _connection_closed(exc: BaseException) -> bool:
         # One HTTP request cut: the connection itself is fine unless the server could not be reached.
         return cut.get("sent") is False
     return exc.code == _CONNECTION_CLOSED or (exc.code == types.INVALID_REQUEST and "session terminated" in exc.message.lower())
-
-
-def _stdio_open(upstream: Upstream) -> bool:
-    """Whether `upstream` is a stdio server whose connection is still up (the raw calls' and the SDK session's)."""
-    process, client = upstream.process, upstream.client
-    raw = process.raw_calls if process is not None else None
-    if raw is None or raw.closed or client is None:
-        return False
-    try:
-        dispatcher = client.session._dispatcher
-    except RuntimeError:  # the client was not entered, or has exited
-        return False
-    return not getattr(dispatcher, "_closed", False)

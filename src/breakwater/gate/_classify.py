@@ -38,7 +38,7 @@ import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx2
@@ -62,6 +62,9 @@ from breakwater.connect._raw_call import ServerReplyError
 from breakwater.errors import CallError, ErrorCode
 from breakwater.gate._breaker import Outcome
 
+if TYPE_CHECKING:
+    from breakwater.connect._upstream import Upstream
+
 __all__ = [
     "OPERATION_IN_PROGRESS",
     "OPERATION_OUTCOME_UNKNOWN",
@@ -70,6 +73,7 @@ __all__ = [
     "Classifier",
     "RetryClass",
     "Verdict",
+    "answer_of",
     "classify",
     "retry_class_for",
     "server_answer",
@@ -85,6 +89,9 @@ _LOCAL_CODES = frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT, RESULT_TOO_LARGE})
 _LOCAL_CAUSES = (TimeoutError, anyio.BrokenResourceError, anyio.ClosedResourceError)
 # The SDK's streamable HTTP client ends a request whose SSE event overflowed `max_sse_event_size` with this.
 _SSE_EVENT_TOO_LARGE = re.compile(r"Server-sent event exceeded the \d+ byte limit")
+# What the SDK's streamable HTTP client answers, with -32000, a request whose response can no longer come: its
+# stream failed, or ended unanswered and could not be resumed (`StreamableHTTPTransport._resolve_abandoned_request`).
+_HTTP_ABANDONED = re.compile(r"SSE stream (failed|ended)")
 
 
 class RetryClass(enum.StrEnum):
@@ -378,27 +385,50 @@ def _classify_exception(exc: BaseException, ctx: AttemptContext) -> Verdict:
     )
 
 
-def server_answer(exc: BaseException, *, stdio_open: bool) -> BaseException:
+def server_answer(exc: BaseException, *, session_open: bool, over_http: bool = False) -> BaseException:
     """`exc` as a `ServerReplyError` when the SDK's path relayed the server's error answer with a local code.
 
     The raw stdio path marks every error it reads off the wire itself. The SDK hands the server's
     answers and its own failures over alike, as plain `MCPError`s, so here origin is read from what
     its own leave behind: the read timeout (-32001) and a refused write (-32000) are raised while
     handling the transport's error; breakwater's -32090 carries `max_result_bytes`, a cut HTTP request
-    its cut; a connection that closed is closed (`stdio_open`: the stdio connection is still up).
-    Over HTTP the SDK's transport also answers a lost or oversized stream with -32000 of its own,
-    indistinguishable here, so -32000 is taken for the server's on a live stdio connection only.
+    its cut; a -32000 on a session that closed (`session_open` is False) is the close. Over HTTP
+    (`over_http`) the SDK's transport also ends a request whose stream failed or ended unanswered with
+    a -32000 of its own, which says so in its message (`_HTTP_ABANDONED`); any other -32000 on a live
+    session is the server's answer. Taken for a lost connection, it tore a remote server's session
+    down and told the model an effect was unknown, after every such answer.
     """
     if type(exc) is not MCPError or exc.code not in _LOCAL_CODES or isinstance(exc.__context__, _LOCAL_CAUSES):
         return exc
     code, data = exc.code, exc.data
     if code == RESULT_TOO_LARGE and isinstance(data, dict) and "max_result_bytes" in data:
         return exc
-    if code == CONNECTION_CLOSED and (not stdio_open or cut_info(data) is not None):
+    if code == CONNECTION_CLOSED and (
+        not session_open or cut_info(data) is not None or (over_http and _HTTP_ABANDONED.match(exc.message))
+    ):
         return exc
     reply = ServerReplyError(code=code, message=exc.message, data=data)
     reply.__cause__ = exc
     return reply
+
+
+def answer_of(exc: BaseException, upstream: Upstream) -> BaseException:
+    """`server_answer` for an error a call on `upstream` raised: its session's state and its kind read off it."""
+    return server_answer(exc, session_open=_session_open(upstream), over_http=upstream.process is None)
+
+
+def _session_open(upstream: Upstream) -> bool:
+    """Whether `upstream`'s connection is still up: its SDK session, and a stdio server's raw calls."""
+    process, client = upstream.process, upstream.client
+    if client is None:
+        return False
+    if process is not None and (process.raw_calls is None or process.raw_calls.closed):
+        return False
+    try:
+        dispatcher = client.session._dispatcher
+    except RuntimeError:  # the client was not entered, or has exited
+        return False
+    return not getattr(dispatcher, "_closed", False)
 
 
 def _classify_local(exc: MCPError, ctx: AttemptContext) -> Verdict | None:

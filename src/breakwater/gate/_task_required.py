@@ -46,6 +46,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from breakwater._wire import OPERATION_ID_META_KEY, RELATED_TASK_META_KEY
 from breakwater.errors import CallCancelledError
+from breakwater.gate._classify import answer_of
 from breakwater.gate._tasks import (
     MAX_ERROR_BACKOFF_S,
     MIN_POLL_S,
@@ -217,7 +218,7 @@ async def _asked(call: TaskCall, pending: PendingTask, request: Any, *, result: 
     try:
         return await request
     except MCPError as exc:
-        if exc.code == types.CONNECTION_CLOSED:
+        if exc.code == types.CONNECTION_CLOSED and answer_of(exc, call.upstream) is exc:  # not the server's own -32000
             call.upstream.report_lost()
         terminated = exc.code == types.INVALID_REQUEST and "session terminated" in exc.message.lower()
         if exc.code in (types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT) or terminated:

@@ -53,7 +53,7 @@ from breakwater._clock import Clock, SystemClock
 from breakwater._wire import OPERATION_ID_META_KEY as _OPERATION_ID_META_KEY
 from breakwater.connect._raw_call import ServerReplyError
 from breakwater.errors import CallCancelledError, CallError, CallTimeoutError, OutcomeUnknownError, UpstreamError
-from breakwater.gate._classify import RetryClass
+from breakwater.gate._classify import RetryClass, answer_of
 from breakwater.gate._turn_budget import current_budget
 from breakwater.status import ServerState
 from breakwater.tasks._store import PendingTask, TaskStore
@@ -318,7 +318,7 @@ class TaskRuntime:
         except MCPError as exc:
             if exc.code == types.INVALID_PARAMS:
                 raise _lost(pending, exc.message) from exc
-            if exc.code == types.CONNECTION_CLOSED:
+            if exc.code == types.CONNECTION_CLOSED and answer_of(exc, upstream) is exc:  # not the server's own -32000
                 upstream.report_lost()
             # Timeouts, a lost connection, a server hiccup, or a server that restarted and forgot the
             # HTTP session: another poll (on the reconnected session) may well get an answer.

@@ -32,7 +32,7 @@ DEFAULT_TOOLS: tuple[str, ...] = (
 )
 
 #: The injected outcomes, in the order one uniform draw tests them (success is what is left).
-OUTCOMES = ("crash", "hang", "fail", "error", "business", "retryable_error")
+OUTCOMES = ("crash", "hang", "fail", "error", "business", "retryable_error", "rpc_error")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 _ANNOTATION_KEYS = frozenset({"readonly", "idempotent", "destructive", "openworld"})
 
@@ -83,6 +83,7 @@ class ToolSpec:
     error: float = 0.0
     business: float = 0.0
     retryable_error: float = 0.0
+    rpc_error: float = 0.0
     hang: float = 0.0
     crash: float = 0.0
     mutating: bool = False

@@ -19,6 +19,8 @@ Tool specs (`--tool SPEC`, repeatable)
     business=P         return isError: true with structuredContent
                        {"ok": false, "retryable": false, "code": "NOT_FOUND", "message": ...}
     retryable_error=P  the same with "retryable": true and code "UNAVAILABLE"
+    rpc_error=P        answer with a JSON-RPC error -32000 (JSON-RPC's generic "server error", the
+                       code the SDK's clients also give a connection that closed)
     hang=P             never return until the call is cancelled
     crash=P            the whole process exits with os._exit(3) halfway through the latency
     mutating           each call appends one line to the --ledger (a side effect)
@@ -28,7 +30,7 @@ Tool specs (`--tool SPEC`, repeatable)
                        MCP ToolAnnotations hints (readOnlyHint, ...); =false sets them false
 
 One uniform draw per call picks the outcome, so the probabilities are exact and must sum to at
-most 1 (crash, hang, fail, error, business, retryable_error, then success). Example:
+most 1 (crash, hang, fail, error, business, retryable_error, rpc_error, then success). Example:
     --tool 'search:latency=lognormal(0.2,0.5),retryable_error=0.1,readonly'
 
 Every tool accepts any JSON object (the schema lists optional `payload`, `operationId`, `a`, `b`)
@@ -101,6 +103,7 @@ import anyio.to_thread
 from mcp import StdioServerParameters
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from breakwater._wire import OPERATION_ID_META_KEY
@@ -131,6 +134,8 @@ __all__ = [
 
 # The runtime, the command line and the launch helpers live here; tool specs (`_spec`), the shared
 # files (`_ledger`), the congestion model (`_congestion`) and HTTP faults (`_http_faults`) beside it.
+#: JSON-RPC 2.0's generic "server error" (-32000..-32099 are for implementations to define).
+SERVER_ERROR = -32000
 _HANDSHAKE_METHODS = frozenset({"initialize", "server/discover"})
 
 
@@ -272,6 +277,9 @@ class _Runtime:
             if outcome == "error":
                 self._bump("errors", name)
                 return CallToolResult(content=[TextContent(type="text", text=f"injected error in {name}")], is_error=True)
+            if outcome == "rpc_error":
+                self._bump("errors", name)
+                raise MCPError(code=SERVER_ERROR, message=f"injected server error in {name}")
             if outcome in ("business", "retryable_error"):
                 self._bump("errors", name)
                 retryable = outcome == "retryable_error"
