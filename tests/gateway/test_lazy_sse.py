@@ -207,7 +207,7 @@ async def test_every_raw_answer_is_byte_for_byte_the_sdk_paths(start: Any, resum
     assert json.loads(ours[2][2])["error"] == {"code": 0, "message": "boom"}
 
 
-async def test_an_id_still_in_flight_is_left_to_the_sdk_and_both_calls_are_answered(start: Any) -> None:
+async def test_an_id_still_in_flight_is_refused_and_the_first_call_is_answered(start: Any) -> None:
     server = await start("fast")
     async with httpx2.AsyncClient(timeout=30) as http:
         session = await open_session(http, server.url)
@@ -221,7 +221,8 @@ async def test_an_id_still_in_flight_is_left_to_the_sdk_and_both_calls_are_answe
                 tg.start_soon(first)
                 await anyio.sleep(0.2)
                 twice = await http.post(server.url, json=call(20, "where"), headers=session)
-        assert twice.json()["result"]["content"][0]["text"] == "sdk"  # a duplicate id: the SDK's rules for it
+        # A duplicate id: not run (the SDK ran it beside the first, `_fast_call._unique_ids`), refused at once.
+        assert twice.json()["error"]["code"] == -32600 and "in flight" in twice.json()["error"]["message"]
         assert slow[0].json()["result"]["content"][0]["text"] == "slept"
 
 

@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import json
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -69,7 +70,7 @@ from mcp.shared.jsonrpc_dispatcher import (
     handler_exception_to_error_data,
     progress_token_from_params,
 )
-from mcp_types import CONNECTION_CLOSED, PROTOCOL_VERSION_META_KEY, CallToolResult, ErrorData, TextContent
+from mcp_types import CONNECTION_CLOSED, INVALID_REQUEST, PROTOCOL_VERSION_META_KEY, CallToolResult, ErrorData, TextContent
 from mcp_types import methods as sdk_methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
@@ -180,8 +181,15 @@ class FastLane:
         # A 2026-07-28 stdio connection wraps its dispatch contexts (no server-to-client requests): not ours.
         if type(dctx) is not _JSONRPCDispatchContext or connection is None:
             return
-        self._dispatcher = dctx._dispatcher
+        self._dispatcher = dispatcher = dctx._dispatcher
         self.runner = ServerRunner(self.server, connection, ctx.lifespan_context)
+        _unique_ids(dispatcher, self)
+
+    def holds(self, request_id: Any) -> bool:
+        """Whether a request with this id is in flight on the connection: a call of this lane's, or the SDK's."""
+        key = _key(request_id)
+        dispatcher = self._dispatcher
+        return key in self._in_flight or (dispatcher is not None and key in dispatcher._in_flight)
 
     @property
     def ready(self) -> bool:
@@ -244,9 +252,9 @@ class FastLane:
         if params is None:
             return False
         request_id = message["id"]
+        if self.holds(request_id):
+            return False  # an id in flight: refused on the SDK's path (`_unique_ids`)
         key = _key(request_id)
-        if key in self._in_flight:
-            return False  # a duplicate id: the SDK's rules for it
         assert self._dispatcher is not None
         dctx = call_context(_JSONRPCDispatchContext, self._dispatcher, request_id, params)
         scope = anyio.CancelScope()
@@ -526,6 +534,38 @@ def lane_message(line: bytes) -> dict[str, Any] | None:
 
 def _valid_id(value: Any) -> bool:
     return as_request_id(value) is not None
+
+
+def _unique_ids(dispatcher: JSONRPCDispatcher[Any], lane: FastLane) -> None:
+    """Refuse a request whose id a request in flight on the connection already uses; the SDK ran both.
+
+    Why. A request id is unique within a session (JSON-RPC, MCP). SDK 2.3's dispatcher runs a second
+    request with an id in flight beside the first and answers both under the one id: a client that
+    resends a `tools/call` under its id (on a timeout of its own) had the tool run twice, a charge
+    made twice, and the answers of two runs under one id. The second is answered INVALID_REQUEST
+    instead, and not run; the first runs on and is answered as before. Every path a request takes
+    into the connection reaches this check: the lanes leave a request whose id is in flight to the
+    SDK's dispatcher (`FastLane.holds`, `_fast_http.plain_call`).
+    """
+    dispatch = dispatcher._dispatch_request
+
+    async def dispatch_unique(req: Any, metadata: Any, on_request: Any, sender_ctx: Any) -> None:
+        if not lane.holds(req.id):
+            return await dispatch(req, metadata, on_request, sender_ctx)
+        logger.warning("a request reused the id %r of a request in flight; refused, not run", req.id)
+        error = ErrorData(code=INVALID_REQUEST, message=_duplicate_id_message(req.id))
+        dispatcher._spawn(dispatcher._write_error, req.id, error, sender_ctx=sender_ctx)
+        return None
+
+    dispatcher._dispatch_request = dispatch_unique  # type: ignore[method-assign]
+
+
+def _duplicate_id_message(request_id: Any) -> str:
+    """What a request is answered whose id a request in flight already uses (`_unique_ids`)."""
+    return (
+        f"Invalid request: the id {json.dumps(request_id)} is already used by a request in flight in this session, "
+        "so this request was not run; give every request its own id"
+    )
 
 
 def _key(request_id: Any) -> Any:

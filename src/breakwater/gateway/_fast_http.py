@@ -257,7 +257,7 @@ def plain_call(lane: FastLane, body: bytes) -> dict[str, Any] | None:
         return None
     dispatcher = lane.dispatcher
     if dispatcher is None or not dispatcher._running or coerce_request_id(message["id"]) in dispatcher._in_flight:
-        return None  # closing, or a duplicate id: the SDK's rules for it
+        return None  # closing (the SDK refuses it), or an id in flight (refused: `_fast_call._unique_ids`)
     return message
 
 

@@ -1,0 +1,129 @@
+"""A request whose id a request in flight already uses is refused, not run: over stdio and over HTTP, both modes.
+
+A request id is unique within a session (JSON-RPC, MCP). The SDK's dispatcher ran a second request with an id in
+flight beside the first and answered both under the one id: a client resending a `tools/call` under its id (on a
+timeout of its own) had a charge made twice. Real `breakwater serve` processes in front of a real testserver whose
+mutating tool writes a ledger line per run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+
+from breakwater.testing.server import read_ledger
+from helpers import INITIALIZE, INITIALIZED, isolated_env
+
+pytestmark = pytest.mark.anyio
+
+REFUSED = "is already used by a request in flight in this session"
+
+
+def _config(tmp_path: Path) -> Path:
+    ledger = tmp_path / "ledger"
+    tools = ["--tool", "charge:mutating,destructive,latency=1.5", "--tool", "echo:readonly"]
+    args = ["-m", "breakwater", "testserver", "--name", "ts", *tools, "--ledger", str(ledger)]
+    entry = {"command": sys.executable, "args": args}
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"ts": entry}}))
+    return config
+
+
+def _call(request_id: int, tool: str = "ts__charge") -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {"name": tool, "arguments": {}}}
+
+
+def _line(message: dict[str, Any]) -> bytes:
+    return json.dumps(message).encode() + b"\n"
+
+
+def test_over_stdio_an_id_in_flight_is_refused_and_the_tool_runs_once(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "breakwater", "serve", "--no-share", "--config", str(_config(tmp_path))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=isolated_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache")),
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    seen: list[dict[str, Any]] = []
+
+    def until(done: Any) -> None:
+        while not done():
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            assert line, seen
+            seen.append(json.loads(line))
+
+    try:
+        proc.stdin.write(_line(INITIALIZE) + _line(INITIALIZED) + _line(_call(2, "ts__echo")))
+        proc.stdin.flush()
+        until(lambda: any(m.get("id") == 2 for m in seen))
+        # The same request twice in one write (a client resending it), then once more after it was answered.
+        proc.stdin.write(_line(_call(7)) + _line(_call(7)))
+        proc.stdin.flush()
+        until(lambda: sum(m.get("id") == 7 for m in seen) == 2)
+        proc.stdin.write(_line(_call(7)))
+        proc.stdin.flush()
+        until(lambda: sum(m.get("id") == 7 for m in seen) == 3)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    first, second, again = [m for m in seen if m.get("id") == 7]
+    assert first["error"]["code"] == -32600 and REFUSED in first["error"]["message"], first  # at once, not run
+    assert second["result"]["isError"] is False, second  # the first request, answered once
+    assert again["result"]["isError"] is False, again  # an id no longer in flight is free again
+    assert len(read_ledger(tmp_path / "ledger")) == 2  # two runs: the refused request never ran
+
+
+@pytest.mark.parametrize("mode", ["json-response", "default"])
+async def test_over_http_an_id_in_flight_is_refused_and_the_tool_runs_once(tmp_path: Path, mode: str) -> None:
+    port_file = tmp_path / "port"
+    argv = [sys.executable, "-m", "breakwater", "serve", "--config", str(_config(tmp_path)), "--http", "127.0.0.1:0"]
+    argv += ["--port-file", str(port_file), *(["--json-response"] if mode == "json-response" else [])]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=isolated_env(tmp_path))
+    try:
+        with anyio.fail_after(60):
+            while not port_file.exists() or not port_file.read_text():
+                assert proc.poll() is None
+                await anyio.sleep(0.05)
+        url = f"http://127.0.0.1:{port_file.read_text().strip()}/mcp"
+        head = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+        async with httpx2.AsyncClient(timeout=30) as http:
+            hello = await http.post(url, json=INITIALIZE, headers=head)
+            head |= {"mcp-session-id": hello.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+            assert (await http.post(url, json=INITIALIZED, headers=head)).status_code == 202
+            with anyio.fail_after(60):  # the upstream connects in the background
+                while "result" not in _answer(await http.post(url, json=_call(2, "ts__echo"), headers=head)):
+                    await anyio.sleep(0.1)
+            answers: dict[str, dict[str, Any]] = {}
+
+            async def post(which: str) -> None:
+                answers[which] = _answer(await http.post(url, json=_call(7), headers=head))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(post, "first")
+                await anyio.sleep(0.5)  # the first is running upstream (1.5 s)
+                await post("resent")
+            again = _answer(await http.post(url, json=_call(7), headers=head))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert answers["resent"]["error"]["code"] == -32600 and REFUSED in answers["resent"]["error"]["message"], answers
+    assert answers["first"]["result"]["isError"] is False, answers
+    assert again["result"]["isError"] is False, again
+    assert len(read_ledger(tmp_path / "ledger")) == 2
+
+
+def _answer(response: httpx2.Response) -> dict[str, Any]:
+    """The JSON-RPC answer in a POST's response: a JSON body, or the last data line of an SSE stream."""
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [line[5:] for line in response.text.splitlines() if line.startswith("data:") and line[5:].strip()]
+        return json.loads(data[-1])  # type: ignore[no-any-return]
+    return response.json()  # type: ignore[no-any-return]
