@@ -123,3 +123,20 @@ def test_the_quick_check_takes_pydantic_optional_arguments() -> None:
     problem = argument_problem(types.Tool(name="t", input_schema=schema), {"payload": 3})
     assert problem is not None and problem.field == "payload"
     assert _quick_check({"type": "object", "properties": {"x": {"anyOf": [{"type": "string", "pattern": "^a"}]}}}) is None
+
+
+def test_a_rejected_value_is_shown_as_json_the_way_the_model_wrote_it() -> None:
+    """jsonschema shows values by Python's `repr` ("None", "True", single quotes); the model wrote JSON."""
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "number"}, "flag": {"type": "boolean"}, "unit": {"enum": ["kg", "lb"]}},
+    }
+    tool = types.Tool(name="t", input_schema=schema)
+    cases = {
+        "n": (None, "null is not of type 'number'"),
+        "flag": ({"on": True, "note": "é"}, '{"on": true, "note": "é"} is not of type \'boolean\''),
+        "unit": ("stone", '"stone" is not one of ["kg", "lb"]'),
+    }
+    for field, (value, expected) in cases.items():
+        problem = argument_problem(tool, {field: value})
+        assert problem is not None and (problem.field, problem.problem) == (field, expected), problem

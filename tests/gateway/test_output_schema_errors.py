@@ -76,7 +76,7 @@ async def test_an_sdk_client_reads_the_same_envelope(tmp_path: Path) -> None:
         plain = await client.call_tool("everything__echo", {"message": 7})
     assert result.is_error and result.structured_content is None, result
     assert result.meta is not None and result.meta["io.breakwater/error"]["code"] == "INVALID_ARGUMENTS"
-    assert isinstance(result.content[-1], TextContent) and "'Mars' is not one of" in result.content[-1].text
+    assert isinstance(result.content[-1], TextContent) and '"Mars" is not one of' in result.content[-1].text
     # A tool without an output schema keeps its envelope in structuredContent, as before.
     assert plain.is_error and (plain.structured_content or {}).get("code") == "INVALID_ARGUMENTS", plain
 

@@ -220,10 +220,33 @@ def argument_problem(tool: types.Tool, arguments: Mapping[str, Any]) -> Argument
         missing = [name for name in error.validator_value if name not in arguments]
         path = str(missing[0]) if missing else ""
         return ArgumentProblem(field=path, problem="it is required and missing")
-    message = str(error.message)
+    message = _in_json_terms(error)
     if len(message) > _MAX_SHOWN * 2:
         message = message[: _MAX_SHOWN * 2] + "…"
     return ArgumentProblem(field=path, problem=message)
+
+
+def _in_json_terms(error: Any) -> str:
+    """jsonschema's message with the rejected value (and an enum's values) written as JSON, not as Python.
+
+    Its messages show values by `repr`: a model that sent `null` read "None is not of type 'number'",
+    `true` came back `True` and an object with single quotes, none of which it can send. The value
+    leads every such message, so it is rewritten where it does.
+    """
+    message = str(error.message)
+    shown = repr(error.instance)
+    if message.startswith(shown):
+        message = _json(error.instance) + message[len(shown) :]
+    if error.validator == "enum" and isinstance(error.validator_value, list) and message.endswith(repr(error.validator_value)):
+        message = message[: -len(repr(error.validator_value))] + _json(error.validator_value)
+    return message
+
+
+def _json(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):  # not JSON (a library caller's value): as jsonschema showed it
+        return repr(value)
 
 
 def fits_schema(schema: Mapping[str, Any], value: Any) -> bool:
