@@ -80,7 +80,7 @@ async def test_arguments_that_do_not_fit_the_schema_are_refused_by_the_library_b
         wrong = envelope(await bw.call_tool("s", "add", {"a": "two", "b": 3}))
         assert (wrong["code"], wrong["field"], wrong["attempt"], wrong["retryable"]) == ("INVALID_ARGUMENTS", "a", 0, False)
         second = envelope(await bw.call_tool("s", "add", {"a": 2, "b": {"n": 3}}))
-        assert (second["code"], second["field"]) == ("INVALID_ARGUMENTS", "b") and "{'n': 3}" in second["problem"]
+        assert (second["code"], second["field"]) == ("INVALID_ARGUMENTS", "b") and '{"n": 3}' in second["problem"]
         with pytest.raises(InvalidArgumentsError) as raised:
             await bw.call_tool("s", "add", {"a": [], "b": 1}, raise_on_error=True)
         assert raised.value.server == "s" and raised.value.tool == "add" and "argument 'a'" in str(raised.value)

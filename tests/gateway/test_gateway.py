@@ -177,7 +177,8 @@ async def test_last_known_tools_are_listed_while_the_server_is_down(tmp_path: Pa
     # Same server, same config fingerprint, but now it takes a long time to start.
     slow = stdio_entry("--tool", "ping:latency=0.01,readonly")
     config.write_text(json.dumps({"mcpServers": {"slowpoke": slow}}))
-    env_slow = dict(env, BREAKWATER_CONNECT_STARTUP_JITTER_S="30", BREAKWATER_CALL_TIMEOUT_S="0.5")  # pending throughout
+    # Pending throughout: the start waits uniform(0, 1 h), which fell inside the 0.5 s call about once in 60 runs at 30 s.
+    env_slow = dict(env, BREAKWATER_CONNECT_STARTUP_JITTER_S="3600", BREAKWATER_CALL_TIMEOUT_S="0.5")
     async with gateway_stdio(config, env_slow) as client:
         started = time.monotonic()
         names = [t.name for t in (await client.list_tools()).tools]
