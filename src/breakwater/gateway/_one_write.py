@@ -94,10 +94,11 @@ class WholeSend:
         Why. A routed call's JSON answer through a Starlette `Response` and uvicorn's `send` cost a
         response object, two ASGI messages and a check of every header against uvicorn's patterns: a
         measurable part of a call's instructions (issue 16, docs/benchmarks.md session 25). `headers`
-        are the caller's own, lower-case and valid (a media type, a session id the transport made, the
-        length of `body`), so they are written as they are; what uvicorn adds is added the same way:
-        its default headers first, `connection: close` when the connection will not be kept, the
-        access log line, and the cycle's end (the next pipelined request, the keep-alive timer).
+        are the caller's own, lower-case and valid (a media type, a session id the SDK's transport
+        holds to visible ASCII, the length of `body`), so they are written as they are; what uvicorn
+        adds is added the same way: its default headers first, `connection: close` when the
+        connection will not be kept, the access log line, and the cycle's end (the next pipelined
+        request, the keep-alive timer).
         """
         cycle = self._cycle
         if cycle.flow.write_paused and not cycle.disconnected:
