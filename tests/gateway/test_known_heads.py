@@ -406,3 +406,58 @@ async def test_a_draining_gateway_refuses_a_known_head(tmp_path: Path) -> None:
                     break
                 await anyio.sleep(0.02)
         assert status == 503 and dict(headers)["connection"] == "close" and json.loads(body)["id"] == 4
+
+
+_MODERN_META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+
+
+def _modern_call(request_id: int, arguments: dict[str, Any] | None = None) -> bytes:
+    params = {"name": "up__add", "arguments": arguments if arguments is not None else {"a": 2, "b": 3}, "_meta": _MODERN_META}
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}).encode()
+
+
+async def test_a_2026_call_with_a_known_head_is_answered_as_the_whole_stack_answers_it_and_refused_as_it_refuses(
+    tmp_path: Path,
+) -> None:
+    """A stateless 2026-07-28 client sends one head for every call of a tool: after the first, the stack is skipped
+    (`_modern_http._ModernRoute`); the answers are the stack's, and so are its refusals."""
+    async with (
+        serve_http("--tool", "add:readonly") as upstream,
+        gateway(tmp_path, upstream.url) as (_, port),
+        connection(port) as raw,
+    ):
+        head = [
+            ("host", f"127.0.0.1:{port}"),
+            ("authorization", f"Bearer {TOKEN}"),
+            ("accept", "application/json, text/event-stream"),
+            ("content-type", "application/json"),
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "up__add"),
+        ]
+        with anyio.fail_after(30):  # the upstream connects in the background
+            while (_json(await raw.exchange(request("POST", "/mcp", head, _modern_call(1)))).get("result") or {}).get(
+                "isError"
+            ) is not False:
+                await anyio.sleep(0.05)
+        first = _comparable(await raw.exchange(request("POST", "/mcp", [*head, ("x-trace", "1")], _modern_call(7))))
+        again = _comparable(await raw.exchange(request("POST", "/mcp", head, _modern_call(7))))
+        async with connection(port) as other:
+            elsewhere = _comparable(await other.exchange(request("POST", "/mcp", head, _modern_call(7))))
+        assert first == again == elsewhere
+        assert first[0] == 200 and _json(first)["result"]["structuredContent"]["sum"] == 5
+        # What the stack refuses by the body, and what the entry refuses by the head against the body, still is.
+        nan = _modern_call(8).replace(b'"a": 2', b'"a": NaN')
+        status, _, body = await raw.exchange(request("POST", "/mcp", head, nan))
+        assert status == 400 and json.loads(body)["error"]["code"] == -32700
+        other_tool = _modern_call(9).replace(b'"up__add"', b'"up__other"')
+        status, _, body = await raw.exchange(request("POST", "/mcp", head, other_tool))
+        assert status == 400 and json.loads(body)["error"]["code"] == -32020, body  # Mcp-Name disagrees: HEADER_MISMATCH
+        wrong = [(k, v) for k, v in head if k != "authorization"]
+        assert (await raw.exchange(request("POST", "/mcp", wrong, _modern_call(10))))[0] == 401
+        # The known head still reaches the tool afterwards.
+        assert _json(await raw.exchange(request("POST", "/mcp", head, _modern_call(11))))["result"]["isError"] is False

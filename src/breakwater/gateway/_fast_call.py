@@ -89,6 +89,7 @@ __all__ = [
     "on_call",
     "serialize_call",
     "session_lane",
+    "valid_id",
 ]
 
 logger = logging.getLogger("breakwater.gateway")
@@ -272,7 +273,7 @@ class FastLane:
             return False
         params = message.get("params")
         request_id = params.get("requestId") if isinstance(params, dict) else None
-        if not _valid_id(request_id):
+        if not valid_id(request_id):
             return False
         entry = self._in_flight.get(_key(request_id))
         if entry is None:
@@ -493,7 +494,7 @@ def call_params(message: dict[str, Any]) -> dict[str, Any] | None:
     Anything else — another shape of envelope, a 2026-07-28 envelope on a 2025-era connection (the
     SDK refuses it) — is the SDK's to answer, as it always was.
     """
-    if message.get("jsonrpc") != "2.0" or message.get("method") != "tools/call" or not _valid_id(message.get("id")):
+    if message.get("jsonrpc") != "2.0" or message.get("method") != "tools/call" or not valid_id(message.get("id")):
         return None
     if message.keys() - {"jsonrpc", "id", "method", "params"}:
         return None
@@ -532,7 +533,8 @@ def lane_message(line: bytes) -> dict[str, Any] | None:
     return message if isinstance(message, dict) else None
 
 
-def _valid_id(value: Any) -> bool:
+def valid_id(value: Any) -> bool:
+    """Whether `value` is a JSON-RPC request id the SDK takes (a string or an integer)."""
     return as_request_id(value) is not None
 
 

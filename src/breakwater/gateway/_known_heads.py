@@ -12,7 +12,8 @@ with `bench/proxy_instructions.py`: 1.43 → 1.14 M instructions per call in the
 
 What it does. uvicorn's httptools protocol, with one change. When a POST went through the whole
 stack and the session's call path took it as a plain `tools/call` (`breakwater.gateway._fast_http`,
-`breakwater.gateway._lazy_sse`), the path *accepts* the request's offer: the server remembers the
+`breakwater.gateway._lazy_sse`; a 2026-07-28 call, which has no session, `breakwater.gateway._modern_http`),
+the path *accepts* the request's offer: the server remembers the
 head (method, path, query, HTTP version and every header but Content-Length, byte for byte) and the
 `Route` that ran it. A later request, on any connection, whose head is identical gets the same
 verdict from every check that reads only the head, so it skips them; what the checks read beyond the
@@ -251,22 +252,23 @@ def routable(transport: StreamableHTTPServerTransport, drain: Drain) -> bool:
 
 
 @contextlib.contextmanager
-def serving(transport: StreamableHTTPServerTransport, drain: Drain) -> Iterator[None]:
+def serving(transport: StreamableHTTPServerTransport | None, drain: Drain) -> Iterator[None]:
     """Around a routed POST: what `DrainGuard` and the transport's `handle_request` keep for every request.
 
-    The drain counts it in flight; the session's idle countdown stops while it runs and restarts
-    when the last request in flight ends (`StreamableHTTPServerTransport.handle_request`).
+    The drain counts it in flight; the session's idle countdown (a 2025-11-25 session's `transport`)
+    stops while it runs and restarts when the last request in flight ends
+    (`StreamableHTTPServerTransport.handle_request`).
     """
-    idle = transport.idle_scope
-    timeout = transport._idle_timeout
+    idle = transport.idle_scope if transport is not None else None
+    timeout = transport._idle_timeout if transport is not None else None
     drain.request_started()
-    if idle is not None and timeout is not None:
+    if transport is not None and idle is not None and timeout is not None:
         transport._requests_in_flight += 1
         idle.deadline = math.inf
     try:
         yield
     finally:
-        if idle is not None and timeout is not None:
+        if transport is not None and idle is not None and timeout is not None:
             transport._requests_in_flight -= 1
             if not transport._requests_in_flight:
                 idle.deadline = anyio.current_time() + timeout

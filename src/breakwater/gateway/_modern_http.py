@@ -44,7 +44,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp.server._streamable_http_modern as modern
@@ -71,6 +71,11 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from breakwater._clock import Clock
+from breakwater.gateway._fast_call import lane_message, valid_id
+from breakwater.gateway._known_heads import OFFER, serving
+
+if TYPE_CHECKING:
+    from breakwater.gateway._drain import Drain
 
 __all__ = ["serve_modern_calls"]
 
@@ -84,16 +89,19 @@ _PING = b": ping\r\n\r\n"
 _HANDSHAKE = frozenset(v.encode("latin-1") for v in HANDSHAKE_PROTOCOL_VERSIONS)
 
 
-def serve_modern_calls(manager: StreamableHTTPSessionManager, clock: Clock) -> None:
+def serve_modern_calls(manager: StreamableHTTPSessionManager, clock: Clock, *, drain: Drain | None = None) -> None:
     """Serve `manager`'s 2026-07-28 `tools/call` POSTs in SSE mode with the lean entry (see the module docstring).
 
     A no-op for a JSON-response manager, whose modern entry already runs the handler in the POST's task.
+    With `drain` (the gateway's), a call POST with a head this entry took before comes straight here
+    (`breakwater.gateway._known_heads`, `_ModernRoute`).
     """
     if manager.json_response:
         return
     limit = manager.asgi_app  # the SDK's body-size limit in front of `manager._handle_request`
     sdk_handle: _ASGI = limit.app
     security = TransportSecurityMiddleware(manager.security_settings)
+    known = _ModernRoute(manager, security, clock, drain) if drain is not None else None
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and manager._task_group is not None:
@@ -104,10 +112,47 @@ def serve_modern_calls(manager: StreamableHTTPSessionManager, clock: Clock) -> N
                 elif key == _METHOD_HEADER:
                     method = value
             if method == b"tools/call" and version is not None and version not in _HANDSHAKE:
-                return await _serve(manager, security, clock, scope, receive, send)
+                return await _serve(manager, security, clock, scope, receive, send, known=known)
         return await sdk_handle(scope, receive, send)
 
     limit.app = route
+
+
+@dataclass(frozen=True, slots=True)
+class _ModernRoute:
+    """The lean entry, for the 2026-07-28 call POSTs whose head the whole stack accepted before.
+
+    Why. A stateless 2026-07-28 client sends the same head on every call of a tool (no session id),
+    and the stack in front of this entry (`_known_heads`: the guards, the web routes, the bearer
+    check, the drain's guard, the frame checks, Starlette's router, the session manager) reads only
+    the head. Only a body the frame checks leave alone is taken (`_plain_modern_call`); the entry
+    then runs every check of its own, as for any POST (issue 16, docs/benchmarks.md session 25).
+    """
+
+    manager: StreamableHTTPSessionManager
+    security: TransportSecurityMiddleware
+    clock: Clock
+    drain: Drain
+
+    def take(self, body: bytes) -> _ASGI | None:
+        if self.drain.draining or self.manager._task_group is None or not _plain_modern_call(body):
+            return None
+        return self._serve
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        with serving(None, self.drain):
+            await _serve(self.manager, self.security, self.clock, scope, receive, send, known=None)
+
+
+def _plain_modern_call(body: bytes) -> bool:
+    """Whether `body` is a well-formed `tools/call` request with object params: what the frame checks leave alone."""
+    message = lane_message(body)
+    if message is None or message.keys() - _ENVELOPE_KEYS or message.get("jsonrpc") != "2.0":
+        return False
+    return message.get("method") == "tools/call" and valid_id(message.get("id")) and isinstance(message.get("params"), dict)
+
+
+_ENVELOPE_KEYS = frozenset({"jsonrpc", "id", "method", "params"})
 
 
 async def _serve(
@@ -117,8 +162,13 @@ async def _serve(
     scope: Scope,
     receive: Receive,
     send: Send,
+    *,
+    known: _ModernRoute | None,
 ) -> None:
-    """`handle_modern_request` for one POST in SSE mode, with the ladder in its order (see the module docstring)."""
+    """`handle_modern_request` for one POST in SSE mode, with the ladder in its order (see the module docstring).
+
+    With `known`, a POST that passes every check of the ladder offers its head to it (`_known_heads.Offer`).
+    """
     request = Request(scope, receive)
     err = await security.validate_request(request, is_post=True)
     if err is not None:
@@ -149,6 +199,8 @@ async def _serve(
     mcp_param_rejection = await modern._mcp_param_rejection(app, request, req, verdict, lifespan_state)
     if mcp_param_rejection is not None:
         return await modern._write_rejection(mcp_param_rejection, req.id, scope, receive, send)
+    if known is not None and (offer := scope.get(OFFER)) is not None:
+        offer.accept(known)  # every check of the request's head passed
     connection = Connection.from_envelope(verdict.protocol_version, verdict.client_info, verdict.client_capabilities)
     reply = _Reply(clock, scope, receive, send)
     dctx = _LeanContext(
