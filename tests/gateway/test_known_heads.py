@@ -11,6 +11,7 @@ draining gateway, a body that is not a plain call.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -29,6 +30,7 @@ from anyio.abc import SocketStream
 from breakwater.gateway import _known_heads
 from breakwater.gateway._known_heads import OFFER, ROUTED_BODY_MAX, routing_protocol
 from breakwater.gateway._listen import tcp_listener
+from breakwater.gateway._one_write import WholeSend
 from breakwater.testing.server import read_state, serve_http
 from helpers import eventually, lifespan_answered
 
@@ -154,9 +156,9 @@ async def _answer(send: Any, body: bytes) -> None:
 
 
 @asynccontextmanager
-async def routing_server(recorder: Recorder) -> AsyncIterator[int]:
+async def routing_server(recorder: Recorder, log_level: str = "warning") -> AsyncIterator[int]:
     sock = tcp_listener("127.0.0.1", 0)
-    config = uvicorn.Config(recorder.app, log_level="warning", http=routing_protocol(), interface="asgi3")
+    config = uvicorn.Config(recorder.app, log_level=log_level, http=routing_protocol(), interface="asgi3")
     server = uvicorn.Server(config)
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve, [sock])
@@ -168,6 +170,54 @@ async def routing_server(recorder: Recorder) -> AsyncIterator[int]:
 
 
 HEAD = [("host", "127.0.0.1"), ("content-type", "application/json"), ("mcp-session-id", "abc")]
+
+
+class Replier(Recorder):
+    """A recorder whose route answers below the ASGI layer (`WholeSend.reply`), as the gateway's lanes do."""
+
+    def take(self, body: bytes) -> Callable[[Any, Any, Any], Awaitable[None]] | None:
+        if not body.startswith(b"call"):
+            return None
+
+        async def routed(scope: Any, receive: Any, send: Any) -> None:
+            assert isinstance(send, WholeSend)
+            self.seen.append(("route", body))
+            answer = b"app:" + body  # what the app would answer, so the two can be compared byte for byte
+            headers = [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(answer))]
+            await send.reply(200, headers, answer)
+
+        return routed
+
+
+async def test_an_answer_written_below_asgi_is_uvicorns_own_with_its_log_line_pipelining_and_close(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    replier = Replier()
+    access = logging.getLogger("uvicorn.access")  # uvicorn's logging config: its own handler, not propagated
+    async with routing_server(replier, log_level="info") as port, connection(port) as raw:
+        access.addHandler(caplog.handler)
+        try:
+            by_app = await raw.exchange(request("POST", "/mcp", HEAD, b"call 1"))  # accepted: the next ones are routed
+            by_route = await raw.exchange(request("POST", "/mcp", HEAD, b"call 1"))
+            await raw.send(b"".join(request("POST", "/mcp", HEAD, f"call {i}".encode()) for i in (2, 3)))
+            pipelined = [await raw.read() for _ in range(2)]
+            closing = await raw.exchange(request("POST", "/mcp", [*HEAD, ("connection", "close")], b"call 4"))
+            with anyio.fail_after(10):
+                assert await _closed(raw)
+            async with connection(port) as again:  # the closing head is known now: routed, and closed as uvicorn closes
+                closed = await again.exchange(request("POST", "/mcp", [*HEAD, ("connection", "close")], b"call 4"))
+                with anyio.fail_after(10):
+                    assert await _closed(again)
+        finally:
+            access.removeHandler(caplog.handler)
+    undated = [(status, [h for h in headers if h[0] != "date"], body) for status, headers, body in (by_app, by_route)]
+    assert undated[0] == undated[1] and by_route[2] == b"app:call 1"
+    assert [body for _, _, body in pipelined] == [b"app:call 2", b"app:call 3"]
+    assert [(k, v) for k, v in closing[1] if k != "date"] == [(k, v) for k, v in closed[1] if k != "date"]
+    assert dict(closed[1])["connection"] == "close" and closed[2] == closing[2] == b"app:call 4"
+    assert [who for who, body in replier.seen if body == b"call 4"] == ["app", "route"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "uvicorn.access"]
+    assert len(lines) == 6 and len({line.split(" - ", 1)[1] for line in lines}) == 1, lines  # one line each, the same
 
 
 async def test_a_post_whose_head_was_accepted_goes_to_its_route_on_any_connection_a_different_one_to_the_app() -> None:

@@ -5,6 +5,7 @@ And a routed call's JSON answer goes out below the ASGI layer (`WholeSend.reply`
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -107,7 +108,7 @@ class WholeSend:
             return
         cycle.response_started = True
         cycle.waiting_for_100_continue = False
-        if cycle.access_log:
+        if cycle.access_log and cycle.access_logger.isEnabledFor(logging.INFO):  # its arguments, only for a line written
             scope = cycle.scope
             cycle.access_logger.info(
                 '%s - "%s %s HTTP/%s" %d',
