@@ -116,7 +116,7 @@ def alive(pid: int) -> bool:
     """Whether process `pid` runs: neither reaped nor a zombie (Linux: /proc)."""
     try:
         return not Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between the open and the read (ESRCH)
         return False
 
 

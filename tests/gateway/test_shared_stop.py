@@ -57,6 +57,14 @@ def setup(tmp_path: Path, share: Path) -> tuple[Path, dict[str, str]]:
     return config, env
 
 
+def _logged(share: Path, text: str, timeout: float) -> None:
+    """Wait until a gateway's log in `share` holds `text`."""
+    deadline = time.monotonic() + timeout
+    while not any(text in log.read_text(errors="replace") for log in share.glob("*.log")):
+        assert time.monotonic() < deadline, f"no gateway logged {text!r}"
+        time.sleep(0.02)
+
+
 class Agent:
     """A `breakwater serve` session on pipes: requests written, answers collected by id."""
 
@@ -141,7 +149,10 @@ def test_gateway_stop_drains_the_calls_in_flight_and_the_sessions_go_on(tmp_path
         time.sleep(0.7)  # all three are running in their testservers
         started = time.monotonic()
         stop = subprocess.Popen([*BREAKWATER, "gateway", "stop"], env=env, stdout=subprocess.PIPE, text=True)
-        time.sleep(0.5)
+        # Once the gateway drains: a fixed wait was not always enough for `gateway stop` to start on a loaded host,
+        # and the old gateway ran the request.
+        _logged(share, "asked to stop (breakwater gateway stop): draining", 30)
+        time.sleep(0.2)
         a.call("during", "ts__echo")  # read by nobody until the next gateway
         out, _ = stop.communicate(timeout=DRAIN_S + 20)
         took = time.monotonic() - started
