@@ -7,9 +7,13 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -41,6 +45,8 @@ __all__ = [
     "lingering_server",
     "require",
     "screenshot",
+    "serve_on_pipes",
+    "share_dir",
 ]
 
 
@@ -67,11 +73,36 @@ def envelope_of(result: Any) -> dict[str, Any]:
     return sc if isinstance(sc, dict) else {}
 
 
+@contextmanager
+def share_dir(prefix: str) -> Iterator[Path]:
+    """A socket directory of a test's own for shared gateways (short: a Unix socket's path must fit in ~100 bytes);
+    the gateways that answer in it are killed, by their pids, and it is removed after."""
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield directory
+    finally:
+        for pid in gateway_pids(directory):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def serve_on_pipes(config: Path, env: dict[str, str], errlog: Path) -> subprocess.Popen[bytes]:
+    """`breakwater serve --config config` on pipes of the test's own (unbuffered), its stderr in `errlog`."""
+    with errlog.open("wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "breakwater", "serve", "--config", str(config)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            env=env,
+            bufsize=0,
+        )
+
+
 def lingering_server(pid_file: Path) -> dict[str, Any]:
     """An mcp.json entry for a stdio server that ignores the end of its input, as some real ones do (the npm
     "everything" one with a task's timer pending): a wrapper, its pid in `pid_file`, runs a testserver with a
     `ping` tool, then sleeps on for a minute after the testserver has exited."""
-    import sys
 
     from breakwater.testing.server import launch_command
 

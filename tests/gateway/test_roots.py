@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,7 +24,7 @@ from mcp.client.session import ClientRequestContext
 from mcp.client.stdio import stdio_client
 
 from conformance.node_tools import NodeTools, node_tools
-from helpers import code_of, gateway_pids
+from helpers import code_of, gateway_pids, share_dir
 
 pytestmark = pytest.mark.anyio
 
@@ -36,12 +33,9 @@ MODES = ("attached", "no-share")
 
 @pytest.fixture
 def share() -> Iterator[Path]:
-    """A socket directory of the test's own (socket paths are short); its gateways die after."""
-    directory = Path(tempfile.mkdtemp(prefix="bw-rt-"))
-    yield directory
-    for pid in gateway_pids(directory):
-        os.kill(pid, signal.SIGKILL)
-    shutil.rmtree(directory, ignore_errors=True)
+    """A socket directory of the test's own; its gateways die after."""
+    with share_dir("bw-rt-") as directory:
+        yield directory
 
 
 def env_for(tmp_path: Path, share: Path) -> dict[str, str]:

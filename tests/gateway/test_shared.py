@@ -29,7 +29,17 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from breakwater.testing.server import launch_command, read_state
-from helpers import ResourceUpdates, ask_gateway, called_once_up, code_of, eventually, gateway_pids, lingering_server
+from helpers import (
+    ResourceUpdates,
+    ask_gateway,
+    called_once_up,
+    code_of,
+    eventually,
+    gateway_pids,
+    lingering_server,
+    serve_on_pipes,
+    share_dir,
+)
 
 pytestmark = [pytest.mark.long_module(86), pytest.mark.anyio]
 
@@ -57,13 +67,10 @@ def upstream() -> Iterator[tuple[str, Path]]:
 
 
 @pytest.fixture
-def share(tmp_path: Path) -> Iterator[Path]:
-    """A socket directory of the test's own (short: socket paths are limited to ~100 bytes); its gateways die after."""
-    directory = Path(tempfile.mkdtemp(prefix="bw-sh-"))
-    yield directory
-    for pid in gateway_pids(directory):
-        os.kill(pid, signal.SIGKILL)  # the gateways this test started, by their pids
-    shutil.rmtree(directory, ignore_errors=True)
+def share() -> Iterator[Path]:
+    """A socket directory of the test's own; its gateways die after."""
+    with share_dir("bw-sh-") as directory:
+        yield directory
 
 
 def env_for(tmp_path: Path, share: Path, **extra: str) -> dict[str, str]:
@@ -747,15 +754,7 @@ def piped_serve(config: Path, env: dict[str, str], **popen: Any) -> subprocess.P
 
 def raw_session(config: Path, env: dict[str, str], errlog: Path) -> subprocess.Popen[bytes]:
     """A `breakwater serve` on pipes of this test's own, initialized, its `echo` called once and answered."""
-    with errlog.open("wb") as err:
-        proc = subprocess.Popen(
-            [*BREAKWATER, "serve", "--config", str(config)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            env=env,
-            bufsize=0,
-        )
+    proc = serve_on_pipes(config, env, errlog)
     assert proc.stdin is not None and proc.stdout is not None
     hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
     lines = [

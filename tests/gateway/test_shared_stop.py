@@ -9,11 +9,9 @@ from __future__ import annotations
 import json
 import os
 import queue
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from helpers import gateway_pids, isolated_env
+from helpers import gateway_pids, isolated_env, serve_on_pipes, share_dir
 
 pytestmark = pytest.mark.long_module(30)
 
@@ -33,12 +31,9 @@ DRAIN_S = 4.0
 
 @pytest.fixture
 def share() -> Iterator[Path]:
-    """A socket directory of the test's own (short: socket paths are limited); its gateways die after."""
-    directory = Path(tempfile.mkdtemp(prefix="bw-st-"))
-    yield directory
-    for pid in gateway_pids(directory):
-        os.kill(pid, signal.SIGKILL)
-    shutil.rmtree(directory, ignore_errors=True)
+    """A socket directory of the test's own; its gateways die after."""
+    with share_dir("bw-st-") as directory:
+        yield directory
 
 
 def setup(tmp_path: Path, share: Path) -> tuple[Path, dict[str, str]]:
@@ -69,15 +64,7 @@ class Agent:
     """A `breakwater serve` session on pipes: requests written, answers collected by id."""
 
     def __init__(self, config: Path, env: dict[str, str], errlog: Path) -> None:
-        with errlog.open("wb") as err:
-            self.proc = subprocess.Popen(
-                [*BREAKWATER, "serve", "--config", str(config)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                env=env,
-                bufsize=0,
-            )
+        self.proc = serve_on_pipes(config, env, errlog)
         self.answers: dict[Any, dict[str, Any]] = {}
         self.arrived: queue.Queue[Any] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()

@@ -82,6 +82,7 @@ __all__ = [
     "PASSIVE_FOR_CALLS",
     "FastLane",
     "call_context",
+    "call_envelope",
     "call_params",
     "handler_error",
     "install",
@@ -89,7 +90,6 @@ __all__ = [
     "on_call",
     "serialize_call",
     "session_lane",
-    "valid_id",
 ]
 
 logger = logging.getLogger("breakwater.gateway")
@@ -188,7 +188,9 @@ class FastLane:
 
     def holds(self, request_id: Any) -> bool:
         """Whether a request with this id is in flight on the connection: a call of this lane's, or the SDK's."""
-        key = _key(request_id)
+        return self._holds(_key(request_id))
+
+    def _holds(self, key: Any) -> bool:
         dispatcher = self._dispatcher
         return key in self._in_flight or (dispatcher is not None and key in dispatcher._in_flight)
 
@@ -253,9 +255,9 @@ class FastLane:
         if params is None:
             return False
         request_id = message["id"]
-        if self.holds(request_id):
-            return False  # an id in flight: refused on the SDK's path (`_unique_ids`)
         key = _key(request_id)
+        if self._holds(key):
+            return False  # an id in flight: refused on the SDK's path (`_unique_ids`)
         assert self._dispatcher is not None
         dctx = call_context(_JSONRPCDispatchContext, self._dispatcher, request_id, params)
         scope = anyio.CancelScope()
@@ -273,7 +275,7 @@ class FastLane:
             return False
         params = message.get("params")
         request_id = params.get("requestId") if isinstance(params, dict) else None
-        if not valid_id(request_id):
+        if not _valid_id(request_id):
             return False
         entry = self._in_flight.get(_key(request_id))
         if entry is None:
@@ -488,20 +490,29 @@ def _plain_json(*values: dict[str, Any] | None) -> bool:
     return True
 
 
+def call_envelope(message: dict[str, Any]) -> dict[str, Any] | None:
+    """The params of `message` if it is a well-formed `tools/call` request of either revision (`{}` for none), else None."""
+    if message.get("jsonrpc") != "2.0" or message.get("method") != "tools/call" or not _valid_id(message.get("id")):
+        return None
+    if message.keys() - _ENVELOPE_KEYS:
+        return None
+    params = message.get("params")
+    if params is None:
+        return {}
+    return params if isinstance(params, dict) else None
+
+
+_ENVELOPE_KEYS = frozenset({"jsonrpc", "id", "method", "params"})
+
+
 def call_params(message: dict[str, Any]) -> dict[str, Any] | None:
     """The params of `message` if it is a plain `tools/call` request a lane may serve (`{}` for none), else None.
 
     Anything else — another shape of envelope, a 2026-07-28 envelope on a 2025-era connection (the
     SDK refuses it) — is the SDK's to answer, as it always was.
     """
-    if message.get("jsonrpc") != "2.0" or message.get("method") != "tools/call" or not valid_id(message.get("id")):
-        return None
-    if message.keys() - {"jsonrpc", "id", "method", "params"}:
-        return None
-    params = message.get("params")
+    params = call_envelope(message)
     if params is None:
-        return {}
-    if not isinstance(params, dict):
         return None
     meta = params.get("_meta")
     if isinstance(meta, Mapping) and PROTOCOL_VERSION_META_KEY in meta:
@@ -533,8 +544,7 @@ def lane_message(line: bytes) -> dict[str, Any] | None:
     return message if isinstance(message, dict) else None
 
 
-def valid_id(value: Any) -> bool:
-    """Whether `value` is a JSON-RPC request id the SDK takes (a string or an integer)."""
+def _valid_id(value: Any) -> bool:
     return as_request_id(value) is not None
 
 

@@ -71,7 +71,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from breakwater._clock import Clock
-from breakwater.gateway._fast_call import lane_message, valid_id
+from breakwater.gateway._fast_call import call_envelope, lane_message
 from breakwater.gateway._known_heads import OFFER, serving
 
 if TYPE_CHECKING:
@@ -147,12 +147,7 @@ class _ModernRoute:
 def _plain_modern_call(body: bytes) -> bool:
     """Whether `body` is a well-formed `tools/call` request with object params: what the frame checks leave alone."""
     message = lane_message(body)
-    if message is None or message.keys() - _ENVELOPE_KEYS or message.get("jsonrpc") != "2.0":
-        return False
-    return message.get("method") == "tools/call" and valid_id(message.get("id")) and isinstance(message.get("params"), dict)
-
-
-_ENVELOPE_KEYS = frozenset({"jsonrpc", "id", "method", "params"})
+    return message is not None and isinstance(message.get("params"), dict) and call_envelope(message) is not None
 
 
 async def _serve(
