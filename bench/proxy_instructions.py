@@ -10,6 +10,10 @@ the bare SDK hop over stdio and to mcp-proxy (PyPI) over HTTP, as in issue 16's 
     python bench/proxy_instructions.py                        # every target, 200 calls each (~5 min)
     python bench/proxy_instructions.py --only breakwater-stdio-noshare,sdk-proxy --calls 100
     PYTHONPATH=/path/to/other/src python bench/proxy_instructions.py   # another tree's gateway
+    python bench/proxy_instructions.py --first                # a user's first start of each gateway
+
+Each breakwater gateway runs after one earlier start over the same caches, as every start after a
+user's first does (the upstream's protocol revision is then remembered: `breakwater.connect._protocol_memory`).
 
 Needs valgrind (`callgrind_control`) and, for mcp-proxy, `scripts/install_node_tools.sh --peers`.
 """
@@ -28,7 +32,20 @@ from pathlib import Path
 import anyio
 from mcp import Client, StdioServerParameters
 
-from proxy_overhead import _CLAIMED, TOOLS, UPSTREAM, breakwater_env, child_pid, free_port, http_client, mcp_json, spawn
+from proxy_overhead import (
+    _CLAIMED,
+    TOOLS,
+    UPSTREAM,
+    breakwater_env,
+    child_pid,
+    earlier_call,
+    earlier_session,
+    free_port,
+    http_client,
+    http_gateway,
+    mcp_json,
+    spawn,
+)
 
 TARGETS = (
     "sdk-proxy",
@@ -80,23 +97,31 @@ async def connect(name: str, tmp: Path, out: Path) -> AsyncIterator[tuple[Client
             async with http_client(f"http://127.0.0.1:{port_file.read_text()}/mcp", proc, log, timeout=300) as client:
                 yield client, proc.pid, "echo"
     else:
-        port_file = tmp / "bw.port"
         cmd = [*vg, sys.executable, "-m", "breakwater", "serve", "--config", str(mcp_json(tmp)), "--http", "127.0.0.1:0"]
         if name.endswith("json"):
             cmd.append("--json-response")
-        with spawn([*cmd, "--port-file", str(port_file)], env=env) as (proc, log):
-            while not (port_file.exists() and port_file.read_text()):
-                await anyio.sleep(0.1)
-            mode = "2026-07-28" if name.endswith("2026") else "legacy"
-            async with http_client(f"http://127.0.0.1:{port_file.read_text()}/mcp", proc, log, timeout=300, mode=mode) as client:
-                yield client, proc.pid, "bench__echo"
+        mode = "2026-07-28" if name.endswith("2026") else "legacy"
+        async with http_gateway(cmd, tmp, mode, timeout=300) as (client, pid):
+            yield client, pid, "bench__echo"
 
 
-async def measure(name: str, calls: int) -> float:
+async def earlier_start(name: str, tmp: Path) -> None:
+    """One start of `name`'s gateway over `tmp`'s caches before the measured one, as every start after a user's first."""
+    serve = [sys.executable, "-m", "breakwater", "serve", "--config", str(mcp_json(tmp))]
+    if name == "breakwater-stdio-noshare":
+        await earlier_session(StdioServerParameters(command=serve[0], args=[*serve[1:], "--no-share"], env=breakwater_env(tmp)))
+    elif name.startswith("breakwater-http"):
+        async with http_gateway([*serve, "--http", "127.0.0.1:0"], tmp, "legacy") as (client, _):
+            await earlier_call(client)
+
+
+async def measure(name: str, calls: int, first: bool) -> float:
     """Millions of instructions the gateway of `name` executes per call."""
     with tempfile.TemporaryDirectory(prefix="bw-instr-") as d:
         tmp = Path(d)
         out = tmp / "callgrind.out"
+        if not first:
+            await earlier_start(name, tmp)
         async with connect(name, tmp, out) as (client, pid, tool):
             for _ in range(WARMUP):
                 await client.call_tool(tool, {"text": "x"})
@@ -118,7 +143,7 @@ async def amain(args: argparse.Namespace) -> int:
     targets = args.only.split(",") if args.only else list(TARGETS)
     counts: dict[str, float] = {}
     for name in targets:
-        counts[name] = await measure(name, args.calls)
+        counts[name] = await measure(name, args.calls, args.first)
         print(f"  {name}: {counts[name]:.2f} M instructions per call", flush=True)
     print()
     print("| target | M instructions / call | × bare SDK hop (stdio) | × mcp-proxy (PyPI) |")
@@ -134,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--calls", type=int, default=200, help="measured calls per target (default 200)")
     parser.add_argument("--only", help=f"comma-separated subset of {','.join(TARGETS)}")
+    parser.add_argument(
+        "--first", action="store_true", help="a user's first start (by default each gateway runs after one earlier start)"
+    )
     result: int = anyio.run(amain, parser.parse_args(argv))
     return result
 

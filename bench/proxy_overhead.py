@@ -19,7 +19,10 @@ Every target fronts the same stdio upstream (`breakwater testserver` with `echo`
                     first does: the upstream, which offers nothing only 2026-07-28 carries, is then
                     spoken to in 2025-11-25 (`breakwater.connect._protocol_memory`); a first session
                     probes it and speaks 2026-07-28;
-* breakwater-http   `breakwater serve --http 127.0.0.1:0`;
+* breakwater-http   `breakwater serve --http 127.0.0.1:0`. Like the stdio rows, the HTTP rows run after one
+                    earlier start over the same cache: the upstream, which never asked a client
+                    anything, is then spoken to in 2025-11-25 (`breakwater.connect._protocol_memory`);
+* breakwater-http-first  the same at a user's very first start, upstream on 2026-07-28 (for reference);
 * breakwater-http-2026  the same, with the client on 2026-07-28 (no peer speaks it; for reference);
 * breakwater-http-json  `serve --http --json-response`: plain JSON answers, as mcp-proxy (PyPI) gives
                     (no progress, logs, sampling or elicitation mid-call for 2025-11-25 clients);
@@ -82,6 +85,12 @@ STDIO_NOTES = {
     "breakwater-stdio-noshare": " (--no-share)",
     "breakwater-stdio-noshare-first": " (--no-share, a first session: upstream on 2026-07-28)",
 }
+HTTP_NOTES = {
+    "breakwater-http": "",
+    "breakwater-http-first": " (a first start: upstream on 2026-07-28)",
+    "breakwater-http-2026": " (client on 2026-07-28)",
+    "breakwater-http-json": " (--json-response)",
+}
 TARGETS = (
     "direct",
     "byte-relay",
@@ -90,6 +99,7 @@ TARGETS = (
     "breakwater-stdio-noshare",
     "breakwater-stdio-noshare-first",
     "breakwater-http",
+    "breakwater-http-first",
     "breakwater-http-2026",
     "breakwater-http-json",
     "sdk-proxy-http-json",
@@ -324,30 +334,16 @@ async def connect(name: str, tmp: Path, profile: str | None) -> AsyncIterator[tu
                 # The attached session's work is done by the shared gateway: count it (started by the first session).
                 pids += shared_gateway_pids(env)
             yield c, _version("mcp-breakwater") + STDIO_NOTES[name], pids
-    elif name in ("breakwater-http", "breakwater-http-2026", "breakwater-http-json"):
-        port_file = tmp / "bw.port"
-        cmd = [
-            sys.executable,
-            *profiled(profile),
-            "-m",
-            "breakwater",
-            "serve",
-            "--config",
-            str(mcp_json(tmp)),
-            "--http",
-            "127.0.0.1:0",
-        ]
+    elif name in HTTP_NOTES:
+        serve = ["-m", "breakwater", "serve", "--config", str(mcp_json(tmp)), "--http", "127.0.0.1:0"]
         if name.endswith("json"):
-            cmd.append("--json-response")
-        with spawn([*cmd, "--port-file", str(port_file)], env=breakwater_env(tmp)) as (proc, log):
-            while not (port_file.exists() and port_file.read_text()):
-                if proc.poll() is not None:
-                    raise RuntimeError(_tail(log))
-                await anyio.sleep(0.05)
-            mode = "2026-07-28" if name.endswith("2026") else "legacy"
-            async with http_client(f"http://127.0.0.1:{port_file.read_text()}/mcp", proc, log, mode=mode) as c:
-                note = " (client on 2026-07-28)" if mode != "legacy" else " (--json-response)" if name.endswith("json") else ""
-                yield c, _version("mcp-breakwater") + note, (proc.pid,)
+            serve.append("--json-response")
+        mode = "2026-07-28" if name.endswith("2026") else "legacy"
+        if not name.endswith("-first"):
+            async with http_gateway([sys.executable, *serve], tmp, mode) as (c, _):
+                await earlier_call(c)
+        async with http_gateway([sys.executable, *profiled(profile), *serve], tmp, mode) as (c, pid):
+            yield c, _version("mcp-breakwater") + HTTP_NOTES[name], (pid,)
     elif name == "mcp-proxy-pypi":
         exe = TOOLS / "venv-mcp-proxy" / "bin" / "mcp-proxy"
         _need(exe)
@@ -405,9 +401,27 @@ def _venv_version(venv: Path, dist: str) -> str:
 async def earlier_session(params: StdioServerParameters) -> None:
     """One short session before the measured one, over the same cache: what every session after a user's first finds."""
     async with Client(params, mode="legacy") as client:
-        echo, _ = await tool_names(client)
-        with anyio.fail_after(60):
-            await client.call_tool(echo, {"text": "warm"})
+        await earlier_call(client)
+
+
+async def earlier_call(client: Client) -> None:
+    echo, _ = await tool_names(client)
+    with anyio.fail_after(60):
+        await client.call_tool(echo, {"text": "warm"})
+
+
+@contextlib.asynccontextmanager
+async def http_gateway(cmd: list[str], tmp: Path, mode: str, timeout: float = 60) -> AsyncIterator[tuple[Client, int]]:
+    """A client of `breakwater serve --http` started by `cmd` (over `tmp`'s caches), and the gateway's pid."""
+    port_file = tmp / "bw.port"
+    port_file.unlink(missing_ok=True)
+    with spawn([*cmd, "--port-file", str(port_file)], env=breakwater_env(tmp)) as (proc, log):
+        while not (port_file.exists() and port_file.read_text()):
+            if proc.poll() is not None:
+                raise RuntimeError(_tail(log))
+            await anyio.sleep(0.05)
+        async with http_client(f"http://127.0.0.1:{port_file.read_text()}/mcp", proc, log, timeout, mode) as c:
+            yield c, proc.pid
 
 
 # ---- measuring ------------------------------------------------------------------------------------
@@ -692,6 +706,9 @@ def verdict(results: list[Result]) -> list[str]:
         for name, bound in (("breakwater-http", 0.9), ("breakwater-http-json", 0.75), ("breakwater-http-2026", 1.0)):
             if name in by:
                 line(f"{name} p50 / mcp-proxy (PyPI) p50", pct(by[name].seq, 50) / p, bound)
+        if "breakwater-http-first" in by:
+            first_ratio = pct(by["breakwater-http-first"].seq, 50) / p
+            out.append(f"breakwater-http-first p50 / mcp-proxy (PyPI) p50: {first_ratio:.2f}× (a user's first start; reference)")
         if "http-relay" in by:
             out.append(
                 f"http-relay p50 / mcp-proxy (PyPI) p50: {pct(by['http-relay'].seq, 50) / p:.2f}× (the floor of any HTTP gateway)"

@@ -20,6 +20,7 @@ import pytest
 
 from breakwater import Breakwater, Config, ConnectPolicy, ServerSpec, ServerState
 from breakwater.connect._protocol_memory import MEMORY_MAX_AGE_S, ProtocolMemory, Recalled, memory_at, needs_modern
+from breakwater.connect._upstream import ClientHooks, Upstream
 from breakwater.testing import FakeClock
 from breakwater.testing.server import launch_command
 
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.anyio
 FAST = ConnectPolicy(startup_jitter_s=0, backoff_base_s=0.1, backoff_cap_s=0.5, budget_s=60, attempt_timeout_s=20)
 HERE = Path(__file__).parent
 TASKS_SERVER = HERE.parent / "tasks" / "tasks_server.py"
+CONFORMANCE_SERVER = HERE.parent / "conformance" / "server.py"
 BROKEN = HERE / "broken_upstream.py"
 
 
@@ -39,20 +41,36 @@ def _dual_era(name: str = "shop") -> ServerSpec:
     return _spec(name, launch_command("--name", name, "--tool", "echo"))
 
 
-async def _start(
-    tmp_path: Path, spec: ServerSpec, *, one_client: bool, tool: str = "echo", arguments: dict[str, object] | None = None
-) -> tuple[str | None, int]:
-    """One start: the revision the server was reached in, and the connect attempts it took; a call works."""
-    bw = Breakwater(
+def _breakwater(tmp_path: Path, spec: ServerSpec, *, one_client: bool, hooks: ClientHooks | None = None) -> Breakwater:
+    return Breakwater(
         Config(servers=(spec,)),
         admission_dir=tmp_path / "admission",
         protocol_memory_dir=tmp_path / "memory",
         one_client=one_client,
+        client_hooks=hooks,
     )
+
+
+async def _ready(bw: Breakwater, spec: ServerSpec) -> Upstream:
+    with anyio.fail_after(60):
+        while bw.upstream(spec.name).state is not ServerState.READY:
+            await bw.wait_changed()
+    return bw.upstream(spec.name)
+
+
+async def _start(
+    tmp_path: Path,
+    spec: ServerSpec,
+    *,
+    one_client: bool,
+    tool: str = "echo",
+    arguments: dict[str, object] | None = None,
+    hooks: ClientHooks | None = None,
+) -> tuple[str | None, int]:
+    """One start: the revision the server was reached in, and the connect attempts it took; a call works."""
+    bw = _breakwater(tmp_path, spec, one_client=one_client, hooks=hooks)
     async with bw:
-        with anyio.fail_after(60):
-            while bw.upstream(spec.name).state is not ServerState.READY:
-                await bw.wait_changed()
+        await _ready(bw, spec)
         result = await bw.call_tool(spec.name, tool, {"text": "hi"} if arguments is None else arguments)
         assert not result.is_error
         snap = bw.upstream(spec.name).snapshot()
@@ -147,7 +165,9 @@ def test_what_only_the_newer_revision_carries() -> None:
     ("recalled", "one_client", "transport", "cheaper"),
     [
         (_recalled(), True, "stdio", True),
-        (_recalled(), False, "stdio", False),  # shared by several clients: the newer revision ties questions to calls
+        (_recalled(), False, "stdio", True),  # shared by several clients, and it never asked one anything
+        (_recalled(asks=True), False, "stdio", False),  # shared, and it asks: only the newer revision ties questions to calls
+        (_recalled(asks=True), True, "stdio", True),  # every question a one-client server asks is its client's
         (_recalled(), True, "http", False),
         (_recalled(needs=("extension io.modelcontextprotocol/tasks",)), True, "stdio", False),
         (_recalled(handshake=False), True, "stdio", False),  # it refused the handshake once
@@ -174,11 +194,63 @@ async def test_a_dual_era_server_with_one_client_is_spoken_to_in_the_cheaper_rev
     assert await _start(tmp_path, spec, one_client=True) == ("2025-11-25", 1)
 
 
-async def test_a_server_several_clients_share_stays_on_the_newer_revision_without_a_probe(tmp_path: Path) -> None:
+async def test_a_server_several_clients_share_that_never_asked_is_spoken_to_in_the_cheaper_revision(tmp_path: Path) -> None:
     spec = _dual_era()
     assert await _start(tmp_path, spec, one_client=False) == ("2026-07-28", 1)
-    assert await _start(tmp_path, spec, one_client=False) == ("2026-07-28", 1)
-    assert _remembered(tmp_path, spec)["protocol"] == "2026-07-28"
+    assert await _start(tmp_path, spec, one_client=False) == ("2025-11-25", 1)
+    kept = _remembered(tmp_path, spec)
+    assert (kept["protocol"], kept["handshake"], kept["asks"]) == ("2026-07-28", True, False)
+
+
+def _answering(spec: ServerSpec) -> dict[str, object]:
+    async def sample(context: object, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        return types.CreateMessageResult(role="assistant", content=types.TextContent(type="text", text="42"), model="m")
+
+    return {"sampling_callback": sample}
+
+
+async def test_a_shared_server_that_asks_a_client_is_back_on_the_newer_revision_from_its_next_connect(tmp_path: Path) -> None:
+    # Only 2026-07-28 ties a question to the call that asked it; a shared server that asks needs that.
+    spec = _spec("asker", [sys.executable, str(CONFORMANCE_SERVER)])
+    ask = {"tool": "test_sampling", "arguments": {"prompt": "six times seven?"}, "hooks": _answering}
+    assert await _start(tmp_path, spec, one_client=False, **ask) == ("2026-07-28", 1)  # type: ignore[arg-type]
+    assert _remembered(tmp_path, spec)["asks"] is True, "its question (tied to its call here) is remembered"
+    assert await _start(tmp_path, spec, one_client=False, **ask) == ("2026-07-28", 1)  # type: ignore[arg-type]
+    # With one client the older revision loses nothing: every question is that client's.
+    assert await _start(tmp_path, spec, one_client=True, **ask) == ("2025-11-25", 1)  # type: ignore[arg-type]
+    assert _remembered(tmp_path, spec)["asks"] is True
+
+
+async def test_a_shared_server_on_the_older_revision_that_asks_moves_to_the_newer_one_at_its_next_connect(
+    tmp_path: Path,
+) -> None:
+    spec = _spec("asker", [sys.executable, str(CONFORMANCE_SERVER)])
+    assert await _start(tmp_path, spec, one_client=False, tool="test_simple_text", arguments={}) == ("2026-07-28", 1)
+    bw = _breakwater(tmp_path, spec, one_client=False, hooks=_answering)
+    async with bw:
+        upstream = await _ready(bw, spec)
+        assert upstream.snapshot().protocol == "2025-11-25", "it never asked: the cheaper revision"
+        result = await bw.call_tool(spec.name, "test_sampling", {"prompt": "six times seven?"})
+        assert not result.is_error and "42" in str(result.content), "asked and answered on the older revision"
+        assert _remembered(tmp_path, spec)["asks"] is True
+        upstream.report_lost()  # a reconnect, in the same process
+        with anyio.fail_after(60):
+            while upstream.state is not ServerState.READY or upstream.snapshot().protocol != "2026-07-28":
+                await bw.wait_changed()
+
+
+def test_that_a_server_asks_outlives_a_later_connect_that_learns_the_rest_again(tmp_path: Path) -> None:
+    memory, spec = ProtocolMemory(tmp_path), _dual_era()
+    memory.keep(spec, _recalled())
+    assert memory.asked(spec, now=1000.0) is True
+    assert memory.asked(spec, now=1000.0) is False, "known already: no news, no write"
+    memory.keep(spec, _recalled(handshake=True))  # a later connect writes down what it saw
+    recalled = memory.recall(spec, now=1000.0)
+    assert recalled is not None and (recalled.asks, recalled.handshake) == (True, True)
+    memory.forget(spec)  # forgotten (another version of the server): it is learnt again from nothing
+    memory.keep(spec, _recalled())
+    assert memory.recall(spec, now=1000.0) == _recalled()
+    assert memory.asked(spec, now=1000.0 + MEMORY_MAX_AGE_S + 1) is False, "nothing recent enough to add it to"
 
 
 async def test_a_server_that_offers_tasks_stays_on_the_newer_revision(tmp_path: Path) -> None:
@@ -228,7 +300,7 @@ async def test_a_server_that_no_longer_speaks_the_remembered_revision_is_probed_
     # The same command now starts a 2025-era server (a downgrade, another package behind `npx -y`): the
     # remembered 2026-07-28 pin fails once, and the next attempt probes.
     spec = _spec("swapped", [sys.executable, str(BROKEN)])
-    modern = _recalled(server_version="1", learned_at=time.time())
+    modern = _recalled(server_version="1", learned_at=time.time(), asks=True)  # pinned: shared, and it asked
     ProtocolMemory(tmp_path / "memory").keep(spec, modern)
     assert await _start(tmp_path, spec, one_client=False) == ("2025-11-25", 2)
     kept = _remembered(tmp_path, spec)

@@ -38,7 +38,13 @@ from breakwater.config._redact import Redactor
 from breakwater.connect._admission import Admission, Slot
 from breakwater.connect._failures import classify, describe, lost_error, repeated_exit, timeout_error
 from breakwater.connect._lines import quiet_sdk_junk_logs
-from breakwater.connect._protocol_memory import ProtocolMemory, Recalled, needs_modern
+from breakwater.connect._protocol_memory import (
+    ProtocolMemory,
+    Recalled,
+    lift_sdk_probe_timeout,
+    needs_modern,
+    noting_questions,
+)
 from breakwater.connect._stdio import StdioProcess
 from breakwater.connect._tool_list import list_all_tools
 from breakwater.connect._transports import OpenedTransport, TransportFactory, default_transports
@@ -54,22 +60,7 @@ logger = logging.getLogger("breakwater.upstream")
 CLIENT_NAME = "breakwater"
 UNSUPPORTED_PROTOCOL_VERSION = -32022
 BACKGROUND_JITTER = 0.5  # background attempts are spread over mean * [1 - j, 1 + j]
-SDK_PROBE_TIMEOUT_S = 24 * 3600.0  # effectively none: the attempt deadline applies (see _lift_sdk_probe_timeout)
 CRASH_LOOP_EXITS = 3  # identical exits in a row that make a server `failed` before its budget is spent
-
-
-def _lift_sdk_probe_timeout() -> None:
-    """Let the attempt deadline, not the SDK, bound the `server/discover` probe.
-
-    The SDK's auto mode gives the probe a fixed 10 s and then sends `initialize` on the same
-    connection. Under a connect storm a healthy server can take longer than that; the late probe
-    and the fallback then both occupy the server (more handshakes in flight than breakwater
-    admitted) and a dual-era server refuses the fallback. Breakwater bounds every attempt with its
-    own deadline, so the SDK's timer only has to stay out of the way (pinned SDK minor version).
-    """
-    import mcp.client.session as sdk_session
-
-    sdk_session.DISCOVER_TIMEOUT_SECONDS = SDK_PROBE_TIMEOUT_S
 
 
 class Upstream:
@@ -96,7 +87,7 @@ class Upstream:
         arguments for each connection (the gateway's relay callbacks). `memory` keeps the server's
         protocol revision between starts; `one_client` says the server serves one client, which lets
         a remembered 2026-07-28 server be spoken to in the cheaper 2025-11-25 (`connect._protocol_memory`)."""
-        _lift_sdk_probe_timeout()
+        lift_sdk_probe_timeout()
         quiet_sdk_junk_logs()
         self._transports = transports
         self._extensions = list(extensions)
@@ -305,6 +296,8 @@ class Upstream:
                     mode = self._mode_kwargs()
                     hooks = dict(self.client_hooks(self.spec)) if self.client_hooks is not None else {}
                     hooks["message_handler"] = self._hear_list_changes(hooks.get("message_handler"))
+                    if self._memory is not None and self.spec.connect.protocol == "auto":
+                        hooks = noting_questions(hooks, self._asked)
                     self._relist = anyio.Event()
                     client = Client(
                         opened.target,
@@ -548,6 +541,11 @@ class Upstream:
         else:
             self._memory.forget(self.spec)
             self._era, self._prior_discover = None, None
+
+    def _asked(self) -> None:
+        # Only 2026-07-28 ties a shared server's question to its call: the next connect goes by the memory, which says so.
+        if self._memory is not None and self._memory.asked(self.spec, self._clock.time()) and not self._one_client:
+            self._era, self._recall_tried = None, False
 
     def _remember_era(self, client: Client, tools: Sequence[types.Tool]) -> None:
         version = client.protocol_version or ""
