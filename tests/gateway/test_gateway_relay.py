@@ -228,6 +228,32 @@ async def test_a_call_that_runs_as_a_gateway_task_refuses_input_requests_at_once
     assert "breakwater does not relay elicitation into tasks" in text(result), text(result)
 
 
+async def test_a_shared_server_is_spoken_to_in_the_cheaper_revision_until_it_asks_a_client(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """Every server of `serve --http` is shared. One that never asked a client anything gets the cheaper 2025-11-25
+    handshake from its second start; the question it then asks still reaches the one client calling; from the next
+    start it is on 2026-07-28, which ties each question to the call that asked it (`connect._protocol_memory`)."""
+    asked: list[str] = []
+
+    async def sample(context: ClientRequestContext, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        asked.append(params.messages[0].content.text)  # type: ignore[union-attr]
+        return types.CreateMessageResult(
+            role="assistant", content=types.TextContent(type="text", text="forty-two"), model="m", stop_reason="endTurn"
+        )
+
+    path = config(tmp_path, stdio_upstream())
+    revisions = []
+    for start in range(3):
+        async with gateway_http(tmp_path, path, env) as (url, _), Client(url, sampling_callback=sample) as client:
+            revisions.append(await ready(client))
+            if start:
+                result = await client.call_tool("test_sampling", {"prompt": f"start {start}"})
+                assert text(result) == "LLM response: forty-two", result
+    assert revisions == ["2026-07-28", "2025-11-25", "2026-07-28"]
+    assert asked == ["start 1", "start 2"]
+
+
 @pytest.mark.parametrize("downstream", DOWNSTREAM_ERAS)
 async def test_a_client_without_sampling_gets_an_error_not_a_hang(tmp_path: Path, env: dict[str, str], downstream: str) -> None:
     """A client that did not declare sampling: the upstream hears a clear refusal at once, never a silence."""
