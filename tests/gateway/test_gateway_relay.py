@@ -26,6 +26,8 @@ from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.session import ClientRequestContext
 
 from breakwater.gate._tasks import CLIENT_EXTENSION
+from breakwater.gateway._relay import RELAYED_LOGS_BURST, RELAYED_LOGS_PER_S, _Caller
+from breakwater.testing import FakeClock
 from helpers import ResourceUpdates, code_of
 
 # The logging, sampling and subscription APIs are deprecated at 2026-07-28; their 2025 paths are what is tested.
@@ -361,6 +363,41 @@ async def test_log_messages_follow_the_callers_set_level(tmp_path: Path, env: di
         # No fixed sleep: the gateway relays a call's log messages before its result, so once the
         # result is here every message the call produced has been delivered or dropped.
         assert logs == []
+
+
+async def test_a_flood_of_log_messages_is_cut_and_the_caller_told_how_many_it_missed(tmp_path: Path, env: dict[str, str]) -> None:
+    """A server that sends 500 log messages in one call: the caller gets the first burst in order, then what the
+    rate admits, and one warning, before the result, that says how many it did not get."""
+    logs: list[types.LoggingMessageNotificationParams] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        logs.append(params)
+
+    chatty = {"command": sys.executable, "args": ["-m", "breakwater", "testserver", "--tool", "chatty:logs=500"]}
+    target = gateway_stdio(config(tmp_path, chatty), env)
+    async with Client(target, mode="legacy", logging_callback=on_log) as client:
+        await ready(client)
+        await client.set_logging_level("debug")
+        result = await client.call_tool("chatty", {})
+        assert not result.is_error, result
+    relayed = [p.data for p in logs if p.level == "info"]
+    warnings = [str(p.data) for p in logs if p.level == "warning"]
+    assert relayed[:RELAYED_LOGS_BURST] == [f"chatty: log message {n} of 500" for n in range(1, RELAYED_LOGS_BURST + 1)]
+    assert RELAYED_LOGS_BURST <= len(relayed) < 500
+    assert len(warnings) == 1 and logs[-1].level == "warning", "one report, after the messages, before the result"
+    assert f"{500 - len(relayed)} log message(s) from 'conf' during this call were not relayed" in warnings[0]
+
+
+def test_a_calls_log_allowance_is_a_burst_then_a_rate() -> None:
+    clock = FakeClock()
+    caller = _Caller(server="s", request=None, connection=object(), capabilities=None, clock=clock)
+    assert all(caller.admit_log() for _ in range(RELAYED_LOGS_BURST))
+    assert not caller.admit_log() and caller.logs_dropped == 1
+    clock.advance(1 / RELAYED_LOGS_PER_S)
+    assert caller.admit_log() and not caller.admit_log()
+    clock.advance(3600)  # a quiet hour earns one burst, no more
+    assert sum(caller.admit_log() for _ in range(2 * RELAYED_LOGS_BURST)) == RELAYED_LOGS_BURST
+    assert caller.logs_dropped == 2 + RELAYED_LOGS_BURST
 
 
 @pytest.mark.parametrize("level", [pytest.param("info", id="opted-in"), pytest.param(None, id="not-opted-in")])

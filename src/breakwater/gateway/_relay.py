@@ -58,6 +58,14 @@ UNCORRELATED_TRANSPORTS = frozenset({"stdio", "sse"})
 RELAY_DRAIN_S = 1.0
 
 
+#: Log messages a call relays per second once its burst is spent; past it they are dropped, counted and reported.
+#: A server at debug level (what upstream connections ask for) can send thousands a second; a client, and the
+#: model reading them, gains nothing from more than a screenful.
+RELAYED_LOGS_PER_S = 20.0
+#: Log messages a call relays at once before `RELAYED_LOGS_PER_S` applies.
+RELAYED_LOGS_BURST = 100
+
+
 #: How long a finished 2026-07-28 multi-round call keeps its result for the client's next round.
 EXCHANGE_KEEP_S = 60.0
 
@@ -87,8 +95,12 @@ class _Caller:
     refusals: list[tuple[str, str]] = field(default_factory=list)
     #: The clock the drain's bound runs on (the Breakwater's).
     clock: Clock = field(default_factory=SystemClock)
+    #: Log messages of this call not relayed: more than `RELAYED_LOGS_PER_S` (reported before the answer: `drain`).
+    logs_dropped: int = 0
     _asks: set[anyio.CancelScope] = field(default_factory=set)
     _deliveries: int = 0
+    _log_allowance: float = RELAYED_LOGS_BURST
+    _log_counted_at: float | None = None
     _idle: anyio.Event = field(default_factory=anyio.Event)
 
     @property
@@ -129,12 +141,43 @@ class _Caller:
         # The SDK hands each notification (and progress) to its callback in a task of its own.
         for _ in range(PROGRESS_DRAIN_CHECKPOINTS):
             await anyio.lowlevel.checkpoint()
-        if not self._deliveries:
+        if self._deliveries:
+            with self.clock.deadline_scope(self.clock.monotonic() + RELAY_DRAIN_S):
+                while self._deliveries:
+                    self._idle = anyio.Event()
+                    await self._idle.wait()
+        if self.logs_dropped:
+            await self._report_dropped_logs()
+
+    def admit_log(self) -> bool:
+        """Whether one more log message of this call may be relayed (a token bucket on the relay's clock)."""
+        now = self.clock.monotonic()
+        if self._log_counted_at is not None:
+            earned = (now - self._log_counted_at) * RELAYED_LOGS_PER_S
+            self._log_allowance = min(RELAYED_LOGS_BURST, self._log_allowance + earned)
+        self._log_counted_at = now
+        if self._log_allowance >= 1 - 1e-9:  # a rate's worth of seconds earns one whole message, float error aside
+            self._log_allowance -= 1
+            return True
+        self.logs_dropped += 1
+        return False
+
+    async def _report_dropped_logs(self) -> None:
+        """Tell the caller, once and before the answer, how many of the call's log messages it did not get."""
+        dropped, self.logs_dropped = self.logs_dropped, 0
+        logger.info("%s sent more log messages than a call relays: %d not relayed", self.server, dropped)
+        ctx = self.ctx
+        if ctx is None or "warning" not in _admitted_levels(ctx):
             return
-        with self.clock.deadline_scope(self.clock.monotonic() + RELAY_DRAIN_S):
-            while self._deliveries:
-                self._idle = anyio.Event()
-                await self._idle.wait()
+        text = (
+            f"breakwater: {dropped} log message(s) from {self.server!r} during this call were not relayed: it sent more"
+            f" than {RELAYED_LOGS_BURST} at once, then more than {RELAYED_LOGS_PER_S:g} a second"
+        )
+        params = types.LoggingMessageNotificationParams(level="warning", logger="breakwater", data=text)
+        with contextlib.suppress(Exception):  # the caller went away: nothing to tell
+            await ctx.session.send_notification(
+                types.LoggingMessageNotification(params=params), related_request_id=ctx.request_id
+            )
 
     def refuse(self, kind: str, why: str) -> types.ErrorData:
         """Refuse the server's `kind` request for this call, and remember why (see `explain_refusal`)."""
@@ -491,7 +534,7 @@ class Relay:
             return
         with caller.delivering():
             ctx = caller.ctx
-            if ctx is None or caller.finished or params.level not in _admitted_levels(ctx):
+            if ctx is None or caller.finished or params.level not in _admitted_levels(ctx) or not caller.admit_log():
                 return
             try:
                 await ctx.session.send_notification(

@@ -79,6 +79,7 @@ class ToolSpec:
     name: str
     latency: Latency = Latency()
     progress: float | None = None
+    logs: int = 0
     fail: float = 0.0
     error: float = 0.0
     business: float = 0.0
@@ -149,6 +150,11 @@ def _parse_value(key: str, raw: str) -> Any:
         return Latency.parse(raw)
     if key == "progress":
         return None if raw.strip().lower() in ("none", "off", "0") else _number(raw)
+    if key == "logs":
+        count = _number(raw)
+        if count < 0 or count != int(count):
+            raise ValueError(f"logs is a count of messages (0 or more), got {raw!r}")
+        return int(count)
     if key in OUTCOMES:
         p = _number(raw)
         if not 0 <= p <= 1:
@@ -160,7 +166,7 @@ def _parse_value(key: str, raw: str) -> Any:
         if raw not in ("start", "end"):
             raise ValueError(f"commit must be start or end, got {raw!r}")
         return raw
-    known = ", ".join(["latency", "progress", *OUTCOMES, "mutating", "commit", *sorted(_ANNOTATION_KEYS)])
+    known = ", ".join(["latency", "progress", "logs", *OUTCOMES, "mutating", "commit", *sorted(_ANNOTATION_KEYS)])
     raise ValueError(f"unknown tool key {key!r} (known: {known})")
 
 

@@ -14,6 +14,7 @@ Tool specs (`--tool SPEC`, repeatable)
                        or uniform(LOW,HIGH); random draws use the --seed generator
     progress=S         send notifications/progress every S seconds while working (only when
                        the caller sent a progress token)
+    logs=N             send N log messages (notifications/message, level info) at once, before working
     fail=P             raise an exception (the client sees isError, "Error executing tool ...")
     error=P            return isError: true with a text
     business=P         return isError: true with structuredContent
@@ -266,6 +267,8 @@ class _Runtime:
         try:
             if spec.mutating and spec.commit == "start":
                 self._record(spec, args, op_id)
+            for n in range(spec.logs):
+                await ctx.info(f"{name}: log message {n + 1} of {spec.logs}")
             if outcome == "crash":
                 await self._work(ctx, spec, latency / 2, latency)
                 # Die like a segfault would: no cleanup, no response, pipes just close.
