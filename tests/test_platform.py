@@ -69,6 +69,67 @@ async def test_stop_kills_the_whole_tree_when_nothing_listens(tmp_path: Path) ->
     assert took < 15  # stdin grace (2 s) + polite grace (2 s) + the kill, not a hang
 
 
+# A stdio "server" whose child leaves its process group (a session of its own, as Puppeteer and Playwright start a
+# browser); the child's own child stays in the child's group. `stubborn`: all of them ignore SIGTERM, and the
+# server ignores the end of its input; else the server exits at the end of its input and leaves the child running.
+LEAVER = textwrap.dedent(
+    """
+    import signal, subprocess, sys, time
+    stubborn = sys.argv[1] == "stubborn"
+    ignore = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); " if stubborn else ""
+    grandchild = ignore + "import time; time.sleep(60)"
+    child = ignore + (
+        "import subprocess, sys, time; g = subprocess.Popen([sys.executable, '-c', %r]); "
+        "print(f'grandchild {g.pid}', file=sys.stderr, flush=True); time.sleep(60)"
+    ) % grandchild
+    if stubborn:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    c = subprocess.Popen([sys.executable, "-c", child], start_new_session=True)
+    print(f"child {c.pid}", file=sys.stderr, flush=True)
+    sys.stdin.read()
+    if stubborn:
+        time.sleep(60)
+    """
+)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("leader", ["stubborn", "exits"])
+async def test_stop_takes_what_left_the_group_with_it(leader: str) -> None:
+    """A child in a session of its own (and its child) is stopped with the upstream, whether the upstream exits at
+    the end of its input or has to be killed."""
+    process = StdioProcess(sys.executable, ("-c", LEAVER, leader))
+    async with process.open():
+        with anyio.fail_after(20):
+            while (
+                len(pids := [int(line.split()[1]) for line in process.stderr_tail if line.split()[0] in ("child", "grandchild")])
+                < 2
+            ):
+                await anyio.sleep(0.02)
+        assert process.process is not None
+        assert all(os.getpgid(pid) != process.process.pid for pid in pids), "the test's premise: they left the group"
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in pids), "what the upstream started outlived its stop"
+
+
+def test_a_process_tree_is_read_by_parent_links_and_known_by_start_time() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        tree = _platform.descendants(os.getpid())
+        assert child.pid in [pid for pid, _ in tree]
+        mine = tuple(member for member in tree if member[0] == child.pid)
+        assert _platform.still_running(mine) == [child.pid]
+        assert _platform.still_running(((child.pid, mine[0][1] + 1),)) == [], "another start time: another process"
+        _platform.kill_each(mine)
+        child.wait(timeout=10)
+        assert _platform.still_running(mine) == []
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_paths_with_spaces_and_tilde_in_command_cwd_args_and_servers_file(tmp_path: Path) -> None:
     """`~/with space/run server` as command, `~/work dir` as cwd, a servers_file under `~/my configs`;
     arguments with spaces and backslashes arrive exactly as written."""

@@ -10,7 +10,10 @@ difference took. The differences:
   pid); Windows gives it a new process group (`CREATE_NEW_PROCESS_GROUP`), the unit Ctrl-Break reaches;
 - stopping it, after the MCP shutdown's stdin close and grace: the polite signal to the whole group
   (SIGTERM; Windows: CTRL_BREAK_EVENT), then, after another grace, killing the whole tree (SIGKILL to
-  the group; Windows: `taskkill /T /F`, which walks the tree from the process);
+  the group; Windows: `taskkill /T /F`, which walks the tree from the process). What left the group
+  (a browser Puppeteer or Playwright starts in a session of its own) is found on Linux by its parent
+  links, read from /proc before the stop begins (`descendants`), and gets the same signals; other
+  POSIX systems reach the group only;
 - the command: POSIX `exec` searches PATH itself; Windows' CreateProcess finds only `.exe` files, so
   `npx` (really `npx.cmd`) is looked up through PATHEXT here, and a command that is not found gets a
   message that says what to write instead;
@@ -47,10 +50,14 @@ __all__ = [
     "STOP_SIGNALS",
     "TERMINATE_SIGNAL",
     "UNIX_SOCKET_PATH_MAX",
+    "Member",
+    "ask_each_to_stop",
     "ask_to_stop",
     "bind_error",
+    "descendants",
     "event_loop",
     "group_alive",
+    "kill_each",
     "kill_tree",
     "loop_options",
     "not_found_advice",
@@ -59,6 +66,7 @@ __all__ = [
     "resolve_command",
     "running_loop",
     "spawn_options",
+    "still_running",
     "strategy",
     "terminate_as_interrupt",
 ]
@@ -111,7 +119,7 @@ def strategy() -> dict[str, str]:
         "platform": "posix",
         "process_group": "start_new_session",
         "polite_stop": "SIGTERM to the group",
-        "kill_tree": "SIGKILL to the group",
+        "kill_tree": "SIGKILL to the group and to what left it (Linux)",
         "command_lookup": "exec",
         "stdio": "asyncio pipes",
         "stop_signals": "SIGTERM SIGINT",
@@ -199,6 +207,71 @@ def kill_tree(pid: int) -> None:
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
+
+
+#: A process as `descendants` saw it: its pid and its start time (clock ticks since boot), which tell it from a
+#: later process given the same pid.
+Member = tuple[int, int]
+
+
+def descendants(pid: int) -> tuple[Member, ...]:
+    """Every process `pid` started, and those started, by parent links: the ones that left its group included.
+
+    Read from /proc (Linux); elsewhere none (Windows' `taskkill /T` walks the tree itself). Taken before a
+    stop begins: once a parent exits, its children are the init process's and the link is gone.
+    """
+    if IS_WINDOWS:
+        return ()
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return ()
+    children: dict[int, list[Member]] = {}
+    for name in names:
+        if name.isdigit() and (seen := _parent_and_start(int(name))) is not None:
+            children.setdefault(seen[0], []).append((int(name), seen[1]))
+    found: list[Member] = []
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            found.append(child)
+            stack.append(child[0])
+    return tuple(found)
+
+
+def still_running(members: tuple[Member, ...]) -> list[int]:
+    """The pids of `members` that run yet: the same process (same start time), not a zombie, not a newcomer."""
+    return [pid for pid, start in members if (seen := _parent_and_start(pid)) is not None and seen[1] == start]
+
+
+def ask_each_to_stop(members: tuple[Member, ...]) -> None:
+    """The polite signal to every one of `members` still running (`descendants`: none on Windows)."""
+    _signal_each(members, TERMINATE_SIGNAL)
+
+
+def kill_each(members: tuple[Member, ...]) -> None:
+    """Kill every one of `members` still running (`descendants`: none on Windows)."""
+    if not IS_WINDOWS:
+        _signal_each(members, signal.SIGKILL)
+
+
+def _signal_each(members: tuple[Member, ...], sig: int) -> None:
+    for pid in still_running(members):
+        with contextlib.suppress(ProcessLookupError, PermissionError, OSError):  # gone meanwhile: no error
+            os.kill(pid, sig)
+
+
+def _parent_and_start(pid: int) -> tuple[int, int] | None:
+    """From /proc/PID/stat: the parent's pid and the start time; None for a process gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()  # after the command's name, which may hold spaces and parentheses
+    if len(fields) < 20 or fields[0] == b"Z":
+        return None
+    return int(fields[1]), int(fields[19])
 
 
 # ---- sockets -------------------------------------------------------------------------------------

@@ -71,17 +71,22 @@ async def stop_process(process: Process, *, prompt: bool = False) -> None:
     """
     assert process.stdin is not None and process.stdout is not None
     grace_s, polite_s = PROMPT_STOP_S if prompt else (PROCESS_TERMINATION_TIMEOUT, FORCE_KILL_TIMEOUT)
+    # What left the group (a browser started in a session of its own) is known only by its parent links,
+    # which break as soon as its parent exits: read them before anything stops.
+    tree = await anyio.to_thread.run_sync(_platform.descendants, process.pid)
     await _close_pipe(process.stdin)
     # A leader that exits within the grace may leave what it started running (a forked worker, a
-    # `sh -c` child) in its group, holding nothing breakwater watches: the group is stopped too.
-    if not await _wait_for_process_exit(process, grace_s) or _group_left(process):
+    # `sh -c` child, a browser in a session of its own), holding nothing breakwater watches: stopped too.
+    if not await _wait_for_process_exit(process, grace_s) or _group_left(process) or _platform.still_running(tree):
         _platform.ask_to_stop(process.pid)
+        _platform.ask_each_to_stop(tree)
         with anyio.move_on_after(polite_s):  # noqa: TID251 - a real process's grace after the polite signal
             # Reading returncode reaps the leader; a zombie leader would keep the group alive.
-            while _platform.group_alive(process.pid, process.returncode):
+            while _platform.group_alive(process.pid, process.returncode) or _platform.still_running(tree):
                 await anyio.sleep(_GROUP_POLL_S)  # noqa: TID251 - a real process exits in real time
-        if _platform.group_alive(process.pid, process.returncode):
+        if _platform.group_alive(process.pid, process.returncode) or _platform.still_running(tree):
             await anyio.to_thread.run_sync(_platform.kill_tree, process.pid)
+            _platform.kill_each(tree)
         if not await _wait_for_process_exit(process, _KILL_REAP_TIMEOUT):
             logger.warning("stdio server %d is still alive after the kill; abandoning it", process.pid)
     # A kill survivor can hold the stdout pipe open; poison the reader anyway.
