@@ -28,7 +28,7 @@ REFUSED = "is already used by a request in flight in this session"
 
 def _config(tmp_path: Path) -> Path:
     ledger = tmp_path / "ledger"
-    tools = ["--tool", "charge:mutating,destructive,latency=1.5", "--tool", "echo:readonly"]
+    tools = ["--tool", "charge:mutating,destructive,latency=1.5,progress=0.2", "--tool", "echo:readonly"]
     args = ["-m", "breakwater", "testserver", "--name", "ts", *tools, "--ledger", str(ledger)]
     entry = {"command": sys.executable, "args": args}
     config = tmp_path / "mcp.json"
@@ -36,8 +36,11 @@ def _config(tmp_path: Path) -> Path:
     return config
 
 
-def _call(request_id: int, tool: str = "ts__charge") -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {"name": tool, "arguments": {}}}
+def _call(request_id: int, tool: str = "ts__charge", *, progress: bool = False) -> dict[str, Any]:
+    params: dict[str, Any] = {"name": tool, "arguments": {}}
+    if progress:  # the tool then reports progress, and a default-mode answer becomes an SSE stream
+        params["_meta"] = {"progressToken": f"p{request_id}"}
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
 
 
 def _line(message: dict[str, Any]) -> bytes:
@@ -82,8 +85,10 @@ def test_over_stdio_an_id_in_flight_is_refused_and_the_tool_runs_once(tmp_path: 
     assert len(read_ledger(tmp_path / "ledger")) == 2  # two runs: the refused request never ran
 
 
+@pytest.mark.parametrize("first", ["plain", "with-progress"])
 @pytest.mark.parametrize("mode", ["json-response", "default"])
-async def test_over_http_an_id_in_flight_is_refused_and_the_tool_runs_once(tmp_path: Path, mode: str) -> None:
+async def test_over_http_an_id_in_flight_is_refused_and_the_tool_runs_once(tmp_path: Path, mode: str, first: str) -> None:
+    """With progress, the first call's answer is an SSE stream (default mode): the refusal must not take its place."""
     port_file = tmp_path / "port"
     argv = [sys.executable, "-m", "breakwater", "serve", "--config", str(_config(tmp_path)), "--http", "127.0.0.1:0"]
     argv += ["--port-file", str(port_file), *(["--json-response"] if mode == "json-response" else [])]
@@ -105,7 +110,8 @@ async def test_over_http_an_id_in_flight_is_refused_and_the_tool_runs_once(tmp_p
             answers: dict[str, dict[str, Any]] = {}
 
             async def post(which: str) -> None:
-                answers[which] = _answer(await http.post(url, json=_call(7), headers=head))
+                call = _call(7, progress=which == "first" and first == "with-progress")
+                answers[which] = _answer(await http.post(url, json=call, headers=head))
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(post, "first")

@@ -84,6 +84,7 @@ __all__ = [
     "call_context",
     "call_envelope",
     "call_params",
+    "duplicate_id_message",
     "handler_error",
     "install",
     "lane_message",
@@ -565,14 +566,14 @@ def _unique_ids(dispatcher: JSONRPCDispatcher[Any], lane: FastLane) -> None:
         if not lane.holds(req.id):
             return await dispatch(req, metadata, on_request, sender_ctx)
         logger.warning("a request reused the id %r of a request in flight; refused, not run", req.id)
-        error = ErrorData(code=INVALID_REQUEST, message=_duplicate_id_message(req.id))
+        error = ErrorData(code=INVALID_REQUEST, message=duplicate_id_message(req.id))
         dispatcher._spawn(dispatcher._write_error, req.id, error, sender_ctx=sender_ctx)
         return None
 
     dispatcher._dispatch_request = dispatch_unique  # type: ignore[method-assign]
 
 
-def _duplicate_id_message(request_id: Any) -> str:
+def duplicate_id_message(request_id: Any) -> str:
     """What a request is answered whose id a request in flight already uses (`_unique_ids`)."""
     return (
         f"Invalid request: the id {json.dumps(request_id)} is already used by a request in flight in this session, "

@@ -37,6 +37,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import pydantic_core
 from mcp.server import streamable_http as sdk
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -45,17 +46,25 @@ from mcp.shared.jsonrpc_dispatcher import (
     _InFlight,
     _JSONRPCDispatchContext,
 )
-from mcp_types import INTERNAL_ERROR, ErrorData, JSONRPCError, JSONRPCResponse
+from mcp_types import INTERNAL_ERROR, INVALID_REQUEST, ErrorData, JSONRPCError, JSONRPCResponse
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from breakwater._codec import dumps_answer
-from breakwater.gateway._fast_call import FastLane, call_context, call_params, handler_error, lane_message, on_call
+from breakwater.gateway._fast_call import (
+    FastLane,
+    call_context,
+    call_params,
+    duplicate_id_message,
+    handler_error,
+    lane_message,
+    on_call,
+)
 from breakwater.gateway._known_heads import OFFER, routable, serving
 from breakwater.gateway._one_write import WholeSend
 
-__all__ = ["answer_fast", "plain_call", "reply_json", "request_cancelled", "session_ended"]
+__all__ = ["answer_fast", "plain_call", "refused_duplicate", "reply_json", "request_cancelled", "session_ended"]
 
 if TYPE_CHECKING:
     from breakwater.gateway._drain import Drain
@@ -113,6 +122,8 @@ async def _post(
 ) -> None:
     message = await _plain_call(transport, lane, request)
     if message is None:
+        if await refused_duplicate(transport, lane, request, scope, receive, send):
+            return None
         with lane.bound():  # the session's first request shows the lane its dispatcher
             return await sdk_post(scope, request, receive, send)
     if not await transport._validate_request_headers(request, send):
@@ -192,6 +203,40 @@ async def _plain_call(transport: sdk.StreamableHTTPServerTransport, lane: FastLa
         return None
     # Read once: Starlette keeps the body on `request`, so the SDK's handler reads the same bytes.
     return plain_call(lane, await request.body())
+
+
+async def refused_duplicate(
+    transport: sdk.StreamableHTTPServerTransport,
+    lane: FastLane | None,
+    request: Request,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+) -> bool:
+    """Answer a POSTed request whose id a request in flight in its session uses (-32600, not run); False if it is not one.
+
+    Why here, before the SDK's handler. The lanes leave such a request to the SDK, whose dispatcher refuses it
+    (`_fast_call._unique_ids`); but the SDK's POST handler first opens the request's response stream under its
+    id, in the place of the first request's (a call answered on an SSE stream, a request on the SDK's path),
+    and closes it after the refusal: the first request's answer then had nowhere to go, and its POST hung.
+    """
+    try:
+        message = pydantic_core.from_json(await request.body())
+    except ValueError:
+        return False  # the SDK's handler answers what does not parse
+    if not isinstance(message, dict) or "method" not in message or "id" not in message:
+        return False
+    request_id = message["id"]
+    if not isinstance(request_id, str | int) or isinstance(request_id, bool):
+        return False
+    if str(request_id) not in transport._request_streams and (lane is None or not lane.holds(request_id)):
+        return False
+    if not await transport._validate_request_headers(request, send):
+        return True
+    logger.warning("a request reused the id %r of a request in flight; refused, not run", request_id)
+    error = ErrorData(code=INVALID_REQUEST, message=duplicate_id_message(request_id))
+    await transport._create_json_response(JSONRPCError(jsonrpc="2.0", id=request_id, error=error))(scope, receive, send)
+    return True
 
 
 def session_ended(transport: sdk.StreamableHTTPServerTransport) -> Response:

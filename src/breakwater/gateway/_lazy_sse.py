@@ -64,7 +64,7 @@ from starlette.types import Receive, Scope, Send
 
 from breakwater._clock import Clock
 from breakwater.gateway._fast_call import FastLane, session_lane
-from breakwater.gateway._fast_http import plain_call
+from breakwater.gateway._fast_http import plain_call, refused_duplicate
 from breakwater.gateway._known_heads import OFFER, routable, serving
 from breakwater.gateway._lazy_call import COMMIT_S, Call, Lazy, serve_call, stream_response
 from breakwater.gateway._resume import ResumableStreams, SessionStreams
@@ -196,6 +196,8 @@ async def _post(
         return await sdk_post(scope, request, receive, send)
     if not isinstance(message, JSONRPCRequest) or message.method == "initialize":
         return await sdk_post(scope, request, receive, send)
+    if await refused_duplicate(transport, lane, request, scope, receive, send):
+        return None
     if not await transport._validate_request_headers(request, send):
         return None
     try:
