@@ -130,11 +130,18 @@ def needs_modern(capabilities: types.ServerCapabilities | None, tools: Sequence[
 
 
 def noting_questions(hooks: Mapping[str, Any], asked: Callable[[], None]) -> dict[str, Any]:
-    """`hooks` (an `mcp.Client`'s keyword arguments) with `asked()` called before each sampling or elicitation request."""
+    """`hooks` (an `mcp.Client`'s keyword arguments for one connection) with `asked()` called before that connection's
+    first sampling or elicitation request (once: what it writes down does not change with the next question)."""
+    pending = [asked]
+
+    def note() -> None:
+        if pending:
+            pending.pop()()
+
     noted = dict(hooks)
     for key in ("sampling_callback", "elicitation_callback"):
         if (callback := hooks.get(key)) is not None:
-            noted[key] = _noting(callback, asked)
+            noted[key] = _noting(callback, note)
     return noted
 
 

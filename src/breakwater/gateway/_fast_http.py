@@ -37,11 +37,10 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import pydantic_core
 from mcp.server import streamable_http as sdk
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.shared.dispatcher import coerce_request_id
+from mcp.shared.dispatcher import as_request_id, coerce_request_id
 from mcp.shared.jsonrpc_dispatcher import (
     _InFlight,
     _JSONRPCDispatchContext,
@@ -122,7 +121,12 @@ async def _post(
 ) -> None:
     message = await _plain_call(transport, lane, request)
     if message is None:
-        if await refused_duplicate(transport, lane, request, scope, receive, send):
+        sent = lane_message(await request.body())
+        if (
+            sent is not None
+            and "method" in sent
+            and await refused_duplicate(transport, lane, sent.get("id"), scope, request, receive, send)
+        ):
             return None
         with lane.bound():  # the session's first request shows the lane its dispatcher
             return await sdk_post(scope, request, receive, send)
@@ -208,8 +212,9 @@ async def _plain_call(transport: sdk.StreamableHTTPServerTransport, lane: FastLa
 async def refused_duplicate(
     transport: sdk.StreamableHTTPServerTransport,
     lane: FastLane | None,
-    request: Request,
+    request_id: Any,
     scope: Scope,
+    request: Request,
     receive: Receive,
     send: Send,
 ) -> bool:
@@ -220,22 +225,18 @@ async def refused_duplicate(
     id, in the place of the first request's (a call answered on an SSE stream, a request on the SDK's path),
     and closes it after the refusal: the first request's answer then had nowhere to go, and its POST hung.
     """
-    try:
-        message = pydantic_core.from_json(await request.body())
-    except ValueError:
-        return False  # the SDK's handler answers what does not parse
-    if not isinstance(message, dict) or "method" not in message or "id" not in message:
-        return False
-    request_id = message["id"]
-    if not isinstance(request_id, str | int) or isinstance(request_id, bool):
-        return False
+    request_id = as_request_id(request_id)
+    if request_id is None:
+        return False  # a notification, or an id the SDK's handler refuses itself
     if str(request_id) not in transport._request_streams and (lane is None or not lane.holds(request_id)):
         return False
     if not await transport._validate_request_headers(request, send):
         return True
     logger.warning("a request reused the id %r of a request in flight; refused, not run", request_id)
     error = ErrorData(code=INVALID_REQUEST, message=duplicate_id_message(request_id))
-    await transport._create_json_response(JSONRPCError(jsonrpc="2.0", id=request_id, error=error))(scope, receive, send)
+    await transport._create_json_response(JSONRPCError(jsonrpc="2.0", id=request_id, error=error))(
+        request.scope, request.receive, send
+    )
     return True
 
 

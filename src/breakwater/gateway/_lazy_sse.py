@@ -196,7 +196,7 @@ async def _post(
         return await sdk_post(scope, request, receive, send)
     if not isinstance(message, JSONRPCRequest) or message.method == "initialize":
         return await sdk_post(scope, request, receive, send)
-    if await refused_duplicate(transport, lane, request, scope, receive, send):
+    if await refused_duplicate(transport, lane, message.id, scope, request, receive, send):
         return None
     if not await transport._validate_request_headers(request, send):
         return None
