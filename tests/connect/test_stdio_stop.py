@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from breakwater.connect._stdio import StdioProcess
+from breakwater.connect._stdio import EXIT_CODE_GRACE_S, StdioProcess
 from helpers import alive
 
 LOOPS = ["asyncio", "uvloop"]
@@ -103,3 +103,71 @@ def test_a_stdout_closed_while_the_upstream_runs_ends_the_reads_at_once(tmp_path
     _run(loop, main)
     assert seen, "the reads never ended after the upstream closed its stdout"
     assert seen[0] < 5
+
+
+EXITS_LATER = """
+import os, sys, time
+time.sleep(float(sys.argv[1]))
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_an_upstream_that_exits_after_a_while_is_known_by_its_exit_code(tmp_path: Path, loop: str) -> None:
+    """The exit of a server that has run a while is looked for less often, and at once when it closes its stdout.
+
+    Its exit code must still be known within the reaping grace, as for one that fails at start: it is what
+    the supervisor tells the user ("exited with code 3").
+    """
+    script = tmp_path / "later.py"
+    script.write_text(EXITS_LATER)
+    codes: list[int | None] = []
+    waits: list[float] = []
+
+    async def main() -> None:
+        process = StdioProcess(sys.executable, (str(script), "3.2"))
+        async with process.open() as (read, _write):
+            with anyio.move_on_after(30):
+                async for _message in read:
+                    pass
+            ended = time.monotonic()  # its stdout reached EOF: it is exiting
+        waits.append(time.monotonic() - ended)
+        codes.append(process.exit_code_before_close)
+
+    _run(loop, main)
+    assert codes == [3]
+    # Not the whole grace: by then the look at the process had slowed to 2 s, and only the EOF woke it.
+    assert waits[0] < 0.8 * EXIT_CODE_GRACE_S
+
+
+LEAVES_A_CHILD = """
+import os, sys, time
+if os.fork() == 0:  # holds the pipes it inherited: the leader's stdout never reaches EOF
+    time.sleep(float(sys.argv[1]) + 30)
+    os._exit(0)
+time.sleep(float(sys.argv[1]))
+os._exit(0)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="fork is POSIX's")
+@pytest.mark.parametrize("loop", LOOPS)
+def test_an_upstream_whose_child_holds_its_stdout_is_still_seen_to_exit(tmp_path: Path, loop: str) -> None:
+    """No EOF comes (the child holds the pipe), so only the slowed look at the process sees the leader exit."""
+    script = tmp_path / "leaves.py"
+    script.write_text(LEAVES_A_CHILD)
+    seen: list[float] = []
+
+    async def main() -> None:
+        process = StdioProcess(sys.executable, (str(script), "3.2"))
+        process.prompt_stop = True
+        async with process.open():
+            started = time.monotonic()
+            with anyio.move_on_after(30):
+                await process.exited.wait()
+                seen.append(time.monotonic() - started)
+
+    _run(loop, main)
+    assert seen, "the leader's exit was never seen"
+    # Its exit at ~3.2 s is seen within the slowest look (2 s) and a generous margin for a busy machine.
+    assert seen[0] < 3.2 + 2.0 + 5
