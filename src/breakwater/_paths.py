@@ -80,9 +80,10 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-#: The most breakwater reads of a file the user names (a config, its `servers_file` or `envFile`, a `{file:}` or key
-#: file). Real ones are kilobytes; without a bound, `--config /dev/zero` read until the memory ran out.
-MAX_USER_FILE_BYTES = 4 * 1024 * 1024
+#: The most breakwater reads of a file the user names (a config, its `servers_file` or `envFile`). Most are kilobytes,
+#: but Claude Code's `~/.claude.json` keeps every project's history and reaches 15-100 MB (anthropics/claude-code
+#: #6394, #10192); 4 MiB refused real ones. The bound is for files that are no config at all.
+MAX_USER_FILE_BYTES = 256 * 1024 * 1024
 #: The most read of a file whose whole text is one secret (OpenCode's `{file:}`, a private key): a token or a PEM key
 #: is a few kilobytes, and every secret is matched in everything breakwater prints (`config/_redact.py`).
 MAX_SECRET_FILE_BYTES = 64 * 1024
@@ -98,7 +99,8 @@ def read_user_file(path: Path, limit: int = MAX_USER_FILE_BYTES) -> bytes:
     with open(path, "rb") as file:
         data = file.read(limit + 1)
     if len(data) > limit:
-        raise OSError(errno.EFBIG, f"larger than {limit // 1024} KiB, far more than any such file")
+        size = f"{limit // (1024 * 1024)} MiB" if limit >= 1024 * 1024 else f"{limit // 1024} KiB"
+        raise OSError(errno.EFBIG, f"larger than {size}, far more than any such file")
     return data
 
 

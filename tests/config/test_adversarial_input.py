@@ -88,6 +88,16 @@ def test_a_config_that_never_ends_is_refused_at_once(tmp_path: Path, target: str
     assert result.returncode == 2 and "not a regular file" in result.stderr, result.stderr
 
 
+def test_a_claude_json_of_many_megabytes_is_read(tmp_path: Path) -> None:
+    """Claude Code's ~/.claude.json keeps each project's history and grows to tens of megabytes: 4 MiB refused it."""
+    history = [{"display": "x" * 1000, "pastedContents": {}} for _ in range(6000)]  # 6 MB
+    data = {"mcpServers": {"a": {"command": "x"}}, "projects": {str(tmp_path / "elsewhere"): {"history": history}}}
+    path = tmp_path / ".claude.json"
+    path.write_text(json.dumps(data))
+    assert path.stat().st_size > 6_000_000
+    assert [spec.name for spec in load_config(path, environ={}).servers] == ["a"]
+
+
 def test_a_file_reference_to_a_device_or_a_huge_file_is_refused(tmp_path: Path) -> None:
     """OpenCode's `{file:}` read /dev/zero until a MemoryError, and a 50 MB file for a minute."""
     big = tmp_path / "big.txt"

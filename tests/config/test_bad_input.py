@@ -86,6 +86,8 @@ BAD_CONFIGS: list[tuple[str, str | bytes, str]] = [
         "mcpServers.a.transportType",
     ),
     ("nul.json", b'{"mcpServers": {"a": {"command": "x\x00"}}}', "NUL"),
+    # Read as Codex's file (for its [mcp_servers]), its [call] and servers_file were dropped without a word.
+    ("mixed.toml", 'servers_file = "x.json"\n[call]\ntimeout_s = 60\n[mcp_servers.b]\ncommand = "x"\n', "servers_file"),
     ("deep.json", "[" * 100_000 + "]" * 100_000, "nested deeper"),
     ("deep2.json", '{"mcpServers": {"a": {"command": "x", "args": ' + "[" * 5000 + "]" * 5000 + "}}}", "nested deeper"),
     ("deep.toml", "a = " + "[" * 100_000 + "]" * 100_000 + "\n", "nested"),
@@ -218,6 +220,7 @@ def test_bad_config_is_refused_with_file_key_and_fix(tmp_path: Path, name: str, 
         ({"BREAKWATER_SHARE": "maybe"}, "true or false"),
         ({"BREAKWATER_JOURNAL": "a\x01b"}, "control character"),
         ({"BREAKWATER_JOURNAL": "mysql://x"}, "journal URL scheme"),
+        ({"BREAKWATER_STATE_URL": "http://:Pw9Pw9Pw9@h:6379/0"}, "state store scheme 'http'"),
     ],
 )
 def test_bad_environment_values_are_refused(tmp_path: Path, env: dict[str, str], mentions: str) -> None:
@@ -229,7 +232,8 @@ def test_bad_environment_values_are_refused(tmp_path: Path, env: dict[str, str],
     (variable,) = env
     assert info.value.path == "environment"
     assert info.value.key == variable, "the error names the variable, not the knob's key in a file"
-    if "scheme" not in mentions:  # the journal URL check says what to write instead
+    assert "Pw9Pw9" not in str(info.value), "a store URL's password was quoted"
+    if "scheme" not in mentions:  # the URL checks say what to write instead
         assert info.value.fix is not None and variable in info.value.fix
 
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from breakwater.config import load_config
 
 
@@ -118,3 +120,50 @@ def test_import_names_the_claude_code_permission_rules_that_must_follow_the_tool
         "permissions.deny 'mcp__github__delete_repo' must become 'mcp__breakwater__github__delete_repo'",
     ]
     assert all(line.endswith(suffix) for line in said)
+
+
+def test_the_readmes_two_steps_need_no_force(tmp_path: Path) -> None:
+    """`import` then, when happy, `import --replace`: the second step found the first step's files and asked for --force."""
+    source = tmp_path / ".mcp.json"
+    source.write_text(json.dumps(SERVERS))
+    assert run_import(".mcp.json", cwd=tmp_path).returncode == 0
+    replaced = run_import(".mcp.json", "--replace", cwd=tmp_path)
+    assert replaced.returncode == 0, replaced.stderr
+    assert list(json.loads(source.read_text())["mcpServers"]) == ["breakwater"]
+    assert json.loads((tmp_path / ".mcp.json.bak").read_text()) == SERVERS
+    # What another import wrote, or the user edited since, is still never overwritten without --force.
+    (tmp_path / "breakwater.toml").write_text("# tuned by hand\n")
+    (tmp_path / "other.json").write_text(json.dumps(SERVERS))
+    clash = run_import("other.json", cwd=tmp_path)
+    assert clash.returncode == 2 and "breakwater.toml" in clash.stderr and "--force" in clash.stderr
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX permission bits")
+def test_a_private_agent_file_gives_private_files(tmp_path: Path) -> None:
+    """The servers' secrets were written world-readable (0644) from a 0600 ~/.claude.json, which --replace made 0644 too."""
+    source = tmp_path / ".claude.json"
+    source.write_text(json.dumps(SERVERS))
+    source.chmod(0o600)
+    assert run_import(".claude.json", cwd=tmp_path).returncode == 0
+    written = ["breakwater.servers.json", "breakwater.toml", ".claude.breakwater.json"]
+    assert {name: oct((tmp_path / name).stat().st_mode & 0o777) for name in written} == dict.fromkeys(written, "0o600")
+    (tmp_path / "breakwater.toml").chmod(0o640)  # a file that exists keeps its own permissions
+    assert run_import(".claude.json", "--replace", "--force", cwd=tmp_path).returncode == 0
+    assert oct(source.stat().st_mode & 0o777) == "0o600"
+    assert oct((tmp_path / "breakwater.toml").stat().st_mode & 0o777) == "0o640"
+    assert oct((tmp_path / ".claude.json.bak").stat().st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="symbolic links need privileges there")
+def test_replace_writes_through_a_symlinked_agent_file(tmp_path: Path) -> None:
+    """A dotfiles setup links .mcp.json to a file kept elsewhere: --replace made the link a plain file."""
+    dotfiles = tmp_path / "dotfiles"
+    dotfiles.mkdir()
+    (dotfiles / "mcp.json").write_text(json.dumps(SERVERS))
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / ".mcp.json").symlink_to(dotfiles / "mcp.json")
+    assert run_import(".mcp.json", "--replace", cwd=project).returncode == 0
+    assert (project / ".mcp.json").is_symlink()
+    assert list(json.loads((dotfiles / "mcp.json").read_text())["mcpServers"]) == ["breakwater"]
+    assert json.loads((project / ".mcp.json.bak").read_text()) == SERVERS

@@ -7,6 +7,7 @@ core leaves and the rest of `config` only.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -54,7 +55,11 @@ def _read_text(path: Path) -> str:
     try:
         raw = read_user_file(path)
     except OSError as exc:
-        raise ConfigError(f"cannot read the file: {exc.strerror or exc}", path=spath, fix="check the path") from None
+        fix = {
+            errno.EACCES: "let this user read it (or run as its owner)",
+            errno.EFBIG: "name the file that holds the servers (is this a log or a data file?)",
+        }.get(exc.errno or 0, "check the path")
+        raise ConfigError(f"cannot read the file: {exc.strerror or exc}", path=spath, fix=fix) from None
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")) or (len(raw) > 1 and (raw[0] == 0) != (raw[1] == 0)):
         # A BOM, or ASCII text with a NUL beside each character: what PowerShell's `>` and Notepad write.
         raise ConfigError("the file is UTF-16, not UTF-8", path=spath, fix="save the file as UTF-8")
@@ -429,6 +434,15 @@ def load_config_for_server(
 def _load(p: Path, env: Mapping[str, str], *, strict: bool, entries_ok: Entries = STRICT) -> tuple[Config, list[tuple[str, str]]]:
     expand = Expander(env, str(p), strict=strict)
     data = _read_toml(p) if p.suffix == ".toml" else None
+    if data is not None and CODEX_TOP in data and (own := sorted(_TOML_TOP_KEYS.intersection(data))):
+        # Read as Codex's file, its breakwater settings (and servers_file's servers) would be dropped without a word.
+        raise ConfigError(
+            f"holds Codex's [{CODEX_TOP}] beside breakwater's own {', '.join(own)}: a file is read as one or the other",
+            path=str(p),
+            key=CODEX_TOP,
+            fix=f"in breakwater's file write each server as [servers.NAME], or point servers_file at Codex's "
+            f"config.toml; in Codex's file, leave out {', '.join(own)}",
+        )
     if data is not None and CODEX_TOP not in data:
         config = _load_toml(p, data, env, expand, entries_ok)
     else:  # a client's file: mcpServers JSON, or Codex's config.toml

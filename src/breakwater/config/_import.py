@@ -20,6 +20,7 @@ import errno
 import json
 import os
 import shutil
+import stat
 import sys
 from functools import partial
 from pathlib import Path
@@ -214,29 +215,66 @@ def _write_all(source: Path, files: dict[Path, str], backup: Path | None) -> Non
     """Write every file, or none: each is written beside its place first, then all are renamed into place.
 
     The agent's file goes first (`files`' first key, the one most likely refused: a read-only or immutable file), so
-    a refusal there leaves the folder as it was; an OSError says which file.
+    a refusal there leaves the folder as it was; an OSError names the file it could not write, never a staged copy.
+
+    The servers carry their secrets (env values, headers) with them, so no file is left more readable than the
+    agent's: a file replaced keeps its permissions, a new one gets the agent file's (a private `~/.claude.json`,
+    0600, never becomes a world-readable servers file). A symbolic link (a dotfiles setup) stays a link: what it
+    points at is written.
     """
-    staged: dict[Path, Path] = {}
+    mode = stat.S_IMODE(source.stat().st_mode)
+    staged: dict[Path, tuple[Path, Path]] = {}
     backed_up = False
     try:
         for path, text in files.items():
-            if path.is_dir():
+            target = path.resolve() if path.is_symlink() else path
+            if target.is_dir():
                 raise IsADirectoryError(errno.EISDIR, "it is a directory", str(path))
-            staged[path] = tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(text, encoding="utf-8")
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+            staged[path] = (target, tmp)
+            _write_private(tmp, text, stat.S_IMODE(target.stat().st_mode) if target.exists() else mode, shown=path)
         if backup is not None:
             shutil.copy2(source, backup)
             backed_up = True
-        for path, tmp in list(staged.items()):
-            os.replace(tmp, path)
+        for path, (target, tmp) in list(staged.items()):
+            try:
+                os.replace(tmp, target)
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, str(path)) from exc
             del staged[path]
     except OSError:
         if backed_up and source in staged and backup is not None:  # the agent's file was not replaced: no backup of it
             backup.unlink(missing_ok=True)
         raise
     finally:
-        for tmp in staged.values():
+        for _, tmp in staged.values():
             tmp.unlink(missing_ok=True)
+
+
+def _write_private(tmp: Path, text: str, mode: int, *, shown: Path) -> None:
+    """`text` into `tmp`, readable by its owner only until it has its final `mode` (an OSError names `shown`)."""
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.chmod(tmp, mode)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(shown)) from exc
+
+
+def _clashes(files: dict[Path, str]) -> list[Path]:
+    """The files that exist with other content: writing what they already hold (an import run again) loses nothing."""
+    clashes = []
+    for path, text in files.items():
+        try:
+            same = path.read_text(encoding="utf-8") == text
+        except FileNotFoundError:
+            continue
+        except (OSError, UnicodeDecodeError):
+            same = False
+        if not same:
+            clashes.append(path)
+    return clashes
 
 
 def import_main(argv: list[str]) -> int:
@@ -264,7 +302,7 @@ def import_main(argv: list[str]) -> int:
     agent_text = files.pop(source)
     agent_path = source if args.replace else source.with_name(f"{source.stem}.breakwater{source.suffix}")
     backup = source.with_name(source.name + ".bak")
-    clashes = [p for p in [*files, *([] if args.replace else [agent_path])] if p.exists()]
+    clashes = _clashes(files if args.replace else {**files, agent_path: agent_text})
     if args.replace and backup.exists():
         clashes.append(backup)
     if clashes and not args.force:
@@ -277,7 +315,7 @@ def import_main(argv: list[str]) -> int:
         where = exc.filename or source.parent
         print(
             f"breakwater: cannot write {where}: {exc.strerror or exc}; nothing was changed\n"
-            "  fix: make it a writable file, or move it away",
+            "  fix: make it (and its folder) writable, or move it away",
             file=sys.stderr,
         )
         return 1

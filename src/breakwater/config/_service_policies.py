@@ -366,8 +366,10 @@ class StatePolicy(Policy):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.url and not self.url.startswith(("redis://", "rediss://", "unix://", "memory://")):
+            # The scheme only: a URL's user-info holds the store's password.
+            scheme = self.url.split("://", 1)[0] if "://" in self.url else "(none)"
             raise ConfigError(
-                f"unsupported state store {self.url!r}",
+                f"unsupported state store scheme {scheme!r}",
                 key="url",
                 fix='use "redis://HOST:PORT/DB" (or leave it empty for in-process state)',
             )
