@@ -86,6 +86,7 @@ BAD_CONFIGS: list[tuple[str, str | bytes, str]] = [
         "mcpServers.a.transportType",
     ),
     ("nul.json", b'{"mcpServers": {"a": {"command": "x\x00"}}}', "NUL"),
+    ("twice.json", _json({"a": {"url": "http://h.test/mcp", "headers": {"Authorization": "A", "authorization": "B"}}}), "twice"),
     # Read as Codex's file (for its [mcp_servers]), its [call] and servers_file were dropped without a word.
     ("mixed.toml", 'servers_file = "x.json"\n[call]\ntimeout_s = 60\n[mcp_servers.b]\ncommand = "x"\n', "servers_file"),
     ("deep.json", "[" * 100_000 + "]" * 100_000, "nested deeper"),

@@ -294,3 +294,26 @@ async def test_secrets_of_every_shape_never_leak(tmp_path: Path) -> None:
             outputs.append(json.dumps(bw.status().to_json()))
     assert any("backend refused" in o for o in outputs)
     assert _leaks(outputs) == []
+
+
+def test_keys_known_by_their_shape_are_secrets_wherever_they_stand(tmp_path: Path) -> None:
+    """A GitHub token, an Anthropic key or a bare "Bearer X" in args was shown whole by `config check`."""
+    config = tmp_path / "mcp.json"
+    args = [
+        "ghp_Ab1Cd2Ef3Gh4Ij5Kl6Mn7Op8Qr9St0Uv1Wx2",
+        "Bearer Zz9Yy8Xx7Ww6",
+        "-c",
+        "exec server --key-file=/k sk-ant-api03-Qq1Rr2Ss3Tt4",
+        "AKIAIOSFODNN7EXAMPL3",
+        "--verbose",
+        "desk-management-console",
+        "task-runner",
+    ]
+    config.write_text(json.dumps({"mcpServers": {"s": {"command": "x", "args": args}}}))
+    from breakwater.config import load_config
+
+    loaded = load_config(config, environ={})
+    shown = " ".join(loaded.server("s").describe()["args"])
+    for secret in ("Ab1Cd2Ef3Gh4", "Zz9Yy8Xx7Ww6", "Qq1Rr2Ss3Tt4", "IOSFODNN7EXAMPL3"):
+        assert secret not in shown, shown
+    assert "--verbose" in shown and "desk-management-console" in shown and "task-runner" in shown

@@ -173,6 +173,8 @@ def _headers(table: Mapping[str, Any], spath: str, where: str, expand: Expander)
     if "bearer_token_env_var" in table:
         key = f"{where}.bearer_token_env_var"
         if (token := _variable(expand, table["bearer_token_env_var"], spath, key, where)) is not None:
+            # It is the Authorization header (in any case http_headers wrote it): one is sent, not two.
+            headers = {name: value for name, value in headers.items() if name.lower() != "authorization"}
             headers["Authorization"] = f"Bearer {token}"
     return headers
 

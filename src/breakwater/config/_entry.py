@@ -72,6 +72,7 @@ def str_map(value: Any, path: str, key: str, expand: Expander, where: str) -> di
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
         raise fail("expected a table of strings", path, key, f'write {key} as {{"NAME": "value"}}')
     out: dict[str, str] = {}
+    names: dict[str, str] = {}
     for k, v in value.items():
         if isinstance(v, bool) or not isinstance(v, (str, int, float)):
             raise fail("expected a string value", path, f"{key}.{k}", "quote the value")
@@ -79,6 +80,9 @@ def str_map(value: Any, path: str, key: str, expand: Expander, where: str) -> di
         out[k] = expand(_text(v, path, f"{key}.{k}"), where=where, key=f"{key}.{k}", secret=True)
         if key.endswith("headers"):  # `headers`, or Codex's `http_headers`
             check_header(k, out[k], path=path, key=f"{key}.{k}")
+            # Header names ignore case: both were sent, and which one a server reads is its own choice.
+            if (first := names.setdefault(k.lower(), k)) != k:
+                raise fail(f"the header {first!r} is written twice (names ignore case)", path, f"{key}.{k}", "keep one of them")
         else:
             if not k or "=" in k:
                 raise fail(f"invalid environment variable name {k!r}", path, f"{key}.{k}", "use letters, digits and _")

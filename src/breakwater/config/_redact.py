@@ -6,7 +6,8 @@ reaches any output breakwater writes. A secret is
 * the user-info and every query value of a URL (an upstream's, the journal's, the state store's);
 * the value of a credential-looking argument: `--api-key X`, `--token=X`, `--password X`,
   `API_KEY=X`, `Authorization: Bearer X` (a name holding key, token, secret, password, passwd,
-  pwd, auth or credential);
+  pwd, auth or credential), a bare `Bearer X`, and anything shaped as a known kind of key
+  wherever it stands (`ghp_…`, `sk-ant-…`, `xoxb-…`, `AKIA…`: `_TOKEN_SHAPED`);
 * the gateway's own `--token`.
 An upstream that prints its token without the `Bearer ` prefix, or its key without the `sk-`
 prefix, or a fragment of either, is still caught; secrets shorter than 8 characters are matched
@@ -69,6 +70,15 @@ def _kept(value: str) -> bool:
 
 
 _CREDENTIAL_NAME = re.compile(r"(key|token|secret|passw|pwd|auth|credential|bearer|cookie|session)", re.IGNORECASE)
+#: Credentials that say what they are by their own shape, wherever they stand in an argument (a bare `ghp_...`,
+#: `sh -c "... sk-ant-..."`): the published prefixes of GitHub, GitLab, OpenAI and Anthropic, Stripe, Slack, Hugging
+#: Face, npm, PyPI, DigitalOcean, Shopify, AWS access key ids and Google API keys, with the key after them.
+_TOKEN_SHAPED = re.compile(
+    r"(?<![A-Za-z0-9])(?:gh[pousr]_|github_pat_|glpat-|sk-|[spr]k_(?:live|test)_|xox[abposr]-|hf_|npm_|pypi-|dop_v1_"
+    r"|shp(?:at|ss|ca|pa)_|AKIA|AIza)[A-Za-z0-9_\-]{8,}"
+)
+#: An argument that is a whole `Authorization` value (`"Bearer X"`), with no flag or name before it.
+_AUTH_VALUE = re.compile(r"^(?:Bearer|Basic|Token|Bot)\s+\S{4,}$", re.IGNORECASE)
 _FLAG = re.compile(r"^-{1,2}([A-Za-z0-9][\w.-]*)$")
 _ASSIGNMENT = re.compile(r"^-{0,2}([A-Za-z_][\w.-]*)\s*[=:]\s*(.+)$", re.DOTALL)
 
@@ -139,6 +149,9 @@ def arg_secrets(args: Iterable[str]) -> Iterator[str]:
             assigned = _ASSIGNMENT.match(assigned.group(2).strip())
         if "://" in arg:
             yield from url_secrets(arg)
+        if _AUTH_VALUE.match(arg.strip()):
+            yield from header_secrets(arg.strip())
+        yield from _TOKEN_SHAPED.findall(arg)
 
 
 #: The schemes whose URLs name a place: `scheme://host[:port]` says where, not what (see `_public`).
