@@ -1,6 +1,6 @@
 """A stdio MCP server that breaks the rules on purpose, written by hand (the SDK's servers cannot).
 
-    python broken_upstream.py [--junk N] [--bad-tools] [--non-finite] [--swallow-unknown | --modern-only]
+    python broken_upstream.py [--junk N] [--bad-tools] [--non-finite] [--rude] [--swallow-unknown | --modern-only]
 
 Speaks 2025-11-25 JSON-RPC over stdio, one message per line. `--bad-tools` lists, beside the valid
 `echo` and `big`, a tool whose inputSchema is not an object, one with no inputSchema at all, a
@@ -13,7 +13,10 @@ progress notifications holding them too.
 servers do. `--modern-only` speaks 2026-07-28 alone: it answers `server/discover`, refuses
 `initialize` with -32022, and marks every result `resultType: "complete"`.
 `--junk N` writes N lines that are not JSON-RPC on stdout before every answer. Tool `big` answers
-with a text of `arguments.bytes` bytes; `echo` answers with its arguments.
+with a text of `arguments.bytes` bytes; `echo` answers with its arguments. `--rude` lists two more: `noisy` sends
+`arguments.notes` progress notifications without a progressToken and a log message of a level that
+does not exist before it answers; `malformed` answers with an envelope that is no JSON-RPC
+response, as `arguments.shape` says: "null" (`"result": null`), "string" (`"error": "..."`) or "none".
 """
 
 from __future__ import annotations
@@ -26,6 +29,11 @@ from typing import Any
 GOOD = [
     {"name": "echo", "description": "echo", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}},
     {"name": "big", "description": "a large answer", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}},
+]
+#: Listed with `--rude`: tools whose answers break the protocol.
+RUDE = [
+    {"name": "noisy", "description": "notifications that do not validate", "inputSchema": {"type": "object"}},
+    {"name": "malformed", "description": "an answer that is no JSON-RPC response", "inputSchema": {"type": "object"}},
 ]
 NON_FINITE = [
     {"name": "bounded", "inputSchema": {"type": "object", "properties": {"x": {"type": "number", "maximum": float("inf")}}}},
@@ -73,7 +81,7 @@ def _modern(request: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
-def _answer(request: dict[str, Any], bad_tools: bool, non_finite: bool = False) -> dict[str, Any]:
+def _answer(request: dict[str, Any], bad_tools: bool, non_finite: bool = False, rude: bool = False) -> dict[str, Any]:
     method, params = request.get("method"), request.get("params") or {}
     if method == "initialize":
         return {
@@ -82,7 +90,7 @@ def _answer(request: dict[str, Any], bad_tools: bool, non_finite: bool = False) 
             "serverInfo": {"name": "broken", "version": "1"},
         }
     if method == "tools/list":
-        return {"tools": GOOD + (BAD if bad_tools else []) + (NON_FINITE if non_finite else [])}
+        return {"tools": GOOD + (BAD if bad_tools else []) + (NON_FINITE if non_finite else []) + (RUDE if rude else [])}
     if method == "ping":
         return {}
     if method == "tools/call":
@@ -96,6 +104,10 @@ def _answer(request: dict[str, Any], bad_tools: bool, non_finite: bool = False) 
                     _send({"jsonrpc": "2.0", "method": "notifications/progress", "params": note}, 0)
             structured = {"celsius": nan, "range": [-inf, 40.5, inf], "sensor": {"id": 7, "drift": nan}}
             return {"content": [{"type": "text", "text": "no reading"}], "structuredContent": structured, "_meta": {"q": inf}}
+        if params.get("name") == "noisy":
+            for i in range(int(arguments.get("notes", 0))):
+                _send({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": i}}, 0)
+            _send({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "loud", "data": "x"}}, 0)
         text = "x" * int(arguments.get("bytes", 0)) if params.get("name") == "big" else json.dumps(arguments)
         return {"content": [{"type": "text", "text": text}]}
     raise KeyError(method)
@@ -106,6 +118,7 @@ def main() -> None:
     parser.add_argument("--junk", type=int, default=0)
     parser.add_argument("--bad-tools", action="store_true")
     parser.add_argument("--non-finite", action="store_true")
+    parser.add_argument("--rude", action="store_true")
     parser.add_argument("--swallow-unknown", action="store_true")
     parser.add_argument("--modern-only", action="store_true")
     args = parser.parse_args()
@@ -113,11 +126,17 @@ def main() -> None:
         request = json.loads(line)
         if "id" not in request or "method" not in request:
             continue  # notifications and answers need no reply
+        shape = ((request.get("params") or {}).get("arguments") or {}).get("shape")
+        if request["method"] == "tools/call" and shape is not None:
+            broken = {"null": {"result": None}, "string": {"error": "it failed"}, "none": {}}[shape]
+            _send({"jsonrpc": "2.0", "id": request["id"], **broken}, 0)
+            continue
         try:
             if args.modern_only:
                 reply = {"jsonrpc": "2.0", "id": request["id"], "result": {**_modern(request), "resultType": "complete"}}
             else:
-                reply = {"jsonrpc": "2.0", "id": request["id"], "result": _answer(request, args.bad_tools, args.non_finite)}
+                answer = _answer(request, args.bad_tools, args.non_finite, args.rude)
+                reply = {"jsonrpc": "2.0", "id": request["id"], "result": answer}
         except _Refused as refused:
             reply = {"jsonrpc": "2.0", "id": request["id"], "error": refused.error}
         except KeyError:

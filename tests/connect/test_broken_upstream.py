@@ -74,6 +74,48 @@ async def test_a_broken_upstream_costs_only_itself(tmp_path: Path, caplog: pytes
     assert not [r for r in caplog.records if r.exc_info or r.name.startswith("mcp.client.stdio")]
 
 
+def _rude(tmp_path: Path, timeout_s: float) -> Config:
+    spec = ServerSpec(
+        name="rude",
+        transport="stdio",
+        command=sys.executable,
+        args=(str(SCRIPT), "--rude"),
+        connect=ConnectPolicy(startup_jitter_s=0, health_interval_s=0),
+        call=CallPolicy(timeout_s=timeout_s),
+    )
+    return Config(servers=(spec,), journal=JournalPolicy(url="off"))
+
+
+async def test_notifications_that_do_not_validate_cost_a_few_log_lines(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """600 progress notifications without a progressToken wrote 600 tracebacks (the SDK's client logs each one)."""
+    caplog.set_level(logging.INFO)
+    async with Breakwater(_rude(tmp_path, 30), admission_dir=tmp_path / "admission") as bw:
+        await bw.wait_ready(timeout=30)
+        for _ in range(2):
+            assert not (await bw.call_tool("rude", "noisy", {"notes": 300})).is_error
+    progress = [r.getMessage() for r in caplog.records if "notifications/progress" in r.getMessage()]
+    # The 1st, the 10th and the 100th of 600: each names the server and what was wrong.
+    assert len(progress) == 3 and all("from rude" in m and "params.progressToken: Field required" in m for m in progress)
+    levels = [r.getMessage() for r in caplog.records if "notifications/message" in r.getMessage()]
+    assert len(levels) == 1 and "params.level" in levels[0]
+    assert not [r for r in caplog.records if r.exc_info]
+
+
+@pytest.mark.parametrize(
+    ("shape", "says"),
+    [("null", "a result that is null"), ("string", "an error that is a string"), ("none", "neither a result nor an error")],
+)
+async def test_an_answer_that_is_no_json_rpc_response_fails_its_call_at_once(tmp_path: Path, shape: str, says: str) -> None:
+    """It was dropped as junk: the call waited its whole timeout, and the model heard the outcome was unknown."""
+    async with Breakwater(_rude(tmp_path, 20), admission_dir=tmp_path / "admission") as bw:
+        await bw.wait_ready(timeout=30)
+        result = await bw.call_tool("rude", "malformed", {"shape": shape})
+        envelope = result.structured_content or {}
+        assert result.is_error and envelope["code"] == "UPSTREAM_ERROR" and says in envelope["reason"], envelope
+        assert envelope["elapsed_s"] < 10
+        assert not (await bw.call_tool("rude", "noisy", {"notes": 0})).is_error  # the connection serves on
+
+
 async def test_nan_and_infinity_from_an_upstream_become_null_and_a_tool_defined_with_them_is_left_out(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -18,6 +18,7 @@ May import the core leaves only.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import re
@@ -27,10 +28,11 @@ from typing import Any
 
 import mcp.types as types
 from mcp.shared.message import SessionMessage
+from pydantic import ValidationError
 
 from breakwater._wire import RESULT_TOO_LARGE
 
-__all__ = ["HandOffReader", "LineSplitter", "Oversized", "StdoutParser", "quiet_sdk_junk_logs"]
+__all__ = ["UPSTREAM_NAME", "HandOffReader", "LineSplitter", "Oversized", "StdoutParser", "quiet_sdk_junk_logs"]
 
 logger = logging.getLogger("breakwater.stdio")
 
@@ -135,13 +137,40 @@ class StdoutParser:
             try:  # as the SDK reads it: invalid UTF-8 becomes U+FFFD, not a lost message
                 message = types.jsonrpc_message_adapter.validate_json(line.decode("utf-8", "replace"), by_name=False)
             except ValueError:
-                self._note_junk(line)
-                return None
+                return self._malformed(line)
         if isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
             self.pending.pop(message.id, None)
         else:
             self.notices += 1
         return SessionMessage(message)
+
+    def _malformed(self, line: bytes) -> SessionMessage | None:
+        """An error for the request in flight that `line` answers without being a JSON-RPC response (`"result":
+        null`, an `error` that is a string); any other line that is no JSON-RPC message is junk (`_note_junk`).
+
+        Dropped as junk, such an answer left its call waiting for the whole timeout, and the model was told the
+        server was slow and the outcome unknown, when the server had answered at once."""
+        try:
+            data = json.loads(line)
+        except (ValueError, RecursionError):
+            data = None
+        request_id = data.get("id") if isinstance(data, dict) and "method" not in data else None
+        if not isinstance(request_id, int | str) or isinstance(request_id, bool) or request_id not in self.pending:
+            self._note_junk(line)
+            return None
+        assert isinstance(data, dict)
+        method = self.pending.pop(request_id)
+        if isinstance(data.get("error"), dict):
+            what = "an error object without a valid code and message"
+        elif "error" in data:
+            what = f"an error that is {_kind(data['error'])}, not a JSON-RPC error object"
+        elif "result" in data:
+            what = f"a result that is {_kind(data['result'])}, not an object"
+        else:
+            what = "neither a result nor an error"
+        logger.warning("%s answered %s with %s; the request fails with that", self.server, method, what)
+        error = types.ErrorData(code=types.INTERNAL_ERROR, message=f"the server answered with {what}")
+        return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error))
 
     def _too_large(self, line: Oversized) -> SessionMessage | None:
         request_id = self._answered_id(line)
@@ -205,43 +234,65 @@ class StdoutParser:
             logger.warning("%s has written %d lines on stdout that are %s; all ignored", self.server, count, kind)
 
 
+def _kind(value: Any) -> str:
+    """What a JSON value is, in words ("null", "a string", ...)."""
+    if value is None:
+        return "null"
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list", dict: "an object"}
+    return names.get(type(value), "something else")
+
+
 def _is_power_of_ten(n: int) -> bool:
     while n >= 10 and n % 10 == 0:
         n //= 10
     return n == 1
 
 
-#: The SDK client loggers that log a traceback per junk message, and those messages.
+#: The SDK client loggers that log a line (most with a traceback) per junk message, and those messages. The SDK's
+#: client session logs as "client": an upstream that sent 5,000 progress notifications without a progressToken
+#: wrote 5,000 tracebacks (11 MB) into the gateway's log per call.
 _SDK_JUNK = {
     "mcp.client.streamable_http": frozenset({"Error parsing SSE message", "Error parsing JSON response"}),
     "mcp.client.sse": frozenset({"Error parsing server message"}),
     "mcp.client.stdio": frozenset({"Failed to parse JSONRPC message from server"}),
+    "client": frozenset({"Failed to validate notification: %s", "notification queue for %r is full; dropped the oldest event"}),
 }
+
+#: The upstream whose connection this task serves (set for each connect attempt: the SDK's tasks inherit it), so
+#: that a line the SDK logs about a message can say whose it was.
+UPSTREAM_NAME: contextvars.ContextVar[str | None] = contextvars.ContextVar("breakwater_upstream_name", default=None)
 
 
 class _JunkLogLimit(logging.Filter):
-    """One line per kind of junk message, then one at the 10th, 100th, ...; never the traceback."""
+    """One line per kind of junk message and upstream, then one at the 10th, 100th, ...; never the traceback."""
 
     def __init__(self, messages: frozenset[str]) -> None:
         super().__init__()
         self._messages = messages
-        self._counts: dict[str, int] = {}
+        self._counts: dict[tuple[str | None, str], int] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg not in self._messages:
             return True
-        kind = str(record.msg)
-        count = self._counts.get(kind, 0) + 1
-        self._counts[kind] = count
+        server, what = UPSTREAM_NAME.get(), record.getMessage()
+        count = self._counts.get((server, what), 0) + 1
+        self._counts[server, what] = count
         if count > 1 and not _is_power_of_ten(count):
             return False
         error = record.exc_info[1] if record.exc_info else None
-        detail = str(error).splitlines()[0][:200] if error is not None and str(error) else type(error).__name__
-        record.msg = "%s from an upstream (%d so far, logged at the 1st, 10th, 100th...): %s"
-        record.args = (kind, count, detail)
+        record.msg = "%s from %s (%d so far, logged at the 1st, 10th, 100th...)%s"
+        record.args = (what, server or "an upstream", count, f": {_first_error(error)}" if error is not None else "")
         record.exc_info, record.exc_text = None, None
         record.levelno, record.levelname = logging.WARNING, "WARNING"
         return True
+
+
+def _first_error(error: BaseException) -> str:
+    """What was wrong, in a line: a validation error's first field and message, else the error's first line."""
+    if isinstance(error, ValidationError) and (errors := error.errors()):
+        where = ".".join(str(part) for part in errors[0]["loc"])
+        return f"{where}: {errors[0]['msg']}" if where else str(errors[0]["msg"])
+    return str(error).splitlines()[0][:200] if str(error) else type(error).__name__
 
 
 def quiet_sdk_junk_logs() -> None:

@@ -37,7 +37,7 @@ from breakwater.config import ServerSpec
 from breakwater.config._redact import Redactor
 from breakwater.connect._admission import Admission, Slot
 from breakwater.connect._failures import classify, describe, lost_error, repeated_exit, timeout_error
-from breakwater.connect._lines import quiet_sdk_junk_logs
+from breakwater.connect._lines import UPSTREAM_NAME, quiet_sdk_junk_logs
 from breakwater.connect._protocol_memory import (
     ProtocolMemory,
     Recalled,
@@ -205,7 +205,8 @@ class Upstream:
     # ---- the supervisor ---------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Connect and stay connected until cancelled."""
+        """Connect and stay connected until cancelled (in a task of its own: `UPSTREAM_NAME` is this task's)."""
+        UPSTREAM_NAME.set(self.spec.name)
         if not self.spec.enabled:
             self._set(ServerState.DISABLED)
             return
