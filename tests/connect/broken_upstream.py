@@ -16,7 +16,8 @@ servers do. `--modern-only` speaks 2026-07-28 alone: it answers `server/discover
 with a text of `arguments.bytes` bytes; `echo` answers with its arguments. `--rude` lists two more: `noisy` sends
 `arguments.notes` progress notifications without a progressToken and a log message of a level that
 does not exist before it answers; `malformed` answers with an envelope that is no JSON-RPC
-response, as `arguments.shape` says: "null" (`"result": null`), "string" (`"error": "..."`) or "none".
+response, as `arguments.shape` says: "null" (`"result": null`), "string" (`"error": "..."`) or "none"; or
+with a result whose `content` is no list ("notlist").
 """
 
 from __future__ import annotations
@@ -128,7 +129,12 @@ def main() -> None:
             continue  # notifications and answers need no reply
         shape = ((request.get("params") or {}).get("arguments") or {}).get("shape")
         if request["method"] == "tools/call" and shape is not None:
-            broken = {"null": {"result": None}, "string": {"error": "it failed"}, "none": {}}[shape]
+            broken = {
+                "null": {"result": None},
+                "string": {"error": "it failed"},
+                "none": {},
+                "notlist": {"result": {"content": {"type": "text", "text": "x"}}},
+            }[shape]
             _send({"jsonrpc": "2.0", "id": request["id"], **broken}, 0)
             continue
         try:

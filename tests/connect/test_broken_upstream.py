@@ -103,7 +103,13 @@ async def test_notifications_that_do_not_validate_cost_a_few_log_lines(tmp_path:
 
 @pytest.mark.parametrize(
     ("shape", "says"),
-    [("null", "a result that is null"), ("string", "an error that is a string"), ("none", "neither a result nor an error")],
+    [
+        ("null", "a result that is null"),
+        ("string", "an error that is a string"),
+        ("none", "neither a result nor an error"),
+        # A response, whose result is no CallToolResult: the reason said only "does not match the MCP protocol shape".
+        ("notlist", "shape: content: Input should be a valid list"),
+    ],
 )
 async def test_an_answer_that_is_no_json_rpc_response_fails_its_call_at_once(tmp_path: Path, shape: str, says: str) -> None:
     """It was dropped as junk: the call waited its whole timeout, and the model heard the outcome was unknown."""

@@ -335,6 +335,15 @@ def _not_sent(reason: str, retry_after_s: float | None = None) -> Verdict:
     )
 
 
+def _first_problem(exc: pydantic.ValidationError) -> str:
+    """Where the reply first broke the shape, and how (`: content: Input should be a valid list`), for its author."""
+    errors = exc.errors(include_input=False, include_url=False)
+    if not errors:
+        return ""
+    where = ".".join(str(part) for part in errors[0]["loc"])
+    return f": {where}: {errors[0]['msg']}" if where else f": {errors[0]['msg']}"
+
+
 def _fatal(reason: str, code: ErrorCode = ErrorCode.UPSTREAM_ERROR) -> Verdict:
     """A failure that another identical attempt would repeat."""
     return Verdict(outcome=Outcome.FAILURE, code=code, retryable=False, reason=reason)
@@ -364,7 +373,7 @@ def _classify_exception(exc: BaseException, ctx: AttemptContext) -> Verdict:
     if isinstance(exc, httpx2.HTTPError):
         return _classify_http(exc, ctx)
     if isinstance(exc, pydantic.ValidationError):
-        return _fatal("the reply does not match the MCP protocol shape")
+        return _fatal(f"the reply does not match the MCP protocol shape{_first_problem(exc)}")
     if isinstance(exc, RuntimeError) and (
         "Invalid structured content" in str(exc)
         or "has an output schema but did not return structured content" in str(exc)
