@@ -8,6 +8,7 @@ listing tools whose names differ only past the cut.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -88,6 +89,15 @@ def test_names_keep_their_start_differ_by_the_whole_and_fit_the_limit() -> None:
         assert one != two and len(one) == len(two) == min(limit, len(f"{SERVER}__{TOOLS[0]}"))
         assert one == namespaced("{server}__{tool}", SERVER, TOOLS[0], limit)
     assert namespaced("{server}__{tool}", SERVER, "ping", 64) == f"{SERVER}__ping"
+
+
+def test_names_hold_only_what_the_model_apis_take() -> None:
+    """The spec allows "." in a tool name, Anthropic's and OpenAI's APIs do not: one such name failed every request."""
+    api = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+    for server, tool in [("bn", "admin.tools.list"), ("my.server", "get user"), ("s", "päth/ünicode")]:
+        name = namespaced("{server}__{tool}", server, tool, 64)
+        assert api.match(name), name
+    assert namespaced("{server}__{tool}", "bn", "admin.tools.list", 64) == "bn__admin_tools_list"
 
 
 @pytest.mark.parametrize("value", ["10", "129", "many"])

@@ -43,9 +43,11 @@ __all__ = [
     "route_by_shape",
 ]
 
-# The spec's tool-name rules (2025-11-25 onwards): 1-128 characters of A-Z a-z 0-9 _ - .
+# The spec's tool names (2025-11-25 onwards) are 1-128 characters of A-Z a-z 0-9 _ - . but the model APIs behind
+# every client take no "." (Anthropic's `^[a-zA-Z0-9_-]{1,128}$`, OpenAI's likewise), and refuse the whole request,
+# every tool of the agent's, for one such name (github/copilot-cli#1879): a "." becomes "_" too.
 #: What a downstream tool name may not hold (each such character becomes "_").
-TOOL_NAME_OK = re.compile(r"[^A-Za-z0-9_.\-]")
+TOOL_NAME_OK = re.compile(r"[^A-Za-z0-9_\-]")
 MAX_TOOL_NAME = 128
 #: The longest downstream tool name by default: the most the Anthropic and OpenAI APIs accept for a
 #: tool the model sees (both refuse the whole request when one name is longer), below the spec's 128.

@@ -27,7 +27,8 @@ class GatewayPolicy(Policy):
 
     tool_name_template: str = knob(
         "{server}__{tool}",
-        "Downstream tool name; {server} and {tool} are replaced, other characters outside A-Z a-z 0-9 _ - . become _.",
+        "Downstream tool name; {server} and {tool} are replaced, other characters outside A-Z a-z 0-9 _ - become _ "
+        "(a dot too: model APIs refuse it).",
         env="BREAKWATER_TOOL_NAME_TEMPLATE",
     )
     tool_name_max: int = knob(
@@ -183,8 +184,8 @@ class GatewayPolicy(Policy):
         for key in ("search_tool", "status_tool"):
             name = getattr(self, key)
             if name and (TOOL_NAME_OK.search(name) or len(name) > MAX_TOOL_NAME):
-                # The spec's tool names: a client may refuse a whole tools/list for one name outside them.
-                fix = f"use letters, digits, _, - and . (at most {MAX_TOOL_NAME}), or empty to turn it off"
+                # A name a model API refuses costs the agent every tool: `TOOL_NAME_OK`.
+                fix = f"use letters, digits, _ and - (at most {MAX_TOOL_NAME}), or empty to turn it off"
                 raise ConfigError(f"{name!r} is not a tool name", key=key, fix=fix)
         if self.search_tool and self.search_tool == self.status_tool:
             raise ConfigError("the same name as search_tool: two tools of one name", key="status_tool", fix="name them apart")
