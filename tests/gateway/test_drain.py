@@ -17,7 +17,7 @@ import pytest
 from mcp import Client
 
 from breakwater.testing.server import read_ledger, read_state, serve_http
-from helpers import called_once_up, code_of, eventually, isolated_env, lingering_server
+from helpers import called_once_up, code_of, eventually, isolated_env, lingering_server, share_dir
 
 pytestmark = pytest.mark.anyio
 
@@ -123,11 +123,23 @@ async def test_sigterm_lets_calls_in_flight_finish_refuses_new_ones_and_cuts_wha
                 proc.wait()
 
 
-@pytest.mark.parametrize("how", ["stdin closed", "SIGTERM"])
-async def test_stdio_serve_lets_calls_finish_when_its_client_goes_away_then_cuts_the_rest(tmp_path: Path, how: str) -> None:
+@pytest.mark.parametrize(
+    ("how", "shared"),
+    [("stdin closed", False), ("SIGTERM", False), ("stdin closed", True)],
+    ids=["stdin closed", "SIGTERM", "stdin closed, shared"],
+)
+async def test_stdio_serve_lets_calls_finish_when_its_client_goes_away_then_cuts_the_rest(
+    tmp_path: Path, how: str, shared: bool
+) -> None:
     """Stdio ends like HTTP: when the client closes stdin (or on SIGTERM) a call shorter than the window finishes
     and is answered, a longer one is cancelled upstream and answered OUTCOME_UNKNOWN, and `serve` exits 0 within
-    the window plus a second."""
+    the window plus a second. Through the shared gateway (the default) both were answered a bare -32000
+    "Connection closed" the moment stdin closed."""
+    with share_dir("bw-dr-") as share:
+        await _client_goes_away(tmp_path, how, share if shared else None)
+
+
+async def _client_goes_away(tmp_path: Path, how: str, share: Path | None) -> None:
     state = tmp_path / "state"
     flags = ("--tool", "order:latency=30,mutating", "--tool", "quick:latency=1,readonly", "--state-file", str(state))
     env = dict(
@@ -137,11 +149,14 @@ async def test_stdio_serve_lets_calls_finish_when_its_client_goes_away_then_cuts
         BREAKWATER_CONNECT_STARTUP_JITTER_S="0",
         BREAKWATER_JOURNAL="off",
     )
+    if share is not None:
+        env.update(BREAKWATER_SHARE="on", BREAKWATER_SHARE_DIR=str(share), BREAKWATER_SHARE_IDLE_S="1")
     async with serve_http(*flags) as upstream:
         config = tmp_path / "breakwater.toml"
         config.write_text(f'[servers.shop]\nurl = "{upstream.url}"\n')
+        mode = [] if share is not None else ["--no-share"]
         proc = subprocess.Popen(
-            [*BREAKWATER, "serve", "--no-share", "--config", str(config)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            [*BREAKWATER, "serve", *mode, "--config", str(config)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
         assert proc.stdin is not None and proc.stdout is not None
         stdin, stdout = proc.stdin, proc.stdout

@@ -54,8 +54,8 @@ from breakwater.gateway._session import session_gateway
 from breakwater.gateway._share import HANDSHAKE_LIMIT, SessionContext, bind_socket, peer_uid
 from breakwater.gateway._stdio_server import (
     MAX_LINE_BYTES,
+    Ending,
     LineOutput,
-    let_handlers_start,
     pump_input,
     pump_output,
     transport_file,
@@ -161,15 +161,27 @@ class SharedGateway:
             while self.sessions or self._arriving:
                 await self._changed.wait()
 
+    def _ending(self, gateway: Gateway) -> Ending:
+        """A session's drain: its calls in flight get `[gateway] drain_s`, the rest are cut with the gate's envelope.
+
+        Run once, by whichever comes first: the agent's end of input (`_run`) or the gateway's stop (`_drained`).
+        Without it at the end of input, a call in flight was answered a bare -32000 "Connection closed" and cut
+        halfway in the shared gateway, where a `serve --no-share` session let it finish and answered it.
+        """
+        return Ending(partial(drain_stdio, gateway.drain, self.config.gateway.drain_s), None)
+
     async def _drained(
-        self, gateway: Gateway, pause: Callable[[], None], let_go: Callable[[], Awaitable[None]], session: anyio.CancelScope
+        self,
+        ending: Ending,
+        pause: Callable[[], None],
+        let_go: Callable[[], Awaitable[None]],
+        session: anyio.CancelScope,
     ) -> None:
-        """At a stop: `pause` the session's input, give its calls in flight `[gateway] drain_s` (the rest are cut with
-        the gate's envelope), then `let_go` of its output before its server stops, and end the `session`."""
+        """At a stop: `pause` the session's input, drain it (`_ending`), then `let_go` of its output before its server
+        stops, and end the `session`."""
         await self._stop.wait()
         pause()
-        await let_handlers_start()  # the requests read already reach their handlers, and count
-        await drain_stdio(gateway.drain, self.config.gateway.drain_s)
+        await ending.run()  # the requests read already reach their handlers first, and count
         await let_go()
         session.cancel()
 
@@ -342,13 +354,14 @@ class SharedGateway:
             output.on_broken = read_transport.close
             await output.open(loop)
             async with session_gateway(self.gateway, self.config, context) as gateway:
+                ending = self._ending(gateway)
                 try:
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(mirror.flushing)
                         tg.start_soon(tell_tools, gateway, mirror)
                         tg.start_soon(until_closed, sock_reader, tg.cancel_scope)
-                        tg.start_soon(self._drained, gateway, mirror.stop_input, partial(mirror.let_go, output), tg.cancel_scope)
-                        await self._run(gateway, reader, output)
+                        tg.start_soon(self._drained, ending, mirror.stop_input, partial(mirror.let_go, output), tg.cancel_scope)
+                        await self._run(gateway, reader, output, ending)
                         mirror.ended()
                         tg.cancel_scope.cancel()
                 finally:
@@ -365,13 +378,14 @@ class SharedGateway:
     async def _session(self, reader: asyncio.StreamReader, output: _SocketOutput, context: SessionContext | None) -> None:
         """One MCP session over the socket, until either side closes it; its own servers start in `context`."""
         async with session_gateway(self.gateway, self.config, context) as gateway, anyio.create_task_group() as tg:
+            ending = self._ending(gateway)
             # Its input is read on through the drain: what `serve` wrote to the socket and we never read would be
             # answered OUTCOME_UNKNOWN by it, though it never ran.
-            tg.start_soon(self._drained, gateway, lambda: None, output.close, tg.cancel_scope)
-            await self._run(gateway, reader, output)
+            tg.start_soon(self._drained, ending, lambda: None, output.close, tg.cancel_scope)
+            await self._run(gateway, reader, output, ending)
             tg.cancel_scope.cancel()
 
-    async def _run(self, gateway: Gateway, reader: asyncio.StreamReader, output: LineOutput) -> None:
+    async def _run(self, gateway: Gateway, reader: asyncio.StreamReader, output: LineOutput, ending: Ending) -> None:
         server = gateway.server
         read_stream_writer, read_stream = create_context_streams[SessionMessage | Exception](0)
         write_stream, write_stream_reader = create_context_streams[SessionMessage](0)
@@ -381,6 +395,8 @@ class SharedGateway:
         async def read() -> None:
             async with read_stream_writer, lane.serving():
                 await pump_input(reader, read_stream_writer, output, lane)
+                # The agent closed its input: the session ends once its calls in flight are answered (`_ending`).
+                await ending.run()
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(read)

@@ -51,6 +51,7 @@ from breakwater.gateway._pump import reserve_standard_fds
 
 __all__ = [
     "MAX_LINE_BYTES",
+    "Ending",
     "LineOutput",
     "let_handlers_start",
     "pump_input",
@@ -352,8 +353,9 @@ async def pump_output(source: Any, output: LineOutput) -> None:
             await output.send(data.encode() + b"\n")
 
 
-class _Ending:
-    """How a session with a drain ends: the drain runs once (the end of input, or the first stop signal)."""
+class Ending:
+    """How a session with a drain ends: the drain runs once, whichever asks first (the end of input, the first stop
+    signal, a shared gateway's stop)."""
 
     def __init__(self, on_end: Callable[[], Awaitable[None]], cut: Callable[[], None] | None) -> None:
         self.on_end = on_end
@@ -394,7 +396,7 @@ class _Ending:
 
 
 async def _stop_on_signal(
-    reading: anyio.CancelScope, ending: _Ending | None, reader: asyncio.StreamReader, sink: Any, stopped_by: list[int]
+    reading: anyio.CancelScope, ending: Ending | None, reader: asyncio.StreamReader, sink: Any, stopped_by: list[int]
 ) -> None:
     # A stop signal ends the session as the end of input does, so the caller shuts down in order;
     # with an `on_end` (the drain), stdin is still read meanwhile, and a second one cuts that short.
@@ -488,7 +490,7 @@ async def stdio_server(
 
     read_stream_writer, read_stream = create_context_streams[SessionMessage | Exception](0)
     write_stream, write_stream_reader = create_context_streams[SessionMessage](0)
-    ending = None if on_end is None else _Ending(on_end, cut)
+    ending = None if on_end is None else Ending(on_end, cut)
     refusing = None if ending is None else ending.refusing
 
     lane = FastLane(server, output.send) if server is not None else None
