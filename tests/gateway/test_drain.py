@@ -125,8 +125,8 @@ async def test_sigterm_lets_calls_in_flight_finish_refuses_new_ones_and_cuts_wha
 
 @pytest.mark.parametrize(
     ("how", "shared"),
-    [("stdin closed", False), ("SIGTERM", False), ("stdin closed", True)],
-    ids=["stdin closed", "SIGTERM", "stdin closed, shared"],
+    [("stdin closed", False), ("SIGTERM", False), ("stdin closed", True), ("SIGTERM", True)],
+    ids=["stdin closed", "SIGTERM", "stdin closed, shared", "SIGTERM, shared"],
 )
 async def test_stdio_serve_lets_calls_finish_when_its_client_goes_away_then_cuts_the_rest(
     tmp_path: Path, how: str, shared: bool
@@ -134,7 +134,7 @@ async def test_stdio_serve_lets_calls_finish_when_its_client_goes_away_then_cuts
     """Stdio ends like HTTP: when the client closes stdin (or on SIGTERM) a call shorter than the window finishes
     and is answered, a longer one is cancelled upstream and answered OUTCOME_UNKNOWN, and `serve` exits 0 within
     the window plus a second. Through the shared gateway (the default) both were answered a bare -32000
-    "Connection closed" the moment stdin closed."""
+    "Connection closed" the moment stdin closed or `serve` got the signal."""
     with share_dir("bw-dr-") as share:
         await _client_goes_away(tmp_path, how, share if shared else None)
 

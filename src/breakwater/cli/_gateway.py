@@ -23,7 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from breakwater._platform import loop_options
-from breakwater.cli._common import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, Parser, add_config_flag, counted, fail, load_or_exit, show
+from breakwater.cli._common import (
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    Parser,
+    add_config_flag,
+    counted,
+    fail,
+    load_or_exit,
+    show,
+)
 from breakwater.config import Config, GatewayPolicy
 
 __all__ = ["attach_or_none", "gateway_main", "shared_gateway_info"]
@@ -144,6 +155,8 @@ def _attached(
                 print(f"breakwater: serving this session on its own: {exc}", file=sys.stderr, flush=True)
                 return None
         code: int = await attached_session(first, attach, safety=safety, clock=clock)
+        if code == EXIT_INTERRUPTED:  # Ctrl-C ended the session (its calls drained first), as in every command
+            print("breakwater: interrupted", file=sys.stderr)
         return code
 
     result: int | None = anyio.run(run, backend_options=loop_options(config.gateway.event_loop))

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -19,7 +20,7 @@ import mcp.types as types
 
 from breakwater._clock import Clock
 from breakwater.connect._lines import HandOffReader
-from breakwater.gateway._handoff import MIRROR_FLUSH_S, answer_id, record
+from breakwater.gateway._handoff import MIRROR_FLUSH_S, STOP, answer_id, record
 from breakwater.gateway._stdio_server import LineOutput
 from breakwater.gateway._waits import first_of
 
@@ -245,12 +246,22 @@ class HandedOutput(LineOutput):
                 writer.transport.close()
 
 
-async def until_closed(reader: asyncio.StreamReader, scope: anyio.CancelScope) -> None:
-    """Wait for the end of a handed-over session's socket (its `serve` went away), then cancel `scope`."""
-    with contextlib.suppress(OSError):
-        while await reader.read(65536):
-            pass
-    scope.cancel()
+async def until_closed(
+    reader: asyncio.StreamReader, scope: anyio.CancelScope, on_stop: Callable[[], Coroutine[Any, Any, None]]
+) -> None:
+    """Wait for the end of a handed-over session's socket (its `serve` went away), then cancel `scope`.
+
+    `STOP` on it (a stop signal reached `serve`) runs `on_stop`, which drains the session and ends it; the
+    socket's end meanwhile (a second signal: `serve` exits at once) still cancels `scope` at once.
+    """
+    async with anyio.create_task_group() as tg:
+        stopping = False
+        with contextlib.suppress(OSError):
+            while data := await reader.read(65536):
+                if STOP in data and not stopping:
+                    stopping = True
+                    tg.start_soon(on_stop)
+        scope.cancel()
 
 
 async def tell_tools(gateway: Gateway, mirror: Mirror) -> None:

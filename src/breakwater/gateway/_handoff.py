@@ -21,7 +21,14 @@ socket, what it read and what it answered: the *mirror*, a stream of records (`R
                  schema): at the start and at each change, so that needs no `tools/list` of the agent's
     P            an answer line is still partly unwritten (the agent's pipe was full)
     C            the last partly written line has been written since
-    E            the session ended (the agent closed its input): nothing to fail over
+    E            the session ended (the agent closed its input, or `serve` asked): nothing to fail over
+
+The other way, `serve` writes one thing on the socket: `STOP` (one byte), when a stop signal reached it
+(SIGTERM, Ctrl-C, a hang-up). The gateway then ends the session as a stop signal ends a `serve
+--no-share` one: it reads no more of the agent's input, its calls in flight get `[gateway] drain_s`
+(the rest are cut with the gate's envelope), their answers go out, and `E` follows. A second signal
+makes `serve` exit at once: the socket's end cuts what is left. Killed by the first, `serve` left the
+gateway to answer every call in flight a bare "Connection closed", half done.
 
 `serve` does not read the mirror per call: the agent's calls never wake it. The records wait in the
 socket's kernel buffer. With the descriptors `serve` sends the write end of a pipe of its own, the
@@ -58,6 +65,7 @@ __all__ = [
     "CAN_HAND_OFF",
     "MIRROR_FLUSH_S",
     "RECORD",
+    "STOP",
     "MirrorParser",
     "answer_id",
     "can_offer",
@@ -72,6 +80,8 @@ __all__ = [
 MIRROR_FLUSH_S = 0.05
 #: Whether this platform passes descriptors over a Unix socket (not Windows, which does not share anyway).
 CAN_HAND_OFF = hasattr(socket, "SCM_RIGHTS") and hasattr(socket, "recv_fds")
+#: What `serve` writes on a handed-over session's socket when a stop signal reached it: drain the session, then end it.
+STOP = b"S"
 #: Each record: one kind byte and a 4-byte big-endian payload length, then the payload.
 RECORD = struct.Struct(">cI")
 #: The start of every response the SDK writes (`model_dump_json` keeps the declared field order).

@@ -185,6 +185,15 @@ class SharedGateway:
         await let_go()
         session.cancel()
 
+    async def _asked_to_stop(self, ending: Ending, mirror: Mirror, output: HandedOutput, session: anyio.CancelScope) -> None:
+        """A stop signal reached the session's `serve` (`_handoff.STOP`): end the session as it ends a `serve --no-share`
+        one. No more of the agent's input is read, the calls in flight drain, their answers go out, then `E`."""
+        mirror.stop_input()
+        await ending.run()
+        await output.close()
+        mirror.ended()
+        session.cancel()
+
     async def _exit_when_idle(self, scope: anyio.CancelScope) -> None:
         while not self._stop.is_set():
             changed = self._changed
@@ -359,7 +368,8 @@ class SharedGateway:
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(mirror.flushing)
                         tg.start_soon(tell_tools, gateway, mirror)
-                        tg.start_soon(until_closed, sock_reader, tg.cancel_scope)
+                        asked = partial(self._asked_to_stop, ending, mirror, output, tg.cancel_scope)
+                        tg.start_soon(until_closed, sock_reader, tg.cancel_scope, asked)
                         tg.start_soon(self._drained, ending, mirror.stop_input, partial(mirror.let_go, output), tg.cancel_scope)
                         await self._run(gateway, reader, output, ending)
                         mirror.ended()

@@ -30,16 +30,20 @@ import json
 import logging
 import os
 import select
+import signal
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+
+from breakwater import _platform
 from breakwater._clock import Clock
 from breakwater.config import Config
 from breakwater.config._checks import distinct_name, name_affixes, namespaced
 from breakwater.gateway._attach import Attachment, AttachRefused, SessionOutdated
-from breakwater.gateway._handoff import MirrorParser, answer_id
+from breakwater.gateway._handoff import STOP, MirrorParser, answer_id
 from breakwater.gateway._start import relayable, reserve_standard_fds
 
 __all__ = ["GIVE_UP_S", "MAX_LINE_BYTES", "ToolSafety", "attached_session", "relayable", "reserve_standard_fds"]
@@ -511,11 +515,15 @@ async def attached_session(first: Attachment, reattach: Any, *, safety: ToolSafe
     try:
         if first.handed_off:
             attachment = None
+            stopped: list[int] = []
             try:
-                if await pump.watch(first):
+                ended = False
+                with _stops_through(first, stopped):
+                    ended = await pump.watch(first)
+                if ended or stopped:
                     if _reader_gone(1):  # the session ended because the agent stopped reading: as `| head` makes it
                         raise BrokenPipeError(errno.EPIPE, "the agent stopped reading this session's output")
-                    return 0
+                    return _stopped_code(stopped)
             finally:
                 first.close()
             generation = 1
@@ -550,6 +558,40 @@ async def attached_session(first: Attachment, reattach: Any, *, safety: ToolSafe
             attachment.close()
         await pump.close()
     return 0
+
+
+@contextlib.contextmanager
+def _stops_through(attachment: Attachment, stopped: list[int]) -> Iterator[None]:
+    """While a handed-over session runs in the gateway, a stop signal asks the gateway to end it (`_handoff.STOP`).
+
+    The first signal is noted in `stopped`; the gateway drains the session and ends it, and the mirror says so.
+    A second one cancels the watch (this process exits at once, and the socket's end cuts what is left).
+    """
+    loop = asyncio.get_running_loop()
+    scope = anyio.CancelScope()
+
+    def asked(signum: int) -> None:  # on the loop, after the signal's handler (`_platform.on_stop_signals`)
+        if stopped:
+            scope.cancel()
+            return
+        stopped.append(signum)
+        with contextlib.suppress(OSError):
+            attachment.sock.send(STOP)
+
+    def on_signal(signum: int) -> None:  # on the main thread, between two steps of the loop
+        loop.call_soon_threadsafe(asked, signum)
+
+    with _platform.on_stop_signals(on_signal), scope:
+        yield
+
+
+#: `serve`'s exit code after Ctrl-C, as every command's (`cli._common.EXIT_INTERRUPTED`: 128 + SIGINT).
+INTERRUPTED = 130
+
+
+def _stopped_code(stopped: list[int]) -> int:
+    """The exit code of a session that ended: `INTERRUPTED` after Ctrl-C; 0 otherwise (a hang-up is told apart above)."""
+    return INTERRUPTED if signal.SIGINT in stopped else 0
 
 
 async def _reattach_with_patience(reattach: Any, pump: _Pump, clock: Clock) -> Attachment:
