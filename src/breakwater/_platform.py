@@ -67,6 +67,7 @@ __all__ = [
     "running_loop",
     "spawn_options",
     "still_running",
+    "stopped",
     "strategy",
     "terminate_as_interrupt",
 ]
@@ -259,6 +260,17 @@ def _signal_each(members: tuple[Member, ...], sig: int) -> None:
     for pid in still_running(members):
         with contextlib.suppress(ProcessLookupError, PermissionError, OSError):  # gone meanwhile: no error
             os.kill(pid, sig)
+
+
+def stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped (SIGSTOP, a debugger): it runs, and can answer nothing. Linux (/proc);
+    False elsewhere, or for a process gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    return data[data.rfind(b")") + 2 :][:1] in (b"T", b"t")
 
 
 def _parent_and_start(pid: int) -> tuple[int, int] | None:

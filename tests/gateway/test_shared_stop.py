@@ -182,3 +182,63 @@ def test_a_gateway_killed_under_a_read_the_agent_never_listed_sends_it_again(tmp
         a.end()
         subprocess.run([*BREAKWATER, "gateway", "stop"], env=env, capture_output=True, timeout=60, check=True)
     assert not gateway_pids(share)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a stopped process is read from /proc")
+def test_a_stopped_gateway_is_named_and_holds_nobody(tmp_path: Path, share: Path) -> None:
+    """A gateway under SIGSTOP (a debugger, a suspended terminal job) held `gateway list`, `gateway stop` and `status`
+    for good, and a new session for 16 s, past the start-up limits of agents (Codex: 10 s)."""
+    config, env = setup(tmp_path, share)
+    a = Agent(config, env, tmp_path / "a.err")
+    [gateway] = gateway_pids(share)
+    os.kill(gateway, signal.SIGSTOP)
+    try:
+        commands = {
+            "list": [*BREAKWATER, "gateway", "list"],
+            "stop": [*BREAKWATER, "gateway", "stop"],
+            "status": [*BREAKWATER, "status", "--config", str(config), "--json"],
+        }
+        said = {n: subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30) for n, argv in commands.items()}
+        for name in ("list", "stop"):
+            assert f"pid {gateway}) is stopped" in said[name].stdout and f"kill -CONT {gateway}" in said[name].stdout, said[name]
+        # status connects from here instead, and says why.
+        assert said["status"].returncode == 0 and json.loads(said["status"].stdout)["servers"][0]["state"] == "ready"
+        assert f"pid {gateway}) is stopped" in said["status"].stderr
+        b = Agent(config, env, tmp_path / "b.err")  # served on its own, at once
+        b.call("b", "ts__echo")
+        assert ran(b.wait("b", 30)) != gateway
+        b.end()
+        assert "serving this session on its own" in (tmp_path / "b.err").read_text()
+    finally:
+        os.kill(gateway, signal.SIGCONT)
+    # Resumed, it serves on: its socket was kept.
+    a.call("a", "ts__echo")
+    ran(a.wait("a", 30))
+    listed = subprocess.run([*BREAKWATER, "gateway", "list", "--json"], env=env, capture_output=True, text=True, timeout=30)
+    assert [row["pid"] for row in json.loads(listed.stdout)] == [gateway]
+    a.end()
+    subprocess.run([*BREAKWATER, "gateway", "stop"], env=env, capture_output=True, timeout=60, check=True)
+
+
+def test_a_gateway_that_listens_and_never_answers_is_named_within_seconds(tmp_path: Path, share: Path) -> None:
+    """One that has listened a while is given `ANSWER_WAIT_S`, not the 15 s of one still starting; its socket is kept."""
+    import socket
+
+    from breakwater.gateway._share import ANSWER_WAIT_S
+
+    env = isolated_env(tmp_path, BREAKWATER_SHARE="on", BREAKWATER_SHARE_DIR=str(share))
+    path = share / "gw-stuck.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen()  # and never accepts: a gateway stuck in a loop that never yields
+    an_hour_ago = time.time() - 3600
+    os.utime(path, (an_hour_ago, an_hour_ago))
+    try:
+        started = time.monotonic()
+        listed = subprocess.run([*BREAKWATER, "gateway", "list"], env=env, capture_output=True, text=True, timeout=60)
+        took = time.monotonic() - started
+        assert f"did not answer within {ANSWER_WAIT_S:g} s" in listed.stdout, listed
+        assert took < ANSWER_WAIT_S + 5, took
+        assert path.exists(), "a gateway that may yet answer lost its socket"
+    finally:
+        listener.close()

@@ -175,14 +175,27 @@ def shared_gateway_info(config: Config) -> dict[str, Any] | None:
         sock = gateway_paths(share_dir(config.gateway), config_fingerprint(config), breakwater_version())[0]
     except OSError:
         return None
-    return anyio.run(_ask, sock, {"breakwater": "info"})
+    info = anyio.run(_ask, sock, {"breakwater": "info"})
+    if info is not None and STUCK in info:
+        print(f"breakwater: {info[STUCK]}; connecting from here instead", file=sys.stderr, flush=True)
+        return None
+    return info
+
+
+#: The key of what `_ask` says of a gateway that listens but cannot answer (`GatewayStuck`): why.
+STUCK = "not_answering"
 
 
 async def _ask(sock: Path, hello: dict[str, Any]) -> dict[str, Any] | None:
+    """The answer of the gateway at `sock`; None when none listens there (or it refused); `{STUCK: why, "pid": ...}`
+    when one listens and cannot answer (stopped, or stuck): it held every command that asked it for good."""
     from breakwater.gateway._attach import AttachRefused, connect_gateway
+    from breakwater.gateway._share import GatewayStuck
 
     try:
         attachment = await connect_gateway(sock, hello)
+    except GatewayStuck as exc:
+        return {STUCK: str(exc), "pid": exc.pid}
     except (AttachRefused, OSError):
         return None
     if attachment is None:
@@ -193,7 +206,8 @@ async def _ask(sock: Path, hello: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _gateways(policy: GatewayPolicy) -> list[tuple[Path, dict[str, Any]]]:
-    """Every gateway that answers in the user's socket directory (sockets nobody answers on are removed)."""
+    """Every gateway that listens in the user's socket directory, with its answer (`_ask`: one that cannot answer says
+    why); sockets nobody listens on are removed, and a stuck gateway's is kept (it may be resumed)."""
     import anyio
 
     from breakwater.gateway._share import share_dir
@@ -225,15 +239,20 @@ def _list(policy: GatewayPolicy, as_json: bool) -> int:
     if not gateways:
         print("no shared gateway is running")
         return EXIT_OK
-    table = Table(title="shared gateways", title_justify="left")
-    columns = ("pid", "sessions", "up", "version", "loop", "config")
-    for column in columns:
-        table.add_column(column, no_wrap=True)
+    answering = [info for _, info in gateways if STUCK not in info]
+    if answering:
+        table = Table(title="shared gateways", title_justify="left")
+        columns = ("pid", "sessions", "up", "version", "loop", "config")
+        for column in columns:
+            table.add_column(column, no_wrap=True)
+        for info in answering:
+            up = max(0.0, time.time() - float(info.get("started") or time.time()))
+            shown = {**info, "up": f"{up:.0f} s", "loop": info.get("event_loop")}
+            table.add_row(*(cell(str(shown.get(column))) for column in columns))
+        show(table)
     for _, info in gateways:
-        up = max(0.0, time.time() - float(info.get("started") or time.time()))
-        shown = {**info, "up": f"{up:.0f} s", "loop": info.get("event_loop")}
-        table.add_row(*(cell(str(shown.get(column))) for column in columns))
-    show(table)
+        if STUCK in info:  # a line of its own, whole: what to do about it is the point
+            print(f"not answering: {info[STUCK]}")
     return EXIT_OK
 
 
@@ -245,7 +264,12 @@ def _stop(policy: GatewayPolicy, config: Config | None) -> int:
     wanted = config_fingerprint(config) if config is not None else None
     stopped = 0
     other_settings = 0  # gateways of the same file whose resolved config differs (another environment)
+    stuck = 0
     for sock, info in _gateways(policy):
+        if STUCK in info:
+            stuck += 1
+            print(f"cannot stop a shared gateway: {info[STUCK]}")
+            continue
         if wanted is not None and info.get("fingerprint") != wanted:
             other_settings += config is not None and _same_file(info.get("config"), config.path)
             continue
@@ -255,7 +279,7 @@ def _stop(policy: GatewayPolicy, config: Config | None) -> int:
             sessions = counted(info.get("sessions"), "session")
             done = f"stopped the shared gateway pid {info.get('pid')} ({sessions}"
             print(f"{done}, drained in {took:.1f} s; {info.get('config')})" if took >= 0 else f"{done}; still draining)")
-    if not stopped:
+    if not stopped and not stuck:
         print("no shared gateway to stop")
         if other_settings:
             # The fingerprint is of the resolved config: an agent that launched serve with other

@@ -23,7 +23,15 @@ from typing import Any
 
 from breakwater._clock import Clock
 from breakwater.gateway._handoff import hand_over
-from breakwater.gateway._share import HANDSHAKE_LIMIT, SPAWN_WAIT_S, AttachRefused, check_peer, handshake_answer
+from breakwater.gateway._share import (
+    HANDSHAKE_LIMIT,
+    SPAWN_WAIT_S,
+    AttachRefused,
+    answer_wait,
+    check_peer,
+    handshake_answer,
+    not_answering,
+)
 
 __all__ = [
     "SPAWN_WAIT_S",
@@ -84,14 +92,20 @@ async def connect_gateway(path: Path, hello: dict[str, Any]) -> Attachment | Non
             return None
         check_peer(sock, path)
         received = b""
+        # A gateway that has run a while answers at once; one still starting gets the callers' own deadline.
+        waiting = answer_wait(path, SPAWN_WAIT_S)
         # Closed before it accepted (or as it did): answered as a close, whether the send or the read finds out.
         with contextlib.suppress(ConnectionResetError, BrokenPipeError):
-            await loop.sock_sendall(sock, json.dumps(hello).encode() + b"\n")
-            while b"\n" not in received and len(received) < HANDSHAKE_LIMIT:
-                chunk = await loop.sock_recv(sock, 65536)
-                if not chunk:
-                    break
-                received += chunk
+            try:
+                async with asyncio.timeout(waiting):  # a real process's answer, in real time
+                    await loop.sock_sendall(sock, json.dumps(hello).encode() + b"\n")
+                    while b"\n" not in received and len(received) < HANDSHAKE_LIMIT:
+                        chunk = await loop.sock_recv(sock, 65536)
+                        if not chunk:
+                            break
+                        received += chunk
+            except TimeoutError:
+                raise not_answering(path, waiting) from None
         attachment.info, attachment.rest = handshake_answer(received, path)
         if attachment.info.get("handoff") is True:
             attachment.bell = hand_over(sock)  # the gateway serves this session on our stdin and stdout from here

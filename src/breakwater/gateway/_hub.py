@@ -51,7 +51,7 @@ from breakwater.gateway._handed import CLOSE_WAIT_S, HandedOutput, Mirror, Mirro
 from breakwater.gateway._handoff import CAN_HAND_OFF, handable, is_pipe
 from breakwater.gateway._server import Gateway
 from breakwater.gateway._session import session_gateway
-from breakwater.gateway._share import HANDSHAKE_LIMIT, SessionContext, bind_socket, peer_uid
+from breakwater.gateway._share import HANDSHAKE_LIMIT, SessionContext, bind_socket, peer_uid, pid_path
 from breakwater.gateway._stdio_server import (
     MAX_LINE_BYTES,
     Ending,
@@ -419,12 +419,21 @@ class SharedGateway:
 
 @contextlib.asynccontextmanager
 async def listening(path: Path, listener: socket.socket | None = None) -> AsyncIterator[socket.socket | None]:
-    """`bind_socket(path)` (or `listener`, bound there already), the socket file removed on exit if still this gateway's."""
+    """`bind_socket(path)` (or `listener`, bound there already), the socket file removed on exit if still this gateway's.
+
+    Beside it, this process's pid (`pid_path`): the socket's peer credentials name the session that bound it, and a
+    gateway that cannot answer (stopped) can only be named, and told apart from one starting, from there.
+    """
     listener = listener if listener is not None else bind_socket(path)
     if listener is None:
         yield None
         return
     inode = path.stat().st_ino
+    pid_file = pid_path(path)
+    with contextlib.suppress(OSError):
+        fd = os.open(pid_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as out:
+            out.write(f"{os.getpid()}\n")
     try:
         yield listener
     finally:
@@ -432,3 +441,4 @@ async def listening(path: Path, listener: socket.socket | None = None) -> AsyncI
         with contextlib.suppress(OSError):
             if path.stat().st_ino == inode:
                 path.unlink()
+                pid_file.unlink()

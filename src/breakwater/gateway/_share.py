@@ -43,6 +43,7 @@ import os
 import socket
 import stat
 import struct
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,19 +53,25 @@ from breakwater import _paths, _platform
 from breakwater.config import Config, GatewayPolicy, ServerSpec
 
 __all__ = [
+    "ANSWER_WAIT_S",
     "HANDSHAKE_LIMIT",
     "INHERITED_ENV_VARS",
     "SPAWN_WAIT_S",
     "AttachRefused",
+    "GatewayStuck",
     "SessionContext",
+    "answer_wait",
     "bind_socket",
     "breakwater_version",
     "check_peer",
     "config_fingerprint",
     "gateway_paths",
+    "gateway_pid",
     "handshake_answer",
+    "not_answering",
     "peer_uid",
     "per_session",
+    "pid_path",
     "share_dir",
     "share_refusal",
     "shared_config",
@@ -77,8 +84,23 @@ HANDSHAKE_LIMIT = 64 * 1024
 SPAWN_WAIT_S = 15.0
 
 
+#: How long a gateway that has run longer than `SPAWN_WAIT_S` may take to answer: one that serves answers a hello
+#: at once (a line each way), so only one still starting may take longer; a stuck one held sessions for 16 s, past
+#: the start-up limits of agents (Codex: 10 s).
+ANSWER_WAIT_S = 3.0
+
+
 class AttachRefused(Exception):
     """A gateway answered, but will not take this session (another version, another user, a bad handshake)."""
+
+
+class GatewayStuck(AttachRefused):
+    """A gateway listens but cannot answer: it is stopped (SIGSTOP, a debugger), or it did not within its time."""
+
+    def __init__(self, pid: int | None, reason: str) -> None:
+        super().__init__(reason)
+        #: The gateway's process id, where the socket says it.
+        self.pid = pid
 
 
 #: The variables a stdio server inherits from the process that starts it, as the SDK's
@@ -291,10 +313,48 @@ def peer_uid(sock: socket.socket) -> int | None:
 
 
 def check_peer(sock: socket.socket, path: Path) -> None:
-    """`AttachRefused` when the process listening at `path` (on `sock`) runs as another user."""
+    """`AttachRefused` when the process listening at `path` (on `sock`) runs as another user; `GatewayStuck` when the
+    gateway is stopped and cannot answer (asked, it held every command and session that asked it for good)."""
     uid = peer_uid(sock)
     if uid is not None and hasattr(os, "getuid") and uid != os.getuid():
         raise AttachRefused(f"the gateway at {path} runs as uid {uid}, not as this user")
+    pid = gateway_pid(path)
+    if pid is not None and _platform.stopped(pid):
+        raise GatewayStuck(
+            pid,
+            f"the shared gateway (pid {pid}) is stopped (SIGSTOP, or a debugger) and cannot answer; "
+            f"resume it with `kill -CONT {pid}`, or end it with `kill -KILL {pid}`",
+        )
+
+
+def pid_path(sock: Path) -> Path:
+    """Where the gateway listening at `sock` writes its pid (the socket's own peer is the session that bound it)."""
+    return sock.with_suffix(".pid")
+
+
+def gateway_pid(sock: Path) -> int | None:
+    """The pid the gateway at `sock` wrote (`pid_path`), if it did."""
+    try:
+        return int(pid_path(sock).read_text(encoding="ascii").strip()) or None
+    except (OSError, ValueError):
+        return None
+
+
+def answer_wait(sock: Path, wait_s: float) -> float:
+    """How long to wait for the answer of the gateway at `sock`: `wait_s` while it may still be starting, and
+    `ANSWER_WAIT_S` once it has listened longer than that (its socket file is as old as it)."""
+    try:
+        listened_s = time.time() - sock.stat().st_mtime
+    except OSError:
+        return wait_s
+    return ANSWER_WAIT_S if listened_s > wait_s else wait_s
+
+
+def not_answering(sock: Path, waited_s: float) -> GatewayStuck:
+    """The error for the gateway at `sock`, which listens and did not answer within `waited_s`."""
+    pid = gateway_pid(sock)
+    who = f"the shared gateway (pid {pid})" if pid is not None else f"the shared gateway at {sock}"
+    return GatewayStuck(pid, f"{who} did not answer within {waited_s:g} s")
 
 
 def handshake_answer(received: bytes, path: Path) -> tuple[dict[str, Any], bytes]:
