@@ -108,7 +108,10 @@ def test_help_documents_the_exit_codes_and_the_tools_wait(env: dict[str, str]) -
 def test_usage_errors_are_one_line_with_exit_code_2(env: dict[str, str]) -> None:
     """A wrong flag value is one line naming the command, the problem and where the help is; exit 2."""
     for args, expected in (
-        (["status", "--wait", "-1"], "breakwater status: --wait must be 0 or more"),
+        (["status", "--wait", "-1"], "breakwater status: argument --wait: expected a number of seconds, 0 or more"),
+        # "nan" reached the clock as a deadline: a traceback from `call` and `tools`, and `status` waited not at all.
+        (["call", "--wait", "nan", "s", "t"], "breakwater call: argument --wait: expected a number of seconds, 0 or more"),
+        (["tools", "--wait", "nan"], "breakwater tools: argument --wait: expected a number of seconds, 0 or more"),
         (["stats", "--since", "soon"], "breakwater stats: --since: expected a duration such as 90s"),
         (["serve", "--http", "99999"], "breakwater serve: argument --http: expected [HOST:]PORT"),
         (["call", "only-a-server"], "breakwater call: the following arguments are required: tool"),
@@ -120,6 +123,14 @@ def test_usage_errors_are_one_line_with_exit_code_2(env: dict[str, str]) -> None
 
 
 # ---- output that is complete when piped -------------------------------------------------------------
+
+
+def test_an_output_encoding_that_cannot_write_a_name_shows_it_escaped(env: dict[str, str], tmp_path: Path) -> None:
+    """PYTHONIOENCODING=ascii (or a Latin-1 terminal) and a server named "sérveur": a UnicodeEncodeError traceback."""
+    config = write_config(tmp_path / "mcp.json", {"sérveur-日本": {**stdio_entry(), "disabled": True}})
+    result = run({**env, "PYTHONIOENCODING": "ascii"}, "status", "--wait", "0", "--config", str(config))
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "s\\xe9rveur-\\u65e5\\u672c" in result.stdout, result.stdout
 
 
 def test_piped_status_keeps_long_names_whole(env: dict[str, str], tmp_path: Path) -> None:

@@ -241,6 +241,12 @@ def _standard_streams() -> None:
             stream = open(fd, "r" if fd == 0 else "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115 - the process's own stream, kept open
             setattr(sys, name, stream)
             setattr(sys, f"__{name}__", stream)
+    # An output encoding that cannot write every character (PYTHONIOENCODING=ascii, a Latin-1 terminal) wrote a
+    # traceback for a server named "sérveur": what it cannot write is shown escaped instead (JSON is ASCII already).
+    for out in (sys.stdout, sys.stderr):
+        reconfigure = getattr(out, "reconfigure", None)
+        if reconfigure is not None and (getattr(out, "encoding", "") or "").lower().replace("-", "") != "utf8":
+            reconfigure(errors="backslashreplace")
 
 
 def run() -> NoReturn:

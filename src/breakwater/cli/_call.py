@@ -27,6 +27,7 @@ from breakwater.cli._common import (
     did_you_mean,
     fail,
     load_or_exit,
+    seconds,
 )
 from breakwater.cli._text import lines
 from breakwater.config import Config
@@ -127,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print the CallToolResult (with the error envelope) as JSON")
     parser.add_argument(
         "--wait",
-        type=float,
+        type=seconds,
         default=DEFAULT_CALL_WAIT_S,
         metavar="SECONDS",
         help=f"wait up to this long for the server to connect (default {DEFAULT_CALL_WAIT_S:g}; 0 calls at once)",
@@ -139,8 +140,6 @@ def call_main(argv: list[str]) -> int:
     """`breakwater call SERVER TOOL [JSON_ARGS] [--arg K=V ...] [--json] [--wait S]`."""
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.wait < 0:
-        parser.error("--wait must be 0 or more")
     try:
         arguments = parse_arguments(args.json_args, args.arg)
     except ValueError as exc:

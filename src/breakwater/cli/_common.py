@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
+import math
 import os
 import sys
 from collections.abc import Iterable
@@ -32,6 +34,7 @@ __all__ = [
     "EXIT_PIPE",
     "Parser",
     "add_config_flag",
+    "answer_console",
     "counted",
     "did_you_mean",
     "exit_codes_epilog",
@@ -39,6 +42,7 @@ __all__ = [
     "load_for_server_or_exit",
     "load_or_exit",
     "out_console",
+    "seconds",
     "show",
 ]
 
@@ -49,6 +53,19 @@ EXIT_CONFIG = 2
 EXIT_LISTEN = 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
 EXIT_PIPE = 141  # 128 + SIGPIPE: the reader of our output went away (`| head`)
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a number of seconds, 0 or more (`inf` waits for ever). "nan" reached the clock as a deadline
+    and ended in a traceback; argparse reports this error as `--flag: invalid seconds value` with exit code 2."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if math.isnan(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, 0 or more, got {text!r}")
+    return value
+
 
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_OK, "ok (status: every enabled server ready; call: the tool answered)"),
@@ -129,12 +146,23 @@ def out_console() -> Console:
     as their content) and, as always off a terminal, no colour codes. An explicit `COLUMNS` still
     wins (the demo sizes the tables it relays to its own terminal that way).
     """
-    from rich.console import Console  # here: an attaching `serve` shows no table and starts without rich
-
-    console = Console()
+    console = answer_console()
     if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
         console.width = PIPED_WIDTH
     return console
+
+
+def answer_console(**options: Any) -> Console:
+    """A Rich console on stdout whose reader going away is a `BrokenPipeError`, as for every other write: the exit
+    code says so (EXIT_PIPE, `cli._run`). Rich's own answer to it is `SystemExit(1)`, a failure in the exit code."""
+    from rich.console import Console  # here: an attaching `serve` shows no table and starts without rich
+
+    class _AnswerConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError(errno.EPIPE, "the reader of the output went away")
+
+    return _AnswerConsole(**options)
 
 
 def show(renderable: RenderableType) -> None:

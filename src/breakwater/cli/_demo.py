@@ -38,7 +38,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from breakwater.cli._common import counted
+from breakwater.cli._common import answer_console, counted
 from breakwater.testing.server import count_ledger, launch_command, serve_http
 
 __all__ = ["demo_main"]
@@ -284,7 +284,7 @@ def demo_main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
-    console = Console(highlight=False)
+    console = answer_console(highlight=False)
     if not console.is_terminal:
-        console = Console(highlight=False, width=STATS_WIDTH)  # piped: wide enough for every table
+        console = answer_console(highlight=False, width=STATS_WIDTH)  # piped: wide enough for every table
     return anyio.run(_run, console)

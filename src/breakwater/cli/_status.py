@@ -28,6 +28,7 @@ from breakwater.cli._common import (
     counted,
     fail,
     load_or_exit,
+    seconds,
     show,
 )
 from breakwater.cli._text import cell, markup
@@ -159,7 +160,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument(
         "--wait",
-        type=float,
+        type=seconds,
         default=DEFAULT_STATUS_WAIT_S,
         metavar="SECONDS",
         help=f"wait up to this long for servers to become ready (default {DEFAULT_STATUS_WAIT_S:g}; 0 reports at once)",
@@ -175,8 +176,6 @@ def status_main(argv: list[str]) -> int:
     """`breakwater status`: connect to every server and report each one's state."""
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.wait < 0:
-        parser.error("--wait must be 0 or more")
     if args.gateway:
         token = args.token or os.environ.get("BREAKWATER_TOKEN") or None
         try:

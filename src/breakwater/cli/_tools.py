@@ -7,7 +7,7 @@ import json
 
 import anyio
 
-from breakwater.cli._common import EXIT_OK, Parser, add_config_flag, load_or_exit
+from breakwater.cli._common import EXIT_OK, Parser, add_config_flag, load_or_exit, seconds
 from breakwater.cli._text import lines
 from breakwater.config import Config
 
@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument(
         "--wait",
-        type=float,
+        type=seconds,
         default=None,
         metavar="SECONDS",
         help=f"wait up to this long for servers to become ready (default {DEFAULT_TOOLS_WAIT_S:g}, with --accept "
@@ -66,8 +66,6 @@ def tools_main(argv: list[str]) -> int:
     """`breakwater tools [QUERY]`: the search tool's answer on the command line."""
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.wait is not None and args.wait < 0:
-        parser.error("--wait must be 0 or more")
     wait = args.wait if args.wait is not None else DEFAULT_ACCEPT_WAIT_S if args.accept else DEFAULT_TOOLS_WAIT_S
     config = load_or_exit(args.config)
     code: int = anyio.run(_tools, config, " ".join(args.query), args.json, wait, args.accept)

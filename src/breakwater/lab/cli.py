@@ -230,9 +230,9 @@ def _run(args: argparse.Namespace) -> int:
             out["stars"] = 0 if exploring else score_mission(args.mission, config, result)
         print(json.dumps(out))
         return 0
-    from rich.console import Console  # here: `--json` needs no terminal rendering
+    from breakwater.cli._common import answer_console  # here: `--json` needs no terminal rendering
 
-    _print_human(Console(), config, result, args.mission, max(10, args.width), exploring=exploring, duration=duration)
+    _print_human(answer_console(), config, result, args.mission, max(10, args.width), exploring=exploring, duration=duration)
     return 0
 
 
@@ -255,9 +255,9 @@ def _missions(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([m.to_dict() for m in MISSIONS]))
         return 0
-    from rich.console import Console
+    from breakwater.cli._common import answer_console
 
-    console = Console()
+    console = answer_console()
     for m in MISSIONS:
         console.print(f"[bold]M{m.id} · {m.name}[/bold] (pinned seed {m.pinned_seed})")
         console.print(f"  {m.lesson}\n  set-up: {m.setup.to_dict()}", markup=False)
@@ -279,8 +279,9 @@ def _check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([row.to_dict() for row in rows]))
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from breakwater.cli._common import answer_console
 
     table = Table(show_header=True, header_style="bold")
     for name, justify in (("mission", "left"), ("key", "left"), ("kind", "left"), ("stars", "right"), ("holds", "right")):
@@ -291,7 +292,7 @@ def _check(args: argparse.Namespace) -> int:
         table.add_row(
             f"M{row.mission}", row.key, row.kind, str(row.stars), f"{len(row.holds)}/{row.of}", ", ".join(map(str, missed))
         )
-    Console().print(table)
+    answer_console().print(table)
     return 0
 
 
