@@ -42,6 +42,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 __all__ = [
+    "ENDED_BY",
+    "ENDING_SIGNALS",
     "FAST_STDIO",
     "FILE_MODES",
     "INTERRUPT_SIGNAL",
@@ -100,6 +102,9 @@ INTERRUPT_SIGNAL: Final[int] = signal.SIGINT
 TERMINATE_SIGNAL: Final[int] = _SIGBREAK if IS_WINDOWS else signal.SIGTERM
 #: The signals that end `serve` as the end of input does.
 STOP_SIGNALS: Final[tuple[int, ...]] = (TERMINATE_SIGNAL, INTERRUPT_SIGNAL)
+#: The other signals whose default action ends a process at once (POSIX): a terminal closed (SIGHUP), Ctrl-\
+#: (SIGQUIT). The commands that start upstreams end on them as on SIGTERM, in order, leaving no upstream behind.
+ENDING_SIGNALS: Final[tuple[int, ...]] = tuple(getattr(signal, name) for name in ("SIGHUP", "SIGQUIT") if hasattr(signal, name))
 
 
 def strategy() -> dict[str, str]:
@@ -389,7 +394,7 @@ def on_stop_signals(callback: Callable[[int], None]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
-    """While inside, `TERMINATE_SIGNAL` (SIGTERM; Ctrl-Break on Windows) does what Ctrl-C does.
+    """While inside, `TERMINATE_SIGNAL` (SIGTERM; Ctrl-Break on Windows) and `ENDING_SIGNALS` do what Ctrl-C does.
 
     Whatever handles SIGINT at that moment handles it: asyncio's runner cancels the main task, so
     every upstream is stopped in order before the command exits as interrupted, instead of the
@@ -399,15 +404,21 @@ def terminate_as_interrupt() -> Iterator[None]:
         yield
         return
 
-    def forward(_signum: int, frame: Any) -> None:
+    def forward(signum: int, frame: Any) -> None:
+        ENDED_BY.append(signum)
         handler = signal.getsignal(signal.SIGINT)
         if callable(handler):
             handler(signal.SIGINT, frame)
         else:
             raise KeyboardInterrupt
 
-    previous = signal.signal(TERMINATE_SIGNAL, forward)
+    previous = {signum: signal.signal(signum, forward) for signum in (TERMINATE_SIGNAL, *ENDING_SIGNALS)}
     try:
         yield
     finally:
-        signal.signal(TERMINATE_SIGNAL, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+#: The signals `terminate_as_interrupt` turned into an interruption, in order (the exit code says which came first).
+ENDED_BY: list[int] = []

@@ -23,13 +23,18 @@ from helpers import INITIALIZE, INITIALIZED, alive
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGHUP and process groups are POSIX's")
 
 #: A tiny MCP server: answers initialize, tools/list (one tool, t0) and tools/call; writes its pid to argv[1].
-#: argv[2]: "sticky" runs on after the end of its input; "flood" sends log messages without pause once initialized.
+#: argv[2]: "sticky" runs on after the end of its input; "flood" sends log messages without pause once initialized;
+#: "mute" never answers, and runs on after the end of its input.
 UPSTREAM = """
 import json, os, sys, threading, time
 with open(sys.argv[1] + ".tmp", "w") as f:
     f.write(f"{os.getpid()}\\n")
 os.rename(sys.argv[1] + ".tmp", sys.argv[1])
 mode = sys.argv[2]
+if mode == "mute":  # reads its input, never answers (a server stuck starting), and outlives its input
+    for line in sys.stdin.buffer:
+        pass
+    time.sleep(600)
 out = sys.stdout.buffer
 lock = threading.Lock()
 def send(message):
@@ -146,11 +151,12 @@ def _drain_stdout(proc: subprocess.Popen[bytes]) -> None:
     threading.Thread(target=read, daemon=True).start()
 
 
-@pytest.mark.parametrize("mode", ["stdio", "http"])
-def test_sighup_ends_serve_as_sigterm_does_with_its_upstreams_stopped(tmp_path: Path, mode: str) -> None:
-    """The terminal closes (SIGHUP): `serve` stops its upstreams (one that outlives its input too) and exits 129.
+@pytest.mark.parametrize(("mode", "signum"), [("stdio", "SIGHUP"), ("http", "SIGHUP"), ("stdio", "SIGQUIT"), ("http", "SIGQUIT")])
+def test_sighup_ends_serve_as_sigterm_does_with_its_upstreams_stopped(tmp_path: Path, mode: str, signum: str) -> None:
+    """The terminal closes (SIGHUP), or Ctrl-\\ (SIGQUIT): `serve` stops its upstreams (one that outlives its input
+    too) and exits 128 + the signal's number.
 
-    It used to die at once (SIGHUP's default action), leaving the upstream running with no parent.
+    It used to die at once (their default action), leaving the upstream running with no parent.
     """
     extra = ("--http", "127.0.0.1:0", "--port-file", str(tmp_path / "port")) if mode == "http" else ()
     proc = _serve(tmp_path, "sticky", *extra)
@@ -161,10 +167,35 @@ def test_sighup_ends_serve_as_sigterm_does_with_its_upstreams_stopped(tmp_path: 
             _send(proc, INITIALIZE)
             assert _answer(proc, 1)["id"] == 1
         upstream = int(_wait_for(tmp_path / "up.pid"))
-        proc.send_signal(signal.SIGHUP)
-        assert proc.wait(timeout=60) == 129
+        proc.send_signal(getattr(signal, signum))
+        assert proc.wait(timeout=60) == 128 + getattr(signal, signum)
         assert proc.stderr is not None and b"Traceback" not in proc.stderr.read()
         assert _gone(upstream, 15), "the upstream outlived serve"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.parametrize("command", ["status", "call"])
+@pytest.mark.parametrize("signum", ["SIGHUP", "SIGQUIT"])
+def test_a_hang_up_ends_every_command_that_starts_upstreams_with_them_stopped(tmp_path: Path, command: str, signum: str) -> None:
+    """A terminal closed while `status` waits (SIGHUP), or Ctrl-\\: the command died at once, and an upstream that
+    outlives its input ran on with no parent. Now it stops them as on SIGTERM and exits 128 + the signal's number."""
+    config = str(_config(tmp_path, "mute"))  # never ready: the command is still waiting when the signal comes
+    argv = {"status": ["status", "--wait", "30", "--config", config], "call": ["call", "--config", config, "up", "nothing"]}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "breakwater", *argv[command]],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(tmp_path),
+    )
+    try:
+        upstream = int(_wait_for(tmp_path / "up.pid"))
+        proc.send_signal(getattr(signal, signum))
+        assert proc.wait(timeout=60) == 128 + getattr(signal, signum)
+        assert proc.stderr is not None and b"Traceback" not in proc.stderr.read()
+        assert _gone(upstream, 15), f"the upstream outlived {command}"
     finally:
         if proc.poll() is None:
             proc.kill()

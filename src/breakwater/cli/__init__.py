@@ -6,6 +6,7 @@ Each sub-command lives in the module of its concept; this file only routes.
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -146,6 +147,11 @@ def _run(command: Callable[[list[str]], int], argv: list[str], *, stoppable: boo
         with _platform.terminate_as_interrupt() if stoppable else contextlib.nullcontext():
             return command(argv)
     except KeyboardInterrupt:
+        ended_by = [signum for signum in _platform.ENDED_BY if signum in _platform.ENDING_SIGNALS]
+        if ended_by:  # a hang-up or SIGQUIT: stopped as cleanly, and the shell's code for it (128 + its number)
+            from breakwater.cli._common import fail
+
+            return fail(f"stopped by {signal.Signals(ended_by[0]).name}", 128 + ended_by[0])
         return _interrupted()
     except BaseExceptionGroup as group:
         interrupts, rest = group.split(KeyboardInterrupt)

@@ -27,6 +27,7 @@ __all__ = [
     "EXIT_CODES",
     "EXIT_CONFIG",
     "EXIT_FAILED",
+    "EXIT_HANGUP",
     "EXIT_INTERRUPTED",
     "EXIT_LISTEN",
     "EXIT_NOT_READY",
@@ -51,6 +52,7 @@ EXIT_NOT_READY = 1
 EXIT_FAILED = 1  # the same code: "ran, but the answer is not the good one"
 EXIT_CONFIG = 2
 EXIT_LISTEN = 3
+EXIT_HANGUP = 129  # 128 + SIGHUP; a SIGQUIT, handled alike, gives 131 (`cli._run`)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
 EXIT_PIPE = 141  # 128 + SIGPIPE: the reader of our output went away (`| head`)
 
@@ -72,6 +74,7 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_FAILED, "not every server ready, the call failed (its code is printed), or the journal/gateway could not be read"),
     (EXIT_CONFIG, "config or usage error (the message names the file, key or flag, and the fix)"),
     (EXIT_LISTEN, "serve --http cannot listen: the port is in use or the address is not this machine's"),
+    (EXIT_HANGUP, "hung up (SIGHUP: the terminal closed), after the clean shutdown of SIGTERM; SIGQUIT gives 131"),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C)"),
     (EXIT_PIPE, "the output pipe closed early (e.g. `| head`), or stdout was closed (`>&-`) and there was output"),
 )

@@ -319,24 +319,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: 128 + SIGHUP, what shells report for a hang-up: the terminal closed (how an interactive `serve` usually
-#: ends) or a supervisor sent it. `serve` stops on it as cleanly as on SIGTERM, upstreams first, then exits with this.
-EXIT_HANGUP = 129
-
-
 @contextlib.contextmanager
 def _hangup_as_terminate() -> Iterator[list[int]]:
-    """While inside, SIGHUP does what SIGTERM does in whichever mode runs; the list says whether one came.
+    """While inside, SIGHUP and SIGQUIT do what SIGTERM does in whichever mode runs; the list says which one came.
 
-    Why. SIGHUP's default action killed `serve` at once, in every mode: no drain, and the stdio upstreams
+    A hang-up is how an interactive `serve` usually ends (its terminal closed), or a supervisor's stop; `serve` exits
+    with the shell's code for the signal, 128 + its number (129, 131).
+
+    Why. Their default action killed `serve` at once, in every mode: no drain, and the stdio upstreams
     were left running with no parent (one that ignores the end of its stdin runs on for good). Each mode
     already stops cleanly on SIGTERM, through its own receiver (the stdio transport's handlers, uvicorn's,
-    the attached session's interrupt), so the hang-up is raised again as SIGTERM rather than handled once
-    more per mode. POSIX only (Windows has no SIGHUP); a no-op outside the main thread, like every handler.
+    the attached session's interrupt), so each is raised again as SIGTERM rather than handled once
+    more per mode. POSIX only (Windows has neither); a no-op outside the main thread, like every handler.
     """
     hung_up: list[int] = []
-    hangup: int | None = getattr(signal, "SIGHUP", None)
-    if hangup is None or threading.current_thread() is not threading.main_thread():
+    signals = _platform.ENDING_SIGNALS
+    if not signals or threading.current_thread() is not threading.main_thread():
         yield hung_up
         return
 
@@ -344,11 +342,12 @@ def _hangup_as_terminate() -> Iterator[list[int]]:
         hung_up.append(signum)
         signal.raise_signal(_platform.TERMINATE_SIGNAL)
 
-    previous = signal.signal(hangup, forward)
+    previous = {signum: signal.signal(signum, forward) for signum in signals}
     try:
         yield hung_up
     finally:
-        signal.signal(hangup, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @contextlib.contextmanager
@@ -390,7 +389,7 @@ def _interruption(exc: BaseException) -> bool:
 
 
 def serve_main(argv: list[str]) -> int:
-    """`breakwater serve`; a hang-up ends it as SIGTERM does, with `EXIT_HANGUP` (`_hangup_as_terminate`)."""
+    """`breakwater serve`; a hang-up (or SIGQUIT) ends it as SIGTERM does, with 128 + its number (`_hangup_as_terminate`)."""
     with _hangup_as_terminate() as hung_up, _terminate_noted() as terminated:
         try:
             code = _serve_main(argv)
@@ -398,9 +397,9 @@ def serve_main(argv: list[str]) -> int:
             # SIGTERM while no mode's receiver runs is an interruption (`cli._run`): after a hang-up it is still
             # one, and after SIGTERM alone a clean stop (exit 0, as once a mode runs); Ctrl-C stays `interrupted`.
             if (hung_up or terminated) and _interruption(exc):
-                return EXIT_HANGUP if hung_up else EXIT_OK
+                return 128 + hung_up[0] if hung_up else EXIT_OK
             raise
-    return EXIT_HANGUP if hung_up else code
+    return 128 + hung_up[0] if hung_up else code
 
 
 def _serve_main(argv: list[str]) -> int:
