@@ -86,7 +86,7 @@ def _graceful_server_class() -> Any:
         """
 
         interrupted = False
-        #: The gateway's `Drain`: a first SIGTERM drains it (`[gateway] drain_s`) before the server stops.
+        #: The gateway's `Drain`: a first SIGTERM or Ctrl-C drains it (`[gateway] drain_s`) before the server stops.
         drain: Any = None
         drain_s = 0.0
         _loop: asyncio.AbstractEventLoop | None = None
@@ -104,14 +104,20 @@ def _graceful_server_class() -> Any:
             await super().serve(sockets)
 
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            drain = self.drain
-            if sig == signal.SIGTERM and drain is not None and not drain.draining and not self.should_exit and self._loop:
+            # As over stdio: a first SIGTERM or Ctrl-C drains, a second cuts what is in flight at once (each call
+            # answered with the drain's envelope), a third stops now. Ctrl-C stopped at once, and a call in flight
+            # got a stream that ended with no answer at all.
+            drain, loop = self.drain, self._loop
+            if sig in (signal.SIGTERM, signal.SIGINT) and drain is not None and not self.should_exit and loop:
                 self._captured_signals.append(sig)
-                drain.draining = True  # /readyz answers 503 from this instant
-                # A signal handler may only hand work to the loop; the drain itself runs there.
-                self._loop.call_soon_threadsafe(self._start_drain)
-                return
-            # Ctrl-C, or a second SIGTERM: stop now (what is in flight is cancelled).
+                if not drain.draining:
+                    drain.draining = True  # /readyz answers 503 from this instant
+                    # A signal handler may only hand work to the loop; the drain itself runs there.
+                    loop.call_soon_threadsafe(self._start_drain)
+                    return
+                if not drain.hurried:
+                    loop.call_soon_threadsafe(drain.cut_now)
+                    return
             super().handle_exit(sig, frame)
 
         def _start_drain(self) -> None:
