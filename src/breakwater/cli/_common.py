@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
 from breakwater.config import Config, find_config, load_config
-from breakwater.config._files import load_config_for_server
+from breakwater.config._expand import UNSET_REASON
+from breakwater.config._files import load_config_for_server, load_config_serving
 from breakwater.errors import ConfigError
 
 __all__ = [
@@ -110,13 +111,22 @@ def fail(message: str, code: int) -> int:
     return code
 
 
-def load_or_exit(path: str | None) -> Config:
-    """Load the named config (or find one); on error print it and exit with code 2."""
+def load_or_exit(path: str | None, *, every_variable: bool = False) -> Config:
+    """Load the named config (or find one); on error print it and exit with code 2.
+
+    A server whose entry names a variable that is not set is off, with a warning (`load_config_serving`), unless
+    `every_variable` (`config check`: the file must be ready to run whole, and exits 2 naming the variable).
+    """
     try:
-        return load_config(path if path is not None else find_config())
+        where = path if path is not None else find_config()
+        config = load_config(where) if every_variable else load_config_serving(where)
     except ConfigError as exc:
         print(f"breakwater: config error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
+    for spec in config.servers:
+        if not spec.enabled and (spec.disabled_by or "").endswith(UNSET_REASON):
+            print(f"breakwater: warning: server {spec.name!r} is off: {spec.disabled_by}", file=sys.stderr)
+    return config
 
 
 def load_for_server_or_exit(path: str | None, name: str) -> Config:

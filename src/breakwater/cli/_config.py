@@ -108,5 +108,5 @@ def config_main(argv: list[str]) -> int:
     if args.action == "knobs":
         _print_knobs(args.markdown)
     else:
-        _print_check(load_or_exit(args.config), args.json)
+        _print_check(load_or_exit(args.config, every_variable=True), args.json)
     return EXIT_OK

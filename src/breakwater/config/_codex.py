@@ -34,7 +34,7 @@ from typing import Any
 from breakwater.config._checks import check_server_name
 from breakwater.config._dialect import skipped_entry
 from breakwater.config._entry import Entries, fail, parse_entry, str_map, tool_filter, unknown_key
-from breakwater.config._expand import Expander
+from breakwater.config._expand import Expander, unset_off
 from breakwater.config._model import OAuthSettings, ServerSpec
 from breakwater.errors import ConfigError
 
@@ -117,7 +117,7 @@ def _server(name: str, table: Any, spath: str, where: str, defaults: Mapping[str
     fields["expanded_secrets"] = (*fields["expanded_secrets"], *expand.take_secrets(where))
     fields["tool_filter"] = tool_filter(table, spath, where, deny=("disabled_tools",), allow=("enabled_tools",))
     fields["notes"] = (*fields["notes"], *(f"{key} ignored: {why}" for key, why in _IGNORED.items() if key in table))
-    spec = ServerSpec(name=name, source=spath, **defaults, **fields)
+    spec = ServerSpec(name=name, source=spath, **defaults, **unset_off(fields, expand, where))
     return _with_timeouts(spec, table, spath, where)
 
 

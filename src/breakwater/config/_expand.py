@@ -40,17 +40,32 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from breakwater._paths import MAX_SECRET_FILE_BYTES, read_user_file
 from breakwater.config._redact import is_credential_name
 from breakwater.errors import ConfigError
 
-__all__ = ["Expander", "has_reference"]
+__all__ = ["UNSET_REASON", "Expander", "has_reference", "unset_off"]
 
 _REFERENCE = re.compile(r"\$\{([^}]+)\}")
 _OPENCODE = re.compile(r"\{(env|file):([^}]*)\}")
 _BARE_OR_BRACED = re.compile(r"\$(?:\{([^}]+)\}|([A-Za-z_]\w*))")
 _EDITOR_ONLY = ("input:", "command:", "config:")
+
+
+def unset_off(fields: dict[str, Any], expand: Expander, where: str) -> dict[str, Any]:
+    """An entry's fields, turned off (`enabled` false, with the reason) when a variable it names is not set
+    (`Expander.disable_unset`); as they were otherwise."""
+    names = list(dict.fromkeys(expand.unset.pop(where, ())))
+    if not names:
+        return fields
+    said = f"{', '.join(names)} {'is' if len(names) == 1 else 'are'}{UNSET_REASON}"
+    return fields | {"enabled": False, "disabled_by": said, "notes": (*fields.get("notes", ()), f"not started: {said}")}
+
+
+#: How `unset_off` ends the reason it gives (`disabled_by`): a server off for that is not turned on by `enabled = true`.
+UNSET_REASON = " not set in the environment breakwater runs in (set it there, or give it a default: ${NAME:-value})"
 
 
 def has_reference(value: str) -> bool:
@@ -83,6 +98,11 @@ class Expander:
     opencode: bool = False
     #: Unset variables without a default met while lenient: (key, variable name).
     missing: list[tuple[str, str]] = field(default_factory=list)
+    #: An unset variable turns its server off instead of refusing the file (`serve`, `status`: one server's missing
+    #: variable must not cost every other server, as it does not in the agents that read these files).
+    disable_unset: bool = False
+    #: The unset variables met with `disable_unset`, by entry (`where` -> names): `unset_off` turns each entry off.
+    unset: dict[str, list[str]] = field(default_factory=dict)
     #: Expanded values that are secrets, per entry (`where` -> values); read by `take_secrets`.
     _secrets: dict[str, list[str]] = field(default_factory=dict)
 
@@ -129,6 +149,9 @@ class Expander:
         if not self.strict:
             self.missing.append((key, lookup))
             return whole
+        if self.disable_unset:
+            self.unset.setdefault(where, []).append(lookup)
+            return whole
         said = whole if whole.startswith("${") else f"{whole} (Gemini CLI's form of ${{{lookup}}})"
         raise ConfigError(
             f"the variable {lookup} is not set and {said} has no default",
@@ -168,6 +191,9 @@ class Expander:
         if value is None:
             if not self.strict:
                 self.missing.append((key, name))
+                return None
+            if self.disable_unset:
+                self.unset.setdefault(where, []).append(name)
                 return None
             fix = f"set {name} in the environment breakwater runs in"
             raise ConfigError(f"the variable {name} is not set{said}", path=self.path, key=key, fix=fix)

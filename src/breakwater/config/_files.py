@@ -25,7 +25,7 @@ from breakwater.config._checks import alike_servers, check_server_name, check_te
 from breakwater.config._codex import CODEX_TOP, servers_from_codex
 from breakwater.config._dialect import claude_local_servers, gemini_file, gemini_server_lists, skipped_entry, top_level_notes
 from breakwater.config._entry import STRICT, Entries, fail, flag, parse_entry, unknown_key
-from breakwater.config._expand import Expander
+from breakwater.config._expand import UNSET_REASON, Expander, unset_off
 from breakwater.config._knobs import build_policy, env_layer
 from breakwater.config._model import Config, ServerSpec, ToolSettings
 from breakwater.config._policies import GLOBAL_SECTIONS, POLICY_SECTIONS, CallPolicy, RetryPolicy
@@ -200,6 +200,7 @@ def _servers_from_json(
                 continue
             entry, names, reshaped = common_entry(entry, str(path), where)
             fields, _ = parse_entry(entry, path=str(path), where=where, expand=expand, names=names)
+            fields = unset_off(fields, expand, where)
             fields["notes"] = (*fields["notes"], *reshaped)
             if name in excluded or (allowed is not None and name not in allowed):
                 said = "mcp.excluded lists it" if name in excluded else "mcp.allowed does not list it"
@@ -303,7 +304,9 @@ def _servers_file_specs(
     json_path = (path.parent / os.path.expanduser(servers_file)).resolve()
     if not json_path.exists():
         raise fail(f"{json_path} does not exist", spath, "servers_file", "point servers_file at an mcpServers JSON file")
-    file_expand = Expander(expand.environ, str(json_path), strict=expand.strict, missing=expand.missing)
+    file_expand = Expander(
+        expand.environ, str(json_path), strict=expand.strict, missing=expand.missing, disable_unset=expand.disable_unset
+    )
     try:
         specs, notes = _servers_from_file(json_path, defaults, file_expand, entries_ok)
     except ConfigError as exc:
@@ -322,7 +325,7 @@ def _server_base(
     where = f"servers.{name}"
     if any(k in table for k in ("command", "url")):
         fields, _ = parse_entry(table, path=spath, where=where, expand=expand, extra_keys=_SERVER_POLICY_KEYS)
-        return ServerSpec(name=name, source=spath, **fields)
+        return ServerSpec(name=name, source=spath, **unset_off(fields, expand, where))
     if name not in known:
         raise fail(
             "this server is neither defined here nor in servers_file",
@@ -336,7 +339,9 @@ def _server_base(
             raise unknown_key(spath, where, key, _SERVER_POLICY_KEYS | {"enabled", "shared", "command", "url"})
     if "enabled" in table:
         enabled = flag(table["enabled"], spath, f"{where}.enabled", "enabled = false")
-        base_spec = replace(base_spec, enabled=enabled, disabled_by=None if enabled else f"{where}.enabled is false")
+        # Not on: a server off for a variable that is not set would start with the reference as its text.
+        if not (enabled and (base_spec.disabled_by or "").endswith(UNSET_REASON)):
+            base_spec = replace(base_spec, enabled=enabled, disabled_by=None if enabled else f"{where}.enabled is false")
     if "shared" in table:
         base_spec = replace(base_spec, shared=flag(table["shared"], spath, f"{where}.shared", "shared = true"))
     return base_spec
@@ -412,6 +417,13 @@ def load_config(path: str | os.PathLike[str], *, environ: Mapping[str, str] | No
     return _load(Path(path), os.environ if environ is None else environ, strict=True)[0]
 
 
+def load_config_serving(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> Config:
+    """`load_config` for the commands that run servers (`serve`, `status`, `tools`, `call`): a server whose entry
+    names a variable that is not set is off, with that reason (`disabled_by`), instead of the whole file refused.
+    One server's missing token took every other server down, where the agents that read these files start the rest."""
+    return _load(Path(path), os.environ if environ is None else environ, strict=True, disable_unset=True)[0]
+
+
 def load_config_lenient(
     path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None
 ) -> tuple[Config, list[tuple[str, str]]]:
@@ -431,8 +443,10 @@ def load_config_for_server(
     return config, entries_ok.broken
 
 
-def _load(p: Path, env: Mapping[str, str], *, strict: bool, entries_ok: Entries = STRICT) -> tuple[Config, list[tuple[str, str]]]:
-    expand = Expander(env, str(p), strict=strict)
+def _load(
+    p: Path, env: Mapping[str, str], *, strict: bool, entries_ok: Entries = STRICT, disable_unset: bool = False
+) -> tuple[Config, list[tuple[str, str]]]:
+    expand = Expander(env, str(p), strict=strict, disable_unset=disable_unset)
     data = _read_toml(p) if p.suffix == ".toml" else None
     if data is not None and CODEX_TOP in data and (own := sorted(_TOML_TOP_KEYS.intersection(data))):
         # Read as Codex's file, its breakwater settings (and servers_file's servers) would be dropped without a word.

@@ -1,0 +1,83 @@
+"""A variable a server's entry names and the environment lacks turns that server off, not the whole file.
+
+`serve`, `status`, `tools` and `call` read the config so (`load_config_serving`): one server's missing token took
+every other server down, where the agents that read these files (Claude Code, Codex) start the rest and warn.
+`config check`, and the library's `load_config`, still refuse the file, naming the variable.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from breakwater.config import load_config
+from breakwater.config._files import load_config_serving
+from breakwater.errors import ConfigError
+from breakwater.testing.server import launch_command
+
+OK = dict(zip(("command", "args"), (launch_command()[0], launch_command()[1:]), strict=True))
+NEEDS = {"type": "http", "url": "http://127.0.0.1:9/mcp", "headers": {"Authorization": "Bearer ${NOPE_TOKEN_Q}"}}
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("mcp.json", json.dumps({"mcpServers": {"fine": OK, "needs": NEEDS}})),
+        (
+            "breakwater.toml",
+            f'[servers.fine]\ncommand = "{OK["command"]}"\n[servers.needs]\nurl = "http://h.test/mcp?key=${{NOPE_TOKEN_Q}}"\n',
+        ),
+        (
+            "config.toml",  # Codex's: its keys name variables
+            f'[mcp_servers.fine]\ncommand = "{OK["command"]}"\n'
+            '[mcp_servers.needs]\nurl = "http://h.test/mcp"\nbearer_token_env_var = "NOPE_TOKEN_Q"\n',
+        ),
+    ],
+)
+def test_a_server_whose_variable_is_not_set_is_off_and_the_others_run(tmp_path: Path, name: str, text: str) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    config = load_config_serving(path, environ={})
+    fine, needs = config.server("fine"), config.server("needs")
+    assert fine.enabled and not needs.enabled
+    assert needs.disabled_by is not None and needs.disabled_by.startswith("NOPE_TOKEN_Q is not set")
+    with pytest.raises(ConfigError, match="NOPE_TOKEN_Q"):
+        load_config(path, environ={})
+    assert load_config_serving(path, environ={"NOPE_TOKEN_Q": "t0ken-value"}).server("needs").enabled
+
+
+def test_a_servers_file_entry_off_for_its_variable_stays_off_when_enabled(tmp_path: Path) -> None:
+    """`[servers.NAME] enabled = true` over a servers_file entry off for a variable would start it with `${VAR}` as text."""
+    (tmp_path / "servers.json").write_text(json.dumps({"mcpServers": {"fine": OK, "needs": NEEDS}}))
+    path = tmp_path / "breakwater.toml"
+    path.write_text('servers_file = "servers.json"\n[servers.needs]\nenabled = true\n')
+    assert not load_config_serving(path, environ={}).server("needs").enabled
+
+
+def test_status_serves_the_others_and_warns_and_config_check_refuses(tmp_path: Path) -> None:
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {"fine": OK, "needs": NEEDS}}))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "BREAKWATER_CONNECT_STARTUP_JITTER_S": "0"}
+    status = subprocess.run(
+        [sys.executable, "-m", "breakwater", "status", "--json", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert status.returncode == 0, status.stderr
+    states = {s["name"]: s["state"] for s in json.loads(status.stdout)["servers"]}
+    assert states == {"fine": "ready", "needs": "disabled"}
+    assert "server 'needs' is off: NOPE_TOKEN_Q is not set" in status.stderr
+    check = subprocess.run(
+        [sys.executable, "-m", "breakwater", "config", "check", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert check.returncode == 2 and "NOPE_TOKEN_Q" in check.stderr
