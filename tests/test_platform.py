@@ -193,3 +193,17 @@ def test_long_running_commands_run_on_uvloop_unless_the_knob_says_asyncio() -> N
 
 async def _running_loop() -> str:
     return _platform.running_loop()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="XDG_RUNTIME_DIR is the Linux convention")
+def test_a_missing_runtime_dir_is_made_private_and_found_again(tmp_path: Path) -> None:
+    """XDG_RUNTIME_DIR missing: made 0755 on the way to breakwater's directory, it failed platformdirs' check at every
+    later look, which answered /tmp/runtime-UID instead (sessions and `gateway list` lost the gateway), with a Python
+    warning and its source line on every command's stderr."""
+    runtime = tmp_path / "run-user"
+    code = "from breakwater._paths import runtime_dir; print(runtime_dir())"
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}
+    looks = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True) for _ in range(2)]
+    assert [look.stdout.strip() for look in looks] == [str(runtime / "breakwater")] * 2
+    assert [look.stderr for look in looks] == ["", ""]
+    assert oct(runtime.stat().st_mode & 0o777) == "0o700"

@@ -21,6 +21,7 @@ import os
 import re
 import stat
 import sys
+import warnings
 from pathlib import Path
 
 import platformdirs
@@ -64,7 +65,13 @@ def runtime_dir() -> Path:
     """
     if sys.platform.startswith("linux") and not os.environ.get("XDG_RUNTIME_DIR"):
         return cache_dir()
-    return Path(platformdirs.user_runtime_dir(APP, appauthor=False))
+    # Created by platformdirs when missing, 0700 as the XDG spec wants: made 0755 on the way to a directory below it,
+    # it failed platformdirs' check at every later look, which then answered another directory (sessions and
+    # `gateway list` lost the gateway). One that fails the check (another mode, a file) is replaced by the same
+    # fallback at every look; platformdirs' warning about it, a Python warning with its source line, is not shown.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", getattr(platformdirs, "RuntimeDirWarning", UserWarning))
+        return Path(platformdirs.user_runtime_dir(APP, appauthor=False, ensure_exists=True))
 
 
 def write_atomic(path: Path, text: str) -> None:
