@@ -366,6 +366,11 @@ async def test_http_rejects_foreign_origin_and_requires_token_when_set(tmp_path:
         assert (await http.post(url, json=body, headers=headers)).status_code == 401
         authed = await http.post(url, json=body, headers={**headers, "authorization": "Bearer s3cret-token"})
         assert authed.status_code == 200
+        # `status --gateway` without the token said it could not reach the gateway and to check it runs.
+        status = await anyio.to_thread.run_sync(
+            lambda: subprocess.run([*BREAKWATER, "status", "--gateway", url], capture_output=True, text=True, env=env, timeout=60)
+        )
+        assert status.returncode == 2 and "refused the token (HTTP 401)" in status.stderr, status.stderr
 
 
 def _sse_messages(text: str) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from rich.text import Text
 
 from breakwater._breakwater import Breakwater
 from breakwater.cli._common import (
+    EXIT_CONFIG,
     EXIT_NOT_READY,
     EXIT_OK,
     Parser,
@@ -131,14 +132,33 @@ async def _run_status(config: Config, wait: float, as_json: bool) -> int:
     return EXIT_OK if report.all_ready else EXIT_NOT_READY
 
 
-async def _gateway_status(url: str, token: str | None, as_json: bool) -> int:
-    """Ask a running `breakwater serve --http` gateway instead of connecting from here."""
+#: What the gateway's refusals mean for `status --gateway` (the SDK's client says only "an error response"): it was
+#: reached, and the fix is in how it was asked.
+_REFUSALS = {
+    401: "refused the token (HTTP 401): pass the one it was started with, --token or BREAKWATER_TOKEN",
+    403: "refused this request's Origin (HTTP 403): ask it without an Origin header, as a client off the browser does",
+    421: "does not answer to the host in this URL (HTTP 421): use the address it listens on, or start it with "
+    "--allowed-host for this name",
+}
+
+
+async def _gateway_status(url: str, token: str | None, as_json: bool, refused: list[int]) -> int:
+    """Ask a running `breakwater serve --http` gateway instead of connecting from here; `refused` gets the status of
+    each answer that refused a request (4xx)."""
     import httpx2
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
+    async def note(response: httpx2.Response) -> None:
+        if 400 <= response.status_code < 500:
+            refused.append(response.status_code)
+
     headers = {"authorization": f"Bearer {token}"} if token else {}
-    async with httpx2.AsyncClient(headers=headers) as http, Client(streamable_http_client(url, http_client=http)) as client:
+    hooks = {"response": [note]}
+    async with (
+        httpx2.AsyncClient(headers=headers, event_hooks=hooks) as http,
+        Client(streamable_http_client(url, http_client=http)) as client,
+    ):
         result = await client.call_tool("breakwater_status", {})
     data = result.structured_content or {}
     if as_json:
@@ -177,10 +197,17 @@ def status_main(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.gateway:
+        if not args.gateway.startswith(("http://", "https://")):
+            return fail(
+                f"--gateway: expected an http(s) URL such as http://127.0.0.1:8765/mcp, got {args.gateway!r}", EXIT_CONFIG
+            )
         token = args.token or os.environ.get("BREAKWATER_TOKEN") or None
+        refused: list[int] = []
         try:
-            result: int = anyio.run(_gateway_status, args.gateway, token, args.json)
+            result: int = anyio.run(_gateway_status, args.gateway, token, args.json, refused)
         except Exception as exc:
+            if refused and (why := _REFUSALS.get(refused[-1])) is not None:
+                return fail(f"the gateway at {args.gateway} {why}", EXIT_CONFIG)
             leaf: BaseException = exc
             while isinstance(leaf, BaseExceptionGroup):  # the transports wrap their failures in groups
                 leaf = leaf.exceptions[0]
