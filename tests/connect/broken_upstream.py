@@ -45,6 +45,8 @@ BAD = [
     {"name": "no_schema", "description": "no inputSchema at all"},
     {"name": "echo", "description": "a second echo", "inputSchema": {"type": "object"}},
     {"name": "", "description": "a tool without a name", "inputSchema": {"type": "object"}},
+    # An object, as MCP asks, but no JSON Schema: the model APIs refuse every tool of the agent's for it.
+    {"name": "any_type", "inputSchema": {"type": "object", "properties": {"x": {"type": "any"}}}},
 ]
 
 

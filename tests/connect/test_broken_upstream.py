@@ -52,6 +52,7 @@ async def test_a_broken_upstream_costs_only_itself(tmp_path: Path, caplog: pytes
             "no_schema": "inputSchema",
             "echo": "listed twice",
             "": "an empty name, which no call can name",
+            "any_type": "inputSchema.properties.x.type",
         }
         assert StatusReport.from_json(report.to_json()).servers[0].rejected_tools == status.rejected_tools
         console = Console(width=200, record=True)

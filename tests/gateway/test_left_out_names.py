@@ -24,7 +24,7 @@ from breakwater.config import Config, GatewayPolicy, JournalPolicy
 from breakwater.gateway._server import Gateway
 
 SCRIPT = Path(__file__).parents[1] / "connect" / "broken_upstream.py"
-TEMPLATE = "{server}.{tool}"
+TEMPLATE = "{server}-{tool}"
 
 
 def _config(tmp_path: Path) -> Path:
@@ -58,17 +58,18 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_status_and_tools_name_left_out_tools_through_the_template(tmp_path: Path) -> None:
-    """`status` and `tools` (text and JSON) say `broken.broken_schema`, never `broken__broken_schema`."""
+    """`status` and `tools` (text and JSON) say `broken-broken_schema`, never `broken__broken_schema`."""
     status = _run(tmp_path, "status", "--wait", "30")
-    assert "tool 'broken.broken_schema' (listed as 'broken_schema') left out: inputSchema" in status.stdout + status.stderr
+    assert "tool 'broken-broken_schema' (listed as 'broken_schema') left out: inputSchema" in status.stdout + status.stderr
     tools = _run(tmp_path, "tools", "--wait", "30")
-    assert "- broken.broken_schema: inputSchema" in tools.stdout, tools.stdout
+    assert "- broken-broken_schema: inputSchema" in tools.stdout, tools.stdout
     as_json = json.loads(_run(tmp_path, "tools", "--json", "--wait", "30").stdout)
     assert {(t["name"], t["tool"]) for t in as_json["left_out"]} == {
-        ("broken.broken_schema", "broken_schema"),
-        ("broken.no_schema", "no_schema"),
-        ("broken.echo", "echo"),
-        ("broken.", ""),  # a tool without a name
+        ("broken-broken_schema", "broken_schema"),
+        ("broken-no_schema", "no_schema"),
+        ("broken-echo", "echo"),
+        ("broken-", ""),  # a tool without a name
+        ("broken-any_type", "any_type"),  # a schema no model API takes
     }
     for text in (status.stdout, status.stderr, tools.stdout, json.dumps(as_json)):
         assert "broken__" not in text
@@ -97,6 +98,6 @@ async def test_the_status_and_search_tools_name_left_out_tools_through_the_templ
                 search = await client.call_tool(policy.search_tool, {"query": "schema"})
             tg.cancel_scope.cancel()
     assert status["tool_name_template"] == TEMPLATE
-    assert {t["name"] for t in status["left_out"]} == {"broken.broken_schema", "broken.no_schema", "broken.echo", "broken."}
+    assert {t["name"] for t in status["left_out"]} == {"broken-broken_schema", "broken-no_schema", "broken-echo", "broken-", "broken-any_type"}
     text = search.content[0].text  # type: ignore[union-attr]
-    assert "- broken.no_schema: inputSchema" in text and "broken__" not in text
+    assert "- broken-no_schema: inputSchema" in text and "broken__" not in text

@@ -6,7 +6,8 @@ When a page fails only in its tools, it is asked for once more without the SDK's
 SDK's own framing and session state, pinned minor version), each tool is validated on its own, the
 valid ones are served and the others are reported with the reason (`RejectedTool`, shown by
 `status` and `tools`). A healthy server never takes this path: it costs nothing until a page fails.
-A second tool of the same name is left out the same way, so is one without a name, and one whose definition holds `NaN`
+A second tool of the same name is left out the same way, so is one without a name, one whose schema misuses JSON
+Schema (`_schema_shape`: the model APIs refuse every tool for one), and one whose definition holds `NaN`
 or `Infinity` (the SDK's parser takes them; JSON has neither, and passed on they would reach the
 agent as `null`, an `inputSchema` with `"maximum": null` that a strict client refuses whole).
 May import the core leaves only.
@@ -23,6 +24,7 @@ from pydantic import ValidationError
 
 from breakwater._wire import non_finite_path
 from breakwater.config import ToolFilter
+from breakwater.connect._schema_shape import schema_problem
 from breakwater.status import RejectedTool
 
 __all__ = ["list_all_tools"]
@@ -60,19 +62,30 @@ async def list_all_tools(client: Client, served: ToolFilter | None = None) -> tu
 
 
 def _usable_only(tools: list[types.Tool], rejected: list[RejectedTool]) -> tuple[list[types.Tool], list[RejectedTool]]:
-    """The tools whose definitions are JSON; one holding NaN or Infinity is left out, with where, and one without a
-    name (the spec's names are 1 to 128 characters; listed, it became the server's bare prefix)."""
+    """The tools whose definitions are JSON; one holding NaN or Infinity is left out, with where, one whose schema is
+    not JSON Schema, and one without a name (the spec's names are 1 to 128 characters; listed, it became the
+    server's bare prefix)."""
     kept: list[types.Tool] = []
     for tool in tools:
         if not tool.name.strip():
             rejected.append(RejectedTool(name=tool.name, reason="an empty name, which no call can name"))
             continue
         where = _non_finite_field(tool)
-        if where is None:
-            kept.append(tool)
-        else:
+        if where is not None:
             rejected.append(RejectedTool(name=tool.name, reason=f"{where}: NaN or Infinity, which JSON does not have"))
+        elif (problem := _schema_problem(tool)) is not None:
+            rejected.append(RejectedTool(name=tool.name, reason=problem[:_REASON_CHARS]))
+        else:
+            kept.append(tool)
     return kept, rejected
+
+
+def _schema_problem(tool: types.Tool) -> str | None:
+    """What is wrong with the tool's schemas as JSON Schema (`_schema_shape`): the model APIs refuse every tool for one."""
+    problem = schema_problem(tool.input_schema, "inputSchema")
+    if problem is None and tool.output_schema is not None:
+        problem = schema_problem(tool.output_schema, "outputSchema")
+    return problem
 
 
 def _non_finite_field(tool: types.Tool) -> str | None:
