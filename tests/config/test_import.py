@@ -167,3 +167,13 @@ def test_replace_writes_through_a_symlinked_agent_file(tmp_path: Path) -> None:
     assert (project / ".mcp.json").is_symlink()
     assert list(json.loads((dotfiles / "mcp.json").read_text())["mcpServers"]) == ["breakwater"]
     assert json.loads((project / ".mcp.json.bak").read_text()) == SERVERS
+
+
+def test_a_codex_variable_not_set_is_named_without_a_default_codex_cannot_take(tmp_path: Path) -> None:
+    """Codex's keys name a variable (`bearer_token_env_var = "X"`): the note advised `${X:-value}`, which no such key takes."""
+    source = tmp_path / "config.toml"
+    source.write_text('[mcp_servers.needs]\nurl = "https://h.test/mcp"\nbearer_token_env_var = "BW_CODEX_UNSET_Q"\n')
+    result = run_import("config.toml", cwd=tmp_path, env={k: v for k, v in os.environ.items() if k != "BW_CODEX_UNSET_Q"})
+    assert result.returncode == 0, result.stderr
+    note = next(line for line in result.stdout.splitlines() if "BW_CODEX_UNSET_Q is not set here" in line)
+    assert ":-value" not in note and "the others run" in note

@@ -78,12 +78,19 @@ def import_notes(config: Config, missing: list[tuple[str, str]]) -> list[str]:
         if spec.oauth is not None or any(note.startswith(tuple(SIGN_IN_KEYS)) for note in spec.notes):
             notes.append(f"{spec.name} signs in with OAuth: run `breakwater auth login {spec.name}` once")
     for variable in sorted({var for _, var in missing}):
-        keys = ", ".join(key for key, var in missing if var == variable)
+        named = [key for key, var in missing if var == variable]
+        # Codex's keys name a variable (`bearer_token_env_var = "X"`): there is no `${X:-default}` to write there.
+        named_only = all(any(f".{k}" in key for k in _NAMING_KEYS) for key in named)
+        default = "" if named_only else f", or give a default: ${{{variable}:-value}}"
         notes.append(
-            f"{variable} is not set here ({keys}): breakwater expands it when it starts, "
-            f"so set it where your agent runs, or give a default: ${{{variable}:-value}}"
+            f"{variable} is not set here ({', '.join(named)}): breakwater expands it when it starts and leaves each "
+            f"server that needs it off until it is set (the others run), so set it where your agent runs{default}"
         )
     return notes
+
+
+#: Codex's keys whose value is the name of a variable (no `${...}` is written there, so no default either).
+_NAMING_KEYS = ("bearer_token_env_var", "env_http_headers", "env_vars")
 
 
 def plan_import(source: Path) -> dict[Path, str]:
