@@ -78,17 +78,21 @@ def test_an_unset_variable_is_an_error_naming_file_entry_key_and_variable(tmp_pa
     assert err.fix is not None and "${API_KEY:-value}" in err.fix
 
 
-@pytest.mark.parametrize("command", [["config", "check"], ["status"], ["serve"]])
-def test_config_check_status_and_serve_refuse_an_unset_variable_alike(
-    tmp_path: Path, command: list[str], capsys: pytest.CaptureFixture[str]
+def test_config_check_refuses_an_unset_variable_and_status_runs_without_its_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """`config check` says the file is not ready to run whole; `status` (as `serve`) runs the rest, this server off."""
     path = write(tmp_path, {"api": {"command": "server", "env": {"TOKEN": "${BW_TEST_UNSET_TOKEN}"}}})
     # In-process: the CLI's own entry point, as `breakwater ...` runs it, without paying for a new interpreter.
     with pytest.raises(SystemExit) as exited:
-        cli_main([*command, "--config", str(path)])
+        cli_main(["config", "check", "--config", str(path)])
     assert exited.value.code == 2
     stderr = capsys.readouterr().err
     assert "mcpServers.api.env.TOKEN" in stderr and "BW_TEST_UNSET_TOKEN is not set" in stderr
+    assert cli_main(["status", "--wait", "0", "--json", "--config", str(path)]) == 0
+    said = capsys.readouterr()
+    assert json.loads(said.out)["servers"][0]["state"] == "disabled"
+    assert "server 'api' is off" in said.err and "BW_TEST_UNSET_TOKEN is not set" in said.err
 
 
 def test_values_from_the_environment_in_env_and_headers_are_secrets(tmp_path: Path) -> None:

@@ -177,3 +177,17 @@ def test_a_codex_variable_not_set_is_named_without_a_default_codex_cannot_take(t
     assert result.returncode == 0, result.stderr
     note = next(line for line in result.stdout.splitlines() if "BW_CODEX_UNSET_Q is not set here" in line)
     assert ":-value" not in note and "the others run" in note
+
+
+def test_a_vs_code_input_in_one_server_does_not_block_the_import(tmp_path: Path) -> None:
+    """One `${input:...}` (VS Code asks for it as it starts a server) made the whole import exit 2."""
+    folder = tmp_path / ".vscode"
+    folder.mkdir()
+    needs = {"type": "http", "url": "https://h.test/mcp", "headers": {"Authorization": "Bearer ${input:tok}"}}
+    data = {"inputs": [{"id": "tok", "type": "promptString"}], "servers": {"fine": {"command": "x"}, "needs": needs}}
+    (folder / "mcp.json").write_text(json.dumps(data))
+    result = run_import(".vscode/mcp.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "${input:tok} (servers.needs.headers.Authorization) is VS Code's to ask" in result.stdout
+    servers = json.loads((folder / "breakwater.servers.json").read_text())["servers"]
+    assert servers["needs"]["headers"]["Authorization"] == "Bearer ${input:tok}"  # carried over as written

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
 from breakwater.config import Config, find_config, load_config
-from breakwater.config._expand import UNSET_REASON
+from breakwater.config._expand import OFF_FOR_VALUES
 from breakwater.config._files import load_config_for_server, load_config_serving
 from breakwater.errors import ConfigError
 
@@ -124,7 +124,7 @@ def load_or_exit(path: str | None, *, every_variable: bool = False) -> Config:
         print(f"breakwater: config error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
     for spec in config.servers:
-        if not spec.enabled and (spec.disabled_by or "").endswith(UNSET_REASON):
+        if not spec.enabled and (spec.disabled_by or "").startswith(OFF_FOR_VALUES):
             print(f"breakwater: warning: server {spec.name!r} is off: {spec.disabled_by}", file=sys.stderr)
     return config
 

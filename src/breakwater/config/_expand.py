@@ -46,26 +46,28 @@ from breakwater._paths import MAX_SECRET_FILE_BYTES, read_user_file
 from breakwater.config._redact import is_credential_name
 from breakwater.errors import ConfigError
 
-__all__ = ["UNSET_REASON", "Expander", "has_reference", "unset_off"]
+__all__ = ["EDITOR_ONLY", "OFF_FOR_VALUES", "Expander", "has_reference", "unset_off"]
 
 _REFERENCE = re.compile(r"\$\{([^}]+)\}")
 _OPENCODE = re.compile(r"\{(env|file):([^}]*)\}")
 _BARE_OR_BRACED = re.compile(r"\$(?:\{([^}]+)\}|([A-Za-z_]\w*))")
-_EDITOR_ONLY = ("input:", "command:", "config:")
+#: The prefixes of VS Code's references that the editor answers as it starts a server (`${input:ID}` and the like).
+EDITOR_ONLY = ("input:", "command:", "config:")
 
 
 def unset_off(fields: dict[str, Any], expand: Expander, where: str) -> dict[str, Any]:
-    """An entry's fields, turned off (`enabled` false, with the reason) when a variable it names is not set
-    (`Expander.disable_unset`); as they were otherwise."""
-    names = list(dict.fromkeys(expand.unset.pop(where, ())))
-    if not names:
+    """An entry's fields, turned off (`enabled` false, with the reasons) when a value it names cannot be had here: a
+    variable not set, an editor's `${input:...}` (`Expander.disable_unset`); as they were otherwise."""
+    reasons = list(dict.fromkeys(expand.unset.pop(where, ())))
+    if not reasons:
         return fields
-    said = f"{', '.join(names)} {'is' if len(names) == 1 else 'are'}{UNSET_REASON}"
+    said = OFF_FOR_VALUES + "; ".join(reasons)
     return fields | {"enabled": False, "disabled_by": said, "notes": (*fields.get("notes", ()), f"not started: {said}")}
 
 
-#: How `unset_off` ends the reason it gives (`disabled_by`): a server off for that is not turned on by `enabled = true`.
-UNSET_REASON = " not set in the environment breakwater runs in (set it there, or give it a default: ${NAME:-value})"
+#: How `unset_off`'s reason (`disabled_by`) begins: a server off for it is not turned on by `enabled = true`, and the
+#: commands that run servers warn of it.
+OFF_FOR_VALUES = "a value it names cannot be had here: "
 
 
 def has_reference(value: str) -> bool:
@@ -101,7 +103,7 @@ class Expander:
     #: An unset variable turns its server off instead of refusing the file (`serve`, `status`: one server's missing
     #: variable must not cost every other server, as it does not in the agents that read these files).
     disable_unset: bool = False
-    #: The unset variables met with `disable_unset`, by entry (`where` -> names): `unset_off` turns each entry off.
+    #: Why values met with `disable_unset` cannot be had, by entry (`where` -> reasons): `unset_off` turns each off.
     unset: dict[str, list[str]] = field(default_factory=dict)
     #: Expanded values that are secrets, per entry (`where` -> values); read by `take_secrets`.
     _secrets: dict[str, list[str]] = field(default_factory=dict)
@@ -130,8 +132,15 @@ class Expander:
     def _one(self, whole: str, content: str, *, where: str, key: str, secret: bool) -> str:
         parts = content.split(":-")
         name, default = parts[0], (parts[1] if len(parts) > 1 else None)
-        if name.startswith(_EDITOR_ONLY):
-            raise self._editor_only(name, key)
+        if name.startswith(EDITOR_ONLY):
+            error = self._editor_only(name, key)
+            if not self.strict:  # `config import`: carried over as written, and named (`import_notes`)
+                self.missing.append((key, name))
+                return whole
+            if self.disable_unset:  # one entry's prompt for the editor is that server's problem, not every other's
+                self._off(where, f"{error.detail} ({error.fix})")
+                return whole
+            raise error
         lookup = name.removeprefix("env:")
         if not lookup.strip():
             raise self._no_name(whole, key)
@@ -150,7 +159,7 @@ class Expander:
             self.missing.append((key, lookup))
             return whole
         if self.disable_unset:
-            self.unset.setdefault(where, []).append(lookup)
+            self._off(where, f"{lookup} is not set (set it in the environment breakwater runs in, or write ${{{lookup}:-value}})")
             return whole
         said = whole if whole.startswith("${") else f"{whole} (Gemini CLI's form of ${{{lookup}}})"
         raise ConfigError(
@@ -184,6 +193,9 @@ class Expander:
             f"{whole} names no variable", path=self.path, key=key, fix=f"write {example}, with the variable's name"
         )
 
+    def _off(self, where: str, reason: str) -> None:
+        self.unset.setdefault(where, []).append(reason)
+
     def variable(self, name: str, *, where: str, key: str, said: str = "") -> str | None:
         """The value of the environment variable `name`, a secret of the entry `where` (OpenCode's `{env:NAME}`,
         Codex's keys that name a variable); unset is an error, or None while lenient (recorded in `missing`)."""
@@ -193,7 +205,7 @@ class Expander:
                 self.missing.append((key, name))
                 return None
             if self.disable_unset:
-                self.unset.setdefault(where, []).append(name)
+                self._off(where, f"{name} is not set (set it in the environment breakwater runs in)")
                 return None
             fix = f"set {name} in the environment breakwater runs in"
             raise ConfigError(f"the variable {name} is not set{said}", path=self.path, key=key, fix=fix)

@@ -25,7 +25,7 @@ from breakwater.config._checks import alike_servers, check_server_name, check_te
 from breakwater.config._codex import CODEX_TOP, servers_from_codex
 from breakwater.config._dialect import claude_local_servers, gemini_file, gemini_server_lists, skipped_entry, top_level_notes
 from breakwater.config._entry import STRICT, Entries, fail, flag, parse_entry, unknown_key
-from breakwater.config._expand import UNSET_REASON, Expander, unset_off
+from breakwater.config._expand import OFF_FOR_VALUES, Expander, unset_off
 from breakwater.config._knobs import build_policy, env_layer
 from breakwater.config._model import Config, ServerSpec, ToolSettings
 from breakwater.config._policies import GLOBAL_SECTIONS, POLICY_SECTIONS, CallPolicy, RetryPolicy
@@ -340,7 +340,7 @@ def _server_base(
     if "enabled" in table:
         enabled = flag(table["enabled"], spath, f"{where}.enabled", "enabled = false")
         # Not on: a server off for a variable that is not set would start with the reference as its text.
-        if not (enabled and (base_spec.disabled_by or "").endswith(UNSET_REASON)):
+        if not (enabled and (base_spec.disabled_by or "").startswith(OFF_FOR_VALUES)):
             base_spec = replace(base_spec, enabled=enabled, disabled_by=None if enabled else f"{where}.enabled is false")
     if "shared" in table:
         base_spec = replace(base_spec, shared=flag(table["shared"], spath, f"{where}.shared", "shared = true"))

@@ -29,6 +29,7 @@ from typing import Any
 from breakwater.config import Config, _jsonc
 from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX, namespaced_pattern
 from breakwater.config._dialect import SIGN_IN_KEYS, claude_local_servers, skipped_entry
+from breakwater.config._expand import EDITOR_ONLY
 from breakwater.config._files import load_config_lenient
 from breakwater.config._import_codex import SERVERS_TOML, Named, codex_files, name_taken
 from breakwater.config._shapes import gateway_entry, opencode_entry, opencode_tool_patterns, server_table
@@ -79,6 +80,13 @@ def import_notes(config: Config, missing: list[tuple[str, str]]) -> list[str]:
             notes.append(f"{spec.name} signs in with OAuth: run `breakwater auth login {spec.name}` once")
     for variable in sorted({var for _, var in missing}):
         named = [key for key, var in missing if var == variable]
+        if variable.startswith(EDITOR_ONLY):
+            notes.append(
+                f"${{{variable}}} ({', '.join(named)}) is VS Code's to ask as it starts the server; breakwater has no "
+                "editor to ask, so that server stays off (the others run) until the value is in an environment "
+                "variable written there as ${NAME}"
+            )
+            continue
         # Codex's keys name a variable (`bearer_token_env_var = "X"`): there is no `${X:-default}` to write there.
         named_only = all(any(f".{k}" in key for k in _NAMING_KEYS) for key in named)
         default = "" if named_only else f", or give a default: ${{{variable}:-value}}"
