@@ -40,11 +40,10 @@ import anyio
 
 from breakwater import _platform
 from breakwater._clock import Clock
-from breakwater.config import Config
-from breakwater.config._checks import distinct_name, name_affixes, namespaced
 from breakwater.gateway._attach import Attachment, AttachRefused, SessionOutdated
 from breakwater.gateway._handoff import STOP, MirrorParser, answer_id
 from breakwater.gateway._start import relayable, reserve_standard_fds
+from breakwater.gateway._tool_safety import ToolSafety
 
 __all__ = ["GIVE_UP_S", "MAX_LINE_BYTES", "ToolSafety", "attached_session", "relayable", "reserve_standard_fds"]
 
@@ -116,86 +115,6 @@ class _Lines(asyncio.Protocol):
 def _id_key(raw: Any) -> str:
     """A request id as JSON text, so 7 and "7" stay two ids (an integer, the usual id, without the encoder)."""
     return str(raw) if type(raw) is int else json.dumps(raw)
-
-
-@dataclass
-class ToolSafety:
-    """Which tool calls a failover may send again: those that only read.
-
-    The config's retry class wins (a tool's own, then its server's), as it does in the call gate;
-    without one, the tool's `readOnlyHint` as the `tools/list` answers this session relayed said.
-    Anything unknown is not safe.
-    """
-
-    builtins: frozenset[str] = frozenset()
-    #: Downstream name -> the retry class the config gives that tool itself.
-    configured: dict[str, str] = field(default_factory=dict)
-    #: (name prefix, name suffix, retry class) of each server the config gives a retry class.
-    servers: list[tuple[str, str, str]] = field(default_factory=list)
-    #: Downstream name -> its readOnlyHint, from the tools/list answers relayed.
-    learned: dict[str, bool] = field(default_factory=dict)
-    #: Downstream names of the tools that declare an output schema, from the same answers.
-    schemas: set[str] = field(default_factory=set)
-
-    @classmethod
-    def of(cls, config: Config) -> ToolSafety:
-        """What `config` says: breakwater's own tools are safe, and every retry class it sets."""
-        template = config.gateway.tool_name_template
-        safety = cls(builtins=frozenset(n for n in (config.gateway.search_tool, config.gateway.status_tool) if n))
-        for spec in config.servers:
-            if spec.call.retry != "auto":
-                safety.servers.append((*name_affixes(template, spec.name), spec.call.retry))
-            for tool, settings in spec.tools.items():
-                if settings.call.retry != "auto":
-                    name = namespaced(template, spec.name, tool, config.gateway.tool_name_max)
-                    safety.configured[name] = settings.call.retry
-                    # And the name it is listed under when another server's tool has that one (the catalog's rule).
-                    safety.configured[distinct_name(name, spec.name, tool, config.gateway.tool_name_max)] = settings.call.retry
-        return safety
-
-    def learn(self, answer: bytes) -> None:
-        """Note each tool's readOnlyHint, and whether it declares an output schema, from a `tools/list` answer."""
-        with contextlib.suppress(ValueError, AttributeError, TypeError):
-            for tool in json.loads(answer)["result"]["tools"]:
-                hints = tool.get("annotations") or {}
-                name = str(tool["name"])
-                self.learned[name] = hints.get("readOnlyHint") is True
-                if tool.get("outputSchema") is not None:
-                    self.schemas.add(name)
-                else:
-                    self.schemas.discard(name)
-
-    def safe(self, name: str) -> bool:
-        """Whether a call of the tool named `name` downstream only reads."""
-        if name in self.builtins:
-            return True
-        if name in self.configured:
-            return self.configured[name] == "safe"
-        fits = [
-            (len(p) + len(s), retry)
-            for p, s, retry in self.servers
-            if len(name) >= len(p) + len(s) and name.startswith(p) and name.endswith(s)
-        ]
-        if fits:
-            return max(fits)[1] == "safe"  # the most specific server's
-        return self.learned.get(name, False)
-
-    def safe_call(self, line: bytes) -> bool:
-        """Whether the `tools/call` request `line` only reads."""
-        name = _called(line)
-        return name is not None and self.safe(name)
-
-    def declares_schema(self, line: bytes) -> bool:
-        """Whether the tool the `tools/call` request `line` calls declares an output schema."""
-        return _called(line) in self.schemas
-
-
-def _called(line: bytes) -> str | None:
-    """The tool name of the `tools/call` request `line`, or None."""
-    with contextlib.suppress(ValueError, AttributeError):
-        name = json.loads(line).get("params", {}).get("name")
-        return name if isinstance(name, str) else None
-    return None
 
 
 @dataclass
