@@ -87,6 +87,8 @@ BAD_CONFIGS: list[tuple[str, str | bytes, str]] = [
     ),
     ("nul.json", b'{"mcpServers": {"a": {"command": "x\x00"}}}', "NUL"),
     ("twice.json", _json({"a": {"url": "http://h.test/mcp", "headers": {"Authorization": "A", "authorization": "B"}}}), "twice"),
+    ("datetime.toml", "[call]\ntimeout_s = 1979-05-27T07:32:00Z\n", "a TOML date or time (1979-05-27T07:32:00+00:00)"),
+    ("shell-default.json", _json({"a": {"command": "x", "args": ["${NOPE_Q-fallback}"]}}), "write ${NOPE_Q:-fallback}"),
     # Read as Codex's file (for its [mcp_servers]), its [call] and servers_file were dropped without a word.
     ("mixed.toml", 'servers_file = "x.json"\n[call]\ntimeout_s = 60\n[mcp_servers.b]\ncommand = "x"\n', "servers_file"),
     ("deep.json", "[" * 100_000 + "]" * 100_000, "nested deeper"),

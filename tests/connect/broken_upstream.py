@@ -131,12 +131,13 @@ def main() -> None:
             continue  # notifications and answers need no reply
         shape = ((request.get("params") or {}).get("arguments") or {}).get("shape")
         if request["method"] == "tools/call" and shape is not None:
-            broken = {
+            shapes: dict[str, dict[str, Any]] = {
                 "null": {"result": None},
                 "string": {"error": "it failed"},
                 "none": {},
                 "notlist": {"result": {"content": {"type": "text", "text": "x"}}},
-            }[shape]
+            }
+            broken = shapes[shape]
             _send({"jsonrpc": "2.0", "id": request["id"], **broken}, 0)
             continue
         try:

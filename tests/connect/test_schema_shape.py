@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from typing import Any, Literal
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 import pytest
 from pydantic import BaseModel, Field
 

@@ -49,6 +49,8 @@ from breakwater.errors import ConfigError
 __all__ = ["EDITOR_ONLY", "OFF_FOR_VALUES", "Expander", "has_reference", "unset_off"]
 
 _REFERENCE = re.compile(r"\$\{([^}]+)\}")
+#: A shell's default without the colon (`${VAR-x}`, `${VAR=x}`), which Claude Code's rule reads as one odd name.
+_SHELL_DEFAULT = re.compile(r"([A-Za-z_]\w*)[-=](.*)", re.DOTALL)
 _OPENCODE = re.compile(r"\{(env|file):([^}]*)\}")
 _BARE_OR_BRACED = re.compile(r"\$(?:\{([^}]+)\}|([A-Za-z_]\w*))")
 #: The prefixes of VS Code's references that the editor answers as it starts a server (`${input:ID}` and the like).
@@ -162,12 +164,10 @@ class Expander:
             self._off(where, f"{lookup} is not set (set it in the environment breakwater runs in, or write ${{{lookup}:-value}})")
             return whole
         said = whole if whole.startswith("${") else f"{whole} (Gemini CLI's form of ${{{lookup}}})"
-        raise ConfigError(
-            f"the variable {lookup} is not set and {said} has no default",
-            path=self.path,
-            key=key,
-            fix=f"set {lookup} in the environment breakwater runs in, or give a default: ${{{lookup}:-value}}",
-        )
+        fix = f"set {lookup} in the environment breakwater runs in, or give a default: ${{{lookup}:-value}}"
+        if (shell := _SHELL_DEFAULT.fullmatch(lookup)) is not None:  # `${VAR-x}` and `${VAR=x}`: the shell's, not ours
+            fix = f"a default follows `:-` here: write ${{{shell.group(1)}:-{shell.group(2)}}}"
+        raise ConfigError(f"the variable {lookup} is not set and {said} has no default", path=self.path, key=key, fix=fix)
 
     def _opencode(self, whole: str, kind: str, name: str, *, where: str, key: str) -> str:
         if kind == "file":

@@ -10,6 +10,7 @@ environment variable, then a server's (or tool's) own table.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import difflib
 import math
 import os
@@ -104,6 +105,18 @@ def iter_knobs(section: str, policy_cls: type[Any]) -> Iterator[Knob]:
         )
 
 
+def _shown(value: Any) -> str:
+    """A value as a config error quotes it: as written for text and numbers, in TOML's words for what Python's repr
+    would show as its own (a TOML date-time read as `datetime.datetime(1979, 5, 27, ...)`)."""
+    if isinstance(value, datetime.date | datetime.time):
+        return f"a TOML date or time ({value.isoformat()})"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value)
+
+
 def _coerce(value: Any, tp: Any, *, where: str, path: str | None, name: str, info: KnobInfo) -> Any:
     """Check (and gently convert) one value against its declared type; raise a ConfigError that says how to fix it."""
     origin = typing.get_origin(tp)
@@ -118,11 +131,11 @@ def _coerce(value: Any, tp: Any, *, where: str, path: str | None, name: str, inf
         if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
             return value.lower() in ("1", "true", "yes", "on")
         fix = f"set {name}=true or {name}=false" if path == ENV_LAYER else f"set {name} = true|false"
-        raise ConfigError(f"expected true or false, got {value!r}", path=path, key=where, fix=fix)
+        raise ConfigError(f"expected true or false, got {_shown(value)}", path=path, key=where, fix=fix)
     if tp in (int, float):
         kind = "a whole number" if tp is int else "a number"
         if isinstance(value, bool):
-            raise ConfigError(f"expected {kind}, got {value!r}", path=path, key=where, fix=f"set {name} to {kind}")
+            raise ConfigError(f"expected {kind}, got {_shown(value)}", path=path, key=where, fix=f"set {name} to {kind}")
         try:
             # A number written as text the way TOML and JSON write one: ASCII digits, no `_` (Python's int() and
             # float() read "1_000" and the Arabic-Indic "٥" too, neither of which a person meant as a number here).
@@ -130,18 +143,18 @@ def _coerce(value: Any, tp: Any, *, where: str, path: str | None, name: str, inf
                 raise ValueError(value)
             number = tp(value) if isinstance(value, str) else value
         except ValueError:
-            raise ConfigError(f"expected {kind}, got {value!r}", path=path, key=where, fix=f"set {name} to {kind}") from None
+            raise ConfigError(f"expected {kind}, got {_shown(value)}", path=path, key=where, fix=f"set {name} to {kind}") from None
         if not isinstance(number, (int, float)) or (tp is int and isinstance(number, float) and not number.is_integer()):
-            raise ConfigError(f"expected {kind}, got {value!r}", path=path, key=where, fix=f"set {name} to {kind}")
+            raise ConfigError(f"expected {kind}, got {_shown(value)}", path=path, key=where, fix=f"set {name} to {kind}")
         if isinstance(number, float) and not math.isfinite(number):
-            raise ConfigError(f"must be a finite number, got {value!r}", path=path, key=where, fix=_range_fix(name, info))
+            raise ConfigError(f"must be a finite number, got {_shown(value)}", path=path, key=where, fix=_range_fix(name, info))
         return tp(number)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"expected a string, got {value!r}", path=path, key=where, fix=f'set {name} = "..."')
+            raise ConfigError(f"expected a string, got {_shown(value)}", path=path, key=where, fix=f'set {name} = "..."')
         if info.choices is not None and value not in info.choices:
             raise ConfigError(
-                f"expected one of {', '.join(info.choices)}, got {value!r}",
+                f"expected one of {', '.join(info.choices)}, got {_shown(value)}",
                 path=path,
                 key=where,
                 fix=f"set {name} to one of: {', '.join(info.choices)}",
