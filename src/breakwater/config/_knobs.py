@@ -143,7 +143,9 @@ def _coerce(value: Any, tp: Any, *, where: str, path: str | None, name: str, inf
                 raise ValueError(value)
             number = tp(value) if isinstance(value, str) else value
         except ValueError:
-            raise ConfigError(f"expected {kind}, got {_shown(value)}", path=path, key=where, fix=f"set {name} to {kind}") from None
+            raise ConfigError(
+                f"expected {kind}, got {_shown(value)}", path=path, key=where, fix=f"set {name} to {kind}"
+            ) from None
         if not isinstance(number, (int, float)) or (tp is int and isinstance(number, float) and not number.is_integer()):
             raise ConfigError(f"expected {kind}, got {_shown(value)}", path=path, key=where, fix=f"set {name} to {kind}")
         if isinstance(number, float) and not math.isfinite(number):
