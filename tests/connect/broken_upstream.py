@@ -17,13 +17,14 @@ with a text of `arguments.bytes` bytes; `echo` answers with its arguments. `--ru
 `arguments.notes` progress notifications without a progressToken and a log message of a level that
 does not exist before it answers; `malformed` answers with an envelope that is no JSON-RPC
 response, as `arguments.shape` says: "null" (`"result": null`), "string" (`"error": "..."`) or "none"; or
-with a result whose `content` is no list ("notlist").
+with a result whose `content` is no list ("notlist"); `die` exits mid-call (code 3).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -35,6 +36,7 @@ GOOD = [
 RUDE = [
     {"name": "noisy", "description": "notifications that do not validate", "inputSchema": {"type": "object"}},
     {"name": "malformed", "description": "an answer that is no JSON-RPC response", "inputSchema": {"type": "object"}},
+    {"name": "die", "description": "the process exits mid-call", "inputSchema": {"type": "object"}},
 ]
 NON_FINITE = [
     {"name": "bounded", "inputSchema": {"type": "object", "properties": {"x": {"type": "number", "maximum": float("inf")}}}},
@@ -129,6 +131,10 @@ def main() -> None:
         request = json.loads(line)
         if "id" not in request or "method" not in request:
             continue  # notifications and answers need no reply
+        if request["method"] == "tools/call" and (request.get("params") or {}).get("name") == "die":
+            sys.stderr.write("about to die\n")
+            sys.stderr.flush()
+            os._exit(3)
         shape = ((request.get("params") or {}).get("arguments") or {}).get("shape")
         if request["method"] == "tools/call" and shape is not None:
             shapes: dict[str, dict[str, Any]] = {

@@ -123,6 +123,15 @@ async def test_an_answer_that_is_no_json_rpc_response_fails_its_call_at_once(tmp
         assert not (await bw.call_tool("rude", "noisy", {"notes": 0})).is_error  # the connection serves on
 
 
+async def test_a_server_that_dies_mid_call_is_said_to_have_closed_its_stdout(tmp_path: Path) -> None:
+    """The call was told the SDK's bare "Connection closed": neither who closed it nor that the process was going."""
+    async with Breakwater(_rude(tmp_path, 20), admission_dir=tmp_path / "admission") as bw:
+        await bw.wait_ready(timeout=30)
+        result = await bw.call_tool("rude", "die", {})
+    envelope = result.structured_content or {}
+    assert result.is_error and "the server closed its stdout during the call" in envelope["reason"], envelope
+
+
 async def test_nan_and_infinity_from_an_upstream_become_null_and_a_tool_defined_with_them_is_left_out(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -185,12 +185,13 @@ class RawCalls:
         """Whether the connection ended (`close()`)."""
         return self._closed
 
-    def close(self) -> None:
-        """The connection ended: every call still waiting is answered CONNECTION_CLOSED, as the SDK's are."""
+    def close(self, why: str | None = None) -> None:
+        """The connection ended: every call still waiting is answered CONNECTION_CLOSED, as the SDK's are (`why`, when
+        the transport knows more than that)."""
         self._closed = True
         for pending in self._pending.values():
             if pending.answer is None:
-                pending.answer = ErrorData(code=CONNECTION_CLOSED, message="Connection closed")
+                pending.answer = ErrorData(code=CONNECTION_CLOSED, message=why or "Connection closed")
                 pending.wake()
 
     async def request(self, params: dict[str, Any], on_progress: ProgressFn | None) -> dict[str, Any] | None:

@@ -52,6 +52,9 @@ EXIT_CODE_GRACE_S = 1.0
 EXIT_POLL_FIRST_S = 0.05
 EXIT_POLL_MAX_S = 2.0
 _GROUP_POLL_S = 0.01
+#: What a call in flight is told when the server itself closes its stdout: the SDK's "Connection closed" said neither
+#: who closed it nor that the process was going.
+STDOUT_CLOSED = "the server closed its stdout during the call (it exited, or crashed)"
 DEFAULT_MAX_LINE_BYTES = 16 * 1024 * 1024  # `[call] max_result_bytes`'s default
 _FD_SCAN_LIMIT = 4096  # descriptors looked at where none can be listed (`_close_on_exec`)
 _CANCEL_CHECK_CHUNKS = 32  # chunks of an upstream's stdout read between two looks for a cancellation (`StdoutReader`)
@@ -280,7 +283,7 @@ class StdoutReader:
                     chunk = await self._stdout.receive()
                 except anyio.EndOfStream:
                     self._ended = True
-                    self._end_raw()
+                    self._end_raw(None if self.shutting_down else STDOUT_CLOSED)
                     self._stdout_closed.set()
                     raise
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError):
@@ -315,9 +318,9 @@ class StdoutReader:
             taken = end + 1
         return taken
 
-    def _end_raw(self) -> None:
+    def _end_raw(self, why: str | None = None) -> None:
         if self.raw is not None:
-            self.raw.close()
+            self.raw.close(why)
 
     def end(self) -> None:
         self._ended = True
