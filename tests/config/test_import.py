@@ -191,3 +191,13 @@ def test_a_vs_code_input_in_one_server_does_not_block_the_import(tmp_path: Path)
     assert "${input:tok} (servers.needs.headers.Authorization) is VS Code's to ask" in result.stdout
     servers = json.loads((folder / "breakwater.servers.json").read_text())["servers"]
     assert servers["needs"]["headers"]["Authorization"] == "Bearer ${input:tok}"  # carried over as written
+
+
+def test_an_agent_file_with_comments_says_they_are_not_carried_over(tmp_path: Path) -> None:
+    """Zed's and VS Code's files start with comments; --replace dropped them without a word (the .bak keeps them)."""
+    source = tmp_path / ".mcp.json"
+    source.write_text('// my servers\n{"mcpServers": {"a": {"command": "x"},},}\n')
+    result = run_import(".mcp.json", "--replace", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert ".mcp.json's comments (and trailing commas) are not in the files written" in result.stdout
+    assert (tmp_path / ".mcp.json.bak").read_text().startswith("// my servers")

@@ -143,7 +143,8 @@ def _plan(source: Path) -> tuple[dict[Path, str], list[str]]:
 
 def _json_files(source: Path, command: list[str], named: Named) -> tuple[str, str, dict[str, Any], list[str]]:
     """(the servers file's text, the agent's new file, the entries that stay with the agent, notes) for a JSON file."""
-    raw: dict[str, Any] = json.loads(_jsonc.strip(source.read_text(encoding="utf-8-sig")))
+    text = source.read_text(encoding="utf-8-sig")
+    raw: dict[str, Any] = json.loads(stripped := _jsonc.strip(text))
     top, entries = server_table(raw, str(source)) or ("mcpServers", {})
     if GATEWAY_NAME in entries:
         raise name_taken(source, f"{top}.{GATEWAY_NAME}")
@@ -165,6 +166,11 @@ def _json_files(source: Path, command: list[str], named: Named) -> tuple[str, st
         servers_file = {"mcp": {k: v for k, v in mcp.items() if k in ("allowed", "excluded")}, **servers_file}
         agent_file["mcp"] = {k: v for k, v in mcp.items() if k not in ("allowed", "excluded")}
     notes = []
+    if stripped != text:  # Zed's and VS Code's files start with comments; JSON has none to write them in
+        notes.append(
+            f"{source.name}'s comments (and trailing commas) are not in the files written; "
+            "with --replace the original, comments and all, is kept as .bak"
+        )
     if top in ("mcp", "mcp.servers") and any(opencode_entry(e) for e in served.values()):
         rewritten = opencode_tool_patterns(agent_file, list(served), GATEWAY_NAME, named)
         notes += [f"OpenCode's tool pattern {change} (its tools are named through breakwater now)" for change in rewritten]
