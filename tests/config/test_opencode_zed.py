@@ -157,6 +157,9 @@ def test_zeds_context_servers_in_both_shapes(tmp_path: Path) -> None:
 
 
 BAD = [
+    # Both were "no mcpServers object; write mcpServers": another dialect's key, and no word about OpenCode's `type`.
+    ("opencode.json", {"$schema": "https://opencode.ai/config.json", "mcp": 5}, "mcp", "expected an object of servers"),
+    ("opencode.json", {"mcp": {"a": {"command": ["echo"]}}}, "mcp.a.type", "an OpenCode server without its type"),
     ("opencode.json", {"mcp": {"a": {"type": "local", "command": "npx -y pkg"}}}, "mcp.a.command", "as a list; it got a string"),
     ("opencode.json", {"mcp": {"a": {"type": "local", "command": []}}}, "mcp.a.command", "it is empty"),
     ("opencode.json", {"mcp": {"a": {"type": "local", "command": ["x"], "environment": ["K=v"]}}}, "mcp.a.environment", "table"),

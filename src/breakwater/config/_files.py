@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from breakwater._paths import read_user_file
-from breakwater._wire import json_depth
+from breakwater._wire import json_depth, json_kind
 from breakwater.config import _jsonc
 from breakwater.config._checks import alike_servers, check_server_name, check_template_for_servers
 from breakwater.config._codex import CODEX_TOP, servers_from_codex
@@ -166,7 +166,7 @@ def _servers_from_json(
     found, local = server_table(data, str(path)), claude_local_servers(data, Path.cwd())
     # Claude Code's ~/.claude.json with only other folders' servers: none for this folder, which the notes say.
     if found is None and local is None and not isinstance(data.get("projects"), dict):
-        raise ConfigError('no "mcpServers" object', path=str(path), key="mcpServers", fix='write {"mcpServers": {"name": {...}}}')
+        raise _no_servers(data, str(path))
     top, entries = found or ("mcpServers", {})
     # The rest of the file is the client's own settings (VS Code's "inputs", all of ~/.claude.json).
     notes = top_level_notes(data, top)
@@ -211,6 +211,25 @@ def _servers_from_json(
 
 
 # ---- breakwater.toml -----------------------------------------------------------------------------
+
+
+def _no_servers(data: Mapping[str, Any], path: str) -> ConfigError:
+    """The error for a JSON file with no table of servers: OpenCode's `mcp` named as such, when the file has one."""
+    mcp = data.get("mcp")
+    opencode = 'write "mcp": {"name": {"type": "local", "command": ["the-program"]}} (OpenCode)'
+    if "mcp" in data and not isinstance(mcp, dict):
+        return ConfigError(f"expected an object of servers, got {json_kind(mcp)}", path=path, key="mcp", fix=opencode)
+    if isinstance(mcp, dict):
+        # An OpenCode entry without its `type` (every OpenCode server has one): named, not "no mcpServers".
+        for name, entry in mcp.items():
+            if isinstance(entry, dict) and ("command" in entry or "url" in entry):
+                return ConfigError(
+                    "an OpenCode server without its type",
+                    path=path,
+                    key=f"mcp.{name}.type",
+                    fix='add "type": "local" (a command) or "type": "remote" (a url)',
+                )
+    return ConfigError('no "mcpServers" object', path=path, key="mcpServers", fix='write {"mcpServers": {"name": {...}}}')
 
 
 def _policy_table(value: Any, path: str, where: str) -> dict[str, Any]:
