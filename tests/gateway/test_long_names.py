@@ -100,6 +100,15 @@ def test_names_hold_only_what_the_model_apis_take() -> None:
     assert namespaced("{server}__{tool}", "bn", "admin.tools.list", 64) == "bn__admin_tools_list"
 
 
+def test_a_template_with_a_dot_is_noted(tmp_path: Path) -> None:
+    """A user's `{server}.{tool}` gets "_" where its "." was: `config check` says so."""
+    from breakwater.config import load_config
+
+    path = tmp_path / "breakwater.toml"
+    path.write_text('[gateway]\ntool_name_template = "{server}.{tool}"\n[servers.a]\ncommand = "x"\n')
+    assert any("'.' in it become '_'" in note for note in load_config(path).notes)
+
+
 @pytest.mark.parametrize("value", ["10", "129", "many"])
 def test_a_limit_out_of_range_is_a_config_error_that_names_the_knob(tmp_path: Path, value: str) -> None:
     done = subprocess.run(

@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import re
+import string
 import tomllib
 from collections.abc import Mapping
 from dataclasses import fields as dc_fields
@@ -21,7 +22,7 @@ from typing import Any
 from breakwater._paths import read_user_file
 from breakwater._wire import json_depth, json_kind
 from breakwater.config import _jsonc
-from breakwater.config._checks import alike_servers, check_server_name, check_template_for_servers
+from breakwater.config._checks import TOOL_NAME_OK, alike_servers, check_server_name, check_template_for_servers
 from breakwater.config._codex import CODEX_TOP, servers_from_codex
 from breakwater.config._dialect import claude_local_servers, gemini_file, gemini_server_lists, skipped_entry, top_level_notes
 from breakwater.config._entry import STRICT, Entries, fail, flag, parse_entry, unknown_key
@@ -489,6 +490,9 @@ def _load(
         raise ConfigError(exc.detail, path=str(p), key=exc.key, fix=exc.fix) from None
     if alike := alike_servers(template, (spec.name for spec in config.servers)):
         config = replace(config, notes=(*config.notes, *alike))
+    if replaced := sorted(set(TOOL_NAME_OK.findall("".join(text for text, *_ in string.Formatter().parse(template))))):
+        said = f"gateway.tool_name_template: {' '.join(repr(c) for c in replaced)} in it become '_' in each tool's name"
+        config = replace(config, notes=(*config.notes, f"{said} (the model APIs take A-Z a-z 0-9 _ - only)"))
     # Any server's secret is scrubbed from every output of this process, not only that server's.
     register_secrets(config.secrets)
     return config, expand.missing
