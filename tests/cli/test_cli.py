@@ -328,6 +328,8 @@ def test_call_usage_errors_exit_2_in_one_line(env: dict[str, str], tmp_path: Pat
     config = write_config(tmp_path / "mcp.json", {"shop": stdio_entry()})
     for args, expected in (
         (["shopp", "echo"], "no server named 'shopp'"),
+        # The tool's name as the agent sees it, where the server goes: the call meant is said.
+        (["shop__echo", "{}"], "is how the gateway names tool 'echo' of server 'shop': breakwater call shop echo"),
         (["shop", "echo", "[1, 2]"], "JSON_ARGS must be a JSON object"),
         (["shop", "echo", "{not json"], "JSON_ARGS is not JSON"),
         (["shop", "echo", '{"x": NaN}'], "JSON_ARGS is not JSON (NaN is not a JSON value)"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from typing import Any
 
@@ -31,6 +32,7 @@ from breakwater.cli._common import (
 )
 from breakwater.cli._text import lines
 from breakwater.config import Config
+from breakwater.config._checks import route_by_shape
 from breakwater.gate._envelope import error_from_result, error_text
 from breakwater.status import ServerState
 
@@ -147,9 +149,13 @@ def call_main(argv: list[str]) -> int:
     config = load_or_exit(args.config)
     names = [spec.name for spec in config.servers]
     if args.server not in names:
+        hint = did_you_mean(args.server, names)
+        # The name an agent sees (`t__add`), written where the server goes: say the call the user meant.
+        if (routed := route_by_shape(config.gateway.tool_name_template, names, args.server)) is not None:
+            hint = f" ({args.server!r} is how the gateway names tool {routed[1]!r} of server {routed[0]!r}: "
+            hint += f"breakwater call {shlex.join(routed)})"
         return fail(
-            f"no server named {args.server!r} in {config.path}{did_you_mean(args.server, names)}; "
-            f"servers: {', '.join(names) or 'none'}",
+            f"no server named {args.server!r} in {config.path}{hint}; servers: {', '.join(names) or 'none'}",
             EXIT_CONFIG,
         )
     code: int = anyio.run(_call, config, args.server, args.tool, arguments, args.wait, args.json)
