@@ -216,6 +216,9 @@ def test_a_stopped_gateway_is_named_and_holds_nobody(tmp_path: Path, share: Path
     ran(a.wait("a", 30))
     listed = subprocess.run([*BREAKWATER, "gateway", "list", "--json"], env=env, capture_output=True, text=True, timeout=30)
     assert [row["pid"] for row in json.loads(listed.stdout)] == [gateway]
+    # `--config`, as every command takes it (it was refused here): its share_dir says where to look.
+    argv = [*BREAKWATER, "gateway", "list", "--json", "--config", str(config)]
+    assert [row["pid"] for row in json.loads(subprocess.check_output(argv, env=env, text=True, timeout=30))] == [gateway]
     a.end()
     subprocess.run([*BREAKWATER, "gateway", "stop"], env=env, capture_output=True, timeout=60, check=True)
 

@@ -408,6 +408,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="action", required=True, metavar="{list,stop}")
     listing = sub.add_parser("list", help="every running shared gateway: pid, sessions, uptime, version, config")
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_config_flag(listing)  # as every command takes it: its [gateway] share_dir says where to look
     stop = sub.add_parser("stop", help="stop the user's shared gateways (all, or the one of --config)")
     add_config_flag(stop)
     run = sub.add_parser("run")  # started by `serve`; not for people
