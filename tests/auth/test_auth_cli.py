@@ -151,3 +151,11 @@ def test_login_works_when_only_that_servers_entry_is_valid(
         assert refused.returncode == 2 and "config error" in refused.stderr and said in refused.stderr, (command, refused.stderr)
     code, _, logout_err = _breakwater(capsys, "auth", "logout", "remote", "--config", str(config))
     assert code == 0 and "signed out of remote" in logout_err
+
+
+def test_auth_status_without_an_http_server_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It printed an empty table."""
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"local": {"command": "x"}}}))
+    code, out, _ = _breakwater(capsys, "auth", "status", "--config", str(config))
+    assert code == 0 and "no HTTP server in" in out

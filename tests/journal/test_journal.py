@@ -612,13 +612,16 @@ def test_a_locked_sqlite_file_costs_rows_not_latency(tmp_path: Path) -> None:
         journal.close()
 
 
-def test_an_unreachable_store_is_counted_not_raised(tmp_path: Path) -> None:
+def test_an_unreachable_store_is_counted_not_raised(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
     journal = Journal(SQLiteJournalStore(blocked / "journal.sqlite3"))
     assert journal.record(rec(FakeClock(), 0.1))
     journal.flush()
     assert journal.last_error is not None and journal.last_error.startswith("open:")
+    # Said once, as breakwater's, with what to do (it read "journal open: OSError ..." with neither).
+    said = [r.getMessage() for r in caplog.records if "call journal" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("breakwater: the call journal open:") and "fix:" in said[0]
     journal.close()
     assert journal.counters()["failed"] == 1
     assert journal.learned_timeout("s", "t") is None

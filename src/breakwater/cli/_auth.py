@@ -118,6 +118,9 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"servers": rows}, indent=2))
         return EXIT_OK
+    if not rows:  # an empty table said nothing of why
+        print(f"no HTTP server in {config.path}: sign-in is for HTTP servers (a `url`)")
+        return EXIT_OK
     table = Table(title="breakwater auth status", title_justify="left")
     for column in ("server", "signed in", "scopes", "expires", "refreshable"):
         table.add_column(column, no_wrap=True)

@@ -353,5 +353,11 @@ class Journal:
     def _note_error(self, what: str, exc: Exception) -> None:
         message = f"{what}: {type(exc).__name__}: {exc}".strip()
         if message != self.last_error:
-            log.warning("journal %s (%s)", message, self.store.location)
+            # Calls go on without it; what to do is to point it elsewhere, or turn it off.
+            log.warning(
+                "breakwater: the call journal %s (%s); calls go on unrecorded until it works "
+                "(fix: set [journal] url or BREAKWATER_JOURNAL to a writable path, or off)",
+                message,
+                self.store.location,
+            )
         self.last_error = message
