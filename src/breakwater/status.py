@@ -157,11 +157,16 @@ class ServerStatus:
     #: For a ready server: each tool name the config gives settings or lists for (`[servers.NAME.tools.T]`,
     #: `includeTools`, ...) that the server does not list, said with the key and a close name (a typo configures nothing).
     unmatched: tuple[str, ...] = ()
+    #: Why the last ready connection went away (its process exited, with the code and stderr tail; a failed health
+    #: check), and when (wall time): kept once the server is ready again, where `error` is cleared.
+    last_drop: ErrorInfo | None = None
+    last_drop_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """One entry of `status --json`'s `servers` list (`phase` only while queued for admission,
         `failing_since` only while connects keep failing, `rejected_tools` only when a tool was left out, `disabled_by`
-        only for a disabled server, `unmatched` only when the config names a tool the server does not list)."""
+        only for a disabled server, `unmatched` only when the config names a tool the server does not list, `last_drop`
+        once a ready connection has gone away)."""
         return (
             {
                 "name": self.name,
@@ -179,6 +184,7 @@ class ServerStatus:
             | ({"rejected_tools": [t.to_json() for t in self.rejected_tools]} if self.rejected_tools else {})
             | ({"disabled_by": self.disabled_by} if self.disabled_by else {})
             | ({"unmatched": list(self.unmatched)} if self.unmatched else {})
+            | ({"last_drop": {"at": iso(self.last_drop_at), **self.last_drop.to_json()}} if self.last_drop is not None else {})
         )
 
 
@@ -255,6 +261,8 @@ class StatusReport:
                     ),
                     disabled_by=s.get("disabled_by"),
                     unmatched=tuple(str(note) for note in s.get("unmatched", [])),
+                    last_drop=None if s.get("last_drop") is None else ErrorInfo.from_json(s["last_drop"]),
+                    last_drop_at=None if s.get("last_drop") is None else from_iso(s["last_drop"].get("at")),
                 )
                 for s in data.get("servers", [])
             ),

@@ -11,6 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
 from rich.console import Console
 
@@ -18,7 +19,7 @@ from breakwater import Breakwater, Config, ConnectPolicy, ServerSpec
 from breakwater.cli._status import status_view
 from breakwater.config import CallPolicy, JournalPolicy
 from breakwater.connect._lines import LineSplitter, Oversized, StdoutParser
-from breakwater.status import StatusReport
+from breakwater.status import ServerState, StatusReport
 from breakwater.testing.server import serve_http
 from helpers import alive
 
@@ -128,8 +129,17 @@ async def test_a_server_that_dies_mid_call_is_said_to_have_closed_its_stdout(tmp
     async with Breakwater(_rude(tmp_path, 20), admission_dir=tmp_path / "admission") as bw:
         await bw.wait_ready(timeout=30)
         result = await bw.call_tool("rude", "die", {})
+        # Ready again, status still says why it went: the exit was forgotten at the reconnect ("error": null).
+        with anyio.fail_after(30):
+            while not ((snap := bw.upstream("rude").snapshot()).state is ServerState.READY and snap.last_drop is not None):
+                await anyio.sleep(0.05)
     envelope = result.structured_content or {}
     assert result.is_error and "the server closed its stdout during the call" in envelope["reason"], envelope
+    assert snap.last_drop is not None and snap.last_drop.exit_code == 3 and "about to die" in snap.last_drop.stderr_tail
+    again = StatusReport.from_json(StatusReport(servers=(snap,)).to_json()).servers[0]
+    assert again.last_drop == snap.last_drop
+    assert again.last_drop_at is not None and snap.last_drop_at is not None
+    assert abs(again.last_drop_at - snap.last_drop_at) < 0.001  # as written in JSON: milliseconds
 
 
 async def test_nan_and_infinity_from_an_upstream_become_null_and_a_tool_defined_with_them_is_left_out(

@@ -85,6 +85,9 @@ def status_view(
             problems.append(line)
         if s.disabled_by:
             problems.append(f"[bold]{markup(s.name)}[/]: [dim]not started: {markup(s.disabled_by)}[/]")
+        if s.last_drop is not None and s.state is ServerState.READY and s.last_drop_at is not None:
+            ago = f"{max(0.0, now - s.last_drop_at):.0f} s ago"
+            problems.append(f"[bold]{markup(s.name)}[/]: [dim]reconnected; it dropped {ago}: {markup(s.last_drop.message)}[/]")
         problems += [f"[bold]{markup(s.name)}[/]: [yellow]{markup(note)}[/]" for note in s.unmatched]
         for t in s.rejected_tools:
             name = t.name if template is None else namespaced(template, s.name, t.name, name_max)

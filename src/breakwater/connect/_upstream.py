@@ -106,6 +106,8 @@ class Upstream:
         self.next_retry_at: float | None = None
         self.error: ErrorInfo | None = None
         self.failing_since: float | None = None  # wall time of the first failure since last ready
+        self.last_drop: ErrorInfo | None = None
+        self.last_drop_at: float | None = None
         self.protocol: str | None = None
         self.tools: list[types.Tool] = []
         #: Tools the server listed with an invalid definition, left out of `tools` (see `_tool_list.py`).
@@ -156,14 +158,13 @@ class Upstream:
             if self.state is ServerState.READY
             else (),
             disabled_by=self.spec.disabled_by if self.state is ServerState.DISABLED else None,
+            last_drop=None if self.last_drop is None else self._redacted(self.last_drop),
+            last_drop_at=self.last_drop_at,
         )
 
     def _redacted(self, error: ErrorInfo) -> ErrorInfo:
-        return replace(
-            error,
-            message=self._redact(error.message),
-            stderr_tail=tuple(self._redact(line) for line in error.stderr_tail),
-        )
+        tail = tuple(self._redact(line) for line in error.stderr_tail)
+        return replace(error, message=self._redact(error.message), stderr_tail=tail)
 
     async def wait_changed(self) -> None:
         """Return at this server's next state change (or phase change while connecting)."""
@@ -360,6 +361,7 @@ class Upstream:
         if reached_ready:
             if self.error is None or self.error.code not in (Reason.CONNECTION_LOST, Reason.UNHEALTHY):
                 self.error = lost_error(process)
+            self.last_drop, self.last_drop_at = self.error, self._clock.time()  # kept past the next ready
             return True
         if self.error is None:  # pragma: no cover - every path above sets it
             self.error = ErrorInfo(code=Reason.PROTOCOL_ERROR, message="the connection ended during the handshake")
