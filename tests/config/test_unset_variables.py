@@ -74,22 +74,15 @@ def test_status_serves_the_others_and_warns_and_config_check_refuses(tmp_path: P
     path = tmp_path / "mcp.json"
     path.write_text(json.dumps({"mcpServers": {"fine": OK, "needs": NEEDS}}))
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "BREAKWATER_CONNECT_STARTUP_JITTER_S": "0"}
-    status = subprocess.run(
-        [sys.executable, "-m", "breakwater", "status", "--json", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+
+    def breakwater(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "breakwater", *args, "--config", str(path)]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, check=False)
+
+    status = breakwater("status", "--json")
     assert status.returncode == 0, status.stderr
     states = {s["name"]: s["state"] for s in json.loads(status.stdout)["servers"]}
     assert states == {"fine": "ready", "needs": "disabled"}
     assert "server 'needs' is off" in status.stderr and "NOPE_TOKEN_Q is not set" in status.stderr
-    check = subprocess.run(
-        [sys.executable, "-m", "breakwater", "config", "check", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    check = breakwater("config", "check")
     assert check.returncode == 2 and "NOPE_TOKEN_Q" in check.stderr
