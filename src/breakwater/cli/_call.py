@@ -56,6 +56,8 @@ def parse_arguments(json_args: str | None, pairs: list[str]) -> dict[str, Any]:
     arguments: dict[str, Any] = {}
     if json_args is not None:
         text = sys.stdin.read() if json_args == "-" else json_args
+        if json_args == "-" and not text.strip():
+            raise ValueError("JSON_ARGS '-' read nothing from stdin; pipe a JSON object in, e.g. echo '{\"q\": \"flaky\"}' |")
         try:
             parsed = strict_json(text)
         except ValueError as exc:

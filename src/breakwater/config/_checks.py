@@ -339,15 +339,27 @@ _JOURNAL_SCHEMES = ("postgresql://", "postgres://", "sqlite:///")
 
 
 def check_journal_url(url: str) -> None:
-    """Refuse a `[journal] url` the journal could not open (an unknown scheme such as mysql://)."""
+    """Refuse a `[journal] url` the journal could not open (an unknown scheme such as mysql://, a port out of range)."""
     text = url.strip()
-    if not text or text.lower() in _JOURNAL_OFF or text.startswith(_JOURNAL_SCHEMES) or "://" not in text:
+    if not text or text.lower() in _JOURNAL_OFF or "://" not in text:
+        return
+    if text.startswith(_JOURNAL_SCHEMES):
+        check_url_port(text, "url")
         return
     raise ConfigError(
         f"unsupported journal URL scheme {text.split('://')[0]!r}",
         key="url",
         fix='use a file path, "sqlite:///PATH", "postgresql://..." or "off"',
     )
+
+
+def check_url_port(url: str, key: str) -> None:
+    """Refuse a store URL whose port is no port (`:99999`, `:abc`): it passed `config check`, and the store then
+    failed to open at every start, with calls going on unrecorded. Quotes no part of the URL (its password)."""
+    try:
+        urlsplit(url).port  # noqa: B018 - read for its ValueError
+    except ValueError:
+        raise ConfigError("the URL's port is not a number from 1 to 65535", key=key, fix="fix the port in the URL") from None
 
 
 def check_tool_name_template(template: str) -> None:

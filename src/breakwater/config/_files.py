@@ -7,6 +7,7 @@ core leaves and the rest of `config` only.
 
 from __future__ import annotations
 
+import difflib
 import errno
 import json
 import os
@@ -347,11 +348,12 @@ def _server_base(
         fields, _ = parse_entry(table, path=spath, where=where, expand=expand, extra_keys=_SERVER_POLICY_KEYS)
         return ServerSpec(name=name, source=spath, **unset_off(fields, expand, where))
     if name not in known:
+        close = difflib.get_close_matches(name, list(known), n=1)
         raise fail(
             "this server is neither defined here nor in servers_file",
             spath,
             where,
-            'add command = "..." (stdio) or url = "..." (http), or fix the name',
+            f"did you mean {close[0]!r}?" if close else 'add command = "..." (stdio) or url = "..." (http), or fix the name',
         )
     base_spec = known[name]
     for key in table:

@@ -6,6 +6,7 @@ Unlike the per-server policies in `_policies`, these have no per-server override
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from breakwater.config._checks import (
     DEFAULT_TOOL_NAME_MAX,
@@ -14,6 +15,7 @@ from breakwater.config._checks import (
     TOOL_NAME_OK,
     check_journal_url,
     check_tool_name_template,
+    check_url_port,
 )
 from breakwater.config._knobs import Policy, knob
 from breakwater.errors import ConfigError
@@ -366,6 +368,11 @@ class StatePolicy(Policy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.url.startswith(("redis://", "rediss://")):
+            check_url_port(self.url, "url")
+            database = urlsplit(self.url).path.strip("/")
+            if database and not database.isdigit():
+                raise ConfigError("the Redis URL's database is not a number", key="url", fix='use "redis://HOST:PORT/DB"')
         if self.url and not self.url.startswith(("redis://", "rediss://", "unix://", "memory://")):
             # The scheme only: a URL's user-info holds the store's password.
             scheme = self.url.split("://", 1)[0] if "://" in self.url else "(none)"

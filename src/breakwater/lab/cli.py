@@ -52,7 +52,9 @@ _CONTROL_FLAGS: Final = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="breakwater lab", description="The fleet lab: an MCP fleet simulator.")
+    from breakwater.cli._common import Parser  # a usage error as one line, as every other command's
+
+    parser = Parser(prog="breakwater lab", description="The fleet lab: an MCP fleet simulator.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="simulate ten minutes of traffic and print metrics, stars and a chart")
