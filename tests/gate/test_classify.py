@@ -229,11 +229,19 @@ TABLE: list[tuple[str, BaseException | CallToolResult, RetryClass, bool, tuple[O
         (Outcome.SUCCESS, ErrorCode.TOOL_ERROR, False, False),
     ),
     (
-        "isError, retryable true: the server vouches for a retry, even of a never tool",
+        "isError, retryable true: the server vouches for a retry of a tool that may repeat",
+        result("shed", is_error=True, structured={"retryable": True, "retry_after_s": 2}),
+        IDEMPOTENT,
+        True,
+        (Outcome.FAILURE, ErrorCode.TOOL_ERROR, True, False),
+    ),
+    (
+        # The request ran: a never tool was sent three times, with three side effects, on the server's word.
+        "isError, retryable true, never tool: the retry class decides",
         result("shed", is_error=True, structured={"retryable": True, "retry_after_s": 2}),
         NEVER,
         True,
-        (Outcome.FAILURE, ErrorCode.TOOL_ERROR, True, False),
+        (Outcome.FAILURE, ErrorCode.TOOL_ERROR, False, False),
     ),
     ("isError without a hint", result("boom", is_error=True), SAFE, True, (Outcome.FAILURE, ErrorCode.TOOL_ERROR, False, False)),
     ("our deadline, safe", TimeoutError(), SAFE, True, (Outcome.FAILURE, ErrorCode.TIMEOUT, True, True)),

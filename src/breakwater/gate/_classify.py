@@ -19,6 +19,9 @@ The rules (from how SDK 2.3 reports errors on both sides, and the spec's error c
 * Business answers are not failures: an `isError` result whose `structuredContent` says
   `retryable: false`, a not-found, an argument-validation error, an unknown tool. The server did
   its job; the breaker must not open because a model asked for something that does not exist.
+* A result that says `retryable: true` is retried only for a tool whose retry class allows a repeat
+  (`safe`, `idempotent`): the request ran, and the server's word is as untrusted as its annotations.
+  A `never` tool was sent three times, with three side effects, on one call.
 * Ignored: the caller's cancellation and breakwater's own refusals (`CallError`s raised locally).
 * Origin, not the code, says who failed. The SDK's -32000 (connection closed) and -32001 (request
   timed out) and breakwater's -32090 (result too large) stand for failures made locally and are
@@ -175,7 +178,7 @@ def classify(
     """Classify one attempt's result or exception (see the module docstring for the rules)."""
     if classifier is None and isinstance(attempt, CallToolResult):
         # The call path's common case: no context to build, and a success is one shared verdict.
-        return SUCCESS if not attempt.is_error else _classify_result(attempt)
+        return SUCCESS if not attempt.is_error else _classify_result(attempt, retry_class)
     ctx = AttemptContext(server=server, tool=tool, retry_class=retry_class, request_sent=request_sent)
     if classifier is not None:
         try:
@@ -187,7 +190,7 @@ def classify(
             if verdict is not None:
                 return verdict
     if isinstance(attempt, CallToolResult):
-        return _classify_result(attempt)
+        return _classify_result(attempt, retry_class)
     return _classify_exception(attempt, ctx)
 
 
@@ -237,7 +240,7 @@ def _first_text(result: CallToolResult) -> str:
 SUCCESS = Verdict(outcome=Outcome.SUCCESS, code=None, retryable=False)
 
 
-def _classify_result(result: CallToolResult) -> Verdict:
+def _classify_result(result: CallToolResult, retry_class: RetryClass) -> Verdict:
     if not result.is_error:
         return SUCCESS
     data = result.structured_content
@@ -264,11 +267,12 @@ def _classify_result(result: CallToolResult) -> Verdict:
                 reason="the server reports the operation's outcome as unknown",
             )
         if data.get("retryable") is True:
-            # The server vouches that trying again is safe and may help (e.g. it shed the request).
+            # The server vouches that trying again is safe and may help (e.g. it shed the request); for a `never` tool
+            # the retry class decides, not the server, whose word is as untrusted as its annotations.
             return Verdict(
                 outcome=Outcome.FAILURE,
                 code=ErrorCode.TOOL_ERROR,
-                retryable=True,
+                retryable=retry_class is not RetryClass.NEVER,
                 retry_after_s=hint,
                 reason="tool error marked retryable",
             )
