@@ -655,3 +655,20 @@ async def test_an_open_breakers_refusal_returned_at_once_is_the_one_raised_throu
     assert [spans.events[0], spans.events[2]] == [("started", "s", "t", "op-1" if idempotent else None)] * 2
     assert (spans.events[1][1], spans.events[3][1]) == (1, 3)
     assert spans.events[1][2:] == spans.events[3][2:] and spans.events[1][2] is not type(None)
+
+
+async def test_a_retry_the_breaker_refuses_reports_the_attempt_that_ran() -> None:
+    """The attempt that failed opened the breaker, and the retry it refused answered CIRCUIT_OPEN, "nothing was sent":
+    a model told nothing ran may repeat a call that did. The attempt's own answer is reported, and why no retry came."""
+    clock = FakeClock()
+
+    async def shed(_n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
+        content = [TextContent(type="text", text="busy, try again")]
+        return CallToolResult(content=content, structured_content={"retryable": True}, is_error=True)
+
+    breaker = BreakerPolicy(consecutive_failures=1, failure_rate=1.0, open_base_s=60.0, open_jitter=0.0)
+    async with make_gate(clock, shed, [tool("t", idempotent=True)], breaker=breaker) as (gate, server, _):
+        answer = (await drive(clock, lambda: gate.call("s", "t"))).structured_content
+    assert len(server.calls) == 1  # the breaker refused the retry
+    assert answer["code"] == "TOOL_ERROR" and answer["attempt"] == 1, answer
+    assert answer["retry_stopped"] == "no further attempt: CIRCUIT_OPEN"

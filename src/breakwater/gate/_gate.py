@@ -72,7 +72,7 @@ from breakwater.config import JournalPolicy, RetryPolicy
 from breakwater.connect._readiness import call_window, wait_until_ready
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import CallError, ErrorCode, InvalidArgumentsError, UnknownToolError
-from breakwater.gate._admit import admit, admit_after_loss, breaker_refusal, first_refusal, take_permits
+from breakwater.gate._admit import Permits, admit, admit_after_loss, breaker_refusal, first_refusal, take_permits
 from breakwater.gate._attempt import ATTEMPT_WATCHER, READY, SAFE, AttemptDeadline, not_ready_error, run_attempt
 from breakwater.gate._breaker import BreakerRegistry, BreakerSnapshot, BreakerStore, Outcome, Rejection
 from breakwater.gate._call import (
@@ -242,8 +242,8 @@ class CallGate:
             ctx, srv = self._ctx, call.srv
             try:
                 while True:
-                    if call.window is not None and call.last is not None:
-                        permits = await admit_after_loss(ctx, call)
+                    if call.last is not None:
+                        permits = await self._retry_permits(call)
                     else:  # `admit`: without a turn budget (most calls) only the permits, without its frame
                         permits = admit(ctx, call) if call.budget is not None else take_permits(ctx, call)
                     if math.isnan(call.timeout_s):
@@ -504,6 +504,18 @@ class CallGate:
         if tracer is not None:
             tracer.call_finished(handle, err)
         return err
+
+    async def _retry_permits(self, call: Call) -> Permits:
+        """Step 2 for a retry: its permits; a retry refused (a breaker that the last attempt opened, a bulkhead full)
+        reports that attempt, which ran: CIRCUIT_OPEN's "nothing was sent" invited a repeat of a call that had run."""
+        assert call.last is not None
+        ctx = self._ctx
+        try:
+            if call.window is not None:
+                return await admit_after_loss(ctx, call)
+            return admit(ctx, call) if call.budget is not None else take_permits(ctx, call)
+        except CallError as refused:
+            raise stopped(call.last, f"no further attempt: {refused.code.value}") from refused
 
     def _retry_delay(self, call: Call, verdict: Verdict, err: CallError) -> float:
         """Step 4's decision: the wait before the next attempt, or raise `err` (noting why not)."""
