@@ -663,8 +663,8 @@ async def test_a_retry_the_breaker_refuses_reports_the_attempt_that_ran() -> Non
     clock = FakeClock()
 
     async def shed(_n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
-        content = [TextContent(type="text", text="busy, try again")]
-        return CallToolResult(content=content, structured_content={"retryable": True}, is_error=True)
+        busy = TextContent(type="text", text="busy, try again")
+        return CallToolResult(content=[busy], structured_content={"retryable": True}, is_error=True)
 
     breaker = BreakerPolicy(consecutive_failures=1, failure_rate=1.0, open_base_s=60.0, open_jitter=0.0)
     async with make_gate(clock, shed, [tool("t", idempotent=True)], breaker=breaker) as (gate, server, _):
