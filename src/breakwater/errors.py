@@ -309,7 +309,10 @@ class CallTimeoutError(CallFailed, TimeoutError):
     advice = "It is answering slowly right now: use another tool if one can do the job, or go on without it."
 
     def advice_text(self) -> str:
-        """How slow the tool is against its usual latency, what to do instead, and when breakwater tries it again."""
+        """How slow the tool is against its usual latency, what to do instead, and when breakwater tries it again; or,
+        for a call the caller's turn budget cut, what the spent budget allows (the tool may not be slow at all)."""
+        if self.detail.get("cut_by") == "turn budget":
+            return BudgetExhaustedError.advice
         usual = self.detail.get("usual_s")
         first = "It is answering slowly right now"
         if isinstance(usual, (int, float)):

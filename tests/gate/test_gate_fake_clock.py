@@ -36,7 +36,7 @@ from breakwater.config import (
     load_config,
 )
 from breakwater.connect._upstream import Upstream
-from breakwater.errors import CircuitOpenError, ConfigError, ServerCircuitOpenError
+from breakwater.errors import CallTimeoutError, CircuitOpenError, ConfigError, ServerCircuitOpenError
 from breakwater.gate._envelope import error_result, render_error_table
 from breakwater.gate._gate import OPERATION_ID_META_KEY, CallGate
 from breakwater.gate._turn_budget import turn_budget
@@ -672,3 +672,24 @@ async def test_a_retry_the_breaker_refuses_reports_the_attempt_that_ran() -> Non
     assert len(server.calls) == 1  # the breaker refused the retry
     assert answer["code"] == "TOOL_ERROR" and answer["attempt"] == 1, answer
     assert answer["retry_stopped"] == "no further attempt: CIRCUIT_OPEN"
+
+
+async def test_a_callers_turn_budget_cut_opens_no_breaker_and_says_not_to_retry_this_turn() -> None:
+    """A client's tight budgets cut healthy calls: the server's breaker opened for every session of a shared gateway,
+    and the model was told the tool "is answering slowly right now" and that a retry might help."""
+    clock = FakeClock()
+    breaker = BreakerPolicy(consecutive_failures=2, failure_rate=1.0, open_base_s=60.0, open_jitter=0.0)
+    tools = [tool("slowish", readonly=True), tool("other", readonly=True)]
+    async with make_gate(clock, sleeper(0.5, clock), tools, breaker=breaker, call=CallPolicy(timeout_s=10.0)) as (gate, _, _):
+
+        async def tight() -> CallToolResult:
+            with turn_budget(0.3, clock=clock):
+                result = await gate.call("s", "slowish")
+            return result
+
+        cuts = [(await drive(clock, tight)).structured_content for _ in range(4)]
+        healthy = await drive(clock, lambda: gate.call("s", "other"))
+    assert all(c["code"] == "TIMEOUT" and c["cut_by"] == "turn budget" and c["retryable"] is False for c in cuts), cuts
+    assert not healthy.is_error, healthy.structured_content  # no breaker heard of the budget's cuts
+    text = error_result(CallTimeoutError(detail={"cut_by": "turn budget"})).content[0].text  # type: ignore[union-attr]
+    assert "Do not retry in this turn" in text and "answering slowly" not in text

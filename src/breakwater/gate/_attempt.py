@@ -18,6 +18,7 @@ import contextlib
 import contextvars
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -308,6 +309,10 @@ def _judge(
         )
     if isinstance(failure, CallCancelledError):
         verdict = Verdict(outcome=IGNORED, code=ErrorCode.CANCELLED, retryable=False, outcome_unknown=True)
+    elif deadline.by_budget and isinstance(attempt_result, TimeoutError):
+        # The caller's turn budget ended it, not the server: no breaker hears of it (a client's tight budgets opened the
+        # server's breaker for every session of a shared gateway), and no retry can fit in the spent budget.
+        verdict = replace(verdict, outcome=IGNORED, retryable=False)
     # Read before recording: was this tool already failing before this attempt?
     tool_streak = info.breaker.snapshot().consecutive_failures if verdict.outcome is FAILURE else 0
     # The journal's breaker_opened: in-process breakers say whether a report opened them; a shared
@@ -404,7 +409,8 @@ def _error(
         return OutcomeUnknownError(detail=detail, **common)
     if code is ErrorCode.TIMEOUT:
         what = "the turn budget ran out" if by_budget else f"no answer within {seconds_text(timeout_s)}"
-        return CallTimeoutError(f"The tool did not answer in time ({what}) and the call was cancelled.", detail=detail, **common)
+        message = f"The tool did not answer in time ({what}) and the call was cancelled."
+        return CallTimeoutError(message, retryable=verdict.retryable, detail=detail, **common)
     if code is ErrorCode.UPSTREAM_ERROR:
         return UpstreamError(retryable=verdict.retryable, detail=detail, **common)
     if code is ErrorCode.CLIENT_CANNOT_ANSWER and verdict.reason:
