@@ -20,7 +20,7 @@ from mcp import Client
 
 from breakwater import Breakwater, ConnectPolicy, ServerSpec
 from breakwater.catalog._catalog import Catalog
-from breakwater.config import Config, GatewayPolicy, JournalPolicy
+from breakwater.config import BreakerPolicy, Config, GatewayPolicy, JournalPolicy
 from breakwater.gateway._server import Gateway
 
 SCRIPT = Path(__file__).parents[1] / "connect" / "broken_upstream.py"
@@ -102,3 +102,31 @@ async def test_the_status_and_search_tools_name_left_out_tools_through_the_templ
     assert left_out == {"broken-broken_schema", "broken-no_schema", "broken-echo", "broken-", "broken-any_type"}
     text = search.content[0].text  # type: ignore[union-attr]
     assert "- broken-no_schema: inputSchema" in text and "broken__" not in text
+
+
+@pytest.mark.anyio
+async def test_the_status_tool_names_a_breaker_that_is_not_closed(tmp_path: Path) -> None:
+    """A ready server whose breaker refused every call read as healthy to the agent ("ready", no error)."""
+    policy = GatewayPolicy()
+    spec = ServerSpec(
+        name="rude",
+        transport="stdio",
+        command=sys.executable,
+        args=(str(SCRIPT), "--rude"),
+        connect=ConnectPolicy(startup_jitter_s=0, health_interval_s=0),
+        breaker=BreakerPolicy(consecutive_failures=1, failure_rate=1.0, open_base_s=60.0),
+    )
+    config = Config(servers=(spec,), journal=JournalPolicy(url="off"), gateway=policy)
+    async with Breakwater(config, admission_dir=tmp_path / "admission") as bw:
+        gateway = Gateway(bw, policy, catalog=Catalog(template=policy.tool_name_template, directory=tmp_path / "catalog"))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gateway.watch)
+            await bw.wait_ready(timeout=30)
+            async with Client(gateway.server) as client:
+                before = (await client.call_tool(policy.status_tool, {})).structured_content or {}
+                failed = await client.call_tool("rude__malformed", {"shape": "null"})
+                after = (await client.call_tool(policy.status_tool, {})).structured_content or {}
+            tg.cancel_scope.cancel()
+    assert before["breakers"] == [] and failed.is_error
+    opened = {b["name"]: (b["state"], b["retry_after_s"] > 0) for b in after["breakers"]}
+    assert opened == {"rude": ("open", True), "rude/malformed": ("open", True)}, after["breakers"]  # the server's, the tool's

@@ -235,6 +235,13 @@ class BuiltinTools:
             "tool_name_template": template,
             "tool_name_max": name_max,
             "left_out": [left_out_json(template, s.name, t, name_max) for s in status.servers for t in s.rejected_tools],
+            # A ready server whose breaker refuses every call read as healthy here: the breakers that are not closed,
+            # and when each lets a call through again.
+            "breakers": [
+                {key: b[key] for key in ("name", "state", "retry_after_s", "reason")}
+                for b in self.bw.gate_status()["breakers"]
+                if b["state"] != "closed"
+            ],
         }
         return text_result(json.dumps(report, indent=2), report)
 
