@@ -89,6 +89,7 @@ BAD_CONFIGS: list[tuple[str, str | bytes, str]] = [
     ("twice.json", _json({"a": {"url": "http://h.test/mcp", "headers": {"Authorization": "A", "authorization": "B"}}}), "twice"),
     ("port.toml", '[journal]\nurl = "postgresql://u:Pw9@h:99999/db"\n', "port is not a number from 1 to 65535"),
     ("redis-db.toml", '[state]\nurl = "redis://h:6379/notanumber"\n', "database is not a number"),
+    ("other-section.toml", "[call]\nmax_attempts = 2\n", "max_attempts is a [retry] key"),
     ("datetime.toml", "[call]\ntimeout_s = 1979-05-27T07:32:00Z\n", "a TOML date or time (1979-05-27T07:32:00+00:00)"),
     ("shell-default.json", _json({"a": {"command": "x", "args": ["${NOPE_Q-fallback}"]}}), "write ${NOPE_Q:-fallback}"),
     # Read as Codex's file (for its [mcp_servers]), its [call] and servers_file were dropped without a word.

@@ -225,3 +225,12 @@ def test_a_range_error_writes_its_bounds_as_a_person_would() -> None:
     with pytest.raises(ConfigError) as caught:
         CallPolicy(max_result_bytes=2**31)
     assert "1073741824" in str(caught.value) and "e+" not in str(caught.value)
+
+
+def test_retry_timeouts_is_a_tools_key_as_the_readme_says(tmp_path: Path) -> None:
+    """The README says `retry_timeouts` works per server or per tool; per tool it was refused as an unknown key."""
+    path = tmp_path / "breakwater.toml"
+    path.write_text('[servers.s]\ncommand = "x"\n[servers.s.tools.t]\nretry_timeouts = true\n')
+    config = load_config(path, environ={})
+    assert config.server("s").tools["t"].retry.retry_timeouts is True
+    assert config.server("s").retry.retry_timeouts is False

@@ -42,7 +42,7 @@ DEFAULT_CONFIG_NAMES = ("breakwater.toml", ".mcp.json")
 # Keys a `[servers.NAME.tools.TOOL]` table accepts and the policy each one belongs to.
 # Both bound a whole server (its bulkhead, its connection's reader), so no tool can set its own.
 _TOOL_CALL_KEYS = frozenset(f.name for f in dc_fields(CallPolicy)) - {"max_in_flight", "max_result_bytes"}
-_TOOL_RETRY_KEYS = frozenset({"max_attempts"})
+_TOOL_RETRY_KEYS = frozenset({"max_attempts", "retry_timeouts"})  # as the README says: per server or per tool
 
 _TOML_TOP_KEYS = frozenset({"servers_file", "servers", *POLICY_SECTIONS, *GLOBAL_SECTIONS})
 _SERVER_POLICY_KEYS = frozenset({*POLICY_SECTIONS, "tools"})

@@ -188,6 +188,9 @@ def build_policy(
             if f is None:
                 close = difflib.get_close_matches(key, list(fields), n=1)
                 fix = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(fields)}"
+                # `[call] max_attempts` was told "did you mean 'min_attempt_s'?": the key is another section's.
+                if (home := _section_of(key, policy_cls)) is not None:
+                    fix = f"{key} is a [{home}] key: move it there"
                 raise ConfigError("unknown key", path=path, key=where, fix=fix)
             values[key] = _coerce(raw, hints[key], where=where, path=path, name=env or key, info=_info(f))
     try:
@@ -273,6 +276,14 @@ def check_knobs(policy: Any) -> None:
                 )
             if _bad_text(value):
                 raise ConfigError(f"contains a control character: {value!r}", key=f.name, fix=f"remove it from {f.name}")
+
+
+def _section_of(key: str, besides: type) -> str | None:
+    """The section (`retry` for RetryPolicy) of another policy that has the knob `key`, if one has."""
+    for cls in Policy.__subclasses__():
+        if cls is not besides and key in {f.name for f in dataclasses.fields(cls)}:  # type: ignore[arg-type]
+            return cls.__name__.removesuffix("Policy").lower()
+    return None
 
 
 class Policy:
