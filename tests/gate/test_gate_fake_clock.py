@@ -164,6 +164,30 @@ async def test_progress_pushes_the_idle_deadline_up_to_the_hard_cap() -> None:
         result = await drive(clock, lambda: gate.call("s", "t"))
         assert result.structured_content["code"] == "TIMEOUT"
         assert clock.monotonic() - t0 == pytest.approx(10.0)
+    # It said "no answer within 2 s" of a tool at work for 10 s, reporting progress all along.
+    assert result.structured_content["cut_by"] == "max_s"
+    assert "still working at the cap of 10 s" in result.content[0].text
+
+
+async def test_a_tool_that_stops_reporting_progress_is_cut_as_idle() -> None:
+    clock = FakeClock()
+
+    async def falls_silent(_n: int, _a: dict[str, Any], _m: Any, progress: Any) -> CallToolResult:
+        for i in range(3):
+            await clock.sleep(1.0)
+            await progress(float(i), None, None)
+        await clock.sleep(1e9)
+        return ok()
+
+    policy = CallPolicy(timeout_s=2.0, idle_timeout_s=1.5, max_s=100.0)
+    async with make_gate(clock, falls_silent, [tool("t", readonly=True)], call=policy, retry=RetryPolicy(max_attempts=1)) as (
+        gate,
+        _,
+        _,
+    ):
+        result = await drive(clock, lambda: gate.call("s", "t"))
+    assert result.structured_content["cut_by"] == "idle"
+    assert "no progress for 1.5 s" in result.content[0].text
 
 
 async def test_retry_after_hint_is_a_floor_and_too_long_a_hint_stops_retries() -> None:

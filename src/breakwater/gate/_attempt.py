@@ -84,6 +84,7 @@ class AttemptDeadline:
         "_slot",
         "_waiting",
         "by_budget",
+        "extended",
         "finished",
         "hard",
         "idle_s",
@@ -112,6 +113,8 @@ class AttemptDeadline:
         self.hard = hard
         self.idle_s = idle_s
         self.finished = False
+        #: Progress (or a wait on the caller) moved the deadline past the attempt's timeout.
+        self.extended = False
         self._waiting = 0
         #: When the attempt started (monotonic).
         self.started = started
@@ -185,6 +188,7 @@ class AttemptDeadline:
             pushed = min(self.hard, self._clock.monotonic() + self.idle_s)
             if pushed > self._scope.deadline:
                 self._scope.deadline = pushed
+                self.extended = True
 
     @contextlib.contextmanager
     def waiting_on_caller(self) -> Iterator[None]:
@@ -192,6 +196,7 @@ class AttemptDeadline:
         self._waiting += 1
         if not self.finished:
             self._scope.deadline = max(self._scope.deadline, self.hard)
+            self.extended = True
         try:
             yield
         finally:
@@ -350,6 +355,10 @@ def _judge(
     return answer
 
 
+#: How near its cap an attempt must end to have been cut by it (a timer may fire a moment late, never early).
+_CUT_SLACK_S = 0.05
+
+
 def _timed_out(call: Call, deadline: AttemptDeadline, now: float, duration_s: float) -> bool:
     """Count the timeout; trip the tool's breaker if a tool that answers fast keeps timing out (True if it did)."""
     health = call.info.health
@@ -399,16 +408,22 @@ def _error(
     detail: dict[str, Any] = {"elapsed_s": round(elapsed, 3)}
     if verdict.reason:
         detail["reason"] = verdict.reason
+    what = f"no answer within {seconds_text(timeout_s)}"
     if isinstance(attempt, TimeoutError):
         detail["timeout_s"] = round(timeout_s, 3)
+        cap = deadline.hard - deadline.started
         if by_budget:
-            detail["cut_by"] = "turn budget"
+            detail["cut_by"], what = "turn budget", "the turn budget ran out"
         elif deadline.short:
             detail["cut_by"] = "probe deadline"
+        elif deadline.extended and elapsed >= cap - _CUT_SLACK_S:
+            # Progress kept it going past its timeout, to the cap: "no answer within 1 s" said of a tool at work for 3 s.
+            detail["cut_by"], what = "max_s", f"still working at the cap of {seconds_text(cap)} ([call] max_s)"
+        elif deadline.extended:
+            detail["cut_by"], what = "idle", f"no progress for {seconds_text(deadline.idle_s)} ([call] idle_timeout_s)"
     if code is ErrorCode.OUTCOME_UNKNOWN:
         return OutcomeUnknownError(detail=detail, **common)
     if code is ErrorCode.TIMEOUT:
-        what = "the turn budget ran out" if by_budget else f"no answer within {seconds_text(timeout_s)}"
         message = f"The tool did not answer in time ({what}) and the call was cancelled."
         return CallTimeoutError(message, retryable=verdict.retryable, detail=detail, **common)
     if code is ErrorCode.UPSTREAM_ERROR:
