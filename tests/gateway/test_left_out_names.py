@@ -130,3 +130,30 @@ async def test_the_status_tool_names_a_breaker_that_is_not_closed(tmp_path: Path
     assert before["breakers"] == [] and failed.is_error
     opened = {b["name"]: (b["state"], b["retry_after_s"] > 0) for b in after["breakers"]}
     assert opened == {"rude": ("open", True), "rude/malformed": ("open", True)}, after["breakers"]  # the server's, the tool's
+
+
+@pytest.mark.anyio
+async def test_a_finished_connection_is_no_longer_held_for_list_changed(tmp_path: Path) -> None:
+    """Each 2025-11-25 connection that listed or called was held until a notification to it failed: 26 MB per 1,000
+    HTTP sessions (`serve --http`, measured), and an id that a later connection could reuse."""
+    policy = GatewayPolicy()
+    spec = ServerSpec(
+        name="rude",
+        transport="stdio",
+        command=sys.executable,
+        args=(str(SCRIPT), "--rude"),
+        connect=ConnectPolicy(startup_jitter_s=0, health_interval_s=0),
+    )
+    config = Config(servers=(spec,), journal=JournalPolicy(url="off"), gateway=policy)
+    async with Breakwater(config, admission_dir=tmp_path / "admission") as bw:
+        gateway = Gateway(bw, policy, catalog=Catalog(template=policy.tool_name_template, directory=tmp_path / "catalog"))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gateway.watch)
+            await bw.wait_ready(timeout=30)
+            for _ in range(3):
+                async with Client(gateway.server, mode="legacy") as client:
+                    await client.list_tools()
+                    held = len(gateway._legacy_sessions)
+            tg.cancel_scope.cancel()
+    assert held == 1  # while its connection lived
+    assert gateway._legacy_sessions == {}

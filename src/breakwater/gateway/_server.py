@@ -343,8 +343,17 @@ class Gateway:
     def _track(self, ctx: ServerRequestContext[Any]) -> None:
         # A ServerSession is per request; the connection behind it is what lives. Handshake-era
         # clients get list_changed on the connection's own channel; 2026-07-28 clients listen.
-        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-            self._legacy_sessions[id(connection_of(ctx))] = ctx.session
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return
+        connection = connection_of(ctx)
+        key = id(connection)
+        if key not in self._legacy_sessions:
+            # Forgotten when the connection ends (a session deleted or expired, stdio's end of input): kept until a
+            # notification failed, each one held ~25 KB, 1,000 sessions 26 MB, and its id could name a new one.
+            exit_stack = getattr(connection, "exit_stack", None)
+            if exit_stack is not None:
+                exit_stack.callback(self._legacy_sessions.pop, key, None)
+        self._legacy_sessions[key] = ctx.session
 
     # ---- request handlers -----------------------------------------------------------------------
 
