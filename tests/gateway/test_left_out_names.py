@@ -12,7 +12,10 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -75,28 +78,30 @@ def test_status_and_tools_name_left_out_tools_through_the_template(tmp_path: Pat
         assert "broken__" not in text
 
 
+@asynccontextmanager
+async def _gateway(tmp_path: Path, name: str, flag: str, policy: GatewayPolicy, **spec_kw: Any) -> AsyncIterator[Gateway]:
+    """A gateway over `broken_upstream.py FLAG` as server `name`, ready, its `watch` running: in-process, as `serve`
+    builds one."""
+    connect = ConnectPolicy(startup_jitter_s=0, health_interval_s=0)
+    spec = ServerSpec(name=name, transport="stdio", command=sys.executable, args=(str(SCRIPT), flag), connect=connect, **spec_kw)
+    config = Config(servers=(spec,), journal=JournalPolicy(url="off"), gateway=policy)
+    async with Breakwater(config, admission_dir=tmp_path / "admission") as bw:
+        gateway = Gateway(bw, policy, catalog=Catalog(template=policy.tool_name_template, directory=tmp_path / "catalog"))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gateway.watch)
+            await bw.wait_ready(timeout=30)
+            yield gateway
+            tg.cancel_scope.cancel()
+
+
 @pytest.mark.anyio
 async def test_the_status_and_search_tools_name_left_out_tools_through_the_template(tmp_path: Path) -> None:
     """What the agent reads: both built-in tools name a left-out tool as it would be listed, and the status tool says
     which template (so `status --gateway` can name them too)."""
     policy = GatewayPolicy(tool_name_template=TEMPLATE)
-    spec = ServerSpec(
-        name="broken",
-        transport="stdio",
-        command=sys.executable,
-        args=(str(SCRIPT), "--bad-tools"),
-        connect=ConnectPolicy(startup_jitter_s=0, health_interval_s=0),
-    )
-    config = Config(servers=(spec,), journal=JournalPolicy(url="off"), gateway=policy)
-    async with Breakwater(config, admission_dir=tmp_path / "admission") as bw:
-        gateway = Gateway(bw, policy, catalog=Catalog(template=TEMPLATE, directory=tmp_path / "catalog"))
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(gateway.watch)
-            await bw.wait_ready(timeout=30)
-            async with Client(gateway.server) as client:
-                status = (await client.call_tool(policy.status_tool, {})).structured_content or {}
-                search = await client.call_tool(policy.search_tool, {"query": "schema"})
-            tg.cancel_scope.cancel()
+    async with _gateway(tmp_path, "broken", "--bad-tools", policy) as gateway, Client(gateway.server) as client:
+        status = (await client.call_tool(policy.status_tool, {})).structured_content or {}
+        search = await client.call_tool(policy.search_tool, {"query": "schema"})
     assert status["tool_name_template"] == TEMPLATE
     left_out = {t["name"] for t in status["left_out"]}
     assert left_out == {"broken-broken_schema", "broken-no_schema", "broken-echo", "broken-", "broken-any_type"}
@@ -108,25 +113,11 @@ async def test_the_status_and_search_tools_name_left_out_tools_through_the_templ
 async def test_the_status_tool_names_a_breaker_that_is_not_closed(tmp_path: Path) -> None:
     """A ready server whose breaker refused every call read as healthy to the agent ("ready", no error)."""
     policy = GatewayPolicy()
-    spec = ServerSpec(
-        name="rude",
-        transport="stdio",
-        command=sys.executable,
-        args=(str(SCRIPT), "--rude"),
-        connect=ConnectPolicy(startup_jitter_s=0, health_interval_s=0),
-        breaker=BreakerPolicy(consecutive_failures=1, failure_rate=1.0, open_base_s=60.0),
-    )
-    config = Config(servers=(spec,), journal=JournalPolicy(url="off"), gateway=policy)
-    async with Breakwater(config, admission_dir=tmp_path / "admission") as bw:
-        gateway = Gateway(bw, policy, catalog=Catalog(template=policy.tool_name_template, directory=tmp_path / "catalog"))
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(gateway.watch)
-            await bw.wait_ready(timeout=30)
-            async with Client(gateway.server) as client:
-                before = (await client.call_tool(policy.status_tool, {})).structured_content or {}
-                failed = await client.call_tool("rude__malformed", {"shape": "null"})
-                after = (await client.call_tool(policy.status_tool, {})).structured_content or {}
-            tg.cancel_scope.cancel()
+    breaker = BreakerPolicy(consecutive_failures=1, failure_rate=1.0, open_base_s=60.0)
+    async with _gateway(tmp_path, "rude", "--rude", policy, breaker=breaker) as gateway, Client(gateway.server) as client:
+        before = (await client.call_tool(policy.status_tool, {})).structured_content or {}
+        failed = await client.call_tool("rude__malformed", {"shape": "null"})
+        after = (await client.call_tool(policy.status_tool, {})).structured_content or {}
     assert before["breakers"] == [] and failed.is_error
     opened = {b["name"]: (b["state"], b["retry_after_s"] > 0) for b in after["breakers"]}
     assert opened == {"rude": ("open", True), "rude/malformed": ("open", True)}, after["breakers"]  # the server's, the tool's
@@ -136,24 +127,10 @@ async def test_the_status_tool_names_a_breaker_that_is_not_closed(tmp_path: Path
 async def test_a_finished_connection_is_no_longer_held_for_list_changed(tmp_path: Path) -> None:
     """Each 2025-11-25 connection that listed or called was held until a notification to it failed: 26 MB per 1,000
     HTTP sessions (`serve --http`, measured), and an id that a later connection could reuse."""
-    policy = GatewayPolicy()
-    spec = ServerSpec(
-        name="rude",
-        transport="stdio",
-        command=sys.executable,
-        args=(str(SCRIPT), "--rude"),
-        connect=ConnectPolicy(startup_jitter_s=0, health_interval_s=0),
-    )
-    config = Config(servers=(spec,), journal=JournalPolicy(url="off"), gateway=policy)
-    async with Breakwater(config, admission_dir=tmp_path / "admission") as bw:
-        gateway = Gateway(bw, policy, catalog=Catalog(template=policy.tool_name_template, directory=tmp_path / "catalog"))
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(gateway.watch)
-            await bw.wait_ready(timeout=30)
-            for _ in range(3):
-                async with Client(gateway.server, mode="legacy") as client:
-                    await client.list_tools()
-                    held = len(gateway._legacy_sessions)
-            tg.cancel_scope.cancel()
-    assert held == 1  # while its connection lived
-    assert gateway._legacy_sessions == {}
+    async with _gateway(tmp_path, "rude", "--rude", GatewayPolicy()) as gateway:
+        for _ in range(3):
+            async with Client(gateway.server, mode="legacy") as client:
+                await client.list_tools()
+                held = len(gateway._legacy_sessions)
+        assert held == 1  # while its connection lived
+        assert gateway._legacy_sessions == {}
