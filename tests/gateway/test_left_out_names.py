@@ -25,6 +25,8 @@ from breakwater import Breakwater, ConnectPolicy, ServerSpec
 from breakwater.catalog._catalog import Catalog
 from breakwater.config import BreakerPolicy, Config, GatewayPolicy, JournalPolicy
 from breakwater.gateway._server import Gateway
+from breakwater.gateway._session import session_gateway
+from breakwater.gateway._share import shared_config
 
 SCRIPT = Path(__file__).parents[1] / "connect" / "broken_upstream.py"
 TEMPLATE = "{server}-{tool}"
@@ -134,3 +136,25 @@ async def test_a_finished_connection_is_no_longer_held_for_list_changed(tmp_path
                 held = len(gateway._legacy_sessions)
         assert held == 1  # while its connection lived
         assert gateway._legacy_sessions == {}
+
+
+@pytest.mark.anyio
+async def test_a_sessions_own_servers_breakers_are_named_too(tmp_path: Path) -> None:
+    """An attached session whose config has a stdio server of its own: the status tool reads both sides' gates (it
+    failed for every such session, "'SessionServers' object has no attribute 'gate_status'")."""
+    policy = GatewayPolicy()
+    connect = ConnectPolicy(startup_jitter_s=0, health_interval_s=0)
+    breaker = BreakerPolicy(consecutive_failures=1, failure_rate=1.0, open_base_s=60.0)
+    rude = (str(SCRIPT), "--rude")
+    own = ServerSpec(name="rude", transport="stdio", command=sys.executable, args=rude, connect=connect, breaker=breaker)
+    config = Config(servers=(own,), journal=JournalPolicy(url="off"), gateway=policy)
+    async with Breakwater(shared_config(config), admission_dir=tmp_path / "admission") as bw:
+        shared = Gateway(bw, policy, catalog=Catalog(template=policy.tool_name_template, directory=tmp_path / "catalog"))
+        async with session_gateway(shared, config) as gateway, Client(gateway.server) as client:
+            with anyio.fail_after(30):
+                while gateway.bw.upstream("rude").state != "ready":
+                    await anyio.sleep(0.05)
+            failed = await client.call_tool("rude__malformed", {"shape": "null"})
+            after = (await client.call_tool(policy.status_tool, {})).structured_content or {}
+    assert failed.is_error
+    assert {b["name"]: b["state"] for b in after["breakers"]} == {"rude": "open", "rude/malformed": "open"}, after

@@ -134,6 +134,16 @@ class SessionServers:
         """A whole-turn budget (one clock, so one budget bounds calls on both sides)."""
         return self.shared.budget(seconds, deadline=deadline, enforce=enforce)
 
+    def gate_status(self) -> dict[str, Any]:
+        """Both sides' call gates (`Breakwater.gate_status`): the shared servers' breakers first, then the session's own."""
+        shared, own = self.shared.gate_status(), self.own.gate_status()
+        return {
+            "breakers": [*shared["breakers"], *own["breakers"]],
+            "retry_budgets": shared["retry_budgets"] | own["retry_budgets"],
+            "in_flight": shared["in_flight"] | own["in_flight"],
+            "state_store": shared["state_store"],
+        }
+
     def state_store_status(self) -> dict[str, Any]:
         """The shared gateway's state store."""
         return self.shared.state_store_status()
