@@ -11,6 +11,7 @@ flake; ruff's banned-api rule (TID251) keeps direct `time.monotonic`, `time.slee
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import math
 import time as _time
 import weakref
@@ -83,7 +84,7 @@ class _LoopDeadlines:
     nothing due). The cancellation itself is anyio's (`CancelScope.cancel`), as with its own timer.
     """
 
-    __slots__ = ("_at", "_handle", "_loop", "_scopes")
+    __slots__ = ("_at", "_context", "_handle", "_loop", "_scopes")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         # Weakly: the module keeps the last loop's `_LoopDeadlines`, which must not keep a closed loop alive.
@@ -92,6 +93,9 @@ class _LoopDeadlines:
         #: The monotonic time the timer fires at (inf: not set).
         self._at = math.inf
         self._handle: asyncio.TimerHandle | None = None
+        # The timer's own: one set from a call's task held that task's context (every contextvar it set: the HTTP
+        # request, its body) until the timer fired, the longest call timeout away. One per loop, so one thread.
+        self._context = contextvars.Context()
 
     def watch(self, scope: _SystemDeadlineScope) -> None:
         """`scope` is active with a finite deadline (new, or moved): cancel it at that time."""
@@ -117,7 +121,7 @@ class _LoopDeadlines:
             return
         # asyncio's loop clock is time.monotonic(), but a loop only promises "some monotonic clock",
         # so translate through the difference instead of assuming they are the same line.
-        self._handle = loop.call_at(loop.time() + (at - _time.monotonic()), self._fire)
+        self._handle = loop.call_at(loop.time() + (at - _time.monotonic()), self._fire, context=self._context)
 
     def _fire(self) -> None:
         self._handle, self._at = None, math.inf

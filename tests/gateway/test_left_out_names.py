@@ -133,9 +133,9 @@ async def test_a_finished_connection_is_no_longer_held_for_list_changed(tmp_path
         for _ in range(3):
             async with Client(gateway.server, mode="legacy") as client:
                 await client.list_tools()
-                held = len(gateway._legacy_sessions)
+                held = len(gateway._legacy_connections)
         assert held == 1  # while its connection lived
-        assert gateway._legacy_sessions == {}
+        assert gateway._legacy_connections == {}
 
 
 @pytest.mark.anyio

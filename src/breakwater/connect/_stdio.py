@@ -303,6 +303,8 @@ class StdoutReader:
                 message = self._parser.parse(line)
                 if message is not None and not (raw is not None and raw.take_error(message.message)):
                     self._ready.append(message)
+            # Not held while the next read waits: a server's last answer stayed in this frame until it wrote again.
+            chunk = line = b""
         return self._ready.popleft()
 
     def tap(self, data: bytes) -> int:

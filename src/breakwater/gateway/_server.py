@@ -18,7 +18,7 @@ import contextlib
 import logging
 import os
 import secrets
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -26,10 +26,10 @@ import anyio.lowlevel
 import mcp.types as types
 from anyio.abc import TaskGroup
 from mcp import MCPError
+from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.models import InitializationOptions
-from mcp.server.session import ServerSession
 from mcp.server.subscriptions import InMemorySubscriptionBus, PromptsListChanged, ResourcesListChanged, ToolsListChanged
 from mcp.shared.inbound import X_MCP_HEADER_KEY, _walk_schema_positions
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -76,9 +76,9 @@ CALLED_STATE = "breakwater.calledTool"  # in the downstream connection's `state`
 
 
 #: The other lists the gateway says have changed: their listen-stream event and handshake-era notification.
-_LISTS: dict[str, tuple[Any, Callable[[ServerSession], Awaitable[None]]]] = {
-    "prompts": (PromptsListChanged(), ServerSession.send_prompt_list_changed),
-    "resources": (ResourcesListChanged(), ServerSession.send_resource_list_changed),
+_LISTS: dict[str, tuple[Any, str]] = {
+    "prompts": (PromptsListChanged(), "notifications/prompts/list_changed"),
+    "resources": (ResourcesListChanged(), "notifications/resources/list_changed"),
 }
 
 
@@ -150,7 +150,8 @@ class Gateway:
         self.policy = policy
         self.catalog = catalog
         self.bus = InMemorySubscriptionBus()
-        self._legacy_sessions: dict[int, ServerSession] = {}
+        #: Handshake-era client connections, told of list changes on their own channel (`_track`).
+        self._legacy_connections: dict[int, Connection] = {}
         self._signature: tuple[Any, ...] = ()
         self._entries: list[Entry] = []
         self._index: dict[str, Entry] = {}
@@ -320,40 +321,35 @@ class Gateway:
             if signature != self._signature:
                 self._signature = signature
                 await self.notify_tools_changed()
-            for kind, (event, send) in _LISTS.items():
+            for kind, (event, method) in _LISTS.items():
                 now = self._lists_signature(kind)
                 if now != lists[kind]:
                     lists[kind] = now
-                    await self._notify(event, send)
+                    await self._notify(event, method)
 
     async def notify_tools_changed(self) -> None:
         """`notifications/tools/list_changed` to every downstream client that can receive it."""
-        await self._notify(ToolsListChanged(), ServerSession.send_tool_list_changed)
+        await self._notify(ToolsListChanged(), "notifications/tools/list_changed")
 
-    async def _notify(self, event: Any, send: Callable[[ServerSession], Awaitable[None]]) -> None:
-        """A list-changed `event` to 2026-07-28 listeners, and `send` to every handshake-era client connection."""
+    async def _notify(self, event: Any, method: str) -> None:
+        """A list-changed `event` to 2026-07-28 listeners, and `method` to every handshake-era client connection."""
         await self.bus.publish(event)
-        for key, session in list(self._legacy_sessions.items()):
-            try:
-                await send(session)
-            except Exception:  # a client that went away must not stop the others from hearing
-                logger.debug("dropping a downstream connection that cannot take notifications", exc_info=True)
-                self._legacy_sessions.pop(key, None)
+        for connection in list(self._legacy_connections.values()):
+            await connection.notify(method, None)  # best effort: a client that went away is skipped, never raises
 
     def _track(self, ctx: ServerRequestContext[Any]) -> None:
-        # A ServerSession is per request; the connection behind it is what lives. Handshake-era
-        # clients get list_changed on the connection's own channel; 2026-07-28 clients listen.
+        # Handshake-era clients get list_changed on the connection's own channel; 2026-07-28 clients listen. The
+        # connection is what is kept, not the request's ServerSession: that pinned the request it came with (its
+        # context, its body, its parsed params) for the connection's life, 3 MB per session for a 3 MB call.
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             return
         connection = connection_of(ctx)
         key = id(connection)
-        if key not in self._legacy_sessions:
+        if isinstance(connection, Connection) and key not in self._legacy_connections:
             # Forgotten when the connection ends (a session deleted or expired, stdio's end of input): kept until a
             # notification failed, each one held ~25 KB, 1,000 sessions 26 MB, and its id could name a new one.
-            exit_stack = getattr(connection, "exit_stack", None)
-            if exit_stack is not None:
-                exit_stack.callback(self._legacy_sessions.pop, key, None)
-        self._legacy_sessions[key] = ctx.session
+            connection.exit_stack.callback(self._legacy_connections.pop, key, None)
+            self._legacy_connections[key] = connection
 
     # ---- request handlers -----------------------------------------------------------------------
 
