@@ -152,6 +152,54 @@ async def test_the_memory_log_holds_a_bounded_number_of_streams() -> None:
     assert await owner.view.known("1/3")
 
 
+async def test_an_idle_memory_log_drops_each_stream_when_its_time_is_up() -> None:
+    """With nothing written after them, the streams of finished calls went only at the next write: an idle replica held
+    its last answers for good (ten abandoned 3 MB answers, 63 MB)."""
+    clock = FakeClock()
+    log = MemoryStreamLog(events=10, ttl_s=60, clock=clock)
+    owner = Owner(log, clock)
+    for request_id, at in ((1, 0), (2, 30)):
+        clock.advance(at)
+        owner.view.open(str(request_id))
+        await owner.view.commit(_request(request_id))
+        await owner.view.store_event(str(request_id), _answer(request_id))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(log.sweep)
+        await clock.wait_for_sleepers()
+        clock.advance(31)  # 61 s after the first answer, 31 s after the second
+        await clock.wait_for_sleepers()
+        assert (await owner.view.known("1/1"), await owner.view.known("1/2")) == (False, True)
+        clock.advance(30)
+        await clock.wait_for_sleepers(0)
+        await anyio.wait_all_tasks_blocked()
+        assert len(log) == 0 and log.size == 0
+        owner.view.open("3")  # a new stream wakes the sweeper
+        await owner.view.commit(_request(3))
+        await owner.view.store_event("3", _answer(3))
+        await clock.wait_for_sleepers()
+        clock.advance(61)
+        await anyio.wait_all_tasks_blocked()
+        assert len(log) == 0
+        tg.cancel_scope.cancel()
+
+
+async def test_the_memory_log_holds_a_bounded_number_of_bytes() -> None:
+    """A replica's streams hold at most `max_bytes` of JSON text: the least recently written go first."""
+    clock = FakeClock()
+    log = MemoryStreamLog(events=3, ttl_s=60, clock=clock)
+    owner = Owner(log, clock)
+    sizes = []
+    for request_id in (1, 2, 3):
+        owner.view.open(str(request_id))
+        await owner.view.commit(_request(request_id))
+        for n in range(5):  # three are kept: the size follows what the stream's own bound dropped
+            await owner.view.store_event(str(request_id), _progress(n))
+        sizes.append(log.size)
+        log.max_bytes = 2 * sizes[0] + 10  # room for two streams
+    assert sizes[1] == 2 * sizes[0] and sizes[2] == sizes[1], sizes
+    assert [await owner.view.known(f"1/{n}") for n in (1, 2, 3)] == [False, True, True]
+
+
 async def test_a_follower_answers_for_a_call_whose_replica_is_gone() -> None:
     """No answer and no owner: the client gets OUTCOME_UNKNOWN with the operation id, not a hang."""
     clock = FakeClock()

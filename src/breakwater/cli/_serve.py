@@ -34,6 +34,8 @@ from breakwater.errors import ConfigError
 if TYPE_CHECKING:
     import asyncio
 
+    from breakwater._clock import Clock
+
 __all__ = ["parse_listen", "serve_main"]
 
 
@@ -201,7 +203,7 @@ async def _serve_http(
         open_gateway(config, observers=[metrics]) as gateway,
         _session_store(config) as sessions,
         _operation_records(config, gateway),
-        _stream_log(config) as streams,
+        _stream_log(config, gateway.bw.clock) as streams,
     ):
         app = http_app(
             gateway,
@@ -266,12 +268,23 @@ async def _operation_records(config: Config, gateway: Any) -> AsyncIterator[None
 
 
 @contextlib.asynccontextmanager
-async def _stream_log(config: Config) -> AsyncIterator[Any]:
-    """With a Redis `[state] url`, the events of resumable SSE streams every replica shares; else None (in memory)."""
-    if not config.state.url.startswith(("redis://", "rediss://", "unix://")) or config.gateway.resume_events <= 0:
+async def _stream_log(config: Config, clock: Clock) -> AsyncIterator[Any]:
+    """The events of resumable SSE streams: with a Redis `[state] url` every replica shares them, else this one keeps them
+    (each stream dropped when its time is up); None with resumption off."""
+    import anyio
+
+    if config.gateway.resume_events <= 0:
         yield None
         return
-    from breakwater.state._streams import RedisStreamLog
+    from breakwater.state._streams import RedisStreamLog, memory_stream_log
+
+    if not config.state.url.startswith(("redis://", "rediss://", "unix://")):
+        memory = memory_stream_log(config.gateway, clock)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(memory.sweep)
+            yield memory
+            tg.cancel_scope.cancel()
+        return
 
     log = RedisStreamLog(config.state, events=config.gateway.resume_events, ttl_s=config.gateway.resume_ttl_s)
     try:
@@ -440,6 +453,7 @@ def _serve_main(argv: list[str]) -> int:
                 return attached
         import anyio
 
+        _platform.return_large_frees()
         stdio_code: int = anyio.run(_serve_stdio, config, backend_options=loop_options(config.gateway.event_loop))
         return stdio_code
     host, port = args.http
@@ -450,6 +464,7 @@ def _serve_main(argv: list[str]) -> int:
         return fail(_listen_failure(host, port, exc), EXIT_LISTEN)
     import anyio
 
+    _platform.return_large_frees()
     with sock:
         http_code: int = anyio.run(
             _serve_http,

@@ -120,6 +120,14 @@ class GatewayPolicy(Policy):
         minimum=1.0,
         maximum=86400,
     )
+    resume_max_bytes: int = knob(
+        64 * 1024 * 1024,
+        "The events of the resumable streams this replica keeps in memory (without [state] url) hold at most this much "
+        "JSON text in all; past it the least recently written streams go first, and a reconnect to one gets 404.",
+        env="BREAKWATER_RESUME_MAX_BYTES",
+        minimum=1024,
+        maximum=1024 * 1024 * 1024 * 64,
+    )
     session_ttl_s: float = knob(
         1800.0,
         "A 2025-11-25 HTTP session unused this long is closed; with [state] url on Redis its record there expires "

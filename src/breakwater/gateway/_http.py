@@ -199,9 +199,10 @@ def _resumable(gateway: Gateway, streams: StreamLog | None) -> ResumableStreams 
     policy = gateway.policy
     if policy.resume_events <= 0:
         return None
-    from breakwater.state._streams import MemoryStreamLog
+    from breakwater.state._streams import memory_stream_log
 
-    log = streams or MemoryStreamLog(events=policy.resume_events, ttl_s=policy.resume_ttl_s, clock=gateway.bw.clock)
+    # Without `streams` (a library caller's app) nothing sweeps this log: it is purged at each write, within its bounds.
+    log = streams or memory_stream_log(policy, gateway.bw.clock)
     resumable = ResumableStreams(log, clock=gateway.bw.clock, ttl_s=policy.resume_ttl_s)
     # Replayed streams end with the drain, so their clients reconnect to a replica still serving.
     gateway.drain.on_done.append(resumable.end_followers)

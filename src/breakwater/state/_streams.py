@@ -31,6 +31,7 @@ import anyio
 
 from breakwater._clock import Clock
 from breakwater.config._policies import StatePolicy
+from breakwater.config._service_policies import GatewayPolicy
 from breakwater.state._record_client import record_client
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "StreamKey",
     "StreamLog",
     "StreamRead",
+    "memory_stream_log",
 ]
 
 #: How long a follower waits for a new event before it looks at the owner's liveness mark again.
@@ -106,28 +108,45 @@ class _MemoryStream:
     expires: float
     final: bool = False
     changed: anyio.Event = field(default_factory=anyio.Event)
+    #: The characters its entries hold (what `MemoryStreamLog.max_bytes` bounds).
+    size: int = 0
 
 
 class MemoryStreamLog:
-    """Resumable streams in this process: bounded (`events` per stream, `MAX_STREAMS` streams), kept `ttl_s` after the call."""
+    """Resumable streams in this process, kept `ttl_s` after the call: bounded by `events` per stream, `MAX_STREAMS`
+    streams and `max_bytes` in all (the least recently written go first).
+
+    The byte bound (the entries' JSON text, counted in characters) and `sweep` are why a replica's memory follows its
+    traffic: ten abandoned 3 MB answers were held, 63 MB, until the next stream was written, however long after their
+    time that came.
+    """
 
     needs_beat = False
 
-    def __init__(self, *, events: int, ttl_s: float, clock: Clock, max_streams: int = MAX_STREAMS) -> None:
+    def __init__(
+        self, *, events: int, ttl_s: float, clock: Clock, max_streams: int = MAX_STREAMS, max_bytes: int | None = None
+    ) -> None:
         self.events = events
         self.ttl_s = ttl_s
         self.clock = clock
         self.max_streams = max_streams
+        self.max_bytes = max_bytes
         self._streams: OrderedDict[StreamKey, _MemoryStream] = OrderedDict()
+        #: The characters of every stream's entries.
+        self.size = 0
+        self._started = anyio.Event()
 
     def __len__(self) -> int:
         return len(self._streams)
+
+    def _over(self) -> bool:
+        return len(self._streams) > self.max_streams or (self.max_bytes is not None and self.size > self.max_bytes)
 
     def _purge(self) -> None:
         now = self.clock.monotonic()
         while self._streams:
             key, stream = next(iter(self._streams.items()))
-            over = len(self._streams) > self.max_streams
+            over = self._over()
             if not over and stream.expires > now:
                 return
             if not over and not stream.final and stream.alive():
@@ -136,7 +155,20 @@ class MemoryStreamLog:
                 self._streams.move_to_end(key)
                 continue
             del self._streams[key]
+            self.size -= stream.size
             stream.changed.set()
+
+    async def sweep(self) -> None:
+        """Drop each stream when its time is up, until cancelled (else only the next write looked: an idle replica
+        held its last answers for good)."""
+        while True:
+            self._purge()
+            if self._streams:
+                first = next(iter(self._streams.values()))
+                await self.clock.sleep(max(0.0, first.expires - self.clock.monotonic()))
+            else:
+                self._started = anyio.Event()
+                await self._started.wait()
 
     def _get(self, key: StreamKey) -> _MemoryStream | None:
         self._purge()
@@ -145,15 +177,27 @@ class MemoryStreamLog:
     async def start(
         self, key: StreamKey, info: dict[str, Any], entries: Sequence[tuple[int, str]], alive: Callable[[], bool]
     ) -> None:
-        self._streams[key] = _MemoryStream(info, deque(entries, maxlen=self.events), alive, self.clock.monotonic() + self.ttl_s)
+        kept = deque(entries, maxlen=self.events)
+        size = sum(len(data) for _, data in kept)
+        if (old := self._streams.get(key)) is not None:
+            self.size -= old.size
+        self._streams[key] = _MemoryStream(info, kept, alive, self.clock.monotonic() + self.ttl_s, size=size)
+        self.size += size
         self._streams.move_to_end(key)
+        self._started.set()
         self._purge()
 
     async def append(self, key: StreamKey, seq: int, data: str, *, final: bool) -> None:
         stream = self._streams.get(key)
         if stream is None:
             return
+        if len(stream.entries) == stream.entries.maxlen:  # the oldest goes
+            gone = len(stream.entries[0][1])
+            stream.size -= gone
+            self.size -= gone
         stream.entries.append((seq, data))
+        stream.size += len(data)
+        self.size += len(data)
         stream.final = stream.final or final
         stream.expires = self.clock.monotonic() + self.ttl_s
         self._streams.move_to_end(key)
@@ -179,6 +223,11 @@ class MemoryStreamLog:
             return StreamRead((), known=False, alive=False)
         entries = [entry for entry in stream.entries if entry[0] > after]
         return StreamRead(entries, known=True, alive=stream.final or stream.alive(), final=stream.final)
+
+
+def memory_stream_log(policy: GatewayPolicy, clock: Clock) -> MemoryStreamLog:
+    """This replica's own log of resumable streams, bounded as `[gateway]` says (run its `sweep` beside it)."""
+    return MemoryStreamLog(events=policy.resume_events, ttl_s=policy.resume_ttl_s, clock=clock, max_bytes=policy.resume_max_bytes)
 
 
 _DONE = "done"
