@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -207,3 +208,40 @@ def test_a_missing_runtime_dir_is_made_private_and_found_again(tmp_path: Path) -
     assert [look.stdout.strip() for look in looks] == [str(runtime / "breakwater")] * 2
     assert [look.stderr for look in looks] == ["", ""]
     assert oct(runtime.stat().st_mode & 0o777) == "0o700"
+
+
+# Large blocks freed between small ones that stay (what a gateway's heap looks like after a burst of large calls).
+_LARGE_FREES = textwrap.dedent(
+    """
+    import gc, json, sys
+    from breakwater import _platform
+
+    def rss_mb():
+        return int([l for l in open("/proc/self/status") if l.startswith("VmRSS")][0].split()[1]) // 1024
+
+    given = _platform.return_large_frees() if sys.argv[1] == "on" else None
+    base, kept = rss_mb(), []
+    for _ in range(3):
+        large = []
+        for i in range(20):
+            large.append(str(i) * (3 << 20))
+            kept.append(bytearray(200))
+            kept.append("x" * 50_000)
+        del large
+        gc.collect()
+    print(json.dumps({"given": given, "kept_mb": rss_mb() - base}))
+    """
+)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only: other C libraries have no such threshold")
+def test_a_gateway_gives_large_freed_blocks_back_to_the_system() -> None:
+    """After a burst of 3 MB messages, glibc kept ~100 MB for good (it raises its own-mapping threshold at the first
+    large free); a gateway process holds the threshold at `OWN_MAPPING_BYTES`."""
+    runs = {}
+    for how in ("off", "on"):
+        done = subprocess.run([sys.executable, "-c", _LARGE_FREES, how], capture_output=True, text=True, timeout=60, check=True)
+        runs[how] = json.loads(done.stdout)
+    assert runs["on"]["given"] is True
+    assert runs["off"]["kept_mb"] > 60, runs  # the workload does show the fault
+    assert runs["on"]["kept_mb"] < 20, runs

@@ -22,7 +22,8 @@ difference took. The differences:
   (the selector loop has none), so stdin and stdout are served from threads;
 - the signals that stop a command: SIGTERM and SIGINT; on Windows Ctrl-Break (SIGBREAK) and Ctrl-C;
 - the event loop of the long-running commands (`serve`, the shared gateway): uvloop where it is
-  installed (a dependency on POSIX; it has no Windows build), else asyncio's own (`event_loop`).
+  installed (a dependency on POSIX; it has no Windows build), else asyncio's own (`event_loop`);
+- their memory: with glibc, large freed blocks go back to the system (`return_large_frees`).
 
 Stdlib only: a core leaf, importable by every stage.
 """
@@ -160,6 +161,37 @@ def running_loop() -> str:
 
     module = type(asyncio.get_running_loop()).__module__
     return "uvloop" if module.startswith("uvloop") else "asyncio"
+
+
+# ---- memory --------------------------------------------------------------------------------------
+
+#: Allocations at least this large get a mapping of their own, given back to the system when freed (glibc).
+OWN_MAPPING_BYTES: Final[int] = 1024 * 1024
+_M_MMAP_THRESHOLD = -3  # glibc's `mallopt` parameter number
+
+
+def return_large_frees() -> bool:
+    """Have this process give large freed blocks back to the system (glibc's malloc); whether it could.
+
+    Why. glibc serves a block of 128 KiB or more from a mapping of its own, which it unmaps when freed, but
+    the first such free raises that threshold (up to 32 MiB), so later large blocks come from the heap,
+    which glibc keeps when they are freed. A gateway that once passed a burst of large messages kept the
+    memory for good: ten 3 MB calls from clients that went away left `serve --http` at 516 MB, and four
+    rounds at 567 MB; with the threshold held at `OWN_MAPPING_BYTES`, 191 and 208 MB (session 28's harness,
+    docs/benchmarks.md). A message that large costs one mmap and one munmap more; smaller ones nothing.
+    Other C libraries and Windows: nothing to do (False).
+    """
+    if IS_WINDOWS:
+        return False
+    import ctypes
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        return bool(ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, OWN_MAPPING_BYTES))
+    except (OSError, AttributeError):
+        return False
 
 
 # ---- upstream processes --------------------------------------------------------------------------

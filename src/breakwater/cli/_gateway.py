@@ -22,7 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from breakwater._platform import loop_options
+from breakwater._platform import loop_options, return_large_frees
 from breakwater.cli._common import (
     EXIT_CONFIG,
     EXIT_FAILED,
@@ -331,6 +331,7 @@ def _serve_forked(config: Config, fingerprint: str, version: str, sock: Path, li
     import anyio
 
     _log_to_stderr()
+    return_large_frees()
     code: int = anyio.run(
         _run_shared, config, fingerprint, sock, listener, version, backend_options=loop_options(config.gateway.event_loop)
     )
@@ -356,6 +357,7 @@ def _run(args: argparse.Namespace) -> int:
         sock = gateway_paths(share_dir(config.gateway), fingerprint, breakwater_version())[0]
     except OSError as exc:  # a share directory that cannot be made, or is not the user's, or is too deep
         return fail(f"cannot run a shared gateway: {exc}", EXIT_CONFIG)
+    return_large_frees()
     code: int = anyio.run(_run_shared, config, fingerprint, sock, backend_options=loop_options(config.gateway.event_loop))
     return code
 
