@@ -379,7 +379,7 @@ MODERN_SERVER = textwrap.dedent(
         raise MCPError(code=-32050, message="nope", data={"why": "asked to"})
 
     server = Server("modern", on_list_tools=list_tools, on_call_tool=call_tool)
-    app = server.streamable_http_app()
+    app = server.streamable_http_app(json_response=sys.argv[4] == "json")
     if sys.argv[1] == "lean":
         serve_modern_calls(server.session_manager, SystemClock())
     modern._SSE_PING_INTERVAL = float(sys.argv[3])
@@ -443,11 +443,12 @@ def _raw_posts() -> list[tuple[list[tuple[str, str]], bytes]]:
     return posts
 
 
-async def _start_modern(tmp_path: Path, mode: str, ping_s: float) -> tuple[str, subprocess.Popen[str]]:
+async def _start_modern(tmp_path: Path, mode: str, ping_s: float, answers: str = "sse") -> tuple[str, subprocess.Popen[str]]:
     path = tmp_path / f"modern_{mode}.py"
     path.write_text(MODERN_SERVER)
     port_file = tmp_path / f"port_{mode}"
-    proc = subprocess.Popen([sys.executable, str(path), mode, str(port_file), str(ping_s)], stderr=subprocess.PIPE, text=True)
+    argv = [sys.executable, str(path), mode, str(port_file), str(ping_s), answers]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
     with anyio.fail_after(30):
         while not (port_file.exists() and port_file.read_text()):
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
@@ -466,11 +467,13 @@ async def _answers(url: str) -> list[tuple[int, str, bytes]]:
     return answers
 
 
-async def test_the_lean_modern_entry_answers_every_post_as_the_sdks_does(tmp_path: Path) -> None:
-    """Status, content type and body, byte for byte, for good calls, streamed progress and every refusal."""
+@pytest.mark.parametrize("answers_as", ["sse", "json"])
+async def test_the_lean_modern_entry_answers_every_post_as_the_sdks_does(tmp_path: Path, answers_as: str) -> None:
+    """Status, content type and body, byte for byte, for good calls, streamed progress and every refusal; with
+    `--json-response` too, where the progress is dropped and the answer is one JSON body."""
     answers: dict[str, list[tuple[int, str, bytes]]] = {}
     for mode in ("lean", "sdk"):
-        url, proc = await _start_modern(tmp_path, mode, 15.0)
+        url, proc = await _start_modern(tmp_path, mode, 15.0, answers_as)
         try:
             answers[mode] = await _answers(url)
         finally:
@@ -479,11 +482,16 @@ async def test_the_lean_modern_entry_answers_every_post_as_the_sdks_does(tmp_pat
     lean, sdk = answers["lean"], answers["sdk"]
     assert b'"text":"lean"' in lean[0][2] and b'"text":"sdk"' in sdk[0][2]  # each entry served its own
     assert lean[0][:2] == sdk[0][:2] == (200, "application/json")
-    assert lean[1:] == sdk[1:]
+    # Where a request reaches the tool ("where") the entry names itself; everything else is byte for byte.
+    assert [(status, kind, body.replace(b'"text":"lean"', b'"text":"sdk"')) for status, kind, body in lean[1:]] == sdk[1:]
     statuses = [status for status, _, _ in lean]
-    assert statuses.count(400) >= 8 and 406 in statuses and 202 in statuses  # the refusals were exercised
+    assert statuses.count(400) >= 8 and 202 in statuses  # the refusals were exercised
     progress = lean[3]
-    assert progress[1] == "text/event-stream" and progress[2].count(b"notifications/progress") == 2
+    if answers_as == "sse":
+        assert 406 in statuses  # SSE mode wants both in Accept
+        assert progress[1] == "text/event-stream" and progress[2].count(b"notifications/progress") == 2
+    else:
+        assert progress[1] == "application/json" and b"notifications/progress" not in progress[2]
 
 
 async def test_the_lean_modern_entry_cancels_on_disconnect_and_keeps_a_silent_stream_alive(tmp_path: Path) -> None:
@@ -514,6 +522,32 @@ async def test_the_lean_modern_entry_cancels_on_disconnect_and_keeps_a_silent_st
         assert head.count(b": ping") >= 2 and head.replace(b": ping\r\n\r\n", b"") == b"", (mode, stream)
         assert b'"text":"slept"' in last
     assert streams["lean"].rpartition(b"event: message")[2] == streams["sdk"].rpartition(b"event: message")[2]
+
+
+async def test_with_json_answers_a_client_that_goes_away_cancels_its_call_too(tmp_path: Path) -> None:
+    """`--json-response`: the SDK's entry runs the handler without watching the client, so a 2026-07-28 client that
+    went away (its cancel) left the call running upstream to its end or its timeout, which the tool's breaker then
+    counted. The lean entry cancels it, and a silent call is still one JSON body, without pings."""
+    import httpx2
+
+    url, proc = await _start_modern(tmp_path, "lean", 0.2, "json")
+    try:
+        async with Client(url, mode=MODERN) as client:
+            with anyio.move_on_after(1):
+                await client.call_tool("hang", {})
+            assert proc.stderr is not None
+            with anyio.fail_after(10):  # before the server is told to stop, which would cancel it anyway
+                seen = await anyio.to_thread.run_sync(_stderr_until, proc.stderr, "hang was cancelled", abandon_on_cancel=True)
+            assert "hang was cancelled" in seen
+            assert text(await client.call_tool("where", {})) == "lean"  # the entry goes on
+        async with httpx2.AsyncClient(timeout=30) as http:
+            headers, body = modern_post("slow", {"s": 0.5})
+            reply = await http.post(url, headers=headers, content=body)
+            assert reply.headers["content-type"] == "application/json" and b": ping" not in reply.content
+            assert b'"text":"slept"' in reply.content
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 async def test_the_gateway_gives_the_modern_entry_the_listed_input_schemas(tmp_path: Path) -> None:

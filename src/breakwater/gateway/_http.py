@@ -176,11 +176,11 @@ def http_app(
             drain=route_drain,
         )
         install_fast_calls(gateway.server)  # a session's plain tools/call runs in its POST's task (_lazy_call)
-        # A 2026-07-28 tools/call POST runs its handler in its own task, with one watcher beside (_modern_http).
-        serve_modern_calls(gateway.server.session_manager, gateway.bw.clock, drain=route_drain)
     else:
         # A plain tools/call POST runs in its own task, without the session's memory streams (_fast_http).
         answer_fast(gateway.server.session_manager, gateway.server, drain=route_drain)
+    # A 2026-07-28 tools/call POST runs its handler in its own task, with one watcher beside (_modern_http).
+    serve_modern_calls(gateway.server.session_manager, gateway.bw.clock, drain=route_drain)
     metrics = metrics if metrics is not None else Metrics()
     metrics.streams = resumable
     # One call counter per server: a second app over the same gateway replaces it, never counts twice.

@@ -1,4 +1,4 @@
-"""A lean entry for a 2026-07-28 `tools/call` POST in the default (SSE) mode: one task instead of two.
+"""A lean entry for a 2026-07-28 `tools/call` POST: one task instead of two, and a client's disconnect its cancel in both modes.
 
 Why it exists. The SDK's modern entry (`mcp.server._streamable_http_modern.handle_modern_request`)
 serves a POST in SSE mode with a task group of its own: the handler runs in one spawned task, a
@@ -29,9 +29,10 @@ classifier, the `Mcp-Param-*` check, `serve_one` with a fresh `Connection`), the
   `application/json` body with the table-mapped status (the SDK's `_write`); after a commit it is
   the stream's last event (the SDK's `_sse_event`). So every byte on the wire is the SDK's.
 
-Only POSTs whose `Mcp-Method` header says `tools/call`, at a modern `MCP-Protocol-Version`, in the
-default mode, come here; everything else (`server/discover`, lists, `subscriptions/listen`,
-`--json-response`, GET, 2025-11-25) is the SDK's entry unchanged. A body that disagrees with its
+Only POSTs whose `Mcp-Method` header says `tools/call`, at a modern `MCP-Protocol-Version`, come here
+(with `--json-response` too: the answer is then always one JSON body, see `serve_modern_calls`);
+everything else (`server/discover`, lists, `subscriptions/listen`, GET, 2025-11-25) is the SDK's entry
+unchanged. A body that disagrees with its
 `Mcp-Method` header gets the classifier's HEADER_MISMATCH here as there. It leans on private helpers
 of the SDK module, which is pinned (`mcp>=2.3,<2.4`); tests/gateway/test_fast_call.py compares the
 two entries answer for answer and shows which one served.
@@ -90,14 +91,15 @@ _HANDSHAKE = frozenset(v.encode("latin-1") for v in HANDSHAKE_PROTOCOL_VERSIONS)
 
 
 def serve_modern_calls(manager: StreamableHTTPSessionManager, clock: Clock, *, drain: Drain | None = None) -> None:
-    """Serve `manager`'s 2026-07-28 `tools/call` POSTs in SSE mode with the lean entry (see the module docstring).
+    """Serve `manager`'s 2026-07-28 `tools/call` POSTs with the lean entry (see the module docstring).
 
-    A no-op for a JSON-response manager, whose modern entry already runs the handler in the POST's task.
+    For a JSON-response manager too: the SDK's entry runs the handler there without watching the client,
+    so a client that went away (the 2026-07-28 cancel) left its call running upstream to its end, or
+    to its timeout, which the tool's breaker then counted. Here the answer is still always one JSON
+    body, and what the handler emits before it is dropped, as the SDK's entry drops it.
     With `drain` (the gateway's), a call POST with a head this entry took before comes straight here
     (`breakwater.gateway._known_heads`, `_ModernRoute`).
     """
-    if manager.json_response:
-        return
     limit = manager.asgi_app  # the SDK's body-size limit in front of `manager._handle_request`
     sdk_handle: _ASGI = limit.app
     security = TransportSecurityMiddleware(manager.security_settings)
@@ -168,8 +170,9 @@ async def _serve(
     err = await security.validate_request(request, is_post=True)
     if err is not None:
         return await err(scope, receive, send)
+    json_only = manager.json_response
     has_json, has_sse = check_accept_headers(request)
-    if not has_json or not has_sse:
+    if not has_json or (not json_only and not has_sse):
         return await Response(status_code=406)(scope, receive, send)
     body = await request.body()
     try:
@@ -197,7 +200,7 @@ async def _serve(
     if known is not None and (offer := scope.get(OFFER)) is not None:
         offer.accept(known)  # every check of the request's head passed
     connection = Connection.from_envelope(verdict.protocol_version, verdict.client_info, verdict.client_capabilities)
-    reply = _Reply(clock, scope, receive, send)
+    reply = _Reply(clock, scope, receive, send, json_only=json_only)
     dctx = _LeanContext(
         transport=TransportContext(kind="streamable-http", can_send_request=False, headers=request.headers),
         request_id=req.id,
@@ -234,9 +237,10 @@ class _LeanContext(modern._SingleExchangeDispatchContext):
 
 
 class _Reply:
-    """One POST's response: JSON until something is emitted or the keep-alive interval passes, then SSE."""
+    """One POST's response: JSON until something is emitted or the keep-alive interval passes, then SSE (`json_only`:
+    always JSON, what is emitted before the answer dropped)."""
 
-    def __init__(self, clock: Clock, scope: Scope, receive: Receive, send: Send) -> None:
+    def __init__(self, clock: Clock, scope: Scope, receive: Receive, send: Send, *, json_only: bool = False) -> None:
         self.clock = clock
         self.asgi = (scope, receive, send)
         self.send = send
@@ -244,7 +248,9 @@ class _Reply:
         self.scope = anyio.CancelScope()
         self.done = False  # the handler has returned (or the answer is being written)
         self.started = False  # committed to text/event-stream
-        self.interval = modern._SSE_PING_INTERVAL  # read per request: `set_sse_keepalive` sets it process-wide
+        self.json_only = json_only
+        # Read per request: `set_sse_keepalive` sets it process-wide. A JSON body has no pings.
+        self.interval = math.inf if json_only else modern._SSE_PING_INTERVAL
         self.last = clock.monotonic()  # when the stream last carried something (or the request began)
         # Sends come from the handler's task, the watcher (pings) and whichever task relays a notification.
         self.lock = anyio.Lock(fast_acquire=True)
@@ -256,8 +262,8 @@ class _Reply:
     async def event(self, data: bytes, method: str) -> None:
         """Write one notification's SSE event (committing to SSE first); dropped once the answer is on its way."""
         async with self.lock:
-            if self.done:
-                logger.debug("dropped %s: response stream closed", method)
+            if self.done or self.json_only:
+                logger.debug("dropped %s: %s", method, "a JSON response" if self.json_only else "response stream closed")
                 return
             if not self.started:
                 await self._commit()
