@@ -227,6 +227,19 @@ async def test_unknown_and_foreign_ids_are_not_known() -> None:
     assert not owner.view.open("bad\nid")
 
 
+async def test_an_id_ahead_of_what_the_stream_sent_is_not_known() -> None:
+    """A reconnect naming an event the stream never sent got an empty stream that ended without the answer (the answer
+    lay behind the id); it is a 404 now, as for an unknown stream."""
+    clock = FakeClock()
+    owner = Owner(MemoryStreamLog(events=10, ttl_s=60, clock=clock), clock)
+    owner.view.open("7")
+    await owner.view.commit(_request())  # the priming event: 1/7
+    await owner.view.store_event("7", _progress(1))  # 2/7
+    assert [await owner.view.known(f"{seq}/7") for seq in (1, 2, 3, 999)] == [True, True, False, False]
+    await owner.view.store_event("7", _answer())  # 3/7
+    assert [await owner.view.known(f"{seq}/7") for seq in (2, 3, 4)] == [True, True, False]
+
+
 async def test_a_drain_ends_the_followers() -> None:
     clock = FakeClock()
     owner = Owner(MemoryStreamLog(events=10, ttl_s=60, clock=clock), clock)

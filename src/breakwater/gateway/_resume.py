@@ -208,12 +208,17 @@ class SessionStreams(EventStore):
         return event_id(stream_id, seq)
 
     async def known(self, last_event_id: str) -> bool:
-        """Whether a GET with this `Last-Event-ID` names a stream of this session that is still kept."""
+        """Whether a GET with this `Last-Event-ID` names an event a stream of this session sent, and the stream is still kept."""
         parsed = parse_event_id(last_event_id)
         if parsed is None:
             return False
+        key, after = (self.session_id, parsed[0]), parsed[1]
         try:
-            return await self.streams.log.info((self.session_id, parsed[0])) is not None
+            if await self.streams.log.info(key) is None:
+                return False
+            # An id this stream never sent (ahead of its last event): the reconnect got an empty stream that ended
+            # without the answer, which lay behind the id. Every event is in the log before it is sent.
+            return after <= _START_SEQ or bool((await self.streams.log.read(key, after - 1, wait_s=0)).entries)
         except Exception as exc:
             log.warning("cannot look up stream %s (%s)", parsed[0], exc)
             return False
