@@ -176,9 +176,10 @@ def return_large_frees() -> bool:
     Why. glibc serves a block of 128 KiB or more from a mapping of its own, which it unmaps when freed, but
     the first such free raises that threshold (up to 32 MiB), so later large blocks come from the heap,
     which glibc keeps when they are freed. A gateway that once passed a burst of large messages kept the
-    memory for good: ten 3 MB calls from clients that went away left `serve --http` at 516 MB, and four
-    rounds at 567 MB; with the threshold held at `OWN_MAPPING_BYTES`, 191 and 208 MB (session 28's harness,
-    docs/benchmarks.md). A message that large costs one mmap and one munmap more; smaller ones nothing.
+    memory for good: with the rest of what held it fixed, four rounds of ten 3 MB calls from clients that
+    went away left `serve --http` at 567 MB, and with the threshold held at `OWN_MAPPING_BYTES` at 198 MB
+    (`bench/http_memory.py`, docs/benchmarks.md). A message that large costs one mmap and one munmap more;
+    smaller ones nothing.
     Other C libraries and Windows: nothing to do (False).
     """
     if IS_WINDOWS:
