@@ -430,7 +430,7 @@ class ToolChangedError(CallRefused):
 
 
 class UpstreamError(CallFailed):
-    """The transport or the protocol failed (connection lost, malformed reply, server-side crash)."""
+    """The connection or the protocol failed, or the server answered the call with an error (its message is the text)."""
 
     code = ErrorCode.UPSTREAM_ERROR
     default_retryable = True

@@ -239,6 +239,9 @@ async def test_over_http_a_servers_minus_32000_is_its_answer_and_its_connection_
             text = json.dumps(destroyed)
             assert destroyed["code"] == "UPSTREAM_ERROR" and "injected server error in destroy" in text, text
             assert "connection closed" not in text.lower() and destroyed["attempt"] == 1, text
+            # What the model reads is what the server said, not "the connection failed or it sent an invalid reply".
+            said = "The tool's server answered the call with error -32000: injected server error in destroy."
+            assert destroyed["message"] == said, destroyed
             assert len(read_ledger(ledger)) == 1  # ran once, never repeated
             peeked = _envelope(await bw.call_tool("s", "peek"))
             assert "injected server error in peek" in json.dumps(peeked)

@@ -427,7 +427,7 @@ def _error(
         message = f"The tool did not answer in time ({what}) and the call was cancelled."
         return CallTimeoutError(message, retryable=verdict.retryable, detail=detail, **common)
     if code is ErrorCode.UPSTREAM_ERROR:
-        return UpstreamError(retryable=verdict.retryable, detail=detail, **common)
+        return UpstreamError(_server_answer(verdict.reason), retryable=verdict.retryable, detail=detail, **common)
     if code is ErrorCode.CLIENT_CANNOT_ANSWER and verdict.reason:
         # What the user must do (a page's address) goes in the sentence the model reads, not only in the detail;
         # the pages as the server sent them go in the detail, for a client that opens them itself.
@@ -436,6 +436,21 @@ def _error(
             detail["elicitations"] = [dict(page) for page in verdict.elicitations]
         return ClientCannotAnswerError(message, retryable=verdict.retryable, detail=detail, **common)
     return CODE_TO_ERROR[code](retryable=verdict.retryable, detail=detail, **common)
+
+
+def _server_answer(reason: str) -> str | None:
+    """What the model reads of an UPSTREAM_ERROR that is the server's own error answer (`_classify_mcp_error`'s reasons),
+    else None (the summary: a connection lost, a reply that is no answer).
+
+    It read "the connection to the tool's server failed or it sent an invalid reply" for a server that answered
+    -32000 "the database is read-only", which was left in `reason`, where a model rarely looks."""
+    for prefix, what in (("protocol error ", "error "), ("server error: ", "an internal error: ")):
+        if reason.startswith(prefix):
+            said = reason[len(prefix) :]
+            if len(said) > _MAX_UPSTREAM_TEXT:
+                said = said[:_MAX_UPSTREAM_TEXT] + "…"
+            return f"The tool's server answered the call with {what}{said.rstrip('.')}."
+    return None
 
 
 def not_ready_error(clock: Clock, upstream: Upstream, tool: str) -> CallError:
