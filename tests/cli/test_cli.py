@@ -323,6 +323,19 @@ def test_call_shows_the_error_envelope_and_exits_1(env: dict[str, str], tmp_path
     assert (envelope["ok"], envelope["code"], envelope["server"], envelope["tool"]) == (False, "UNKNOWN_TOOL", "shop", "nosuch")
 
 
+def test_a_call_that_may_have_run_names_its_operation_id(env: dict[str, str], tmp_path: Path) -> None:
+    """OUTCOME_UNKNOWN in plain text: what cut it, and the operation id the user checks the outcome by (only --json had it)."""
+    ledger = tmp_path / "ledger.jsonl"
+    tools = ("--tool", "order:latency=3,mutating", "--ledger", str(ledger))
+    config = write_config(tmp_path / "mcp.json", {"shop": stdio_entry(*tools)})
+    result = run({**env, "BREAKWATER_CALL_TIMEOUT_S": "0.5"}, "call", "shop", "order", "--config", str(config))
+    assert result.returncode == 1
+    last = result.stderr.splitlines()[-1]
+    assert "OUTCOME_UNKNOWN" in last and "did not answer in time (no answer within 0.5 s)" in last, last
+    operation_id = last.rpartition("(operation id ")[2].rstrip(")")
+    assert [json.loads(line)["operation_id"] for line in ledger.read_text().splitlines()] == [operation_id]
+
+
 def test_call_usage_errors_exit_2_in_one_line(env: dict[str, str], tmp_path: Path) -> None:
     """An unknown server (with a suggestion) or arguments that are not a JSON object: one line, exit 2."""
     config = write_config(tmp_path / "mcp.json", {"shop": stdio_entry()})

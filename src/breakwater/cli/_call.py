@@ -33,6 +33,7 @@ from breakwater.cli._common import (
 from breakwater.cli._text import lines
 from breakwater.config import Config
 from breakwater.config._checks import route_by_shape
+from breakwater.errors import ErrorCode
 from breakwater.gate._envelope import error_from_result, error_text
 from breakwater.status import ServerState
 
@@ -99,7 +100,9 @@ def _print_result(result: types.CallToolResult, as_json: bool) -> int:
         own = [b for b in getattr(err, "content", ()) if not isinstance(b, types.TextContent) or b.text != err.message]
         for block in own:
             print(lines(_content_text(block)), file=sys.stderr)
-    return fail(lines(f"call failed: {err.code.value}: {error_text(err)}"), EXIT_FAILED)
+    # A call that may have run is checked by its operation id (the tool's own records, the journal): it was only in --json.
+    ran = f" (operation id {err.operation_id})" if err.operation_id and err.code is ErrorCode.OUTCOME_UNKNOWN else ""
+    return fail(lines(f"call failed: {err.code.value}: {error_text(err)}{ran}"), EXIT_FAILED)
 
 
 async def _wait_for(bw: Breakwater, server: str, wait: float) -> None:

@@ -422,7 +422,10 @@ def _error(
         elif deadline.extended:
             detail["cut_by"], what = "idle", f"no progress for {seconds_text(deadline.idle_s)} ([call] idle_timeout_s)"
     if code is ErrorCode.OUTCOME_UNKNOWN:
-        return OutcomeUnknownError(detail=detail, **common)
+        # Why the result is unknown, in the sentence the model reads: it said nothing of a timeout (only `reason`).
+        cause = f"The tool did not answer in time ({what}) and the call was cancelled" if "timeout_s" in detail else None
+        message = None if cause is None else f"{cause}; the action may or may not have happened."
+        return OutcomeUnknownError(message, detail=detail, **common)
     if code is ErrorCode.TIMEOUT:
         message = f"The tool did not answer in time ({what}) and the call was cancelled."
         return CallTimeoutError(message, retryable=verdict.retryable, detail=detail, **common)
