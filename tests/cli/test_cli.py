@@ -336,6 +336,17 @@ def test_a_call_that_may_have_run_names_its_operation_id(env: dict[str, str], tm
     assert [json.loads(line)["operation_id"] for line in ledger.read_text().splitlines()] == [operation_id]
 
 
+def test_call_wait_is_the_whole_wait_for_a_server_still_starting(env: dict[str, str], tmp_path: Path) -> None:
+    """`--wait 0` calls at once: the gate's own wait for a connecting server (the call's timeout) came on top of it,
+    `--wait N` took N + 5 s. With a 60 s call timeout the old code took a minute."""
+    config = write_config(tmp_path / "mcp.json", {"shop": stdio_entry("--startup-delay", "120", "--tool", "add")})
+    started = time.monotonic()
+    result = run({**env, "BREAKWATER_CALL_TIMEOUT_S": "60"}, "call", "shop", "add", "--wait", "0", "--config", str(config))
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1 and "SERVER_CONNECTING" in result.stderr, result.stderr
+    assert elapsed < 30, elapsed  # the process's own start and stop, on a loaded machine, with room to spare
+
+
 def test_call_usage_errors_exit_2_in_one_line(env: dict[str, str], tmp_path: Path) -> None:
     """An unknown server (with a suggestion) or arguments that are not a JSON object: one line, exit 2."""
     config = write_config(tmp_path / "mcp.json", {"shop": stdio_entry()})

@@ -115,8 +115,14 @@ async def _wait_for(bw: Breakwater, server: str, wait: float) -> None:
 async def _call(config: Config, server: str, tool: str, arguments: dict[str, Any], wait: float, as_json: bool) -> int:
     async with Breakwater(config) as bw:
         await _wait_for(bw, server, wait)
-        result = await bw.call_tool(server, tool, arguments)
-    return _print_result(result, as_json)
+        if bw.upstream(server).state is ServerState.READY:
+            result = await bw.call_tool(server, tool, arguments)
+        else:
+            # `--wait` is the whole wait for the server: the gate waits for a connecting one within the call's own
+            # timeout too, which `--wait 0` ("calls at once") took 5 s. A spent budget makes that wait none.
+            async with bw.budget(deadline=bw.clock.monotonic()):
+                result = await bw.call_tool(server, tool, arguments)
+        return _print_result(result, as_json)  # before the servers are stopped (a second or two for a stubborn one)
 
 
 def _parser() -> argparse.ArgumentParser:
