@@ -133,6 +133,17 @@ def test_an_output_encoding_that_cannot_write_a_name_shows_it_escaped(env: dict[
     assert "s\\xe9rveur-\\u65e5\\u672c" in result.stdout, result.stdout
 
 
+def test_status_on_a_narrow_terminal_lists_each_server_on_a_line(env: dict[str, str], tmp_path: Path) -> None:
+    """`COLUMNS=20`: the table was squeezed until the server column had no width ("│ │ … │"); a table that does not fit
+    is one line per server, its name whole."""
+    config = write_config(tmp_path / "mcp.json", {"payments": {**stdio_entry(), "disabled": True}})
+    narrow = run({**env, "COLUMNS": "20"}, "status", "--wait", "0", "--config", str(config))
+    assert narrow.returncode == 0, narrow.stderr
+    assert "payments disabled stdio" in " ".join(narrow.stdout.split()) and "┃" not in narrow.stdout, narrow.stdout
+    wide = run({**env, "COLUMNS": "200"}, "status", "--wait", "0", "--config", str(config))
+    assert "┃ server" in wide.stdout and "payments" in wide.stdout, wide.stdout
+
+
 def test_piped_status_keeps_long_names_whole(env: dict[str, str], tmp_path: Path) -> None:
     """`breakwater status | cat` prints every name in full, on one line, without colour codes."""
     long_name = "a-server-whose-name-alone-is-wider-than-an-eighty-column-terminal-" + "x" * 30

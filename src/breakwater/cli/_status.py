@@ -14,8 +14,9 @@ import time
 from functools import partial
 
 import anyio
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.live import Live
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -65,10 +66,13 @@ def status_view(
     for column in ("server", "transport", "state", "protocol", "tools", "attempts", "connect"):
         table.add_column(column, no_wrap=True)
     problems: list[str] = []
+    narrow: list[str] = []  # one line per server, where the table does not fit
     for s in report.servers:
         state = s.state.value
         if s.state is ServerState.CONNECTING:
             state += f" #{s.attempt}" + (" (queued)" if s.phase == "queued" else "")
+        facts = [s.transport, *(x for x in (s.protocol, None if s.tools is None else f"{s.tools} tools") if x)]
+        narrow.append(f"[bold]{markup(s.name)}[/] [{STATE_STYLE[s.state]}]{state}[/] {markup(', '.join(facts))}")
         table.add_row(
             cell(s.name),
             s.transport,
@@ -94,7 +98,27 @@ def status_view(
             listed = f" (listed as '{markup(t.name)}')" if name != t.name else ""
             problems.append(f"[bold]{markup(s.name)}[/]: [yellow]tool '{markup(name)}'{listed} left out:[/] {markup(t.reason)}")
     table.caption = ", ".join(f"{n} {state}" for state, n in report.summary.items())
-    return Group(table, *(Text.from_markup(p) for p in problems))
+    fallback = [Text.from_markup(line) for line in ["[italic]breakwater status[/]", *narrow, f"[dim]{table.caption}[/]"]]
+    return Group(_Fitted(table, fallback), *(Text.from_markup(p) for p in problems))
+
+
+#: A width no terminal has: the table measured as wide as it wants to be.
+_UNBOUNDED = 100_000
+
+
+class _Fitted:
+    """The table where the terminal is wide enough for it, else one line per server: `COLUMNS=20` squeezed the table
+    until the server column had no width at all."""
+
+    def __init__(self, table: Table, lines: list[Text]) -> None:
+        self.table = table
+        self.lines = lines
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if Measurement.get(console, options.update(max_width=_UNBOUNDED), self.table).maximum <= options.max_width:
+            yield self.table
+        else:
+            yield from self.lines
 
 
 async def _wait_live(bw: Breakwater, wait: float, err: Console) -> StatusReport:
