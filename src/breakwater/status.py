@@ -161,12 +161,14 @@ class ServerStatus:
     #: check), and when (wall time): kept once the server is ready again, where `error` is cleared.
     last_drop: ErrorInfo | None = None
     last_drop_at: float | None = None
+    #: While a connect attempt is in its handshake: when it began (wall time).
+    attempt_started_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """One entry of `status --json`'s `servers` list (`phase` only while queued for admission,
         `failing_since` only while connects keep failing, `rejected_tools` only when a tool was left out, `disabled_by`
         only for a disabled server, `unmatched` only when the config names a tool the server does not list, `last_drop`
-        once a ready connection has gone away)."""
+        once a ready connection has gone away, `attempt_started_at` while a connect attempt is in its handshake)."""
         return (
             {
                 "name": self.name,
@@ -181,6 +183,7 @@ class ServerStatus:
             }
             | ({"phase": self.phase} if self.phase else {})
             | ({"failing_since": iso(self.failing_since)} if self.failing_since is not None else {})
+            | ({"attempt_started_at": iso(self.attempt_started_at)} if self.attempt_started_at is not None else {})
             | ({"rejected_tools": [t.to_json() for t in self.rejected_tools]} if self.rejected_tools else {})
             | ({"disabled_by": self.disabled_by} if self.disabled_by else {})
             | ({"unmatched": list(self.unmatched)} if self.unmatched else {})
@@ -256,6 +259,7 @@ class StatusReport:
                     next_retry_at=from_iso(s.get("next_retry_at")),
                     error=None if s.get("error") is None else ErrorInfo.from_json(s["error"]),
                     failing_since=from_iso(s.get("failing_since")),
+                    attempt_started_at=from_iso(s.get("attempt_started_at")),
                     rejected_tools=tuple(
                         RejectedTool(name=str(t.get("name")), reason=str(t.get("reason"))) for t in s.get("rejected_tools", [])
                     ),

@@ -341,6 +341,22 @@ async def test_server_connecting_before_ready(tmp_path: Path) -> None:
         assert env["retry_after_s"] > 0 and "connect_attempt" in env
 
 
+async def test_a_server_slower_to_start_than_usual_is_said_to_be(tmp_path: Path) -> None:
+    """Past the usual connect time, SERVER_CONNECTING said "Wait about 2 s" however long the attempt had run; it says
+    how long it has been starting and bounds the wait by the attempt's own timeout (15 s here)."""
+    spec = server("late", "--startup-delay", "60")
+    async with gate(tmp_path, spec, ready=False) as bw:
+        with anyio.fail_after(30):
+            while bw.upstream("late").snapshot().attempt_started_at is None:
+                await anyio.sleep(0.05)
+        assert "attempt_started_at" in bw.status().to_json()["servers"][0]
+        await anyio.sleep(2.5)  # past the default estimate of a server never connected before
+        env = envelope(await bw.call_tool("late", "anything", timeout=0.2))
+    assert env["code"] == "SERVER_CONNECTING" and env["connecting_for_s"] >= 2.5, env
+    assert 5 < env["retry_after_s"] <= 15 - 2.5, env
+    assert "has been starting up for" in env["message"] and "longer than usual" in env["message"], env
+
+
 async def test_unknown_tool_on_a_ready_server(tmp_path: Path) -> None:
     """A ready server without that tool: UNKNOWN_TOOL, not retryable, with the tools it does have."""
     async with gate(tmp_path, server("s")) as bw:

@@ -106,6 +106,7 @@ class Upstream:
         self.next_retry_at: float | None = None
         self.error: ErrorInfo | None = None
         self.failing_since: float | None = None  # wall time of the first failure since last ready
+        self.attempt_started_at: float | None = None  # wall time the latest attempt's handshake began
         self.last_drop: ErrorInfo | None = None
         self.last_drop_at: float | None = None
         self.protocol: str | None = None
@@ -160,6 +161,9 @@ class Upstream:
             disabled_by=self.spec.disabled_by if self.state is ServerState.DISABLED else None,
             last_drop=None if self.last_drop is None else self._redacted(self.last_drop),
             last_drop_at=self.last_drop_at,
+            attempt_started_at=self.attempt_started_at
+            if self.state is ServerState.CONNECTING and self.phase == "handshake"
+            else None,
         )
 
     def _redacted(self, error: ErrorInfo) -> ErrorInfo:
@@ -284,6 +288,7 @@ class Upstream:
         self.round_attempt += 1
         self._set(ServerState.CONNECTING, phase="queued", next_retry_at=None)
         ticket = await self._admission.acquire(self._slots())
+        self.attempt_started_at = self._clock.time()
         self._set(ServerState.CONNECTING, phase="handshake")
         policy = self.spec.connect
         started = self._clock.monotonic()

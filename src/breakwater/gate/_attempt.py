@@ -479,15 +479,25 @@ def not_ready_error(clock: Clock, upstream: Upstream, tool: str) -> CallError:
         return ServerUnavailableError(message, retry_after_s=retry_after, detail=detail, **common)
     # pending, connecting, retrying (or ready without a client for an instant): it is on its way.
     estimate = retry_after
+    detail = {"state": snap.state.value, "connect_attempt": snap.attempt}
+    late = None
     if estimate is None:
         estimate = snap.connect_ms / 1000 if snap.connect_ms else _DEFAULT_CONNECT_ESTIMATE_S
-    detail = {"state": snap.state.value, "connect_attempt": snap.attempt}
+        if snap.attempt_started_at is not None:
+            elapsed = max(0.0, clock.time() - snap.attempt_started_at)
+            detail["connecting_for_s"] = round(elapsed, 1)
+            if elapsed < estimate:
+                estimate -= elapsed
+            else:
+                # Past its usual time, what is known is the attempt's own bound: "about 2 s" was said at 15 s.
+                estimate = max(0.0, upstream.spec.connect.attempt_timeout_s - elapsed)
+                late = f"The server has been starting up for {seconds_text(elapsed)}, longer than usual; the call was not sent."
     if snap.phase:
         detail["phase"] = snap.phase
     if snap.error is not None:
         detail["last_error"] = snap.error.message
     note, known = connecting_note(snap, clock.time())  # a server that keeps failing: since when
-    return ServerConnectingError(note, retry_after_s=estimate, detail=detail | known, **common)
+    return ServerConnectingError(note or late, retry_after_s=estimate, detail=detail | known, **common)
 
 
 def _server_outcome(verdict: Verdict, tool_streak: int) -> Outcome:
