@@ -161,9 +161,7 @@ class Upstream:
             disabled_by=self.spec.disabled_by if self.state is ServerState.DISABLED else None,
             last_drop=None if self.last_drop is None else self._redacted(self.last_drop),
             last_drop_at=self.last_drop_at,
-            attempt_started_at=self.attempt_started_at
-            if self.state is ServerState.CONNECTING and self.phase == "handshake"
-            else None,
+            attempt_started_at=self.attempt_started_at if self.phase == "handshake" else None,  # only ever while connecting
         )
 
     def _redacted(self, error: ErrorInfo) -> ErrorInfo:
@@ -181,10 +179,8 @@ class Upstream:
     def _drop(self) -> None:
         """The connection is gone: say so at once, then let the supervisor tear it down and reconnect.
 
-        Tearing down (stopping a process, closing streams) takes a while; until now the state stayed
-        `ready` with the dead client meanwhile, so a caller's retry in that window was sent on it and
-        failed at once, as many times as it had attempts.
-        """
+        Tearing down (stopping a process, closing streams) takes a while; the state stayed `ready` with the dead
+        client meanwhile, so a caller's retry in that window was sent on it and failed at once, every attempt of it."""
         if self.state is ServerState.READY:
             self._set(ServerState.CONNECTING, client=None, phase=None)
         self._lost.set()
@@ -288,8 +284,7 @@ class Upstream:
         self.round_attempt += 1
         self._set(ServerState.CONNECTING, phase="queued", next_retry_at=None)
         ticket = await self._admission.acquire(self._slots())
-        self.attempt_started_at = self._clock.time()
-        self._set(ServerState.CONNECTING, phase="handshake")
+        self._set(ServerState.CONNECTING, phase="handshake", attempt_started_at=self._clock.time())
         policy = self.spec.connect
         started = self._clock.monotonic()
         self._lost = anyio.Event()
