@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import random
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -76,14 +78,38 @@ def envelope_of(result: Any) -> dict[str, Any]:
 @contextmanager
 def share_dir(prefix: str) -> Iterator[Path]:
     """A socket directory of a test's own for shared gateways (short: a Unix socket's path must fit in ~100 bytes);
-    the gateways that answer in it are killed, by their pids, and it is removed after."""
+    the gateways that answer in it are stopped, by their pids, and it is removed after.
+
+    SIGTERM first, so each gateway stops its servers as a user's `gateway stop` would: killed at once, it left
+    them running with no parent (a session's server still starting, `sleep 600`, outlived the suite's run)."""
     directory = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         yield directory
     finally:
-        for pid in gateway_pids(directory):
-            os.kill(pid, signal.SIGKILL)
+        pids = gateway_pids(directory)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+            time.sleep(0.05)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+#: How long a test's shared gateway may take to stop its servers before it is killed.
+STOP_GRACE_S = 10.0
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, which nobody may reap here, is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def serve_on_pipes(config: Path, env: dict[str, str], errlog: Path) -> subprocess.Popen[bytes]:
