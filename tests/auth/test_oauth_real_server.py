@@ -76,7 +76,11 @@ async def test_sign_in_refresh_and_revocation(oauth_server: str, config_home: Pa
 
             # Revoked: no refresh can help; the server is failed, auth_required, and says what to run.
             httpx2.post(f"{oauth_server}/admin/revoke")
-            await agent.call_tool("remote__whoami", {})
+            # The call that meets the revocation is told what the next ones are: nothing ran, sign in again. It read "an
+            # internal error, do not repeat this call" (httpx answered with the refused refresh's response).
+            first = await agent.call_tool("remote__whoami", {})
+            assert code_of(first) == "SERVER_UNAVAILABLE", envelope_of(first)
+            assert "breakwater auth login remote" in json.dumps(envelope_of(first))
             await eventually(lambda: bw.status().servers[0].state is ServerState.FAILED, timeout=20)
             status = (await agent.call_tool("breakwater_status", {})).structured_content or {}
             error = status["servers"][0]["error"]

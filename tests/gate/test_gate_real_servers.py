@@ -403,3 +403,28 @@ async def test_per_tool_config_overrides_timeout_and_retry_class(tmp_path: Path)
         assert env["code"] == "OUTCOME_UNKNOWN" and env["attempt"] == 1
         assert time.monotonic() - t0 < 1.0
         assert count_ledger(ledger) == 1
+
+
+async def test_one_crash_under_many_calls_is_one_failure_and_the_read_only_calls_wait_for_the_restart(tmp_path: Path) -> None:
+    # Five read-only calls in flight when the server crashes (another tool's call kills it), and the restart takes
+    # 1.5 s. Each cut call used to count as a failure of its own: four opened the server's breaker, and every session
+    # of a shared gateway was refused for seconds; the retries were refused at once, the server still connecting.
+    spec = server("s", "--startup-delay", "1.5", "--tool", "mid:latency=1,readonly", "--tool", "boom:crash=1,destructive")
+    async with gate(tmp_path, spec) as bw:
+        results: list[CallToolResult] = []
+
+        async def mid() -> None:
+            results.append(await bw.call_tool("s", "mid", {}, raise_on_error=False))
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for _ in range(5):
+                    tg.start_soon(mid)
+                await anyio.sleep(0.3)
+                crashed = await bw.call_tool("s", "boom", {}, raise_on_error=False)
+        assert crashed.is_error
+        assert [r.is_error for r in results] == [False] * 5, json.dumps([r.structured_content for r in results if r.is_error])
+        assert bw.upstream("s").snapshot().attempts == 2  # one restart
+        breakers = {b.name: b for b in bw.gate.breaker_snapshots()}
+        assert breakers["s"].failures_in_window == 1, breakers["s"]
+        assert breakers["s/mid"].failures_in_window <= 1, breakers["s/mid"]

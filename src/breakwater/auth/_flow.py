@@ -193,7 +193,9 @@ class _StoredFlow(OAuthClientProvider):
                     refreshed = yield await self._refresh_token()
                     if await self._handle_refresh_response(refreshed):
                         self._add_auth_header(request)
-                        response = yield request
+                    # Sent again either way: httpx answers the caller with the flow's last response, and after a
+                    # refused refresh that was the token endpoint's (the SDK read it as the MCP server's failure).
+                    response = yield request
             if not _needs_auth(response):
                 return
             if not self._interactive:

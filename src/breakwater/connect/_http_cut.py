@@ -11,6 +11,14 @@ request provably never left (`sent: false`: connect failures) and what failed, s
 classify it honestly (`breakwater.gate._classify`): a call that was never sent is safe to retry for
 every tool; one cut after sending is an unknown outcome.
 
+An HTTP error status on a request is made a JSON-RPC error for that request too, unless its body is one
+already. The SDK answers every status without such a body alike ("Server returned an error response",
+-32603: a server fault that may have half-run), which hid what the status says: a 401 or a 503 refused the
+request before it ran (safe to send again), a 404 on a request that carried the session's id is the server
+saying it no longer knows the session (MCP: start a new one; the SDK client relayed a server's JSON "Session
+not found" as the server's answer, so every call failed until the health check). Each becomes the error
+the gate reads as what it is (`status` in the cut's data; the SDK's own "Session terminated" for a 404).
+
 JSON response bodies are read here in full, so a cut in the middle of one is caught too; one longer
 than `[call] max_result_bytes` is dropped as it arrives and its request answered RESULT_TOO_LARGE
 (the SDK's own cap applies to SSE events only, and it would read a JSON body of any size). SSE bodies
@@ -34,6 +42,9 @@ import httpx2
 from breakwater._wire import CONNECTION_CLOSED as _CONNECTION_CLOSED
 from breakwater._wire import CUT_META_KEY as CUT_KEY
 from breakwater._wire import RESULT_TOO_LARGE
+
+#: JSON-RPC's "invalid request", the code of the SDK client's own "Session terminated".
+_INVALID_REQUEST = -32600
 
 __all__ = ["CUT_KEY", "CutTolerantTransport", "cut_info"]
 
@@ -89,6 +100,8 @@ class CutTolerantTransport(httpx2.AsyncBaseTransport):
             return await self._inner.handle_async_request(request)
         try:
             response = await self._inner.handle_async_request(request)
+            if response.status_code >= 400 and (request_id := _request_id(request)) is not None:
+                return await _status_error(request, request_id, response)
             content_type = response.headers.get("content-type", "").lower()
             if content_type.startswith("application/json"):
                 return await self._read_json(request, response)
@@ -138,6 +151,77 @@ class CutTolerantTransport(httpx2.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+#: The most of an error status's body read to see whether it is a JSON-RPC error (a server's page of HTML is dropped).
+_ERROR_BODY_MAX = 64 * 1024
+#: JSON-RPC's "method not found": at a 404 it is the server's answer about the method, not about the session.
+_METHOD_NOT_FOUND = -32601
+#: The statuses that refuse a request before it runs; after any other 5xx (a proxy's 502 or 504) the call may have run.
+_REFUSED_BEFORE_RUN = frozenset({503})
+
+
+async def _status_error(request: httpx2.Request, request_id: str | int, response: httpx2.Response) -> httpx2.Response:
+    """An error status on a request, with a JSON-RPC error body for `request_id` (see the module docstring).
+
+    The status and headers stay as they are: the OAuth flow above this transport reads a 401's challenge."""
+    body = b""
+    try:
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > _ERROR_BODY_MAX:
+                break
+    finally:
+        await response.aclose()
+    status = response.status_code
+    code = _json_rpc_error_code(body)
+    if status == 404 and "mcp-session-id" in request.headers and code != _METHOD_NOT_FOUND:
+        error: dict[str, Any] = {
+            "code": _INVALID_REQUEST,
+            # The SDK's own words for this (the gate and the tasks resolver read them), and what they mean here.
+            "message": "Session terminated: the server no longer knows this session (HTTP 404), so it did not run the request",
+        }
+    elif code is not None:
+        return _with_body(request, response, body)  # the server's own JSON-RPC error: the SDK relays it
+    else:
+        what = f"HTTP {status} {response.reason_phrase}".rstrip()
+        cut: dict[str, Any] = {"sent": not (status < 500 or status in _REFUSED_BEFORE_RUN), "error": what, "status": status}
+        error = {"code": _CONNECTION_CLOSED, "message": f"the server refused the request: {what}", "data": {CUT_KEY: cut}}
+        retry_after = _retry_after_s(response.headers.get("retry-after"))
+        if retry_after is not None:
+            error["data"]["retryAfter"] = retry_after
+    content = json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode()
+    return _with_body(request, response, content, as_json=True)
+
+
+def _json_rpc_error_code(body: bytes) -> int | None:
+    """The code of the JSON-RPC error `body` holds, or None when it holds none."""
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return None
+    error = message.get("error") if isinstance(message, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+
+def _retry_after_s(value: str | None) -> float | None:
+    """A Retry-After header's delay in seconds (its HTTP-date form needs the server's clock, which is not trusted)."""
+    try:
+        seconds = float(value) if value is not None else -1.0
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 else None
+
+
+def _with_body(request: httpx2.Request, response: httpx2.Response, content: bytes, *, as_json: bool = False) -> httpx2.Response:
+    """`response` with `content` for its (already read, decoded) body; `as_json`: a JSON body of breakwater's."""
+    dropped = {"content-encoding", "content-length", "content-type"} if as_json else {"content-encoding", "content-length"}
+    headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in dropped]
+    if as_json:
+        headers.append(("content-type", "application/json"))
+    status, extensions = response.status_code, response.extensions
+    return httpx2.Response(status, headers=headers, content=content, request=request, extensions=extensions)
 
 
 def _too_large(request: httpx2.Request, limit: int) -> httpx2.Response:

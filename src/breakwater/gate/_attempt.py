@@ -281,7 +281,7 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
         failure = TimeoutError()
     if result is not None:  # NaN or Infinity from the server: null, as on the gateway's wire (connect/_not_json.py)
         result = finite_result(result, server=srv.name, tool=info.name)
-    return _judge(ctx, call, permits, deadline, result, failure)
+    return _judge(ctx, call, permits, deadline, result, failure, client)
 
 
 def _judge(
@@ -291,9 +291,11 @@ def _judge(
     deadline: AttemptDeadline,
     result: types.CallToolResult | None,
     failure: BaseException | None,
+    client: object,
 ) -> Answer:
     """Classify the attempt, teach both breakers, journal it; the answer to pass on."""
     srv, info = call.srv, call.info
+    lost_before = False
     now = ctx.clock.monotonic()
     elapsed = now - deadline.started
     attempt_result: types.CallToolResult | BaseException
@@ -308,10 +310,15 @@ def _judge(
         attempt_result = failure = answer_of(failure, srv.upstream)
         if _connection_closed(failure):
             srv.upstream.report_lost()
+            lost_before = not srv.first_to_see_lost(client)
     if verdict is None:
         verdict = classify(
             attempt_result, retry_class=info.retry_class, server=srv.name, tool=info.name, classifier=ctx.classifier
         )
+    if lost_before and verdict.outcome is FAILURE:
+        # One lost connection is one failure, whatever the number of calls in flight on it: five calls cut by one crash
+        # opened the server's breaker (and their tool's) for every session of a shared gateway.
+        verdict = replace(verdict, outcome=IGNORED)
     if isinstance(failure, CallCancelledError):
         verdict = Verdict(outcome=IGNORED, code=ErrorCode.CANCELLED, retryable=False, outcome_unknown=True)
     elif deadline.by_budget and isinstance(attempt_result, TimeoutError):
@@ -527,6 +534,8 @@ def _connection_closed(exc: BaseException) -> bool:
         return False
     cut = cut_info(exc.data)
     if cut is not None:
-        # One HTTP request cut: the connection itself is fine unless the server could not be reached.
-        return cut.get("sent") is False
+        # One HTTP request cut: the connection itself is fine unless the server could not be reached, or refused the
+        # connection's credentials (a reconnect signs in again, or says that someone must).
+        status = cut.get("status")
+        return status == 401 if status is not None else cut.get("sent") is False
     return exc.code == _CONNECTION_CLOSED or (exc.code == types.INVALID_REQUEST and "session terminated" in exc.message.lower())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -95,7 +96,18 @@ class ToolRecord:
 class ServerRecord:
     """The gate's per-server state: breaker, retry budget, bulkhead count and the resolved tools."""
 
-    __slots__ = ("_breakers", "breaker", "health", "in_flight", "name", "retry_budget", "tools", "tools_source", "upstream")
+    __slots__ = (
+        "_breakers",
+        "breaker",
+        "health",
+        "in_flight",
+        "lost_connection",
+        "name",
+        "retry_budget",
+        "tools",
+        "tools_source",
+        "upstream",
+    )
 
     def __init__(self, upstream: Upstream, breakers: BreakerRegistry, clock: Clock) -> None:
         self.name = upstream.spec.name
@@ -108,6 +120,16 @@ class ServerRecord:
         self.tools_source: list[types.Tool] | None = None
         #: Per tool name, outliving re-lists: a tool's latency history is not reset by a tools/list_changed.
         self.health: dict[str, ToolHealth] = {}
+        #: The last connection (its client) whose loss the breakers counted: weakly, so a dead connection is not kept.
+        self.lost_connection: weakref.ref[Any] | None = None
+
+    def first_to_see_lost(self, client: object) -> bool:
+        """Whether an attempt on `client`'s connection is the first to report it lost (and from now on, not)."""
+        lost = self.lost_connection
+        if lost is not None and lost() is client:
+            return False
+        self.lost_connection = weakref.ref(client)
+        return True
 
     def tool(self, name: str) -> ToolRecord | None:
         """The resolved tool `name`, or None if the server does not list it."""
@@ -186,6 +208,8 @@ class Call:
     attempt: int = 0
     #: The error of the latest attempt, once there was one.
     last: CallError | None = None
+    #: Whether the latest attempt never ran (`Verdict.not_run`): the server's state then, not that attempt, is the answer.
+    last_not_run: bool = False
     #: Set when an answer is first lost: how long reconciliation may wait for the server or the operation.
     window: float | None = None
     #: The breakers' refusal of the first attempt, decided before the arguments were checked (see

@@ -138,6 +138,8 @@ class Verdict:
     retryable: bool
     #: The request was sent and its answer lost: the call may have run.
     outcome_unknown: bool = False
+    #: The request never reached the server, or the server turned it away before running it: nothing happened.
+    not_run: bool = False
     #: A server's hint of how long to wait before trying again.
     retry_after_s: float | None = None
     #: A short technical explanation, for logs and the envelope's detail.
@@ -309,7 +311,9 @@ def _is_cancel(exc: BaseException) -> bool:
 def _cut(ctx: AttemptContext, code: ErrorCode, reason: str, retry_after_s: float | None = None) -> Verdict:
     """A failure after which we cannot tell whether the call ran."""
     if not ctx.request_sent:
-        return Verdict(outcome=Outcome.FAILURE, code=code, retryable=True, retry_after_s=retry_after_s, reason=reason)
+        return Verdict(
+            outcome=Outcome.FAILURE, code=code, retryable=True, not_run=True, retry_after_s=retry_after_s, reason=reason
+        )
     if ctx.retry_class is RetryClass.NEVER:
         return Verdict(
             outcome=Outcome.FAILURE,
@@ -334,6 +338,7 @@ def _not_sent(reason: str, retry_after_s: float | None = None) -> Verdict:
         outcome=Outcome.FAILURE,
         code=ErrorCode.UPSTREAM_ERROR,
         retryable=True,
+        not_run=True,
         retry_after_s=retry_after_s,
         reason=reason,
     )
@@ -459,6 +464,9 @@ def _classify_local(exc: MCPError, ctx: AttemptContext) -> Verdict | None:
             return _cut(ctx, ErrorCode.UPSTREAM_ERROR, f"connection closed: {message}")
         # One HTTP request cut (see breakwater.connect._http_cut): never sent is safe for any tool to repeat.
         kind = str(cut.get("error", "transport error"))
+        status = cut.get("status")
+        if isinstance(status, int):  # an HTTP error status without a JSON-RPC error of the server's
+            return _classify_status(status, _retry_after(exc.data), ctx)
         if cut.get("sent") is False:
             return _not_sent(f"could not connect: {kind}")
         return _cut(ctx, ErrorCode.TIMEOUT if "Timeout" in kind else ErrorCode.UPSTREAM_ERROR, f"connection cut: {kind}")
@@ -522,15 +530,23 @@ def _classify_http(exc: httpx2.HTTPError, ctx: AttemptContext) -> Verdict:
     if isinstance(exc, (httpx2.ReadTimeout, httpx2.WriteTimeout)):
         return _cut(ctx, ErrorCode.TIMEOUT, f"transport {type(exc).__name__}")
     if isinstance(exc, httpx2.HTTPStatusError):
-        status = exc.response.status_code
-        hint = _parse_retry_after(exc.response.headers.get("retry-after"))
-        if status in (429, 503):
-            # Shed before processing: safe to retry for every tool, after the server's hint.
-            return _not_sent(f"HTTP {status}", hint)
-        if status >= 500:
-            return _cut(ctx, ErrorCode.UPSTREAM_ERROR, f"HTTP {status}", hint)
-        return _fatal(f"HTTP {status}")
+        response = exc.response
+        return _classify_status(response.status_code, _parse_retry_after(response.headers.get("retry-after")), ctx)
     return _cut(ctx, ErrorCode.UPSTREAM_ERROR, f"connection lost: {type(exc).__name__}")
+
+
+def _classify_status(status: int, hint: float | None, ctx: AttemptContext) -> Verdict:
+    """The verdict on an HTTP error status that answered a request (`connect._http_cut` says which did)."""
+    if status in (429, 503):
+        # Shed before processing: safe to retry for every tool, after the server's hint.
+        return _not_sent(f"HTTP {status}: the server turned the request away before running it", hint)
+    if status == 401:
+        # The credentials were refused (the sign-in could not be refreshed): nothing ran. The connection is dropped
+        # (`_attempt`), and its reconnect tells whether `breakwater auth login` is needed.
+        return _not_sent("HTTP 401: the server refused the credentials before running the request")
+    if status >= 500:
+        return _cut(ctx, ErrorCode.UPSTREAM_ERROR, f"HTTP {status}", hint)
+    return _fatal(f"HTTP {status}: the server refused the request before running it")
 
 
 def _parse_retry_after(value: str | None) -> float | None:

@@ -243,6 +243,7 @@ class CallGate:
             try:
                 while True:
                     if call.last is not None:
+                        await self._reconnected(call)
                         permits = await self._retry_permits(call)
                     else:  # `admit`: without a turn budget (most calls) only the permits, without its frame
                         permits = admit(ctx, call) if call.budget is not None else take_permits(ctx, call)
@@ -255,7 +256,7 @@ class CallGate:
                         # The server went away between attempts, so nothing more was sent. After a lost answer
                         # that answer is the truth to report (the call may have run); "connecting" would
                         # invite a fresh call, which is how duplicates are made.
-                        if call.last is not None:
+                        if call.last is not None and not call.last_not_run:
                             raise stopped(call.last, "the server was not ready for another attempt") from refused
                         raise
                     if isinstance(got, types.CallToolResult):
@@ -264,6 +265,7 @@ class CallGate:
                         break
                     verdict, err = got
                     err.attempt, err.max_attempts, err.operation_id = call.attempt, call.max_attempts, call.op_id
+                    call.last_not_run = verdict.not_run
                     if verdict.outcome is Outcome.SUCCESS:
                         srv.retry_budget.record_success(was_retry=call.attempt > 1)
                     after = await after_lost_answer(ctx, call, verdict, err)
@@ -504,6 +506,26 @@ class CallGate:
         if tracer is not None:
             tracer.call_finished(handle, err)
         return err
+
+    async def _reconnected(self, call: Call) -> None:
+        """Before a retry: a server that is reconnecting (the last attempt lost the connection: a crash, a session the
+        server forgot, credentials it refused) is waited for within the call's timeout, as a first attempt waits for a
+        start; the retry was refused at once, and a read-only call cut by a crash was never sent again.
+
+        One that does not come back ends the call. After an attempt that never ran, with the server's own state
+        (connecting, failed, a sign-in needed): that is what the model needs. After one that may have run, with that
+        attempt's answer: "connecting" would invite a fresh call, which is how duplicates are made."""
+        upstream = call.srv.upstream
+        if (upstream.state is READY and upstream.client is not None) or call.window is not None:
+            return  # (a lost answer's reconciliation waits for the server itself)
+        budget = call.budget
+        until = None if budget is None else budget.deadline
+        if not await wait_until_ready(upstream, clock=self._clock, seconds=call.timeout_s, deadline=until):
+            refused = not_ready_error(self._clock, upstream, call.info.name)
+            if call.last_not_run:
+                raise refused
+            assert call.last is not None
+            raise stopped(call.last, "the server was not ready for another attempt") from refused
 
     async def _retry_permits(self, call: Call) -> Permits:
         """Step 2 for a retry: its permits; a retry refused (a breaker that the last attempt opened, a bulkhead full)

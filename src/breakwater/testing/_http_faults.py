@@ -37,6 +37,8 @@ class HttpFaults:
     status_left: int = 0
     status: int = 503
     retry_after: str | None = None
+    #: Only `tools/call` requests of this tool count toward `status_left` (and get the status); None: every request.
+    status_tool: str | None = None
     transports: dict[tuple[str, int], asyncio.Transport] = dataclasses.field(default_factory=dict)
 
 
@@ -77,10 +79,15 @@ def _faulty_app(app: ASGIApp, faults: HttpFaults) -> ASGIApp:
             return
         # Drain the body first: closing a socket with unread input would turn every close into an RST.
         message: Message = {"more_body": True}
+        body = b""
         while message.get("more_body", False):
             message = await receive()
             if message["type"] == "http.disconnect":
                 return
+            body += message.get("body", b"")
+        if faults.reset_left <= 0 and faults.status_tool is not None and not _calls(body, faults.status_tool):
+            await app(scope, _replay(body, receive), send)
+            return
         if faults.reset_left > 0:
             faults.reset_left -= 1
             client = scope.get("client")
@@ -101,6 +108,30 @@ def _faulty_app(app: ASGIApp, faults: HttpFaults) -> ASGIApp:
         await send({"type": "http.response.body", "body": body})
 
     return wrapped
+
+
+def _calls(body: bytes, tool: str) -> bool:
+    """Whether `body` is a `tools/call` of `tool`."""
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return False
+    params = message.get("params") if isinstance(message, dict) and message.get("method") == "tools/call" else None
+    return isinstance(params, dict) and params.get("name") == tool
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that hands the app the body already read, then the connection's own messages."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 async def serve_streamable_http(

@@ -71,7 +71,8 @@ HTTP faults (per process)
 --refuse-first N resets the first N TCP connections at accept (SO_LINGER 0) before reading a
 byte. HTTP requests are then counted in order: the first --reset-first N are read in full and
 the connection is reset with no response; the next --status-first M get --status (with
---retry-after as Retry-After).
+--retry-after as Retry-After), a body that is no JSON-RPC error. With --status-tool NAME only
+the calls of tool NAME count, and get the status: a fault mid-session, after the handshake.
 
 Python API
 ----------
@@ -93,6 +94,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -424,6 +426,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--start-when", type=Path, default=None, metavar="PATH", help="hold every request until PATH exists")
     g.add_argument("--exit-at-start", type=int, default=None, metavar="CODE", help="exit with CODE before serving")
     g.add_argument("--exit-message", default=None, metavar="TEXT", help="with --exit-at-start: print TEXT to stderr")
+    g.add_argument("--exit-after", type=float, default=None, metavar="S", help="exit with code 9 S seconds after start")
     g.add_argument("--congestion-dir", type=Path, default=None, metavar="DIR", help="share handshake service via DIR")
     g.add_argument("--congestion-work", type=float, default=0.1, metavar="S", help="service per handshake (0.1)")
     g.add_argument("--congestion-cores", type=float, default=1.0, metavar="C", help="processors shared (1)")
@@ -434,11 +437,18 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--status-first", type=int, default=0, metavar="N", help="answer the next N requests with --status")
     g.add_argument("--status", type=int, default=503, metavar="CODE", help="status for --status-first (503)")
     g.add_argument("--retry-after", default=None, metavar="S", help="Retry-After header for --status-first")
+    g.add_argument("--status-tool", default=None, metavar="NAME", help="--status-first counts only calls of this tool")
     g = p.add_argument_group("observation")
     g.add_argument("--ledger", type=Path, default=None, help="side-effect ledger of mutating tools (JSON lines)")
     g.add_argument("--state-file", type=Path, default=None, help="JSON counters, rewritten atomically on change")
     g.add_argument("--control-file", type=Path, default=None, help="JSON tool overrides, re-read at each call")
     return p
+
+
+def _crash(message: str | None) -> None:
+    if message is not None:
+        print(message, file=sys.stderr, flush=True)
+    os._exit(9)
 
 
 def main(argv: list[str]) -> int:
@@ -482,6 +492,8 @@ def main(argv: list[str]) -> int:
         log_level=ns.log_level,
     )
     mcp = _build_server(opts, started_at)
+    if ns.exit_after is not None:  # a crash after the handshake, with the exit message on stderr
+        threading.Timer(ns.exit_after, _crash, (ns.exit_message,)).start()
     if not http:
         anyio.run(mcp.run_stdio_async)
         return 0
