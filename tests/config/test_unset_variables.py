@@ -47,6 +47,8 @@ VS_CODE = {
         ),
         # VS Code asks for ${input:...} as it starts a server; breakwater runs with no editor to ask.
         ("mcp.json", json.dumps(VS_CODE), "${input:tok}"),
+        # A directory not there (a drive not mounted, a folder not made yet) is that server's problem too.
+        ("mcp.json", json.dumps({"mcpServers": {"fine": OK, "needs": {**OK, "cwd": "/nonexistent/dir-q"}}}), "the directory"),
     ],
 )
 def test_a_server_whose_value_cannot_be_had_is_off_and_the_others_run(tmp_path: Path, name: str, text: str, says: str) -> None:

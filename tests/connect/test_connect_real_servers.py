@@ -154,6 +154,31 @@ async def test_crash_loop_is_failed_before_the_budget_is_spent(tmp_path: Path) -
     assert snap.error is not None and snap.error.code is Reason.EXITED
 
 
+async def test_a_server_that_crashes_soon_after_it_is_ready_is_a_crash_loop_too(tmp_path: Path) -> None:
+    """A process that exits the same way a second after each handshake was restarted at once, every time, forever, and
+    read as ready: a drop so soon after ready is a failed attempt (backed off), and three alike are a crash loop."""
+    spec = stdio("crashy", "--exit-after", "1", "--exit-message", "Fatal: plugin crashed")
+    async with breakwater(tmp_path, spec) as bw:
+        await until(bw, "crashy", ServerState.FAILED)
+        snap = bw.status().servers[0]
+    assert snap.attempts == 3
+    assert snap.error is not None and snap.error.code is Reason.CONNECTION_LOST
+    assert snap.error.exit_code == 9 and "Fatal: plugin crashed" in snap.error.message
+
+
+async def test_a_server_that_says_why_on_stderr_and_hangs_times_out_with_what_it_said(tmp_path: Path) -> None:
+    """Its stderr was shown for an exit only: a server waiting on a refused token said only "no answer within 1 s"."""
+    script = "import sys, time; print('Error: GITHUB_TOKEN is invalid (401); waiting', file=sys.stderr); time.sleep(60)"
+    policy = replace(FAST, attempt_timeout_s=1.0)
+    spec = ServerSpec(name="waits", transport="stdio", command=sys.executable, args=("-c", script), connect=policy)
+    async with breakwater(tmp_path, spec) as bw:
+        await until(bw, "waits", ServerState.RETRYING)
+        snap = bw.status().servers[0]
+    assert snap.error is not None and snap.error.code is Reason.TIMEOUT
+    assert "GITHUB_TOKEN is invalid (401)" in snap.error.message, snap.error.message
+    assert "attempt_timeout_s" in snap.error.message  # the fix, for a server that is only slow
+
+
 async def test_silent_server_times_out_and_is_not_left_running(tmp_path: Path) -> None:
     """A server that never answers the handshake: `timeout` after attempt_timeout_s, and its process is gone."""
     marker = f"silent-{os.getpid()}-{time.monotonic_ns()}"

@@ -54,6 +54,10 @@ async def test_a_draining_replica_refuses_requests_and_lets_notifications_and_re
     assert (await _post(guard, cancel))[::2] == (202, [cancel])
     assert (await _post(guard, answer))[::2] == (202, [answer])
     assert (await _post(guard, b"", method="GET"))[0] == 503  # a new GET stream goes to another replica
+    # A list runs nothing, and the SDK's client sends one to finish a call (it checks the result's structured content
+    # against the tool's schema): refused, the call's result was lost.
+    listing = json.dumps({"jsonrpc": "2.0", "id": 8, "method": "tools/list"}).encode()
+    assert (await _post(guard, listing))[::2] == (202, [listing])
     assert (await _post(guard, b"", method="DELETE"))[0] == 202
     assert drain.requests == 0
 

@@ -140,7 +140,7 @@ class Expander:
                 self.missing.append((key, name))
                 return whole
             if self.disable_unset:  # one entry's prompt for the editor is that server's problem, not every other's
-                self._off(where, f"{error.detail} ({error.fix})")
+                self.off(where, f"{error.detail} ({error.fix})")
                 return whole
             raise error
         lookup = name.removeprefix("env:")
@@ -161,7 +161,7 @@ class Expander:
             self.missing.append((key, lookup))
             return whole
         if self.disable_unset:
-            self._off(where, f"{lookup} is not set (set it in the environment breakwater runs in, or write ${{{lookup}:-value}})")
+            self.off(where, f"{lookup} is not set (set it in the environment breakwater runs in, or write ${{{lookup}:-value}})")
             return whole
         said = whole if whole.startswith("${") else f"{whole} (Gemini CLI's form of ${{{lookup}}})"
         fix = f"set {lookup} in the environment breakwater runs in, or give a default: ${{{lookup}:-value}}"
@@ -193,7 +193,8 @@ class Expander:
             f"{whole} names no variable", path=self.path, key=key, fix=f"write {example}, with the variable's name"
         )
 
-    def _off(self, where: str, reason: str) -> None:
+    def off(self, where: str, reason: str) -> None:
+        """Turn the entry `where` off (while serving: `disable_unset`) for `reason`, instead of refusing the file."""
         self.unset.setdefault(where, []).append(reason)
 
     def variable(self, name: str, *, where: str, key: str, said: str = "") -> str | None:
@@ -205,7 +206,7 @@ class Expander:
                 self.missing.append((key, name))
                 return None
             if self.disable_unset:
-                self._off(where, f"{name} is not set (set it in the environment breakwater runs in)")
+                self.off(where, f"{name} is not set (set it in the environment breakwater runs in)")
                 return None
             fix = f"set {name} in the environment breakwater runs in"
             raise ConfigError(f"the variable {name} is not set{said}", path=self.path, key=key, fix=fix)

@@ -65,8 +65,16 @@ def exited(process: StdioProcess | None) -> ErrorInfo | None:
 
 
 def timeout_error(process: StdioProcess | None, timeout: float) -> ErrorInfo:
-    """An attempt that ran out of time: a process that died meanwhile explains it better than the timeout."""
-    return exited(process) or ErrorInfo(code=Reason.TIMEOUT, message=f"no answer to the handshake within {timeout:g} s")
+    """An attempt that ran out of time: a process that died meanwhile explains it better than the timeout, and what
+    a live one last wrote on stderr often does too (a token refused, a port taken, "waiting for ...")."""
+    gone = exited(process)
+    if gone is not None:
+        return gone
+    tail = () if process is None else tuple(process.stderr_tail)[-5:]
+    said = f"; its last line on stderr: {tail[-1]}" if tail else ""
+    fix = "a server that needs longer to start: raise [connect] attempt_timeout_s"
+    message = f"no answer to the handshake within {timeout:g} s{said} ({fix})"
+    return ErrorInfo(code=Reason.TIMEOUT, message=message, stderr_tail=tail)
 
 
 def lost_error(process: StdioProcess | None) -> ErrorInfo:
@@ -83,13 +91,17 @@ def lost_error(process: StdioProcess | None) -> ErrorInfo:
 
 
 def repeated_exit(previous: ErrorInfo | None, current: ErrorInfo) -> bool:
-    """Two exits with the same code and last stderr line: the mark of a crash loop."""
+    """Two exits with the same code and last stderr line, at start or soon after ready: the mark of a crash loop."""
     return (
         previous is not None
-        and previous.code is Reason.EXITED
-        and current.code is Reason.EXITED
+        and previous.code in _EXITS
+        and current.code in _EXITS
+        and current.exit_code is not None
         and (previous.exit_code, previous.stderr_tail[-1:]) == (current.exit_code, current.stderr_tail[-1:])
     )
+
+
+_EXITS = (Reason.EXITED, Reason.CONNECTION_LOST)
 
 
 def classify(

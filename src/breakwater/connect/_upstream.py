@@ -61,6 +61,9 @@ CLIENT_NAME = "breakwater"
 UNSUPPORTED_PROTOCOL_VERSION = -32022
 BACKGROUND_JITTER = 0.5  # background attempts are spread over mean * [1 - j, 1 + j]
 CRASH_LOOP_EXITS = 3  # identical exits in a row that make a server `failed` before its budget is spent
+#: A connection ready this long was healthy: its drop starts a fresh round. One that drops sooner is a failed attempt
+#: (backed off, a crash loop's): a server that exited after its first list was restarted every second, forever.
+STABLE_AFTER_S = 10.0
 
 
 class Upstream:
@@ -109,6 +112,7 @@ class Upstream:
         self.attempt_started_at: float | None = None  # wall time the latest attempt's handshake began
         self.last_drop: ErrorInfo | None = None
         self.last_drop_at: float | None = None
+        self._ready_at = 0.0  # monotonic time the server was last ready
         self.protocol: str | None = None
         self.tools: list[types.Tool] = []
         #: Tools the server listed with an invalid definition, left out of `tools` (see `_tool_list.py`).
@@ -195,7 +199,7 @@ class Upstream:
         for key, value in changes.items():
             setattr(self, key, value)
         if state is ServerState.READY:
-            self.failing_since = None
+            self.failing_since, self._ready_at = None, self._clock.monotonic()
             self.ready_event.set()
         elif self.ready_event.is_set():
             self.ready_event = anyio.Event()
@@ -222,7 +226,7 @@ class Upstream:
             connected = await self._attempt()
             if not connected and self._switch_transport():
                 continue  # the same URL over the other transport, at once: no failure of the server's yet
-            if connected:
+            if connected and self._clock.monotonic() - self._ready_at >= STABLE_AFTER_S:
                 # A drop starts a fresh round with the full budget: the server was healthy a moment ago.
                 round_started = self._clock.monotonic()
                 self.round_attempt = 0
@@ -251,12 +255,9 @@ class Upstream:
             await self._clock.sleep(delay)
 
     def _switch_transport(self) -> bool:
-        """After a failed attempt to a `url` of no stated type: whether to try legacy SSE now.
-
-        A streamable HTTP server answers the handshake's POST; a legacy HTTP+SSE endpoint answers
-        it 404 or 405. The spec's backwards compatibility: on such a 4xx, open the same URL as SSE.
-        If SSE is refused alike, the next (backed-off) attempt is streamable HTTP again.
-        """
+        """After a failed attempt to a `url` of no stated type: whether to try legacy SSE now. A streamable HTTP server
+        answers the handshake's POST; a legacy HTTP+SSE endpoint answers it 404 or 405. The spec's backwards
+        compatibility: on such a 4xx, open the same URL as SSE; if refused alike, the next attempt is streamable HTTP."""
         error = self.error
         if error is None or error.code is not Reason.HTTP_STATUS or not self.spec.legacy_sse_answer(error.http_status):
             return False

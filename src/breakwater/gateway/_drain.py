@@ -46,7 +46,10 @@ __all__ = ["CUT_GRACE_S", "Drain", "DrainGuard", "drain_stdio", "stdio_refusal"]
 CUT_GRACE_S = 0.5
 #: A request body read while draining (to tell a request from a notification) is capped like the SDK's.
 _BODY_LIMIT = 4 * 1024 * 1024
-_REFUSAL = "this breakwater replica is shutting down and runs nothing new; send the request to another replica (nothing was run)"
+_REFUSAL = (
+    "this breakwater gateway is shutting down and runs nothing new; send the request again, to another replica or once "
+    "it is back (nothing was run)"
+)
 #: The same refusal over stdio, where the session, not a replica, is ending (JSON-RPC internal error, as over HTTP).
 _STDIO_REFUSAL = (
     "this breakwater session is shutting down and runs nothing new; send the request again in a new session (nothing was run)"
@@ -178,7 +181,7 @@ class Drain:
             )
         return UpstreamError(
             "This gateway was shutting down and cancelled the call before it finished; it is safe to call it again "
-            "(another replica serves it).",
+            "(another replica serves it, or this one once it is back).",
             server=server,
             tool=tool,
             retryable=True,
@@ -220,10 +223,15 @@ class DrainGuard:
 
 
 _NOT_A_REQUEST = object()
+#: The requests a draining gateway still answers: they run nothing, and a client finishing a call may send one. The
+#: SDK's client lists the tools after a call to check its structured content: refused, the call's result was lost and
+#: the client told "nothing was run" of a call that had run.
+_STILL_ANSWERED = frozenset({"ping", "tools/list", "prompts/list", "resources/list", "resources/templates/list"})
 
 
 def _request_id(body: bytes) -> Any:
-    """The id of the JSON-RPC request in `body` (None for a batch holding one), or `_NOT_A_REQUEST`."""
+    """The id of the JSON-RPC request in `body` that a draining gateway refuses (None for a batch holding one), or
+    `_NOT_A_REQUEST` (a notification, an answer, a request it still answers)."""
     try:
         message = json.loads(body)
     except ValueError:
@@ -231,7 +239,9 @@ def _request_id(body: bytes) -> Any:
     messages = message if isinstance(message, list) else [message]
     for item in messages:
         if isinstance(item, dict) and "method" in item and "id" in item:
-            return item["id"] if len(messages) == 1 else None
+            if len(messages) > 1:
+                return None
+            return _NOT_A_REQUEST if item["method"] in _STILL_ANSWERED else item["id"]
     return _NOT_A_REQUEST
 
 

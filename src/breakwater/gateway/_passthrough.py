@@ -94,7 +94,10 @@ async def _no_relay(ctx: ServerRequestContext[Any], server: str) -> AsyncIterato
 #: waits `timeout` (default 5000 ms) for the list of a server it has just connected to, then closes that server and
 #: marks it failed, every tool lost for the session (packages/opencode/src/mcp/index.ts,
 #: `withTimeout(mcpClient.listTools(), mcp.timeout ?? 5000)`): a first list held the full 5 s came 4 ms too late.
-CLIENT_LIST_DEADLINES_S: dict[str, float] = {"opencode": 5.0}
+#: Claude Code's `claude mcp list`, the check users run after `claude mcp add`, gives its list 5 s too
+#: (`client.listTools(void 0, {timeout: 5000})` in 2.1.197), and printed "! Connected · tools fetch failed"
+#: while a server was still starting; its sessions follow list_changed.
+CLIENT_LIST_DEADLINES_S: dict[str, float] = {"opencode": 5.0, "claude-code": 5.0}
 #: How long before such a client's deadline the first list is answered (the answer's way back, a slow host).
 LIST_DEADLINE_MARGIN_S = 1.0
 

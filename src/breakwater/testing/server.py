@@ -503,6 +503,7 @@ def main(argv: list[str]) -> int:
         status_left=ns.status_first,
         status=ns.status,
         retry_after=ns.retry_after,
+        status_tool=ns.status_tool,
     )
     anyio.run(
         lambda: serve_streamable_http(
