@@ -204,6 +204,21 @@ def test_a_settings_word_is_no_secret() -> None:
     assert shown == "debug is true, level info, NODE_ENV production, port <redacted>, <redacted>, key <redacted>"
 
 
+def test_a_path_in_env_is_no_secret_and_a_credential_named_one_is(tmp_path: Path) -> None:
+    """The README's macOS `PATH` in one entry masked every `/usr/bin` in every other server's error. A path list, or
+    a path that is there, is shown; a variable named like a credential, or a key that merely starts with '/', is not."""
+    from breakwater.config import load_config
+
+    here = str(tmp_path)
+    env = {"PATH": "/opt/homebrew/bin:/usr/bin:/bin", "WORKDIR": here, "API_KEY_FILE_PATH": here, "SEED": "/dGhpc2lzYXNlY3Jl"}
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"s": {"command": "x", "env": env}}}))
+    secrets = set(load_config(config, environ={}).server("s").secrets)
+    assert "/opt/homebrew/bin:/usr/bin:/bin" not in secrets and here in secrets  # (the credential-named one)
+    assert "/dGhpc2lzYXNlY3Jl" in secrets
+    assert secrets == {here, "/dGhpc2lzYXNlY3Jl"}
+
+
 def test_spec_secrets_cover_every_form(tmp_path: Path) -> None:
     """Env and header values, the token after the scheme, URL password and query, credential arguments."""
     from breakwater.config import load_config

@@ -351,6 +351,22 @@ async def test_http_gateway_serves_both_revisions(tmp_path: Path, env: dict[str,
         assert [(s["name"], s["state"]) for s in json.loads(status.stdout)["servers"]] == [("files", "ready")]
 
 
+async def test_status_of_a_gateway_names_its_open_breakers_and_a_server_that_refuses_every_call_is_not_ready(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """The table said `ready`, exit 0, while the server's breaker refused every call (the JSON named it)."""
+    config = write_config(tmp_path, {"ts": stdio_entry("--tool", "bad:rpc_error=1,readonly")})
+    async with gateway_http(tmp_path, config, {**env, "BREAKWATER_BREAKER_CONSECUTIVE_FAILURES": "1"}) as url:
+        async with Client(url) as client:
+            await wait_for_tool(client, "ts__bad")
+            assert (await call_until_ready(client, "ts__bad", {})).is_error
+        status = await anyio.to_thread.run_sync(
+            lambda: subprocess.run([*BREAKWATER, "status", "--gateway", url], capture_output=True, text=True, env=env, timeout=60)
+        )
+    assert status.returncode == 1, status.stdout + status.stderr
+    assert "ts: breaker open" in status.stdout and "ts/bad: breaker open" in status.stdout, status.stdout
+
+
 async def test_http_rejects_foreign_origin_and_requires_token_when_set(tmp_path: Path, env: dict[str, str]) -> None:
     """DNS-rebinding protection: a foreign Origin is refused; with --token, a request without it is 401."""
     config = write_config(tmp_path, {})

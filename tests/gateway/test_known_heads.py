@@ -421,6 +421,9 @@ async def test_every_refusal_of_the_stack_still_happens_once_a_head_is_known(tmp
                 else:
                     got = await conn.exchange(request("POST", "/mcp", head, _call(3)))
                 assert got[0] == status, (why, got)
+        # A loopback Host without a port (a local reverse proxy's `Host $host`) is the loopback: it was refused 421.
+        for host in ("localhost", "127.0.0.1"):
+            assert (await raw.exchange(request("POST", "/mcp", varied("host", host), _call(6))))[0] == 200, host
         # The known head with a body that is no plain call: answered as the whole stack answers it.
         nan = b'{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"up__add","arguments":{"a":NaN}}}'
         status, _, body = await raw.exchange(request("POST", "/mcp", session, nan))

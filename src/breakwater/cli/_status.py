@@ -191,11 +191,28 @@ async def _gateway_status(url: str, token: str | None, as_json: bool, refused: l
     if as_json:
         print(json.dumps(data, indent=2))
     report = StatusReport.from_json(data)
+    lines, server_refuses = breakers_shown(data.get("breakers"))
     if not as_json:
         template, name_max = data.get("tool_name_template"), data.get("tool_name_max")
         named = template if isinstance(template, str) else None
-        show(status_view(report, template=named, name_max=name_max if isinstance(name_max, int) else MAX_TOOL_NAME))
-    return EXIT_OK if report.all_ready else EXIT_NOT_READY
+        limit = name_max if isinstance(name_max, int) else MAX_TOOL_NAME
+        show(Group(status_view(report, template=named, name_max=limit), *lines))
+    return EXIT_OK if report.all_ready and not server_refuses else EXIT_NOT_READY
+
+
+def breakers_shown(breakers: object) -> tuple[list[Text], bool]:
+    """A line per breaker of the gateway's that is not closed, and whether a server's own breaker is among them (it
+    refuses every call: not ready, whatever its connection's state). A ready server whose breaker refused every call
+    read as healthy in the table, exit 0 (the JSON named them)."""
+    lines, server_refuses = [], False
+    for b in breakers if isinstance(breakers, list) else ():
+        if isinstance(b, dict) and isinstance(b.get("name"), str):
+            wait = b.get("retry_after_s")
+            when = f" [dim](lets a call through in {wait:.0f} s)[/]" if isinstance(wait, int | float) and wait > 0 else ""
+            state, why = markup(str(b.get("state"))), markup(str(b.get("reason") or ""))
+            lines.append(Text.from_markup(f"[bold]{markup(b['name'])}[/]: [red]breaker {state}[/]: {why}{when}"))
+            server_refuses = server_refuses or "/" not in b["name"]
+    return lines, server_refuses
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -223,12 +223,20 @@ class ServerSpec:
     def secrets(self) -> tuple[str, ...]:
         """Every secret value this server carries, so writers can scrub them from anything they print.
 
-        Env and header values (and the token after an auth scheme), a URL's user-info and query
+        Env values but paths, header values (and the token after an auth scheme), a URL's user-info and query
         values, and the values of credential-looking arguments; see `config/_redact.py` for the rule.
         """
-        from breakwater.config._redact import MIN_SECRET, arg_secrets, command_line_words, header_secrets, url_secrets
+        from breakwater.config._redact import (
+            MIN_SECRET,
+            arg_secrets,
+            command_line_words,
+            env_secrets,
+            header_secrets,
+            path_like,
+            url_secrets,
+        )
 
-        found = [*self.env.values(), *self.expanded_secrets]
+        found = [*env_secrets(self.env), *(v for v in self.expanded_secrets if not path_like(v))]
         found += [s for v in self.headers.values() for s in header_secrets(v)]
         found += url_secrets(self.url or "")
         # A whole command line written into `command` (Cursor's links) holds its arguments too.

@@ -2,7 +2,8 @@
 
 The rule: no substring of `MIN_FRAGMENT` (8) or more characters of any configured secret value
 reaches any output breakwater writes. A secret is
-* every `env` value and every header value, and the token after an auth scheme (`Bearer X` → `X`);
+* every `env` value but a filesystem path or a list of them (`PATH=/opt/homebrew/bin:/usr/bin`, a cwd: `env_secrets`),
+  and every header value, and the token after an auth scheme (`Bearer X` → `X`);
 * the user-info and every query value of a URL (an upstream's, the journal's, the state store's);
 * the value of a credential-looking argument: `--api-key X`, `--token=X`, `--password X`,
   `API_KEY=X`, `Authorization: Bearer X` (a name holding key, token, secret, password, passwd,
@@ -22,6 +23,7 @@ query, and `install_log_redaction` scrubs every log record the process writes.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shlex
 import threading
@@ -40,9 +42,11 @@ __all__ = [
     "arg_secrets",
     "command_line_words",
     "display_url",
+    "env_secrets",
     "header_secrets",
     "install_log_redaction",
     "is_credential_name",
+    "path_like",
     "redact_error",
     "register_secrets",
     "url_secrets",
@@ -86,6 +90,32 @@ _ASSIGNMENT = re.compile(r"^-{0,2}([A-Za-z_][\w.-]*)\s*[=:]\s*(.+)$", re.DOTALL)
 def is_credential_name(name: str) -> bool:
     """Whether a flag or variable name says its value is a credential (`API_KEY`, `--token`, `GH_PAT` is not)."""
     return _CREDENTIAL_NAME.search(name) is not None
+
+
+#: One item of a path list: absolute, or from the home directory (`~/x`), or a Windows drive's; no whitespace-free run
+#: of a key's alphabet alone would pass `path_like`'s other test.
+_PATH_ITEM = re.compile(r"(?:~|[A-Za-z]:)?[\\/][^\s" + re.escape(os.pathsep) + r"]*")
+#: Variable names that hold a place: their values are paths, not credentials.
+_PATH_NAME = re.compile(r"(PATH|DIR|HOME|ROOT|FILE|FOLDER|PREFIX)$", re.IGNORECASE)
+
+
+def path_like(value: str, name: str | None = None) -> bool:
+    """Whether `value` is a filesystem path or a list of them (`os.pathsep`): a variable that names a place by its name
+    (`PATH`, `NODE_PATH`, `DATA_DIR`), or one of whose items is there. Masked as secrets, every `/usr/bin` in every
+    other server's error read `<redacted>` after one entry set the README's `PATH` (`/opt/homebrew/bin:/usr/bin:/bin`)."""
+    items = [item for item in value.split(os.pathsep) if item]
+    if not items or not all(_PATH_ITEM.fullmatch(item) for item in items):
+        return False
+    if name is not None and _PATH_NAME.search(name):
+        return True
+    return any(os.path.exists(os.path.expanduser(item)) for item in items)
+
+
+def env_secrets(env: Mapping[str, str]) -> Iterator[str]:
+    """An entry's `env` values that are secrets: all but paths, unless the name says credential (`path_like`)."""
+    for name, value in env.items():
+        if is_credential_name(name) or not path_like(value, name):
+            yield value
 
 
 def header_secrets(value: str) -> Iterator[str]:

@@ -213,8 +213,16 @@ def _security(host: str, allowed_hosts: Sequence[str], allowed_origins: Sequence
     """The SDK's DNS-rebinding settings: loopback names always, the listen address's names and --allowed-host beside."""
     from mcp.server.transport_security import TransportSecuritySettings
 
-    hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
-    origins = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
+    # With a port and without: a local reverse proxy that passes `Host $host` sends none, and was refused 421.
+    hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*", "127.0.0.1", "localhost", "[::1]"]
+    origins = [
+        "http://127.0.0.1:*",
+        "http://localhost:*",
+        "http://[::1]:*",
+        "http://127.0.0.1",
+        "http://localhost",
+        "http://[::1]",
+    ]
     if host not in LOOPBACK_HOSTS:
         names = [host, *allowed_hosts]
         if host in WILDCARD_HOSTS:
