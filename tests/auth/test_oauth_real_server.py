@@ -29,6 +29,8 @@ from breakwater.catalog._catalog import Catalog
 from breakwater.config import Config, ConnectPolicy, GatewayPolicy, JournalPolicy, OAuthSettings, ServerSpec
 from breakwater.gateway._server import Gateway
 from breakwater.status import Reason, ServerState
+from breakwater.testing._fleet import free_port
+from breakwater.testing.server import serve_http
 from helpers import code_of, envelope_of, eventually
 
 pytestmark = pytest.mark.anyio
@@ -105,6 +107,29 @@ def _tokens_in(report: object, store: TokenStore) -> bool:
     text = json.dumps(report)
     secrets = [v for rec in store.records().values() for v in (rec.get("tokens") or {}).values() if isinstance(v, str)]
     return any(len(s) > 8 and s in text for s in secrets)
+
+
+async def test_an_authorization_server_in_trouble_keeps_the_sign_in_and_says_so(
+    oauth_server: str, config_home: Path, tmp_path: Path
+) -> None:
+    """A token endpoint answering 500 read as "the sign-in expired or was revoked: run auth login", and the SDK dropped
+    the tokens; refused, "nothing listening at" the MCP URL, which answered. Each now names what failed, and where."""
+    spec = _spec(oauth_server, tmp_path)
+    store = TokenStore()
+    await sign_in(spec, store, browser=follow)
+    httpx2.post(f"{oauth_server}/admin/expire")  # the next request is refused 401: a refresh is needed
+    async with serve_http("--status-first", "1000", "--status", "500") as broken:
+        for endpoint, says in ((f"{broken.url[:-4]}/token", "HTTP 500 from"), (f"http://127.0.0.1:{free_port()}/token", "")):
+            record = json.loads(store.path.read_text())
+            record["servers"][spec.url]["metadata"]["token_endpoint"] = endpoint
+            store.path.write_text(json.dumps(record))
+            config = Config(servers=(spec,), journal=JournalPolicy(url="off"))
+            async with Breakwater(config, admission_dir=tmp_path / "admission") as bw:
+                await eventually(lambda: bw.status().servers[0].error is not None, timeout=20)
+                error = bw.status().servers[0].error
+            assert error is not None and endpoint in error.message, (endpoint, error)
+            assert says in error.message and "expired or was revoked" not in error.message, error
+    assert json.loads(store.path.read_text())["servers"][spec.url]["tokens"]  # the sign-in is kept
 
 
 async def test_an_expired_token_is_refreshed_before_it_is_sent(oauth_server: str, config_home: Path, tmp_path: Path) -> None:

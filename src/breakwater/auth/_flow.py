@@ -40,6 +40,7 @@ from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from breakwater._clock import Clock, SystemClock
 from breakwater.auth._store import ServerTokens
 from breakwater.config import ServerSpec
+from breakwater.config._redact import display_url
 
 __all__ = ["AuthRequiredNote", "login_command"]
 
@@ -94,6 +95,7 @@ class _StoredFlow(OAuthClientProvider):
     _pinned_scope: str | None
     _loaded_at: Any
     _needed_scope: str | None
+    _refresh_trouble: str | None
 
     def _setup(
         self, spec: ServerSpec, tokens: ServerTokens, clock: Clock, *, interactive: bool, note: AuthRequiredNote | None
@@ -107,6 +109,8 @@ class _StoredFlow(OAuthClientProvider):
         self._pinned_scope = spec.oauth.scopes if spec.oauth is not None else None
         self._loaded_at = None
         self._needed_scope = None
+        #: What went wrong at the authorization server when the last refresh failed for its own reasons (a 5xx, a 429).
+        self._refresh_trouble: str | None = None
 
     async def _initialize(self) -> None:
         await super()._initialize()
@@ -145,6 +149,14 @@ class _StoredFlow(OAuthClientProvider):
         self._loaded_at = self._tokens.record().get("updated_at")
 
     async def _handle_refresh_response(self, response: httpx2.Response) -> bool:
+        status = response.status_code
+        if status >= 500 or status == 429:
+            # The authorization server's trouble, not the grant's: the tokens stay (the SDK drops them on any answer
+            # but 200, a still-valid access token too), and the user is not sent to sign in again for nothing.
+            where = display_url(str(response.request.url))
+            self._refresh_trouble = f"HTTP {status} from {where}"
+            return False
+        self._refresh_trouble = None
         ok = await super()._handle_refresh_response(response)
         self._loaded_at = self._tokens.record().get("updated_at")
         return ok
@@ -244,6 +256,11 @@ class _StoredFlow(OAuthClientProvider):
                     self._tokens.set_needed_scope(wanted)
                     self._needed_scope = wanted
             message = f"the server needs more permission ({wanted or 'insufficient_scope'}): run `{command}` to grant it"
+        elif self._refresh_trouble is not None:
+            message = (
+                f"the authorization server could not refresh the sign-in ({self._refresh_trouble}); breakwater tries "
+                f"again, and the sign-in is kept (run `{command}` only if this persists)"
+            )
         elif self._tokens.record().get("tokens") is None:
             message = f"not signed in: run `{command}`"
         else:

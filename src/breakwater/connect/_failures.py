@@ -133,6 +133,11 @@ def classify(
     if gone is not None:
         return gone
     where = display_url(spec.url) if spec.url else spec.command or ""
+    # A request the connection made elsewhere on its way (a sign-in's token endpoint) that failed explains the attempt
+    # better than the server's own 401 after it: "check the headers" sent the user to a config that was right.
+    elsewhere = _network_failure([leaf for leaf in leaves if _failed_at(leaf, where) != where], where)
+    if elsewhere is not None:
+        return elsewhere
     if http_status is not None:
         if http_status in (401, 403):
             return ErrorInfo(
@@ -167,7 +172,9 @@ def _network_failure(leaves: list[BaseException], where: str) -> ErrorInfo | Non
         for link in _chain(leaf):
             if isinstance(link, ssl.SSLError) or "CERTIFICATE" in str(link).upper():
                 return ErrorInfo(code=Reason.TLS, message=f"TLS failed: {link}")
+    server = where
     for leaf in leaves:
+        where = _failed_at(leaf, server)
         chain = _chain(leaf)
         text = " ".join(str(link) for link in chain).lower()
         if any(isinstance(link, ConnectionRefusedError) for link in chain) or "refused" in text:
@@ -186,6 +193,19 @@ def _network_failure(leaves: list[BaseException], where: str) -> ErrorInfo | Non
         ):
             return ErrorInfo(code=Reason.RESET, message=f"connection reset by the server: {describe(leaf)}")
     return None
+
+
+def _failed_at(leaf: BaseException, server: str) -> str:
+    """Where `leaf` failed: the server's URL, or another one the connection asked on its way (a sign-in's token
+    endpoint, refreshing an expired token): "nothing listening at" the MCP URL, which answered, sent the user there."""
+    try:
+        request = leaf.request if isinstance(leaf, httpx2.RequestError) else None
+    except RuntimeError:  # an httpx error raised without its request
+        request = None
+    if request is None:
+        return server
+    url = display_url(str(request.url))
+    return server if url.split("/")[:3] == server.split("/")[:3] else f"{url} (asked on the way to {server})"
 
 
 def _protocol_failure(leaves: list[BaseException]) -> ErrorInfo:
