@@ -22,7 +22,7 @@ from breakwater.connect._headers_helper import HeadersHelperError
 from breakwater.connect._stdio import StdioProcess
 from breakwater.status import ErrorInfo, Reason
 
-__all__ = ["classify", "describe", "exited", "lost_error", "repeated_exit", "timeout_error"]
+__all__ = ["STABLE_AFTER_S", "classify", "crashed_again", "describe", "exited", "lost_error", "repeated_exit", "timeout_error"]
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -90,10 +90,11 @@ def lost_error(process: StdioProcess | None) -> ErrorInfo:
     return ErrorInfo(code=Reason.CONNECTION_LOST, message="connection lost")
 
 
-def repeated_exit(previous: ErrorInfo | None, current: ErrorInfo) -> bool:
+def repeated_exit(previous: ErrorInfo | None, current: ErrorInfo | None) -> bool:
     """Two exits with the same code and last stderr line, at start or soon after ready: the mark of a crash loop."""
     return (
         previous is not None
+        and current is not None
         and previous.code in _EXITS
         and current.code in _EXITS
         and current.exit_code is not None
@@ -102,6 +103,15 @@ def repeated_exit(previous: ErrorInfo | None, current: ErrorInfo) -> bool:
 
 
 _EXITS = (Reason.EXITED, Reason.CONNECTION_LOST)
+#: A connection ready this long was healthy: its drop starts a fresh round (`crashed_again`).
+STABLE_AFTER_S = 10.0
+
+
+def crashed_again(previous: ErrorInfo | None, dropped: ErrorInfo | None, ready_for_s: float) -> bool:
+    """Whether a connection that dropped after `ready_for_s` is a crash loop's failed attempt (backed off, counted), not
+    a drop to reconnect at once: it was ready a short while and ended as the last one did. A server that exited just
+    after its first tools/list was restarted every second, forever, and read as ready."""
+    return ready_for_s < STABLE_AFTER_S and repeated_exit(previous, dropped)
 
 
 def classify(

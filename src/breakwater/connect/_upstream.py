@@ -36,7 +36,7 @@ from breakwater._clock import Clock
 from breakwater.config import ServerSpec
 from breakwater.config._redact import Redactor
 from breakwater.connect._admission import Admission, Slot
-from breakwater.connect._failures import classify, describe, lost_error, repeated_exit, timeout_error
+from breakwater.connect._failures import classify, crashed_again, describe, lost_error, repeated_exit, timeout_error
 from breakwater.connect._lines import UPSTREAM_NAME, quiet_sdk_junk_logs
 from breakwater.connect._protocol_memory import (
     ProtocolMemory,
@@ -61,9 +61,6 @@ CLIENT_NAME = "breakwater"
 UNSUPPORTED_PROTOCOL_VERSION = -32022
 BACKGROUND_JITTER = 0.5  # background attempts are spread over mean * [1 - j, 1 + j]
 CRASH_LOOP_EXITS = 3  # identical exits in a row that make a server `failed` before its budget is spent
-#: A connection ready this long was healthy: its drop starts a fresh round. One that drops sooner, exiting as the last
-#: did, is a failed attempt (backed off, a crash loop's): a server that exited after its first list ran forever.
-STABLE_AFTER_S = 10.0
 
 
 class Upstream:
@@ -226,8 +223,7 @@ class Upstream:
             connected = await self._attempt()
             if not connected and self._switch_transport():
                 continue  # the same URL over the other transport, at once: no failure of the server's yet
-            quick = self._clock.monotonic() - self._ready_at < STABLE_AFTER_S
-            if connected and not (quick and self.error is not None and repeated_exit(previous, self.error)):
+            if connected and not crashed_again(previous, self.error, self._clock.monotonic() - self._ready_at):
                 # A drop starts a fresh round with the full budget: the server was healthy a moment ago.
                 round_started = self._clock.monotonic()
                 self.round_attempt = 0
