@@ -26,6 +26,7 @@ from breakwater import Breakwater
 from breakwater.auth import ServerTokens, TokenStore
 from breakwater.auth._login import sign_in
 from breakwater.catalog._catalog import Catalog
+from breakwater.cli._auth import auth_status
 from breakwater.config import Config, ConnectPolicy, GatewayPolicy, JournalPolicy, OAuthSettings, ServerSpec
 from breakwater.gateway._server import Gateway
 from breakwater.status import Reason, ServerState
@@ -91,9 +92,14 @@ async def test_sign_in_refresh_and_revocation(oauth_server: str, config_home: Pa
             assert code_of(refused) == "SERVER_UNAVAILABLE"
             assert "breakwater auth login remote" in json.dumps(envelope_of(refused))
             assert not _tokens_in(status, store)
+            # `auth status` agrees: it said "signed in, refreshable" after the refresh was refused.
+            (row,) = auth_status(config, store)
+            assert (row["signed_in"], row["refreshable"], row["refresh_refused"]) == (False, False, True), row
 
             # A new sign-in is picked up by the running gateway (its next background attempt).
             await sign_in(spec, store, browser=follow)
+            (row,) = auth_status(config, store)
+            assert (row["signed_in"], row["refresh_refused"]) == (True, False), row
             await eventually(lambda: bw.status().servers[0].state is ServerState.READY, timeout=20)
             assert await _whoami(agent) == {"result": "signed in"}
             tg.cancel_scope.cancel()

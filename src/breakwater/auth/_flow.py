@@ -158,6 +158,8 @@ class _StoredFlow(OAuthClientProvider):
             return False
         self._refresh_trouble = None
         ok = await super()._handle_refresh_response(response)
+        if not ok and 400 <= status < 500:
+            self._tokens.set_refresh_refused()
         self._loaded_at = self._tokens.record().get("updated_at")
         return ok
 

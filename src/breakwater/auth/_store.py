@@ -157,6 +157,7 @@ class ServerTokens:
             expires_at=expires_at,
             updated_at=self._clock.time(),
             needed_scope=None if covered else needed,
+            refresh_refused_at=None,
         )
 
     async def get_client_info(self, record: Record | None = None) -> OAuthClientInformationFull | None:
@@ -200,6 +201,11 @@ class ServerTokens:
     def set_needed_scope(self, scope: str) -> None:
         """Remember the scope a step-up needs; the next `auth login` asks for it."""
         self._set(needed_scope=scope)
+
+    def set_refresh_refused(self) -> None:
+        """The authorization server refused the refresh token (revoked, expired): only a new sign-in helps. `auth
+        status` said "signed in, refreshable" after it, while every server status said to sign in again."""
+        self._set(refresh_refused_at=self._clock.time())
 
     def forget_tokens(self) -> None:
         """Drop the tokens, keep the client registration (a fresh sign-in reuses it)."""

@@ -18,11 +18,12 @@ from typing import Any
 import anyio
 from rich.table import Table
 
-from breakwater.auth import TokenStore
+from breakwater.auth import TokenStore, login_command
 from breakwater.auth._login import sign_in
 from breakwater.cli._common import (
     EXIT_CONFIG,
     EXIT_FAILED,
+    EXIT_NOT_READY,
     EXIT_OK,
     Parser,
     add_config_flag,
@@ -94,17 +95,19 @@ def auth_status(config: Config, store: TokenStore, *, now: float | None = None) 
         rec = records.get(spec.url or "") or {}
         tokens = rec.get("tokens") or {}
         expires_at = rec.get("expires_at")
+        refused = rec.get("refresh_refused_at") is not None  # the authorization server refused the refresh token
         grant = spec.oauth.grant_type if spec.oauth is not None else "authorization_code"
         rows.append(
             {
                 "name": spec.name,
                 "url": spec.describe()["url"],  # its address, without user-info, query or a key in its path
                 "grant": grant,
-                "signed_in": bool(tokens.get("access_token")),
+                "signed_in": bool(tokens.get("access_token")) and not refused,
                 "scopes": tokens.get("scope"),
                 "expires_at": expires_at,
                 "expired": expires_at is not None and expires_at <= now,
-                "refreshable": bool(tokens.get("refresh_token")),
+                "refreshable": bool(tokens.get("refresh_token")) and not refused,
+                "refresh_refused": refused,
                 # Scope a running gateway found missing (`insufficient_scope`); the next login asks for it.
                 "needs_scope": rec.get("needed_scope"),
             }
@@ -115,9 +118,11 @@ def auth_status(config: Config, store: TokenStore, *, now: float | None = None) 
 def _status(args: argparse.Namespace) -> int:
     config = load_or_exit(args.config)
     rows = auth_status(config, TokenStore())
+    # A sign-in the authorization server ended needs `auth login`: exit 1, as `status` for a server not ready.
+    code = EXIT_NOT_READY if any(row["refresh_refused"] for row in rows) else EXIT_OK
     if args.json:
         print(json.dumps({"servers": rows}, indent=2))
-        return EXIT_OK
+        return code
     if not rows:  # an empty table said nothing of why
         print(f"no HTTP server in {config.path}: sign-in is for HTTP servers (a `url`)")
         return EXIT_OK
@@ -126,10 +131,12 @@ def _status(args: argparse.Namespace) -> int:
         table.add_column(column, no_wrap=True)
     for row in rows:
         signed = "yes" if row["signed_in"] else ("client credentials" if row["grant"] == "client_credentials" else "no")
+        if row["refresh_refused"]:
+            signed = f"no: the sign-in ended; run `{login_command(row['name'])}`"
         expires = "" if row["expires_at"] is None else _when(row["expires_at"])
         table.add_row(cell(row["name"]), signed, cell(row["scopes"] or ""), expires, "yes" if row["refreshable"] else "no")
     show(table)
-    return EXIT_OK
+    return code
 
 
 def _logout(args: argparse.Namespace) -> int:
