@@ -30,6 +30,7 @@ Stdlib only: a core leaf, importable by every stage.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import importlib.util
@@ -442,15 +443,43 @@ def terminate_as_interrupt() -> Iterator[None]:
         handler = signal.getsignal(signal.SIGINT)
         if callable(handler):
             handler(signal.SIGINT, frame)
-        else:
+            return
+        # SIGINT ignored (a script's `cmd &`, nohup): asyncio's runner installed no handler of its own, so this does
+        # what that handler does: the first signal cancels the main task, a second interrupts. A KeyboardInterrupt
+        # raised in whatever frame the signal landed broke the event loop's own callbacks (asyncio's tracebacks).
+        loop = asyncio._get_running_loop()
+        if loop is None:
             raise KeyboardInterrupt
+        loop.call_soon_threadsafe(_cancel_main_task if len(ENDED_BY) == 1 else _interrupt)
 
     previous = {signum: signal.signal(signum, forward) for signum in (TERMINATE_SIGNAL, *ENDING_SIGNALS)}
     try:
         yield
+    except asyncio.CancelledError:
+        if not ENDED_BY:
+            raise
+        raise KeyboardInterrupt from None  # the main task, cancelled by `forward`: ended as a Ctrl-C ends it
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _cancel_main_task() -> None:
+    """Cancel the task the event loop runs to completion (asyncio's and uvloop's), as asyncio's Ctrl-C handler does."""
+    for task in asyncio.all_tasks():
+        callbacks = getattr(task, "_callbacks", None) or ()
+        if not task.done() and any(_completes_the_run(callback) for callback, _ in callbacks):
+            task.cancel()
+            return
+    raise KeyboardInterrupt  # no such task found: interrupt from this callback
+
+
+def _completes_the_run(callback: Any) -> bool:
+    return getattr(callback, "__name__", "") == "_run_until_complete_cb" or getattr(callback, "__module__", "") == "uvloop.loop"
+
+
+def _interrupt() -> None:
+    raise KeyboardInterrupt
 
 
 #: The signals `terminate_as_interrupt` turned into an interruption, in order (the exit code says which came first).

@@ -201,6 +201,30 @@ def test_a_hang_up_ends_every_command_that_starts_upstreams_with_them_stopped(tm
             proc.kill()
 
 
+@pytest.mark.parametrize(("signum", "code"), [("SIGTERM", 130), ("SIGHUP", 129)])
+def test_a_stop_signal_with_ctrl_c_ignored_ends_a_command_without_a_traceback(tmp_path: Path, signum: str, code: int) -> None:
+    """A script's `breakwater status &` (or nohup) runs with SIGINT ignored, and asyncio then installs no handler of
+    its own: the stop came as a KeyboardInterrupt raised in the event loop's callbacks, four tracebacks on stderr."""
+    config = str(_config(tmp_path, "mute"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "breakwater", "status", "--wait", "30", "--config", config],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(tmp_path),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # what a shell does for `cmd &`
+    )
+    try:
+        upstream = int(_wait_for(tmp_path / "up.pid"))
+        proc.send_signal(getattr(signal, signum))
+        assert proc.wait(timeout=60) == code
+        assert proc.stderr is not None and b"Traceback" not in (stderr := proc.stderr.read()), stderr.decode()
+        assert _gone(upstream, 15), "the upstream outlived status"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 @pytest.mark.parametrize("ending", ["eof", "sigterm"])
 def test_a_flooding_upstream_does_not_hold_serve_after_its_session_ends(tmp_path: Path, ending: str) -> None:
     """An upstream that sends log messages without pause: the end of input, or one SIGTERM, ends `serve` in seconds.

@@ -50,6 +50,14 @@ async def session(config: Path, env: dict[str, str]) -> tuple[list[str], dict[st
         return names, status, {"is_error": call.is_error, **(call.structured_content or {})}
 
 
+async def early_call(config: Path, env: dict[str, str]) -> dict[str, Any]:
+    """A call at once, the server still starting: the gateway lists its last-known tools, and the call waits for it."""
+    params = StdioServerParameters(command=sys.executable, args=["-m", "breakwater", "serve", "--config", str(config)], env=env)
+    async with Client(params) as client:
+        call = await client.call_tool("svc__lookup", {})
+    return {"is_error": call.is_error, **(call.structured_content or {})}
+
+
 def accept(config: Path, env: dict[str, str], *names: str) -> str:
     result = subprocess.run(
         [sys.executable, "-m", "breakwater", "tools", *names, "--accept", "--config", str(config), "--wait", "20"],
@@ -76,6 +84,11 @@ async def test_block_mode_hides_a_changed_tool_until_a_person_accepts_it(tmp_pat
     assert "svc__lookup" not in names
     assert status["drift"] == {"svc": ["lookup"]}
     assert (call["is_error"], call["code"], call["retryable"]) == (True, "TOOL_CHANGED", False)
+    # A call made before the server is ready (the tool listed as last known) and `breakwater call` both ran it.
+    assert (await early_call(config, env))["code"] == "TOOL_CHANGED"
+    command = [sys.executable, "-m", "breakwater", "call", "svc", "lookup", "--config", str(config), "--wait", "20"]
+    direct = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert direct.returncode == 1 and "TOOL_CHANGED" in direct.stderr, direct.stdout + direct.stderr
     assert "accepted: svc__lookup" in accept(config, env, "svc__lookup")
     names, status, call = await session(config, env)
     assert "svc__lookup" in names and call["is_error"] is False and status["drift"] == {}

@@ -175,6 +175,7 @@ class Catalog:
                 accepted.append(tool.name)
         if accepted:
             self._save_pins(server, fingerprint)
+            self.version += 1  # what may be called changed (the gate's `approve` reads the version)
         return accepted
 
     def entries(

@@ -9,9 +9,11 @@ once with its reason, as the gateway would.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -112,8 +114,22 @@ async def _wait_for(bw: Breakwater, server: str, wait: float) -> None:
             await bw.wait_changed()
 
 
+@contextlib.asynccontextmanager
+async def _servers(config: Config) -> AsyncIterator[Breakwater]:
+    """The servers, behind the gateway when it judges calls too (`drift = "block"`: a changed tool is refused here as
+    through `serve`; `call` ran it)."""
+    if config.gateway.drift != "block":
+        async with Breakwater(config) as bw:
+            yield bw
+        return
+    from breakwater.gateway._open import open_gateway
+
+    async with open_gateway(config, watch=False) as gateway:
+        yield gateway.bw
+
+
 async def _call(config: Config, server: str, tool: str, arguments: dict[str, Any], wait: float, as_json: bool) -> int:
-    async with Breakwater(config) as bw:
+    async with _servers(config) as bw:
         await _wait_for(bw, server, wait)
         if bw.upstream(server).state is ServerState.READY:
             result = await bw.call_tool(server, tool, arguments)

@@ -169,6 +169,10 @@ class CallGate:
         self.tracer = tracer
         #: Follows calls a server turns into tasks, or None.
         self.tasks = tasks
+        #: Asked, once a call's server is ready and its tool known, whether the tool may be called (server, tool): the
+        #: refusal, or None. The gateway's `drift = "block"` sets it, so a changed tool is refused wherever the call
+        #: comes from, and when the server became ready during the call's wait. None (the default) costs nothing.
+        self.approve: Callable[[str, str], CallError | None] | None = None
         specs = {name: u.spec for name, u in upstreams.items()}
         self.breakers = BreakerRegistry(clock=clock, rng=rng, policy_for=lambda server, _tool: specs[server].breaker)
         self._servers = {name: ServerRecord(u, self.breakers, clock) for name, u in upstreams.items()}
@@ -352,6 +356,9 @@ class CallGate:
         info = srv.tools.get(tool) if srv.upstream.tools is srv.tools_source else srv.tool(tool)
         if info is None:
             raise self._refused_early(srv, tool, _unknown_tool(srv, tool))
+        approve = self.approve
+        if approve is not None and (refused := approve(srv.name, tool)) is not None:
+            raise self._refused_early(srv, tool, refused)
         given = dict(arguments or {})
         # A call an open breaker refuses is refused as such (at admission, so the refusal is journaled
         # and traced like any other), without its arguments being checked: the model's next step is

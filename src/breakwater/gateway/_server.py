@@ -158,6 +158,8 @@ class Gateway:
         self._generation = -1  # the Breakwater generation `_entries` was built from
         self._catalog_version = -1  # and the catalog's version
         self.drift: dict[str, list[str]] = {}  # server -> tools whose definition changed since approved
+        #: Per server, the tool list `_approved` last judged and the tools in it that changed.
+        self._changed_tools: dict[str, tuple[list[types.Tool], Any, frozenset[str]]] = {}
         self._tg: TaskGroup | None = None  # the gateway's background work (`watch`)
         if relay is None:
             relay = Relay(clock=bw.clock)
@@ -199,6 +201,10 @@ class Gateway:
         self.builtins = BuiltinTools(bw, policy, entries=self.entries, drift=lambda: self.drift)
         # The 2026-07-28 tasks extension for downstream clients that declare it (breakwater.gateway._tasks).
         self.tasks = GatewayTasks(self.server, bw=bw, builtin_tools=self.builtins.names)
+        if policy.drift == "block":
+            # At the gate, where the server is ready and its tools known: the check here below passed a call made
+            # while the server was connecting, and `breakwater call` skipped it (both ran the changed tool).
+            bw.gate.approve = self._approved
 
     # ---- the catalog as the gateway shows it ----------------------------------------------------
 
@@ -411,9 +417,6 @@ class Gateway:
                 message += f" Call {self.policy.search_tool} to find the right one."
             return error_result(UnknownToolError(message, tool=params.name))
         server, tool = target
-        if self.policy.drift == "block" and tool in self.drift.get(server, ()):
-            message = f"The definition of {params.name!r} changed since it was approved."
-            return self._fitted(params.name, error_result(ToolChangedError(message, server=server, tool=tool)))
         # Arguments that do not fit the tool's input schema are refused by the gate (INVALID_ARGUMENTS), as for a library caller.
         arguments_for = (server, tool, arguments)
         # Inside a gateway task (breakwater.gateway._tasks) there is no next round to carry questions in.
@@ -563,6 +566,18 @@ class Gateway:
         return types.EmptyResult()
 
     # ---- built-in tools and drift -------------------------------------------------------------
+
+    def _approved(self, server: str, tool: str) -> ToolChangedError | None:
+        """The gate's `approve` under `drift = "block"`: a tool whose live definition differs from the approved one."""
+        upstream = self.bw.upstream(server)
+        tools, version = upstream.tools, self.catalog.version  # a relist replaces the list; an accept moves the version
+        seen = self._changed_tools.get(server)
+        if seen is None or seen[0] is not tools or seen[1] != version:
+            seen = (tools, version, frozenset(self.catalog.drifted(server, upstream.spec.fingerprint(), tools)))
+            self._changed_tools[server] = seen
+        if tool not in seen[2]:
+            return None
+        return ToolChangedError(f"The definition of tool '{tool}' changed since it was approved.", server=server, tool=tool)
 
     async def search(self, query: str, *, wait_s: float | None = None) -> SearchAnswer:
         """The search tool's answer for `query` (see `BuiltinTools.search`)."""
