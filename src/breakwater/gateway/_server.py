@@ -36,11 +36,12 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from breakwater._breakwater import Breakwater
 from breakwater._wire import DEADLINE_META_KEY, OPERATION_ID_META_KEY
+from breakwater.catalog._approval import ChangedTools
 from breakwater.catalog._catalog import Catalog, Entry
 from breakwater.config import GatewayPolicy
 from breakwater.config._checks import route_by_shape
 from breakwater.connect._readiness import ON_ITS_WAY
-from breakwater.errors import CallCancelledError, ToolChangedError, UnknownToolError
+from breakwater.errors import CallCancelledError, UnknownToolError
 from breakwater.gate._call import OPERATION_ID_ARGUMENT
 from breakwater.gate._envelope import error_result
 from breakwater.gateway._builtins import BuiltinTools, SearchAnswer
@@ -158,8 +159,6 @@ class Gateway:
         self._generation = -1  # the Breakwater generation `_entries` was built from
         self._catalog_version = -1  # and the catalog's version
         self.drift: dict[str, list[str]] = {}  # server -> tools whose definition changed since approved
-        #: Per server, the tool list `_approved` last judged and the tools in it that changed.
-        self._changed_tools: dict[str, tuple[list[types.Tool], Any, frozenset[str]]] = {}
         self._tg: TaskGroup | None = None  # the gateway's background work (`watch`)
         if relay is None:
             relay = Relay(clock=bw.clock)
@@ -204,7 +203,7 @@ class Gateway:
         if policy.drift == "block":
             # At the gate, where the server is ready and its tools known: the check here below passed a call made
             # while the server was connecting, and `breakwater call` skipped it (both ran the changed tool).
-            bw.gate.approve = self._approved
+            bw.gate.approve = ChangedTools(self.catalog, bw.upstream)
 
     # ---- the catalog as the gateway shows it ----------------------------------------------------
 
@@ -566,18 +565,6 @@ class Gateway:
         return types.EmptyResult()
 
     # ---- built-in tools and drift -------------------------------------------------------------
-
-    def _approved(self, server: str, tool: str) -> ToolChangedError | None:
-        """The gate's `approve` under `drift = "block"`: a tool whose live definition differs from the approved one."""
-        upstream = self.bw.upstream(server)
-        tools, version = upstream.tools, self.catalog.version  # a relist replaces the list; an accept moves the version
-        seen = self._changed_tools.get(server)
-        if seen is None or seen[0] is not tools or seen[1] != version:
-            seen = (tools, version, frozenset(self.catalog.drifted(server, upstream.spec.fingerprint(), tools)))
-            self._changed_tools[server] = seen
-        if tool not in seen[2]:
-            return None
-        return ToolChangedError(f"The definition of tool '{tool}' changed since it was approved.", server=server, tool=tool)
 
     async def search(self, query: str, *, wait_s: float | None = None) -> SearchAnswer:
         """The search tool's answer for `query` (see `BuiltinTools.search`)."""
