@@ -92,6 +92,10 @@ def test_a_typo_in_the_command_suggests_the_right_one(env: dict[str, str]) -> No
     assert result.stdout == ""
     assert result.stderr.count("\n") == 1
     assert "unknown command 'stauts'" in result.stderr and "'status'" in result.stderr.partition("did you mean")[2]
+    # A subcommand's too: `config chek` listed the choices and left the reader to find it.
+    for argv, meant in ((["config", "chek"], "check"), (["auth", "statu"], "status"), (["gateway", "lsit"], "list")):
+        typo = run(env, *argv)
+        assert typo.returncode == 2 and f"(did you mean '{meant}'?)" in typo.stderr, typo.stderr
 
 
 def test_help_documents_the_exit_codes_and_the_tools_wait(env: dict[str, str]) -> None:

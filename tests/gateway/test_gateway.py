@@ -349,6 +349,10 @@ async def test_http_gateway_serves_both_revisions(tmp_path: Path, env: dict[str,
         )
         assert status.returncode == 0, status.stderr
         assert [(s["name"], s["state"]) for s in json.loads(status.stdout)["servers"]] == [("files", "ready")]
+        # Without the endpoint's path it said "Server returned an error response", and to check that the gateway runs.
+        command = [*BREAKWATER, "status", "--gateway", url.removesuffix("/mcp")]
+        bare = await anyio.to_thread.run_sync(lambda: subprocess.run(command, capture_output=True, text=True, env=env))
+        assert bare.returncode == 2 and "answers at /mcp" in bare.stderr, bare.stderr
 
 
 async def test_status_of_a_gateway_names_its_open_breakers_and_a_server_that_refuses_every_call_is_not_ready(
@@ -386,7 +390,7 @@ async def test_http_rejects_foreign_origin_and_requires_token_when_set(tmp_path:
         status = await anyio.to_thread.run_sync(
             lambda: subprocess.run([*BREAKWATER, "status", "--gateway", url], capture_output=True, text=True, env=env, timeout=60)
         )
-        assert status.returncode == 2 and "refused the token (HTTP 401)" in status.stderr, status.stderr
+        assert status.returncode == 2 and "wants a token (HTTP 401)" in status.stderr, status.stderr  # none was sent
 
 
 def _sse_messages(text: str) -> list[dict[str, Any]]:

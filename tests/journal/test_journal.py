@@ -834,12 +834,24 @@ def test_stats_cli_reads_a_journal(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "q" in table and "w" in table
     p50_row = next(line for line in table.splitlines() if " q " in line)
     assert f"{p50 * 1000:.0f} ms" in p50_row and "learned" in p50_row  # the timeout in force, and where it came from
-    assert cli_main(["stats", "--journal", str(tmp_path / "none.sqlite3")]) == 0
-    assert "no calls recorded" in capsys.readouterr().out
+    # A journal named and not there is a mistyped path, not a quiet system (it read "no calls recorded", exit 0).
+    assert cli_main(["stats", "--journal", str(tmp_path / "none.sqlite3")]) == 1
+    assert "no journal at" in capsys.readouterr().err
     assert not (tmp_path / "none.sqlite3").exists()
     assert cli_main(["stats", "--journal", "off"]) == 2
     with pytest.raises(SystemExit):
         cli_main(["stats", "--since", "soon"])
+
+
+def test_stats_before_the_first_call_reads_as_no_calls_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no config here: the default journal, under the user's data directory
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.delenv("BREAKWATER_JOURNAL", raising=False)
+    assert cli_main(["stats"]) == 0
+    assert "no calls recorded" in capsys.readouterr().out
+    assert not any((tmp_path / "data").rglob("*.sqlite3"))
 
 
 def test_stats_cli_reads_postgresql(pg_conninfo: str, pg_schema: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -60,6 +60,15 @@ def test_human_output_has_metrics_stars_and_a_chart(capsys: pytest.CaptureFixtur
     assert "failed calls" in out
 
 
+def test_piped_output_keeps_a_wide_chart_whole(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off a terminal Rich wraps at 80 columns: a chart of 100 split each row in two, and a mission's text mid-sentence."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert main(["run", "--mission", "1", "--width", "100"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = lines[lines.index(next(line for line in lines if line.startswith("calls in flight"))) + 1 :][:3]
+    assert all(len(row) > 100 for row in rows), rows  # each row whole: its axis and 100 columns
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

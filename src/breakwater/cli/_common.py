@@ -12,6 +12,7 @@ import difflib
 import errno
 import math
 import os
+import re
 import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -96,8 +97,16 @@ class Parser(argparse.ArgumentParser):
         super().__init__(**kwargs)
 
     def error(self, message: str) -> NoReturn:
-        """Print `PROG: MESSAGE (see PROG --help)` and exit 2, instead of argparse's usage block."""
+        """Print `PROG: MESSAGE (see PROG --help)` and exit 2, instead of argparse's usage block; a mistyped choice (a
+        subcommand's `config chek`) gets the nearest one, as a mistyped command does."""
+        typo = _INVALID_CHOICE.search(message)
+        if typo is not None:
+            message += did_you_mean(typo.group(1), re.findall(r"'([^']*)'", typo.group(2)))
         self.exit(EXIT_CONFIG, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+#: argparse's words for a value that is none of an argument's choices (`invalid choice: 'chek' (choose from ...)`).
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
 
 
 def exit_codes_epilog() -> str:

@@ -163,6 +163,9 @@ async def _run_status(config: Config, wait: float, as_json: bool) -> int:
 #: reached, and the fix is in how it was asked.
 _REFUSALS = {
     401: "refused the token (HTTP 401): pass the one it was started with, --token or BREAKWATER_TOKEN",
+    # A gateway reached at another path (no `/mcp`): it said "Server returned an error response", and to check it runs.
+    404: "has no MCP endpoint at this path (HTTP 404): `breakwater serve --http` answers at /mcp",
+    405: "has no MCP endpoint at this path (HTTP 405): `breakwater serve --http` answers at /mcp",
     403: "refused this request's Origin (HTTP 403): ask it without an Origin header, as a client off the browser does",
     421: "does not answer to the host in this URL (HTTP 421): use the address it listens on, or start it with "
     "--allowed-host for this name",
@@ -251,6 +254,8 @@ def status_main(argv: list[str]) -> int:
             result: int = anyio.run(_gateway_status, args.gateway, token, args.json, refused)
         except Exception as exc:
             if refused and (why := _REFUSALS.get(refused[-1])) is not None:
+                if refused[-1] == 401 and token is None:
+                    why = "wants a token (HTTP 401): pass the one it was started with, --token or BREAKWATER_TOKEN"
                 return fail(f"the gateway at {args.gateway} {why}", EXIT_CONFIG)
             leaf: BaseException = exc
             while isinstance(leaf, BaseExceptionGroup):  # the transports wrap their failures in groups

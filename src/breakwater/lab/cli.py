@@ -232,9 +232,9 @@ def _run(args: argparse.Namespace) -> int:
             out["stars"] = 0 if exploring else score_mission(args.mission, config, result)
         print(json.dumps(out))
         return 0
-    from breakwater.cli._common import answer_console  # here: `--json` needs no terminal rendering
+    from breakwater.cli._common import out_console  # here: `--json` needs no terminal rendering
 
-    _print_human(answer_console(), config, result, args.mission, max(10, args.width), exploring=exploring, duration=duration)
+    _print_human(out_console(), config, result, args.mission, max(10, args.width), exploring=exploring, duration=duration)
     return 0
 
 
@@ -257,9 +257,9 @@ def _missions(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([m.to_dict() for m in MISSIONS]))
         return 0
-    from breakwater.cli._common import answer_console
+    from breakwater.cli._common import out_console
 
-    console = answer_console()
+    console = out_console()
     for m in MISSIONS:
         console.print(f"[bold]M{m.id} · {m.name}[/bold] (pinned seed {m.pinned_seed})")
         console.print(f"  {m.lesson}\n  set-up: {m.setup.to_dict()}", markup=False)
@@ -283,7 +283,7 @@ def _check(args: argparse.Namespace) -> int:
         return 0
     from rich.table import Table
 
-    from breakwater.cli._common import answer_console
+    from breakwater.cli._common import out_console
 
     table = Table(show_header=True, header_style="bold")
     for name, justify in (("mission", "left"), ("key", "left"), ("kind", "left"), ("stars", "right"), ("holds", "right")):
@@ -294,7 +294,7 @@ def _check(args: argparse.Namespace) -> int:
         table.add_row(
             f"M{row.mission}", row.key, row.kind, str(row.stars), f"{len(row.holds)}/{row.of}", ", ".join(map(str, missed))
         )
-    answer_console().print(table)
+    out_console().print(table)
     return 0
 
 
