@@ -159,3 +159,30 @@ def test_auth_status_without_an_http_server_says_so(tmp_path: Path, capsys: pyte
     config.write_text(json.dumps({"mcpServers": {"local": {"command": "x"}}}))
     code, out, _ = _breakwater(capsys, "auth", "status", "--config", str(config))
     assert code == 0 and "no HTTP server in" in out
+
+
+@pytest.mark.anyio
+async def test_a_sign_in_that_cannot_happen_says_what_stopped_it(config_home: Path, tmp_path: Path) -> None:
+    """It printed a traceback (a 401 with no OAuth), "MCPError: Server returned an error response" (a 403), and
+    "ConnectError: All connection attempts failed" without the address; each is now one line saying what, and where."""
+    from breakwater.testing._fleet import free_port
+    from breakwater.testing.server import serve_http
+
+    closed = f"http://127.0.0.1:{free_port()}/mcp"
+    async with (
+        serve_http("--status-first", "1000", "--status", "403") as forbidding,
+        serve_http("--status-first", "1000", "--status", "401") as keyed,
+    ):
+        cases = {
+            "closed": (closed, f"nothing answers at {closed}"),
+            "forbidding": (forbidding.url, "(HTTP 403)"),
+            "keyed": (keyed.url, "put it in the entry's headers"),
+        }
+        config = tmp_path / "mcp.json"
+        config.write_text(json.dumps({"mcpServers": {name: {"type": "http", "url": url} for name, (url, _) in cases.items()}}))
+        for name, (_, says) in cases.items():
+            argv = [sys.executable, "-m", "breakwater", "auth", "login", name, "--no-browser", "--config", str(config)]
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=90, check=False)
+            assert done.returncode == 1, done.stderr
+            assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+            assert says in done.stderr, done.stderr

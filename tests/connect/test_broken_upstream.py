@@ -7,7 +7,10 @@ before every answer, and answers `big` with as many bytes as asked.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -294,3 +297,45 @@ async def test_a_line_written_to_a_server_that_died_is_one_broken_stream_and_not
     finally:
         loop.set_exception_handler(None)
     assert reported == []
+
+
+_HTML_SERVER = """
+import http.server, sys
+class Page(http.server.BaseHTTPRequestHandler):
+    def _page(self):
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        body = b"<html><body>a login page</body></html>"
+        self.send_response(200)
+        self.send_header("content-type", "text/html")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    do_GET = do_POST = _page
+    def log_message(self, *args):
+        pass
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
+def test_an_http_server_that_answers_a_page_is_named_once_not_at_every_attempt(tmp_path: Path) -> None:
+    """A URL that answers an HTML page (a login page, a proxy's): the SDK wrote "Unexpected content type: text/html"
+    at every connect attempt, naming no server; now once, with the server's name (then at the 10th, 100th...)."""
+    page = subprocess.Popen([sys.executable, "-c", _HTML_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert page.stdout is not None
+        port = int(page.stdout.readline())
+        config = tmp_path / "mcp.json"
+        config.write_text(json.dumps({"mcpServers": {"portal": {"type": "http", "url": f"http://127.0.0.1:{port}/mcp"}}}))
+        env = {**os.environ, "BREAKWATER_CONNECT_BACKOFF_BASE_S": "0.1", "BREAKWATER_CONNECT_BACKOFF_CAP_S": "0.2"}
+        argv = [sys.executable, "-m", "breakwater", "status", "--wait", "3", "--json", "--config", str(config)]
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+    finally:
+        page.terminate()
+        page.wait(timeout=10)
+    said = [line for line in done.stderr.splitlines() if "Unexpected content type" in line]
+    attempts = json.loads(done.stdout)["servers"][0]["attempts"]
+    assert attempts >= 3, done.stdout  # it tried again and again
+    counts = [line.partition("from portal (")[2].partition(" so far")[0] for line in said]
+    assert counts and counts == ["1", "10"][: len(counts)] and len(counts) < attempts, done.stderr  # the 1st, the 10th

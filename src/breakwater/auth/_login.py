@@ -40,6 +40,7 @@ from breakwater.auth._provider import LoginHandlers, build_provider, redirect_ur
 from breakwater.auth._store import ServerTokens, TokenStore
 from breakwater.config import ServerSpec
 from breakwater.config._model import OAuthSettings
+from breakwater.config._redact import display_url
 
 __all__ = ["Browser", "SignIn", "open_browser", "sign_in"]
 
@@ -273,10 +274,31 @@ async def _connect(spec: ServerSpec, auth: httpx2.Auth) -> int:
             Client(streamable_http_client(url, http_client=http), mode="legacy", cache=None) as client,
         ):
             return len((await client.list_tools()).tools)
-    except Exception:
+    except Exception as exc:
         if not (statuses and spec.legacy_sse_answer(statuses[-1])):
-            raise
+            raise OAuthFlowError(_why(exc, statuses[-1] if statuses else None, display_url(url))) from exc
     return await _connect(replace(spec, transport="sse"), auth)
+
+
+def _why(exc: BaseException, status: int | None, url: str) -> str:
+    """What stopped a sign-in, in the user's terms: the SDK's words were a traceback, "Server returned an error
+    response" for a 403, an empty ReadTimeout, and "All connection attempts failed" without the address."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    if isinstance(exc, httpx2.ConnectError | httpx2.ConnectTimeout):
+        return f"nothing answers at {url} ({type(exc).__name__}); check the URL and that the server runs"
+    if isinstance(exc, httpx2.TimeoutException):
+        return f"{url} did not answer within {_CONNECT_TIMEOUT_S:g} s ({type(exc).__name__})"
+    if status == 401:
+        return (
+            f"{url} refused the request (HTTP 401) and offers no OAuth sign-in that works ({exc}): if it takes a key "
+            "or token of its own, put it in the entry's headers (Authorization) instead"
+        )
+    if status == 403:
+        return f"{url} refused the request (HTTP 403): the credentials it got (if any) lack permission for it"
+    if status is not None and status >= 400:
+        return f"{url} answered HTTP {status} ({type(exc).__name__}: {exc})"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _summary(spec: ServerSpec, tokens: ServerTokens, tools: int) -> SignIn:

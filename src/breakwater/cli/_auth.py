@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
 from typing import Any
 
 import anyio
+from mcp.client.auth import OAuthFlowError
 from rich.table import Table
 
 from breakwater.auth import TokenStore, login_command
@@ -61,13 +63,17 @@ def _login(args: argparse.Namespace) -> int:
         return spec
     # Claude Code's variable for the secret of a pre-registered client; stored with the registration.
     secret = os.environ.get("MCP_CLIENT_SECRET") or None
+    # The SDK logs its failures with their traceback ("OAuth flow error"); the one line below says what failed.
+    logging.getLogger("mcp.client.auth").addHandler(logging.NullHandler())
+    logging.getLogger("mcp.client.auth").propagate = False
     try:
         done = anyio.run(lambda: sign_in(spec, TokenStore(), print_url=args.no_browser, stdin=sys.stdin, client_secret=secret))
     except Exception as exc:
         leaf: BaseException = exc
         while isinstance(leaf, BaseExceptionGroup):
             leaf = leaf.exceptions[0]
-        return fail(f"sign-in to {spec.name} failed: {type(leaf).__name__}: {leaf}", EXIT_FAILED)
+        said = str(leaf) if isinstance(leaf, OAuthFlowError) else f"{type(leaf).__name__}: {leaf}"
+        return fail(f"sign-in to {spec.name} failed: {said}", EXIT_FAILED)
     if done.scopes is None and done.expires_at is None and not done.refreshable:
         print(f"breakwater: {spec.name} did not ask for a sign-in ({done.tools} tools)", file=sys.stderr)
         return EXIT_OK

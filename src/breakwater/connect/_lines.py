@@ -251,10 +251,15 @@ def _is_power_of_ten(n: int) -> bool:
 #: The SDK client loggers that log a line (most with a traceback) per junk message, and those messages. The SDK's
 #: client session logs as "client": an upstream that sent 5,000 progress notifications without a progressToken
 #: wrote 5,000 tracebacks (11 MB) into the gateway's log per call.
+#: Matched by their start: some the SDK writes with the values already in (an HTTP server's content type, a redirect's
+#: target, a refresh's status), which named no server and came again at every connect attempt.
 _SDK_JUNK = {
-    "mcp.client.streamable_http": frozenset({"Error parsing SSE message", "Error parsing JSON response"}),
+    "mcp.client.streamable_http": frozenset(
+        {"Error parsing SSE message", "Error parsing JSON response", "Unexpected content type: ", "Redirect to "}
+    ),
     "mcp.client.sse": frozenset({"Error parsing server message"}),
     "mcp.client.stdio": frozenset({"Failed to parse JSONRPC message from server"}),
+    "mcp.client.auth.oauth2": frozenset({"Token refresh failed: ", "Invalid protected resource metadata at "}),
     "client": frozenset({"Failed to validate notification: %s", "notification queue for %r is full; dropped the oldest event"}),
 }
 
@@ -268,11 +273,11 @@ class _JunkLogLimit(logging.Filter):
 
     def __init__(self, messages: frozenset[str]) -> None:
         super().__init__()
-        self._messages = messages
+        self._messages = tuple(messages)
         self._counts: dict[tuple[str | None, str], int] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg not in self._messages:
+        if not isinstance(record.msg, str) or not record.msg.startswith(self._messages):
             return True
         server, what = UPSTREAM_NAME.get(), record.getMessage()
         count = self._counts.get((server, what), 0) + 1
