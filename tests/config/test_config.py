@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -169,9 +170,9 @@ def test_find_config_prefers_toml(tmp_path: Path) -> None:
     assert find_config(tmp_path).name == "breakwater.toml"
 
 
-def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "breakwater", *args], capture_output=True, text=True, cwd=cwd, timeout=60, check=False
+        [sys.executable, "-m", "breakwater", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=60, check=False
     )
 
 
@@ -200,6 +201,24 @@ def test_config_check_redacts_secrets(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stderr
         assert "API_KEY" in result.stdout and "Authorization" in result.stdout
         assert "planted-secret" not in result.stdout + result.stderr
+
+
+def test_config_check_prints_every_setting_it_understood(tmp_path: Path) -> None:
+    """`[gateway] drift = "block"` and a tool's own table were printed nowhere: a correct setting could not be told from
+    one that was never read. Each setting that is not the built-in default is named, in both forms."""
+    cfg = tmp_path / "breakwater.toml"
+    cfg.write_text(
+        '[gateway]\ndrift = "block"\n[servers.gh]\ncommand = "gh-mcp"\n'
+        '[servers.gh.retry]\nmax_attempts = 5\n[servers.gh.tools.create_issue]\ntimeout_s = 20\nretry = "idempotent"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BREAKWATER_")}
+    text = run_cli("config", "check", "--config", str(cfg), env=env).stdout
+    assert "[gateway] drift = 'block'" in text, text
+    assert "retry overrides: {'max_attempts': 5}" in text and "tool create_issue: retry = 'idempotent', timeout_s = 20.0" in text
+    understood = json.loads(run_cli("config", "check", "--json", "--config", str(cfg), env=env).stdout)
+    assert understood["settings"] == {"gateway": {"drift": "block"}}
+    (gh,) = understood["servers"]
+    assert gh["retry"] == {"max_attempts": 5} and gh["tools"] == {"create_issue": {"retry": "idempotent", "timeout_s": 20.0}}
 
 
 def test_readme_knob_table_matches_code() -> None:

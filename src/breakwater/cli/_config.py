@@ -13,8 +13,18 @@ from breakwater.cli._common import EXIT_OK, Parser, add_config_flag, counted, lo
 from breakwater.cli._text import markup
 from breakwater.config import Config, all_knobs
 from breakwater.config._knobs import render_markdown
+from breakwater.config._model import ToolSettings
 
 __all__ = ["config_main"]
+
+
+#: The sections whose settings `config check` names when they are not the built-in defaults.
+_SECTIONS = ("connect", "call", "retry", "breaker", "gateway", "journal", "state", "telemetry")
+
+
+def _own(tool: ToolSettings, key: str) -> Any:
+    """The value a tool's own table set for `key` (a `[call]` key or a `[retry]` one)."""
+    return getattr(tool.call, key) if hasattr(tool.call, key) else getattr(tool.retry, key)
 
 
 def _understood(config: Config) -> dict[str, Any]:
@@ -22,11 +32,27 @@ def _understood(config: Config) -> dict[str, Any]:
     servers = []
     for spec in config.servers:
         entry = spec.describe()
-        for section, default in (("connect", defaults), ("call", config.call)):
+        for section in ("connect", "call", "retry", "breaker"):
+            default = getattr(config, section)
             if overrides := {k: v for k, v in vars(getattr(spec, section)).items() if getattr(default, k) != v}:
                 entry[section] = overrides
+        # A tool's own table: only what it set (the rest is its server's).
+        tools = {name: {k: _own(t, k) for k in sorted(t.explicit)} for name, t in spec.tools.items()}
+        if tools:
+            entry["tools"] = tools
         servers.append(entry)
-    out: dict[str, Any] = {"path": config.path, "connect": vars(defaults), "servers": servers}
+    # The settings that are not the built-in defaults, from the file or the environment: printed nowhere, a correct
+    # `[gateway] drift = "block"` could not be told from one that was never read.
+    settings = {
+        section: changed
+        for section in _SECTIONS
+        if (
+            changed := {
+                k: v for k, v in vars(getattr(config, section)).items() if getattr(type(getattr(config, section))(), k) != v
+            }
+        )
+    }
+    out: dict[str, Any] = {"path": config.path, "connect": vars(defaults), "settings": settings, "servers": servers}
     if config.notes:
         out["notes"] = list(config.notes)
     return out
@@ -77,6 +103,8 @@ def _print_check(config: Config, as_json: bool) -> None:
         return
     console = out_console()
     console.print(f"[green]ok[/]: {markup(config.path or '')}: {counted(len(config.servers), 'server')}")
+    for section, changed in understood["settings"].items():
+        console.print(markup(f"  [{section}] " + ", ".join(f"{k} = {v!r}" for k, v in changed.items())))
     for entry in understood["servers"]:
         where = entry.get("url") or " ".join([entry["command"], *entry["args"]])
         flags = "" if entry["enabled"] else " [dim](disabled)[/]"
@@ -86,9 +114,11 @@ def _print_check(config: Config, as_json: bool) -> None:
                 console.print(f"    {key}: {markup(', '.join(entry[key]))} (values redacted)")
         if "headersHelper" in entry:
             console.print(f"    headersHelper: {markup(entry['headersHelper'])} (its output redacted)")
-        for section in ("connect", "call"):
+        for section in ("connect", "call", "retry", "breaker"):
             if section in entry:
                 console.print(f"    {section} overrides: {markup(str(entry[section]))}")
+        for tool, own in entry.get("tools", {}).items():
+            console.print(f"    tool {markup(tool)}: " + markup(", ".join(f"{k} = {v!r}" for k, v in own.items())))
         for key, said in TOOL_LIST_KEYS.items():
             if key in entry:
                 console.print(f"    {key} ({said}): {markup(', '.join(entry[key]))}")
