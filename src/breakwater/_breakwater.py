@@ -218,6 +218,12 @@ class Breakwater:
         self._tg.cancel_scope.cancel()
         try:
             return await self._tg.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:
+            # The body's own exception, wrapped by the task group this context entered: raised as it was, so `except
+            # CallError` around `async with Breakwater(...)` catches `raise_on_error`'s errors (it got an ExceptionGroup).
+            if exc is not None and _only(group, exc):
+                raise exc from None
+            raise
         finally:
             self._tg = None
             if not isinstance(self.state_store, MemoryStore):
@@ -393,6 +399,16 @@ class Breakwater:
     def gate(self) -> CallGate:
         """The call gate itself (breakers, retry budgets, resolved timeouts)."""
         return self._gate
+
+
+def _only(group: BaseExceptionGroup[BaseException], exc: BaseException) -> bool:
+    """Whether `exc` is all `group` holds, beside the cancellations of the tasks it ended."""
+    rest = group.split(lambda e: e is exc or isinstance(e, anyio.get_cancelled_exc_class()))[1]
+    return rest is None and any(e is exc for e in _leaves(group))
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    return [leaf for e in group.exceptions for leaf in (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])]
 
 
 def _protocol_memory(

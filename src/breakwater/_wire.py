@@ -15,6 +15,7 @@ __all__ = [
     "DEADLINE_META_KEY",
     "ENVELOPE_META_KEY",
     "ERROR_META_KEY",
+    "MAX_OPERATION_ID_LEN",
     "OPERATION_ID_META_KEY",
     "RELATED_TASK_META_KEY",
     "REPLAYED_META_KEY",
@@ -25,12 +26,25 @@ __all__ = [
     "json_line",
     "non_finite_constant",
     "non_finite_path",
+    "operation_id_problem",
     "strict_json",
     "with_nulls_for_non_finite",
 ]
 
 #: One operation id per logical call, the same on every attempt: `params._meta[...]` of a tools/call.
 OPERATION_ID_META_KEY: Final = "io.breakwater/operationId"
+#: The longest operation id: the operation stores key by it (`breakwater.idempotency`).
+MAX_OPERATION_ID_LEN: Final = 255
+
+
+def operation_id_problem(value: object) -> str | None:
+    """What is wrong with a caller's own operation id, or None. One that was not a non-empty string was replaced by a
+    new id of breakwater's, silently: each retry of an agent's then ran again, under a new id."""
+    if isinstance(value, str) and value and len(value) <= MAX_OPERATION_ID_LEN:
+        return None
+    return f"an operation id must be a non-empty string of at most {MAX_OPERATION_ID_LEN} characters, got {value!r:.40}"
+
+
 #: Marks a result replayed from the record of an earlier call with the same operation id (it did not run again).
 REPLAYED_META_KEY: Final = "io.breakwater/replayed"
 #: Milliseconds left in the caller's budget, sent by a downstream client to bound its call.

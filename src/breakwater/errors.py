@@ -471,7 +471,7 @@ class CallCancelledError(CallFailed):
 
 
 class InvalidArgumentsError(CallRefused):
-    """The arguments do not fit the tool's input schema."""
+    """The arguments do not fit the tool's input schema, or the server refused them or the call's operation id."""
 
     code = ErrorCode.INVALID_ARGUMENTS
     default_retryable = False

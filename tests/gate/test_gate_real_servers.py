@@ -428,3 +428,14 @@ async def test_one_crash_under_many_calls_is_one_failure_and_the_read_only_calls
         breakers = {b.name: b for b in bw.gate.breaker_snapshots()}
         assert breakers["s"].failures_in_window == 1, breakers["s"]
         assert breakers["s/mid"].failures_in_window <= 1, breakers["s/mid"]
+
+
+async def test_an_error_raised_in_the_body_of_breakwater_comes_out_as_it_was_raised(tmp_path: Path) -> None:
+    """`except CallError` around `async with Breakwater(...)` caught nothing: the body's error came out in an
+    ExceptionGroup, from the task group the context had entered (the user's own ValueError too)."""
+    with pytest.raises(UnknownToolError):
+        async with gate(tmp_path, server("s")) as bw:
+            await bw.call_tool("s", "nope", {}, raise_on_error=True)
+    with pytest.raises(ValueError, match="the caller's own"):
+        async with gate(tmp_path, server("s")) as bw:
+            raise ValueError("the caller's own")

@@ -307,7 +307,13 @@ async def test_in_progress_reply_is_waited_on_not_counted_as_a_failure() -> None
 
 
 @pytest.mark.parametrize(
-    ("reply", "code"), [("OPERATION_MISMATCH", "TOOL_ERROR"), ("OPERATION_OUTCOME_UNKNOWN", "OUTCOME_UNKNOWN")]
+    ("reply", "code"),
+    [
+        # The server refused the id: nothing ran, as the fleet record's refusal says (it read TOOL_ERROR, a tool's failure).
+        ("OPERATION_MISMATCH", "INVALID_ARGUMENTS"),
+        ("INVALID_OPERATION_ID", "INVALID_ARGUMENTS"),
+        ("OPERATION_OUTCOME_UNKNOWN", "OUTCOME_UNKNOWN"),
+    ],
 )
 async def test_final_idempotency_replies_are_not_retried(reply: str, code: str) -> None:
     clock = FakeClock()
@@ -319,6 +325,9 @@ async def test_final_idempotency_replies_are_not_retried(reply: str, code: str) 
     body = envelope(await drive(clock, lambda: gate.call("s", "place_order", ORDER)))
     assert body["code"] == code and body["retryable"] is False and body["operation_id"]
     assert client.names() == ["place_order"]
+    if code == "INVALID_ARGUMENTS":
+        assert body.get("reason") == reply.lower(), body
+        assert all(b.failures_in_window == 0 for b in gate.breaker_snapshots())
 
 
 async def test_never_tool_is_not_retried_nor_reconciled() -> None:

@@ -206,6 +206,36 @@ async def test_a_scripted_server_shows_what_reached_it_and_relays_progress(tmp_p
     assert seen == [(0.5, 1.0, "halfway")]
 
 
+async def test_an_operation_id_breakwater_cannot_keep_is_refused_not_replaced(tmp_path: Path) -> None:
+    """A caller's id that is no non-empty string (12345, "") was replaced by a new one of breakwater's, silently: an
+    agent's retry under it ran the charge again. Through the gateway and from the library, it is refused; nothing runs."""
+    clock = FakeClock()
+    listed = [Tool(name="charge", input_schema={"type": "object"}, annotations=ToolAnnotations(destructive_hint=True))]
+
+    async def answer(call: ScriptedCall, n: int, progress: Progress) -> CallToolResult:
+        return CallToolResult(content=[TextContent(type="text", text=f"charged #{n}")])
+
+    scripted = ScriptedServer(listed, answer)
+    policy = GatewayPolicy()
+
+    async def body(bw: Breakwater) -> list[CallToolResult]:
+        gateway = Gateway(bw, policy, catalog=Catalog(template=policy.tool_name_template, directory=tmp_path / "catalog"))
+        await bw.wait_ready(timeout=30)
+        answers = [await bw.call_tool("pay", "charge", {}, operation_id="")]
+        async with Client(gateway.server, mode="legacy") as client:
+            for bad in (12345, "", "x" * 256):
+                answers.append(await client.call_tool("pay__charge", {}, meta={OPERATION_ID_META_KEY: bad}))
+        return answers
+
+    answers = await with_breakwater(tmp_path, clock, in_memory(scripted.server), (spec("pay"),), body)
+    for result in answers:
+        assert (envelope_of(result)["code"], "Invalid operation id" in envelope_of(result)["message"]) == (
+            "INVALID_ARGUMENTS",
+            True,
+        ), result
+    assert scripted.calls == []
+
+
 @pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
 async def test_the_gateway_serves_an_in_process_server_to_an_in_process_client(tmp_path: Path, mode: str) -> None:
     """Client → gateway → gate → supervisor → server, all in one event loop: the namespaced tool answers, and

@@ -41,6 +41,7 @@ from breakwater.errors import (
     CallTimeoutError,
     ClientCannotAnswerError,
     ErrorCode,
+    InvalidArgumentsError,
     OutcomeUnknownError,
     ServerConnectingError,
     ServerUnavailableError,
@@ -408,7 +409,14 @@ def _error(
                 detail={"reason": verdict.reason} if verdict.reason else None,
                 **common,
             )
-        return CODE_TO_ERROR[code](detail={"upstream_message": text[:_MAX_UPSTREAM_TEXT]}, **common)
+        said = {"upstream_message": text[:_MAX_UPSTREAM_TEXT]} | ({"reason": verdict.reason} if verdict.reason else {})
+        if code is ErrorCode.INVALID_ARGUMENTS and text:
+            # The server's own words (a mismatched operation id is no schema problem): the summary alone said "do not fit
+            # the tool's input schema" of every refusal.
+            return InvalidArgumentsError(
+                f"The server refused the call, so nothing ran: {text[:_MAX_UPSTREAM_TEXT]}", detail=said, **common
+            )
+        return CODE_TO_ERROR[code](detail=said, **common)
     if isinstance(attempt, CallError):
         attempt.server, attempt.tool = call.srv.name, call.info.name
         return attempt

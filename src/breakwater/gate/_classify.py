@@ -210,6 +210,8 @@ OPERATION_IN_PROGRESS = "OPERATION_IN_PROGRESS"
 IN_PROGRESS_REASON = "operation in progress"
 #: Its reply for an operation whose owner died or was cancelled mid-run: never re-run it.
 OPERATION_OUTCOME_UNKNOWN = "OPERATION_OUTCOME_UNKNOWN"
+#: `breakwater.idempotency`'s refusals of an operation id, and the `reason` each becomes (the fleet record's words).
+_OPERATION_REFUSALS = {"OPERATION_MISMATCH": "operation_mismatch", "INVALID_OPERATION_ID": "invalid_operation_id"}
 
 
 def _retry_after(data: Any) -> float | None:
@@ -267,6 +269,13 @@ def _classify_result(result: CallToolResult, retry_class: RetryClass) -> Verdict
                 retryable=False,
                 outcome_unknown=True,
                 reason="the server reports the operation's outcome as unknown",
+            )
+        if code in _OPERATION_REFUSALS:
+            # `breakwater.idempotency`'s refusal of the call's operation id (used before for other arguments, or no id at
+            # all): nothing ran, as the fleet record's own refusal says (INVALID_ARGUMENTS). It read TOOL_ERROR, a
+            # failure of a tool that had run, with the real code hidden in the upstream's envelope.
+            return Verdict(
+                outcome=Outcome.SUCCESS, code=ErrorCode.INVALID_ARGUMENTS, retryable=False, reason=_OPERATION_REFUSALS[code]
             )
         if data.get("retryable") is True:
             # The server vouches that trying again is safe and may help (e.g. it shed the request); for a `never` tool

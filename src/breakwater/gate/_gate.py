@@ -66,7 +66,7 @@ from typing import Any, Protocol, cast
 import mcp.types as types
 
 from breakwater._clock import Clock
-from breakwater._wire import OPERATION_ID_META_KEY
+from breakwater._wire import OPERATION_ID_META_KEY, operation_id_problem
 from breakwater.catalog._validate import argument_checker
 from breakwater.config import JournalPolicy, RetryPolicy
 from breakwater.connect._readiness import call_window, wait_until_ready
@@ -482,6 +482,12 @@ class CallGate:
         op_id: str | None = None
         meta: types.RequestParamsMeta | None = None
         if info.retry_class is not SAFE:
+            if operation_id is not None and (problem := operation_id_problem(operation_id)) is not None:
+                # Replaced by a new id, a caller's retries ran again, each under its own.
+                refused = InvalidArgumentsError(
+                    f"Invalid operation id: {problem}; nothing was run.", server=srv.name, tool=info.name
+                )
+                raise self._refused_early(srv, info.name, refused)
             given = operation_id or arguments.get(OPERATION_ID_ARGUMENT)
             # A caller's own idempotency key is the operation; otherwise one id for every attempt.
             op_id = given if isinstance(given, str) and given else uuid.uuid4().hex

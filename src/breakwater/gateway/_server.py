@@ -35,13 +35,13 @@ from mcp.shared.inbound import X_MCP_HEADER_KEY, _walk_schema_positions
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from breakwater._breakwater import Breakwater
-from breakwater._wire import DEADLINE_META_KEY, OPERATION_ID_META_KEY
+from breakwater._wire import DEADLINE_META_KEY, OPERATION_ID_META_KEY, operation_id_problem
 from breakwater.catalog._approval import ChangedTools
 from breakwater.catalog._catalog import Catalog, Entry
 from breakwater.config import GatewayPolicy
 from breakwater.config._checks import route_by_shape
 from breakwater.connect._readiness import ON_ITS_WAY
-from breakwater.errors import CallCancelledError, UnknownToolError
+from breakwater.errors import CallCancelledError, InvalidArgumentsError, UnknownToolError
 from breakwater.gate._call import OPERATION_ID_ARGUMENT
 from breakwater.gate._envelope import error_result
 from breakwater.gateway._builtins import BuiltinTools, SearchAnswer
@@ -98,6 +98,12 @@ class _GatewayServer(Server[Any]):
             experimental_capabilities,
             extensions,
         )
+
+
+def _bad_operation_id(problem: str, server: str | None, tool: str) -> InvalidArgumentsError:
+    """A caller's operation id breakwater cannot keep: refused, nothing run (replaced, each retry ran again)."""
+    said = f"Invalid operation id: {problem} (_meta {OPERATION_ID_META_KEY!r}); nothing was run; send a valid one, or none."
+    return InvalidArgumentsError(said, server=server, tool=tool, detail={"reason": "invalid_operation_id"})
 
 
 def _client_name(ctx: ServerRequestContext[Any], meta: Mapping[str, Any]) -> str | None:
@@ -447,7 +453,9 @@ class Gateway:
         deadline_ms = meta.get(DEADLINE_META_KEY)
         # An agent that re-sends a call with its own operation id gets the same operation upstream.
         given = meta.get(OPERATION_ID_META_KEY)
-        operation_id = given if isinstance(given, str) and given else None
+        if given is not None and (problem := operation_id_problem(given)) is not None:
+            return error_result(_bad_operation_id(problem, server, tool))
+        operation_id = given if isinstance(given, str) else None
         own = arguments.get(OPERATION_ID_ARGUMENT)
         if operation_id is None and not (isinstance(own, str) and own):
             # Made here rather than by the gate, so a call the drain cuts can name its operation. As random
@@ -485,7 +493,7 @@ class Gateway:
                 result = await run()
             else:
                 # A client's own id may be a retry of a call another replica ran (breakwater.gateway._operations).
-                chosen = given if isinstance(given, str) and given else own if isinstance(own, str) and own else None
+                chosen = operation_id if given is not None else own if isinstance(own, str) and own else None
                 deadline_s = deadline_seconds(deadline_ms) if deadline_ms is not None else None
                 result = await forwarded_once(self.operations, self.bw, chosen, server, tool, arguments, deadline_s, run)
         finally:

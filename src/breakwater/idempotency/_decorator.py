@@ -34,7 +34,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
-from breakwater._wire import OPERATION_ID_META_KEY
+from breakwater._wire import MAX_OPERATION_ID_LEN, OPERATION_ID_META_KEY
 from breakwater.idempotency._sqlite import SQLiteStore
 from breakwater.idempotency._store import (
     DEFAULT_LEASE_S,
@@ -60,8 +60,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: The tool argument read when `_meta` carries no id (for clients that cannot set `_meta`).
 OPERATION_ID_ARG = "operationId"
-#: Stripe's limit; longer keys are refused rather than silently truncated.
-MAX_OPERATION_ID_LEN = 255
+# MAX_OPERATION_ID_LEN (`breakwater._wire`): Stripe's limit; longer keys are refused rather than silently truncated.
 #: Cap on `retry_after_s` for an in-progress operation: the owner may finish any moment, so a
 #: caller should look again soon even when the lease runs much longer.
 MAX_RETRY_AFTER_S = 2.0
