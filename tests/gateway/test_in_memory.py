@@ -12,13 +12,13 @@ import itertools
 import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio
 import pytest
 from mcp import Client
 from mcp.server.mcpserver import MCPServer
-from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
+from mcp.types import CallToolResult, RequestParamsMeta, TextContent, Tool, ToolAnnotations
 
 from breakwater import Breakwater, Config, ConnectPolicy, Reason, ServerSpec, ServerState
 from breakwater._wire import OPERATION_ID_META_KEY
@@ -224,7 +224,8 @@ async def test_an_operation_id_breakwater_cannot_keep_is_refused_not_replaced(tm
         answers = [await bw.call_tool("pay", "charge", {}, operation_id="")]
         async with Client(gateway.server, mode="legacy") as client:
             for bad in (12345, "", "x" * 256):
-                answers.append(await client.call_tool("pay__charge", {}, meta={OPERATION_ID_META_KEY: bad}))
+                meta = cast(RequestParamsMeta, {OPERATION_ID_META_KEY: bad})  # an open TypedDict: vendor keys are allowed
+                answers.append(await client.call_tool("pay__charge", {}, meta=meta))
         return answers
 
     answers = await with_breakwater(tmp_path, clock, in_memory(scripted.server), (spec("pay"),), body)
