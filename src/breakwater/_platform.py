@@ -30,7 +30,6 @@ Stdlib only: a core leaf, importable by every stage.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import importlib.util
@@ -447,6 +446,8 @@ def terminate_as_interrupt() -> Iterator[None]:
         # SIGINT ignored (a script's `cmd &`, nohup): asyncio's runner installed no handler of its own, so this does
         # what that handler does: the first signal cancels the main task, a second interrupts. A KeyboardInterrupt
         # raised in whatever frame the signal landed broke the event loop's own callbacks (asyncio's tracebacks).
+        import asyncio  # here: an attached `serve` hands its session over before it loads asyncio
+
         loop = asyncio._get_running_loop()
         if loop is None:
             raise KeyboardInterrupt
@@ -455,10 +456,11 @@ def terminate_as_interrupt() -> Iterator[None]:
     previous = {signum: signal.signal(signum, forward) for signum in (TERMINATE_SIGNAL, *ENDING_SIGNALS)}
     try:
         yield
-    except asyncio.CancelledError:
-        if not ENDED_BY:
+    except BaseException as exc:
+        # The main task, cancelled by `forward`: ended as a Ctrl-C ends it. (By name: asyncio may never have loaded.)
+        if type(exc).__name__ != "CancelledError" or not ENDED_BY:
             raise
-        raise KeyboardInterrupt from None  # the main task, cancelled by `forward`: ended as a Ctrl-C ends it
+        raise KeyboardInterrupt from None
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -466,6 +468,8 @@ def terminate_as_interrupt() -> Iterator[None]:
 
 def _cancel_main_task() -> None:
     """Cancel the task the event loop runs to completion (asyncio's and uvloop's), as asyncio's Ctrl-C handler does."""
+    import asyncio
+
     for task in asyncio.all_tasks():
         callbacks = getattr(task, "_callbacks", None) or ()
         if not task.done() and any(_completes_the_run(callback) for callback, _ in callbacks):

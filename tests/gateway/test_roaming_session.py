@@ -163,6 +163,17 @@ async def test_a_session_keeps_its_log_level_and_resource_subscriptions_on_anoth
                 await session.request(b, "resources/unsubscribe", {"uri": WATCHED})
                 record = stored(namespace, session.id)
                 assert record["subscriptions"] == []
+
+                # Redis loses the record (a restart, a save that failed while it was away): the replicas that serve the
+                # session write it again and serve on. Read as a DELETE, a Redis blip ended every such session for good.
+                key = f"{namespace}:session:{session.id}"
+                redis.Redis.from_url(REDIS_URL).delete(key)
+                await session.request(a, "ping", {})
+                assert stored(namespace, session.id)["level"] == "warning"
+                # A DELETE on one replica still ends the session on the others.
+                assert (await http.delete(f"{b}/mcp", headers=session.headers())).status_code == 200
+                gone = await http.post(f"{a}/mcp", json={"jsonrpc": "2.0", "id": 99, "method": "ping"}, headers=session.headers())
+                assert gone.status_code == 404, gone.text
     finally:
         client = redis.Redis.from_url(REDIS_URL)
         keys = list(client.scan_iter(f"{namespace}:*"))

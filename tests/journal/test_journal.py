@@ -846,12 +846,12 @@ def test_stats_cli_reads_a_journal(tmp_path: Path, capsys: pytest.CaptureFixture
 def test_stats_before_the_first_call_reads_as_no_calls_and_creates_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.chdir(tmp_path)  # no config here: the default journal, under the user's data directory
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)  # no config here: the default journal
+    monkeypatch.setenv("BREAKWATER_JOURNAL_DB", str(tmp_path / "data" / "journal.sqlite3"))
     monkeypatch.delenv("BREAKWATER_JOURNAL", raising=False)
     assert cli_main(["stats"]) == 0
     assert "no calls recorded" in capsys.readouterr().out
-    assert not any((tmp_path / "data").rglob("*.sqlite3"))
+    assert not (tmp_path / "data").exists()
 
 
 def test_stats_cli_reads_postgresql(pg_conninfo: str, pg_schema: str, capsys: pytest.CaptureFixture[str]) -> None:

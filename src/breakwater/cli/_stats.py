@@ -182,11 +182,10 @@ def stats_main(argv: list[str]) -> int:
     journal = Journal(store, policy=policy)
     try:
         if isinstance(store, SQLiteJournalStore) and not store.path.exists():
-            if args.journal is not None or policy.url:
-                # A journal named, and not there: a mistyped path read as "no calls recorded", a quiet system.
-                named = "--journal" if args.journal is not None else "[journal] url (or BREAKWATER_JOURNAL)"
-                return fail(f"no journal at {store.location}: nothing was ever recorded there; check {named}", EXIT_FAILED)
-            # The default one, before the first call: never create a journal just to report that it is empty.
+            if args.journal is not None:
+                # A journal named on the command line, and not there: a mistyped path read as "no calls recorded".
+                return fail(f"no journal at {store.location}: nothing was ever recorded there; check --journal", EXIT_FAILED)
+            # The configured one, before the first call: never create a journal just to report that it is empty.
             stats, marks = [], []
         else:
             journal.refresh_learned()

@@ -14,8 +14,9 @@ re-initializes mid-task. With `[state] url = "redis://..."`, `serve --http` uses
   subscriptions made again on this replica's own upstream connections (an upstream subscription
   belongs to the connection that made it), so an update reaches the session on whichever replica
   holds its GET stream;
-* every request of a session renews its TTL; a renewal that finds the record gone (a `DELETE` on
-  another replica, or expiry) ends the local copy too, and `DELETE` removes the record.
+* every request of a session renews its TTL; a renewal that finds the record ended (a `DELETE` on another
+  replica leaves a mark) ends the local copy too, and one that finds it merely gone (Redis restarted, a save
+  failed while it was away) writes it again from this replica's copy; `DELETE` removes the record.
 
 What stays per replica: a server-to-client request (sampling, elicitation) must be answered on the
 replica that asked, and a session's GET stream carries the notifications of the replica it is open on.
@@ -124,6 +125,10 @@ class RoamingSessionManager(StreamableHTTPSessionManager):
                 await self._adopt(session_id, record)
                 await self.store.renew(session_id)
         await super()._handle_stateful_request(scope, receive, send)
+
+    async def _discard_session(self, session_id: str, transport: Any) -> None:
+        self.store.forget(session_id)  # no copy to write again for a session this replica no longer serves
+        await super()._discard_session(session_id, transport)
 
     async def _adopt(self, session_id: str, record: dict[str, Any]) -> None:
         async with self._session_creation_lock:

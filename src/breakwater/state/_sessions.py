@@ -30,6 +30,10 @@ __all__ = ["SessionStore"]
 log = logging.getLogger("breakwater.sessions")
 
 
+#: The suffix of the mark a `DELETE` leaves: the session ended (a record merely missing was lost, not ended).
+_ENDED = ":ended"
+
+
 class SessionStore:
     """Session records in Redis (the `redis` extra)."""
 
@@ -37,12 +41,15 @@ class SessionStore:
         self._prefix = f"{policy.namespace}:session:"
         self.ttl_ms = max(1, math.ceil(ttl_s * 1000))
         self._r = record_client(policy)
+        #: The latest record this replica wrote or read of each session it serves: written again when Redis lost it.
+        self._copies: dict[str, dict[str, Any]] = {}
 
     def _key(self, session_id: str) -> str:
         return self._prefix + session_id
 
     async def save(self, session_id: str, record: dict[str, Any]) -> None:
         """Write (or replace) the session's record with a fresh TTL."""
+        self._copies[session_id] = record
         try:
             await self._r.set(self._key(session_id), json.dumps(record), px=self.ttl_ms)
         except Exception as exc:
@@ -61,14 +68,33 @@ class SessionStore:
             record = json.loads(raw)
         except ValueError:
             return None
-        return record if isinstance(record, dict) else None
+        if not isinstance(record, dict):
+            return None
+        self._copies[session_id] = record
+        return record
 
     async def renew(self, session_id: str) -> bool:
-        """Push the TTL out again; False only when Redis says the session is gone (ended or expired)."""
+        """Push the TTL out again; False only when the session was ended (a `DELETE` on any replica).
+
+        A record that is simply not there was lost (Redis restarted, or a save failed while it was away): the replica
+        that serves the session writes its copy again, and serves on. Read as an end, a Redis blip ended every
+        2025-11-25 session for good, on the replica that held it too."""
+        key = self._key(session_id)
         try:
-            return bool(await self._r.pexpire(self._key(session_id), self.ttl_ms))
+            if await self._r.pexpire(key, self.ttl_ms):
+                return True
+            if await self._r.exists(key + _ENDED):
+                return False
         except Exception:
             return True
+        copy = self._copies.get(session_id)
+        if copy is not None:
+            await self.save(session_id, copy)
+        return True
+
+    def forget(self, session_id: str) -> None:
+        """This replica no longer serves the session: drop its copy."""
+        self._copies.pop(session_id, None)
 
     async def update(self, session_id: str, **fields: Any) -> None:
         """Change fields of an existing record (its TTL is kept)."""
@@ -82,9 +108,13 @@ class SessionStore:
             log.warning("cannot update session %s in Redis (%s)", session_id[:8], exc)
 
     async def delete(self, session_id: str) -> bool:
-        """End the session for every replica; whether it existed."""
+        """End the session for every replica; whether it existed. A mark says it ended (for the TTL), so a replica
+        that finds the record gone can tell an end from a loss (`renew`)."""
+        self.forget(session_id)
+        key = self._key(session_id)
         try:
-            return bool(await self._r.delete(self._key(session_id)))
+            await self._r.set(key + _ENDED, "1", px=self.ttl_ms)
+            return bool(await self._r.delete(key))
         except Exception as exc:
             log.warning("cannot delete session %s from Redis (%s)", session_id[:8], exc)
             return False
