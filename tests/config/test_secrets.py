@@ -169,6 +169,17 @@ def test_redactor_masks_every_eight_character_run() -> None:
     assert "5Jd8Wq2N" not in redact("sk-live-5Jd8Wq2Nf7Hc3Xb1sk-live-5Jd8Wq2Nf7Hc3Xb1")
 
 
+def test_a_database_user_name_is_no_secret_and_its_password_is() -> None:
+    """`postgresql://postgres@host/db` made "postgres" a secret: every such URL in a log read "<redacted>ql://..."."""
+    from breakwater.config._redact import Redactor, url_secrets
+
+    assert list(url_secrets("postgresql://postgres@127.0.0.1:5439/test")) == []
+    assert list(url_secrets("postgresql://app:s3cret-pw@db.example/prod")) == ["s3cret-pw"]
+    assert list(url_secrets("https://tok-9Xk2Lm4Qp7@h.example/mcp")) == ["tok-9Xk2Lm4Qp7"]  # a token as the user name
+    shown = Redactor(url_secrets("postgresql://postgres@127.0.0.1:5439/test"))("cannot reach postgresql://127.0.0.1:5439/test")
+    assert shown == "cannot reach postgresql://127.0.0.1:5439/test"
+
+
 def test_a_web_address_in_a_secret_is_shown_and_its_credentials_are_not() -> None:
     """A URL-valued setting (`JIRA_URL=https://...`) hides its user-info, path, query and fragment, not its host.
 

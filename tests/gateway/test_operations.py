@@ -6,6 +6,8 @@ The fleet test (`test_fleet.py`) shows the same end to end with `kill -9`.
 
 from __future__ import annotations
 
+import logging
+import socket
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -178,3 +180,26 @@ async def test_a_call_refused_before_it_was_sent_leaves_no_record_and_a_cancelle
         tg.cancel_scope.cancel()
     retried = await ask(b, Tool(), op)
     assert code(retried) == ("OUTCOME_UNKNOWN", "cancelled") and hung.runs == 1
+
+
+async def test_a_lease_that_cannot_be_renewed_is_said_at_the_1st_and_the_10th_failure_not_every_second(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis unreachable: the warning came once a second for as long as it lasted (86,000 lines a day)."""
+    from breakwater.testing import FakeClock
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    clock = FakeClock()
+    records = OperationRecords(StatePolicy(url=f"redis://127.0.0.1:{closed}", timeout_s=0.5), ttl_s=60, clock=clock)
+    caplog.set_level(logging.WARNING, logger="breakwater")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(records.keep_alive)
+        for _ in range(12):  # twelve renewals, each refused
+            await clock.wait_for_sleepers()
+            clock.advance(1.0)
+        await clock.wait_for_sleepers()
+        tg.cancel_scope.cancel()
+    said = [r.getMessage() for r in caplog.records if "lease" in r.getMessage()]
+    assert len(said) == 2 and "1 in a row" in said[0] and "10 in a row" in said[1], said

@@ -8,11 +8,14 @@ except under `CI=true`, where an unreachable server is a failure.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import json
 import math
 import random
+import re
+import socket
 import sqlite3
 import statistics
 import threading
@@ -871,3 +874,71 @@ def test_stats_cli_reads_postgresql(pg_conninfo: str, pg_schema: str, capsys: py
     assert cli_main(["stats", "--journal", f"{pg_conninfo} options=-csearch_path={pg_schema}", "--json", "--exact"]) == 0
     q = json.loads(capsys.readouterr().out)["tools"][0]
     assert (q["calls"], q["p50_s"], q["p95_s"]) == (20, 1.0, 1.9)
+
+
+class _Forwarder:
+    """TCP from a port of its own to PostgreSQL's, until `cut()`: the network between the journal and its database."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.pairs: list[tuple[socket.socket, socket.socket]] = []
+        self.open = True
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if not self.open:
+                client.close()
+                continue
+            server = socket.create_connection(("127.0.0.1", self.target))
+            self.pairs.append((client, server))
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def cut(self) -> None:
+        self.open = False
+        for a, b in self.pairs:
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+        self.pairs.clear()
+
+
+def test_rows_wait_for_a_database_that_went_away_after_it_was_open(pg_conninfo: str, pg_schema: str) -> None:
+    """PostgreSQL unreachable after the journal had connected: the rows written meanwhile were dropped for good (only a
+    store that was away at start kept them), and `last_error` stayed set after it came back."""
+    port = int(re.search(r"port=(\d+)", pg_conninfo).group(1))  # type: ignore[union-attr]
+    forwarder = _Forwarder(port)
+    journal = Journal(PostgresJournalStore(pg_conninfo.replace(f"port={port}", f"port={forwarder.port}"), schema=pg_schema))
+    clock = FakeClock()
+    try:
+        journal.record(rec(clock, 0.1))
+        assert journal.flush(20) and journal.counters()["written"] == 1
+        forwarder.cut()
+        for _ in range(3):
+            journal.record(rec(clock, 0.2))
+        journal.flush(20)
+        assert journal.counters()["written"] == 1 and journal.counters()["failed"] == 0 and journal.last_error
+        forwarder.open = True  # the database is back: the next writes reconnect
+        deadline = time.monotonic() + 20
+        while journal.counters()["written"] < 4 and time.monotonic() < deadline:
+            journal.flush(5)
+        assert journal.counters()["written"] == 4 and journal.last_error is None, journal.counters()
+    finally:
+        journal.close()
+        forwarder.listener.close()

@@ -134,9 +134,12 @@ def url_secrets(url: str) -> Iterator[str]:
         username, password = parts.username, parts.password
     except ValueError:
         return
-    # The password; a user name alone only when it is the credential (https://TOKEN@host).
-    if password or username:
-        yield password or username or ""
+    # The password; a user name alone only when it is the credential (https://TOKEN@host). A database's user name is
+    # no credential (`postgresql://postgres@host`: masked, it turned the scheme of every such URL into "<redacted>ql").
+    if password:
+        yield password
+    elif username and parts.scheme.lower() in _WEB_SCHEMES:
+        yield username
     for _, value in parse_qsl(parts.query, keep_blank_values=False):
         yield value
     if parts.fragment:
@@ -183,6 +186,9 @@ def arg_secrets(args: Iterable[str]) -> Iterator[str]:
             yield from header_secrets(arg.strip())
         yield from _TOKEN_SHAPED.findall(arg)
 
+
+#: The schemes of URLs whose user name alone may be a token (`https://TOKEN@host`).
+_WEB_SCHEMES = frozenset({"http", "https", "ws", "wss"})
 
 #: The schemes whose URLs name a place: `scheme://host[:port]` says where, not what (see `_public`).
 _ADDRESS_SCHEMES = ("http://", "https://", "ws://", "wss://")

@@ -43,6 +43,12 @@ _REOPEN_S = 5.0
 _OFF = frozenset({"off", "none", "false", "0", "disabled"})
 
 
+def _store_away(exc: Exception) -> bool:
+    """Whether a failed write says the store is away (a connection lost or refused, a database locked or restarting),
+    not that it refuses these rows: DB-API's OperationalError and InterfaceError, and the OS's own errors."""
+    return isinstance(exc, OSError) or any(c.__name__ in ("OperationalError", "InterfaceError") for c in type(exc).__mro__)
+
+
 def open_journal_store(url: str) -> JournalStore | None:
     """The store a `[journal] url` (or `--journal`) names; None when the journal is off.
 
@@ -298,6 +304,9 @@ class Journal:
                 self._drain()
                 if not final:
                     self._maintain()
+                else:  # what the store would not take by the end can only be counted
+                    self.failed += len(self._queue)
+                    self._queue.clear()
             elif final:
                 # Closing with a store that never opened: what is queued can only be counted.
                 self.failed += len(self._queue)
@@ -333,9 +342,17 @@ class Journal:
             try:
                 self.store.insert(batch)
             except Exception as exc:
-                self.failed += len(batch)
                 self._note_error("write", exc)
+                if _store_away(exc):
+                    # The store went away (a database restarted, a network cut): the rows wait for it, as they wait for
+                    # a store not there at start (the queue stays bounded by `record`). They were dropped for good.
+                    queue.extendleft(reversed(batch))
+                else:  # the rows themselves are refused: another try would be refused too
+                    self.failed += len(batch)
                 return
+            if self.last_error is not None:
+                log.warning("breakwater: the call journal writes again (%s)", self.store.location)
+                self.last_error = None
             self.written += len(batch)
 
     def _maintain(self) -> None:

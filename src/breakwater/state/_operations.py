@@ -123,11 +123,18 @@ class OperationRecords:
 
     async def keep_alive(self) -> None:
         """Renew this replica's lease until cancelled (run for as long as the replica serves)."""
+        failing = 0  # renewals failed in a row: said at the 1st, 10th, 100th... (once a second, 86,000 lines a day)
         while True:
             try:
                 await self._r.set(self._replicas + self.replica, "1", px=math.ceil(REPLICA_LEASE_S * 1000))
             except Exception as exc:
-                log.warning("cannot renew this replica's lease in Redis (%s)", exc)
+                failing += 1
+                if str(failing).strip("0") == "1":
+                    log.warning("cannot renew this replica's lease in Redis (%s; %d in a row)", exc, failing)
+            else:
+                if failing:
+                    log.warning("this replica's lease in Redis is renewed again, after %d failures", failing)
+                failing = 0
             await self.clock.sleep(_RENEW_S)
 
     async def aclose(self) -> None:
