@@ -439,3 +439,20 @@ async def test_an_error_raised_in_the_body_of_breakwater_comes_out_as_it_was_rai
     with pytest.raises(ValueError, match="the caller's own"):
         async with gate(tmp_path, server("s")) as bw:
             raise ValueError("the caller's own")
+
+
+async def test_a_cancelled_call_of_a_tool_that_changes_things_is_journaled_as_of_unknown_outcome(tmp_path: Path) -> None:
+    """A call cut once sent (the caller cancelled it, or a draining gateway cut it and told its caller OUTCOME_UNKNOWN)
+    was journaled CANCELLED: `stats` counted none unknown. A read-only tool's stays CANCELLED."""
+    from breakwater.journal import Journal, SQLiteJournalStore
+
+    journal = Journal(SQLiteJournalStore(tmp_path / "journal.sqlite3"))
+    spec = server("s", "--tool", "book:hang=1,destructive", "--tool", "look:hang=1,readonly")
+    async with Breakwater(Config(servers=(spec,)), admission_dir=tmp_path / "admission", journal=journal) as bw:
+        await bw.wait_ready(timeout=30)
+        for tool in ("book", "look"):
+            with anyio.move_on_after(0.5):  # the caller's own deadline, as an agent's
+                await bw.call_tool("s", tool, {})
+    journal.flush()
+    codes = {r.tool: r.error_code for r in journal.store.recent(10)}
+    assert codes == {"book": "OUTCOME_UNKNOWN", "look": "CANCELLED"}, codes

@@ -265,7 +265,10 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
             if call.journal is not None:
                 call.journal.sent += 1
                 duration_s = clock.monotonic() - deadline.started
-                observe(ctx, call, ErrorCode.CANCELLED, attempt=call.journal.sent, duration_s=duration_s)
+                # A tool that changes things, cancelled once sent, may or may not have acted (what the drain tells its
+                # caller): journaled as cancelled, `stats` counted none of them unknown.
+                code = ErrorCode.CANCELLED if info.retry_class is SAFE else ErrorCode.OUTCOME_UNKNOWN
+                observe(ctx, call, code, attempt=call.journal.sent, duration_s=duration_s)
             raise
         failure = CallCancelledError("The call was cancelled from outside breakwater before it finished.")
     except (Exception, BaseExceptionGroup) as exc:
