@@ -405,6 +405,19 @@ async def test_real_never_tool_times_out_to_outcome_unknown_once(tmp_path: Path)
     assert len(lines(tmp_path / "data" / "orders.jsonl")) == 1
 
 
+async def test_a_refused_operation_id_fits_the_tools_output_schema_and_reads_as_a_refusal(tmp_path: Path) -> None:
+    """`place_order` declares an output schema (a Receipt): the server's refusal kept its envelope in the structured
+    content, which the TypeScript SDK's clients check against the schema even in an error. It is under `_meta` now,
+    and the gate still reads it: the same id for another order is INVALID_ARGUMENTS, nothing run."""
+    async with gate(tmp_path, orders_spec(tmp_path)) as bw:
+        first = await bw.call_tool("orders", "place_order", ORDER, operation_id="op-receipt-1")
+        assert not first.is_error, first
+        other = await bw.call_tool("orders", "place_order", {**ORDER, "quantity": 9}, operation_id="op-receipt-1")
+        body = envelope(other)
+        assert (body["code"], body["reason"]) == ("INVALID_ARGUMENTS", "operation_mismatch"), body
+    assert len(lines(tmp_path / "data" / "orders.jsonl")) == 1
+
+
 def _pids_with(marker: str) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():

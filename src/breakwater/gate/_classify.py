@@ -59,7 +59,7 @@ from mcp.types import (
     ToolAnnotations,
 )
 
-from breakwater._wire import RESULT_TOO_LARGE
+from breakwater._wire import ERROR_META_KEY, RESULT_TOO_LARGE
 from breakwater.connect._http_cut import cut_info
 from breakwater.connect._raw_call import ServerReplyError
 from breakwater.errors import CallError, ErrorCode
@@ -248,6 +248,8 @@ def _classify_result(result: CallToolResult, retry_class: RetryClass) -> Verdict
     if not result.is_error:
         return SUCCESS
     data = result.structured_content
+    if data is None and result.meta:  # a refusal of `breakwater.idempotency` for a tool with an output schema
+        data = result.meta.get(ERROR_META_KEY)
     hint = _retry_after(data)
     if isinstance(data, dict):
         code = data.get("code")

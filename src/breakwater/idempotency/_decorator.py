@@ -35,6 +35,14 @@ from mcp.types import CallToolResult, InputRequiredResult, TextContent, ToolAnno
 from pydantic import BaseModel, Field
 
 from breakwater._wire import MAX_OPERATION_ID_LEN, OPERATION_ID_META_KEY
+from breakwater.idempotency._refusals import (
+    envelope_in_meta,
+    error_result,
+    in_progress,
+    mismatch,
+    store_unavailable,
+    unknown,
+)
 from breakwater.idempotency._sqlite import SQLiteStore
 from breakwater.idempotency._store import (
     DEFAULT_LEASE_S,
@@ -61,9 +69,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: The tool argument read when `_meta` carries no id (for clients that cannot set `_meta`).
 OPERATION_ID_ARG = "operationId"
 # MAX_OPERATION_ID_LEN (`breakwater._wire`): Stripe's limit; longer keys are refused rather than silently truncated.
-#: Cap on `retry_after_s` for an in-progress operation: the owner may finish any moment, so a
-#: caller should look again soon even when the lease runs much longer.
-MAX_RETRY_AFTER_S = 2.0
 #: How long recording an outcome may take after a cancellation before we give up on it.
 FINISH_GRACE_S = 10.0
 
@@ -108,71 +113,6 @@ def fingerprint(tool: str, arguments: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------- error results
 
 
-def _error_result(code: str, message: str, *, retryable: bool, retry_after_s: float | None, **detail: Any) -> CallToolResult:
-    # The same core keys as breakwater's client-side envelope, so one parser reads both.
-    structured: dict[str, Any] = {
-        "ok": False,
-        "code": code,
-        "retryable": retryable,
-        "retry_after_s": retry_after_s,
-        "message": message,
-        **detail,
-    }
-    return CallToolResult(content=[TextContent(text=message)], structured_content=structured, is_error=True)
-
-
-def _in_progress(record: OperationRecord, now: float) -> CallToolResult:
-    remaining = (record.lease_until or now) - now
-    retry_after = round(min(MAX_RETRY_AFTER_S, max(0.1, remaining)), 1)
-    return _error_result(
-        "OPERATION_IN_PROGRESS",
-        f"Operation {record.operation_id} is still running. Retry with the same operation id in {retry_after:g} s.",
-        retryable=True,
-        retry_after_s=retry_after,
-        tool=record.tool,
-        operation_id=record.operation_id,
-        state=record.state.value,
-    )
-
-
-def _store_unavailable(tool: str, operation_id: str) -> CallToolResult:
-    return _error_result(
-        "OPERATION_STORE_UNAVAILABLE",
-        "The server could not record this operation, so it did not run it. Retry with the same operation id.",
-        retryable=True,
-        retry_after_s=1.0,
-        tool=tool,
-        operation_id=operation_id,
-    )
-
-
-def _mismatch(record: OperationRecord, tool: str) -> CallToolResult:
-    where = f"tool '{record.tool}'" if record.tool != tool else "different arguments"
-    return _error_result(
-        "OPERATION_MISMATCH",
-        f"Operation id {record.operation_id} was already used with {where}. Use a new operation id for a different call.",
-        retryable=False,
-        retry_after_s=None,
-        tool=tool,
-        operation_id=record.operation_id,
-    )
-
-
-def _unknown(record: OperationRecord) -> CallToolResult:
-    reason = (record.outcome or {}).get("reason", "lease_expired")
-    why = "was cancelled" if reason == "cancelled" else "stopped (its server died or lost its lease)"
-    return _error_result(
-        "OPERATION_OUTCOME_UNKNOWN",
-        f"Operation {record.operation_id} {why} while running; whether its side effect happened is unknown. "
-        "Check the real state before trying again with a new operation id.",
-        retryable=False,
-        retry_after_s=None,
-        tool=record.tool,
-        operation_id=record.operation_id,
-        reason=reason,
-    )
-
-
 def _replay(record: OperationRecord, tool_label: str) -> CallToolResult:
     """The stored answer of a final operation: a result, a re-raised error, or `unknown`."""
     outcome = record.outcome or {}
@@ -188,7 +128,7 @@ def _replay(record: OperationRecord, tool_label: str) -> CallToolResult:
             raise MCPError(int(error["code"]), str(error["message"]), error.get("data"))
         # A crash: MCPServer showed only this text the first time (details stay in the server log).
         return CallToolResult(content=[TextContent(text=f"Error executing tool {tool_label}")], is_error=True)
-    return _unknown(record)
+    return unknown(record)
 
 
 # ---------------------------------------------------------------------------- the decorator
@@ -294,8 +234,7 @@ def _wrap(
         ctx_copy = contextvars.copy_context()
         return await anyio.to_thread.run_sync(functools.partial(ctx_copy.run, target, **kwargs))
 
-    @functools.wraps(func)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+    async def answer(*args: P.args, **kwargs: P.kwargs) -> Any:
         if args:
             # MCPServer always calls with keywords; positional calls would bypass the id lookup.
             raise TypeError("an @idempotent tool must be called with keyword arguments")
@@ -305,7 +244,7 @@ def _wrap(
         try:
             op_id = _operation_id(meta, tool_kwargs.get(OPERATION_ID_ARG) if has_op_arg else None)
         except _InvalidOperationId as exc:
-            return _error_result("INVALID_OPERATION_ID", str(exc), retryable=False, retry_after_s=None, tool=tool_name)
+            return error_result("INVALID_OPERATION_ID", str(exc), retryable=False, retry_after_s=None, tool=tool_name)
         if op_id is None:
             # No id: the caller asked for no deduplication, so the tool runs like any other.
             return await call(kwargs)
@@ -331,11 +270,26 @@ def _wrap(
         finally:
             _current.reset(token)
 
-    wrapper.__signature__ = wrapper_sig  # type: ignore[attr-defined]
-    # find_context_parameter reads type hints, so the added Context must be in the annotations too.
-    annotations = {name: p.annotation for name, p in wrapper_sig.parameters.items() if p.annotation is not p.empty}
-    if wrapper_sig.return_annotation is not inspect.Signature.empty:
-        annotations["return"] = wrapper_sig.return_annotation
+    # A tool with an output schema: its structured content must fit it, even in an error (the TypeScript SDK's clients
+    # check it whenever it is there: Claude Code, Cursor and the Inspector showed a schema mismatch, not the refusal).
+    # The refusals' envelope goes under `_meta`, where breakwater's own gateway puts its own for the same reason.
+    in_meta = out_meta.output_schema is not None
+
+    @functools.wraps(func)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+        result = await answer(*args, **kwargs)
+        return envelope_in_meta(result) if in_meta else result
+
+    return _dressed(wrapper, wrapper_sig)
+
+
+def _dressed(wrapper: Callable[P, Coroutine[Any, Any, Any]], sig: inspect.Signature) -> Callable[P, Coroutine[Any, Any, Any]]:
+    """`wrapper` with `sig` as its signature, and its annotations (find_context_parameter reads type hints, so the
+    added Context must be in the annotations too)."""
+    wrapper.__signature__ = sig  # type: ignore[attr-defined]
+    annotations = {name: p.annotation for name, p in sig.parameters.items() if p.annotation is not p.empty}
+    if sig.return_annotation is not inspect.Signature.empty:
+        annotations["return"] = sig.return_annotation
     wrapper.__annotations__ = annotations
     return wrapper
 
@@ -412,21 +366,21 @@ class _Run:
             # Fail closed: running without a record could repeat a side effect, and nothing has
             # happened yet, so the caller may safely retry.
             _log.exception("operation store unavailable while claiming %s", self.operation_id)
-            return _store_unavailable(self.tool, self.operation_id)
+            return store_unavailable(self.tool, self.operation_id)
         record = claim.record
         if record.fingerprint != self.fingerprint:
-            return _mismatch(record, self.tool)
+            return mismatch(record, self.tool)
         if not claim.owned:
             if record.state.is_final:
                 return _replay(record, self.tool)
-            return _in_progress(record, self.store.clock.time())
+            return in_progress(record, self.store.clock.time())
 
         try:
             started = await self.store.mark_executing(self.operation_id, owner=self.owner, lease_s=self.lease_s)
         except Exception:
             _log.exception("operation store failed while starting %s", self.operation_id)
             await self._shielded(self.store.release(self.operation_id, owner=self.owner))
-            return _store_unavailable(self.tool, self.operation_id)
+            return store_unavailable(self.tool, self.operation_id)
         except BaseException:
             # Cancelled before the tool started: nothing happened, so free the id.
             await self._shielded(self.store.release(self.operation_id, owner=self.owner))
@@ -435,7 +389,7 @@ class _Run:
             current = await self.store.get(self.operation_id)
             if current is not None and current.state.is_final:
                 return _replay(current, self.tool)
-            return _in_progress(current or record, self.store.clock.time())
+            return in_progress(current or record, self.store.clock.time())
 
         try:
             # With `shield`, a cancellation waits until the tool (and its heartbeat) is done.
