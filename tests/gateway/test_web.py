@@ -546,9 +546,13 @@ def browser(tmp_path: Path) -> Iterator[Any]:
 
 
 def _wait(driver: Any, condition: Any, message: str, timeout: float = 30) -> Any:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition, message)
+    # An element read while the page navigates (the login's submit) or redraws goes stale: look again, as for one not
+    # there yet (a CI run failed on the login's navigation, once).
+    ignored = (StaleElementReferenceException,)
+    return WebDriverWait(driver, timeout, poll_frequency=0.1, ignored_exceptions=ignored).until(condition, message)
 
 
 @pytest.mark.timeout(150)
