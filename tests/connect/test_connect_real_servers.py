@@ -144,26 +144,26 @@ async def test_process_that_exits_reports_code_and_stderr(tmp_path: Path) -> Non
     assert snap.next_retry_at is not None
 
 
-async def test_crash_loop_is_failed_before_the_budget_is_spent(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("flags", "code", "exit_code"),
+    [
+        (("--exit-at-start", "1"), Reason.EXITED, 1),
+        # A second after each handshake: it was restarted at once, every time, forever, and read as ready. A drop so
+        # soon after ready, exiting as the last one did, is a failed attempt (backed off), and three are a crash loop.
+        (("--exit-after", "1"), Reason.CONNECTION_LOST, 9),
+    ],
+)
+async def test_crash_loop_is_failed_before_the_budget_is_spent(
+    tmp_path: Path, flags: tuple[str, ...], code: Reason, exit_code: int
+) -> None:
     """A process that exits the same way three times in a row is a crash loop: `failed`, not `retrying` for minutes."""
-    spec = stdio("crashloop", "--exit-at-start", "1", "--exit-message", "config file missing")
+    spec = stdio("crashloop", *flags, "--exit-message", "Fatal: config file missing")
     async with breakwater(tmp_path, spec) as bw:
         await until(bw, "crashloop", ServerState.FAILED)
         snap = bw.status().servers[0]
     assert snap.attempts == 3
-    assert snap.error is not None and snap.error.code is Reason.EXITED
-
-
-async def test_a_server_that_crashes_soon_after_it_is_ready_is_a_crash_loop_too(tmp_path: Path) -> None:
-    """A process that exits the same way a second after each handshake was restarted at once, every time, forever, and
-    read as ready: a drop so soon after ready is a failed attempt (backed off), and three alike are a crash loop."""
-    spec = stdio("crashy", "--exit-after", "1", "--exit-message", "Fatal: plugin crashed")
-    async with breakwater(tmp_path, spec) as bw:
-        await until(bw, "crashy", ServerState.FAILED)
-        snap = bw.status().servers[0]
-    assert snap.attempts == 3
-    assert snap.error is not None and snap.error.code is Reason.CONNECTION_LOST
-    assert snap.error.exit_code == 9 and "Fatal: plugin crashed" in snap.error.message
+    assert snap.error is not None and snap.error.code is code
+    assert snap.error.exit_code == exit_code and "Fatal: config file missing" in snap.error.message
 
 
 async def test_a_server_that_says_why_on_stderr_and_hangs_times_out_with_what_it_said(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ from breakwater.errors import CallError, OutcomeUnknownError, UpstreamError
 if TYPE_CHECKING:
     from breakwater._breakwater import Breakwater
 
-__all__ = ["CUT_GRACE_S", "Drain", "DrainGuard", "drain_stdio", "stdio_refusal"]
+__all__ = ["CUT_GRACE_S", "Drain", "DrainGuard", "drain_stdio", "replay_body", "stdio_refusal"]
 
 #: After the window, how long the cut calls' envelopes get to be written before the server stops.
 CUT_GRACE_S = 0.5
@@ -211,7 +211,7 @@ class DrainGuard:
                 if body is None or (message_id := _request_id(body)) is not _NOT_A_REQUEST:
                     await _refuse(send, None if body is None else message_id)
                     return
-                receive = _replay(body, receive)
+                receive = replay_body(body, receive)
         if method != "POST":
             await self.app(scope, receive, send)
             return
@@ -262,7 +262,8 @@ async def _read_body(receive: Any) -> bytes | None:
             return b"".join(chunks)
 
 
-def _replay(body: bytes, receive: Any) -> Any:
+def replay_body(body: bytes, receive: Any) -> Any:
+    """An ASGI `receive` that hands the app a request body already read, then the connection's own messages."""
     sent = False
 
     async def replay() -> Any:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import anyio
 from mcp.server.mcpserver import MCPServer
 
+from breakwater.gateway._drain import replay_body
 from breakwater.gateway._listen import tcp_listener
 from breakwater.testing._ledger import write_atomic
 
@@ -86,7 +87,7 @@ def _faulty_app(app: ASGIApp, faults: HttpFaults) -> ASGIApp:
                 return
             body += message.get("body", b"")
         if faults.reset_left <= 0 and faults.status_tool is not None and not _calls(body, faults.status_tool):
-            await app(scope, _replay(body, receive), send)
+            await app(scope, replay_body(body, receive), send)
             return
         if faults.reset_left > 0:
             faults.reset_left -= 1
@@ -118,20 +119,6 @@ def _calls(body: bytes, tool: str) -> bool:
         return False
     params = message.get("params") if isinstance(message, dict) and message.get("method") == "tools/call" else None
     return isinstance(params, dict) and params.get("name") == tool
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A `receive` that hands the app the body already read, then the connection's own messages."""
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 async def serve_streamable_http(
