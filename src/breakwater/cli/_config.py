@@ -27,14 +27,17 @@ def _own(tool: ToolSettings, key: str) -> Any:
     return getattr(tool.call, key) if hasattr(tool.call, key) else getattr(tool.retry, key)
 
 
+def _changed(policy: Any, default: Any) -> dict[str, Any]:
+    """The fields of `policy` whose value is not `default`'s."""
+    return {k: v for k, v in vars(policy).items() if getattr(default, k) != v}
+
+
 def _understood(config: Config) -> dict[str, Any]:
-    defaults = config.connect
     servers = []
     for spec in config.servers:
         entry = spec.describe()
         for section in ("connect", "call", "retry", "breaker"):
-            default = getattr(config, section)
-            if overrides := {k: v for k, v in vars(getattr(spec, section)).items() if getattr(default, k) != v}:
+            if overrides := _changed(getattr(spec, section), getattr(config, section)):
                 entry[section] = overrides
         # A tool's own table: only what it set (the rest is its server's).
         tools = {name: {k: _own(t, k) for k in sorted(t.explicit)} for name, t in spec.tools.items()}
@@ -43,16 +46,9 @@ def _understood(config: Config) -> dict[str, Any]:
         servers.append(entry)
     # The settings that are not the built-in defaults, from the file or the environment: printed nowhere, a correct
     # `[gateway] drift = "block"` could not be told from one that was never read.
-    settings = {
-        section: changed
-        for section in _SECTIONS
-        if (
-            changed := {
-                k: v for k, v in vars(getattr(config, section)).items() if getattr(type(getattr(config, section))(), k) != v
-            }
-        )
-    }
-    out: dict[str, Any] = {"path": config.path, "connect": vars(defaults), "settings": settings, "servers": servers}
+    policies = {section: getattr(config, section) for section in _SECTIONS}
+    settings = {section: changed for section, p in policies.items() if (changed := _changed(p, type(p)()))}
+    out: dict[str, Any] = {"path": config.path, "connect": vars(config.connect), "settings": settings, "servers": servers}
     if config.notes:
         out["notes"] = list(config.notes)
     return out

@@ -46,7 +46,7 @@ from breakwater._wire import RESULT_TOO_LARGE
 #: JSON-RPC's "invalid request", the code of the SDK client's own "Session terminated".
 _INVALID_REQUEST = -32600
 
-__all__ = ["CUT_KEY", "CutTolerantTransport", "cut_info"]
+__all__ = ["CUT_KEY", "CutTolerantTransport", "cut_info", "retry_after_s"]
 
 #: Where the synthetic error's `data` carries what happened: {"sent": bool, "error": "ReadError"}.
 #: The SDK's local code for a lost connection, which the gate already treats as a transport failure.
@@ -143,11 +143,7 @@ class CutTolerantTransport(httpx2.AsyncBaseTransport):
                 chunks.append(chunk)
         finally:
             await response.aclose()
-        # Decoded already: the new response must not claim a content encoding or the old length.
-        headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in ("content-encoding", "content-length")]
-        return httpx2.Response(
-            response.status_code, headers=headers, content=b"".join(chunks), request=request, extensions=response.extensions
-        )
+        return _with_body(request, response, b"".join(chunks))
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -187,7 +183,7 @@ async def _status_error(request: httpx2.Request, request_id: str | int, response
         what = f"HTTP {status} {response.reason_phrase}".rstrip()
         cut: dict[str, Any] = {"sent": not (status < 500 or status in _REFUSED_BEFORE_RUN), "error": what, "status": status}
         error = {"code": _CONNECTION_CLOSED, "message": f"the server refused the request: {what}", "data": {CUT_KEY: cut}}
-        retry_after = _retry_after_s(response.headers.get("retry-after"))
+        retry_after = retry_after_s(response.headers.get("retry-after"))
         if retry_after is not None:
             error["data"]["retryAfter"] = retry_after
     content = json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode()
@@ -205,7 +201,7 @@ def _json_rpc_error_code(body: bytes) -> int | None:
     return code if isinstance(code, int) and not isinstance(code, bool) else None
 
 
-def _retry_after_s(value: str | None) -> float | None:
+def retry_after_s(value: str | None) -> float | None:
     """A Retry-After header's delay in seconds (its HTTP-date form needs the server's clock, which is not trusted)."""
     try:
         seconds = float(value) if value is not None else -1.0
@@ -215,7 +211,8 @@ def _retry_after_s(value: str | None) -> float | None:
 
 
 def _with_body(request: httpx2.Request, response: httpx2.Response, content: bytes, *, as_json: bool = False) -> httpx2.Response:
-    """`response` with `content` for its (already read, decoded) body; `as_json`: a JSON body of breakwater's."""
+    """`response` with `content` for its (already read, decoded) body; `as_json`: a JSON body of breakwater's. Decoded
+    already: the new response must not claim a content encoding or the old length."""
     dropped = {"content-encoding", "content-length", "content-type"} if as_json else {"content-encoding", "content-length"}
     headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in dropped]
     if as_json:

@@ -32,7 +32,15 @@ from pydantic import ValidationError
 
 from breakwater._wire import RESULT_TOO_LARGE
 
-__all__ = ["UPSTREAM_NAME", "HandOffReader", "LineSplitter", "Oversized", "StdoutParser", "quiet_sdk_junk_logs"]
+__all__ = [
+    "UPSTREAM_NAME",
+    "HandOffReader",
+    "LineSplitter",
+    "Oversized",
+    "StdoutParser",
+    "is_power_of_ten",
+    "quiet_sdk_junk_logs",
+]
 
 logger = logging.getLogger("breakwater.stdio")
 
@@ -230,7 +238,7 @@ class StdoutParser:
                 len(line),
                 sample,
             )
-        elif _is_power_of_ten(count):
+        elif is_power_of_ten(count):
             logger.warning("%s has written %d lines on stdout that are %s; all ignored", self.server, count, kind)
 
 
@@ -242,7 +250,8 @@ def _kind(value: Any) -> str:
     return names.get(type(value), "something else")
 
 
-def _is_power_of_ten(n: int) -> bool:
+def is_power_of_ten(n: int) -> bool:
+    """Whether `n` is 1, 10, 100, ...: when a counted, repeated warning is said again."""
     while n >= 10 and n % 10 == 0:
         n //= 10
     return n == 1
@@ -282,7 +291,7 @@ class _JunkLogLimit(logging.Filter):
         server, what = UPSTREAM_NAME.get(), record.getMessage()
         count = self._counts.get((server, what), 0) + 1
         self._counts[server, what] = count
-        if count > 1 and not _is_power_of_ten(count):
+        if count > 1 and not is_power_of_ten(count):
             return False
         error = record.exc_info[1] if record.exc_info else None
         record.msg = "%s from %s (%d so far, logged at the 1st, 10th, 100th...)%s"

@@ -22,7 +22,7 @@ from breakwater._clock import Clock
 from breakwater.catalog._validate import ArgumentCheck
 from breakwater.config import CallPolicy, RetryPolicy
 from breakwater.connect._upstream import Upstream
-from breakwater.errors import CallError, ErrorCode
+from breakwater.errors import CallError, ErrorCode, InvalidArgumentsError
 from breakwater.gate._breaker import BreakerRegistry, BreakerState, CircuitBreaker, Rejection
 from breakwater.gate._classify import Classifier, RetryClass, retry_class_for
 from breakwater.gate._health import ToolHealth
@@ -39,6 +39,7 @@ __all__ = [
     "ProgressCallback",
     "ServerRecord",
     "ToolRecord",
+    "invalid_operation_id",
     "mark_sent",
     "observe",
     "stopped",
@@ -312,6 +313,13 @@ def mark_sent(ctx: GateContext, call: Call) -> None:
             None,  # arguments_hash
         )
     )
+
+
+def invalid_operation_id(problem: str, server: str | None, tool: str) -> InvalidArgumentsError:
+    """A caller's operation id breakwater cannot keep (`_wire.operation_id_problem`), refused with nothing run: replaced
+    by a new one, the caller's retries ran again, each under its own."""
+    said = f"Invalid operation id: {problem}; nothing was run. Send a valid one, or none."
+    return InvalidArgumentsError(said, server=server, tool=tool, detail={"reason": "invalid_operation_id"})
 
 
 def stopped(err: CallError, why: str) -> CallError:

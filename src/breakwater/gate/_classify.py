@@ -60,7 +60,7 @@ from mcp.types import (
 )
 
 from breakwater._wire import ERROR_META_KEY, RESULT_TOO_LARGE
-from breakwater.connect._http_cut import cut_info
+from breakwater.connect._http_cut import cut_info, retry_after_s
 from breakwater.connect._raw_call import ServerReplyError
 from breakwater.errors import CallError, ErrorCode
 from breakwater.gate._breaker import Outcome
@@ -542,7 +542,7 @@ def _classify_http(exc: httpx2.HTTPError, ctx: AttemptContext) -> Verdict:
         return _cut(ctx, ErrorCode.TIMEOUT, f"transport {type(exc).__name__}")
     if isinstance(exc, httpx2.HTTPStatusError):
         response = exc.response
-        return _classify_status(response.status_code, _parse_retry_after(response.headers.get("retry-after")), ctx)
+        return _classify_status(response.status_code, retry_after_s(response.headers.get("retry-after")), ctx)
     return _cut(ctx, ErrorCode.UPSTREAM_ERROR, f"connection lost: {type(exc).__name__}")
 
 
@@ -558,17 +558,6 @@ def _classify_status(status: int, hint: float | None, ctx: AttemptContext) -> Ve
     if status >= 500:
         return _cut(ctx, ErrorCode.UPSTREAM_ERROR, f"HTTP {status}", hint)
     return _fatal(f"HTTP {status}: the server refused the request before running it")
-
-
-def _parse_retry_after(value: str | None) -> float | None:
-    # Only the delta-seconds form; an HTTP date would need the server's clock, which we do not trust.
-    if value is None:
-        return None
-    try:
-        seconds = float(value.strip())
-    except ValueError:
-        return None
-    return seconds if seconds >= 0 else None
 
 
 def _url_elicitations(data: object) -> tuple[Mapping[str, Any], ...]:

@@ -83,6 +83,7 @@ from breakwater.gate._call import (
     ProgressCallback,
     ServerRecord,
     ToolRecord,
+    invalid_operation_id,
     stopped,
 )
 from breakwater.gate._classify import Classifier, RetryClass, Verdict
@@ -483,11 +484,7 @@ class CallGate:
         meta: types.RequestParamsMeta | None = None
         if info.retry_class is not SAFE:
             if operation_id is not None and (problem := operation_id_problem(operation_id)) is not None:
-                # Replaced by a new id, a caller's retries ran again, each under its own.
-                refused = InvalidArgumentsError(
-                    f"Invalid operation id: {problem}; nothing was run.", server=srv.name, tool=info.name
-                )
-                raise self._refused_early(srv, info.name, refused)
+                raise self._refused_early(srv, info.name, invalid_operation_id(problem, srv.name, info.name))
             given = operation_id or arguments.get(OPERATION_ID_ARGUMENT)
             # A caller's own idempotency key is the operation; otherwise one id for every attempt.
             op_id = given if isinstance(given, str) and given else uuid.uuid4().hex

@@ -41,8 +41,8 @@ from breakwater.catalog._catalog import Catalog, Entry
 from breakwater.config import GatewayPolicy
 from breakwater.config._checks import route_by_shape
 from breakwater.connect._readiness import ON_ITS_WAY
-from breakwater.errors import CallCancelledError, InvalidArgumentsError, UnknownToolError
-from breakwater.gate._call import OPERATION_ID_ARGUMENT
+from breakwater.errors import CallCancelledError, UnknownToolError
+from breakwater.gate._call import OPERATION_ID_ARGUMENT, invalid_operation_id
 from breakwater.gate._envelope import error_result
 from breakwater.gateway._builtins import BuiltinTools, SearchAnswer
 from breakwater.gateway._connection import connection_of
@@ -98,12 +98,6 @@ class _GatewayServer(Server[Any]):
             experimental_capabilities,
             extensions,
         )
-
-
-def _bad_operation_id(problem: str, server: str | None, tool: str) -> InvalidArgumentsError:
-    """A caller's operation id breakwater cannot keep: refused, nothing run (replaced, each retry ran again)."""
-    said = f"Invalid operation id: {problem} (_meta {OPERATION_ID_META_KEY!r}); nothing was run; send a valid one, or none."
-    return InvalidArgumentsError(said, server=server, tool=tool, detail={"reason": "invalid_operation_id"})
 
 
 def _client_name(ctx: ServerRequestContext[Any], meta: Mapping[str, Any]) -> str | None:
@@ -454,7 +448,7 @@ class Gateway:
         # An agent that re-sends a call with its own operation id gets the same operation upstream.
         given = meta.get(OPERATION_ID_META_KEY)
         if given is not None and (problem := operation_id_problem(given)) is not None:
-            return error_result(_bad_operation_id(problem, server, tool))
+            return error_result(invalid_operation_id(problem, server, tool))
         operation_id = given if isinstance(given, str) else None
         own = arguments.get(OPERATION_ID_ARGUMENT)
         if operation_id is None and not (isinstance(own, str) and own):

@@ -31,6 +31,7 @@ from typing import Any
 
 from breakwater._clock import Clock
 from breakwater.config._policies import StatePolicy
+from breakwater.connect._lines import is_power_of_ten
 from breakwater.state._record_client import record_client
 
 __all__ = ["REPLICA_LEASE_S", "OperationRecords"]
@@ -129,7 +130,7 @@ class OperationRecords:
                 await self._r.set(self._replicas + self.replica, "1", px=math.ceil(REPLICA_LEASE_S * 1000))
             except Exception as exc:
                 failing += 1
-                if str(failing).strip("0") == "1":
+                if is_power_of_ten(failing):
                     log.warning("cannot renew this replica's lease in Redis (%s; %d in a row)", exc, failing)
             else:
                 if failing:
