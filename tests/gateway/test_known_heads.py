@@ -424,6 +424,13 @@ async def test_every_refusal_of_the_stack_still_happens_once_a_head_is_known(tmp
         # A loopback Host without a port (a local reverse proxy's `Host $host`) is the loopback: it was refused 421.
         for host in ("localhost", "127.0.0.1"):
             assert (await raw.exchange(request("POST", "/mcp", varied("host", host), _call(6))))[0] == 200, host
+        # Host names are case-insensitive: a client that spells the name in capitals was refused 421.
+        for host in ("LOCALHOST", f"LocalHost:{port}"):
+            assert (await raw.exchange(request("POST", "/mcp", varied("host", host), _call(6))))[0] == 200, host
+        capitals = [*varied("host", f"LOCALHOST:{port}"), ("origin", f"HTTP://LocalHost:{port}")]
+        assert (await raw.exchange(request("POST", "/mcp", capitals, _call(6))))[0] == 200
+        foreign = [*varied("host", f"LOCALHOST:{port}"), ("origin", "HTTP://EVIL.example")]
+        assert (await raw.exchange(request("POST", "/mcp", foreign, _call(6))))[0] == 403
         # The known head with a body that is no plain call: answered as the whole stack answers it.
         nan = b'{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"up__add","arguments":{"a":NaN}}}'
         status, _, body = await raw.exchange(request("POST", "/mcp", session, nan))

@@ -60,6 +60,19 @@ def _normalise_authorization(value: bytes) -> bytes:
     return value
 
 
+def _cased(headers: dict[bytes, bytes]) -> bool:
+    """Whether the Host or Origin header holds capitals, which the SDK's DNS-rebinding check would refuse."""
+    host, origin = headers.get(b"host", b""), headers.get(b"origin", b"")
+    return host != host.lower() or origin != origin.lower()
+
+
+def _normalise(name: bytes, value: bytes) -> bytes:
+    # Host names and URL schemes are case-insensitive (RFC 9110 §4.2.3), and `Host: LOCALHOST:8080` was refused 421.
+    if name == b"host" or name == b"origin":
+        return value.lower()
+    return _normalise_authorization(value) if name == b"authorization" else value
+
+
 def _split_host(value: str) -> tuple[str, str | None]:
     """(host, port or None) of a Host header or an Origin's authority, loopback names folded into one."""
     host, port = value, None
@@ -82,7 +95,7 @@ class RequestGuard:
 
     def __init__(self, app: Any, allowed_origins: Sequence[str] = ()) -> None:
         self.app = app
-        self._allowed = frozenset(o.rstrip("/") for o in allowed_origins)
+        self._allowed = frozenset(o.rstrip("/").lower() for o in allowed_origins)
 
     def _cross_port(self, headers: dict[bytes, bytes]) -> bool:
         origin = headers.get(b"origin", b"").decode("latin-1").rstrip("/")
@@ -108,8 +121,8 @@ class RequestGuard:
                 )
                 await send({"type": "http.response.body", "body": b'{"error": "Origin names another port of this host"}'})
                 return
-            if b"authorization" in headers:
-                raw = [(k, _normalise_authorization(v) if k == b"authorization" else v) for k, v in raw]
+            if b"authorization" in headers or _cased(headers):
+                raw = [(k, _normalise(k, v)) for k, v in raw]
                 scope = {**scope, "headers": raw}
             send = whole_responses(send)
         await self.app(scope, receive, send)
@@ -224,7 +237,7 @@ def _security(host: str, allowed_hosts: Sequence[str], allowed_origins: Sequence
         "http://[::1]",
     ]
     if host not in LOOPBACK_HOSTS:
-        names = [host, *allowed_hosts]
+        names = [name.lower() for name in (host, *allowed_hosts)]
         if host in WILDCARD_HOSTS:
             # Nobody sends `Host: 0.0.0.0`: clients name the machine. More names (a load balancer's,
             # a pod IP) come from --allowed-host.
@@ -234,5 +247,7 @@ def _security(host: str, allowed_hosts: Sequence[str], allowed_origins: Sequence
             hosts += [bracketed, f"{bracketed}:*"]
             origins += [f"http://{bracketed}", f"http://{bracketed}:*", f"https://{bracketed}", f"https://{bracketed}:*"]
     return TransportSecuritySettings(
-        enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=[*origins, *allowed_origins]
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=hosts,
+        allowed_origins=[*origins, *(o.lower() for o in allowed_origins)],
     )
