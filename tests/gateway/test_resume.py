@@ -219,6 +219,20 @@ async def test_a_follower_answers_for_a_call_whose_replica_is_gone() -> None:
     assert owner.streams.orphaned == 1
 
 
+async def test_a_followers_answer_names_the_server_and_tool_as_the_gates_would() -> None:
+    """The follower's OUTCOME_UNKNOWN named the downstream name as the tool and no server; a gate's names both apart."""
+    clock = FakeClock()
+    owner = Owner(MemoryStreamLog(events=10, ttl_s=60, clock=clock), clock)
+    owner.streams.resolve = {"shop__order": ("shop", "order")}.get
+    owner.view.open("7")
+    await owner.view.commit(_request())
+    owner.alive = False
+    answer = (await _replay(owner.view, "1/7"))[-1].message
+    assert isinstance(answer, JSONRPCResponse)
+    envelope = answer.result["structuredContent"]
+    assert (envelope["server"], envelope["tool"], envelope["operation_id"]) == ("shop", "order", OP)
+
+
 async def test_unknown_and_foreign_ids_are_not_known() -> None:
     clock = FakeClock()
     owner = Owner(MemoryStreamLog(events=10, ttl_s=60, clock=clock), clock)

@@ -10,6 +10,7 @@ timeout cuts the SDK client's stream and the client resumes it with nothing lost
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,30 @@ async def test_with_redis_another_replica_resumes_a_stream_while_the_first_runs_
         assert not answer["result"].get("isError")
         assert progress >= 2
         assert [await _resumed(http, r.port) for r in fleet.replicas] == [0, 1]
+
+
+async def test_with_redis_a_call_whose_replica_died_is_answered_outcome_unknown_naming_server_and_tool(
+    tmp_path: Path, haproxy: str, redis_available: None
+) -> None:
+    """The replica running the call is killed: another one answers the resumed stream OUTCOME_UNKNOWN, naming the
+    server and the tool apart, as the gate's own answers do (it named `shop__prog` as the tool, and no server)."""
+    options = FleetOptions(replicas=2, redis_url=REDIS_URL, keepalive_s=0.3, upstream_tools=("prog:latency=30,progress=0.4",))
+    async with Fleet(tmp_path, options) as fleet, httpx2.AsyncClient(timeout=30) as http:
+        a, b = (f"http://127.0.0.1:{r.port}/mcp" for r in fleet.replicas)
+        headers = await _session(http, a)
+        await _ready(http, a, headers)
+        last_id, _ = await _cut_after_two_progress(http, a, headers)
+        await fleet.replicas[0].stop(signal.SIGKILL)
+        with anyio.fail_after(20):
+            answer, _ = await _resume(http, b, headers, last_id)
+        envelope = answer["result"]["structuredContent"]
+        assert answer["id"] == 5 and answer["result"]["isError"] is True
+        assert (envelope["code"], envelope["reason"], envelope["server"], envelope["tool"]) == (
+            "OUTCOME_UNKNOWN",
+            "replica_lost",
+            "shop",
+            "prog",
+        )
 
 
 async def test_behind_haproxy_an_idle_cut_stream_is_resumed_by_the_sdk_client(

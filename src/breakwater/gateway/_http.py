@@ -216,7 +216,7 @@ def _resumable(gateway: Gateway, streams: StreamLog | None) -> ResumableStreams 
 
     # Without `streams` (a library caller's app) nothing sweeps this log: it is purged at each write, within its bounds.
     log = streams or memory_stream_log(policy, gateway.bw.clock)
-    resumable = ResumableStreams(log, clock=gateway.bw.clock, ttl_s=policy.resume_ttl_s)
+    resumable = ResumableStreams(log, clock=gateway.bw.clock, ttl_s=policy.resume_ttl_s, resolve=gateway.resolve)
     # Replayed streams end with the drain, so their clients reconnect to a replica still serving.
     gateway.drain.on_done.append(resumable.end_followers)
     return resumable

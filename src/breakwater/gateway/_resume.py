@@ -82,10 +82,19 @@ def _resumable_id(request_id: str) -> bool:
 class ResumableStreams:
     """A replica's resumable streams: the log, the bounds, and the followers a drain ends."""
 
-    def __init__(self, log: StreamLog, *, clock: Clock, ttl_s: float) -> None:
+    def __init__(
+        self,
+        log: StreamLog,
+        *,
+        clock: Clock,
+        ttl_s: float,
+        resolve: Callable[[str], tuple[str, str] | None] | None = None,
+    ) -> None:
         self.log = log
         self.clock = clock
         self.ttl_s = ttl_s
+        #: (server, tool) behind a downstream tool name, so a follower's answer names them as the gate's would.
+        self.resolve = resolve
         self._followers: set[anyio.CancelScope] = set()
         #: Streams replayed to a reconnecting client (for status and tests).
         self.resumed = 0
@@ -159,7 +168,7 @@ class SessionStreams(EventStore):
         # Taken before any await, so no event the router stores meanwhile is written before the start.
         state.lock.acquire_nowait()
         try:
-            await self.streams.log.start(key, _info(request), entries, self._alive)
+            await self.streams.log.start(key, _info(request, self.streams.resolve), entries, self._alive)
         except Exception as exc:
             log.warning("cannot keep stream %s of session %s (%s); it cannot be resumed", request_id, self.session_id[:8], exc)
         finally:
@@ -275,14 +284,17 @@ def _dump(message: JSONRPCMessage) -> str:
     return message.model_dump_json(by_alias=True, exclude_unset=True)
 
 
-def _info(request: JSONRPCRequest) -> dict[str, Any]:
+def _info(request: JSONRPCRequest, resolve: Callable[[str], tuple[str, str] | None] | None = None) -> dict[str, Any]:
     """What a follower needs to answer for the request if its replica is gone."""
     params = request.params if isinstance(request.params, dict) else {}
     meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+    name = params.get("name") if request.method == "tools/call" else None
+    target = resolve(name) if resolve is not None and isinstance(name, str) else None
     return {
         "id": request.id,
         "method": request.method,
-        "tool": params.get("name") if request.method == "tools/call" else None,
+        "server": target[0] if target is not None else None,
+        "tool": target[1] if target is not None else name,
         "operation_id": meta.get(OPERATION_ID_META_KEY) if isinstance(meta, dict) else None,
     }
 
@@ -301,10 +313,11 @@ def _orphan_answer(request_id: str, info: dict[str, Any]) -> JSONRPCMessage:
         from breakwater.errors import OutcomeUnknownError
         from breakwater.gate._envelope import error_result
 
-        operation_id = info.get("operation_id")
+        operation_id, server, tool = info.get("operation_id"), info.get("server"), info.get("tool")
         err = OutcomeUnknownError(
             _LOST,
-            tool=info.get("tool") if isinstance(info.get("tool"), str) else None,
+            server=server if isinstance(server, str) else None,
+            tool=tool if isinstance(tool, str) else None,
             operation_id=operation_id if isinstance(operation_id, str) else None,
             detail={"reason": "replica_lost"},
         )

@@ -269,7 +269,7 @@ class Gateway:
         entry = self._index.get(name)
         return entry.tool.input_schema if entry is not None and _declares_headers(entry.tool) else None
 
-    def _resolve(self, name: str) -> tuple[str, str] | None:
+    def resolve(self, name: str) -> tuple[str, str] | None:
         """The (server, tool) behind a downstream name: from the catalog, else from the name's shape."""
         self.entries()
         entry = self._index.get(name)
@@ -409,7 +409,7 @@ class Gateway:
         builtin = self.builtins.handlers.get(params.name)
         if builtin is not None:
             return await builtin(ctx, arguments)
-        target = self._resolve(params.name)
+        target = self.resolve(params.name)
         if target is None:
             message = f"There is no tool named {params.name!r}."
             if self.policy.search_tool:
