@@ -9,9 +9,6 @@ redis-server on another port and kills it; the machine's server is never touched
 from __future__ import annotations
 
 import random
-import shutil
-import socket
-import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -28,51 +25,11 @@ from breakwater.gate._breaker import BreakerRegistry, BreakerState, Outcome, Per
 from breakwater.gate._retry_budget import RetryBudget
 from breakwater.state import MemoryStore, open_store
 from breakwater.testing import FakeClock
-from helpers import REDIS_URL, require
+from helpers import REDIS_URL, OwnRedis, free_port
 
 pytestmark = pytest.mark.anyio
 
 POLICY = BreakerPolicy(consecutive_failures=2, open_base_s=0.4, open_jitter=0.0, probe_lease_s=5.0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class OwnRedis:
-    """A redis-server of this test's own on a free port, keeping nothing on disk; killable."""
-
-    def __init__(self) -> None:
-        if shutil.which("redis-server") is None:
-            message = "redis-server is not installed"
-            require(message)
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--save", "", "--appendonly", "no", "--daemonize", "no"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
 
 
 @pytest.fixture

@@ -65,7 +65,7 @@ class OperationRecords:
         self._ops = f"{policy.namespace}:op:"
         self._replicas = f"{policy.namespace}:replica:"
         self.ttl_ms = max(1, math.ceil(ttl_s * 1000))
-        self._r = record_client(policy)
+        self._r = record_client(policy, clock=clock)
         self._cas = self._r.register_script(_CAS)
 
     def _key(self, op_id: str) -> str:
@@ -131,7 +131,8 @@ class OperationRecords:
             except Exception as exc:
                 failing += 1
                 if is_power_of_ten(failing):
-                    log.warning("cannot renew this replica's lease in Redis (%s; %d in a row)", exc, failing)
+                    # Said even while Redis is away (`Reach`): past the lease, other replicas take this one's calls for dead.
+                    log.warning("cannot renew this replica's lease in Redis (%s; %d in a row)", str(exc), failing)
             else:
                 if failing:
                     log.warning("this replica's lease in Redis is renewed again, after %d failures", failing)

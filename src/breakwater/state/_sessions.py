@@ -23,7 +23,7 @@ import math
 from typing import Any
 
 from breakwater.config._policies import StatePolicy
-from breakwater.state._record_client import record_client
+from breakwater.state._record_client import Reach, record_client
 
 __all__ = ["SessionStore"]
 
@@ -37,10 +37,10 @@ _ENDED = ":ended"
 class SessionStore:
     """Session records in Redis (the `redis` extra)."""
 
-    def __init__(self, policy: StatePolicy, *, ttl_s: float) -> None:
+    def __init__(self, policy: StatePolicy, *, ttl_s: float, reach: Reach | None = None) -> None:
         self._prefix = f"{policy.namespace}:session:"
         self.ttl_ms = max(1, math.ceil(ttl_s * 1000))
-        self._r = record_client(policy)
+        self._r = record_client(policy, reach=reach)
         #: The latest record this replica wrote or read of each session it serves: written again when Redis lost it.
         self._copies: dict[str, dict[str, Any]] = {}
 
