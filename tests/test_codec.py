@@ -117,3 +117,12 @@ def _surrogate(value: Any) -> bool:
     if isinstance(value, dict):
         return any(_surrogate(k) or _surrogate(v) for k, v in value.items())
     return isinstance(value, list) and any(_surrogate(v) for v in value)
+
+
+def test_json_nested_past_the_parsers_recursion_is_a_value_error_not_a_recursion_error() -> None:
+    """Callers catch what a bad document raises (ValueError): a RecursionError went past them as a traceback."""
+    from breakwater._wire import strict_json
+
+    for text in ("[" * 100_000 + "]" * 100_000, b"[" * 100_000 + b"]" * 100_000):
+        with pytest.raises(ValueError, match="nested deeper than 256 levels"):
+            strict_json(text)

@@ -13,6 +13,7 @@ __all__ = [
     "CONNECTION_CLOSED",
     "CUT_META_KEY",
     "DEADLINE_META_KEY",
+    "MAX_JSON_DEPTH",
     "ENVELOPE_META_KEY",
     "ERROR_META_KEY",
     "MAX_OPERATION_ID_LEN",
@@ -75,6 +76,10 @@ def json_kind(value: Any) -> str:
     return {list: "a list", dict: "an object", str: "a string", type(None): "null"}.get(type(value), type(value).__name__)
 
 
+#: Deeper JSON nesting than this is refused (no MCP message or tool argument comes close; Python's parser would overflow).
+MAX_JSON_DEPTH = 256
+
+
 def json_depth(text: str) -> int:
     """How deeply the JSON in `text` nests (arrays and objects), counted without parsing it, so too deep a
     document is refused before the parser's recursion meets it."""
@@ -130,10 +135,17 @@ def json_line(message: Any, *, allow_nan: bool = True) -> bytes:
 
 
 def strict_json(text: str | bytes) -> Any:
-    """`json.loads` as RFC 8259 reads JSON: `NaN`, `Infinity` and `-Infinity` are a ValueError, not floats."""
-    if isinstance(text, bytes):
-        return _STRICT.decode(text.decode(json.detect_encoding(text), "surrogatepass"))  # as `json.loads` reads bytes
-    return json.loads(text, parse_constant=_refuse_constant)
+    """`json.loads` as RFC 8259 reads JSON: `NaN`, `Infinity` and `-Infinity` are a ValueError, not floats.
+
+    Nesting deeper than the parser's recursion can take is a ValueError too (it was a RecursionError,
+    which callers that catch what a bad document raises let through as a traceback).
+    """
+    try:
+        if isinstance(text, bytes):
+            return _STRICT.decode(text.decode(json.detect_encoding(text), "surrogatepass"))  # as `json.loads` reads bytes
+        return json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
 
 
 def non_finite_constant(data: bytes) -> str | None:

@@ -373,6 +373,9 @@ def test_call_usage_errors_exit_2_in_one_line(env: dict[str, str], tmp_path: Pat
         (["shop", "echo", "{not json"], "JSON_ARGS is not JSON"),
         (["shop", "echo", '{"x": NaN}'], "JSON_ARGS is not JSON (NaN is not a JSON value)"),
         (["shop", "echo", '{"x": [-Infinity]}'], "-Infinity is not a JSON value"),
+        # Deeper than the parser's recursion: a RecursionError traceback and exit 1.
+        (["shop", "echo", '{"x": ' + "[" * 5000 + "]" * 5000 + "}"], "JSON_ARGS is not JSON (nested deeper than 256 levels)"),
+        (["shop", "echo", '{"x": ' + "[" * 300 + "]" * 300 + "}"], "nested deeper than 256 levels"),
         (["shop", "echo", "--arg", "novalue"], "expected KEY=VALUE"),
     ):
         result = run(env, "call", *args, "--config", str(config))

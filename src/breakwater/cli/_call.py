@@ -20,7 +20,7 @@ import anyio
 import mcp.types as types
 
 from breakwater._breakwater import Breakwater
-from breakwater._wire import json_kind, strict_json
+from breakwater._wire import MAX_JSON_DEPTH, json_depth, json_kind, strict_json
 from breakwater.cli._common import (
     EXIT_CONFIG,
     EXIT_FAILED,
@@ -62,6 +62,8 @@ def parse_arguments(json_args: str | None, pairs: list[str]) -> dict[str, Any]:
         if json_args == "-" and not text.strip():
             raise ValueError("JSON_ARGS '-' read nothing from stdin; pipe a JSON object in, e.g. echo '{\"q\": \"flaky\"}' |")
         try:
+            if json_depth(text) > MAX_JSON_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
             parsed = strict_json(text)
         except ValueError as exc:
             raise ValueError(f'JSON_ARGS is not JSON ({exc}); pass an object such as \'{{"q": "flaky"}}\'') from None

@@ -22,7 +22,7 @@ from mcp import MCPError
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from pydantic import ValidationError
 
-from breakwater._wire import DEADLINE_META_KEY, json_depth, non_finite_constant, strict_json
+from breakwater._wire import DEADLINE_META_KEY, MAX_JSON_DEPTH, json_depth, non_finite_constant, strict_json
 from breakwater.errors import InvalidArgumentsError
 
 __all__ = [
@@ -50,7 +50,7 @@ METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 
 #: Deeper nesting than this is refused (no MCP message comes close; Python's parser would overflow).
-MAX_DEPTH = 256
+MAX_DEPTH = MAX_JSON_DEPTH
 
 
 def error_line(request_id: Any, code: int, message: str) -> bytes:
