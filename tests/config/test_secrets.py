@@ -180,6 +180,32 @@ def test_a_database_user_name_is_no_secret_and_its_password_is() -> None:
     assert shown == "cannot reach postgresql://127.0.0.1:5439/test"
 
 
+def test_config_check_shows_the_journal_and_state_urls_without_their_credentials(tmp_path: Path) -> None:
+    """`config check` printed `[journal] url` and `[state] url` as written, passwords and query values included."""
+    (tmp_path / ".mcp.json").write_text('{"mcpServers": {"a": {"command": "echo"}}}')
+    (tmp_path / "breakwater.toml").write_text(
+        'servers_file = ".mcp.json"\n'
+        f'[journal]\nurl = "postgresql://bob:{SECRET}@127.0.0.1:5432/test?sslkey=qs-7Hq2Lm9Xw4"\n'
+        '[state]\nurl = "redis://127.0.0.1:6379/0"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BREAKWATER_JOURNAL")}  # the file's URL, not the suite's
+    env["BREAKWATER_STATE_URL"] = "redis://:rd-4Tz8Kp2Qv6@127.0.0.1:6379/0"
+    for extra in ([], ["--json"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "breakwater", "config", "check", *extra, "--config", str(tmp_path / "breakwater.toml")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        assert "postgresql://bob:<redacted>@127.0.0.1:5432/test" in result.stdout  # what was understood, still shown
+        assert "redis://:<redacted>@127.0.0.1:6379/0" in result.stdout
+        for secret in (SECRET, "qs-7Hq2Lm9Xw4", "rd-4Tz8Kp2Qv6"):
+            assert secret not in result.stdout, result.stdout
+
+
 def test_a_web_address_in_a_secret_is_shown_and_its_credentials_are_not() -> None:
     """A URL-valued setting (`JIRA_URL=https://...`) hides its user-info, path, query and fragment, not its host.
 

@@ -14,6 +14,7 @@ from breakwater.cli._text import markup
 from breakwater.config import Config, all_knobs
 from breakwater.config._knobs import render_markdown
 from breakwater.config._model import ToolSettings
+from breakwater.config._redact import Redactor
 
 __all__ = ["config_main"]
 
@@ -51,7 +52,9 @@ def _understood(config: Config) -> dict[str, Any]:
     out: dict[str, Any] = {"path": config.path, "connect": vars(config.connect), "settings": settings, "servers": servers}
     if config.notes:
         out["notes"] = list(config.notes)
-    return out
+    # The settings hold the journal's and state store's URLs: their passwords and query values are secrets too.
+    scrubbed: dict[str, Any] = Redactor(config.secrets).scrub(out)
+    return scrubbed
 
 
 def _parser() -> argparse.ArgumentParser:
