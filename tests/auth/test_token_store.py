@@ -29,14 +29,38 @@ async def test_the_file_is_the_users_alone_and_keeps_the_expiry(tmp_path: Path) 
     assert tokens.expires_at() == clock.time() + 600
 
 
-async def test_a_damaged_file_reads_as_signed_out_and_the_next_write_repairs_it(tmp_path: Path) -> None:
+async def test_a_damaged_file_reads_as_signed_out_says_why_and_is_kept_aside_by_the_next_write(tmp_path: Path) -> None:
+    """A damaged file read as "nobody signed in" without a word, and the next sign-in wrote over it: every other
+    server's tokens were gone, with nothing left to recover them from."""
     path = tmp_path / "oauth-tokens.json"
-    path.write_text("{not json")
+    damaged = '{"version": 1, "servers": {"https://b.example/mcp": {"tokens": {"access_token": "access-token-b"}}}'
+    path.write_text(damaged)  # the last brace lost
     store = TokenStore(path)
     tokens = ServerTokens(store, "https://a.example/mcp")
     assert await tokens.get_tokens() is None
+    assert store.problem == f"{path} is damaged (invalid JSON at line 1, column {len(damaged) + 1})"
     await tokens.set_tokens(OAuthToken(access_token="access-token-two"))
     assert json.loads(path.read_text())["servers"]["https://a.example/mcp"]["tokens"]["access_token"] == "access-token-two"
+    assert (tmp_path / "oauth-tokens.json.damaged").read_text() == damaged  # kept, for the other servers' sign-ins
+    store.records()
+    assert store.problem is None
+
+
+async def test_auth_status_names_a_damaged_token_file_and_exits_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from breakwater.cli import main
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    (tmp_path / "mcp.json").write_text('{"mcpServers": {"o": {"type": "http", "url": "https://o.example/mcp"}}}')
+    store = TokenStore()
+    store.path.parent.mkdir(parents=True)
+    store.path.write_text('{"version": 1, "servers": ')
+    assert main(["auth", "status", "--config", str(tmp_path / "mcp.json")]) == 1
+    err = capsys.readouterr().err
+    assert f"the token file is damaged (invalid JSON at line 1, column 27): {store.path}" in err, err
+    assert main(["auth", "status", "--json", "--config", str(tmp_path / "mcp.json")]) == 1
+    assert "is damaged" in json.loads(capsys.readouterr().out)["token_file_problem"]
 
 
 async def test_writers_of_different_servers_lose_nothing(tmp_path: Path) -> None:

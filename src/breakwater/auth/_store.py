@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +31,8 @@ from breakwater._paths import config_dir
 from breakwater.config._redact import register_secrets
 
 __all__ = ["TOKEN_FILE_NAME", "ServerTokens", "TokenStore"]
+
+log = logging.getLogger("breakwater.auth")
 
 TOKEN_FILE_NAME = "oauth-tokens.json"
 _LOCK_TIMEOUT_S = 10.0
@@ -49,17 +52,25 @@ class TokenStore:
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self.path = Path(path) if path is not None else config_dir() / TOKEN_FILE_NAME
         self._lock = FileLock(str(self.path) + ".lock", timeout=_LOCK_TIMEOUT_S)
+        #: Why the file could not be read at the last look (damaged, unreadable), else None.
+        self.problem: str | None = None
 
     def records(self) -> dict[str, Record]:
-        """Every server's record, by URL ({} when there is no file yet)."""
+        """Every server's record, by URL ({} when there is no file yet, or it cannot be read: see `problem`)."""
+        self.problem = None
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError):
-            return {}  # unreadable or damaged: as if signed out; the next sign-in rewrites it
+        except json.JSONDecodeError as exc:
+            self.problem = f"{self.path} is damaged (invalid JSON at line {exc.lineno}, column {exc.colno})"
+            return {}
+        except (OSError, ValueError) as exc:
+            self.problem = f"{self.path} cannot be read ({exc})"
+            return {}
         servers = data.get("servers") if isinstance(data, dict) else None
         if not isinstance(servers, dict):
+            self.problem = f'{self.path} is damaged (no "servers" object)'
             return {}
         out = {url: rec for url, rec in servers.items() if isinstance(rec, dict)}
         for rec in out.values():
@@ -74,6 +85,8 @@ class TokenStore:
         """Apply `change` to the server's record ({} if none) under the lock; a None result removes it."""
         with self._locked():
             records = self.records()
+            if self.problem is not None:
+                self._set_aside()
             new = change(dict(records.get(url) or {}))
             if new is None:
                 records.pop(url, None)
@@ -89,6 +102,13 @@ class TokenStore:
         if existed:
             self.update(url, lambda _: None)
         return existed
+
+    def _set_aside(self) -> None:
+        """Keep a file that cannot be read beside the new one, rather than write over the other servers' sign-ins."""
+        aside = self.path.with_name(f"{self.path.name}.damaged")
+        with contextlib.suppress(OSError):
+            os.replace(self.path, aside)
+            log.warning("%s; kept as %s, and a new one started (sign in again to the other servers)", self.problem, aside)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

@@ -123,11 +123,17 @@ def auth_status(config: Config, store: TokenStore, *, now: float | None = None) 
 
 def _status(args: argparse.Namespace) -> int:
     config = load_or_exit(args.config)
-    rows = auth_status(config, TokenStore())
+    store = TokenStore()
+    rows = auth_status(config, store)
     # A sign-in the authorization server ended needs `auth login`: exit 1, as `status` for a server not ready.
-    code = EXIT_NOT_READY if any(row["refresh_refused"] for row in rows) else EXIT_OK
+    # So does a token file that cannot be read: every server in it reads as signed out.
+    code = EXIT_NOT_READY if store.problem or any(row["refresh_refused"] for row in rows) else EXIT_OK
+    if store.problem:
+        why = store.problem.removeprefix(f"{store.path} ")
+        fix = "the next `breakwater auth login` keeps it aside as .damaged and starts a new one"
+        print(f"breakwater: the token file {why}: {store.path}; {fix}", file=sys.stderr)
     if args.json:
-        print(json.dumps({"servers": rows}, indent=2))
+        print(json.dumps({"servers": rows, **({"token_file_problem": store.problem} if store.problem else {})}, indent=2))
         return code
     if not rows:  # an empty table said nothing of why
         print(f"no HTTP server in {config.path}: sign-in is for HTTP servers (a `url`)")
