@@ -275,14 +275,23 @@ def test_spec_secrets_cover_every_form(tmp_path: Path) -> None:
                         "url": "https://user:EEEE5555@h.test/mcp?key=FFFF6666&x=GGGG7777",
                         "headers": {"Authorization": "Bearer HHHH8888"},
                     },
+                    # A headersHelper's command line: shown by config check, and quoted when it fails.
+                    "k": {
+                        "type": "http",
+                        "url": "https://k.test/mcp",
+                        "headersHelper": 'curl -s -H "Authorization: Bearer IIII9999" --api-key=JJJJ0000 https://t.test/?sig=KKKK1111',
+                    },
                 }
             }
         )
     )
     loaded = load_config(config, environ={})
-    secrets = set(loaded.server("s").secrets) | set(loaded.server("h").secrets)
-    for value in ("AAAA1111", "BBBB2222", "CCCC3333", "DDDD4444", "EEEE5555", "FFFF6666", "GGGG7777", "HHHH8888"):
-        assert value in secrets
+    secrets = set(loaded.server("s").secrets) | set(loaded.server("h").secrets) | set(loaded.server("k").secrets)
+    planted = ("AAAA1111", "BBBB2222", "CCCC3333", "DDDD4444", "EEEE5555", "FFFF6666", "GGGG7777", "HHHH8888")
+    for value in (*planted, "IIII9999", "JJJJ0000", "KKKK1111"):
+        assert value in secrets, value
+    shown = loaded.server("k").describe()["headersHelper"]
+    assert shown == 'curl -s -H "Authorization: <redacted>" --api-key=<redacted> https://t.test/?sig=<redacted>', shown
     assert "plain" not in secrets and "--verbose" not in secrets
     args = loaded.server("s").describe()["args"]
     assert args[:3] == ["--api-key", "<redacted>", "--token=<redacted>"] and args[4:] == ["--verbose", "plain"]

@@ -224,7 +224,8 @@ class ServerSpec:
         """Every secret value this server carries, so writers can scrub them from anything they print.
 
         Env values but paths, header values (and the token after an auth scheme), a URL's user-info and query
-        values, and the values of credential-looking arguments; see `config/_redact.py` for the rule.
+        values, and the values of credential-looking arguments (of the command and of the headersHelper); see
+        `config/_redact.py` for the rule.
         """
         from breakwater.config._redact import (
             MIN_SECRET,
@@ -241,6 +242,8 @@ class ServerSpec:
         found += url_secrets(self.url or "")
         # A whole command line written into `command` (Cursor's links) holds its arguments too.
         found += arg_secrets([*command_line_words(self.command or ""), *self.args])
+        # So does a headersHelper's (`curl -H "Authorization: Bearer X"`), shown in config check and in its failures.
+        found += arg_secrets(command_line_words(self.headers_helper or ""))
         found += self.oauth.secrets if self.oauth is not None else ()
         return tuple(dict.fromkeys(v for v in found if len(v) >= MIN_SECRET))
 
