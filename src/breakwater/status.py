@@ -25,6 +25,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+#: How `disabled_by` begins for a server the config enables that is off here all the same: a variable it names is
+#: not set, its cwd is missing. It counts as not ready (`StatusReport.all_ready`), unlike one the config turns off.
+OFF_FOR_VALUES = "a value it names cannot be had here: "
+
 __all__ = [
     "PERSISTENT_REASONS",
     "ErrorInfo",
@@ -164,6 +168,11 @@ class ServerStatus:
     #: While a connect attempt is in its handshake: when it began (wall time).
     attempt_started_at: float | None = None
 
+    @property
+    def off_here(self) -> bool:
+        """Whether the config enables the server but it is off: a value it names cannot be had here (`OFF_FOR_VALUES`)."""
+        return (self.disabled_by or "").startswith(OFF_FOR_VALUES)
+
     def to_json(self) -> dict[str, Any]:
         """One entry of `status --json`'s `servers` list (`phase` only while queued for admission,
         `failing_since` only while connects keep failing, `rejected_tools` only when a tool was left out, `disabled_by`
@@ -231,8 +240,8 @@ class StatusReport:
 
     @property
     def all_ready(self) -> bool:
-        """True when every enabled server is ready."""
-        return all(s.state in (ServerState.READY, ServerState.DISABLED) for s in self.servers)
+        """True when every server the config enables is ready (one it enables but that is off here is not)."""
+        return all(s.state is ServerState.READY or (s.state is ServerState.DISABLED and not s.off_here) for s in self.servers)
 
     def to_json(self) -> dict[str, Any]:
         """What `breakwater status --json` prints: `servers`, `summary` and `timeouts`."""

@@ -73,8 +73,13 @@ def test_a_servers_file_entry_off_for_its_variable_stays_off_when_enabled(tmp_pa
 
 
 def test_status_serves_the_others_and_warns_and_config_check_refuses(tmp_path: Path) -> None:
+    """The servers that are off here are not ready: `status` exits 1 (it said 0, "every enabled server ready", while the
+    token was missing), and a call says why the server is not started (it said "disabled in the configuration")."""
     path = tmp_path / "mcp.json"
-    path.write_text(json.dumps({"mcpServers": {"fine": OK, "needs": NEEDS}}))
+    (tmp_path / "a-file").write_text("")
+    in_a_file = {**OK, "cwd": str(tmp_path / "a-file")}
+    servers = {"fine": OK, "needs": NEEDS, "cwdfile": in_a_file, "off": {**OK, "disabled": True}}
+    path.write_text(json.dumps({"mcpServers": servers}))
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "BREAKWATER_CONNECT_STARTUP_JITTER_S": "0"}
 
     def breakwater(*args: str) -> subprocess.CompletedProcess[str]:
@@ -82,9 +87,17 @@ def test_status_serves_the_others_and_warns_and_config_check_refuses(tmp_path: P
         return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, check=False)
 
     status = breakwater("status", "--json")
-    assert status.returncode == 0, status.stderr
+    assert status.returncode == 1, status.stderr
     states = {s["name"]: s["state"] for s in json.loads(status.stdout)["servers"]}
-    assert states == {"fine": "ready", "needs": "disabled"}
+    assert states == {"fine": "ready", "needs": "disabled", "cwdfile": "disabled", "off": "disabled"}
     assert "server 'needs' is off" in status.stderr and "NOPE_TOKEN_Q is not set" in status.stderr
+    assert f"its cwd: {str(tmp_path / 'a-file')!r} is not a directory (point it at a directory)" in status.stderr
+    call = breakwater("call", "needs", "anything")
+    assert call.returncode == 1 and "The server is not started (a value it names cannot be had here: " in call.stderr
+    assert "NOPE_TOKEN_Q is not set" in call.stderr, call.stderr
+    # Only the one the config itself turns off, and the status is the servers': exit 0.
+    path.write_text(json.dumps({"mcpServers": {"fine": OK, "off": {**OK, "disabled": True}}}))
+    assert breakwater("status").returncode == 0
+    path.write_text(json.dumps({"mcpServers": {"fine": OK, "needs": NEEDS}}))
     check = breakwater("config", "check")
     assert check.returncode == 2 and "NOPE_TOKEN_Q" in check.stderr

@@ -196,11 +196,13 @@ def _stdio_fields(entry: Mapping[str, Any], path: str, where: str, expand: Expan
         base = Path(path).parent if path else Path.cwd()
         resolved = (base / os.path.expanduser(cwd)).resolve()
         if not resolved.is_dir() and not (has_reference(cwd) and not expand.strict):
-            missing = f"the directory {str(resolved)!r} does not exist"
+            exists = resolved.exists()
+            missing = f"{str(resolved)!r} is not a directory" if exists else f"the directory {str(resolved)!r} does not exist"
+            fix = "point it at a directory" if exists else "create it or fix the path"
             if not expand.disable_unset:
-                raise fail(missing, path, f"{where}.cwd", "create it or fix the path")
+                raise fail(missing, path, f"{where}.cwd", fix)
             # While serving, that server's problem, as a variable not set is: one unmounted drive took every server down.
-            expand.off(where, f"its cwd: {missing} (create it or fix the path)")
+            expand.off(where, f"its cwd: {missing} ({fix})")
         fields["cwd"] = str(resolved)
     for key in (*URL_KEYS, "headersHelper"):
         if key in entry:

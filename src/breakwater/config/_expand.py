@@ -45,6 +45,7 @@ from typing import Any
 from breakwater._paths import MAX_SECRET_FILE_BYTES, read_user_file
 from breakwater.config._redact import is_credential_name
 from breakwater.errors import ConfigError
+from breakwater.status import OFF_FOR_VALUES
 
 __all__ = ["EDITOR_ONLY", "OFF_FOR_VALUES", "Expander", "has_reference", "unset_off"]
 
@@ -69,7 +70,6 @@ def unset_off(fields: dict[str, Any], expand: Expander, where: str) -> dict[str,
 
 #: How `unset_off`'s reason (`disabled_by`) begins: a server off for it is not turned on by `enabled = true`, and the
 #: commands that run servers warn of it.
-OFF_FOR_VALUES = "a value it names cannot be had here: "
 
 
 def has_reference(value: str) -> bool:

@@ -480,10 +480,13 @@ def not_ready_error(clock: Clock, upstream: Upstream, tool: str) -> CallError:
     retry_after = None if snap.next_retry_at is None else max(0.0, snap.next_retry_at - clock.time())
     common: dict[str, Any] = {"server": upstream.spec.name, "tool": tool}
     if snap.state is ServerState.DISABLED:
+        # Why: the config's own switch, or a value it names that cannot be had here (a variable not set).
+        why = f" ({snap.disabled_by})" if snap.disabled_by else ""
+        off = "is not started" if snap.off_here else "is disabled in the configuration"
         return ServerUnavailableError(
-            "The server is disabled in the configuration; the call was not sent.",
+            f"The server {off}{why}; the call was not sent.",
             retryable=False,
-            detail={"state": snap.state.value, "reason": "disabled"},
+            detail={"state": snap.state.value, "reason": "disabled"} | ({"disabled_by": snap.disabled_by} if why else {}),
             **common,
         )
     if snap.state is ServerState.FAILED:
