@@ -377,6 +377,11 @@ def test_call_usage_errors_exit_2_in_one_line(env: dict[str, str], tmp_path: Pat
         (["shop", "echo", '{"x": ' + "[" * 5000 + "]" * 5000 + "}"], "JSON_ARGS is not JSON (nested deeper than 256 levels)"),
         (["shop", "echo", '{"x": ' + "[" * 300 + "]" * 300 + "}"], "nested deeper than 256 levels"),
         (["shop", "echo", "--arg", "novalue"], "expected KEY=VALUE"),
+        # What the tool would be sent is not what was written: the last of two keys, infinity.
+        (["shop", "echo", '{"path": "/safe", "path": "/etc"}'], "JSON_ARGS gives the key 'path' twice in one object"),
+        (["shop", "echo", "--arg", "path=/safe", "--arg", "path=/etc"], "--arg path= is given twice"),
+        (["shop", "echo", '{"a": [1, 1e999]}'], "JSON_ARGS: a[1] is a number JSON cannot carry"),
+        (["shop", "echo", "--arg", "a=-1e999"], "--arg a=-1e999: a number JSON cannot carry"),
     ):
         result = run(env, "call", *args, "--config", str(config))
         assert result.returncode == 2, result.stderr

@@ -20,7 +20,7 @@ import anyio
 import mcp.types as types
 
 from breakwater._breakwater import Breakwater
-from breakwater._wire import MAX_JSON_DEPTH, json_depth, json_kind, strict_json
+from breakwater._wire import MAX_JSON_DEPTH, has_non_finite, json_depth, json_kind, non_finite_path, strict_json
 from breakwater.cli._common import (
     EXIT_CONFIG,
     EXIT_FAILED,
@@ -67,15 +67,33 @@ def parse_arguments(json_args: str | None, pairs: list[str]) -> dict[str, Any]:
             parsed = strict_json(text)
         except ValueError as exc:
             raise ValueError(f'JSON_ARGS is not JSON ({exc}); pass an object such as \'{{"q": "flaky"}}\'') from None
+        # What the tool would be sent is not what was written: a key given twice (the last one won), `1e999`.
+        json.loads(text, object_pairs_hook=_once)
+        if has_non_finite(parsed):
+            raise ValueError(f"JSON_ARGS: {non_finite_path(parsed)} is a number JSON cannot carry (it overflows to infinity)")
         if not isinstance(parsed, dict):
             raise ValueError(f'JSON_ARGS must be a JSON object, got {json_kind(parsed)}; e.g. \'{{"q": "flaky"}}\'')
         arguments.update(parsed)
+    given: set[str] = set()
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"--arg {pair!r}: expected KEY=VALUE, e.g. --arg q=flaky or --arg limit=5")
-        arguments[key] = _value(value)
+        if key in given:
+            raise ValueError(f"--arg {key}= is given twice; give each argument once")
+        given.add(key)
+        arguments[key] = parsed_value = _value(value)  # over JSON_ARGS: the one to change in a call written before
+        if has_non_finite(parsed_value):
+            raise ValueError(f"--arg {key}={value}: a number JSON cannot carry (it overflows to infinity); quote it as text")
     return arguments
+
+
+def _once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        twice = next(key for key in keys if keys.count(key) > 1)
+        raise ValueError(f"JSON_ARGS gives the key {twice!r} twice in one object; give it once")
+    return dict(pairs)
 
 
 def _content_text(block: types.ContentBlock) -> str:
