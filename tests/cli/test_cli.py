@@ -96,6 +96,25 @@ def test_a_typo_in_the_command_suggests_the_right_one(env: dict[str, str]) -> No
     for argv, meant in ((["config", "chek"], "check"), (["auth", "statu"], "status"), (["gateway", "lsit"], "list")):
         typo = run(env, *argv)
         assert typo.returncode == 2 and f"(did you mean '{meant}'?)" in typo.stderr, typo.stderr
+    # A command's flag before the command is no misspelt command (it said "did you mean 'config'").
+    early = run(env, "--config", "x.toml", "status")
+    assert (
+        early.returncode == 2
+        and early.stderr
+        == "breakwater: --config goes after the command: breakwater COMMAND --config ... (see breakwater --help)\n"
+    )
+
+
+def test_serve_refuses_http_flags_over_stdio(env: dict[str, str], tmp_path: Path) -> None:
+    """`serve --token T` over stdio started and ignored the token: a user could believe something was protected."""
+    config = write_config(tmp_path / "mcp.json", {"shop": stdio_entry()})
+    for flags, said in (
+        (["--token", "s3cret-token-1234"], "--token: only for --http"),
+        (["--allowed-host", "evil.example", "--json-response"], "--allowed-host, --json-response: only for --http"),
+    ):
+        result = run(env, "serve", "--no-share", *flags, "--config", str(config))
+        assert result.returncode == 2 and said in result.stderr and "add --http [HOST:]PORT" in result.stderr, result.stderr
+        assert "s3cret" not in result.stderr
 
 
 def test_help_documents_the_exit_codes_and_the_tools_wait(env: dict[str, str]) -> None:

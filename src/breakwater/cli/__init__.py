@@ -124,6 +124,9 @@ def _version() -> str:
 def _unknown(command: str) -> int:
     from breakwater.cli._common import EXIT_CONFIG, did_you_mean, fail
 
+    if command.startswith("-"):
+        # A command's flag before the command (`breakwater --config x.toml status`): not a command that is misspelt.
+        return fail(f"{command} goes after the command: breakwater COMMAND {command} ... (see breakwater --help)", EXIT_CONFIG)
     hint = did_you_mean(command, _COMMANDS)
     return fail(f"unknown command {command!r}{hint}; commands: {', '.join(_COMMANDS)} (see breakwater --help)", EXIT_CONFIG)
 

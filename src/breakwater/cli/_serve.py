@@ -433,6 +433,14 @@ def _serve_main(argv: list[str]) -> int:
     from breakwater.gateway._start import reserve_standard_fds
 
     args = _parser().parse_args(argv)
+    # Over stdio nothing listens: a token there protects nothing, and one that looks set would be trusted.
+    http_only = [flag for flag, given in (("--token", args.token), ("--allowed-host", args.allowed_host),
+                 ("--json-response", args.json_response)) if given]  # fmt: skip
+    if args.http is None and http_only:
+        return fail(
+            f"{', '.join(http_only)}: only for --http (over stdio nothing listens); add --http [HOST:]PORT or drop it",
+            EXIT_CONFIG,
+        )
     token = args.token or os.environ.get("BREAKWATER_TOKEN") or None
     if args.http and (problem := check_listener_token(args.http[0], token)):
         print(problem, file=sys.stderr)
