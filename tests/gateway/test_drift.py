@@ -58,6 +58,12 @@ async def early_call(config: Path, env: dict[str, str]) -> dict[str, Any]:
     return {"is_error": call.is_error, **(call.structured_content or {})}
 
 
+def breakwater(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "breakwater", *args], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+
+
 def accept(config: Path, env: dict[str, str], *names: str) -> str:
     result = subprocess.run(
         [sys.executable, "-m", "breakwater", "tools", *names, "--accept", "--config", str(config), "--wait", "20"],
@@ -89,6 +95,20 @@ async def test_block_mode_hides_a_changed_tool_until_a_person_accepts_it(tmp_pat
     command = [sys.executable, "-m", "breakwater", "call", "svc", "lookup", "--config", str(config), "--wait", "20"]
     direct = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=False)
     assert direct.returncode == 1 and "TOOL_CHANGED" in direct.stderr, direct.stdout + direct.stderr
+    # A person is told where it went: it vanished from `tools`, `tools lookup` said "No such tool", `status` nothing.
+    said = breakwater(env, "tools", "lookup", "--config", str(config), "--wait", "20")
+    blocked = 'svc__lookup: its definition changed since it was approved (drift = "block"): `breakwater tools --accept'
+    assert blocked in said.stdout, said.stdout
+    listed = json.loads(breakwater(env, "tools", "--json", "--config", str(config), "--wait", "20").stdout)
+    assert [t["name"] for t in listed["left_out"]] == ["svc__lookup"]
+    shown = breakwater(env, "status", "--config", str(config), "--wait", "20")
+    assert "svc: tool 'svc__lookup' changed since approved: left out until approved;" in shown.stdout, shown.stdout
+    as_json = json.loads(breakwater(env, "status", "--json", "--config", str(config), "--wait", "20").stdout)
+    assert (as_json["drift"], as_json["drift_mode"]) == ({"svc": ["lookup"]}, "block")
+    # A name no server lists said "nothing had changed", exit 0, while the change waited under its real name.
+    for name, hint in (("svc__lookpu", " (did you mean 'svc__lookup'?)"), ("lookup", "; the gateway names it svc__lookup")):
+        refused = breakwater(env, "tools", name, "--accept", "--config", str(config), "--wait", "20")
+        assert refused.returncode == 2 and f"no ready server lists a tool of that name{hint}" in refused.stderr, refused.stderr
     assert "accepted: svc__lookup" in accept(config, env, "svc__lookup")
     names, status, call = await session(config, env)
     assert "svc__lookup" in names and call["is_error"] is False and status["drift"] == {}

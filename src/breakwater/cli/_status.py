@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from functools import partial
 
 import anyio
@@ -54,7 +55,13 @@ STATE_STYLE = {
 
 
 def status_view(
-    report: StatusReport, *, now: float | None = None, template: str | None = None, name_max: int = DEFAULT_TOOL_NAME_MAX
+    report: StatusReport,
+    *,
+    now: float | None = None,
+    template: str | None = None,
+    name_max: int = DEFAULT_TOOL_NAME_MAX,
+    drift: Mapping[str, Sequence[str]] | None = None,
+    drift_mode: str = "warn",
 ) -> Group:
     """The status as a compact table, then one line per server that is not ready saying why, and one per tool left out.
 
@@ -97,6 +104,14 @@ def status_view(
             name = t.name if template is None else namespaced(template, s.name, t.name, name_max)
             listed = f" (listed as '{markup(t.name)}')" if name != t.name else ""
             problems.append(f"[bold]{markup(s.name)}[/]: [yellow]tool '{markup(name)}'{listed} left out:[/] {markup(t.reason)}")
+        for tool in (drift or {}).get(s.name, ()):
+            # A changed definition was said by `tools` alone; under "block" the tool had vanished from the list unsaid.
+            name = tool if template is None else namespaced(template, s.name, tool, name_max)
+            what = "left out until approved" if drift_mode == "block" else "still served; review it"
+            accept = f"`breakwater tools --accept {name}` approves it"
+            problems.append(
+                f"[bold]{markup(s.name)}[/]: [yellow]tool '{markup(name)}' changed since approved:[/] {what}; {accept}"
+            )
     table.caption = ", ".join(f"{n} {state}" for state, n in report.summary.items())
     fallback = [Text.from_markup(line) for line in ["[italic]breakwater status[/]", *narrow, f"[dim]{table.caption}[/]"]]
     return Group(_Fitted(table, fallback), *(Text.from_markup(p) for p in problems))
@@ -152,11 +167,29 @@ async def _run_status(config: Config, wait: float, as_json: bool) -> int:
         else:
             await bw.clock.sleep(0)
             report = bw.status()
+        drift = _drift(config, bw)
+    policy = config.gateway
     if as_json:
-        print(json.dumps(report.to_json(), indent=2))
+        print(json.dumps(report.to_json() | {"drift": drift, "drift_mode": policy.drift}, indent=2))
     else:
-        show(status_view(report, template=config.gateway.tool_name_template, name_max=config.gateway.tool_name_max))
+        template, name_max = policy.tool_name_template, policy.tool_name_max
+        show(status_view(report, template=template, name_max=name_max, drift=drift, drift_mode=policy.drift))
     return EXIT_OK if report.all_ready else EXIT_NOT_READY
+
+
+def _drift(config: Config, bw: Breakwater) -> dict[str, list[str]]:
+    """Per ready server, its tools whose definition changed since approved, as the gateway sees them (its catalog)."""
+    if config.gateway.drift == "accept":  # approved as they change: nothing to say
+        return {}
+    from breakwater.gateway._open import gateway_catalog
+
+    catalog = gateway_catalog(config)
+    drift: dict[str, list[str]] = {}
+    for spec in config.servers:
+        upstream = bw.upstream(spec.name)
+        if upstream.state is ServerState.READY and (changed := catalog.drifted(spec.name, spec.fingerprint(), upstream.tools)):
+            drift[spec.name] = changed
+    return drift
 
 
 #: What the gateway's refusals mean for `status --gateway` (the SDK's client says only "an error response"): it was
@@ -199,7 +232,15 @@ async def _gateway_status(url: str, token: str | None, as_json: bool, refused: l
         template, name_max = data.get("tool_name_template"), data.get("tool_name_max")
         named = template if isinstance(template, str) else None
         limit = name_max if isinstance(name_max, int) else MAX_TOOL_NAME
-        show(Group(status_view(report, template=named, name_max=limit), *lines))
+        drift, mode = data.get("drift"), data.get("drift_mode")
+        shown = status_view(
+            report,
+            template=named,
+            name_max=limit,
+            drift=drift if isinstance(drift, dict) else None,
+            drift_mode=mode if isinstance(mode, str) else "warn",
+        )
+        show(Group(shown, *lines))
     return EXIT_OK if report.all_ready and not server_refuses else EXIT_NOT_READY
 
 

@@ -7,7 +7,8 @@ import json
 
 import anyio
 
-from breakwater.cli._common import EXIT_OK, Parser, add_config_flag, load_or_exit, seconds
+from breakwater.catalog._catalog import Entry
+from breakwater.cli._common import EXIT_CONFIG, EXIT_OK, Parser, add_config_flag, did_you_mean, fail, load_or_exit, seconds
 from breakwater.cli._text import lines
 from breakwater.config import Config
 
@@ -26,7 +27,10 @@ async def _tools(config: Config, query: str, as_json: bool, wait: float, accept:
     async with open_gateway(config, watch=False) as gateway:
         await gateway.bw.wait_ready(timeout=wait)
         if accept:
-            accepted = gateway.accept(query.split())
+            names = query.split()
+            if unknown := _unknown(gateway.live_entries(), names):
+                return fail(unknown, EXIT_CONFIG)
+            accepted = gateway.accept(names)
             print("accepted: " + (", ".join(accepted) if accepted else "nothing had changed"))
             return EXIT_OK
         answer = await gateway.search(query, wait_s=0)
@@ -35,6 +39,21 @@ async def _tools(config: Config, query: str, as_json: bool, wait: float, accept:
     else:
         print(lines(answer.text()))  # the servers' own names and descriptions
     return EXIT_OK
+
+
+def _unknown(live: list[Entry], names: list[str]) -> str | None:
+    """What is wrong with the first name `--accept` cannot approve (no ready server lists it), else None.
+
+    Such a name said "nothing had changed", exit 0, while a changed tool waited for approval under its real name.
+    """
+    listed = {e.name: e for e in live}
+    for name in names:
+        if name in listed:
+            continue
+        own = [e.name for e in live if e.tool.name == name]  # the server's own name for a tool the gateway renames
+        hint = f"; the gateway names it {own[0]}" if own else did_you_mean(name, listed)
+        return f"--accept {name}: no ready server lists a tool of that name{hint}"
+    return None
 
 
 def _parser() -> argparse.ArgumentParser:

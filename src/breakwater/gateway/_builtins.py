@@ -86,11 +86,23 @@ class SearchAnswer:
             lines.append("Not searched live (their tools may exist; do not conclude they are missing):")
             lines.extend(f"- {_server_note(s)}" for s in self.unsearched)
         if self.left_out:
-            lines.append("Left out (their servers list them, but they cannot be called: an invalid definition, or disabled):")
+            lines.append(
+                "Left out (their servers list them, but they cannot be called: an invalid definition, disabled, "
+                "or changed since approved):"
+            )
             lines.extend(
                 f"- {namespaced(self.template, server, t.name, self.name_max)}: {t.reason}" for server, t in self.left_out
             )
         return "\n".join(lines)
+
+
+def blocked_tool(policy: GatewayPolicy, server: str, tool: str) -> RejectedTool:
+    """A tool whose definition changed since it was approved, left out under `drift = "block"`, and how to let it back."""
+    name = namespaced(policy.tool_name_template, server, tool, policy.tool_name_max)
+    return RejectedTool(
+        name=tool,
+        reason=f'its definition changed since it was approved (drift = "block"): `breakwater tools --accept {name}` approves it',
+    )
 
 
 def left_out_json(template: str, server: str, tool: RejectedTool, name_max: int) -> dict[str, Any]:
@@ -203,6 +215,8 @@ class BuiltinTools:
         unsearched = [s for s in statuses if s.state in NOT_READY]
         drift = dict(self._drift())
         left_out = [(s.name, t) for s in statuses for t in s.rejected_tools]
+        if self.policy.drift == "block":  # listed by its server, not by the gateway until approved: say so
+            left_out += [(server, blocked_tool(self.policy, server, tool)) for server, tools in drift.items() for tool in tools]
         return SearchAnswer(
             query=query,
             matches=matches,
@@ -230,6 +244,7 @@ class BuiltinTools:
         template, name_max = self.policy.tool_name_template, self.policy.tool_name_max
         report = status.to_json() | {
             "drift": {server: tools for server, tools in self._drift().items()},
+            "drift_mode": self.policy.drift,
             "state_store": self.bw.state_store_status(),
             # So a reader (`status --gateway`, the agent) names a left-out tool as it would be listed.
             "tool_name_template": template,

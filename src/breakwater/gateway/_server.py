@@ -572,14 +572,19 @@ class Gateway:
         """The search tool's answer for `query` (see `BuiltinTools.search`)."""
         return await self.builtins.search(query, wait_s=wait_s)
 
+    def live_entries(self) -> list[Entry]:
+        """Every ready server's tools as the gateway names them, those changed since approved (and blocked) included."""
+        ready = [spec for spec in self.bw.config.servers if self.bw.upstream(spec.name).state is ServerState.READY]
+        # All servers at once: a tool renamed for a clash is named as listed.
+        return self.catalog.entries([(spec.name, True, self.bw.upstream(spec.name).tools) for spec in ready], self.builtins.names)
+
     def accept(self, names: Sequence[str] = ()) -> list[str]:
         """Approve the current definitions of the named (downstream) tools, or of every changed tool."""
         self.refresh()
         wanted = set(names)
         accepted: list[str] = []
         ready = [spec for spec in self.bw.config.servers if self.bw.upstream(spec.name).state is ServerState.READY]
-        # Named as listed, changed tools included, all servers at once: a tool renamed for a clash is found too.
-        live = self.catalog.entries([(spec.name, True, self.bw.upstream(spec.name).tools) for spec in ready], self.builtins.names)
+        live = self.live_entries()
         for spec in ready:
             tools = self.bw.upstream(spec.name).tools
             own = [e for e in live if e.server == spec.name]
