@@ -91,3 +91,37 @@ async def test_a_restarted_server_that_forgot_the_session_gets_a_new_one_and_the
             assert not result.is_error, result
             assert count_ledger(ledger, tool="order") == 1
             assert bw.upstream("up").snapshot().attempts == 2  # one new session
+
+
+@pytest.mark.parametrize(("tool", "code"), [("lookup:readonly", "UPSTREAM_ERROR"), (ORDER, "OUTCOME_UNKNOWN")])
+async def test_a_reply_that_is_no_json_rpc_message_is_said_in_one_sentence_without_the_servers_bytes(
+    tmp_path: Path, tool: str, code: str
+) -> None:
+    """A 200 whose JSON body is no JSON-RPC message: the SDK's client answers the call -32700 itself, and the model read
+    "the server answered with error -32700: Failed to parse JSON response: 4 validation errors for union[...]", the
+    body quoted, a link to errors.pydantic.dev. The server did answer: a repeatable call is tried again (here every
+    reply is the same), one that is not is OUTCOME_UNKNOWN."""
+    name = tool.partition(":")[0]
+    flags = ("--tool", tool, "--status-tool", name, "--status-first", "100", "--status", "200")
+    async with serve_http(*flags) as srv, _gate(tmp_path, srv.url, protocol="2025-11-25") as bw:
+        with anyio.fail_after(30):
+            result = await bw.call_tool("up", name, {}, raise_on_error=False)
+    envelope = _envelope(result)
+    assert envelope["code"] == code, envelope
+    said = "a reply breakwater cannot read: it is JSON, but no JSON-RPC message"
+    text = result.content[0].text if result.content and result.content[0].type == "text" else ""
+    assert said in text or code == "OUTCOME_UNKNOWN", text
+    assert str(envelope["reason"]).startswith("unreadable reply: it is JSON, but no JSON-RPC message"), envelope
+    for leaked in ("pydantic", "injected HTTP 200", "-32700"):
+        assert leaked not in json.dumps(envelope) and leaked not in text, (leaked, text)
+
+
+def test_a_reply_that_is_not_json_names_what_the_parser_said() -> None:
+    from breakwater.gate._classify import unreadable_reply
+
+    pydantic_said = (
+        "1 validation error for union[JSONRPCRequest,JSONRPCNotification,JSONRPCResponse,JSONRPCError]\n"
+        "  Invalid JSON: expected ident at line 1 column 2 [type=json_invalid, input_value=b'this is not json{{{', "
+        "input_type=bytes]\n    For further information visit https://errors.pydantic.dev/2.14/v/json_invalid"
+    )
+    assert unreadable_reply(pydantic_said) == "unreadable reply: it is not JSON (expected ident at line 1 column 2)"

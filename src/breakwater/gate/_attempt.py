@@ -465,7 +465,11 @@ def _server_answer(reason: str) -> str | None:
 
     It read "the connection to the tool's server failed or it sent an invalid reply" for a server that answered
     -32000 "the database is read-only", which was left in `reason`, where a model rarely looks."""
-    for prefix, what in (("protocol error ", "error "), ("server error: ", "an internal error: ")):
+    for prefix, what in (
+        ("protocol error ", "error "),
+        ("server error: ", "an internal error: "),
+        ("unreadable reply: ", "a reply breakwater cannot read: "),
+    ):
         if reason.startswith(prefix):
             said = reason[len(prefix) :]
             if len(said) > _MAX_UPSTREAM_TEXT:
