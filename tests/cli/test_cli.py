@@ -105,6 +105,17 @@ def test_a_typo_in_the_command_suggests_the_right_one(env: dict[str, str]) -> No
     )
 
 
+def test_serve_refuses_an_allowed_host_no_host_header_can_carry(env: dict[str, str], tmp_path: Path) -> None:
+    """A URL, a wildcard, nothing: taken without a word, and every request was then refused 421."""
+    config = write_config(tmp_path / "mcp.json", {"shop": stdio_entry()})
+    for value in ("https://gw.example.com", "*", "", "gw.example.com/mcp"):
+        result = run(env, "serve", "--http", "0", "--allowed-host", value, "--config", str(config))
+        assert result.returncode == 2 and "--allowed-host: expected a host name or address" in result.stderr, result.stderr
+    from breakwater.cli._serve import parse_listen
+
+    assert parse_listen("LOCALHOST:0") == ("localhost", 0)  # refused as "not loopback: needs a token"
+
+
 def test_serve_refuses_http_flags_over_stdio(env: dict[str, str], tmp_path: Path) -> None:
     """`serve --token T` over stdio started and ignored the token: a user could believe something was protected."""
     config = write_config(tmp_path / "mcp.json", {"shop": stdio_entry()})

@@ -464,10 +464,12 @@ def test_all_interfaces_listener_accepts_its_names_and_only_them(tmp_path: Path)
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {"p": {"command": ping[0], "args": ping[1:]}}}))
     # argparse keeps the last --http: this one replaces start_gateway's loopback default.
-    gw = start_gateway(tmp_path, config, _env(tmp_path), "--token", TOKEN, "--http", "0.0.0.0:0", "--allowed-host", "gw.internal")
+    # As a Host header and a URL write them (`[v6]`, `name:port`, capitals): each was taken and never matched (421).
+    named = ("--allowed-host", "gw.internal", "--allowed-host", "[fd00::7]", "--allowed-host", "GW2.internal:8443")
+    gw = start_gateway(tmp_path, config, _env(tmp_path), "--token", TOKEN, "--http", "0.0.0.0:0", *named)
     try:
         port = gw.base.rsplit(":", 1)[1]
-        for name in ("gw.internal", socket.gethostname()):
+        for name in ("gw.internal", socket.gethostname(), "[fd00::7]", "gw2.internal"):
             assert get(gw, "/metrics", host=f"{name}:{port}", **AUTH).status_code == 200, name
             assert get(gw, "/metrics", host=f"{name}:{port}", origin=f"http://{name}:{port}", **AUTH).status_code == 200
         assert get(gw, "/metrics", host=f"evil.example:{port}", **AUTH).status_code == 421

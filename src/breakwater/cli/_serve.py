@@ -44,10 +44,28 @@ def parse_listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep:
         host, port = "127.0.0.1", value
-    host = host.strip("[]") or "127.0.0.1"
+    host = host.strip("[]").lower() or "127.0.0.1"  # host names are case-insensitive: LOCALHOST was "not loopback"
     if not port.isdigit() or not 0 <= int(port) <= 65535:
         raise argparse.ArgumentTypeError(f"expected [HOST:]PORT, got {value!r}")
     return host, int(port)
+
+
+def parse_allowed_host(value: str) -> str:
+    """An `--allowed-host` NAME, as the Host header names it: `[v6]` and `name:port` taken without brackets or port.
+
+    Values that could never match a Host header (a URL, a path, a wildcard, nothing) are refused: they were taken
+    without a word and every request was then refused 421.
+    """
+    name = value.strip()
+    if name.startswith("[") and "]" in name:  # [fd00::7] or [fd00::7]:8443
+        name = name[1 : name.index("]")]
+    elif name.count(":") == 1 and name.rpartition(":")[2].isdigit():  # gw.example.com:8443
+        name = name.rpartition(":")[0]
+    if not name or any(c in name for c in "/*@ ") or "://" in value:
+        raise argparse.ArgumentTypeError(
+            f"expected a host name or address as clients write it (gw.example.com, 10.0.0.5, [fd00::5]), got {value!r}"
+        )
+    return name.lower()
 
 
 def _shown(host: str) -> str:
@@ -316,6 +334,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--allowed-host",
         action="append",
+        type=parse_allowed_host,
         default=[],
         metavar="NAME",
         help="a Host name clients use to reach a non-loopback listener (repeatable; the listen address and, "
