@@ -431,6 +431,9 @@ async def test_every_refusal_of_the_stack_still_happens_once_a_head_is_known(tmp
         assert (await raw.exchange(request("POST", "/mcp", capitals, _call(6))))[0] == 200
         foreign = [*varied("host", f"LOCALHOST:{port}"), ("origin", "HTTP://EVIL.example")]
         assert (await raw.exchange(request("POST", "/mcp", foreign, _call(6))))[0] == 403
+        # So are media types (RFC 9110 §8.3.1): `Application/JSON` was refused 415.
+        media = [(k, v.upper() if k in ("content-type", "accept") else v) for k, v in session]
+        assert (await raw.exchange(request("POST", "/mcp", media, _call(6))))[0] == 200
         # The known head with a body that is no plain call: answered as the whole stack answers it.
         nan = b'{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"up__add","arguments":{"a":NaN}}}'
         status, _, body = await raw.exchange(request("POST", "/mcp", session, nan))

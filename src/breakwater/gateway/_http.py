@@ -60,15 +60,18 @@ def _normalise_authorization(value: bytes) -> bytes:
     return value
 
 
+#: Headers whose values the SDK's server compares as written, though they are case-insensitive (RFC 9110 §4.2.3,
+#: §8.3.1): `Host: LOCALHOST:8080` was refused 421 and `Content-Type: Application/JSON` 415.
+_CASELESS = (b"host", b"origin", b"content-type", b"accept")
+
+
 def _cased(headers: dict[bytes, bytes]) -> bool:
-    """Whether the Host or Origin header holds capitals, which the SDK's DNS-rebinding check would refuse."""
-    host, origin = headers.get(b"host", b""), headers.get(b"origin", b"")
-    return host != host.lower() or origin != origin.lower()
+    """Whether a header of `_CASELESS` holds capitals."""
+    return any((value := headers.get(name)) is not None and value != value.lower() for name in _CASELESS)
 
 
 def _normalise(name: bytes, value: bytes) -> bytes:
-    # Host names and URL schemes are case-insensitive (RFC 9110 §4.2.3), and `Host: LOCALHOST:8080` was refused 421.
-    if name == b"host" or name == b"origin":
+    if name in _CASELESS:
         return value.lower()
     return _normalise_authorization(value) if name == b"authorization" else value
 
