@@ -703,6 +703,7 @@ async def test_a_session_deleted_during_a_call_cancels_it_on_every_path(http_url
     # No progress token, so nothing was streamed in either mode: the transport's answer to a terminated session.
     assert replies[0].status_code == 500
     assert replies[0].json()["error"] == {"code": -32603, "message": "Session terminated before the request completed"}
+    assert replies[0].json()["id"] == (None if mode == "json-sdk" else 3)  # the SDK's own JSON path says null
     proc.terminate()
     assert proc.stderr is not None
     assert "hang was cancelled" in proc.stderr.read()

@@ -150,7 +150,7 @@ async def _respond(
 ) -> None:
     answer = await _answer(transport, lane, request, message, running)
     if answer is None:  # the session ended under the call: as the SDK's JSON path answers it then
-        return await session_ended(transport)(scope, receive, send)
+        return await session_ended(transport, message["id"])(scope, receive, send)
     await reply_json(transport, message["id"], answer, scope, receive, send)
     return None
 
@@ -240,11 +240,18 @@ async def refused_duplicate(
     return True
 
 
-def session_ended(transport: sdk.StreamableHTTPServerTransport) -> Response:
-    """What the SDK's path answers a POSTed request whose session was terminated before it completed."""
-    return transport._create_error_response(
-        "Session terminated before the request completed", HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_ERROR
-    )
+def session_ended(transport: sdk.StreamableHTTPServerTransport, request_id: Any) -> Response:
+    """What the SDK's path answers a POSTed request whose session was terminated before it completed, with its id.
+
+    The SDK's answer carries the id null: a client with several requests of the session in flight could not tell
+    whose answer it was.
+    """
+    error = ErrorData(code=INTERNAL_ERROR, message="Session terminated before the request completed")
+    headers = {"Content-Type": sdk.CONTENT_TYPE_JSON}
+    if transport.mcp_session_id:
+        headers[sdk.MCP_SESSION_ID_HEADER] = transport.mcp_session_id
+    body = JSONRPCError(jsonrpc="2.0", id=request_id, error=error).model_dump_json(by_alias=True, exclude_unset=True)
+    return Response(body, status_code=HTTPStatus.INTERNAL_SERVER_ERROR, headers=headers)
 
 
 def request_cancelled(request_id: Any) -> JSONRPCError:

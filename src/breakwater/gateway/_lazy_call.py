@@ -420,7 +420,7 @@ async def _json_answer(
     """Nothing was streamed: the answer as one JSON body (the transport's own response for it)."""
     scope, receive, send = http
     if call.ended and result is None and error is None:
-        return await session_ended(transport)(scope, receive, send)
+        return await session_ended(transport, request_id)(scope, receive, send)
     answer: dict[str, Any] | JSONRPCError
     if result is not None:
         answer = result

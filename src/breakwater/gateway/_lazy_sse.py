@@ -64,7 +64,7 @@ from starlette.types import Receive, Scope, Send
 
 from breakwater._clock import Clock
 from breakwater.gateway._fast_call import FastLane, session_lane
-from breakwater.gateway._fast_http import plain_call, refused_duplicate
+from breakwater.gateway._fast_http import plain_call, refused_duplicate, session_ended
 from breakwater.gateway._known_heads import OFFER, routable, serving
 from breakwater.gateway._lazy_call import COMMIT_S, Call, Lazy, serve_call, stream_response
 from breakwater.gateway._resume import ResumableStreams, SessionStreams
@@ -293,10 +293,7 @@ async def _answer(
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             # The session was terminated while the request was in flight (as in the SDK's JSON mode).
             await transport._clean_up_memory_streams(request_id)
-            response = transport._create_error_response(
-                "Session terminated before the request completed", HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_ERROR
-            )
-            await response(scope, receive, send)
+            await session_ended(transport, message.id)(scope, receive, send)
             return
         if first is not None and isinstance(first.message, JSONRPCResponse | JSONRPCError):
             await transport._clean_up_memory_streams(request_id)
