@@ -431,7 +431,10 @@ async def test_every_refusal_of_the_stack_still_happens_once_a_head_is_known(tmp
         assert (await raw.exchange(request("POST", "/mcp", capitals, _call(6))))[0] == 200
         foreign = [*varied("host", f"LOCALHOST:{port}"), ("origin", "HTTP://EVIL.example")]
         assert (await raw.exchange(request("POST", "/mcp", foreign, _call(6))))[0] == 403
-        # So are media types (RFC 9110 §8.3.1): `Application/JSON` was refused 415.
+        # A request without a session is refused without naming one: it named a new id no session had (404 when used).
+        status, head, _ = await raw.exchange(request("POST", "/mcp", varied("mcp-session-id", None), _call(6)))
+        assert status == 400 and "mcp-session-id" not in dict(head), head
+        # Media types are compared without case too (RFC 9110 §8.3.1): `Application/JSON` was refused 415.
         media = [(k, v.upper() if k in ("content-type", "accept") else v) for k, v in session]
         assert (await raw.exchange(request("POST", "/mcp", media, _call(6))))[0] == 200
         # The known head with a body that is no plain call: answered as the whole stack answers it.

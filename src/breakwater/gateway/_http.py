@@ -128,7 +128,25 @@ class RequestGuard:
                 raw = [(k, _normalise(k, v)) for k, v in raw]
                 scope = {**scope, "headers": raw}
             send = whole_responses(send)
+            if b"mcp-session-id" not in headers:
+                send = _no_session_on_refusals(send)
         await self.app(scope, receive, send)
+
+
+def _no_session_on_refusals(send: Any) -> Any:
+    """`send`, dropping the `Mcp-Session-Id` of an error answer to a request that carried none.
+
+    The SDK's transport names the session it made for the request in every answer, its refusals too: a POST without a
+    session was refused 400 "Missing session ID" with a new id that no session has (404 when used).
+    """
+
+    async def sending(message: Any) -> None:
+        if message["type"] == "http.response.start" and message["status"] >= 400:
+            kept = [(k, v) for k, v in message.get("headers") or () if k.lower() != b"mcp-session-id"]
+            message = {**message, "headers": kept}
+        await send(message)
+
+    return sending
 
 
 def http_app(
