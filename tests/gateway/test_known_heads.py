@@ -431,6 +431,12 @@ async def test_every_refusal_of_the_stack_still_happens_once_a_head_is_known(tmp
         assert (await raw.exchange(request("POST", "/mcp", capitals, _call(6))))[0] == 200
         foreign = [*varied("host", f"LOCALHOST:{port}"), ("origin", "HTTP://EVIL.example")]
         assert (await raw.exchange(request("POST", "/mcp", foreign, _call(6))))[0] == 403
+        # An unknown revision in a session's header is said as one: it read "params._meta must be an object carrying
+        # the required 'io.modelcontextprotocol/protocolVersion' ... envelope keys" (taken for a 2026-07-28 request).
+        status, _, body = await raw.exchange(request("POST", "/mcp", varied("mcp-protocol-version", "1999-01-01"), _call(6)))
+        error = json.loads(body)["error"]
+        assert status == 400 and error["code"] == -32022 and "Unsupported protocol version '1999-01-01'" in error["message"]
+        assert error["data"]["requested"] == "1999-01-01" and "2025-11-25" in error["data"]["supported"]
         # A request without a session is refused without naming one: it named a new id no session had (404 when used).
         status, head, _ = await raw.exchange(request("POST", "/mcp", varied("mcp-session-id", None), _call(6)))
         assert status == 400 and "mcp-session-id" not in dict(head), head

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+from mcp_types import UNSUPPORTED_PROTOCOL_VERSION
+from mcp_types.version import SUPPORTED_PROTOCOL_VERSIONS
 
 from breakwater.config._checks import LOOPBACK_HOSTS as LOOPBACK_HOSTS  # importable from here as before
 from breakwater.config._redact import register_secrets
@@ -124,6 +128,11 @@ class RequestGuard:
                 )
                 await send({"type": "http.response.body", "body": b'{"error": "Origin names another port of this host"}'})
                 return
+            version = headers.get(b"mcp-protocol-version")
+            if version is not None and version not in _SUPPORTED and b"mcp-session-id" in headers:
+                # The SDK took the session's request for a 2026-07-28 one and answered that `_meta` lacked its envelope.
+                await _unsupported_version(version, send)
+                return
             if b"authorization" in headers or _cased(headers):
                 raw = [(k, _normalise(k, v)) for k, v in raw]
                 scope = {**scope, "headers": raw}
@@ -131,6 +140,20 @@ class RequestGuard:
             if b"mcp-session-id" not in headers:
                 send = _no_session_on_refusals(send)
         await self.app(scope, receive, send)
+
+
+_SUPPORTED = frozenset(v.encode() for v in SUPPORTED_PROTOCOL_VERSIONS)
+
+
+async def _unsupported_version(version: bytes, send: Any) -> None:
+    """400, the SDK's UNSUPPORTED_PROTOCOL_VERSION error with its `data` (what is supported, what was asked)."""
+    requested = version.decode("latin-1")
+    message = f"Unsupported protocol version {requested!r} in MCP-Protocol-Version; send the one this session negotiated"
+    error = {"code": UNSUPPORTED_PROTOCOL_VERSION, "message": message}
+    error["data"] = {"supported": list(SUPPORTED_PROTOCOL_VERSIONS), "requested": requested}
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+    await send({"type": "http.response.start", "status": 400, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _no_session_on_refusals(send: Any) -> Any:
