@@ -369,6 +369,21 @@ async def test_metrics_count_calls_through_the_gateway_by_outcome(gateway: Runni
     assert {labels["decision"] for labels, _ in after.series("breakwater_retries_total")} == {"granted", "refused"}
     assert "breakwater_journal_dropped_total" in after.types and "breakwater_in_flight" in after.types
     assert SECRET not in response.text
+    # The open 2025-11-25 sessions: each held until DELETE or idle (3,000 abandoned ones grew a gateway by 128 MB unseen).
+    assert after.types["breakwater_http_sessions"] == "gauge"
+    hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}
+    head = {"accept": "application/json, text/event-stream", "content-type": "application/json", **AUTH}
+    opened = await anyio.to_thread.run_sync(lambda: httpx2.post(gateway.mcp, json=init, headers=head, timeout=30))
+
+    def sessions() -> float:
+        return parse_exposition(get(gateway, "/metrics", **AUTH).text).value("breakwater_http_sessions")
+
+    held = await anyio.to_thread.run_sync(sessions)
+    assert held >= 1
+    gone = {**head, "mcp-session-id": opened.headers["mcp-session-id"]}
+    await anyio.to_thread.run_sync(lambda: httpx2.delete(gateway.mcp, headers=gone, timeout=30))
+    assert await anyio.to_thread.run_sync(sessions) == held - 1
 
 
 def test_status_api_shows_reasons_timeouts_in_force_and_hour_figures(gateway: RunningGateway) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from mcp_types import UNSUPPORTED_PROTOCOL_VERSION
@@ -240,6 +241,7 @@ def http_app(
     serve_modern_calls(gateway.server.session_manager, gateway.bw.clock, drain=route_drain)
     metrics = metrics if metrics is not None else Metrics()
     metrics.streams = resumable
+    metrics.sessions = partial(len, gateway.server.session_manager._server_instances)
     # One call counter per server: a second app over the same gateway replaces it, never counts twice.
     gateway.server.middleware[:] = [m for m in gateway.server.middleware if not isinstance(m, CallCounter)]
     gateway.server.middleware.append(metrics.middleware(gateway_resolver(gateway)))

@@ -124,6 +124,8 @@ class Metrics:
         self.started_at = time.time()
         #: The HTTP app's resumable streams (`breakwater.gateway._resume`), when it has them.
         self.streams: ResumableStreams | None = None
+        #: The 2025-11-25 sessions this replica holds open (the HTTP app's session manager), when it serves HTTP.
+        self.sessions: Callable[[], int] | None = None
 
     # ---- the call path ------------------------------------------------------------------------
 
@@ -235,6 +237,14 @@ class Metrics:
                 "counter",
                 "Calls a resumed stream answered with OUTCOME_UNKNOWN because the replica running them was gone.",
                 [({}, self.streams.orphaned)],
+            )
+        if self.sessions is not None:
+            out.family(
+                "breakwater_http_sessions",
+                "gauge",
+                "2025-11-25 sessions this replica holds open (each until DELETE or [gateway] session_ttl_s idle); "
+                "past 10,000 a new one is refused 503.",
+                [({}, self.sessions())],
             )
         if bw is not None:
             _render_gauges(out, bw)
