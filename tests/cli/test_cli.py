@@ -105,6 +105,19 @@ def test_a_typo_in_the_command_suggests_the_right_one(env: dict[str, str]) -> No
     )
 
 
+def test_status_of_a_gateway_that_takes_the_connection_and_never_answers_says_so(env: dict[str, str]) -> None:
+    """A stopped gateway (SIGSTOP, a debugger): it said "ReadTimeout: ; check ... that serve --http is running"."""
+    import socket
+
+    with socket.socket() as silent:  # the kernel completes the handshake; nothing ever reads or answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/mcp"
+        result = run(env, "status", "--gateway", url)
+    assert result.returncode == 1, result.stderr
+    assert f"the gateway at {url} took the connection but did not answer in time" in result.stderr, result.stderr
+
+
 def test_serve_refuses_an_allowed_host_no_host_header_can_carry(env: dict[str, str], tmp_path: Path) -> None:
     """A URL, a wildcard, nothing: taken without a word, and every request was then refused 421."""
     config = write_config(tmp_path / "mcp.json", {"shop": stdio_entry()})

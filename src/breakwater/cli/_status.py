@@ -301,6 +301,10 @@ def status_main(argv: list[str]) -> int:
             leaf: BaseException = exc
             while isinstance(leaf, BaseExceptionGroup):  # the transports wrap their failures in groups
                 leaf = leaf.exceptions[0]
+            if isinstance(leaf, TimeoutError) or type(leaf).__name__.endswith("Timeout"):
+                # Reached, and silent: "check that it is running" sent the reader to the wrong place.
+                said = "took the connection but did not answer in time (stopped, or too busy); check its process"
+                return fail(f"the gateway at {args.gateway} {said}", EXIT_NOT_READY)
             return fail(
                 f"cannot reach the gateway at {args.gateway}: {type(leaf).__name__}: {leaf}; "
                 "check the URL and that `breakwater serve --http` is running",
