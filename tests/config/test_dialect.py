@@ -89,7 +89,7 @@ def test_config_check_refuses_an_unset_variable_and_status_runs_without_its_serv
     assert exited.value.code == 2
     stderr = capsys.readouterr().err
     assert "mcpServers.api.env.TOKEN" in stderr and "BW_TEST_UNSET_TOKEN is not set" in stderr
-    assert cli_main(["status", "--wait", "0", "--json", "--config", str(path)]) == 0
+    assert cli_main(["status", "--wait", "0", "--json", "--config", str(path)]) == 1  # a server it enables is off
     said = capsys.readouterr()
     assert json.loads(said.out)["servers"][0]["state"] == "disabled"
     assert "server 'api' is off" in said.err and "BW_TEST_UNSET_TOKEN is not set" in said.err

@@ -117,7 +117,7 @@ async def test_a_reply_that_is_no_json_rpc_message_is_said_in_one_sentence_witho
 
 
 def test_a_reply_that_is_not_json_names_what_the_parser_said() -> None:
-    from breakwater.gate._classify import unreadable_reply
+    from breakwater.connect._http_cut import unreadable_reply
 
     pydantic_said = (
         "1 validation error for union[JSONRPCRequest,JSONRPCNotification,JSONRPCResponse,JSONRPCError]\n"

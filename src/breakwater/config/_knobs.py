@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import difflib
+import functools
 import math
 import os
 import re
@@ -254,9 +255,13 @@ def check_knobs(policy: Any) -> None:
     Numbers must be finite and within `minimum`..`maximum`; strings must be one of `choices` (when
     given) and free of control characters. The error names the knob; `build_policy` adds the file.
     """
+    hints = _hints(policy.__class__)
     for f in dataclasses.fields(policy):
         info = _info(f)
         value = getattr(policy, f.name)
+        if (wanted := _wrong_type(value, hints.get(f.name))) is not None:
+            # Built in Python, a value is taken as it is: "5" was a timeout, 'no' turned telemetry on (a true string).
+            raise ConfigError(f"expected {wanted}, got {_shown(value)}", key=f.name, fix=f"pass {f.name} as {wanted}")
         if value is None or isinstance(value, bool):
             continue
         if isinstance(value, (int, float)):
@@ -276,6 +281,31 @@ def check_knobs(policy: Any) -> None:
                 )
             if _bad_text(value):
                 raise ConfigError(f"contains a control character: {value!r}", key=f.name, fix=f"remove it from {f.name}")
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _wrong_type(value: Any, tp: Any) -> str | None:
+    """What `value` should have been, when it is not of the knob's declared type `tp` (None: it is, or `tp` is unknown)."""
+    if tp is None:
+        return None
+    if typing.get_origin(tp) in (types.UnionType, typing.Union):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        tp = next((a for a in args if a is not type(None)), None)
+    if tp is bool:
+        return None if isinstance(value, bool) else "true or false (a bool)"
+    if tp is int:
+        return None if isinstance(value, int) and not isinstance(value, bool) else "a whole number (an int)"
+    if tp is float:
+        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else "a number"
+    if tp is str:
+        return None if isinstance(value, str) else "a string"
+    return None
 
 
 def _section_of(key: str, besides: type) -> str | None:

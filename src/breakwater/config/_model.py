@@ -25,6 +25,7 @@ from breakwater.config._policies import (
     StatePolicy,
     TelemetryPolicy,
 )
+from breakwater.errors import ConfigError
 
 __all__ = ["Config", "OAuthSettings", "ServerSpec", "ToolFilter", "ToolSettings", "Transport", "all_knobs"]
 
@@ -127,6 +128,32 @@ class ToolFilter:
         return out
 
 
+#: A `ServerSpec`'s policies when it is given none: each is replaced by its `Config`'s (compared by identity).
+_UNSET_CONNECT, _UNSET_CALL, _UNSET_BREAKER, _UNSET_RETRY = ConnectPolicy(), CallPolicy(), BreakerPolicy(), RetryPolicy()
+_UNSET: dict[str, Any] = {"connect": _UNSET_CONNECT, "call": _UNSET_CALL, "breaker": _UNSET_BREAKER, "retry": _UNSET_RETRY}
+_POLICY_TYPES: dict[str, type] = {"connect": ConnectPolicy, "call": CallPolicy, "breaker": BreakerPolicy, "retry": RetryPolicy}
+
+
+def _spec_problem(spec: ServerSpec) -> tuple[str, str, str] | None:
+    """(key, what is wrong, what to pass) for the first field of `spec` that cannot be used, else None."""
+    if spec.transport not in ("stdio", "http", "sse"):
+        return "transport", f"expected stdio, http or sse, got {spec.transport!r}", 'transport="stdio"'
+    if spec.enabled and spec.transport == "stdio" and not (isinstance(spec.command, str) and spec.command.strip()):
+        return "command", "a stdio server needs a command", 'command="npx" (and args)'
+    if spec.enabled and spec.transport != "stdio" and not (isinstance(spec.url, str) and spec.url.strip()):
+        return "url", "an HTTP server needs a url", 'url="https://host/mcp"'
+    if isinstance(spec.args, str) or not all(isinstance(a, str) for a in spec.args):
+        return "args", f"expected a sequence of strings, got {spec.args!r}", 'args=("-y", "pkg")'
+    for key in ("env", "headers"):
+        value = getattr(spec, key)
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            return key, "expected a mapping of strings to strings", f'{key}={{"NAME": "value"}}'
+    for key, cls in _POLICY_TYPES.items():
+        if not isinstance(getattr(spec, key), cls):
+            return key, f"expected a {cls.__name__}", f"{key}={cls.__name__}(...)"
+    return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class ServerSpec:
     """One upstream MCP server as configured.
@@ -151,10 +178,11 @@ class ServerSpec:
     #: all), instead of one process per session; see `[gateway] share_stdio`. Meaningless for HTTP,
     #: which is always shared.
     shared: bool = False
-    connect: ConnectPolicy = field(default_factory=ConnectPolicy)
-    call: CallPolicy = field(default_factory=CallPolicy)
-    breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    #: Left out, each is the `Config`'s (its `[connect]`, `[call]`, ...): see `Config`.
+    connect: ConnectPolicy = field(default=_UNSET_CONNECT)
+    call: CallPolicy = field(default=_UNSET_CALL)
+    breaker: BreakerPolicy = field(default=_UNSET_BREAKER)
+    retry: RetryPolicy = field(default=_UNSET_RETRY)
     #: Keys set in this server's own `[servers.NAME.call]` (they win over a learned timeout).
     call_explicit: frozenset[str] = frozenset()
     #: Keys of `[call]` the config file set for this server anywhere (its own table or the top-level
@@ -176,6 +204,22 @@ class ServerSpec:
     transport_guessed: bool = False
     #: The tools the entry leaves out of the list (`disabledTools`, `includeTools`, ...), named with why in `status`.
     tool_filter: ToolFilter = field(default_factory=ToolFilter)
+
+    def __post_init__(self) -> None:
+        # Built in Python, nothing was checked: a transport "pigeon" failed 15 s later as an unsupported URL, a stdio
+        # server without a command as an unexpected failure, `args="-v"` ran "-" and "v".
+        if not isinstance(self.name, str) or not self.name.strip():
+            said = f"a server needs a name (a non-empty string), got {self.name!r}"
+            raise ConfigError(said, key="name", fix='pass name="files"')
+        where = f"servers.{self.name}"
+        problem = _spec_problem(self)
+        if problem is not None:
+            key, said, fix = problem
+            raise ConfigError(said, key=f"{where}.{key}", fix=f"pass {fix}")
+        object.__setattr__(self, "args", tuple(self.args))
+        # Copies: the caller's dict changed a frozen spec.
+        object.__setattr__(self, "env", dict(self.env))
+        object.__setattr__(self, "headers", dict(self.headers))
 
     @property
     def default_timeout_source(self) -> str:
@@ -298,6 +342,26 @@ class Config:
     path: str | None = None
     #: What `config check` says about the file itself: keys beside the servers, entries skipped.
     notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # A server built without its own policies takes these (a file's `[call]` reaches every server the same way):
+        # `Config(servers=..., call=CallPolicy(timeout_s=0.5))` left each server at the built-in 5 s, without a word.
+        servers = tuple(self.servers) if isinstance(self.servers, list | tuple) else self.servers
+        if not isinstance(servers, tuple) or not all(isinstance(s, ServerSpec) for s in servers):
+            raise ConfigError("expected a sequence of ServerSpec", key="servers", fix="pass servers=(ServerSpec(...), ...)")
+        seen: set[str] = set()
+        for spec in servers:
+            if spec.name in seen:  # the first one was dropped without a word
+                raise ConfigError(f"two servers are named {spec.name!r}", key=f"servers.{spec.name}", fix="pass each name once")
+            seen.add(spec.name)
+        for key, cls in _POLICY_TYPES.items():
+            if not isinstance(getattr(self, key), cls):
+                raise ConfigError(f"expected a {cls.__name__}", key=key, fix=f"pass {key}={cls.__name__}(...)")
+        object.__setattr__(self, "servers", tuple(self._inherited(spec) for spec in servers))
+
+    def _inherited(self, spec: ServerSpec) -> ServerSpec:
+        unset = {key: getattr(self, key) for key, default in _UNSET.items() if getattr(spec, key) is default}
+        return replace(spec, **unset) if unset else spec
 
     def server(self, name: str) -> ServerSpec:
         """The server called `name` (KeyError if none)."""

@@ -46,7 +46,7 @@ from breakwater._wire import RESULT_TOO_LARGE
 #: JSON-RPC's "invalid request", the code of the SDK client's own "Session terminated".
 _INVALID_REQUEST = -32600
 
-__all__ = ["CUT_KEY", "CutTolerantTransport", "cut_info", "retry_after_s"]
+__all__ = ["CUT_KEY", "SDK_UNREADABLE", "CutTolerantTransport", "cut_info", "retry_after_s", "unreadable_reply"]
 
 #: Where the synthetic error's `data` carries what happened: {"sent": bool, "error": "ReadError"}.
 #: The SDK's local code for a lost connection, which the gate already treats as a transport failure.
@@ -275,3 +275,16 @@ class _WholeEvents(httpx2.AsyncByteStream):
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+#: How the SDK's HTTP client words a reply it could not read (it answers the call with -32700 itself).
+SDK_UNREADABLE = "Failed to parse JSON response: "
+#: pydantic's words for text that is not JSON at all, and where it says what is wrong.
+_NOT_JSON = re.compile(r"Invalid JSON: ([^\[]*?) \[")
+
+
+def unreadable_reply(said: str) -> str:
+    """The `reason` of a reply the SDK's HTTP client could not read, from its pydantic error, without the server's bytes."""
+    if (not_json := _NOT_JSON.search(said)) is not None:
+        return f"unreadable reply: it is not JSON ({not_json.group(1)})"
+    return "unreadable reply: it is JSON, but no JSON-RPC message (an answer needs a result object or an error object)"

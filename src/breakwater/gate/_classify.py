@@ -61,7 +61,7 @@ from mcp.types import (
 )
 
 from breakwater._wire import ERROR_META_KEY, RESULT_TOO_LARGE
-from breakwater.connect._http_cut import cut_info, retry_after_s
+from breakwater.connect._http_cut import SDK_UNREADABLE, cut_info, retry_after_s, unreadable_reply
 from breakwater.connect._raw_call import ServerReplyError
 from breakwater.errors import CallError, ErrorCode
 from breakwater.gate._breaker import Outcome
@@ -515,12 +515,12 @@ def _classify_mcp_error(exc: MCPError, ctx: AttemptContext) -> Verdict:
             reason=_pages_to_open(message, exc.data),
             elicitations=_url_elicitations(exc.data),
         )
-    unreadable = code == PARSE_ERROR and message.startswith(_SDK_UNREADABLE)
+    unreadable = code == PARSE_ERROR and message.startswith(SDK_UNREADABLE)
     if code in (INTERNAL_ERROR, 0) or unreadable:
         # HTTP 5xx or a crashed handler: it may have half-run, so only repeatable tools retry. So may a call whose
         # answer the SDK's HTTP client could not read: the server sent no -32700, and the model read one, with a
         # pydantic dump of the server's bytes.
-        message = unreadable_reply(message[len(_SDK_UNREADABLE) :]) if unreadable else f"server error: {message}"
+        message = unreadable_reply(message[len(SDK_UNREADABLE) :]) if unreadable else f"server error: {message}"
         verdict = _cut(ctx, ErrorCode.UPSTREAM_ERROR, message, hint)
         # (Unreadable, its answer may have said it ran: OUTCOME_UNKNOWN, as for a cut call.)
         if verdict.code is ErrorCode.OUTCOME_UNKNOWN and not unreadable:
@@ -539,19 +539,6 @@ def _classify_mcp_error(exc: MCPError, ctx: AttemptContext) -> Verdict:
     # Parse errors, method not found, header mismatch (already resent once by the SDK), missing
     # capability, unsupported version, application codes: repeating the same request repeats them.
     return _fatal(f"protocol error {code}: {message}")
-
-
-#: How the SDK's HTTP client words a reply it could not read (it answers the call with -32700 itself).
-_SDK_UNREADABLE = "Failed to parse JSON response: "
-#: pydantic's words for text that is not JSON at all, and where it says what is wrong.
-_NOT_JSON = re.compile(r"Invalid JSON: ([^\[]*?) \[")
-
-
-def unreadable_reply(said: str) -> str:
-    """The `reason` of a reply the SDK's HTTP client could not read, from its pydantic error, without the server's bytes."""
-    if (not_json := _NOT_JSON.search(said)) is not None:
-        return f"unreadable reply: it is not JSON ({not_json.group(1)})"
-    return "unreadable reply: it is JSON, but no JSON-RPC message (an answer needs a result object or an error object)"
 
 
 def _classify_http(exc: httpx2.HTTPError, ctx: AttemptContext) -> Verdict:
