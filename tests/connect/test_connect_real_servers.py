@@ -166,6 +166,25 @@ async def test_crash_loop_is_failed_before_the_budget_is_spent(
     assert snap.error.exit_code == exit_code and "Fatal: config file missing" in snap.error.message
 
 
+async def test_an_npm_launch_that_fails_says_npms_reason_and_is_a_crash_loop(tmp_path: Path) -> None:
+    """A misspelt package: npm's last line is the path of its log, a new one every run. That path was the reason told
+    to status and the model, and no two exits read alike, so the documented crash-loop rule never fired (retrying)."""
+    script = tmp_path / "npx.py"
+    script.write_text(
+        "import sys, time\n"
+        "print('npm error 404 Not Found - GET https://registry.npmjs.org/@x%2fserver-githubb - Not found', file=sys.stderr)\n"
+        "print(f'npm error A complete log of this run can be found in: /root/.npm/_logs/{time.time_ns()}-debug-0.log',"
+        " file=sys.stderr)\n"
+        "sys.exit(1)\n"
+    )
+    spec = ServerSpec(name="npx", transport="stdio", command=sys.executable, args=(str(script),), connect=FAST)
+    async with breakwater(tmp_path, spec) as bw:
+        await until(bw, "npx", ServerState.FAILED)
+        snap = bw.status().servers[0]
+    assert snap.attempts == 3 and snap.error is not None
+    assert snap.error.message.startswith("the process exited with code 1: npm error 404 Not Found"), snap.error.message
+
+
 async def test_a_server_that_says_why_on_stderr_and_hangs_times_out_with_what_it_said(tmp_path: Path) -> None:
     """Its stderr was shown for an exit only: a server waiting on a refused token said only "no answer within 1 s"."""
     script = "import sys, time; print('Error: GITHUB_TOKEN is invalid (401); waiting', file=sys.stderr); time.sleep(60)"

@@ -8,6 +8,7 @@ what to fix (`SPAWN_FAILED`: the command; `AUTH_REQUIRED`: the headers; `REFUSED
 
 from __future__ import annotations
 
+import re
 import ssl
 
 import httpx2
@@ -55,7 +56,8 @@ def exited(process: StdioProcess | None) -> ErrorInfo | None:
     if process is None or code is None:
         return None
     tail = tuple(process.stderr_tail)
-    last = f": {tail[-1]}" if tail else ""
+    line = telling_line(tail)
+    last = f": {line}" if line else ""
     return ErrorInfo(
         code=Reason.EXITED,
         message=f"the process exited with code {code}{last}",
@@ -71,7 +73,7 @@ def timeout_error(process: StdioProcess | None, timeout: float) -> ErrorInfo:
     if gone is not None:
         return gone
     tail = () if process is None else tuple(process.stderr_tail)[-5:]
-    said = f"; its last line on stderr: {tail[-1]}" if tail else ""
+    said = f"; its last line on stderr: {telling_line(tail)}" if tail else ""
     fix = "a server that needs longer to start: raise [connect] attempt_timeout_s"
     message = f"no answer to the handshake within {timeout:g} s{said} ({fix})"
     return ErrorInfo(code=Reason.TIMEOUT, message=message, stderr_tail=tail)
@@ -98,8 +100,31 @@ def repeated_exit(previous: ErrorInfo | None, current: ErrorInfo | None) -> bool
         and previous.code in _EXITS
         and current.code in _EXITS
         and current.exit_code is not None
-        and (previous.exit_code, previous.stderr_tail[-1:]) == (current.exit_code, current.stderr_tail[-1:])
+        and (previous.exit_code, _alike(previous.stderr_tail[-1:])) == (current.exit_code, _alike(current.stderr_tail[-1:]))
     )
+
+
+#: Lines that say nothing of why a process ended: npm's pointer to its log (a new file each run), a stack frame.
+_NOISE = re.compile(r"complete log of this run can be found|^\s*at \S|^npm (ERR!|error)\s*$", re.IGNORECASE)
+#: What differs between two runs' lines that say the same: numbers (times, pids, ports) and paths.
+_RUN_PARTS = re.compile(r"\d+|(?:[A-Za-z]:)?[/\\][^\s:'\"]+")
+
+
+def telling_line(tail: tuple[str, ...] | list[str]) -> str:
+    """The stderr line that says why: the last one that is not noise (`_NOISE`), else the last one.
+
+    A misspelt npm package ended on "npm error A complete log of this run can be found in: ...", which is what
+    status, the call's error and the model were told; its "npm error 404 ... could not be found" was above it.
+    """
+    for line in reversed(tail):
+        if line.strip() and not _NOISE.search(line):
+            return line
+    return tail[-1] if tail else ""
+
+
+def _alike(lines: tuple[str, ...]) -> tuple[str, ...]:
+    # npm's log path holds the time of the run: no two of its exits read alike, and a crash loop never ended.
+    return tuple(_RUN_PARTS.sub("#", line) for line in lines)
 
 
 _EXITS = (Reason.EXITED, Reason.CONNECTION_LOST)
