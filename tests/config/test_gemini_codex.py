@@ -43,6 +43,14 @@ def _codex(tmp_path: Path, text: str) -> Path:
 # ---- Gemini CLI ----------------------------------------------------------------------------------
 
 
+def test_a_gemini_server_list_naming_no_server_is_said_with_the_name_it_meant(tmp_path: Path) -> None:
+    """`"allowed": ["githib"]` matched nothing: `github` was off, and nothing said why ("excluded" likewise: on)."""
+    path = _gemini(tmp_path, {"github": OK, "fetch": OK}, mcp={"allowed": ["githib", "fetch"], "excluded": ["fetc"]})
+    notes = load_config(path, environ={}).notes
+    assert "mcp.allowed names 'githib', which is no server in this file (did you mean 'github'?)" in notes
+    assert "mcp.excluded names 'fetc', which is no server in this file (did you mean 'fetch'?)" in notes
+
+
 def test_a_gemini_settings_file_loads_with_its_keys_read_or_noted(tmp_path: Path) -> None:
     path = _gemini(
         tmp_path,

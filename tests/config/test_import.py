@@ -201,3 +201,30 @@ def test_an_agent_file_with_comments_says_they_are_not_carried_over(tmp_path: Pa
     assert result.returncode == 0, result.stderr
     assert ".mcp.json's comments (and trailing commas) are not in the files written" in result.stdout
     assert (tmp_path / ".mcp.json.bak").read_text().startswith("// my servers")
+
+
+def test_a_server_rejected_in_claude_code_is_not_started_read_or_imported(tmp_path: Path) -> None:
+    """Claude Code asks before it starts a project's `.mcp.json` servers and keeps a "no" in `disabledMcpjsonServers`;
+    breakwater, reading the same file or importing it, started the rejected server (anyone can commit a `.mcp.json`)."""
+    from breakwater.config import load_config
+
+    home = tmp_path / "home"
+    (tmp_path / ".mcp.json").write_text(json.dumps({"mcpServers": {"fs": {"command": "x"}, "untrusted": {"command": "y"}}}))
+    (tmp_path / ".claude").mkdir()
+    local = tmp_path / ".claude" / "settings.local.json"
+    local.write_text(json.dumps({"enabledMcpjsonServers": ["fs"], "disabledMcpjsonServers": ["untrusted"]}))
+    env = {**os.environ, "HOME": str(home)}
+    old_home = os.environ.get("HOME")
+    os.environ["HOME"] = str(home)
+    try:
+        read = {spec.name: spec for spec in load_config(tmp_path / ".mcp.json").servers}
+    finally:
+        if old_home is not None:
+            os.environ["HOME"] = old_home
+    assert read["fs"].enabled and not read["untrusted"].enabled
+    assert read["untrusted"].disabled_by == f"disabledMcpjsonServers in {local} lists it (rejected in Claude Code)"
+    result = run_import(".mcp.json", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    written = json.loads((tmp_path / "breakwater.servers.json").read_text())["mcpServers"]
+    assert written["untrusted"]["disabled"] is True and "disabled" not in written["fs"]
+    assert "untrusted: not started: disabledMcpjsonServers in .claude/settings.local.json lists it" in result.stdout

@@ -13,6 +13,7 @@ Codex's `config.toml` has keys of its own (`_codex.py`). May import the core lea
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 import shlex
@@ -331,6 +332,29 @@ def gemini_server_lists(data: Mapping[str, Any], path: str) -> tuple[frozenset[s
             raise ConfigError("expected a list of server names", path=path, key=f"mcp.{key}", fix=f'write "{key}": ["name"]')
         lists.append(None if value is None else frozenset(value))
     return lists[0], lists[1] or frozenset()
+
+
+def claude_rejected_servers(mcp_json: Path) -> dict[str, str]:
+    """The servers of a project's `.mcp.json` that the user rejected in Claude Code, each with where it says so.
+
+    Claude Code asks before it starts a project's servers, and keeps the answer in `.claude/settings.json`,
+    `.claude/settings.local.json` (the project's) or `~/.claude/settings.json`: `disabledMcpjsonServers` lists the
+    rejected ones. Read there, breakwater started them all (a repository's `.mcp.json` is anyone's to write).
+    """
+    if mcp_json.name != ".mcp.json":
+        return {}
+    files = [mcp_json.parent / ".claude" / "settings.json", mcp_json.parent / ".claude" / "settings.local.json"]
+    files.append(Path.home() / ".claude" / "settings.json")
+    rejected: dict[str, str] = {}
+    for file in dict.fromkeys(files):
+        try:
+            names = json.loads(file.read_text(encoding="utf-8")).get("disabledMcpjsonServers")
+        except (OSError, ValueError, AttributeError):
+            continue
+        for name in names if isinstance(names, list) else ():
+            if isinstance(name, str):
+                rejected.setdefault(name, f"disabledMcpjsonServers in {file} lists it (rejected in Claude Code)")
+    return rejected
 
 
 def claude_local_servers(data: Mapping[str, Any], cwd: Path) -> tuple[str, Any] | None:

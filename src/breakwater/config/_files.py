@@ -25,7 +25,14 @@ from breakwater._wire import json_depth, json_kind
 from breakwater.config import _jsonc
 from breakwater.config._checks import TOOL_NAME_OK, alike_servers, check_server_name, check_template_for_servers
 from breakwater.config._codex import CODEX_TOP, servers_from_codex
-from breakwater.config._dialect import claude_local_servers, gemini_file, gemini_server_lists, skipped_entry, top_level_notes
+from breakwater.config._dialect import (
+    claude_local_servers,
+    claude_rejected_servers,
+    gemini_file,
+    gemini_server_lists,
+    skipped_entry,
+    top_level_notes,
+)
 from breakwater.config._entry import STRICT, Entries, fail, flag, parse_entry, unknown_key
 from breakwater.config._expand import OFF_FOR_VALUES, Expander, unset_off
 from breakwater.config._knobs import build_policy, env_layer
@@ -193,6 +200,7 @@ def _servers_from_json(
     elif opencode_file(path, top, entries):
         expand = replace(expand, opencode=True)  # and OpenCode {env:NAME} and {file:PATH}
     allowed, excluded = gemini_server_lists(data, str(path))
+    rejected = claude_rejected_servers(path)
     specs = []
     for name, (where, entry) in listed.items():
         with entries_ok.tolerated(name):
@@ -204,11 +212,19 @@ def _servers_from_json(
             fields, _ = parse_entry(entry, path=str(path), where=where, expand=expand, names=names)
             fields = unset_off(fields, expand, where)
             fields["notes"] = (*fields["notes"], *reshaped)
+            said = rejected.get(name)
             if name in excluded or (allowed is not None and name not in allowed):
                 said = "mcp.excluded lists it" if name in excluded else "mcp.allowed does not list it"
                 said += " (Gemini CLI's settings)"
+            if said is not None:
                 fields |= {"enabled": False, "disabled_by": said, "notes": (*fields["notes"], f"not started: {said}")}
             specs.append(ServerSpec(name=name, source=str(path), **defaults, **fields))
+    # A name no server has (a typo) matched nothing, and the server it meant was off (allowed) or on (excluded) unsaid.
+    for key, given in (("mcp.allowed", allowed or frozenset()), ("mcp.excluded", excluded)):
+        for named in sorted(given - set(listed)):
+            close = difflib.get_close_matches(named, list(listed), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            notes.append(f"{key} names {named!r}, which is no server in this file{hint}")
     return specs, notes
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from breakwater.config import Config, _jsonc
 from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX, namespaced_pattern
-from breakwater.config._dialect import SIGN_IN_KEYS, claude_local_servers, skipped_entry
+from breakwater.config._dialect import SIGN_IN_KEYS, claude_local_servers, claude_rejected_servers, skipped_entry
 from breakwater.config._expand import EDITOR_ONLY
 from breakwater.config._files import load_config_lenient
 from breakwater.config._import_codex import SERVERS_TOML, Named, codex_files, name_taken
@@ -152,6 +152,9 @@ def _json_files(source: Path, command: list[str], named: Named) -> tuple[str, st
     # Entries breakwater cannot connect to (WebSocket, Claude Code's IDE links) stay with the agent.
     served = {name: entry for name, entry in entries.items() if not _skipped(entry)}
     kept = {name: entry for name, entry in entries.items() if _skipped(entry)}
+    # Rejected in Claude Code: written off, so the gateway that replaces it does not start them either.
+    for name in claude_rejected_servers(source).keys() & served.keys():
+        served[name] = {**served[name], "disabled": True}
     agent_file = dict(raw)
     if top == "mcp.servers":  # VS Code's user settings.json, OpenCode's second config version
         agent_file["mcp"] = {**raw["mcp"], "servers": {GATEWAY_NAME: ours, **kept}}
@@ -165,7 +168,7 @@ def _json_files(source: Path, command: list[str], named: Named) -> tuple[str, st
         # which starts only breakwater, keeps the rest of its `mcp` settings.
         servers_file = {"mcp": {k: v for k, v in mcp.items() if k in ("allowed", "excluded")}, **servers_file}
         agent_file["mcp"] = {k: v for k, v in mcp.items() if k not in ("allowed", "excluded")}
-    notes = []
+    notes: list[str] = []
     if stripped != text:  # Zed's and VS Code's files start with comments; JSON has none to write them in
         notes.append(
             f"{source.name}'s comments (and trailing commas) are not in the files written; "
