@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import math
 import os
 import random
 from collections.abc import Collection, Mapping, Sequence
@@ -53,6 +55,9 @@ class Breakwater:
         print(bw.status().to_json())
     ```
     """
+
+    #: "new" until entered, "open" inside `async with`, "closed" after: one `async with` per instance.
+    _life = "new"
 
     def __init__(
         self,
@@ -168,6 +173,10 @@ class Breakwater:
         return cls(load_config(path if path is not None else find_config()), **kwargs)
 
     async def __aenter__(self) -> Breakwater:
+        if self._life != "new":
+            # A second enter started every server again beside the first, and its exit crashed the first's.
+            raise RuntimeError(f"this Breakwater was {'entered' if self._life == 'open' else 'closed'} already: make another")
+        self._life = "open"
         if self.journal is not None:
             # A thread, not a task: the store's I/O never runs on (or waits for) the event loop.
             self.journal.start()
@@ -213,6 +222,10 @@ class Breakwater:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool | None:
         assert self._tg is not None
+        self._life = "closed"
+        # A call waiting for its server to come back (another task's) ends now, not at its timeout.
+        for upstream in self._upstreams.values():
+            upstream.close_waits()
         # Tasks still being polled stay running upstream and remembered, for the next start to resume.
         self.tasks.closing = True
         self._tg.cancel_scope.cancel()
@@ -284,6 +297,7 @@ class Breakwater:
 
         Returns the status at that moment; never raises for servers that did not connect.
         """
+        self._check_open()
         deadline = self._clock.monotonic() + (timeout if timeout is not None else float("inf"))
         with self._clock.deadline_scope(deadline):
             while not all(u.settled for u in self._upstreams.values()):
@@ -323,8 +337,57 @@ class Breakwater:
         `operation_id` names the logical call (pass the same one when re-sending a call that may
         have run); by default each call gets a fresh one.
         """
+        self._check_open()
+        if timeout is not None and (type(timeout) not in (int, float) or not 0 < timeout < math.inf):
+            # -1 sent nothing and counted a timeout against the tool: four opened its breaker for every caller.
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if arguments is not None and not isinstance(arguments, Mapping):
+            raise TypeError(f"arguments must be a mapping of the tool's arguments, got {type(arguments).__name__}")
+        if progress_callback is not None:
+            return await self._call_reporting(server, tool, arguments, timeout, progress_callback, raise_on_error, operation_id)
         # `CallGate.answer`: `call` and `call_or_raise` in one coroutine, by position (no name matching).
-        return await self._gate.answer(server, tool, arguments, timeout, progress_callback, operation_id, raise_on_error)
+        return await self._gate.answer(server, tool, arguments, timeout, None, operation_id, raise_on_error)
+
+    async def _call_reporting(
+        self,
+        server: str,
+        tool: str,
+        arguments: Mapping[str, Any] | None,
+        timeout: float | None,
+        progress_callback: Any,
+        raise_on_error: bool,
+        operation_id: str | None,
+    ) -> types.CallToolResult:
+        """`call_tool` with the caller's progress callback: its exception is the caller's, raised, and the call cancelled.
+
+        It was read as the server's failure (UPSTREAM_ERROR, "the connection failed"), and four opened the tool's
+        breaker for every caller. A plain (not async) function is taken too.
+        """
+        failure: list[Exception] = []
+        sent = [-math.inf]
+        with anyio.CancelScope() as scope:
+
+            async def relay(progress: float, total: float | None, message: str | None) -> None:
+                if progress <= sent[0]:  # a call sent again starts its progress over: the spec's MUST increase
+                    return
+                sent[0] = progress
+                try:
+                    said = progress_callback(progress, total, message)
+                    if inspect.isawaitable(said):
+                        await said
+                except Exception as exc:
+                    if not failure:
+                        failure.append(exc)
+                        scope.cancel()
+
+            return await self._gate.answer(server, tool, arguments, timeout, relay, operation_id, raise_on_error)
+        raise failure[0]
+
+    def _check_open(self) -> None:
+        if self._life != "open":
+            # Before: a call waited 5 s and said "still starting up"; after: "ready" and "connecting" at once.
+            when = "before `async with Breakwater(...)` was entered" if self._life == "new" else "after its `async with` ended"
+            raise RuntimeError(f"this Breakwater is used {when}: call it inside `async with`")
 
     def pending_tasks(self) -> list[PendingTask]:
         """Tasks started through breakwater (by this or an earlier process) whose end no one has seen yet."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -456,3 +458,135 @@ async def test_a_cancelled_call_of_a_tool_that_changes_things_is_journaled_as_of
     journal.flush()
     codes = {r.tool: r.error_code for r in journal.store.recent(10)}
     assert codes == {"book": "OUTCOME_UNKNOWN", "look": "CANCELLED"}, codes
+
+
+async def test_a_call_whose_server_died_and_cannot_restart_ends_within_its_timeout_not_its_cap(tmp_path: Path) -> None:
+    """An idempotent tool's call lost with its server, which then could not start again: the reconciliation waited for
+    the server's ready event up to the tool's cap (120 s), though the server was retrying (H3's server-everything)."""
+    marker = tmp_path / "started-once"
+    cmd = launch_command("--name", "s", "--tool", "write:latency=2,crash=1,idempotent")
+    # The first start runs the server; every restart exits at once, as a server whose dependency went away.
+    script = f'[ -e "{marker}" ] && exit 1; touch "{marker}"; exec "$@"'
+    spec = ServerSpec(
+        name="s",
+        transport="stdio",
+        command="sh",
+        args=("-c", script, "sh", *cmd),
+        connect=FAST_CONNECT,
+        retry=FAST_RETRY,
+        call=CallPolicy(timeout_s=3, max_s=120),
+    )
+    async with gate(tmp_path, spec) as bw:
+        started = time.monotonic()
+        with anyio.fail_after(60):
+            result = await bw.call_tool("s", "write", {}, raise_on_error=False)
+        elapsed = time.monotonic() - started
+    said = envelope(result)
+    assert said["retry_stopped"] == "the server did not come back within the call's window", said
+    assert elapsed < 20, elapsed  # the crash at 1 s, then at most the call's timeout for the server to come back
+
+
+async def test_a_breakwater_is_entered_once_and_refuses_calls_outside_its_async_with(tmp_path: Path) -> None:
+    """A second enter started every server again and its exit crashed the first's; calls before entering waited 5 s
+    and said "still starting up", after exit said "connecting"."""
+    bw = Breakwater(Config(servers=(server("s"),)), admission_dir=tmp_path / "admission")
+    with pytest.raises(RuntimeError, match="before `async with Breakwater"):
+        await bw.call_tool("s", "echo", {})
+    async with bw:
+        await bw.wait_ready(timeout=30)
+        with pytest.raises(RuntimeError, match="entered already"):
+            async with bw:
+                pass
+        assert not (await bw.call_tool("s", "echo", {})).is_error
+    with pytest.raises(RuntimeError, match="after its `async with` ended"):
+        await bw.call_tool("s", "echo", {})
+    with pytest.raises(RuntimeError, match="closed already"):
+        async with bw:
+            pass
+
+
+async def test_a_read_only_call_waiting_for_its_server_ends_when_breakwater_closes(tmp_path: Path) -> None:
+    """Its server lost, the call waited for the reconnect for its whole timeout (20 s) after its Breakwater had closed."""
+    marker = tmp_path / "started-once"
+    cmd = launch_command("--name", "s", "--tool", "mid:latency=2,readonly", "--tool", "boom:crash=1,destructive")
+    script = f'[ -e "{marker}" ] && sleep 30; touch "{marker}"; exec "$@"'  # a restart takes 30 s
+    spec = ServerSpec(
+        name="s",
+        transport="stdio",
+        command="sh",
+        args=("-c", script, "sh", *cmd),
+        connect=replace(FAST_CONNECT, attempt_timeout_s=60),
+        retry=FAST_RETRY,
+        call=CallPolicy(timeout_s=20),
+    )
+    outcome: list[CallToolResult] = []
+    async with anyio.create_task_group() as tg:
+        async with gate(tmp_path, spec) as bw:
+
+            async def mid() -> None:
+                outcome.append(await bw.call_tool("s", "mid", {}, raise_on_error=False))
+
+            tg.start_soon(mid)
+            await anyio.sleep(0.3)
+            await bw.call_tool("s", "boom", {}, raise_on_error=False)  # the server dies under `mid`
+            await anyio.sleep(0.5)
+            started = time.monotonic()
+        with anyio.fail_after(10):
+            while not outcome:
+                await anyio.sleep(0.05)
+        elapsed = time.monotonic() - started
+    assert elapsed < 5 and outcome[0].is_error, (elapsed, outcome[0].structured_content)
+
+
+async def test_call_tool_refuses_a_timeout_or_arguments_it_cannot_use_before_anything_is_sent(tmp_path: Path) -> None:
+    """`timeout=-1` sent nothing and counted a timeout against the tool (four opened its breaker for every caller);
+    `arguments="x"` raised dict()'s own ValueError."""
+    async with gate(tmp_path, server("s")) as bw:
+        for bad in (-1, 0, math.nan, math.inf, "5", True):
+            with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
+                await bw.call_tool("s", "echo", {}, timeout=bad)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="arguments must be a mapping of the tool's arguments, got str"):
+            await bw.call_tool("s", "echo", "notadict")  # type: ignore[arg-type]
+        assert not (await bw.call_tool("s", "echo", {}, timeout=5)).is_error
+        assert all(b.failures_in_window == 0 for b in bw.gate.breaker_snapshots())
+
+
+async def test_a_progress_callbacks_own_exception_is_the_callers_not_the_servers(tmp_path: Path) -> None:
+    """It was read as the server's failure (UPSTREAM_ERROR, "the connection failed"), and opened the tool's breaker."""
+    spec = server("s", "--tool", "prog:latency=1,progress=0.1,readonly")
+    async with gate(tmp_path, spec) as bw:
+
+        async def buggy(progress: float, total: float | None, message: str | None) -> None:
+            raise ValueError("bug in my callback")
+
+        for _ in range(4):
+            with pytest.raises(ValueError, match="bug in my callback"):
+                await bw.call_tool("s", "prog", {}, progress_callback=buggy)
+        seen: list[float] = []
+
+        def plain(progress: float, total: float | None, message: str | None) -> None:  # not async: taken too
+            seen.append(progress)
+
+        assert not (await bw.call_tool("s", "prog", {}, progress_callback=plain)).is_error  # type: ignore[arg-type]
+        assert seen and seen == sorted(seen)
+        assert all(b.failures_in_window == 0 for b in bw.gate.breaker_snapshots())
+
+
+async def test_progress_never_goes_back_when_a_call_is_sent_again(tmp_path: Path) -> None:
+    """The server killed mid-call, a read-only call is sent again and its progress starts over: the caller saw
+    1, 2, 1, 2, 3, ... for one token, and the spec says progress MUST increase."""
+    spec = server("s", "--tool", "echo", "--tool", "prog:latency=2,progress=0.2,readonly")
+    async with gate(tmp_path, spec) as bw:
+        pid = (await bw.call_tool("s", "echo", {})).structured_content["pid"]
+        seen: list[float] = []
+
+        async def note(progress: float, total: float | None, message: str | None) -> None:
+            seen.append(progress)
+            if len(seen) == 3:
+                os.kill(pid, signal.SIGKILL)
+
+        with anyio.fail_after(60):
+            result = await bw.call_tool("s", "prog", {}, progress_callback=note)
+    assert not result.is_error, result.structured_content
+    assert bw.upstream("s").snapshot().attempts == 2  # it was restarted, and the call sent again
+    assert seen == sorted(set(seen)) and len(seen) > 3, seen

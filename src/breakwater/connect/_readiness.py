@@ -37,7 +37,7 @@ async def wait_until_ready(upstream: Upstream, *, clock: Clock, seconds: float, 
     end = clock.monotonic() + max(0.0, seconds)
     if deadline is not None:
         end = min(end, deadline)
-    while upstream.state in ON_ITS_WAY and clock.monotonic() < end:
+    while upstream.state in ON_ITS_WAY and clock.monotonic() < end and not upstream.closing:
         with clock.deadline_scope(end):
             await upstream.wait_changed()
     return _usable(upstream)

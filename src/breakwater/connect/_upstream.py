@@ -133,22 +133,22 @@ class Upstream:
         self._listing = anyio.Lock()  # one tools/list at a time: the health check's or a change's
         self.ready_event = anyio.Event()
         self._changed = anyio.Event()  # set (and replaced) at every state change
+        self.closing = False  # its `Breakwater` closed: nothing comes back after that
         self._redact = Redactor(spec.secrets)
         #: Extra `mcp.Client` arguments for this server's next connections: the gateway's relay callbacks
         #: (sampling, elicitation, log messages, resource updates). None: the SDK's defaults. Read at
         #: each connect, so a gateway built after the connects began still reaches every connection.
         self.client_hooks = client_hooks
 
-    # ---- what callers see -------------------------------------------------------------------
-
     def snapshot(self) -> ServerStatus:
         """The state as of now."""
+        ready = self.state is ServerState.READY
         return ServerStatus(
             name=self.spec.name,
             transport="sse" if self._legacy_sse else self.spec.transport,
             state=self.state,
             protocol=self.protocol,
-            tools=len(self.tools) if self.state is ServerState.READY else None,
+            tools=len(self.tools) if ready else None,
             attempts=self.attempts,
             attempt=self.round_attempt,
             phase=self.phase,
@@ -156,9 +156,7 @@ class Upstream:
             next_retry_at=self.next_retry_at,
             error=None if self.error is None else self._redacted(self.error),
             failing_since=self.failing_since,
-            rejected_tools=tuple(replace(t, reason=self._redact(t.reason)) for t in self.rejected_tools)
-            if self.state is ServerState.READY
-            else (),
+            rejected_tools=tuple(replace(t, reason=self._redact(t.reason)) for t in self.rejected_tools) if ready else (),
             disabled_by=self.spec.disabled_by if self.state is ServerState.DISABLED else None,
             last_drop=None if self.last_drop is None else self._redacted(self.last_drop),
             last_drop_at=self.last_drop_at,
@@ -168,6 +166,11 @@ class Upstream:
     def _redacted(self, error: ErrorInfo) -> ErrorInfo:
         tail = tuple(self._redact(line) for line in error.stderr_tail)
         return replace(error, message=self._redact(error.message), stderr_tail=tail)
+
+    def close_waits(self) -> None:
+        """Its `Breakwater` is closing: a call waiting for it to come back (`wait_until_ready`) stops waiting."""
+        self.closing = True
+        self._set(self.state)
 
     async def wait_changed(self) -> None:
         """Return at this server's next state change (or phase change while connecting)."""

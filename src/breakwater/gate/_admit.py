@@ -60,7 +60,7 @@ async def admit_after_loss(ctx: GateContext, call: Call) -> Permits:
     """`admit`, after an answer was lost: the server must also be back within the call's window."""
     _check_budget(ctx, call)
     assert call.last is not None and call.window is not None
-    if not await wait_ready(ctx, call.srv, call.window):
+    if not await wait_ready(ctx, call.srv, call.window, call.timeout_s):
         # The answer was lost with the connection; re-sending needs the server back first.
         raise stopped(call.last, "the server did not come back within the call's window")
     return take_permits(ctx, call)

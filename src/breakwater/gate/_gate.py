@@ -71,7 +71,7 @@ from breakwater.catalog._validate import argument_checker
 from breakwater.config import JournalPolicy, RetryPolicy
 from breakwater.connect._readiness import call_window, wait_until_ready
 from breakwater.connect._upstream import Upstream
-from breakwater.errors import CallError, ErrorCode, InvalidArgumentsError, UnknownToolError
+from breakwater.errors import CallCancelledError, CallError, ErrorCode, InvalidArgumentsError, UnknownToolError
 from breakwater.gate._admit import Permits, admit, admit_after_loss, breaker_refusal, first_refusal, take_permits
 from breakwater.gate._attempt import ATTEMPT_WATCHER, READY, SAFE, AttemptDeadline, not_ready_error, run_attempt
 from breakwater.gate._breaker import BreakerRegistry, BreakerSnapshot, BreakerStore, Outcome, Rejection
@@ -532,6 +532,12 @@ class CallGate:
         until = None if budget is None else budget.deadline
         if not await wait_until_ready(upstream, clock=self._clock, seconds=call.timeout_s, deadline=until):
             refused = not_ready_error(self._clock, upstream, call.info.name)
+            if upstream.closing:  # its Breakwater closed: no server comes back, and "wait, retry" would mislead
+                refused = CallCancelledError(
+                    "The call was cut: breakwater closed before the server came back.",
+                    server=upstream.spec.name,
+                    tool=call.info.name,
+                )
             if call.last_not_run:
                 raise refused
             assert call.last is not None

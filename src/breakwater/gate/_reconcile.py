@@ -17,11 +17,11 @@ from typing import Any
 
 import mcp.types as types
 
+from breakwater.connect._readiness import wait_until_ready
 from breakwater.errors import CallError, OutcomeUnknownError, ToolError
 from breakwater.gate._call import Call, GateContext, ServerRecord, observe, stopped
 from breakwater.gate._classify import IN_PROGRESS_REASON, RetryClass, Verdict
 from breakwater.journal import RECONCILED
-from breakwater.status import ServerState
 
 __all__ = ["GET_OPERATION_TOOL", "Resend", "after_lost_answer", "wait_ready"]
 
@@ -89,17 +89,14 @@ async def after_lost_answer(
     return Resend(delay)
 
 
-async def wait_ready(ctx: GateContext, srv: ServerRecord, deadline: float) -> bool:
-    """Wait (until `deadline`) for the server to be ready again; False if it is not."""
-    upstream = srv.upstream
-    if upstream.state is ServerState.READY and upstream.client is not None:
-        return True
-    if upstream.state in (ServerState.FAILED, ServerState.DISABLED):
-        # Given up on for now: its background retry is far longer than a call may wait.
-        return False
-    with ctx.clock.deadline_scope(deadline):
-        await upstream.ready_event.wait()
-    return upstream.state is ServerState.READY and upstream.client is not None
+async def wait_ready(ctx: GateContext, srv: ServerRecord, deadline: float, seconds: float) -> bool:
+    """Wait while the server is on its way back, up to `seconds` and never past `deadline`; False if it is not back.
+
+    A server whose reconnect failed (retrying), failed or disabled ends the wait at once, as a first attempt's does
+    (`wait_until_ready`): waiting for its ready event held an idempotent tool's call to its cap, 120 s, for a server
+    that could not restart.
+    """
+    return await wait_until_ready(srv.upstream, clock=ctx.clock, seconds=seconds, deadline=deadline)
 
 
 async def _reconcile(ctx: GateContext, call: Call, err: CallError, hint: float | None) -> types.CallToolResult | None:
@@ -122,7 +119,7 @@ async def _reconcile(ctx: GateContext, call: Call, err: CallError, hint: float |
             if clock.monotonic() + delay >= window:
                 raise stopped(err, "the operation was still running when the call's window closed")
             await clock.sleep(delay)
-        if not await wait_ready(ctx, srv, window):
+        if not await wait_ready(ctx, srv, window, call.timeout_s):
             raise stopped(err, "the server did not come back within the call's window")
         status = await _ask(ctx, srv, op_id, min(call.timeout_s, window - clock.monotonic()))
         if status is None:

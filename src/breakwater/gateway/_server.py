@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import secrets
 from collections.abc import Mapping, Sequence
@@ -437,10 +438,14 @@ class Gateway:
     ) -> types.CallToolResult:
         """Call through the gate, relaying progress (and, through `caller`, what the server asks) downstream."""
 
+        sent = [-math.inf]
+
         async def relay_progress(progress: float, total: float | None, message: str | None) -> None:
             # The SDK may deliver the last progress after the call returned; the request is gone by then.
             ctx = caller.ctx
-            if ctx is not None and not caller.finished:
+            # A call sent again (its server crashed mid-call) starts its progress over: the spec's progress MUST increase.
+            if ctx is not None and not caller.finished and progress > sent[0]:
+                sent[0] = progress
                 await ctx.session.report_progress(progress, total, message)
 
         meta = first.meta if isinstance(first.meta, Mapping) else {}
@@ -471,9 +476,8 @@ class Gateway:
         async def run() -> types.CallToolResult:
             with self.drain.call(lambda: caller.attempt is not None) as in_flight:
                 async with budget:
-                    result = await self.bw.call_tool(
-                        server, tool, arguments, progress_callback=relay_progress, operation_id=operation_id
-                    )
+                    # The gate itself: `call_tool`'s checks and callback guard are for a library caller's input.
+                    result = await self.bw.gate.answer(server, tool, arguments, None, relay_progress, operation_id, False)
             if in_flight.scope.cancelled_caught:
                 cut = self.drain.cut_error(self.bw, in_flight, server, tool, operation_id or own)
                 return error_result(cut)
