@@ -9,7 +9,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from mcp_types import UNSUPPORTED_PROTOCOL_VERSION
-from mcp_types.version import SUPPORTED_PROTOCOL_VERSIONS
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS, SUPPORTED_PROTOCOL_VERSIONS
 
 from breakwater.config._checks import LOOPBACK_HOSTS as LOOPBACK_HOSTS  # importable from here as before
 from breakwater.config._redact import register_secrets
@@ -138,12 +138,13 @@ class RequestGuard:
                 raw = [(k, _normalise(k, v)) for k, v in raw]
                 scope = {**scope, "headers": raw}
             send = whole_responses(send)
-            if b"mcp-session-id" not in headers:
+            if b"mcp-session-id" not in headers and version not in _MODERN:  # (2026-07-28 requests have no session)
                 send = _no_session_on_refusals(send)
         await self.app(scope, receive, send)
 
 
 _SUPPORTED = frozenset(v.encode() for v in SUPPORTED_PROTOCOL_VERSIONS)
+_MODERN = frozenset(v.encode() for v in MODERN_PROTOCOL_VERSIONS)
 
 
 async def _unsupported_version(version: bytes, send: Any) -> None:
