@@ -313,10 +313,17 @@ class CallTimeoutError(CallFailed, TimeoutError):
         for a call the caller's turn budget cut, what the spent budget allows (the tool may not be slow at all)."""
         if self.detail.get("cut_by") == "turn budget":
             return BudgetExhaustedError.advice
-        usual = self.detail.get("usual_s")
+        usual, timeout = self.detail.get("usual_s"), self.detail.get("timeout_s")
         first = "It is answering slowly right now"
         if isinstance(usual, (int, float)):
             first += f" (it usually answers in {_fmt_latency(usual)})"
+        elif isinstance(timeout, (int, float)):
+            # No recent answer: "slowly right now" told of a change there was no history for, to a tool that may
+            # always take longer than its timeout (a search of /usr, 11 s, cut at 5 s on every call).
+            first = (
+                f"No recent answer of it to compare with: it may always take longer than its {_fmt_seconds(timeout)}"
+                " timeout (the user can raise it: [call] timeout_s)"
+            )
         text = f"{first}: use another tool if one can do the job, or go on without it"
         return text + _when_again(self, "its circuit breaker opened")
 

@@ -228,6 +228,11 @@ def test_timeout_advice_says_slow_now_and_never_invites_a_retry() -> None:
         server="erp", tool="tax", retry_after_s=5.2, detail={"timeout_s": 1.0, "usual_s": 0.021, "breaker": "open"}
     )
     assert "breakwater tries the tool again in about 5.2 s" in error_text(opened)
+    # No answer seen yet: no history says it turned slow, and it may simply need more than its timeout.
+    unseen = error_text(CallTimeoutError(server="fs", tool="search_files", detail={"timeout_s": 5.0}))
+    assert "slowly right now" not in unseen
+    assert "No recent answer of it to compare with: it may always take longer than its 5 s timeout" in unseen
+    assert "[call] timeout_s" in unseen
     refused = CircuitOpenError(server="erp", tool="tax", retry_after_s=9.0, detail={"usual_s": 0.021})
     assert "go on without it; breakwater tries this one again in about 9 s" in error_text(refused)
     for err in (plain, opened, refused, CallTimeoutError(), CircuitOpenError(), ServerCircuitOpenError()):
