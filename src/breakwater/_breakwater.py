@@ -348,6 +348,19 @@ class Breakwater:
         # `CallGate.answer`: `call` and `call_or_raise` in one coroutine, by position (no name matching).
         return await self._gate.answer(server, tool, arguments, timeout, None, operation_id, raise_on_error)
 
+    async def gate_call(
+        self,
+        server: str,
+        tool: str,
+        arguments: Mapping[str, Any] | None,
+        *,
+        progress_callback: ProgressCallback | None,
+        operation_id: str | None,
+    ) -> types.CallToolResult:
+        """`call_tool` without its checks of a library caller's input, for the gateway: its arguments were read from
+        JSON already, and its progress relay never raises (a per-call guard was a cost on its hot path)."""
+        return await self._gate.answer(server, tool, arguments, None, progress_callback, operation_id, False)
+
     async def _call_reporting(
         self,
         server: str,

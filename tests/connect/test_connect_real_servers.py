@@ -407,3 +407,30 @@ async def test_pinned_modern_protocol_learns_the_servers_real_capabilities(tmp_p
         discovered = client.session.discover_result
         assert discovered is not None
         assert discovered.capabilities.tools is not None and discovered.capabilities.resources is not None
+
+
+@pytest.mark.parametrize("inherit", ["all", "minimal"])
+async def test_a_stdio_server_inherits_the_environment_as_the_agent_would_start_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inherit: str
+) -> None:
+    """A token exported in the shell reached the server when Claude Code started it, and not behind breakwater (it
+    gave the SDK's six variables): the server exited "MY_SERVICE_TOKEN is not set". What it prints of an inherited
+    credential is redacted, as the entry's own env is."""
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-inherited-7Hq2Lm9X")
+    script = tmp_path / "svc.py"
+    script.write_text(
+        "import os, sys\n"
+        "print('MY_SERVICE_TOKEN is', os.environ.get('MY_SERVICE_TOKEN', 'not set'), file=sys.stderr)\n"
+        "sys.exit(1)\n"
+    )
+    spec = ServerSpec(
+        name="svc", transport="stdio", command=sys.executable, args=(str(script),), connect=replace(FAST, inherit_env=inherit)
+    )
+    async with breakwater(tmp_path, spec) as bw:
+        await until(bw, "svc", ServerState.RETRYING, ServerState.FAILED)
+        said = bw.status().servers[0].error
+    assert said is not None
+    if inherit == "all":
+        assert said.message.endswith("MY_SERVICE_TOKEN is <redacted>"), said.message
+    else:
+        assert said.message.endswith("MY_SERVICE_TOKEN is not set"), said.message

@@ -369,7 +369,8 @@ async def test_a_sessions_own_stdio_server_runs_in_its_directory_with_its_enviro
         assert Path(seen[name]["cwd"]).resolve() == repo.resolve()
         assert seen[name]["path"].split(os.pathsep)[0] == str(repo / "bin")
         assert seen[name]["entry"] == "e"  # the entry's env, over the session's
-        assert seen[name]["marker"] is None  # what else the session has stays its own, as with `serve --no-share`
+        # The session's environment, as a `serve --no-share` of its own gives its servers ([connect] inherit_env = "all").
+        assert seen[name]["marker"] == name
     assert seen["repo-a"]["pid"] != seen["repo-b"]["pid"]
     # The sessions' environments went to their servers and nowhere else: not to the gateway's log.
     logged = "".join(log.read_text(errors="replace") for log in share.glob("gw-*.log"))
@@ -418,17 +419,15 @@ async def test_a_first_list_shows_at_once_the_tools_another_session_just_learned
     assert slow_list["at"] - fast_listed < 20, "the waiting list was answered only when its own wait ran out"
 
 
-def test_the_environment_a_session_gives_its_servers_is_the_sdks() -> None:
-    """What an attached session sends for its stdio servers is what the SDK would let them inherit, and only that."""
-    from mcp.client.stdio import DEFAULT_INHERITED_ENV_VARS
+def test_the_environment_a_session_gives_its_servers_is_its_own() -> None:
+    """An attached session sends its environment, as a `serve` of its own would give its stdio servers (what each
+    inherits of it is `[connect] inherit_env`'s); values that are not text are not taken."""
+    from breakwater.gateway._share import SessionContext
 
-    from breakwater.gateway._share import INHERITED_ENV_VARS, SessionContext
-
-    assert list(INHERITED_ENV_VARS) == list(DEFAULT_INHERITED_ENV_VARS)
-    sent = {"cwd": "/work/repo", "env": {"PATH": "/x", "LD_PRELOAD": "/evil.so", "HOME": 3}}
+    sent = {"cwd": "/work/repo", "env": {"PATH": "/x", "GITHUB_TOKEN": "ghp-token-1", "HOME": 3}}
     context = SessionContext.from_json(sent)
-    assert context is not None and dict(context.env) == {"PATH": "/x"}
-    assert "/x" not in repr(context)  # values may be secrets
+    assert context is not None and dict(context.env) == {"PATH": "/x", "GITHUB_TOKEN": "ghp-token-1"}
+    assert "/x" not in repr(context) and "ghp-token-1" not in repr(context)  # values may be secrets
     assert SessionContext.from_json({"cwd": "relative", "env": {}}) is None
     assert SessionContext.from_json("nope") is None
 

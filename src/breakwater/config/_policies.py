@@ -121,6 +121,15 @@ class ConnectPolicy(Policy):
         "Where each server's protocol revision is kept between starts (with auto); empty = the user cache dir, off = nowhere.",
         env="BREAKWATER_PROTOCOL_MEMORY_DIR",
     )
+    inherit_env: str = knob(
+        "all",
+        "What a stdio server inherits of the environment breakwater (or the session attached to it) runs in: all of it, "
+        "as Claude Code, Cursor and VS Code start theirs (a token exported in the shell reaches the server), or minimal: "
+        "the MCP SDK's few (HOME, PATH, SHELL, TERM, USER, LOGNAME). Its entry's env goes on top either way; inherited "
+        "values of credential-named variables are redacted like the entry's own.",
+        env="BREAKWATER_CONNECT_INHERIT_ENV",
+        choices=("all", "minimal"),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

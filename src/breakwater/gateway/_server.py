@@ -438,12 +438,11 @@ class Gateway:
     ) -> types.CallToolResult:
         """Call through the gate, relaying progress (and, through `caller`, what the server asks) downstream."""
 
-        sent = [-math.inf]
+        sent = [-math.inf]  # a call sent again (its server crashed mid-call) starts its progress over: it MUST increase
 
         async def relay_progress(progress: float, total: float | None, message: str | None) -> None:
             # The SDK may deliver the last progress after the call returned; the request is gone by then.
             ctx = caller.ctx
-            # A call sent again (its server crashed mid-call) starts its progress over: the spec's progress MUST increase.
             if ctx is not None and not caller.finished and progress > sent[0]:
                 sent[0] = progress
                 await ctx.session.report_progress(progress, total, message)
@@ -476,8 +475,9 @@ class Gateway:
         async def run() -> types.CallToolResult:
             with self.drain.call(lambda: caller.attempt is not None) as in_flight:
                 async with budget:
-                    # The gate itself: `call_tool`'s checks and callback guard are for a library caller's input.
-                    result = await self.bw.gate.answer(server, tool, arguments, None, relay_progress, operation_id, False)
+                    result = await self.bw.gate_call(
+                        server, tool, arguments, progress_callback=relay_progress, operation_id=operation_id
+                    )
             if in_flight.scope.cancelled_caught:
                 cut = self.drain.cut_error(self.bw, in_flight, server, tool, operation_id or own)
                 return error_result(cut)

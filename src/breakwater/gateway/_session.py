@@ -126,6 +126,20 @@ class SessionServers:
             operation_id=operation_id,
         )
 
+    async def gate_call(
+        self,
+        server: str,
+        tool: str,
+        arguments: Mapping[str, Any] | None,
+        *,
+        progress_callback: ProgressCallback | None,
+        operation_id: str | None,
+    ) -> types.CallToolResult:
+        """`Breakwater.gate_call` of whichever side holds `server`."""
+        return await self._of(server).gate_call(
+            server, tool, arguments, progress_callback=progress_callback, operation_id=operation_id
+        )
+
     async def resume_task(self, task_id: str, *, server: str | None = None, raise_on_error: bool = False) -> types.CallToolResult:
         """A remembered task, resumed where its server is."""
         return await self._of(server).resume_task(task_id, server=server, raise_on_error=raise_on_error)

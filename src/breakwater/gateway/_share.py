@@ -10,8 +10,8 @@ enter (0700, socket 0600). The first line on a connection is a handshake, one JS
 
 then MCP's own newline-delimited JSON-RPC, unchanged, for as long as the session lasts. When the
 config has stdio servers each session runs for itself (`per_session`), "session" carries what a
-`serve` of its own would have given them: its working directory and the variables a stdio server
-inherits (`INHERITED_ENV_VARS`, the SDK's list: PATH, HOME, ...). They go no further than the
+`serve` of its own would have given them: its working directory and its environment (of which each
+server inherits what `[connect] inherit_env` keeps: all of it by default). They go no further than the
 gateway's memory and the processes it starts for that session: never to a log, the journal or an
 error (the socket is the user's own, 0600 in a 0700 directory). The gateway
 refuses (`"ok": false` and a reason) another fingerprint or another version (each version has a
@@ -55,7 +55,6 @@ from breakwater.config import Config, GatewayPolicy, ServerSpec
 __all__ = [
     "ANSWER_WAIT_S",
     "HANDSHAKE_LIMIT",
-    "INHERITED_ENV_VARS",
     "SPAWN_WAIT_S",
     "AttachRefused",
     "GatewayStuck",
@@ -103,29 +102,6 @@ class GatewayStuck(AttachRefused):
         self.pid = pid
 
 
-#: The variables a stdio server inherits from the process that starts it, as the SDK's
-#: `mcp.client.stdio.DEFAULT_INHERITED_ENV_VARS` (a test holds them equal; spelled out here so that
-#: a session attaches without loading the SDK). Everything else a server gets is its entry's `env`.
-INHERITED_ENV_VARS: tuple[str, ...] = (
-    (
-        "APPDATA",
-        "HOMEDRIVE",
-        "HOMEPATH",
-        "LOCALAPPDATA",
-        "PATH",
-        "PATHEXT",
-        "PROCESSOR_ARCHITECTURE",
-        "SYSTEMDRIVE",
-        "SYSTEMROOT",
-        "TEMP",
-        "USERNAME",
-        "USERPROFILE",
-    )
-    if _platform.IS_WINDOWS
-    else ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER")
-)
-
-
 def per_session(config: Config) -> tuple[ServerSpec, ...]:
     """The enabled stdio servers each session runs for itself: neither `"shared": true` nor named in `[gateway] share_stdio`."""
     allowed = {name.strip() for name in config.gateway.share_stdio.split(",") if name.strip()}
@@ -158,8 +134,8 @@ def shared_config(config: Config) -> Config:
 class SessionContext:
     """Where one attached session runs: what its own stdio servers are started with, as a `serve` of its own would.
 
-    `env` holds only `INHERITED_ENV_VARS` (a server's entry adds its own `env` over them). Its
-    values may be secrets: `repr` shows the names only.
+    `env` is the session's environment (each server inherits of it what `[connect] inherit_env` keeps, its entry's
+    own `env` on top). Its values may be secrets: `repr` shows the names only.
     """
 
     cwd: str
@@ -171,7 +147,7 @@ class SessionContext:
     @classmethod
     def here(cls) -> SessionContext:
         """This process's working directory and inherited variables."""
-        return cls(cwd=os.getcwd(), env={k: os.environ[k] for k in INHERITED_ENV_VARS if k in os.environ})
+        return cls(cwd=os.getcwd(), env=dict(os.environ))  # what each server inherits of it: `[connect] inherit_env`
 
     def to_json(self) -> dict[str, Any]:
         """The handshake's "session" object."""
@@ -181,14 +157,14 @@ class SessionContext:
     def from_json(cls, raw: Any) -> SessionContext | None:
         """A handshake's "session" object, or None when it is not one (then the gateway's own are used).
 
-        Only the inherited names are taken: the session says where it runs, not what else to set.
+        Only text values are taken (the session is the same user's: its peer uid is checked).
         """
         if not isinstance(raw, dict):
             return None
         cwd, env = raw.get("cwd"), raw.get("env")
         if not isinstance(cwd, str) or not os.path.isabs(cwd) or not isinstance(env, dict):
             return None
-        return cls(cwd=cwd, env={k: v for k, v in env.items() if k in INHERITED_ENV_VARS and isinstance(v, str)})
+        return cls(cwd=cwd, env={k: v for k, v in env.items() if isinstance(k, str) and isinstance(v, str)})
 
 
 def breakwater_version() -> str:
