@@ -118,6 +118,16 @@ def test_status_of_a_gateway_that_takes_the_connection_and_never_answers_says_so
     assert f"the gateway at {url} took the connection but did not answer in time" in result.stderr, result.stderr
 
 
+def test_a_misspelt_breakwater_variable_is_said_with_the_one_it_meant(env: dict[str, str], tmp_path: Path) -> None:
+    """`BREAKWATER_CALL_TIMEOUTS=60` changed nothing, and nothing said so."""
+    config = write_config(tmp_path / "mcp.json", {"shop": stdio_entry()})
+    result = run({**env, "BREAKWATER_CALL_TIMEOUTS": "60"}, "config", "check", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    said = "breakwater: warning: BREAKWATER_CALL_TIMEOUTS is no setting of breakwater's (did you mean BREAKWATER_CALL_TIMEOUT_S?)"
+    assert said in result.stderr, result.stderr
+    assert "warning" not in run(env, "config", "check", "--config", str(config)).stderr  # the suite's own are known
+
+
 def test_serve_refuses_an_allowed_host_no_host_header_can_carry(env: dict[str, str], tmp_path: Path) -> None:
     """A URL, a wildcard, nothing: taken without a word, and every request was then refused 421."""
     config = write_config(tmp_path / "mcp.json", {"shop": stdio_entry()})

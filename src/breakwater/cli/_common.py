@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 from breakwater.config import Config, find_config, load_config
 from breakwater.config._expand import OFF_FOR_VALUES
 from breakwater.config._files import load_config_for_server, load_config_serving
+from breakwater.config._knobs import unknown_variables
 from breakwater.errors import ConfigError
 
 __all__ = [
@@ -135,6 +136,8 @@ def load_or_exit(path: str | None, *, every_variable: bool = False) -> Config:
     for spec in config.servers:
         if not spec.enabled and (spec.disabled_by or "").startswith(OFF_FOR_VALUES):
             print(f"breakwater: warning: server {spec.name!r} is off: {spec.disabled_by}", file=sys.stderr)
+    for said in unknown_variables():
+        print(f"breakwater: warning: {said}", file=sys.stderr)
     return config
 
 

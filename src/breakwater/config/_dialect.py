@@ -397,6 +397,12 @@ def top_level_notes(data: dict[str, object], top: str) -> list[str]:
     # Read elsewhere: VS Code's inputs above, Gemini CLI's (or VS Code's) `mcp`, Claude Code's `projects` (local scope).
     read = {"inputs", "mcp", "projects"}
     rest = sorted(k for k in data if k not in _TOP_LEVEL_QUIET and k not in read)
+    # A misspelt table of servers (`mcpservers`, `mcp_servers`) read as the client's settings: its servers never ran.
+    tables = {t.lower(): t for t in _TOP_LEVEL_QUIET if t != "$schema"}
+    for key in list(rest):
+        if close := difflib.get_close_matches(key.lower(), list(tables), n=1, cutoff=0.8):
+            rest.remove(key)
+            notes.append(f"{key} ignored: did you mean {tables[close[0]]}? its servers are not read")
     if rest:
         notes.append(f"{', '.join(rest)} ignored: the client's own settings, not servers")
     return notes
@@ -412,7 +418,7 @@ def read_env_file(path: Path, *, config_path: str, key: str) -> dict[str, str]:
             f"cannot read the envFile {str(path)!r}: {getattr(exc, 'strerror', None) or exc}",
             path=config_path,
             key=key,
-            fix="create it, fix the path, or remove envFile",
+            fix="save it as UTF-8" if isinstance(exc, UnicodeDecodeError) else "create it, fix the path, or remove envFile",
         ) from None
     out: dict[str, str] = {}
     for number, raw in enumerate(text.splitlines(), start=1):

@@ -69,6 +69,8 @@ def unknown_key(path: str, where: str, key: str, known: frozenset[str]) -> Confi
 
 
 def str_map(value: Any, path: str, key: str, expand: Expander, where: str) -> dict[str, str]:
+    if value is None:  # `"env": null`: none, as Zed (and every client that reads JSON so) takes it
+        return {}
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
         raise fail("expected a table of strings", path, key, f'write {key} as {{"NAME": "value"}}')
     out: dict[str, str] = {}

@@ -58,6 +58,19 @@ _BARE_OR_BRACED = re.compile(r"\$(?:\{([^}]+)\}|([A-Za-z_]\w*))")
 EDITOR_ONLY = ("input:", "command:", "config:")
 
 
+#: VS Code's variables of the editor's state: the fix "set file in the environment" named no variable a shell can set.
+_EDITOR_STATE = frozenset(
+    {"file", "fileBasename", "fileBasenameNoExtension", "fileDirname", "fileDirnameBasename", "fileExtname"}
+    | {"fileWorkspaceFolder", "fileWorkspaceFolderBasename", "relativeFile", "relativeFileDirname", "lineNumber"}
+    | {"columnNumber", "selectedText", "execPath", "defaultBuildTask", "cwd"}
+)
+
+
+def _editor_state(name: str) -> bool:
+    """A VS Code variable of the editor's state, or of one folder of a multi-root workspace (`workspaceFolder:api`)."""
+    return name in _EDITOR_STATE or name.startswith(("workspaceFolder:", "workspaceFolderBasename:"))
+
+
 def unset_off(fields: dict[str, Any], expand: Expander, where: str) -> dict[str, Any]:
     """An entry's fields, turned off (`enabled` false, with the reasons) when a value it names cannot be had here: a
     variable not set, an editor's `${input:...}` (`Expander.disable_unset`); as they were otherwise."""
@@ -134,7 +147,7 @@ class Expander:
     def _one(self, whole: str, content: str, *, where: str, key: str, secret: bool) -> str:
         parts = content.split(":-")
         name, default = parts[0], (parts[1] if len(parts) > 1 else None)
-        if name.startswith(EDITOR_ONLY):
+        if name.startswith(EDITOR_ONLY) or (_editor_state(name) and name not in self.environ):
             error = self._editor_only(name, key)
             if not self.strict:  # `config import`: carried over as written, and named (`import_notes`)
                 self.missing.append((key, name))
@@ -230,7 +243,8 @@ class Expander:
             "input": "VS Code asks you for this value when it starts the server",
             "command": "VS Code runs an editor command for this value",
             "config": "VS Code reads this value from its settings",
-        }[kind]
+        }.get(kind, "VS Code fills this in from the editor (the open file, a folder of the workspace)")
+        ident = ident or name
         var = re.sub(r"\W", "_", ident).upper() or "VALUE"
         return ConfigError(
             f"${{{name}}}: {what}; breakwater runs in the background with no editor to ask",

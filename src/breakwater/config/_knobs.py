@@ -326,6 +326,27 @@ class Policy:
         check_knobs(self)
 
 
+#: Variables breakwater (or its tooling: the lab's pages, scripts/) reads that are no knob of a policy.
+_OTHER_NAMES = ("TOKEN", "JOURNAL_DB", "TASKS_DB", "IDEMPOTENCY_DB", "LAB_TOKEN", "LAB_EXAMPLES", "LAB_SCREENSHOT_DIR")
+_OTHER_VARIABLES = frozenset(f"{ENV_PREFIX}{name}" for name in (*_OTHER_NAMES, "TOOLS_DIR", "WEB_SCREENSHOT_DIR"))
+_TESTS = f"{ENV_PREFIX}TEST_"  # the test suite's own (BREAKWATER_TEST_POSTGRES, ...)
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Each `BREAKWATER_*` variable of `environ` that breakwater does not read, with the one it may have meant.
+
+    A misspelt one (`BREAKWATER_CALL_TIMEOUTS=60`) changed nothing, and nothing said so.
+    """
+    environ = os.environ if environ is None else environ
+    known = {_info(f).env for cls in Policy.__subclasses__() for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    known |= _OTHER_VARIABLES
+    said = []
+    for name in sorted(n for n in environ if n.startswith(ENV_PREFIX) and n not in known and not n.startswith(_TESTS)):
+        close = difflib.get_close_matches(name, sorted(k for k in known if k), n=1)
+        said.append(f"{name} is no setting of breakwater's" + (f" (did you mean {close[0]}?)" if close else ""))
+    return said
+
+
 #: The `path` of the layer `env_layer` makes: errors say "environment" where a file's name would be.
 ENV_LAYER = "environment"
 
