@@ -381,7 +381,7 @@ class Breakwater:
         with anyio.CancelScope() as scope:
 
             async def relay(progress: float, total: float | None, message: str | None) -> None:
-                if progress <= sent[0]:  # a call sent again starts its progress over: the spec's MUST increase
+                if progress < sent[0]:  # a call sent again starts its progress over: never back (equal: a new total)
                     return
                 sent[0] = progress
                 try:

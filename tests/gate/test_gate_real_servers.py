@@ -589,4 +589,4 @@ async def test_progress_never_goes_back_when_a_call_is_sent_again(tmp_path: Path
             result = await bw.call_tool("s", "prog", {}, progress_callback=note)
     assert not result.is_error, result.structured_content
     assert bw.upstream("s").snapshot().attempts == 2  # it was restarted, and the call sent again
-    assert seen == sorted(set(seen)) and len(seen) > 3, seen
+    assert seen == sorted(seen) and len(seen) > 3, seen  # (an equal value passes: it may carry a new total)

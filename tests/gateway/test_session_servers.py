@@ -28,6 +28,6 @@ def test_every_attribute_a_gateway_reads_of_its_servers_is_on_a_sessions_servers
             continue
         for name in re.findall(r"\bbw\.([a-z_]+)", module.read_text()):
             read.setdefault(name, set()).add(module.name)
-    assert {"call_tool", "gate", "status", "gate_status", "upstream"} <= read.keys(), read  # the scan sees the reads
+    assert {"gate_call", "gate", "status", "gate_status", "upstream"} <= read.keys(), read  # the scan sees the reads
     missing = {name: sorted(where) for name, where in read.items() if not hasattr(servers, name)}
     assert missing == {}

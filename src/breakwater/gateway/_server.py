@@ -443,7 +443,7 @@ class Gateway:
         async def relay_progress(progress: float, total: float | None, message: str | None) -> None:
             # The SDK may deliver the last progress after the call returned; the request is gone by then.
             ctx = caller.ctx
-            if ctx is not None and not caller.finished and progress > sent[0]:
+            if ctx is not None and not caller.finished and progress >= sent[0]:
                 sent[0] = progress
                 await ctx.session.report_progress(progress, total, message)
 

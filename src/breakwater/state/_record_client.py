@@ -7,12 +7,13 @@ duplicate rather than one call's admission, and a command that cannot connect is
 A Redis that hangs (a stopped process, a route that drops packets) answers nothing, and every
 command waited its whole timeout: measured with `kill -STOP` on the Redis of a `serve --http`,
 +0.5 s on every request of a 2025-11-25 session, +1 s on each `initialize` and +4.5 s on each
-call carrying an operation id, for as long as Redis hung. So the clients of one Redis share a
-`Reach`: after a command times out or cannot connect, their commands fail at once (`RecordStoreAway`) for `AWAY_S`;
-then one command tries Redis again while the others still fail at once, and its answer ends the
-wait. The stores already take any failure as "Redis cannot say" (a session only this replica
-serves, an operation not deduplicated), so a refused command costs what a failed one did, without
-the wait.
+call carrying an operation id, for as long as Redis hung. So the session and stream clients of one
+Redis share a `Reach`: after `AWAY_AFTER` commands in a row time out, their commands fail at once
+(`RecordStoreAway`) for `AWAY_S`; then one command tries Redis again while the others still fail at
+once, and its answer ends the wait. Those stores take any failure as "Redis cannot say" (a session
+only this replica serves, an event a resume may miss), so a refused command costs what a failed one
+did, without the wait. The operation records do not fail fast: a claim is Redis's answer or the
+call waits for it, since a guessed claim can run a call twice.
 """
 
 from __future__ import annotations
@@ -24,14 +25,16 @@ from typing import Any
 from breakwater._clock import Clock, SystemClock
 from breakwater.config._policies import StatePolicy
 
-__all__ = ["AWAY_S", "MIN_TIMEOUT_S", "Reach", "RecordStoreAway", "record_client"]
+__all__ = ["AWAY_AFTER", "AWAY_S", "MIN_TIMEOUT_S", "Reach", "RecordStoreAway", "record_client"]
 
 log = logging.getLogger("breakwater.state")
 
 #: The floor of a record command's timeout, whatever `[state] timeout_s` (tuned for the breakers) says.
 MIN_TIMEOUT_S = 0.5
-#: How long a client's commands fail at once after one timed out or could not connect, before one tries again.
+#: How long record commands fail at once after `AWAY_AFTER` timed out in a row, before one tries again.
 AWAY_S = 5.0
+#: Timeouts in a row that make Redis away (a refused connection is fast already: it does not count).
+AWAY_AFTER = 2
 
 #: The loggers of the stores whose warnings name the failed command: quiet while Redis is away (see `Reach`).
 _STORE_LOGGERS = ("breakwater.sessions", "breakwater.operations", "breakwater.gateway")
@@ -55,6 +58,7 @@ class Reach:
         self.refused = 0
         self._away_until: float | None = None
         self._why = ""
+        self._timeouts = 0  # in a row
 
     @property
     def away(self) -> bool:
@@ -77,9 +81,15 @@ class Reach:
             log.warning("Redis answers again; %d record commands were refused at once while it did not", self.refused)
         self._away_until = None
         self.refused = 0
+        self._timeouts = 0
 
-    def failed(self, exc: BaseException) -> None:
-        """A command timed out or could not connect."""
+    def failed(self, exc: BaseException, *, timed_out: bool = True) -> None:
+        """A command timed out, or could not connect (`timed_out` false: fast already, it changes nothing here)."""
+        if not timed_out:
+            return
+        self._timeouts += 1
+        if self._timeouts < AWAY_AFTER and self._away_until is None:
+            return  # one slow answer on a loaded machine is no hung Redis: 5 s of records were lost for it
         if self._away_until is None:
             log.warning(
                 "Redis did not answer (%s): record commands fail at once for %g s, then one tries again", exc, self.away_s
@@ -112,8 +122,11 @@ def _reaching_client_class() -> Any:
     async def reached(reach: Reach, command: Any) -> Any:
         try:
             result = await command
-        except (RedisTimeoutError, RedisConnectionError) as exc:
+        except RedisTimeoutError as exc:
             reach.failed(exc)
+            raise
+        except RedisConnectionError as exc:
+            reach.failed(exc, timed_out=False)
             raise
         except RedisError:  # an error reply is an answer
             reach.answered()
@@ -156,10 +169,19 @@ def _shared_reach(url: str, clock: Clock | None) -> Reach:
     return reach
 
 
-def record_client(policy: StatePolicy, *, blocking_s: float = 0.0, clock: Clock | None = None, reach: Reach | None = None) -> Any:
+def record_client(
+    policy: StatePolicy,
+    *,
+    blocking_s: float = 0.0,
+    clock: Clock | None = None,
+    reach: Reach | None = None,
+    fail_fast: bool = True,
+) -> Any:
     """An asyncio Redis client for `policy`'s URL; `blocking_s` more read timeout for commands that block (XREAD).
 
-    Its commands fail at once while Redis is away (`reach`, by default the one of every client of this URL and clock).
+    With `fail_fast`, its commands fail at once while Redis is away (`reach`, by default the one of every client of
+    this URL and clock). Without it (the operation records: a claim Redis was not asked is a claim guessed, and a
+    guess runs a call twice) each command waits its timeout, as before.
     """
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
@@ -169,7 +191,9 @@ def record_client(policy: StatePolicy, *, blocking_s: float = 0.0, clock: Clock 
         if _QUIET not in logging.getLogger(name).filters:
             logging.getLogger(name).addFilter(_QUIET)
     timeout = max(policy.timeout_s, MIN_TIMEOUT_S)
-    client = _reaching_client_class().from_url(
+    import redis.asyncio as aredis
+
+    client = (_reaching_client_class() if fail_fast else aredis.Redis).from_url(
         policy.url,
         socket_timeout=timeout + blocking_s,
         socket_connect_timeout=timeout,
@@ -177,5 +201,6 @@ def record_client(policy: StatePolicy, *, blocking_s: float = 0.0, clock: Clock 
         retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         decode_responses=True,
     )
-    client.reach = reach or _shared_reach(policy.url, clock)
+    if fail_fast:
+        client.reach = reach or _shared_reach(policy.url, clock)
     return client
