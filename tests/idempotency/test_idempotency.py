@@ -8,6 +8,7 @@ except under `CI=true`, where an unreachable server is a failure.
 
 from __future__ import annotations
 
+import math
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -608,3 +609,14 @@ async def test_an_unreachable_store_fails_closed() -> None:
     assert code_of(result) == "OPERATION_STORE_UNAVAILABLE"
     assert envelope_of(result)["retryable"] is True
     assert runs == []
+
+
+@pytest.mark.parametrize("bad", [-1, 0, math.nan, math.inf, "x", True])
+def test_a_store_refuses_a_retention_or_purge_interval_that_is_no_positive_duration(tmp_path: Path, bad: object) -> None:
+    """`retention_s=-1` was taken: every record was purged at once, and one operation id ran its effect three times."""
+    for store in (SQLiteStore, PostgresStore):
+        target = tmp_path / "ops.db" if store is SQLiteStore else "postgresql://127.0.0.1/test"
+        with pytest.raises(ValueError, match="retention_s must be a positive number of seconds"):
+            store(target, retention_s=bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="purge_interval_s must be a positive number of seconds"):
+            store(target, purge_interval_s=bad)  # type: ignore[arg-type]

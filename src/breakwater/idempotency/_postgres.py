@@ -27,6 +27,7 @@ from breakwater.idempotency._store import (
     ClaimResult,
     OperationRecord,
     OperationState,
+    checked_durations,
 )
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ class PostgresStore:
             raise ValueError("pool_size must be at least 1")
         self.conninfo = conninfo
         self.clock: Clock = clock or SystemClock()
+        checked_durations(retention_s, purge_interval_s)
         self.retention_s = retention_s
         self.purge_interval_s = purge_interval_s
         self.table = table

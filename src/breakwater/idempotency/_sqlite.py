@@ -27,6 +27,7 @@ from breakwater.idempotency._store import (
     ClaimResult,
     OperationRecord,
     OperationState,
+    checked_durations,
     default_db_path,
 )
 
@@ -60,6 +61,7 @@ class SQLiteStore:
             raise ValueError(f"table must be a plain identifier, got {table!r}")
         self.path = Path(path) if path is not None else default_db_path()
         self.clock: Clock = clock or SystemClock()
+        checked_durations(retention_s, purge_interval_s)
         self.retention_s = retention_s
         self.purge_interval_s = purge_interval_s
         self._table = table

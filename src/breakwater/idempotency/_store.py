@@ -11,6 +11,7 @@ need clocks that agree to well within a lease (NTP does that by orders of magnit
 from __future__ import annotations
 
 import enum
+import math
 import os
 import socket
 import uuid
@@ -32,6 +33,7 @@ __all__ = [
     "OperationRecord",
     "OperationState",
     "OperationStore",
+    "checked_durations",
     "default_db_path",
     "new_owner_id",
 ]
@@ -175,6 +177,16 @@ class OperationStore(Protocol):
     async def aclose(self) -> None:
         """Release connections and files."""
         ...
+
+
+def checked_durations(retention_s: object, purge_interval_s: object) -> None:
+    """Refuse a retention or purge interval that is not a positive number of seconds (ValueError naming it).
+
+    `retention_s=-1` was taken: every record was purged at once, and one operation id ran its side effect three times.
+    """
+    for name, value in (("retention_s", retention_s), ("purge_interval_s", purge_interval_s)):
+        if type(value) not in (int, float) or not 0 < value < math.inf:  # type: ignore[operator]
+            raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
 
 
 def new_owner_id() -> str:
