@@ -216,6 +216,10 @@ def test_stats_percentiles_and_rates_against_a_known_sample(make_store: StoreFac
         journal.record(rec(clock, 0.2, outcome="outcome_unknown", error_code="OUTCOME_UNKNOWN"))
     for _ in range(4):
         journal.record(rec(clock, 0.0, outcome="circuit_open", error_code="CIRCUIT_OPEN"))
+    # Two refused for the caller's own request (an argument the schema refuses, a tool no server lists): no calls of
+    # the tool, so not in its success rate (a healthy tool read 50 % for one bad argument).
+    journal.record(rec(clock, 0.0, outcome="invalid_arguments", error_code="INVALID_ARGUMENTS"))
+    journal.record(rec(clock, 0.0, outcome="unknown_tool", error_code="UNKNOWN_TOOL"))
     # One call whose answer was lost, then settled by get_operation: a success, one attempt, no retry.
     lost = new_call_id()
     journal.record(rec(clock, 5.0, outcome="timeout", call_id=lost, error_code="TIMEOUT"))
@@ -228,7 +232,7 @@ def test_stats_percentiles_and_rates_against_a_known_sample(make_store: StoreFac
     assert t.calls == 1000 + 20 + 5 + 3 + 4 + 1
     assert t.succeeded == 900 + 20 + 1
     assert t.attempts == 1000 + 40 + 5 + 3 + 1
-    assert t.refused == 4
+    assert t.refused == 4 + 2
     assert t.timeouts == 26
     assert t.outcome_unknown == 3
     assert t.breaker_opens == 5

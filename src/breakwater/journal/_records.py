@@ -24,6 +24,7 @@ from breakwater.errors import BreakwaterError, ErrorCode
 
 __all__ = [
     "ANSWERED_OUTCOMES",
+    "CALLERS_OWN_OUTCOMES",
     "DOWNSTREAM_CLIENT",
     "OUTCOMES",
     "RECONCILED",
@@ -68,6 +69,9 @@ REFUSAL_OUTCOMES = (
 #: A call settled by asking the server what became of its operation (`get_operation` answered
 #: `completed`): a success, but not an attempt of the tool.
 RECONCILED = "reconciled"
+#: Refusals of the caller's own request (arguments the schema refuses, a tool no server lists): no call of the tool, so
+#: `stats` counts none (a healthy tool read 50 % for an agent's one bad argument, and a typo got a row at 0 %).
+CALLERS_OWN_OUTCOMES = ("invalid_arguments", "unknown_tool")
 #: The outcome of a mark queued when an attempt of a tool that is not read-only is sent
 #: (`Journal.record_sent`): never an attempt row, only a trace a crash leaves (see `_in_flight.py`).
 SENT = "sent"

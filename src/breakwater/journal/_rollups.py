@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from breakwater.journal._records import ANSWERED_OUTCOMES, RECONCILED, REFUSAL_OUTCOMES, AttemptRecord
+from breakwater.journal._records import ANSWERED_OUTCOMES, CALLERS_OWN_OUTCOMES, RECONCILED, REFUSAL_OUTCOMES, AttemptRecord
 from breakwater.journal._stats import LearnInput, ToolStats
 
 __all__ = ["HISTOGRAM_ACCURACY", "ROLLUP_BUCKET_S", "histogram_quantiles"]
@@ -32,6 +32,7 @@ _ZERO_CELL = "z"
 _SENT_EXCLUDED = frozenset((*REFUSAL_OUTCOMES, RECONCILED))
 _REFUSALS = frozenset(REFUSAL_OUTCOMES)
 _ANSWERED = frozenset(ANSWERED_OUTCOMES)
+_UNCOUNTED = frozenset((RECONCILED, *CALLERS_OWN_OUTCOMES))  # first attempts that are no call of the tool
 
 
 def _cell(duration_s: float) -> str:
@@ -88,7 +89,7 @@ class _Rollup:
         """One journal row, classified exactly as the raw statistics query classifies it."""
         c = self.counts
         sent = outcome not in _SENT_EXCLUDED
-        if attempt == 1 and outcome != RECONCILED:
+        if attempt == 1 and outcome not in _UNCOUNTED:
             c[0] += 1
         if outcome == "completed" or outcome == RECONCILED:
             c[1] += 1

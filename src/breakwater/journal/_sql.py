@@ -27,6 +27,7 @@ from breakwater.journal._records import (
     _COLUMNS,
     _LEARN_OUTCOMES,
     ANSWERED_OUTCOMES,
+    CALLERS_OWN_OUTCOMES,
     RECONCILED,
     REFUSAL_OUTCOMES,
     AttemptRecord,
@@ -205,8 +206,9 @@ def _stats_sql(table: str, where: str, percentiles: str) -> str:
     # call_id) would cost a temporary B-tree per group, several times the whole scan.
     refusals = ", ".join(f"'{o}'" for o in REFUSAL_OUTCOMES)
     unsent = ", ".join(f"'{o}'" for o in (*REFUSAL_OUTCOMES, RECONCILED))
+    uncounted = ", ".join(f"'{o}'" for o in (RECONCILED, *CALLERS_OWN_OUTCOMES))
     return f"""SELECT server, tool,
-            SUM(CASE WHEN attempt = 1 AND outcome <> '{RECONCILED}' THEN 1 ELSE 0 END),
+            SUM(CASE WHEN attempt = 1 AND outcome NOT IN ({uncounted}) THEN 1 ELSE 0 END),
             SUM(CASE WHEN outcome IN ('completed', '{RECONCILED}') THEN 1 ELSE 0 END),
             SUM(CASE WHEN outcome NOT IN ({unsent}) THEN 1 ELSE 0 END),
             SUM(CASE WHEN outcome IN ({refusals}) THEN 1 ELSE 0 END),

@@ -36,7 +36,7 @@ class ToolStats:
 
     server: str
     tool: str
-    #: Logical calls (rows with attempt 1).
+    #: Logical calls (rows with attempt 1), but those refused for the caller's own request (`CALLERS_OWN_OUTCOMES`).
     calls: int
     #: Calls with a completed attempt (or settled as completed by reconciliation).
     succeeded: int
