@@ -58,7 +58,10 @@ def _no_user_home() -> Iterator[None]:
         for name, sub in (("XDG_CACHE_HOME", ".cache"), ("XDG_DATA_HOME", ".local/share"), ("XDG_STATE_HOME", ".local/state"),
                           ("XDG_CONFIG_HOME", ".config")):  # fmt: skip
             patch.setenv(name, str(home / sub))
-        patch.delenv("XDG_RUNTIME_DIR", raising=False)  # breakwater's runtime files then go under the cache
+        # Breakwater's runtime files (admission slots, shared gateways' sockets) in the run's own home too: without the
+        # variable they would go to the user's /run/user/UID where there is one (`_paths.runtime_dir`).
+        (home / "run").mkdir(mode=0o700)
+        patch.setenv("XDG_RUNTIME_DIR", str(home / "run"))
         patch.setenv("NPM_CONFIG_CACHE", real_npm_cache)
         yield
     shutil.rmtree(home, ignore_errors=True)

@@ -210,6 +210,23 @@ def test_a_missing_runtime_dir_is_made_private_and_found_again(tmp_path: Path) -
     assert oct(runtime.stat().st_mode & 0o777) == "0o700"
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="XDG_RUNTIME_DIR is the Linux convention")
+def test_without_xdg_runtime_dir_the_users_run_directory_is_still_the_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that dropped XDG_RUNTIME_DIR (the MCP Inspector) started `serve` with the cache as its runtime
+    directory: a second shared gateway for one config, and `gateway list` from the terminal found neither."""
+    from breakwater import _paths
+
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr(_paths, "RUN_USER", tmp_path)
+    own = tmp_path / str(os.getuid())
+    own.mkdir(mode=0o700)
+    assert _paths.runtime_dir() == own / "breakwater"  # what XDG_RUNTIME_DIR=/run/user/UID gives
+    own.chmod(0o755)  # not a private runtime directory: the cache, as before
+    assert _paths.runtime_dir() == _paths.cache_dir()
+
+
 # Large blocks freed between small ones that stay (what a gateway's heap looks like after a burst of large calls).
 _LARGE_FREES = textwrap.dedent(
     """

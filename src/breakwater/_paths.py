@@ -57,14 +57,29 @@ def cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir(APP, appauthor=False))
 
 
+#: Where systemd keeps each user's runtime directory (`$XDG_RUNTIME_DIR` is `/run/user/UID` there).
+RUN_USER = Path("/run/user")
+
+
 def runtime_dir() -> Path:
     """The user's runtime directory for breakwater.
 
-    On Linux only when `$XDG_RUNTIME_DIR` is set: without it platformdirs guesses `/run/user/UID`,
-    which containers and CI runners often lack, and the cache directory is as good for lock files.
+    On Linux without `$XDG_RUNTIME_DIR`, the user's `/run/user/UID` when it is there (the variable's value on a systemd
+    machine), else the cache directory, as good for lock files (containers and CI runners often lack the first). The
+    place must not depend on the variable: clients start `serve` with some of the environment dropped (the MCP
+    Inspector), and a session without it looked for the shared gateway in the cache, started a second one, and
+    `gateway list` from the terminal found none of them.
     """
     if sys.platform.startswith("linux") and not os.environ.get("XDG_RUNTIME_DIR"):
-        return cache_dir()
+        own = RUN_USER / str(os.getuid())
+        try:
+            usable = own.is_dir() and own.stat().st_uid == os.getuid() and own.stat().st_mode & 0o077 == 0
+        except OSError:
+            usable = False
+        if not usable:
+            return cache_dir()
+        (own / APP).mkdir(mode=0o700, exist_ok=True)
+        return own / APP
     # Created by platformdirs when missing, 0700 as the XDG spec wants: made 0755 on the way to a directory below it,
     # it failed platformdirs' check at every later look, which then answered another directory (sessions and
     # `gateway list` lost the gateway). One that fails the check (another mode, a file) is replaced by the same
