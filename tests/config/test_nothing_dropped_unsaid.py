@@ -42,3 +42,11 @@ def test_an_env_file_that_is_not_utf8_says_to_save_it_so(tmp_path: Path) -> None
     with pytest.raises(ConfigError) as refused:
         load_config(path)
     assert refused.value.fix == "save it as UTF-8"
+
+
+def test_a_key_beside_vs_codes_servers_in_its_user_settings_is_named(tmp_path: Path) -> None:
+    """`"mcp": {"servers": ..., "inptus": [...]}`: the misspelt key vanished without a note."""
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"mcp": {"servers": {"a": {"command": "echo"}}, "inptus": [], "zzz": 5}}))
+    notes = load_config(path).notes
+    assert "mcp.inptus ignored: did you mean mcp.inputs?" in notes and "mcp.zzz ignored: VS Code's own setting" in notes

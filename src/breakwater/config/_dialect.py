@@ -389,6 +389,11 @@ def top_level_notes(data: dict[str, object], top: str) -> list[str]:
             "inputs ignored: VS Code prompts for these when it starts a server, and breakwater runs in the "
             "background with no one to ask; a ${input:...} reference is an error, write ${VAR} and set VAR instead"
         )
+    if isinstance(mcp, dict) and top == "mcp.servers" and (unknown := sorted(set(mcp) - {"servers", "inputs"})):
+        # VS Code's user settings: a key beside its servers (`inptus`) was dropped without a word.
+        for key in unknown:
+            close = difflib.get_close_matches(key, ["servers", "inputs"], n=1)
+            notes.append(f"mcp.{key} ignored: " + (f"did you mean mcp.{close[0]}?" if close else "VS Code's own setting"))
     if isinstance(mcp, dict) and top not in ("mcp", "mcp.servers"):  # Gemini CLI's `mcp` (OpenCode's holds servers)
         if "serverCommand" in mcp:
             notes.append("mcp.serverCommand ignored: Gemini CLI's one command for every server; breakwater starts each entry's")
