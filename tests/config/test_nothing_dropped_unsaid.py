@@ -18,11 +18,16 @@ def test_a_misspelt_table_of_servers_is_named_with_the_one_it_meant(tmp_path: Pa
     assert "mcpservers ignored: did you mean mcpServers? its servers are not read" in load_config(path).notes
 
 
-def test_a_null_env_is_no_env(tmp_path: Path) -> None:
-    """Zed writes `"env": null` (and reads it as none); it was refused as "expected a table of strings"."""
+def test_a_null_env_or_oauth_is_none(tmp_path: Path) -> None:
+    """Zed writes `"env": null` (and reads it as none); it was refused as "expected a table of strings"; so was
+    `"oauth": null`."""
     path = tmp_path / "settings.json"
     path.write_text(json.dumps({"context_servers": {"e": {"source": "custom", "command": "echo", "env": None}}}))
     assert load_config(path).server("e").env == {}
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {"x": {"type": "http", "url": "https://x.example/mcp", "oauth": None}}}))
+    assert load_config(path).server("x").oauth is None
+    assert not any("oauth kept" in note for note in load_config(path).server("x").notes)
 
 
 @pytest.mark.parametrize("variable", ["${workspaceFolder:api}", "${file}", "${relativeFile}"])

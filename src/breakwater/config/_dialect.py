@@ -204,7 +204,7 @@ def entry_notes(name: str, entry: dict[str, object]) -> list[str]:
     """The notes `config check` prints for one entry's keys that are kept for sign-in or ignored."""
     notes = []
     for key in entry:
-        if key in SIGN_IN_KEYS:
+        if key in SIGN_IN_KEYS and entry[key] is not None:  # (`"oauth": null` keeps nothing)
             notes.append(f"{key} kept; {_SIGN_IN.format(name=name)}")
         elif key in IGNORED_ENTRY_KEYS:
             notes.append(f"{key} ignored: {IGNORED_ENTRY_KEYS[key]}")

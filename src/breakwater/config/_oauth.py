@@ -51,11 +51,13 @@ def _fail(message: str, path: str, key: str, fix: str) -> ConfigError:
 
 
 def parse_oauth(value: Any, *, path: str, where: str, expand: Expander | None = None) -> OAuthSettings | None:
-    """Validate `where.oauth`; every error names the key and the fix. None: Gemini CLI's `"enabled": false`.
+    """Validate `where.oauth`; every error names the key and the fix. None: Gemini CLI's `"enabled": false`, or null.
 
     With `expand` (the file's), its string values are expanded as the entry's others are: `"clientSecret": "${SECRET}"`.
     """
     key = f"{where}.oauth"
+    if value is None:  # `"oauth": null`: none, as a null env is
+        return None
     if not isinstance(value, dict):
         raise _fail("expected an object", path, key, 'write "oauth": {"clientId": "...", "callbackPort": 8080}')
     fields: dict[str, Any] = {}
