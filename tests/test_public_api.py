@@ -204,6 +204,11 @@ def test_every_public_name_imports_and_says_what_it_is(module_name: str) -> None
         obj = getattr(module, name)
         if inspect.isclass(obj) or inspect.isfunction(obj):
             assert obj.__doc__, f"{module_name}.{name} has no docstring"
+        if inspect.isclass(obj):  # its own public methods and properties too (FakeClock's had none)
+            for attr, value in vars(obj).items():
+                member = value.fget if isinstance(value, property) else value
+                if not attr.startswith("_") and (inspect.isfunction(member) or isinstance(value, property)):
+                    assert member.__doc__, f"{module_name}.{name}.{attr} has no docstring"
 
 
 def test_the_public_door_re_exports_the_same_objects_as_the_public_modules() -> None:

@@ -37,9 +37,13 @@ class DeadlineScope(Protocol):
     deadline: float
 
     @property
-    def cancelled_caught(self) -> bool: ...
+    def cancelled_caught(self) -> bool:
+        """Whether the deadline (or `cancel`) cut the body."""
+        ...
 
-    def cancel(self) -> None: ...
+    def cancel(self) -> None:
+        """Cut the body now, as the deadline would."""
+        ...
 
     def __enter__(self) -> DeadlineScope: ...
 
@@ -284,6 +288,7 @@ class SystemClock:
     time = staticmethod(_time.time)
 
     async def sleep(self, seconds: float) -> None:
+        """`anyio.sleep`, never negative."""
         await anyio.sleep(max(0.0, seconds))
 
     # The class itself (a class is no descriptor: `clock.deadline_scope(d)` calls it), not a method

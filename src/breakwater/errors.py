@@ -198,6 +198,9 @@ class CallError(BreakwaterError):
         operation_id: str | None = None,
         detail: Mapping[str, Any] | None = None,
     ) -> None:
+        if not hasattr(type(self), "code"):
+            # The base (or an intermediate class) has no code: it names no situation the model could be told of.
+            raise TypeError(f"{type(self).__name__} is abstract: raise one of its subclasses (one per error code)")
         self.message = message if message is not None else self.summary
         self.server = server
         self.tool = tool

@@ -217,6 +217,7 @@ class ToolTimeout:
     learned_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """One entry of `status --json`'s `timeouts` list (`learned_at` only for a learned one)."""
         out: dict[str, Any] = {"server": self.server, "tool": self.tool, "timeout_s": round(self.timeout_s, 3)}
         out["source"] = self.source
         if self.learned_at is not None:

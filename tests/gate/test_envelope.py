@@ -359,3 +359,12 @@ def test_an_error_that_must_not_be_retried_never_advises_a_retry(leaf: type[Call
     advice = refused.advice_text().lower()
     assert not any(invite in advice for invite in ("and retry", "retry once", "retry after", "retry,")), advice
     assert envelope(refused)["retryable"] is False
+
+
+def test_the_base_errors_name_no_code_and_cannot_be_raised() -> None:
+    """`CallError("x")` raised AttributeError ('default_retryable'): the base names no situation the model is told of."""
+    from breakwater.errors import CallError, CallFailed
+
+    for base in (CallError, CallFailed):
+        with pytest.raises(TypeError, match=f"{base.__name__} is abstract: raise one of its subclasses"):
+            base("x")

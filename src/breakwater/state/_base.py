@@ -114,16 +114,20 @@ class MemoryStore(StateStore):
         self._learned: dict[tuple[str, str], float] = {}
 
     def status(self) -> StoreStatus:
+        """Always `ok`: nothing outside this process to lose."""
         return StoreStatus(backend="memory", state="ok")
 
     @property
     def healthy(self) -> bool:
+        """Always True."""
         return True
 
     def learned_timeout(self, server: str, tool: str) -> float | None:
+        """The timeout learned for `tool` of `server` in this process, if any."""
         return self._learned.get((server, tool))
 
     def set_learned_timeout(self, server: str, tool: str, seconds: float | None) -> None:
+        """Keep (or, with None, forget) the timeout learned for `tool` of `server`."""
         if seconds is None:
             self._learned.pop((server, tool), None)
         else:

@@ -253,6 +253,7 @@ class TaskSupport(Extension):
     # ---- the SDK extension hooks ------------------------------------------------------------------
 
     def methods(self) -> list[MethodBinding]:
+        """The SDK extension's methods: tasks/get, tasks/update and tasks/cancel (2026-07-28 only)."""
         return [
             MethodBinding("tasks/get", TaskIdParams, self._on_get, protocol_versions=_MODERN),
             MethodBinding("tasks/update", UpdateTaskParams, self._on_update, protocol_versions=_MODERN),
@@ -265,6 +266,8 @@ class TaskSupport(Extension):
         ctx: ServerRequestContext[Any, Any],
         call_next: CallNext,
     ) -> HandlerResult:
+        """The SDK extension's tools/call hook: a call of a task tool, from a client that declared tasks, starts a task
+        and is answered with its handle; any other call runs as it would without the extension."""
         mode = self._modes.get(params.name, "optional" if self._all_tools else None)
         if mode is None:
             return await call_next(ctx)

@@ -92,12 +92,15 @@ class FakeClock:
         self._scopes: set[_FakeDeadlineScope] = set()
 
     def monotonic(self) -> float:
+        """The fake monotonic time: moves only when the test advances it."""
         return self._now
 
     def time(self) -> float:
+        """The fake wall time: the monotonic time plus the wall offset it started with."""
         return self._now + self._wall_offset
 
     async def sleep(self, seconds: float) -> None:
+        """Sleep until the test advances the clock `seconds` further (a checkpoint for 0 or less)."""
         if seconds <= 0:
             await anyio.lowlevel.checkpoint()
             return
@@ -110,6 +113,7 @@ class FakeClock:
                 self._sleepers.remove(sleeper)
 
     def deadline_scope(self, deadline: float) -> DeadlineScope:
+        """A cancel scope that fires when the test advances the clock to `deadline`."""
         return _FakeDeadlineScope(self, deadline)
 
     @property
