@@ -388,3 +388,9 @@ class OwnRedis:
             self.proc.kill()
             self.proc.wait()
             self.proc = None
+
+
+def run_breakwater(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`python -m breakwater ARGS` in `env`: its exit code, stdout and stderr as text."""
+    argv = [sys.executable, "-m", "breakwater", *args]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, check=False)

@@ -15,6 +15,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from breakwater.testing.server import launch_command, serve_http
+from helpers import run_breakwater
 
 pytestmark = [pytest.mark.long_module(92), pytest.mark.anyio]
 
@@ -191,14 +192,7 @@ def test_config_check_shows_the_journal_and_state_urls_without_their_credentials
     env = {k: v for k, v in os.environ.items() if not k.startswith("BREAKWATER_JOURNAL")}  # the file's URL, not the suite's
     env["BREAKWATER_STATE_URL"] = "redis://:rd-4Tz8Kp2Qv6@127.0.0.1:6379/0"
     for extra in ([], ["--json"]):
-        result = subprocess.run(
-            [sys.executable, "-m", "breakwater", "config", "check", *extra, "--config", str(tmp_path / "breakwater.toml")],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-            check=False,
-        )
+        result = run_breakwater(env, "config", "check", *extra, "--config", str(tmp_path / "breakwater.toml"))
         assert result.returncode == 0, result.stderr
         assert "postgresql://bob:<redacted>@127.0.0.1:5432/test" in result.stdout  # what was understood, still shown
         assert "redis://:<redacted>@127.0.0.1:6379/0" in result.stdout

@@ -16,6 +16,7 @@ from mcp import Client, StdioServerParameters
 
 from breakwater.config._checks import distinct_name
 from breakwater.testing.server import launch_command
+from helpers import run_breakwater as breakwater
 
 pytestmark = pytest.mark.anyio
 
@@ -58,21 +59,8 @@ async def early_call(config: Path, env: dict[str, str]) -> dict[str, Any]:
     return {"is_error": call.is_error, **(call.structured_content or {})}
 
 
-def breakwater(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "breakwater", *args], capture_output=True, text=True, env=env, timeout=60, check=False
-    )
-
-
 def accept(config: Path, env: dict[str, str], *names: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "breakwater", "tools", *names, "--accept", "--config", str(config), "--wait", "20"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    result = breakwater(env, "tools", *names, "--accept", "--config", str(config), "--wait", "20")
     assert result.returncode == 0, result.stderr
     return result.stdout
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -20,16 +19,6 @@ from breakwater.testing import FakeClock
 from helpers import OwnRedis
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def own_redis() -> Iterator[OwnRedis]:
-    server = OwnRedis()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.kill()
 
 
 async def _timed(coro: object) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 
@@ -30,16 +30,6 @@ from helpers import REDIS_URL, OwnRedis, free_port
 pytestmark = pytest.mark.anyio
 
 POLICY = BreakerPolicy(consecutive_failures=2, open_base_s=0.4, open_jitter=0.0, probe_lease_s=5.0)
-
-
-@pytest.fixture
-def own_redis() -> Iterator[OwnRedis]:
-    server = OwnRedis()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.kill()
 
 
 @asynccontextmanager
