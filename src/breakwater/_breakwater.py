@@ -336,6 +336,10 @@ class Breakwater:
         progress notifications. Cancelling the caller cancels the call upstream and is re-raised.
         `operation_id` names the logical call (pass the same one when re-sending a call that may
         have run); by default each call gets a fresh one.
+
+        Raises RuntimeError outside this instance's `async with`, ValueError for a `timeout` that is no positive
+        number of seconds and TypeError for `arguments` that are no mapping, before anything is sent; an exception
+        of `progress_callback` (an async or a plain function) cancels the call and is raised as it was.
         """
         self._check_open()
         if timeout is not None and (type(timeout) not in (int, float) or not 0 < timeout < math.inf):
