@@ -6,7 +6,8 @@ keys (codex-rs `RawMcpServerConfig`):
 
 * `command`, `args`, `env`, `cwd`, `url`, `enabled`: as in every client's entry;
 * `env_vars`: variables passed on from breakwater's environment to the stdio server (a name, or
-  `{name = ..., source = "local"}`), when set;
+  `{name = ..., source = "local"}`), when set; as Codex, nothing else of it but the SDK's few (`[connect]
+  inherit_env = "minimal"`, unless BREAKWATER_CONNECT_INHERIT_ENV says otherwise);
 * `http_headers`; `env_http_headers` (header -> the variable holding its value); `bearer_token_env_var`
   (the variable holding the `Authorization: Bearer` token). An unset variable named there is an
   error, as an unset `${VAR}` is in a JSON file. An inline `bearer_token` is refused, as Codex refuses it;
@@ -118,6 +119,9 @@ def _server(name: str, table: Any, spath: str, where: str, defaults: Mapping[str
     fields["tool_filter"] = tool_filter(table, spath, where, deny=("disabled_tools",), allow=("enabled_tools",))
     fields["notes"] = (*fields["notes"], *(f"{key} ignored: {why}" for key, why in _IGNORED.items() if key in table))
     spec = ServerSpec(name=name, source=spath, **defaults, **unset_off(fields, expand, where))
+    if spec.transport == "stdio" and "BREAKWATER_CONNECT_INHERIT_ENV" not in expand.environ:
+        # Codex gives its servers a minimal environment and what env_vars names; breakwater's default gives all of it.
+        spec = replace(spec, connect=replace(spec.connect, inherit_env="minimal"))
     return _with_timeouts(spec, table, spath, where)
 
 
