@@ -125,3 +125,22 @@ def test_a_reply_that_is_not_json_names_what_the_parser_said() -> None:
         "input_type=bytes]\n    For further information visit https://errors.pydantic.dev/2.14/v/json_invalid"
     )
     assert unreadable_reply(pydantic_said) == "unreadable reply: it is not JSON (expected ident at line 1 column 2)"
+
+
+async def test_a_call_cut_when_its_server_died_is_never_said_not_sent(tmp_path: Path) -> None:
+    """A read-only call ran a second on a server that was then killed; its retry was refused at connect, and the model
+    was told SERVER_CONNECTING, "attempt 0", "The call was not sent". What may have run is the answer."""
+    async with serve_http("--tool", "slow:latency=3,readonly") as srv, _gate(tmp_path, srv.url, protocol="2025-11-25") as bw:
+
+        async def kill() -> None:
+            await anyio.sleep(1.0)
+            srv.process.kill()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(kill)
+            with anyio.fail_after(30):
+                result = await bw.call_tool("up", "slow", {}, raise_on_error=False)
+    envelope = _envelope(result)
+    text = result.content[0].text if result.content and result.content[0].type == "text" else ""
+    assert envelope["code"] != "SERVER_CONNECTING" and "was not sent" not in text, (envelope, text)
+    assert int(str(envelope["attempt"])) >= 1 and envelope["retry_stopped"] == "the server was not ready for another attempt"

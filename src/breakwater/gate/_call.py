@@ -211,6 +211,8 @@ class Call:
     last: CallError | None = None
     #: Whether the latest attempt never ran (`Verdict.not_run`): the server's state then, not that attempt, is the answer.
     last_not_run: bool = False
+    #: The error of the latest attempt that may have run: once there is one, "the call was not sent" is never said.
+    ran: CallError | None = None
     #: Set when an answer is first lost: how long reconciliation may wait for the server or the operation.
     window: float | None = None
     #: The breakers' refusal of the first attempt, decided before the arguments were checked (see

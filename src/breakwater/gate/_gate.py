@@ -261,8 +261,8 @@ class CallGate:
                         # The server went away between attempts, so nothing more was sent. After a lost answer
                         # that answer is the truth to report (the call may have run); "connecting" would
                         # invite a fresh call, which is how duplicates are made.
-                        if call.last is not None and not call.last_not_run:
-                            raise stopped(call.last, "the server was not ready for another attempt") from refused
+                        if call.ran is not None:
+                            raise stopped(call.ran, "the server was not ready for another attempt") from refused
                         raise
                     if isinstance(got, types.CallToolResult):
                         srv.retry_budget.record_success(call.attempt > 1)
@@ -271,6 +271,8 @@ class CallGate:
                     verdict, err = got
                     err.attempt, err.max_attempts, err.operation_id = call.attempt, call.max_attempts, call.op_id
                     call.last_not_run = verdict.not_run
+                    if not verdict.not_run:
+                        call.ran = err
                     if verdict.outcome is Outcome.SUCCESS:
                         srv.retry_budget.record_success(was_retry=call.attempt > 1)
                     after = await after_lost_answer(ctx, call, verdict, err)
@@ -538,10 +540,10 @@ class CallGate:
                     server=upstream.spec.name,
                     tool=call.info.name,
                 )
-            if call.last_not_run:
+            if call.ran is None:  # no attempt may have run: the server's state is the answer
                 raise refused
-            assert call.last is not None
-            raise stopped(call.last, "the server was not ready for another attempt") from refused
+            # One that may have run is (a read-only call cut mid-call, then a retry refused at connect: "not sent").
+            raise stopped(call.ran, "the server was not ready for another attempt") from refused
 
     async def _retry_permits(self, call: Call) -> Permits:
         """Step 2 for a retry: its permits; a retry refused (a breaker that the last attempt opened, a bulkhead full)
