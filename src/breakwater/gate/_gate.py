@@ -258,9 +258,7 @@ class CallGate:
                     try:
                         got = await run_attempt(ctx, call, permits)
                     except CallError as refused:
-                        # The server went away between attempts, so nothing more was sent. After a lost answer
-                        # that answer is the truth to report (the call may have run); "connecting" would
-                        # invite a fresh call, which is how duplicates are made.
+                        # An attempt that may have run is the answer: "connecting" would invite a duplicate.
                         if call.ran is not None:
                             raise stopped(call.ran, "the server was not ready for another attempt") from refused
                         raise
@@ -270,9 +268,7 @@ class CallGate:
                         break
                     verdict, err = got
                     err.attempt, err.max_attempts, err.operation_id = call.attempt, call.max_attempts, call.op_id
-                    call.last_not_run = verdict.not_run
-                    if not verdict.not_run:
-                        call.ran = err
+                    call.last_not_run, call.ran = verdict.not_run, call.ran if verdict.not_run else err
                     if verdict.outcome is Outcome.SUCCESS:
                         srv.retry_budget.record_success(was_retry=call.attempt > 1)
                     after = await after_lost_answer(ctx, call, verdict, err)
