@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import anyio
 import pytest
 
+from breakwater.testing._fleet import free_port
+
 if TYPE_CHECKING:
     from mcp.server import Server
 
@@ -338,12 +340,6 @@ async def lifespan_answered(scope: Any, receive: Any, send: Any) -> bool:
         await send({"type": "lifespan.startup.complete"})
     await send({"type": "lifespan.shutdown.complete"})
     return True
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class OwnRedis:

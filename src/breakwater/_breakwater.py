@@ -347,10 +347,14 @@ class Breakwater:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         if arguments is not None and not isinstance(arguments, Mapping):
             raise TypeError(f"arguments must be a mapping of the tool's arguments, got {type(arguments).__name__}")
-        if progress_callback is not None:
-            return await self._call_reporting(server, tool, arguments, timeout, progress_callback, raise_on_error, operation_id)
-        # `CallGate.answer`: `call` and `call_or_raise` in one coroutine, by position (no name matching).
-        return await self._gate.answer(server, tool, arguments, timeout, None, operation_id, raise_on_error)
+        if progress_callback is None:
+            # `CallGate.answer`: `call` and `call_or_raise` in one coroutine, by position (no name matching).
+            return await self._gate.answer(server, tool, arguments, timeout, None, operation_id, raise_on_error)
+        failure: list[Exception] = []
+        with anyio.CancelScope() as scope:
+            relay = _guarded(progress_callback, failure, scope)
+            return await self._gate.answer(server, tool, arguments, timeout, relay, operation_id, raise_on_error)
+        raise failure[0]
 
     async def gate_call(
         self,
@@ -364,41 +368,6 @@ class Breakwater:
         """`call_tool` without its checks of a library caller's input, for the gateway: its arguments were read from
         JSON already, and its progress relay never raises (a per-call guard was a cost on its hot path)."""
         return await self._gate.answer(server, tool, arguments, None, progress_callback, operation_id, False)
-
-    async def _call_reporting(
-        self,
-        server: str,
-        tool: str,
-        arguments: Mapping[str, Any] | None,
-        timeout: float | None,
-        progress_callback: Any,
-        raise_on_error: bool,
-        operation_id: str | None,
-    ) -> types.CallToolResult:
-        """`call_tool` with the caller's progress callback: its exception is the caller's, raised, and the call cancelled.
-
-        It was read as the server's failure (UPSTREAM_ERROR, "the connection failed"), and four opened the tool's
-        breaker for every caller. A plain (not async) function is taken too.
-        """
-        failure: list[Exception] = []
-        sent = [-math.inf]
-        with anyio.CancelScope() as scope:
-
-            async def relay(progress: float, total: float | None, message: str | None) -> None:
-                if progress < sent[0]:  # a call sent again starts its progress over: never back (equal: a new total)
-                    return
-                sent[0] = progress
-                try:
-                    said = progress_callback(progress, total, message)
-                    if inspect.isawaitable(said):
-                        await said
-                except Exception as exc:
-                    if not failure:
-                        failure.append(exc)
-                        scope.cancel()
-
-            return await self._gate.answer(server, tool, arguments, timeout, relay, operation_id, raise_on_error)
-        raise failure[0]
 
     def _check_open(self) -> None:
         if self._life != "open":
@@ -479,6 +448,27 @@ class Breakwater:
     def gate(self) -> CallGate:
         """The call gate itself (breakers, retry budgets, resolved timeouts)."""
         return self._gate
+
+
+def _guarded(callback: Any, failure: list[Exception], scope: anyio.CancelScope) -> ProgressCallback:
+    """A library caller's progress callback, as the gate calls it: its exception is the caller's.
+
+    An exception of `callback` was read as the server's failure (UPSTREAM_ERROR, "the connection failed"), and four
+    opened the tool's breaker for every caller. Now the first one is kept in `failure` and `scope` is cancelled (the call
+    with it, upstream too); `call_tool` raises it. A plain (not async) function is taken too.
+    """
+
+    async def relay(progress: float, total: float | None, message: str | None) -> None:
+        try:
+            said = callback(progress, total, message)
+            if inspect.isawaitable(said):
+                await said
+        except Exception as exc:
+            if not failure:
+                failure.append(exc)
+                scope.cancel()
+
+    return relay
 
 
 def _only(group: BaseExceptionGroup[BaseException], exc: BaseException) -> bool:

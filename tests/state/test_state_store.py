@@ -25,7 +25,8 @@ from breakwater.gate._breaker import BreakerRegistry, BreakerState, Outcome, Per
 from breakwater.gate._retry_budget import RetryBudget
 from breakwater.state import MemoryStore, open_store
 from breakwater.testing import FakeClock
-from helpers import REDIS_URL, OwnRedis, free_port
+from breakwater.testing._fleet import free_port
+from helpers import REDIS_URL, OwnRedis
 
 pytestmark = pytest.mark.anyio
 

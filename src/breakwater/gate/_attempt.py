@@ -50,7 +50,7 @@ from breakwater.errors import (
 )
 from breakwater.gate._admit import Permits
 from breakwater.gate._breaker_types import FAILURE, IGNORED, OPEN, Outcome
-from breakwater.gate._call import Call, GateContext, ProgressCallback, ServerRecord, mark_sent, observe, seconds_text
+from breakwater.gate._call import Call, GateContext, ServerRecord, mark_sent, observe, seconds_text
 from breakwater.gate._classify import SUCCESS, RetryClass, Verdict, answer_of, classify
 from breakwater.gate._task_required import call_as_task, requires_task
 from breakwater.gate._tasks import TASK_CALL, TaskCall
@@ -85,11 +85,11 @@ class AttemptDeadline:
         "_slot",
         "_waiting",
         "by_budget",
+        "call",
         "extended",
         "finished",
         "hard",
         "idle_s",
-        "progress_callback",
         "short",
         "started",
         "task_at",
@@ -129,8 +129,8 @@ class AttemptDeadline:
         self.task_at: float | None = None
         #: The server whose bulkhead slot the attempt holds, until it is given back (`release_slot`).
         self._slot: ServerRecord | None = None
-        #: The caller's own progress callback, handed what `on_progress` passes on.
-        self.progress_callback: ProgressCallback | None = None
+        #: The call whose attempt this is: its caller's progress callback is handed what `on_progress` passes on.
+        self.call: Call | None = None
 
     @classmethod
     def for_call(cls, clock: Clock, call: Call, probe: bool = False) -> AttemptDeadline:
@@ -179,9 +179,12 @@ class AttemptDeadline:
     async def on_progress(self, progress: float, total: float | None, message: str | None) -> None:
         """The attempt's progress callback (a bound method, not a closure per attempt, with its cells)."""
         self.nudge()  # whatever it says, the server is alive and working on the call
-        progress_callback = self.progress_callback
-        if progress_callback is not None and math.isfinite(progress):  # NaN and Infinity are no progress (not JSON)
-            await progress_callback(progress, total if total is None or math.isfinite(total) else None, message)
+        call = self.call
+        # NaN and Infinity are no progress (not JSON); nor is going back (`Call.progress_sent`).
+        if call is None or call.progress_callback is None or not math.isfinite(progress) or progress < call.progress_sent:
+            return
+        call.progress_sent = progress
+        await call.progress_callback(progress, total if total is None or math.isfinite(total) else None, message)
 
     def nudge(self) -> None:
         """The server showed signs of life: give it `idle_s` more, up to the hard cap."""
@@ -225,7 +228,7 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
     watcher = ATTEMPT_WATCHER.get()
     if watcher is not None:
         watcher(deadline)
-    deadline.progress_callback = call.progress_callback
+    deadline.call = call
     on_progress = deadline.on_progress
     srv.in_flight += 1  # the attempt's bulkhead slot, given back once by `deadline.release_slot()`
     deadline._slot = srv

@@ -209,15 +209,17 @@ class Call:
     attempt: int = 0
     #: The error of the latest attempt, once there was one.
     last: CallError | None = None
-    #: Whether the latest attempt never ran (`Verdict.not_run`): the server's state then, not that attempt, is the answer.
-    last_not_run: bool = False
-    #: The error of the latest attempt that may have run: once there is one, "the call was not sent" is never said.
+    #: The error of the latest attempt that may have run (not `Verdict.not_run`): the answer when no further attempt can
+    #: be made. Until there is one, the server's state is: "the call was not sent" is never said of one that may have run.
     ran: CallError | None = None
     #: Set when an answer is first lost: how long reconciliation may wait for the server or the operation.
     window: float | None = None
     #: The breakers' refusal of the first attempt, decided before the arguments were checked (see
     #: `_admit.breaker_refusal`): whether the server's breaker gave it, and the rejection.
     refusal: tuple[bool, Rejection] | None = None
+    #: The last progress passed on: a call sent again (its server crashed mid-call) starts its progress over, and the
+    #: caller saw 1, 2, 1, 2, 3; the spec's progress MUST increase. An equal value passes (it may carry a new total).
+    progress_sent: float = -math.inf
 
     @property
     def max_attempts(self) -> int:

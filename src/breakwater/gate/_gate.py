@@ -268,7 +268,8 @@ class CallGate:
                         break
                     verdict, err = got
                     err.attempt, err.max_attempts, err.operation_id = call.attempt, call.max_attempts, call.op_id
-                    call.last_not_run, call.ran = verdict.not_run, call.ran if verdict.not_run else err
+                    if not verdict.not_run:
+                        call.ran = err
                     if verdict.outcome is Outcome.SUCCESS:
                         srv.retry_budget.record_success(was_retry=call.attempt > 1)
                     after = await after_lost_answer(ctx, call, verdict, err)
@@ -529,13 +530,13 @@ class CallGate:
         budget = call.budget
         until = None if budget is None else budget.deadline
         if not await wait_until_ready(upstream, clock=self._clock, seconds=call.timeout_s, deadline=until):
-            refused = not_ready_error(self._clock, upstream, call.info.name)
-            if upstream.closing:  # its Breakwater closed: no server comes back, and "wait, retry" would mislead
-                refused = CallCancelledError(
-                    "The call was cut: breakwater closed before the server came back.",
-                    server=upstream.spec.name,
-                    tool=call.info.name,
-                )
+            # Its Breakwater closed: no server comes back, and "wait, retry" would mislead.
+            cut = "The call was cut: breakwater closed before the server came back."
+            refused = (
+                CallCancelledError(cut, server=upstream.spec.name, tool=call.info.name)
+                if upstream.closing
+                else not_ready_error(self._clock, upstream, call.info.name)
+            )
             if call.ran is None:  # no attempt may have run: the server's state is the answer
                 raise refused
             # One that may have run is (a read-only call cut mid-call, then a retry refused at connect: "not sent").

@@ -23,7 +23,7 @@ from breakwater.gate._call import Call, GateContext, ServerRecord, observe, stop
 from breakwater.gate._classify import IN_PROGRESS_REASON, RetryClass, Verdict
 from breakwater.journal import RECONCILED
 
-__all__ = ["GET_OPERATION_TOOL", "Resend", "after_lost_answer", "wait_ready"]
+__all__ = ["GET_OPERATION_TOOL", "Resend", "after_lost_answer"]
 
 #: A tool by this name on the same server reports an operation's record (`add_operation_tool`).
 GET_OPERATION_TOOL = "get_operation"
@@ -89,16 +89,6 @@ async def after_lost_answer(
     return Resend(delay)
 
 
-async def wait_ready(ctx: GateContext, srv: ServerRecord, deadline: float, seconds: float) -> bool:
-    """Wait while the server is on its way back, up to `seconds` and never past `deadline`; False if it is not back.
-
-    A server whose reconnect failed (retrying), failed or disabled ends the wait at once, as a first attempt's does
-    (`wait_until_ready`): waiting for its ready event held an idempotent tool's call to its cap, 120 s, for a server
-    that could not restart.
-    """
-    return await wait_until_ready(srv.upstream, clock=ctx.clock, seconds=seconds, deadline=deadline)
-
-
 async def _reconcile(ctx: GateContext, call: Call, err: CallError, hint: float | None) -> types.CallToolResult | None:
     """Ask the server what became of the call's operation until it knows or the window closes.
 
@@ -119,7 +109,9 @@ async def _reconcile(ctx: GateContext, call: Call, err: CallError, hint: float |
             if clock.monotonic() + delay >= window:
                 raise stopped(err, "the operation was still running when the call's window closed")
             await clock.sleep(delay)
-        if not await wait_ready(ctx, srv, window, call.timeout_s):
+        # Back within the call's timeout, or not at all: a server that is retrying or failed ends the wait at once (waiting
+        # for its ready event held an idempotent tool's call to its cap, 120 s, for a server that could not restart).
+        if not await wait_until_ready(srv.upstream, clock=clock, seconds=call.timeout_s, deadline=window):
             raise stopped(err, "the server did not come back within the call's window")
         status = await _ask(ctx, srv, op_id, min(call.timeout_s, window - clock.monotonic()))
         if status is None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import secrets
 from collections.abc import Mapping, Sequence
@@ -438,13 +437,10 @@ class Gateway:
     ) -> types.CallToolResult:
         """Call through the gate, relaying progress (and, through `caller`, what the server asks) downstream."""
 
-        sent = [-math.inf]  # a call sent again (its server crashed mid-call) starts its progress over: it MUST increase
-
         async def relay_progress(progress: float, total: float | None, message: str | None) -> None:
             # The SDK may deliver the last progress after the call returned; the request is gone by then.
             ctx = caller.ctx
-            if ctx is not None and not caller.finished and progress >= sent[0]:
-                sent[0] = progress
+            if ctx is not None and not caller.finished:
                 await ctx.session.report_progress(progress, total, message)
 
         meta = first.meta if isinstance(first.meta, Mapping) else {}

@@ -65,7 +65,7 @@ class OperationRecords:
         self._ops = f"{policy.namespace}:op:"
         self._replicas = f"{policy.namespace}:replica:"
         self.ttl_ms = max(1, math.ceil(ttl_s * 1000))
-        self._r = record_client(policy, clock=clock, fail_fast=False)  # a claim must be Redis's answer, never a guess
+        self._r = record_client(policy, fail_fast=False)  # a claim must be Redis's answer, never a guess
         self._cas = self._r.register_script(_CAS)
 
     def _key(self, op_id: str) -> str:

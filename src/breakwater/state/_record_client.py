@@ -161,7 +161,7 @@ def _reaching_client_class() -> Any:
 
 
 def _shared_reach(url: str, clock: Clock | None) -> Reach:
-    """One `Reach` per Redis (and per clock): a replica's sessions, operations and streams learn from one another's commands."""
+    """One `Reach` per Redis (and per clock): a replica's session and stream clients learn from one another's commands."""
     key = (url, None if clock is None or type(clock) is SystemClock else clock)
     reach = _REACHES.get(key)
     if reach is None:
@@ -183,6 +183,7 @@ def record_client(
     this URL and clock). Without it (the operation records: a claim Redis was not asked is a claim guessed, and a
     guess runs a call twice) each command waits its timeout, as before.
     """
+    import redis.asyncio as aredis
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
     from redis.exceptions import ConnectionError as RedisConnectionError
@@ -191,8 +192,6 @@ def record_client(
         if _QUIET not in logging.getLogger(name).filters:
             logging.getLogger(name).addFilter(_QUIET)
     timeout = max(policy.timeout_s, MIN_TIMEOUT_S)
-    import redis.asyncio as aredis
-
     client = (_reaching_client_class() if fail_fast else aredis.Redis).from_url(
         policy.url,
         socket_timeout=timeout + blocking_s,
