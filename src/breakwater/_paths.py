@@ -35,6 +35,7 @@ __all__ = [
     "file_stem",
     "read_user_file",
     "runtime_dir",
+    "runtime_dir_elsewhere",
     "write_atomic",
 ]
 
@@ -70,7 +71,11 @@ def runtime_dir() -> Path:
     Inspector), and a session without it looked for the shared gateway in the cache, started a second one, and
     `gateway list` from the terminal found none of them.
     """
-    if sys.platform.startswith("linux") and not os.environ.get("XDG_RUNTIME_DIR"):
+    return _runtime_dir(os.environ.get("XDG_RUNTIME_DIR"))
+
+
+def _runtime_dir(xdg_runtime_dir: str | None) -> Path:
+    if sys.platform.startswith("linux") and not xdg_runtime_dir:
         own = RUN_USER / str(os.getuid())
         try:
             usable = own.is_dir() and own.stat().st_uid == os.getuid() and own.stat().st_mode & 0o077 == 0
@@ -87,6 +92,17 @@ def runtime_dir() -> Path:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", getattr(platformdirs, "RuntimeDirWarning", UserWarning))
         return Path(platformdirs.user_runtime_dir(APP, appauthor=False, ensure_exists=True))
+
+
+def runtime_dir_elsewhere() -> Path | None:
+    """The runtime directory of a process started without `$XDG_RUNTIME_DIR`, when it is not `runtime_dir()`.
+
+    Clients drop the variable or keep it as they please: on a machine where it is not `/run/user/UID`,
+    a gateway an agent started without it keeps its socket in the cache directory, and `gateway list`
+    from the user's shell, with the variable set, looked only in that one.
+    """
+    elsewhere = _runtime_dir(None)
+    return elsewhere if elsewhere != runtime_dir() else None
 
 
 def write_atomic(path: Path, text: str) -> None:

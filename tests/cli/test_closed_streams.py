@@ -86,6 +86,21 @@ def test_a_closed_stdout_is_a_reader_gone_and_a_closed_stderr_loses_only_diagnos
     assert refused.returncode == 2  # the usage error's code, its line lost with stderr
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, a device whose every write fails ENOSPC")
+@pytest.mark.parametrize("buffered", [True, False])
+def test_an_output_that_cannot_be_written_is_one_line_and_exit_1(tmp_path: Path, buffered: bool) -> None:
+    env = _env(tmp_path)
+    # Unbuffered, the first print fails; buffered, the flush at exit does (where the code was 120, silently).
+    if buffered:
+        env.pop("PYTHONUNBUFFERED", None)
+    else:
+        env["PYTHONUNBUFFERED"] = "1"
+    for argv in (["--version"], ["config", "knobs"], ["lab", "missions"]):
+        done = _closed("> /dev/full", [*BREAKWATER, *argv], env)
+        assert done.returncode == 1, (argv, done.stderr)
+        assert done.stderr == b"breakwater: cannot write the output: No space left on device\n", (argv, done.stderr)
+
+
 def test_serve_with_stdout_closed_ends_as_for_a_reader_gone(tmp_path: Path) -> None:
     env = _env(tmp_path)
     argv = [*BREAKWATER, "serve", "--config", str(_config(tmp_path)), "--no-share"]

@@ -20,9 +20,17 @@ pytestmark = pytest.mark.long_module(33)
 
 def test_the_demo_tells_the_whole_story_and_leaves_nothing_behind(tmp_path: Path) -> None:
     before = set(Path(tempfile.gettempdir()).glob("breakwater-demo-*"))
-    # The worker's home (conftest) is shared by its tests: what another test's gateways left there is not the demo's.
-    gateways = Path(os.environ["XDG_CACHE_HOME"]) / "breakwater" / "gateways"
-    gateways_before = set(gateways.glob("gw-*"))
+    # A home of its own, where nothing may be left: the learned revisions of its servers (new paths and ports each
+    # run) piled up in the user's cache, run after run.
+    home = tmp_path / "h"
+    run = Path(tempfile.mkdtemp(prefix="bw-demo-run-"))  # short: a socket's path must fit in ~107 bytes
+    dirs = {
+        "XDG_CACHE_HOME": ".cache",
+        "XDG_DATA_HOME": ".local/share",
+        "XDG_STATE_HOME": ".local/state",
+        "XDG_CONFIG_HOME": ".config",
+    }
+    env = {**os.environ, "HOME": str(home), **{name: str(home / sub) for name, sub in dirs.items()}, "XDG_RUNTIME_DIR": str(run)}
     done = subprocess.run(
         [sys.executable, "-m", "breakwater", "demo"],
         stdin=subprocess.DEVNULL,
@@ -30,7 +38,7 @@ def test_the_demo_tells_the_whole_story_and_leaves_nothing_behind(tmp_path: Path
         text=True,
         timeout=240,
         check=False,
-        env={**os.environ, "BREAKWATER_SHARE": "on"},  # the user's default: the demo must not share regardless
+        env={**env, "BREAKWATER_SHARE": "on"},  # the user's default: the demo must not share regardless
     )
     out = done.stdout
     assert done.returncode == 0, done.stderr[-3000:]
@@ -41,6 +49,8 @@ def test_the_demo_tells_the_whole_story_and_leaves_nothing_behind(tmp_path: Path
     for code in ("UNKNOWN_TOOL", "SERVER_CONNECTING", "SERVER_UNAVAILABLE", "CIRCUIT_OPEN", "OUTCOME_UNKNOWN"):
         assert code in out, code
     assert "breakwater stats" in out and "journal.sqlite3" in out
-    # Nothing outlives it: its temporary directory is gone, and no shared gateway was started in the user's cache.
+    # Nothing outlives it: its temporary directory is gone, and nothing is left in the user's home or runtime directory
+    # (no shared gateway, no cache).
     assert set(Path(tempfile.gettempdir()).glob("breakwater-demo-*")) <= before
-    assert set(gateways.glob("gw-*")) <= gateways_before, sorted(gateways.glob("gw-*"))
+    left = sorted(str(path) for place in (home, run) for path in place.rglob("*") if not path.is_dir())
+    assert left == [], left

@@ -22,7 +22,7 @@ import pytest
 
 from helpers import gateway_pids, isolated_env, serve_on_pipes, share_dir
 
-pytestmark = pytest.mark.long_module(30)
+pytestmark = pytest.mark.long_module(50)
 
 BREAKWATER = [sys.executable, "-m", "breakwater"]
 TOOLS = ["rslow:latency=2,readonly", "mslow:latency=2,mutating", "mhang:hang=1,mutating"]
@@ -245,3 +245,44 @@ def test_a_gateway_that_listens_and_never_answers_is_named_within_seconds(tmp_pa
         assert path.exists(), "a gateway that may yet answer lost its socket"
     finally:
         listener.close()
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or Path(f"/run/user/{os.getuid()}").is_dir(),
+    reason="a Linux host without /run/user/UID, where a process without XDG_RUNTIME_DIR keeps its sockets in the cache",
+)
+def test_a_gateway_an_agent_started_without_xdg_runtime_dir_is_found_from_a_shell_that_has_it(tmp_path: Path) -> None:
+    """An agent that starts `serve` with a minimal environment (the Inspector: no XDG_RUNTIME_DIR) has its gateway's
+    socket in the cache directory; `gateway list` and `stop` from the user's shell, the variable set, said no gateway
+    was running, and a session started with the variable would have started a second gateway for the same config."""
+    with share_dir("bw-xr-") as cache, share_dir("bw-rt-") as run:  # short: a socket's path must fit in ~107 bytes
+        config, _ = setup(tmp_path, cache)
+        base = isolated_env(tmp_path, BREAKWATER_SHARE="on", BREAKWATER_SHARE_IDLE_S="20", XDG_CACHE_HOME=str(cache))
+        base.pop("BREAKWATER_SHARE_DIR", None)
+        agent_env = {name: value for name, value in base.items() if name != "XDG_RUNTIME_DIR"}
+        run.chmod(0o700)
+        shell_env = {**base, "XDG_RUNTIME_DIR": str(run)}
+        sockets = cache / "breakwater" / "gateways"
+        agent = Agent(config, agent_env, tmp_path / "a.err")
+        second: Agent | None = None
+        try:
+            agent.call("warm", "ts__echo")
+            ran(agent.wait("warm", 60))
+            [gateway] = gateway_pids(sockets)
+            listing = subprocess.run([*BREAKWATER, "gateway", "list", "--json"], env=shell_env, capture_output=True, text=True)
+            assert [row["pid"] for row in json.loads(listing.stdout)] == [gateway], listing
+            second = Agent(config, shell_env, tmp_path / "b.err")  # the shell's session joins the agent's gateway
+            second.call("warm", "ts__echo")
+            ran(second.wait("warm", 60))
+            assert gateway_pids(sockets) == [gateway]
+            assert not list(run.rglob("*.sock"))
+            stop = subprocess.run(
+                [*BREAKWATER, "gateway", "stop", "--config", str(config)], env=shell_env, capture_output=True, text=True
+            )
+            assert f"stopped the shared gateway pid {gateway} (2 sessions" in stop.stdout, stop
+        finally:
+            for each in (agent, second):
+                if each is not None:
+                    each.end()
+            for pid in gateway_pids(sockets):
+                os.kill(pid, signal.SIGKILL)

@@ -6,6 +6,8 @@ Each sub-command lives in the module of its concept; this file only routes.
 from __future__ import annotations
 
 import contextlib
+import io
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -168,6 +170,8 @@ def _run(command: Callable[[list[str]], int], argv: list[str], *, stoppable: boo
         return _interrupted()
     except BrokenPipeError:
         return _reader_gone()
+    except OutputLost as exc:
+        return _output_lost(exc)
     except Exception as exc:
         # Ctrl-C in the middle of an import that wraps what it meets: a dataclass being defined raises
         # RuntimeError("Error calling __set_name__ ...") from the KeyboardInterrupt (an attached `serve`
@@ -179,7 +183,6 @@ def _run(command: Callable[[list[str]], int], argv: list[str], *, stoppable: boo
 
 def _reader_gone() -> int:
     """The reader of stdout went away (`| head`, or stdout closed): nothing more to say to it, nothing to flush at exit."""
-    import os
 
     from breakwater.cli._common import EXIT_PIPE
 
@@ -187,6 +190,39 @@ def _reader_gone() -> int:
     os.dup2(null, sys.stdout.fileno())
     os.close(null)
     return EXIT_PIPE
+
+
+class OutputLost(OSError):
+    """Standard output refused a write for another reason than a reader gone (a full disk: `> /dev/full`)."""
+
+
+class _Stdout(io.TextIOWrapper):
+    """The program's stdout: a failed write or flush (but a reader gone) is an `OutputLost`, which `_run` tells in one
+    line, where it was a traceback from whichever print met it first (or exit code 120 at the final flush)."""
+
+    def write(self, text: str) -> int:
+        try:
+            return super().write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputLost(exc.errno, exc.strerror) from None
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputLost(exc.errno, exc.strerror) from None
+
+
+def _output_lost(exc: OSError | ValueError) -> int:
+    from breakwater.cli._common import EXIT_FAILED, fail
+
+    with contextlib.suppress(OSError, ValueError):  # what is still buffered cannot be written either: dropped
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the process's stdout from here on
+    return fail(f"cannot write the output: {getattr(exc, 'strerror', None) or exc}", EXIT_FAILED)
 
 
 def _interrupt_behind(exc: BaseException) -> bool:
@@ -228,7 +264,6 @@ def _standard_streams() -> None:
     device: diagnostics are dropped and the exit code stays the command's. Closed stdin is the null
     device too: an empty input, as `serve` already reads it. Call before anything opens a file.
     """
-    import os
 
     for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
         try:
@@ -250,6 +285,15 @@ def _standard_streams() -> None:
             stream = open(fd, "r" if fd == 0 else "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115 - the process's own stream, kept open
             setattr(sys, name, stream)
             setattr(sys, f"__{name}__", stream)
+    out = sys.stdout
+    if type(out) is io.TextIOWrapper:
+        # A stream of our own on fd 1, as the interpreter's (which never closes fd 1: closefd is off) was opened; not
+        # the interpreter's buffer taken over, which may be another file's (a forked process's, fd 1 moved since).
+        out.flush()
+        buffer = open(1, "wb", buffering=0 if out.write_through else -1, closefd=False)  # noqa: SIM115 - the process's stdout
+        ours = _Stdout(buffer, out.encoding, out.errors, line_buffering=out.line_buffering, write_through=out.write_through)
+        sys.stdout = ours
+        sys.__stdout__ = ours  # type: ignore[misc]  # what the interpreter flushes at its end
     # An output encoding that cannot write every character (PYTHONIOENCODING=ascii, a Latin-1 terminal) wrote a
     # traceback for a server named "sérveur": what it cannot write is shown escaped instead (JSON is ASCII already).
     for out in (sys.stdout, sys.stderr):
@@ -271,11 +315,13 @@ def run() -> NoReturn:
     (logging's flush among them), the standard streams are flushed; then `os._exit`. `main()` itself
     returns, for callers in the same process.
     """
-    import os
     import threading
 
     _standard_streams()  # first: a closed fd 0, 1 or 2 must not be the next file opened
-    code = main()
+    try:
+        code = main()
+    except OutputLost as exc:  # `--help` and `--version`, printed before a command's `_run`
+        code = _output_lost(exc)
     getattr(threading, "_shutdown", lambda: None)()  # what `Py_FinalizeEx` does first
     import atexit
 
@@ -285,8 +331,8 @@ def run() -> NoReturn:
             stream.flush()
         except (OSError, ValueError) as exc:  # a reader gone or a stream closed: as the interpreter, say nothing more
             if stream is sys.stdout and code == 0:
-                # A reader gone is the documented 141, as when it goes earlier; anything else, the interpreter's own 120.
-                code = 141 if isinstance(exc, BrokenPipeError) else 120  # 141: _common.EXIT_PIPE, not imported for this
+                # A reader gone is the documented 141, as when it goes earlier; a full disk, as when it fills earlier.
+                code = 141 if isinstance(exc, BrokenPipeError) else _output_lost(exc)  # 141: _common.EXIT_PIPE
     os._exit(code)
 
 

@@ -14,7 +14,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
@@ -72,9 +72,30 @@ def seconds(text: str) -> float:
     return value
 
 
+def whole(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number from `low` to `high` (or up). A port of 99999 reached `bind` and ended in a
+    traceback; a log limit of -1 was taken as a Python slice and dropped the last record without a word."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bounds = f"from {low} to {high}" if high is not None else f"{low} or more"
+            raise argparse.ArgumentTypeError(f"expected a whole number {bounds}, got {text!r}")
+        return value
+
+    return parse
+
+
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_OK, "ok (status: every enabled server ready; call: the tool answered)"),
-    (EXIT_FAILED, "not every server ready, the call failed (its code is printed), or the journal/gateway could not be read"),
+    (
+        EXIT_FAILED,
+        "not every server ready, the call failed (its code is printed), the journal/gateway could not be read, "
+        "or the output could not be written (a full disk)",
+    ),
     (EXIT_CONFIG, "config or usage error (the message names the file, key or flag, and the fix)"),
     (EXIT_LISTEN, "serve --http cannot listen: the port is in use or the address is not this machine's"),
     (EXIT_HANGUP, "hung up (SIGHUP: the terminal closed), after the clean shutdown of SIGTERM; SIGQUIT gives 131"),

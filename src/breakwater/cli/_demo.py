@@ -222,6 +222,7 @@ async def _run(console: Console) -> int:
         os.environ,
         BREAKWATER_ADMISSION_DIR=str(workdir / "admission"),
         BREAKWATER_CATALOG_DIR=str(workdir / "catalog"),
+        BREAKWATER_PROTOCOL_MEMORY_DIR=str(workdir / "protocols"),
         # The demo's calls go to a journal of its own, not to the user's.
         BREAKWATER_JOURNAL=str(workdir / "journal.sqlite3"),
         # Its gateway is its session's own, as `--no-share` runs it: it exits with the session, its journal

@@ -65,10 +65,9 @@ def attach_or_none(config: Config, state: str | None) -> int | None:
         SessionContext,
         breakwater_version,
         config_fingerprint,
-        gateway_paths,
         per_session,
-        share_dir,
         share_refusal,
+        where_gateway,
     )
     from breakwater.gateway._start import attach_now, fork_gateway, relayable
 
@@ -81,7 +80,7 @@ def attach_or_none(config: Config, state: str | None) -> int | None:
     fingerprint = config_fingerprint(config)
     version = breakwater_version()  # once: each look-up reads the installed distributions' metadata
     try:
-        paths = gateway_paths(share_dir(config.gateway), fingerprint, version)
+        paths = where_gateway(config.gateway, fingerprint, version)
     except OSError as exc:
         print(f"breakwater: serving this session on its own: {exc}", file=sys.stderr, flush=True)
         return None
@@ -167,12 +166,12 @@ def shared_gateway_info(config: Config) -> dict[str, Any] | None:
     """What the shared gateway for `config` says about itself (with its `status`), or None when none answers."""
     import anyio
 
-    from breakwater.gateway._share import breakwater_version, config_fingerprint, gateway_paths, share_dir, share_refusal
+    from breakwater.gateway._share import breakwater_version, config_fingerprint, share_refusal, where_gateway
 
     if share_refusal(config) is not None:
         return None
     try:
-        sock = gateway_paths(share_dir(config.gateway), config_fingerprint(config), breakwater_version())[0]
+        sock = where_gateway(config.gateway, config_fingerprint(config), breakwater_version())[0]
     except OSError:
         return None
     info = anyio.run(_ask, sock, {"breakwater": "info"})
@@ -210,10 +209,10 @@ def _gateways(policy: GatewayPolicy) -> list[tuple[Path, dict[str, Any]]]:
     why); sockets nobody listens on are removed, and a stuck gateway's is kept (it may be resumed)."""
     import anyio
 
-    from breakwater.gateway._share import share_dir
+    from breakwater.gateway._share import share_dirs
 
     found = []
-    for sock in sorted(share_dir(policy).glob("gw-*.sock")):
+    for sock in [sock for directory in share_dirs(policy) for sock in sorted(directory.glob("gw-*.sock"))]:
         info = anyio.run(_ask, sock, {"breakwater": "info"})
         if info is None:
             with contextlib.suppress(OSError):

@@ -165,13 +165,14 @@ def stats_main(argv: list[str]) -> int:
     """`breakwater stats`: per-tool calls, success, latency percentiles and timeouts, from the journal."""
     from breakwater.cli._stats_format import parse_duration
     from breakwater.journal import Journal, JournalError, SQLiteJournalStore, open_journal_store
+    from breakwater.journal._sql import journal_fix
 
     parser = _parser()
     args = parser.parse_args(argv)
     try:
         since_s = parse_duration(args.since)
     except ValueError:
-        parser.error(f"--since: expected a duration such as 90s, 15m, 1h or 2d, got {args.since!r}")
+        parser.error(f"--since: expected a duration such as 90s, 15m, 1h30m or 2d, got {args.since!r}")
     policy, config = _journal_config(args.config)
     try:
         store = open_journal_store(args.journal if args.journal is not None else policy.url)
@@ -196,7 +197,12 @@ def stats_main(argv: list[str]) -> int:
     except JournalError as exc:
         return fail(str(exc), EXIT_CONFIG)
     except Exception as exc:
-        return fail(f"cannot read the journal at {store.location}: {type(exc).__name__}: {exc}", EXIT_FAILED)
+        said = str(exc).strip().splitlines()[0] if str(exc).strip() else ""  # PostgreSQL's LINE 2 and caret: not for here
+        fix = journal_fix(store, exc)
+        return fail(
+            f"cannot read the journal at {store.location}: {type(exc).__name__}: {said}" + (f" (fix: {fix})" if fix else ""),
+            EXIT_FAILED,
+        )
     finally:
         store.close()
     _print(args, stats, marks, since_s, store.location)

@@ -305,11 +305,32 @@ def _read_toml(path: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"invalid TOML: {exc}", path=spath, fix="fix the TOML syntax") from None
+        raise toml_error(text, exc, spath) from None
     except RecursionError:
         raise ConfigError("nested too deeply", path=spath, fix="flatten the file") from None
     except ValueError as exc:
         raise ConfigError(f"invalid TOML: {exc}", path=spath, fix="fix the TOML syntax") from None
+
+
+#: Where tomllib says its error is.
+_TOML_AT = re.compile(r"\(at line (\d+), column \d+\)")
+
+
+def toml_error(text: str, exc: tomllib.TOMLDecodeError, path: str) -> ConfigError:
+    """A TOML syntax error, with the key of the line it is on and, for a Windows path in a double-quoted string (whose
+    backslashes start escapes: "Invalid hex value"), the fix that works: single quotes."""
+    at = _TOML_AT.search(str(exc))
+    line = text.splitlines()[int(at.group(1)) - 1] if at and int(at.group(1)) <= len(text.splitlines()) else ""
+    key, equals, value = line.partition("=")
+    where = key.strip() if equals and key.strip() else None
+    if equals and "\\" in value and '"' in value:
+        fix = (
+            "a backslash in a double-quoted TOML string starts an escape: put a Windows path in single quotes "
+            "('C:\\Users\\me\\mcp.json') or double each backslash"
+        )
+    else:
+        fix = "fix the TOML syntax"
+    return ConfigError(f"invalid TOML: {exc}", path=path, key=where, fix=fix)
 
 
 def _servers_from_file(

@@ -72,9 +72,11 @@ __all__ = [
     "per_session",
     "pid_path",
     "share_dir",
+    "share_dirs",
     "share_refusal",
     "shared_config",
     "socket_supported",
+    "where_gateway",
 ]
 
 #: The longest handshake line either side reads; anything longer is no handshake.
@@ -227,6 +229,27 @@ def share_dir(policy: GatewayPolicy) -> Path:
     if stat.S_IMODE(info.st_mode) != 0o700:
         directory.chmod(0o700)
     return directory
+
+
+def share_dirs(policy: GatewayPolicy) -> list[Path]:
+    """`share_dir(policy)`, then the one a session started without `$XDG_RUNTIME_DIR` uses when it differs and exists
+    (`_paths.runtime_dir_elsewhere`: an agent's minimal environment), where its gateway is found as well."""
+    directories = [share_dir(policy)]
+    elsewhere = _paths.runtime_dir_elsewhere() if not policy.share_dir else None
+    if elsewhere is not None and (elsewhere / "gateways").is_dir():
+        directories.append(elsewhere / "gateways")
+    return directories
+
+
+def where_gateway(policy: GatewayPolicy, fingerprint: str, version: str) -> tuple[Path, Path, Path]:
+    """`gateway_paths` in the first of `share_dirs` where this gateway's socket is, else in `share_dir`."""
+    directories = share_dirs(policy)
+    for directory in directories:
+        with contextlib.suppress(OSError):  # too deep for a socket: said below, if it is the one to start in
+            paths = gateway_paths(directory, fingerprint, version)
+            if paths[0].exists():
+                return paths
+    return gateway_paths(directories[0], fingerprint, version)
 
 
 def gateway_paths(directory: Path, fingerprint: str, version: str) -> tuple[Path, Path, Path]:

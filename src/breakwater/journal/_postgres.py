@@ -81,6 +81,18 @@ class PostgresJournalStore(SQLJournalStore["psycopg.Connection[Any]"]):
     def _alive(self, conn: psycopg.Connection[Any]) -> bool:
         return not conn.closed
 
+    def fix_for(self, exc: BaseException) -> str | None:
+        """Tables of another layout where the journal's should be (`SQLJournalStore.fix_for`)."""
+        sqlstate = getattr(exc, "sqlstate", None) or ""
+        if sqlstate == "42501":  # insufficient_privilege
+            return "grant the role the rights on the journal's tables, or point [journal] url at a database of its own"
+        if sqlstate.startswith("42"):  # a column, a type, a table not as ours
+            return (
+                "its tables are not laid out as this breakwater's journal: point [journal] url at a database of its "
+                "own, or at a schema of its own (?options=-csearch_path%3Dbreakwater)"
+            )
+        return None
+
     @contextmanager
     def _transaction(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
         with conn.transaction():

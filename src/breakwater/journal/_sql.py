@@ -48,7 +48,7 @@ from breakwater.journal._rollups import (
 )
 from breakwater.journal._stats import LearnInput, ToolStats, percentile
 
-__all__ = ["SCHEMA_VERSION", "Dialect", "JournalStore", "SQLJournalStore"]
+__all__ = ["SCHEMA_VERSION", "Dialect", "JournalStore", "SQLJournalStore", "journal_fix"]
 
 #: The schema this code writes; stores migrate older schemas up to it and refuse newer ones.
 SCHEMA_VERSION = 3
@@ -111,6 +111,12 @@ class JournalStore(Protocol):
     def close(self) -> None:
         """Close every connection."""
         ...
+
+
+def journal_fix(store: JournalStore, exc: BaseException) -> str | None:
+    """What to do about `exc` from `store`, when the store knows (`SQLJournalStore.fix_for`; a store of another kind
+    says nothing more)."""
+    return store.fix_for(exc) if isinstance(store, SQLJournalStore) else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -320,9 +326,18 @@ class SQLJournalStore(ABC, Generic[C]):
     def _connect(self) -> C:
         """A new connection."""
 
+    def _connect_reader(self) -> C:
+        """A new connection for reads only (`_connect`, unless the database has a cheaper or safer one)."""
+        return self._connect()
+
     def _alive(self, conn: C) -> bool:
         """False for a connection that was closed under us (it is replaced)."""
         return True
+
+    def fix_for(self, exc: BaseException) -> str | None:
+        """What the user can do about `exc`, raised by this store, when the database says more than "point the journal
+        elsewhere" (a damaged file, a lock held, tables of another layout); None otherwise."""
+        return None
 
     @abstractmethod
     def _transaction(self, conn: C) -> AbstractContextManager[object]:
@@ -439,7 +454,7 @@ class SQLJournalStore(ABC, Generic[C]):
         with self._read_lock:
             conn = self._read
             if conn is None or not self._alive(conn):
-                conn = self._read = self._connect()
+                conn = self._read = self._connect_reader()
             try:
                 yield conn
             except Exception:

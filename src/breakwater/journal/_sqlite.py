@@ -46,6 +46,14 @@ def default_journal_path() -> Path:
     return Path(override).expanduser() if override else _paths.data_dir() / "journal.sqlite3"
 
 
+#: How long a read waits for a lock another process holds (WAL readers wait only on an exclusive one, or recovery):
+#: `stats` said nothing for 30 s, the writer's bound, before saying the journal was locked.
+_READ_BUSY_S = 5.0
+
+#: What SQLite says of a file that is not a sound database.
+_DAMAGED = ("malformed", "not a database", "disk I/O error")
+
+
 class SQLiteJournalStore(SQLJournalStore[sqlite3.Connection]):
     """The embedded journal: one SQLite file, WAL, so `breakwater stats` reads while a gateway writes.
 
@@ -71,6 +79,39 @@ class SQLiteJournalStore(SQLJournalStore[sqlite3.Connection]):
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA cache_size=-32768")  # 32 MiB: a stats window's index pages stay cached
         return conn
+
+    def _connect_reader(self) -> sqlite3.Connection:
+        """Read-only: reading never writes (`stats` turned an empty file into a WAL database), and a journal on a
+        read-only mount or in a directory not the reader's own (an archive, another user's) is read as it is.
+
+        WAL is the writer's to set, for good; a reader that cannot make the shared-memory file beside the journal
+        (a read-only directory) opens it immutable, without the WAL's last unflushed pages.
+        """
+        if not self.path.exists():
+            return self._connect()
+        uri = self.path.absolute().as_uri()
+        try:
+            conn = sqlite3.connect(
+                f"{uri}?mode=ro", uri=True, timeout=_READ_BUSY_S, isolation_level=None, check_same_thread=False
+            )
+            conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc):  # another process's exclusive lock: immutable would read under its writes
+                raise
+            conn = sqlite3.connect(f"{uri}?immutable=1", uri=True, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA cache_size=-32768")
+        return conn
+
+    def fix_for(self, exc: BaseException) -> str | None:
+        """A damaged file or a lock another process holds: what to do about it (`SQLJournalStore.fix_for`)."""
+        text = str(exc)
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in text:
+            return "another process holds the journal locked: wait for it to let go, or stop it"
+        if isinstance(exc, sqlite3.DatabaseError) and any(word in text for word in _DAMAGED):
+            return (
+                f"the file is damaged: move it away, e.g. mv {self.path} {self.path}.damaged; the next call starts a new journal"
+            )
+        return None
 
     @contextmanager
     def _transaction(self, conn: sqlite3.Connection) -> Iterator[None]:

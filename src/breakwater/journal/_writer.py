@@ -27,7 +27,7 @@ from breakwater.config import Config, JournalPolicy
 from breakwater.journal._in_flight import InFlight
 from breakwater.journal._postgres import PostgresJournalStore
 from breakwater.journal._records import AttemptRecord, JournalError
-from breakwater.journal._sql import JournalStore
+from breakwater.journal._sql import JournalStore, journal_fix
 from breakwater.journal._sqlite import SQLiteJournalStore
 from breakwater.journal._stats import ToolStats, learned_value, timeout_in_force
 
@@ -273,7 +273,7 @@ class Journal:
         From the per-minute rollups (percentiles within `HISTOGRAM_ACCURACY` of the exact ones);
         `exact` scans every raw row of the window instead.
         """
-        since = self._clock.time() - since_s
+        since = max(0.0, self._clock.time() - since_s)  # a window longer than the epoch's age is all of it
         rows = self.store.tool_stats(since, server=server, tool=tool, exact=exact)
         learned = self._learned
         specs = {s.name: s for s in config.servers} if config is not None else {}
@@ -370,11 +370,13 @@ class Journal:
     def _note_error(self, what: str, exc: Exception) -> None:
         message = f"{what}: {type(exc).__name__}: {exc}".strip()
         if message != self.last_error:
-            # Calls go on without it; what to do is to point it elsewhere, or turn it off.
+            # Calls go on without it; what to do is the store's to say (a damaged file, a lock), else to point it
+            # elsewhere, or turn it off.
+            fix = journal_fix(self.store, exc) or "set [journal] url or BREAKWATER_JOURNAL to a writable path, or off"
             log.warning(
-                "breakwater: the call journal %s (%s); calls go on unrecorded until it works "
-                "(fix: set [journal] url or BREAKWATER_JOURNAL to a writable path, or off)",
+                "breakwater: the call journal %s (%s); calls go on unrecorded until it works (fix: %s)",
                 message,
                 self.store.location,
+                fix,
             )
         self.last_error = message

@@ -52,7 +52,7 @@ _CONTROL_FLAGS: Final = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    from breakwater.cli._common import Parser  # a usage error as one line, as every other command's
+    from breakwater.cli._common import Parser, whole  # a usage error as one line, as every other command's
 
     parser = Parser(prog="breakwater lab", description="The fleet lab: an MCP fleet simulator.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -85,12 +85,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--full", action="store_true", help="with --json: add series, histogram and the event log")
     run.add_argument(
         "--log-limit",
-        type=int,
+        type=whole(0),
         default=LOG_LIMIT,
         metavar="N",
         help=f"with --full: keep the first N log records (default {LOG_LIMIT}; 0 keeps all); says when it cut",
     )
-    run.add_argument("--width", type=int, default=CHART_WIDTH, metavar="COLS", help="chart width in columns")
+    run.add_argument("--width", type=whole(1), default=CHART_WIDTH, metavar="COLS", help="chart width in columns")
 
     check = sub.add_parser("check", help="on how many seeds each mission's set-up, reference and trap earns its stated stars")
     check.add_argument("--seeds", default=DEFAULT_SEEDS, metavar="RANGE", help="seeds to try, e.g. 1-40 or 1-5,9")
@@ -102,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="serve the lab's web page (controls, missions, charts) on 127.0.0.1")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need a token)")
-    serve.add_argument("--port", type=int, default=8765, help="port to listen on (default 8765; 0 picks a free one)")
+    serve.add_argument("--port", type=whole(0, 65535), default=8765, help="port to listen on (default 8765; 0 picks a free one)")
     serve.add_argument("--open", action="store_true", help="open the page in a web browser")
     serve.add_argument(
         "--token",

@@ -417,9 +417,9 @@ def serve(host: str = "127.0.0.1", port: int = 8765, *, token: str | None = None
     except ServeError as exc:
         print(f"breakwater lab serve: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:
+    except OSError as exc:  # the code `serve --http` gives a port in use or an address not this machine's
         print(f"breakwater lab serve: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return 3
     # The first stdout line is the URL: scripts and tests read it to learn the port when asked for 0.
     print(f"breakwater lab: serving on {server.url} (Ctrl-C to stop)", flush=True)
     if open_browser:
