@@ -89,7 +89,8 @@ class Breakwater:
 
         `state_store` keeps breaker and retry-budget state (default: the one `[state]` configures,
         in-process unless `url` names Redis); a shared store lets replicas share it. `observers` are
-        handed every attempt too, after the journal (metrics, telemetry).
+        handed every attempt too, after the journal (metrics, telemetry); a `Journal` among them, entered
+        by its owner, also supplies learned timeouts when `journal` is None.
 
         `telemetry` emits OpenTelemetry spans and metrics for every call (`breakwater.observe._telemetry`):
         by default the one `[telemetry]` configures (off unless `enabled`; when off, OpenTelemetry's
@@ -114,7 +115,7 @@ class Breakwater:
         self._clock: Clock = clock or SystemClock()
         #: The call journal, or None when it is off.
         self.journal: Journal | None = Journal.from_policy(config.journal, clock=self._clock) if journal == "config" else journal
-        learned_timeout, learning = self._learning(learned_timeout)
+        learned_timeout, learning = self._learning(learned_timeout, observers)
         #: OpenTelemetry spans and metrics, or None when off.
         self.telemetry: Telemetry | None = self._configured_telemetry() if telemetry == "config" else telemetry
         telemetry = self.telemetry
@@ -161,11 +162,18 @@ class Breakwater:
             learning=learning,
         )
 
-    def _learning(self, given: LearnedTimeout | None) -> tuple[LearnedTimeout | None, JournalPolicy | None]:
-        """The learned-timeout hook, and the policy the gate learns by until the journal's refresh has a value."""
-        if given is not None or self.journal is None or not self.journal.policy.learn_timeouts:
+    def _learning(
+        self, given: LearnedTimeout | None, observers: Sequence[AttemptObserver]
+    ) -> tuple[LearnedTimeout | None, JournalPolicy | None]:
+        """The learned-timeout hook, and the policy the gate learns by until the journal's refresh has a value.
+
+        From this instance's journal, else from a journal among `observers`: a shared gateway's session hands its
+        own servers' attempts to the gateway's journal that way, and their learned timeouts never took effect (a tool
+        that answered in 0.1 s for an hour was still cut at the 5 s default when it hung)."""
+        journal = self.journal or next((o for o in observers if isinstance(o, Journal)), None)
+        if given is not None or journal is None or not journal.policy.learn_timeouts:
             return given, None
-        return self.journal.learned_timeout, self.journal.policy
+        return journal.learned_timeout, journal.policy
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Breakwater:

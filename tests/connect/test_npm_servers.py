@@ -25,6 +25,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from conformance.node_tools import NodeTools, node_tools
+from helpers import envelope_of
 
 pytestmark = pytest.mark.anyio
 
@@ -155,3 +156,10 @@ async def test_gateway_lists_and_calls_real_npm_servers(tools: NodeTools, tmp_pa
         assert "hello.txt" in text_of(listing) and "sub" in text_of(listing)
         outside = await client.call_tool("filesystem__list_directory", {"path": "/etc"})
         assert outside.is_error  # the server's own refusal passes through as a tool error
+        # A model reading files that are not there is the model's mistake, not a failing tool: its breaker stays
+        # closed (four such reads opened it, and the next read of a file that exists was refused CIRCUIT_OPEN).
+        for n in range(8):
+            missing = await client.call_tool("filesystem__read_text_file", {"path": f"{files}/nope{n}.txt"})
+            assert envelope_of(missing).get("code") == "TOOL_ERROR", missing
+        there = await client.call_tool("filesystem__read_text_file", {"path": f"{files}/hello.txt"})
+        assert not there.is_error and "hello from breakwater" in text_of(there), there

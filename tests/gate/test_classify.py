@@ -215,6 +215,34 @@ request = httpx2.Request("POST", "http://upstream/mcp")
 TABLE: list[tuple[str, BaseException | CallToolResult, RetryClass, bool, tuple[Outcome, ErrorCode | None, bool, bool]]] = [
     ("result ok", result(), NEVER, True, (Outcome.SUCCESS, None, False, False)),
     (
+        "plain-text isError: no such file (the model's input), not a failure",
+        result("ENOENT: no such file or directory, open '/work/nope.txt'", is_error=True),
+        NEVER,
+        True,
+        (Outcome.SUCCESS, ErrorCode.TOOL_ERROR, False, False),
+    ),
+    (
+        "plain-text isError: a path outside the allowed directories",
+        result("Access denied - path outside allowed directories: /etc not in /work", is_error=True),
+        SAFE,
+        True,
+        (Outcome.SUCCESS, ErrorCode.TOOL_ERROR, False, False),
+    ),
+    (
+        "plain-text isError: a host not found is a dependency failing",
+        result("getaddrinfo ENOTFOUND api.example.com", is_error=True),
+        SAFE,
+        True,
+        (Outcome.FAILURE, ErrorCode.TOOL_ERROR, False, False),
+    ),
+    (
+        "plain-text isError: not found, but the service behind it is unavailable",
+        result("upstream 503: service unavailable, record not found in cache", is_error=True),
+        SAFE,
+        True,
+        (Outcome.FAILURE, ErrorCode.TOOL_ERROR, False, False),
+    ),
+    (
         "isError, retryable false: a business answer",
         result("insufficient funds", is_error=True, structured={"retryable": False}),
         NEVER,

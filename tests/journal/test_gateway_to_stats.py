@@ -538,3 +538,36 @@ def test_status_json_shows_each_tools_timeout_and_its_source(tmp_path: Path) -> 
     assert tuple(replace(t, learned_at=None) for t in StatusReport.from_json(report).timeouts) == tuple(
         ToolTimeout(server="ts", tool=tool, timeout_s=value, source=source) for tool, (value, source) in timeouts.items()
     )
+
+
+def test_a_shared_gateways_session_applies_what_it_learned(tmp_path: Path) -> None:
+    """A session attached to the shared gateway (the default for stdio) runs its own stdio servers in a `Breakwater`
+    of its own, whose attempts go to the gateway's journal: the timeouts learned from them never took effect, and a
+    tool that had answered in milliseconds all along was still cut at the 5 s default when it hung."""
+    from helpers import share_dir
+
+    journal = tmp_path / "journal.sqlite3"
+    cmd = launch_command("--tool", "quick:latency=0.01,readonly")
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"ts": {"command": cmd[0], "args": cmd[1:]}}}))
+    with share_dir("bw-ls-") as share:
+        env = {
+            **gateway_env(tmp_path, journal),
+            "BREAKWATER_SHARE": "on",
+            "BREAKWATER_SHARE_DIR": str(share),
+            "BREAKWATER_JOURNAL_LEARN_MIN_SAMPLES": "5",
+        }
+
+        async def run() -> tuple[float, str]:
+            params = StdioServerParameters(
+                command=BREAKWATER[0], args=[*BREAKWATER[1:], "serve", "--config", str(config)], env=env
+            )
+            async with Client(params, mode="legacy") as client:
+                for _ in range(8):
+                    assert not (await client.call_tool("ts__quick", {})).is_error
+                status = (await client.call_tool("breakwater_status", {})).structured_content or {}
+            [row] = [(t["timeout_s"], t["source"]) for t in status["timeouts"] if t["tool"] == "quick"]
+            return row
+
+        timeout_s, source = anyio.run(run)
+    assert source == "learned" and timeout_s < 5.0, (timeout_s, source)

@@ -480,8 +480,15 @@ def test_learned_timeout_from_a_seeded_lognormal(make_store: StoreFactory) -> No
     assert learned is not None and learned == pytest.approx(expected * 2.0, rel=HISTOGRAM_ACCURACY)
     assert journal.stats(3600)[0].learned_timeout_s == learned
     assert _lognormal_tail(learned, median=0.2, sigma=0.5) <= 0.001
-    # A timed-out attempt counts at the time it was cut: enough of them move the quantile up.
+    # A few attempts cut far beyond every answer are hangs, not the tool's latency: the timeout stays (counted, a short
+    # slow spell doubled it, and the next one doubled it again).
     for _ in range(10):
+        journal.record(rec(clock, 5.0, outcome="timeout"))
+    journal.flush()
+    journal.refresh_learned()
+    assert journal.learned_timeout("s", "t") == pytest.approx(learned, rel=2 * HISTOGRAM_ACCURACY)
+    # A timed-out attempt counts at the time it was cut: when many are (the tool turned slower), the timeout grows.
+    for _ in range(300):
         journal.record(rec(clock, 5.0, outcome="timeout"))
     journal.flush()
     journal.refresh_learned()
@@ -506,6 +513,33 @@ def test_learned_value_clamps_and_needs_samples() -> None:
     assert learned_value(LearnInput(server="s", tool="t", completed=50, quantile_s=0.1), policy) == 1.0
     assert learned_value(LearnInput(server="s", tool="t", completed=50, quantile_s=100.0), policy) == 30.0
     assert learned_value(LearnInput(server="s", tool="t", completed=50, quantile_s=None), policy) is None
+
+
+def test_a_short_slow_spell_does_not_double_the_learned_timeout() -> None:
+    """A 0.11 s tool, its learned timeout 1 s, hangs twice: counted at 1 s, the two cuts made the p99.9 1 s and the
+    timeout 2 s; the next spell made it 4 s, then 8 s. Cuts near the answers (a heavy tail) or many of them (a tool
+    turned slower) still move it up."""
+    policy = JournalPolicy(learn_min_samples=20, learn_headroom=2.0, learn_floor_s=0.1, learn_ceiling_s=120.0)
+
+    def learned(answered: list[float], cuts: list[float]) -> float | None:
+        q = policy.learn_quantile
+        inp = LearnInput(
+            server="s",
+            tool="t",
+            completed=len(answered),
+            quantile_s=percentile(sorted(answered + cuts), q),
+            answered_quantile_s=percentile(sorted(answered), q),
+            cut=len(cuts),
+            attempts=len(answered) + len(cuts),
+        )
+        return learned_value(inp, policy)
+
+    healthy = [0.1 + i / 1000 for i in range(74)]  # 0.100 to 0.173 s
+    assert learned(healthy, [1.0, 1.0]) == pytest.approx(0.346)  # the answers' own p99.9, doubled: not 2 s
+    assert learned(healthy, [1.0] * 6 + [2.0] * 2) == pytest.approx(0.346)  # a third spell: not 8 s
+    assert learned(healthy, [1.0] * 30) == 2.0  # 29 % of attempts cut: the tool turned slower
+    heavy_tail = [*healthy, 0.6, 0.7, 0.8, 0.9]
+    assert learned(heavy_tail, [1.0, 1.0]) == 2.0  # cut near the slowest answers: the tail, not a hang
 
 
 # ---------------------------------------------------------------------------- never blocking
@@ -817,7 +851,7 @@ def test_stats_cli_reads_a_journal(tmp_path: Path, capsys: pytest.CaptureFixture
                 server="a", tool="q", call_id=f"c{i}", attempt=1, started_at=now, duration_s=i / 100, outcome="completed"
             )
         )
-    journal.record(AttemptRecord(server="a", tool="q", call_id="x", attempt=1, started_at=now, duration_s=5.0, outcome="timeout"))
+    journal.record(AttemptRecord(server="a", tool="q", call_id="x", attempt=1, started_at=now, duration_s=3.0, outcome="timeout"))
     journal.record(
         AttemptRecord(server="b", tool="w", call_id="y", attempt=1, started_at=now - 7200, duration_s=1, outcome="completed")
     )
@@ -829,7 +863,8 @@ def test_stats_cli_reads_a_journal(tmp_path: Path, capsys: pytest.CaptureFixture
     assert (q["calls"], q["timeouts"]) == (101, 1)
     assert [q["p50_s"], q["p95_s"], q["p99_s"]] == pytest.approx([0.5, 0.95, 0.99], rel=HISTOGRAM_ACCURACY)
     p50 = q["p50_s"]
-    assert q["learned_timeout_s"] == pytest.approx(10.0, rel=HISTOGRAM_ACCURACY)  # p99.9 is the 5 s timeout, times 2
+    # p99.9 is the 3 s timeout (within reach of the 1 s answers: not a hang), times 2
+    assert q["learned_timeout_s"] == pytest.approx(6.0, rel=HISTOGRAM_ACCURACY)
     assert (q["timeout_s"], q["timeout_source"]) == (q["learned_timeout_s"], "learned")
     assert cli_main(["stats", "--journal", str(db), "--json", "--exact"]) == 0
     q = json.loads(capsys.readouterr().out)["tools"][0]

@@ -133,11 +133,15 @@ class ToolHealth:
             return self.learned_s
         since = now - policy.learn_window_s
         recent = [(d, ok) for at, d, ok in self._samples if at >= since]
+        answered = sorted(d for d, ok in recent if ok)
         inp = LearnInput(
             server="",
             tool="",
-            completed=sum(ok for _, ok in recent),
+            completed=len(answered),
             quantile_s=percentile(sorted(d for d, _ in recent), policy.learn_quantile),
+            answered_quantile_s=percentile(answered, policy.learn_quantile),
+            cut=len(recent) - len(answered),
+            attempts=len(recent),
         )
         value = learned_value(inp, policy)
         if value is None:

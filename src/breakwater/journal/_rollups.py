@@ -142,7 +142,17 @@ class _Rollup:
         samples = dict(self.latency)
         _merge_counts(samples, self.cut)
         (value,) = histogram_quantiles(samples, (quantile,))
-        return LearnInput(server=server, tool=tool, completed=self.counts[8], quantile_s=value)
+        (answered,) = histogram_quantiles(self.latency, (quantile,))
+        cut = sum(self.cut.values())
+        return LearnInput(
+            server=server,
+            tool=tool,
+            completed=self.counts[8],
+            quantile_s=value,
+            answered_quantile_s=answered,
+            cut=cut,
+            attempts=cut + sum(self.latency.values()),
+        )
 
 
 #: A rollup row's key: (server, tool, minute number since the epoch).

@@ -529,6 +529,7 @@ class SQLJournalStore(ABC, Generic[C]):
         """`learn_inputs` from every raw row of the window (a store before rollups)."""
         m, outcomes = self.dialect.mark, _listed(_LEARN_OUTCOMES)
         samples: dict[tuple[str, str], list[float]] = {}
+        answered: dict[tuple[str, str], list[float]] = {}
         completed: dict[tuple[str, str], int] = {}
         with self._reader() as conn:
             if not self._exists(conn, self._table):
@@ -536,20 +537,43 @@ class SQLJournalStore(ABC, Generic[C]):
             if self.dialect.percentile_disc:
                 rows = conn.execute(
                     f"""SELECT server, tool, COUNT(*) FILTER (WHERE outcome = 'completed'),
-                        percentile_disc({m}) WITHIN GROUP (ORDER BY duration_s)
+                        percentile_disc({m}) WITHIN GROUP (ORDER BY duration_s),
+                        percentile_disc({m}) WITHIN GROUP (ORDER BY duration_s) FILTER (WHERE outcome <> 'timeout'),
+                        COUNT(*) FILTER (WHERE outcome = 'timeout'), COUNT(*)
                     FROM {self._table} WHERE started_at >= {m} AND outcome IN ({outcomes})
                     GROUP BY server, tool ORDER BY server, tool""",
-                    (quantile, since),
+                    (quantile, quantile, since),
                 ).fetchall()
-                return [LearnInput(server=r[0], tool=r[1], completed=int(r[2]), quantile_s=r[3]) for r in rows]
+                return [
+                    LearnInput(
+                        server=r[0],
+                        tool=r[1],
+                        completed=int(r[2]),
+                        quantile_s=r[3],
+                        answered_quantile_s=r[4],
+                        cut=r[5],
+                        attempts=r[6],
+                    )
+                    for r in rows
+                ]
             where = f"started_at >= {m} AND outcome IN ({outcomes})"
             sql = f"SELECT server, tool, duration_s, outcome FROM {self._table} WHERE {where}"
             for srv, tl, d, outcome in conn.execute(sql, (since,)):
                 samples.setdefault((srv, tl), []).append(d)
+                if outcome != "timeout":
+                    answered.setdefault((srv, tl), []).append(d)
                 if outcome == "completed":
                     completed[(srv, tl)] = completed.get((srv, tl), 0) + 1
         return [
-            LearnInput(server=s, tool=t, completed=completed.get((s, t), 0), quantile_s=percentile(sorted(v), quantile))
+            LearnInput(
+                server=s,
+                tool=t,
+                completed=completed.get((s, t), 0),
+                quantile_s=percentile(sorted(v), quantile),
+                answered_quantile_s=percentile(sorted(answered.get((s, t), [])), quantile),
+                cut=len(v) - len(answered.get((s, t), [])),
+                attempts=len(v),
+            )
             for (s, t), v in sorted(samples.items())
         ]
 

@@ -93,6 +93,11 @@ class LearnInput:
     completed: int
     #: The learning quantile of answered and timed-out attempts' durations.
     quantile_s: float | None
+    #: The learning quantile of the answered attempts' durations alone (None when unknown).
+    answered_quantile_s: float | None = None
+    #: Attempts in the window that the tool's timeout cut, and all attempts the quantiles count.
+    cut: int = 0
+    attempts: int = 0
 
 
 #: Where the timeout in force comes from (the gate's order: configured, learned, default).
@@ -118,9 +123,24 @@ def timeout_in_force(spec: ServerSpec | None, tool: str, learned: float | None) 
     return (spec.call if spec is not None else CallPolicy()).timeout_s, spec.default_timeout_source if spec else "default"
 
 
+#: Cuts that lift the quantile more than this many times the answered attempts' own quantile are hangs, not the
+#: tool's latency (a lognormal tail rarely reaches 4x its p99: the gate's `FAR_BELOW`)...
+HANG_FACTOR = 4.0
+#: ...when they are at most this share of the window's attempts. More is the tool turning slower: every call cut.
+HANG_SHARE = 0.1
+
+
 def learned_value(inp: LearnInput, policy: JournalPolicy) -> float | None:
-    """A tool's learned timeout: its quantile times the headroom, clamped; None below the minimum samples."""
+    """A tool's learned timeout: its quantile times the headroom, clamped; None below the minimum samples.
+
+    A timed-out attempt counts at its timeout, so a tool that turned slower than its timeout gets a longer one. But a
+    few hangs far beyond every answer are not its latency: counted, each short slow spell doubled the timeout (1, 2,
+    4, 8 s for a tool that answers in 0.1 s) for the whole window, and the agent waited that much longer at the next.
+    """
     if inp.completed < policy.learn_min_samples or inp.quantile_s is None:
         return None
+    quantile, answered = inp.quantile_s, inp.answered_quantile_s
+    if answered is not None and inp.cut <= HANG_SHARE * inp.attempts and quantile > answered * HANG_FACTOR:
+        quantile = answered
     floor = min(policy.learn_floor_s, policy.learn_ceiling_s)
-    return min(policy.learn_ceiling_s, max(floor, inp.quantile_s * policy.learn_headroom))
+    return min(policy.learn_ceiling_s, max(floor, quantile * policy.learn_headroom))
