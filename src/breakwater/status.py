@@ -176,8 +176,9 @@ class ServerStatus:
     def to_json(self) -> dict[str, Any]:
         """One entry of `status --json`'s `servers` list (`phase` only while queued for admission,
         `failing_since` only while connects keep failing, `rejected_tools` only when a tool was left out, `disabled_by`
-        only for a disabled server, `unmatched` only when the config names a tool the server does not list, `last_drop`
-        once a ready connection has gone away, `attempt_started_at` while a connect attempt is in its handshake)."""
+        only for a disabled server, `off_here` only for an enabled server off for a value not set here, `unmatched` only
+        when the config names a tool the server does not list, `last_drop` once a ready connection has gone away,
+        `attempt_started_at` while a connect attempt is in its handshake)."""
         return (
             {
                 "name": self.name,
@@ -195,6 +196,7 @@ class ServerStatus:
             | ({"attempt_started_at": iso(self.attempt_started_at)} if self.attempt_started_at is not None else {})
             | ({"rejected_tools": [t.to_json() for t in self.rejected_tools]} if self.rejected_tools else {})
             | ({"disabled_by": self.disabled_by} if self.disabled_by else {})
+            | ({"off_here": True} if self.off_here else {})
             | ({"unmatched": list(self.unmatched)} if self.unmatched else {})
             | ({"last_drop": {"at": iso(self.last_drop_at), **self.last_drop.to_json()}} if self.last_drop is not None else {})
         )

@@ -167,6 +167,28 @@ def test_a_whole_command_line_and_a_header_argument_hold_secrets(tmp_path: Path)
     assert result.returncode == 0 and not any(s[:8] in result.stdout for s in ("Kk1Kk1Kk1Kk1", "Tt2Tt2Tt2Tt2", "Hh3Hh3Hh3Hh3"))
 
 
+def test_a_user_password_pair_after_curls_user_flags_is_a_secret(tmp_path: Path) -> None:
+    """A failing headersHelper `curl -sf -u deploy:PASSWORD ...` was quoted whole in its error, on the status page."""
+    words = {
+        "curl -sf -u deploy:Pp4Pp4Pp4Pp4 https://vault.example/h": "Pp4Pp4Pp4Pp4",
+        "curl --user=ops:Qq5Qq5Qq5Qq5 https://vault.example/h": "Qq5Qq5Qq5Qq5",
+        "curl -U proxy:Rr6Rr6Rr6Rr6 https://vault.example/h": "Rr6Rr6Rr6Rr6",
+        "curl -u sk_live_Ss7Ss7Ss7Ss7: https://api.example/v1": "sk_live_Ss7Ss7Ss7Ss7",  # an API key as the user
+    }
+    for command, secret in words.items():
+        assert secret in set(arg_secrets(command.split())), command
+    assert set(arg_secrets(["ls", "-u", "-l", "/tmp"])) == set()
+    config = tmp_path / "mcp.json"
+    entry = {
+        "type": "http",
+        "url": "http://127.0.0.1:9/mcp",
+        "headersHelper": "curl -sf -u deploy:Pp4Pp4Pp4Pp4 http://127.0.0.1:9/h",
+    }
+    config.write_text(json.dumps({"mcpServers": {"jira": entry}}))
+    result = _cli("config", "check", "--config", str(config), cwd=tmp_path)
+    assert "deploy:<redacted>" in result.stdout and "Pp4Pp4" not in result.stdout + result.stderr, result
+
+
 @pytest.mark.parametrize(
     ("entry", "secret"),
     [

@@ -455,9 +455,15 @@ def test_non_loopback_listener_needs_a_token(tmp_path: Path, env: dict[str, str]
 
 def test_tools_command_gives_the_search_answer(tmp_path: Path, env: dict[str, str]) -> None:
     """`breakwater tools QUERY --json` answers like the search tool, naming servers it could not search."""
+    # `deploy` is off here (its variable is not set): search said "No such tool ... (all searched)" without it.
+    deploy = {**stdio_entry("--tool", "deploy_service:latency=0"), "env": {"TOKEN": "${BW_TEST_UNSET_DEPLOY_TOKEN}"}}
     config = write_config(
         tmp_path,
-        {"files": stdio_entry("--tool", "read_file:latency=0.01,readonly"), "gone": {"command": "breakwater-gone-cmd"}},
+        {
+            "files": stdio_entry("--tool", "read_file:latency=0.01,readonly"),
+            "gone": {"command": "breakwater-gone-cmd"},
+            "deploy": deploy,
+        },
     )
     result = subprocess.run(
         [*BREAKWATER, "tools", "read", "--config", str(config), "--json", "--wait", "20"],
@@ -471,8 +477,10 @@ def test_tools_command_gives_the_search_answer(tmp_path: Path, env: dict[str, st
     answer = json.loads(result.stdout)
     assert [m["name"] for m in answer["matches"]] == ["files__read_file"]
     assert answer["complete"] is False
-    assert [s["server"] for s in answer["not_searched"]] == ["gone"]
-    assert answer["not_searched"][0]["error"]["code"] == "spawn_failed"
+    assert sorted(s["server"] for s in answer["not_searched"]) == ["deploy", "gone"]
+    notes = {s["server"]: s for s in answer["not_searched"]}
+    assert notes["gone"]["error"]["code"] == "spawn_failed"
+    assert "BW_TEST_UNSET_DEPLOY_TOKEN" in notes["deploy"]["disabled_by"]
 
 
 async def test_downstream_operation_id_reaches_the_upstream(tmp_path: Path, env: dict[str, str]) -> None:

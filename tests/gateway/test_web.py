@@ -471,6 +471,30 @@ def test_readyz_turns_ready_when_every_server_is(tmp_path: Path) -> None:
         stop_gateway(gw)
 
 
+def test_readyz_counts_a_server_off_for_a_variable_not_set_here(tmp_path: Path) -> None:
+    """A replica deployed without its secret: the only server is off (`${VAR}` unset), `status` exits 1 for it and the
+    page says not ready, but /readyz said ready with no servers, so the balancer sent it traffic. One the config turns
+    off is still not counted."""
+    ping = launch_command("--tool", "ping:latency=0")
+    config = tmp_path / "mcp.json"
+    entries = {
+        "gh": {"command": ping[0], "args": ping[1:], "env": {"TOKEN": "${BW_TEST_UNSET_SECRET}"}},
+        "old": {"command": ping[0], "args": ping[1:], "disabled": True},
+    }
+    config.write_text(json.dumps({"mcpServers": entries}))
+    env = {name: value for name, value in _env(tmp_path).items() if name != "BW_TEST_UNSET_SECRET"}
+    gw = start_gateway(tmp_path, config, env)
+    try:
+        answer = get(gw, "/readyz")
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["not_ready"] == [{"server": "gh", "state": "disabled", "reason": "value_missing"}]
+        # What the page counts by (it drew "all 0 servers ready", green).
+        servers = {s["name"]: s for s in get(gw, "/api/status").json()["servers"]}
+        assert (servers["gh"].get("off_here"), servers["old"].get("off_here")) == (True, None)
+    finally:
+        stop_gateway(gw)
+
+
 def test_all_interfaces_listener_accepts_its_names_and_only_them(tmp_path: Path) -> None:
     """On 0.0.0.0 (token required) clients reach the gateway by the machine's name or an --allowed-host name."""
     import socket

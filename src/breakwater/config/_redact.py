@@ -7,8 +7,9 @@ reaches any output breakwater writes. A secret is
 * the user-info and every query value of a URL (an upstream's, the journal's, the state store's);
 * the value of a credential-looking argument: `--api-key X`, `--token=X`, `--password X`,
   `API_KEY=X`, `Authorization: Bearer X` (a name holding key, token, secret, password, passwd,
-  pwd, auth or credential), a bare `Bearer X`, and anything shaped as a known kind of key
-  wherever it stands (`ghp_…`, `sk-ant-…`, `xoxb-…`, `AKIA…`: `_TOKEN_SHAPED`);
+  pwd, auth or credential), the password of curl's `-u user:X` (`--user`, `--proxy-user`), a bare
+  `Bearer X`, and anything shaped as a known kind of key wherever it stands (`ghp_…`, `sk-ant-…`,
+  `xoxb-…`, `AKIA…`: `_TOKEN_SHAPED`);
 * the gateway's own `--token`.
 An upstream that prints its token without the `Bearer ` prefix, or its key without the `sk-`
 prefix, or a fragment of either, is still caught; secrets shorter than 8 characters are matched
@@ -162,17 +163,22 @@ def command_line_words(command: str) -> list[str]:
 
 def arg_secrets(args: Iterable[str]) -> Iterator[str]:
     """Values of credential-looking arguments: `--api-key X`, `--token=X`, `API_KEY=X`, `Authorization: Bearer X`."""
-    expecting = False
+    expecting = pair = False
     for arg in args:
-        if expecting:
-            expecting = False
+        if expecting or pair:
             if not arg.startswith("-"):
-                yield from header_secrets(arg)
+                yield from _pair_secret(arg) if pair else header_secrets(arg)
+                expecting = pair = False
                 continue
+            expecting = pair = False
         flag = _FLAG.match(arg)
         if flag is not None:
             expecting = bool(_CREDENTIAL_NAME.search(flag.group(1)))
+            pair = flag.group(1) in _USER_PASSWORD_FLAGS
             continue
+        user_flag = _ASSIGNMENT.match(arg)
+        if user_flag is not None and arg.startswith("-") and user_flag.group(1) in _USER_PASSWORD_FLAGS:
+            yield from _pair_secret(user_flag.group(2).strip())
         # `--header=Authorization: Bearer X` (mcp-remote's): an assignment whose value is itself a credential's.
         assigned = _ASSIGNMENT.match(arg)
         while assigned is not None:
@@ -185,6 +191,18 @@ def arg_secrets(args: Iterable[str]) -> Iterator[str]:
         if _AUTH_VALUE.match(arg.strip()):
             yield from header_secrets(arg.strip())
         yield from _TOKEN_SHAPED.findall(arg)
+
+
+#: Flags whose value is `user:password` (curl's `-u`/`--user` and `-U`/`--proxy-user`, wget's `--user`): a failing
+#: headersHelper `curl -sf -u deploy:PASSWORD ...` was quoted whole in its error, on the status page.
+_USER_PASSWORD_FLAGS = frozenset({"u", "user", "U", "proxy-user"})
+
+
+def _pair_secret(value: str) -> Iterator[str]:
+    """The password of a `user:password` value; else the user part, which an API's key often is (`-u sk_live_...:`)."""
+    user, _, password = value.partition(":")
+    if password or user:
+        yield password or user
 
 
 #: The schemes of URLs whose user name alone may be a token (`https://TOKEN@host`).

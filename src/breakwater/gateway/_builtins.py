@@ -120,6 +120,8 @@ def _server_note(s: ServerStatus) -> str:
         )
     if s.state in STILL_CONNECTING:
         return f"{s.name}: still connecting (attempt {max(1, s.attempts)})"
+    if s.off_here:
+        return f"{s.name}: not started ({s.disabled_by})"
     reason = f"{s.error.code.value}: {s.error.message}" if s.error else "unavailable"
     retry = f"; next retry at {iso(s.next_retry_at)}" if s.next_retry_at else ""
     return f"{s.name}: failed ({reason}){retry}"
@@ -133,7 +135,7 @@ def _server_note_json(s: ServerStatus) -> dict[str, Any]:
         "error": None if s.error is None else s.error.to_json(),
         "next_retry_at": iso(s.next_retry_at),
         "failing_since": iso(s.failing_since),
-    }
+    } | ({"disabled_by": s.disabled_by} if s.off_here else {})
 
 
 def text_result(text: str, structured: dict[str, Any]) -> types.CallToolResult:
@@ -205,14 +207,16 @@ class BuiltinTools:
         deadline = clock.monotonic() + wait
         while True:
             entries = self._entries()
-            statuses = [s for s in self.bw.status().servers if s.state is not ServerState.DISABLED]
+            # Off by the config's choice: not the agent's to know of. Off because a value it names is not set here: a
+            # server the user expects, not searched ("No such tool ... all searched" while its call said "not started").
+            statuses = [s for s in self.bw.status().servers if s.state is not ServerState.DISABLED or s.off_here]
             pending = [s for s in statuses if s.state in STILL_CONNECTING and _might_match(s.name, query, entries)]
             if not pending or clock.monotonic() >= deadline:
                 break
             with clock.deadline_scope(deadline):
                 await self.bw.wait_changed()
         matches = [e for _, e in rank(entries, query, limit=SEARCH_LIMIT)] if query.strip() else entries
-        unsearched = [s for s in statuses if s.state in NOT_READY]
+        unsearched = [s for s in statuses if s.state in NOT_READY or s.off_here]
         drift = dict(self._drift())
         left_out = [(s.name, t) for s in statuses for t in s.rejected_tools]
         if self.policy.drift == "block":  # listed by its server, not by the gateway until approved: say so

@@ -45,7 +45,7 @@ from breakwater._clock import Clock
 from breakwater.catalog._catalog import Entry
 from breakwater.gateway._metrics import BUILTIN_SERVER, CONTENT_TYPE, UNLISTED, Metrics, Resolver
 from breakwater.journal import timeout_in_force
-from breakwater.status import ServerState, StatusReport, iso
+from breakwater.status import ServerState, ServerStatus, StatusReport, iso
 
 if TYPE_CHECKING:
     from mcp.server.transport_security import TransportSecuritySettings
@@ -91,6 +91,13 @@ def _csp(html: str) -> str:
         f"style-src {styles}; "
         "connect-src 'self'; img-src 'self' data:; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
     )
+
+
+def _not_ready_reason(server: ServerStatus) -> str | None:
+    """A reason code for `/readyz` (never a message: those may say more than a balancer's log should keep)."""
+    if server.error is not None:
+        return server.error.code.value
+    return "value_missing" if server.off_here else None
 
 
 @dataclass(frozen=True)
@@ -203,9 +210,11 @@ class WebApp:
         if wanted:
             considered = [s for s in report.servers if s.name in wanted]
         else:
-            considered = [s for s in report.servers if s.state is not ServerState.DISABLED]
+            # Off by the config's choice, not counted; off because a value it names is not set here (a replica deployed
+            # without its secret), counted: it passed the balancer's check and served an empty list under a green page.
+            considered = [s for s in report.servers if s.state is not ServerState.DISABLED or s.off_here]
         not_ready = [
-            {"server": s.name, "state": s.state.value, "reason": None if s.error is None else s.error.code.value}
+            {"server": s.name, "state": s.state.value, "reason": _not_ready_reason(s)}
             for s in considered
             if s.state is not ServerState.READY
         ]
