@@ -343,9 +343,10 @@ async def test_server_connecting_before_ready(tmp_path: Path) -> None:
         assert env["retry_after_s"] > 0 and "connect_attempt" in env
 
 
-async def test_a_server_slower_to_start_than_usual_is_said_to_be(tmp_path: Path) -> None:
-    """Past the usual connect time, SERVER_CONNECTING said "Wait about 2 s" however long the attempt had run; it says
-    how long it has been starting and bounds the wait by the attempt's own timeout (15 s here)."""
+async def test_a_server_slow_to_start_is_said_to_be(tmp_path: Path) -> None:
+    """Past the expected connect time, SERVER_CONNECTING said "Wait about 2 s" however long the attempt had run; it says
+    how long it has been starting and bounds the wait by the attempt's own timeout (15 s here). Not "longer than
+    usual": a server's first start has no usual (the estimate is a default), and said so it sounded like a fault."""
     spec = server("late", "--startup-delay", "60")
     async with gate(tmp_path, spec, ready=False) as bw:
         with anyio.fail_after(30):
@@ -356,7 +357,7 @@ async def test_a_server_slower_to_start_than_usual_is_said_to_be(tmp_path: Path)
         env = envelope(await bw.call_tool("late", "anything", timeout=0.2))
     assert env["code"] == "SERVER_CONNECTING" and env["connecting_for_s"] >= 2.5, env
     assert 5 < env["retry_after_s"] <= 15 - 2.5, env
-    assert "has been starting up for" in env["message"] and "longer than usual" in env["message"], env
+    assert "has been starting up for" in env["message"] and "usual" not in env["message"], env
 
 
 async def test_unknown_tool_on_a_ready_server(tmp_path: Path) -> None:

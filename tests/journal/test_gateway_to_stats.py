@@ -375,6 +375,31 @@ async def test_gate_hands_the_observer_every_send_refusal_and_reconciliation() -
     assert a1.result_size is None and a2.result_size is not None and a2.result_size > 0
 
 
+async def test_a_tool_that_is_not_read_only_cut_by_its_timeout_is_a_timeout_in_the_journal(tmp_path: Path) -> None:
+    """The agent is told OUTCOME_UNKNOWN (the write may have happened), but the deadline expired all the same: the row
+    said `outcome_unknown`, so `stats` read 0 timeouts (timeout rate 0) for a tool that timed out on every call, and
+    its learned timeout never counted the cut."""
+    clock = FakeClock()
+    write = Tool(name="w", input_schema={"type": "object"})  # no annotations: may write, never repeated
+
+    async def script(name: str, n: int) -> CallToolResult:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async with make_gate(clock, script, [write]) as (gate, recorder):
+        answer = await drive(clock, lambda: gate.call("s", "w", {}))
+    assert answer.structured_content["code"] == "OUTCOME_UNKNOWN"
+    assert [(r.outcome, r.error_code) for r in recorder.rows] == [("timeout", "OUTCOME_UNKNOWN")]
+    journal = Journal(SQLiteJournalStore(tmp_path / "j.sqlite3"), clock=clock)
+    for row in recorder.rows:
+        journal.record(row)
+    journal.flush()
+    for exact in (False, True):
+        [tool] = journal.stats(3600, exact=exact)
+        assert (tool.calls, tool.timeouts, tool.outcome_unknown, tool.timeout_rate) == (1, 1, 1, 1.0), exact
+    journal.close()
+
+
 async def test_calls_refused_before_reaching_a_tool_are_journaled_too() -> None:
     """SERVER_CONNECTING and UNKNOWN_TOOL answers are rows as well: they are what an outage looks like to the agent."""
     clock = FakeClock()

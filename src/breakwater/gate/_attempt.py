@@ -365,7 +365,10 @@ def _judge(
     if journal is not None:
         journal.sent += 1
         # By position (keywords are matched by name, on every attempt).
-        observe(ctx, call, code, journal.sent, elapsed, None, open_before, opened if open_before is None else None, None, result)
+        # A deadline that expired is a timeout in the journal whatever the agent was told (OUTCOME_UNKNOWN for a tool that is
+        # not read-only): `stats` read 0 timeouts for it, and its learned timeout never counted the cut.
+        row = "timeout" if timed_out else None
+        observe(ctx, call, code, journal.sent, elapsed, row, open_before, opened if open_before is None else None, None, result)
     return answer
 
 
@@ -519,7 +522,9 @@ def not_ready_error(clock: Clock, upstream: Upstream, tool: str) -> CallError:
             else:
                 # Past its usual time, what is known is the attempt's own bound: "about 2 s" was said at 15 s.
                 estimate = max(0.0, upstream.spec.connect.attempt_timeout_s - elapsed)
-                late = f"The server has been starting up for {seconds_text(elapsed)}, longer than usual; the call was not sent."
+                # "Usual" only when there is a usual: a server's first start has none, and its time is not a delay.
+                usual = ", longer than usual" if snap.connect_ms else ""
+                late = f"The server has been starting up for {seconds_text(elapsed)}{usual}; the call was not sent."
     if snap.phase:
         detail["phase"] = snap.phase
     if snap.error is not None:

@@ -67,6 +67,7 @@ from breakwater.connect._http_cut import SDK_UNREADABLE, cut_info, retry_after_s
 from breakwater.connect._raw_call import ServerReplyError
 from breakwater.errors import CallError, ErrorCode
 from breakwater.gate._breaker import Outcome
+from breakwater.gate._error_text import ARGUMENTS_REJECTED_TEXT, UNKNOWN_TOOL_TEXT, asked_amiss
 
 if TYPE_CHECKING:
     from breakwater.connect._upstream import Upstream
@@ -202,28 +203,6 @@ def classify(
 # -- results ----------------------------------------------------------------------------------
 
 _NOT_FOUND = {"not_found", "notfound", "404", "no_such", "does_not_exist"}
-_UNKNOWN_TOOL = re.compile(r"^\s*unknown tool\b", re.IGNORECASE)
-# MCPServer reports bad arguments as "Error executing tool <name>: 1 validation error for <name>Arguments".
-_ARG_VALIDATION = re.compile(r"^Error executing tool \S+: \d+ validation errors? for ", re.IGNORECASE)
-# What a healthy tool answers, in plain text, to a request for something that is not there or not allowed: the
-# filesystem server's "ENOENT: no such file or directory" and "Access denied - path outside allowed directories",
-# an SDK server's "[Errno 2] No such file or directory", an API's "404 Not Found". Four reads of missing files
-# opened the tool's breaker, and then a read of a file that exists was refused CIRCUIT_OPEN (for every client of
-# a shared gateway). The model's next call with other input may well succeed: nothing for a breaker to stop.
-_ASKED_AMISS = re.compile(
-    r"\b(?:not found|no such|does ?n[o']t exist|ENOENT|ENOTDIR|EISDIR|EEXIST|already exists|is a directory|"
-    r"not a directory|outside (?:the )?allowed director|access denied|permission denied|EACCES|EPERM|"
-    r"invalid (?:argument|input|parameter|path|value|id)s?)\b",
-    re.IGNORECASE,
-)
-# ...unless the same words say a dependency failed: a host name not found (DNS), a refused or reset connection, a
-# timeout, an overloaded or failing service. Those are what a breaker is for.
-_DEPENDENCY_FAILED = re.compile(
-    r"\b(?:ENOTFOUND|EAI_AGAIN|getaddrinfo|host (?:not found|unreachable)|name or service not known|ECONNREFUSED|"
-    r"connection (?:refused|reset)|ECONNRESET|ETIMEDOUT|timed? ?out|unavailable|overloaded|rate.?limit|"
-    r"too many requests|internal server error|bad gateway|50[0234])\b",
-    re.IGNORECASE,
-)
 _RETRY_AFTER_KEYS = ("retry_after_s", "retry_after", "retryAfter", "retryAfterSeconds")
 
 #: `breakwater.idempotency`'s reply to a repeated operation id whose first call still runs (HTTP 409).
@@ -316,12 +295,12 @@ def _classify_result(result: CallToolResult, retry_class: RetryClass) -> Verdict
         if _is_not_found(data):
             return Verdict(outcome=Outcome.SUCCESS, code=ErrorCode.TOOL_ERROR, retryable=False, reason="not found")
     text = _first_text(result)
-    if _UNKNOWN_TOOL.match(text):
+    if UNKNOWN_TOOL_TEXT.match(text):
         # MCPServer answers an unknown tool with isError (the spec says -32602); same meaning.
         return Verdict(outcome=Outcome.SUCCESS, code=ErrorCode.UNKNOWN_TOOL, retryable=False, reason="unknown tool")
-    if _ARG_VALIDATION.match(text):
+    if ARGUMENTS_REJECTED_TEXT.match(text):
         return Verdict(outcome=Outcome.SUCCESS, code=ErrorCode.INVALID_ARGUMENTS, retryable=False, reason="arguments rejected")
-    if _ASKED_AMISS.search(text) and not _DEPENDENCY_FAILED.search(text):
+    if asked_amiss(text):
         return Verdict(outcome=Outcome.SUCCESS, code=ErrorCode.TOOL_ERROR, retryable=False, reason="not found or refused input")
     # The "200 with an error in the body" trap: the tool failed, the breaker must hear about it.
     return Verdict(outcome=Outcome.FAILURE, code=ErrorCode.TOOL_ERROR, retryable=False, retry_after_s=hint, reason="tool error")

@@ -24,7 +24,7 @@ import math
 from collections import deque
 
 from breakwater.config import JournalPolicy
-from breakwater.journal import LearnInput, learned_value, percentile
+from breakwater.journal import LearnInput, learned_value
 
 __all__ = ["FAR_BELOW", "KNOWN_SAMPLES", "ToolHealth"]
 
@@ -133,16 +133,8 @@ class ToolHealth:
             return self.learned_s
         since = now - policy.learn_window_s
         recent = [(d, ok) for at, d, ok in self._samples if at >= since]
-        answered = sorted(d for d, ok in recent if ok)
-        inp = LearnInput(
-            server="",
-            tool="",
-            completed=len(answered),
-            quantile_s=percentile(sorted(d for d, _ in recent), policy.learn_quantile),
-            answered_quantile_s=percentile(answered, policy.learn_quantile),
-            cut=len(recent) - len(answered),
-            attempts=len(recent),
-        )
+        answered = [d for d, ok in recent if ok]
+        inp = LearnInput.of("", "", len(answered), [d for d, _ in recent], answered, policy.learn_quantile)
         value = learned_value(inp, policy)
         if value is None:
             self._learn_due = now + _LOOK_AGAIN_S

@@ -70,6 +70,10 @@ def _merge_counts(into: dict[str, int], other: Mapping[str, int]) -> None:
         into[cell] = into.get(cell, 0) + int(count)
 
 
+#: The code an agent is told for a call that may or may not have run (`ErrorCode.OUTCOME_UNKNOWN`).
+_OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+
+
 class _Rollup:
     """The counts and latency histograms of one (server, tool) over some span of time."""
 
@@ -85,7 +89,7 @@ class _Rollup:
         #: Timed-out attempts' durations (at the time they were cut): learning counts them too.
         self.cut: dict[str, int] = {}
 
-    def add(self, duration_s: float, outcome: str, attempt: int, breaker_opened: Any) -> None:
+    def add(self, duration_s: float, outcome: str, attempt: int, breaker_opened: Any, error_code: str | None = None) -> None:
         """One journal row, classified exactly as the raw statistics query classifies it."""
         c = self.counts
         sent = outcome not in _SENT_EXCLUDED
@@ -110,7 +114,8 @@ class _Rollup:
             c[4] += 1
             cell = _cell(duration_s)
             self.cut[cell] = self.cut.get(cell, 0) + 1
-        elif outcome == "outcome_unknown":
+        # A tool that is not read-only, cut by its timeout, is a timeout that the agent was told OUTCOME_UNKNOWN.
+        if outcome == "outcome_unknown" or error_code == _OUTCOME_UNKNOWN:
             c[5] += 1
 
     def merge(self, counts: Sequence[Any], latency: Mapping[str, int], cut: Mapping[str, int]) -> None:
@@ -158,7 +163,7 @@ class _Rollup:
 #: A rollup row's key: (server, tool, minute number since the epoch).
 _RollupKey = tuple[str, str, int]
 # The raw columns a rollup is built from, in `_Rollup.add` order after the key parts.
-_ROLLUP_SOURCE = "server, tool, started_at, duration_s, outcome, attempt, breaker_opened"
+_ROLLUP_SOURCE = "server, tool, started_at, duration_s, outcome, attempt, breaker_opened, error_code"
 
 
 def _bucket_of(started_at: float) -> int:
@@ -181,17 +186,17 @@ def _rollups_of(records: Iterable[AttemptRecord]) -> dict[_RollupKey, _Rollup]:
         rollup = out.get(key)
         if rollup is None:
             rollup = out[key] = _Rollup()
-        rollup.add(r.duration_s, r.outcome, r.attempt, r.breaker_opened)
+        rollup.add(r.duration_s, r.outcome, r.attempt, r.breaker_opened, r.error_code)
     return out
 
 
 def _fold_raw(into: dict[tuple[str, str], _Rollup], rows: Iterable[Sequence[Any]]) -> None:
     """Add raw rows (`_ROLLUP_SOURCE` columns) to per-tool rollups."""
-    for server, tool, _started, duration, outcome, attempt, opened in rows:
+    for server, tool, _started, duration, outcome, attempt, opened, error_code in rows:
         rollup = into.get((server, tool))
         if rollup is None:
             rollup = into[(server, tool)] = _Rollup()
-        rollup.add(duration, outcome, attempt, opened)
+        rollup.add(duration, outcome, attempt, opened, error_code)
 
 
 def _loads(value: Any) -> Mapping[str, int]:
@@ -227,12 +232,12 @@ def _backfill_pages(
         if not rows:
             return total
         acc: dict[_RollupKey, _Rollup] = {}
-        for _id, server, tool, started, duration, outcome, attempt, opened in rows:
+        for _id, server, tool, started, duration, outcome, attempt, opened, error_code in rows:
             key = (server, tool, _bucket_of(started))
             rollup = acc.get(key)
             if rollup is None:
                 rollup = acc[key] = _Rollup()
-            rollup.add(duration, outcome, attempt, opened)
+            rollup.add(duration, outcome, attempt, opened, error_code)
         write(acc)
         total += len(rows)
         after = int(rows[-1][0])

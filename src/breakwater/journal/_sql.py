@@ -206,6 +206,10 @@ def _migrations(dialect: Dialect, table: str, rollups: str, in_flight: str) -> l
     ]
 
 
+#: The columns of the PostgreSQL learning query, in `LearnInput`'s words.
+_LEARN_COLUMNS = ("server", "tool", "completed", "quantile_s", "answered_quantile_s", "cut", "attempts")
+
+
 def _stats_sql(table: str, where: str, percentiles: str) -> str:
     # Calls are counted as first attempts (every call has exactly one row with attempt = 1, sent or
     # refused) and successes as completed rows (a call completes at most once): COUNT(DISTINCT
@@ -219,7 +223,7 @@ def _stats_sql(table: str, where: str, percentiles: str) -> str:
             SUM(CASE WHEN outcome NOT IN ({unsent}) THEN 1 ELSE 0 END),
             SUM(CASE WHEN outcome IN ({refusals}) THEN 1 ELSE 0 END),
             SUM(CASE WHEN outcome = 'timeout' THEN 1 ELSE 0 END),
-            SUM(CASE WHEN outcome = 'outcome_unknown' THEN 1 ELSE 0 END),
+            SUM(CASE WHEN outcome = 'outcome_unknown' OR error_code = 'OUTCOME_UNKNOWN' THEN 1 ELSE 0 END),
             SUM(CASE WHEN breaker_opened THEN 1 ELSE 0 END),
             SUM(CASE WHEN attempt > 1 AND outcome NOT IN ({unsent}) THEN 1 ELSE 0 END){percentiles}
         FROM {table} WHERE {where} GROUP BY server, tool ORDER BY server, tool"""
@@ -544,18 +548,7 @@ class SQLJournalStore(ABC, Generic[C]):
                     GROUP BY server, tool ORDER BY server, tool""",
                     (quantile, quantile, since),
                 ).fetchall()
-                return [
-                    LearnInput(
-                        server=r[0],
-                        tool=r[1],
-                        completed=int(r[2]),
-                        quantile_s=r[3],
-                        answered_quantile_s=r[4],
-                        cut=r[5],
-                        attempts=r[6],
-                    )
-                    for r in rows
-                ]
+                return [LearnInput(**dict(zip(_LEARN_COLUMNS, row, strict=True))) for row in rows]
             where = f"started_at >= {m} AND outcome IN ({outcomes})"
             sql = f"SELECT server, tool, duration_s, outcome FROM {self._table} WHERE {where}"
             for srv, tl, d, outcome in conn.execute(sql, (since,)):
@@ -565,15 +558,7 @@ class SQLJournalStore(ABC, Generic[C]):
                 if outcome == "completed":
                     completed[(srv, tl)] = completed.get((srv, tl), 0) + 1
         return [
-            LearnInput(
-                server=s,
-                tool=t,
-                completed=completed.get((s, t), 0),
-                quantile_s=percentile(sorted(v), quantile),
-                answered_quantile_s=percentile(sorted(answered.get((s, t), [])), quantile),
-                cut=len(v) - len(answered.get((s, t), [])),
-                attempts=len(v),
-            )
+            LearnInput.of(s, t, completed.get((s, t), 0), v, answered.get((s, t), []), quantile)
             for (s, t), v in sorted(samples.items())
         ]
 

@@ -99,6 +99,19 @@ class LearnInput:
     cut: int = 0
     attempts: int = 0
 
+    @classmethod
+    def of(cls, server: str, tool: str, completed: int, samples: list[float], answered: list[float], q: float) -> LearnInput:
+        """From the window's durations: `samples` (answered and cut), `answered` (those the tool answered)."""
+        return cls(
+            server=server,
+            tool=tool,
+            completed=completed,
+            quantile_s=percentile(sorted(samples), q),
+            answered_quantile_s=percentile(sorted(answered), q),
+            cut=len(samples) - len(answered),
+            attempts=len(samples),
+        )
+
 
 #: Where the timeout in force comes from (the gate's order: configured, learned, default).
 TIMEOUT_SOURCES = ("configured", "learned", "default")
