@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shlex
 import signal
 import subprocess
 import sys
@@ -286,3 +287,37 @@ def test_a_gateway_an_agent_started_without_xdg_runtime_dir_is_found_from_a_shel
                     each.end()
             for pid in gateway_pids(sockets):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_status_reports_the_servers_the_agents_sessions_run_as_they_see_them(tmp_path: Path, share: Path) -> None:
+    """With the default config (every server stdio, so each session runs its own copies), `status` started a copy of
+    every server from the terminal and reported it ready, exit 0, while the agent's calls were refused: its copy had
+    been killed and could not come back. It reports the sessions' own view now, and starts nothing."""
+    from breakwater.testing.server import launch_command, read_state
+
+    state, flag = tmp_path / "state.json", tmp_path / "broken"
+    server = launch_command("--name", "ts", "--default-tools", "--state-file", str(state))
+    guard = f'[ -e {shlex.quote(str(flag))} ] && exit 3; exec "$@"'
+    config, env = setup(tmp_path, share)
+    config.write_text(json.dumps({"mcpServers": {"ts": {"command": "sh", "args": ["-c", guard, "sh", *server]}}}))
+    agent = Agent(config, env, tmp_path / "a.err")
+
+    def status() -> tuple[int, dict[str, Any]]:
+        done = subprocess.run([*BREAKWATER, "status", "--json", "--config", str(config)], env=env, capture_output=True, text=True)
+        return done.returncode, {s["name"]: s for s in json.loads(done.stdout)["servers"]}
+
+    try:
+        agent.call("warm", "ts__echo")
+        pid = ran(agent.wait("warm", 60))
+        code, servers = status()
+        assert (code, servers["ts"]["state"]) == (0, "ready")
+        assert read_state(state)["pid"] == pid  # no copy of its own: the state file is still the session's server's
+        flag.touch()  # from here on the server cannot start again, in the session or anywhere
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while (seen := status())[1]["ts"]["state"] == "ready":
+            assert time.monotonic() < deadline, "status never saw the session's server go"
+            time.sleep(0.2)
+        assert seen[0] == 1 and seen[1]["ts"]["state"] in ("retrying", "failed", "connecting"), seen
+    finally:
+        agent.end()

@@ -37,7 +37,7 @@ from breakwater.cli._common import (
 from breakwater.cli._text import cell, markup
 from breakwater.config import Config, GatewayPolicy
 from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX, MAX_TOOL_NAME, namespaced
-from breakwater.status import ServerState, StatusReport
+from breakwater.status import ServerState, ServerStatus, StatusReport
 
 __all__ = ["status_main", "status_view"]
 
@@ -320,7 +320,10 @@ def status_main(argv: list[str]) -> int:
 
         if not per_session(config):
             return _shared_status(shared, args.json, config.gateway)
-        # Those run in each session, so the gateway cannot report them: connect to everything from here.
+        seen = [StatusReport.from_json(s) for s in shared.get("sessions_status") or [] if isinstance(s, dict)]
+        if seen:  # the agents' sessions run their own copies: what they see is the answer, not a copy started here
+            return _shared_status(shared, args.json, config.gateway, _worst_of(seen))
+        # Those run in each session, and no session runs: connect to everything from here.
         print(
             f"breakwater: shared gateway pid {shared.get('pid')}, serving {counted(shared.get('sessions'), 'session')}; "
             "its sessions' own stdio servers are not its to report, so this status connects from here",
@@ -330,11 +333,37 @@ def status_main(argv: list[str]) -> int:
     return code
 
 
-def _shared_status(info: dict[str, object], as_json: bool, gateway: GatewayPolicy) -> int:
-    """The status of the shared gateway this config's sessions attach to, as it sees its servers."""
+def _worst_of(reports: list[StatusReport]) -> StatusReport:
+    """One report from the sessions' own: each server as the session that fares worst with it sees it."""
+    worst: dict[str, ServerStatus] = {}
+    for report in reports:
+        for server in report.servers:
+            known = worst.get(server.name)
+            if known is None or _BADNESS.index(server.state) > _BADNESS.index(known.state):
+                worst[server.name] = server
+    return StatusReport(servers=tuple(worst.values()), timeouts=reports[0].timeouts)
+
+
+#: Server states from the best to the worst, as a session that cannot use the server meets them.
+_BADNESS = (
+    ServerState.DISABLED,
+    ServerState.READY,
+    ServerState.PENDING,
+    ServerState.CONNECTING,
+    ServerState.RETRYING,
+    ServerState.FAILED,
+)
+
+
+def _shared_status(info: dict[str, object], as_json: bool, gateway: GatewayPolicy, seen: StatusReport | None = None) -> int:
+    """The status of the shared gateway this config's sessions attach to, as it sees its servers, or (`seen`) as its
+    sessions see theirs."""
     data = info.get("status")
-    report = StatusReport.from_json(data if isinstance(data, dict) else {})
-    line = f"shared gateway pid {info.get('pid')}, serving {counted(info.get('sessions'), 'session')} (breakwater gateway list)"
+    report = seen or StatusReport.from_json(data if isinstance(data, dict) else {})
+    sessions = counted(info.get("sessions"), "session")
+    line = f"shared gateway pid {info.get('pid')}, serving {sessions} (breakwater gateway list)"
+    if seen is not None:
+        line += "; each server as the session that fares worst with it sees it"
     if as_json:
         shown = report.to_json() | {"shared_gateway": {k: info.get(k) for k in ("pid", "sessions", "version", "started")}}
         print(json.dumps(shown, indent=2))

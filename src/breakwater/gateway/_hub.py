@@ -104,6 +104,8 @@ class SharedGateway:
         self.idle_s = idle_s
         self.clock = clock
         self.sessions = 0
+        #: The gateways of the attached sessions that run servers of their own (what `status` reports for those).
+        self._own_views: set[Gateway] = set()
         self._arriving = 0  # connections accepted whose handshake is not over: no idle exit under them
         self.started = clock.time()
         self._changed = anyio.Event()
@@ -299,6 +301,9 @@ class SharedGateway:
             return None, answer
         if want == "info":
             answer["status"] = self.gateway.bw.status().to_json()
+            # Each session's own stdio servers, as that session sees them: `status` reported a fresh connection of
+            # its own ("ready") while the agent's calls were refused (its copy had been killed).
+            answer["sessions_status"] = [view.bw.status().to_json() for view in self._own_views]
         elif want == "attach" and hello.get("handoff") is True and CAN_HAND_OFF:
             answer["handoff"] = True  # send your stdin and stdout (`_handoff`)
         return hello, answer
@@ -362,7 +367,7 @@ class SharedGateway:
             # An agent that stopped reading ends its session as one that closed its input does (`serve` sees `E`).
             output.on_broken = read_transport.close
             await output.open(loop)
-            async with session_gateway(self.gateway, self.config, context) as gateway:
+            async with self._session_gateway(context) as gateway:
                 ending = self._ending(gateway)
                 try:
                     async with anyio.create_task_group() as tg:
@@ -387,13 +392,24 @@ class SharedGateway:
 
     async def _session(self, reader: asyncio.StreamReader, output: _SocketOutput, context: SessionContext | None) -> None:
         """One MCP session over the socket, until either side closes it; its own servers start in `context`."""
-        async with session_gateway(self.gateway, self.config, context) as gateway, anyio.create_task_group() as tg:
+        async with self._session_gateway(context) as gateway, anyio.create_task_group() as tg:
             ending = self._ending(gateway)
             # Its input is read on through the drain: what `serve` wrote to the socket and we never read would be
             # answered OUTCOME_UNKNOWN by it, though it never ran.
             tg.start_soon(self._drained, ending, lambda: None, output.close, tg.cancel_scope)
             await self._run(gateway, reader, output, ending)
             tg.cancel_scope.cancel()
+
+    @contextlib.asynccontextmanager
+    async def _session_gateway(self, context: SessionContext | None) -> AsyncIterator[Gateway]:
+        """`session_gateway`, known to `info` while it serves when it runs servers of its own."""
+        async with session_gateway(self.gateway, self.config, context) as gateway:
+            if gateway is not self.gateway:
+                self._own_views.add(gateway)
+            try:
+                yield gateway
+            finally:
+                self._own_views.discard(gateway)
 
     async def _run(self, gateway: Gateway, reader: asyncio.StreamReader, output: LineOutput, ending: Ending) -> None:
         server = gateway.server
