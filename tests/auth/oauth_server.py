@@ -7,8 +7,12 @@ only the provider behind it: an in-memory store that approves every authorizatio
 
 Two admin routes let a test act on the tokens from outside: `POST /admin/expire` drops every
 access token (as if they all expired; the refresh tokens stay), `POST /admin/revoke` drops every
-token. `GET /admin/stats` counts the grants. `GET /custom/metadata` serves the authorization-server
-metadata at a URL discovery would not find (for `authServerMetadataUrl`).
+token. `POST /admin/token-mode?m=ok|500|429|hang` makes the token endpoint fail for its own reasons;
+`POST /admin/require-scope?s=extra` makes `/mcp` ask for one more scope (403 `insufficient_scope`).
+`GET /admin/stats` counts the grants. The token endpoint also grants `client_credentials` (which
+the SDK's server lacks) to the one machine client `M2M_ID` / `M2M_SECRET` (HTTP Basic).
+`GET /custom/metadata` serves the authorization-server metadata at a URL discovery would not find
+(for `authServerMetadataUrl`).
 
     python tests/auth/oauth_server.py --port-file F [--lifetime 3600] [--sse]
 
@@ -19,6 +23,7 @@ sign-in, in place of streamable HTTP at `/mcp`.
 from __future__ import annotations
 
 import argparse
+import base64
 import secrets
 import socket
 import sys
@@ -26,6 +31,7 @@ import time
 import warnings
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 import anyio
 import httpx2
@@ -46,6 +52,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 SCOPE = "mcp:tools"
+M2M_ID = "m2m-client"
+M2M_SECRET = "m2m-secret-value-4711"
 
 
 class Provider:
@@ -57,7 +65,11 @@ class Provider:
         self.codes: dict[str, AuthorizationCode] = {}
         self.access: dict[str, AccessToken] = {}
         self.refresh: dict[str, RefreshToken] = {}
-        self.stats = {"authorization_code": 0, "refresh_token": 0, "rejected": 0, "custom_metadata": 0}
+        self.stats = {"authorization_code": 0, "refresh_token": 0, "rejected": 0, "custom_metadata": 0, "client_credentials": 0}
+        #: What the token endpoint does: "ok", or fail for its own reasons ("500", "429", "hang").
+        self.token_mode = "ok"
+        #: A scope `/mcp` wants besides `SCOPE` (a step-up), or None.
+        self.extra_scope: str | None = None
 
     async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
         return self.clients.get(client_id)
@@ -127,6 +139,67 @@ class Provider:
         self.refresh.pop(token.token, None)
 
 
+class TokenEndpoint:
+    """ASGI middleware over `/token`: the admin-set failure mode, and the client-credentials grant; over `/mcp`: the
+    admin-set step-up scope."""
+
+    def __init__(self, app: Any, provider: Provider) -> None:
+        self.app = app
+        self.provider = provider
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/mcp" and (refusal := self._step_up(scope)) is not None:
+            await refusal(scope, receive, send)
+            return
+        if scope["type"] != "http" or scope["path"] != "/token":
+            await self.app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        mode = self.provider.token_mode
+        if mode == "hang":
+            await anyio.sleep(3600)
+        if mode in ("500", "429"):
+            await JSONResponse({"error": "temporarily_unavailable"}, status_code=int(mode))(scope, receive, send)
+            return
+        form = parse_qs(body.decode())
+        if form.get("grant_type") == ["client_credentials"]:
+            await self._client_credentials(scope, form)(scope, receive, send)
+            return
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    def _step_up(self, scope: Any) -> Response | None:
+        extra = self.provider.extra_scope
+        bearer = dict(scope["headers"]).get(b"authorization", b"").decode().removeprefix("Bearer ")
+        token = self.provider.access.get(bearer)
+        if extra is None or token is None or extra in token.scopes:
+            return None
+        challenge = f'Bearer error="insufficient_scope", scope="{SCOPE} {extra}"'
+        return JSONResponse({"error": "insufficient_scope"}, status_code=403, headers={"WWW-Authenticate": challenge})
+
+    def _client_credentials(self, scope: Any, form: dict[str, list[str]]) -> Response:
+        headers = dict(scope["headers"])
+        expected = "Basic " + base64.b64encode(f"{M2M_ID}:{M2M_SECRET}".encode()).decode()
+        if headers.get(b"authorization", b"").decode() != expected:
+            return JSONResponse({"error": "invalid_client"}, status_code=401)
+        self.provider.stats["client_credentials"] += 1
+        scopes = (form.get("scope") or [SCOPE])[0].split()
+        token = self.provider._issue(M2M_ID, scopes, None)
+        return JSONResponse(token.model_copy(update={"refresh_token": None}).model_dump(exclude_none=True))
+
+
 def build(port: int, lifetime: int, path: str = "/mcp") -> tuple[MCPServer, Provider]:
     base = f"http://127.0.0.1:{port}"
     provider = Provider(lifetime)
@@ -165,6 +238,14 @@ def build(port: int, lifetime: int, path: str = "/mcp") -> tuple[MCPServer, Prov
     async def stats(request: Request) -> Response:
         return JSONResponse(provider.stats)
 
+    async def require_scope(request: Request) -> Response:
+        provider.extra_scope = request.query_params.get("s") or None
+        return JSONResponse({"ok": True})
+
+    async def token_mode(request: Request) -> Response:
+        provider.token_mode = request.query_params.get("m", "ok")
+        return JSONResponse({"ok": True})
+
     async def custom_metadata(request: Request) -> Response:
         """The authorization-server metadata at a URL of its own (for `authServerMetadataUrl`)."""
         provider.stats["custom_metadata"] += 1
@@ -177,6 +258,8 @@ def build(port: int, lifetime: int, path: str = "/mcp") -> tuple[MCPServer, Prov
     mcp.custom_route("/admin/expire", methods=["POST"])(expire)
     mcp.custom_route("/admin/revoke", methods=["POST"])(revoke)
     mcp.custom_route("/admin/stats", methods=["GET"])(stats)
+    mcp.custom_route("/admin/token-mode", methods=["POST"])(token_mode)
+    mcp.custom_route("/admin/require-scope", methods=["POST"])(require_scope)
 
     return mcp, provider
 
@@ -189,12 +272,14 @@ async def serve(port_file: str, lifetime: int, sse: bool = False) -> None:
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     port = int(sock.getsockname()[1])
-    mcp, _ = build(port, lifetime, "/sse" if sse else "/mcp")
+    mcp, provider = build(port, lifetime, "/sse" if sse else "/mcp")
     # JSON responses: a call's HTTP response arrives when the tool ends, so a client that serialized its
     # requests (a lock held across one in flight) would show it.
-    app = mcp.sse_app() if sse else mcp.streamable_http_app(json_response=True)
+    app = TokenEndpoint(mcp.sse_app() if sse else mcp.streamable_http_app(json_response=True), provider)
     Path(port_file).write_text(str(port))
-    await uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).serve(sockets=[sock])
+    # A hung token request must not hold the test's teardown (`terminate`) for its hour.
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
+    await uvicorn.Server(config).serve(sockets=[sock])
 
 
 def main(argv: list[str] | None = None) -> int:

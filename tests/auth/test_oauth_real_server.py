@@ -119,13 +119,18 @@ async def test_an_authorization_server_in_trouble_keeps_the_sign_in_and_says_so(
     oauth_server: str, config_home: Path, tmp_path: Path
 ) -> None:
     """A token endpoint answering 500 read as "the sign-in expired or was revoked: run auth login", and the SDK dropped
-    the tokens; refused, "nothing listening at" the MCP URL, which answered. Each now names what failed, and where."""
+    the tokens; refused, "nothing listening at" the MCP URL, which answered. Each now names what failed, and where;
+    and neither is `auth_required` (a person must sign in): the 500 is an HTTP status, as unreachable is `refused`."""
     spec = _spec(oauth_server, tmp_path)
     store = TokenStore()
     await sign_in(spec, store, browser=follow)
     httpx2.post(f"{oauth_server}/admin/expire")  # the next request is refused 401: a refresh is needed
     async with serve_http("--status-first", "1000", "--status", "500") as broken:
-        for endpoint, says in ((f"{broken.url[:-4]}/token", "HTTP 500 from"), (f"http://127.0.0.1:{free_port()}/token", "")):
+        cases = (
+            (f"{broken.url[:-4]}/token", "HTTP 500 from", Reason.HTTP_STATUS, 500),
+            (f"http://127.0.0.1:{free_port()}/token", "", Reason.REFUSED, None),
+        )
+        for endpoint, says, reason, http_status in cases:
             record = json.loads(store.path.read_text())
             record["servers"][spec.url]["metadata"]["token_endpoint"] = endpoint
             store.path.write_text(json.dumps(record))
@@ -135,6 +140,7 @@ async def test_an_authorization_server_in_trouble_keeps_the_sign_in_and_says_so(
                 error = bw.status().servers[0].error
             assert error is not None and endpoint in error.message, (endpoint, error)
             assert says in error.message and "expired or was revoked" not in error.message, error
+            assert (error.code, error.http_status) == (reason, http_status), error
     assert json.loads(store.path.read_text())["servers"][spec.url]["tokens"]  # the sign-in is kept
 
 

@@ -9,11 +9,12 @@ flow with PKCE and a loopback callback. At the connect layer: may import the cor
 
 from __future__ import annotations
 
-from breakwater.auth._flow import AuthRequiredNote, login_command
+from breakwater.auth._flow import AuthNote, AuthRequiredNote, login_command
 from breakwater.auth._provider import LoginHandlers, build_provider, redirect_uri
 from breakwater.auth._store import ServerTokens, TokenStore
 
 __all__ = [
+    "AuthNote",
     "AuthRequiredNote",
     "LoginHandlers",
     "ServerTokens",

@@ -27,6 +27,7 @@ client credentials, and changes five things, all here:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -42,7 +43,7 @@ from breakwater.auth._store import ServerTokens
 from breakwater.config import ServerSpec
 from breakwater.config._redact import display_url
 
-__all__ = ["AuthRequiredNote", "login_command"]
+__all__ = ["AuthNote", "AuthRequiredNote", "login_command"]
 
 #: Refresh when this share of a token's lifetime is left (at most `_MAX_MARGIN_S`).
 _MARGIN_SHARE = 0.1
@@ -51,6 +52,25 @@ _ASM_PATHS = ("/.well-known/oauth-authorization-server", "/.well-known/openid-co
 
 #: Told why a server cannot be used until someone signs in (the message names the command).
 AuthRequiredNote = Callable[[str], None]
+
+
+class AuthNote(str):
+    """An `AuthRequiredNote` message, with what a server's status needs besides its words.
+
+    `http_status` is the answer that stopped the server (a step-up's 403, the token endpoint's 500), where the last
+    status the connection saw was a later, beside-the-point 401. `server_trouble` says the authorization server failed
+    for its own reasons (a 5xx, a 429): the connect classifier reports it as an HTTP status to wait out, as it reports
+    an unreachable token endpoint, not as `auth_required`, which tells scripts and `/readyz` a person must act.
+    """
+
+    http_status: int | None
+    server_trouble: bool
+
+    def __new__(cls, message: str, *, http_status: int | None = None, server_trouble: bool = False) -> AuthNote:
+        note = super().__new__(cls, message)
+        note.http_status = http_status
+        note.server_trouble = server_trouble
+        return note
 
 
 def login_command(name: str) -> str:
@@ -79,6 +99,28 @@ class _Context(OAuthContext):
         )
 
 
+class _NoSdkTraceback(logging.Filter):
+    """The SDK logs a failed sign-in as "OAuth flow error" with its traceback, before raising it: every command
+    (`call`, `status`, `serve`) printed that traceback. The failure itself reaches the user as one line (a server's
+    error, naming what failed, or `auth login`'s message), so the record is dropped; "Invalid refresh response"
+    keeps one line, without the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "OAuth flow error":
+            return False
+        if record.msg == "Invalid refresh response" and record.exc_info and record.exc_info[1] is not None:
+            record.msg = f"Invalid refresh response: {str(record.exc_info[1]).splitlines()[0][:200]}"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _quiet_sdk_tracebacks() -> None:
+    """Install `_NoSdkTraceback` on the SDK's OAuth logger, once per process."""
+    sdk = logging.getLogger("mcp.client.auth.oauth2")
+    if not any(isinstance(f, _NoSdkTraceback) for f in sdk.filters):
+        sdk.addFilter(_NoSdkTraceback())
+
+
 def _needs_auth(response: httpx2.Response) -> bool:
     return response.status_code == 401 or (
         response.status_code == 403 and extract_field_from_www_auth(response, "error") == "insufficient_scope"
@@ -96,10 +138,12 @@ class _StoredFlow(OAuthClientProvider):
     _loaded_at: Any
     _needed_scope: str | None
     _refresh_trouble: str | None
+    _refresh_status: int | None
 
     def _setup(
         self, spec: ServerSpec, tokens: ServerTokens, clock: Clock, *, interactive: bool, note: AuthRequiredNote | None
     ) -> None:
+        _quiet_sdk_tracebacks()  # every provider is set up here, whichever command made it
         old = self.context
         self.context = _Context(**{f.name: getattr(old, f.name) for f in fields(old)}, clock=clock)
         self._spec = spec
@@ -111,6 +155,7 @@ class _StoredFlow(OAuthClientProvider):
         self._needed_scope = None
         #: What went wrong at the authorization server when the last refresh failed for its own reasons (a 5xx, a 429).
         self._refresh_trouble: str | None = None
+        self._refresh_status: int | None = None
 
     async def _initialize(self) -> None:
         await super()._initialize()
@@ -155,8 +200,9 @@ class _StoredFlow(OAuthClientProvider):
             # but 200, a still-valid access token too), and the user is not sent to sign in again for nothing.
             where = display_url(str(response.request.url))
             self._refresh_trouble = f"HTTP {status} from {where}"
+            self._refresh_status = status
             return False
-        self._refresh_trouble = None
+        self._refresh_trouble, self._refresh_status = None, None
         ok = await super()._handle_refresh_response(response)
         if not ok and 400 <= status < 500:
             self._tokens.set_refresh_refused()
@@ -232,6 +278,11 @@ class _StoredFlow(OAuthClientProvider):
             if self._on_auth_required is None:
                 raise
             self._on_auth_required(f"the sign-in failed ({type(exc).__name__}: {exc}); check the entry's oauth settings")
+        finally:
+            # Closed here, in this task: left to the garbage collector, the SDK's flow (suspended in its lock when a
+            # request it yielded failed, e.g. an authorization server that is down) released the lock from another
+            # task, and printed "Task exception was never retrieved ... not holding this lock".
+            await flow.aclose()
 
     def _rewrite_discovery(self, outgoing: httpx2.Request) -> httpx2.Request:
         url = self._spec.oauth.auth_server_metadata_url if self._spec.oauth is not None else None
@@ -249,7 +300,10 @@ class _StoredFlow(OAuthClientProvider):
     def _give_up(self, response: httpx2.Response, *, step_up: bool = False) -> None:
         """No person to sign in: say what to run, remember a step-up's scope for that sign-in."""
         command = login_command(self._spec.name)
+        status: int | None = None
+        trouble = False
         if step_up or response.status_code == 403:
+            status = 403
             wanted = self._needed_scope
             if not step_up:
                 granted = self.context.current_tokens.scope if self.context.current_tokens else None
@@ -259,6 +313,7 @@ class _StoredFlow(OAuthClientProvider):
                     self._needed_scope = wanted
             message = f"the server needs more permission ({wanted or 'insufficient_scope'}): run `{command}` to grant it"
         elif self._refresh_trouble is not None:
+            status, trouble = self._refresh_status, True
             message = (
                 f"the authorization server could not refresh the sign-in ({self._refresh_trouble}); breakwater tries "
                 f"again, and the sign-in is kept (run `{command}` only if this persists)"
@@ -268,7 +323,7 @@ class _StoredFlow(OAuthClientProvider):
         else:
             message = f"the sign-in expired or was revoked and could not be refreshed: run `{command}`"
         if self._on_auth_required is not None and (step_up or self._looks_oauth(response)):
-            self._on_auth_required(message)
+            self._on_auth_required(AuthNote(message, http_status=status, server_trouble=trouble))
 
     def _looks_oauth(self, response: httpx2.Response) -> bool:
         challenge = response.headers.get("www-authenticate", "")

@@ -12,22 +12,18 @@ the server accepts them.
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import threading
 import webbrowser
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TextIO
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
 import httpx2
-from anyio.streams.memory import MemoryObjectSendStream
-from anyio.streams.stapled import MultiListener
 from mcp import Client
 from mcp.client.auth import OAuthFlowError
 from mcp.client.auth.utils import union_scopes
@@ -36,6 +32,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull
 
 from breakwater._clock import Clock, SystemClock
+from breakwater.auth._callback import Outcome, Redirects, listen
 from breakwater.auth._provider import LoginHandlers, build_provider, redirect_uri
 from breakwater.auth._store import ServerTokens, TokenStore
 from breakwater.config import ServerSpec
@@ -47,16 +44,8 @@ __all__ = ["Browser", "SignIn", "open_browser", "sign_in"]
 #: How long a sign-in waits for the person (the redirect, or a pasted URL).
 SIGN_IN_TIMEOUT_S = 300.0
 _CONNECT_TIMEOUT_S = 30.0
-_PAGE = (
-    b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nConnection: close\r\n\r\n"
-    b"<!doctype html><title>breakwater</title><p>Signed in. You can close this tab.</p>"
-)
-_NOT_FOUND = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-
 #: Shows the person the authorization URL (opens it in a browser, or anything standing in for one).
 Browser = Callable[[str], Awaitable[None]]
-
-_Outcome = AuthorizationCodeResult | Exception
 
 
 async def open_browser(url: str) -> None:
@@ -77,69 +66,6 @@ class SignIn:
     tools: int
 
 
-def _parse_redirect(target: str) -> _Outcome:
-    query = parse_qs(urlsplit(target).query)
-
-    def one(key: str) -> str | None:
-        values = query.get(key)
-        return values[0] if values else None
-
-    error = one("error")
-    if error is not None:
-        detail = one("error_description")
-        return OAuthFlowError(f"the authorization server refused: {error}" + (f" ({detail})" if detail else ""))
-    code = one("code")
-    if code is None:
-        return OAuthFlowError("the redirect carried no authorization code")
-    return AuthorizationCodeResult(code=code, state=one("state"), iss=one("iss"))
-
-
-async def _answer(stream: anyio.abc.SocketStream, send: MemoryObjectSendStream[_Outcome]) -> None:
-    """One HTTP request on the loopback listener: the redirect (answered with a page), or anything else (404)."""
-    async with stream:
-        data = b""
-        with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
-            while b"\r\n\r\n" not in data and len(data) < 65536:
-                data += await stream.receive()
-        parts = data.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
-        target = parts[1] if len(parts) >= 2 else ""
-        if urlsplit(target).path != "/callback":
-            with contextlib.suppress(anyio.BrokenResourceError):
-                await stream.send(_NOT_FOUND)
-            return
-        with contextlib.suppress(anyio.BrokenResourceError):
-            await stream.send(_PAGE)
-        await send.send(_parse_redirect(target))
-
-
-async def _listen(port: int) -> tuple[anyio.abc.Listener[anyio.abc.SocketStream], int]:
-    """Listen on 127.0.0.1 (and ::1 at the same port when the machine has it): `localhost` is either."""
-    v4 = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port)
-    bound = int(v4.extra(anyio.abc.SocketAttribute.local_port))
-    listeners: list[anyio.abc.Listener[anyio.abc.SocketStream]] = [v4]
-    with contextlib.suppress(OSError):
-        listeners.append(await anyio.create_tcp_listener(local_host="::1", local_port=bound))
-    return MultiListener(listeners), bound
-
-
-def _read_pasted(stdin: TextIO, send: MemoryObjectSendStream[_Outcome]) -> None:
-    """A final redirect URL pasted on standard input (a machine whose browser is elsewhere).
-
-    A daemon thread, not a worker thread: when the loopback wins, a read still blocked on the
-    terminal must not keep the finished command from exiting.
-    """
-    token = anyio.lowlevel.current_token()
-
-    def read() -> None:
-        for line in iter(stdin.readline, ""):
-            if "code=" in line or "error=" in line:
-                with contextlib.suppress(Exception):  # the sign-in already ended: nothing to hand it to
-                    anyio.from_thread.run_sync(send.send_nowait, _parse_redirect(line.strip()), token=token)
-                return
-
-    threading.Thread(target=read, name="breakwater-paste", daemon=True).start()
-
-
 def _callback_port(spec: ServerSpec, tokens: ServerTokens) -> int:
     """`callbackPort`, else the port the stored registration was made with, else 0 (any)."""
     if spec.oauth is not None and spec.oauth.callback_port is not None:
@@ -151,13 +77,13 @@ def _callback_port(spec: ServerSpec, tokens: ServerTokens) -> int:
 async def _bind(spec: ServerSpec, tokens: ServerTokens) -> tuple[anyio.abc.Listener[anyio.abc.SocketStream], int]:
     port = _callback_port(spec, tokens)
     try:
-        return await _listen(port)
+        return await listen(port)
     except OSError:
         if spec.oauth is not None and spec.oauth.callback_port is not None:
             raise OAuthFlowError(f"the callback port {port} is in use (callbackPort in the config)") from None
     # The registration's port is taken: register again with a free one.
-    tokens.store.update(tokens.url, lambda rec: {k: v for k, v in rec.items() if k != "client"} or None)
-    return await _listen(0)
+    tokens.store.update(tokens.key, lambda rec: {k: v for k, v in rec.items() if k != "client"} or None)
+    return await listen(0)
 
 
 def _pinned(spec: ServerSpec, tokens: ServerTokens) -> ServerSpec:
@@ -188,7 +114,7 @@ async def sign_in(
     `MCP_CLIENT_SECRET`) goes with the entry's `clientId` into the store.
     """
     clock = clock or SystemClock()
-    tokens = ServerTokens(store, spec.url or "", name=spec.name, clock=clock)
+    tokens = ServerTokens.for_server(store, spec, clock=clock)
     before = tokens.record()
     tokens.forget_tokens()  # a sign-in is a fresh one, even when the old tokens still work
     try:
@@ -196,7 +122,7 @@ async def sign_in(
     except BaseException:
         if before.get("tokens") and not tokens.record().get("tokens"):
             kept: dict[str, Any] = {k: before[k] for k in ("tokens", "expires_at", "updated_at") if k in before}
-            store.update(tokens.url, lambda rec: {**rec, **kept})  # a failed sign-in keeps the old one
+            store.update(tokens.key, lambda rec: {**rec, **kept})  # a failed sign-in keeps the old one
         raise
 
 
@@ -211,21 +137,23 @@ async def _sign_in(
     timeout_s: float,
 ) -> SignIn:
     listener, port = await _bind(spec, tokens)
-    send, receive = anyio.create_memory_object_stream[_Outcome](4)
+    send, receive = anyio.create_memory_object_stream[Outcome](4)
+    redirects = Redirects(spec.name, send, clock)
     async with listener, send, receive, anyio.create_task_group() as tg:
-
-        async def serve_callback() -> None:
-            await listener.serve(lambda stream: _answer(stream, send))
-
-        tg.start_soon(serve_callback)
+        tg.start_soon(listener.serve, redirects.answer)
 
         async def redirect(url: str) -> None:
+            redirects.shown(url)
             if print_url:
                 print(url, flush=True)
                 if stdin is not None:
-                    _read_pasted(stdin, send)
+                    redirects.read_pasted(stdin)
             else:
-                await browser(url)
+                # Not awaited: the page the browser gets waits for the sign-in's end, which waits for this.
+                async def show() -> None:
+                    await browser(url)
+
+                tg.start_soon(show)
 
         async def callback() -> AuthorizationCodeResult:
             with clock.deadline_scope(clock.monotonic() + timeout_s) as scope:
@@ -246,8 +174,12 @@ async def _sign_in(
                     token_endpoint_auth_method="client_secret_basic",
                 )
             )
-        provider = build_provider(spec, tokens, clock=clock, login=handlers)
-        tools = await _connect(spec, provider)
+        ok = False
+        try:
+            tools = await _connect(spec, build_provider(spec, tokens, clock=clock, login=handlers))
+            ok = True
+        finally:
+            redirects.finish(ok=ok)
         tg.cancel_scope.cancel()
     return _summary(spec, tokens, tools)
 
@@ -262,10 +194,10 @@ async def _connect(spec: ServerSpec, auth: httpx2.Auth) -> int:
         sse = sse_client(url, timeout=_CONNECT_TIMEOUT_S, auth=auth)
         async with Client(sse, mode="legacy", cache=None) as client:
             return len((await client.list_tools()).tools)
-    statuses: list[int] = []
+    answered: list[tuple[int, str]] = []
 
     async def record(response: httpx2.Response) -> None:
-        statuses.append(response.status_code)
+        answered.append((response.status_code, display_url(str(response.request.url))))
 
     timeout = httpx2.Timeout(_CONNECT_TIMEOUT_S)
     try:
@@ -275,20 +207,39 @@ async def _connect(spec: ServerSpec, auth: httpx2.Auth) -> int:
         ):
             return len((await client.list_tools()).tools)
     except Exception as exc:
-        if not (statuses and spec.legacy_sse_answer(statuses[-1])):
-            raise OAuthFlowError(_why(exc, statuses[-1] if statuses else None, display_url(url))) from exc
+        if not (answered and spec.legacy_sse_answer(answered[-1][0])):
+            raise OAuthFlowError(_why(exc, answered[-1] if answered else None, display_url(url))) from exc
     return await _connect(replace(spec, transport="sse"), auth)
 
 
-def _why(exc: BaseException, status: int | None, url: str) -> str:
+def _where(exc: BaseException, server: str) -> str:
+    """The URL whose request failed (discovery, the token endpoint...), else the server's."""
+    request = getattr(exc, "_request", None)  # httpx's `request` property raises when there is none
+    return display_url(str(request.url)) if isinstance(request, httpx2.Request) else server
+
+
+def _why(exc: BaseException, last: tuple[int, str] | None, url: str) -> str:
     """What stopped a sign-in, in the user's terms: the SDK's words were a traceback, "Server returned an error
-    response" for a 403, an empty ReadTimeout, and "All connection attempts failed" without the address."""
+    response" for a 403, an empty ReadTimeout, and "All connection attempts failed" without the address. A request to
+    somewhere else than the server (the authorization server) is named by its URL: the server's was blamed."""
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
-    if isinstance(exc, httpx2.ConnectError | httpx2.ConnectTimeout):
-        return f"nothing answers at {url} ({type(exc).__name__}); check the URL and that the server runs"
-    if isinstance(exc, httpx2.TimeoutException):
-        return f"{url} did not answer within {_CONNECT_TIMEOUT_S:g} s ({type(exc).__name__})"
+    if isinstance(exc, httpx2.TransportError):
+        where = _where(exc, url)
+        elsewhere = urlsplit(where).netloc != urlsplit(url).netloc  # the authorization server, down or hung
+        if isinstance(exc, httpx2.ConnectError | httpx2.ConnectTimeout):
+            if elsewhere:
+                return f"the authorization server does not answer: nothing answers at {where} ({type(exc).__name__})"
+            return f"nothing answers at {where} ({type(exc).__name__}); check the URL and that the server runs"
+        if isinstance(exc, httpx2.TimeoutException):
+            who = "the authorization server at " if elsewhere else ""
+            return f"{who}{where} did not answer within {_CONNECT_TIMEOUT_S:g} s ({type(exc).__name__})"
+    status, where = last if last is not None else (None, url)
+    if status is not None and status >= 400 and where != url:
+        if urlsplit(where).netloc != urlsplit(url).netloc:
+            return f"the authorization server at {where} answered HTTP {status} ({type(exc).__name__}: {exc})"
+        if status not in (401, 403):  # the server's own refusals have their advice below
+            return f"{where} answered HTTP {status} ({type(exc).__name__}: {exc})"
     if status == 401:
         return (
             f"{url} refused the request (HTTP 401) and offers no OAuth sign-in that works ({exc}): if it takes a key "
@@ -298,6 +249,8 @@ def _why(exc: BaseException, status: int | None, url: str) -> str:
         return f"{url} refused the request (HTTP 403): the credentials it got (if any) lack permission for it"
     if status is not None and status >= 400:
         return f"{url} answered HTTP {status} ({type(exc).__name__}: {exc})"
+    if isinstance(exc, OAuthFlowError):  # its words say it ("the authorization server refused: access_denied")
+        return str(exc)
     return f"{type(exc).__name__}: {exc}"
 
 

@@ -1,7 +1,7 @@
-"""The token store: one JSON file, only the user can read it, keyed by server URL.
+"""The token store: one JSON file, only the user can read it, keyed by server URL (and client, see `record_key`).
 
 `oauth-tokens.json` in the user's config directory (`_paths.config_dir()`), mode 0600 in a 0700
-directory. Per server URL it holds the tokens (with the absolute time they expire, which the
+directory. Per record it holds the tokens (with the absolute time they expire, which the
 SDK's relative `expires_in` loses across restarts), the client registration (dynamic, metadata
 document or pre-registered, with its secret), and the discovered authorization-server and
 protected-resource metadata, so a gateway started later can refresh without discovering again.
@@ -28,9 +28,10 @@ from mcp.shared.auth import OAuthClientInformationFull, OAuthMetadata, OAuthToke
 from breakwater import _platform
 from breakwater._clock import Clock, SystemClock
 from breakwater._paths import config_dir
+from breakwater.config import ServerSpec
 from breakwater.config._redact import register_secrets
 
-__all__ = ["TOKEN_FILE_NAME", "ServerTokens", "TokenStore"]
+__all__ = ["TOKEN_FILE_NAME", "ServerTokens", "TokenStore", "record_key"]
 
 log = logging.getLogger("breakwater.auth")
 
@@ -38,6 +39,21 @@ TOKEN_FILE_NAME = "oauth-tokens.json"
 _LOCK_TIMEOUT_S = 10.0
 
 Record = dict[str, Any]
+
+
+def record_key(spec: ServerSpec) -> str:
+    """Where an entry's tokens live in the store: its URL for a person's sign-in, its URL and client for a machine's.
+
+    Keyed by URL alone, a client-credentials entry sharing its URL with a person's entry called with
+    that person's tokens (and `auth logout` of one signed the other out). A person's sign-in stays
+    under the bare URL, so the token files written before keep working; client credentials get a key
+    of their own (a space cannot occur in a URL), and only lose a cached access token they can fetch again.
+    """
+    url = spec.url or ""
+    oauth = spec.oauth
+    if oauth is not None and oauth.grant_type == "client_credentials":
+        return f"{url} client_credentials {oauth.client_id or ''}"
+    return url
 
 
 def _register(record: Record) -> None:
@@ -56,7 +72,7 @@ class TokenStore:
         self.problem: str | None = None
 
     def records(self) -> dict[str, Record]:
-        """Every server's record, by URL ({} when there is no file yet, or it cannot be read: see `problem`)."""
+        """Every server's record, by `record_key` ({} when there is no file yet, or it cannot be read: see `problem`)."""
         self.problem = None
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
@@ -141,15 +157,24 @@ class ServerTokens:
     `expires_at()` still means something after a restart.
     """
 
-    def __init__(self, store: TokenStore, url: str, *, name: str = "", clock: Clock | None = None) -> None:
+    def __init__(
+        self, store: TokenStore, url: str, *, name: str = "", clock: Clock | None = None, key: str | None = None
+    ) -> None:
         self.store = store
         self.url = url
+        #: The record's key in the store (`record_key`; the URL when not given).
+        self.key = key or url
         self.name = name
         self._clock = clock or SystemClock()
 
+    @classmethod
+    def for_server(cls, store: TokenStore, spec: ServerSpec, *, clock: Clock | None = None) -> ServerTokens:
+        """The slice of `store` that belongs to the entry `spec` (`record_key`)."""
+        return cls(store, spec.url or "", name=spec.name, clock=clock, key=record_key(spec))
+
     def record(self) -> Record:
         """This server's record ({} when it has none)."""
-        return self.store.get(self.url) or {}
+        return self.store.get(self.key) or {}
 
     def _set(self, **values: Any) -> None:
         def change(rec: Record) -> Record:
@@ -158,7 +183,7 @@ class ServerTokens:
                 rec["server"] = self.name
             return rec
 
-        self.store.update(self.url, change)
+        self.store.update(self.key, change)
 
     # ---- the SDK's TokenStorage ------------------------------------------------------------
 
@@ -235,4 +260,4 @@ class ServerTokens:
                 rec.pop(key, None)
             return rec or None
 
-        self.store.update(self.url, change)
+        self.store.update(self.key, change)

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from breakwater.auth import TokenStore, login_command
 from breakwater.auth._login import sign_in
+from breakwater.auth._store import record_key
 from breakwater.cli._common import (
     EXIT_CONFIG,
     EXIT_FAILED,
@@ -41,8 +42,8 @@ from breakwater.config import Config, ServerSpec
 __all__ = ["auth_main", "auth_status"]
 
 
-def _http_server(config: Config, name: str) -> ServerSpec | int:
-    """The named HTTP server, or the exit code after saying why not."""
+def _http_server(config: Config, name: str, *, login: bool = True) -> ServerSpec | int:
+    """The named HTTP server, or the exit code after saying why not (a client-credentials one only to log out)."""
     try:
         spec = config.server(name)
     except KeyError:
@@ -50,7 +51,7 @@ def _http_server(config: Config, name: str) -> ServerSpec | int:
         return fail(f"no server {name!r} in {config.path}{hint}", EXIT_CONFIG)
     if spec.transport == "stdio":
         return fail(f"{name} is a stdio server: there is nothing to sign in to", EXIT_CONFIG)
-    if spec.oauth is not None and spec.oauth.grant_type == "client_credentials":
+    if login and spec.oauth is not None and spec.oauth.grant_type == "client_credentials":
         return fail(f"{name} signs in with client credentials from the config: no login needed", EXIT_CONFIG)
     return spec
 
@@ -98,7 +99,7 @@ def auth_status(config: Config, store: TokenStore, *, now: float | None = None) 
     for spec in config.servers:
         if spec.transport == "stdio":
             continue
-        rec = records.get(spec.url or "") or {}
+        rec = records.get(record_key(spec)) or {}
         tokens = rec.get("tokens") or {}
         expires_at = rec.get("expires_at")
         refused = rec.get("refresh_refused_at") is not None  # the authorization server refused the refresh token
@@ -145,6 +146,8 @@ def _status(args: argparse.Namespace) -> int:
         signed = "yes" if row["signed_in"] else ("client credentials" if row["grant"] == "client_credentials" else "no")
         if row["refresh_refused"]:
             signed = f"no: the sign-in ended; run `{login_command(row['name'])}`"
+        elif row["needs_scope"] and row["signed_in"]:  # "yes" alone hid why the server is failed
+            signed = f"yes, but it needs more scope ({row['needs_scope']}): run `{login_command(row['name'])}`"
         expires = "" if row["expires_at"] is None else _when(row["expires_at"])
         table.add_row(cell(row["name"]), signed, cell(row["scopes"] or ""), expires, "yes" if row["refreshable"] else "no")
     show(table)
@@ -153,13 +156,22 @@ def _status(args: argparse.Namespace) -> int:
 
 def _logout(args: argparse.Namespace) -> int:
     config = load_for_server_or_exit(args.config, args.name)
-    spec = _http_server(config, args.name)
+    spec = _http_server(config, args.name, login=False)
     if isinstance(spec, int):
         return spec
-    if TokenStore().remove(spec.url or ""):
-        print(f"breakwater: signed out of {spec.name} (tokens and client registration forgotten)", file=sys.stderr)
-    else:
+    key = record_key(spec)
+    # Entries at the same URL with the same grant share one sign-in: logging out of one logs out of them all.
+    sharing = [s.name for s in config.servers if s.name != spec.name and s.transport != "stdio" and record_key(s) == key]
+    also = f"; {', '.join(sharing)} too (the same URL: one sign-in)" if sharing else ""
+    if not TokenStore().remove(key):
         print(f"breakwater: {spec.name} was not signed in", file=sys.stderr)
+    elif spec.oauth is not None and spec.oauth.grant_type == "client_credentials":
+        print(
+            f"breakwater: forgot {spec.name}'s access token (the next connect gets one with its client credentials)",
+            file=sys.stderr,
+        )
+    else:
+        print(f"breakwater: signed out of {spec.name} (tokens and client registration forgotten){also}", file=sys.stderr)
     return EXIT_OK
 
 

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from breakwater import _platform
 from breakwater._wire import CONNECTION_CLOSED
+from breakwater.auth import AuthNote
 from breakwater.config import ServerSpec
 from breakwater.config._redact import display_url
 from breakwater.connect._headers_helper import HeadersHelperError
@@ -155,6 +156,11 @@ def classify(
     """
     leaves = _leaves(exc)
     if auth_required is not None and not was_ready:
+        if isinstance(auth_required, AuthNote):
+            # The authorization server's own failure is a status to wait out (as its token endpoint unreachable is
+            # `refused`), not `auth_required`: that one tells scripts and /readyz that a person must sign in.
+            code = Reason.HTTP_STATUS if auth_required.server_trouble else Reason.AUTH_REQUIRED
+            return ErrorInfo(code=code, message=str(auth_required), http_status=auth_required.http_status or http_status)
         return ErrorInfo(code=Reason.AUTH_REQUIRED, message=auth_required, http_status=http_status)
     if was_ready:
         return ErrorInfo(code=Reason.CONNECTION_LOST, message=f"connection lost: {describe(leaves[0])}")

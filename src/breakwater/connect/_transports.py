@@ -205,7 +205,7 @@ def oauth_for(spec: ServerSpec, on_auth_required: Callable[[str], None]) -> http
     `Authorization` header. A server that never asks for OAuth costs one read of the token file."""
     if any(key.lower() == "authorization" for key in spec.headers):
         return None
-    tokens = ServerTokens(TokenStore(), spec.url or "", name=spec.name)
+    tokens = ServerTokens.for_server(TokenStore(), spec)
     return build_provider(spec, tokens, on_auth_required=on_auth_required)
 
 
