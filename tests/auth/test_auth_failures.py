@@ -133,7 +133,8 @@ async def test_the_callback_page_says_what_happened_and_a_stray_redirect_is_igno
 async def test_a_step_up_is_reported_as_the_403_it_was_and_auth_status_says_what_to_run(
     oauth_server: str, config_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The status said http_status 401 for a 403 `insufficient_scope`; `auth status` said "yes" and nothing more."""
+    """The status said http_status 401 for a 403 `insufficient_scope`; `auth status` said "yes" and nothing more; and
+    the first call to meet the 403 was told the connection failed or sent an invalid reply (do not repeat it)."""
 
     async def follow(url: str) -> None:
         async with httpx2.AsyncClient(follow_redirects=True, timeout=10) as http:
@@ -144,7 +145,10 @@ async def test_a_step_up_is_reported_as_the_403_it_was_and_auth_status_says_what
     async with Breakwater(Config(servers=(spec,), journal=JournalPolicy(url="off")), admission_dir=tmp_path / "a") as bw:
         assert (await bw.wait_ready(timeout=20)).all_ready
         httpx2.post(f"{oauth_server}/admin/require-scope", params={"s": "extra"})
-        await bw.call_tool("remote", "whoami", {})
+        first = await bw.call_tool("remote", "whoami", {})
+        envelope = first.structured_content or {}
+        assert envelope.get("code") == "SERVER_UNAVAILABLE", envelope
+        assert "needs more permission" in envelope["message"] and "breakwater auth login remote" in envelope["message"]
         await eventually(lambda: bw.status().servers[0].state is ServerState.FAILED, timeout=20)
         error = bw.status().servers[0].error
     assert error is not None and (error.code, error.http_status) == (Reason.AUTH_REQUIRED, 403), error

@@ -182,6 +182,9 @@ async def _status_error(request: httpx2.Request, request_id: str | int, response
     else:
         what = f"HTTP {status} {response.reason_phrase}".rstrip()
         cut: dict[str, Any] = {"sent": not (status < 500 or status in _REFUSED_BEFORE_RUN), "error": what, "status": status}
+        if status == 401 or (status == 403 and "insufficient_scope" in response.headers.get("www-authenticate", "")):
+            # The credentials were refused, or fall short (a step-up): a reconnect signs in again, or says who must.
+            cut["credentials"] = True
         error = {"code": _CONNECTION_CLOSED, "message": f"the server refused the request: {what}", "data": {CUT_KEY: cut}}
         retry_after = retry_after_s(response.headers.get("retry-after"))
         if retry_after is not None:

@@ -563,5 +563,5 @@ def _connection_closed(exc: BaseException) -> bool:
         # One HTTP request cut: the connection itself is fine unless the server could not be reached, or refused the
         # connection's credentials (a reconnect signs in again, or says that someone must).
         status = cut.get("status")
-        return status == 401 if status is not None else cut.get("sent") is False
+        return (status == 401 or cut.get("credentials") is True) if status is not None else cut.get("sent") is False
     return exc.code == _CONNECTION_CLOSED or (exc.code == types.INVALID_REQUEST and "session terminated" in exc.message.lower())

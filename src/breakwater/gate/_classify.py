@@ -480,7 +480,7 @@ def _classify_local(exc: MCPError, ctx: AttemptContext) -> Verdict | None:
         kind = str(cut.get("error", "transport error"))
         status = cut.get("status")
         if isinstance(status, int):  # an HTTP error status without a JSON-RPC error of the server's
-            return _classify_status(status, _retry_after(exc.data), ctx)
+            return _classify_status(status, _retry_after(exc.data), ctx, credentials=cut.get("credentials") is True)
         if cut.get("sent") is False:
             return _not_sent(f"could not connect: {kind}")
         return _cut(ctx, ErrorCode.TIMEOUT if "Timeout" in kind else ErrorCode.UPSTREAM_ERROR, f"connection cut: {kind}")
@@ -554,15 +554,17 @@ def _classify_http(exc: httpx2.HTTPError, ctx: AttemptContext) -> Verdict:
     return _cut(ctx, ErrorCode.UPSTREAM_ERROR, f"connection lost: {type(exc).__name__}")
 
 
-def _classify_status(status: int, hint: float | None, ctx: AttemptContext) -> Verdict:
-    """The verdict on an HTTP error status that answered a request (`connect._http_cut` says which did)."""
+def _classify_status(status: int, hint: float | None, ctx: AttemptContext, *, credentials: bool = False) -> Verdict:
+    """The verdict on an HTTP error status that answered a request (`connect._http_cut` says which did, and whether it
+    refused the credentials: a 401, or a 403 that asks for more scope)."""
     if status in (429, 503):
         # Shed before processing: safe to retry for every tool, after the server's hint.
         return _not_sent(f"HTTP {status}: the server turned the request away before running it", hint)
-    if status == 401:
-        # The credentials were refused (the sign-in could not be refreshed): nothing ran. The connection is dropped
+    if status == 401 or credentials:
+        # The credentials were refused (the sign-in could not be refreshed) or fall short (a step-up's 403, which read
+        # "the connection failed or sent an invalid reply" on the first call): nothing ran. The connection is dropped
         # (`_attempt`), and its reconnect tells whether `breakwater auth login` is needed.
-        return _not_sent("HTTP 401: the server refused the credentials before running the request")
+        return _not_sent(f"HTTP {status}: the server refused the credentials before running the request")
     if status >= 500:
         return _cut(ctx, ErrorCode.UPSTREAM_ERROR, f"HTTP {status}", hint)
     return _fatal(f"HTTP {status}: the server refused the request before running it")
