@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -488,8 +489,10 @@ def test_readyz_counts_a_server_off_for_a_variable_not_set_here(tmp_path: Path) 
         answer = get(gw, "/readyz")
         assert answer.status_code == 503, answer.text
         assert answer.json()["not_ready"] == [{"server": "gh", "state": "disabled", "reason": "value_missing"}]
-        # What the page counts by (it drew "all 0 servers ready", green).
-        servers = {s["name"]: s for s in get(gw, "/api/status").json()["servers"]}
+        # What the page counts by (it drew "all 0 servers ready", green), and which replica answered.
+        page = get(gw, "/api/status").json()
+        assert page["replica"] == {"host": socket.gethostname(), "pid": gw.process.pid}
+        servers = {s["name"]: s for s in page["servers"]}
         assert (servers["gh"].get("off_here"), servers["old"].get("off_here")) == (True, None)
     finally:
         stop_gateway(gw)

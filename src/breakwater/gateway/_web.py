@@ -29,7 +29,9 @@ import hashlib
 import hmac
 import logging
 import math
+import os
 import re
+import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -375,6 +377,8 @@ def status_json(
         "now": time.time(),
         "generated_at": iso(time.time()),
         "started_at": metrics.started_at,
+        # Which replica answered: behind a balancer each refresh of the page may come from another.
+        "replica": {"host": socket.gethostname(), "pid": os.getpid()},
         "ready": report.all_ready,
         "summary": report.summary,
         "servers": _servers_json(bw, report, breakers),
