@@ -142,6 +142,15 @@ def test_downstream_names_give_a_clashing_name_to_the_stronger_claim_whatever_th
     assert downstream_names("{server}__{tool}", list(reversed(pairs)), 64) == list(reversed(names))
 
 
+def test_one_servers_two_tools_named_alike_keep_their_names_whatever_the_order_it_lists_them_in() -> None:
+    """`get.item` and `get_item` both come out `srv__get_item`: which one that name called hung on the server's order,
+    so an approved name could point at another tool after the server reordered its list. The exact name keeps it."""
+    pairs = [("srv", "get.item"), ("srv", "get_item")]
+    names = downstream_names("{server}__{tool}", pairs, 64)
+    assert names == [distinct_name("srv__get_item", "srv", "get.item", 64), "srv__get_item"]
+    assert downstream_names("{server}__{tool}", list(reversed(pairs)), 64) == list(reversed(names))
+
+
 async def test_a_tool_named_as_one_of_breakwaters_own_is_listed_under_a_name_of_its_own(tmp_path: Path) -> None:
     """With `tool_name_template = "{tool}"` a server's `breakwater_status` came out as breakwater's own status tool:
     two tools of one name in the list (which a client may refuse whole), and the server's unreachable. The built-in

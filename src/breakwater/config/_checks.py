@@ -110,13 +110,14 @@ def downstream_names(
     template: str, pairs: Sequence[tuple[str, str]], limit: int = MAX_TOOL_NAME, reserved: frozenset[str] = frozenset()
 ) -> list[str]:
     """The downstream name of each `(server, name)`: `namespaced`, unless the name is `reserved` (breakwater's own
-    tools) or another pair comes out alike and has the stronger `claim` (between equals, the one listed first), then
-    a `distinct_name`. A pair listed twice is named alike both times."""
+    tools) or another pair comes out alike and has the stronger `claim`, then a `distinct_name`. Between equal claims,
+    a tool whose own name needs no character replaced wins ("get_item" over "get.item": which one a name called
+    hung on the order the server listed them in), then the one listed first. A pair listed twice is named alike."""
     plain = [namespaced(template, server, name, limit) for server, name in pairs]
     strength = {server: claim(template, server) for server, _name in pairs}
     first: dict[tuple[str, str], int] = {}
-    keys = [(strength[pair[0]], -first.setdefault(pair, i)) for i, pair in enumerate(pairs)]
-    owner: dict[str, tuple[tuple[int, bool], int]] = {}
+    keys = [(strength[pair[0]], TOOL_NAME_OK.search(pair[1]) is None, -first.setdefault(pair, i)) for i, pair in enumerate(pairs)]
+    owner: dict[str, tuple[tuple[int, bool], bool, int]] = {}
     for name, key in zip(plain, keys, strict=True):
         owner[name] = max(owner.get(name, key), key)
     return [
