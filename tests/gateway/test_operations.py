@@ -32,6 +32,11 @@ pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("redis_available")]
 async def fleet() -> AsyncIterator[tuple[OperationRecords, OperationRecords]]:
     """Two replicas' records over one fresh namespace; each renews its lease while the test runs."""
     policy = StatePolicy(url=REDIS_URL, namespace=f"bwtest-{uuid.uuid4().hex[:10]}", timeout_s=0.5)
+    import redis
+
+    # Redis has the namespace's records already: no claim waits for replicas to write theirs back (a fresh namespace
+    # looks like a Redis that lost them; test_operations_redis_restart.py is about that).
+    redis.Redis.from_url(REDIS_URL).set(f"{policy.namespace}:ops-live", "1", px=60_000)
     a = OperationRecords(policy, ttl_s=60, clock=SystemClock())
     b = OperationRecords(policy, ttl_s=60, clock=SystemClock())
     async with anyio.create_task_group() as tg:
@@ -41,8 +46,6 @@ async def fleet() -> AsyncIterator[tuple[OperationRecords, OperationRecords]]:
             yield a, b
         finally:
             tg.cancel_scope.cancel()
-            import redis
-
             client = redis.Redis.from_url(REDIS_URL)
             keys = list(client.scan_iter(f"{policy.namespace}:*"))
             if keys:

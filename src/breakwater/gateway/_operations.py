@@ -14,7 +14,9 @@ call whose id is already recorded is answered from the record instead of being r
   (retry class `idempotent`), the call is forwarded again under the same id, so the server answers
   from its own record and the gate reconciles (`get_operation`); for any other mutating tool,
   OUTCOME_UNKNOWN with the operation id: it may have run, and it is not run again;
-* the same id with other arguments or for another tool → INVALID_ARGUMENTS (use a new id).
+* the same id with other arguments or for another tool → INVALID_ARGUMENTS (use a new id);
+* Redis lost its records lately (restarted empty) → wait, up to a lease, for the replicas running
+  calls to write theirs back (`breakwater.state._operations`), then one of the above.
 
 A call refused before anything was sent (attempt 0: connecting, circuit open, overloaded …) drops
 its record, so its retry runs. Calls without a client-chosen id, and read-only tools, skip all of
@@ -102,7 +104,12 @@ async def answer_once(
         claimed, record, raw = await records.claim(op_id, fp)
         if claimed:
             return await _run_recorded(records, op_id, fp, run)
-        assert record is not None and raw is not None
+        if record is None:
+            # Redis came back empty: the replica running the call (if one does) writes its record back within a
+            # lease. Waited out whatever the window, as it is bounded by Redis (`ops-settling`), not by the call.
+            await clock.sleep(_FIRST_POLL_S)
+            continue
+        assert raw is not None
         if record.get("fingerprint") != fp:
             return error_result(_mismatch(op_id, server, tool))
         if record.get("state") == "done":

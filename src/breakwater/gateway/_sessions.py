@@ -16,7 +16,14 @@ re-initializes mid-task. With `[state] url = "redis://..."`, `serve --http` uses
   holds its GET stream;
 * every request of a session renews its TTL; a renewal that finds the record ended (a `DELETE` on another
   replica leaves a mark) ends the local copy too, and one that finds it merely gone (Redis restarted, a save
-  failed while it was away) writes it again from this replica's copy; `DELETE` removes the record.
+  failed while it was away) writes it again from this replica's copy; `DELETE` removes the record;
+* beside the requests (`SessionStore.watch`): a `DELETE` on another replica is published, and the replicas
+  holding the session drop it at once (it counted toward their cap until it idled out, and could be
+  written back after a Redis restart); and when Redis answers again, or comes back empty, each replica
+  writes back the records of the sessions it holds that Redis lacks (not the ended ones), without
+  waiting for a request of each to reach it;
+* a request of a session this replica does not hold, while Redis cannot be asked, gets a retryable 503
+  (`Retry-After: 1`), not the 404 that tells a client its session is gone.
 
 What stays per replica: a server-to-client request (sampling, elicitation) must be answered on the
 replica that asked, and a session's GET stream carries the notifications of the replica it is open on.
@@ -25,8 +32,10 @@ replica that asked, and a session's GET stream carries the notifications of the 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -107,6 +116,24 @@ class RoamingSessionManager(StreamableHTTPSessionManager):
         #: Sessions this replica took over from another one (for status and tests).
         self.adopted = 0
 
+    @contextlib.asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        """The SDK's lifecycle, with the store's `watch` beside: sessions other replicas end are dropped here at once,
+        and the records Redis lost are written back."""
+        async with super().run(), anyio.create_task_group() as tg:
+            tg.start_soon(self.store.watch, self._ended_elsewhere)
+            try:
+                yield
+            finally:
+                tg.cancel_scope.cancel()
+
+    async def _ended_elsewhere(self, session_id: str) -> None:
+        """Another replica ended the session (`DELETE`): held here, it stops at once (it counted toward the cap)."""
+        self.store.forget(session_id)
+        held = self._server_instances.get(session_id)
+        if held is not None:
+            await self._discard_session(session_id, held)
+
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         session_id = _session_id(scope)
         if session_id is not None:
@@ -115,15 +142,27 @@ class RoamingSessionManager(StreamableHTTPSessionManager):
             if method == "DELETE":
                 existed = await self.store.delete(session_id)
                 if held is None and existed:
-                    # Ended everywhere: the replica holding it sees the record gone at its next request.
+                    # Ended everywhere: the replicas holding it are told (`watch`), and check at their next request.
                     await Response(status_code=200)(scope, receive, send)
+                    return
+                if held is None and existed is None:
+                    await _unavailable()(scope, receive, send)  # the replica holding it may be asked (a retry)
                     return
             elif held is not None:
                 if not await self.store.renew(session_id):
                     await self._discard_session(session_id, held)
-            elif (record := await self.store.load(session_id)) is not None:
-                await self._adopt(session_id, record)
-                await self.store.renew(session_id)
+            else:
+                try:
+                    record = await self.store.find(session_id)
+                except Exception as exc:
+                    # Redis cannot say whether the session lives: a 404 would end it for the client (it re-initializes),
+                    # a 503 is retried (by the balancer, on the replica holding it, or by the client).
+                    log.info("session %s unknown here and Redis cannot be asked (%s): 503", session_id[:8], exc)
+                    await _unavailable()(scope, receive, send)
+                    return
+                if record is not None:
+                    await self._adopt(session_id, record)
+                    await self.store.renew(session_id)
         await super()._handle_stateful_request(scope, receive, send)
 
     async def _discard_session(self, session_id: str, transport: Any) -> None:
@@ -187,6 +226,16 @@ class RoamingSessionManager(StreamableHTTPSessionManager):
                 log.exception("adopted session %s crashed", session_id[:8])
             finally:
                 await self._discard_session(session_id, transport)
+
+
+def _unavailable() -> Response:
+    """503 with a JSON-RPC error: the session store cannot be asked; nothing ran, try again shortly."""
+    body = {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": -32603, "message": "Session store unreachable: whether this session lives is unknown; retry"},
+    }
+    return Response(json.dumps(body), status_code=503, media_type="application/json", headers={"Retry-After": "1"})
 
 
 def _session_id(scope: Scope) -> str | None:
