@@ -123,6 +123,8 @@ async def run_row(name: str) -> None:
             f"{stats.unanswered} unanswered; {stats.cut_again} retried twice (the first retry was cut too) |",
             flush=True,
         )
+    if stats.resumed_unknown:
+        print(f"|   {stats.resumed_unknown} resumed on another replica and answered OUTCOME_UNKNOWN there |", flush=True)
     for reason, count in collections.Counter(f[:110] for f in stats.failures).most_common(4):
         print(f"|   {count} x {reason} |", file=sys.stderr, flush=True)
 

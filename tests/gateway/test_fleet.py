@@ -153,4 +153,6 @@ async def test_kill_9_loses_only_the_calls_it_ran_and_their_retries_never_run_th
         # Whatever the background clients had in flight on the victim was cut, retried and answered.
         assert stats.unanswered == 0, stats.failures
         assert stats.retried == stats.reconciled + stats.unknown + stats.rerun
-        assert stats.failed == stats.unknown, stats.failures
+        # Failed: the retries answered OUTCOME_UNKNOWN, and the calls resumed on another replica that were answered so
+        # (a 2025-11-25 stream cut by the kill after its first event: the follower cannot know either).
+        assert stats.failed == stats.unknown + stats.resumed_unknown, stats.failures

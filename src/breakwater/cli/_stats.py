@@ -83,7 +83,7 @@ def stats_view(stats: list[Any], *, since: str, location: str) -> Table:
             _ms(s.p95_s),
             _ms(s.p99_s),
             f"{s.timeouts} ({_pct(s.timeout_rate)})" if s.timeouts else "0",
-            "" if s.retries_per_call is None else f"{s.retries_per_call:.2f}",
+            str(s.retries),  # a count, as `--json` gives it and beside `calls` (0.67 read as a count of retries)
             str(s.breaker_opens),
             f"[red]{s.outcome_unknown}[/]" if s.outcome_unknown else "0",
             _timeout_cell(s.timeout_s, s.timeout_source),
@@ -97,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="breakwater stats",
         description="Per tool: calls, success rate, p50/p95/p99 latency of answered attempts, timeout rate, "
-        "retries per call, breaker opens, OUTCOME_UNKNOWN count and the timeout in force (configured, learned or "
+        "retries, breaker opens, OUTCOME_UNKNOWN count and the timeout in force (configured, learned or "
         "default), read from the call journal (whether or not a gateway is running); then the calls to tools that are "
         "not read-only that were sent and never finished: outcome unknown when their process died (server, tool, "
         "operation id, when), else in flight. Piped or redirected, the "

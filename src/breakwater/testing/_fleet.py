@@ -329,6 +329,9 @@ class LoadStats:
     rerun: int = 0
     #: ... whose retry got no answer either.
     unanswered: int = 0
+    #: Cut calls resumed with Last-Event-ID on another replica and answered OUTCOME_UNKNOWN there: the replica running
+    #: them died, so whether they ran is unknown (the follower's honest answer; no retry is made).
+    resumed_unknown: int = 0
 
     def quantile(self, q: float) -> float:
         """The `q` latency quantile in seconds (nan without calls)."""
@@ -447,6 +450,7 @@ class _Client:
 
     async def _call_once(self, http: httpx2.AsyncClient, tool: str, operation_id: str | None) -> str | None:
         """None when the call succeeded, else what went wrong ("404" for a lost session)."""
+        resumed = False
         try:
             if not self.modern and self.session is None:
                 await self._initialize(http)
@@ -480,10 +484,13 @@ class _Client:
             if answer is None:
                 return "cut, and the stream could not be resumed with Last-Event-ID"
             self.stats.resumed += 1
+            resumed = True
         if "error" in answer:
             return f"JSON-RPC error {answer['error'].get('message')}"
         result = answer.get("result") or {}
         self.last_result = result
+        if resumed and result.get("isError") and (result.get("structuredContent") or {}).get("code") == "OUTCOME_UNKNOWN":
+            self.stats.resumed_unknown += 1
         if result.get("isError"):
             return f"isError {(result.get('structuredContent') or {}).get('code')}"
         return None
