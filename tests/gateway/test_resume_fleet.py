@@ -20,7 +20,8 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from breakwater.testing._fleet import ACCEPT, Fleet, FleetOptions, sse_events
+from breakwater.testing._fleet import ACCEPT, Fleet, FleetOptions
+from breakwater.testing._sse import sse_events
 from helpers import REDIS_URL
 
 pytestmark = pytest.mark.anyio

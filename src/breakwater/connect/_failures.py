@@ -94,14 +94,19 @@ def lost_error(process: StdioProcess | None) -> ErrorInfo:
 
 
 def repeated_exit(previous: ErrorInfo | None, current: ErrorInfo | None) -> bool:
-    """Two exits with the same code and last stderr line, at start or soon after ready: the mark of a crash loop."""
+    """Two exits with the same code and telling stderr line, at start or soon after ready: the mark of a crash loop.
+
+    The telling line, not the last: on a loaded host an exit may be seen before the last line of its stderr is read
+    (npm's log-path line after its 404), and two exits alike read as different ones (5 attempts, not 3, to `failed`).
+    """
     return (
         previous is not None
         and current is not None
         and previous.code in _EXITS
         and current.code in _EXITS
         and current.exit_code is not None
-        and (previous.exit_code, _alike(previous.stderr_tail[-1:])) == (current.exit_code, _alike(current.stderr_tail[-1:]))
+        and (previous.exit_code, _alike((telling_line(previous.stderr_tail),)))
+        == (current.exit_code, _alike((telling_line(current.stderr_tail),)))
     )
 
 
