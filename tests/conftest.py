@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REDIS_URL, require
+from helpers import REDIS_URL, OwnRedis, require
 
 POSTGRES_CANDIDATES = [
     os.environ.get("BREAKWATER_TEST_POSTGRES", ""),
@@ -210,3 +210,15 @@ def haproxy() -> str:
     if not found:
         require("haproxy is not installed", ci_fix="apt-get install -y haproxy; .ci/run does it")
     return str(found)
+
+
+@pytest.fixture
+def own_redis() -> Iterator[OwnRedis]:
+    """A redis-server of the test's own on a free port (killable, stoppable, restartable: never the machine's), killed
+    after the test."""
+    server = OwnRedis()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()

@@ -390,3 +390,28 @@ def run_breakwater(env: dict[str, str], *args: str, timeout: float = 60) -> subp
     """`python -m breakwater ARGS` in `env`: its exit code, stdout and stderr as text."""
     argv = [sys.executable, "-m", "breakwater", *args]
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, check=False)
+
+
+@asynccontextmanager
+async def running(cmd: list[str], port_file: Path, env: dict[str, str]) -> AsyncIterator[str]:
+    """A server process that writes its port to `port_file` (a `serve --http`, a testserver); its base URL. Terminated
+    after (killed if it does not end within 15 s)."""
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    try:
+        with anyio.fail_after(60):
+            while not port_file.exists() or not port_file.read_text().strip():
+                assert proc.poll() is None, "exited"
+                await anyio.sleep(0.05)
+        yield f"http://127.0.0.1:{int(port_file.read_text())}"
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM, as a user's Ctrl-C or a service manager stops it, then SIGKILL if it is not gone within 15 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

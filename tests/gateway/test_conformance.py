@@ -29,6 +29,7 @@ import pytest
 from mcp import Client
 
 from conformance.node_tools import NodeTools, node_tools
+from helpers import stop
 
 pytestmark = [pytest.mark.long_module(78), pytest.mark.anyio]
 
@@ -79,12 +80,7 @@ def process(cmd: list[str], port_file: Path, env: dict[str, str]) -> Iterator[st
             time.sleep(0.05)
         yield f"http://127.0.0.1:{int(port_file.read_text())}/mcp"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def upstream_http(tmp_path: Path, name: str) -> Any:

@@ -28,7 +28,7 @@ from mcp.client.session import ClientRequestContext
 from breakwater.gate._tasks import CLIENT_EXTENSION
 from breakwater.gateway._relay import RELAYED_LOGS_BURST, RELAYED_LOGS_PER_S, _Caller
 from breakwater.testing import FakeClock
-from helpers import ResourceUpdates, code_of
+from helpers import ResourceUpdates, code_of, stop
 
 # The logging, sampling and subscription APIs are deprecated at 2026-07-28; their 2025 paths are what is tested.
 pytestmark = [
@@ -70,12 +70,7 @@ async def running(cmd: list[str], port_file: Path, env: dict[str, str]) -> Async
                 await anyio.sleep(0.05)
         yield f"http://127.0.0.1:{int(port_file.read_text())}/mcp", proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 @asynccontextmanager

@@ -9,7 +9,6 @@ renews, and can ask B in the window between the restart and A's next renewal.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import anyio
 import mcp.types as types
@@ -28,17 +27,6 @@ pytestmark = pytest.mark.anyio
 
 #: How long claims wait after Redis lost its records (shorter than a lease, so that the test is short).
 SETTLE_S = 0.8
-
-
-@pytest.fixture
-def own_redis() -> Iterator[OwnRedis]:
-    """A redis-server of the test's own, killed after it."""
-    server = OwnRedis()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.kill()
 
 
 class Tool:

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +15,7 @@ import httpx2
 import pytest
 import redis
 
-from helpers import REDIS_URL
+from helpers import REDIS_URL, running
 
 pytestmark = pytest.mark.anyio
 
@@ -26,25 +23,6 @@ BREAKWATER = [sys.executable, "-m", "breakwater"]
 UPSTREAM = Path(__file__).parents[1] / "conformance" / "server.py"
 ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 WATCHED = "test://watched-resource"
-
-
-@asynccontextmanager
-async def running(cmd: list[str], port_file: Path, env: dict[str, str]) -> AsyncIterator[str]:
-    """A server that writes its port to `port_file`; its base URL."""
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-    try:
-        with anyio.fail_after(60):
-            while not port_file.exists() or not port_file.read_text().strip():
-                assert proc.poll() is None, "exited"
-                await anyio.sleep(0.05)
-        yield f"http://127.0.0.1:{int(port_file.read_text())}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def stored(namespace: str, session_id: str) -> dict[str, Any]:

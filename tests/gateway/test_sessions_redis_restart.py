@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import httpx2
 import pytest
 import redis
 
-from helpers import OwnRedis
+from helpers import OwnRedis, running
 
 pytestmark = pytest.mark.anyio
 
@@ -27,36 +26,6 @@ UPSTREAM = Path(__file__).parents[1] / "conformance" / "server.py"
 ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 #: How long a replica may take to notice (its `watch` looks once a second; a paused Redis costs it a timeout).
 NOTICE_S = 15
-
-
-@pytest.fixture
-def own_redis() -> Iterator[OwnRedis]:
-    """A redis-server of the test's own, killed after it."""
-    server = OwnRedis()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.kill()
-
-
-@asynccontextmanager
-async def running(cmd: list[str], port_file: Path, env: dict[str, str]) -> AsyncIterator[str]:
-    """A server that writes its port to `port_file`; its base URL."""
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-    try:
-        with anyio.fail_after(60):
-            while not port_file.exists() or not port_file.read_text().strip():
-                assert proc.poll() is None, "exited"
-                await anyio.sleep(0.05)
-        yield f"http://127.0.0.1:{int(port_file.read_text())}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @asynccontextmanager
