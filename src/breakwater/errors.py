@@ -237,6 +237,9 @@ class CallError(BreakwaterError):
 #: The advice of an error whose kind is retried, for a call that must not be (its `retryable` is false).
 NOT_RETRYABLE_ADVICE = "Do not repeat this call: use another tool if one can do the job, or tell the user."
 
+#: The advice of a tool error the tool marks transient (its `structuredContent` says `retryable: true`).
+TRANSIENT_TOOL_ADVICE = "The tool says this error is transient: wait {wait} and try again, or use another tool meanwhile."
+
 _new_exception = BaseException.__new__
 
 
@@ -449,7 +452,9 @@ class UpstreamError(CallFailed):
 
 
 class ToolError(CallFailed):
-    """The tool ran and reported an error itself (`isError: true`); its own content is passed through."""
+    """The tool ran and reported an error itself (`isError: true`; retryable if it marks it transient).
+
+    Its own content is passed through."""
 
     code = ErrorCode.TOOL_ERROR
     default_retryable = False
@@ -469,6 +474,14 @@ class ToolError(CallFailed):
         self.content: list[ContentBlock] = list(content)
         #: The upstream result's `structuredContent`, if it had one.
         self.upstream_structured_content = upstream_structured_content
+
+    def advice_text(self) -> str:
+        """Fix the input; or, for an error the tool marks transient (`retryable: true`), wait and try again: "rather
+        than repeating the same call" beside `retryable: true` and the tool's own "try again" told the model both."""
+        if self.retryable:
+            seconds = self.retry_after_s
+            return TRANSIENT_TOOL_ADVICE.format(wait=_about(seconds) if seconds is not None and seconds > 0 else "a moment")
+        return self.advice
 
 
 class CallCancelledError(CallFailed):

@@ -156,6 +156,12 @@ def test_the_text_says_what_to_do_next() -> None:
     assert "Do not retry" in spent and "ask the user" in spent
     down = error_text(ServerUnavailableError(server="db", retry_after_s=42.4))
     assert down.startswith("Server 'db': ") and "about 42 s" in down
+    # A tool's error it marks transient (retried, then given up on): `retryable: true` beside "rather than repeating
+    # the same call" told the model both. A tool's other errors: fix the input.
+    transient = error_text(ToolError(server="bs", tool="ro", retryable=True, retry_after_s=3.0, attempt=3))
+    assert "transient" in transient and "about 3 s" in transient and "rather than repeating" not in transient
+    plain = error_text(ToolError(server="bs", tool="ro", attempt=1))
+    assert "fix the input" in plain and "transient" not in plain
 
 
 def test_a_tool_error_passes_the_upstream_content_through() -> None:

@@ -169,6 +169,33 @@ async def test_progress_pushes_the_idle_deadline_up_to_the_hard_cap() -> None:
     assert "still working at the cap of 10 s" in result.content[0].text
 
 
+async def test_a_progressing_tool_cut_by_the_callers_budget_is_a_turn_budget_cut() -> None:
+    """The caller's 3 s budget, not the 60 s max_s, cut a tool that reported progress past its 1 s timeout: the model was
+    told "still working at the cap of 3 s ([call] max_s)", retryable, and to have the user raise timeout_s."""
+    clock = FakeClock()
+
+    async def chatty(_n: int, _a: dict[str, Any], _m: Any, progress: Any) -> CallToolResult:
+        for i in range(100):
+            await clock.sleep(0.3)
+            await progress(float(i), None, None)
+        return ok()
+
+    policy = CallPolicy(timeout_s=1.0, max_s=60.0)
+    async with make_gate(clock, chatty, [tool("t", readonly=True)], call=policy) as (gate, server, _):
+
+        async def budgeted() -> CallToolResult:
+            with turn_budget(3.0, clock=clock):
+                result = await gate.call("s", "t")
+            return result
+
+        t0 = clock.monotonic()
+        result = await drive(clock, budgeted)
+        assert clock.monotonic() - t0 == pytest.approx(3.0)
+    answer = result.structured_content
+    assert (answer["code"], answer["cut_by"], answer["retryable"]) == ("TIMEOUT", "turn budget", False), answer
+    assert len(server.calls) == 1 and "max_s" not in result.content[0].text and "timeout_s" not in result.content[0].text
+
+
 async def test_a_tool_that_stops_reporting_progress_is_cut_as_idle() -> None:
     clock = FakeClock()
 
@@ -679,6 +706,38 @@ async def test_an_open_breakers_refusal_returned_at_once_is_the_one_raised_throu
     assert [spans.events[0], spans.events[2]] == [("started", "s", "t", "op-1" if idempotent else None)] * 2
     assert (spans.events[1][1], spans.events[3][1]) == (1, 3)
     assert spans.events[1][2:] == spans.events[3][2:] and spans.events[1][2] is not type(None)
+
+
+async def test_a_retry_the_breaker_refuses_gives_its_retry_budget_token_back() -> None:
+    """A burst of failures: each call's retry took a token, then the breaker its first attempts opened refused it, so
+    no retry was sent; the bucket stayed spent all the same (refilled at 3 a minute), and the calls after it were told
+    "the server's retry budget is spent", true of no retry that ever went out."""
+    clock = FakeClock()
+
+    async def shed(_n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
+        busy = TextContent(type="text", text="busy, try again")
+        return CallToolResult(content=[busy], structured_content={"retryable": True}, is_error=True)
+
+    breaker = BreakerPolicy(consecutive_failures=4, failure_rate=1.0, open_base_s=60.0, open_jitter=0.0)
+    async with make_gate(clock, shed, [tool("t", readonly=True)], breaker=breaker) as (gate, server, _):
+
+        async def burst() -> list[dict[str, Any]]:
+            answers: list[dict[str, Any]] = []
+
+            async def one() -> None:
+                answers.append((await gate.call("s", "t")).structured_content or {})
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(12):
+                    tg.start_soon(one)
+            return answers
+
+        answers = await drive(clock, burst)
+        budget = gate.retry_budget_snapshots()["s"]
+    retries_sent = len(server.calls) - 12
+    assert budget.retries_granted == retries_sent, (budget, retries_sent)
+    assert budget.tokens == RetryPolicy().budget_max_tokens, budget  # every token of a retry never sent came back
+    assert len(answers) == 12
 
 
 async def test_a_retry_the_breaker_refuses_reports_the_attempt_that_ran() -> None:

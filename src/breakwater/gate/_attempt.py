@@ -84,6 +84,7 @@ class AttemptDeadline:
         "_scope",
         "_slot",
         "_waiting",
+        "budget_hard",
         "by_budget",
         "call",
         "extended",
@@ -107,6 +108,7 @@ class AttemptDeadline:
         timeout_s: float,
         by_budget: bool,
         short: bool,
+        budget_hard: bool = False,
     ) -> None:
         # Every field by position: one is made per attempt, and keywords are matched by name.
         self._clock = clock
@@ -119,8 +121,11 @@ class AttemptDeadline:
         self._waiting = 0
         #: When the attempt started (monotonic).
         self.started = started
-        #: The turn budget, not the attempt's own timeout, set the first deadline.
+        #: The turn budget, not the attempt's own timeout, set the deadline in force (the first one, or the hard cap
+        #: progress pushed it to: `_push`).
         self.by_budget = by_budget
+        #: The turn budget, not `max_s`, is the hard cap.
+        self.budget_hard = budget_hard
         #: The attempt's own timeout (the call's, or a half-open probe's shorter one).
         self.timeout_s = timeout_s
         #: A half-open probe with a deadline shorter than the call's timeout (see `_health`).
@@ -143,15 +148,16 @@ class AttemptDeadline:
         started = clock.monotonic()
         hard = started + max(info.hard_s, timeout_s)
         deadline = started + timeout_s
-        by_budget = False
+        by_budget = budget_hard = False
         if call.budget is not None:
+            budget_hard = call.budget.deadline <= hard
             hard = min(hard, call.budget.deadline)
             if call.budget.deadline < deadline:
                 deadline, by_budget = call.budget.deadline, True
         # Without its own idle timeout a tool's gap between progress notifications is its timeout.
         idle_s = policy.idle_timeout_s if policy.idle_timeout_s is not None else timeout_s
         scope = clock.deadline_scope(deadline)
-        return cls(clock, scope, started, hard, idle_s, timeout_s, by_budget, timeout_s < call.timeout_s)
+        return cls(clock, scope, started, hard, idle_s, timeout_s, by_budget, timeout_s < call.timeout_s, budget_hard)
 
     @property
     def scope(self) -> DeadlineScope:
@@ -191,22 +197,28 @@ class AttemptDeadline:
         if not self.finished:
             pushed = min(self.hard, self._clock.monotonic() + self.idle_s)
             if pushed > self._scope.deadline:
-                self._scope.deadline = pushed
+                self._push(pushed)
                 self.extended = True
+
+    def _push(self, deadline: float) -> None:
+        # At the hard cap, what set it says what cut the call: a progressing tool cut by the caller's budget was told
+        # "the cap of 2 s ([call] max_s)", retryable, raise timeout_s (with max_s at 60 s).
+        self._scope.deadline = deadline
+        self.by_budget = self.budget_hard and deadline >= self.hard
 
     @contextlib.contextmanager
     def waiting_on_caller(self) -> Iterator[None]:
         """While the body runs, only the hard cap bounds the attempt."""
         self._waiting += 1
         if not self.finished:
-            self._scope.deadline = max(self._scope.deadline, self.hard)
+            self._push(max(self._scope.deadline, self.hard))
             self.extended = True
         try:
             yield
         finally:
             self._waiting -= 1
             if not self._waiting and not self.finished and self.task_at is None:
-                self._scope.deadline = min(self.hard, self._clock.monotonic() + self.idle_s)
+                self._push(min(self.hard, self._clock.monotonic() + self.idle_s))
 
 
 #: Set by a caller that may be asked something mid-call on an upstream's behalf (the gateway's

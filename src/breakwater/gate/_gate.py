@@ -245,11 +245,11 @@ class CallGate:
                 size, digest = arguments_digest(call.arguments) if observer.record_sizes else (None, None)
                 call.journal = Journaled(call_id, TRACE_ID.get() or call_id, DOWNSTREAM_CLIENT.get(), call.op_id, size, digest)
             ctx, srv = self._ctx, call.srv
+            token = False  # whether the next attempt, a retry, holds a retry-budget token
             try:
                 while True:
                     if call.last is not None:
-                        await self._reconnected(call)
-                        permits = await self._retry_permits(call)
+                        permits = await self._retry_admitted(call, token)
                     else:  # `admit`: without a turn budget (most calls) only the permits, without its frame
                         permits = admit(ctx, call) if call.budget is not None else take_permits(ctx, call)
                     if math.isnan(call.timeout_s):
@@ -276,6 +276,7 @@ class CallGate:
                     if isinstance(after, types.CallToolResult):
                         result = after
                         break
+                    token = not isinstance(after, Resend)
                     delay = after.delay_s if isinstance(after, Resend) else self._retry_delay(call, verdict, err)
                     call.last = err
                     await self._clock.sleep(delay)
@@ -541,6 +542,17 @@ class CallGate:
                 raise refused
             # One that may have run is (a read-only call cut mid-call, then a retry refused at connect: "not sent").
             raise stopped(call.ran, "the server was not ready for another attempt") from refused
+
+    async def _retry_admitted(self, call: Call, token: bool) -> Permits:
+        """A retry's connection and permits; refused, it was never sent, and its retry-budget `token` goes back (a
+        retry took one in `_retry_delay`; a re-send of a lost answer's call, `Resend`, took none)."""
+        try:
+            await self._reconnected(call)
+            return await self._retry_permits(call)
+        except CallError:
+            if token:
+                call.srv.retry_budget.refund()
+            raise
 
     async def _retry_permits(self, call: Call) -> Permits:
         """Step 2 for a retry: its permits; a retry refused (a breaker that the last attempt opened, a bulkhead full)

@@ -122,6 +122,15 @@ class RetryBudget:
             self._refused += 1
             return False
 
+    def refund(self) -> None:
+        """Give back the token of a retry refused before it was sent (a breaker its last attempt opened, a full
+        bulkhead): a burst spent the bucket on retries that never went, and the next were refused for a "spent" budget."""
+        with self._lock:
+            self._refill()
+            self._add(1.0)
+            self._granted -= 1
+            self._note(1.0)
+
     def record_success(self, was_retry: bool) -> None:
         """An attempt succeeded: a first attempt earns `budget_ratio`, a retry gets its token back."""
         # Full already (the usual case): nothing to add, decided without the lock (~1,000 instructions
