@@ -35,7 +35,7 @@ __all__ = [
     "file_stem",
     "read_user_file",
     "runtime_dir",
-    "runtime_dir_elsewhere",
+    "runtime_dirs_elsewhere",
     "write_atomic",
 ]
 
@@ -94,15 +94,23 @@ def _runtime_dir(xdg_runtime_dir: str | None) -> Path:
         return Path(platformdirs.user_runtime_dir(APP, appauthor=False, ensure_exists=True))
 
 
-def runtime_dir_elsewhere() -> Path | None:
-    """The runtime directory of a process started without `$XDG_RUNTIME_DIR`, when it is not `runtime_dir()`.
+def runtime_dirs_elsewhere() -> list[Path]:
+    """The runtime directories a process of this user started with another environment uses, those that exist.
 
-    Clients drop the variable or keep it as they please: on a machine where it is not `/run/user/UID`,
-    a gateway an agent started without it keeps its socket in the cache directory, and `gateway list`
-    from the user's shell, with the variable set, looked only in that one.
+    Clients drop variables or keep them as they please (the SDKs' default environment keeps `HOME` and
+    few more): a gateway an agent started without `XDG_RUNTIME_DIR` (and `XDG_CACHE_HOME`) keeps its
+    socket in `~/.cache/breakwater`, and `gateway list` from the user's shell, with them set, looked
+    only in its own. Linux only: elsewhere the directories do not come from the environment.
     """
-    elsewhere = _runtime_dir(None)
-    return elsewhere if elsewhere != runtime_dir() else None
+    if not sys.platform.startswith("linux"):
+        return []
+    here = runtime_dir()
+    candidates = (_runtime_dir(None), RUN_USER / str(os.getuid()) / APP, Path.home() / ".cache" / APP, cache_dir())
+    found: list[Path] = []
+    for candidate in candidates:
+        if candidate != here and candidate not in found and candidate.is_dir():
+            found.append(candidate)
+    return found
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -253,17 +253,17 @@ def test_a_gateway_that_listens_and_never_answers_is_named_within_seconds(tmp_pa
     reason="a Linux host without /run/user/UID, where a process without XDG_RUNTIME_DIR keeps its sockets in the cache",
 )
 def test_a_gateway_an_agent_started_without_xdg_runtime_dir_is_found_from_a_shell_that_has_it(tmp_path: Path) -> None:
-    """An agent that starts `serve` with a minimal environment (the Inspector: no XDG_RUNTIME_DIR) has its gateway's
-    socket in the cache directory; `gateway list` and `stop` from the user's shell, the variable set, said no gateway
-    was running, and a session started with the variable would have started a second gateway for the same config."""
-    with share_dir("bw-xr-") as cache, share_dir("bw-rt-") as run:  # short: a socket's path must fit in ~107 bytes
-        config, _ = setup(tmp_path, cache)
-        base = isolated_env(tmp_path, BREAKWATER_SHARE="on", BREAKWATER_SHARE_IDLE_S="20", XDG_CACHE_HOME=str(cache))
+    """An agent that starts `serve` with a minimal environment (the SDKs' default: HOME, no XDG_RUNTIME_DIR nor
+    XDG_CACHE_HOME) has its gateway's socket in ~/.cache; `gateway list` and `stop` from the user's shell, those set,
+    said no gateway was running, and a session started with them would have started a second gateway for the config."""
+    with share_dir("bw-xr-") as home, share_dir("bw-rt-") as run:  # short: a socket's path must fit in ~107 bytes
+        config, _ = setup(tmp_path, home)
+        base = isolated_env(tmp_path, BREAKWATER_SHARE="on", BREAKWATER_SHARE_IDLE_S="20", HOME=str(home))
         base.pop("BREAKWATER_SHARE_DIR", None)
-        agent_env = {name: value for name, value in base.items() if name != "XDG_RUNTIME_DIR"}
+        agent_env = {name: value for name, value in base.items() if name not in ("XDG_RUNTIME_DIR", "XDG_CACHE_HOME")}
         run.chmod(0o700)
-        shell_env = {**base, "XDG_RUNTIME_DIR": str(run)}
-        sockets = cache / "breakwater" / "gateways"
+        shell_env = {**base, "XDG_RUNTIME_DIR": str(run), "XDG_CACHE_HOME": str(run / "cache")}
+        sockets = home / ".cache" / "breakwater" / "gateways"
         agent = Agent(config, agent_env, tmp_path / "a.err")
         second: Agent | None = None
         try:
@@ -321,3 +321,19 @@ def test_status_reports_the_servers_the_agents_sessions_run_as_they_see_them(tmp
         assert seen[0] == 1 and seen[1]["ts"]["state"] in ("retrying", "failed", "connecting"), seen
     finally:
         agent.end()
+
+
+def test_a_gateway_someone_keeps_looking_at_still_idles_out(tmp_path: Path, share: Path) -> None:
+    """`gateway list` every second (a status bar, a person watching) kept an idle gateway, and its servers, alive for
+    ever: each look restarted the idle count. A look is no session."""
+    config, env = setup(tmp_path, share)
+    env = {**env, "BREAKWATER_SHARE_IDLE_S": "3"}
+    agent = Agent(config, env, tmp_path / "a.err")
+    agent.call("warm", "ts__echo")
+    ran(agent.wait("warm", 60))
+    [gateway] = gateway_pids(share)
+    agent.end()
+    ended = time.monotonic()
+    while gateway in gateway_pids(share):  # each look is a `gateway list`'s: a connection that asks for info
+        assert time.monotonic() - ended < 15, "the gateway never idled out while it was looked at"
+        time.sleep(0.5)

@@ -110,6 +110,7 @@ class SharedGateway:
         self.started = clock.time()
         self._changed = anyio.Event()
         self._stop = anyio.Event()
+        self._idle_since = clock.monotonic()
 
     def info(self, *, ok: bool = True, reason: str | None = None) -> dict[str, Any]:
         """The handshake answer: who this gateway is and how many sessions it serves."""
@@ -130,6 +131,10 @@ class SharedGateway:
 
     def _note(self, delta: int) -> None:
         self.sessions += delta
+        if delta:
+            # Idle is counted from the last session's coming or going: a look (`gateway list`, `status`) is no session,
+            # and one every few seconds kept an idle gateway, and its servers, alive for ever.
+            self._idle_since = self.clock.monotonic()
         self._changed.set()
         self._changed = anyio.Event()
 
@@ -202,7 +207,7 @@ class SharedGateway:
             if self.sessions or self._arriving:
                 await changed.wait()
                 continue
-            with self.clock.deadline_scope(self.clock.monotonic() + self.idle_s) as waiting:
+            with self.clock.deadline_scope(self._idle_since + self.idle_s) as waiting:
                 await changed.wait()
             if waiting.cancelled_caught and not (self.sessions or self._arriving):
                 logger.info("no session for %.1f s: exiting", self.idle_s)

@@ -232,12 +232,11 @@ def share_dir(policy: GatewayPolicy) -> Path:
 
 
 def share_dirs(policy: GatewayPolicy) -> list[Path]:
-    """`share_dir(policy)`, then the one a session started without `$XDG_RUNTIME_DIR` uses when it differs and exists
-    (`_paths.runtime_dir_elsewhere`: an agent's minimal environment), where its gateway is found as well."""
+    """`share_dir(policy)`, then those a session started with another environment uses, that exist
+    (`_paths.runtime_dirs_elsewhere`: an agent's minimal environment), where its gateway is found as well."""
     directories = [share_dir(policy)]
-    elsewhere = _paths.runtime_dir_elsewhere() if not policy.share_dir else None
-    if elsewhere is not None and (elsewhere / "gateways").is_dir():
-        directories.append(elsewhere / "gateways")
+    if not policy.share_dir:
+        directories += [d / "gateways" for d in _paths.runtime_dirs_elsewhere() if (d / "gateways").is_dir()]
     return directories
 
 
