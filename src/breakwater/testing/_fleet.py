@@ -77,6 +77,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: Where `lasting_port` looks: below Linux's default ephemeral range (32768-60999), whose ports the kernel hands out as
+#: the source ports of outgoing connections.
+_LASTING_PORTS = range(20000, 32768)
+
+
+def lasting_port(rng: random.Random | None = None) -> int:
+    """A TCP port free on 127.0.0.1 now, that no outgoing connection takes while its server is down: a replica killed
+    and started again on its port found it taken ("the port is in use") by some connection's source port."""
+    draw = rng or random.Random()
+    for _ in range(200):
+        port = draw.choice(_LASTING_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
+
+
 def haproxy_config(
     *,
     listen_port: int,
@@ -258,7 +278,7 @@ class Fleet:
         env = dict(
             os.environ, BREAKWATER_JOURNAL="off", BREAKWATER_CONNECT_STARTUP_JITTER_S="0", BREAKWATER_CONNECT_BACKOFF_BASE_S="0.2"
         )
-        return Replica(name, free_port(), config, env, self.tmp / f"{name}.log")
+        return Replica(name, lasting_port(), config, env, self.tmp / f"{name}.log")  # restarted on it
 
     async def rolling_restart(self, *, kill: bool = False) -> None:
         """SIGTERM (or SIGKILL) each replica in turn, start it again, wait until it is back in the balancer."""
