@@ -708,15 +708,17 @@ async def test_an_open_breakers_refusal_returned_at_once_is_the_one_raised_throu
     assert spans.events[1][2:] == spans.events[3][2:] and spans.events[1][2] is not type(None)
 
 
+async def shed(_n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
+    """A tool that turns every call away with an error it marks retryable."""
+    busy = TextContent(type="text", text="busy, try again")
+    return CallToolResult(content=[busy], structured_content={"retryable": True}, is_error=True)
+
+
 async def test_a_retry_the_breaker_refuses_gives_its_retry_budget_token_back() -> None:
     """A burst of failures: each call's retry took a token, then the breaker its first attempts opened refused it, so
     no retry was sent; the bucket stayed spent all the same (refilled at 3 a minute), and the calls after it were told
     "the server's retry budget is spent", true of no retry that ever went out."""
     clock = FakeClock()
-
-    async def shed(_n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
-        busy = TextContent(type="text", text="busy, try again")
-        return CallToolResult(content=[busy], structured_content={"retryable": True}, is_error=True)
 
     breaker = BreakerPolicy(consecutive_failures=4, failure_rate=1.0, open_base_s=60.0, open_jitter=0.0)
     async with make_gate(clock, shed, [tool("t", readonly=True)], breaker=breaker) as (gate, server, _):
@@ -744,10 +746,6 @@ async def test_a_retry_the_breaker_refuses_reports_the_attempt_that_ran() -> Non
     """The attempt that failed opened the breaker, and the retry it refused answered CIRCUIT_OPEN, "nothing was sent":
     a model told nothing ran may repeat a call that did. The attempt's own answer is reported, and why no retry came."""
     clock = FakeClock()
-
-    async def shed(_n: int, _a: dict[str, Any], _m: Any, _p: Any) -> CallToolResult:
-        busy = TextContent(type="text", text="busy, try again")
-        return CallToolResult(content=[busy], structured_content={"retryable": True}, is_error=True)
 
     breaker = BreakerPolicy(consecutive_failures=1, failure_rate=1.0, open_base_s=60.0, open_jitter=0.0)
     async with make_gate(clock, shed, [tool("t", idempotent=True)], breaker=breaker) as (gate, server, _):
