@@ -27,6 +27,10 @@ async def test_the_file_is_the_users_alone_and_keeps_the_expiry(tmp_path: Path) 
     assert stat.S_IMODE((directory / "oauth-tokens.json").stat().st_mode) == 0o600
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700  # a looser directory is tightened
     assert tokens.expires_at() == clock.time() + 600
+    # Opened up by hand (or copied from a backup): read, it is the user's alone again, not only at the next sign-in.
+    (directory / "oauth-tokens.json").chmod(0o644)
+    assert await tokens.get_tokens() is not None
+    assert stat.S_IMODE((directory / "oauth-tokens.json").stat().st_mode) == 0o600
 
 
 async def test_a_damaged_file_reads_as_signed_out_says_why_and_is_kept_aside_by_the_next_write(tmp_path: Path) -> None:

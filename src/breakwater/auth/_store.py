@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,19 @@ class TokenStore:
         out = {url: rec for url, rec in servers.items() if isinstance(rec, dict)}
         for rec in out.values():
             _register(rec)
+        self._keep_private()
         return out
+
+    def _keep_private(self) -> None:
+        """Make the file the user's alone again when it is not (a `chmod 644` by hand, a copy from a backup): it stayed
+        readable by every user of the machine until the next sign-in rewrote it."""
+        if not hasattr(os, "getuid"):
+            return
+        with contextlib.suppress(OSError):
+            info = self.path.stat()
+            if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) & 0o077:
+                self.path.chmod(0o600)
+                log.warning("%s was readable by others (mode %o): made 0600", self.path, stat.S_IMODE(info.st_mode))
 
     def get(self, url: str) -> Record | None:
         """One server's record, or None."""

@@ -148,7 +148,8 @@ def _status(args: argparse.Namespace) -> int:
             signed = f"no: the sign-in ended; run `{login_command(row['name'])}`"
         elif row["needs_scope"] and row["signed_in"]:  # "yes" alone hid why the server is failed
             signed = f"yes, but it needs more scope ({row['needs_scope']}): run `{login_command(row['name'])}`"
-        expires = "" if row["expires_at"] is None else _when(row["expires_at"])
+        # A sign-in that ended has no expiry to show ("in 60 min" beside "no: the sign-in ended").
+        expires = "" if row["expires_at"] is None or row["refresh_refused"] else _when(row["expires_at"])
         table.add_row(cell(row["name"]), signed, cell(row["scopes"] or ""), expires, "yes" if row["refreshable"] else "no")
     show(table)
     return code
