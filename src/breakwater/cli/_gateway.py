@@ -174,7 +174,7 @@ def shared_gateway_info(config: Config) -> dict[str, Any] | None:
         sock = where_gateway(config.gateway, config_fingerprint(config), breakwater_version())[0]
     except OSError:
         return None
-    info = anyio.run(_ask, sock, {"breakwater": "info"})
+    info = anyio.run(_ask, sock, {"breakwater": "info", "sessions": True})
     if info is not None and STUCK in info:
         print(f"breakwater: {info[STUCK]}; connecting from here instead", file=sys.stderr, flush=True)
         return None

@@ -37,7 +37,7 @@ from breakwater.cli._common import (
 from breakwater.cli._text import cell, markup
 from breakwater.config import Config, GatewayPolicy
 from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX, MAX_TOOL_NAME, namespaced
-from breakwater.status import ServerState, ServerStatus, StatusReport
+from breakwater.status import ServerState, StatusReport
 
 __all__ = ["status_main", "status_view"]
 
@@ -320,9 +320,9 @@ def status_main(argv: list[str]) -> int:
 
         if not per_session(config):
             return _shared_status(shared, args.json, config.gateway)
-        seen = [StatusReport.from_json(s) for s in shared.get("sessions_status") or [] if isinstance(s, dict)]
-        if seen:  # the agents' sessions run their own copies: what they see is the answer, not a copy started here
-            return _shared_status(shared, args.json, config.gateway, _worst_of(seen))
+        seen = shared.get("sessions_status")
+        if isinstance(seen, dict):  # the agents' sessions run their own copies: what they see is the answer
+            return _shared_status(shared, args.json, config.gateway, StatusReport.from_json(seen))
         # Those run in each session, and no session runs: connect to everything from here.
         print(
             f"breakwater: shared gateway pid {shared.get('pid')}, serving {counted(shared.get('sessions'), 'session')}; "
@@ -331,28 +331,6 @@ def status_main(argv: list[str]) -> int:
         )
     code: int = anyio.run(_run_status, config, args.wait, args.json)
     return code
-
-
-def _worst_of(reports: list[StatusReport]) -> StatusReport:
-    """One report from the sessions' own: each server as the session that fares worst with it sees it."""
-    worst: dict[str, ServerStatus] = {}
-    for report in reports:
-        for server in report.servers:
-            known = worst.get(server.name)
-            if known is None or _BADNESS.index(server.state) > _BADNESS.index(known.state):
-                worst[server.name] = server
-    return StatusReport(servers=tuple(worst.values()), timeouts=reports[0].timeouts)
-
-
-#: Server states from the best to the worst, as a session that cannot use the server meets them.
-_BADNESS = (
-    ServerState.DISABLED,
-    ServerState.READY,
-    ServerState.PENDING,
-    ServerState.CONNECTING,
-    ServerState.RETRYING,
-    ServerState.FAILED,
-)
 
 
 def _shared_status(info: dict[str, object], as_json: bool, gateway: GatewayPolicy, seen: StatusReport | None = None) -> int:

@@ -24,7 +24,7 @@ from typing import Any
 from breakwater._clock import Clock
 from breakwater.gateway._handoff import hand_over
 from breakwater.gateway._share import (
-    HANDSHAKE_LIMIT,
+    ANSWER_LIMIT,
     SPAWN_WAIT_S,
     AttachRefused,
     answer_wait,
@@ -99,7 +99,7 @@ async def connect_gateway(path: Path, hello: dict[str, Any]) -> Attachment | Non
             try:
                 async with asyncio.timeout(waiting):  # a real process's answer, in real time
                     await loop.sock_sendall(sock, json.dumps(hello).encode() + b"\n")
-                    while b"\n" not in received and len(received) < HANDSHAKE_LIMIT:
+                    while b"\n" not in received and len(received) < ANSWER_LIMIT:
                         chunk = await loop.sock_recv(sock, 65536)
                         if not chunk:
                             break

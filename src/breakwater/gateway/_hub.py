@@ -60,6 +60,7 @@ from breakwater.gateway._stdio_server import (
     pump_output,
     transport_file,
 )
+from breakwater.status import ServerState, ServerStatus, StatusReport
 
 __all__ = ["SharedGateway", "bind_socket", "listening"]
 
@@ -306,9 +307,10 @@ class SharedGateway:
             return None, answer
         if want == "info":
             answer["status"] = self.gateway.bw.status().to_json()
-            # Each session's own stdio servers, as that session sees them: `status` reported a fresh connection of
-            # its own ("ready") while the agent's calls were refused (its copy had been killed).
-            answer["sessions_status"] = [view.bw.status().to_json() for view in self._own_views]
+            if hello.get("sessions") is True and self._own_views:
+                # The sessions' own stdio servers, as the session that fares worst with each sees it: `status` reported
+                # a fresh connection of its own ("ready") while the agent's calls were refused (its copy was killed).
+                answer["sessions_status"] = _worst_of([view.bw.status() for view in self._own_views]).to_json()
         elif want == "attach" and hello.get("handoff") is True and CAN_HAND_OFF:
             answer["handoff"] = True  # send your stdin and stdout (`_handoff`)
         return hello, answer
@@ -463,3 +465,25 @@ async def listening(path: Path, listener: socket.socket | None = None) -> AsyncI
             if path.stat().st_ino == inode:
                 path.unlink()
                 pid_file.unlink()
+
+
+def _worst_of(reports: list[StatusReport]) -> StatusReport:
+    """One report from the sessions' own: each server as the session that fares worst with it sees it."""
+    worst: dict[str, ServerStatus] = {}
+    for report in reports:
+        for server in report.servers:
+            known = worst.get(server.name)
+            if known is None or _BADNESS.index(server.state) > _BADNESS.index(known.state):
+                worst[server.name] = server
+    return StatusReport(servers=tuple(worst.values()), timeouts=reports[0].timeouts)
+
+
+#: Server states from the best to the worst, as a session that cannot use the server meets them.
+_BADNESS = (
+    ServerState.DISABLED,
+    ServerState.READY,
+    ServerState.PENDING,
+    ServerState.CONNECTING,
+    ServerState.RETRYING,
+    ServerState.FAILED,
+)

@@ -53,6 +53,7 @@ from breakwater import _paths, _platform
 from breakwater.config import Config, GatewayPolicy, ServerSpec
 
 __all__ = [
+    "ANSWER_LIMIT",
     "ANSWER_WAIT_S",
     "HANDSHAKE_LIMIT",
     "SPAWN_WAIT_S",
@@ -81,6 +82,9 @@ __all__ = [
 
 #: The longest handshake line either side reads; anything longer is no handshake.
 HANDSHAKE_LIMIT = 64 * 1024
+#: The longest answer a session or a command reads from a gateway: an `info` carries the servers' states, with their
+#: stderr tails (a cut answer read as "not a breakwater gateway", and `gateway list` removed a live one's socket).
+ANSWER_LIMIT = 4 * 1024 * 1024
 #: How long a session waits for a gateway to answer (one it started, or one still starting) before it serves on its own.
 SPAWN_WAIT_S = 15.0
 

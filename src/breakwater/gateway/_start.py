@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from breakwater.gateway._handoff import hand_over
-from breakwater.gateway._share import HANDSHAKE_LIMIT, answer_wait, bind_socket, check_peer, handshake_answer, not_answering
+from breakwater.gateway._share import ANSWER_LIMIT, answer_wait, bind_socket, check_peer, handshake_answer, not_answering
 
 __all__ = ["attach_now", "fork_gateway", "relayable", "reserve_standard_fds"]
 
@@ -102,7 +102,7 @@ def attach_now(
         # Closed before it accepted (or as it did): answered as a close, whether the send or the read finds out.
         with contextlib.suppress(ConnectionResetError, BrokenPipeError):
             sock.sendall(json.dumps(hello).encode() + b"\n")
-            while b"\n" not in received and len(received) < HANDSHAKE_LIMIT:
+            while b"\n" not in received and len(received) < ANSWER_LIMIT:
                 try:
                     chunk = sock.recv(65536)
                 except TimeoutError:
