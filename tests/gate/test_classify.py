@@ -32,6 +32,7 @@ from mcp.types import (
     ToolAnnotations,
 )
 
+from breakwater.connect._http_cut import CUT_KEY
 from breakwater.errors import BudgetExhaustedError, CircuitOpenError, ErrorCode
 from breakwater.gate._breaker import Outcome
 from breakwater.gate._classify import SUCCESS, AttemptContext, RetryClass, Verdict, classify, retry_class_for
@@ -214,6 +215,20 @@ request = httpx2.Request("POST", "http://upstream/mcp")
 # (attempt, retry class, request sent) -> (outcome, code, retryable, outcome unknown)
 TABLE: list[tuple[str, BaseException | CallToolResult, RetryClass, bool, tuple[Outcome, ErrorCode | None, bool, bool]]] = [
     ("result ok", result(), NEVER, True, (Outcome.SUCCESS, None, False, False)),
+    (
+        "HTTP 403 asking for more scope (a step-up): the credentials fall short, nothing ran",
+        MCPError(CONNECTION_CLOSED, "the server refused the request: HTTP 403", {CUT_KEY: {"status": 403, "credentials": True}}),
+        NEVER,
+        True,
+        (Outcome.FAILURE, ErrorCode.UPSTREAM_ERROR, True, False),
+    ),
+    (
+        "HTTP 403 for another reason: refused before it ran, not a sign-in matter",
+        MCPError(CONNECTION_CLOSED, "the server refused the request: HTTP 403", {CUT_KEY: {"status": 403}}),
+        NEVER,
+        True,
+        (Outcome.FAILURE, ErrorCode.UPSTREAM_ERROR, False, False),
+    ),
     (
         "plain-text isError: no such file (the model's input), not a failure",
         result("ENOENT: no such file or directory, open '/work/nope.txt'", is_error=True),
