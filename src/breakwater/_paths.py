@@ -71,11 +71,7 @@ def runtime_dir() -> Path:
     Inspector), and a session without it looked for the shared gateway in the cache, started a second one, and
     `gateway list` from the terminal found none of them.
     """
-    return _runtime_dir(os.environ.get("XDG_RUNTIME_DIR"))
-
-
-def _runtime_dir(xdg_runtime_dir: str | None) -> Path:
-    if sys.platform.startswith("linux") and not xdg_runtime_dir:
+    if sys.platform.startswith("linux") and not os.environ.get("XDG_RUNTIME_DIR"):
         own = RUN_USER / str(os.getuid())
         try:
             usable = own.is_dir() and own.stat().st_uid == os.getuid() and own.stat().st_mode & 0o077 == 0
@@ -105,7 +101,8 @@ def runtime_dirs_elsewhere() -> list[Path]:
     if not sys.platform.startswith("linux"):
         return []
     here = runtime_dir()
-    candidates = (_runtime_dir(None), RUN_USER / str(os.getuid()) / APP, Path.home() / ".cache" / APP, cache_dir())
+    # Without the variables: the user's /run/user/UID, else the default cache; with XDG_CACHE_HOME: that cache.
+    candidates = (RUN_USER / str(os.getuid()) / APP, Path.home() / ".cache" / APP, cache_dir())
     found: list[Path] = []
     for candidate in candidates:
         if candidate != here and candidate not in found and candidate.is_dir():

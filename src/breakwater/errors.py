@@ -230,8 +230,12 @@ class CallError(BreakwaterError):
             # An advice that invites a retry, on an error this call must not repeat (`retryable: false`): the two
             # said opposite things to the model (an invalid reply to a call that may have run).
             return NOT_RETRYABLE_ADVICE
+        return self.advice.format(wait=self._wait_text())
+
+    def _wait_text(self) -> str:
+        """How long to wait, as the advice says it: "about N s" from `retry_after_s`, else (none, or passed) "a moment"."""
         seconds = self.retry_after_s
-        return self.advice.format(wait=_about(seconds) if seconds is not None and seconds > 0 else "a moment")
+        return _about(seconds) if seconds is not None and seconds > 0 else "a moment"
 
 
 #: The advice of an error whose kind is retried, for a call that must not be (its `retryable` is false).
@@ -364,10 +368,8 @@ class CircuitOpenError(CallRefused):
 
     def advice_text(self) -> str:
         """What to do instead, with the tool's usual latency when known, and when breakwater tries it again."""
-        seconds = self.retry_after_s
-        wait = _about(seconds) if seconds is not None and seconds > 0 else "a moment"  # none, or already passed
         usual = self.detail.get("usual_s")
-        return _circuit_advice(wait, usual if isinstance(usual, (int, float)) else None)
+        return _circuit_advice(self._wait_text(), usual if isinstance(usual, (int, float)) else None)
 
 
 @functools.lru_cache(maxsize=256)
@@ -479,8 +481,7 @@ class ToolError(CallFailed):
         """Fix the input; or, for an error the tool marks transient (`retryable: true`), wait and try again: "rather
         than repeating the same call" beside `retryable: true` and the tool's own "try again" told the model both."""
         if self.retryable:
-            seconds = self.retry_after_s
-            return TRANSIENT_TOOL_ADVICE.format(wait=_about(seconds) if seconds is not None and seconds > 0 else "a moment")
+            return TRANSIENT_TOOL_ADVICE.format(wait=self._wait_text())
         return self.advice
 
 

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from breakwater.errors import ErrorCode
 from breakwater.journal._records import ANSWERED_OUTCOMES, CALLERS_OWN_OUTCOMES, RECONCILED, REFUSAL_OUTCOMES, AttemptRecord
 from breakwater.journal._stats import LearnInput, ToolStats
 
@@ -70,8 +71,8 @@ def _merge_counts(into: dict[str, int], other: Mapping[str, int]) -> None:
         into[cell] = into.get(cell, 0) + int(count)
 
 
-#: The code an agent is told for a call that may or may not have run (`ErrorCode.OUTCOME_UNKNOWN`).
-_OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+#: The code an agent is told for a call that may or may not have run, as the journal stores it.
+_OUTCOME_UNKNOWN = ErrorCode.OUTCOME_UNKNOWN.value
 
 
 class _Rollup:

@@ -63,6 +63,7 @@ from breakwater._clock import Clock, SystemClock
 from breakwater.config._policies import BreakerPolicy, RetryPolicy, StatePolicy
 from breakwater.gate._breaker import BreakerState
 from breakwater.state._base import StateStore, StoreStatus
+from breakwater.state._pubsub import listen
 from breakwater.state._redis_mirror import Mirror, PendingOutcome, SharedBucket
 
 __all__ = ["RedisStore"]
@@ -259,27 +260,17 @@ class RedisStore(StateStore):
     # ---- background tasks -------------------------------------------------------------------
 
     async def _listen(self) -> None:
-        while True:
-            pubsub = self._sub.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(self.channel)
-                self._subscribed = True
-                while True:
-                    message = await pubsub.get_message(timeout=5.0)
-                    if message is not None:
-                        self._on_message(message.get("data"))
-            except Exception as exc:
-                self._subscribed = False
-                self._degrade(f"subscription lost: {type(exc).__name__}: {exc}")
-            finally:
-                self._subscribed = False
-                with (
-                    anyio.CancelScope(shield=True),
-                    self.clock.deadline_scope(self.clock.monotonic() + 1.0),
-                    contextlib.suppress(Exception),
-                ):
-                    await pubsub.aclose()
-            await self.clock.sleep(min(self.policy.retry_s, 0.1))
+        async def deliver(data: Any) -> None:
+            self._on_message(data)
+
+        def noted(holds: bool) -> None:
+            self._subscribed = holds
+
+        def lost(exc: Exception) -> None:
+            self._degrade(f"subscription lost: {type(exc).__name__}: {exc}")
+
+        pause_s = min(self.policy.retry_s, 0.1)
+        await listen(self._sub, self.channel, deliver, clock=self.clock, pause_s=pause_s, lost=lost, subscribed=noted)
 
     def _on_message(self, data: Any) -> None:
         if not isinstance(data, str):

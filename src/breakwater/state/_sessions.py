@@ -41,6 +41,7 @@ import anyio
 
 from breakwater._clock import Clock, SystemClock
 from breakwater.config._policies import StatePolicy
+from breakwater.state._pubsub import listen
 from breakwater.state._record_client import MIN_TIMEOUT_S, Reach, record_client
 
 __all__ = ["WATCH_S", "SessionStore"]
@@ -225,23 +226,18 @@ class SessionStore:
 
         timeout = max(self._policy.timeout_s, MIN_TIMEOUT_S)
         sub = aredis.Redis.from_url(self._policy.url, socket_connect_timeout=timeout, decode_responses=True)
+
+        async def deliver(data: Any) -> None:
+            session_id = _ended_elsewhere(data, self.replica)
+            if session_id is not None:
+                self.forget(session_id)
+                await ended(session_id)
+
+        def lost(exc: Exception) -> None:
+            log.debug("session subscription lost (%s)", exc)
+
         try:
-            while True:
-                pubsub = sub.pubsub(ignore_subscribe_messages=True)
-                try:
-                    await pubsub.subscribe(self.channel)
-                    while True:
-                        message = await pubsub.get_message(timeout=5.0)
-                        session_id = _ended_elsewhere(message, self.replica)
-                        if session_id is not None:
-                            self.forget(session_id)
-                            await ended(session_id)
-                except Exception as exc:
-                    log.debug("session subscription lost (%s)", exc)
-                finally:
-                    with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                        await pubsub.aclose()
-                await self.clock.sleep(WATCH_S)
+            await listen(sub, self.channel, deliver, clock=self.clock, pause_s=WATCH_S, lost=lost)
         finally:
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                 await sub.aclose()
@@ -252,12 +248,12 @@ class SessionStore:
         await self._w.aclose()
 
 
-def _ended_elsewhere(message: Any, replica: str) -> str | None:
+def _ended_elsewhere(data: Any, replica: str) -> str | None:
     """The session a `DELETE` message of another replica names, if it is one."""
-    if not isinstance(message, dict) or not isinstance(message.get("data"), str):
+    if not isinstance(data, str):
         return None
     try:
-        body = json.loads(message["data"])
+        body = json.loads(data)
     except ValueError:
         return None
     if not isinstance(body, dict) or body.get("replica") == replica or not isinstance(body.get("session"), str):
