@@ -65,6 +65,9 @@ CONNECTION_CLOSED: Final = -32000
 #: Breakwater's client-local code for "the answer was over `[call] max_result_bytes` and dropped
 #: unread" (never on the wire): the stdio transport answers the waiting request with it.
 RESULT_TOO_LARGE: Final = -32090
+#: What a stdio call in flight is told when the server itself closes its stdout (the SDK's "Connection closed" said
+#: neither who closed it nor that the process was going); the gate does not repeat such a call (`gate._classify`).
+STDOUT_CLOSED: Final = "the server closed its stdout during the call (it exited, or crashed)"
 
 
 def json_kind(value: Any) -> str:

@@ -591,3 +591,20 @@ async def test_progress_never_goes_back_when_a_call_is_sent_again(tmp_path: Path
     assert not result.is_error, result.structured_content
     assert bw.upstream("s").snapshot().attempts == 2  # it was restarted, and the call sent again
     assert seen == sorted(seen) and len(seen) > 3, seen  # (an equal value passes: it may carry a new total)
+
+
+async def test_a_call_that_ends_its_server_twice_is_not_repeated_a_third_time(tmp_path: Path) -> None:
+    """A query of death: an idempotent tool whose call makes the server exit was retried up to its three attempts, each
+    killing the server again, until the exits read as a crash loop and every tool of the server was down for a minute."""
+    ledger = tmp_path / "ledger.jsonl"
+    spec = server("s", "--tool", "echo:readonly", "--tool", "bad:crash=1,idempotent,mutating", "--ledger", str(ledger))
+    async with gate(tmp_path, spec) as bw:
+        with anyio.fail_after(60):
+            said = envelope(await bw.call_tool("s", "bad", {}))
+            assert count_ledger(ledger, tool="bad") == 2  # the first attempt and one retry: not the third
+            assert said["attempt"] == 2 and said["retryable"] is False, said
+            assert said["retry_stopped"] == "the server's process ended during this call twice: the call itself may be what ends it"
+            report = await bw.wait_ready(timeout=30)
+            assert [s.state for s in report.servers] == [ServerState.READY], report.to_json()
+            echoed = await bw.call_tool("s", "echo", {})  # the server is back, not held down as a crash loop
+    assert not echoed.is_error, echoed

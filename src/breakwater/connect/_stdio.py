@@ -38,6 +38,7 @@ from mcp.client.stdio import (  # the SDK's shutdown steps and timings, kept ide
 from mcp.shared.message import SessionMessage
 
 from breakwater import _platform
+from breakwater._wire import STDOUT_CLOSED
 from breakwater.config._dialect import command_words
 from breakwater.connect._lines import HandOffReader, LineSplitter, StdoutParser
 from breakwater.connect._raw_call import RawCalls
@@ -52,9 +53,6 @@ EXIT_CODE_GRACE_S = 1.0
 EXIT_POLL_FIRST_S = 0.05
 EXIT_POLL_MAX_S = 2.0
 _GROUP_POLL_S = 0.01
-#: What a call in flight is told when the server itself closes its stdout: the SDK's "Connection closed" said neither
-#: who closed it nor that the process was going.
-STDOUT_CLOSED = "the server closed its stdout during the call (it exited, or crashed)"
 DEFAULT_MAX_LINE_BYTES = 16 * 1024 * 1024  # `[call] max_result_bytes`'s default
 _FD_SCAN_LIMIT = 4096  # descriptors looked at where none can be listed (`_close_on_exec`)
 _CANCEL_CHECK_CHUNKS = 32  # chunks of an upstream's stdout read between two looks for a cancellation (`StdoutReader`)
