@@ -484,3 +484,51 @@ def test_ctrl_c_inside_an_import_that_wraps_it_is_still_an_interruption(capsys: 
 
     with pytest.raises(RuntimeError, match="a real error"):  # anything else still propagates
         _run(failing, [])
+
+
+_SAMPLING_SERVER = """
+import anyio
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+from mcp_types import CallToolResult, ListToolsResult, TextContent, Tool
+
+OPEN = {"type": "object"}
+
+
+async def list_tools(ctx, params):
+    tools = [Tool(name="plain", input_schema=OPEN)]
+    if ctx.session.client_params.capabilities.sampling is not None:  # as server-everything lists its sampling tool
+        tools.append(Tool(name="summarise", input_schema=OPEN))
+    return ListToolsResult(tools=tools)
+
+
+async def call_tool(ctx, params):
+    return CallToolResult(content=[TextContent(type="text", text="ran " + params.name)])
+
+
+server = Server("s", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+async def main():
+    async with stdio_server() as (read, write):
+        await server.run(read, write, server.create_initialization_options())
+
+
+anyio.run(main)
+"""
+
+
+def test_tools_and_call_see_the_tools_serve_lists(env: dict[str, str], tmp_path: Path) -> None:
+    """A server that lists a tool only to a client that can answer sampling (server-everything does): `tools` saved the
+    shorter list to the catalog (a cold `serve` then answered its first clients with it), and `call` said UNKNOWN_TOOL
+    of a tool `tools` listed; both connected without the capabilities `serve` declares."""
+    script = tmp_path / "sampling_server.py"
+    script.write_text(_SAMPLING_SERVER)
+    config = write_config(tmp_path / "mcp.json", {"s": {"command": sys.executable, "args": [str(script)]}})
+    listed = run(env, "tools", "--json", "--wait", "30", "--config", str(config))
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(m["name"] for m in json.loads(listed.stdout)["matches"]) == ["s__plain", "s__summarise"], listed.stdout
+    saved = [json.loads(p.read_text()) for p in (tmp_path / "catalog").glob("s-*.json")]
+    assert any("summarise" in json.dumps(entry) for entry in saved), saved
+    called = run(env, "call", "s", "summarise", "--wait", "30", "--config", str(config))
+    assert (called.returncode, called.stdout.strip()) == (0, "ran summarise"), called.stderr

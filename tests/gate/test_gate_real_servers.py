@@ -603,7 +603,7 @@ async def test_a_call_that_ends_its_server_twice_is_not_repeated_a_third_time(tm
             said = envelope(await bw.call_tool("s", "bad", {}))
             assert count_ledger(ledger, tool="bad") == 2  # the first attempt and one retry: not the third
             assert said["attempt"] == 2 and said["retryable"] is False, said
-            assert said["retry_stopped"] == "the server's process ended during this call twice: the call itself may be what ends it"
+            assert said["retry_stopped"].startswith("the server's process ended during this call twice"), said
             report = await bw.wait_ready(timeout=30)
             assert [s.state for s in report.servers] == [ServerState.READY], report.to_json()
             echoed = await bw.call_tool("s", "echo", {})  # the server is back, not held down as a crash loop

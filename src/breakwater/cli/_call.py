@@ -138,13 +138,17 @@ async def _wait_for(bw: Breakwater, server: str, wait: float) -> None:
 async def _servers(config: Config) -> AsyncIterator[Breakwater]:
     """The servers, behind the gateway when it judges calls too (`drift = "block"`: a changed tool is refused here as
     through `serve`; `call` ran it)."""
+    from breakwater.gateway._roots import gateway_client_hooks, one_client_servers
+
+    # Connected as `serve` connects (sampling, elicitation, roots declared): a server that lists a tool only to such a
+    # client had it called UNKNOWN_TOOL here, though `tools` listed it.
     if config.gateway.drift != "block":
-        async with Breakwater(config) as bw:
+        async with Breakwater(config, client_hooks=gateway_client_hooks(config), one_client=one_client_servers(config)) as bw:
             yield bw
         return
     from breakwater.gateway._open import open_gateway
 
-    async with open_gateway(config, watch=False) as gateway:
+    async with open_gateway(config, watch=False, as_serve=True) as gateway:
         yield gateway.bw
 
 

@@ -24,7 +24,7 @@ DEFAULT_ACCEPT_WAIT_S = 30.0
 async def _tools(config: Config, query: str, as_json: bool, wait: float, accept: bool) -> int:
     from breakwater.gateway._open import open_gateway
 
-    async with open_gateway(config, watch=False) as gateway:
+    async with open_gateway(config, watch=False, as_serve=True) as gateway:
         await gateway.bw.wait_ready(timeout=wait)
         if accept:
             names = query.split()

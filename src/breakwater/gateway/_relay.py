@@ -296,6 +296,11 @@ def _elicitation_gap(caps: types.ClientCapabilities | None, params: types.Elicit
 UpdateSink = Callable[[str, str], Awaitable[None]]
 
 
+#: Why no client was asked: `breakwater call` and `status` have none behind them; a shared server's request outside a call
+#: belongs to no single session.
+_NO_CALLER = " (a command-line call has no client to ask; a request outside a call belongs to no single client)"
+
+
 def _refusal(message: str) -> types.ErrorData:
     return types.ErrorData(code=types.INVALID_REQUEST, message=f"breakwater: {message}")
 
@@ -431,7 +436,7 @@ class Relay:
         """An upstream `sampling/createMessage`, asked of the downstream caller."""
         caller = self._caller(server, transport, params.meta)
         if caller is None:
-            return _refusal(f"no single client call to {server!r} is waiting for this sampling request")
+            return _refusal(f"no single client call to {server!r} is waiting for this sampling request{_NO_CALLER}")
         gap = _sampling_gap(caller.capabilities, params)
         if gap is not None:
             return caller.refuse("sampling", f"the client that made this call {gap}")
@@ -443,7 +448,7 @@ class Relay:
         """An upstream `elicitation/create`, asked of the downstream caller."""
         caller = self._caller(server, transport, params.meta)
         if caller is None:
-            return _refusal(f"no single client call to {server!r} is waiting for this elicitation request")
+            return _refusal(f"no single client call to {server!r} is waiting for this elicitation request{_NO_CALLER}")
         gap = _elicitation_gap(caller.capabilities, params)
         if gap is not None:
             return caller.refuse("elicitation", f"the client that made this call {gap}")

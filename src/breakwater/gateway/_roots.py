@@ -139,15 +139,16 @@ def one_client_servers(config: Config) -> tuple[str, ...]:
     return tuple(spec.name for spec in servers)
 
 
-def gateway_client_hooks(config: Config) -> ClientHooks:
+def gateway_client_hooks(config: Config, relay: Relay | None = None) -> ClientHooks:
     """Client arguments that make connections look as a stdio `serve`'s do: sampling and elicitation declared,
     and roots for the servers that would get a client's (`one_client_servers`).
 
-    Some servers list more tools to a client that can answer those requests, so `breakwater status`
-    connects with these to count the tools the gateway lists (`Breakwater(client_hooks=...)`). With no
-    downstream client, every request is refused at once.
+    Some servers list more tools to a client that can answer those requests, so `breakwater status`,
+    `tools` and `call` connect with these to see the tools the gateway lists (`Breakwater(client_hooks=...)`):
+    `tools` saved a shorter list to the catalog, which a cold `serve` then gave its first clients, and `call`
+    said UNKNOWN_TOOL of a tool `tools` listed. With no downstream client, every request is refused at once.
     """
-    relay = Relay()
+    relay = relay if relay is not None else Relay()
     roots = ClientRoots(relay)
     roots.without_client()
     return roots.hooks(relay.client_kwargs, one_client_servers(config))
