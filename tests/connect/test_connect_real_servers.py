@@ -434,3 +434,25 @@ async def test_a_stdio_server_inherits_the_environment_as_the_agent_would_start_
         assert said.message.endswith("MY_SERVICE_TOKEN is <redacted>"), said.message
     else:
         assert said.message.endswith("MY_SERVICE_TOKEN is not set"), said.message
+
+
+async def test_no_stdio_server_inherits_breakwater_s_own_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gateway's bearer token (`BREAKWATER_TOKEN`) reached every stdio server, an npm package among them, which could
+    then call every server's tools through a gateway on the network. The entry's own `env` still gives one on purpose."""
+    monkeypatch.setenv("BREAKWATER_TOKEN", "gw-token-9Xq2Lm7Hb4Tz")
+    monkeypatch.setenv("BREAKWATER_JOURNAL_URL_LIKE", "postgresql://u:pw@db/x")
+    monkeypatch.setenv("MY_PLAIN_SETTING", "kept")
+    script = tmp_path / "svc.py"
+    script.write_text(
+        "import os, sys\n"
+        "names = sorted(k for k in os.environ if k.startswith(('BREAKWATER_', 'MY_PLAIN')))\n"
+        "print('inherited:', ' '.join(names), file=sys.stderr)\n"
+        "sys.exit(1)\n"
+    )
+    env = {"BREAKWATER_GIVEN": "on purpose"}
+    spec = ServerSpec(name="svc", transport="stdio", command=sys.executable, args=(str(script),), env=env, connect=FAST)
+    async with breakwater(tmp_path, spec) as bw:
+        await until(bw, "svc", ServerState.RETRYING, ServerState.FAILED)
+        said = bw.status().servers[0].error
+    assert said is not None
+    assert said.message.endswith("inherited: BREAKWATER_GIVEN MY_PLAIN_SETTING"), said.message

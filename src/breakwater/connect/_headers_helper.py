@@ -26,6 +26,7 @@ from breakwater._clock import Clock
 from breakwater.config import ServerSpec
 from breakwater.config._checks import check_header
 from breakwater.config._redact import header_secrets, register_secrets
+from breakwater.connect._environment import without_own_variables
 from breakwater.errors import ConfigError
 
 __all__ = ["HELPER_TIMEOUT_S", "HeadersHelperAuth", "HeadersHelperError", "run_headers_helper"]
@@ -83,7 +84,8 @@ async def _output(command: str, *, env: dict[str, str], cwd: str | None, clock: 
 async def run_headers_helper(spec: ServerSpec, *, clock: Clock, timeout_s: float = HELPER_TIMEOUT_S) -> dict[str, str]:
     """Run `spec`'s helper once; its headers (each value registered as a secret), or HeadersHelperError."""
     command = spec.headers_helper or ""
-    env = {**os.environ, "CLAUDE_CODE_MCP_SERVER_NAME": spec.name, "CLAUDE_CODE_MCP_SERVER_URL": spec.url or ""}
+    env = without_own_variables(os.environ)  # the gateway's token is not the helper's
+    env.update(CLAUDE_CODE_MCP_SERVER_NAME=spec.name, CLAUDE_CODE_MCP_SERVER_URL=spec.url or "")
     # Where Claude Code would run it: the project folder, the one holding the config file.
     cwd = str(Path(spec.source).resolve().parent) if spec.source else None
     fix = f"run it yourself to see why: {command}"

@@ -14,7 +14,6 @@ error status, and when to arm the cut-tolerant wrapper. An `OpenedTransport` car
 from __future__ import annotations
 
 import functools
-import os
 import ssl
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
@@ -23,7 +22,6 @@ from typing import Any, Protocol, TypeAlias
 import httpx2
 from mcp.client import Transport
 from mcp.client.sse import sse_client
-from mcp.client.stdio import DEFAULT_INHERITED_ENV_VARS
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server import Server
 from mcp.server.mcpserver import MCPServer
@@ -31,7 +29,7 @@ from mcp.server.mcpserver import MCPServer
 from breakwater._clock import SystemClock
 from breakwater.auth import ServerTokens, TokenStore, build_provider
 from breakwater.config import ServerSpec
-from breakwater.config._redact import is_credential_name, path_like, register_secrets
+from breakwater.connect._environment import inherited
 from breakwater.connect._headers_helper import HeadersHelperAuth
 from breakwater.connect._http_cut import CUT_KEY, CutTolerantTransport
 from breakwater.connect._stdio import StdioProcess
@@ -88,20 +86,6 @@ class TransportFactory(Protocol):
     """
 
     async def __call__(self, spec: ServerSpec, stack: AsyncExitStack, *, report_lost: Callable[[], None]) -> OpenedTransport: ...
-
-
-def inherited(spec: ServerSpec, given: Mapping[str, str] | None) -> dict[str, str]:
-    """What `spec`'s process inherits of `given` (default: this process's environment), by `[connect] inherit_env`.
-
-    All of it by default, as the agents breakwater stands in for start their servers: with the SDK's few, a server
-    reading a token exported in the shell (`GITHUB_TOKEN`, `HTTPS_PROXY`, `NODE_EXTRA_CA_CERTS`) worked when the
-    agent started it and exited behind breakwater. Credential-named values join the redacted secrets.
-    """
-    source = os.environ if given is None else given
-    if spec.connect.inherit_env == "minimal":
-        return {k: v for k, v in source.items() if k in DEFAULT_INHERITED_ENV_VARS and not v.startswith("()")}
-    register_secrets(v for k, v in source.items() if is_credential_name(k) and not path_like(v, k))
-    return dict(source)
 
 
 def stdio_transport(spec: ServerSpec, *, inherit: Mapping[str, str] | None = None, cwd: str | None = None) -> OpenedTransport:

@@ -19,12 +19,13 @@ from typing import Any
 import mcp.types as types
 
 from breakwater._clock import Clock
+from breakwater._wire import STDOUT_CLOSED
 from breakwater.catalog._validate import ArgumentCheck
 from breakwater.config import CallPolicy, RetryPolicy
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import CallError, ErrorCode, InvalidArgumentsError
 from breakwater.gate._breaker import BreakerRegistry, BreakerState, CircuitBreaker, Rejection
-from breakwater.gate._classify import Classifier, RetryClass, retry_class_for
+from breakwater.gate._classify import Classifier, RetryClass, Verdict, retry_class_for
 from breakwater.gate._health import ToolHealth
 from breakwater.gate._retry_budget import RetryBudget
 from breakwater.gate._tasks import TaskRuntime
@@ -34,6 +35,7 @@ from breakwater.journal import OUTCOMES, SENT, AttemptObserver, AttemptRecord, a
 __all__ = [
     "OPERATION_ID_ARGUMENT",
     "Call",
+    "CallerProgressCallback",
     "GateContext",
     "Journaled",
     "ProgressCallback",
@@ -48,8 +50,11 @@ __all__ = [
 #: The argument that also carries the operation id when a tool's input schema declares it.
 OPERATION_ID_ARGUMENT = "operationId"
 
-#: The SDK's progress callback shape.
+#: The SDK's progress callback shape (what the gate calls, and awaits).
 ProgressCallback = Callable[[float, float | None, str | None], Awaitable[None]]
+#: What a library caller may pass as `Breakwater.call_tool`'s `progress_callback`: an async function or a plain one
+#: (`_breakwater._guarded` awaits what it returns when that is awaitable). mypy refused the plain one, documented.
+CallerProgressCallback = Callable[[float, float | None, str | None], Awaitable[None] | None]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -330,6 +335,12 @@ def stopped(err: CallError, why: str) -> CallError:
     """`err`, noting why no further attempt was made."""
     err.detail.setdefault("retry_stopped", why)
     return err
+
+
+def ended_by_exit(said: Verdict | CallError) -> bool:
+    """Whether an attempt ended because its stdio server's process went away while it ran."""
+    reason = said.reason if isinstance(said, Verdict) else said.detail.get("reason")
+    return isinstance(reason, str) and STDOUT_CLOSED in reason
 
 
 def seconds_text(value: float) -> str:

@@ -66,7 +66,7 @@ from typing import Any, Protocol, cast
 import mcp.types as types
 
 from breakwater._clock import Clock
-from breakwater._wire import OPERATION_ID_META_KEY, STDOUT_CLOSED, operation_id_problem
+from breakwater._wire import OPERATION_ID_META_KEY, operation_id_problem
 from breakwater.catalog._validate import argument_checker
 from breakwater.config import JournalPolicy, RetryPolicy
 from breakwater.connect._readiness import call_window, wait_until_ready
@@ -83,6 +83,7 @@ from breakwater.gate._call import (
     ProgressCallback,
     ServerRecord,
     ToolRecord,
+    ended_by_exit,
     invalid_operation_id,
     stopped,
 )
@@ -573,10 +574,8 @@ class CallGate:
         if verdict.code is ErrorCode.TIMEOUT and not call.info.retry.retry_timeouts:
             # A deadline that passed is evidence the tool is slow now: a retry would wait the whole timeout again.
             raise stopped(err, "a timeout is not retried (retry_timeouts is off): the tool is answering slowly now")
-        if _ended_by_exit(verdict) and call.last is not None and _ended_by_exit(call.last):
-            # A query of death: the server's process ended while it ran this call, twice. Another repeat would end it a
-            # third time, and three exits read as a crash loop that downs every tool of the server for a minute. One
-            # retry stays: a call that was only in flight when another call killed the server is not the cause.
+        if ended_by_exit(verdict) and call.last is not None and ended_by_exit(call.last):
+            # A query of death (a third exit reads as a crash loop); one retry: a bystander call is not the cause.
             err.retryable = False
             raise stopped(err, "the server's process ended during this call twice: the call itself may be what ends it")
         delay = call.info.retry.delay(call.attempt - 1, self._rng, verdict.retry_after_s)
@@ -587,12 +586,6 @@ class CallGate:
         if not call.srv.retry_budget.try_acquire():
             raise stopped(err, "the server's retry budget is spent (too many recent failures)")
         return delay
-
-
-def _ended_by_exit(said: Verdict | CallError) -> bool:
-    """Whether an attempt ended because its stdio server's process went away while it ran."""
-    reason = said.reason if isinstance(said, Verdict) else said.detail.get("reason")
-    return isinstance(reason, str) and STDOUT_CLOSED in reason
 
 
 def _unknown_tool(srv: ServerRecord, tool: str) -> UnknownToolError:
