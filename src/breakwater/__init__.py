@@ -12,10 +12,11 @@ What is here, by what a user does with it:
 * read its state: `StatusReport`, `ServerStatus`, `ServerState`, `ErrorInfo`, `Reason`, `RejectedTool`, `ToolTimeout`;
 * catch its errors: `BreakwaterError`, `ConfigError`, `CallError`, its phase groups `CallRefused` (the tool
   did not run) and `CallFailed` (sent, did not succeed), their leaves and `ErrorCode`;
-* plug into it: `Clock`/`SystemClock`, `Journal`, `AttemptObserver`/`AttemptRecord`, `StateStore`/`MemoryStore`,
-  `Telemetry` (the `otel` extra; imported only when asked for), `Classifier` with `Verdict`, `Outcome`,
-  `AttemptContext` and `RetryClass`, `TaskStore`/`PendingTask`, `TransportFactory`/`OpenedTransport` (how each
-  connect attempt reaches its server), and `TurnBudgetScope` (what `budget()` returns).
+* plug into it: `Clock`/`SystemClock` with `DeadlineScope` (what `Clock.deadline_scope()` returns), `Journal`,
+  `AttemptObserver`/`AttemptRecord`, `StateStore`/`MemoryStore`, `Telemetry` (the `otel` extra; imported only
+  when asked for), `Classifier` with `Verdict`, `Outcome`, `AttemptContext` and `RetryClass`,
+  `TaskStore`/`PendingTask`, `TransportFactory`/`OpenedTransport` (how each connect attempt reaches its server),
+  and `TurnBudgetScope` (what `budget()` returns).
 
 `FakeClock` lives in `breakwater.testing` (with `in_memory` and `ScriptedServer`); it is re-exported here for
 existing imports.

@@ -18,13 +18,15 @@ import mcp.types as types
 from anyio.abc import TaskGroup
 
 from breakwater._clock import Clock, SystemClock
+from breakwater._wire import operation_id_problem
 from breakwater.config import Config, JournalPolicy, ServerSpec, find_config, load_config
 from breakwater.config._redact import install_log_redaction
 from breakwater.connect._admission import Admission, default_admission_dir
 from breakwater.connect._protocol_memory import ProtocolMemory, memory_at
 from breakwater.connect._transports import TransportFactory, default_transports
 from breakwater.connect._upstream import ClientHooks, Upstream
-from breakwater.errors import CallError, ToolError
+from breakwater.errors import CallError, ConfigError, ToolError
+from breakwater.gate._call import CallerProgressCallback
 from breakwater.gate._classify import Classifier
 from breakwater.gate._envelope import error_result
 from breakwater.gate._gate import CallGate, LearnedTimeout, ProgressCallback
@@ -178,12 +180,20 @@ class Breakwater:
     @classmethod
     def from_config(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Breakwater:
         """Build from a breakwater.toml or an mcpServers JSON file (default: found in the current directory)."""
-        return cls(load_config(path if path is not None else find_config()), **kwargs)
+        if path is None:
+            try:
+                path = find_config()
+            except ConfigError as exc:
+                # Its fix is the command line's ("pass --config PATH"), a flag a library caller has not got.
+                fix = "pass the file's path, Breakwater.from_config(PATH), or create .mcp.json with an mcpServers object"
+                raise ConfigError(exc.detail, path=exc.path, key=exc.key, fix=fix) from None
+        return cls(load_config(path), **kwargs)
 
     async def __aenter__(self) -> Breakwater:
         if self._life != "new":
             # A second enter started every server again beside the first, and its exit crashed the first's.
             raise RuntimeError(f"this Breakwater was {'entered' if self._life == 'open' else 'closed'} already: make another")
+        self._check_event_loop()
         self._life = "open"
         if self.journal is not None:
             # A thread, not a task: the store's I/O never runs on (or waits for) the event loop.
@@ -197,6 +207,22 @@ class Breakwater:
         for upstream in self._upstreams.values():
             self._tg.start_soon(upstream.run, name=f"breakwater upstream {upstream.spec.name}")
         return self
+
+    def _check_event_loop(self) -> None:
+        """Refuse to start stdio servers on an event loop other than asyncio's.
+
+        Breakwater's stdio transport (`connect._stdio`) runs on asyncio's own pipes, for speed: under trio every stdio
+        server failed with "protocol error: RuntimeError: no running event loop" and was retried forever, blamed on the
+        server. HTTP servers, and transports of the caller's own (`breakwater.testing.in_memory`), run on any backend."""
+        library = _async_library()
+        if library == "asyncio" or self._transports is not default_transports:
+            return
+        stdio = [spec.name for spec in self.config.servers if spec.enabled and spec.transport == "stdio"]
+        if stdio:
+            raise RuntimeError(
+                f"breakwater runs stdio servers on asyncio only, not on {library} (stdio servers here: {', '.join(stdio)}): "
+                "run your code with `anyio.run(main)` (its default backend is asyncio) or `asyncio.run(main())`"
+            )
 
     def _upstream_for(self, spec: ServerSpec) -> Upstream:
         return Upstream(
@@ -229,8 +255,15 @@ class Breakwater:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool | None:
-        assert self._tg is not None
+        if self._tg is None:
+            # Was a bare AssertionError.
+            raise RuntimeError(
+                f"this Breakwater was {'closed already' if self._life == 'closed' else 'never entered'}: "
+                "leave its `async with` once"
+            )
         self._life = "closed"
+        # Waiters in `wait_changed` (another task's) wake now and hear it is closed, instead of waiting forever.
+        self._changed.set()
         # A call waiting for its server to come back (another task's) ends now, not at its timeout.
         for upstream in self._upstreams.values():
             upstream.close_waits()
@@ -272,7 +305,11 @@ class Breakwater:
     # ---- status ----------------------------------------------------------------------------
 
     def status(self) -> StatusReport:
-        """Every server's state right now, and the timeout in force for each tool of a ready one."""
+        """Every server's state right now, and the timeout in force for each tool of a ready one.
+
+        Raises RuntimeError after this instance's `async with` ended (it said "ready" for servers it had stopped)."""
+        if self._life == "closed":
+            self._check_open()
         gate = self._gate
         timeouts = []
         for name, upstream in self._upstreams.items():
@@ -297,8 +334,12 @@ class Breakwater:
         return dataclasses.replace(snapshot, unmatched=unmatched) if unmatched else snapshot
 
     async def wait_changed(self) -> None:
-        """Return at the next state change of any server."""
+        """Return at the next state change of any server.
+
+        Raises RuntimeError outside this instance's `async with`, and in a waiter when it ends (it waited forever)."""
+        self._check_open()
         await self._changed.wait()
+        self._check_open()
 
     async def wait_ready(self, timeout: float | None = None) -> StatusReport:
         """Wait until every server is ready or not worth waiting for (failed or disabled), or `timeout` passes.
@@ -330,7 +371,7 @@ class Breakwater:
         arguments: Mapping[str, Any] | None = None,
         *,
         timeout: float | None = None,
-        progress_callback: ProgressCallback | None = None,
+        progress_callback: CallerProgressCallback | None = None,
         raise_on_error: bool = False,
         operation_id: str | None = None,
     ) -> types.CallToolResult:
@@ -343,13 +384,21 @@ class Breakwater:
         resolved per-attempt timeout for this call; `progress_callback` receives the tool's
         progress notifications. Cancelling the caller cancels the call upstream and is re-raised.
         `operation_id` names the logical call (pass the same one when re-sending a call that may
-        have run); by default each call gets a fresh one.
+        have run); by default each call gets a fresh one. It is for tools that change things: a
+        read-only tool's calls carry no operation id (one given is ignored).
 
         Raises RuntimeError outside this instance's `async with`, ValueError for a `timeout` that is no positive
-        number of seconds and TypeError for `arguments` that are no mapping, before anything is sent; an exception
-        of `progress_callback` (an async or a plain function) cancels the call and is raised as it was.
+        number of seconds or an `operation_id` that is no non-empty string of at most 255 characters, and TypeError
+        for `arguments` that are no mapping or an `operation_id` that is no string, before anything is sent; an
+        exception of `progress_callback` (an async or a plain function) cancels the call and is raised as it was.
         """
         self._check_open()
+        if operation_id is not None:
+            # Was judged by the tool: INVALID_ARGUMENTS for one that changes things, dropped unsaid for a read-only one.
+            if not isinstance(operation_id, str):
+                raise TypeError(f"operation_id must be a string, got {type(operation_id).__name__}")
+            if (problem := operation_id_problem(operation_id)) is not None:
+                raise ValueError(problem)
         if timeout is not None and (type(timeout) not in (int, float) or not 0 < timeout < math.inf):
             # -1 sent nothing and counted a timeout against the tool: four opened its breaker for every caller.
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -458,7 +507,16 @@ class Breakwater:
         return self._gate
 
 
-def _guarded(callback: Any, failure: list[Exception], scope: anyio.CancelScope) -> ProgressCallback:
+def _async_library() -> str:
+    """The async library running the current task ("asyncio", "trio"), as sniffio names it (trio requires sniffio)."""
+    try:
+        import sniffio
+    except ImportError:  # not installed: no trio either, so asyncio
+        return "asyncio"
+    return sniffio.current_async_library()
+
+
+def _guarded(callback: CallerProgressCallback, failure: list[Exception], scope: anyio.CancelScope) -> ProgressCallback:
     """A library caller's progress callback, as the gate calls it: its exception is the caller's.
 
     An exception of `callback` was read as the server's failure (UPSTREAM_ERROR, "the connection failed"), and four

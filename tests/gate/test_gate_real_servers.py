@@ -568,7 +568,7 @@ async def test_a_progress_callbacks_own_exception_is_the_callers_not_the_servers
         def plain(progress: float, total: float | None, message: str | None) -> None:  # not async: taken too
             seen.append(progress)
 
-        assert not (await bw.call_tool("s", "prog", {}, progress_callback=plain)).is_error  # type: ignore[arg-type]
+        assert not (await bw.call_tool("s", "prog", {}, progress_callback=plain)).is_error
         assert seen and seen == sorted(seen)
         assert all(b.failures_in_window == 0 for b in bw.gate.breaker_snapshots())
 

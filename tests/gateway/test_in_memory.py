@@ -208,7 +208,8 @@ async def test_a_scripted_server_shows_what_reached_it_and_relays_progress(tmp_p
 
 async def test_an_operation_id_breakwater_cannot_keep_is_refused_not_replaced(tmp_path: Path) -> None:
     """A caller's id that is no non-empty string (12345, "") was replaced by a new one of breakwater's, silently: an
-    agent's retry under it ran the charge again. Through the gateway and from the library, it is refused; nothing runs."""
+    agent's retry under it ran the charge again. Through the gateway it is refused (INVALID_ARGUMENTS: the model sent it);
+    from the library, `call_tool` raises as for its other bad arguments (tests/test_library_lifecycle.py). Nothing runs."""
     clock = FakeClock()
     listed = [Tool(name="charge", input_schema={"type": "object"}, annotations=ToolAnnotations(destructive_hint=True))]
 
@@ -221,7 +222,9 @@ async def test_an_operation_id_breakwater_cannot_keep_is_refused_not_replaced(tm
     async def body(bw: Breakwater) -> list[CallToolResult]:
         gateway = Gateway(bw, policy, catalog=Catalog(template=policy.tool_name_template, directory=tmp_path / "catalog"))
         await bw.wait_ready(timeout=30)
-        answers = [await bw.call_tool("pay", "charge", {}, operation_id="")]
+        with pytest.raises(ValueError, match="operation id must be a non-empty string"):
+            await bw.call_tool("pay", "charge", {}, operation_id="")
+        answers: list[CallToolResult] = []
         async with Client(gateway.server, mode="legacy") as client:
             for bad in (12345, "", "x" * 256):
                 meta = cast(RequestParamsMeta, {OPERATION_ID_META_KEY: bad})  # an open TypedDict: vendor keys are allowed

@@ -273,8 +273,8 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
                 result = await client.call_tool(name, call.arguments, progress_callback=on_progress, meta=call.meta)
                 assert isinstance(result, types.CallToolResult)
     except anyio.get_cancelled_exc_class():
-        task = asyncio.current_task()
-        if task is not None and task.cancelling() > 0:
+        task = _current_task()
+        if task is None or task.cancelling() > 0:
             # The caller cancelled: the SDK already told the server; stay cancelled, learn nothing.
             permits.release()
             if call.journal is not None:
@@ -301,6 +301,15 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
     if result is not None:  # NaN or Infinity from the server: null, as on the gateway's wire (connect/_not_json.py)
         result = finite_result(result, server=srv.name, tool=info.name)
     return _judge(ctx, call, permits, deadline, result, failure, client)
+
+
+def _current_task() -> asyncio.Task[Any] | None:
+    """The asyncio task running, or None on trio (HTTP servers only): there every cancellation that reaches
+    `run_attempt`'s handler is a scope's around the caller, to stay cancelled (`asyncio.current_task` raised)."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
 
 
 def _judge(

@@ -318,7 +318,8 @@ def _leaves(exc: BaseException) -> Iterator[BaseException]:
 
 
 def _is_cancel(exc: BaseException) -> bool:
-    # anyio on asyncio cancels with asyncio.CancelledError; trio is not supported by the SDK's transports.
+    # anyio on asyncio cancels with asyncio.CancelledError. The SDK's transports run on trio too, but breakwater's own
+    # stdio transport is asyncio's (`Breakwater` refuses stdio servers under trio), and a trio.Cancelled is not seen here.
     return isinstance(exc, asyncio.CancelledError)
 
 

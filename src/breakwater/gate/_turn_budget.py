@@ -77,7 +77,7 @@ class TurnBudgetScope:
         if (seconds is None) == (deadline is None):
             raise ValueError("give exactly one of seconds= or deadline=")
         if seconds is not None and (math.isnan(seconds) or seconds < 0):
-            raise ValueError(f"a budget cannot be negative: {seconds!r}")
+            raise ValueError(f"a budget must be a number of seconds, 0 or more: got {seconds!r}")
         self._seconds = seconds
         self._deadline = deadline
         self._clock = clock
