@@ -8,7 +8,10 @@ from typing import Any
 import anyio
 import pytest
 
-from breakwater.gateway._drain import Drain, DrainGuard
+from breakwater.gate._tasks import TASK_OWNER, TaskOwner
+from breakwater.gateway import _drain
+from breakwater.gateway._drain import Drain, DrainGuard, stdio_refusal
+from breakwater.tasks._store import PendingTask
 from breakwater.testing import FakeClock
 
 pytestmark = pytest.mark.anyio
@@ -91,3 +94,64 @@ async def test_the_window_waits_for_calls_then_cuts_what_is_left() -> None:
     assert cut == {"short": False, "long": True}
     assert drain.cut == 1 and drain.cutting
     assert 10.0 <= took[0] <= 10.0 + 0.5  # the window, then at most the cut's grace for the envelopes
+
+
+def _request(request_id: int, method: str, **params: Any) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}).encode()
+
+
+async def test_a_draining_replica_answers_polls_of_the_tasks_it_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A poll runs nothing new: `tasks/get` and `tasks/cancel` of a gateway task this process holds still reach it (a
+    task whose upstream task ended answers its result from memory); one naming a task it does not hold is refused with
+    words that say so (taking it over would start polling here), and a new call as before."""
+    monkeypatch.setattr(_drain, "issued_here", lambda task_id: task_id == "held")
+    drain = Drain(FakeClock())
+    guard = DrainGuard(None, drain)
+    drain.draining = True
+    for method in ("tasks/get", "tasks/cancel", "tasks/update"):
+        poll = _request(1, method, taskId="held")
+        assert (await _post(guard, poll))[::2] == (202, [poll])
+    assert (await _post(guard, _request(2, "tasks/result", taskId="other")))[0] == 202  # 2025-11-25: the SDK says no
+    status, body, reached = await _post(guard, _request(3, "tasks/get", taskId="other"))
+    message = json.loads(body)["error"]["message"]
+    assert (status, reached) == (503, []) and "takes over no task" in message and "nothing was run" not in message
+    status, body, _ = await _post(guard, _request(4, "tools/call", name="x"))
+    assert status == 503 and "runs nothing new" in json.loads(body)["error"]["message"]
+    assert stdio_refusal(_request(5, "tasks/get", taskId="held")) is None
+    refused = stdio_refusal(_request(6, "tasks/get", taskId="other"))
+    assert refused is not None and "takes over no task" in refused[2]
+
+
+async def test_a_gateway_tasks_upstream_task_outlives_the_drain() -> None:
+    """From the drain's start, a gateway task's call that became an upstream task is no call in flight: the window
+    does not wait for it, the cut leaves it alone, and its upstream task is kept (`TaskOwner.kept`). A gateway task's
+    call that is still a plain call is waited for and cut like any call."""
+    clock = FakeClock()
+    drain = Drain(clock)
+    cut: dict[str, bool] = {}
+    owners = {"upstream task": TaskOwner("a"), "plain call": TaskOwner("b")}
+    owners["upstream task"].following = PendingTask(
+        server="jobs", tool="t", task_id="u", operation_id=None, retry_class="never", started_at=0.0, deadline_at=60.0
+    )
+    took: list[float] = []
+
+    async def call(name: str) -> None:
+        TASK_OWNER.set(owners[name])
+        with drain.call(lambda: True) as entry:
+            await clock.sleep(60.0)
+        cut[name] = entry.scope.cancelled_caught
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            for name in owners:
+                tg.start_soon(call, name)
+            await clock.sleep(1.0)
+            started = clock.monotonic()
+            await drain.run(10.0)
+            took.append(clock.monotonic() - started)
+            assert cut == {"plain call": True}  # the survivor still runs
+            tg.cancel_scope.cancel()
+
+    await clock.run(main)
+    assert drain.cut == 1 and 10.0 <= took[0] <= 10.5
+    assert owners["upstream task"].kept  # its follow, cancelled at the process's end, leaves the upstream task running

@@ -8,6 +8,7 @@ Tools (all async, so a cancel interrupts them):
 * `tool_error()`: the tool's own `isError` result (task-capable): a task that ends `completed`;
 * `protocol_error()`: raises a JSON-RPC error (task-capable): a task that ends `failed`;
 * `coded_error(code)`: the same with the given code;
+* `late_error(seconds)`: works for `seconds`, then raises a JSON-RPC error (task-capable: a task that ends `failed`);
 * `must_task(seconds)`: like `long_job`, but only as a task (`required`);
 * `quick(x)`: an ordinary tool, never a task;
 * `task_info(task_id)`: what the server knows of a task (status, polls, cancel requested);
@@ -34,7 +35,7 @@ from breakwater.tasks import TaskSupport
 
 def build(poll_ms: int, ttl_s: float | None, fail_polls: int = 0) -> MCPServer:
     tasks = TaskSupport(
-        tools=["long_job", "tool_error", "protocol_error", "coded_error"],
+        tools=["long_job", "tool_error", "protocol_error", "coded_error", "late_error"],
         required=["must_task"],
         poll_interval_s=poll_ms / 1000,
         ttl_s=ttl_s,
@@ -78,6 +79,12 @@ def build(poll_ms: int, ttl_s: float | None, fail_polls: int = 0) -> MCPServer:
         """Fail with a JSON-RPC error of the given code (one the SDK also gives its own failures, say)."""
         await anyio.sleep(0.05)
         raise MCPError(code=code, message=f"the server's own error {code}")
+
+    @mcp.tool()
+    async def late_error(seconds: float) -> str:
+        """Work for `seconds`, then fail with a JSON-RPC error."""
+        await anyio.sleep(seconds)
+        raise MCPError(code=-32603, message="the render farm is on fire")
 
     @mcp.tool()
     async def quick(x: int) -> int:

@@ -29,7 +29,9 @@ at protocol versions where its claims are active, so those calls stay ordinary c
 
 When the `Breakwater` instance exits while a task is being polled, the task is left running
 upstream and its record kept, so the next start can resume it; only the caller's own cancellation
-(or a spent budget) cancels a task.
+(or a spent budget) cancels a task. A call made for someone who polls it later (a gateway task,
+`TASK_OWNER`) can be kept the same way one at a time (`TaskOwner.keep`): a gateway's graceful stop
+keeps the upstream tasks of its gateway tasks, so the restarted gateway resumes them.
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+from collections import OrderedDict
 from collections.abc import Mapping
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import anyio
@@ -75,6 +79,7 @@ __all__ = [
     "TASK_CALL",
     "TASK_OWNER",
     "TaskCall",
+    "TaskOwner",
     "TaskRuntime",
 ]
 
@@ -94,6 +99,9 @@ MAX_ERROR_BACKOFF_S = 10.0
 MIN_POLL_TIMEOUT_S = 1.0
 #: The longest `tasks/cancel` may take when the deadline passed or the caller gave up.
 CANCEL_BOUND_S = 5.0
+#: Task ids this runtime sent `tasks/cancel` for, remembered (the latest this many) so that a task it later sees
+#: `cancelled` is not reported as the server's own doing.
+_CANCELS_REMEMBERED = 1024
 
 _TERMINAL = frozenset({"completed", "failed", "cancelled"})
 
@@ -135,10 +143,30 @@ class AttemptHandle(Protocol):
         ...
 
 
+@dataclass(eq=False)
+class TaskOwner:
+    """Who waits on a call besides its caller (a gateway task, by its id), and what became of the call.
+
+    Set in `TASK_OWNER` around the call; an upstream task the call becomes is persisted with `id` as its owner.
+    """
+
+    id: str
+    #: The upstream task the gate follows for this owner right now (None: a plain call so far, or over).
+    following: PendingTask | None = None
+    #: Leave the upstream task running and its row kept, whatever ends the follow in this process (a graceful stop:
+    #: the next gateway process resumes it, `breakwater.gateway._drain`); a downstream `tasks/cancel` clears it first.
+    kept: bool = False
+
+    def keep(self) -> bool:
+        """From now on keep the call's upstream task (above), should it be or become one; True if it follows one now."""
+        self.kept = True
+        return self.following is not None
+
+
 #: Set by the gate around each attempt's `tools/call`; read by the claim's resolver.
 TASK_CALL: ContextVar[TaskCall | None] = ContextVar("breakwater_task_call", default=None)
-#: Set by whoever waits on a call besides its caller (the gateway's own task id); persisted with the task.
-TASK_OWNER: ContextVar[str | None] = ContextVar("breakwater_task_owner", default=None)
+#: Set by whoever waits on a call besides its caller (a gateway task); its id is persisted with the task.
+TASK_OWNER: ContextVar[TaskOwner | None] = ContextVar("breakwater_task_owner", default=None)
 
 
 class _Transient(Exception):
@@ -155,6 +183,7 @@ class TaskRuntime:
         self.store = store
         #: Set while the owning `Breakwater` shuts down: tasks are then left running and remembered.
         self.closing = False
+        self._cancels_sent: OrderedDict[str, None] = OrderedDict()
 
     @property
     def clock(self) -> Clock:
@@ -192,6 +221,7 @@ class TaskRuntime:
         # The attempt's timeout bounded getting the handle; from here on the task's deadline does.
         call.attempt.became_task(handle.task_id)
         op_id = call.meta.get(_OPERATION_ID_META_KEY) if call.meta else None
+        owner = TASK_OWNER.get()
         pending = PendingTask(
             server=call.upstream.spec.name,
             tool=call.tool,
@@ -200,7 +230,7 @@ class TaskRuntime:
             retry_class=call.retry_class.value,
             started_at=wall,
             deadline_at=wall + (deadline - now),
-            owner=TASK_OWNER.get(),
+            owner=owner.id if owner is not None else None,
         )
         await self._store(self.store.add if self.store else None, pending)
         poll_timeout_s = max(call.timeout_s, MIN_POLL_TIMEOUT_S)
@@ -223,6 +253,10 @@ class TaskRuntime:
             return await self._follow(
                 upstream, pending, deadline, cut_by, max(poll_timeout_s, MIN_POLL_TIMEOUT_S), DEFAULT_POLL_S, immediate=True
             )
+        except CallError as err:
+            if err.detail.get("reason") == "task_lost" and _process_since(upstream, pending):
+                raise _server_gone(pending) from err
+            raise
         except MCPError as exc:
             raise UpstreamError(
                 f"The task failed on the server with a protocol error ({exc.code}: {exc.message}).",
@@ -241,21 +275,36 @@ class TaskRuntime:
         *,
         immediate: bool,
     ) -> types.CallToolResult:
+        owner = TASK_OWNER.get()
+        if owner is not None:
+            owner.following = pending
         forget = True
+        ended = False  # the task reached an end the server keeps for its ttl (completed, failed, cancelled)
         started = self._clock.monotonic()
         try:
             with self._clock.deadline_scope(deadline):
-                return await self._until_done(upstream, pending, poll_timeout_s, interval_s, immediate=immediate)
+                try:
+                    result = await self._until_done(upstream, pending, poll_timeout_s, interval_s, immediate=immediate)
+                except (ServerReplyError, CallCancelledError):
+                    ended = True
+                    raise
+                ended = True
+                return result
             sent = await self.cancel(upstream, pending.task_id)
             raise _cut(pending, cut_by, sent, self._clock.monotonic() - started)
         except anyio.get_cancelled_exc_class():
-            if self.closing:
+            if self.closing or (owner is not None and owner.kept):
                 # Shutting down, not giving up: leave the task running and remembered for the next start.
                 forget = False
             else:
                 await self.cancel(upstream, pending.task_id)
             raise
         finally:
+            if owner is not None:
+                owner.following = None
+                # A kept task that ended during a graceful stop: its outcome is in this process's memory only, so
+                # the row stays and the next process answers it again from the server's record.
+                forget = forget and not (ended and owner.kept)
             if forget:
                 await self._store(self.store.remove if self.store else None, pending.server, pending.task_id)
 
@@ -286,9 +335,13 @@ class TaskRuntime:
             if state.status == "failed":
                 raise _failure(state.error)
             if state.status == "cancelled":
+                ours = pending.task_id in self._cancels_sent
+                by = "breakwater" if ours else "server"
                 raise CallCancelledError(
-                    "The server cancelled the task before it finished.",
-                    detail={"task_id": pending.task_id, "task_status": "cancelled"},
+                    "Breakwater had asked the server to cancel the task, and it did."
+                    if ours
+                    else "The server cancelled the task before it finished.",
+                    detail={"task_id": pending.task_id, "task_status": "cancelled", "cancelled_by": by},
                 )
             if state.status == "input_required":
                 await self.cancel(upstream, pending.task_id)
@@ -344,6 +397,9 @@ class TaskRuntime:
         if client is None or upstream.state is not ServerState.READY:
             return False
         request = CancelTaskRequest(params=TaskIdParams(task_id=task_id))
+        self._cancels_sent[task_id] = None
+        while len(self._cancels_sent) > _CANCELS_REMEMBERED:
+            self._cancels_sent.popitem(last=False)
         with anyio.CancelScope(shield=True), self._clock.deadline_scope(self._clock.monotonic() + CANCEL_BOUND_S):
             try:
                 await client.session.send_request(request, TaskAck)
@@ -391,6 +447,24 @@ def _lost(pending: PendingTask, why: str) -> CallError:
         retryable=True,
         detail=detail,
     )
+
+
+def _process_since(upstream: Upstream, pending: PendingTask) -> bool:
+    """Whether `upstream` is a stdio server whose current process started after the task did (so the task ran on
+    another process, now gone: a session's own server ends with its session, every one with its gateway)."""
+    began = upstream.attempt_started_at
+    return upstream.spec.transport == "stdio" and began is not None and began > pending.started_at
+
+
+def _server_gone(pending: PendingTask) -> CallError:
+    detail = {"task_id": pending.task_id, "reason": "task_server_gone"}
+    gone = (
+        "The task ran on an earlier process of this stdio server, which has exited (a session's own server process "
+        "ends with its session, and every one with the gateway that started it); the current process does not know it"
+    )
+    if pending.retry_class == RetryClass.NEVER.value:
+        return OutcomeUnknownError(f"{gone}, so whether it took effect is unknown.", detail=detail)
+    return UpstreamError(f"{gone}; its result is lost.", retryable=True, detail=detail)
 
 
 def _broken(pending: PendingTask, why: str) -> CallError:

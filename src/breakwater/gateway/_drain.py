@@ -15,6 +15,14 @@ On SIGTERM (`Drain.run`, started by `cli/_serve.py`):
 
 Only POSTs count as in flight: a GET stream of a 2025-11-25 session lives as long as its session.
 
+Gateway tasks (`breakwater.gateway._tasks`) survive the stop as they survive a kill: from the drain's
+start, the call of a gateway task that became an upstream task is no call in flight; its upstream
+task is left running and its row kept (`TaskOwner.keep`, and `keep_resumed` for adopted ones), so
+the restarted gateway adopts the id and resumes it. While the drain runs, polls of this process's
+gateway tasks (`tasks/get`, `tasks/cancel`, `tasks/update`) are still answered: they run nothing new,
+and a task whose upstream task ended meanwhile answers its result from memory (its row stays for the
+next process too). A gateway task whose call is still a plain call is a call in flight like any other.
+
 Stdio ends the same way when its client goes away (`drain_stdio`): when stdin closes, or on SIGTERM
 or Ctrl-C; the calls in flight get the same window, what is left is cut with the same envelopes
 (written to stdout while the client may still read it), and the process exits 0. After a stop signal
@@ -36,6 +44,8 @@ import anyio
 
 from breakwater._clock import Clock, DeadlineScope
 from breakwater.errors import CallError, OutcomeUnknownError, UpstreamError
+from breakwater.gate._tasks import TASK_OWNER, TaskOwner
+from breakwater.gateway._tasks import issued_here, keep_resumed
 
 if TYPE_CHECKING:
     from breakwater._breakwater import Breakwater
@@ -50,6 +60,11 @@ _REFUSAL = (
     "this breakwater gateway is shutting down and runs nothing new; send the request again, to another replica or once "
     "it is back (nothing was run)"
 )
+#: A `tasks/*` request naming a task this process does not hold: taking it over would start polling here.
+_TASK_REFUSAL = (
+    "this breakwater gateway is shutting down and takes over no task it does not hold; ask again, another replica "
+    "or this one once it is back answers it (nothing was done to the task)"
+)
 #: The same refusal over stdio, where the session, not a replica, is ending (JSON-RPC internal error, as over HTTP).
 _STDIO_REFUSAL = (
     "this breakwater session is shutting down and runs nothing new; send the request again in a new session (nothing was run)"
@@ -62,6 +77,8 @@ class _InFlight:
     scope: DeadlineScope
     #: True while an attempt is with the upstream (so a mutating call may have run).
     sent: Callable[[], bool]
+    #: The gateway task the call runs for, if any: once its call is an upstream task it survives the drain.
+    owner: TaskOwner | None = None
     was_sent: bool = False
 
 
@@ -103,9 +120,11 @@ class Drain:
 
         After the block, `.scope.cancelled_caught` says whether it was cut (nothing else cancels it).
         """
-        entry = _InFlight(self.clock.deadline_scope(math.inf), sent)
+        entry = _InFlight(self.clock.deadline_scope(math.inf), sent, TASK_OWNER.get())
         if self.cutting:
             entry.scope.cancel()
+        elif self.draining and entry.owner is not None:
+            entry.owner.keep()
         self._calls.add(entry)
         try:
             with entry.scope:
@@ -124,22 +143,40 @@ class Drain:
             self._began = anyio.Event()
         await self._began.wait()
 
+    def _survives(self, entry: _InFlight) -> bool:
+        """Whether a call outlives the drain: a gateway task's call that is an upstream task now (kept: `_keep`)."""
+        return self.draining and entry.owner is not None and entry.owner.following is not None
+
+    def _keep(self) -> None:
+        """The drain began: every gateway task's call keeps its upstream task, had or to come (`TaskOwner.keep`)."""
+        for entry in list(self._calls):
+            if entry.owner is not None:
+                entry.owner.keep()
+        keep_resumed()
+
+    def _busy(self) -> bool:
+        """Requests or calls in flight that the drain waits for (or cuts)."""
+        return self.requests > 0 or any(not self._survives(entry) for entry in list(self._calls))
+
     async def run(self, window_s: float) -> None:
         """Refuse new work, wait up to `window_s` for the calls in flight, cut the rest."""
         self.draining = True
+        self._keep()
         if self._began is not None:
             self._began.set()
         clock = self.clock
-        if (self.requests > 0 or self._calls) and not self.hurried:
+        if self._busy() and not self.hurried:
             self._window = clock.deadline_scope(clock.monotonic() + window_s)
             try:
                 with self._window:
                     await self._wait_idle(math.inf)
             finally:
                 self._window = None
-        if self.requests > 0 or self._calls:
+        if self._busy():
             self.cutting = True
             for entry in list(self._calls):
+                if self._survives(entry):
+                    continue
                 entry.was_sent = entry.sent()
                 self.cut += 1
                 entry.scope.cancel()
@@ -156,7 +193,7 @@ class Drain:
     async def _wait_idle(self, deadline: float) -> None:
         clock = self.clock
         with clock.deadline_scope(deadline):
-            while self.requests > 0 or self._calls:
+            while self._busy():
                 self._idle = anyio.Event()
                 if self.requests <= 0:
                     # Only calls without a request of their own (2026-07-28 rounds in the gateway's task group).
@@ -209,7 +246,7 @@ class DrainGuard:
             if method == "POST":
                 body = await _read_body(receive)
                 if body is None or (message_id := _request_id(body)) is not _NOT_A_REQUEST:
-                    await _refuse(send, None if body is None else message_id)
+                    await _refuse(send, None if body is None else message_id, _refusal_of(body))
                     return
                 receive = replay_body(body, receive)
         if method != "POST":
@@ -225,8 +262,11 @@ class DrainGuard:
 _NOT_A_REQUEST = object()
 #: The requests a draining gateway still answers: they run nothing, and a client finishing a call may send one. The
 #: SDK's client lists the tools after a call to check its structured content: refused, the call's result was lost and
-#: the client told "nothing was run" of a call that had run.
-_STILL_ANSWERED = frozenset({"ping", "tools/list", "prompts/list", "resources/list", "resources/templates/list"})
+#: the client told "nothing was run" of a call that had run. `tasks/result` (2025-11-25) is not served here: the
+#: SDK's own error says so.
+_STILL_ANSWERED = frozenset({"ping", "tools/list", "prompts/list", "resources/list", "resources/templates/list", "tasks/result"})
+#: Requests about one gateway task, answered while draining when this process holds the task (`_tasks.issued_here`).
+_TASK_METHODS = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
 
 
 def _request_id(body: bytes) -> Any:
@@ -241,8 +281,26 @@ def _request_id(body: bytes) -> Any:
         if isinstance(item, dict) and "method" in item and "id" in item:
             if len(messages) > 1:
                 return None
-            return _NOT_A_REQUEST if item["method"] in _STILL_ANSWERED else item["id"]
+            if item["method"] in _STILL_ANSWERED or (item["method"] in _TASK_METHODS and issued_here(_task_id(item))):
+                return _NOT_A_REQUEST
+            return item["id"]
     return _NOT_A_REQUEST
+
+
+def _task_id(request: dict[str, Any]) -> object:
+    params = request.get("params")
+    return params.get("taskId") if isinstance(params, dict) else None
+
+
+def _refusal_of(body: bytes | None) -> str:
+    """The refusal's message: a request naming a task this process does not hold says so; any other, that it was not run."""
+    try:
+        message = json.loads(body) if body is not None else None
+    except ValueError:
+        return _REFUSAL
+    if isinstance(message, dict) and message.get("method") in _TASK_METHODS:
+        return _TASK_REFUSAL
+    return _REFUSAL
 
 
 async def _read_body(receive: Any) -> bytes | None:
@@ -281,11 +339,12 @@ def stdio_refusal(line: bytes) -> tuple[Any, int, str] | None:
     message_id = _request_id(line)
     if message_id is _NOT_A_REQUEST:
         return None
-    return message_id, _REFUSAL_CODE, _STDIO_REFUSAL
+    refusal = _STDIO_REFUSAL if _refusal_of(line) == _REFUSAL else _TASK_REFUSAL
+    return message_id, _REFUSAL_CODE, refusal
 
 
-async def _refuse(send: Any, message_id: Any) -> None:
-    error = {"jsonrpc": "2.0", "id": message_id, "error": {"code": _REFUSAL_CODE, "message": _REFUSAL}}
+async def _refuse(send: Any, message_id: Any, message: str = _REFUSAL) -> None:
+    error = {"jsonrpc": "2.0", "id": message_id, "error": {"code": _REFUSAL_CODE, "message": message}}
     await send(
         {
             "type": "http.response.start",

@@ -4,7 +4,9 @@
 and refusal beside the journal, and it keeps counters, a latency histogram, each tool's last few
 attempts (the status page's sparklines) and the latest failures. `CallCounter` is an MCP server
 middleware that counts whole calls at the gateway's edge by the outcome the agent saw, including
-calls refused before they reach the gate (server connecting or failed, unknown tool).
+calls refused before they reach the gate (server connecting or failed, unknown tool). A call
+answered with a gateway task's handle is counted when the task ends, with its outcome and the
+whole duration (`breakwater.gateway._tasks.when_ended`).
 
 Gauges (server and breaker states, retry budgets, in-flight calls, the journal's queue and drops,
 the timeout in force) are read from the `Breakwater` when scraped, so they cost nothing between
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from breakwater._clock import Clock, SystemClock
 from breakwater._wire import ERROR_META_KEY
 from breakwater.errors import ErrorCode
+from breakwater.gateway._tasks import when_ended
 from breakwater.journal import ANSWERED_OUTCOMES, RECONCILED, REFUSAL_OUTCOMES, AttemptRecord, outcome_of
 
 if TYPE_CHECKING:
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
     from breakwater._breakwater import Breakwater
     from breakwater.gateway._resume import ResumableStreams
     from breakwater.status import ServerStatus
+    from breakwater.tasks import TaskInfo
 
 __all__ = [
     "BUILTIN_SERVER",
@@ -396,8 +400,12 @@ class CallCounter:
         started = self._clock.monotonic()
         outcome = "protocol_error"
         named: str | None = None
+        later = False
         try:
             result = await call_next(ctx)
+            if (task_id := _task_handle_id(result)) is not None:
+                # Answered with a gateway task's handle: what the agent sees is the task's end, counted then.
+                later = when_ended(task_id, lambda task: self._count(name, *_task_outcome(task), started))
             outcome, named = _call_outcome(result)
             return result
         except BaseException as exc:
@@ -406,9 +414,27 @@ class CallCounter:
                 outcome = "cancelled"
             raise
         finally:
-            target = self._resolve(name, named) if isinstance(name, str) else None
-            server, tool = target if target is not None else ("", UNLISTED)
-            self._metrics.count_call(server, tool, outcome, self._clock.monotonic() - started)
+            if not later:
+                self._count(name, outcome, named, started)
+
+    def _count(self, name: Any, outcome: str, named: str | None, started: float) -> None:
+        target = self._resolve(name, named) if isinstance(name, str) else None
+        server, tool = target if target is not None else ("", UNLISTED)
+        self._metrics.count_call(server, tool, outcome, self._clock.monotonic() - started)
+
+
+def _task_handle_id(result: Any) -> str | None:
+    """The task id of a `tools/call` answered with a task handle, else None."""
+    if isinstance(result, Mapping) and result.get("resultType") == "task" and isinstance(result.get("taskId"), str):
+        return str(result["taskId"])
+    return None
+
+
+def _task_outcome(task: TaskInfo) -> tuple[str, str | None]:
+    """A gateway task's end as `_call_outcome` names a call's: the result's, a JSON-RPC error, or cancelled."""
+    if task.status == "completed":
+        return _call_outcome(task.result)
+    return ("protocol_error" if task.status == "failed" else "cancelled"), None
 
 
 def _call_outcome(result: Any) -> tuple[str, str | None]:

@@ -151,11 +151,19 @@ class TaskInfo:
     _created_mono: float = 0.0
     _runner: asyncio.Task[None] | None = field(default=None, repr=False)
     _done: anyio.Event = field(default_factory=anyio.Event, repr=False)
+    _on_end: list[Callable[[TaskInfo], None]] = field(default_factory=list, repr=False)
 
     @property
     def terminal(self) -> bool:
         """True once the task is completed, failed or cancelled."""
         return self.status in TERMINAL_STATUSES
+
+    def on_end(self, callback: Callable[[TaskInfo], None]) -> None:
+        """Call `callback(task)` once the task's work is over and its status settled (at once if it is already)."""
+        if self._done.is_set():
+            callback(self)
+        else:
+            self._on_end.append(callback)
 
     def wire(self) -> dict[str, Any]:
         """The `Task` object of the spec: what the handle and `tasks/get` carry (plus the inlined outcome)."""
@@ -357,6 +365,12 @@ class TaskSupport(Extension):
         finally:
             task._runner = None
             task._done.set()
+            callbacks, task._on_end = task._on_end, []
+            for callback in callbacks:
+                try:
+                    callback(task)
+                except Exception:
+                    logger.exception("a callback at the end of task %s failed", task.task_id)
 
     def _purge(self) -> None:
         now = self._clock.monotonic()
