@@ -18,6 +18,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
@@ -249,6 +250,40 @@ async def test_status_shows_the_revision_each_start_speaks_and_serve_speaks_it_t
     assert isinstance(status.structured_content, dict)
     assert [s["protocol"] for s in status.structured_content["servers"]] == ["2025-11-25"]
     assert list(Path(env["BREAKWATER_PROTOCOL_MEMORY_DIR"]).glob("shop-*.json")), "kept in the test's own memory"
+
+
+def test_a_relative_config_that_is_not_there_is_named_with_the_folder_it_was_looked_for_in(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """`servers.json: cannot read the file: No such file or directory` did not say where: an agent starts `serve` in a
+    folder of its own choosing, which the user does not see."""
+    for command in (["config", "check"], ["status", "--wait", "0"]):
+        result = subprocess.run(
+            [*BREAKWATER, *command, "--config", "servers.json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 2, result
+        assert f"servers.json: cannot read the file {tmp_path / 'servers.json'}: " in result.stderr, result.stderr
+        assert f"read from the folder breakwater runs in, {tmp_path}" in result.stderr, result.stderr
+
+
+@pytest.mark.anyio
+async def test_an_sse_entry_on_a_streamable_http_server_is_told_to_try_http(env: dict[str, str], tmp_path: Path) -> None:
+    """`"type": "sse"` on a URL that speaks streamable HTTP failed as `http_status: HTTP 400 from ...` alone."""
+    from breakwater.testing.server import serve_http
+
+    async with serve_http() as server:
+        config = write_config(tmp_path / "mcp.json", {"wrong": {"type": "sse", "url": server.url}})
+        result = await anyio.to_thread.run_sync(lambda: run(env, "status", "--json", "--wait", "5", "--config", str(config)))
+    (wrong,) = json.loads(result.stdout)["servers"]
+    assert wrong["error"]["code"] == "http_status", wrong
+    assert wrong["error"]["message"].endswith('a streamable HTTP endpoint answers an SSE client so: try "type": "http"'), wrong
 
 
 # ---- tools answers in seconds -----------------------------------------------------------------------------

@@ -860,3 +860,69 @@ async def _http_frames_get_their_errors(http: Any, url: str, headers: dict[str, 
     after = await http.post(url, content=b'{"jsonrpc":"2.0","id":99,"method":"ping"}', headers=session)
     assert _http_answer(after) == {"jsonrpc": "2.0", "id": 99, "result": {}}
     assert wrong == []
+
+
+@pytest.mark.parametrize(
+    ("top", "meant"),
+    [
+        ('{"mcpServer": {"a": {"command": "x"}}}', ("mcpServer", "mcpServers")),
+        ('{"MCPServers": {"a": {"command": "x"}}}', ("MCPServers", "mcpServers")),
+        ('{"mcp_servers": {"a": {"command": "x"}}}', ("mcp_servers", "mcpServers")),
+        ('{"server": {"a": {"command": "x"}}}', ("server", "servers")),
+        ('{"contextServers": {"a": {"command": "x"}}}', ("contextServers", "context_servers")),
+        ('{"mcp": {"server": {"a": {"command": "x"}}}}', ("mcp.server", "mcp.servers")),
+    ],
+)
+def test_a_misspelt_table_of_servers_is_named_with_the_one_it_meant(tmp_path: Path, top: str, meant: tuple[str, str]) -> None:
+    """`{"mcpServer": ...}` was told only `no "mcpServers" object`, as though the file held no servers."""
+    path = tmp_path / "mcp.json"
+    path.write_text(top)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    written, table = meant
+    assert info.value.key == written and f'did you mean "{table}"?' in (info.value.fix or ""), info.value
+    assert 'no "mcpServers" object' in info.value.detail and written in info.value.detail
+
+
+def test_a_misspelt_table_of_a_toml_file_offers_codexs_too(tmp_path: Path) -> None:
+    """`[mcp_server.x]` was offered breakwater's `servers` alone; Codex's `mcp_servers` is the nearer."""
+    path = tmp_path / "config.toml"
+    path.write_text('[mcp_server.a]\ncommand = "x"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    assert info.value.key == "mcp_server" and info.value.fix == "did you mean 'mcp_servers'?"
+
+
+@pytest.mark.parametrize(
+    ("toml", "env", "path", "key", "says"),
+    [
+        ("", {"BREAKWATER_SEARCH_TOOL": "breakwater_status"}, "environment", "BREAKWATER_SEARCH_TOOL", "status_tool: the same"),
+        ('[gateway]\nsearch_tool = "breakwater_status"\n', {}, "FILE", "gateway.search_tool", "status_tool: the same"),
+        (
+            '[gateway]\nstatus_tool = "breakwater_search_tools"\n',
+            {"BREAKWATER_SEARCH_TOOL": "breakwater_search_tools"},
+            "FILE",
+            "gateway.status_tool",
+            "search_tool is set by BREAKWATER_SEARCH_TOOL",
+        ),
+        ("", {"BREAKWATER_BREAKER_OPEN_BASE_S": "1000"}, "environment", "BREAKWATER_BREAKER_OPEN_BASE_S", "open_max_s (300"),
+        (
+            "[breaker]\nopen_base_s = 100\n",
+            {"BREAKWATER_BREAKER_OPEN_MAX_S": "50"},
+            "environment",
+            "BREAKWATER_BREAKER_OPEN_MAX_S",
+            "open_base_s is set by breaker.open_base_s in FILE",
+        ),
+    ],
+)
+def test_a_check_across_knobs_names_where_each_value_was_set(
+    tmp_path: Path, toml: str, env: dict[str, str], path: str, key: str, says: str
+) -> None:
+    """`BREAKWATER_SEARCH_TOOL=breakwater_status` was `config error: status_tool: the same name as search_tool`: the
+    checked knob, which nobody set, and neither the variable nor the file that made it so."""
+    file = tmp_path / "breakwater.toml"
+    file.write_text(toml)
+    with pytest.raises(ConfigError) as info:
+        load_config(file, environ=env)
+    assert info.value.path == path.replace("FILE", str(file)) and info.value.key == key, info.value
+    assert says.replace("FILE", str(file)) in info.value.detail, info.value

@@ -72,7 +72,8 @@ def test_vscode_servers_key(tmp_path: Path) -> None:
         ({"mcpServers": {"a": {"command": "x", "env": {"K": ["v"]}}}}, "mcpServers.a.env.K", "quote"),
         ({"mcpServers": {"a": {"type": "http"}}}, "mcpServers.a.url", "url"),
         ({"mcpServers": {"a": {"type": "websocket", "url": "ws://x"}}}, "mcpServers.a.type", "stdio"),
-        ({"servrs": {}}, "mcpServers", "mcpServers"),
+        ({"servrs": {}}, "servrs", 'did you mean "servers"?'),  # the key the file has, with the table it meant
+        ({"other": {}}, "mcpServers", "mcpServers"),
     ],
 )
 def test_broken_json_names_file_key_and_fix(tmp_path: Path, content: object, key: str | None, fix_fragment: str) -> None:
@@ -214,7 +215,7 @@ def test_config_check_prints_every_setting_it_understood(tmp_path: Path) -> None
     env = {k: v for k, v in os.environ.items() if not k.startswith("BREAKWATER_")}
     text = run_cli("config", "check", "--config", str(cfg), env=env).stdout
     assert "[gateway] drift = 'block'" in text, text
-    assert "retry overrides: {'max_attempts': 5}" in text and "tool create_issue: retry = 'idempotent', timeout_s = 20.0" in text
+    assert "retry overrides: max_attempts = 5" in text and "tool create_issue: retry = 'idempotent', timeout_s = 20.0" in text
     understood = json.loads(run_cli("config", "check", "--json", "--config", str(cfg), env=env).stdout)
     assert understood["settings"] == {"gateway": {"drift": "block"}}
     (gh,) = understood["servers"]
@@ -253,3 +254,18 @@ def test_retry_timeouts_is_a_tools_key_as_the_readme_says(tmp_path: Path) -> Non
     config = load_config(path, environ={})
     assert config.server("s").tools["t"].retry.retry_timeouts is True
     assert config.server("s").retry.retry_timeouts is False
+
+
+def test_config_check_prints_settings_in_tomls_words(tmp_path: Path) -> None:
+    """`[gateway] share = False` and `{'retry_timeouts': True}`: Python's spelling of what breakwater.toml writes
+    `false` and `true`; each setting reads as the line to write in the file."""
+    cfg = tmp_path / "breakwater.toml"
+    cfg.write_text(
+        '[gateway]\nshare = false\n[servers.gh]\ncommand = "gh-mcp"\n[servers.gh.retry]\nretry_timeouts = true\n'
+        "[servers.gh.tools.create_issue]\nretry_timeouts = true\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BREAKWATER_")}
+    text = run_cli("config", "check", "--config", str(cfg), env=env).stdout
+    assert "[gateway] share = false" in text, text
+    assert "retry overrides: retry_timeouts = true" in text and "tool create_issue: retry_timeouts = true" in text, text
+    assert "True" not in text and "False" not in text, text

@@ -316,3 +316,45 @@ def test_config_import_takes_a_commented_file(tmp_path: Path) -> None:
     source.write_text(JSONC)
     assert cli_main(["config", "import", str(source)]) == 0
     assert json.loads((tmp_path / "breakwater.servers.json").read_text()) == {"servers": CLEAN["servers"]}
+
+
+def test_a_number_where_a_string_goes_is_passed_as_the_file_writes_it(tmp_path: Path) -> None:
+    """`"env": {"F": 1.50, "E": 1e3}` reached the server as "1.5" and "1000.0" (Python's spelling) while `true` was
+    refused. VS Code's mcp.json takes numbers in `env`; breakwater passes each as written, and notes it, as Claude Code
+    takes only strings there. `headers` and `args` are read alike."""
+    path = tmp_path / "mcp.json"
+    path.write_text(
+        '{"mcpServers": {"e": {"command": "x", "args": ["--port", 8080, 2.50], "env": {"N": 5, "F": 1.50, "E": 1e3,'
+        ' "NEG": -0, "BIG": 12345678901234567890, "S": "text"}},'
+        ' "h": {"url": "http://127.0.0.1:9/mcp", "headers": {"X-Version": 2.0, "X-Small": 1E-2}}}}'
+    )
+    config = load_config(path, environ={})
+    stdio, http = config.server("e"), config.server("h")
+    assert stdio.env == {"N": "5", "F": "1.50", "E": "1e3", "NEG": "-0", "BIG": "12345678901234567890", "S": "text"}
+    assert stdio.args == ("--port", "8080", "2.50")
+    assert http.headers == {"X-Version": "2.0", "X-Small": "1E-2"}
+    (note,) = [n for n in stdio.notes if "a number where a string goes" in n]
+    assert note.startswith("env.N, env.F, env.E, env.NEG, env.BIG, args[1], args[2]:") and "Claude Code" in note
+    assert any(n.startswith("headers.X-Version, headers.X-Small: a number") for n in http.notes)
+    for value in ("true", "null", "[1]", '{"a": 1}'):  # every other non-string is refused, naming the file and key
+        path.write_text(f'{{"mcpServers": {{"e": {{"command": "x", "env": {{"T": {value}}}}}}}}}')
+        with pytest.raises(ConfigError, match=r"mcpServers\.e\.env\.T: expected a string value") as info:
+            load_config(path, environ={})
+        assert info.value.fix == "quote the value"
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('[servers.e]\ncommand = "x"\nenv = { N = 5 }\n', "servers.e.env.N"),
+        ('[mcp_servers.e]\ncommand = "x"\nenv = { F = 1.50 }\n', "mcp_servers.e.env.F"),
+        ('[mcp_servers.h]\nurl = "http://127.0.0.1:9/mcp"\nhttp_headers = { X-V = 2 }\n', "mcp_servers.h.http_headers.X-V"),
+    ],
+)
+def test_a_number_in_a_toml_files_string_table_is_refused_as_true_is(tmp_path: Path, text: str, key: str) -> None:
+    """Codex takes only strings in `env` and `http_headers`, and TOML keeps no text of a number to pass as written."""
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    assert info.value.key == key and info.value.fix == "quote the value" and "got a number" in info.value.detail

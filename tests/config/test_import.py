@@ -228,3 +228,91 @@ def test_a_server_rejected_in_claude_code_is_not_started_read_or_imported(tmp_pa
     written = json.loads((tmp_path / "breakwater.servers.json").read_text())["mcpServers"]
     assert written["untrusted"]["disabled"] is True and "disabled" not in written["fs"]
     assert "untrusted: not started: disabledMcpjsonServers in .claude/settings.local.json lists it" in result.stdout
+
+
+def test_servers_switched_off_in_claude_codes_mcp_panel_are_not_started_read_or_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claude Code's /mcp → Disable writes the server's name into `projects[DIR].disabledMcpServers` of ~/.claude.json and
+    never starts it in DIR, whichever scope it is from; breakwater, reading ~/.claude.json there, started it."""
+    project = tmp_path / "proj"
+    (project / "sub").mkdir(parents=True)
+    data = {
+        "numStartups": 3,
+        "mcpServers": {"userwide": {"type": "stdio", "command": "u"}, "kept": {"type": "stdio", "command": "k"}},
+        "projects": {
+            str(project): {"mcpServers": {"local1": {"command": "l"}}, "disabledMcpServers": ["userwide", "local1"]},
+            str(tmp_path / "other"): {"disabledMcpServers": ["kept"]},
+        },
+    }
+    path = tmp_path / ".claude.json"
+    path.write_text(json.dumps(data))
+    monkeypatch.chdir(project / "sub")  # a session in a folder of the project
+    read = {spec.name: spec for spec in load_config(path, environ={}).servers}
+    said = f'projects["{project}"].disabledMcpServers lists it'
+    assert not read["userwide"].enabled and not read["local1"].enabled and read["kept"].enabled
+    assert (read["userwide"].disabled_by or "").startswith(said) and (read["local1"].disabled_by or "").startswith(said)
+    env = {**os.environ, "HOME": str(tmp_path), "BREAKWATER_CONNECT_STARTUP_JITTER_S": "0"}
+    for command in (["config", "check"], ["status", "--wait", "0"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "breakwater", *command, "--config", str(path)],
+            capture_output=True,
+            text=True,
+            cwd=project / "sub",
+            env=env,
+            timeout=120,
+            check=False,
+        )
+        lines = result.stdout.splitlines()
+        for name in ("userwide", "local1"):  # config check: a note under the server's line; status: a line of its own
+            at = next(i for i, line in enumerate(lines) if line.lstrip().startswith(f"{name} ") or line.startswith(f"{name}:"))
+            assert f"not started: {said}" in (lines[at] if lines[at].startswith(f"{name}:") else lines[at + 1]), result
+    result = run_import(str(path), cwd=project / "sub", env=env)
+    assert result.returncode == 0, result.stderr
+    written = json.loads((tmp_path / "breakwater.servers.json").read_text())["mcpServers"]
+    assert written["userwide"]["disabled"] is True and "disabled" not in written["kept"]
+    assert 'userwide written with "disabled": true' in result.stdout and "disabledMcpServers" in result.stdout
+    monkeypatch.chdir(tmp_path)  # no project here: every user-scope server runs
+    assert all(spec.enabled for spec in load_config(path, environ={}).servers)
+
+
+def test_a_project_entrys_lists_in_claude_json_switch_its_mcp_json_servers_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The project's entry of ~/.claude.json holds Claude Code's older `disabledMcpjsonServers` (a rejected `.mcp.json`
+    server) and the /mcp panel's `disabledMcpServers`; Claude Code starts neither, and breakwater started both."""
+    home, project = tmp_path / "home", tmp_path / "repo"
+    home.mkdir()
+    project.mkdir()
+    servers = {"fs": {"command": "x"}, "rejected": {"command": "y"}, "off": {"command": "z"}}
+    (project / ".mcp.json").write_text(json.dumps({"mcpServers": servers}))
+    entry = {"enabledMcpjsonServers": ["fs"], "disabledMcpjsonServers": ["rejected"], "disabledMcpServers": ["off"]}
+    (home / ".claude.json").write_text(json.dumps({"projects": {str(project): entry}}))
+    monkeypatch.setenv("HOME", str(home))
+    read = {spec.name: spec for spec in load_config(project / ".mcp.json", environ={}).servers}
+    assert read["fs"].enabled and not read["rejected"].enabled and not read["off"].enabled
+    state = home / ".claude.json"
+    assert (
+        read["rejected"].disabled_by
+        == f'projects["{project}"].disabledMcpjsonServers in {state} lists it (rejected in Claude Code)'
+    )
+    assert (read["off"].disabled_by or "").startswith(f'projects["{project}"].disabledMcpServers in {state} lists it')
+    result = run_import(".mcp.json", cwd=project, env={**os.environ, "HOME": str(home)})
+    assert result.returncode == 0, result.stderr
+    written = json.loads((project / "breakwater.servers.json").read_text())["mcpServers"]
+    assert written["rejected"]["disabled"] is True and written["off"]["disabled"] is True and "disabled" not in written["fs"]
+
+
+def test_numbers_where_strings_go_are_imported_as_the_text_breakwater_passes(tmp_path: Path) -> None:
+    """The servers file was written by Python's JSON writer: `1.50` became 1.5 and `1e3` 1000.0, and breakwater then
+    passed "1.5" and "1000.0" where it passed "1.50" and "1e3" before the import."""
+    source = tmp_path / "mcp.json"
+    source.write_text('{"mcpServers": {"e": {"command": "x", "args": [8080, 2.50], "env": {"N": 5, "F": 1.50, "E": 1e3}}}}')
+    before = load_config(source, environ={}).server("e")
+    result = run_import("mcp.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    written = json.loads((tmp_path / "breakwater.servers.json").read_text())["mcpServers"]["e"]
+    assert written["env"] == {"N": "5", "F": "1.50", "E": "1e3"} and written["args"] == ["8080", "2.50"]
+    after = load_config(tmp_path / "breakwater.toml", environ={}).server("e")
+    assert (after.env, after.args) == (before.env, before.args)
+    assert "e: env.N, env.F, env.E, args[0], args[1]: numbers, written in quotes as the file wrote them" in result.stdout

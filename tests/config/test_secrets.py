@@ -372,3 +372,76 @@ def test_keys_known_by_their_shape_are_secrets_wherever_they_stand(tmp_path: Pat
     for secret in ("Ab1Cd2Ef3Gh4", "Zz9Yy8Xx7Ww6", "Qq1Rr2Ss3Tt4", "IOSFODNN7EXAMPL3"):
         assert secret not in shown, shown
     assert "--verbose" in shown and "desk-management-console" in shown and "task-runner" in shown
+
+
+#: Credentials written inside one argument or word, as JSON, YAML, a header, a query or after an auth scheme: each
+#: command line (split as a shell splits it) and the secret in it.
+EMBEDDED = {
+    'echo \'{"Authorization": "Bearer Pt1Pt2Pt3Pt4Pt5"}\'; exit 3': "Pt1Pt2Pt3Pt4Pt5",
+    'mcp-remote https://h.test/mcp --headers \'{"Authorization":"Bearer Aj1Aj2Aj3Aj4"}\'': "Aj1Aj2Aj3Aj4",
+    "tool --cfg {'token':'Tk1Tk2Tk3Tk4'}": "Tk1Tk2Tk3Tk4",
+    'tool \'{"api_key": "Ak1Ak2Ak3Ak4"}\'': "Ak1Ak2Ak3Ak4",
+    'tool \'{"X-Custom": "Bearer lowercaseonlytoken"}\'': "lowercaseonlytoken",  # a whole quoted "Scheme X"
+    "tool 'x-api-key: Xk1Xk2Xk3Xk4'": "Xk1Xk2Xk3Xk4",
+    "tool --yaml 'server:\n  clientSecret: Cs1Cs2Cs3Cs4\n'": "Cs1Cs2Cs3Cs4",
+    "sh -c \"curl -H 'X-Auth: Token Tt9Tt8Tt7Tt6' https://h.test/x\"": "Tt9Tt8Tt7Tt6",
+    "sh -c 'connect --dsn host=db.test&password=Pw1Pw2Pw3Pw4&db=x'": "Pw1Pw2Pw3Pw4",
+    "run 'login with passwd=Pd1Pd2Pd3Pd4 then'": "Pd1Pd2Pd3Pd4",
+    "run 'Authorization:basic dXNlcjpwYXNzMTIz'": "dXNlcjpwYXNzMTIz",
+    'tool "{\\"accessToken\\": \\"Ac1Ac2Ac3Ac4\\"}"': "Ac1Ac2Ac3Ac4",
+}
+
+
+@pytest.mark.parametrize("command", list(EMBEDDED))
+def test_a_credential_inside_one_argument_is_a_secret(command: str) -> None:
+    """`echo '{"Authorization": "Bearer X"}'` in a headersHelper and mcp-remote's `--headers {"Authorization": ...}`
+    were shown whole: an auth scheme was looked for only as a whole argument, a credential's name only at its start."""
+    from breakwater.config._redact import Redactor, arg_secrets, command_line_words
+
+    secret = EMBEDDED[command]
+    found = set(arg_secrets(command_line_words(command)))
+    assert secret in found, found
+    assert secret[:8] not in Redactor(found)(command)
+
+
+def test_ordinary_text_inside_an_argument_is_no_secret() -> None:
+    """A scheme's name or a credential-like word in prose, and names that only hold such a word, make no secret."""
+    from breakwater.config._redact import embedded_secrets
+
+    words = [
+        "Use Token auth for basic things",
+        "Bearer tokens are supported; see the docs",
+        "mode: Basic usage",
+        '{"keyboard": "us", "tokenizer": "gpt2", "monkeys": "many", "authors": "Jane Doe"}',
+        "description: the session ends after an hour",
+        "tool --hotkey=Ctrl+Space --author='Jane Doe'",
+    ]
+    found = {word: [s for s in embedded_secrets(word) if len(s) >= 4] for word in words}
+    assert found == {word: [] for word in words}, found
+
+
+def test_a_json_header_in_a_headers_helper_or_an_argument_never_leaks(tmp_path: Path) -> None:
+    """The user's reproduction: `config check`, `config check --json` and `status` showed the bearer token whole."""
+    config = tmp_path / "mcp.json"
+    servers = {
+        "h6": {
+            "type": "http",
+            "url": "http://127.0.0.1:9/mcp",
+            "headersHelper": 'echo \'{"Authorization": "Bearer Pl4intok5678Zq"}\'; exit 3',
+        },
+        "s7": {
+            "command": str(tmp_path / "no-such-mcp-remote"),
+            "args": ["http://example.test/mcp", "--headers", '{"Authorization": "Bearer Ar9jsontok8765"}'],
+        },
+    }
+    config.write_text(json.dumps({"mcpServers": servers}))
+    env = dict(os.environ, BREAKWATER_CONNECT_STARTUP_JITTER_S="0", XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env["BREAKWATER_ADMISSION_DIR"] = str(tmp_path / "admission")
+    outputs = []
+    for command in (["config", "check"], ["config", "check", "--json"], ["status", "--wait", "3"], ["status", "--json"]):
+        result = run_breakwater(env, *command, "--config", str(config), timeout=90)
+        outputs += [result.stdout, result.stderr]
+    shown = "\n".join(outputs)
+    assert "exited with code 3" in shown, "the failure is still said"
+    for secret in ("Pl4intok5678Zq", "Ar9jsontok8765"):
+        assert not any(secret[i : i + 8] in shown for i in range(len(secret) - 7)), shown

@@ -95,6 +95,21 @@ TOOL_LIST_KEYS = {
 }
 
 
+def _toml(value: Any) -> str:
+    """A setting's value as breakwater.toml writes it (`share = false`, not Python's `False`); an unset one (None) as
+    the knob table says it, `unset`."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "unset"
+    return repr(value)
+
+
+def _assignments(values: dict[str, Any]) -> str:
+    """`key = value, ...` in TOML's words (`_toml`)."""
+    return ", ".join(f"{k} = {_toml(v)}" for k, v in values.items())
+
+
 def _print_check(config: Config, as_json: bool) -> None:
     understood = _understood(config)
     if as_json:
@@ -103,7 +118,7 @@ def _print_check(config: Config, as_json: bool) -> None:
     console = out_console()
     console.print(f"[green]ok[/]: {markup(config.path or '')}: {counted(len(config.servers), 'server')}")
     for section, changed in understood["settings"].items():
-        console.print(markup(f"  [{section}] " + ", ".join(f"{k} = {v!r}" for k, v in changed.items())))
+        console.print(markup(f"  [{section}] " + _assignments(changed)))
     for entry in understood["servers"]:
         where = entry.get("url") or " ".join([entry["command"], *entry["args"]])
         flags = "" if entry["enabled"] else " [dim](disabled)[/]"
@@ -115,9 +130,9 @@ def _print_check(config: Config, as_json: bool) -> None:
             console.print(f"    headersHelper: {markup(entry['headersHelper'])} (its output redacted)")
         for section in ("connect", "call", "retry", "breaker"):
             if section in entry:
-                console.print(f"    {section} overrides: {markup(str(entry[section]))}")
+                console.print(f"    {section} overrides: {markup(_assignments(entry[section]))}")
         for tool, own in entry.get("tools", {}).items():
-            console.print(f"    tool {markup(tool)}: " + markup(", ".join(f"{k} = {v!r}" for k, v in own.items())))
+            console.print(f"    tool {markup(tool)}: " + markup(_assignments(own)))
         for key, said in TOOL_LIST_KEYS.items():
             if key in entry:
                 console.print(f"    {key} ({said}): {markup(', '.join(entry[key]))}")

@@ -18,7 +18,7 @@ import os
 import re
 import shlex
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,6 +31,7 @@ __all__ = [
     "GEMINI_OAUTH_KEYS",
     "HTTP_KINDS",
     "IGNORED_ENTRY_KEYS",
+    "NUMBERS_NOTE",
     "SIGN_IN_KEYS",
     "SKIPPED_KEYS",
     "SKIPPED_TYPES",
@@ -38,13 +39,17 @@ __all__ = [
     "URL_KEYS",
     "USED_ENTRY_KEYS",
     "bare_reference_notes",
+    "claude_disabled_servers",
     "claude_local_servers",
+    "claude_project",
+    "claude_rejected_servers",
     "command_words",
     "entry_notes",
     "entry_transport",
     "entry_url_key",
     "gemini_file",
     "gemini_server_lists",
+    "misspelt_tables",
     "read_env_file",
     "skipped_entry",
     "top_level_notes",
@@ -214,6 +219,11 @@ def entry_notes(name: str, entry: dict[str, object]) -> list[str]:
             f"oauth.{', oauth.'.join(gemini)} ignored: breakwater discovers the sign-in endpoints from the server, and its"
             " redirect is http://localhost:PORT/callback (oauth.callbackPort)"
         )
+    if numbers := _numbers(entry):
+        # Never the value: it may be a secret (a PIN).
+        notes.append(
+            f"{', '.join(numbers)}{NUMBERS_NOTE}; Claude Code takes only strings there (quote it for a file it reads too)"
+        )
     command = entry.get("command")
     if isinstance(command, str) and (words := command_words(command, (), None, None)) != [command]:
         # Only the program: the words after it are arguments, which may hold a secret.
@@ -223,6 +233,21 @@ def entry_notes(name: str, entry: dict[str, object]) -> list[str]:
             f' "command": "{words[0]}" and put each word after it in "args")'
         )
     return notes
+
+
+#: What `config check` says of an entry's numbers where strings go, after their keys.
+NUMBERS_NOTE = ": a number where a string goes, passed as the file writes it"
+
+
+def _numbers(entry: Mapping[str, Any]) -> list[str]:
+    """The keys of an entry's values that are numbers where a string goes (`env.PORT`, `args[1]`)."""
+    found = []
+    for key in ("env", "headers"):
+        if isinstance(table := entry.get(key), dict):
+            found += [f"{key}.{name}" for name, v in table.items() if isinstance(v, int | float) and not isinstance(v, bool)]
+    if isinstance(args := entry.get("args"), list):
+        found += [f"args[{i}]" for i, v in enumerate(args) if isinstance(v, int | float) and not isinstance(v, bool)]
+    return found
 
 
 _BARE_REFERENCE = re.compile(r"\$[A-Za-z_]\w*")
@@ -335,11 +360,15 @@ def gemini_server_lists(data: Mapping[str, Any], path: str) -> tuple[frozenset[s
 
 
 def claude_rejected_servers(mcp_json: Path) -> dict[str, str]:
-    """The servers of a project's `.mcp.json` that the user rejected in Claude Code, each with where it says so.
+    """The servers of a project's `.mcp.json` that the user rejected or switched off in Claude Code, each with where it
+    says so.
 
     Claude Code asks before it starts a project's servers, and keeps the answer in `.claude/settings.json`,
-    `.claude/settings.local.json` (the project's) or `~/.claude/settings.json`: `disabledMcpjsonServers` lists the
-    rejected ones. Read there, breakwater started them all (a repository's `.mcp.json` is anyone's to write).
+    `.claude/settings.local.json` (the project's) or `~/.claude/settings.json`, or in the project's entry of
+    `~/.claude.json`: `disabledMcpjsonServers` lists the rejected ones (`enabledMcpjsonServers`, the approved ones,
+    changes nothing here: breakwater starts a server nobody answered for, having no one to ask). A server switched off
+    in its `/mcp` panel is in that entry's `disabledMcpServers`. Claude Code starts none of them; read there, breakwater
+    started them all (a repository's `.mcp.json` is anyone's to write).
     """
     if mcp_json.name != ".mcp.json":
         return {}
@@ -354,14 +383,36 @@ def claude_rejected_servers(mcp_json: Path) -> dict[str, str]:
         for name in names if isinstance(names, list) else ():
             if isinstance(name, str):
                 rejected.setdefault(name, f"disabledMcpjsonServers in {file} lists it (rejected in Claude Code)")
+    state = Path.home() / ".claude.json"
+    try:
+        data = json.loads(state.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return rejected
+    found = claude_project(data, mcp_json.parent.resolve()) if isinstance(data, dict) else None
+    if found is not None and isinstance(found[1], dict):
+        key, project = found
+        for field, why in (("disabledMcpjsonServers", "rejected in Claude Code"), ("disabledMcpServers", _SWITCHED_OFF)):
+            names = project.get(field)
+            for name in names if isinstance(names, list) else ():
+                if isinstance(name, str):
+                    rejected.setdefault(name, f"{_project_key(key)}.{field} in {state} lists it ({why})")
     return rejected
 
 
-def claude_local_servers(data: Mapping[str, Any], cwd: Path) -> tuple[str, Any] | None:
-    """Claude Code's `~/.claude.json`: the project whose servers a session in `cwd` gets, and its `mcpServers`.
+#: Why a server in a project's `disabledMcpServers` is off: what Claude Code's `/mcp` panel does.
+_SWITCHED_OFF = "switched off in Claude Code's /mcp"
 
-    `claude mcp add` keeps a server in `projects[DIR].mcpServers` (its local scope, the default) and Claude Code
-    starts it for sessions in DIR (the git root or the folder it was started in): the nearest DIR at or above `cwd`.
+
+def _project_key(folder: str) -> str:
+    """How a project's entry of `~/.claude.json` is named in what breakwater says: `projects["/path"]`."""
+    return f"projects[{json.dumps(folder, ensure_ascii=False)}]"
+
+
+def claude_project(data: Mapping[str, Any], cwd: Path) -> tuple[str, Any] | None:
+    """Claude Code's `~/.claude.json`: the project a session in `cwd` belongs to (its key and its entry), or None.
+
+    Claude Code keeps a project's state under `projects[DIR]` (the git root or the folder it was started in); a session
+    in `cwd` gets the nearest DIR at or above it.
     """
     projects = data.get("projects")
     if not isinstance(projects, dict):
@@ -370,10 +421,55 @@ def claude_local_servers(data: Mapping[str, Any], cwd: Path) -> tuple[str, Any] 
     by_path = {key.replace("\\", "/").rstrip("/") or "/": key for key in projects if isinstance(key, str) and key.strip()}
     for folder in (cwd, *cwd.parents):
         key = by_path.get(folder.as_posix().rstrip("/") or "/")
-        if key is not None:  # a project that is no object is this folder's, and an error, not "no project here"
-            project = projects[key]
-            return key, project.get("mcpServers", {}) if isinstance(project, dict) else project
+        if key is not None:
+            return key, projects[key]
     return None
+
+
+def claude_local_servers(data: Mapping[str, Any], cwd: Path) -> tuple[str, Any] | None:
+    """Claude Code's `~/.claude.json`: the project whose servers a session in `cwd` gets, and its `mcpServers`.
+
+    `claude mcp add` keeps a server in `projects[DIR].mcpServers` (its local scope, the default) and Claude Code
+    starts it for sessions in DIR (the git root or the folder it was started in): the nearest DIR at or above `cwd`.
+    """
+    found = claude_project(data, cwd)
+    if found is None:
+        return None
+    key, project = found
+    # A project that is no object is this folder's, and an error, not "no project here".
+    return key, project.get("mcpServers", {}) if isinstance(project, dict) else project
+
+
+def claude_disabled_servers(data: Mapping[str, Any], cwd: Path, path: str) -> dict[str, str]:
+    """Claude Code's `~/.claude.json`: the servers the project of `cwd` switched off, each with why (`disabled_by`).
+
+    Claude Code's `/mcp` panel keeps them in `projects[DIR].disabledMcpServers` and does not start them in that project,
+    whichever scope they come from (the user's `mcpServers`, or the project's own). (`disabledMcpjsonServers` there
+    names `.mcp.json` servers only: `claude_rejected_servers`.)
+    """
+    found = claude_project(data, cwd)
+    if found is None or not isinstance(found[1], dict) or (names := found[1].get("disabledMcpServers")) is None:
+        return {}
+    key = _project_key(found[0])
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise ConfigError(
+            "expected a list of server names",
+            path=path,
+            key=f"projects.{found[0]}.disabledMcpServers",
+            fix='write "disabledMcpServers": ["name"] (or switch the servers back on in Claude Code\'s /mcp)',
+        )
+    return {name: f"{key}.disabledMcpServers lists it ({_SWITCHED_OFF})" for name in names}
+
+
+def misspelt_tables(keys: Iterable[str]) -> list[tuple[str, str]]:
+    """Each of `keys` that is a misspelt table of servers (`mcpServer`, `MCPServers`, `mcp_servers`, `server`), with the
+    table it is closest to (`mcpServers`, VS Code's `servers`, Zed's `context_servers`)."""
+    tables = {t.lower(): t for t in _TOP_LEVEL_QUIET if t != "$schema"}
+    found = []
+    for key in keys:
+        if key not in _TOP_LEVEL_QUIET and (close := difflib.get_close_matches(key.lower(), list(tables), n=1, cutoff=0.8)):
+            found.append((key, tables[close[0]]))
+    return found
 
 
 def top_level_notes(data: dict[str, object], top: str) -> list[str]:
@@ -403,11 +499,9 @@ def top_level_notes(data: dict[str, object], top: str) -> list[str]:
     read = {"inputs", "mcp", "projects"}
     rest = sorted(k for k in data if k not in _TOP_LEVEL_QUIET and k not in read)
     # A misspelt table of servers (`mcpservers`, `mcp_servers`) read as the client's settings: its servers never ran.
-    tables = {t.lower(): t for t in _TOP_LEVEL_QUIET if t != "$schema"}
-    for key in list(rest):
-        if close := difflib.get_close_matches(key.lower(), list(tables), n=1, cutoff=0.8):
-            rest.remove(key)
-            notes.append(f"{key} ignored: did you mean {tables[close[0]]}? its servers are not read")
+    for key, meant in misspelt_tables(rest):
+        rest.remove(key)
+        notes.append(f"{key} ignored: did you mean {meant}? its servers are not read")
     if rest:
         notes.append(f"{', '.join(rest)} ignored: the client's own settings, not servers")
     return notes

@@ -32,6 +32,7 @@ from breakwater.config._dialect import (
     read_env_file,
 )
 from breakwater.config._expand import Expander, has_reference
+from breakwater.config._jsonc import written
 from breakwater.config._model import ToolFilter, Transport
 from breakwater.config._oauth import parse_oauth
 from breakwater.errors import ConfigError
@@ -76,8 +77,8 @@ def str_map(value: Any, path: str, key: str, expand: Expander, where: str) -> di
     out: dict[str, str] = {}
     names: dict[str, str] = {}
     for k, v in value.items():
-        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
-            raise fail("expected a string value", path, f"{key}.{k}", "quote the value")
+        if not isinstance(v, str) and not _number_here(v, path):
+            raise fail(f"expected a string value, got {json_kind(v)}", path, f"{key}.{k}", "quote the value")
         # Values only: Claude Code expands no names.
         out[k] = expand(_text(v, path, f"{key}.{k}"), where=where, key=f"{key}.{k}", secret=True)
         if key.endswith("headers"):  # `headers`, or Codex's `http_headers`
@@ -93,11 +94,20 @@ def str_map(value: Any, path: str, key: str, expand: Expander, where: str) -> di
     return out
 
 
+def _number_here(value: Any, path: str) -> bool:
+    """Whether `value` is a number that may stand where a string goes: in a JSON file, whose numbers are passed as the
+    file writes them (VS Code's `env` takes numbers; `config check` notes each, as Claude Code takes only strings). A
+    TOML file's is refused as true/false is: Codex takes only strings there, and TOML keeps no text of an integer
+    (`0x1F`, `1_000`) to pass as written."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not path.lower().endswith(".toml")
+
+
 def _text(value: str | float, path: str, key: str) -> str:
-    """A string, or a number written where a string goes, as its text; `1e400` (JSON's infinity) is no number to pass."""
+    """A string, or a number written where a string goes, as the file wrote it (`1.50` is "1.50", `1e3` is "1e3":
+    `_jsonc.number`); `1e400` (JSON's infinity) is no number to pass."""
     if isinstance(value, float) and not math.isfinite(value):
         raise fail("a number too large to write out", path, key, "quote the value as a string")
-    return str(value)
+    return value if isinstance(value, str) else written(value)
 
 
 # ---- one server entry (mcpServers JSON or [servers.NAME]) ---------------------------------------
@@ -178,7 +188,7 @@ def _stdio_fields(entry: Mapping[str, Any], path: str, where: str, expand: Expan
     # `command` alone is split into words at spawn, as Cursor does: `_dialect.command_words`).
     fields: dict[str, Any] = {"command": os.path.expanduser(command) if command.startswith("~") else command}
     args, at = entry.get("args", []), f"{where}.{names.get('args', 'args')}"
-    if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in args):
+    if not isinstance(args, list) or not all(isinstance(a, str) or _number_here(a, path) for a in args):
         raise fail("expected a list of strings", path, at, 'write "args": ["--flag", "value"]')
     fields["args"] = tuple(expand(_text(a, path, f"{at}[{i}]"), where=where, key=f"{at}[{i}]") for i, a in enumerate(args))
     for i, arg in enumerate(fields["args"]):

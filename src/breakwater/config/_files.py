@@ -26,10 +26,12 @@ from breakwater.config import _jsonc
 from breakwater.config._checks import TOOL_NAME_OK, alike_servers, check_server_name, check_template_for_servers
 from breakwater.config._codex import CODEX_TOP, servers_from_codex
 from breakwater.config._dialect import (
+    claude_disabled_servers,
     claude_local_servers,
     claude_rejected_servers,
     gemini_file,
     gemini_server_lists,
+    misspelt_tables,
     skipped_entry,
     top_level_notes,
 )
@@ -68,7 +70,14 @@ def _read_text(path: Path) -> str:
             errno.EACCES: "let this user read it (or run as its owner)",
             errno.EFBIG: "name the file that holds the servers (is this a log or a data file?)",
         }.get(exc.errno or 0, "check the path")
-        raise ConfigError(f"cannot read the file: {exc.strerror or exc}", path=spath, fix=fix) from None
+        said = f"cannot read the file: {exc.strerror or exc}"
+        if not path.is_absolute():
+            # Read from the folder breakwater runs in, which an agent that starts it chooses and the user may not know.
+            said = f"cannot read the file {Path.cwd() / path}: {exc.strerror or exc}"
+            if fix == "check the path":
+                fix = f"check the path (a relative one is read from the folder breakwater runs in, {Path.cwd()})"
+                fix += ": give the absolute path"
+        raise ConfigError(said, path=spath, fix=fix) from None
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")) or (len(raw) > 1 and (raw[0] == 0) != (raw[1] == 0)):
         # A BOM, or ASCII text with a NUL beside each character: what PowerShell's `>` and Notepad write.
         raise ConfigError("the file is UTF-16, not UTF-8", path=spath, fix="save the file as UTF-8")
@@ -156,7 +165,13 @@ def _read_json(path: Path) -> dict[str, Any]:
     if json_depth(text) > MAX_NESTING:
         raise ConfigError(f"nested deeper than {MAX_NESTING} levels", path=str(path), fix="flatten the file")
     try:
-        data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        data = json.loads(
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_no_constant,
+            parse_int=_jsonc.number,
+            parse_float=_jsonc.number,
+        )
     except json.JSONDecodeError as exc:
         raise ConfigError(f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", path=str(path), fix=fix) from None
     except (ValueError, RecursionError) as exc:
@@ -200,7 +215,8 @@ def _servers_from_json(
     elif opencode_file(path, top, entries):
         expand = replace(expand, opencode=True)  # and OpenCode {env:NAME} and {file:PATH}
     allowed, excluded = gemini_server_lists(data, str(path))
-    rejected = claude_rejected_servers(path)
+    # Switched off in Claude Code for this folder (`/mcp`), and a project's `.mcp.json` servers its user rejected.
+    rejected = claude_rejected_servers(path) | claude_disabled_servers(data, Path.cwd(), str(path))
     specs = []
     for name, (where, entry) in listed.items():
         with entries_ok.tolerated(name):
@@ -247,6 +263,18 @@ def _no_servers(data: Mapping[str, Any], path: str) -> ConfigError:
                     key=f"mcp.{name}.type",
                     fix='add "type": "local" (a command) or "type": "remote" (a url)',
                 )
+    misspelt = misspelt_tables(data)
+    if isinstance(mcp, dict):  # VS Code's user settings (and OpenCode's second version) keep them in `mcp.servers`
+        misspelt += [(f"mcp.{key}", "mcp.servers") for key, meant in misspelt_tables(mcp) if meant == "servers"]
+    if misspelt:
+        # `{"mcpServer": ...}` was told only `no "mcpServers" object`, as if the file held no servers at all.
+        key, meant = misspelt[0]
+        return ConfigError(
+            f'no "mcpServers" object (the file has "{key}")',
+            path=path,
+            key=key,
+            fix=f'did you mean "{meant}"? rename the key',
+        )
     return ConfigError('no "mcpServers" object', path=path, key="mcpServers", fix='write {"mcpServers": {"name": {...}}}')
 
 
@@ -447,7 +475,8 @@ def _load_toml(path: Path, data: Mapping[str, Any], environ: Mapping[str, str], 
     spath = str(path)
     for key in data:
         if key not in _TOML_TOP_KEYS:
-            raise unknown_key(spath, "", key, _TOML_TOP_KEYS)
+            # `[mcp_server.x]` meant Codex's table as often as breakwater's `[servers.x]`: both are offered.
+            raise unknown_key(spath, "", key, _TOML_TOP_KEYS | {CODEX_TOP})
     top = {section: _policy_table(data.get(section, {}), spath, section) for section in POLICY_SECTIONS}
     defaults = {section: _layered(section, top[section], spath, environ) for section in POLICY_SECTIONS}
     specs, notes = _servers_file_specs(path, data.get("servers_file"), defaults, expand, entries_ok)

@@ -28,7 +28,14 @@ from typing import Any
 
 from breakwater.config import Config, _jsonc
 from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX, namespaced_pattern
-from breakwater.config._dialect import SIGN_IN_KEYS, claude_local_servers, claude_rejected_servers, skipped_entry
+from breakwater.config._dialect import (
+    NUMBERS_NOTE,
+    SIGN_IN_KEYS,
+    claude_disabled_servers,
+    claude_local_servers,
+    claude_rejected_servers,
+    skipped_entry,
+)
 from breakwater.config._expand import EDITOR_ONLY
 from breakwater.config._files import load_config_lenient
 from breakwater.config._import_codex import SERVERS_TOML, Named, codex_files, name_taken
@@ -144,16 +151,21 @@ def _plan(source: Path) -> tuple[dict[Path, str], list[str]]:
 def _json_files(source: Path, command: list[str], named: Named) -> tuple[str, str, dict[str, Any], list[str]]:
     """(the servers file's text, the agent's new file, the entries that stay with the agent, notes) for a JSON file."""
     text = source.read_text(encoding="utf-8-sig")
-    raw: dict[str, Any] = json.loads(stripped := _jsonc.strip(text))
+    raw: dict[str, Any] = json.loads(stripped := _jsonc.strip(text), parse_int=_jsonc.number, parse_float=_jsonc.number)
     top, entries = server_table(raw, str(source)) or ("mcpServers", {})
     if GATEWAY_NAME in entries:
         raise name_taken(source, f"{top}.{GATEWAY_NAME}")
     ours = gateway_entry(top, next(iter(entries.values()), None), command)
     # Entries breakwater cannot connect to (WebSocket, Claude Code's IDE links) stay with the agent.
-    served = {name: entry for name, entry in entries.items() if not _skipped(entry)}
+    served = {name: _numbers_as_written(entry) for name, entry in entries.items() if not _skipped(entry)}
     kept = {name: entry for name, entry in entries.items() if _skipped(entry)}
     # Rejected in Claude Code: written off, so the gateway that replaces it does not start them either.
     for name in claude_rejected_servers(source).keys() & served.keys():
+        served[name] = {**served[name], "disabled": True}
+    # Switched off in Claude Code's /mcp for this folder (~/.claude.json): off here too, where they would start again.
+    # The servers file has no folders, so they are off for every folder's sessions; the note says so.
+    switched_off = sorted(claude_disabled_servers(raw, Path.cwd(), str(source)).keys() & served.keys())
+    for name in switched_off:
         served[name] = {**served[name], "disabled": True}
     agent_file = dict(raw)
     if top == "mcp.servers":  # VS Code's user settings.json, OpenCode's second config version
@@ -169,6 +181,12 @@ def _json_files(source: Path, command: list[str], named: Named) -> tuple[str, st
         servers_file = {"mcp": {k: v for k, v in mcp.items() if k in ("allowed", "excluded")}, **servers_file}
         agent_file["mcp"] = {k: v for k, v in mcp.items() if k not in ("allowed", "excluded")}
     notes: list[str] = []
+    if switched_off and (project := claude_local_servers(raw, Path.cwd())) is not None:
+        notes.append(
+            f'{", ".join(switched_off)} written with "disabled": true: projects[{json.dumps(project[0])}].disabledMcpServers'
+            " lists them (switched off in Claude Code's /mcp for that folder); the servers file has no folders, so they"
+            ' are off for every session through breakwater: remove "disabled" to serve them'
+        )
     if stripped != text:  # Zed's and VS Code's files start with comments; JSON has none to write them in
         notes.append(
             f"{source.name}'s comments (and trailing commas) are not in the files written; "
@@ -179,8 +197,9 @@ def _json_files(source: Path, command: list[str], named: Named) -> tuple[str, st
         notes += [f"OpenCode's tool pattern {change} (its tools are named through breakwater now)" for change in rewritten]
     if source.name in (".mcp.json", ".claude.json"):
         notes += _claude_permission_notes(source, list(served), named)
-    if (local := claude_local_servers(raw, Path.cwd())) is not None and local[1]:
-        names = ", ".join(local[1])
+    off = claude_disabled_servers(raw, Path.cwd(), str(source))
+    if (local := claude_local_servers(raw, Path.cwd())) is not None and (started := [n for n in local[1] if n not in off]):
+        names = ", ".join(started)
         notes.append(
             f"{names} ({local[0]}: `claude mcp add`'s local scope) stay with Claude Code, which starts them beside breakwater;"
             " to serve them through breakwater too, add them to the servers file"
@@ -226,13 +245,43 @@ def _through_breakwater(rule: str, servers: list[str], named: Named) -> str | No
     return None
 
 
+def _numbers_as_written(entry: Any) -> Any:
+    """`entry` with each number where a string goes (`env`, OpenCode's `environment`, `headers`, `args`, Zed's older
+    `command` object) as the text breakwater passes for it, the file's own (`_jsonc.number`). Written back as a JSON
+    number, `1.50` became 1.5 and `1e3` 1000.0, and breakwater then passed "1.5" and "1000.0" where it had passed
+    "1.50" and "1e3" before the import."""
+    if not isinstance(entry, dict):
+        return entry
+
+    def text(value: Any) -> Any:
+        return _jsonc.written(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+    out = dict(entry)
+    for key in ("env", "environment", "headers"):
+        if isinstance(table := out.get(key), dict):
+            out[key] = {name: text(value) for name, value in table.items()}
+    if isinstance(args := out.get("args"), list):
+        out["args"] = [text(value) for value in args]
+    if isinstance(command := out.get("command"), dict):
+        out["command"] = _numbers_as_written(command)
+    return out
+
+
 def _skipped(entry: Any) -> bool:
     # `opencode`: a file that loaded holds a bare `{"enabled": ...}` only if it is OpenCode's (others refuse it).
     return skipped_entry(entry, opencode=True) is not None
 
 
 def _entry_notes(config: Config) -> list[str]:
-    return [f"{spec.name}: {note}" for spec in config.servers for note in spec.notes if not note.startswith(tuple(SIGN_IN_KEYS))]
+    notes = []
+    for spec in config.servers:
+        for note in spec.notes:
+            if NUMBERS_NOTE in note:  # written as strings by the import (`_numbers_as_written`)
+                keys = note.split(NUMBERS_NOTE)[0]
+                notes.append(f"{spec.name}: {keys}: numbers, written in quotes as the file wrote them (what breakwater passes)")
+            elif not note.startswith(tuple(SIGN_IN_KEYS)):
+                notes.append(f"{spec.name}: {note}")
+    return notes
 
 
 def _write_all(source: Path, files: dict[Path, str], backup: Path | None) -> None:

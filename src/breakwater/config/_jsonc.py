@@ -5,11 +5,37 @@ and users write such files by hand; Cursor's and Claude's are often edited in th
 Refusing them as "invalid JSON" would make a user strip their own notes before breakwater reads the
 file. `strip` blanks what JSON does not allow, and keeps every other character where it was, so a
 real syntax error after a comment is still reported at its own line and column.
+
+A number is read with the text the file wrote it in (`number`, `written`): a number where a string goes (VS Code's
+`env` takes one) is passed as written, `1.50` as "1.50" and `1e3` as "1e3", not as Python spells the value.
 """
 
 from __future__ import annotations
 
-__all__ = ["strip"]
+__all__ = ["WrittenFloat", "number", "strip", "written"]
+
+
+class WrittenFloat(float):
+    """A JSON number that is no plain integer, with the text the file wrote it in (`1.50`, `1e3`, `-0`)."""
+
+    written: str
+
+    def __new__(cls, text: str) -> WrittenFloat:
+        value = super().__new__(cls, text)
+        value.written = text
+        return value
+
+
+def number(text: str) -> int | float:
+    """A JSON number (the parser's `parse_int` and `parse_float`): an int as it is, any other with its text kept."""
+    if text.lstrip("-").isdigit() and text != "-0":
+        return int(text)
+    return WrittenFloat(text)
+
+
+def written(value: int | float) -> str:
+    """A number as the file wrote it (`number`), or as Python writes it when it came from elsewhere."""
+    return value.written if isinstance(value, WrittenFloat) else str(value)
 
 
 def strip(text: str) -> str:

@@ -197,14 +197,42 @@ def build_policy(
     try:
         return policy_cls(**values)
     except ConfigError as exc:
-        # The policy checked itself; say which file and key (or variable) the offending value came from.
-        if exc.path is None and exc.key in origin:
-            path, where = origin[exc.key]
-            advice = exc.fix
-            if path == ENV_LAYER and advice is not None and exc.key is not None:
-                advice = re.sub(rf"\b{re.escape(exc.key)}\b", where, advice)
-            raise ConfigError(exc.detail, path=path, key=where, fix=advice) from None
+        if exc.path is None:
+            raise _sourced(exc, origin) from None
         raise
+
+
+def _sourced(exc: ConfigError, origin: Mapping[str, tuple[str | None, str]]) -> ConfigError:
+    """A policy's own check failed (`exc`, naming a knob but no file): the error naming the file and key (or variable)
+    the offending value came from.
+
+    A check across knobs (`status_tool` the same name as `search_tool`) names one of them, maybe one no layer set (its
+    default): the error is then the set one's, the checked knob named before the words. Every other knob it names
+    that a layer set is named with its source: `BREAKWATER_SEARCH_TOOL=breakwater_status` was
+    `status_tool: the same name as search_tool`, without the variable that made it so.
+    """
+
+    def mentioned(key: str) -> bool:
+        return re.search(rf"\b{re.escape(key)}\b", f"{exc.detail} {exc.fix or ''}") is not None
+
+    involved = [key for key, (path, _) in origin.items() if path is not None and (key == exc.key or mentioned(key))]
+    if exc.key in origin:
+        culprit: str | None = exc.key
+    else:
+        culprit = involved[0] if involved else None
+    if culprit is None:
+        return exc
+    path, where = origin[culprit]
+    detail, advice = exc.detail, exc.fix
+    if culprit != exc.key and exc.key and not re.search(rf"\b{re.escape(exc.key)}\b", detail):
+        detail = f"{exc.key}: {detail}"
+    for key in involved:
+        other_path, other_where = origin[key]
+        if other_path == ENV_LAYER and advice is not None:  # the user set the variable, not a key of that name
+            advice = re.sub(rf"\b{re.escape(key)}\b", other_where, advice)
+        if key != culprit:
+            detail += f"; {key} is set by {other_where if other_path == ENV_LAYER else f'{other_where} in {other_path}'}"
+    return ConfigError(detail, path=path, key=where, fix=advice)
 
 
 def _num(value: float) -> str:

@@ -10,10 +10,15 @@ reaches any output breakwater writes. A secret is
   pwd, auth or credential), the password of curl's `-u user:X` (`--user`, `--proxy-user`), a bare
   `Bearer X`, and anything shaped as a known kind of key wherever it stands (`ghp_…`, `sk-ant-…`,
   `xoxb-…`, `AKIA…`: `_TOKEN_SHAPED`);
+* inside one argument or word, wherever it stands: a credential-named key's value in JSON, YAML, header or query
+  spelling (`{"api_key": "X"}`, `'token':'X'`, `X-Api-Key: X`, `…&password=X`), and the credential after an auth
+  scheme when it is a whole quoted string (`"Bearer X"`) or looks like a key (`embedded_secrets`);
 * the gateway's own `--token`.
 An upstream that prints its token without the `Bearer ` prefix, or its key without the `sk-`
 prefix, or a fragment of either, is still caught; secrets shorter than 8 characters are matched
-whole (from 4). Not caught: a secret re-encoded (base64, hex) or split by other text. Not a secret:
+whole (from 4). Not caught: a secret re-encoded (base64, hex) or split by other text; inside an argument, the value
+of a name that only holds a credential's word (`author: X`, `tokenizer=X`), or after a scheme when it is neither
+quoted whole nor key-like (`Bearer abcdefgh more`). Not a secret:
 the `scheme://` and `host[:port]` of a secret that is a web URL (`_public`), whose other parts are.
 
 Every text breakwater derives from an upstream (an error message, a stderr line, a URL) passes
@@ -43,6 +48,7 @@ __all__ = [
     "arg_secrets",
     "command_line_words",
     "display_url",
+    "embedded_secrets",
     "env_secrets",
     "header_secrets",
     "install_log_redaction",
@@ -190,7 +196,79 @@ def arg_secrets(args: Iterable[str]) -> Iterator[str]:
             yield from url_secrets(arg)
         if _AUTH_VALUE.match(arg.strip()):
             yield from header_secrets(arg.strip())
+        yield from embedded_secrets(arg)
         yield from _TOKEN_SHAPED.findall(arg)
+
+
+#: An auth scheme and the credential after it, anywhere in an argument: `{"Authorization": "Bearer X"}`,
+#: `sh -c "curl -H 'X-Auth: Token X' ..."`. The scheme stands at a word's start (`(?<!...)`), the credential ends at
+#: white space, a quote, a bracket or a separator.
+_AUTH_IN_WORD = re.compile(
+    r"(?<![A-Za-z0-9_\-])(?P<open>\\?[\"'`]?)(?:Bearer|Basic|Token|Bot)\s+(?P<value>[^\s\"'`,;(){}\[\]<>\\]{4,})",
+    re.IGNORECASE,
+)
+#: A name and its value anywhere in an argument, in the spellings of JSON and YAML (`"api_key": "X"`, `'token':'X'`,
+#: `token: X`), of a header (`X-Api-Key: X`) and of a query or an assignment (`...&password=X`). Only a name that is a
+#: credential's (`_credential_key`) makes its value one.
+_KEYED_IN_WORD = re.compile(
+    r"(?<![\w.-])(?P<q>\\?[\"']?)(?P<name>[A-Za-z_][\w.-]*)(?P=q)\s*[:=]\s*"
+    r"(?:(?P<vq>\\?[\"'])(?P<quoted>.*?)(?P=vq)"
+    r"|(?P<bare>(?:(?:Bearer|Basic|Token|Bot)\s+)?[^\s\"'`,;&(){}\[\]<>\\]+))",
+    re.IGNORECASE | re.DOTALL,
+)
+#: The words of a name (`X-Api-Key`, `apiKey`, `GITHUB_TOKEN`, `client.secret`).
+_NAME_WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+#: The words of a name that say its value is a credential, inside an argument: a word that is one (`KEY`, `Session`), or
+#: a word run together that ends in one (`apikey`, `accesstoken`, `oauth`). The name must say so this plainly there:
+#: `author: X`, `tokenizer=X`, `hotkey: X`, `monkeys: X` and `obsession: X` name no credential (`_CREDENTIAL_NAME`, for
+#: a whole argument's own name, takes any name that holds one of its stems).
+_CREDENTIAL_WORDS = frozenset(
+    {"key", "keys", "token", "secret", "secrets", "password", "passwords", "passwd", "pwd", "passphrase", "credential"}
+    | {"credentials", "creds", "cookie", "cookies", "auth", "authorization", "bearer", "session", "sessionid", "jwt"}
+)
+_CREDENTIAL_ENDINGS: tuple[str, ...] = ("token", "secret", "password", "passwd", "pwd", "apikey", "accesskey", "secretkey")
+_CREDENTIAL_ENDINGS += ("privatekey", "authkey", "oauth", "cookie", "credentials")
+
+
+def _credential_key(name: str) -> bool:
+    """Whether a name inside an argument says its value is a credential (`api_key`, `X-Api-Key`, `accessToken`,
+    `GITHUB_TOKEN`, `Authorization`, `apikey`): one of its words is in `_CREDENTIAL_WORDS` or ends as one of
+    `_CREDENTIAL_ENDINGS`."""
+    for part in re.split(r"[-_.]+", name):
+        for word in _NAME_WORDS.findall(part) or [part]:
+            low = word.lower()
+            if low in _CREDENTIAL_WORDS or low.endswith(_CREDENTIAL_ENDINGS):
+                return True
+    return False
+
+
+def _credential_like(value: str) -> bool:
+    """Whether a value after an auth scheme, with more text after it, looks like a key rather than a word of prose
+    ("Bearer tokens are supported"): 8 or more characters holding a digit or a capital after a small letter."""
+    return len(value) >= MIN_FRAGMENT and (any(c.isdigit() for c in value) or re.search(r"[a-z][A-Z]", value) is not None)
+
+
+def embedded_secrets(word: str) -> Iterator[str]:
+    """Credentials written inside one argument or word of a command line, wherever they stand in it.
+
+    A credential-named key's value in JSON, YAML, header or query spelling (`{"api_key": "X"}`, `'token':'X'`,
+    `X-Api-Key: X`, `a=1&password=X`; the token after its auth scheme too), and the credential after an auth scheme:
+    a whole quoted string (`"Bearer X"`, `'Token X'`), or one that looks like a key (`_credential_like`) anywhere
+    (`... -H "X-Custom: Bearer X" ...`). `echo '{"Authorization": "Bearer X"}'` and mcp-remote's
+    `--headers '{"Authorization": "Bearer X"}'` were shown whole.
+    """
+    for found in _KEYED_IN_WORD.finditer(word):
+        if not _credential_key(found.group("name")):
+            continue
+        value = found.group("quoted") if found.group("vq") is not None else found.group("bare")
+        if value and value.strip():
+            yield from header_secrets(value.strip())
+    for found in _AUTH_IN_WORD.finditer(word):
+        value, opened, end = found.group("value"), found.group("open"), found.end()
+        # A quoted string that is the scheme and its credential alone, as a header's value is written in JSON.
+        whole = bool(opened) and word[end : end + len(opened)] == opened
+        if whole or _credential_like(value):
+            yield value
 
 
 #: Flags whose value is `user:password` (curl's `-u`/`--user` and `-U`/`--proxy-user`, wget's `--user`): a failing

@@ -194,6 +194,9 @@ def classify(
         hint = ""
         if http_status == 405 and spec.transport == "http":  # a legacy SSE endpoint takes GET, not the handshake's POST
             hint = '; a legacy SSE endpoint answers so: set "type": "sse"'
+        elif http_status in (400, 404, 405, 406) and spec.transport == "sse":
+            # The SSE client's GET without a session: a streamable HTTP endpoint refuses it (400 "missing session ID").
+            hint = '; a streamable HTTP endpoint answers an SSE client so: try "type": "http"'
         return ErrorInfo(code=Reason.HTTP_STATUS, message=f"HTTP {http_status} from {where}{hint}", http_status=http_status)
     return _network_failure(leaves, where) or _protocol_failure(leaves)
 
