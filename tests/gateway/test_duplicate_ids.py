@@ -36,7 +36,7 @@ def _config(tmp_path: Path) -> Path:
     return config
 
 
-def _call(request_id: int, tool: str = "ts__charge", *, progress: bool = False) -> dict[str, Any]:
+def _call(request_id: int | str, tool: str = "ts__charge", *, progress: bool = False) -> dict[str, Any]:
     params: dict[str, Any] = {"name": tool, "arguments": {}}
     if progress:  # the tool then reports progress, and a default-mode answer becomes an SSE stream
         params["_meta"] = {"progressToken": f"p{request_id}"}
@@ -133,3 +133,83 @@ def _answer(response: httpx2.Response) -> dict[str, Any]:
         data = [line[5:] for line in response.text.splitlines() if line.startswith("data:") and line[5:].strip()]
         return json.loads(data[-1])  # type: ignore[no-any-return]
     return response.json()  # type: ignore[no-any-return]
+
+
+def _cancel(request_id: int | str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": request_id}}
+
+
+def test_over_stdio_ids_of_different_types_are_different_requests(tmp_path: Path) -> None:
+    """`20` and `"20"` are two requests (JSON-RPC): both run; a cancel naming `"21"` leaves the call with id 21 alone."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "breakwater", "serve", "--no-share", "--config", str(_config(tmp_path))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=isolated_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache")),
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    seen: list[dict[str, Any]] = []
+
+    def until(done: Any) -> None:
+        while not done():
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            assert line, seen
+            seen.append(json.loads(line))
+
+    try:
+        proc.stdin.write(_line(INITIALIZE) + _line(INITIALIZED) + _line(_call(2, "ts__echo")))
+        proc.stdin.flush()
+        until(lambda: any(m.get("id") == 2 for m in seen))
+        proc.stdin.write(_line(_call(20)) + _line(_call("20")) + _line(_call(21)) + _line(_cancel("21")))
+        proc.stdin.flush()
+        until(lambda: all(any(m.get("id") == i and "result" in m for m in seen) for i in (20, "20", 21)))
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    for request_id in (20, "20", 21):
+        answer = next(m for m in seen if m.get("id") == request_id)
+        assert answer["result"]["isError"] is False, seen
+    assert len(read_ledger(tmp_path / "ledger")) == 3
+
+
+async def test_over_http_ids_of_different_types_are_different_requests(tmp_path: Path) -> None:
+    """`--json-response`: `30` and `"30"` both run; a cancel naming `"31"` leaves 31 alone, one naming 32 cancels 32.
+
+    In the default SSE mode the SDK's transport keys each POST's response stream by `str(id)`, so there `"30"` is
+    refused while 30 runs (`_fast_http.refused_duplicate`): accepted, one of the two answers was lost."""
+    port_file = tmp_path / "port"
+    argv = [sys.executable, "-m", "breakwater", "serve", "--config", str(_config(tmp_path)), "--http", "127.0.0.1:0"]
+    argv += ["--port-file", str(port_file), "--json-response"]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=isolated_env(tmp_path))
+    answers: dict[Any, dict[str, Any]] = {}
+    try:
+        with anyio.fail_after(60):
+            while not port_file.exists() or not port_file.read_text():
+                assert proc.poll() is None
+                await anyio.sleep(0.05)
+        url = f"http://127.0.0.1:{port_file.read_text().strip()}/mcp"
+        head = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+        async with httpx2.AsyncClient(timeout=30) as http:
+            hello = await http.post(url, json=INITIALIZE, headers=head)
+            head |= {"mcp-session-id": hello.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+            assert (await http.post(url, json=INITIALIZED, headers=head)).status_code == 202
+            with anyio.fail_after(60):  # the upstream connects in the background
+                while "result" not in _answer(await http.post(url, json=_call(2, "ts__echo"), headers=head)):
+                    await anyio.sleep(0.1)
+
+            async def post(request_id: int | str) -> None:
+                answers[request_id] = _answer(await http.post(url, json=_call(request_id), headers=head))
+
+            async with anyio.create_task_group() as tg:
+                for request_id in (30, "30", 31, 32):
+                    tg.start_soon(post, request_id)
+                await anyio.sleep(0.5)  # all four are running upstream (1.5 s)
+                for cancel in ("31", 32):
+                    assert (await http.post(url, json=_cancel(cancel), headers=head)).status_code == 202
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    for request_id in (30, "30", 31):
+        assert answers[request_id]["result"]["isError"] is False, answers
+    assert answers[32]["error"]["code"] == -32800, answers  # REQUEST_CANCELLED: the 2025 wire still answers it

@@ -11,6 +11,7 @@ entry, with raw POSTs compared byte for byte.
 from __future__ import annotations
 
 import json
+import select
 import subprocess
 import sys
 import textwrap
@@ -217,10 +218,15 @@ def test_a_cancel_line_stops_a_lane_call_unanswered(tmp_path: Path) -> None:
         proc.stdin.write(json.dumps(message) + "\n")
     proc.stdin.flush()
     assert json.loads(proc.stdout.readline())["id"] == 1
-    # "2", not 2: the dispatcher's rule that a stringified id still names the call.
-    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "2", "reason": "t"}}
-    proc.stdin.write(json.dumps(cancel) + "\n")
-    proc.stdin.flush()
+    # "2" is not 2 (JSON-RPC ids of different types are different ids): that cancel names no call in flight.
+    for request_id in ("2", 2):
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": request_id, "reason": "t"}}
+        proc.stdin.write(json.dumps(cancel) + "\n")
+        proc.stdin.write(json.dumps(call(f"after {request_id!r}", {"name": "where", "arguments": {}})) + "\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["id"] == f"after {request_id!r}"  # the cancel before it was read
+        if request_id == "2":
+            assert not select.select([proc.stderr], [], [], 0.5)[0], "a cancel naming '2' cancelled the call 2"
     assert proc.stderr.readline().strip() == "hang was cancelled"
     proc.stdin.write(json.dumps(call(3, {"name": "where", "arguments": {}})) + "\n")
     proc.stdin.close()

@@ -411,7 +411,7 @@ async def test_every_refusal_of_the_stack_still_happens_once_a_head_is_known(tmp
             "an unknown session": (varied("mcp-session-id", "0" * 32), 404),
             "an unknown protocol version": (varied("mcp-protocol-version", "1999-01-01"), 400),
             "no JSON in Accept": (varied("accept", "text/event-stream"), 406),
-            "another content type": (varied("content-type", "text/plain"), 400),
+            "another content type": (varied("content-type", "text/plain"), 415),  # as `application/jsonx` is
         }
         for why, (head, status) in refused.items():
             for conn in (raw, None):

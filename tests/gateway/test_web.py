@@ -516,8 +516,97 @@ def test_all_interfaces_listener_accepts_its_names_and_only_them(tmp_path: Path)
             assert get(gw, "/metrics", host=f"{name}:{port}", origin=f"http://{name}:{port}", **AUTH).status_code == 200
         assert get(gw, "/metrics", host=f"evil.example:{port}", **AUTH).status_code == 421
         assert get(gw, "/metrics", host=f"gw.internal:{port}").status_code == 401  # the token is still required
+        # An address of this machine's own is no name DNS rebinding can use: answered, its Origin too (127.0.0.2
+        # is one on Linux, outside the loopback names); another address is refused, naming the flag that allows it.
+        own = f"127.0.0.2:{port}"
+        assert get(gw, "/metrics", host=own, origin=f"http://{own}", **AUTH).status_code == 200
+        refused = get(gw, "/readyz", host=f"198.51.100.7:{port}", **AUTH)
+        assert refused.status_code == 421 and "--allowed-host 198.51.100.7" in refused.json()["error"]
     finally:
         stop_gateway(gw)
+    log = gw.log.read_text()
+    assert "--allowed-host 198.51.100.7" in log  # the log line says what to do too
+    assert "http://0.0.0.0" not in log and f"http://{socket.gethostname()}:{port}/mcp" in log  # a usable address
+
+
+def _raw(gw: RunningGateway, head: list[str]) -> tuple[int, dict[str, Any]]:
+    """A GET of /mcp written by hand (two Host headers: no client library sends them); its status and JSON body."""
+    port = int(gw.base.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+        conn.sendall(("\r\n".join(["GET /mcp HTTP/1.1", *head, f"authorization: Bearer {TOKEN}", "", ""])).encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            answer += conn.recv(65536)
+    return int(answer.split(b" ", 2)[1]), json.loads(answer.partition(b"\r\n\r\n")[2])
+
+
+def test_refusals_on_mcp_are_json_rpc_errors_that_say_what_to_do(gateway: RunningGateway) -> None:
+    """Host, Origin and method refusals on /mcp are JSON-RPC errors (id null) like the endpoint's others; two Host
+    headers are a 400 (RFC 9112); an unknown MCP-Protocol-Version is -32022 with or without a session."""
+    port = gateway.base.rsplit(":", 1)[1]
+    head = {"content-type": "application/json", "accept": "application/json, text/event-stream", **AUTH}
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    misdirected = httpx2.post(gateway.mcp, json=ping, headers={**head, "host": f"evil.example:{port}"}, timeout=30)
+    assert misdirected.status_code == 421, misdirected.text
+    assert misdirected.json()["id"] is None and "--allowed-host evil.example" in misdirected.json()["error"]["message"]
+    foreign = httpx2.post(gateway.mcp, json=ping, headers={**head, "origin": "http://evil.example"}, timeout=30)
+    assert foreign.status_code == 403 and foreign.json()["error"]["code"] == -32600, foreign.text
+    status, body = _raw(gateway, [f"host: 127.0.0.1:{port}", "host: evil.example"])
+    assert status == 400 and "Host" in body["error"]["message"], body
+    status, body = _raw(gateway, [f"host: 127.0.0.1:{port}", "x-big: " + "a" * 70_000])  # over `HEAD_MAX`, no token read
+    assert status == 431 and "limit" in body["error"]["message"], body
+    hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}
+    odd = httpx2.post(gateway.mcp, json=init, headers={**head, "mcp-protocol-version": "2025-13-99"}, timeout=30)
+    error = odd.json()["error"]
+    assert odd.status_code == 400 and error["code"] == -32022, odd.text
+    assert error["data"]["requested"] == "2025-13-99" and "2025-11-25" in error["data"]["supported"]
+    # A 2026-07-28 request without its Mcp-Method header is told the header is missing, not that it differs.
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"_meta": meta}}
+    modern = httpx2.post(gateway.mcp, json=listing, headers={**head, "mcp-protocol-version": "2026-07-28"}, timeout=30)
+    assert modern.status_code == 400 and "mcp-method header is missing" in modern.json()["error"]["message"], modern.text
+
+
+def test_malformed_posts_get_one_answer_per_kind_and_the_log_is_not_flooded(gateway: RunningGateway) -> None:
+    """A malformed response is -32600 "malformed response: <what>" with its id, never a pydantic dump; every wrong
+    Content-Type is one 415; the session's errors carry its id; a client's answer holding NaN, sent in a loop, is
+    logged at the 1st, 10th, 100th... time, not at each."""
+    head = {"content-type": "application/json", "accept": "application/json, text/event-stream", **AUTH}
+    hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    init = httpx2.post(gateway.mcp, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}, headers=head)
+    session = init.headers["mcp-session-id"]
+    head |= {"mcp-session-id": session, "mcp-protocol-version": "2025-11-25"}
+    initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    assert httpx2.post(gateway.mcp, json=initialized, headers=head).status_code == 202
+
+    def post(body: bytes, **headers: str) -> httpx2.Response:
+        return httpx2.post(gateway.mcp, content=body, headers={**head, **headers}, timeout=30)
+
+    for body, request_id, what in [
+        (b'{"jsonrpc":"2.0","result":{}}', None, "no id"),
+        (b'{"jsonrpc":"2.0","id":5,"result":5}', 5, "result must be an object"),
+        (b'{"jsonrpc":"2.0","id":"r","error":"oops"}', "r", "error must be an object"),
+        (b'{"jsonrpc":"2.0","id":6,"error":{"code":"x","message":"m"}}', 6, "error.code must be an integer"),
+    ]:
+        answer = post(body)
+        error = answer.json()["error"]
+        assert answer.status_code == 400 and answer.json()["id"] == request_id, answer.text
+        assert error["code"] == -32600 and f"malformed response: {what}" in error["message"], answer.text
+        assert "pydantic" not in error["message"] and answer.headers["mcp-session-id"] == session
+    ping = b'{"jsonrpc":"2.0","id":9,"method":"ping"}'
+    for kind in ("", "text/plain", "application/jsonx"):
+        wrong = post(ping, **{"content-type": kind})
+        assert wrong.status_code == 415 and wrong.json()["error"]["code"] == -32600, (kind, wrong.text)
+        assert wrong.headers["mcp-session-id"] == session
+    nan = post(b'{"jsonrpc":"2.0","id":10,"method":"ping","params":{"x":NaN}}')
+    assert nan.status_code == 400 and nan.json()["id"] == 10 and nan.headers["mcp-session-id"] == session
+    batch = post(b'[{"jsonrpc":"2.0","id":11,"method":"ping"}]')
+    assert "send one message per POST" in batch.json()["error"]["message"]
+    for _ in range(30):
+        assert post(b'{"jsonrpc":"2.0","id":"q","result":{"x":NaN}}').status_code in (200, 202)
+    lines = [line for line in gateway.log.read_text().splitlines() if "holds NaN" in line]
+    assert len(lines) == 2 and "(10 of these so far" in lines[1], lines
 
 
 def test_json_response_answers_2025_clients_with_plain_json(tmp_path: Path) -> None:

@@ -155,9 +155,17 @@ def _graceful_server_class() -> Any:
 
 
 def _announce(host: str, bound: int, port_file: str | None) -> None:
-    from breakwater.gateway._http import LOOPBACK_HOSTS
+    from breakwater.gateway._http import LOOPBACK_HOSTS, WILDCARD_HOSTS
 
     shown = _shown(host)
+    if host in WILDCARD_HOSTS:
+        # `http://0.0.0.0:PORT` is no address a client can use: they name this machine (or use one of its addresses).
+        shown = _shown(socket.gethostname())
+        print(
+            f"breakwater: listening on every interface ({_shown(host)}:{bound}); clients use this machine's name or one "
+            "of its addresses (another name a client uses needs --allowed-host NAME)",
+            file=sys.stderr,
+        )
     print(f"breakwater: serving MCP on http://{shown}:{bound}/mcp", file=sys.stderr)
     print(f"breakwater: status page on http://{shown}:{bound}/ (also /metrics, /healthz, /readyz)", file=sys.stderr, flush=True)
     if host not in LOOPBACK_HOSTS:

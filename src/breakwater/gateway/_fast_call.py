@@ -50,7 +50,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import json
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -70,13 +69,14 @@ from mcp.shared.jsonrpc_dispatcher import (
     handler_exception_to_error_data,
     progress_token_from_params,
 )
-from mcp_types import CONNECTION_CLOSED, INVALID_REQUEST, PROTOCOL_VERSION_META_KEY, CallToolResult, ErrorData, TextContent
+from mcp_types import CONNECTION_CLOSED, PROTOCOL_VERSION_META_KEY, CallToolResult, ErrorData, TextContent
 from mcp_types import methods as sdk_methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from pydantic_core import from_json
 
 from breakwater._codec import dumps_line
+from breakwater.gateway._request_ids import in_flight_key, unique_ids
 
 __all__ = [
     "PASSIVE_FOR_CALLS",
@@ -84,7 +84,6 @@ __all__ = [
     "call_context",
     "call_envelope",
     "call_params",
-    "duplicate_id_message",
     "handler_error",
     "install",
     "lane_message",
@@ -185,15 +184,22 @@ class FastLane:
             return
         self._dispatcher = dispatcher = dctx._dispatcher
         self.runner = ServerRunner(self.server, connection, ctx.lifespan_context)
-        _unique_ids(dispatcher, self)
+        unique_ids(dispatcher, self)
 
     def holds(self, request_id: Any) -> bool:
         """Whether a request with this id is in flight on the connection: a call of this lane's, or the SDK's."""
-        return self._holds(_key(request_id))
+        return self._holds(in_flight_key(request_id))
 
-    def _holds(self, key: Any) -> bool:
+    def _holds(self, key: tuple[str, Any]) -> bool:
+        """Whether the request id `key` (`in_flight_key`) is in flight: a lane's call, exactly that id (`50` is not
+        `"50"`); or one in the SDK dispatcher's own table, which keys `"7"` and `7` alike (`coerce_request_id`): a
+        second one there would take the first one's entry (its cancel), so the SDK's domain is kept for them."""
         dispatcher = self._dispatcher
-        return key in self._in_flight or (dispatcher is not None and key in dispatcher._in_flight)
+        if key in self._in_flight:
+            return True
+        if dispatcher is None:
+            return False
+        return key in dispatcher._in_flight or coerce_request_id(key[1]) in dispatcher._in_flight  # type: ignore[comparison-overlap]
 
     @property
     def ready(self) -> bool:
@@ -256,9 +262,9 @@ class FastLane:
         if params is None:
             return False
         request_id = message["id"]
-        key = _key(request_id)
+        key = in_flight_key(request_id)
         if self._holds(key):
-            return False  # an id in flight: refused on the SDK's path (`_unique_ids`)
+            return False  # an id in flight: refused on the SDK's path (`_request_ids.unique_ids`)
         assert self._dispatcher is not None
         dctx = call_context(_JSONRPCDispatchContext, self._dispatcher, request_id, params)
         scope = anyio.CancelScope()
@@ -278,7 +284,7 @@ class FastLane:
         request_id = params.get("requestId") if isinstance(params, dict) else None
         if not _valid_id(request_id):
             return False
-        entry = self._in_flight.get(_key(request_id))
+        entry = self._in_flight.get(in_flight_key(request_id))
         if entry is None:
             return False
         scope, dctx = entry
@@ -303,7 +309,7 @@ class FastLane:
                     result = await on_call(self.runner, dctx, params)
                 finally:
                     dctx.close()
-                    key = _key(request_id)
+                    key = in_flight_key(request_id)
                     if (entry := self._in_flight.get(key)) is not None and entry[1] is dctx:
                         del self._in_flight[key]
                 if not dctx.cancel_requested.is_set():
@@ -547,40 +553,3 @@ def lane_message(line: bytes) -> dict[str, Any] | None:
 
 def _valid_id(value: Any) -> bool:
     return as_request_id(value) is not None
-
-
-def _unique_ids(dispatcher: JSONRPCDispatcher[Any], lane: FastLane) -> None:
-    """Refuse a request whose id a request in flight on the connection already uses; the SDK ran both.
-
-    Why. A request id is unique within a session (JSON-RPC, MCP). SDK 2.3's dispatcher runs a second
-    request with an id in flight beside the first and answers both under the one id: a client that
-    resends a `tools/call` under its id (on a timeout of its own) had the tool run twice, a charge
-    made twice, and the answers of two runs under one id. The second is answered INVALID_REQUEST
-    instead, and not run; the first runs on and is answered as before. Every path a request takes
-    into the connection reaches this check: the lanes leave a request whose id is in flight to the
-    SDK's dispatcher (`FastLane.holds`, `_fast_http.plain_call`).
-    """
-    dispatch = dispatcher._dispatch_request
-
-    async def dispatch_unique(req: Any, metadata: Any, on_request: Any, sender_ctx: Any) -> None:
-        if not lane.holds(req.id):
-            return await dispatch(req, metadata, on_request, sender_ctx)
-        logger.warning("a request reused the id %r of a request in flight; refused, not run", req.id)
-        error = ErrorData(code=INVALID_REQUEST, message=duplicate_id_message(req.id))
-        dispatcher._spawn(dispatcher._write_error, req.id, error, sender_ctx=sender_ctx)
-        return None
-
-    dispatcher._dispatch_request = dispatch_unique  # type: ignore[method-assign]
-
-
-def duplicate_id_message(request_id: Any) -> str:
-    """What a request is answered whose id a request in flight already uses (`_unique_ids`)."""
-    return (
-        f"Invalid request: the id {json.dumps(request_id)} is already used by a request in flight in this session, "
-        "so this request was not run; give every request its own id"
-    )
-
-
-def _key(request_id: Any) -> Any:
-    # The dispatcher's correlation domain: a cancel naming "7" finds the call with id 7.
-    return coerce_request_id(request_id)

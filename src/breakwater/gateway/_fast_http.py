@@ -40,7 +40,7 @@ import anyio
 from mcp.server import streamable_http as sdk
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.shared.dispatcher import as_request_id, coerce_request_id
+from mcp.shared.dispatcher import as_request_id
 from mcp.shared.jsonrpc_dispatcher import (
     _InFlight,
     _JSONRPCDispatchContext,
@@ -55,13 +55,13 @@ from breakwater.gateway._fast_call import (
     FastLane,
     call_context,
     call_params,
-    duplicate_id_message,
     handler_error,
     lane_message,
     on_call,
 )
 from breakwater.gateway._known_heads import OFFER, routable, serving
 from breakwater.gateway._one_write import WholeSend
+from breakwater.gateway._request_ids import duplicate_id_message, in_flight_key
 
 __all__ = ["answer_fast", "plain_call", "refused_duplicate", "reply_json", "request_cancelled", "session_ended"]
 
@@ -221,7 +221,7 @@ async def refused_duplicate(
     """Answer a POSTed request whose id a request in flight in its session uses (-32600, not run); False if it is not one.
 
     Why here, before the SDK's handler. The lanes leave such a request to the SDK, whose dispatcher refuses it
-    (`_fast_call._unique_ids`); but the SDK's POST handler first opens the request's response stream under its
+    (`_request_ids.unique_ids`); but the SDK's POST handler first opens the request's response stream under its
     id, in the place of the first request's (a call answered on an SSE stream, a request on the SDK's path),
     and closes it after the refusal: the first request's answer then had nowhere to go, and its POST hung.
     """
@@ -273,9 +273,9 @@ async def _answer(
     request_id, params = message["id"], message.get("params")
     dctx = call_context(_JSONRPCDispatchContext, dispatcher, request_id, params, transport._message_metadata(request))
     scope = anyio.CancelScope()
-    key = coerce_request_id(request_id)
+    key = in_flight_key(request_id)  # its exact id: `"50"` is another request (`_request_ids.cancel_exactly`)
     entry = _InFlight(scope=scope, dctx=dctx)
-    dispatcher._in_flight[key] = entry
+    dispatcher._in_flight[key] = entry  # type: ignore[index]
     running.add(scope)
     answer: dict[str, Any] | JSONRPCError | None = None
     try:
@@ -286,8 +286,8 @@ async def _answer(
     finally:
         running.discard(scope)
         dctx.close()
-        if dispatcher._in_flight.get(key) is entry:
-            del dispatcher._in_flight[key]
+        if dispatcher._in_flight.get(key) is entry:  # type: ignore[call-overload]
+            del dispatcher._in_flight[key]  # type: ignore[arg-type]
     if dctx.cancel_requested.is_set():
         return request_cancelled(request_id)
     return answer  # None: cancelled by the session's end (`_terminate`), not by the client
@@ -309,8 +309,8 @@ def plain_call(lane: FastLane, body: bytes) -> dict[str, Any] | None:
     if message is None or call_params(message) is None:
         return None
     dispatcher = lane.dispatcher
-    if dispatcher is None or not dispatcher._running or coerce_request_id(message["id"]) in dispatcher._in_flight:
-        return None  # closing (the SDK refuses it), or an id in flight (refused: `_fast_call._unique_ids`)
+    if dispatcher is None or not dispatcher._running or lane.holds(message["id"]):
+        return None  # closing (the SDK refuses it), or an id in flight (refused: `_request_ids.unique_ids`)
     return message
 
 

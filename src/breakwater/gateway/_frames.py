@@ -38,11 +38,54 @@ __all__ = [
     "explain_params_errors",
     "invalid_deadline",
     "lenient_id",
+    "limit_repeats",
     "not_json_message",
     "screen_non_finite",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+class RepeatLimit(logging.Filter):
+    """One line per kind of record (its format string), then one at the 10th, 100th, ... with the count so far.
+
+    A client that sends the same malformed message in a loop wrote a warning for each (445 identical lines in a
+    few seconds): what it did is still said, and its count, without filling a disk.
+    """
+
+    #: Past this many kinds, further ones are counted by their format string alone (a client varying them).
+    MAX_KINDS = 1024
+
+    def __init__(self, *, by_message: bool = False) -> None:
+        super().__init__()
+        #: A kind is the record's format string, or (`by_message`) the whole line: each Host refused is its own kind.
+        self._by_message = by_message
+        self._counts: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or not isinstance(record.msg, str) or not isinstance(record.args, tuple):
+            return True
+        kind = record.msg
+        if self._by_message and len(self._counts) < self.MAX_KINDS:
+            kind = record.getMessage()
+        count = self._counts.get(kind, 0) + 1
+        self._counts[kind] = count
+        if count == 1:
+            return True
+        if str(count).strip("0") != "1":  # not a power of ten
+            return False
+        record.msg += " (%d of these so far; logged at the 1st, 10th, 100th...)"
+        record.args = (*record.args, count)
+        return True
+
+
+def limit_repeats(target: logging.Logger, *, by_message: bool = False) -> None:
+    """Give `target` a `RepeatLimit` (once)."""
+    if not any(isinstance(f, RepeatLimit) for f in target.filters):
+        target.addFilter(RepeatLimit(by_message=by_message))
+
+
+limit_repeats(logger)
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -89,7 +132,8 @@ def diagnose(line: bytes, error: Exception | None = None, *, notifications: bool
         where = f" at line {exc.lineno}, column {exc.colno}: {exc.msg}" if isinstance(exc, json.JSONDecodeError) else ""
         return None, PARSE_ERROR, f"Parse error: invalid JSON{where}"
     if isinstance(data, list):
-        return None, INVALID_REQUEST, "Invalid request: JSON-RPC batches are not supported by MCP; send one message per line"
+        per = "POST" if notifications else "line"
+        return None, INVALID_REQUEST, f"Invalid request: JSON-RPC batches are not supported by MCP; send one message per {per}"
     if not isinstance(data, dict):
         return None, INVALID_REQUEST, f"Invalid request: expected a JSON object, got {type(data).__name__}"
     has_id = "id" in data
@@ -107,13 +151,49 @@ def diagnose(line: bytes, error: Exception | None = None, *, notifications: bool
         return request_id, INVALID_REQUEST, "Invalid request: method must be a string"
     if method is None:
         if "result" in data or "error" in data:
-            logger.warning("dropped a malformed response (id %r): %s", request_id, _short(error))
+            what = _response_problem(data) or _short(error)
+            if notifications:  # over HTTP the POST is answered: the client learns what is wrong with its answer
+                return (request_id if has_id else None), INVALID_REQUEST, f"Invalid request: malformed response: {what}"
+            logger.warning("dropped a malformed response (id %r): %s", request_id, what)
             return None
         return request_id, INVALID_REQUEST, "Invalid request: no method"
     params = data.get("params")
     if "params" in data and not isinstance(params, dict):
         return request_id, INVALID_PARAMS, f"Invalid params: params must be an object, got {type(params).__name__}"
     return request_id, INVALID_REQUEST, f"Invalid request: {_short(error)}"
+
+
+def _response_problem(data: dict[str, Any]) -> str | None:
+    """What is wrong with a message shaped as a response (`result` or `error`, no `method`); None if nothing plain is."""
+    if "result" in data and "error" in data:
+        return "it has both result and error; a response has one of them"
+    if "id" not in data:
+        return "no id; a response carries the id of the request it answers"
+    if "result" in data:
+        result = data["result"]
+        return None if isinstance(result, dict) else f"result must be an object, got {_json_type(result)}"
+    failure = data["error"]
+    if not isinstance(failure, dict):
+        return f"error must be an object with a code and a message, got {_json_type(failure)}"
+    code, message = failure.get("code"), failure.get("message")
+    if not isinstance(code, int) or isinstance(code, bool):
+        return f"error.code must be an integer, got {_json_type(code) if 'code' in failure else 'nothing'}"
+    if not isinstance(message, str):
+        return f"error.message must be a string, got {_json_type(message) if 'message' in failure else 'nothing'}"
+    return None
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of `value`'s type (what a client's author reads), not Python's."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
 
 
 def lenient_id(data: bytes) -> Any:

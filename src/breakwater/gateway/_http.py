@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 import socket
 from collections.abc import Sequence
 from functools import partial
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
-from mcp_types import UNSUPPORTED_PROTOCOL_VERSION
+from mcp_types import HEADER_MISMATCH, INVALID_REQUEST, UNSUPPORTED_PROTOCOL_VERSION
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS, SUPPORTED_PROTOCOL_VERSIONS
 
 from breakwater.config._checks import LOOPBACK_HOSTS as LOOPBACK_HOSTS  # importable from here as before
@@ -16,19 +19,23 @@ from breakwater.config._redact import register_secrets
 from breakwater.gateway._drain import DrainGuard, end_get_streams, set_sse_keepalive
 from breakwater.gateway._fast_call import install as install_fast_calls
 from breakwater.gateway._fast_http import answer_fast
+from breakwater.gateway._frames import limit_repeats
 from breakwater.gateway._lazy_sse import answer_lazily
 from breakwater.gateway._metrics import CallCounter, Metrics
 from breakwater.gateway._modern_http import serve_modern_calls
 from breakwater.gateway._one_write import whole_responses
 from breakwater.gateway._resume import ResumableStreams
 from breakwater.gateway._server import Gateway
-from breakwater.gateway._sessions import roaming_app
+from breakwater.gateway._sessions import bound_sessions, roaming_app
 
 if TYPE_CHECKING:
     from breakwater.state._sessions import SessionStore
     from breakwater.state._streams import StreamLog
 
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
+
+log = logging.getLogger("breakwater.gateway.http")
+limit_repeats(log, by_message=True)  # one line per Host refused, then at the 10th, 100th...
 
 
 class BearerAuth:
@@ -94,16 +101,29 @@ def _split_host(value: str) -> tuple[str, str | None]:
 
 
 class RequestGuard:
-    """ASGI middleware in front of every route: a lower-case `bearer` scheme is accepted, a cross-port Origin is not.
+    """ASGI middleware in front of every route: the checks of a request's head that the SDK's leave out or word badly.
 
-    The SDK's Origin check allows any port of an allowed host, so a page served by another program
-    on this machine (`http://127.0.0.1:1`) could drive the gateway from a browser. An Origin naming
-    the same host as the request's `Host` must also name its port, unless it is in `allowed_origins`.
+    * Host. One `Host` header (RFC 9112 §3.2: two are a 400; this guard read the last, the SDK the first), naming
+      this gateway (the SDK's list, `_security`): else a 421 that says which `--allowed-host` to add. On `0.0.0.0`
+      or `::` an address of this machine's own is accepted too (`_own_address`).
+    * Origin. The SDK's Origin check allows any port of an allowed host, so a page served by another program
+      on this machine (`http://127.0.0.1:1`) could drive the gateway from a browser. An Origin naming
+      the same host as the request's `Host` must also name its port, unless it is in `allowed_origins`.
+    * `MCP-Protocol-Version` naming a version no one supports: -32022 with what is supported (the SDK took it for a
+      2026-07-28 request and answered that its `_meta` lacked the envelope).
+    * A lower-case `bearer` scheme and capitals in case-insensitive headers are accepted.
+
+    Every refusal on `/mcp` is a JSON-RPC error (id null), as the SDK's own are there.
     """
 
-    def __init__(self, app: Any, allowed_origins: Sequence[str] = ()) -> None:
+    def __init__(self, app: Any, allowed_origins: Sequence[str] = (), *, security: Any = None, wildcard: bool = False) -> None:
         self.app = app
         self._allowed = frozenset(o.rstrip("/").lower() for o in allowed_origins)
+        #: The SDK's `TransportSecuritySettings` the routes check Host and Origin against (None: no Host check here).
+        self._security = security
+        self._wildcard = wildcard
+        #: This machine's addresses clients used as Host (on a wildcard bind), learnt into `_security`.
+        self._own: set[str] = set()
 
     def _cross_port(self, headers: dict[bytes, bytes]) -> bool:
         origin = headers.get(b"origin", b"").decode("latin-1").rstrip("/")
@@ -115,24 +135,60 @@ class RequestGuard:
         # A Host without a port (a proxy in front) cannot be compared; a different host is the SDK's to judge.
         return o_host == h_host and h_port is not None and o_port != h_port
 
+    def _refused(self, scope: Any, raw: list[tuple[bytes, bytes]], headers: dict[bytes, bytes]) -> tuple[int, str] | None:
+        """(status, message) of a request this guard refuses by its head; None to pass it on."""
+        hosts = [value for name, value in raw if name == b"host"]
+        if len(hosts) > 1:
+            return 400, "Bad Request: more than one Host header (RFC 9112 section 3.2); send one"
+        if hosts and scope.get("path") != "/healthz" and not self._host_allowed(hosts[0].decode("latin-1").lower()):
+            return 421, self._misdirected(hosts[0].decode("latin-1"))
+        if self._cross_port(headers):
+            return 403, "Forbidden: the Origin names another port of this host: a page served there may not drive this gateway"
+        return None
+
+    def _host_allowed(self, host: str) -> bool:
+        """Whether the routes' Host check (the SDK's rules) passes `host`; a wildcard bind also learns its own addresses."""
+        security = self._security
+        if security is None or _listed(host, security.allowed_hosts):
+            return True
+        if not self._wildcard or len(self._own) >= _OWN_ADDRESSES_MAX or (address := _own_address(host)) is None:
+            return False
+        # An address, not a name: DNS rebinding needs a name the attacker controls, so an address of this machine
+        # is as safe to answer as its host name. Learnt into the SDK's lists, which the routes check next.
+        self._own.add(address)
+        security.allowed_hosts += [address, f"{address}:*"]
+        security.allowed_origins += [f"{scheme}://{address}{port}" for scheme in ("http", "https") for port in ("", ":*")]
+        return True
+
+    def _misdirected(self, host: str) -> str:
+        name, _ = _split_host(host)
+        name = name.strip("[]")[:100]
+        shown = f"[{name}]" if ":" in name else name
+        message = (
+            f"Misdirected Request: this gateway does not answer to the Host {host[:100]!r} (DNS-rebinding protection); "
+            f"if clients reach it by that name, start it with --allowed-host {shown}"
+        )
+        log.warning(
+            "refused a request for Host %r (421); if clients reach the gateway by that name, start it with --allowed-host %s",
+            host[:100],
+            shown,
+        )
+        return message
+
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             raw = list(scope.get("headers") or [])
             headers = dict(raw)
-            if self._cross_port(headers):
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 403,
-                        "headers": [(b"content-type", b"application/json")],
-                    }
-                )
-                await send({"type": "http.response.body", "body": b'{"error": "Origin names another port of this host"}'})
+            mcp = scope.get("path") == "/mcp"
+            refused = self._refused(scope, raw, headers)
+            if refused is not None:
+                await _refuse(send, *refused, mcp=mcp)
                 return
             version = headers.get(b"mcp-protocol-version")
-            if version is not None and version not in _SUPPORTED and b"mcp-session-id" in headers:
-                # The SDK took the session's request for a 2026-07-28 one and answered that `_meta` lacked its envelope.
-                await _unsupported_version(version, send)
+            if version is not None and version not in _SUPPORTED:
+                # Without a session the SDK took the request for a 2026-07-28 one and answered that `_meta` lacked its
+                # envelope; with one, the same.
+                await _unsupported_version(version, send, session=headers.get(b"mcp-session-id"))
                 return
             if b"authorization" in headers or _cased(headers):
                 raw = [(k, _normalise(k, v)) for k, v in raw]
@@ -140,22 +196,140 @@ class RequestGuard:
             send = whole_responses(send)
             if b"mcp-session-id" not in headers and version not in _MODERN:  # (2026-07-28 requests have no session)
                 send = _no_session_on_refusals(send)
+            if mcp:
+                send = _json_rpc_refusals(send)
+                if version in _MODERN:
+                    send = _missing_headers(send, headers)
         await self.app(scope, receive, send)
 
 
 _SUPPORTED = frozenset(v.encode() for v in SUPPORTED_PROTOCOL_VERSIONS)
 _MODERN = frozenset(v.encode() for v in MODERN_PROTOCOL_VERSIONS)
+#: At most this many addresses of its own a wildcard listener learns (a host with `ip_nonlocal_bind` binds any).
+_OWN_ADDRESSES_MAX = 64
 
 
-async def _unsupported_version(version: bytes, send: Any) -> None:
+def _listed(host: str, allowed: Sequence[str]) -> bool:
+    """The SDK's Host rule (`TransportSecurityMiddleware._validate_host`), without its log line: listed, or `name:*`."""
+    return host in allowed or any(entry.endswith(":*") and host.startswith(entry[:-1]) for entry in allowed)
+
+
+def _own_address(host: str) -> str | None:
+    """`host`'s address as a Host header writes it (`192.0.2.2`, `[fd00::2]`) if it is an address of this machine."""
+    import ipaddress
+
+    name, _ = _split_host(host)
+    try:
+        address = ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        return None  # a name: only the listed ones are answered
+    if address.is_unspecified or address.is_multicast:
+        return None
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.bind((str(address), 0))  # only an address of one of this machine's interfaces binds
+    except OSError:
+        return None
+    return f"[{address}]" if address.version == 6 else str(address)
+
+
+async def _refuse(send: Any, status: int, message: str, *, mcp: bool) -> None:
+    """A refusal as the route answers: a JSON-RPC error with id null on `/mcp`, `{"error": ...}` on the others."""
+    if mcp:
+        body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": INVALID_REQUEST, "message": message}}).encode()
+    else:
+        body = json.dumps({"error": message}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _unsupported_version(version: bytes, send: Any, *, session: bytes | None) -> None:
     """400, the SDK's UNSUPPORTED_PROTOCOL_VERSION error with its `data` (what is supported, what was asked)."""
-    requested = version.decode("latin-1")
-    message = f"Unsupported protocol version {requested!r} in MCP-Protocol-Version; send the one this session negotiated"
+    requested = version.decode("latin-1")[:100]
+    fix = "send the one this session negotiated" if session is not None else "send one of data.supported"
+    message = f"Unsupported protocol version {requested!r} in MCP-Protocol-Version; {fix}"
     error = {"code": UNSUPPORTED_PROTOCOL_VERSION, "message": message}
     error["data"] = {"supported": list(SUPPORTED_PROTOCOL_VERSIONS), "requested": requested}
     body = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
-    await send({"type": "http.response.start", "status": 400, "headers": [(b"content-type", b"application/json")]})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if session is not None:
+        headers.append((b"mcp-session-id", session))  # as the session's other errors carry it
+    await send({"type": "http.response.start", "status": 400, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+#: The SDK's 2026-07-28 words for a routing header that differs from the body, said of one that is absent too.
+_MISMATCH = re.compile(r"(\S+) header does not match the request (?:body|envelope)'s (.+)")
+
+
+def _missing_headers(send: Any, headers: dict[bytes, bytes]) -> Any:
+    """`send`, saying of a 2026-07-28 routing header (`Mcp-Method`, `Mcp-Name`, ...) that was not sent that it is
+    missing: the SDK's HEADER_MISMATCH said it "does not match the request body's method"."""
+    held: list[Any] = []
+
+    async def sending(message: Any) -> None:
+        if message["type"] == "http.response.start" and message["status"] == 400:
+            held[:] = [message, b""]
+            return
+        if held and message["type"] == "http.response.body":
+            held[1] += message.get("body", b"")
+            if message.get("more_body"):
+                return
+            start, body = held
+            held.clear()
+            body = _said_missing(body, headers)
+            kept = [(k, v) for k, v in start.get("headers") or () if k.lower() != b"content-length"]
+            await send({**start, "headers": [*kept, (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await send(message)
+
+    return sending
+
+
+def _said_missing(body: bytes, headers: dict[bytes, bytes]) -> bytes:
+    try:
+        answer = json.loads(body)
+        error = answer["error"]
+        found = _MISMATCH.fullmatch(error["message"]) if error["code"] == HEADER_MISMATCH else None
+    except (ValueError, KeyError, TypeError):
+        return body
+    if found is None or found.group(1).lower().encode("latin-1") in headers:
+        return body
+    name, what = found.groups()
+    error["message"] = f"{name} header is missing; send it, holding the request's {what}"
+    return json.dumps(answer).encode()
+
+
+def _json_rpc_refusals(send: Any) -> Any:
+    """`send`, turning a refusal on `/mcp` that is not JSON (the SDK's plain-text 403 "Invalid Origin header", an empty
+    405) into a JSON-RPC error with id null and the same words, as the endpoint's other refusals are."""
+    held: list[Any] = []
+
+    async def sending(message: Any) -> None:
+        if message["type"] == "http.response.start" and message["status"] >= 400:
+            kinds = [v for k, v in message.get("headers") or () if k.lower() == b"content-type"]
+            if not kinds or not kinds[0].lower().startswith(b"application/json"):
+                held.append(message)
+                held.append(b"")
+                return
+        if held and message["type"] == "http.response.body":
+            held[1] += message.get("body", b"")
+            if message.get("more_body"):
+                return
+            start, text = held[0], held[1].decode("utf-8", "replace").strip()[:200]
+            words = text or HTTPStatus(start["status"]).phrase
+            body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": INVALID_REQUEST, "message": words}}).encode()
+            kept = [(k, v) for k, v in start.get("headers") or () if k.lower() not in (b"content-type", b"content-length")]
+            kept += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+            await send({**start, "headers": kept})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await send(message)
+
+    return sending
 
 
 def _no_session_on_refusals(send: Any) -> Any:
@@ -217,6 +391,7 @@ def http_app(
         sdk_app = gateway.server.streamable_http_app(
             host=host, transport_security=security, json_response=json_response, session_idle_timeout=idle_s
         )
+    bound_sessions(gateway.server.session_manager)  # no session for a failed initialize; the cap's room (_sessions)
     app = FrameErrors(sdk_app, max_body_bytes=DEFAULT_MAX_REQUEST_BODY_SIZE)  # malformed requests: the spec's errors
     policy = gateway.policy
     # A call POST whose head the stack accepted before skips it (_known_heads), except for roaming
@@ -251,7 +426,8 @@ def http_app(
     gateway.drain.on_done.append(lambda: end_get_streams(gateway.server.session_manager))
     guarded = DrainGuard(app, gateway.drain)
     mcp_app = BearerAuth(guarded, token) if token else guarded
-    return RequestGuard(WebApp(gateway, mcp_app, security=security, token=token, metrics=metrics), allowed_origins)
+    web = WebApp(gateway, mcp_app, security=security, token=token, metrics=metrics)
+    return RequestGuard(web, allowed_origins, security=security, wildcard=host in WILDCARD_HOSTS)
 
 
 def _resumable(gateway: Gateway, streams: StreamLog | None) -> ResumableStreams | None:

@@ -2,13 +2,15 @@
 
 The SDK's streamable HTTP transport answers a body it cannot validate with `-32602 "Validation
 error: 4 validation errors for union[...]"` (a pydantic dump, for a batch, a missing or `"1.0"`
-`jsonrpc`, string params, a non-string method), accepts a request with a float, null or boolean id
-as a notification (202, so the client waits forever), and answers an oversized body with a plain
-text 413. This ASGI middleware in front of the MCP endpoint leaves every good request alone: it
-hands the SDK the body it read (below) and looks at the SDK's answer. When that
+`jsonrpc`, string params, a non-string method, a malformed response: `{"id": 5, "result": 5}`), accepts a
+request with a float, null or boolean id as a notification (202, so the client waits forever), and answers an
+oversized body with a plain text 413. This ASGI middleware in front of the MCP endpoint leaves every good request
+alone: it hands the SDK the body it read (below) and looks at the SDK's answer. When that
 answer is one of the above, the body is diagnosed by the stdio classifier and the answer replaced
-with its JSON-RPC error (400, or 413 for the size), with the id when the request had one; a
-plain-text refusal (a wrong Content-Type) becomes a JSON-RPC -32600 with the same words. The
+with its JSON-RPC error (400, or 413 for the size), with the id when the request had one (a malformed response:
+-32600 "malformed response: <what>", with its id when that is a valid one); a missing or non-JSON Content-Type,
+which the SDK refused with a plain-text 400, gets the transport's own 415 for `application/jsonx`, as a JSON-RPC
+-32600. Its answers carry the request's `Mcp-Session-Id`, as the session's other errors do. The
 session is not touched, so it goes on.
 
 One malformed body the SDK does not refuse at all: both its parsers (pydantic's and the standard
@@ -35,15 +37,27 @@ import logging
 from typing import Any
 
 from breakwater._wire import non_finite_constant, with_nulls_for_non_finite
-from breakwater.gateway._frames import INVALID_REQUEST, PARSE_ERROR, bad_id, diagnose, lenient_id, not_json_message
+from breakwater.gateway._frames import (
+    INVALID_REQUEST,
+    PARSE_ERROR,
+    bad_id,
+    diagnose,
+    lenient_id,
+    limit_repeats,
+    not_json_message,
+)
 
 __all__ = ["FrameErrors"]
 
 logger = logging.getLogger(__name__)
+limit_repeats(logger)  # one line per kind of bad message, then at the 10th, 100th...
 
 # The SDK's own framing refusals (mcp/server/streamable_http.py): only these are re-explained.
 _SDK_FRAMING_PREFIXES = ("Validation error", "Parse error")
 _REWRITTEN = frozenset({202, 400, 413})
+#: The transport's own words for a Content-Type it does not take (415); its security check said 400 "Invalid
+#: Content-Type header" for a missing or non-JSON one, the transport 415 for `application/jsonx`: one answer for both.
+_UNSUPPORTED_MEDIA = "Unsupported Media Type: Content-Type must be application/json"
 
 
 class FrameErrors:
@@ -57,8 +71,9 @@ class FrameErrors:
         if scope["type"] != "http" or scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
+        session = _session_header(scope["headers"])
         if _declared_over(scope["headers"], self.max_body_bytes):
-            await self._refuse(send, self._too_large(), status=413)
+            await self._refuse(send, self._too_large(), status=413, session=session)
             return
         chunks: list[bytes] = []
         held: dict[str, Any] = {}
@@ -69,7 +84,8 @@ class FrameErrors:
         if early is None and (constant := non_finite_constant(b"".join(chunks))) is not None:
             cleaned = _answer_with_nulls(b"".join(chunks))
             if cleaned is None:
-                await self._refuse(send, _error(lenient_id(b"".join(chunks)), PARSE_ERROR, not_json_message(constant)))
+                error = _error(lenient_id(b"".join(chunks)), PARSE_ERROR, not_json_message(constant))
+                await self._refuse(send, error, session=session)
                 return
             logger.warning("the client's answer holds %s, which is not JSON; passed on with null in its place", constant)
             chunks[:] = [cleaned]
@@ -108,6 +124,8 @@ class FrameErrors:
                 status, payload = better
                 headers = [(k, v) for k, v in start.get("headers", []) if k.lower() not in (b"content-length", b"content-type")]
                 headers += [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+                if session is not None and not any(k.lower() == b"mcp-session-id" for k, _ in headers):
+                    headers.append((b"mcp-session-id", session))  # as the session's other errors carry it
                 await send({"type": "http.response.start", "status": status, "headers": headers})
                 await send({"type": "http.response.body", "body": payload})
                 return
@@ -133,8 +151,10 @@ class FrameErrors:
                 return None
 
     @staticmethod
-    async def _refuse(send: Any, payload: bytes, *, status: int = 400) -> None:
+    async def _refuse(send: Any, payload: bytes, *, status: int = 400, session: bytes | None = None) -> None:
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        if session is not None:
+            headers.append((b"mcp-session-id", session))  # as the session's other errors carry it
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
 
@@ -153,6 +173,8 @@ class FrameErrors:
             sdk_message = _sdk_framing_error(answer)
             if sdk_message is None:
                 return None
+            if sdk_message == "Invalid Content-Type header":  # the SDK's 400 for a missing or non-JSON type
+                return 415, _error(None, INVALID_REQUEST, _UNSUPPORTED_MEDIA)  # its 415 for `application/jsonx`
             if not sdk_message.startswith(_SDK_FRAMING_PREFIXES):  # a refusal before the body was read (headers)
                 return 400, _error(None, INVALID_REQUEST, f"Invalid request: {sdk_message}")
             found = diagnose(body, ValueError(sdk_message), notifications=True)
@@ -160,6 +182,14 @@ class FrameErrors:
             return None
         request_id, code, message = found
         return 400, _error(request_id, code, message)
+
+
+def _session_header(headers: Any) -> bytes | None:
+    """The request's `Mcp-Session-Id`, if it carries one."""
+    for name, value in headers:
+        if name == b"mcp-session-id":
+            return bytes(value)
+    return None
 
 
 def _declared_over(headers: Any, limit: int) -> bool:

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BODY_READ_TIMEOUT_S",
+    "HEAD_MAX",
     "KNOWN_HEADS_MAX",
     "OFFER",
     "ROUTED_BODY_MAX",
@@ -67,6 +68,14 @@ ROUTED_BODY_MAX = 65536
 #: connection closed. uvicorn bounds only the idle time between requests (`timeout_keep_alive`), so a client that
 #: sent part of a request and stopped held its connection, and the app's task reading it, for ever.
 BODY_READ_TIMEOUT_S = 30.0
+#: The largest request head (request line and header fields) a connection may send: past it, it is answered 431 and
+#: closed. httptools (uvicorn's parser) keeps a header value growing for as long as it comes, so a client without the
+#: token grew the gateway by hundreds of MB, one endless header per connection: the token is checked only once the
+#: head is whole. h11 caps heads at 16 KiB; an MCP client's head is well under 2 KiB (its 2026-07-28 `Mcp-*` headers
+#: and a long OAuth bearer token included), so 64 KiB leaves room for long cookies and proxies' headers.
+HEAD_MAX = 65536
+#: How long a connection whose head was refused is still read (and what it sends dropped) before it is closed.
+_LINGER_S = 2.0
 #: Heads a server remembers; past it, it forgets them all and learns the live ones again (one whole-stack POST each).
 KNOWN_HEADS_MAX = 1024
 
@@ -127,6 +136,13 @@ class _Deadlined(HttpToolsProtocol):
         self.scope = None  # type: ignore[assignment]  # uvicorn sets it at each request's first byte
         #: Armed while a connection is silent, or a request is arriving in more than one read (`_read_timed_out`).
         self._read_timer: asyncio.TimerHandle | None = None
+        #: Bytes of the head arriving, counted from the read after the one it began in (`_count_head`).
+        self._head_bytes = 0
+        #: A head began (`on_message_begin`) and is not whole yet (`on_headers_complete`); `_head_began`: in this read.
+        self._head_open = False
+        self._head_began = False
+        #: The head was over `HEAD_MAX`: answered 431, the connection closing; what still comes is dropped.
+        self._refused = False
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -135,7 +151,14 @@ class _Deadlined(HttpToolsProtocol):
         self._read_timer = self.loop.call_later(self.read_timeout_s, self._read_timed_out)
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        self._head_began = False
         super().data_received(data)
+        if self._head_open and not self._refused:
+            self._count_head(len(data))
+        if self._refused:
+            return
         # A request that arrived whole in this read (the common case) costs this check only; one still
         # arriving (its head cut, or its body) gets a deadline: uvicorn's own timers run on the loop too.
         if self._read_timer is None and _arriving(self.scope, self.cycle) and not self.transport.is_closing():
@@ -161,7 +184,57 @@ class _Deadlined(HttpToolsProtocol):
             self._read_timer.cancel()
             self._read_timer = None
 
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_open = self._head_began = True
+        self._head_bytes = 0
+
+    def on_headers_complete(self) -> None:
+        self._head_open = False
+        # The head's size as parsed (a head that arrived in one read was not counted as it came).
+        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        if self._refused or size > HEAD_MAX:
+            self._refuse_head()
+            return  # no request: nothing runs, no cycle is made
+        super().on_headers_complete()
+
+    def _count_head(self, size: int) -> None:
+        """Count a read of a head still arriving; refuse it past `HEAD_MAX`.
+
+        A read in which the head began is not counted (where in it the head began is the parser's to know), so a
+        head is refused at most one read (256 KiB) past the cap, and never one under it."""
+        if self._head_began:
+            return
+        self._head_bytes += size
+        if self._head_bytes > HEAD_MAX:
+            self._refuse_head()
+
+    def _refuse_head(self) -> None:
+        """Answer 431 and end the connection: its writing side at once, its reading side after `_LINGER_S`.
+
+        Closed at once with the rest of the head unread, the kernel resets the connection and the client, still
+        sending, loses the answer; so what still comes is read and dropped for a moment first (nginx's lingering close).
+        """
+        self._refused = True
+        self._head_open = False
+        self._stop_read_timer()
+        transport = self.transport
+        if transport.is_closing():
+            return
+        transport.write(_head_too_large())
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        self._read_timer = self.loop.call_later(_LINGER_S, transport.close)
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
     def on_message_complete(self) -> None:
+        if self._refused:
+            return
         super().on_message_complete()
         # uvicorn leaves `more_body` set on a request answered before its body was whole (a 413 unread):
         # the body did arrive, so the read timeout must not count it.
@@ -238,6 +311,14 @@ def _timed_out(read_timeout_s: float) -> bytes:
     message = f"Invalid request: the request did not arrive whole within {read_timeout_s:g} s; send it again"
     body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}).encode()
     head = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    return head + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+
+
+def _head_too_large() -> bytes:
+    """The raw 431 for a request whose head is over `HEAD_MAX`, as a JSON-RPC error (the MCP endpoint's shape)."""
+    message = f"Invalid request: the request's head (request line and headers) is over the {HEAD_MAX}-byte limit"
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}).encode()
+    head = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\nconnection: close\r\n"
     return head + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
 
 

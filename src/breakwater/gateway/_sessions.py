@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 from collections.abc import AsyncIterator, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
 
     from breakwater.state._sessions import SessionStore
 
-__all__ = ["RoamingSessionManager", "SessionRecorder", "roaming_app"]
+__all__ = ["FULL_RETRY_AFTER_S", "RoamingSessionManager", "SessionRecorder", "bound_sessions", "roaming_app"]
 
 log = logging.getLogger("breakwater.sessions")
 
@@ -272,3 +273,147 @@ def roaming_app(
     server._session_manager = manager
     server.middleware.append(SessionRecorder(store, subscriptions))
     return Starlette(routes=[Route("/mcp", endpoint=StreamableHTTPASGIApp(manager))], lifespan=lambda app: manager.run())
+
+
+# ---- the session cap (the SDK's `max_sessions`, 10,000), for both managers ----
+
+#: The Retry-After of a 503 "Too many open sessions": every session then has a request in flight or a GET stream
+#: open (an idle one would have been ended for the new one), so a slot frees when one of those ends: soon, unknown.
+FULL_RETRY_AFTER_S = 10
+#: How much of an opening request's answer is held to learn whether `initialize` succeeded (it is a few hundred bytes).
+_OPENING_HELD_MAX = 1 << 20
+
+
+def bound_sessions(manager: StreamableHTTPSessionManager) -> None:
+    """The SDK's session cap, kept by sessions that exist, never refused while one is idle, and refused with a retry.
+
+    * An `initialize` that fails (invalid params: `{"protocolVersion": 5}`) is answered 200 with its JSON-RPC error, so the
+      SDK kept the session it opened for it, with an `Mcp-Session-Id` no handshake ever completed: 10,000 such requests
+      filled the cap. Its session is dropped now, and its answer carries no session id (`_opening`).
+    * At the cap, the least recently used idle session (no request in flight, no GET stream open) is ended for the new
+      one, as its idle timeout would have ended it (`_end_least_recent`); its client's next request gets 404 and it
+      initializes again, as the spec has it. Refusing instead left every new client out until sessions idled out
+      (`session_ttl_s`, 30 min), while abandoned sessions (clients that never `DELETE`) held the slots.
+    * When every session is busy, the SDK's 503 "Too many open sessions" says when to try again (`FULL_RETRY_AFTER_S`).
+    """
+    admit = manager._admit_session
+    serve_opening = manager._serve_opening_request
+    handle = manager._handle_stateful_request
+
+    def admit_or_end_one(requestor: Any) -> StreamableHTTPServerTransport | None:
+        cap = manager.max_sessions
+        if cap is not None and len(manager._server_instances) >= cap:
+            _end_least_recent(manager)
+        return admit(requestor)
+
+    async def serve_opening_request(
+        http_transport: StreamableHTTPServerTransport, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        transport = http_transport
+        failed: list[bool] = []
+        await serve_opening(transport, scope, receive, _opening(send, failed))
+        session_id = transport.mcp_session_id
+        if failed and session_id is not None and manager._server_instances.get(session_id) is transport:
+            log.info("initialize failed: session %s dropped", session_id[:8])
+            await manager._discard_session(session_id, transport)
+
+    async def handle_stateful_request(scope: Scope, receive: Receive, send: Send) -> None:
+        if _session_id(scope) is None:
+            send = _retry_when_full(send)
+        await handle(scope, receive, send)
+
+    manager._admit_session = admit_or_end_one  # type: ignore[method-assign]
+    manager._serve_opening_request = serve_opening_request  # type: ignore[method-assign]
+    manager._handle_stateful_request = handle_stateful_request  # type: ignore[method-assign]
+
+
+def _end_least_recent(manager: StreamableHTTPSessionManager) -> None:
+    """End the idle session whose last request ended first, as its idle timeout ends it; none if every one is busy."""
+    oldest: tuple[float, str, StreamableHTTPServerTransport] | None = None
+    for session_id, transport in manager._server_instances.items():
+        idle = transport.idle_scope
+        # A request in flight or an open GET stream holds the deadline at infinity (`handle_request`, `_known_heads`).
+        if idle is None or idle.cancel_called or transport._requests_in_flight or not math.isfinite(idle.deadline):
+            continue
+        if oldest is None or idle.deadline < oldest[0]:
+            oldest = (idle.deadline, session_id, transport)
+    if oldest is None:
+        return
+    _, session_id, transport = oldest
+    log.info(
+        "%d sessions open: ended session %s, the least recently used idle one, for a new one",
+        len(manager._server_instances),
+        session_id[:8],
+    )
+    # Forgotten at once (its id answers 404 from here, its slot is free); its server loop ends as on an idle timeout.
+    manager._server_instances.pop(session_id, None)
+    manager._session_owners.pop(session_id, None)
+    assert transport.idle_scope is not None
+    transport.idle_scope.cancel()
+
+
+def _opening(send: Send, failed: list[bool]) -> Send:
+    """`send` for an opening request's answer, held until it shows whether `initialize` succeeded; on an error the
+    answer goes without the `Mcp-Session-Id` of the session about to be dropped, and `failed` gets an entry."""
+    held: list[Any] = []
+    size = 0
+
+    async def sending(message: Any) -> None:
+        nonlocal size
+        if message["type"] == "http.response.start" and not held and message["status"] < 400:
+            held.append(message)
+            return
+        if not held or message["type"] != "http.response.body":
+            await send(message)
+            return
+        held.append(message)
+        size += len(message.get("body", b""))
+        verdict = _initialize_failed(b"".join(m.get("body", b"") for m in held[1:]))
+        if verdict is None and message.get("more_body") and size < _OPENING_HELD_MAX:
+            return
+        start, *bodies = held
+        held.clear()
+        held.append(None)  # decided: the rest passes as it comes
+        if verdict:
+            failed.append(True)
+            kept = [(k, v) for k, v in start.get("headers") or () if k.lower() != MCP_SESSION_ID_HEADER.lower().encode()]
+            start = {**start, "headers": kept}
+        await send(start)
+        for body in bodies:
+            await send(body)
+
+    async def passing(message: Any) -> None:
+        if held and held[0] is None:
+            await send(message)
+        else:
+            await sending(message)
+
+    return passing
+
+
+def _initialize_failed(body: bytes) -> bool | None:
+    """Whether the answer in `body` (JSON, or SSE `data:` lines) is an error; None while it holds no answer yet."""
+    texts = (
+        [line[5:] for line in body.split(b"\n") if line.startswith(b"data:")] if not body.lstrip().startswith(b"{") else [body]
+    )
+    for text in texts:
+        try:
+            message = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(message, dict) and "method" not in message and ("result" in message or "error" in message):
+            return "error" in message
+    return None
+
+
+def _retry_when_full(send: Send) -> Send:
+    """`send`, giving the SDK's 503 "Too many open sessions" a Retry-After (`FULL_RETRY_AFTER_S`)."""
+
+    async def sending(message: Any) -> None:
+        if message["type"] == "http.response.start" and message["status"] == 503:
+            headers = list(message.get("headers") or ())
+            if not any(k.lower() == b"retry-after" for k, _ in headers):
+                message = {**message, "headers": [*headers, (b"retry-after", str(FULL_RETRY_AFTER_S).encode())]}
+        await send(message)
+
+    return sending
