@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from breakwater.testing import FakeClock, ScriptedServer
 
 #: The machine's Redis (or BREAKWATER_TEST_REDIS_URL): the tests' one place for it.
+#: The MCP server of the tasks tests (`tests/tasks/tasks_server.py`), as a command line.
+TASKS_SERVER = [sys.executable, str(Path(__file__).resolve().parent / "tasks" / "tasks_server.py")]
+
 REDIS_URL = os.environ.get("BREAKWATER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 __all__ = [
@@ -415,3 +418,24 @@ def stop(proc: subprocess.Popen[Any]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+@contextmanager
+def http_tasks_server(*flags: str) -> Iterator[str]:
+    """The tasks server on a real 127.0.0.1 port, for as long as the block runs; yields its URL."""
+    port = free_port()
+    proc = subprocess.Popen([*TASKS_SERVER, "--http", str(port), *flags], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("the tasks server did not start") from None
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,37 +48,52 @@ def _line(message: dict[str, Any]) -> bytes:
     return json.dumps(message).encode() + b"\n"
 
 
-def test_over_stdio_an_id_in_flight_is_refused_and_the_tool_runs_once(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "breakwater", "serve", "--no-share", "--config", str(_config(tmp_path))],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=isolated_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache")),
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-    seen: list[dict[str, Any]] = []
+class _StdioGateway:
+    """`serve --no-share` on pipes, past its handshake and a first call: lines in, every answer kept in `seen`."""
 
-    def until(done: Any) -> None:
+    def __init__(self, tmp_path: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "breakwater", "serve", "--no-share", "--config", str(_config(tmp_path))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=isolated_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache")),
+        )
+        self.seen: list[dict[str, Any]] = []
+        self.send(INITIALIZE, INITIALIZED, _call(2, "ts__echo"))
+        self.until(lambda: any(m.get("id") == 2 for m in self.seen))
+
+    def send(self, *messages: dict[str, Any]) -> None:
+        """Write `messages` in one write, as a client resending a request does."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"".join(_line(m) for m in messages))
+        self.proc.stdin.flush()
+
+    def until(self, done: Callable[[], bool]) -> None:
+        """Read answers until `done()`."""
+        assert self.proc.stdout is not None
         while not done():
-            line = proc.stdout.readline()  # type: ignore[union-attr]
-            assert line, seen
-            seen.append(json.loads(line))
+            line = self.proc.stdout.readline()
+            assert line, self.seen
+            self.seen.append(json.loads(line))
 
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def test_over_stdio_an_id_in_flight_is_refused_and_the_tool_runs_once(tmp_path: Path) -> None:
+    gateway = _StdioGateway(tmp_path)
+    seen, until = gateway.seen, gateway.until
     try:
-        proc.stdin.write(_line(INITIALIZE) + _line(INITIALIZED) + _line(_call(2, "ts__echo")))
-        proc.stdin.flush()
-        until(lambda: any(m.get("id") == 2 for m in seen))
         # The same request twice in one write (a client resending it), then once more after it was answered.
-        proc.stdin.write(_line(_call(7)) + _line(_call(7)))
-        proc.stdin.flush()
+        gateway.send(_call(7), _call(7))
         until(lambda: sum(m.get("id") == 7 for m in seen) == 2)
-        proc.stdin.write(_line(_call(7)))
-        proc.stdin.flush()
+        gateway.send(_call(7))
         until(lambda: sum(m.get("id") == 7 for m in seen) == 3)
     finally:
-        proc.stdin.close()
-        proc.wait(timeout=60)
+        gateway.close()
     first, second, again = [m for m in seen if m.get("id") == 7]
     assert first["error"]["code"] == -32600 and REFUSED in first["error"]["message"], first  # at once, not run
     assert second["result"]["isError"] is False, second  # the first request, answered once
@@ -141,32 +157,13 @@ def _cancel(request_id: int | str) -> dict[str, Any]:
 
 def test_over_stdio_ids_of_different_types_are_different_requests(tmp_path: Path) -> None:
     """`20` and `"20"` are two requests (JSON-RPC): both run; a cancel naming `"21"` leaves the call with id 21 alone."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "breakwater", "serve", "--no-share", "--config", str(_config(tmp_path))],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=isolated_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache")),
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-    seen: list[dict[str, Any]] = []
-
-    def until(done: Any) -> None:
-        while not done():
-            line = proc.stdout.readline()  # type: ignore[union-attr]
-            assert line, seen
-            seen.append(json.loads(line))
-
+    gateway = _StdioGateway(tmp_path)
+    seen, until = gateway.seen, gateway.until
     try:
-        proc.stdin.write(_line(INITIALIZE) + _line(INITIALIZED) + _line(_call(2, "ts__echo")))
-        proc.stdin.flush()
-        until(lambda: any(m.get("id") == 2 for m in seen))
-        proc.stdin.write(_line(_call(20)) + _line(_call("20")) + _line(_call(21)) + _line(_cancel("21")))
-        proc.stdin.flush()
+        gateway.send(_call(20), _call("20"), _call(21), _cancel("21"))
         until(lambda: all(any(m.get("id") == i and "result" in m for m in seen) for i in (20, "20", 21)))
     finally:
-        proc.stdin.close()
-        proc.wait(timeout=60)
+        gateway.close()
     for request_id in (20, "20", 21):
         answer = next(m for m in seen if m.get("id") == request_id)
         assert answer["result"]["isError"] is False, seen

@@ -11,10 +11,8 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -31,41 +29,13 @@ from breakwater.config import CallPolicy, RetryPolicy, ToolSettings
 from breakwater.gate._tasks import CLIENT_EXTENSION
 from breakwater.gateway._tasks import RESULT_KEPT_S, gateway_task_ttl_s
 from breakwater.tasks._wire import CancelTaskRequest, GetTaskRequest, TaskAck, TaskHandle, TaskIdParams, TaskState
-from helpers import isolated_env, share_dir
+from helpers import TASKS_SERVER, http_tasks_server, isolated_env, share_dir
 
 pytestmark = [pytest.mark.long_module(60), pytest.mark.anyio]
 
 HERE = Path(__file__).resolve().parent
-TASKS_SERVER = [sys.executable, str(HERE / "tasks_server.py")]
 BREAKWATER = [sys.executable, "-m", "breakwater"]
 FAST_CONNECT = ConnectPolicy(startup_jitter_s=0, backoff_base_s=0.1, backoff_cap_s=0.5, budget_s=20, attempt_timeout_s=15)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def http_tasks_server(*flags: str) -> Iterator[str]:
-    """The tasks server on a real 127.0.0.1 port, for as long as the block runs; yields its URL."""
-    port = free_port()
-    proc = subprocess.Popen([*TASKS_SERVER, "--http", str(port), *flags], stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("the tasks server did not start") from None
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def config_file(tmp_path: Path, entry: dict[str, Any]) -> Path:

@@ -12,12 +12,11 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager, nullcontext
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -31,20 +30,13 @@ from breakwater.config import CallPolicy
 from breakwater.gate._tasks import CLIENT_EXTENSION, POLL_JITTER
 from breakwater.tasks._wire import CancelTaskRequest, GetTaskRequest, TaskAck, TaskHandle, TaskIdParams, TaskState
 from breakwater.testing.server import launch_command
-from helpers import isolated_env
+from helpers import TASKS_SERVER, http_tasks_server, isolated_env
 
 pytestmark = [pytest.mark.long_module(92), pytest.mark.anyio]
 
 HERE = Path(__file__).resolve().parent
-TASKS_SERVER = [sys.executable, str(HERE / "tasks_server.py")]
 BREAKWATER = [sys.executable, "-m", "breakwater"]
 FAST_CONNECT = ConnectPolicy(startup_jitter_s=0, backoff_base_s=0.1, backoff_cap_s=0.5, budget_s=20, attempt_timeout_s=15)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def stdio_spec(*flags: str, name: str = "jobs", **policies: Any) -> ServerSpec:
@@ -55,27 +47,6 @@ def stdio_spec(*flags: str, name: str = "jobs", **policies: Any) -> ServerSpec:
 def http_spec(url: str, *, name: str = "jobs", **policies: Any) -> ServerSpec:
     policies.setdefault("connect", FAST_CONNECT)
     return ServerSpec(name=name, transport="http", url=url, **policies)
-
-
-@contextmanager
-def http_tasks_server(*flags: str) -> Iterator[str]:
-    """The tasks server on a real 127.0.0.1 port, for as long as the block runs; yields its URL."""
-    port = free_port()
-    proc = subprocess.Popen([*TASKS_SERVER, "--http", str(port), *flags], stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("the tasks server did not start") from None
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 @asynccontextmanager
