@@ -252,7 +252,8 @@ def test_servers_switched_off_in_claude_codes_mcp_panel_are_not_started_read_or_
     said = f'projects["{project}"].disabledMcpServers lists it'
     assert not read["userwide"].enabled and not read["local1"].enabled and read["kept"].enabled
     assert (read["userwide"].disabled_by or "").startswith(said) and (read["local1"].disabled_by or "").startswith(said)
-    env = {**os.environ, "HOME": str(tmp_path), "BREAKWATER_CONNECT_STARTUP_JITTER_S": "0"}
+    # Wide enough for the note on one line whatever the length of the test's folder (CI's wrapped it).
+    env = {**os.environ, "HOME": str(tmp_path), "BREAKWATER_CONNECT_STARTUP_JITTER_S": "0", "COLUMNS": "400"}
     for command in (["config", "check"], ["status", "--wait", "0"]):
         result = subprocess.run(
             [sys.executable, "-m", "breakwater", *command, "--config", str(path)],

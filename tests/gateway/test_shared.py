@@ -1023,3 +1023,25 @@ def test_a_sessions_own_server_holds_none_of_its_pipes_so_the_session_ends_at_on
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_a_session_hears_the_shared_gateway_s_journal_trouble_on_its_stderr(
+    tmp_path: Path, share: Path, upstream: tuple[str, Path]
+) -> None:
+    """A `[journal] url` that cannot be written was said on `serve --no-share`'s stderr (which the agent keeps, in Claude
+    Code's MCP logs) and only in the shared gateway's log file when sessions attach to one: they now hear it too."""
+    url, _ = upstream
+    config = write_config(tmp_path, url)
+    env = env_for(tmp_path, share, BREAKWATER_JOURNAL="postgresql://nobody@127.0.0.1:1/none")
+    with (tmp_path / "first.log").open("w") as first_err:
+        async with session(config, env, errlog=first_err) as first:
+            assert not (await first.call_tool("web__echo", {})).is_error  # its journal row is what fails to be written
+            with anyio.fail_after(30):  # the gateway's writer tries the journal on its own thread, soon after its start
+                while "the call journal" not in "".join(p.read_text() for p in share.rglob("*.log")):
+                    await anyio.sleep(0.1)
+            with (tmp_path / "second.log").open("w") as second_err:
+                async with session(config, env, errlog=second_err) as second:
+                    await second.list_tools()
+    said = (tmp_path / "second.log").read_text()
+    assert "the shared gateway says: the call journal" in said and "127.0.0.1:1" in said, said
+    assert "fix:" in said, said

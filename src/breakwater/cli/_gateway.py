@@ -153,6 +153,8 @@ def _attached(
             except (AttachRefused, TimeoutError, OSError) as exc:
                 print(f"breakwater: serving this session on its own: {exc}", file=sys.stderr, flush=True)
                 return None
+        for warning in first.info.get("warnings", ()):
+            print(f"breakwater: the shared gateway says: {warning}", file=sys.stderr, flush=True)
         code: int = await attached_session(first, attach, safety=safety, clock=clock)
         if code == EXIT_INTERRUPTED:  # Ctrl-C ended the session (its calls drained first), as in every command
             print("breakwater: interrupted", file=sys.stderr)

@@ -311,8 +311,13 @@ class SharedGateway:
                 # The sessions' own stdio servers, as the session that fares worst with each sees it: `status` reported
                 # a fresh connection of its own ("ready") while the agent's calls were refused (its copy was killed).
                 answer["sessions_status"] = _worst_of([view.bw.status() for view in self._own_views]).to_json()
-        elif want == "attach" and hello.get("handoff") is True and CAN_HAND_OFF:
-            answer["handoff"] = True  # send your stdin and stdout (`_handoff`)
+        elif want == "attach":
+            if hello.get("handoff") is True and CAN_HAND_OFF:
+                answer["handoff"] = True  # send your stdin and stdout (`_handoff`)
+            # What `serve --no-share` prints on its stderr, where the agent keeps it: the gateway's own went to its log.
+            journal = self.gateway.bw.journal
+            if journal is not None and (trouble := journal.trouble()) is not None:
+                answer["warnings"] = [trouble]
         return hello, answer
 
     async def _stdio_of(self, conn: socket.socket) -> list[int]:

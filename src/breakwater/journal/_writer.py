@@ -117,6 +117,7 @@ class Journal:
         self.failed = 0
         self.purged = 0
         self.last_error: str | None = None
+        self._trouble: str | None = None
         self._learned: dict[tuple[str, str], float] = {}
         self._wake = threading.Event()
         self._flushes: list[_Flush] = []
@@ -352,7 +353,7 @@ class Journal:
                 return
             if self.last_error is not None:
                 log.warning("breakwater: the call journal writes again (%s)", self.store.location)
-                self.last_error = None
+                self.last_error = self._trouble = None
             self.written += len(batch)
 
     def _maintain(self) -> None:
@@ -367,16 +368,18 @@ class Journal:
         except Exception as exc:
             self._note_error("maintenance", exc)
 
+    def trouble(self) -> str | None:
+        """What is wrong with the journal now, its fix included (None while it writes): the line its log has too."""
+        return self._trouble
+
     def _note_error(self, what: str, exc: Exception) -> None:
         message = f"{what}: {type(exc).__name__}: {exc}".strip()
         if message != self.last_error:
             # Calls go on without it; what to do is the store's to say (a damaged file, a lock), else to point it
             # elsewhere, or turn it off.
             fix = journal_fix(self.store, exc) or "set [journal] url or BREAKWATER_JOURNAL to a writable path, or off"
-            log.warning(
-                "breakwater: the call journal %s (%s); calls go on unrecorded until it works (fix: %s)",
-                message,
-                self.store.location,
-                fix,
+            self._trouble = (
+                f"the call journal {message} ({self.store.location}); calls go on unrecorded until it works (fix: {fix})"
             )
+            log.warning("breakwater: %s", self._trouble)
         self.last_error = message
