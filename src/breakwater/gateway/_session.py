@@ -70,6 +70,8 @@ class SessionServers:
         self.shared = shared
         self.own = own
         self.tasks = shared.tasks
+        #: The shared journal, which the session's own servers' attempts go to as well.
+        self.journal = shared.journal
 
     def _of(self, server: str | None) -> Breakwater:
         return self.own if server is not None and server in {s.name for s in self.own.config.servers} else self.shared
