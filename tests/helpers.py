@@ -439,3 +439,40 @@ def http_tasks_server(*flags: str) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def gateway_env(tmp_path: Path, **more: str) -> dict[str, str]:
+    """A gateway's environment for the tasks tests: its files in `tmp_path`, its task table there too."""
+    return isolated_env(tmp_path, BREAKWATER_TASKS_DB=str(tmp_path / "gateway-tasks.sqlite3"), **more)
+
+
+@asynccontextmanager
+async def gateway_http(tmp_path: Path, config: Path, tag: str) -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`breakwater serve --http` of `config` on a free 127.0.0.1 port: its MCP URL and its process."""
+    port_file = tmp_path / f"port-{tag}"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "breakwater",
+            "serve",
+            "--config",
+            str(config),
+            "--http",
+            "127.0.0.1:0",
+            "--port-file",
+            str(port_file),
+        ],
+        env=gateway_env(tmp_path),
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        with anyio.fail_after(30):
+            while not port_file.exists() or not port_file.read_text():
+                assert proc.poll() is None, "the gateway exited"
+                await anyio.sleep(0.05)
+        yield f"http://127.0.0.1:{int(port_file.read_text())}/mcp", proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait(30)

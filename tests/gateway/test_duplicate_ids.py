@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -105,9 +106,31 @@ def test_over_stdio_an_id_in_flight_is_refused_and_the_tool_runs_once(tmp_path: 
 @pytest.mark.parametrize("mode", ["json-response", "default"])
 async def test_over_http_an_id_in_flight_is_refused_and_the_tool_runs_once(tmp_path: Path, mode: str, first: str) -> None:
     """With progress, the first call's answer is an SSE stream (default mode): the refusal must not take its place."""
+    flags = ["--json-response"] if mode == "json-response" else []
+    async with _http_session(tmp_path, *flags) as (http, url, head):
+        answers: dict[str, dict[str, Any]] = {}
+
+        async def post(which: str) -> None:
+            call = _call(7, progress=which == "first" and first == "with-progress")
+            answers[which] = _answer(await http.post(url, json=call, headers=head))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(post, "first")
+            await anyio.sleep(0.5)  # the first is running upstream (1.5 s)
+            await post("resent")
+        again = _answer(await http.post(url, json=_call(7), headers=head))
+    assert answers["resent"]["error"]["code"] == -32600 and REFUSED in answers["resent"]["error"]["message"], answers
+    assert answers["first"]["result"]["isError"] is False, answers
+    assert again["result"]["isError"] is False, again
+    assert len(read_ledger(tmp_path / "ledger")) == 2
+
+
+@asynccontextmanager
+async def _http_session(tmp_path: Path, *flags: str) -> AsyncIterator[tuple[httpx2.AsyncClient, str, dict[str, str]]]:
+    """`serve --http` (with `flags`), a 2025-11-25 session on it past a first call: the client, the URL, the headers."""
     port_file = tmp_path / "port"
     argv = [sys.executable, "-m", "breakwater", "serve", "--config", str(_config(tmp_path)), "--http", "127.0.0.1:0"]
-    argv += ["--port-file", str(port_file), *(["--json-response"] if mode == "json-response" else [])]
+    argv += ["--port-file", str(port_file), *flags]
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=isolated_env(tmp_path))
     try:
         with anyio.fail_after(60):
@@ -123,24 +146,10 @@ async def test_over_http_an_id_in_flight_is_refused_and_the_tool_runs_once(tmp_p
             with anyio.fail_after(60):  # the upstream connects in the background
                 while "result" not in _answer(await http.post(url, json=_call(2, "ts__echo"), headers=head)):
                     await anyio.sleep(0.1)
-            answers: dict[str, dict[str, Any]] = {}
-
-            async def post(which: str) -> None:
-                call = _call(7, progress=which == "first" and first == "with-progress")
-                answers[which] = _answer(await http.post(url, json=call, headers=head))
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(post, "first")
-                await anyio.sleep(0.5)  # the first is running upstream (1.5 s)
-                await post("resent")
-            again = _answer(await http.post(url, json=_call(7), headers=head))
+            yield http, url, head
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    assert answers["resent"]["error"]["code"] == -32600 and REFUSED in answers["resent"]["error"]["message"], answers
-    assert answers["first"]["result"]["isError"] is False, answers
-    assert again["result"]["isError"] is False, again
-    assert len(read_ledger(tmp_path / "ledger")) == 2
 
 
 def _answer(response: httpx2.Response) -> dict[str, Any]:
@@ -175,38 +184,18 @@ async def test_over_http_ids_of_different_types_are_different_requests(tmp_path:
 
     In the default SSE mode the SDK's transport keys each POST's response stream by `str(id)`, so there `"30"` is
     refused while 30 runs (`_fast_http.refused_duplicate`): accepted, one of the two answers was lost."""
-    port_file = tmp_path / "port"
-    argv = [sys.executable, "-m", "breakwater", "serve", "--config", str(_config(tmp_path)), "--http", "127.0.0.1:0"]
-    argv += ["--port-file", str(port_file), "--json-response"]
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=isolated_env(tmp_path))
     answers: dict[Any, dict[str, Any]] = {}
-    try:
-        with anyio.fail_after(60):
-            while not port_file.exists() or not port_file.read_text():
-                assert proc.poll() is None
-                await anyio.sleep(0.05)
-        url = f"http://127.0.0.1:{port_file.read_text().strip()}/mcp"
-        head = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
-        async with httpx2.AsyncClient(timeout=30) as http:
-            hello = await http.post(url, json=INITIALIZE, headers=head)
-            head |= {"mcp-session-id": hello.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
-            assert (await http.post(url, json=INITIALIZED, headers=head)).status_code == 202
-            with anyio.fail_after(60):  # the upstream connects in the background
-                while "result" not in _answer(await http.post(url, json=_call(2, "ts__echo"), headers=head)):
-                    await anyio.sleep(0.1)
+    async with _http_session(tmp_path, "--json-response") as (http, url, head):
 
-            async def post(request_id: int | str) -> None:
-                answers[request_id] = _answer(await http.post(url, json=_call(request_id), headers=head))
+        async def post(request_id: int | str) -> None:
+            answers[request_id] = _answer(await http.post(url, json=_call(request_id), headers=head))
 
-            async with anyio.create_task_group() as tg:
-                for request_id in (30, "30", 31, 32):
-                    tg.start_soon(post, request_id)
-                await anyio.sleep(0.5)  # all four are running upstream (1.5 s)
-                for cancel in ("31", 32):
-                    assert (await http.post(url, json=_cancel(cancel), headers=head)).status_code == 202
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        async with anyio.create_task_group() as tg:
+            for request_id in (30, "30", 31, 32):
+                tg.start_soon(post, request_id)
+            await anyio.sleep(0.5)  # all four are running upstream (1.5 s)
+            for cancel in ("31", 32):
+                assert (await http.post(url, json=_cancel(cancel), headers=head)).status_code == 202
     for request_id in (30, "30", 31):
         assert answers[request_id]["result"]["isError"] is False, answers
     assert answers[32]["error"]["code"] == -32800, answers  # REQUEST_CANCELLED: the 2025 wire still answers it

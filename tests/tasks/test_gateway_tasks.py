@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
 import sys
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -29,7 +28,7 @@ from breakwater.config import CallPolicy, RetryPolicy, ToolSettings
 from breakwater.gate._tasks import CLIENT_EXTENSION
 from breakwater.gateway._tasks import RESULT_KEPT_S, gateway_task_ttl_s
 from breakwater.tasks._wire import CancelTaskRequest, GetTaskRequest, TaskAck, TaskHandle, TaskIdParams, TaskState
-from helpers import TASKS_SERVER, http_tasks_server, isolated_env, share_dir
+from helpers import TASKS_SERVER, gateway_env, gateway_http, http_tasks_server, share_dir
 
 pytestmark = [pytest.mark.long_module(60), pytest.mark.anyio]
 
@@ -42,30 +41,6 @@ def config_file(tmp_path: Path, entry: dict[str, Any]) -> Path:
     path = tmp_path / "mcp.json"
     path.write_text(json.dumps({"mcpServers": {"jobs": entry}}))
     return path
-
-
-def env_of(tmp_path: Path, **more: str) -> dict[str, str]:
-    return isolated_env(tmp_path, BREAKWATER_TASKS_DB=str(tmp_path / "gateway-tasks.sqlite3"), **more)
-
-
-@asynccontextmanager
-async def gateway_http(tmp_path: Path, config: Path, tag: str) -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
-    port_file = tmp_path / f"port-{tag}"
-    proc = subprocess.Popen(
-        [*BREAKWATER, "serve", "--config", str(config), "--http", "127.0.0.1:0", "--port-file", str(port_file)],
-        env=env_of(tmp_path),
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        with anyio.fail_after(30):
-            while not port_file.exists() or not port_file.read_text():
-                assert proc.poll() is None, "the gateway exited"
-                await anyio.sleep(0.05)
-        yield f"http://127.0.0.1:{int(port_file.read_text())}/mcp", proc
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-        proc.wait(30)
 
 
 async def wait_ready(client: Client, timeout: float = 30) -> None:
@@ -162,7 +137,7 @@ def shared(tmp_path: Path, entry: dict[str, Any]) -> Iterator[StdioServerParamet
     """`breakwater serve` sessions that attach to one shared gateway of the test's own."""
     config = config_file(tmp_path, entry)
     with share_dir("bw-gt-") as directory:
-        env = env_of(tmp_path, BREAKWATER_SHARE="on", BREAKWATER_SHARE_DIR=str(directory), BREAKWATER_SHARE_IDLE_S="30")
+        env = gateway_env(tmp_path, BREAKWATER_SHARE="on", BREAKWATER_SHARE_DIR=str(directory), BREAKWATER_SHARE_IDLE_S="30")
         yield StdioServerParameters(command=BREAKWATER[0], args=[*BREAKWATER[1:], "serve", "--config", str(config)], env=env)
 
 
@@ -271,7 +246,7 @@ def test_a_gateway_tasks_record_outlives_the_longest_task_the_config_allows() ->
 async def test_the_handles_ttl_follows_call_task_max_s(tmp_path: Path) -> None:
     """Through `breakwater serve` with `call.task_max_s` of two hours, the handle's `ttlMs` is longer than that."""
     config = config_file(tmp_path, {"command": TASKS_SERVER[0], "args": [*TASKS_SERVER[1:], "--poll-ms", "100"]})
-    env = env_of(tmp_path, BREAKWATER_CALL_TASK_MAX_S="7200")
+    env = gateway_env(tmp_path, BREAKWATER_CALL_TASK_MAX_S="7200")
     params = StdioServerParameters(command=BREAKWATER[0], args=[*BREAKWATER[1:], "serve", "--config", str(config)], env=env)
     async with Client(params, extensions=[CLIENT_EXTENSION]) as client:
         await wait_ready(client)

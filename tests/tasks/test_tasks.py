@@ -30,7 +30,7 @@ from breakwater.config import CallPolicy
 from breakwater.gate._tasks import CLIENT_EXTENSION, POLL_JITTER
 from breakwater.tasks._wire import CancelTaskRequest, GetTaskRequest, TaskAck, TaskHandle, TaskIdParams, TaskState
 from breakwater.testing.server import launch_command
-from helpers import TASKS_SERVER, http_tasks_server, isolated_env
+from helpers import TASKS_SERVER, gateway_env, gateway_http, http_tasks_server
 
 pytestmark = [pytest.mark.long_module(92), pytest.mark.anyio]
 
@@ -427,10 +427,6 @@ async def test_leaving_breakwater_leaves_the_task_running_and_remembered(tmp_pat
 # ---- through the gateway ------------------------------------------------------------------------------
 
 
-def gateway_env(tmp_path: Path) -> dict[str, str]:
-    return isolated_env(tmp_path, BREAKWATER_TASKS_DB=str(tmp_path / "gateway-tasks.sqlite3"))
-
-
 def gateway_config(tmp_path: Path, entry: dict[str, Any]) -> Path:
     path = tmp_path / "mcp.json"
     path.write_text(json.dumps({"mcpServers": {"jobs": entry}}))
@@ -496,26 +492,6 @@ async def test_gateway_cancel_reaches_the_upstream_task(tmp_path: Path) -> None:
         assert state.status == "cancelled", state
         info = await client.call_tool("jobs__task_info", {"task_id": upstream.task_id})
         assert info.structured_content is not None and info.structured_content["cancel_requested"] is True
-
-
-@asynccontextmanager
-async def gateway_http(tmp_path: Path, config: Path, tag: str) -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
-    port_file = tmp_path / f"port-{tag}"
-    proc = subprocess.Popen(
-        [*BREAKWATER, "serve", "--config", str(config), "--http", "127.0.0.1:0", "--port-file", str(port_file)],
-        env=gateway_env(tmp_path),
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        with anyio.fail_after(30):
-            while not port_file.exists() or not port_file.read_text():
-                assert proc.poll() is None, "the gateway exited"
-                await anyio.sleep(0.05)
-        yield f"http://127.0.0.1:{int(port_file.read_text())}/mcp", proc
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-        proc.wait(10)
 
 
 async def test_gateway_restart_resumes_a_downstream_task(tmp_path: Path) -> None:
