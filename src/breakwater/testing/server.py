@@ -110,7 +110,8 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from breakwater._wire import OPERATION_ID_META_KEY
-from breakwater.testing import _launcher
+from breakwater.testing import _idle_logs, _launcher
+from breakwater.testing._asks import add_asking_tools
 from breakwater.testing._congestion import Congestion
 from breakwater.testing._http_faults import HttpFaults, serve_streamable_http
 from breakwater.testing._ledger import ControlFile, append_ledger, count_ledger, read_ledger, read_state, write_atomic
@@ -403,6 +404,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None, help="seed of the one random generator (default: unseeded)")
     g.add_argument("--tool", action="append", default=[], metavar="SPEC", help="add a tool (repeatable; see below)")
     g.add_argument("--default-tools", action="store_true", help="register the default tools even with --tool")
+    g.add_argument("--idle-logs", type=int, default=0, metavar="N", help="after each call, N log messages outside it")
+    g.add_argument("--asking-tools", action="store_true", help="add tools that ask the client mid-call (testing._asks)")
     g.add_argument(
         "--log-level",
         default="WARNING",
@@ -492,6 +495,9 @@ def main(argv: list[str]) -> int:
         log_level=ns.log_level,
     )
     mcp = _build_server(opts, started_at)
+    _idle_logs.add_idle_logs(mcp, ns.idle_logs)  # a background job's log messages, after each call (testing._idle_logs)
+    if ns.asking_tools:
+        add_asking_tools(mcp)
     if ns.exit_after is not None:  # a crash after the handshake, with the exit message on stderr
         threading.Timer(ns.exit_after, _crash, (ns.exit_message,)).start()
     if not http:
