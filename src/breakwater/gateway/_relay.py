@@ -8,14 +8,13 @@ import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast, get_args
+from typing import Any, cast
 
 import anyio
 import anyio.lowlevel
 import mcp.types as types
 from mcp import MCPError
 from mcp.client.session import ClientRequestContext
-from mcp.server.connection import allowed_log_levels
 from mcp.server.context import ServerRequestContext
 from mcp.shared.message import ServerMessageMetadata
 from mcp_types.jsonrpc import URL_ELICITATION_REQUIRED
@@ -25,10 +24,23 @@ from pydantic import BaseModel, ValidationError
 from breakwater._clock import Clock, SystemClock
 from breakwater._wire import ENVELOPE_META_KEY, RELATED_TASK_META_KEY
 from breakwater.config import ServerSpec
+from breakwater.config._redact import Redactor
 from breakwater.errors import ClientCannotAnswerError, ErrorCode
 from breakwater.gate._attempt import ATTEMPT_WATCHER, AttemptDeadline
 from breakwater.gate._envelope import error_result
 from breakwater.gateway._connection import connection_of
+
+# Re-exported (`X as X`): where the gateway's modules and tests have always found them.
+from breakwater.gateway._log_relay import LOG_LEVEL_STATE as LOG_LEVEL_STATE
+from breakwater.gateway._log_relay import RELAYED_LOGS_BURST as RELAYED_LOGS_BURST
+from breakwater.gateway._log_relay import RELAYED_LOGS_PER_S as RELAYED_LOGS_PER_S
+from breakwater.gateway._log_relay import (
+    UPSTREAM_LOG_LEVEL,
+    IdleLogs,
+    LogAllowance,
+    UpstreamLog,
+)
+from breakwater.gateway._log_relay import admitted_levels as _admitted_levels
 from breakwater.tasks._server import current_task_id
 
 logger = logging.getLogger("breakwater.gateway")
@@ -37,15 +49,6 @@ PROGRESS_DRAIN_CHECKPOINTS = 3
 #: The downstream request whose upstream call is running in this context (see `Relay`).
 _CALLER: contextvars.ContextVar[_Caller | None] = contextvars.ContextVar("breakwater_relay_caller", default=None)
 
-
-LOG_LEVELS: tuple[types.LoggingLevel, ...] = get_args(types.LoggingLevel)
-
-
-LOG_LEVEL_STATE = "breakwater.logLevel"  # in the downstream connection's `state`: its logging/setLevel
-
-
-#: Upstream connections opt into every log level; each downstream caller then gets what its own level admits.
-UPSTREAM_LOG_LEVEL: types.LoggingLevel = "debug"
 
 #: URL elicitations sent to clients whose completion notice breakwater remembers where to send.
 URL_PAGES_MAX = 1024
@@ -56,14 +59,6 @@ UNCORRELATED_TRANSPORTS = frozenset({"stdio", "sse"})
 
 #: How long a finished call waits for log messages still being relayed before it answers.
 RELAY_DRAIN_S = 1.0
-
-
-#: Log messages a call relays per second once its burst is spent; past it they are dropped, counted and reported.
-#: A server at debug level (what upstream connections ask for) can send thousands a second; a client, and the
-#: model reading them, gains nothing from more than a screenful.
-RELAYED_LOGS_PER_S = 20.0
-#: Log messages a call relays at once before `RELAYED_LOGS_PER_S` applies.
-RELAYED_LOGS_BURST = 100
 
 
 #: How long a finished 2026-07-28 multi-round call keeps its result for the client's next round.
@@ -99,8 +94,7 @@ class _Caller:
     logs_dropped: int = 0
     _asks: set[anyio.CancelScope] = field(default_factory=set)
     _deliveries: int = 0
-    _log_allowance: float = RELAYED_LOGS_BURST
-    _log_counted_at: float | None = None
+    _log_allowance: LogAllowance | None = None  # made at the call's first log message
     _idle: anyio.Event = field(default_factory=anyio.Event)
 
     @property
@@ -151,13 +145,9 @@ class _Caller:
 
     def admit_log(self) -> bool:
         """Whether one more log message of this call may be relayed (a token bucket on the relay's clock)."""
-        now = self.clock.monotonic()
-        if self._log_counted_at is not None:
-            earned = (now - self._log_counted_at) * RELAYED_LOGS_PER_S
-            self._log_allowance = min(RELAYED_LOGS_BURST, self._log_allowance + earned)
-        self._log_counted_at = now
-        if self._log_allowance >= 1 - 1e-9:  # a rate's worth of seconds earns one whole message, float error aside
-            self._log_allowance -= 1
+        if self._log_allowance is None:
+            self._log_allowance = LogAllowance(self.clock)
+        if self._log_allowance.admit():
             return True
         self.logs_dropped += 1
         return False
@@ -315,8 +305,9 @@ class Relay:
     for 2026-07-28 input requests (asked inside the call). On stdio (and the old SSE transport)
     the wire does not say which request a message belongs to: it goes to the caller when every
     call in flight to that server comes from one downstream connection, and is refused (requests)
-    or dropped (log messages) when calls from several are in flight. A request nobody can answer
-    gets an MCP error at once; a relayed request never outlives its call.
+    when calls from several are in flight. A request nobody can answer gets an MCP error at once; a
+    relayed request never outlives its call. A log message that belongs to no single call goes to
+    the gateway's log and to the sessions that see its server (`logs`: `gateway._log_relay.IdleLogs`).
     """
 
     def __init__(self, *, clock: Clock | None = None) -> None:
@@ -330,6 +321,8 @@ class Relay:
         #: (server, elicitationId) -> the caller whose client was sent that page to open: where the server's
         #: `notifications/elicitation/complete` for it goes. The oldest go first past `URL_PAGES_MAX`.
         self._url_pages: OrderedDict[tuple[str, str], _Caller] = OrderedDict()
+        #: Log messages outside calls; each gateway sharing this relay names its sessions with `logs.attend`.
+        self.logs = IdleLogs(clock=self._clock)
 
     def deliver_to(self, resource_updated: UpdateSink) -> None:
         """Where `notifications/resources/updated` from upstreams go from now on: `resource_updated(server, uri)`."""
@@ -415,9 +408,6 @@ class Relay:
             result: Any = await self.elicit(server, transport, params)
             return cast("types.ElicitResult | types.ErrorData", result)
 
-        async def log(params: types.LoggingMessageNotificationParams) -> None:
-            await self.log(server, transport, params)
-
         async def message(item: Any) -> None:
             if isinstance(item, types.ResourceUpdatedNotification):
                 await (resource_updated or self._resource_updated)(server, str(item.params.uri))
@@ -427,7 +417,8 @@ class Relay:
         return {
             "sampling_callback": sampling,
             "elicitation_callback": elicitation,
-            "logging_callback": log,
+            # A session's own process (`hooks_delivering_to`) is told apart: its messages outside calls are that session's.
+            "logging_callback": UpstreamLog(server, transport, Redactor(spec.secrets), self._log_from, resource_updated),
             "message_handler": message,
             "log_level": UPSTREAM_LOG_LEVEL,
         }
@@ -531,16 +522,24 @@ class Relay:
         except Exception:  # the client went away: nothing to tell
             logger.debug("could not relay the completion of elicitation %r from %s", elicitation_id, server, exc_info=True)
 
-    async def log(self, server: str, transport: str, params: types.LoggingMessageNotificationParams) -> None:
-        """An upstream `notifications/message`, to the caller (if its level admits it)."""
+    async def _log_from(self, source: UpstreamLog, params: types.LoggingMessageNotificationParams) -> None:
+        await self.log(source.server, source.transport, params, source=source)
+
+    async def log(
+        self, server: str, transport: str, params: types.LoggingMessageNotificationParams, *, source: UpstreamLog | None = None
+    ) -> None:
+        """An upstream `notifications/message`, to the caller (if its level admits it); one that belongs to no
+        single call, to the gateway's log and the sessions that see `server` (`IdleLogs.publish`, from `source`)."""
         caller = self._caller(server, transport, params.meta)
         if caller is None:
-            logger.debug("log message from %s belongs to no single call in flight; not relayed", server)
+            await self.logs.publish(source or UpstreamLog(server, transport, Redactor(()), self._log_from), params)
             return
         with caller.delivering():
             ctx = caller.ctx
             if ctx is None or caller.finished or params.level not in _admitted_levels(ctx) or not caller.admit_log():
                 return
+            if source is not None:  # the server's own secrets stay out of what its caller is told, as outside calls
+                params = params.model_copy(update={"data": source.redact.scrub(params.data)})
             try:
                 await ctx.session.send_notification(
                     types.LoggingMessageNotification(params=params), related_request_id=ctx.request_id
@@ -553,15 +552,6 @@ def _can_answer(ctx: ServerRequestContext[Any]) -> bool:
     """Whether the downstream client declared it can take sampling or elicitation requests."""
     caps = ctx.session.client_capabilities
     return caps is not None and (caps.sampling is not None or caps.elicitation is not None)
-
-
-def _admitted_levels(ctx: ServerRequestContext[Any]) -> frozenset[types.LoggingLevel]:
-    """The log levels the downstream asked for: per request on 2026-07-28, by `logging/setLevel` before."""
-    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-        return allowed_log_levels(ctx.protocol_version, ctx.meta)
-    state = getattr(connection_of(ctx), "state", None)
-    level = state.get(LOG_LEVEL_STATE) if isinstance(state, dict) else None
-    return frozenset(LOG_LEVELS[LOG_LEVELS.index(level) :] if level in LOG_LEVELS else LOG_LEVELS)
 
 
 def explain_refusal(result: types.CallToolResult, caller: _Caller) -> types.CallToolResult:

@@ -166,6 +166,7 @@ class Gateway:
                 # Read at each connect: servers connect in the background and this runs before the first one.
                 bw.upstream(spec.name).client_hooks = relay.client_kwargs
         self.relay = relay
+        relay.logs.attend(self, self._legacy_connections)  # its sessions hear its servers' log messages outside calls
         #: With Redis, the fleet's records of forwarded operations (`breakwater.gateway._operations`); set by serve --http.
         self.operations: OperationRecords | None = None
         #: SIGTERM's graceful drain over HTTP (`breakwater.gateway._drain`).
