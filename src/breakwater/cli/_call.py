@@ -21,6 +21,7 @@ import mcp.types as types
 
 from breakwater._breakwater import Breakwater
 from breakwater._wire import MAX_JSON_DEPTH, has_non_finite, json_depth, json_kind, non_finite_path, strict_json
+from breakwater.cli._call_asks import OneShotAnswers, asked_text
 from breakwater.cli._common import (
     EXIT_CONFIG,
     EXIT_FAILED,
@@ -124,7 +125,10 @@ def _print_result(result: types.CallToolResult, as_json: bool) -> int:
             print(lines(_content_text(block)), file=sys.stderr)
     # A call that may have run is checked by its operation id (the tool's own records, the journal): it was only in --json.
     ran = f" (operation id {err.operation_id})" if err.operation_id and err.code is ErrorCode.OUTCOME_UNKNOWN else ""
-    return fail(lines(f"call failed: {err.code.value}: {error_text(err)}{ran}"), EXIT_FAILED)
+    # The tool asked what no one-shot command can answer: the message names it and the fix; the advice is the model's
+    # ("give the user the address"), and the user is the one reading here.
+    text = asked_text(err) if err.code is ErrorCode.CLIENT_CANNOT_ANSWER else error_text(err)
+    return fail(lines(f"call failed: {err.code.value}: {text}{ran}"), EXIT_FAILED)
 
 
 async def _wait_for(bw: Breakwater, server: str, wait: float) -> None:
@@ -135,34 +139,39 @@ async def _wait_for(bw: Breakwater, server: str, wait: float) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _servers(config: Config) -> AsyncIterator[Breakwater]:
+async def _servers(config: Config, answers: OneShotAnswers) -> AsyncIterator[Breakwater]:
     """The servers, behind the gateway when it judges calls too (`drift = "block"`: a changed tool is refused here as
     through `serve`; `call` ran it)."""
+    from breakwater.gateway._open import gateway_catalog
+    from breakwater.gateway._relay import Relay
     from breakwater.gateway._roots import gateway_client_hooks, one_client_servers
+    from breakwater.gateway._server import Gateway
 
     # Connected as `serve` connects (sampling, elicitation, roots declared): a server that lists a tool only to such a
-    # client had it called UNKNOWN_TOOL here, though `tools` listed it.
-    if config.gateway.drift != "block":
-        async with Breakwater(config, client_hooks=gateway_client_hooks(config), one_client=one_client_servers(config)) as bw:
-            yield bw
-        return
-    from breakwater.gateway._open import open_gateway
-
-    async with open_gateway(config, watch=False, as_serve=True) as gateway:
-        yield gateway.bw
+    # client had it called UNKNOWN_TOOL here, though `tools` listed it. What the tool then asks, `answers` answers.
+    relay = Relay()
+    hooks = answers.hooks(gateway_client_hooks(config, relay))
+    async with Breakwater(config, client_hooks=hooks, one_client=one_client_servers(config)) as bw:
+        if config.gateway.drift == "block":
+            # As `open_gateway(as_serve=True)` composes it, but with these answers: the gateway's approval check.
+            Gateway(bw, config.gateway, catalog=gateway_catalog(config), relay=relay)
+        yield bw
 
 
 async def _call(config: Config, server: str, tool: str, arguments: dict[str, Any], wait: float, as_json: bool) -> int:
-    async with _servers(config) as bw:
+    answers = OneShotAnswers()
+    async with _servers(config, answers) as bw:
         await _wait_for(bw, server, wait)
-        if bw.upstream(server).state is ServerState.READY:
-            result = await bw.call_tool(server, tool, arguments)
-        else:
-            # `--wait` is the whole wait for the server: the gate waits for a connecting one within the call's own
-            # timeout too, which `--wait 0` ("calls at once") took 5 s. A spent budget makes that wait none.
-            async with bw.budget(deadline=bw.clock.monotonic()):
+        with answers.calling(server):
+            if bw.upstream(server).state is ServerState.READY:
                 result = await bw.call_tool(server, tool, arguments)
-        return _print_result(result, as_json)  # before the servers are stopped (a second or two for a stubborn one)
+            else:
+                # `--wait` is the whole wait for the server: the gate waits for a connecting one within the call's own
+                # timeout too, which `--wait 0` ("calls at once") took 5 s. A spent budget makes that wait none.
+                async with bw.budget(deadline=bw.clock.monotonic()):
+                    result = await bw.call_tool(server, tool, arguments)
+        # Printed before the servers are stopped (a second or two for a stubborn one).
+        return _print_result(answers.explain(result), as_json)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -171,7 +180,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Call one tool through the call gate (timeouts, retries, breakers, the journal) and print its "
         "answer: the result's text, or the error's code and what to do. Waits for the server while it is still "
         "connecting. Arguments: a JSON object, or --arg KEY=VALUE pairs (values parse as JSON when they can, "
-        "else they are strings), or both (--arg wins).",
+        "else they are strings), or both (--arg wins). A tool that asks the client for sampling or the user for a "
+        "form or a page fails with CLIENT_CANNOT_ANSWER (a page's address is printed): run such a tool from an agent, "
+        "through `breakwater serve`. A server that asks for the client's roots gets the current directory.",
     )
     add_config_flag(parser)
     parser.add_argument("server", help="the server's name in the config")
