@@ -35,6 +35,7 @@ __all__ = [
     "SIGN_IN_KEYS",
     "SKIPPED_KEYS",
     "SKIPPED_TYPES",
+    "SWITCHED_OFF",
     "TRANSPORT_KEYS",
     "URL_KEYS",
     "USED_ENTRY_KEYS",
@@ -42,7 +43,6 @@ __all__ = [
     "claude_disabled_servers",
     "claude_local_servers",
     "claude_project",
-    "claude_rejected_servers",
     "command_words",
     "entry_notes",
     "entry_transport",
@@ -50,6 +50,7 @@ __all__ = [
     "gemini_file",
     "gemini_server_lists",
     "misspelt_tables",
+    "project_key",
     "read_env_file",
     "skipped_entry",
     "top_level_notes",
@@ -359,51 +360,11 @@ def gemini_server_lists(data: Mapping[str, Any], path: str) -> tuple[frozenset[s
     return lists[0], lists[1] or frozenset()
 
 
-def claude_rejected_servers(mcp_json: Path) -> dict[str, str]:
-    """The servers of a project's `.mcp.json` that the user rejected or switched off in Claude Code, each with where it
-    says so.
-
-    Claude Code asks before it starts a project's servers, and keeps the answer in `.claude/settings.json`,
-    `.claude/settings.local.json` (the project's) or `~/.claude/settings.json`, or in the project's entry of
-    `~/.claude.json`: `disabledMcpjsonServers` lists the rejected ones (`enabledMcpjsonServers`, the approved ones,
-    changes nothing here: breakwater starts a server nobody answered for, having no one to ask). A server switched off
-    in its `/mcp` panel is in that entry's `disabledMcpServers`. Claude Code starts none of them; read there, breakwater
-    started them all (a repository's `.mcp.json` is anyone's to write).
-    """
-    if mcp_json.name != ".mcp.json":
-        return {}
-    files = [mcp_json.parent / ".claude" / "settings.json", mcp_json.parent / ".claude" / "settings.local.json"]
-    files.append(Path.home() / ".claude" / "settings.json")
-    rejected: dict[str, str] = {}
-    for file in dict.fromkeys(files):
-        try:
-            names = json.loads(file.read_text(encoding="utf-8")).get("disabledMcpjsonServers")
-        except (OSError, ValueError, AttributeError):
-            continue
-        for name in names if isinstance(names, list) else ():
-            if isinstance(name, str):
-                rejected.setdefault(name, f"disabledMcpjsonServers in {file} lists it (rejected in Claude Code)")
-    state = Path.home() / ".claude.json"
-    try:
-        data = json.loads(state.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return rejected
-    found = claude_project(data, mcp_json.parent.resolve()) if isinstance(data, dict) else None
-    if found is not None and isinstance(found[1], dict):
-        key, project = found
-        for field, why in (("disabledMcpjsonServers", "rejected in Claude Code"), ("disabledMcpServers", _SWITCHED_OFF)):
-            names = project.get(field)
-            for name in names if isinstance(names, list) else ():
-                if isinstance(name, str):
-                    rejected.setdefault(name, f"{_project_key(key)}.{field} in {state} lists it ({why})")
-    return rejected
-
-
 #: Why a server in a project's `disabledMcpServers` is off: what Claude Code's `/mcp` panel does.
-_SWITCHED_OFF = "switched off in Claude Code's /mcp"
+SWITCHED_OFF = "switched off in Claude Code's /mcp"
 
 
-def _project_key(folder: str) -> str:
+def project_key(folder: str) -> str:
     """How a project's entry of `~/.claude.json` is named in what breakwater says: `projects["/path"]`."""
     return f"projects[{json.dumps(folder, ensure_ascii=False)}]"
 
@@ -437,7 +398,10 @@ def claude_local_servers(data: Mapping[str, Any], cwd: Path) -> tuple[str, Any] 
         return None
     key, project = found
     # A project that is no object is this folder's, and an error, not "no project here".
-    return key, project.get("mcpServers", {}) if isinstance(project, dict) else project
+    if not isinstance(project, dict):
+        return key, project
+    servers = project.get("mcpServers")
+    return key, {} if servers is None else servers  # `"mcpServers": null`: none, as a null env is
 
 
 def claude_disabled_servers(data: Mapping[str, Any], cwd: Path, path: str) -> dict[str, str]:
@@ -445,12 +409,12 @@ def claude_disabled_servers(data: Mapping[str, Any], cwd: Path, path: str) -> di
 
     Claude Code's `/mcp` panel keeps them in `projects[DIR].disabledMcpServers` and does not start them in that project,
     whichever scope they come from (the user's `mcpServers`, or the project's own). (`disabledMcpjsonServers` there
-    names `.mcp.json` servers only: `claude_rejected_servers`.)
+    names `.mcp.json` servers only: `_claude.py`.)
     """
     found = claude_project(data, cwd)
     if found is None or not isinstance(found[1], dict) or (names := found[1].get("disabledMcpServers")) is None:
         return {}
-    key = _project_key(found[0])
+    key = project_key(found[0])
     if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
         raise ConfigError(
             "expected a list of server names",
@@ -458,7 +422,7 @@ def claude_disabled_servers(data: Mapping[str, Any], cwd: Path, path: str) -> di
             key=f"projects.{found[0]}.disabledMcpServers",
             fix='write "disabledMcpServers": ["name"] (or switch the servers back on in Claude Code\'s /mcp)',
         )
-    return {name: f"{key}.disabledMcpServers lists it ({_SWITCHED_OFF})" for name in names}
+    return {name: f"{key}.disabledMcpServers lists it ({SWITCHED_OFF})" for name in names}
 
 
 def misspelt_tables(keys: Iterable[str]) -> list[tuple[str, str]]:

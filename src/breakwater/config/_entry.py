@@ -37,7 +37,20 @@ from breakwater.config._model import ToolFilter, Transport
 from breakwater.config._oauth import parse_oauth
 from breakwater.errors import ConfigError
 
-__all__ = ["STRICT", "Entries", "fail", "flag", "parse_entry", "required_text", "str_map", "tool_filter", "unknown_key"]
+__all__ = [
+    "NULLS_NOTE",
+    "STRICT",
+    "Entries",
+    "fail",
+    "flag",
+    "parse_entry",
+    "required_null",
+    "required_text",
+    "str_map",
+    "tool_filter",
+    "unknown_key",
+    "without_nulls",
+]
 
 # Every key a client writes in an entry is known: used, kept for sign-in, or ignored with a note.
 _ENTRY_KEYS = USED_ENTRY_KEYS | SIGN_IN_KEYS | frozenset(IGNORED_ENTRY_KEYS)
@@ -113,6 +126,45 @@ def _text(value: str | float, path: str, key: str) -> str:
 # ---- one server entry (mcpServers JSON or [servers.NAME]) ---------------------------------------
 
 
+def without_nulls(entry: Any) -> tuple[Any, tuple[str, ...]]:
+    """A JSON entry without the keys it wrote as `null`, and those keys (Zed's `command.args` too).
+
+    A null reads as the key not written, in every client's shape (and in `oauth`): VS Code reads a null `args`, `env`
+    or `headers` as none and a null `envFile` or `cwd` as unset, Gemini CLI every null key as unset, Zed its optional
+    keys. (Claude Code skips such an entry as invalid, OpenCode's schema refuses it: `config check` notes each null,
+    `NULLS_NOTE`.) A key that cannot be left out (`command`, `url`) is an error naming the null: `required_null`.
+    """
+    if not isinstance(entry, dict):
+        return entry, ()
+    nulls = [key for key, value in entry.items() if value is None]
+    out = {key: value for key, value in entry.items() if value is not None}
+    for inner in ("command", "oauth"):  # Zed's older {"path", "args", "env"}; the sign-in settings
+        if isinstance(table := out.get(inner), dict):
+            nulls += [f"{inner}.{key}" for key, value in table.items() if value is None]
+            out[inner] = {key: value for key, value in table.items() if value is not None}
+    return out, tuple(nulls)
+
+
+#: What `config check` says of an entry's keys written as null, after their keys.
+NULLS_NOTE = (
+    ": null, read as not written (as VS Code and Gemini CLI read it; Claude Code skips a server whose entry holds a"
+    " null, and OpenCode refuses it: remove the key for a file every client reads alike)"
+)
+
+
+def required_null(entry: Mapping[str, Any], nulls: tuple[str, ...], path: str, where: str, written: str = "command") -> None:
+    """The error for an entry whose program (or address) is null, so that none is left: null cannot mean "none" there."""
+    if not isinstance(entry, Mapping) or "command" in entry or any(k in entry for k in URL_KEYS):
+        return
+    if written in nulls:
+        program = '["npx", "-y", "pkg"]' if entry.get("type") == "local" else '"npx"'  # OpenCode's is a list
+        fix = f'write the program to start: "{written.rsplit(".", 1)[-1]}": {program} (or remove the server)'
+        raise fail("expected a string, got null: a stdio server needs the program to start", path, f"{where}.{written}", fix)
+    if url := next((k for k in URL_KEYS if k in nulls), None):
+        fix = f'write the address: "{url}": "https://example.com/mcp" (or remove the server)'
+        raise fail("expected a string, got null: an HTTP server needs its address", path, f"{where}.{url}", fix)
+
+
 def parse_entry(
     entry: Any,
     *,
@@ -121,10 +173,12 @@ def parse_entry(
     expand: Expander,
     extra_keys: frozenset[str] = frozenset(),
     names: Mapping[str, str] | None = None,
+    nulls: tuple[str, ...] = (),
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Validate one server entry; returns (connection fields, the rest for the caller).
 
-    `names` are the keys as the user wrote them where the entry was reshaped (`_shapes.py`), for errors.
+    `names` are the keys as the user wrote them where the entry was reshaped (`_shapes.py`), for errors; `nulls` the
+    keys `without_nulls` took out of it, for the notes and the error of a null program or address.
     """
     if not isinstance(entry, dict):
         raise fail("expected an object describing the server", path, where, 'e.g. {"command": "npx", "args": [...]}')
@@ -134,6 +188,7 @@ def parse_entry(
             rest[key] = value
         elif key not in _ENTRY_KEYS:
             raise unknown_key(path, where, key, USED_ENTRY_KEYS | extra_keys)
+    required_null(entry, nulls, path, where, (names or {}).get("command", "command"))
     transport = entry_transport(entry, path, where)
     fields: dict[str, Any] = {"transport": transport}
     if transport == "stdio":
@@ -145,7 +200,7 @@ def parse_entry(
         fields["disabled_by"] = f"{where}.enabled is false" if "enabled" in entry else f"{where}.disabled is true"
     if "shared" in entry:
         fields["shared"] = flag(entry["shared"], path, f"{where}.shared", '"shared": true')
-    notes = entry_notes(where.rsplit(".", 1)[-1], entry)
+    notes = entry_notes(where.rsplit(".", 1)[-1], entry) + ([f"{', '.join(nulls)}{NULLS_NOTE}"] if nulls else [])
     # `$NAME` is a variable in Gemini CLI's files (`bare`) and nothing in Codex's (`literal`, which has env_vars).
     fields["notes"] = tuple(notes if expand.bare or expand.literal else [*notes, *bare_reference_notes(entry)])
     fields["transport_guessed"] = transport == "http" and not any(k in entry for k in (*TRANSPORT_KEYS, "httpUrl"))
@@ -188,6 +243,8 @@ def _stdio_fields(entry: Mapping[str, Any], path: str, where: str, expand: Expan
     # `command` alone is split into words at spawn, as Cursor does: `_dialect.command_words`).
     fields: dict[str, Any] = {"command": os.path.expanduser(command) if command.startswith("~") else command}
     args, at = entry.get("args", []), f"{where}.{names.get('args', 'args')}"
+    if isinstance(args, list) and None in args:
+        raise fail("expected a string, got null where an argument goes", path, f"{at}[{args.index(None)}]", "remove it")
     if not isinstance(args, list) or not all(isinstance(a, str) or _number_here(a, path) for a in args):
         raise fail("expected a list of strings", path, at, 'write "args": ["--flag", "value"]')
     fields["args"] = tuple(expand(_text(a, path, f"{at}[{i}]"), where=where, key=f"{at}[{i}]") for i, a in enumerate(args))

@@ -24,18 +24,18 @@ from breakwater._paths import read_user_file
 from breakwater._wire import json_depth, json_kind
 from breakwater.config import _jsonc
 from breakwater.config._checks import TOOL_NAME_OK, alike_servers, check_server_name, check_template_for_servers
+from breakwater.config._claude import claude_unstarted_servers
 from breakwater.config._codex import CODEX_TOP, servers_from_codex
 from breakwater.config._dialect import (
     claude_disabled_servers,
     claude_local_servers,
-    claude_rejected_servers,
     gemini_file,
     gemini_server_lists,
     misspelt_tables,
     skipped_entry,
     top_level_notes,
 )
-from breakwater.config._entry import STRICT, Entries, fail, flag, parse_entry, unknown_key
+from breakwater.config._entry import STRICT, Entries, fail, flag, parse_entry, required_null, unknown_key, without_nulls
 from breakwater.config._expand import OFF_FOR_VALUES, Expander, unset_off
 from breakwater.config._knobs import build_policy, env_layer
 from breakwater.config._model import Config, ServerSpec, ToolSettings
@@ -215,17 +215,20 @@ def _servers_from_json(
     elif opencode_file(path, top, entries):
         expand = replace(expand, opencode=True)  # and OpenCode {env:NAME} and {file:PATH}
     allowed, excluded = gemini_server_lists(data, str(path))
-    # Switched off in Claude Code for this folder (`/mcp`), and a project's `.mcp.json` servers its user rejected.
-    rejected = claude_rejected_servers(path) | claude_disabled_servers(data, Path.cwd(), str(path))
+    # Switched off in Claude Code for this folder (`/mcp`), and a project's `.mcp.json` servers its user rejected or
+    # has not approved.
+    rejected = claude_unstarted_servers(path, listed) | claude_disabled_servers(data, Path.cwd(), str(path))
     specs = []
     for name, (where, entry) in listed.items():
         with entries_ok.tolerated(name):
             check_server_name(name, path=str(path), key=where)
+            entry, nulls = without_nulls(entry)
+            required_null(entry, nulls, str(path), where)
             if (why := skipped_entry(entry, opencode=expand.opencode)) is not None:
                 notes.append(f"{where} skipped: {why}")
                 continue
             entry, names, reshaped = common_entry(entry, str(path), where)
-            fields, _ = parse_entry(entry, path=str(path), where=where, expand=expand, names=names)
+            fields, _ = parse_entry(entry, path=str(path), where=where, expand=expand, names=names, nulls=nulls)
             fields = unset_off(fields, expand, where)
             fields["notes"] = (*fields["notes"], *reshaped)
             said = rejected.get(name)

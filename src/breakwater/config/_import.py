@@ -28,12 +28,12 @@ from typing import Any
 
 from breakwater.config import Config, _jsonc
 from breakwater.config._checks import DEFAULT_TOOL_NAME_MAX, namespaced_pattern
+from breakwater.config._claude import claude_unstarted_servers
 from breakwater.config._dialect import (
     NUMBERS_NOTE,
     SIGN_IN_KEYS,
     claude_disabled_servers,
     claude_local_servers,
-    claude_rejected_servers,
     skipped_entry,
 )
 from breakwater.config._expand import EDITOR_ONLY
@@ -159,8 +159,10 @@ def _json_files(source: Path, command: list[str], named: Named) -> tuple[str, st
     # Entries breakwater cannot connect to (WebSocket, Claude Code's IDE links) stay with the agent.
     served = {name: _numbers_as_written(entry) for name, entry in entries.items() if not _skipped(entry)}
     kept = {name: entry for name, entry in entries.items() if _skipped(entry)}
-    # Rejected in Claude Code: written off, so the gateway that replaces it does not start them either.
-    for name in claude_rejected_servers(source).keys() & served.keys():
+    # Rejected in Claude Code, or not approved there: written off, so the gateway that replaces it does not start them
+    # either (the servers file is no `.mcp.json`: Claude Code's answers are not read again there).
+    unstarted = claude_unstarted_servers(source, served)
+    for name in unstarted.keys() & served.keys():
         served[name] = {**served[name], "disabled": True}
     # Switched off in Claude Code's /mcp for this folder (~/.claude.json): off here too, where they would start again.
     # The servers file has no folders, so they are off for every folder's sessions; the note says so.
@@ -186,6 +188,11 @@ def _json_files(source: Path, command: list[str], named: Named) -> tuple[str, st
             f'{", ".join(switched_off)} written with "disabled": true: projects[{json.dumps(project[0])}].disabledMcpServers'
             " lists them (switched off in Claude Code's /mcp for that folder); the servers file has no folders, so they"
             ' are off for every session through breakwater: remove "disabled" to serve them'
+        )
+    if pending := [name for name in served if unstarted.get(name, "").startswith("not approved")]:
+        notes.append(
+            f'{", ".join(pending)} written with "disabled": true: Claude Code has not approved them (the lines below say'
+            ' how); once it has, remove "disabled" from breakwater.servers.json to serve them'
         )
     if stripped != text:  # Zed's and VS Code's files start with comments; JSON has none to write them in
         notes.append(
