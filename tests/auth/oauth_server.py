@@ -7,7 +7,9 @@ only the provider behind it: an in-memory store that approves every authorizatio
 
 Two admin routes let a test act on the tokens from outside: `POST /admin/expire` drops every
 access token (as if they all expired; the refresh tokens stay), `POST /admin/revoke` drops every
-token. `POST /admin/token-mode?m=ok|500|429|hang` makes the token endpoint fail for its own reasons;
+token. `POST /admin/token-mode?m=ok|500|429|hang|garbage` makes the token endpoint fail for its own reasons
+(`garbage`: a 200 whose body is no token response); every revocation at `/revoke` is recorded (`GET /admin/revoked`:
+which kind of token each was, never the token), and `POST /admin/revoke-mode?m=ok|503|hang` makes `/revoke` fail;
 `POST /admin/require-scope?s=extra` makes `/mcp` ask for one more scope (403 `insufficient_scope`).
 `GET /admin/stats` counts the grants. The token endpoint also grants `client_credentials` (which
 the SDK's server lacks) to the one machine client `M2M_ID` / `M2M_SECRET` (HTTP Basic).
@@ -66,10 +68,14 @@ class Provider:
         self.access: dict[str, AccessToken] = {}
         self.refresh: dict[str, RefreshToken] = {}
         self.stats = {"authorization_code": 0, "refresh_token": 0, "rejected": 0, "custom_metadata": 0, "client_credentials": 0}
-        #: What the token endpoint does: "ok", or fail for its own reasons ("500", "429", "hang").
+        #: What the token endpoint does: "ok", or fail for its own reasons ("500", "429", "hang", "garbage").
         self.token_mode = "ok"
         #: A scope `/mcp` wants besides `SCOPE` (a step-up), or None.
         self.extra_scope: str | None = None
+        #: The kind of each token revoked at `/revoke` (RFC 7009), in order.
+        self.revoked: list[str] = []
+        #: What the revocation endpoint does: "ok", or fail ("503", "hang").
+        self.revoke_mode = "ok"
 
     async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
         return self.clients.get(client_id)
@@ -135,6 +141,7 @@ class Provider:
         raise NotImplementedError("no enterprise identity provider here")
 
     async def revoke_token(self, token: AccessToken | RefreshToken) -> None:
+        self.revoked.append("refresh_token" if isinstance(token, RefreshToken) else "access_token")
         self.access.pop(token.token, None)
         self.refresh.pop(token.token, None)
 
@@ -151,6 +158,11 @@ class TokenEndpoint:
         if scope["type"] == "http" and scope["path"] == "/mcp" and (refusal := self._step_up(scope)) is not None:
             await refusal(scope, receive, send)
             return
+        if scope["type"] == "http" and scope["path"] == "/revoke" and self.provider.revoke_mode != "ok":
+            if self.provider.revoke_mode == "hang":
+                await anyio.sleep(3600)
+            await JSONResponse({"error": "temporarily_unavailable"}, status_code=503)(scope, receive, send)
+            return
         if scope["type"] != "http" or scope["path"] != "/token":
             await self.app(scope, receive, send)
             return
@@ -162,6 +174,9 @@ class TokenEndpoint:
         mode = self.provider.token_mode
         if mode == "hang":
             await anyio.sleep(3600)
+        if mode == "garbage":
+            await Response("<html>maintenance</html>", media_type="text/html")(scope, receive, send)
+            return
         if mode in ("500", "429"):
             await JSONResponse({"error": "temporarily_unavailable"}, status_code=int(mode))(scope, receive, send)
             return
@@ -238,12 +253,19 @@ def build(port: int, lifetime: int, path: str = "/mcp") -> tuple[MCPServer, Prov
     async def stats(request: Request) -> Response:
         return JSONResponse(provider.stats)
 
+    async def revoked(request: Request) -> Response:
+        return JSONResponse(provider.revoked)
+
     async def require_scope(request: Request) -> Response:
         provider.extra_scope = request.query_params.get("s") or None
         return JSONResponse({"ok": True})
 
     async def token_mode(request: Request) -> Response:
         provider.token_mode = request.query_params.get("m", "ok")
+        return JSONResponse({"ok": True})
+
+    async def revoke_mode(request: Request) -> Response:
+        provider.revoke_mode = request.query_params.get("m", "ok")
         return JSONResponse({"ok": True})
 
     async def custom_metadata(request: Request) -> Response:
@@ -258,6 +280,8 @@ def build(port: int, lifetime: int, path: str = "/mcp") -> tuple[MCPServer, Prov
     mcp.custom_route("/admin/expire", methods=["POST"])(expire)
     mcp.custom_route("/admin/revoke", methods=["POST"])(revoke)
     mcp.custom_route("/admin/stats", methods=["GET"])(stats)
+    mcp.custom_route("/admin/revoked", methods=["GET"])(revoked)
+    mcp.custom_route("/admin/revoke-mode", methods=["POST"])(revoke_mode)
     mcp.custom_route("/admin/token-mode", methods=["POST"])(token_mode)
     mcp.custom_route("/admin/require-scope", methods=["POST"])(require_scope)
 

@@ -13,7 +13,11 @@ client credentials, and changes five things, all here:
    clock.
 2. A 401 on a signed-in server first tries the refresh token and retries once (the SDK starts the
    whole sign-in again), and a token written by a later `auth login` is picked up by a running
-   gateway at the next 401 instead of after a restart.
+   gateway at the next 401 instead of after a restart. The refresh is a request of its own
+   (`_refresh_within`), bounded on the injected clock by `refresh_timeout_s`: the SDK sent it
+   through the connection, unbounded, so a token endpoint that hung held a call whose 401 said
+   "nothing ran" until the call's deadline cut it as "it may have run". Once the connection is in
+   service, a refresh that fails in any way leaves the request refused (its 401 is the answer).
 3. Without a person (`serve`, `Breakwater`): no browser, no dynamic registration from a background
    gateway. When the tokens are missing or cannot be refreshed, or the server wants more scope,
    the provider calls `on_auth_required` with a message naming `breakwater auth login NAME` and
@@ -27,7 +31,9 @@ client credentials, and changes five things, all here:
 
 from __future__ import annotations
 
+import functools
 import logging
+import ssl
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -43,11 +49,14 @@ from breakwater.auth._store import ServerTokens
 from breakwater.config import ServerSpec
 from breakwater.config._redact import display_url
 
-__all__ = ["AuthNote", "AuthRequiredNote", "login_command"]
+__all__ = ["AuthNote", "AuthRequiredNote", "login_command", "refresh_timeout_s"]
 
 #: Refresh when this share of a token's lifetime is left (at most `_MAX_MARGIN_S`).
 _MARGIN_SHARE = 0.1
 _MAX_MARGIN_S = 60.0
+#: The most a refresh waits for the token endpoint; less when the entry's calls have less time (`refresh_timeout_s`).
+_REFRESH_MAX_S = 10.0
+_REFRESH_MIN_S = 1.0
 _ASM_PATHS = ("/.well-known/oauth-authorization-server", "/.well-known/openid-configuration")
 
 #: Told why a server cannot be used until someone signs in (the message names the command).
@@ -76,6 +85,22 @@ class AuthNote(str):
 def login_command(name: str) -> str:
     """The command that fixes it, as every message prints it."""
     return f"breakwater auth login {name}"
+
+
+def refresh_timeout_s(spec: ServerSpec) -> float:
+    """How long a refresh may wait for the token endpoint: half the shortest call timeout the entry sets (1 to 10 s).
+
+    A call refused 401 waits for the refresh, then for the answer the server gives the refreshed token (or for the
+    reconnect that says what to run): the refresh must end well inside the call's own deadline, or that deadline cuts a
+    call that never ran and the model is told it may have."""
+    shortest = min([spec.call.timeout_s, *(tool.call.timeout_s for tool in spec.tools.values())])
+    return max(_REFRESH_MIN_S, min(_REFRESH_MAX_S, shortest / 2))
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One TLS context per process for the refresh requests (building one costs ~30 ms of CPU)."""
+    return httpx2.create_ssl_context()
 
 
 @dataclass
@@ -139,6 +164,10 @@ class _StoredFlow(OAuthClientProvider):
     _needed_scope: str | None
     _refresh_trouble: str | None
     _refresh_status: int | None
+    _refresh_limit_s: float
+    _clock: Clock
+    _refresh_failed_at: float | None
+    _answered: bool
 
     def _setup(
         self, spec: ServerSpec, tokens: ServerTokens, clock: Clock, *, interactive: bool, note: AuthRequiredNote | None
@@ -156,6 +185,12 @@ class _StoredFlow(OAuthClientProvider):
         #: What went wrong at the authorization server when the last refresh failed for its own reasons (a 5xx, a 429).
         self._refresh_trouble: str | None = None
         self._refresh_status: int | None = None
+        self._refresh_limit_s = refresh_timeout_s(spec)
+        self._clock = clock
+        #: When (monotonic) the last refresh failed: calls queued behind it get their 401 at once, not one more wait.
+        self._refresh_failed_at: float | None = None
+        #: Whether a request on this connection got through: until then a refresh that fails is the connect's failure.
+        self._answered = False
 
     async def _initialize(self) -> None:
         await super()._initialize()
@@ -206,8 +241,56 @@ class _StoredFlow(OAuthClientProvider):
         ok = await super()._handle_refresh_response(response)
         if not ok and 400 <= status < 500:
             self._tokens.set_refresh_refused()
+        elif not ok and status == 200:
+            # A 200 that is no token response (a proxy's page, a broken server): the server's trouble, not the grant's.
+            self._refresh_trouble = f"an answer from {display_url(str(response.request.url))} that is no token response"
         self._loaded_at = self._tokens.record().get("updated_at")
         return ok
+
+    async def _refresh_within(self) -> bool:
+        """Refresh at the token endpoint, within `_refresh_limit_s` on the clock; whether it worked.
+
+        A request of its own, not one yielded to the connection's client: a deadline cannot span the generator's
+        `yield`, the connection's read timeout is minutes (for SSE streams), and the entry's headers (an API key for
+        the MCP server) have no business at the authorization server. Before anything got through on this connection
+        an endpoint where nothing listens is raised, as it was, for the connect to classify (`refused`, naming the
+        endpoint); after it, or for any other failure (a hang: the connect classifier read the same-origin endpoint's
+        timeout as the server's 401, "check the headers"), it is noted (`_give_up` says it) and the request stays
+        refused: nothing ran."""
+        request = await self._refresh_token()
+        clock, limit = self._clock, self._refresh_limit_s
+        response: httpx2.Response | None = None
+        failure: httpx2.TransportError | None = None
+        with clock.deadline_scope(clock.monotonic() + limit):
+            try:
+                async with httpx2.AsyncClient(verify=_tls_context(), timeout=limit) as http:
+                    response = await http.send(request)
+                    await response.aread()
+            except httpx2.TransportError as exc:
+                failure = exc
+        if response is not None and failure is None:
+            ok = await self._handle_refresh_response(response)
+            self._refresh_failed_at = None if ok else clock.monotonic()
+            return ok
+        self._refresh_failed_at = clock.monotonic()
+        unreachable = isinstance(failure, httpx2.ConnectError | httpx2.ConnectTimeout)
+        if isinstance(failure, httpx2.ConnectError | httpx2.ConnectTimeout) and not self._answered:
+            raise failure
+        where = f"{self._spec.name}'s token endpoint {display_url(str(request.url))}"
+        if failure is None:  # the deadline: it took the request and never answered
+            self._refresh_trouble = f"{where} did not answer within {limit:g} s"
+        elif unreachable:
+            self._refresh_trouble = f"nothing answers at {where} ({type(failure).__name__})"
+        else:
+            self._refresh_trouble = f"{where} failed ({type(failure).__name__}: {failure})"
+        self._refresh_status = None
+        return False
+
+    def _may_refresh(self) -> bool:
+        """A refresh token, and no refresh failed within the last `_refresh_limit_s` (one wait is enough)."""
+        failed = self._refresh_failed_at
+        recent = failed is not None and self._clock.monotonic() - failed < self._refresh_limit_s
+        return not recent and self.context.can_refresh_token()
 
     async def _perform_authorization(self) -> httpx2.Request:
         if self._pinned_scope:
@@ -228,9 +311,8 @@ class _StoredFlow(OAuthClientProvider):
             blocked = not self._interactive and self._step_up_pending()
             if not blocked and self.context.current_tokens is not None and not self.context.is_token_valid():
                 await self._reload_if_signed_in_again()  # another process may have refreshed already
-            if not blocked and not self.context.is_token_valid() and self.context.can_refresh_token():
-                refreshed = yield await self._refresh_token()
-                await self._handle_refresh_response(refreshed)
+            if not blocked and not self.context.is_token_valid() and self._may_refresh():
+                await self._refresh_within()
             sent = self._access_token() if self.context.is_token_valid() and not blocked else None
             if sent is not None:
                 self._add_auth_header(request)
@@ -241,22 +323,19 @@ class _StoredFlow(OAuthClientProvider):
             self._give_up(response, step_up=True)
             return
         if not _needs_auth(response):
+            self._answered = True
             return
         async with self.context.lock:
             if response.status_code == 401:
                 # Someone refreshed meanwhile, or signed in again; else the refresh token; then a person.
                 newer = self.context.is_token_valid() and self._access_token() != sent
-                if (newer or await self._reload_if_signed_in_again()) and self.context.is_token_valid():
+                fresh = (newer or await self._reload_if_signed_in_again()) and self.context.is_token_valid()
+                if fresh or (self._may_refresh() and await self._refresh_within()):
                     self._add_auth_header(request)
                     response = yield request
-                elif self.context.can_refresh_token():
-                    refreshed = yield await self._refresh_token()
-                    if await self._handle_refresh_response(refreshed):
-                        self._add_auth_header(request)
-                    # Sent again either way: httpx answers the caller with the flow's last response, and after a
-                    # refused refresh that was the token endpoint's (the SDK read it as the MCP server's failure).
-                    response = yield request
+                # Else the 401 is the answer: the server refused the request, so nothing ran, and `_give_up` says why.
             if not _needs_auth(response):
+                self._answered = True
                 return
             if not self._interactive:
                 self._give_up(response)

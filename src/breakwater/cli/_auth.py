@@ -3,7 +3,8 @@
 `login NAME` runs the sign-in (`auth/_login.py`) and stores the tokens in the token store, where a
 running gateway finds them at its next attempt (no restart). `status` says, per HTTP server,
 whether it is signed in, with which scopes, until when, and whether it can refresh. `logout NAME`
-forgets the tokens and the client registration. No command prints a token.
+revokes the tokens at the authorization server when it advertises a `revocation_endpoint` (RFC 7009;
+a failure is a warning), then forgets them and the client registration. No command prints a token.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anyio
@@ -22,6 +24,7 @@ from rich.table import Table
 
 from breakwater.auth import TokenStore, login_command
 from breakwater.auth._login import sign_in
+from breakwater.auth._revoke import Revocation, revoke_sign_in
 from breakwater.auth._store import record_key
 from breakwater.cli._common import (
     EXIT_CONFIG,
@@ -164,16 +167,42 @@ def _logout(args: argparse.Namespace) -> int:
     # Entries at the same URL with the same grant share one sign-in: logging out of one logs out of them all.
     sharing = [s.name for s in config.servers if s.name != spec.name and s.transport != "stdio" and record_key(s) == key]
     also = f"; {', '.join(sharing)} too (the same URL: one sign-in)" if sharing else ""
-    if not TokenStore().remove(key):
+    store = TokenStore()
+    record = store.get(key) or {}
+    revoked = Revocation(None)
+    if record.get("tokens"):
+        # A thread of its own: `main` may be called where an event loop already runs (a script's, a test's).
+        with ThreadPoolExecutor(1) as pool:
+            asked = _with_client(record, spec)
+            revoked = pool.submit(lambda: anyio.run(revoke_sign_in, asked)).result()
+    if revoked.problem is not None:
+        # The local tokens go all the same: the user asked to sign out, and a server that is down must not keep them.
+        print(
+            f"breakwater: warning: could not revoke {spec.name}'s tokens at {revoked.endpoint}: {revoked.problem}; they "
+            "are forgotten here, but stay valid at the authorization server until they expire",
+            file=sys.stderr,
+        )
+    at = f"; revoked at {revoked.endpoint}" if revoked.revoked and revoked.problem is None else ""
+    if not store.remove(key):
         print(f"breakwater: {spec.name} was not signed in", file=sys.stderr)
     elif spec.oauth is not None and spec.oauth.grant_type == "client_credentials":
         print(
-            f"breakwater: forgot {spec.name}'s access token (the next connect gets one with its client credentials)",
+            f"breakwater: forgot {spec.name}'s access token{at} (the next connect gets one with its client credentials)",
             file=sys.stderr,
         )
     else:
-        print(f"breakwater: signed out of {spec.name} (tokens and client registration forgotten){also}", file=sys.stderr)
+        print(f"breakwater: signed out of {spec.name} (tokens and client registration forgotten{at}){also}", file=sys.stderr)
     return EXIT_OK
+
+
+def _with_client(record: dict[str, Any], spec: ServerSpec) -> dict[str, Any]:
+    """`record`, with the entry's client credentials when it stored no registration (a client-credentials entry)."""
+    oauth = spec.oauth
+    if record.get("client") or oauth is None or not oauth.client_id:
+        return record
+    method = "client_secret_basic" if oauth.client_secret else "none"
+    client = {"client_id": oauth.client_id, "client_secret": oauth.client_secret, "token_endpoint_auth_method": method}
+    return {**record, "client": client}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -188,7 +217,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     status = sub.add_parser("status", help="per HTTP server: signed in, scopes, expiry, refreshable")
     status.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    logout = sub.add_parser("logout", help="forget one server's tokens and client registration")
+    logout = sub.add_parser(
+        "logout", help="revoke one server's tokens at its authorization server (if it offers that), then forget them"
+    )
     logout.add_argument("name", metavar="NAME", help="the server's name in the config")
     for p in (login, status, logout):
         add_config_flag(p)

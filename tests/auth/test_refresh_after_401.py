@@ -1,0 +1,79 @@
+"""A call that meets a 401 mid-session, whose refresh then fails, against the real OAuth test server (`oauth_server.py`).
+
+The 401 means the server refused the request: the tool did not run, whatever the refresh does next. A token endpoint
+that hangs held the call until its deadline cut it, and the model read OUTCOME_UNKNOWN ("it may have run"). Every way
+the refresh can fail (a hang, nothing listening, a 5xx, a 200 that is no token response, invalid_grant) must end the
+call as a refusal (nothing ran) that names the server and what to run, within the call's timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from breakwater import Breakwater
+from breakwater.auth import TokenStore
+from breakwater.auth._login import sign_in
+from breakwater.config import Config, ConnectPolicy, JournalPolicy, ServerSpec
+from breakwater.errors import CallRefused
+from breakwater.testing._fleet import free_port
+from helpers import envelope_of
+
+pytestmark = pytest.mark.anyio
+
+
+async def _follow(url: str) -> None:
+    async with httpx2.AsyncClient(follow_redirects=True, timeout=10) as http:
+        await http.get(url)
+
+
+def _spec(base: str) -> ServerSpec:
+    return ServerSpec(name="remote", transport="http", url=f"{base}/mcp", connect=ConnectPolicy(background_retry_s=0.5))
+
+
+@pytest.mark.parametrize("failure", ["hang", "refused", "500", "garbage", "invalid_grant"])
+async def test_a_401_whose_refresh_fails_is_a_refusal_not_an_unknown_outcome(
+    failure: str, oauth_server: str, config_home: Path, tmp_path: Path
+) -> None:
+    spec = _spec(oauth_server)
+    store = TokenStore()
+    await sign_in(spec, store, browser=_follow)
+    if failure == "refused":  # the sign-in's metadata names a token endpoint where nothing listens
+        record = json.loads(store.path.read_text())
+        record["servers"][spec.url]["metadata"]["token_endpoint"] = f"http://127.0.0.1:{free_port()}/token"
+        store.path.write_text(json.dumps(record))
+    config = Config(servers=(spec,), journal=JournalPolicy(url="off"))
+    async with Breakwater(config, admission_dir=tmp_path / "admission") as bw:
+        assert (await bw.wait_ready(timeout=20)).all_ready
+        if failure == "invalid_grant":
+            httpx2.post(f"{oauth_server}/admin/revoke")  # the refresh token too: the token endpoint answers 400
+        else:
+            httpx2.post(f"{oauth_server}/admin/expire")  # the access token: the next call is refused 401
+            httpx2.post(f"{oauth_server}/admin/token-mode", params={"m": failure})
+        started = time.monotonic()
+        result = await bw.call_tool("remote", "whoami", {})  # a tool with no hints: never repeated once it may have run
+        took = time.monotonic() - started
+    envelope = envelope_of(result)
+    code = envelope.get("code")
+    assert code in ("SERVER_UNAVAILABLE", "SERVER_CONNECTING"), envelope
+    assert issubclass(_error_class(code), CallRefused)  # the tool did not run: safe to repeat once signed in again
+    text = json.dumps(envelope)
+    if failure == "refused":  # the reconnect meets it first: the connect's own words name the endpoint
+        assert "nothing listening at http://127.0.0.1:" in text and "/token" in text, text
+    else:
+        assert "breakwater auth login remote" in text, text
+    if failure == "hang":
+        assert "remote's token endpoint" in text and "/token did not answer within 2.5 s" in text, text
+    if failure == "garbage":
+        assert "no token response" in text, text
+    assert took < 12, took  # the 5 s call timeout, and one wait for the reconnect
+
+
+def _error_class(code: object) -> type:
+    from breakwater.errors import CODE_TO_ERROR, ErrorCode
+
+    return CODE_TO_ERROR[ErrorCode(str(code))]
