@@ -75,3 +75,21 @@ def test_a_revocation_that_fails_is_a_warning_and_the_tokens_are_forgotten_all_t
     assert "revoked at" not in said, said
     assert TokenStore().records() == {}
     assert not any(token in said for token in tokens.values() if isinstance(token, str) and len(token) > 8)
+
+
+@pytest.mark.parametrize("endpoint", ["http://[::1/revoke", "http://127.0.0.1:99999/revoke", "https://auth.example/\x00"])
+def test_a_revocation_endpoint_no_request_can_go_to_is_a_warning_and_the_tokens_are_forgotten(
+    endpoint: str, oauth_server: str, config_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The stored metadata's address is the server's text (or a file edited by hand): one the HTTP client cannot even
+    send to (a bad port, a broken bracket) failed `auth logout` with a traceback and left the tokens on disk."""
+    config, tokens = _signed_in(oauth_server, tmp_path)
+    url = f"{oauth_server}/mcp"
+    TokenStore().update(url, lambda rec: {**rec, "metadata": {**rec["metadata"], "revocation_endpoint": endpoint}})
+    assert main(["auth", "logout", "remote", "--config", str(config)]) == 0
+    said = capsys.readouterr().err
+    assert "warning: could not revoke remote's tokens at " in said and "stay valid at the authorization server" in said
+    assert "signed out of remote" in said and "Traceback" not in said, said
+    assert "\x00" not in said, said
+    assert TokenStore().records() == {}
+    assert not any(token in said for token in tokens.values() if isinstance(token, str) and len(token) > 8)

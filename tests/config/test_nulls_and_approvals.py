@@ -200,8 +200,14 @@ def test_a_server_claude_code_has_not_approved_is_not_started(project: Path) -> 
     assert read["a"].enabled and read["my.server"].enabled and not read["b"].enabled
     said = read["b"].disabled_by or ""
     assert said.startswith("not approved in Claude Code"), said
-    assert f"run claude in {project}" in said and f'add "b" to enabledMcpjsonServers in {Path.home()}' in said
     assert f"not started: {said}" in read["b"].notes
+    # The fix is the project's file Claude Code itself writes when the user approves, not the user's settings, where a
+    # name is approved in every project (any repository's server of that name would start).
+    local = project.resolve() / ".claude" / "settings.local.json"
+    assert f"run claude in {project.resolve()}" in said and f'add "b" to enabledMcpjsonServers in {local}' in said, said
+    assert str(Path.home()) not in said, said
+    _write(local, {"enabledMcpjsonServers": ["a", "my_server", "b"]})  # the fix, followed
+    assert all(spec.enabled for spec in _started(project).values())
 
 
 def test_every_server_starts_once_all_are_approved_or_none_was_ever_answered(project: Path) -> None:
@@ -236,6 +242,36 @@ def test_local_settings_that_came_with_the_repository_approve_nothing(project: P
     subprocess.run(["git", "-C", str(project), "add", ".claude/settings.local.json"], check=True)
     said = _started(project)["b"].disabled_by or ""
     assert "Claude Code ignores approvals there: git tracks it" in said, said
+    # Where Claude Code ignores them, the fix names the user's settings, and what approving a name there means.
+    user = Path.home() / ".claude" / "settings.json"
+    assert f'add "b" to enabledMcpjsonServers in {user} (which approves that name in every project)' in said, said
+
+
+def test_a_trusted_parent_folder_approves_nothing_of_a_repository_under_it(project: Path) -> None:
+    """A user who trusted their code folder in Claude Code is not asked again for a repository cloned under it, but
+    Claude Code reads that repository's committed `.claude/settings.json` only once the repository's own entry is
+    trusted (checked with Claude Code 2.1.197: it asks about `b`); nor does a parent's entry approve its servers."""
+    _write(Path.home() / ".claude" / "settings.json", {"enabledMcpjsonServers": ["a"]})
+    _write(project / ".claude" / "settings.json", {"enableAllProjectMcpServers": True})
+    parent = {"hasTrustDialogAccepted": True, "enabledMcpjsonServers": ["my.server"]}
+    _write(Path.home() / ".claude.json", {"projects": {str(project.parent.resolve()): parent}})
+    read = _started(project)
+    assert read["a"].enabled and not read["b"].enabled and not read["my.server"].enabled
+    assert (read["b"].disabled_by or "").startswith("not approved in Claude Code"), read["b"].disabled_by
+    own = {"hasTrustDialogAccepted": True}
+    _write(Path.home() / ".claude.json", {"projects": {str(project.parent.resolve()): parent, str(project.resolve()): own}})
+    assert all(spec.enabled for spec in _started(project).values())
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_a_repository_is_trusted_at_its_git_root(project: Path) -> None:
+    """Claude Code keys a project by its git root: a `.mcp.json` in a folder of the repository is trusted with it."""
+    subprocess.run(["git", "init", "-q", str(project.parent)], check=True)
+    _write(Path.home() / ".claude" / "settings.json", {"enabledMcpjsonServers": ["a"]})
+    _write(project / ".claude" / "settings.json", {"enableAllProjectMcpServers": True})
+    assert not _started(project)["b"].enabled
+    _write(Path.home() / ".claude.json", {"projects": {str(project.parent.resolve()): {"hasTrustDialogAccepted": True}}})
+    assert all(spec.enabled for spec in _started(project).values())
 
 
 def test_the_project_entry_of_claude_json_approves_as_older_claude_codes_did(project: Path) -> None:

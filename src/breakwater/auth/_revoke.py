@@ -67,6 +67,10 @@ async def revoke_sign_in(record: dict[str, Any], *, clock: Clock | None = None, 
                     done.append(kind)
         except httpx2.HTTPError as exc:
             problem = f"{type(exc).__name__}" + (" (nothing answers there)" if isinstance(exc, httpx2.ConnectError) else "")
+        except Exception as exc:
+            # An address no request can go to (`InvalidURL`; a port past 65535 fails inside the connection's task
+            # group): the metadata's text, or a file edited by hand. The sign-out must still forget the tokens.
+            problem = f"no request can go to that address ({type(exc).__name__})"
     if scope.cancelled_caught:
         problem = f"it did not answer within {timeout_s:g} s"
     return Revocation(endpoint=shown, revoked=tuple(done), problem=problem)

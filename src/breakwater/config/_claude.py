@@ -10,6 +10,9 @@ answer in its settings files:
   `.claude/settings.local.json` (not when a repository could have written it: the file or `.claude` is a
   symbolic link, `.claude` holds a `.git`, or git tracks the file), the project's entry of `~/.claude.json`, and
   the project's `.claude/settings.json` only once the user trusted the folder (`hasTrustDialogAccepted`).
+  The project's entry is `projects[ROOT]` exactly, ROOT its git root (else its folder), as Claude Code keys it:
+  a trusted parent folder (a home, a `~/code`) spares the trust prompt but approves nothing of a repository
+  cloned under it, whose committed `.claude/settings.json` Claude Code then does not read.
 
 A server neither approved nor rejected is pending: Claude Code asks and, until then, does not start it. So does
 breakwater, once Claude Code has answered for any server of the file: a server added to the repository's
@@ -81,6 +84,20 @@ def local_settings_gated(folder: Path) -> str | None:
     return "git tracks it (it came with the repository)" if done.returncode == 0 else None
 
 
+def _own_project(data: Mapping[str, Any], folder: Path) -> Mapping[str, Any] | None:
+    """The entry of `~/.claude.json` that is this project's own (its trust, its older approvals), or None.
+
+    Claude Code keys it by the git root of the folder it runs in (else the folder), and reads approvals and trust
+    there only: the nearest entry above (`claude_project`) may be a parent folder's, trusted for the parent alone.
+    """
+    root = next((d for d in (folder, *folder.parents) if (d / ".git").exists()), folder)
+    found = claude_project(data, root)
+    if found is None or not isinstance(found[1], dict):
+        return None
+    key, entry = found
+    return entry if (key.replace("\\", "/").rstrip("/") or "/") == (root.as_posix().rstrip("/") or "/") else None
+
+
 def _trusted(project: Mapping[str, Any] | None) -> bool:
     """Whether the user trusted the folder in Claude Code (then every settings file's approvals count)."""
     return project is not None and project.get("hasTrustDialogAccepted") is True
@@ -126,13 +143,15 @@ def claude_unstarted_servers(mcp_json: Path, names: Iterable[str]) -> dict[str, 
             said.setdefault(_key(name), f"{where}.{field} in {state} lists it ({why})")
     names = list(names)
     unstarted = {name: said[_key(name)] for name in names if _key(name) in said}
-    sources = _approvals(mcp_json, project, state)
+    # Rejections above may come from a parent's entry (a "no" is never wrong to honour); trust and approvals not.
+    own = _own_project(data, mcp_json.parent.resolve())
+    sources = _approvals(mcp_json, own, state)
     everything = any(settings.get("enableAllProjectMcpServers") is True for _, settings in sources)
     approved = {_key(n) for _, settings in sources for n in _names(settings, "enabledMcpjsonServers")}
     if everything or not ({_key(n) for n in names} & (approved | set(said))):
         return unstarted  # all approved, or Claude Code never answered for this file: nobody to ask
     local = folder / ".claude" / "settings.local.json"
-    ignored = None if _trusted(project) else local_settings_gated(folder)
+    ignored = None if _trusted(own) else local_settings_gated(folder)
     listed_locally = {_key(n) for n in _names(_read(local), "enabledMcpjsonServers")}
     for name in names:
         if name in unstarted or _key(name) in approved:
@@ -140,9 +159,15 @@ def claude_unstarted_servers(mcp_json: Path, names: Iterable[str]) -> dict[str, 
         why = "not approved in Claude Code, which asks before it starts a server of a project's .mcp.json"
         if ignored is not None and _key(name) in listed_locally:
             why += f" ({local} lists it in enabledMcpjsonServers, but Claude Code ignores approvals there: {ignored})"
-        user = Path.home() / ".claude" / "settings.json"
-        unstarted[name] = (
-            f"{why}; to start it, approve it in Claude Code (run claude in {folder.resolve()}) or add {json.dumps(name)} to"
-            f" enabledMcpjsonServers in {user}"
-        )
+        by_hand = _approve(name, local, ignored)
+        unstarted[name] = f"{why}; to start it, approve it in Claude Code (run claude in {folder.resolve()}) or {by_hand}"
     return unstarted
+
+
+def _approve(name: str, local: Path, ignored: str | None) -> str:
+    """How to approve `name` by hand: where Claude Code writes its own approval, the project's local settings, unless
+    Claude Code ignores approvals there; then the user's settings, which approve the name in every project."""
+    if ignored is None:
+        return f"add {json.dumps(name)} to enabledMcpjsonServers in {local.resolve()}, where Claude Code keeps its approvals"
+    user = Path.home() / ".claude" / "settings.json"
+    return f"add {json.dumps(name)} to enabledMcpjsonServers in {user} (which approves that name in every project)"
