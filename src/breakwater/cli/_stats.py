@@ -59,7 +59,14 @@ def _timeout_cell(seconds: float | None, source: str | None) -> str:
         return ""
     # Seconds, and a one-word source: the twelfth column must not push the table past 120 columns.
     mark = {"learned": " [cyan]learned[/]", "configured": " [dim]config[/]"}.get(source or "", " [dim]default[/]")
-    return f"{seconds:g} s{mark}" if seconds >= 1 else _ms(seconds) + mark
+    return f"{_seconds(seconds)} s{mark}" if seconds >= 1 else _ms(seconds) + mark
+
+
+def _seconds(seconds: float) -> str:
+    # Three significant digits, as the latency columns give: a learned timeout is a quantile times the headroom, and
+    # `:g` printed its six digits ("4.06788 s", "16.1701 s") as if they meant something. Whole seconds from 100 on
+    # (`:.3g` writes 3600 as "3.6e+03").
+    return f"{seconds:.0f}" if seconds >= 99.95 else f"{seconds:.3g}"
 
 
 def stats_view(stats: list[Any], *, since: str, location: str) -> Table:
