@@ -774,3 +774,65 @@ async def test_a_callers_turn_budget_cut_opens_no_breaker_and_says_not_to_retry_
     assert not healthy.is_error, healthy.structured_content  # no breaker heard of the budget's cuts
     text = error_result(CallTimeoutError(detail={"cut_by": "turn budget"})).content[0].text  # type: ignore[union-attr]
     assert "Do not retry in this turn" in text and "answering slowly" not in text
+
+
+async def test_a_tool_slow_at_its_learned_timeout_is_refused_after_two_cuts_even_after_a_restart() -> None:
+    """A fresh gate (a restarted `serve`) knows the tool's learned timeout from the journal but no p99 of its own: the
+    tool stuck at 20 s was waited for to its timeout call after call (5.4, 8.2, 8.2 s), the breaker still closed 40 s
+    on. Two cuts in a row at a learned timeout are slowness (it is the tail times the headroom): the third is refused."""
+    clock = FakeClock()
+    behave, state = switchable(clock, lambda: 0.2)
+    state["slow"] = 20.0
+    breaker = BreakerPolicy(open_jitter=0.0)
+    async with make_gate(clock, behave, [tool("t", readonly=True)], learned=1.0, breaker=breaker) as (gate, server, _):
+
+        async def afternoon() -> list[tuple[str | None, float]]:
+            seen = []
+            for _ in range(3):
+                t = clock.monotonic()
+                body = (await gate.call("s", "t")).structured_content or {}
+                seen.append((body.get("code"), round(clock.monotonic() - t, 3)))
+            return seen
+
+        seen = await drive(clock, afternoon)
+    assert gate.timeout_in_force("s", "t") == (1.0, "learned")
+    assert seen == [("TIMEOUT", 1.0), ("TIMEOUT", 1.0), ("CIRCUIT_OPEN", 0.0)]
+    assert len(server.calls) == 2
+    snap = gate.breakers.tool("s", "t").snapshot()
+    assert snap.state.value == "open" and snap.reason == "2 timeouts in a row; its timeout is learned from its history"
+
+
+async def test_a_timeout_the_caller_passed_or_the_default_keeps_the_p99_guard() -> None:
+    """Without a learned timeout (nor a known p99 far below it) two timeouts in a row trip nothing: only a learned
+    timeout is evidence by itself (`test_healthy_heavy_tail_tool_never_opens_in_an_hour` holds the tail's side)."""
+    clock = FakeClock()
+    behave, state = switchable(clock, lambda: 0.2)
+    state["slow"] = 20.0
+    async with make_gate(clock, behave, [tool("t", readonly=True)], breaker=BreakerPolicy()) as (gate, server, _):
+
+        async def three() -> list[str | None]:
+            return [((await gate.call("s", "t", timeout=1.0)).structured_content or {}).get("code") for _ in range(3)]
+
+        codes = await drive(clock, three)
+    assert codes == ["TIMEOUT"] * 3 and len(server.calls) == 3
+
+
+async def test_a_turn_budgets_cut_is_journaled_as_the_callers_cancel_not_a_timeout_of_the_tool() -> None:
+    """`stats` read a healthy 8 s tool's turn-budget cuts as its timeouts (25 %), and learning took them as samples."""
+    clock = FakeClock()
+    rows = AttemptRows()
+    async with make_gate(clock, sleeper(0.5, clock), [tool("t", readonly=True)], call=CallPolicy(timeout_s=10.0)) as (
+        _,
+        _,
+        upstream,
+    ):
+        gate = CallGate({"s": upstream}, clock=clock, rng=random.Random(1), observer=rows)
+
+        async def tight() -> CallToolResult:
+            with turn_budget(0.3, clock=clock):
+                result = await gate.call("s", "t")
+            return result
+
+        cut = (await drive(clock, tight)).structured_content or {}
+    assert cut["code"] == "TIMEOUT" and cut["cut_by"] == "turn budget"
+    assert [(r.outcome, r.error_code) for r in rows.rows] == [("cancelled", "TIMEOUT")]

@@ -295,7 +295,8 @@ class BreakerPolicy(Policy):
     timeouts_to_trip: int = knob(
         2,
         "Trip after this many timeouts in a row of a tool whose recent p99 latency is a quarter of its timeout or "
-        "less (it turned slow; an unlucky tool does not time out twice running); 0 = only the rules above.",
+        "less, or whose timeout is learned (its tail times the headroom): it turned slow, as an unlucky tool does not "
+        "time out twice running; 0 = only the rules above.",
         env="BREAKWATER_BREAKER_TIMEOUTS_TO_TRIP",
         minimum=0,
         maximum=1_000_000,

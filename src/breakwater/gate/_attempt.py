@@ -388,7 +388,8 @@ def _judge(
         # By position (keywords are matched by name, on every attempt).
         # A deadline that expired is a timeout in the journal whatever the agent was told (OUTCOME_UNKNOWN for a tool that is
         # not read-only): `stats` read 0 timeouts for it, and its learned timeout never counted the cut.
-        row = "timeout" if timed_out else None
+        # A turn budget's cut is the caller's (`cancelled`), not a timeout of the tool nor a sample of its latency.
+        row = "timeout" if timed_out else "cancelled" if deadline.by_budget and isinstance(attempt_result, TimeoutError) else None
         observe(ctx, call, code, journal.sent, elapsed, row, open_before, opened if open_before is None else None, None, result)
     return answer
 
@@ -402,11 +403,15 @@ def _timed_out(call: Call, deadline: AttemptDeadline, now: float, duration_s: fl
     health = call.info.health
     health.timed_out(now, duration_s, short=deadline.short)
     need = call.info.breaker.policy.timeouts_to_trip
-    # Judged against the tool's own timeout, not a probe's short one: far below *that* is the guard.
-    if need and health.timeouts_in_a_row >= need and health.far_below(call.timeout_s):
+    # Judged against the tool's own timeout, not a probe's short one: far below *that* is the guard. Before this process
+    # has seen the tool's p99 (after a restart) a learned timeout is the guard (its tail times the headroom): the slow
+    # tool was waited for to its timeout call after call. Not once the p99 is known: a tool turned 5x slower, tripped
+    # at its learned timeout, met probes cut at 3x its old p99 for good, where cuts let the learned timeout catch up.
+    learned_guard = call.timeout_source == "learned" and health.p99() is None
+    if need and health.timeouts_in_a_row >= need and (learned_guard or health.far_below(call.timeout_s)):
         p99 = health.p99()
-        assert p99 is not None
-        why = f"{health.timeouts_in_a_row} timeouts in a row; it usually answers within {seconds_text(p99)}"
+        usual = f"it usually answers within {seconds_text(p99)}" if p99 is not None else "its timeout is learned from its history"
+        why = f"{health.timeouts_in_a_row} timeouts in a row; {usual}"
         return call.info.breaker.trip(why)
     return False
 

@@ -206,6 +206,9 @@ class Call:
     #: The per-attempt timeout (the caller's, else the tool's in force); NaN until the first attempt
     #: is admitted when no turn budget needs it earlier (see `CallGate._prepare`).
     timeout_s: float
+    #: Where `timeout_s` came from (`CallGate._resolve_timeout`'s source, or "caller"): a `learned` one is the tool's tail
+    #: times the headroom, so cuts at it are slowness even while this process knows no p99 of its own (after a restart).
+    timeout_source: str
     budget: TurnBudget | None
     progress_callback: ProgressCallback | None
     #: The journal's view of the call, or None without an observer.

@@ -254,7 +254,7 @@ class CallGate:
                     else:  # `admit`: without a turn budget (most calls) only the permits, without its frame
                         permits = admit(ctx, call) if call.budget is not None else take_permits(ctx, call)
                     if math.isnan(call.timeout_s):
-                        call.timeout_s = self._resolve_timeout(srv, call.info)[0]
+                        call.timeout_s, call.timeout_source = self._resolve_timeout(srv, call.info)
                     call.attempt += 1
                     try:
                         got = await run_attempt(ctx, call, permits)
@@ -494,10 +494,10 @@ class CallGate:
             if info.operation_id_argument:
                 arguments.setdefault(OPERATION_ID_ARGUMENT, op_id)
         budget = current_budget()
-        # Without a turn budget nothing reads the timeout before an attempt is admitted: a refused
-        # call (an open breaker) does not pay for resolving it (`answer` does, once admitted).
-        resolved = timeout if timeout is not None else self._timeout(srv, info) if budget is not None else math.nan
-        call = Call(srv, info, arguments, op_id, meta, resolved, budget, progress_callback, None)
+        # Without a turn budget the timeout waits for admission: a call an open breaker refuses does not pay to resolve it.
+        unresolved = (math.nan, "") if budget is None else self._resolve_timeout(srv, info)
+        resolved = (timeout, "caller") if timeout is not None else unresolved
+        call = Call(srv, info, arguments, op_id, meta, *resolved, budget, progress_callback, None)
         call.refusal = refusal
         return call
 

@@ -149,11 +149,14 @@ def learned_value(inp: LearnInput, policy: JournalPolicy) -> float | None:
     A timed-out attempt counts at its timeout, so a tool that turned slower than its timeout gets a longer one. But a
     few hangs far beyond every answer are not its latency: counted, each short slow spell doubled the timeout (1, 2,
     4, 8 s for a tool that answers in 0.1 s) for the whole window, and the agent waited that much longer at the next.
+    Many cuts raise it, but at most to `HANG_FACTOR` times the answers' own quantile: a tool stuck for minutes is
+    an incident for the breaker, and each refresh doubled its timeout (0.2 s tool: 1, 2, 4, 8, 16.5 s, kept for the
+    window), so every call after it recovered and slowed again waited that long.
     """
     if inp.completed < policy.learn_min_samples or inp.quantile_s is None:
         return None
     quantile, answered = inp.quantile_s, inp.answered_quantile_s
-    if answered is not None and inp.cut <= HANG_SHARE * inp.attempts and quantile > answered * HANG_FACTOR:
-        quantile = answered
+    if answered is not None and quantile > answered * HANG_FACTOR:
+        quantile = answered if inp.cut <= HANG_SHARE * inp.attempts else answered * HANG_FACTOR
     floor = min(policy.learn_floor_s, policy.learn_ceiling_s)
     return min(policy.learn_ceiling_s, max(floor, quantile * policy.learn_headroom))
