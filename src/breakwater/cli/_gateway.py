@@ -284,9 +284,11 @@ def _stop(policy: GatewayPolicy, config: Config | None) -> int:
         print("no shared gateway to stop")
         if other_settings:
             # The fingerprint is of the resolved config: an agent that launched serve with other
-            # environment variables (BREAKWATER_*, ${VAR}s) runs its own gateway for the same file.
+            # environment variables (BREAKWATER_*, ${VAR}s) runs its own gateway for the same file; so does one
+            # started in another directory when the config has a shared stdio server (it inherits the directory).
             print(
-                f"{counted(other_settings, 'shared gateway')} of this file run with other settings (another environment): "
+                f"{counted(other_settings, 'shared gateway')} of this file run with other settings (another environment, "
+                "or another working directory when a stdio server is shared): "
                 "`breakwater gateway stop` without --config stops every one"
             )
     return EXIT_OK

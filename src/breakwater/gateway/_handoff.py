@@ -25,7 +25,7 @@ socket, what it read and what it answered: the *mirror*, a stream of records (`R
 
 The other way, `serve` writes one thing on the socket: `STOP` (one byte), when a stop signal reached it
 (SIGTERM, Ctrl-C, a hang-up). The gateway then ends the session as a stop signal ends a `serve
---no-share` one: it reads no more of the agent's input, its calls in flight get `[gateway] drain_s`
+--no-share` one: it refuses each new request at once (nothing run), its calls in flight get `[gateway] drain_s`
 (the rest are cut with the gate's envelope), their answers go out, and `E` follows. A second signal
 makes `serve` exit at once: the socket's end cuts what is left. Killed by the first, `serve` left the
 gateway to answer every call in flight a bare "Connection closed", half done.

@@ -193,10 +193,15 @@ class SharedGateway:
         await let_go()
         session.cancel()
 
-    async def _asked_to_stop(self, ending: Ending, mirror: Mirror, output: HandedOutput, session: anyio.CancelScope) -> None:
+    async def _asked_to_stop(
+        self, ending: Ending, reader: MirroredReader, output: HandedOutput, mirror: Mirror, session: anyio.CancelScope
+    ) -> None:
         """A stop signal reached the session's `serve` (`_handoff.STOP`): end the session as it ends a `serve --no-share`
-        one. No more of the agent's input is read, the calls in flight drain, their answers go out, then `E`."""
-        mirror.stop_input()
+        one. The calls in flight drain and their answers go out, then `E`; meanwhile each new request is refused at
+        once (`Ending.refusing`), nothing run. Pausing the input instead (as a gateway stop does, for the next gateway)
+        left them unanswered: no next gateway reads them, the session is over."""
+        ending.refusing.on = True
+        reader.hand_off = None  # every line to the refusing pump: the lane takes no new call
         await ending.run()
         await output.close()
         mirror.ended()
@@ -385,7 +390,7 @@ class SharedGateway:
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(mirror.flushing)
                         tg.start_soon(tell_tools, gateway, mirror)
-                        asked = partial(self._asked_to_stop, ending, mirror, output, tg.cancel_scope)
+                        asked = partial(self._asked_to_stop, ending, reader, output, mirror, tg.cancel_scope)
                         tg.start_soon(until_closed, sock_reader, tg.cancel_scope, asked)
                         tg.start_soon(self._drained, ending, mirror.stop_input, partial(mirror.let_go, output), tg.cancel_scope)
                         await self._run(gateway, reader, output, ending)
@@ -414,14 +419,33 @@ class SharedGateway:
 
     @contextlib.asynccontextmanager
     async def _session_gateway(self, context: SessionContext | None) -> AsyncIterator[Gateway]:
-        """`session_gateway`, known to `info` while it serves when it runs servers of its own."""
+        """`session_gateway`, known to `info` while it serves when it runs servers of its own; a view of its own
+        (`_view`) when it runs none."""
         async with session_gateway(self.gateway, self.config, context) as gateway:
-            if gateway is not self.gateway:
-                self._own_views.add(gateway)
+            if gateway is self.gateway:
+                async with self._view() as view:
+                    yield view
+                return
+            self._own_views.add(gateway)
             try:
                 yield gateway
             finally:
                 self._own_views.discard(gateway)
+
+    @contextlib.asynccontextmanager
+    async def _view(self) -> AsyncIterator[Gateway]:
+        """A session's own view of the shared servers, as a session with servers of its own has one.
+
+        Why: a session's end drains its calls in flight (`_ending`) with its gateway's `Drain`. On the shared
+        gateway itself, with no per-session server in the config, one session's end (its agent closed its input, or
+        Ctrl-C) waited for every session's calls, cut another session's long call OUTCOME_UNKNOWN, and left the
+        drain cutting: from then on every call of every session was refused as cut, until the gateway idled out."""
+        shared = self.gateway
+        view = Gateway(shared.bw, self.config.gateway, catalog=shared.catalog, relay=shared.relay, view_of=shared)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(view.watch)
+            yield view
+            tg.cancel_scope.cancel()
 
     async def _run(self, gateway: Gateway, reader: asyncio.StreamReader, output: LineOutput, ending: Ending) -> None:
         server = gateway.server
@@ -432,7 +456,7 @@ class SharedGateway:
 
         async def read() -> None:
             async with read_stream_writer, lane.serving():
-                await pump_input(reader, read_stream_writer, output, lane)
+                await pump_input(reader, read_stream_writer, output, lane, ending.refusing)
                 # The agent closed its input: the session ends once its calls in flight are answered (`_ending`).
                 await ending.run()
 

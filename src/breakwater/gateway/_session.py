@@ -170,7 +170,8 @@ async def session_gateway(shared: Gateway, config: Config, context: SessionConte
     """A `Gateway` for one attached session: `shared`'s servers plus the session's own stdio servers.
 
     `config` is the whole config; `shared` was opened on its shared servers only. When there is no
-    per-session server, the shared gateway itself is the session's. The session's own servers start
+    per-session server, this yields the shared gateway itself (the hub then gives the session a view of its own,
+    `_hub.SharedGateway._view`, so that its end drains its calls alone). The session's own servers start
     in `context` (its directory and inherited variables); without one, in the gateway's.
     """
     own_specs = per_session(config)

@@ -1,0 +1,154 @@
+"""Several agent sessions on one shared gateway: how one session's end (its input closed, Ctrl-C) meets the others.
+
+Real processes throughout: `breakwater serve` sessions on pipes of the test's own, the detached shared gateway
+they attach to, and `breakwater testserver` over stdio behind it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import isolated_env, serve_on_pipes, share_dir
+
+pytestmark = pytest.mark.long_module(25)
+
+BREAKWATER = [sys.executable, "-m", "breakwater"]
+DRAIN_S = 1.5
+#: Longer than the drain window: cut by a drain, it would come back OUTCOME_UNKNOWN.
+SLOW_S = 4.0
+
+
+@pytest.fixture
+def share() -> Iterator[Path]:
+    """A socket directory of the test's own; its gateways die after."""
+    with share_dir("bw-sx-") as directory:
+        yield directory
+
+
+def setup(tmp_path: Path, share: Path, *, shared: bool, drain_s: float = DRAIN_S) -> tuple[Path, dict[str, str]]:
+    """A config of one stdio testserver with a slow mutating tool: the gateway's own (`shared`) or each session's."""
+    command = [*BREAKWATER, "testserver", "--name", "ts", "--tool", "echo", "--tool", f"mslow:latency={SLOW_S},mutating"]
+    entry: dict[str, Any] = {"command": command[0], "args": command[1:], "shared": shared}
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"ts": entry}}))
+    env = isolated_env(
+        tmp_path,
+        BREAKWATER_SHARE="on",
+        BREAKWATER_SHARE_DIR=str(share),
+        BREAKWATER_SHARE_IDLE_S="20",
+        BREAKWATER_DRAIN_S=str(drain_s),
+    )
+    return config, env
+
+
+class Agent:
+    """A `breakwater serve` session on pipes: requests written, answers collected by id."""
+
+    def __init__(self, config: Path, env: dict[str, str], errlog: Path) -> None:
+        self.proc = serve_on_pipes(config, env, errlog)
+        self.answers: dict[Any, dict[str, Any]] = {}
+        threading.Thread(target=self._read, daemon=True).start()
+        hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+        self.send({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": hello})
+        self.wait("init", 60)
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            message = json.loads(raw)
+            if "id" in message and "method" not in message:
+                self.answers[message["id"]] = message
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+
+    def call(self, request_id: Any, tool: str) -> None:
+        self.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {"name": tool, "arguments": {}}})
+
+    def wait(self, request_id: Any, seconds: float) -> dict[str, Any]:
+        deadline = time.monotonic() + seconds
+        while request_id not in self.answers:
+            assert time.monotonic() < deadline, f"no answer to {request_id!r} within {seconds} s"
+            time.sleep(0.02)
+        return self.answers[request_id]
+
+    def end(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        self.proc.wait(30)
+
+
+def ran(answer: dict[str, Any]) -> int:
+    """The pid of the testserver that answered the call (it ran to its end)."""
+    assert "result" in answer, answer
+    result: dict[str, Any] = answer["result"]
+    assert not result.get("isError"), result
+    return int(result["structuredContent"]["pid"])
+
+
+@pytest.mark.parametrize("how", ["input closed", "SIGINT"])
+def test_one_sessions_end_neither_cuts_nor_spoils_another_sessions_calls(tmp_path: Path, share: Path, how: str) -> None:
+    """With no per-session server (every server the gateway's own), all sessions were served by the shared gateway's
+    one `Gateway`, and a session's end drained its `Drain`: the other session's long call was cut OUTCOME_UNKNOWN
+    at the window's end, and every later call of every session was refused as cut, never sent."""
+    config, env = setup(tmp_path, share, shared=True)
+    a, b = Agent(config, env, tmp_path / "a.err"), Agent(config, env, tmp_path / "b.err")
+    try:
+        for agent in (a, b):
+            agent.call("warm", "ts__echo")
+        server = ran(a.wait("warm", 60))
+        assert ran(b.wait("warm", 60)) == server  # one shared process of the server
+        b.call("slow", "ts__mslow")
+        time.sleep(0.5)  # running in the server
+        if how == "SIGINT":
+            a.proc.send_signal(signal.SIGINT)
+        else:
+            assert a.proc.stdin is not None
+            a.proc.stdin.close()
+        assert a.proc.wait(30) in ({130, -signal.SIGINT} if how == "SIGINT" else {0})
+        assert ran(b.wait("slow", SLOW_S + 10)) == server  # it ran to its end, answered as it finished
+        b.call("after", "ts__echo")
+        assert ran(b.wait("after", 10)) == server
+        c = Agent(config, env, tmp_path / "c.err")  # a new session on the same gateway
+        c.call("new", "ts__echo")
+        assert ran(c.wait("new", 30)) == server
+        c.end()
+    finally:
+        for agent in (a, b):
+            agent.end()
+        subprocess.run([*BREAKWATER, "gateway", "stop"], env=env, capture_output=True, timeout=60, check=True)
+
+
+def test_a_request_after_ctrl_c_is_refused_at_once_as_without_sharing(tmp_path: Path, share: Path) -> None:
+    """After a first stop signal to `serve`, its calls in flight drain; a request the agent sends meanwhile was never
+    read (the input was paused for a next gateway that never comes) and the session ended with it unanswered.
+    `serve --no-share` refuses it at once, saying nothing ran."""
+    config, env = setup(tmp_path, share, shared=False, drain_s=SLOW_S + 10)
+    a = Agent(config, env, tmp_path / "a.err")
+    try:
+        a.call("warm", "ts__echo")
+        server = ran(a.wait("warm", 60))
+        a.call("slow", "ts__mslow")
+        time.sleep(0.3)
+        a.proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        a.call("late", "ts__echo")
+        late = a.wait("late", 5)
+        assert late["error"]["code"] == -32603 and "nothing was run" in late["error"]["message"], late
+        assert ran(a.wait("slow", SLOW_S + 10)) == server  # the call in flight finished within the drain
+        assert a.proc.wait(30) in {130, -signal.SIGINT}
+    finally:
+        a.end()
+        subprocess.run([*BREAKWATER, "gateway", "stop"], env=env, capture_output=True, timeout=60, check=True)
