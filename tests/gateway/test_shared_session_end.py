@@ -152,3 +152,28 @@ def test_a_request_after_ctrl_c_is_refused_at_once_as_without_sharing(tmp_path: 
     finally:
         a.end()
         subprocess.run([*BREAKWATER, "gateway", "stop"], env=env, capture_output=True, timeout=60, check=True)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["own server", "shared server"])
+def test_a_second_ctrl_c_answers_the_call_in_flight_with_the_gates_envelope(tmp_path: Path, share: Path, shared: bool) -> None:
+    """A second stop signal exits `serve` at once; a mutating call still running was answered a bare -32000 "Connection
+    closed" where `serve --no-share` answers OUTCOME_UNKNOWN naming its operation. The gateway still holds the agent's
+    pipe: it cuts the call through the drain and writes the envelope there before the pipe ends."""
+    config, env = setup(tmp_path, share, shared=shared, drain_s=SLOW_S + 10)
+    a = Agent(config, env, tmp_path / "a.err")
+    try:
+        a.call("warm", "ts__echo")
+        ran(a.wait("warm", 60))
+        a.call("slow", "ts__mslow")
+        time.sleep(0.5)  # running in the server
+        a.proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        a.proc.send_signal(signal.SIGINT)
+        assert a.proc.wait(30) in {130, -signal.SIGINT}
+        cut = a.wait("slow", 10)
+        assert "result" in cut, cut
+        body = cut["result"]["structuredContent"]
+        assert cut["result"]["isError"] and body["code"] == "OUTCOME_UNKNOWN" and body["operation_id"], body
+    finally:
+        a.end()
+        subprocess.run([*BREAKWATER, "gateway", "stop"], env=env, capture_output=True, timeout=60, check=True)

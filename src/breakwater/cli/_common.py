@@ -114,7 +114,7 @@ class Parser(argparse.ArgumentParser):
     """
 
     def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("epilog", exit_codes_epilog())
+        kwargs.setdefault("epilog", exit_codes_epilog(kwargs.get("prog")))
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         super().__init__(**kwargs)
 
@@ -131,9 +131,40 @@ class Parser(argparse.ArgumentParser):
 _INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
 
 
-def exit_codes_epilog() -> str:
-    """The exit-code table for the end of `--help` (argparse keeps its line breaks with RawDescriptionHelpFormatter)."""
-    return "exit codes:\n" + "\n".join(f"  {code:<4} {meaning}" for code, meaning in EXIT_CODES)
+_MEANINGS = dict(EXIT_CODES)
+#: Each command's own exit codes, by its `prog`, with what 0 and 1 mean for it; any other prog gets the whole table
+#: (`breakwater --help`). Why: `gateway list --help` listed status' and call's meanings, serve's 3 and 141.
+_OWN_CODES: dict[str, tuple[tuple[int, str], ...]] = {
+    "breakwater serve": (
+        (EXIT_OK, "ok: the session ended (its client closed its input, or SIGTERM drained it)"),
+        (EXIT_FAILED, "the session could not start (the message says why)"),
+        (EXIT_CONFIG, _MEANINGS[EXIT_CONFIG]),
+        (EXIT_LISTEN, _MEANINGS[EXIT_LISTEN]),
+        (EXIT_HANGUP, _MEANINGS[EXIT_HANGUP]),
+        (EXIT_INTERRUPTED, _MEANINGS[EXIT_INTERRUPTED]),
+        (EXIT_PIPE, "the client stopped reading the session's output"),
+    ),
+    "breakwater status": ((EXIT_OK, "every enabled server ready"), (EXIT_NOT_READY, "not every server ready")),
+    "breakwater call": ((EXIT_OK, "the tool answered"), (EXIT_FAILED, "the call failed (its code is printed)")),
+    "breakwater gateway": ((EXIT_OK, "ok"), (EXIT_FAILED, "the shared gateways could not be read or stopped")),
+    "breakwater gateway list": ((EXIT_OK, "ok"), (EXIT_FAILED, "the shared gateways could not be read")),
+    "breakwater gateway stop": ((EXIT_OK, "stopped, or none to stop"), (EXIT_FAILED, "a gateway could not be stopped")),
+}
+#: What every command but `serve` may also exit with: a usage error, Ctrl-C, a closed output pipe.
+_COMMON_TAIL = tuple(entry for entry in EXIT_CODES if entry[0] in (EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_PIPE))
+
+
+def exit_codes_epilog(prog: str | None = None) -> str:
+    """The exit-code table for the end of `prog`'s `--help`: its own codes, or all of them (argparse keeps its line
+    breaks with RawDescriptionHelpFormatter)."""
+    own = _OWN_CODES.get(prog or "")
+    if own is None:
+        codes = EXIT_CODES
+    elif prog == "breakwater serve":
+        codes = own
+    else:
+        codes = own + _COMMON_TAIL
+    return "exit codes:\n" + "\n".join(f"  {code:<4} {meaning}" for code, meaning in codes)
 
 
 def fail(message: str, code: int) -> int:

@@ -247,12 +247,17 @@ class HandedOutput(LineOutput):
 
 
 async def until_closed(
-    reader: asyncio.StreamReader, scope: anyio.CancelScope, on_stop: Callable[[], Coroutine[Any, Any, None]]
+    reader: asyncio.StreamReader,
+    scope: anyio.CancelScope,
+    on_stop: Callable[[], Coroutine[Any, Any, None]],
+    on_close: Callable[[], Coroutine[Any, Any, None]],
 ) -> None:
-    """Wait for the end of a handed-over session's socket (its `serve` went away), then cancel `scope`.
+    """Wait for the end of a handed-over session's socket (its `serve` went away), run `on_close`, then cancel `scope`.
 
-    `STOP` on it (a stop signal reached `serve`) runs `on_stop`, which drains the session and ends it; the
-    socket's end meanwhile (a second signal: `serve` exits at once) still cancels `scope` at once.
+    `STOP` on it (a stop signal reached `serve`) runs `on_stop`, which drains the session and ends it. The socket's
+    end (a second signal: `serve` exits at once; or it was killed) runs `on_close`, which cuts the calls still in
+    flight through the drain, so that each is answered with the gate's envelope on the agent's pipe, which this
+    gateway still holds: cancelled at once instead, they were answered a bare -32000 "Connection closed".
     """
     async with anyio.create_task_group() as tg:
         stopping = False
@@ -261,6 +266,7 @@ async def until_closed(
                 if STOP in data and not stopping:
                     stopping = True
                     tg.start_soon(on_stop)
+        await on_close()
         scope.cancel()
 
 

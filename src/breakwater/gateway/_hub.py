@@ -176,7 +176,7 @@ class SharedGateway:
         Without it at the end of input, a call in flight was answered a bare -32000 "Connection closed" and cut
         halfway in the shared gateway, where a `serve --no-share` session let it finish and answered it.
         """
-        return Ending(partial(drain_stdio, gateway.drain, self.config.gateway.drain_s), None)
+        return Ending(partial(drain_stdio, gateway.drain, self.config.gateway.drain_s), gateway.drain.cut_now)
 
     async def _drained(
         self,
@@ -206,6 +206,22 @@ class SharedGateway:
         await output.close()
         mirror.ended()
         session.cancel()
+
+    async def _serve_gone(self, ending: Ending, reader: MirroredReader, output: HandedOutput) -> None:
+        """The session's socket closed: its `serve` is gone (a second stop signal exits it at once, or it was killed).
+
+        The calls in flight are cut now through the drain (`Ending.cut`: `Drain.cut_now`), whether or not a first
+        signal began it, and their envelopes (OUTCOME_UNKNOWN naming the operation for a mutating call) are written
+        to the agent's pipe, which this gateway still holds, so the agent reads them before its end of the session,
+        as `serve --no-share` answers them at a second Ctrl-C. Cancelled at once instead, the session answered them
+        the SDK's bare -32000 "Connection closed". Nothing new is run meanwhile (`Ending.refusing`).
+        """
+        ending.refusing.on = True
+        reader.hand_off = None  # every line to the refusing pump: the lane takes no new call
+        if ending.cut is not None:
+            ending.cut()  # idempotent: a second signal's `STOP` may have cut already
+        await ending.run()  # the cut's answers are written by its end (`drain_stdio`)
+        await output.close()
 
     async def _exit_when_idle(self, scope: anyio.CancelScope) -> None:
         while not self._stop.is_set():
@@ -391,7 +407,8 @@ class SharedGateway:
                         tg.start_soon(mirror.flushing)
                         tg.start_soon(tell_tools, gateway, mirror)
                         asked = partial(self._asked_to_stop, ending, reader, output, mirror, tg.cancel_scope)
-                        tg.start_soon(until_closed, sock_reader, tg.cancel_scope, asked)
+                        gone = partial(self._serve_gone, ending, reader, output)
+                        tg.start_soon(until_closed, sock_reader, tg.cancel_scope, asked, gone)
                         tg.start_soon(self._drained, ending, mirror.stop_input, partial(mirror.let_go, output), tg.cancel_scope)
                         await self._run(gateway, reader, output, ending)
                         mirror.ended()
