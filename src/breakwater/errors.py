@@ -244,6 +244,12 @@ NOT_RETRYABLE_ADVICE = "Do not repeat this call: use another tool if one can do 
 #: The advice of a tool error the tool marks transient (its `structuredContent` says `retryable: true`).
 TRANSIENT_TOOL_ADVICE = "The tool says this error is transient: wait {wait} and try again, or use another tool meanwhile."
 
+#: The advice of an error the tool marks transient, of a tool breakwater does not repeat (retry class `never`).
+UNREPEATED_TOOL_ADVICE = (
+    "The tool says a later attempt may work, but breakwater did not retry it because the tool may have side effects: "
+    "repeat it only if a repeat is safe, after {wait}{again}; otherwise use another tool or tell the user."
+)
+
 _new_exception = BaseException.__new__
 
 
@@ -295,7 +301,19 @@ class CallRefused(CallError):
 
     The group of CIRCUIT_OPEN, SERVER_CIRCUIT_OPEN, OVERLOADED, BUDGET_EXHAUSTED, SERVER_CONNECTING,
     SERVER_UNAVAILABLE, UNKNOWN_TOOL, TOOL_CHANGED and INVALID_ARGUMENTS; not raised itself.
+
+    One that no attempt preceded (`attempt` 0) names no operation (`operation_id` None, whatever is set): nothing was sent
+    under the id, and a model read an open breaker's refusal with one as an operation to check or reuse.
     """
+
+    @property
+    def operation_id(self) -> str | None:
+        """The call's operation id once an attempt was sent under it, else None."""
+        return self._operation_id if self.attempt else None
+
+    @operation_id.setter
+    def operation_id(self, value: str | None) -> None:
+        self._operation_id = value
 
 
 class CallFailed(CallError):
@@ -349,6 +367,12 @@ def _when_again(err: CallError, why: str) -> str:
     return "."
 
 
+def _same_operation(operation_id: str | None, lead: str) -> str:
+    """`lead` and the operation id a repeat must reuse, or nothing without one: under the same id a server that records
+    its operations answers a repeat from its record instead of acting twice (`breakwater.idempotency`)."""
+    return f'{lead} the same operation id (operationId "{visible(operation_id)}")' if operation_id else ""
+
+
 class OutcomeUnknownError(CallFailed):
     """A call that must not be repeated timed out or was cut after it was sent; it may have run."""
 
@@ -356,6 +380,14 @@ class OutcomeUnknownError(CallFailed):
     default_retryable = False
     summary = "The result could not be confirmed; the action may or may not have happened."
     advice = "Do not retry it blindly: check whether it took effect (for example with a read-only tool) or ask the user."
+
+    def advice_text(self) -> str:
+        """Check before repeating; with the breaker's reopening and the operation id a repeat must reuse, when known: the
+        model read neither, so it could not tell a refusal to come from an open breaker, nor a repeat from a new action."""
+        opened = _when_again(self, "Its circuit breaker opened")
+        opened = f"{opened[2:]} " if opened != "." else ""
+        again = _same_operation(self.operation_id, "; if it did not and you repeat it, pass")
+        return f"{opened}{self.advice[:-1]}{again}."
 
 
 class CircuitOpenError(CallRefused):
@@ -482,6 +514,12 @@ class ToolError(CallFailed):
         than repeating the same call" beside `retryable: true` and the tool's own "try again" told the model both."""
         if self.retryable:
             return TRANSIENT_TOOL_ADVICE.format(wait=self._wait_text())
+        said = self.upstream_structured_content
+        if isinstance(said, dict) and said.get("retryable") is True:
+            # The server's "try again" on a tool breakwater does not repeat (retry class `never`): "rather than repeating
+            # the same call" contradicted the server, and hid that only the risk of a second side effect stood in the way.
+            again = _same_operation(self.operation_id, ", with")
+            return UNREPEATED_TOOL_ADVICE.format(wait=self._wait_text(), again=again)
         return self.advice
 
 
