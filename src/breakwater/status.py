@@ -213,13 +213,14 @@ class ToolTimeout:
     #: `[call]`), `learned` (from the call journal's recorded latencies; it wins over the top-level
     #: `[call]`, not over a server's or tool's own) or `default` (the built-in `[call] timeout_s`).
     source: str
-    #: When this process first had a learned timeout in force for the tool (epoch seconds): as soon as
-    #: the tool had the calls learning needs, or at start-up for one the journal already knew.
-    #: None unless `source` is `learned`.
+    #: When the tool's learned timeout came into force (epoch seconds): when this process's own calls
+    #: of it were enough to learn from. None unless `source` is `learned`, and None for a value the
+    #: journal had before this process could tell when (a restart, a `breakwater status` run): the
+    #: process's own start time, printed before, was not when it was learned.
     learned_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """One entry of `status --json`'s `timeouts` list (`learned_at` only for a learned one)."""
+        """One entry of `status --json`'s `timeouts` list (`learned_at` only when it is known)."""
         out: dict[str, Any] = {"server": self.server, "tool": self.tool, "timeout_s": round(self.timeout_s, 3)}
         out["source"] = self.source
         if self.learned_at is not None:

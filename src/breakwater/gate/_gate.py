@@ -69,7 +69,7 @@ from breakwater._clock import Clock
 from breakwater._wire import OPERATION_ID_META_KEY, operation_id_problem
 from breakwater.catalog._validate import argument_checker
 from breakwater.config import JournalPolicy, RetryPolicy
-from breakwater.connect._readiness import call_window, wait_until_ready
+from breakwater.connect._readiness import wait_until_ready
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import CallCancelledError, CallError, ErrorCode, InvalidArgumentsError, UnknownToolError
 from breakwater.gate._admit import Permits, admit, admit_after_loss, breaker_refusal, first_refusal, take_permits
@@ -91,6 +91,7 @@ from breakwater.gate._classify import Classifier, RetryClass, Verdict
 from breakwater.gate._envelope import error_result
 from breakwater.gate._reconcile import GET_OPERATION_TOOL, Resend, after_lost_answer
 from breakwater.gate._retry_budget import RetryBudgetSnapshot, SharedBudget
+from breakwater.gate._step_one import MAX_LISTED_TOOLS, spend_wait, unknown_tool, wait_window
 from breakwater.gate._tasks import TaskRuntime
 from breakwater.gate._turn_budget import current_budget
 from breakwater.journal import (
@@ -119,8 +120,6 @@ __all__ = [
 
 #: `(server, tool) -> seconds or None`: a timeout learned from observed latencies (None: nothing learned).
 LearnedTimeout = Callable[[str, str], float | None]
-
-_MAX_LISTED_TOOLS = 50
 
 
 class SharedState(BreakerStore, Protocol):
@@ -303,7 +302,7 @@ class CallGate:
                 f"There is no server named '{server}'.",
                 server=server,
                 tool=tool,
-                detail={"reason": "unknown_server", "servers": sorted(self._servers)[:_MAX_LISTED_TOOLS]},
+                detail={"reason": "unknown_server", "servers": sorted(self._servers)[:MAX_LISTED_TOOLS]},
             )
         return srv
 
@@ -337,13 +336,17 @@ class CallGate:
         """Step 1 for a server on its way up (pending, connecting): waited for within the call's window."""
         srv = self._server(server, tool)
         upstream = srv.upstream
-        if upstream.state is not READY or upstream.client is None:
-            budget = current_budget()
-            window = call_window(upstream.spec, tool, timeout)
-            until = None if budget is None else budget.deadline
-            if not await wait_until_ready(upstream, clock=self._clock, seconds=window, deadline=until):
-                raise self._refused_early(srv, tool, not_ready_error(self._clock, upstream, tool))
-        return self._known_tool(srv, tool, arguments, timeout, progress_callback, operation_id)
+        if upstream.state is READY and upstream.client is not None:
+            return self._known_tool(srv, tool, arguments, timeout, progress_callback, operation_id)
+        started = self._clock.monotonic()  # the wait is part of the call's timeout (`_step_one`)
+        window = wait_window(srv, tool, timeout, self._learned, self._resolve_timeout)
+        budget = current_budget()
+        until = None if budget is None else budget.deadline
+        if not await wait_until_ready(upstream, clock=self._clock, seconds=window, deadline=until):
+            raise self._refused_early(srv, tool, not_ready_error(self._clock, upstream, tool))
+        call = self._known_tool(srv, tool, arguments, timeout, progress_callback, operation_id)
+        spend_wait(call, self._clock.monotonic() - started, self._resolve_timeout)
+        return call
 
     def _known_tool(
         self,
@@ -357,7 +360,7 @@ class CallGate:
         # `srv.tool(tool)`'s usual answer (the tool list has not changed) without its frame.
         info = srv.tools.get(tool) if srv.upstream.tools is srv.tools_source else srv.tool(tool)
         if info is None:
-            raise self._refused_early(srv, tool, _unknown_tool(srv, tool))
+            raise self._refused_early(srv, tool, unknown_tool(srv, tool))
         approve = self.approve
         if approve is not None and (refused := approve(srv.name, tool)) is not None:
             raise self._refused_early(srv, tool, refused)
@@ -443,7 +446,8 @@ class CallGate:
         return None if info is None else self._resolve_timeout(srv, info)
 
     def learned_at(self, server: str, tool: str) -> float | None:
-        """When the tool's learned timeout came into force (wall clock), or None if none is in force."""
+        """When the tool's learned timeout came into force (wall clock): when this process's own calls of it were enough
+        to learn from. None if none is in force, or if it is the journal's from before this process could tell."""
         srv = self._servers[server]
         info = srv.tool(tool)
         if info is None or self._resolve_timeout(srv, info)[1] != "learned":
@@ -458,13 +462,16 @@ class CallGate:
         if info.configured_timeout_s is not None:
             return info.configured_timeout_s, "configured"
         learned = self._learned(srv.name, info.name)
-        if (learned is None or learned <= 0) and self._learning is not None:
-            learned = info.health.learned_s
-            if info.health.answered_total >= self._learning.learn_min_samples:
-                learned = info.health.learn(self._clock.monotonic(), self._learning)
+        if (learned is None or learned <= 0) and (learning := self._learning) is not None:
+            health = info.health
+            learned = health.learned_s
+            if health.answered_total >= learning.learn_min_samples:
+                learned = health.learn(self._clock.monotonic(), learning)
+                # `learned_at` is only what this process saw: its own calls bring the value into force now. A journal's
+                # value learned before it started has no known start here (status printed its own start time).
+                if health.learned_at is None and learned is not None and learned > 0:
+                    health.learned_at = self._clock.time()
         if learned is not None and learned > 0:
-            if info.health.learned_at is None:
-                info.health.learned_at = self._clock.time()
             return learned, "learned"
         return info.call.timeout_s, srv.upstream.spec.default_timeout_source
 
@@ -586,14 +593,3 @@ class CallGate:
         if not call.srv.retry_budget.try_acquire():
             raise stopped(err, "the server's retry budget is spent (too many recent failures)")
         return delay
-
-
-def _unknown_tool(srv: ServerRecord, tool: str) -> UnknownToolError:
-    """No such tool on `srv`; or one it lists that is left out (an invalid definition, the entry's tool filter), and why."""
-    detail: dict[str, Any] = {"tools": sorted(srv.tools)[:_MAX_LISTED_TOOLS]}
-    why = next((t.reason for t in srv.upstream.rejected_tools if t.name == tool), None)
-    if why is None:
-        return UnknownToolError(server=srv.name, tool=tool, detail=detail)
-    return UnknownToolError(
-        f"The server lists this tool, but breakwater leaves it out: {why}.", server=srv.name, tool=tool, detail=detail
-    )

@@ -71,7 +71,8 @@ class ToolHealth:
         self.timeouts_in_a_row = 0
         #: The timeout learned from these samples, once there were enough (None before).
         self.learned_s: float | None = None
-        #: When a learned timeout first came into force for this tool (wall clock), whatever its source.
+        #: When this process's own calls were first enough to learn this tool's timeout from (wall clock); None for a
+        #: timeout the journal learned before this process ran (when that was is not known here).
         self.learned_at: float | None = None
 
     def answered(self, now: float, duration_s: float) -> None:
