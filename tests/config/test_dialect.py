@@ -336,7 +336,8 @@ def test_a_number_where_a_string_goes_is_passed_as_the_file_writes_it(tmp_path: 
     (note,) = [n for n in stdio.notes if "a number where a string goes" in n]
     assert note.startswith("env.N, env.F, env.E, env.NEG, env.BIG, args[1], args[2]:") and "Claude Code" in note
     assert any(n.startswith("headers.X-Version, headers.X-Small: a number") for n in http.notes)
-    for value in ("true", "null", "[1]", '{"a": 1}'):  # every other non-string is refused, naming the file and key
+    # Every other non-string is refused, naming the file and key (a null unsets the variable: tests/config/test_null_env.py).
+    for value in ("true", "[1]", '{"a": 1}'):
         path.write_text(f'{{"mcpServers": {{"e": {{"command": "x", "env": {{"T": {value}}}}}}}}}')
         with pytest.raises(ConfigError, match=r"mcpServers\.e\.env\.T: expected a string value") as info:
             load_config(path, environ={})

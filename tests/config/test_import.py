@@ -222,7 +222,10 @@ def test_a_server_rejected_in_claude_code_is_not_started_read_or_imported(tmp_pa
         if old_home is not None:
             os.environ["HOME"] = old_home
     assert read["fs"].enabled and not read["untrusted"].enabled
-    assert read["untrusted"].disabled_by == f"disabledMcpjsonServers in {local} lists it (rejected in Claude Code)"
+    assert read["untrusted"].disabled_by == (
+        f"disabledMcpjsonServers in {local} lists it (rejected in Claude Code);"
+        f' to start it, remove "untrusted" from disabledMcpjsonServers in {local}'
+    )
     result = run_import(".mcp.json", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
     written = json.loads((tmp_path / "breakwater.servers.json").read_text())["mcpServers"]
@@ -295,9 +298,14 @@ def test_a_project_entrys_lists_in_claude_json_switch_its_mcp_json_servers_off(
     state = home / ".claude.json"
     assert (
         read["rejected"].disabled_by
-        == f'projects["{project}"].disabledMcpjsonServers in {state} lists it (rejected in Claude Code)'
+        == f'projects["{project}"].disabledMcpjsonServers in {state} lists it (rejected in Claude Code);'
+        f' to start it, remove "rejected" from projects["{project}"].disabledMcpjsonServers in {state}'
     )
     assert (read["off"].disabled_by or "").startswith(f'projects["{project}"].disabledMcpServers in {state} lists it')
+    assert (read["off"].disabled_by or "").endswith(
+        f'to start it, switch it on in Claude Code\'s /mcp (or remove "off" from projects["{project}"].disabledMcpServers'
+        f" in {state})"
+    )
     result = run_import(".mcp.json", cwd=project, env={**os.environ, "HOME": str(home)})
     assert result.returncode == 0, result.stderr
     written = json.loads((project / "breakwater.servers.json").read_text())["mcpServers"]

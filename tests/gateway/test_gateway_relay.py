@@ -352,6 +352,8 @@ async def test_log_messages_follow_the_callers_set_level(tmp_path: Path, env: di
             ("info", "Tool processing data"),
             ("info", "Tool execution completed"),
         ]
+        # Named for its server, as a message outside a call is (`IdleLogs.publish`): the upstream named no logger.
+        assert {p.logger for p in logs} == {"conf"}
         logs.clear()
         await client.set_logging_level("warning")
         await client.call_tool("test_tool_with_logging", {})

@@ -137,10 +137,15 @@ def claude_unstarted_servers(mcp_json: Path, names: Iterable[str]) -> dict[str, 
     ]
     for file in dict.fromkeys(files):
         for name in _names(_read(file), "disabledMcpjsonServers"):
-            said.setdefault(_key(name), f"disabledMcpjsonServers in {file} lists it ({_REJECTED})")
+            fix = f"remove {json.dumps(name)} from disabledMcpjsonServers in {file}"
+            said.setdefault(_key(name), f"disabledMcpjsonServers in {file} lists it ({_REJECTED}); to start it, {fix}")
     for field, why in (("disabledMcpjsonServers", _REJECTED), ("disabledMcpServers", SWITCHED_OFF)):
         for name in _names(project or {}, field):
-            said.setdefault(_key(name), f"{where}.{field} in {state} lists it ({why})")
+            # Named as that list writes it: the name in `.mcp.json` may differ in the characters Claude Code replaces.
+            fix = f"remove {json.dumps(name)} from {where}.{field} in {state}"
+            if field == "disabledMcpServers":
+                fix = f"switch it on in Claude Code's /mcp (or {fix})"
+            said.setdefault(_key(name), f"{where}.{field} in {state} lists it ({why}); to start it, {fix}")
     names = list(names)
     unstarted = {name: said[_key(name)] for name in names if _key(name) in said}
     # Rejections above may come from a parent's entry (a "no" is never wrong to honour); trust and approvals not.

@@ -40,6 +40,7 @@ from breakwater.errors import ConfigError
 __all__ = [
     "NULLS_NOTE",
     "STRICT",
+    "UNSET_NOTE",
     "Entries",
     "fail",
     "flag",
@@ -90,6 +91,8 @@ def str_map(value: Any, path: str, key: str, expand: Expander, where: str) -> di
     out: dict[str, str] = {}
     names: dict[str, str] = {}
     for k, v in value.items():
+        if v is None:  # VS Code's `"env": {"A": null}` is taken out before (`env_unset`): no header is unset so
+            raise fail("expected a string value, got null", path, f"{key}.{k}", f'remove "{k}" or write its value in quotes')
         if not isinstance(v, str) and not _number_here(v, path):
             raise fail(f"expected a string value, got {json_kind(v)}", path, f"{key}.{k}", "quote the value")
         # Values only: Claude Code expands no names.
@@ -105,6 +108,27 @@ def str_map(value: Any, path: str, key: str, expand: Expander, where: str) -> di
             check_text(k, path=path, key=f"{key}.{k}", what="name", strict=True)
             check_text(out[k], path=path, key=f"{key}.{k}", secret=True)
     return out
+
+
+def _env_unset(value: Any, path: str, key: str) -> tuple[str, ...]:
+    """The names an entry's `env` writes as null, in a JSON file: variables that server does not inherit, as VS Code
+    reads `"env": {"A": null}` (its `Record<string, string | number | null>`). A TOML file has no null."""
+    if not isinstance(value, dict) or path.lower().endswith(".toml"):
+        return ()
+    names = tuple(k for k, v in value.items() if v is None and isinstance(k, str))
+    for name in names:
+        if not name or "=" in name:
+            raise fail(f"invalid environment variable name {name!r}", path, f"{key}.{name}", "use letters, digits and _")
+        check_text(name, path=path, key=f"{key}.{name}", what="name", strict=True)
+    return names
+
+
+#: What `config check` says of an entry's `env` names written as null, after their keys.
+UNSET_NOTE = (
+    ": null, not inherited by this server (as VS Code reads it; Claude Code takes only strings there and skips the"
+    " server, OpenCode and Zed refuse it: leave the variable out of the environment the client starts in, for a file"
+    " every client reads alike)"
+)
 
 
 def _number_here(value: Any, path: str) -> bool:
@@ -201,6 +225,9 @@ def parse_entry(
     if "shared" in entry:
         fields["shared"] = flag(entry["shared"], path, f"{where}.shared", '"shared": true')
     notes = entry_notes(where.rsplit(".", 1)[-1], entry) + ([f"{', '.join(nulls)}{NULLS_NOTE}"] if nulls else [])
+    if unset := fields.get("env_unset"):
+        written = (names or {}).get("env", "env")
+        notes.append(f"{', '.join(f'{written}.{name}' for name in unset)}{UNSET_NOTE}")
     # `$NAME` is a variable in Gemini CLI's files (`bare`) and nothing in Codex's (`literal`, which has env_vars).
     fields["notes"] = tuple(notes if expand.bare or expand.literal else [*notes, *bare_reference_notes(entry)])
     fields["transport_guessed"] = transport == "http" and not any(k in entry for k in (*TRANSPORT_KEYS, "httpUrl"))
@@ -252,8 +279,15 @@ def _stdio_fields(entry: Mapping[str, Any], path: str, where: str, expand: Expan
         check_text(arg, path=path, key=f"{at}[{i}]", what="argument", secret=True)
     env = _env_file(entry, path, where, expand)
     if "env" in entry:
-        # The entry's own env wins over its envFile, as in VS Code.
-        env.update(str_map(entry["env"], path, f"{where}.{names.get('env', 'env')}", expand, where))
+        at = f"{where}.{names.get('env', 'env')}"
+        unset = _env_unset(entry["env"], path, at)
+        given = {k: v for k, v in entry["env"].items() if v is not None} if unset else entry["env"]
+        # The entry's own env wins over its envFile, as in VS Code: a null there unsets an envFile's value too.
+        env.update(str_map(given, path, at, expand, where))
+        for name in unset:
+            env.pop(name, None)
+        if unset:
+            fields["env_unset"] = unset
     if env:
         fields["env"] = env
     cwd = entry.get("cwd")

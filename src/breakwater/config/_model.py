@@ -148,6 +148,11 @@ def _spec_problem(spec: ServerSpec) -> tuple[str, str, str] | None:
         value = getattr(spec, key)
         if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             return key, "expected a mapping of strings to strings", f'{key}={{"NAME": "value"}}'
+    unset = spec.env_unset
+    if isinstance(unset, str) or not isinstance(unset, Collection) or not all(isinstance(n, str) and n for n in unset):
+        return "env_unset", f"expected a sequence of variable names, got {unset!r}", 'env_unset=("NAME",)'
+    if both := sorted(set(unset) & set(spec.env)):
+        return "env_unset", f"{both[0]!r} is both set in env and unset", "it in env or in env_unset, not both"
     for key, cls in _POLICY_TYPES.items():
         if not isinstance(getattr(spec, key), cls):
             return key, f"expected a {cls.__name__}", f"{key}={cls.__name__}(...)"
@@ -166,6 +171,8 @@ class ServerSpec:
     command: str | None = None
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    #: Variables this server does not inherit (VS Code's `"env": {"NAME": null}`): names, no secret.
+    env_unset: tuple[str, ...] = ()
     cwd: str | None = None
     url: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
@@ -217,6 +224,7 @@ class ServerSpec:
             key, said, fix = problem
             raise ConfigError(said, key=f"{where}.{key}", fix=f"pass {fix}")
         object.__setattr__(self, "args", tuple(self.args))
+        object.__setattr__(self, "env_unset", tuple(self.env_unset))
         # Copies: the caller's dict changed a frozen spec.
         object.__setattr__(self, "env", dict(self.env))
         object.__setattr__(self, "headers", dict(self.headers))
@@ -248,6 +256,8 @@ class ServerSpec:
                 out["cwd"] = self.cwd
             if self.env:
                 out["env"] = {k: "<redacted>" for k in sorted(self.env)}
+            if self.env_unset:
+                out["env_unset"] = sorted(self.env_unset)
             if self.shared:
                 out["shared"] = True
         else:
@@ -321,6 +331,8 @@ class ServerSpec:
                 self.url,
                 sorted(self.headers.items()),
                 *([self.headers_helper] if self.headers_helper else []),
+                # Only when set: every fingerprint taken before it was known stays as it was.
+                *([{"env_unset": sorted(self.env_unset)}] if self.env_unset else []),
             ],
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]

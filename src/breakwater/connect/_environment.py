@@ -19,8 +19,12 @@ def inherited(spec: ServerSpec, given: Mapping[str, str] | None) -> dict[str, st
     All of it by default, as the agents breakwater stands in for start their servers: with the SDK's few, a server
     reading a token exported in the shell (`GITHUB_TOKEN`, `HTTPS_PROXY`, `NODE_EXTRA_CA_CERTS`) worked when the
     agent started it and exited behind breakwater. Credential-named values join the redacted secrets.
+
+    Never the entry's `env_unset` (VS Code's `"env": {"NAME": null}`): that server is not to see them, whoever set them.
     """
     source = os.environ if given is None else given
+    if spec.env_unset:
+        source = {k: v for k, v in source.items() if k not in spec.env_unset}
     if spec.connect.inherit_env == "minimal":
         return {k: v for k, v in source.items() if k in DEFAULT_INHERITED_ENV_VARS and not v.startswith("()")}
     register_secrets(v for k, v in source.items() if is_credential_name(k) and not path_like(v, k))

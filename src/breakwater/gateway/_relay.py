@@ -538,8 +538,13 @@ class Relay:
             ctx = caller.ctx
             if ctx is None or caller.finished or params.level not in _admitted_levels(ctx) or not caller.admit_log():
                 return
-            if source is not None:  # the server's own secrets stay out of what its caller is told, as outside calls
-                params = params.model_copy(update={"data": source.redact.scrub(params.data)})
+            # Named as outside calls (`IdleLogs.publish`): "server" or "server/its-logger", so that one client sees one
+            # shape; and the server's own secrets stay out of what its caller is told, as there.
+            own = (source.redact(params.logger) if source is not None else params.logger) if params.logger else None
+            update: dict[str, Any] = {"logger": f"{server}/{own}" if own else server}
+            if source is not None:
+                update["data"] = source.redact.scrub(params.data)
+            params = params.model_copy(update=update)
             try:
                 await ctx.session.send_notification(
                     types.LoggingMessageNotification(params=params), related_request_id=ctx.request_id
