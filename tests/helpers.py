@@ -6,6 +6,7 @@ import base64
 import contextlib
 import json
 import os
+import queue
 import random
 import shutil
 import signal
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -128,6 +130,49 @@ def serve_on_pipes(config: Path, env: dict[str, str], errlog: Path) -> subproces
             env=env,
             bufsize=0,
         )
+
+
+class PipeAgent:
+    """A `breakwater serve` session on pipes (`serve_on_pipes`), as an agent drives it: requests written, answers
+    collected by id (`arrived` gets each id as its answer comes)."""
+
+    def __init__(self, config: Path, env: dict[str, str], errlog: Path) -> None:
+        self.proc = serve_on_pipes(config, env, errlog)
+        self.answers: dict[Any, dict[str, Any]] = {}
+        self.arrived: queue.Queue[Any] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+        self.send({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": hello})
+        self.wait("init", 60)
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            message = json.loads(raw)
+            if "id" in message and "method" not in message:
+                self.answers[message["id"]] = message
+                self.arrived.put(message["id"])
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+
+    def call(self, request_id: Any, tool: str) -> None:
+        self.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {"name": tool, "arguments": {}}})
+
+    def wait(self, request_id: Any, seconds: float) -> dict[str, Any]:
+        deadline = time.monotonic() + seconds
+        while request_id not in self.answers:
+            assert time.monotonic() < deadline, f"no answer to {request_id!r} within {seconds} s"
+            time.sleep(0.02)
+        return self.answers[request_id]
+
+    def end(self) -> None:
+        """Close its input (if still open) and wait for `serve` to exit."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        self.proc.wait(30)
 
 
 def lingering_server(pid_file: Path) -> dict[str, Any]:

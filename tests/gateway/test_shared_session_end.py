@@ -10,7 +10,6 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from helpers import isolated_env, serve_on_pipes, share_dir
+from helpers import PipeAgent, isolated_env, share_dir
 
 pytestmark = pytest.mark.long_module(25)
 
@@ -51,45 +50,6 @@ def setup(tmp_path: Path, share: Path, *, shared: bool, drain_s: float = DRAIN_S
     return config, env
 
 
-class Agent:
-    """A `breakwater serve` session on pipes: requests written, answers collected by id."""
-
-    def __init__(self, config: Path, env: dict[str, str], errlog: Path) -> None:
-        self.proc = serve_on_pipes(config, env, errlog)
-        self.answers: dict[Any, dict[str, Any]] = {}
-        threading.Thread(target=self._read, daemon=True).start()
-        hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
-        self.send({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": hello})
-        self.wait("init", 60)
-        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            message = json.loads(raw)
-            if "id" in message and "method" not in message:
-                self.answers[message["id"]] = message
-
-    def send(self, message: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
-
-    def call(self, request_id: Any, tool: str) -> None:
-        self.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {"name": tool, "arguments": {}}})
-
-    def wait(self, request_id: Any, seconds: float) -> dict[str, Any]:
-        deadline = time.monotonic() + seconds
-        while request_id not in self.answers:
-            assert time.monotonic() < deadline, f"no answer to {request_id!r} within {seconds} s"
-            time.sleep(0.02)
-        return self.answers[request_id]
-
-    def end(self) -> None:
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            self.proc.stdin.close()
-        self.proc.wait(30)
-
-
 def ran(answer: dict[str, Any]) -> int:
     """The pid of the testserver that answered the call (it ran to its end)."""
     assert "result" in answer, answer
@@ -104,7 +64,7 @@ def test_one_sessions_end_neither_cuts_nor_spoils_another_sessions_calls(tmp_pat
     one `Gateway`, and a session's end drained its `Drain`: the other session's long call was cut OUTCOME_UNKNOWN
     at the window's end, and every later call of every session was refused as cut, never sent."""
     config, env = setup(tmp_path, share, shared=True)
-    a, b = Agent(config, env, tmp_path / "a.err"), Agent(config, env, tmp_path / "b.err")
+    a, b = PipeAgent(config, env, tmp_path / "a.err"), PipeAgent(config, env, tmp_path / "b.err")
     try:
         for agent in (a, b):
             agent.call("warm", "ts__echo")
@@ -121,7 +81,7 @@ def test_one_sessions_end_neither_cuts_nor_spoils_another_sessions_calls(tmp_pat
         assert ran(b.wait("slow", SLOW_S + 10)) == server  # it ran to its end, answered as it finished
         b.call("after", "ts__echo")
         assert ran(b.wait("after", 10)) == server
-        c = Agent(config, env, tmp_path / "c.err")  # a new session on the same gateway
+        c = PipeAgent(config, env, tmp_path / "c.err")  # a new session on the same gateway
         c.call("new", "ts__echo")
         assert ran(c.wait("new", 30)) == server
         c.end()
@@ -136,7 +96,7 @@ def test_a_request_after_ctrl_c_is_refused_at_once_as_without_sharing(tmp_path: 
     read (the input was paused for a next gateway that never comes) and the session ended with it unanswered.
     `serve --no-share` refuses it at once, saying nothing ran."""
     config, env = setup(tmp_path, share, shared=False, drain_s=SLOW_S + 10)
-    a = Agent(config, env, tmp_path / "a.err")
+    a = PipeAgent(config, env, tmp_path / "a.err")
     try:
         a.call("warm", "ts__echo")
         server = ran(a.wait("warm", 60))
@@ -160,7 +120,7 @@ def test_a_second_ctrl_c_answers_the_call_in_flight_with_the_gates_envelope(tmp_
     closed" where `serve --no-share` answers OUTCOME_UNKNOWN naming its operation. The gateway still holds the agent's
     pipe: it cuts the call through the drain and writes the envelope there before the pipe ends."""
     config, env = setup(tmp_path, share, shared=shared, drain_s=SLOW_S + 10)
-    a = Agent(config, env, tmp_path / "a.err")
+    a = PipeAgent(config, env, tmp_path / "a.err")
     try:
         a.call("warm", "ts__echo")
         ran(a.wait("warm", 60))

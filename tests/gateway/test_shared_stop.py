@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from helpers import gateway_pids, isolated_env, serve_on_pipes, share_dir
+from helpers import PipeAgent, gateway_pids, isolated_env, share_dir
 
 pytestmark = pytest.mark.long_module(50)
 
@@ -61,47 +59,6 @@ def _logged(share: Path, text: str, timeout: float) -> None:
         time.sleep(0.02)
 
 
-class Agent:
-    """A `breakwater serve` session on pipes: requests written, answers collected by id."""
-
-    def __init__(self, config: Path, env: dict[str, str], errlog: Path) -> None:
-        self.proc = serve_on_pipes(config, env, errlog)
-        self.answers: dict[Any, dict[str, Any]] = {}
-        self.arrived: queue.Queue[Any] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
-        self.send({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": hello})
-        self.wait("init", 60)
-        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            message = json.loads(raw)
-            if "id" in message and "method" not in message:
-                self.answers[message["id"]] = message
-                self.arrived.put(message["id"])
-
-    def send(self, message: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
-
-    def call(self, request_id: Any, tool: str) -> None:
-        self.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {"name": tool, "arguments": {}}})
-
-    def wait(self, request_id: Any, seconds: float) -> dict[str, Any]:
-        deadline = time.monotonic() + seconds
-        while request_id not in self.answers:
-            assert time.monotonic() < deadline, f"no answer to {request_id!r} within {seconds} s"
-            time.sleep(0.02)
-        return self.answers[request_id]
-
-    def end(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(30)
-
-
 def result_of(answer: dict[str, Any]) -> dict[str, Any]:
     assert "result" in answer, answer  # never a bare JSON-RPC error (the SDK's -32000 "Connection closed")
     result: dict[str, Any] = answer["result"]
@@ -125,7 +82,7 @@ def test_gateway_stop_drains_the_calls_in_flight_and_the_sessions_go_on(tmp_path
     """`gateway stop` under calls in flight: they finish (the one past the window is cut with the gate's envelope, never
     a bare error), a request the agent sends during the drain waits for the next gateway, and both sessions go on."""
     config, env = setup(tmp_path, share)
-    a, b = Agent(config, env, tmp_path / "a.err"), Agent(config, env, tmp_path / "b.err")
+    a, b = PipeAgent(config, env, tmp_path / "a.err"), PipeAgent(config, env, tmp_path / "b.err")
     try:
         for agent in (a, b):
             agent.call("warm", "ts__echo")
@@ -168,7 +125,7 @@ def test_a_gateway_killed_under_a_read_the_agent_never_listed_sends_it_again(tmp
     """The gateway tells the session which tools only read: a read in flight is sent again to the next gateway even
     though the agent never called tools/list; a mutating one is answered OUTCOME_UNKNOWN."""
     config, env = setup(tmp_path, share)
-    a = Agent(config, env, tmp_path / "a.err")
+    a = PipeAgent(config, env, tmp_path / "a.err")
     try:
         a.call("warm", "ts__echo")
         first = ran(a.wait("warm", 60))
@@ -190,7 +147,7 @@ def test_a_stopped_gateway_is_named_and_holds_nobody(tmp_path: Path, share: Path
     """A gateway under SIGSTOP (a debugger, a suspended terminal job) held `gateway list`, `gateway stop` and `status`
     for good, and a new session for 16 s, past the start-up limits of agents (Codex: 10 s)."""
     config, env = setup(tmp_path, share)
-    a = Agent(config, env, tmp_path / "a.err")
+    a = PipeAgent(config, env, tmp_path / "a.err")
     [gateway] = gateway_pids(share)
     os.kill(gateway, signal.SIGSTOP)
     try:
@@ -205,7 +162,7 @@ def test_a_stopped_gateway_is_named_and_holds_nobody(tmp_path: Path, share: Path
         # status connects from here instead, and says why.
         assert said["status"].returncode == 0 and json.loads(said["status"].stdout)["servers"][0]["state"] == "ready"
         assert f"pid {gateway}) is stopped" in said["status"].stderr
-        b = Agent(config, env, tmp_path / "b.err")  # served on its own, at once
+        b = PipeAgent(config, env, tmp_path / "b.err")  # served on its own, at once
         b.call("b", "ts__echo")
         assert ran(b.wait("b", 30)) != gateway
         b.end()
@@ -264,15 +221,15 @@ def test_a_gateway_an_agent_started_without_xdg_runtime_dir_is_found_from_a_shel
         run.chmod(0o700)
         shell_env = {**base, "XDG_RUNTIME_DIR": str(run), "XDG_CACHE_HOME": str(run / "cache")}
         sockets = home / ".cache" / "breakwater" / "gateways"
-        agent = Agent(config, agent_env, tmp_path / "a.err")
-        second: Agent | None = None
+        agent = PipeAgent(config, agent_env, tmp_path / "a.err")
+        second: PipeAgent | None = None
         try:
             agent.call("warm", "ts__echo")
             ran(agent.wait("warm", 60))
             [gateway] = gateway_pids(sockets)
             listing = subprocess.run([*BREAKWATER, "gateway", "list", "--json"], env=shell_env, capture_output=True, text=True)
             assert [row["pid"] for row in json.loads(listing.stdout)] == [gateway], listing
-            second = Agent(config, shell_env, tmp_path / "b.err")  # the shell's session joins the agent's gateway
+            second = PipeAgent(config, shell_env, tmp_path / "b.err")  # the shell's session joins the agent's gateway
             second.call("warm", "ts__echo")
             ran(second.wait("warm", 60))
             assert gateway_pids(sockets) == [gateway]
@@ -300,7 +257,7 @@ def test_status_reports_the_servers_the_agents_sessions_run_as_they_see_them(tmp
     guard = f'[ -e {shlex.quote(str(flag))} ] && exit 3; exec "$@"'
     config, env = setup(tmp_path, share)
     config.write_text(json.dumps({"mcpServers": {"ts": {"command": "sh", "args": ["-c", guard, "sh", *server]}}}))
-    agent = Agent(config, env, tmp_path / "a.err")
+    agent = PipeAgent(config, env, tmp_path / "a.err")
 
     def status() -> tuple[int, dict[str, Any]]:
         done = subprocess.run([*BREAKWATER, "status", "--json", "--config", str(config)], env=env, capture_output=True, text=True)
@@ -328,7 +285,7 @@ def test_a_gateway_someone_keeps_looking_at_still_idles_out(tmp_path: Path, shar
     ever: each look restarted the idle count. A look is no session."""
     config, env = setup(tmp_path, share)
     env = {**env, "BREAKWATER_SHARE_IDLE_S": "3"}
-    agent = Agent(config, env, tmp_path / "a.err")
+    agent = PipeAgent(config, env, tmp_path / "a.err")
     agent.call("warm", "ts__echo")
     ran(agent.wait("warm", 60))
     [gateway] = gateway_pids(share)
