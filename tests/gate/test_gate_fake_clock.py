@@ -837,3 +837,17 @@ async def test_a_turn_budgets_cut_is_journaled_as_the_callers_cancel_not_a_timeo
         cut = (await drive(clock, tight)).structured_content or {}
     assert cut["code"] == "TIMEOUT" and cut["cut_by"] == "turn budget"
     assert [(r.outcome, r.error_code) for r in rows.rows] == [("cancelled", "TIMEOUT")]
+
+
+async def test_an_operation_id_the_model_repeats_as_an_argument_goes_in_meta_for_a_tool_that_declares_none() -> None:
+    """An OUTCOME_UNKNOWN's text tells the model to repeat the call with the same operationId: for a tool whose schema
+    has no such argument (a strict one: no other properties) the id was checked as an argument and refused
+    INVALID_ARGUMENTS. It is the operation's: sent in `_meta`, not to the tool."""
+    clock = FakeClock()
+    strict = {"type": "object", "properties": {"amount": {"type": "number"}}, "additionalProperties": False}
+    charge = Tool(name="charge", input_schema=strict, annotations=ToolAnnotations(destructive_hint=True))
+    async with make_gate(clock, sleeper(0.01, clock), [charge]) as (gate, server, _):
+        result = await drive(clock, lambda: gate.call("s", "charge", {"amount": 5, "operationId": "op-7"}))
+    assert not result.is_error, result.structured_content
+    (sent,) = server.calls
+    assert sent.arguments == {"amount": 5} and sent.meta[OPERATION_ID_META_KEY] == "op-7"

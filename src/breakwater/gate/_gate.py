@@ -365,6 +365,10 @@ class CallGate:
         if approve is not None and (refused := approve(srv.name, tool)) is not None:
             raise self._refused_early(srv, tool, refused)
         given = dict(arguments or {})
+        if OPERATION_ID_ARGUMENT in given and not info.operation_id_argument:
+            # The id an error told the model to reuse: the operation's, sent in `_meta` only (a strict schema refused it).
+            own = given.pop(OPERATION_ID_ARGUMENT)
+            operation_id = own if operation_id is None and isinstance(own, str) and own else operation_id
         # A call an open breaker refuses is refused as such (at admission, so the refusal is journaled
         # and traced like any other), without its arguments being checked: the model's next step is
         # the same whatever is wrong with them (another tool, or later), and the refusal stays cheap.
