@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from breakwater.connect._readiness import wait_until_ready
 from breakwater.errors import (
     BudgetExhaustedError,
     CallError,
@@ -29,6 +28,7 @@ from breakwater.errors import (
 from breakwater.gate._breaker import BreakerState, Permit, Rejection
 from breakwater.gate._breaker_types import CLOSED
 from breakwater.gate._call import Call, GateContext, ServerRecord, ToolRecord, observe, stopped
+from breakwater.gate._step_one import wait_for_server
 
 __all__ = ["PROBE_LEASE_MARGIN_S", "Permits", "admit", "admit_after_loss", "breaker_refusal", "first_refusal", "take_permits"]
 
@@ -60,7 +60,8 @@ async def admit_after_loss(ctx: GateContext, call: Call) -> Permits:
     """`admit`, after an answer was lost: the server must also be back within the call's window."""
     _check_budget(ctx, call)
     assert call.last is not None and call.window is not None
-    if not await wait_until_ready(call.srv.upstream, clock=ctx.clock, seconds=call.timeout_s, deadline=call.window):
+    # Its wait is the attempt's time: the attempt gets what the wait left of the call's timeout (`_step_one`).
+    if not await wait_for_server(ctx.clock, call, call.window):
         # The answer was lost with the connection; re-sending needs the server back first.
         raise stopped(call.last, "the server did not come back within the call's window")
     return take_permits(ctx, call)

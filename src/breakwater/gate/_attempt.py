@@ -52,6 +52,7 @@ from breakwater.gate._admit import Permits
 from breakwater.gate._breaker_types import FAILURE, IGNORED, OPEN, Outcome
 from breakwater.gate._call import Call, GateContext, ServerRecord, mark_sent, observe, seconds_text
 from breakwater.gate._classify import SUCCESS, RetryClass, Verdict, answer_of, classify
+from breakwater.gate._step_one import waited_note
 from breakwater.gate._task_required import call_as_task, requires_task
 from breakwater.gate._tasks import TASK_CALL, TaskCall
 from breakwater.status import ServerState, iso
@@ -142,6 +143,8 @@ class AttemptDeadline:
         """The deadline of `call`'s next attempt: its timeout (a `probe`'s may be shorter), under the hard cap and budget."""
         info = call.info
         policy, timeout_s = info.call, call.timeout_s
+        if info.health.sends_progress and call.timeout_source != "caller":  # not cut before its first report (`_health`)
+            timeout_s = max(timeout_s, policy.idle_s)
         if probe:
             breaker = info.breaker.policy
             timeout_s = info.health.probe_timeout(timeout_s, breaker.probe_timeout_factor, breaker.probe_timeout_floor_s)
@@ -186,6 +189,8 @@ class AttemptDeadline:
         """The attempt's progress callback (a bound method, not a closure per attempt, with its cells)."""
         self.nudge()  # whatever it says, the server is alive and working on the call
         call = self.call
+        if call is not None:
+            call.info.health.sends_progress = True  # its next calls wait for a first report (`for_call`)
         # NaN and Infinity are no progress (not JSON); nor is going back (`Call.progress_sent`).
         if call is None or call.progress_callback is None or not math.isfinite(progress) or progress < call.progress_sent:
             return
@@ -461,6 +466,7 @@ def _error(
     what = f"no answer within {seconds_text(timeout_s)}"
     if isinstance(attempt, TimeoutError):
         detail["timeout_s"] = round(timeout_s, 3)
+        what += waited_note(call, detail)  # "no answer within 2.91 s" of a 6 s timeout said nothing of why
         cap = deadline.hard - deadline.started
         if by_budget:
             detail["cut_by"], what = "turn budget", "the turn budget ran out"

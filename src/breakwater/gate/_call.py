@@ -228,6 +228,11 @@ class Call:
     #: The last progress passed on: a call sent again (its server crashed mid-call) starts its progress over, and the
     #: caller saw 1, 2, 1, 2, 3; the spec's progress MUST increase. An equal value passes (it may carry a new total).
     progress_sent: float = -math.inf
+    #: How long the call waited for its server before the current attempt (a start, a reconnect), 0 if it did not: that
+    #: attempt's `timeout_s` is what the wait left of `full_timeout_s` (`_step_one.spend_wait`), and its error says so.
+    waited_s: float = 0.0
+    #: The per-attempt timeout that wait was taken from: a later attempt starts from it again (NaN until a wait).
+    full_timeout_s: float = math.nan
 
     @property
     def max_attempts(self) -> int:

@@ -91,7 +91,7 @@ from breakwater.gate._classify import Classifier, RetryClass, Verdict
 from breakwater.gate._envelope import error_result
 from breakwater.gate._reconcile import GET_OPERATION_TOOL, Resend, after_lost_answer
 from breakwater.gate._retry_budget import RetryBudgetSnapshot, SharedBudget
-from breakwater.gate._step_one import MAX_LISTED_TOOLS, spend_wait, unknown_tool, wait_window
+from breakwater.gate._step_one import MAX_LISTED_TOOLS, spend_wait, unknown_tool, wait_for_server, wait_window
 from breakwater.gate._tasks import TaskRuntime
 from breakwater.gate._turn_budget import current_budget
 from breakwater.journal import (
@@ -537,12 +537,11 @@ class CallGate:
         One that does not come back ends the call. After an attempt that never ran, with the server's own state
         (connecting, failed, a sign-in needed): that is what the model needs. After one that may have run, with that
         attempt's answer: "connecting" would invite a fresh call, which is how duplicates are made."""
-        upstream = call.srv.upstream
-        if (upstream.state is READY and upstream.client is not None) or call.window is not None:
-            return  # (a lost answer's reconciliation waits for the server itself)
-        budget = call.budget
-        until = None if budget is None else budget.deadline
-        if not await wait_until_ready(upstream, clock=self._clock, seconds=call.timeout_s, deadline=until):
+        if call.window is not None:
+            return  # (a lost answer's reconciliation waits for the server itself: `admit_after_loss`)
+        upstream, budget = call.srv.upstream, call.budget
+        # The wait is the attempt's time, as a first attempt's is (`_step_one`): it waited a timeout, then had another.
+        if not await wait_for_server(self._clock, call, None if budget is None else budget.deadline):
             # Its Breakwater closed: no server comes back, and "wait, retry" would mislead.
             cut = "The call was cut: breakwater closed before the server came back."
             refused = (

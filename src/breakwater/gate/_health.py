@@ -55,6 +55,7 @@ class ToolHealth:
         "answered_total",
         "learned_at",
         "learned_s",
+        "sends_progress",
         "timeouts_in_a_row",
     )
 
@@ -74,6 +75,9 @@ class ToolHealth:
         #: When this process's own calls were first enough to learn this tool's timeout from (wall clock); None for a
         #: timeout the journal learned before this process ran (when that was is not known here).
         self.learned_at: float | None = None
+        #: The tool reported progress in a call: its next calls wait at least the idle gap for their first report
+        #: (`AttemptDeadline.for_call`), not a learned timeout shorter than its reports' spacing.
+        self.sends_progress = False
 
     def answered(self, now: float, duration_s: float) -> None:
         """An attempt got an answer (a result or the tool's own error) after `duration_s`."""
