@@ -102,16 +102,8 @@ def invisible(c: str) -> bool:
 _INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 #: Unicode's Default_Ignorable_Code_Point ranges (DerivedCoreProperties.txt) outside those categories, and U+2800.
 _IGNORABLE = (
-    (0x034F, 0x034F),
-    (0x115F, 0x1160),
-    (0x17B4, 0x17B5),
-    (0x180B, 0x180F),
-    (0x2800, 0x2800),
-    (0x3164, 0x3164),
-    (0xFE00, 0xFE0F),
-    (0xFFA0, 0xFFA0),
-    (0xFFF0, 0xFFF8),
-    (0xE0100, 0xE01EF),
+    *((0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F), (0x2800, 0x2800), (0x3164, 0x3164)),
+    *((0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0xE0100, 0xE01EF)),
 )
 
 
@@ -154,16 +146,7 @@ class ErrorCode(enum.StrEnum):
 
 # Keys every envelope has; extra detail may not shadow them.
 ENVELOPE_KEYS: tuple[str, ...] = (
-    "ok",
-    "code",
-    "retryable",
-    "retry_after_s",
-    "attempt",
-    "max_attempts",
-    "server",
-    "tool",
-    "operation_id",
-    "message",
+    *("ok", "code", "retryable", "retry_after_s", "attempt", "max_attempts", "server", "tool", "operation_id", "message"),
 )
 _ENVELOPE_KEY_SET = frozenset(ENVELOPE_KEYS)
 
@@ -249,6 +232,16 @@ UNREPEATED_TOOL_ADVICE = (
     "The tool says a later attempt may work, but breakwater did not retry it because the tool may have side effects: "
     "repeat it only if a repeat is safe, after {wait}{again}; otherwise use another tool or tell the user."
 )
+#: The same for a server's error answer (UPSTREAM_ERROR) that the server marks retryable: the request may have half-run.
+UNREPEATED_SERVER_ADVICE = (
+    "The server says a later attempt may work, but breakwater did not retry it because the tool may have side effects and "
+    "the call may have run: check first whether it took effect (for example with a read-only tool), and repeat it only if "
+    "it did not and a repeat is safe, after {wait}{again}; otherwise use another tool or tell the user."
+)
+#: How the `reason` of a server's error answer whose data says `retryable: true` ends (`gate._classify`).
+SERVER_MARKED_RETRYABLE = "; the server marks it retryable"
+#: The `reason` of a tool's plain-text error worded as transient, "try again later" (`gate._error_text.says_transient`).
+TRANSIENT_TEXT_REASON = "tool error worded as transient"
 
 _new_exception = BaseException.__new__
 
@@ -484,6 +477,14 @@ class UpstreamError(CallFailed):
     summary = "The connection to the tool's server failed or it sent an invalid reply."
     advice = "Wait {wait} and retry once; if it fails again, use another tool or tell the user."
 
+    def advice_text(self) -> str:
+        """Wait and retry once; or, for a server's "try again" (its error data says `retryable: true`) on a call breakwater
+        does not repeat (a `never` tool), why not and what to check first: "Do not repeat this call" contradicted it."""
+        reason = self.detail.get("reason")
+        if self.retryable or not (isinstance(reason, str) and reason.endswith(SERVER_MARKED_RETRYABLE)):
+            return super().advice_text()
+        return UNREPEATED_SERVER_ADVICE.format(wait=self._wait_text(), again=_same_operation(self.operation_id, ", with"))
+
 
 class ToolError(CallFailed):
     """The tool ran and reported an error itself (`isError: true`; retryable if it marks it transient).
@@ -515,9 +516,10 @@ class ToolError(CallFailed):
         if self.retryable:
             return TRANSIENT_TOOL_ADVICE.format(wait=self._wait_text())
         said = self.upstream_structured_content
-        if isinstance(said, dict) and said.get("retryable") is True:
-            # The server's "try again" on a tool breakwater does not repeat (retry class `never`): "rather than repeating
-            # the same call" contradicted the server, and hid that only the risk of a second side effect stood in the way.
+        marked = isinstance(said, dict) and said.get("retryable") is True
+        if marked or self.detail.get("reason") == TRANSIENT_TEXT_REASON:
+            # The server's "try again" (its data, or its words) on a tool breakwater does not repeat (retry class `never`):
+            # "rather than repeating the same call" contradicted it, and hid that only a second side effect stood in the way.
             again = _same_operation(self.operation_id, ", with")
             return UNREPEATED_TOOL_ADVICE.format(wait=self._wait_text(), again=again)
         return self.advice

@@ -255,7 +255,8 @@ TABLE: list[tuple[str, BaseException | CallToolResult, RetryClass, bool, tuple[O
         result("upstream 503: service unavailable, record not found in cache", is_error=True),
         SAFE,
         True,
-        (Outcome.FAILURE, ErrorCode.TOOL_ERROR, False, False),
+        # Worded as transient ("service unavailable"): a read-only tool is tried again, as for `retryable: true`.
+        (Outcome.FAILURE, ErrorCode.TOOL_ERROR, True, False),
     ),
     (
         "isError, retryable false: a business answer",
@@ -377,9 +378,16 @@ TABLE: list[tuple[str, BaseException | CallToolResult, RetryClass, bool, tuple[O
         (Outcome.SUCCESS, ErrorCode.INVALID_ARGUMENTS, False, False),
     ),
     (
-        "application error flagged retryable",
+        "application error flagged retryable, never tool: the retry class decides",
         MCPError(1234, "rate limited", {"retryable": True, "retry_after": 3}),
         NEVER,
+        True,
+        (Outcome.FAILURE, ErrorCode.UPSTREAM_ERROR, False, False),
+    ),
+    (
+        "application error flagged retryable, safe tool",
+        MCPError(1234, "rate limited", {"retryable": True, "retry_after": 3}),
+        SAFE,
         True,
         (Outcome.FAILURE, ErrorCode.UPSTREAM_ERROR, True, False),
     ),

@@ -65,9 +65,9 @@ from mcp.types import (
 from breakwater._wire import ERROR_META_KEY, RESULT_TOO_LARGE
 from breakwater.connect._http_cut import SDK_UNREADABLE, cut_info, retry_after_s, unreadable_reply
 from breakwater.connect._raw_call import ServerReplyError
-from breakwater.errors import CallError, ErrorCode
+from breakwater.errors import SERVER_MARKED_RETRYABLE, TRANSIENT_TEXT_REASON, CallError, ErrorCode
 from breakwater.gate._breaker import Outcome
-from breakwater.gate._error_text import ARGUMENTS_REJECTED_TEXT, UNKNOWN_TOOL_TEXT, asked_amiss
+from breakwater.gate._error_text import ARGUMENTS_REJECTED_TEXT, UNKNOWN_TOOL_TEXT, asked_amiss, says_transient
 
 if TYPE_CHECKING:
     from breakwater.connect._upstream import Upstream
@@ -281,15 +281,7 @@ def _classify_result(result: CallToolResult, retry_class: RetryClass) -> Verdict
                 outcome=Outcome.SUCCESS, code=ErrorCode.INVALID_ARGUMENTS, retryable=False, reason=_OPERATION_REFUSALS[code]
             )
         if data.get("retryable") is True:
-            # The server vouches that trying again is safe and may help (e.g. it shed the request); for a `never` tool
-            # the retry class decides, not the server, whose word is as untrusted as its annotations.
-            return Verdict(
-                outcome=Outcome.FAILURE,
-                code=ErrorCode.TOOL_ERROR,
-                retryable=retry_class is not RetryClass.NEVER,
-                retry_after_s=hint,
-                reason="tool error marked retryable",
-            )
+            return _transient(retry_class, hint, "tool error marked retryable")
         if data.get("retryable") is False:
             return Verdict(outcome=Outcome.SUCCESS, code=ErrorCode.TOOL_ERROR, retryable=False, reason="business answer")
         if _is_not_found(data):
@@ -302,8 +294,17 @@ def _classify_result(result: CallToolResult, retry_class: RetryClass) -> Verdict
         return Verdict(outcome=Outcome.SUCCESS, code=ErrorCode.INVALID_ARGUMENTS, retryable=False, reason="arguments rejected")
     if asked_amiss(text):
         return Verdict(outcome=Outcome.SUCCESS, code=ErrorCode.TOOL_ERROR, retryable=False, reason="not found or refused input")
+    if says_transient(text):  # "temporarily unavailable, try again" in words: as `retryable: true` in data
+        return _transient(retry_class, hint, TRANSIENT_TEXT_REASON)
     # The "200 with an error in the body" trap: the tool failed, the breaker must hear about it.
     return Verdict(outcome=Outcome.FAILURE, code=ErrorCode.TOOL_ERROR, retryable=False, retry_after_s=hint, reason="tool error")
+
+
+def _transient(retry_class: RetryClass, hint: float | None, reason: str, code: ErrorCode = ErrorCode.TOOL_ERROR) -> Verdict:
+    """An error the server calls transient: it vouches that trying again is safe and may help (e.g. it shed the request);
+    for a `never` tool the retry class decides, not the server, whose word is as untrusted as its annotations."""
+    retryable = retry_class is not RetryClass.NEVER
+    return Verdict(outcome=Outcome.FAILURE, code=code, retryable=retryable, retry_after_s=hint, reason=reason)
 
 
 # -- exceptions -------------------------------------------------------------------------------
@@ -519,11 +520,13 @@ def _classify_mcp_error(exc: MCPError, ctx: AttemptContext) -> Verdict:
             elicitations=_url_elicitations(exc.data),
         )
     unreadable = code == PARSE_ERROR and message.startswith(SDK_UNREADABLE)
+    # The server's "try again" (data `retryable: true`) ends the reason: `UpstreamError.advice_text` must not deny it.
+    marked = SERVER_MARKED_RETRYABLE if isinstance(exc.data, dict) and exc.data.get("retryable") is True else ""
     if code in (INTERNAL_ERROR, 0) or unreadable:
         # HTTP 5xx or a crashed handler: it may have half-run, so only repeatable tools retry. So may a call whose
         # answer the SDK's HTTP client could not read: the server sent no -32700, and the model read one, with a
         # pydantic dump of the server's bytes.
-        message = unreadable_reply(message[len(SDK_UNREADABLE) :]) if unreadable else f"server error: {message}"
+        message = unreadable_reply(message[len(SDK_UNREADABLE) :]) if unreadable else f"server error: {message}{marked}"
         verdict = _cut(ctx, ErrorCode.UPSTREAM_ERROR, message, hint)
         # (Unreadable, its answer may have said it ran: OUTCOME_UNKNOWN, as for a cut call.)
         if verdict.code is ErrorCode.OUTCOME_UNKNOWN and not unreadable:
@@ -533,12 +536,12 @@ def _classify_mcp_error(exc: MCPError, ctx: AttemptContext) -> Verdict:
                 code=ErrorCode.UPSTREAM_ERROR,
                 retryable=False,
                 outcome_unknown=True,
+                retry_after_s=hint,
                 reason=message,
             )
         return verdict
-    data = exc.data
-    if isinstance(data, dict) and data.get("retryable") is True:
-        return Verdict(outcome=Outcome.FAILURE, code=ErrorCode.UPSTREAM_ERROR, retryable=True, retry_after_s=hint, reason=message)
+    if marked:  # as a tool error marked retryable: a `never` tool is not repeated (its envelope: `retryable: false`)
+        return _transient(ctx.retry_class, hint, f"protocol error {code}: {message}{marked}", ErrorCode.UPSTREAM_ERROR)
     # Parse errors, method not found, header mismatch (already resent once by the SDK), missing
     # capability, unsupported version, application codes: repeating the same request repeats them.
     return _fatal(f"protocol error {code}: {message}")

@@ -3,14 +3,14 @@ not there or not allowed), or the tool and what it depends on.
 
 A server that reports its errors only as text (`isError` with no `structuredContent`) leaves the gate these words to
 tell a model's mistake, which no breaker should count, from a tool in trouble, which the breakers must hear about
-(`gate._classify`).
+(`gate._classify`); and, in the words of a tool in trouble, a "try again later", which the model is told as such.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["ARGUMENTS_REJECTED_TEXT", "UNKNOWN_TOOL_TEXT", "asked_amiss"]
+__all__ = ["ARGUMENTS_REJECTED_TEXT", "UNKNOWN_TOOL_TEXT", "asked_amiss", "says_transient"]
 
 UNKNOWN_TOOL_TEXT = re.compile(r"^\s*unknown tool\b", re.IGNORECASE)
 # MCPServer reports bad arguments as "Error executing tool <name>: 1 validation error for <name>Arguments".
@@ -39,3 +39,19 @@ _DEPENDENCY_FAILED = re.compile(
 def asked_amiss(text: str) -> bool:
     """Whether `text` says the request asked for something not there or not allowed, and not that a dependency failed."""
     return _ASKED_AMISS.search(text) is not None and _DEPENDENCY_FAILED.search(text) is None
+
+
+# What a tool in trouble answers, in plain text, when a later attempt may work: "temporarily unavailable, try again",
+# "rate limited", "please retry". The model read "fix the input or take another approach rather than repeating the same
+# call" beside them. Whole phrases only: a bare "try again" also ends a model's mistake ("a valid date, then try again").
+_TRANSIENT = re.compile(
+    r"\b(?:(?:temporarily|currently) (?:unavailable|overloaded|busy|down)|service unavailable|too many requests|"
+    r"rate[ -]?limit(?:ed|s)?|(?:server|service) (?:is )?(?:busy|overloaded)|please retry|retry (?:later|shortly|soon|in \d)|"
+    r"try (?:again )?(?:later|shortly|soon|in \d+|in a (?:moment|minute|few \w+|little while|while|bit)))\b",
+    re.IGNORECASE,
+)
+
+
+def says_transient(text: str) -> bool:
+    """Whether `text` says the failure is passing ("temporarily unavailable", "try again later", "rate limited")."""
+    return _TRANSIENT.search(text) is not None
