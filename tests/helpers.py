@@ -28,9 +28,11 @@ from breakwater.testing._fleet import free_port
 
 if TYPE_CHECKING:
     from mcp.server import Server
+    from mcp.types import CallToolResult
 
     from breakwater.config import ServerSpec
     from breakwater.connect._upstream import Upstream
+    from breakwater.gate._gate import CallGate
     from breakwater.testing import FakeClock, ScriptedServer
 
 #: The machine's Redis (or BREAKWATER_TEST_REDIS_URL): the tests' one place for it.
@@ -521,3 +523,15 @@ async def gateway_http(tmp_path: Path, config: Path, tag: str) -> AsyncIterator[
         if proc.poll() is None:
             proc.terminate()
         proc.wait(30)
+
+
+async def timed_gate_call(clock: FakeClock, gate: CallGate, timeout: float | None = None) -> tuple[CallToolResult, float]:
+    """`gate.call("s", "t", timeout=timeout)` on the fake clock: its result and the virtual seconds it took."""
+
+    async def call() -> tuple[CallToolResult, float]:
+        start = clock.monotonic()
+        result = await gate.call("s", "t", timeout=timeout)
+        return result, clock.monotonic() - start
+
+    got: tuple[CallToolResult, float] = await clock.run(call)
+    return got

@@ -20,7 +20,7 @@ from breakwater.errors import ErrorCode
 from breakwater.gate._gate import CallGate
 from breakwater.status import ServerState
 from breakwater.testing import FakeClock, Progress, ScriptedCall, ScriptedServer
-from helpers import connected_upstream
+from helpers import connected_upstream, timed_gate_call
 
 pytestmark = pytest.mark.anyio
 
@@ -64,21 +64,11 @@ async def _starting_gate(
         yield CallGate({"s": upstream}, clock=clock, rng=rng, learned_timeout=lambda _s, _t: learned), server
 
 
-async def _timed_call(clock: FakeClock, gate: CallGate, timeout: float | None = None) -> tuple[CallToolResult, float]:
-    async def call() -> tuple[CallToolResult, float]:
-        start = clock.monotonic()
-        result = await gate.call("s", "t", timeout=timeout)
-        return result, clock.monotonic() - start
-
-    got: tuple[CallToolResult, float] = await clock.run(call)
-    return got
-
-
 async def test_a_call_that_waited_for_the_connection_ends_within_its_learned_timeout() -> None:
     """The user's case: 1.3 s of connecting, then a tool that does not answer; the call ends at 4.07 s, not 5.37 s."""
     clock = FakeClock()
     async with _starting_gate(clock, answer_after_s=1e6) as (gate, server):
-        result, took = await _timed_call(clock, gate)
+        result, took = await timed_gate_call(clock, gate)
     assert result.is_error and result.structured_content is not None
     assert result.structured_content["code"] == ErrorCode.TIMEOUT.value
     assert len(server.calls) == 1  # the attempt was sent once the server was ready
@@ -89,7 +79,7 @@ async def test_the_callers_own_timeout_covers_the_wait_too() -> None:
     """A caller's 3 s timeout: 1.3 s of it connecting leaves the attempt 1.7 s, and a 2 s tool is cut at 3 s in all."""
     clock = FakeClock()
     async with _starting_gate(clock, answer_after_s=2.0) as (gate, _):
-        result, took = await _timed_call(clock, gate, timeout=3.0)
+        result, took = await timed_gate_call(clock, gate, timeout=3.0)
     assert result.is_error and result.structured_content is not None
     assert result.structured_content["code"] == ErrorCode.TIMEOUT.value
     assert took == pytest.approx(3.0, abs=0.01)
@@ -99,7 +89,7 @@ async def test_a_tool_that_answers_within_what_is_left_is_answered() -> None:
     """What the wait leaves is the attempt's: a 1 s tool after a 1.3 s connect, within 4.07 s, answers."""
     clock = FakeClock()
     async with _starting_gate(clock, answer_after_s=1.0) as (gate, _):
-        result, took = await _timed_call(clock, gate)
+        result, took = await timed_gate_call(clock, gate)
     assert not result.is_error, result
     assert took == pytest.approx(CONNECT_S + 1.0, abs=0.01)
 
@@ -109,7 +99,7 @@ async def test_the_attempt_still_gets_its_minimum_when_the_wait_took_nearly_all(
     clock = FakeClock()
     call = CallPolicy(min_attempt_s=0.25)
     async with _starting_gate(clock, answer_after_s=1e6, call=call) as (gate, server):
-        result, took = await _timed_call(clock, gate, timeout=1.4)
+        result, took = await timed_gate_call(clock, gate, timeout=1.4)
     assert result.is_error and len(server.calls) == 1
     assert took == pytest.approx(CONNECT_S + 0.25, abs=0.01)
 
@@ -119,7 +109,7 @@ async def test_the_wait_itself_is_bounded_by_the_learned_timeout() -> None:
     for past the call's own timeout; the answer is SERVER_CONNECTING at 1 s, and nothing was sent."""
     clock = FakeClock()
     async with _starting_gate(clock, answer_after_s=0.0, learned=1.0) as (gate, server):
-        result, took = await _timed_call(clock, gate)
+        result, took = await timed_gate_call(clock, gate)
     assert result.is_error and result.structured_content is not None
     assert result.structured_content["code"] == ErrorCode.SERVER_CONNECTING.value
     assert took == pytest.approx(1.0, abs=0.01) and server.calls == []

@@ -25,6 +25,7 @@ from breakwater.errors import ErrorCode
 from breakwater.gate._gate import CallGate
 from breakwater.status import ServerState
 from breakwater.testing import FakeClock, Progress, ScriptedCall, ScriptedServer, in_memory
+from helpers import timed_gate_call
 
 pytestmark = pytest.mark.anyio
 
@@ -87,16 +88,6 @@ async def _gate(
         tg.cancel_scope.cancel()
 
 
-async def _timed(clock: FakeClock, gate: CallGate, timeout: float | None = None) -> tuple[CallToolResult, float]:
-    async def call() -> tuple[CallToolResult, float]:
-        start = clock.monotonic()
-        result = await gate.call("s", "t", timeout=timeout)
-        return result, clock.monotonic() - start
-
-    got: tuple[CallToolResult, float] = await clock.run(call)
-    return got
-
-
 async def test_a_retry_that_waited_for_the_reconnect_ends_within_the_calls_timeout() -> None:
     """The connection is lost 0.5 s into the first attempt and the server takes 3 s to come back; the retry's wait and
     its attempt share the 6 s timeout: the hanging retry is cut 6 s after it began waiting, not 9 s."""
@@ -115,7 +106,7 @@ async def test_a_retry_that_waited_for_the_reconnect_ends_within_the_calls_timeo
     retry = RetryPolicy(max_attempts=2, backoff_base_s=0.001, backoff_cap_s=0.001)
     async with _gate(clock, handler, reconnect_s=3.0, retry=retry) as (gate, server, upstream):
         box["upstream"] = upstream
-        result, took = await _timed(clock, gate, timeout=6.0)
+        result, took = await timed_gate_call(clock, gate, timeout=6.0)
     body = result.structured_content
     assert result.is_error and body is not None, result
     assert body["code"] == ErrorCode.TIMEOUT.value and body["attempt"] == 2 and len(server.calls) == 2, body
@@ -135,7 +126,7 @@ async def test_a_timeout_shortened_by_the_wait_for_the_server_says_so() -> None:
         return _ok()
 
     async with _gate(clock, hangs, first_connect_s=3.1) as (gate, _, _):
-        result, took = await _timed(clock, gate, timeout=6.0)
+        result, took = await timed_gate_call(clock, gate, timeout=6.0)
     body = result.structured_content
     assert result.is_error and body is not None and body["code"] == ErrorCode.TIMEOUT.value, result
     assert took == pytest.approx(6.0, abs=0.01)
@@ -154,7 +145,7 @@ async def test_a_timeout_with_no_wait_before_it_says_nothing_of_one() -> None:
         return _ok()
 
     async with _gate(clock, hangs) as (gate, _, _):
-        result, _took = await _timed(clock, gate, timeout=2.0)
+        result, _took = await timed_gate_call(clock, gate, timeout=2.0)
     body = result.structured_content
     assert body is not None and body["code"] == ErrorCode.TIMEOUT.value and "waited_for_server_s" not in body
     assert "for the server to connect" not in result.content[0].text  # type: ignore[union-attr]
@@ -176,12 +167,12 @@ async def test_a_tool_known_to_report_progress_is_not_cut_before_its_first_repor
     clock = FakeClock()
     call = CallPolicy(idle_timeout_s=2.0, max_s=60.0)
     async with _gate(clock, _reports_every(clock, 1.5, 3), learned=1.0, call=call) as (gate, server, _):
-        cut, _took = await _timed(clock, gate)  # nothing known of it yet: its learned timeout cuts it
+        cut, _took = await timed_gate_call(clock, gate)  # nothing known of it yet: its learned timeout cuts it
         assert cut.is_error and cut.structured_content is not None
         assert cut.structured_content["code"] == ErrorCode.TIMEOUT.value
-        first, _took = await _timed(clock, gate, timeout=10.0)
+        first, _took = await timed_gate_call(clock, gate, timeout=10.0)
         assert not first.is_error, first
-        result, took = await _timed(clock, gate)
+        result, took = await timed_gate_call(clock, gate)
     assert not result.is_error, result
     assert took == pytest.approx(4.5, abs=0.01) and len(server.calls) == 3
 
@@ -192,14 +183,14 @@ async def test_without_an_idle_timeout_the_first_wait_is_the_configured_timeout(
     clock = FakeClock()
     call = CallPolicy(timeout_s=3.0, max_s=60.0)
     async with _gate(clock, _reports_every(clock, 2.5, 2), learned=1.0, call=call) as (gate, _, _):
-        first, _took = await _timed(clock, gate, timeout=10.0)
+        first, _took = await timed_gate_call(clock, gate, timeout=10.0)
         assert not first.is_error, first
-        result, took = await _timed(clock, gate)
+        result, took = await timed_gate_call(clock, gate)
         assert not result.is_error, result
         assert took == pytest.approx(5.0, abs=0.01)
     async with _gate(clock, _reports_every(clock, 3.5, 2), learned=1.0, call=call) as (gate, _, _):
-        await _timed(clock, gate, timeout=10.0)
-        slow, took = await _timed(clock, gate)
+        await timed_gate_call(clock, gate, timeout=10.0)
+        slow, took = await timed_gate_call(clock, gate)
     assert slow.is_error and took == pytest.approx(3.0, abs=0.01)
 
 
@@ -208,6 +199,6 @@ async def test_a_callers_own_timeout_is_kept_for_a_tool_that_reports_progress() 
     clock = FakeClock()
     call = CallPolicy(idle_timeout_s=2.0, max_s=60.0)
     async with _gate(clock, _reports_every(clock, 1.5, 3), learned=1.0, call=call) as (gate, _, _):
-        await _timed(clock, gate, timeout=10.0)
-        result, took = await _timed(clock, gate, timeout=1.0)
+        await timed_gate_call(clock, gate, timeout=10.0)
+        result, took = await timed_gate_call(clock, gate, timeout=1.0)
     assert result.is_error and took == pytest.approx(1.0, abs=0.01)
