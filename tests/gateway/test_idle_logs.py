@@ -9,12 +9,11 @@ channel for a server's log messages outside a request.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import anyio
 import mcp.types as types
@@ -24,7 +23,7 @@ from mcp.client.stdio import stdio_client
 
 from breakwater.gateway._log_relay import FLOOD_QUIET_S, RELAYED_LOGS_BURST, RELAYED_LOGS_PER_S
 from breakwater.testing.server import launch_command
-from helpers import eventually, share_dir
+from helpers import eventually, isolated_env, share_dir
 
 # The logging API is deprecated at 2026-07-28; its 2025 path is what is tested.
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")]
@@ -35,13 +34,7 @@ SECRET = "sk-idle-0123456789abcdef"
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[dict[str, str]]:
-    yield dict(
-        os.environ,
-        BREAKWATER_ADMISSION_DIR=str(tmp_path / "admission"),
-        BREAKWATER_CATALOG_DIR=str(tmp_path / "catalog"),
-        BREAKWATER_CONNECT_STARTUP_JITTER_S="0",
-        BREAKWATER_PROTOCOL="2025-11-25",
-    )
+    yield isolated_env(tmp_path, BREAKWATER_PROTOCOL="2025-11-25")
 
 
 def entry(count: int, name: str = "idler", **more: Any) -> dict[str, Any]:
@@ -69,11 +62,12 @@ class Logs:
 
 
 @asynccontextmanager
-async def serve(config: Path, env: dict[str, str], errlog: TextIO, logs: Logs) -> AsyncIterator[Client]:
-    """A `breakwater serve` session (its stderr to `errlog`) seen by a 2025-11-25 client recording log messages."""
+async def serve(config: Path, env: dict[str, str], errlog: Path, logs: Logs) -> AsyncIterator[Client]:
+    """A `breakwater serve` session (its stderr written to `errlog`) seen by a 2025-11-25 client recording log messages."""
     params = StdioServerParameters(command=BREAKWATER[0], args=[*BREAKWATER[1:], "serve", "--config", str(config)], env=env)
-    async with Client(stdio_client(params, errlog=errlog), mode="legacy", logging_callback=logs) as client:
-        yield client
+    with errlog.open("w") as err:
+        async with Client(stdio_client(params, errlog=err), mode="legacy", logging_callback=logs) as client:
+            yield client
 
 
 async def call(client: Client, name: str) -> None:
@@ -95,11 +89,10 @@ async def test_an_idle_log_reaches_the_client_named_for_its_server_and_shows_in_
     name = f"idler-{SECRET}"  # the server speaks of a configured secret in every message
     config = write_config(tmp_path, {"files": entry(2, name, env={"IDLER_API_KEY": SECRET})})
     logs = Logs()
-    with (tmp_path / "stderr").open("w") as errlog:
-        async with serve(config, env, errlog, logs) as client:
-            await client.set_logging_level("debug")
-            await call(client, "files__echo")
-            await eventually(lambda: len(logs.got) >= 2, timeout=10)
+    async with serve(config, env, tmp_path / "stderr", logs) as client:
+        await client.set_logging_level("debug")
+        await call(client, "files__echo")
+        await eventually(lambda: len(logs.got) >= 2, timeout=10)
     assert [(p.level, p.data) for p in logs.got] == [
         ("info", "idler-<redacted>: idle log message 1 of 2"),
         ("warning", "idler-<redacted>: idle log message 2 of 2"),
@@ -115,13 +108,12 @@ async def test_an_idle_log_below_the_clients_level_is_not_relayed(tmp_path: Path
     """At `warning`, the client gets the warnings and none of the info messages sent before each of them."""
     config = write_config(tmp_path, {"files": entry(4)})
     logs = Logs()
-    with (tmp_path / "stderr").open("w") as errlog:
-        async with serve(config, env, errlog, logs) as client:
-            await client.set_logging_level("warning")
-            await call(client, "files__echo")
-            await eventually(lambda: len(logs.got) >= 2, timeout=10)
-            await call(client, "files__echo")  # a round trip more for any info message on its way
-            await eventually(lambda: len(logs.got) >= 4, timeout=10)
+    async with serve(config, env, tmp_path / "stderr", logs) as client:
+        await client.set_logging_level("warning")
+        await call(client, "files__echo")
+        await eventually(lambda: len(logs.got) >= 2, timeout=10)
+        await call(client, "files__echo")  # a round trip more for any info message on its way
+        await eventually(lambda: len(logs.got) >= 4, timeout=10)
     assert [p.level for p in logs.got] == ["warning"] * 4
     assert logs.data() == [f"idler: idle log message {n} of 4" for n in (2, 4, 2, 4)]
 
@@ -131,12 +123,11 @@ async def test_a_flood_of_idle_logs_is_cut_and_the_cut_said_once(tmp_path: Path,
     many it did not get; the gateway's stderr says it once too."""
     config = write_config(tmp_path, {"files": entry(500)})
     logs = Logs()
-    with (tmp_path / "stderr").open("w") as errlog:
-        async with serve(config, env, errlog, logs) as client:
-            await client.set_logging_level("debug")
-            await call(client, "files__echo")
-            await eventually(lambda: bool(logs.data("breakwater")), timeout=15)
-            await anyio.sleep(2 * FLOOD_QUIET_S)  # the report is not repeated
+    async with serve(config, env, tmp_path / "stderr", logs) as client:
+        await client.set_logging_level("debug")
+        await call(client, "files__echo")
+        await eventually(lambda: bool(logs.data("breakwater")), timeout=15)
+        await anyio.sleep(2 * FLOOD_QUIET_S)  # the report is not repeated
     relayed = logs.data("files/idler")
     reports = logs.data("breakwater")
     assert relayed[:RELAYED_LOGS_BURST] == [f"idler: idle log message {n} of 500" for n in range(1, RELAYED_LOGS_BURST + 1)]
@@ -160,10 +151,9 @@ async def test_a_log_inside_a_call_reaches_its_caller_with_the_servers_secret_re
     cmd = launch_command("--tool", f"{tool}:logs=2")
     config = write_config(tmp_path, {"files": {"command": cmd[0], "args": cmd[1:], "env": {"IDLER_API_KEY": SECRET}}})
     logs = Logs()
-    with (tmp_path / "stderr").open("w") as errlog:
-        async with serve(config, env, errlog, logs) as client:
-            await client.set_logging_level("debug")
-            await call(client, f"files__{tool}")
+    async with serve(config, env, tmp_path / "stderr", logs) as client:
+        await client.set_logging_level("debug")
+        await call(client, f"files__{tool}")
     assert logs.data() == [f"leak-<redacted>: log message {n} of 2" for n in (1, 2)]
 
 
@@ -181,17 +171,16 @@ async def test_a_shared_gateway_relays_a_sessions_own_server_to_it_alone_and_a_s
     config = write_config(tmp_path, {"mine": entry(2, "mine"), "common": entry(2, "common", shared=True)})
     env = dict(env, BREAKWATER_SHARE="on", BREAKWATER_SHARE_DIR=str(share), BREAKWATER_SHARE_IDLE_S="20")
     a_logs, b_logs = Logs(), Logs()
-    with (tmp_path / "a.err").open("w") as a_err, (tmp_path / "b.err").open("w") as b_err:
-        async with serve(config, env, a_err, a_logs) as a, serve(config, env, b_err, b_logs) as b:
-            for client in (a, b):
-                await client.set_logging_level("debug")
-                await call(client, "breakwater_status")
-                await client.list_tools()  # the tools in view: what makes a session hear their servers
-            await call(a, "mine__echo")
-            await eventually(lambda: len(a_logs.data("mine/mine")) >= 2, timeout=10)
-            await call(a, "common__echo")
-            await eventually(lambda: len(a_logs.data("common/common")) >= 2 and len(b_logs.data("common/common")) >= 2)
-            await call(b, "breakwater_status")  # a round trip more for any message of A's process on its way to B
+    async with serve(config, env, tmp_path / "a.err", a_logs) as a, serve(config, env, tmp_path / "b.err", b_logs) as b:
+        for client in (a, b):
+            await client.set_logging_level("debug")
+            await call(client, "breakwater_status")
+            await client.list_tools()  # the tools in view: what makes a session hear their servers
+        await call(a, "mine__echo")
+        await eventually(lambda: len(a_logs.data("mine/mine")) >= 2, timeout=10)
+        await call(a, "common__echo")
+        await eventually(lambda: len(a_logs.data("common/common")) >= 2 and len(b_logs.data("common/common")) >= 2)
+        await call(b, "breakwater_status")  # a round trip more for any message of A's process on its way to B
     assert a_logs.data("mine/mine") == ["mine: idle log message 1 of 2", "mine: idle log message 2 of 2"]
     assert b_logs.data("mine/mine") == []
     assert (

@@ -123,13 +123,11 @@ def _print_result(result: types.CallToolResult, as_json: bool) -> int:
         own = [b for b in getattr(err, "content", ()) if not isinstance(b, types.TextContent) or b.text != err.message]
         for block in own:
             print(lines(_content_text(block)), file=sys.stderr)
-    # A call that may have run is checked by its operation id (the tool's own records, the journal): it was only in --json.
     # The tool asked what no one-shot command can answer: the message names it and the fix; the advice is the model's
-    # ("give the user the address"), and the user is the one reading here.
+    # ("give the user the address"), and the user is the one reading here. A call that may have run names its operation
+    # id in its advice (`OutcomeUnknownError.advice_text`), by which the user checks the outcome.
     text = asked_text(err) if err.code is ErrorCode.CLIENT_CANNOT_ANSWER else error_text(err)
-    op = err.operation_id
-    ran = f" (operation id {op})" if op and err.code is ErrorCode.OUTCOME_UNKNOWN and op not in text else ""
-    return fail(lines(f"call failed: {err.code.value}: {text}{ran}"), EXIT_FAILED)
+    return fail(lines(f"call failed: {err.code.value}: {text}"), EXIT_FAILED)
 
 
 async def _wait_for(bw: Breakwater, server: str, wait: float) -> None:

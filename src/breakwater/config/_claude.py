@@ -67,7 +67,8 @@ def local_settings_gated(folder: Path) -> str | None:
     if (claude / ".git").exists():
         return ".claude holds a .git"
     git = shutil.which("git")
-    if git is None:
+    # No file, no approvals to gate: every `.mcp.json` load (each `serve`, `status`) would start a git for nothing.
+    if git is None or not (claude / "settings.local.json").exists():
         return None
     try:
         # As Claude Code asks git: no hooks or fsmonitor of the repository's own run for it.
@@ -103,17 +104,19 @@ def _trusted(project: Mapping[str, Any] | None) -> bool:
     return project is not None and project.get("hasTrustDialogAccepted") is True
 
 
-def _approvals(mcp_json: Path, project: Mapping[str, Any] | None, state: Path) -> list[tuple[str, Mapping[str, Any]]]:
-    """Where Claude Code reads approvals for this project, as (where, settings), in the order it reads them."""
-    folder = mcp_json.parent
+def _approvals(
+    settings: Mapping[Path, Mapping[str, Any]], folder: Path, project: Mapping[str, Any] | None, gated: str | None, state: Path
+) -> list[tuple[str, Mapping[str, Any]]]:
+    """Where Claude Code reads approvals for this project, as (where, settings), in the order it reads them: `settings`
+    are the settings files as read, `gated` why the local one does not count (`local_settings_gated`)."""
     user = Path.home() / ".claude" / "settings.json"
     shared, local = folder / ".claude" / "settings.json", folder / ".claude" / "settings.local.json"
     trusted = _trusted(project)
-    found: list[tuple[str, Mapping[str, Any]]] = [(str(user), _read(user))]
+    found: list[tuple[str, Mapping[str, Any]]] = [(str(user), settings[user])]
     if trusted or shared.resolve() == user.resolve():
-        found.append((str(shared), _read(shared)))
-    if trusted or local_settings_gated(folder) is None:
-        found.append((str(local), _read(local)))
+        found.append((str(shared), settings[shared]))
+    if trusted or gated is None:
+        found.append((str(local), settings[local]))
     if project is not None:
         found.append((f"{state}", project))
     return found
@@ -130,13 +133,11 @@ def claude_unstarted_servers(mcp_json: Path, names: Iterable[str]) -> dict[str, 
     where = project_key(found[0]) if found is not None else ""
     folder = mcp_json.parent
     said: dict[str, str] = {}
-    files = [
-        folder / ".claude" / "settings.json",
-        folder / ".claude" / "settings.local.json",
-        Path.home() / ".claude" / "settings.json",
-    ]
-    for file in dict.fromkeys(files):
-        for name in _names(_read(file), "disabledMcpjsonServers"):
+    local = folder / ".claude" / "settings.local.json"
+    files = [folder / ".claude" / "settings.json", local, Path.home() / ".claude" / "settings.json"]
+    settings = {file: _read(file) for file in files}  # each read once (a repeated path reads as the same file)
+    for file in settings:
+        for name in _names(settings[file], "disabledMcpjsonServers"):
             fix = f"remove {json.dumps(name)} from disabledMcpjsonServers in {file}"
             said.setdefault(_key(name), f"disabledMcpjsonServers in {file} lists it ({_REJECTED}); to start it, {fix}")
     for field, why in (("disabledMcpjsonServers", _REJECTED), ("disabledMcpServers", SWITCHED_OFF)):
@@ -150,14 +151,13 @@ def claude_unstarted_servers(mcp_json: Path, names: Iterable[str]) -> dict[str, 
     unstarted = {name: said[_key(name)] for name in names if _key(name) in said}
     # Rejections above may come from a parent's entry (a "no" is never wrong to honour); trust and approvals not.
     own = _own_project(data, mcp_json.parent.resolve())
-    sources = _approvals(mcp_json, own, state)
+    ignored = None if _trusted(own) else local_settings_gated(folder)
+    sources = _approvals(settings, folder, own, ignored, state)
     everything = any(settings.get("enableAllProjectMcpServers") is True for _, settings in sources)
     approved = {_key(n) for _, settings in sources for n in _names(settings, "enabledMcpjsonServers")}
     if everything or not ({_key(n) for n in names} & (approved | set(said))):
         return unstarted  # all approved, or Claude Code never answered for this file: nobody to ask
-    local = folder / ".claude" / "settings.local.json"
-    ignored = None if _trusted(own) else local_settings_gated(folder)
-    listed_locally = {_key(n) for n in _names(_read(local), "enabledMcpjsonServers")}
+    listed_locally = {_key(n) for n in _names(settings[local], "enabledMcpjsonServers")}
     for name in names:
         if name in unstarted or _key(name) in approved:
             continue

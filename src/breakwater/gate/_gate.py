@@ -506,8 +506,9 @@ class CallGate:
                 arguments.setdefault(OPERATION_ID_ARGUMENT, op_id)
         budget = current_budget()
         # Without a turn budget the timeout waits for admission: a call an open breaker refuses does not pay to resolve it.
-        unresolved = (math.nan, "") if budget is None else self._resolve_timeout(srv, info)
-        resolved = (timeout, "caller") if timeout is not None else unresolved
+        resolved = (timeout, "caller") if timeout is not None else (math.nan, "")
+        if budget is not None and timeout is None:
+            resolved = self._resolve_timeout(srv, info)
         call = Call(srv, info, arguments, op_id, meta, *resolved, budget, progress_callback, None)
         call.refusal = refusal
         return call
