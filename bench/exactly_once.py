@@ -306,6 +306,10 @@ async def run_mode(
         "BREAKWATER_PROTOCOL_MEMORY_DIR": str(data / "protocols"),
         # So do its calls: the journal is on, as a user runs it, but not the user's own (nor its learned timeouts).
         "BREAKWATER_JOURNAL": str(data / "journal.sqlite3"),
+        # The attached session's shared gateway starts here, not in the user's runtime dir, and exits soon after
+        # the run (it would outlive it by share_idle_s, 5 min, its directory already gone).
+        "BREAKWATER_SHARE_DIR": str(data / "share"),
+        "BREAKWATER_SHARE_IDLE_S": "2",
     }
     params = StdioServerParameters(
         command=sys.executable, args=["-m", "breakwater", "serve", "--config", str(config)], env=env, cwd=str(data)

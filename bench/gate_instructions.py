@@ -49,6 +49,7 @@ async def child(kind: str, journal: str, calls: int) -> None:
     spec = ServerSpec(name="s", transport="stdio", command="unused", breaker=BreakerPolicy(open_base_s=600.0, open_max_s=600.0))
     policy = JournalPolicy(url="off" if journal == "off" else str(tmp / "journal.sqlite3"))
     bw = Breakwater(Config(servers=(spec,), journal=policy), admission_dir=tmp, protocol_memory_dir="off")
+    bw._life = "open"  # calls are refused outside `async with`; the bench stands in for its supervisor
     upstream = bw.upstream("s")
     schema = {"type": "object", "properties": {"x": {"type": "integer", "default": 0}}}
     upstream.tools = [Tool(name="echo", input_schema=schema, annotations=ToolAnnotations(read_only_hint=True))]

@@ -92,6 +92,7 @@ async def main_async(args: argparse.Namespace) -> None:
     journal = JournalPolicy(url="off" if args.journal == "off" else str(tmp / "journal.sqlite3"))
     # Not entered: no supervisor runs; the bench installs the connection itself.
     bw = Breakwater(Config(servers=(spec,), journal=journal), admission_dir=tmp, protocol_memory_dir="off")
+    bw._life = "open"  # calls are refused outside `async with`; the bench stands in for its supervisor
     if bw.journal is not None:
         bw.journal.start()
     upstream = bw.upstream("s")

@@ -176,6 +176,7 @@ def main() -> None:
         BREAKWATER_SHARE="on",
         BREAKWATER_SHARE_DIR=str(tmp / "share"),
         BREAKWATER_CATALOG_DIR=str(tmp / "catalog"),
+        BREAKWATER_ADMISSION_DIR=str(tmp / "admission"),  # its lock files stay in the run, not the user's cache
         BREAKWATER_PROTOCOL_MEMORY_DIR=str(tmp / "protocols"),
         BREAKWATER_JOURNAL="off",
     )
