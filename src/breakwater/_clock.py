@@ -24,7 +24,7 @@ import anyio
 # The running loop or None, without the exception `asyncio.get_running_loop()` raises outside one.
 _get_running_loop = asyncio._get_running_loop
 
-__all__ = ["Clock", "DeadlineScope", "SystemClock"]
+__all__ = ["Clock", "DeadlineScope", "SystemClock", "new_cancel_scope", "new_event"]
 
 
 @runtime_checkable
@@ -171,17 +171,30 @@ def _running_deadlines() -> _LoopDeadlines | None:
     return deadlines
 
 
-def _new_cancel_scope() -> anyio.CancelScope:
+def new_cancel_scope() -> anyio.CancelScope:
+    """`anyio.CancelScope()`, on asyncio without its backend look-up (a gate attempt and a lane's call make one each)."""
     global _asyncio_scope_class, _asyncio_scope_init
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
+    if _get_running_loop() is None:
         return anyio.CancelScope()  # another backend, or no loop yet: anyio decides
     if _asyncio_scope_class is None:
         scope_class = type(anyio.CancelScope())
         _asyncio_scope_init = scope_class.__init__
         _asyncio_scope_class = scope_class
     return _asyncio_scope_class()
+
+
+# The asyncio backend's event class: `anyio.Event()` asks sniffio for the backend, then the backend's factory.
+_asyncio_event_class: type[anyio.Event] | None = None
+
+
+def new_event() -> anyio.Event:
+    """`anyio.Event()`, on asyncio without its backend look-up (the stdio lane makes one per call, issue 16)."""
+    global _asyncio_event_class
+    if _get_running_loop() is None:
+        return anyio.Event()
+    if _asyncio_event_class is None:
+        _asyncio_event_class = type(anyio.Event())
+    return _asyncio_event_class()
 
 
 class _SystemDeadlineScope:
@@ -196,14 +209,14 @@ class _SystemDeadlineScope:
     def __init__(self, deadline: float) -> None:
         if math.isnan(deadline):
             raise ValueError("deadline must not be NaN")
-        # `_new_cancel_scope`'s usual answer without its frame: one scope is made per gate attempt.
+        # `new_cancel_scope`'s usual answer without its frame: one scope is made per gate attempt.
         scope_class, scope_init = _asyncio_scope_class, _asyncio_scope_init
         if scope_class is not None and scope_init is not None and _get_running_loop() is not None:
             scope = _new_object(scope_class)
             scope_init(scope)
             self._scope = scope
         else:
-            self._scope = _new_cancel_scope()
+            self._scope = new_cancel_scope()
         #: `cancel()` was called (before the scope was entered, only it can cancel the anyio scope).
         self._cancelled = False
         #: The loop's deadlines while the scope is active on asyncio, else None.

@@ -33,11 +33,9 @@ stop signal skips what is left of the window (`Drain.cut_now`): the cut and its 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -72,14 +70,35 @@ _STDIO_REFUSAL = (
 _REFUSAL_CODE = -32603
 
 
-@dataclass(slots=True, eq=False)
 class _InFlight:
-    scope: DeadlineScope
-    #: True while an attempt is with the upstream (so a mutating call may have run).
-    sent: Callable[[], bool]
-    #: The gateway task the call runs for, if any: once its call is an upstream task it survives the drain.
-    owner: TaskOwner | None = None
-    was_sent: bool = False
+    """One tool call the drain may cut; a context manager (`Drain.call`), a class rather than a generator's: every
+    proxied call enters one (issue 16)."""
+
+    __slots__ = ("_calls", "owner", "scope", "sent", "was_sent")
+
+    def __init__(self, calls: set[_InFlight], scope: DeadlineScope, sent: Callable[[], bool], owner: TaskOwner | None) -> None:
+        self._calls = calls
+        self.scope = scope
+        #: True while an attempt is with the upstream (so a mutating call may have run).
+        self.sent = sent
+        #: The gateway task the call runs for, if any: once its call is an upstream task it survives the drain.
+        self.owner = owner
+        self.was_sent = False
+
+    def __enter__(self) -> _InFlight:
+        self._calls.add(self)
+        try:
+            self.scope.__enter__()
+        except BaseException:
+            self._calls.discard(self)
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        try:
+            return bool(self.scope.__exit__(*exc))
+        finally:
+            self._calls.discard(self)
 
 
 class Drain:
@@ -114,23 +133,17 @@ class Drain:
         if self.requests <= 0 and self._idle is not None:
             self._idle.set()
 
-    @contextlib.contextmanager
-    def call(self, sent: Callable[[], bool]) -> Iterator[_InFlight]:
-        """A tool call the drain may cut: the body runs in a scope `run` cancels once the window passed.
+    def call(self, sent: Callable[[], bool]) -> _InFlight:
+        """A tool call the drain may cut (`with`): the body runs in a scope `run` cancels once the window passed.
 
         After the block, `.scope.cancelled_caught` says whether it was cut (nothing else cancels it).
         """
-        entry = _InFlight(self.clock.deadline_scope(math.inf), sent, TASK_OWNER.get())
+        entry = _InFlight(self._calls, self.clock.deadline_scope(math.inf), sent, TASK_OWNER.get())
         if self.cutting:
             entry.scope.cancel()
         elif self.draining and entry.owner is not None:
             entry.owner.keep()
-        self._calls.add(entry)
-        try:
-            with entry.scope:
-                yield entry
-        finally:
-            self._calls.discard(entry)
+        return entry
 
     # ---- the drain ------------------------------------------------------------------------------
 

@@ -75,6 +75,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from pydantic_core import from_json
 
+from breakwater._clock import new_cancel_scope, new_event
 from breakwater._codec import dumps_line
 from breakwater.gateway._request_ids import in_flight_key, unique_ids
 
@@ -266,8 +267,8 @@ class FastLane:
         if self._holds(key):
             return False  # an id in flight: refused on the SDK's path (`_request_ids.unique_ids`)
         assert self._dispatcher is not None
-        dctx = call_context(_JSONRPCDispatchContext, self._dispatcher, request_id, params)
-        scope = anyio.CancelScope()
+        dctx = call_context(_JSONRPCDispatchContext, self._dispatcher, request_id, params, cancel_requested=new_event())
+        scope = new_cancel_scope()
         self._in_flight[key] = (scope, dctx)
         self.taken += 1
         # A plain asyncio task, not a task group's: the group's bookkeeping and its done callback (one more

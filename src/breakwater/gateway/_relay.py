@@ -6,7 +6,7 @@ import contextlib
 import contextvars
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -52,22 +52,13 @@ _CALLER: contextvars.ContextVar[_Caller | None] = contextvars.ContextVar("breakw
 
 #: URL elicitations sent to clients whose completion notice breakwater remembers where to send.
 URL_PAGES_MAX = 1024
-
 #: Transports whose wire does not say which request a server message belongs to.
 UNCORRELATED_TRANSPORTS = frozenset({"stdio", "sse"})
-
-
 #: How long a finished call waits for log messages still being relayed before it answers.
 RELAY_DRAIN_S = 1.0
-
-
 #: How long a finished 2026-07-28 multi-round call keeps its result for the client's next round.
 EXCHANGE_KEEP_S = 60.0
-
-
 EXCHANGE_STATE_PREFIX = "breakwater-exchange:"
-
-
 #: Checkpoints a round waits after the first input request, so requests issued together go out together.
 EXCHANGE_GATHER_CHECKPOINTS = 5
 
@@ -95,7 +86,8 @@ class _Caller:
     _asks: set[anyio.CancelScope] = field(default_factory=set)
     _deliveries: int = 0
     _log_allowance: LogAllowance | None = None  # made at the call's first log message
-    _idle: anyio.Event = field(default_factory=anyio.Event)
+    #: Set when the last delivery under way ends, while `drain` waits for it (made there: most calls relay nothing).
+    _idle: anyio.Event | None = None
 
     @property
     def ctx(self) -> ServerRequestContext[Any] | None:
@@ -127,7 +119,7 @@ class _Caller:
             yield
         finally:
             self._deliveries -= 1
-            if not self._deliveries:
+            if not self._deliveries and self._idle is not None:
                 self._idle.set()
 
     async def drain(self) -> None:
@@ -328,33 +320,9 @@ class Relay:
         """Where `notifications/resources/updated` from upstreams go from now on: `resource_updated(server, uri)`."""
         self._resource_updated = resource_updated
 
-    @contextlib.asynccontextmanager
-    async def calling(
-        self, ctx: ServerRequestContext[Any], server: str, *, exchange: _Exchange | None = None
-    ) -> AsyncIterator[_Caller]:
-        """Relay what `server` sends back while the body runs to the downstream request `ctx`."""
-        caller = _Caller(
-            server=server,
-            request=ctx,
-            connection=connection_of(ctx),
-            capabilities=ctx.session.client_capabilities,
-            exchange=exchange,
-            in_task=current_task_id() is not None,
-            clock=self._clock,
-        )
-        callers = self._callers.setdefault(server, [])
-        callers.append(caller)
-        token = _CALLER.set(caller)
-        watching = ATTEMPT_WATCHER.set(lambda attempt: setattr(caller, "attempt", attempt))
-        try:
-            yield caller
-        finally:
-            caller.finish()
-            ATTEMPT_WATCHER.reset(watching)
-            _CALLER.reset(token)
-            callers.remove(caller)
-            if not callers:
-                self._callers.pop(server, None)
+    def calling(self, ctx: ServerRequestContext[Any], server: str, *, exchange: _Exchange | None = None) -> _Calling:
+        """Relay what `server` sends back while the body (`async with`) runs to the downstream request `ctx`."""
+        return _Calling(self, ctx, server, exchange)
 
     def _caller(self, server: str, transport: str, meta: Any = None) -> _Caller | None:
         caller = _CALLER.get()
@@ -557,6 +525,41 @@ def _can_answer(ctx: ServerRequestContext[Any]) -> bool:
     """Whether the downstream client declared it can take sampling or elicitation requests."""
     caps = ctx.session.client_capabilities
     return caps is not None and (caps.sampling is not None or caps.elicitation is not None)
+
+
+class _Calling:
+    """`Relay.calling`'s context. A class, not an `asynccontextmanager`: every proxied call enters one (issue 16)."""
+
+    __slots__ = ("_caller", "_exchange", "_relay", "_request", "_server", "_tokens")
+
+    def __init__(self, relay: Relay, ctx: ServerRequestContext[Any], server: str, exchange: _Exchange | None) -> None:
+        self._relay, self._request, self._server, self._exchange = relay, ctx, server, exchange
+
+    async def __aenter__(self) -> _Caller:
+        ctx, server = self._request, self._server
+        caller = self._caller = _Caller(
+            server=server,
+            request=ctx,
+            connection=connection_of(ctx),
+            capabilities=ctx.session.client_capabilities,
+            exchange=self._exchange,
+            in_task=current_task_id() is not None,
+            clock=self._relay._clock,
+        )
+        self._relay._callers.setdefault(server, []).append(caller)
+        self._tokens = (_CALLER.set(caller), ATTEMPT_WATCHER.set(lambda attempt: setattr(caller, "attempt", attempt)))
+        return caller
+
+    async def __aexit__(self, *exc: object) -> None:
+        caller, callers = self._caller, self._relay._callers
+        caller.finish()
+        ATTEMPT_WATCHER.reset(self._tokens[1])
+        _CALLER.reset(self._tokens[0])
+        mine = callers.get(self._server)
+        if mine is not None:
+            mine.remove(caller)
+            if not mine:
+                del callers[self._server]
 
 
 def explain_refusal(result: types.CallToolResult, caller: _Caller) -> types.CallToolResult:

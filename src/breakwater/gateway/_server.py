@@ -100,6 +100,10 @@ class _GatewayServer(Server[Any]):
         )
 
 
+#: A call without a turn budget enters this; a budget is entered by a plain `with` too: no coroutines (issue 16).
+_NO_BUDGET = contextlib.nullcontext()
+
+
 def _client_name(ctx: ServerRequestContext[Any], meta: Mapping[str, Any]) -> str | None:
     """The downstream client's name: from `initialize` on handshake-era connections, else the 2026-07-28 `_meta` envelope."""
     params = ctx.session.client_params
@@ -456,7 +460,7 @@ class Gateway:
             # Made here rather than by the gate, so a call the drain cuts can name its operation. As random
             # as `uuid4().hex` (128 bits, 32 hex digits), at a sixth of its cost on every call (issue 16).
             operation_id = os.urandom(16).hex()
-        budget: Any = contextlib.nullcontext()
+        budget: Any = _NO_BUDGET
         if (refused := invalid_deadline(deadline_ms, server=server, tool=tool)) is not None:
             return error_result(refused)
         if deadline_ms is not None:
@@ -470,11 +474,10 @@ class Gateway:
         client = DOWNSTREAM_CLIENT.set(_client_name(first, meta))
 
         async def run() -> types.CallToolResult:
-            with self.drain.call(lambda: caller.attempt is not None) as in_flight:
-                async with budget:
-                    result = await self.bw.gate_call(
-                        server, tool, arguments, progress_callback=relay_progress, operation_id=operation_id
-                    )
+            with self.drain.call(lambda: caller.attempt is not None) as in_flight, budget:
+                result = await self.bw.gate_call(
+                    server, tool, arguments, progress_callback=relay_progress, operation_id=operation_id
+                )
             if in_flight.scope.cancelled_caught:
                 cut = self.drain.cut_error(self.bw, in_flight, server, tool, operation_id or own)
                 return error_result(cut)
