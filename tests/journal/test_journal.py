@@ -147,6 +147,45 @@ def test_rows_round_trip_with_every_field(make_store: StoreFactory) -> None:
     journal.close()
 
 
+def test_a_batch_of_hundreds_of_rows_reads_back_row_for_row(make_store: StoreFactory) -> None:
+    """A batch large enough for SQLite's many-row INSERTs (and a remainder) stores every row, every field, in order."""
+    clock = FakeClock()
+    store = make_store()
+    journal = Journal(store, clock=clock)
+    written = []
+    for i in range(101):  # two INSERTs of 48 rows and 5 rows more
+        clock.advance(0.001)
+        odd = i % 2 == 1
+        written.append(
+            AttemptRecord(
+                server=f"s{i % 3}",
+                tool=f"t{i % 5}",
+                call_id=f"call-{i}",
+                attempt=1 + i % 3,
+                started_at=clock.time(),
+                duration_s=i / 7,
+                outcome="timeout" if odd else "completed",
+                error_code="TIMEOUT" if odd else None,
+                retries=i % 3,
+                trace_id=None if i % 4 else f"trace-{i}",
+                operation_id=f"op-{i}" if odd else None,
+                server_breaker="closed",
+                tool_breaker="open" if i % 5 == 0 else "closed",
+                breaker_opened=i % 5 == 0,
+                client=None if odd else "claude-code",
+                arguments_size=i * 10 if odd else None,
+                result_size=i if i % 3 == 0 else None,
+                arguments_hash=f"{i:016x}" if odd else None,
+            )
+        )
+    for r in written:
+        assert journal.record(r)
+    journal.flush()
+    assert journal.counters()["written"] == 101
+    assert store.recent(200) == written[::-1]  # newest first
+    journal.close()
+
+
 def test_schema_is_versioned_and_migrates_once(make_store: StoreFactory) -> None:
     first = make_store()
     first.open()

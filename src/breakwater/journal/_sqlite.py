@@ -13,6 +13,7 @@ import sqlite3
 import time as _time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from itertools import chain
 from pathlib import Path
 
 from breakwater import _paths
@@ -49,6 +50,22 @@ def default_journal_path() -> Path:
 #: How long a read waits for a lock another process holds (WAL readers wait only on an exclusive one, or recovery):
 #: `stats` said nothing for 30 s, the writer's bound, before saying the journal was locked.
 _READ_BUSY_S = 5.0
+
+_VALUES = f"({', '.join('?' for _ in _COLUMNS)})"
+_INSERT_ONE = f"INSERT INTO {_TABLE} ({', '.join(_COLUMNS)}) VALUES {_VALUES}"
+# Rows go in by INSERTs of many rows each (the rest of a batch by `executemany`): SQLite's per-statement work was a
+# quarter of a row's insert (300 calls' rows: 5.1 µs a row by `executemany` alone, 3.8 µs so). 48 rows of 18 values
+# stay under 999, the most variables a statement may have in SQLite before 3.32.
+_ROWS_PER_INSERT = 48
+_INSERT_MANY = f"INSERT INTO {_TABLE} ({', '.join(_COLUMNS)}) VALUES {', '.join(_VALUES for _ in range(_ROWS_PER_INSERT))}"
+
+_KEY = "server = ? AND tool = ? AND minute = ?"
+_SELECT_ROLLUP = f"SELECT {', '.join(_Rollup.FIELDS)}, latency, cut FROM {_ROLLUP_TABLE} WHERE {_KEY}"
+_INSERT_ROLLUP = (
+    f"INSERT INTO {_ROLLUP_TABLE} (server, tool, minute, {', '.join(_Rollup.FIELDS)}, latency, cut) "
+    f"VALUES ({', '.join('?' for _ in range(len(_Rollup.FIELDS) + 5))})"
+)
+_UPDATE_ROLLUP = f"UPDATE {_ROLLUP_TABLE} SET {', '.join(f'{c} = ?' for c in (*_Rollup.FIELDS, 'latency', 'cut'))} WHERE {_KEY}"
 
 #: What SQLite says of a file that is not a sound database.
 _DAMAGED = ("malformed", "not a database", "disk I/O error")
@@ -132,28 +149,29 @@ class SQLiteJournalStore(SQLJournalStore[sqlite3.Connection]):
         )
 
     def _insert_rows(self, conn: sqlite3.Connection, records: Sequence[AttemptRecord]) -> None:
-        marks = ", ".join("?" for _ in _COLUMNS)
-        conn.executemany(f"INSERT INTO {_TABLE} ({', '.join(_COLUMNS)}) VALUES ({marks})", [_as_row(r) for r in records])
+        rows = list(map(_as_row, records))
+        whole = len(rows) - len(rows) % _ROWS_PER_INSERT
+        if whole:
+            values = list(chain.from_iterable(rows[:whole]))
+            width = _ROWS_PER_INSERT * len(_COLUMNS)
+            for at in range(0, len(values), width):
+                conn.execute(_INSERT_MANY, values[at : at + width])
+        if whole < len(rows):
+            conn.executemany(_INSERT_ONE, rows[whole:])
 
     def _merge(self, conn: sqlite3.Connection, deltas: Mapping[_RollupKey, _Rollup]) -> None:
         # SQLite cannot add JSON histograms in SQL: read each row, add in Python, write it back
         # (safe: the caller's transaction holds the write lock).
         n = len(_Rollup.FIELDS)
-        counts = ", ".join(_Rollup.FIELDS)
-        marks = ", ".join("?" for _ in range(n + 5))
         for key in sorted(deltas):
             delta = deltas[key]
-            row = conn.execute(
-                f"SELECT {counts}, latency, cut FROM {_ROLLUP_TABLE} WHERE server = ? AND tool = ? AND minute = ?", key
-            ).fetchone()
+            row = conn.execute(_SELECT_ROLLUP, key).fetchone()
             if row is not None:
                 delta.merge(row[:n], json.loads(row[n]), json.loads(row[n + 1]))
-            conn.execute(
-                f"INSERT OR REPLACE INTO {_ROLLUP_TABLE} (server, tool, minute, {counts}, latency, cut) VALUES ({marks})",
-                (
-                    *key,
-                    *delta.counts,
-                    json.dumps(delta.latency, separators=(",", ":")),
-                    json.dumps(delta.cut, separators=(",", ":")),
-                ),
-            )
+            histograms = json.dumps(delta.latency, separators=(",", ":")), json.dumps(delta.cut, separators=(",", ":"))
+            if row is None:
+                conn.execute(_INSERT_ROLLUP, (*key, *delta.counts, *histograms))
+            else:
+                # An UPDATE of the row read, not INSERT OR REPLACE (a delete and an insert, its minute index's entry
+                # rewritten too): the same values, ~8 µs (of ~45) less per cycle in the rollup's write.
+                conn.execute(_UPDATE_ROLLUP, (*delta.counts, *histograms, *key))
