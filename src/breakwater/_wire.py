@@ -68,6 +68,9 @@ RESULT_TOO_LARGE: Final = -32090
 #: What a stdio call in flight is told when the server itself closes its stdout (the SDK's "Connection closed" said
 #: neither who closed it nor that the process was going); the gate does not repeat such a call (`gate._classify`).
 STDOUT_CLOSED: Final = "the server closed its stdout during the call (it exited, or crashed)"
+#: The same told when the server's stdin broke under a write of the call's (it read the call and exited before the
+#: write returned): which of its pipes the gateway saw end first is a race, the same exit either way.
+STDIN_CLOSED: Final = "the server closed its stdin during the call (it exited, or crashed)"
 
 
 def json_kind(value: Any) -> str:

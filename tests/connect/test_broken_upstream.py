@@ -271,15 +271,16 @@ async def test_a_line_written_to_a_server_that_died_is_one_broken_stream_and_not
 
     import anyio
 
+    from breakwater._wire import STDIN_CLOSED
     from breakwater.connect._stdio import StdinWriter
 
     loop = asyncio.get_running_loop()
     reported: list[dict[str, object]] = []
     loop.set_exception_handler(lambda _loop, context: reported.append(context))
-    ended: list[bool] = []
+    ended: list[str] = []
     try:
         process = await anyio.open_process([sys.executable, "-c", "pass"])
-        writer = StdinWriter(process, StdoutParser("dead", LIMIT), lambda: ended.append(True))
+        writer = StdinWriter(process, StdoutParser("dead", LIMIT), ended.append)
         # Dead before the loop has looked at its pipe: the next write meets the broken pipe itself.
         while alive(process.pid):
             time.sleep(0.01)  # blocking on purpose: the loop must not see the hang-up first
@@ -288,7 +289,7 @@ async def test_a_line_written_to_a_server_that_died_is_one_broken_stream_and_not
         await asyncio.sleep(0.05)
         with pytest.raises(anyio.BrokenResourceError):
             await writer.write_line(line)
-        assert ended == [True]  # the session's reads end with the pipe
+        assert ended == [STDIN_CLOSED]  # the session's reads end with the pipe, and its calls are told why
         await process.aclose()
         del writer, process
         for _ in range(3):

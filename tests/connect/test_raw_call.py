@@ -28,9 +28,13 @@ from mcp_types import methods as sdk_methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from breakwater import Breakwater, Config, ConnectPolicy, ServerSpec, ServerState
+from breakwater._wire import CONNECTION_CLOSED, STDIN_CLOSED
 from breakwater.config import CallPolicy, RetryPolicy
 from breakwater.connect._raw_call import call_tool as raw_call_tool
 from breakwater.connect._raw_call import plain_result
+from breakwater.connect._stdio import StdioProcess
+from breakwater.gate._call import ended_by_exit
+from breakwater.gate._classify import RetryClass, classify
 from breakwater.testing.server import launch_command, read_state
 from helpers import code_of, eventually
 
@@ -309,3 +313,25 @@ def test_the_raw_path_checks_every_other_result_itself() -> None:
     assert not plain_result("2026-07-28", {"content": [text]})  # no resultType
     assert plain_result("2026-07-28", {"content": [text], "resultType": "complete"})
     assert not plain_result("1999-01-01", {"content": [text]})
+
+
+async def test_a_call_whose_write_finds_the_servers_stdin_closed_is_told_the_server_went_away() -> None:
+    """A server that reads a call and exits may close its stdin before the gateway's write of that call returns: that
+    call was told a bare "Connection closed", the gate took it for a lost connection rather than an exit, and the query
+    of death (tests/gate: a call that ends its server twice) was sent a third time on a loaded host."""
+    ready = '{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"stdin closed"}}'
+    script = f"import os, sys, time\nos.close(0)\nprint({ready!r}, flush=True)\ntime.sleep(60)\n"
+    upstream = StdioProcess(sys.executable, ("-c", script))
+    with anyio.fail_after(30):
+        async with upstream.open() as (read_stream, _write_stream):
+            await read_stream.receive()  # the server's stdin is closed now, the process still runs
+            raw = upstream.raw_calls
+            assert raw is not None
+            with pytest.raises(MCPError) as caught:
+                await raw.request({"name": "echo", "arguments": {}}, None)
+            with pytest.raises(MCPError) as later:  # a call after it is told the same
+                await raw.request({"name": "echo", "arguments": {}}, None)
+    for error in (caught.value, later.value):
+        assert error.error.code == CONNECTION_CLOSED and error.error.message == STDIN_CLOSED
+    verdict = classify(caught.value, retry_class=RetryClass.IDEMPOTENT)
+    assert ended_by_exit(verdict)

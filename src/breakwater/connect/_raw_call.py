@@ -117,6 +117,8 @@ class RawCalls:
         self._pending: dict[str, _Pending] = {}
         self._count = 0
         self._closed = False
+        #: What ended the connection, when the transport knew (`close(why)`): told to a call refused after it too.
+        self._closed_why: str | None = None
 
     def take(self, line: bytes) -> bool:
         """Consume `line` if it answers, or reports the progress of, a raw call in flight."""
@@ -189,6 +191,7 @@ class RawCalls:
         """The connection ended: every call still waiting is answered CONNECTION_CLOSED, as the SDK's are (`why`, when
         the transport knows more than that)."""
         self._closed = True
+        self._closed_why = why or self._closed_why
         for pending in self._pending.values():
             if pending.answer is None:
                 pending.answer = ErrorData(code=CONNECTION_CLOSED, message=why or "Connection closed")
@@ -202,7 +205,7 @@ class RawCalls:
         answer over the size limit, as `send_raw_request` raises `MCPError` for all three.
         """
         if self._closed:
-            raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
+            raise MCPError(code=CONNECTION_CLOSED, message=self._closed_why or "Connection closed")
         self._count += 1
         request_id = f"{RAW_ID_PREFIX}{self._count}"
         if on_progress is not None:  # the request id doubles as the progress token, as the SDK does it
@@ -220,7 +223,8 @@ class RawCalls:
             try:
                 await self._write_line(line)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                raise MCPError(code=CONNECTION_CLOSED, message="Connection closed") from None
+                # The write's failure closed the calls (`StdinWriter`): with why, when the server's end broke.
+                raise MCPError(code=CONNECTION_CLOSED, message=self._closed_why or "Connection closed") from None
             answer = await self._wait(pending, on_progress)
         except anyio.get_cancelled_exc_class():
             if sent and pending.answer is None and not self._closed:

@@ -38,7 +38,7 @@ from mcp.client.stdio import (  # the SDK's shutdown steps and timings, kept ide
 from mcp.shared.message import SessionMessage
 
 from breakwater import _platform
-from breakwater._wire import STDOUT_CLOSED
+from breakwater._wire import STDIN_CLOSED, STDOUT_CLOSED
 from breakwater.config._dialect import command_words
 from breakwater.connect._lines import HandOffReader, LineSplitter, StdoutParser
 from breakwater.connect._raw_call import RawCalls
@@ -160,7 +160,7 @@ class StdinWriter:
     ends the session's reads too, as the writer task did.
     """
 
-    def __init__(self, process: Process, parser: StdoutParser, end_reads: Callable[[], None]) -> None:
+    def __init__(self, process: Process, parser: StdoutParser, end_reads: Callable[[str], None]) -> None:
         assert process.stdin is not None
         self._stdin = process.stdin
         # anyio's wrapper of the asyncio stream (pinned minor version); any other stream goes through `send`.
@@ -202,7 +202,7 @@ class StdinWriter:
                 await self._stdin.send(data)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
             self._closed = True
-            self._end_reads()
+            self._end_reads(STDIN_CLOSED)
             raise anyio.BrokenResourceError from exc
 
     def _flush(self) -> None:
@@ -286,7 +286,7 @@ class StdoutReader:
                     raise
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError):
                     self._ended = True
-                    self._end_raw()
+                    self._end_raw(None if self.shutting_down else STDOUT_CLOSED)
                     if not self.shutting_down:
                         logger.debug("stdout of %s ended", self._parser.server)
                     raise anyio.EndOfStream from None
@@ -322,9 +322,10 @@ class StdoutReader:
         if self.raw is not None:
             self.raw.close(why)
 
-    def end(self) -> None:
+    def end(self, why: str | None = None) -> None:
+        """End the reads at once (a broken stdin: `why` tells the calls in flight, unless breakwater is closing it)."""
         self._ended = True
-        self._end_raw()
+        self._end_raw(None if self.shutting_down else why)
         if self._reading is not None:
             self._reading.cancel()
 

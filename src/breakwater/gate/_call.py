@@ -19,7 +19,7 @@ from typing import Any
 import mcp.types as types
 
 from breakwater._clock import Clock
-from breakwater._wire import STDOUT_CLOSED
+from breakwater._wire import STDIN_CLOSED, STDOUT_CLOSED
 from breakwater.catalog._validate import ArgumentCheck
 from breakwater.config import CallPolicy, RetryPolicy
 from breakwater.connect._upstream import Upstream
@@ -347,7 +347,7 @@ def stopped(err: CallError, why: str) -> CallError:
 def ended_by_exit(said: Verdict | CallError) -> bool:
     """Whether an attempt ended because its stdio server's process went away while it ran."""
     reason = said.reason if isinstance(said, Verdict) else said.detail.get("reason")
-    return isinstance(reason, str) and STDOUT_CLOSED in reason
+    return isinstance(reason, str) and (STDOUT_CLOSED in reason or STDIN_CLOSED in reason)
 
 
 def seconds_text(value: float) -> str:
