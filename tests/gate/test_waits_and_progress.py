@@ -23,6 +23,7 @@ from breakwater.connect._admission import Admission
 from breakwater.connect._upstream import Upstream
 from breakwater.errors import ErrorCode
 from breakwater.gate._gate import CallGate
+from breakwater.gate._health import PROGRESS_FORGOTTEN_AFTER
 from breakwater.status import ServerState
 from breakwater.testing import FakeClock, Progress, ScriptedCall, ScriptedServer, in_memory
 from helpers import timed_gate_call
@@ -202,3 +203,38 @@ async def test_a_callers_own_timeout_is_kept_for_a_tool_that_reports_progress() 
         await timed_gate_call(clock, gate, timeout=10.0)
         result, took = await timed_gate_call(clock, gate, timeout=1.0)
     assert result.is_error and took == pytest.approx(1.0, abs=0.01)
+
+
+async def test_a_tool_that_stopped_reporting_progress_is_cut_at_its_learned_timeout_again() -> None:
+    """A tool that reported progress once (a long export in the morning), then answered quickly without a report
+    `PROGRESS_FORGOTTEN_AFTER` times in a row, is cut at its learned 1 s again when it hangs (the afternoon), not after
+    the idle gap (2 s here, a minute by default) on every call; one quiet answer fewer and it still gets the idle gap."""
+    hangs_from: list[int] = []
+
+    def handler(clock: FakeClock) -> Handler:
+        reports = _reports_every(clock, 1.5, 2)
+
+        async def handle(call: ScriptedCall, n: int, progress: Progress) -> CallToolResult:
+            if n == 1:  # its calls are counted from 1
+                return await reports(call, n, progress)
+            if hangs_from and n >= hangs_from[0]:
+                await clock.sleep(30.0)
+            return _ok()
+
+        return handle
+
+    policy = CallPolicy(idle_timeout_s=2.0, max_s=60.0)
+    for quiet, cut_at in ((PROGRESS_FORGOTTEN_AFTER, 1.0), (PROGRESS_FORGOTTEN_AFTER - 1, 2.0)):
+        clock = FakeClock()
+        hangs_from[:] = [quiet + 2]
+        async with _gate(clock, handler(clock), learned=1.0, call=policy) as (gate, server, _):
+            first, _took = await timed_gate_call(clock, gate, timeout=10.0)  # it reports progress: known to report
+            assert not first.is_error, first
+            for _ in range(quiet):
+                answered, _took = await timed_gate_call(clock, gate)
+                assert not answered.is_error, answered
+            hung, took = await timed_gate_call(clock, gate)
+        assert hung.is_error and hung.structured_content is not None
+        assert hung.structured_content["code"] == ErrorCode.TIMEOUT.value
+        assert took == pytest.approx(cut_at, abs=0.01), (quiet, took)
+        assert len(server.calls) == quiet + 2

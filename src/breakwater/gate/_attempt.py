@@ -190,7 +190,7 @@ class AttemptDeadline:
         self.nudge()  # whatever it says, the server is alive and working on the call
         call = self.call
         if call is not None:
-            call.info.health.sends_progress = True  # its next calls wait for a first report (`for_call`)
+            call.info.health.progressed()  # its next calls wait for a first report (`for_call`)
         # NaN and Infinity are no progress (not JSON); nor is going back (`Call.progress_sent`).
         if call is None or call.progress_callback is None or not math.isfinite(progress) or progress < call.progress_sent:
             return

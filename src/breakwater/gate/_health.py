@@ -42,6 +42,10 @@ FAR_BELOW = 4.0
 _RECENT = 200
 # Before a tool's first learned timeout, how often the window is looked at again.
 _LOOK_AGAIN_S = 1.0
+#: Answers in a row without a progress report after which a tool is no longer taken for one that reports progress:
+#: one export that reported progress in the morning gave every later call the idle gap (a minute by default) before a
+#: cut, so the same tool hanging in the afternoon stalled the agent a minute per call instead of its learned timeout.
+PROGRESS_FORGOTTEN_AFTER = 20
 
 
 class ToolHealth:
@@ -55,6 +59,7 @@ class ToolHealth:
         "answered_total",
         "learned_at",
         "learned_s",
+        "quiet_answers",
         "sends_progress",
         "timeouts_in_a_row",
     )
@@ -76,8 +81,11 @@ class ToolHealth:
         #: timeout the journal learned before this process ran (when that was is not known here).
         self.learned_at: float | None = None
         #: The tool reported progress in a call: its next calls wait at least the idle gap for their first report
-        #: (`AttemptDeadline.for_call`), not a learned timeout shorter than its reports' spacing.
+        #: (`AttemptDeadline.for_call`), not a learned timeout shorter than its reports' spacing; forgotten after
+        #: `PROGRESS_FORGOTTEN_AFTER` answers in a row without a report.
         self.sends_progress = False
+        #: Answers since its last progress report (the answer of the call that reported counts one).
+        self.quiet_answers = 0
 
     def answered(self, now: float, duration_s: float) -> None:
         """An attempt got an answer (a result or the tool's own error) after `duration_s`."""
@@ -86,6 +94,15 @@ class ToolHealth:
         self._samples.append((now, duration_s, True))
         self._sorted = None
         self.timeouts_in_a_row = 0
+        if self.sends_progress:
+            self.quiet_answers += 1
+            if self.quiet_answers > PROGRESS_FORGOTTEN_AFTER:
+                self.sends_progress = False
+
+    def progressed(self) -> None:
+        """The tool reported progress in a call: its next calls wait at least the idle gap for a first report."""
+        self.sends_progress = True
+        self.quiet_answers = 0
 
     def timed_out(self, now: float, duration_s: float, *, short: bool) -> None:
         """An attempt was cut by its deadline; `short`: a probe's cut, not the tool's timeout."""
