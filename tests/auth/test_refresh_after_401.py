@@ -39,7 +39,9 @@ def _spec(base: str) -> ServerSpec:
         name="remote",
         transport="http",
         url=f"{base}/mcp",
-        connect=ConnectPolicy(background_retry_s=0.5),
+        # No health pings: one sent beside the call met the revoked token first, its failed refresh closed the
+        # connection under the call in flight, and the call read "connection closed" (OUTCOME_UNKNOWN) — another story.
+        connect=ConnectPolicy(background_retry_s=0.5, health_interval_s=0),
         call=CallPolicy(timeout_s=15.0),
     )
 

@@ -49,7 +49,7 @@ from breakwater.errors import (
 )
 from breakwater.gate._admit import Permits
 from breakwater.gate._breaker_types import FAILURE, IGNORED, OPEN, Outcome
-from breakwater.gate._call import Call, GateContext, ServerRecord, mark_sent, observe, seconds_text
+from breakwater.gate._call import Call, GateContext, ServerRecord, mark_sent, observe, pass_progress, seconds_text
 from breakwater.gate._classify import SUCCESS, RetryClass, Verdict, answer_of, classify
 from breakwater.gate._step_one import waited_note
 from breakwater.gate._task_required import call_as_task, requires_task
@@ -191,11 +191,8 @@ class AttemptDeadline:
         call = self.call
         if call is not None:
             call.info.health.progressed()  # its next calls wait for a first report (`for_call`)
-        # NaN and Infinity are no progress (not JSON); nor is going back (`Call.progress_sent`).
-        if call is None or call.progress_callback is None or not math.isfinite(progress) or progress < call.progress_sent:
-            return
-        call.progress_sent = progress
-        await call.progress_callback(progress, total if total is None or math.isfinite(total) else None, message)
+        if call is not None:
+            await pass_progress(call, progress, total, message)
 
     def nudge(self) -> None:
         """The server showed signs of life: give it `idle_s` more, up to the hard cap."""

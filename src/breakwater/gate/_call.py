@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import mcp.types as types
 
 from breakwater._clock import Clock
@@ -228,6 +229,8 @@ class Call:
     #: The last progress passed on: a call sent again (its server crashed mid-call) starts its progress over, and the
     #: caller saw 1, 2, 1, 2, 3; the spec's progress MUST increase. An equal value passes (it may carry a new total).
     progress_sent: float = -math.inf
+    #: Held while one report is passed on (`pass_progress`); made at the call's first report.
+    progress_lock: anyio.Lock | None = None
     #: How long the call waited for its server before the current attempt (a start, a reconnect), 0 if it did not: that
     #: attempt's `timeout_s` is what the wait left of `full_timeout_s` (`_step_one.spend_wait`), and its error says so.
     waited_s: float = 0.0
@@ -342,6 +345,25 @@ def stopped(err: CallError, why: str) -> CallError:
     """`err`, noting why no further attempt was made."""
     err.detail.setdefault("retry_stopped", why)
     return err
+
+
+async def pass_progress(call: Call, progress: float, total: float | None, message: str | None) -> None:
+    """Pass one progress report to the call's caller, in order and never going back (`Call.progress_sent`).
+
+    One at a time: the SDK delivers each report of an HTTP upstream in a task of its own, and two sends under way at
+    once could reach the caller swapped (the conformance suite's "progress values should be increasing", on a loaded
+    host). NaN and Infinity are no progress (not JSON)."""
+    callback = call.progress_callback
+    if callback is None or not math.isfinite(progress):
+        return
+    lock = call.progress_lock
+    if lock is None:
+        lock = call.progress_lock = anyio.Lock()
+    async with lock:
+        if progress < call.progress_sent:
+            return
+        call.progress_sent = progress
+        await callback(progress, total if total is None or math.isfinite(total) else None, message)
 
 
 def ended_by_exit(said: Verdict | CallError) -> bool:
