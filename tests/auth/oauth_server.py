@@ -11,7 +11,7 @@ token. `POST /admin/token-mode?m=ok|500|429|hang|garbage` makes the token endpoi
 (`garbage`: a 200 whose body is no token response); every revocation at `/revoke` is recorded (`GET /admin/revoked`:
 which kind of token each was, never the token), and `POST /admin/revoke-mode?m=ok|503|hang` makes `/revoke` fail;
 `POST /admin/require-scope?s=extra` makes `/mcp` ask for one more scope (403 `insufficient_scope`).
-`GET /admin/stats` counts the grants. The token endpoint also grants `client_credentials` (which
+`GET /admin/stats` counts the grants (and the `wait` calls begun). The token endpoint also grants `client_credentials` (which
 the SDK's server lacks) to the one machine client `M2M_ID` / `M2M_SECRET` (HTTP Basic).
 `GET /custom/metadata` serves the authorization-server metadata at a URL discovery would not find
 (for `authServerMetadataUrl`).
@@ -68,6 +68,8 @@ class Provider:
         self.access: dict[str, AccessToken] = {}
         self.refresh: dict[str, RefreshToken] = {}
         self.stats = {"authorization_code": 0, "refresh_token": 0, "rejected": 0, "custom_metadata": 0, "client_credentials": 0}
+        #: Calls of the `wait` tool begun (the server took them), for a test that acts while one runs.
+        self.stats["waits_begun"] = 0
         #: What the token endpoint does: "ok", or fail for its own reasons ("500", "429", "hang", "garbage").
         self.token_mode = "ok"
         #: A scope `/mcp` wants besides `SCOPE` (a step-up), or None.
@@ -238,6 +240,7 @@ def build(port: int, lifetime: int, path: str = "/mcp") -> tuple[MCPServer, Prov
     @mcp.tool()
     async def wait(seconds: float) -> str:
         """Answers after `seconds` (JSON responses: the HTTP response comes only then)."""
+        provider.stats["waits_begun"] += 1
         await anyio.sleep(seconds)
         return "waited"
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
+import anyio
 import httpx2
 import pytest
 
@@ -88,3 +90,37 @@ def _error_class(code: object) -> type:
     from breakwater.errors import CODE_TO_ERROR, ErrorCode
 
     return CODE_TO_ERROR[ErrorCode(str(code))]
+
+
+@pytest.mark.parametrize("protocol", ["2026-07-28", "2025-11-25"])
+async def test_a_call_in_flight_when_the_sign_in_ends_gets_its_answer(
+    protocol: str, oauth_server: str, config_home: Path, tmp_path: Path
+) -> None:
+    """The sign-in ends (every token revoked) while a call the server took is running; another call then meets the
+    401, its refresh is refused, and the connection is closed to be opened again. Closed at once, it cut the running
+    call, whose model read OUTCOME_UNKNOWN; it now closes once that call has its answer (and on a loaded host the
+    `subscriptions/listen` stream, meeting the revoked token first, closed it under a call the server was refusing)."""
+    spec = _spec(oauth_server)
+    spec = replace(spec, connect=replace(spec.connect, protocol=protocol))
+    await sign_in(spec, TokenStore(), browser=_follow)
+    config = Config(servers=(spec,), journal=JournalPolicy(url="off"))
+    answers: dict[str, object] = {}
+    async with Breakwater(config, admission_dir=tmp_path / "admission") as bw:
+        assert (await bw.wait_ready(timeout=20)).all_ready
+
+        async def running() -> None:
+            answers["wait"] = await bw.call_tool("remote", "wait", {"seconds": 3})
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(running)
+            with anyio.fail_after(10):  # until the server has begun the call
+                while httpx2.get(f"{oauth_server}/admin/stats").json()["waits_begun"] < 1:
+                    await anyio.sleep(0.05)
+            httpx2.post(f"{oauth_server}/admin/revoke")
+            answers["whoami"] = await bw.call_tool("remote", "whoami", {})
+    refused = envelope_of(answers["whoami"])
+    assert refused.get("code") in ("SERVER_UNAVAILABLE", "SERVER_CONNECTING"), refused
+    assert "breakwater auth login remote" in json.dumps(refused), refused
+    waited = answers["wait"]
+    assert getattr(waited, "is_error", None) is False, waited
+    assert [block.text for block in waited.content] == ["waited"], waited  # type: ignore[attr-defined]

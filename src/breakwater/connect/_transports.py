@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from typing import Any, Protocol, TypeAlias
 
@@ -26,12 +26,13 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server import Server
 from mcp.server.mcpserver import MCPServer
 
-from breakwater._clock import SystemClock
+from breakwater._clock import Clock, SystemClock
 from breakwater.auth import ServerTokens, TokenStore, build_provider
 from breakwater.config import ServerSpec
 from breakwater.connect._environment import inherited
 from breakwater.connect._headers_helper import HeadersHelperAuth
 from breakwater.connect._http_cut import CUT_KEY, CutTolerantTransport
+from breakwater.connect._in_flight import InFlightClient
 from breakwater.connect._stdio import StdioProcess
 
 __all__ = ["ClientTarget", "OpenedTransport", "TransportFactory", "default_transports", "oauth_for", "stdio_transport"]
@@ -54,11 +55,14 @@ class OpenedTransport:
         *,
         process: StdioProcess | None = None,
         on_ready: Callable[[], None] | None = None,
+        drained: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """`target` is what `mcp.Client` is given. `process` is the stdio process,
         when there is one (its exit ends the connection and explains failures). `on_ready` runs once
-        the handshake is done and the attempt deadline lifted."""
+        the handshake is done and the attempt deadline lifted. `drained` returns once no request awaits its
+        answer: a connection whose sign-in ended waits for it before it closes (`_in_flight`)."""
         self.target = target
+        self.drained = drained
         self.process = process
         self._on_ready = on_ready
         #: The last HTTP error status (>= 400) a response carried; the best explanation of a failed handshake.
@@ -70,6 +74,14 @@ class OpenedTransport:
         """The handshake is done: the connection is in service from now on."""
         if self._on_ready is not None:
             self._on_ready()
+
+    async def settle(self, clock: Clock, within_s: float) -> None:
+        """Before the connection closes: if its sign-in ended, let the requests in flight on it get their answers (a
+        refusal for the same token, or the result of a call the server had taken), within `within_s`. Closed under
+        them, each was told OUTCOME_UNKNOWN ("it may have run"). Any other loss leaves them nothing to wait for."""
+        if self.auth_required is not None and self.drained is not None:
+            with clock.deadline_scope(clock.monotonic() + within_s):
+                await self.drained()
 
     async def record_status(self, response: httpx2.Response) -> None:
         """An httpx response hook: remember error statuses (not the ones the cut-tolerant wrapper made up)."""
@@ -126,7 +138,7 @@ async def default_transports(spec: ServerSpec, stack: AsyncExitStack, *, report_
         if cut_tolerant.armed:
             report_lost()  # a ready connection whose sign-in ended: reconnect, and fail as auth_required
 
-    http_client = httpx2.AsyncClient(
+    http_client = InFlightClient(
         headers=dict(spec.headers),
         timeout=httpx2.Timeout(HTTP_TIMEOUT_S, read=HTTP_READ_TIMEOUT_S),
         transport=cut_tolerant,
@@ -138,7 +150,7 @@ async def default_transports(spec: ServerSpec, stack: AsyncExitStack, *, report_
     # The SDK's own cap on one SSE event is 1 MiB; the result-size limit is the one that applies
     # (the SDK's overflow error is classified RESULT_TOO_LARGE).
     transport = streamable_http_client(spec.url or "", http_client=http_client, max_sse_event_size=spec.call.max_result_bytes)
-    opened = OpenedTransport(transport, on_ready=arm)
+    opened = OpenedTransport(transport, on_ready=arm, drained=http_client.drained)
     return opened
 
 

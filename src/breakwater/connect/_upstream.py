@@ -334,7 +334,7 @@ class Upstream:
                         error=None,
                         phase=None,
                     )
-                    await self._serve(client, opened.process)
+                    await self._serve(client, opened)
             if scope.cancelled_caught and not reached_ready:
                 self.error = timeout_error(_process(opened), policy.attempt_timeout_s)
         except anyio.get_cancelled_exc_class():
@@ -378,22 +378,22 @@ class Upstream:
             self._era = "legacy"
         return False
 
-    async def _serve(self, client: Client, stdio: StdioProcess | None) -> None:
+    async def _serve(self, client: Client, opened: OpenedTransport) -> None:
         """Hold the connection until it is lost (process exit, failed health check, caller report)."""
         async with anyio.create_task_group() as tg:
-            if stdio is not None:
+            if (stdio := opened.process) is not None:
 
                 async def watch_exit() -> None:
                     await stdio.exited.wait()
                     self._drop()
 
                 tg.start_soon(watch_exit)
-            interval = self.spec.connect.health_interval_s
-            if interval > 0:
+            if (interval := self.spec.connect.health_interval_s) > 0:
                 tg.start_soon(self._health_loop, client, interval)
             tg.start_soon(self._follow_list_changes, client)
             await self._lost.wait()
             tg.cancel_scope.cancel()
+        await opened.settle(self._clock, self.spec.call.timeout_s)
 
     def _hear_list_changes(self, then: Callable[[Any], Awaitable[None]] | None) -> Callable[[Any], Awaitable[None]]:
         """The client's message handler: note a `notifications/tools/list_changed`, then hand every message to `then`."""
