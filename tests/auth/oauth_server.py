@@ -5,16 +5,17 @@ The SDK serves the authorization server (metadata, dynamic registration, /author
 only the provider behind it: an in-memory store that approves every authorization request at once
 (a person who always says yes), with short-lived access tokens and rotating refresh tokens.
 
-Two admin routes let a test act on the tokens from outside: `POST /admin/expire` drops every
-access token (as if they all expired; the refresh tokens stay), `POST /admin/revoke` drops every
-token. `POST /admin/token-mode?m=ok|500|429|hang|garbage` makes the token endpoint fail for its own reasons
-(`garbage`: a 200 whose body is no token response); every revocation at `/revoke` is recorded (`GET /admin/revoked`:
-which kind of token each was, never the token), and `POST /admin/revoke-mode?m=ok|503|hang` makes `/revoke` fail;
-`POST /admin/require-scope?s=extra` makes `/mcp` ask for one more scope (403 `insufficient_scope`).
-`GET /admin/stats` counts the grants (and the `wait` calls begun). The token endpoint also grants `client_credentials` (which
-the SDK's server lacks) to the one machine client `M2M_ID` / `M2M_SECRET` (HTTP Basic).
-`GET /custom/metadata` serves the authorization-server metadata at a URL discovery would not find
-(for `authServerMetadataUrl`).
+Two admin routes let a test act on the tokens from outside: `POST /admin/expire` drops every access token (as if they
+all expired; the refresh tokens stay), `POST /admin/revoke` drops every token.
+`POST /admin/token-mode?m=ok|500|429|hang|garbage|slow` makes the token endpoint fail for its own reasons (`garbage`:
+a 200 whose body is no token response; `slow`: answer as usual, after `SLOW_TOKEN_S`); every revocation at `/revoke`
+is recorded (`GET /admin/revoked`: which kind of token each was, never the token), and
+`POST /admin/revoke-mode?m=ok|503|hang` makes `/revoke` fail; `POST /admin/require-scope?s=extra` makes `/mcp` ask for
+one more scope (403 `insufficient_scope`). `GET /admin/stats` counts the grants, the runs of the tool `whoami`, and
+the calls of `wait` begun.
+The token endpoint also grants `client_credentials` (which the SDK's server lacks) to the one machine client `M2M_ID`
+/ `M2M_SECRET` (HTTP Basic). `GET /custom/metadata` serves the authorization-server metadata at a URL discovery would
+not find (for `authServerMetadataUrl`).
 
     python tests/auth/oauth_server.py --port-file F [--lifetime 3600] [--sse]
 
@@ -56,6 +57,8 @@ from starlette.responses import JSONResponse, Response
 SCOPE = "mcp:tools"
 M2M_ID = "m2m-client"
 M2M_SECRET = "m2m-secret-value-4711"
+#: How long the token endpoint takes in the `slow` mode.
+SLOW_TOKEN_S = 2.0
 
 
 class Provider:
@@ -68,9 +71,10 @@ class Provider:
         self.access: dict[str, AccessToken] = {}
         self.refresh: dict[str, RefreshToken] = {}
         self.stats = {"authorization_code": 0, "refresh_token": 0, "rejected": 0, "custom_metadata": 0, "client_credentials": 0}
-        #: Calls of the `wait` tool begun (the server took them), for a test that acts while one runs.
+        #: Runs of `whoami`, and calls of `wait` begun (the server took them), for tests that act while one runs.
+        self.stats["whoami"] = 0
         self.stats["waits_begun"] = 0
-        #: What the token endpoint does: "ok", or fail for its own reasons ("500", "429", "hang", "garbage").
+        #: What the token endpoint does: "ok", "slow", or fail for its own reasons ("500", "429", "hang", "garbage").
         self.token_mode = "ok"
         #: A scope `/mcp` wants besides `SCOPE` (a step-up), or None.
         self.extra_scope: str | None = None
@@ -176,6 +180,8 @@ class TokenEndpoint:
         mode = self.provider.token_mode
         if mode == "hang":
             await anyio.sleep(3600)
+        if mode == "slow":
+            await anyio.sleep(SLOW_TOKEN_S)
         if mode == "garbage":
             await Response("<html>maintenance</html>", media_type="text/html")(scope, receive, send)
             return
@@ -235,6 +241,7 @@ def build(port: int, lifetime: int, path: str = "/mcp") -> tuple[MCPServer, Prov
     @mcp.tool()
     def whoami() -> str:
         """Says the caller got through."""
+        provider.stats["whoami"] += 1
         return "signed in"
 
     @mcp.tool()

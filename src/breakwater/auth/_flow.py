@@ -17,7 +17,8 @@ client credentials, and changes five things, all here:
    (`_refresh_within`), bounded on the injected clock by `refresh_timeout_s`: the SDK sent it
    through the connection, unbounded, so a token endpoint that hung held a call whose 401 said
    "nothing ran" until the call's deadline cut it as "it may have run". Once the connection is in
-   service, a refresh that fails in any way leaves the request refused (its 401 is the answer).
+   service, a refresh that fails in any way leaves the request refused (its 401 is the answer). A call cut while
+   its refused request waits for the refresh is told it was not sent, and it is not resent (`_unsent`).
 3. Without a person (`serve`, `Breakwater`): no browser, no dynamic registration from a background
    gateway. When the tokens are missing or cannot be refreshed, or the server wants more scope,
    the provider calls `on_auth_required` with a message naming `breakwater auth login NAME` and
@@ -38,6 +39,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import anyio
 import httpx2
 from mcp.client.auth import OAuthClientProvider
 from mcp.client.auth.oauth2 import OAuthContext
@@ -46,6 +48,7 @@ from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 
 from breakwater._clock import Clock, SystemClock
 from breakwater.auth._store import ServerTokens
+from breakwater.auth._unsent import may_resend, noted, waiting_for, watched
 from breakwater.config import ServerSpec
 from breakwater.config._redact import display_url
 
@@ -261,7 +264,10 @@ class _StoredFlow(OAuthClientProvider):
         clock, limit = self._clock, self._refresh_limit_s
         response: httpx2.Response | None = None
         failure: httpx2.TransportError | None = None
-        with clock.deadline_scope(clock.monotonic() + limit):
+        # Shielded from the request's own cancellation (a cut call aborts its POST): a refresh abandoned mid-way is
+        # one the server may still have done, rotating the refresh token this process then never learned, and every
+        # later refresh was refused: the sign-in lost for a call cut at the wrong moment. Its own bound still holds.
+        with anyio.CancelScope(shield=True), clock.deadline_scope(clock.monotonic() + limit):
             try:
                 async with httpx2.AsyncClient(verify=_tls_context(), timeout=limit) as http:
                     response = await http.send(request)
@@ -316,7 +322,11 @@ class _StoredFlow(OAuthClientProvider):
             sent = self._access_token() if self.context.is_token_valid() and not blocked else None
             if sent is not None:
                 self._add_auth_header(request)
+        # The gate's attempt, if this is its request: told when it is refused (`_unsent`). Not over legacy SSE: its writer
+        # posts one message at a time (a cut's gate waits behind the refresh) and stops at an error status (the 401 kept).
+        mine = watched(request) if self._spec.transport != "sse" else None
         response = yield request
+        noted(mine, response, _needs_auth(response))
         if blocked:
             # A call needed more scope than the sign-in granted, and no one is here to grant it:
             # the whole server waits for `auth login` rather than failing call after call.
@@ -325,6 +335,7 @@ class _StoredFlow(OAuthClientProvider):
         if not _needs_auth(response):
             self._answered = True
             return
+        waiting_for(mine, self._waiting_text(response), self._refresh_limit_s)
         async with self.context.lock:
             if response.status_code == 401:
                 # Someone refreshed meanwhile, or signed in again; else the refresh token; then a person.
@@ -332,7 +343,10 @@ class _StoredFlow(OAuthClientProvider):
                 fresh = (newer or await self._reload_if_signed_in_again()) and self.context.is_token_valid()
                 if fresh or (self._may_refresh() and await self._refresh_within()):
                     self._add_auth_header(request)
+                    if not may_resend(mine):
+                        return  # its attempt was cut meanwhile, and told the call was not sent: the 401 stays the answer
                     response = yield request
+                    noted(mine, response, _needs_auth(response))
                 # Else the 401 is the answer: the server refused the request, so nothing ran, and `_give_up` says why.
             if not _needs_auth(response):
                 self._answered = True
@@ -348,6 +362,11 @@ class _StoredFlow(OAuthClientProvider):
             while True:
                 if outgoing is request and pending is not None:
                     answer, pending = pending, None  # the SDK sends the request first: it was just answered
+                elif outgoing is request:
+                    if not may_resend(mine):
+                        return  # as above: its attempt was cut while the sign-in ran, and told the call was not sent
+                    answer = yield request
+                    noted(mine, answer, _needs_auth(answer))
                 else:
                     answer = yield self._rewrite_discovery(outgoing)
                 outgoing = await flow.asend(answer)
@@ -362,6 +381,12 @@ class _StoredFlow(OAuthClientProvider):
             # request it yielded failed, e.g. an authorization server that is down) released the lock from another
             # task, and printed "Task exception was never retrieved ... not holding this lock".
             await flow.aclose()
+
+    def _waiting_text(self, response: httpx2.Response) -> str:
+        """What a request refused with `response` waits for before it is sent again, for the gate's message."""
+        if response.status_code == 403:
+            return "breakwater was asking the authorization server for more permission"
+        return f"a new token was being obtained from {self._spec.name}'s token endpoint {display_url(self._get_token_endpoint())}"
 
     def _rewrite_discovery(self, outgoing: httpx2.Request) -> httpx2.Request:
         url = self._spec.oauth.auth_server_metadata_url if self._spec.oauth is not None else None

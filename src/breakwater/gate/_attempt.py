@@ -1,14 +1,13 @@
 """Steps 3 and 4 of a call: one attempt under its deadline, and what its outcome means.
 
-The attempt runs inside one deadline scope on the injected clock: `timeout_s`, pushed out by each
-progress notification (`idle_timeout_s`) but never past the hard cap `max_s`, and never past the
-turn budget. When the scope fires, the SDK sees its awaiting scope cancelled and sends
-`notifications/cancelled` upstream (on 2026-07-28 HTTP the POST is aborted instead), so the server stops working and the slot
-is free again. `classify()` then decides what the breakers learn, the code the model sees, and
-whether another attempt is allowed.
+The attempt runs inside one deadline scope on the injected clock: `timeout_s`, pushed out by each progress notification
+(`idle_timeout_s`) but never past the hard cap `max_s`, and never past the turn budget. When the scope fires, the SDK
+sees its awaiting scope cancelled and sends `notifications/cancelled` upstream (on 2026-07-28 HTTP the POST is aborted
+instead), so the server stops working and the slot is free again. `classify()` then decides what the breakers learn, the
+code the model sees, and whether another attempt is allowed.
 
-The caller's own cancellation is re-raised (the SDK has already told the server) and teaches
-nothing; a cancellation that did not come from the caller is reported as CANCELLED.
+The caller's own cancellation is re-raised (the SDK has already told the server) and teaches nothing; a cancellation
+that did not come from the caller is reported as CANCELLED.
 """
 
 from __future__ import annotations
@@ -55,6 +54,7 @@ from breakwater.gate._classify import SUCCESS, RetryClass, Verdict, answer_of, c
 from breakwater.gate._step_one import waited_note
 from breakwater.gate._task_required import call_as_task, requires_task
 from breakwater.gate._tasks import TASK_CALL, TaskCall
+from breakwater.gate._unsent import claim, cut_unsent, unwatch, watch
 from breakwater.status import ServerState, iso
 
 __all__ = ["ATTEMPT_WATCHER", "Answer", "AttemptDeadline", "not_ready_error", "run_attempt"]
@@ -261,10 +261,10 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
         mark_sent(ctx, call)
     scope = deadline._scope
     upstream = srv.upstream
+    refusal = None if upstream.spec.transport == "stdio" else watch()  # the OAuth flow's word on the request (`_unsent`)
     try:
         with scope:
-            # The attempt's `tools/call`: on a stdio upstream without the SDK session's plumbing
-            # (`connect/_raw_call.py`). Inline, not a coroutine of its own: one frame less per attempt.
+            # The `tools/call` (stdio: without the SDK session's plumbing, `connect/_raw_call.py`), inline: one frame less.
             process, name = upstream.process, info.name
             raw = process.raw_calls if process is not None else None
             if info.definition.execution is not None and task_call is not None and requires_task(client, info.definition):
@@ -282,9 +282,9 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
             if call.journal is not None:
                 call.journal.sent += 1
                 duration_s = clock.monotonic() - deadline.started
-                # A tool that changes things, cancelled once sent, may or may not have acted (what the drain tells its
-                # caller): journaled as cancelled, `stats` counted none of them unknown.
-                code = ErrorCode.CANCELLED if info.retry_class is SAFE else ErrorCode.OUTCOME_UNKNOWN
+                # A tool that changes things, cancelled once sent, may have acted (as the drain tells its caller; journaled
+                # cancelled, `stats` counted none unknown), unless the server refused it and it was not resent (`claim`).
+                code = ErrorCode.CANCELLED if info.retry_class is SAFE or claim(refusal) else ErrorCode.OUTCOME_UNKNOWN
                 observe(ctx, call, code, attempt=call.journal.sent, duration_s=duration_s)
             raise
         failure = CallCancelledError("The call was cancelled from outside breakwater before it finished.")
@@ -296,10 +296,13 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
         if watcher is not None:
             watcher(None)
         deadline.release_slot()
+        unwatch(refusal)
         if task_token is not None:
             TASK_CALL.reset(task_token)
     if scope.cancelled_caught:
         failure = TimeoutError()
+    if refusal is not None:  # a cut of a request the server refused and that was not sent again: not run
+        failure = cut_unsent(refusal, failure, srv.name, info.name, deadline.timeout_s, deadline.by_budget)
     if result is not None:  # NaN or Infinity from the server: null, as on the gateway's wire (connect/_not_json.py)
         result = finite_result(result, server=srv.name, tool=info.name)
     return _judge(ctx, call, permits, deadline, result, failure, client)
@@ -357,14 +360,12 @@ def _judge(
         verdict = replace(verdict, outcome=IGNORED, retryable=False)
     # Read before recording: was this tool already failing before this attempt?
     tool_streak = info.breaker.snapshot().consecutive_failures if verdict.outcome is FAILURE else 0
-    # The journal's breaker_opened: in-process breakers say whether a report opened them; a shared
-    # store's transitions are the store's, so compare which breakers were open before the reports.
+    # The journal's breaker_opened: in-process breakers tell; a shared store's, by which were open before the reports.
     open_before = None
     journal = call.journal
     if journal is not None and not (srv.breaker.in_process and info.breaker.in_process):
         open_before = (srv.breaker.state is OPEN, info.breaker.state is OPEN)
-    # A call that became a task is judged by how long the handle took, not by the task's own length:
-    # a healthy tool whose tasks run for minutes must not read as a slow call to the breakers.
+    # A task is judged by how long its handle took: a healthy tool whose tasks run for minutes is no slow call.
     judged_s = elapsed if deadline.task_at is None else deadline.task_at - deadline.started
     opened = bool(permits.tool.record(verdict.outcome, judged_s))
     outcome = verdict.outcome
@@ -387,9 +388,8 @@ def _judge(
         code = err.code
     if journal is not None:
         journal.sent += 1
-        # By position (keywords are matched by name, on every attempt).
-        # A deadline that expired is a timeout in the journal whatever the agent was told (OUTCOME_UNKNOWN for a tool that is
-        # not read-only): `stats` read 0 timeouts for it, and its learned timeout never counted the cut.
+        # By position (keywords are matched by name). A deadline that expired is a timeout in the journal whatever the agent
+        # was told (OUTCOME_UNKNOWN if not read-only): `stats` read 0 timeouts for it, its learned timeout missed the cut.
         # A turn budget's cut is the caller's (`cancelled`), not a timeout of the tool nor a sample of its latency.
         row = "timeout" if timed_out else "cancelled" if deadline.by_budget and isinstance(attempt_result, TimeoutError) else None
         observe(ctx, call, code, journal.sent, elapsed, row, open_before, opened if open_before is None else None, None, result)

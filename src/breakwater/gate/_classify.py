@@ -1,36 +1,34 @@
 """Honest classification of one attempt.
 
-Given what one upstream attempt produced — an exception from the SDK call or a `CallToolResult` —
-decide four things separately, because they are different questions:
+Given what one upstream attempt produced — an exception from the SDK call or a `CallToolResult` — decide four things
+separately, because they are different questions:
 
 * what the breakers learn (`Outcome`: failure / success / ignored),
 * which error code the model sees (`None` when the result goes back as it is),
 * whether another attempt is allowed, given the tool's retry class (safe / idempotent / never),
-* whether the outcome is unknown: the request was sent and then the answer was lost, so the call
-  may have run. For a `never` tool that becomes OUTCOME_UNKNOWN, never a retry.
+* whether the outcome is unknown: the request was sent and then the answer was lost, so the call may have run. For a
+  `never` tool that becomes OUTCOME_UNKNOWN, never a retry.
 
 The rules (from how SDK 2.3 reports errors on both sides, and the spec's error codes):
 
-* Failures: timeouts, transport errors (`MCPError` -32000, `httpx2` errors, also inside
-  `ExceptionGroup`s), protocol errors (pydantic `ValidationError` on the reply's shape, JSON-RPC
-  errors), `isError` results without a "not retryable" answer, and results that violate the tool's
-  `outputSchema` (the SDK's `RuntimeError("Invalid structured content …")`: a server that silently
-  reshaped its output is broken, not answering).
-* Business answers are not failures: an `isError` result whose `structuredContent` says
-  `retryable: false`, a not-found, an argument-validation error, an unknown tool, and a plain-text
-  error that says the input was amiss (no such file, not found, access denied, invalid argument)
-  unless it also says a dependency failed (a host not found, a refused connection, a timeout). The
-  server did its job; the breaker must not open because a model asked for something that does not exist.
+* Failures: timeouts, transport errors (`MCPError` -32000, `httpx2` errors, also inside `ExceptionGroup`s), protocol
+  errors (pydantic `ValidationError` on the reply's shape, JSON-RPC errors), `isError` results without a "not retryable"
+  answer, and results that violate the tool's `outputSchema` (the SDK's `RuntimeError("Invalid structured content …")`:
+  a server that silently reshaped its output is broken, not answering).
+* Business answers are not failures: an `isError` result whose `structuredContent` says `retryable: false`, a
+  not-found, an argument-validation error, an unknown tool, and a plain-text error that says the input was amiss (no such
+  file, not found, access denied, invalid argument) unless it also says a dependency failed (a host not found, a refused
+  connection, a timeout). The server did its job; the breaker must not open because a model asked for something that
+  does not exist.
 * A result that says `retryable: true` is retried only for a tool whose retry class allows a repeat
   (`safe`, `idempotent`): the request ran, and the server's word is as untrusted as its annotations.
   A `never` tool was sent three times, with three side effects, on one call.
 * Ignored: the caller's cancellation and breakwater's own refusals (`CallError`s raised locally).
-* Origin, not the code, says who failed. The SDK's -32000 (connection closed) and -32001 (request
-  timed out) and breakwater's -32090 (result too large) stand for failures made locally and are
-  re-labelled, not forwarded as if the server had sent them; but a server may answer with any of
-  these numbers (-32000 is the most common generic server error), and an error that came off the
-  wire (`ServerReplyError`) is the server's answer: judged by the rules for a server's error reply,
-  never as a timeout, a lost connection, a cancellation or an oversize result.
+* Origin, not the code, says who failed. The SDK's -32000 (connection closed) and -32001 (request timed out) and
+  breakwater's -32090 (result too large) stand for failures made locally and are re-labelled, not forwarded as if the
+  server had sent them; but a server may answer with any of these numbers (-32000 is the most common generic server
+  error), and an error that came off the wire (`ServerReplyError`) is the server's answer: judged by the rules for a
+  server's error reply, never as a timeout, a lost connection, a cancellation or an oversize result.
 
 A user classifier runs first and may return a `Verdict` to override, or None to fall through.
 """
@@ -68,6 +66,7 @@ from breakwater.connect._raw_call import ServerReplyError
 from breakwater.errors import SERVER_MARKED_RETRYABLE, TRANSIENT_TEXT_REASON, CallError, ErrorCode
 from breakwater.gate._breaker import Outcome
 from breakwater.gate._error_text import ARGUMENTS_REJECTED_TEXT, UNKNOWN_TOOL_TEXT, asked_amiss, says_transient
+from breakwater.gate._unsent import is_unsent
 
 if TYPE_CHECKING:
     from breakwater.connect._upstream import Upstream
@@ -255,8 +254,7 @@ def _classify_result(result: CallToolResult, retry_class: RetryClass) -> Verdict
     if isinstance(data, dict):
         code = data.get("code")
         if code == OPERATION_IN_PROGRESS:
-            # The server has the operation and is running it: healthy, and the same id must be asked
-            # again after its hint, never replaced by a new one.
+            # The server has the operation and is running it: healthy; the same id is asked again after its hint.
             return Verdict(
                 outcome=Outcome.SUCCESS,
                 code=ErrorCode.TOOL_ERROR,
@@ -381,8 +379,11 @@ def _classify_exception(exc: BaseException, ctx: AttemptContext) -> Verdict:
         real = next((e for e in leaves if not _is_cancel(e)), None)
         exc = real if real is not None else leaves[0]
     if isinstance(exc, CallError):
-        # Breakwater's own refusal (breaker, budget, bulkhead, deadline already past): no one's failure.
-        return Verdict(outcome=Outcome.IGNORED, code=exc.code, retryable=exc.retryable, retry_after_s=exc.retry_after_s)
+        # Breakwater's own refusal (breaker, budget, bulkhead, deadline already past): no one's failure. Not run, and the
+        # model's to retry (the call's time is spent): a cut attempt whose refused request was not sent again (`_unsent`).
+        unsent = is_unsent(exc)
+        again, hint = exc.retryable and not unsent, exc.retry_after_s
+        return Verdict(outcome=Outcome.IGNORED, code=exc.code, retryable=again, retry_after_s=hint, not_run=unsent)
     if _is_cancel(exc):
         return Verdict(
             outcome=Outcome.IGNORED,

@@ -1,0 +1,125 @@
+"""A call cut while its 401 is being handled, against the real OAuth test server (`oauth_server.py`).
+
+The server refused the call's request (401): the tool did not run. The OAuth flow then gets a new token at the token
+endpoint (bounded by `refresh_timeout_s`) before sending the request again. When the call's own timeout, its turn
+budget or a cancel cut it meanwhile, the gate read the cut as any cut: OUTCOME_UNKNOWN, "the action may or may not have
+happened", for a call that never ran, and the journal counted an unknown outcome. The call must end as the refusal a
+failed refresh ends in (SERVER_CONNECTING, "the call was not sent", retryable), and the request must never be sent
+after it was reported not sent, even when the token endpoint answers later.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import anyio
+import httpx2
+import pytest
+
+from breakwater import Breakwater
+from breakwater.auth import TokenStore
+from breakwater.auth._flow import refresh_timeout_s
+from breakwater.auth._login import sign_in
+from breakwater.config import CallPolicy, Config, ConnectPolicy, ServerSpec
+from breakwater.errors import CODE_TO_ERROR, CallRefused, ErrorCode
+from breakwater.journal import Journal, SQLiteJournalStore
+from helpers import envelope_of
+
+pytestmark = pytest.mark.anyio
+
+#: How long the test server's token endpoint takes in its `slow` mode (`oauth_server.SLOW_TOKEN_S`).
+SLOW_TOKEN_S = 2.0
+#: The call's own timeout, or its budget: well under the token endpoint's wait and the refresh's bound.
+CUT_S = 0.6
+
+
+async def _follow(url: str) -> None:
+    async with httpx2.AsyncClient(follow_redirects=True, timeout=10) as http:
+        await http.get(url)
+
+
+def _stats(base: str) -> dict[str, int]:
+    return dict(httpx2.get(f"{base}/admin/stats").json())
+
+
+@pytest.mark.parametrize(
+    ("cut", "token_mode"),
+    [
+        ("caller_timeout", "slow"),  # the refresh succeeds after the cut: the request must not be sent after all
+        ("entry_timeout", "hang"),  # the entry's own timeout, under the refresh's 1 s floor
+        ("budget", "slow"),
+    ],
+)
+async def test_a_call_cut_while_its_401_is_refreshed_was_not_sent(
+    cut: str, token_mode: str, oauth_server: str, config_home: Path, tmp_path: Path
+) -> None:
+    timeout_s = CUT_S if cut == "entry_timeout" else 15.0
+    spec = ServerSpec(
+        name="remote",
+        transport="http",
+        url=f"{oauth_server}/mcp",
+        connect=ConnectPolicy(background_retry_s=0.5),
+        call=CallPolicy(timeout_s=timeout_s),
+    )
+    assert refresh_timeout_s(spec) > CUT_S  # the refresh may outlast the call: the case at hand
+    await sign_in(spec, TokenStore(), browser=_follow)
+    journal = Journal(SQLiteJournalStore(tmp_path / "journal.sqlite3"))
+    async with Breakwater(Config(servers=(spec,)), admission_dir=tmp_path / "admission", journal=journal) as bw:
+        assert (await bw.wait_ready(timeout=20)).all_ready
+        httpx2.post(f"{oauth_server}/admin/expire")  # the access token: the next call is refused 401
+        httpx2.post(f"{oauth_server}/admin/token-mode", params={"m": token_mode})
+        started = time.monotonic()
+        if cut == "budget":
+            async with bw.budget(seconds=CUT_S):
+                result = await bw.call_tool("remote", "whoami", {})
+        else:
+            # whoami has no hints: a tool that may change things, never repeated once it may have run.
+            result = await bw.call_tool("remote", "whoami", {}, timeout=CUT_S if cut == "caller_timeout" else None)
+        took = time.monotonic() - started
+        if token_mode == "slow":
+            await anyio.sleep(SLOW_TOKEN_S + 1.0)  # the token endpoint answered: a resend would have run the tool by now
+        ran = _stats(oauth_server)["whoami"]
+    envelope = envelope_of(result)
+    assert envelope.get("code") == "SERVER_CONNECTING", envelope
+    assert issubclass(CODE_TO_ERROR[ErrorCode(envelope["code"])], CallRefused)
+    assert envelope["retryable"] is True, envelope
+    text = envelope["message"]
+    assert "HTTP 401" in text and "the call was not sent" in text, text
+    assert "remote's token endpoint" in text and "/token" in text, text
+    assert "may or may not" not in text, text
+    assert took < 5, took  # answered at the cut, not after the token endpoint
+    assert ran == 0  # the server refused the request, and it was never sent again
+    journal.flush()
+    rows = [r for r in journal.store.recent(10) if r.tool == "whoami"]
+    assert rows, "the attempt was not journaled"
+    for row in rows:
+        assert row.outcome not in ("outcome_unknown", "timeout") and row.error_code != "OUTCOME_UNKNOWN", row
+
+
+async def test_a_call_cancelled_by_its_caller_while_its_401_is_refreshed_is_not_journaled_unknown(
+    oauth_server: str, config_home: Path, tmp_path: Path
+) -> None:
+    """The caller's own cancel (an agent's deadline) during the refresh: no answer to give, but the journal counted the
+    call of a tool that changes things as of unknown outcome, and a refresh that succeeded later resent it."""
+    spec = ServerSpec(name="remote", transport="http", url=f"{oauth_server}/mcp", call=CallPolicy(timeout_s=15.0))
+    await sign_in(spec, TokenStore(), browser=_follow)
+    journal = Journal(SQLiteJournalStore(tmp_path / "journal.sqlite3"))
+    async with Breakwater(Config(servers=(spec,)), admission_dir=tmp_path / "admission", journal=journal) as bw:
+        assert (await bw.wait_ready(timeout=20)).all_ready
+        httpx2.post(f"{oauth_server}/admin/expire")
+        httpx2.post(f"{oauth_server}/admin/token-mode", params={"m": "slow"})
+        with anyio.move_on_after(CUT_S) as cancelled:
+            await bw.call_tool("remote", "whoami", {})
+        assert cancelled.cancelled_caught
+        await anyio.sleep(SLOW_TOKEN_S + 1.0)
+        ran = _stats(oauth_server)["whoami"]
+        # The sign-in was refreshed meanwhile: the next call runs, once.
+        again = await bw.call_tool("remote", "whoami", {})
+        assert not again.is_error, json.dumps(envelope_of(again))
+        assert _stats(oauth_server)["whoami"] == 1
+    assert ran == 0
+    journal.flush()
+    codes = [r.error_code for r in journal.store.recent(10) if r.tool == "whoami"]
+    assert "CANCELLED" in codes and "OUTCOME_UNKNOWN" not in codes, codes
