@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from auth.oauth_server import SHORT_LIFETIME_S
+
 SERVER = Path(__file__).with_name("oauth_server.py")
 
 
@@ -17,6 +19,12 @@ SERVER = Path(__file__).with_name("oauth_server.py")
 def oauth_server(tmp_path: Path) -> Iterator[str]:
     """The server's base URL; its MCP endpoint is `/mcp` (streamable HTTP)."""
     yield from _serve(tmp_path)
+
+
+@pytest.fixture
+def oauth_server_short_lived(tmp_path: Path) -> Iterator[str]:
+    """The server, its access tokens living `SHORT_LIFETIME_S` (the client refreshes them before it sends)."""
+    yield from _serve(tmp_path, "--lifetime", str(SHORT_LIFETIME_S))
 
 
 @pytest.fixture

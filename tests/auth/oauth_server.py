@@ -59,6 +59,8 @@ M2M_ID = "m2m-client"
 M2M_SECRET = "m2m-secret-value-4711"
 #: How long the token endpoint takes in the `slow` mode.
 SLOW_TOKEN_S = 2.0
+#: An access-token lifetime short enough for a test to outlive (`--lifetime`; the `oauth_server_short_lived` fixture).
+SHORT_LIFETIME_S = 3
 
 
 class Provider:

@@ -18,6 +18,7 @@ import anyio
 import httpx2
 import pytest
 
+from auth.oauth_server import SHORT_LIFETIME_S
 from breakwater import Breakwater
 from breakwater.auth import TokenStore
 from breakwater.auth._flow import refresh_timeout_s
@@ -123,3 +124,47 @@ async def test_a_call_cancelled_by_its_caller_while_its_401_is_refreshed_is_not_
     journal.flush()
     codes = [r.error_code for r in journal.store.recent(10) if r.tool == "whoami"]
     assert "CANCELLED" in codes and "OUTCOME_UNKNOWN" not in codes, codes
+
+
+@pytest.mark.parametrize("protocol", ["2026-07-28", "2025-11-25"])
+async def test_a_call_cut_while_its_expired_token_is_refreshed_before_sending_was_not_sent(
+    protocol: str, oauth_server_short_lived: str, config_home: Path, tmp_path: Path
+) -> None:
+    """The access token expired (here after 3 s; hourly for most servers), so the flow refreshes it before the call's
+    request goes out, and the token endpoint is slow. The call's timeout cut it meanwhile: it was told OUTCOME_UNKNOWN
+    ("it may have run") of a request that never left, and on 2025-11-25 (whose POST is not aborted by a cut) the
+    request went out after the refresh. It is told it was not sent, and it never is."""
+    base = oauth_server_short_lived
+    spec = ServerSpec(
+        name="remote",
+        transport="http",
+        url=f"{base}/mcp",
+        # No health pings: one would refresh the expired token before the call does.
+        connect=ConnectPolicy(background_retry_s=0.5, health_interval_s=0, protocol=protocol),
+        call=CallPolicy(timeout_s=15.0),
+    )
+    await sign_in(spec, TokenStore(), browser=_follow)
+    journal = Journal(SQLiteJournalStore(tmp_path / "journal.sqlite3"))
+    async with Breakwater(Config(servers=(spec,)), admission_dir=tmp_path / "admission", journal=journal) as bw:
+        assert (await bw.wait_ready(timeout=20)).all_ready
+        httpx2.post(f"{base}/admin/token-mode", params={"m": "slow"})
+        await anyio.sleep(SHORT_LIFETIME_S + 0.5)  # whichever token the connection has now, it has expired
+        started = time.monotonic()
+        result = await bw.call_tool("remote", "whoami", {}, timeout=CUT_S)
+        took = time.monotonic() - started
+        await anyio.sleep(SLOW_TOKEN_S + 1.0)  # the token endpoint answered: a send after the cut would have run it
+        ran = _stats(base)["whoami"]
+        httpx2.post(f"{base}/admin/token-mode", params={"m": "ok"})
+        again = await bw.call_tool("remote", "whoami", {})  # the refresh the cut did not abort kept the sign-in
+        assert not again.is_error, json.dumps(envelope_of(again))
+    envelope = envelope_of(result)
+    assert envelope.get("code") == "SERVER_CONNECTING", envelope
+    assert envelope["retryable"] is True, envelope
+    text = envelope["message"]
+    assert "token had expired" in text and "the call was not sent" in text, text
+    assert "remote's token endpoint" in text and "/token" in text, text
+    assert took < 5, took
+    assert ran == 0  # never sent
+    journal.flush()
+    codes = [r.error_code for r in journal.store.recent(10) if r.tool == "whoami"]
+    assert "OUTCOME_UNKNOWN" not in codes, codes

@@ -18,7 +18,8 @@ client credentials, and changes five things, all here:
    through the connection, unbounded, so a token endpoint that hung held a call whose 401 said
    "nothing ran" until the call's deadline cut it as "it may have run". Once the connection is in
    service, a refresh that fails in any way leaves the request refused (its 401 is the answer). A call cut while
-   its refused request waits for the refresh is told it was not sent, and it is not resent (`_unsent`).
+   its request waits for a refresh (before it is sent, or after its 401) is told it was not sent, and it is not
+   sent after that (`_unsent`).
 3. Without a person (`serve`, `Breakwater`): no browser, no dynamic registration from a background
    gateway. When the tokens are missing or cannot be refreshed, or the server wants more scope,
    the provider calls `on_auth_required` with a message naming `breakwater auth login NAME` and
@@ -48,7 +49,7 @@ from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 
 from breakwater._clock import Clock, SystemClock
 from breakwater.auth._store import ServerTokens
-from breakwater.auth._unsent import may_resend, noted, waiting_for, watched
+from breakwater.auth._unsent import NOT_SENT, Refusal, held, may_send, noted, waiting_for, watched
 from breakwater.config import ServerSpec
 from breakwater.config._redact import display_url
 
@@ -310,21 +311,16 @@ class _StoredFlow(OAuthClientProvider):
     async def _auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
         # The lock guards the token state, never a request in flight: held across `yield request` (as
         # the SDK does), one slow call on a JSON-response server would hold every other call back.
-        async with self.context.lock:
-            if not self._initialized:
-                await self._initialize()
-            self.context.protocol_version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER)
-            blocked = not self._interactive and self._step_up_pending()
-            if not blocked and self.context.current_tokens is not None and not self.context.is_token_valid():
-                await self._reload_if_signed_in_again()  # another process may have refreshed already
-            if not blocked and not self.context.is_token_valid() and self._may_refresh():
-                await self._refresh_within()
-            sent = self._access_token() if self.context.is_token_valid() and not blocked else None
-            if sent is not None:
-                self._add_auth_header(request)
-        # The gate's attempt, if this is its request: told when it is refused (`_unsent`). Not over legacy SSE: its writer
-        # posts one message at a time (a cut's gate waits behind the refresh) and stops at an error status (the 401 kept).
+        # The gate's attempt, if this is its request: held until it has its token, told when it is refused (`_unsent`).
+        # Not over legacy SSE: its writer posts one message at a time (a cut's gate waits behind the refresh) and stops
+        # at an error status (the 401 kept).
         mine = watched(request) if self._spec.transport != "sse" else None
+        held(mine)
+        blocked, sent = await self._sign(request, mine)
+        if not may_send(mine):
+            request.extensions[NOT_SENT] = True  # its attempt was cut while it waited, and told it was not sent
+            yield request  # the transport answers it without sending it
+            return
         response = yield request
         noted(mine, response, _needs_auth(response))
         if blocked:
@@ -343,7 +339,7 @@ class _StoredFlow(OAuthClientProvider):
                 fresh = (newer or await self._reload_if_signed_in_again()) and self.context.is_token_valid()
                 if fresh or (self._may_refresh() and await self._refresh_within()):
                     self._add_auth_header(request)
-                    if not may_resend(mine):
+                    if not may_send(mine):
                         return  # its attempt was cut meanwhile, and told the call was not sent: the 401 stays the answer
                     response = yield request
                     noted(mine, response, _needs_auth(response))
@@ -363,7 +359,7 @@ class _StoredFlow(OAuthClientProvider):
                 if outgoing is request and pending is not None:
                     answer, pending = pending, None  # the SDK sends the request first: it was just answered
                 elif outgoing is request:
-                    if not may_resend(mine):
+                    if not may_send(mine):
                         return  # as above: its attempt was cut while the sign-in ran, and told the call was not sent
                     answer = yield request
                     noted(mine, answer, _needs_auth(answer))
@@ -386,7 +382,28 @@ class _StoredFlow(OAuthClientProvider):
         """What a request refused with `response` waits for before it is sent again, for the gate's message."""
         if response.status_code == 403:
             return "breakwater was asking the authorization server for more permission"
+        return self._refresh_text()
+
+    def _refresh_text(self) -> str:
         return f"a new token was being obtained from {self._spec.name}'s token endpoint {display_url(self._get_token_endpoint())}"
+
+    async def _sign(self, request: httpx2.Request, mine: Refusal | None) -> tuple[bool, str | None]:
+        """Before the first send, under the token lock: `request` signed with a valid token, refreshed if it expired
+        (`mine`, the gate's attempt, is told what it waits for); (blocked by a pending step-up?, the token sent)."""
+        async with self.context.lock:
+            if not self._initialized:
+                await self._initialize()
+            self.context.protocol_version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER)
+            blocked = not self._interactive and self._step_up_pending()
+            if not blocked and self.context.current_tokens is not None and not self.context.is_token_valid():
+                await self._reload_if_signed_in_again()  # another process may have refreshed already
+            if not blocked and not self.context.is_token_valid() and self._may_refresh():
+                waiting_for(mine, self._refresh_text(), self._refresh_limit_s)
+                await self._refresh_within()
+            sent = self._access_token() if self.context.is_token_valid() and not blocked else None
+            if sent is not None:
+                self._add_auth_header(request)
+        return blocked, sent
 
     def _rewrite_discovery(self, outgoing: httpx2.Request) -> httpx2.Request:
         url = self._spec.oauth.auth_server_metadata_url if self._spec.oauth is not None else None

@@ -42,6 +42,7 @@ import httpx2
 from breakwater._wire import CONNECTION_CLOSED as _CONNECTION_CLOSED
 from breakwater._wire import CUT_META_KEY as CUT_KEY
 from breakwater._wire import RESULT_TOO_LARGE
+from breakwater.auth._unsent import NOT_SENT
 
 #: JSON-RPC's "invalid request", the code of the SDK client's own "Session terminated".
 _INVALID_REQUEST = -32600
@@ -98,6 +99,8 @@ class CutTolerantTransport(httpx2.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         if not self.armed or request.method != "POST":
             return await self._inner.handle_async_request(request)
+        if NOT_SENT in request.extensions:  # the OAuth flow gave it up before sending it (`auth._unsent`)
+            return _not_sent(request)
         try:
             response = await self._inner.handle_async_request(request)
             if response.status_code >= 400 and (request_id := _request_id(request)) is not None:
@@ -235,6 +238,22 @@ def _too_large(request: httpx2.Request, limit: int) -> httpx2.Response:
     }
     body = json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode()
     return httpx2.Response(200, headers={"content-type": "application/json"}, content=body, request=request)
+
+
+def _not_sent(request: httpx2.Request) -> httpx2.Response:
+    """The answer to a request the OAuth flow gave up before sending it: its attempt was cut, and told so."""
+    request_id = _request_id(request)
+    if request_id is None:
+        return httpx2.Response(202, request=request)
+    error = {
+        "code": _CONNECTION_CLOSED,
+        "message": "not sent: the call was cut while it waited for a new token",
+        "data": {CUT_KEY: {"sent": False, "error": "cut before sending"}},
+    }
+    body = json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode()
+    return httpx2.Response(
+        502, headers={"content-type": "application/json"}, content=body, request=request, extensions={CUT_KEY: True}
+    )
 
 
 def _error_message(request_id: str | int, exc: Exception, *, sent: bool) -> bytes:
