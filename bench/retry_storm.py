@@ -31,7 +31,7 @@ import anyio
 from mcp import Client
 
 from breakwater import Breakwater, Config, ConnectPolicy, ServerSpec
-from breakwater.gate._breaker import BreakerPolicy
+from breakwater.config import BreakerPolicy
 from breakwater.testing.server import launch_command, read_state, stdio_params
 
 NAIVE_ATTEMPTS = 3
@@ -111,7 +111,11 @@ async def breakwater_client(
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, object]:
-    tmp = Path(tempfile.mkdtemp(prefix="bw-retry-storm-"))
+    with tempfile.TemporaryDirectory(prefix="bw-retry-storm-") as tmp:
+        return await _storms(Path(tmp), args)
+
+
+async def _storms(tmp: Path, args: argparse.Namespace) -> dict[str, object]:
     n, w, seed = args.calls, args.workers, args.seed
     out: dict[str, object] = {"calls": n, "workers": w}
     t0 = time.monotonic()
