@@ -309,8 +309,6 @@ class _StoredFlow(OAuthClientProvider):
         return tokens.access_token if tokens is not None else None
 
     async def _auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
-        # The lock guards the token state, never a request in flight: held across `yield request` (as
-        # the SDK does), one slow call on a JSON-response server would hold every other call back.
         # The gate's attempt, if this is its request: held until it has its token, told when it is refused (`_unsent`).
         # Not over legacy SSE: its writer posts one message at a time (a cut's gate waits behind the refresh) and stops
         # at an error status (the 401 kept).
@@ -390,6 +388,8 @@ class _StoredFlow(OAuthClientProvider):
     async def _sign(self, request: httpx2.Request, mine: Refusal | None) -> tuple[bool, str | None]:
         """Before the first send, under the token lock: `request` signed with a valid token, refreshed if it expired
         (`mine`, the gate's attempt, is told what it waits for); (blocked by a pending step-up?, the token sent)."""
+        # The lock guards the token state, never a request in flight: held across `yield request` (as
+        # the SDK does), one slow call on a JSON-response server would hold every other call back.
         async with self.context.lock:
             if not self._initialized:
                 await self._initialize()
