@@ -117,10 +117,15 @@ async def test_a_call_in_flight_when_the_sign_in_ends_gets_its_answer(
                 while httpx2.get(f"{oauth_server}/admin/stats").json()["waits_begun"] < 1:
                     await anyio.sleep(0.05)
             httpx2.post(f"{oauth_server}/admin/revoke")
+            started = time.monotonic()
             answers["whoami"] = await bw.call_tool("remote", "whoami", {})
+            took = time.monotonic() - started
     refused = envelope_of(answers["whoami"])
     assert refused.get("code") in ("SERVER_UNAVAILABLE", "SERVER_CONNECTING"), refused
     assert "breakwater auth login remote" in json.dumps(refused), refused
+    # Refused once the running call had its answer and the reconnect failed, not after a wait for the listen stream,
+    # which never ends (the close would have waited the whole call timeout of 15 s).
+    assert took < 10, took
     waited = answers["wait"]
     assert getattr(waited, "is_error", None) is False, waited
     assert [block.text for block in waited.content] == ["waited"], waited  # type: ignore[attr-defined]
