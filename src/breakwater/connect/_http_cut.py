@@ -47,7 +47,7 @@ from breakwater.auth._unsent import NOT_SENT
 #: JSON-RPC's "invalid request", the code of the SDK client's own "Session terminated".
 _INVALID_REQUEST = -32600
 
-__all__ = ["CUT_KEY", "SDK_UNREADABLE", "CutTolerantTransport", "cut_info", "retry_after_s", "unreadable_reply"]
+__all__ = ["CUT_KEY", "SDK_UNREADABLE", "CutTolerantTransport", "cut_info", "posted_message", "retry_after_s", "unreadable_reply"]
 
 #: Where the synthetic error's `data` carries what happened: {"sent": bool, "error": "ReadError"}.
 #: The SDK's local code for a lost connection, which the gate already treats as a transport failure.
@@ -63,15 +63,21 @@ def cut_info(data: Any) -> dict[str, Any] | None:
     return None
 
 
-def _request_id(request: httpx2.Request) -> str | int | None:
-    """The JSON-RPC id of a POSTed request (None for notifications, responses and other methods)."""
+def posted_message(request: httpx2.Request) -> dict[str, Any] | None:
+    """The JSON object a POST carries (a JSON-RPC message), or None (another method, a body not read or not an object)."""
     if request.method != "POST":
         return None
     try:
         message = json.loads(request.content)
     except (ValueError, httpx2.RequestNotRead):
         return None
-    if isinstance(message, dict) and "method" in message:
+    return message if isinstance(message, dict) else None
+
+
+def _request_id(request: httpx2.Request) -> str | int | None:
+    """The JSON-RPC id of a POSTed request (None for notifications, responses and other methods)."""
+    message = posted_message(request)
+    if message is not None and "method" in message:
         ident = message.get("id")
         if isinstance(ident, (str, int)) and not isinstance(ident, bool):
             return ident

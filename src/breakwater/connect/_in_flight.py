@@ -13,12 +13,13 @@ on. Long-lived requests are not waited for: the GET stream and a 2026-07-28 `sub
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
 import httpx2
+
+from breakwater.connect._http_cut import posted_message
 
 __all__ = ["InFlightClient"]
 
@@ -64,13 +65,8 @@ class InFlightClient(httpx2.AsyncClient):
 
 def _awaits_answer(request: httpx2.Request) -> bool:
     """A POSTed JSON-RPC request, other than a listen stream (a GET, a notification or a response awaits nothing)."""
-    if request.method != "POST":
-        return False
-    try:
-        message = json.loads(request.content)
-    except (ValueError, httpx2.RequestNotRead):
-        return False
-    return isinstance(message, dict) and "id" in message and message.get("method") not in (None, _LISTEN)
+    message = posted_message(request)
+    return message is not None and "id" in message and message.get("method") not in (None, _LISTEN)
 
 
 class _Closing(httpx2.AsyncByteStream):
