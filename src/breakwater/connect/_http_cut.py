@@ -126,14 +126,7 @@ class CutTolerantTransport(httpx2.AsyncBaseTransport):
             sent = not isinstance(exc, _NOT_SENT)
             if not sent and self._on_unreachable is not None:
                 self._on_unreachable()
-            request_id = _request_id(request)
-            if request_id is None:
-                # A notification or a response to the server: it is lost, as the cut says; nobody waits for it.
-                return httpx2.Response(202, request=request)
-            body = _error_message(request_id, exc, sent=sent)
-            return httpx2.Response(
-                502, headers={"content-type": "application/json"}, content=body, request=request, extensions={CUT_KEY: True}
-            )
+            return _cut(request, _cut_text(exc, sent), sent=sent, kind=type(exc).__name__)
         return response
 
     async def _read_json(self, request: httpx2.Request, response: httpx2.Response) -> httpx2.Response:
@@ -248,29 +241,28 @@ def _too_large(request: httpx2.Request, limit: int) -> httpx2.Response:
 
 def _not_sent(request: httpx2.Request) -> httpx2.Response:
     """The answer to a request the OAuth flow gave up before sending it: its attempt was cut, and told so."""
+    return _cut(request, "not sent: the call was cut while it waited for a new token", sent=False, kind="cut before sending")
+
+
+def _cut(request: httpx2.Request, message: str, *, sent: bool, kind: str) -> httpx2.Response:
+    """The answer that stands for a request cut (`sent`: after it left): a 502 with its JSON-RPC error, or for a
+    notification or a response to the server (lost, as the cut says) a 202: nobody waits for it."""
     request_id = _request_id(request)
     if request_id is None:
         return httpx2.Response(202, request=request)
-    error = {
-        "code": _CONNECTION_CLOSED,
-        "message": "not sent: the call was cut while it waited for a new token",
-        "data": {CUT_KEY: {"sent": False, "error": "cut before sending"}},
-    }
-    body = json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode()
-    return httpx2.Response(
-        502, headers={"content-type": "application/json"}, content=body, request=request, extensions={CUT_KEY: True}
-    )
+    body = _error_message(request_id, message, sent=sent, kind=kind)
+    headers = {"content-type": "application/json"}
+    return httpx2.Response(502, headers=headers, content=body, request=request, extensions={CUT_KEY: True})
 
 
-def _error_message(request_id: str | int, exc: Exception, *, sent: bool) -> bytes:
-    """The JSON-RPC error, for `request_id`, that stands for the cut."""
-    kind = type(exc).__name__
+def _cut_text(exc: Exception, sent: bool) -> str:
     where = "before the request was sent" if not sent else "after the request was sent, before its answer"
-    error = {
-        "code": _CONNECTION_CLOSED,
-        "message": f"connection cut {where} ({kind})",
-        "data": {CUT_KEY: {"sent": sent, "error": kind}},
-    }
+    return f"connection cut {where} ({type(exc).__name__})"
+
+
+def _error_message(request_id: str | int, message: str, *, sent: bool, kind: str) -> bytes:
+    """The JSON-RPC error, for `request_id`, that stands for the cut."""
+    error = {"code": _CONNECTION_CLOSED, "message": message, "data": {CUT_KEY: {"sent": sent, "error": kind}}}
     return json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode()
 
 
@@ -296,7 +288,8 @@ class _WholeEvents(httpx2.AsyncByteStream):
                     held = held[ends[-1] :]
         except httpx2.TransportError as exc:
             # `held` is an event the cut broke off: dropped, or the SDK would fail to parse it.
-            yield b"event: message\r\ndata: " + _error_message(self._request_id, exc, sent=True) + b"\r\n\r\n"
+            error = _error_message(self._request_id, _cut_text(exc, True), sent=True, kind=type(exc).__name__)
+            yield b"event: message\r\ndata: " + error + b"\r\n\r\n"
             return
         if held:
             yield held
