@@ -62,6 +62,8 @@ def _no_user_home() -> Iterator[None]:
         # variable they would go to the user's /run/user/UID where there is one (`_paths.runtime_dir`).
         (home / "run").mkdir(mode=0o700)
         patch.setenv("XDG_RUNTIME_DIR", str(home / "run"))
+        # Nor a policy of this machine's Claude Code (/etc/claude-code/managed-settings.json): it would turn servers off.
+        patch.setenv("BREAKWATER_CLAUDE_MANAGED_SETTINGS", str(home / "claude-code" / "managed-settings.json"))
         patch.setenv("NPM_CONFIG_CACHE", real_npm_cache)
         yield
     shutil.rmtree(home, ignore_errors=True)

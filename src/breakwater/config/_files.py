@@ -25,6 +25,7 @@ from breakwater._wire import json_depth, json_kind
 from breakwater.config import _jsonc
 from breakwater.config._checks import TOOL_NAME_OK, alike_servers, check_server_name, check_template_for_servers
 from breakwater.config._claude import claude_unstarted_servers
+from breakwater.config._claude_policy import apply_claude_policy, managed_settings_paths, read_claude_policy
 from breakwater.config._codex import CODEX_TOP, servers_from_codex
 from breakwater.config._dialect import (
     claude_disabled_servers,
@@ -554,6 +555,8 @@ def _load(
         defaults = {section: build_policy(cls, [env_layer(cls, env)]) for section, cls in POLICY_SECTIONS.items()}
         specs, notes = _servers_from_file(p, defaults, expand, entries_ok)
         config = Config(servers=tuple(specs), **defaults, **_global_policies({}, None, env), path=str(p), notes=tuple(notes))
+    # Last, so no entry of any file (`enabled = true` included) starts a server the machine's policy blocks.
+    config = apply_claude_policy(config, read_claude_policy(managed_settings_paths(env)))
     template = config.gateway.tool_name_template
     try:
         check_template_for_servers(template, len(config.servers))

@@ -355,7 +355,17 @@ class Policy:
 
 
 #: Variables breakwater (or its tooling: the lab's pages, scripts/) reads that are no knob of a policy.
-_OTHER_NAMES = ("TOKEN", "JOURNAL_DB", "TASKS_DB", "IDEMPOTENCY_DB", "LAB_TOKEN", "LAB_EXAMPLES", "LAB_SCREENSHOT_DIR")
+#: (CLAUDE_MANAGED_SETTINGS: `_claude_policy.MANAGED_SETTINGS_ENV`, a file the config reads before any policy exists.)
+_OTHER_NAMES = (
+    "TOKEN",
+    "JOURNAL_DB",
+    "TASKS_DB",
+    "IDEMPOTENCY_DB",
+    "LAB_TOKEN",
+    "LAB_EXAMPLES",
+    "LAB_SCREENSHOT_DIR",
+    "CLAUDE_MANAGED_SETTINGS",
+)
 _OTHER_VARIABLES = frozenset(f"{ENV_PREFIX}{name}" for name in (*_OTHER_NAMES, "TOOLS_DIR", "WEB_SCREENSHOT_DIR"))
 _TESTS = f"{ENV_PREFIX}TEST_"  # the test suite's own (BREAKWATER_TEST_POSTGRES, ...)
 
