@@ -163,3 +163,13 @@ async def test_a_blocked_server_is_disabled_with_its_reason_and_never_started(ma
         result = await bw.call_tool("tattle", "anything", {})
         assert result.is_error
     assert not marker.exists()
+
+
+def test_an_allowlist_that_is_no_list_is_left_out_not_read_as_allowing_nothing(
+    machine: tuple[Path, Path], tmp_path: Path
+) -> None:
+    managed, _ = machine
+    _write(managed, {"allowedMcpServers": {"serverName": "github"}})
+    config = _load(tmp_path)
+    assert _off(config) == {}
+    assert any(note.startswith(f"allowedMcpServers in {managed} is not a list") for note in config.notes), config.notes

@@ -98,12 +98,11 @@ class ClaudePolicy:
         return f"allowedMcpServers in {' and '.join(self.allow_sources)} does not allow {what} (Claude Code's MCP policy)"
 
 
-def read_claude_policy(managed: Iterable[Path], user: Path | None = None) -> ClaudePolicy:
-    """The policy of the managed settings files (`managed_settings_paths`) and the user's settings (default:
-    `~/.claude/settings.json`)."""
+def read_claude_policy(managed: Iterable[Path]) -> ClaudePolicy:
+    """The policy of the managed settings files (`managed_settings_paths`) and the user's `~/.claude/settings.json`."""
     notes: list[str] = []
     managed_files = [(path, _read(path, notes)) for path in managed]
-    user_file = Path.home() / ".claude" / "settings.json" if user is None else user
+    user_file = Path.home() / ".claude" / "settings.json"
     only_managed = any(settings.get("allowManagedMcpServersOnly") is True for _, settings in managed_files)
     denied: list[_Entry] = []
     allowed: list[_Entry] | None = None
@@ -111,16 +110,19 @@ def read_claude_policy(managed: Iterable[Path], user: Path | None = None) -> Cla
     files = [*((path, settings, True) for path, settings in managed_files), (user_file, _read(user_file, notes), False)]
     for path, settings, is_managed in files:
         denied += _entries(settings, "deniedMcpServers", path, notes)
-        if "allowedMcpServers" in settings and (is_managed or not only_managed):
-            allowed = [*(allowed or []), *_entries(settings, "allowedMcpServers", path, notes)]
-            sources.append(str(path))
+        if is_managed or not only_managed:
+            listed = _entries(settings, "allowedMcpServers", path, notes)
+            # A value that is no list is left out (and said), as if not written: not an allowlist that allows nothing.
+            if isinstance(settings.get("allowedMcpServers"), list):
+                allowed = [*(allowed or []), *listed]
+                sources.append(str(path))
     return ClaudePolicy(tuple(denied), None if allowed is None else tuple(allowed), tuple(sources), tuple(notes))
 
 
 def _entries(settings: Mapping[str, Any], field: str, path: Path, notes: list[str]) -> list[_Entry]:
-    listed = settings.get(field)
     if field not in settings:
         return []
+    listed = settings[field]
     if not isinstance(listed, list):
         notes.append(f"{field} in {path} is not a list: left out, as Claude Code leaves it out")
         return []
