@@ -283,7 +283,7 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
                 call.journal.sent += 1
                 duration_s = clock.monotonic() - deadline.started
                 # A tool that changes things, cancelled once sent, may have acted (as the drain tells its caller; journaled
-                # cancelled, `stats` counted none unknown), unless the server refused it and it was not resent (`claim`).
+                # cancelled, `stats` counted none unknown), unless it waited for a token and was never sent (`claim`).
                 code = ErrorCode.CANCELLED if info.retry_class is SAFE or claim(refusal) else ErrorCode.OUTCOME_UNKNOWN
                 observe(ctx, call, code, attempt=call.journal.sent, duration_s=duration_s)
             raise
@@ -301,7 +301,7 @@ async def run_attempt(ctx: GateContext, call: Call, permits: Permits) -> Answer:
             TASK_CALL.reset(task_token)
     if scope.cancelled_caught:
         failure = TimeoutError()
-    if refusal is not None:  # a cut of a request the server refused and that was not sent again: not run
+    if refusal is not None:  # a cut of a request that waited for its token (refused, or not sent yet): not run
         failure = cut_unsent(refusal, failure, srv.name, info.name, deadline.timeout_s, deadline.by_budget)
     if result is not None:  # NaN or Infinity from the server: null, as on the gateway's wire (connect/_not_json.py)
         result = finite_result(result, server=srv.name, tool=info.name)
