@@ -167,7 +167,7 @@ async def _run_status(config: Config, wait: float, as_json: bool) -> int:
         else:
             await bw.clock.sleep(0)
             report = bw.status()
-        drift = _drift(config, bw)
+        drift = _learn(config, bw)
     policy = config.gateway
     if as_json:
         print(json.dumps(report.to_json() | {"drift": drift, "drift_mode": policy.drift}, indent=2))
@@ -177,17 +177,22 @@ async def _run_status(config: Config, wait: float, as_json: bool) -> int:
     return EXIT_OK if report.all_ready else EXIT_NOT_READY
 
 
-def _drift(config: Config, bw: Breakwater) -> dict[str, list[str]]:
-    """Per ready server, its tools whose definition changed since approved, as the gateway sees them (its catalog)."""
-    if config.gateway.drift == "accept":  # approved as they change: nothing to say
-        return {}
+def _learn(config: Config, bw: Breakwater) -> dict[str, list[str]]:
+    """Per ready server, its tools whose definition changed since approved, as the gateway sees them (its catalog).
+
+    Each ready server's tools are kept as its last-known ones too, as the gateway keeps them: the first `serve` after
+    a `status` lists them while its servers still connect, where it listed none and waited up to `list_wait_s`."""
     from breakwater.gateway._open import gateway_catalog
 
     catalog = gateway_catalog(config)
     drift: dict[str, list[str]] = {}
     for spec in config.servers:
         upstream = bw.upstream(spec.name)
-        if upstream.state is ServerState.READY and (changed := catalog.drifted(spec.name, spec.fingerprint(), upstream.tools)):
+        if upstream.state is not ServerState.READY:
+            continue
+        catalog.remember(spec.name, spec.fingerprint(), upstream.tools)
+        # `accept`: approved as they change, nothing to say.
+        if config.gateway.drift != "accept" and (changed := catalog.drifted(spec.name, spec.fingerprint(), upstream.tools)):
             drift[spec.name] = changed
     return drift
 
