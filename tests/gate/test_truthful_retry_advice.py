@@ -167,6 +167,9 @@ def test_a_never_tools_server_error_the_server_does_not_call_retryable_still_say
         "RATE LIMITED",
         "rate-limit exceeded",
         "Please retry",
+        "Please retry.",
+        "Please retry after 30 seconds",
+        "Backend busy; please retry. Use a smaller page size next time",
         "Try again later.",
         "try again in 30 seconds",
         "Service Unavailable",
@@ -180,7 +183,18 @@ def test_transient_wording_is_recognised(text: str) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["Enter a valid date, then try again", "moderate limits apply", "retrying is not allowed", "unretryable", "latency"],
+    [
+        "Enter a valid date, then try again",
+        "moderate limits apply",
+        "retrying is not allowed",
+        "unretryable",
+        "latency",
+        # A "please retry" that says how to change the request is a correction, not a passing failure.
+        "Invalid date format, please retry with YYYY-MM-DD",
+        "Please retry the request using a smaller page size",
+        "please retry after fixing the query",
+        "Query too broad: please retry by specifying a project",
+    ],
 )
 def test_a_bare_try_again_or_a_word_inside_another_is_no_transient_wording(text: str) -> None:
     assert not says_transient(text)

@@ -44,9 +44,17 @@ def asked_amiss(text: str) -> bool:
 # What a tool in trouble answers, in plain text, when a later attempt may work: "temporarily unavailable, try again",
 # "rate limited", "please retry". The model read "fix the input or take another approach rather than repeating the same
 # call" beside them. Whole phrases only: a bare "try again" also ends a model's mistake ("a valid date, then try again").
+# Nor "please retry" that says how to change the request ("please retry with YYYY-MM-DD", "please retry the request
+# using a smaller page size", "please retry after fixing the query"): a correction, read as transient, was repeated as
+# it was and counted against the tool's breaker.
+_CORRECTION = (
+    r"[^.;!?\n]*\b(?:with|using|by|providing|passing|specifying|including|once you|"
+    r"after (?:fixing|correcting|changing|updating|adding|removing|checking))\b"
+)
 _TRANSIENT = re.compile(
     r"\b(?:(?:temporarily|currently) (?:unavailable|overloaded|busy|down)|service unavailable|too many requests|"
-    r"rate[ -]?limit(?:ed|s)?|(?:server|service) (?:is )?(?:busy|overloaded)|please retry|retry (?:later|shortly|soon|in \d)|"
+    rf"rate[ -]?limit(?:ed|s)?|(?:server|service) (?:is )?(?:busy|overloaded)|please retry(?!{_CORRECTION})|"
+    r"retry (?:later|shortly|soon|in \d)|"
     r"try (?:again )?(?:later|shortly|soon|in \d+|in a (?:moment|minute|few \w+|little while|while|bit)))\b",
     re.IGNORECASE,
 )
