@@ -10,7 +10,8 @@ The directories come from `platformdirs`, so a user's `XDG_*` variables win on L
   `~/Library/Caches/TemporaryItems/breakwater`; Windows `%LOCALAPPDATA%\\Temp\\breakwater`.
 
 Data outlives caches; the cache holds what can be rebuilt; the runtime directory holds what lives only
-while the user is logged in.
+while the user is logged in. One more that is not breakwater's: where Claude Code's managed settings live
+(`claude_managed_settings`), the machine's MCP policy that `config._claude_policy` applies.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ __all__ = [
     "MAX_SECRET_FILE_BYTES",
     "MAX_USER_FILE_BYTES",
     "cache_dir",
+    "claude_managed_settings",
     "config_dir",
     "data_dir",
     "file_stem",
@@ -40,6 +42,18 @@ __all__ = [
 ]
 
 APP = "breakwater"
+
+
+def claude_managed_settings() -> tuple[Path, ...]:
+    """Where Claude Code's managed settings (an administrator's) live on this platform."""
+    if sys.platform == "darwin":
+        return (Path("/Library/Application Support/ClaudeCode/managed-settings.json"),)
+    if sys.platform == "win32":
+        return (
+            Path(r"C:\Program Files\ClaudeCode\managed-settings.json"),
+            Path(r"C:\ProgramData\ClaudeCode\managed-settings.json"),
+        )
+    return (Path("/etc/claude-code/managed-settings.json"),)
 
 
 def data_dir() -> Path:

@@ -171,3 +171,49 @@ def test_an_upstream_whose_child_holds_its_stdout_is_still_seen_to_exit(tmp_path
     assert seen, "the leader's exit was never seen"
     # Its exit at ~3.2 s is seen within the slowest look (2 s) and a generous margin for a busy machine.
     assert seen[0] < 3.2 + 2.0 + 5
+
+
+EXITS_AT_ONCE = """
+import sys
+print("MY_SERVICE_TOKEN is not set", file=sys.stderr)
+sys.exit(1)
+"""
+
+
+def _exited(pid: int) -> bool:
+    """Whether `pid` is a zombie (exited, not reaped yet): its state in /proc."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads a process's state in /proc")
+@pytest.mark.parametrize("loop", LOOPS)
+def test_an_upstream_gone_before_its_first_write_is_known_by_its_exit_code(tmp_path: Path, loop: str) -> None:
+    """A server that exits at once (a token it needs is not set) breaks the handshake's first write before its stdout's
+    end is read: its exit code is still known, so the failure is "exited with code 1" and its stderr, not a bare
+    "connection closed" (seen in CI on a loaded host)."""
+    script = tmp_path / "gone.py"
+    script.write_text(EXITS_AT_ONCE)
+    codes: list[int | None] = []
+
+    async def main() -> None:
+        process = StdioProcess(sys.executable, (str(script),))
+        async with process.open() as (_read, write):
+            assert process.process is not None
+            pid = process.process.pid
+            # Gone before anything was written to it. Waited for without yielding to the event loop, so that the loop
+            # has not reaped it yet when the write fails: the order a loaded host produced.
+            deadline = time.monotonic() + 30
+            while not _exited(pid):
+                assert time.monotonic() < deadline, "the test server did not exit"
+                time.sleep(0.005)
+            # The handshake's first line meets the broken pipe (asyncio says so only later); its next line fails.
+            await write.write_line(b'{"jsonrpc":"2.0","id":1,"method":"server/discover"}\n')
+            with pytest.raises(anyio.BrokenResourceError):
+                await write.write_line(b'{"jsonrpc":"2.0","id":2,"method":"initialize"}\n')
+        codes.append(process.exit_code_before_close)
+
+    _run(loop, main)
+    assert codes == [1]

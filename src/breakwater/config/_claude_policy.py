@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from breakwater import _paths
 from breakwater.config._model import Config
 
 __all__ = ["MANAGED_SETTINGS_ENV", "ClaudePolicy", "apply_claude_policy", "managed_settings_paths", "read_claude_policy"]
@@ -43,18 +43,11 @@ MANAGED_SETTINGS_ENV = "BREAKWATER_CLAUDE_MANAGED_SETTINGS"
 
 
 def managed_settings_paths(environ: Mapping[str, str]) -> tuple[Path, ...]:
-    """Where Claude Code's managed settings live on this platform; `MANAGED_SETTINGS_ENV` in `environ` names another
-    file instead (to try a policy before deploying it; the test suite's own)."""
+    """Where Claude Code's managed settings live on this platform (`_paths`); `MANAGED_SETTINGS_ENV` in `environ` names
+    another file instead (to try a policy before deploying it; the test suite's own)."""
     if given := environ.get(MANAGED_SETTINGS_ENV):
         return (Path(given),)
-    if sys.platform == "darwin":
-        return (Path("/Library/Application Support/ClaudeCode/managed-settings.json"),)
-    if sys.platform == "win32":
-        return (
-            Path(r"C:\Program Files\ClaudeCode\managed-settings.json"),
-            Path(r"C:\ProgramData\ClaudeCode\managed-settings.json"),
-        )
-    return (Path("/etc/claude-code/managed-settings.json"),)
+    return _paths.claude_managed_settings()
 
 
 @dataclass(frozen=True, slots=True)

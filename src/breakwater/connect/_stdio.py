@@ -326,6 +326,11 @@ class StdoutReader:
         """End the reads at once (a broken stdin: `why` tells the calls in flight, unless breakwater is closing it)."""
         self._ended = True
         self._end_raw(None if self.shutting_down else why)
+        if why is not None and not self.shutting_down:
+            # A broken stdin says the process is going as surely as its stdout's end: its exit code gets the same
+            # grace. Without it, a server that exited at once (a missing token) and broke the handshake's first
+            # write before its stdout's end was read was told "the connection closed", not its exit and why.
+            self._stdout_closed.set()
         if self._reading is not None:
             self._reading.cancel()
 
