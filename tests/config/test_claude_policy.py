@@ -173,3 +173,27 @@ def test_an_allowlist_that_is_no_list_is_left_out_not_read_as_allowing_nothing(
     config = _load(tmp_path)
     assert _off(config) == {}
     assert any(note.startswith(f"allowedMcpServers in {managed} is not a list") for note in config.notes), config.notes
+
+
+def test_the_project_folders_settings_count_as_claude_code_reads_them_there(
+    machine: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claude Code reads the lists of the folder it runs in, `.claude/settings.json` and `.claude/settings.local.json`,
+    trusted or not (checked with Claude Code itself: `claude mcp list` there): a denylist there blocks, an allowlist
+    there restricts, or broadens the managed one."""
+    managed, _ = machine
+    project = tmp_path / "project"
+    (project / ".claude").mkdir(parents=True)
+    monkeypatch.chdir(project)
+    _write(project / ".claude" / "settings.json", {"deniedMcpServers": [{"serverName": "github"}]})
+    _write(project / ".claude" / "settings.local.json", {"deniedMcpServers": [{"serverName": "wiki"}]})
+    off = _off(_load(tmp_path))
+    assert set(off) == {"github", "wiki"}
+    assert off["wiki"].startswith(f"deniedMcpServers[0] in {project / '.claude' / 'settings.local.json'}")
+    (project / ".claude" / "settings.local.json").unlink()
+    _write(project / ".claude" / "settings.json", {"allowedMcpServers": [{"serverName": "tickets"}]})
+    assert set(_off(_load(tmp_path))) == set(SERVERS) - {"tickets"}
+    _write(managed, {"allowedMcpServers": [{"serverName": "wiki"}]})
+    assert set(_off(_load(tmp_path))) == set(SERVERS) - {"tickets", "wiki"}
+    _write(managed, {"allowedMcpServers": [{"serverName": "wiki"}], "allowManagedMcpServersOnly": True})
+    assert set(_off(_load(tmp_path))) == set(SERVERS) - {"wiki"}

@@ -9,8 +9,9 @@ breakwater applies the same lists to every server it would start (whatever its f
 the policy is the machine's), and a server they block is off with the reason (`disabled_by`), as Claude Code would
 not have started it:
 
-* the lists of the managed settings and of the user's `~/.claude/settings.json` are merged, one allowlist and one
-  denylist (the user's allowlist does not count when the managed settings say `allowManagedMcpServersOnly`);
+* the lists of the managed settings, the user's `~/.claude/settings.json` and the `.claude/settings.json` and
+  `.claude/settings.local.json` of the folder breakwater runs in are merged, one allowlist and one denylist, as
+  Claude Code merges them (an allowlist other than the managed one does not count under `allowManagedMcpServersOnly`);
 * a server that matches a denylist entry is blocked, whatever the allowlist says;
 * with an allowlist (an empty one allows nothing), a stdio server must match one of its `serverCommand` entries when
   it has any, else one of its `serverName` entries; a remote server likewise its `serverUrl` entries, else its names;
@@ -91,16 +92,24 @@ class ClaudePolicy:
         return f"allowedMcpServers in {' and '.join(self.allow_sources)} does not allow {what} (Claude Code's MCP policy)"
 
 
-def read_claude_policy(managed: Iterable[Path]) -> ClaudePolicy:
-    """The policy of the managed settings files (`managed_settings_paths`) and the user's `~/.claude/settings.json`."""
+def read_claude_policy(managed: Iterable[Path], project: Path) -> ClaudePolicy:
+    """The policy of the managed settings files (`managed_settings_paths`), the user's `~/.claude/settings.json`, and
+    the `.claude/settings.json` and `.claude/settings.local.json` of `project` (the folder breakwater runs in, where
+    its agent runs), as Claude Code reads them there (trusted folder or not)."""
     notes: list[str] = []
     managed_files = [(path, _read(path, notes)) for path in managed]
-    user_file = Path.home() / ".claude" / "settings.json"
+    others: dict[Path, Path] = {}  # by resolved path: the home folder's `.claude/settings.json` is the user's own
+    for path in (Path.home() / ".claude" / "settings.json", project / ".claude" / "settings.json"):
+        others.setdefault(path.resolve(), path)
+    others.setdefault((project / ".claude" / "settings.local.json").resolve(), project / ".claude" / "settings.local.json")
     only_managed = any(settings.get("allowManagedMcpServersOnly") is True for _, settings in managed_files)
     denied: list[_Entry] = []
     allowed: list[_Entry] | None = None
     sources: list[str] = []
-    files = [*((path, settings, True) for path, settings in managed_files), (user_file, _read(user_file, notes), False)]
+    files = [
+        *((path, settings, True) for path, settings in managed_files),
+        *((path, _read(path, notes), False) for path in others.values()),
+    ]
     for path, settings, is_managed in files:
         denied += _entries(settings, "deniedMcpServers", path, notes)
         if is_managed or not only_managed:

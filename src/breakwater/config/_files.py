@@ -556,7 +556,7 @@ def _load(
         specs, notes = _servers_from_file(p, defaults, expand, entries_ok)
         config = Config(servers=tuple(specs), **defaults, **_global_policies({}, None, env), path=str(p), notes=tuple(notes))
     # Last, so no entry of any file (`enabled = true` included) starts a server the machine's policy blocks.
-    config = apply_claude_policy(config, read_claude_policy(managed_settings_paths(env)))
+    config = apply_claude_policy(config, read_claude_policy(managed_settings_paths(env), Path.cwd()))
     template = config.gateway.tool_name_template
     try:
         check_template_for_servers(template, len(config.servers))
