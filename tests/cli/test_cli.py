@@ -570,3 +570,31 @@ def test_tools_and_call_see_the_tools_serve_lists(env: dict[str, str], tmp_path:
     assert any("summarise" in json.dumps(entry) for entry in saved), saved
     called = run(env, "call", "s", "summarise", "--wait", "30", "--config", str(config))
     assert (called.returncode, called.stdout.strip()) == (0, "ran summarise"), called.stderr
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="Windows does not remove a folder a process runs in")
+@pytest.mark.parametrize("command", [["config", "check"], ["serve"], ["status", "--wait", "0"]])
+def test_a_command_started_in_a_removed_folder_says_so_in_one_line(
+    env: dict[str, str], tmp_path: Path, command: list[str]
+) -> None:
+    """An agent or a shell left in a folder that was removed (a deleted checkout): `config check` ended in a
+    FileNotFoundError traceback. Every command says what is wrong and exits 2, before anything starts."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    # The program removes its own folder first: the state a shell left in a deleted folder starts it in.
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import os, sys; os.rmdir({str(gone)!r}); from breakwater.cli import run; sys.argv[1:] = {command!r}; run()",
+        ],
+        cwd=gone,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == "breakwater: the current directory no longer exists; cd to one that does and run again\n"

@@ -249,6 +249,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = _COMMANDS.get(args[0])
     if command is None:
         return _unknown(args[0])
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        from breakwater.cli._common import EXIT_CONFIG, fail
+
+        # Started in a folder that was removed (a deleted checkout, a temporary directory): every command reads
+        # relative paths and the folder's Claude Code settings there, and `config check` ended in a traceback.
+        return fail("the current directory no longer exists; cd to one that does and run again", EXIT_CONFIG)
     return _run(command[1], args[1:], stoppable=args[0] in _STOPPABLE)
 
 
