@@ -17,7 +17,8 @@ import anyio
 import httpx2
 import mcp.types as types
 import pytest
-from mcp import Client, StdioServerParameters
+from mcp import Client, MCPError, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 from mcp.types import RequestParamsMeta
 
 from breakwater.testing.server import launch_command, read_state
@@ -383,7 +384,19 @@ async def test_http_rejects_foreign_origin_and_requires_token_when_set(tmp_path:
         ok = await http.post(url, json=body, headers={**headers, "origin": url.rsplit("/", 1)[0]})
         assert ok.status_code == 200
     async with gateway_http(tmp_path, config, env, "--token", "s3cret-token") as url, httpx2.AsyncClient() as http:
-        assert (await http.post(url, json=body, headers=headers)).status_code == 401
+        refused = await http.post(url, json=body, headers=headers)
+        assert refused.status_code == 401
+        # A JSON-RPC error, which the SDK's client relays to its caller (`{"error": ...}` read "an error response").
+        assert refused.json()["error"]["message"].startswith("missing or wrong bearer token"), refused.text
+        with pytest.raises(BaseException) as raised:  # the SDK raises it from its task group, in a group
+            async with Client(streamable_http_client(url, http_client=httpx2.AsyncClient())):
+                pass
+        leaves, found = [raised.value], []
+        while leaves:
+            leaf = leaves.pop()
+            leaves += list(getattr(leaf, "exceptions", ()))
+            found += [str(leaf)] if isinstance(leaf, MCPError) else []
+        assert any("this breakwater gateway wants the token it was started with" in said for said in found), raised.value
         authed = await http.post(url, json=body, headers={**headers, "authorization": "Bearer s3cret-token"})
         assert authed.status_code == 200
         # `status --gateway` without the token said it could not reach the gateway and to check it runs.

@@ -38,6 +38,22 @@ log = logging.getLogger("breakwater.gateway.http")
 limit_repeats(log, by_message=True)  # one line per Host refused, then at the 10th, 100th...
 
 
+#: What a request without the gateway's token is answered (HTTP 401): a JSON-RPC error, which MCP clients show as they
+#: show a server's error (the SDK's relays its message; it read `{"error": ...}` as "Server returned an error
+#: response"). Its id is null: the request's body is not read before the token is checked.
+_UNAUTHORIZED = json.dumps(
+    {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {
+            "code": -32001,
+            "message": "missing or wrong bearer token: this breakwater gateway wants the token it was started with "
+            "(its --token or BREAKWATER_TOKEN) as Authorization: Bearer TOKEN",
+        },
+    }
+).encode()
+
+
 class BearerAuth:
     """ASGI middleware: every request must carry `Authorization: Bearer <token>`."""
 
@@ -51,7 +67,7 @@ class BearerAuth:
         if scope["type"] == "http":
             headers = dict(scope.get("headers") or [])
             if not hmac.compare_digest(headers.get(b"authorization", b""), self._expected):
-                body = b'{"error": "missing or wrong bearer token"}'
+                body = _UNAUTHORIZED
                 await send(
                     {
                         "type": "http.response.start",
