@@ -225,6 +225,18 @@ class TokenEndpoint:
         return JSONResponse(token.model_copy(update={"refresh_token": None}).model_dump(exclude_none=True))
 
 
+async def follow(url: str) -> None:
+    """The browser of a test's sign-in: follows the authorization URL's redirects to the end (this server approves at
+    once), for `sign_in(..., browser=follow)`."""
+    async with httpx2.AsyncClient(follow_redirects=True, timeout=10) as http:
+        await http.get(url)
+
+
+def admin_stats(base: str) -> dict[str, int]:
+    """What `GET /admin/stats` counts of the server at `base`."""
+    return dict(httpx2.get(f"{base}/admin/stats").json())
+
+
 def build(port: int, lifetime: int, path: str = "/mcp") -> tuple[MCPServer, Provider]:
     base = f"http://127.0.0.1:{port}"
     provider = Provider(lifetime)

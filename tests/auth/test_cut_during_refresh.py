@@ -18,7 +18,7 @@ import anyio
 import httpx2
 import pytest
 
-from auth.oauth_server import SHORT_LIFETIME_S
+from auth.oauth_server import SHORT_LIFETIME_S, admin_stats, follow
 from breakwater import Breakwater
 from breakwater.auth import TokenStore
 from breakwater.auth._flow import refresh_timeout_s
@@ -34,15 +34,6 @@ pytestmark = pytest.mark.anyio
 SLOW_TOKEN_S = 2.0
 #: The call's own timeout, or its budget: well under the token endpoint's wait and the refresh's bound.
 CUT_S = 0.6
-
-
-async def _follow(url: str) -> None:
-    async with httpx2.AsyncClient(follow_redirects=True, timeout=10) as http:
-        await http.get(url)
-
-
-def _stats(base: str) -> dict[str, int]:
-    return dict(httpx2.get(f"{base}/admin/stats").json())
 
 
 @pytest.mark.parametrize(
@@ -65,7 +56,7 @@ async def test_a_call_cut_while_its_401_is_refreshed_was_not_sent(
         call=CallPolicy(timeout_s=timeout_s),
     )
     assert refresh_timeout_s(spec) > CUT_S  # the refresh may outlast the call: the case at hand
-    await sign_in(spec, TokenStore(), browser=_follow)
+    await sign_in(spec, TokenStore(), browser=follow)
     journal = Journal(SQLiteJournalStore(tmp_path / "journal.sqlite3"))
     async with Breakwater(Config(servers=(spec,)), admission_dir=tmp_path / "admission", journal=journal) as bw:
         assert (await bw.wait_ready(timeout=20)).all_ready
@@ -81,7 +72,7 @@ async def test_a_call_cut_while_its_401_is_refreshed_was_not_sent(
         took = time.monotonic() - started
         if token_mode == "slow":
             await anyio.sleep(SLOW_TOKEN_S + 1.0)  # the token endpoint answered: a resend would have run the tool by now
-        ran = _stats(oauth_server)["whoami"]
+        ran = admin_stats(oauth_server)["whoami"]
     envelope = envelope_of(result)
     assert envelope.get("code") == "SERVER_CONNECTING", envelope
     assert issubclass(CODE_TO_ERROR[ErrorCode(envelope["code"])], CallRefused)
@@ -105,7 +96,7 @@ async def test_a_call_cancelled_by_its_caller_while_its_401_is_refreshed_is_not_
     """The caller's own cancel (an agent's deadline) during the refresh: no answer to give, but the journal counted the
     call of a tool that changes things as of unknown outcome, and a refresh that succeeded later resent it."""
     spec = ServerSpec(name="remote", transport="http", url=f"{oauth_server}/mcp", call=CallPolicy(timeout_s=15.0))
-    await sign_in(spec, TokenStore(), browser=_follow)
+    await sign_in(spec, TokenStore(), browser=follow)
     journal = Journal(SQLiteJournalStore(tmp_path / "journal.sqlite3"))
     async with Breakwater(Config(servers=(spec,)), admission_dir=tmp_path / "admission", journal=journal) as bw:
         assert (await bw.wait_ready(timeout=20)).all_ready
@@ -115,11 +106,11 @@ async def test_a_call_cancelled_by_its_caller_while_its_401_is_refreshed_is_not_
             await bw.call_tool("remote", "whoami", {})
         assert cancelled.cancelled_caught
         await anyio.sleep(SLOW_TOKEN_S + 1.0)
-        ran = _stats(oauth_server)["whoami"]
+        ran = admin_stats(oauth_server)["whoami"]
         # The sign-in was refreshed meanwhile: the next call runs, once.
         again = await bw.call_tool("remote", "whoami", {})
         assert not again.is_error, json.dumps(envelope_of(again))
-        assert _stats(oauth_server)["whoami"] == 1
+        assert admin_stats(oauth_server)["whoami"] == 1
     assert ran == 0
     journal.flush()
     codes = [r.error_code for r in journal.store.recent(10) if r.tool == "whoami"]
@@ -143,7 +134,7 @@ async def test_a_call_cut_while_its_expired_token_is_refreshed_before_sending_wa
         connect=ConnectPolicy(background_retry_s=0.5, health_interval_s=0, protocol=protocol),
         call=CallPolicy(timeout_s=15.0),
     )
-    await sign_in(spec, TokenStore(), browser=_follow)
+    await sign_in(spec, TokenStore(), browser=follow)
     journal = Journal(SQLiteJournalStore(tmp_path / "journal.sqlite3"))
     async with Breakwater(Config(servers=(spec,)), admission_dir=tmp_path / "admission", journal=journal) as bw:
         assert (await bw.wait_ready(timeout=20)).all_ready
@@ -153,7 +144,7 @@ async def test_a_call_cut_while_its_expired_token_is_refreshed_before_sending_wa
         result = await bw.call_tool("remote", "whoami", {}, timeout=CUT_S)
         took = time.monotonic() - started
         await anyio.sleep(SLOW_TOKEN_S + 1.0)  # the token endpoint answered: a send after the cut would have run it
-        ran = _stats(base)["whoami"]
+        ran = admin_stats(base)["whoami"]
         httpx2.post(f"{base}/admin/token-mode", params={"m": "ok"})
         again = await bw.call_tool("remote", "whoami", {})  # the refresh the cut did not abort kept the sign-in
         assert not again.is_error, json.dumps(envelope_of(again))

@@ -13,22 +13,18 @@ import anyio
 import httpx2
 import pytest
 
+from auth.oauth_server import follow
 from breakwater.auth import TokenStore
 from breakwater.auth._login import sign_in
 from breakwater.cli import main
 from breakwater.config import ServerSpec
 
 
-async def _follow(url: str) -> None:
-    async with httpx2.AsyncClient(follow_redirects=True, timeout=10) as http:
-        await http.get(url)
-
-
 def _signed_in(base: str, tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """A config naming the server `remote`, signed in; and the tokens the sign-in stored."""
     spec = ServerSpec(name="remote", transport="http", url=f"{base}/mcp")
     store = TokenStore()
-    anyio.run(lambda: sign_in(spec, store, browser=_follow))
+    anyio.run(lambda: sign_in(spec, store, browser=follow))
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {"remote": {"type": "http", "url": spec.url}}}))
     return config, {k: v for k, v in store.records()[spec.url or ""]["tokens"].items() if isinstance(v, str)}

@@ -22,6 +22,7 @@ import httpx2
 import pytest
 from mcp import Client
 
+from auth.oauth_server import admin_stats
 from breakwater import Breakwater
 from breakwater.auth import ServerTokens, TokenStore
 from breakwater.auth._login import sign_in
@@ -48,10 +49,6 @@ def _spec(base: str, tmp_path: Path) -> ServerSpec:
     return ServerSpec(name="remote", transport="http", url=f"{base}/mcp", connect=ConnectPolicy(background_retry_s=0.5))
 
 
-def _stats(base: str) -> dict[str, int]:
-    return dict(httpx2.get(f"{base}/admin/stats").json())
-
-
 async def test_sign_in_refresh_and_revocation(oauth_server: str, config_home: Path, tmp_path: Path) -> None:
     spec = _spec(oauth_server, tmp_path)
     store = TokenStore()
@@ -75,7 +72,7 @@ async def test_sign_in_refresh_and_revocation(oauth_server: str, config_home: Pa
             # Every access token expires at once: the next call is answered after a refresh on the 401.
             httpx2.post(f"{oauth_server}/admin/expire")
             assert await _whoami(agent) == {"result": "signed in"}
-            assert _stats(oauth_server)["refresh_token"] == 1
+            assert admin_stats(oauth_server)["refresh_token"] == 1
 
             # Revoked: no refresh can help; the server is failed, auth_required, and says what to run.
             httpx2.post(f"{oauth_server}/admin/revoke")
@@ -150,11 +147,11 @@ async def test_an_expired_token_is_refreshed_before_it_is_sent(oauth_server: str
     store = TokenStore()
     await sign_in(spec, store, browser=follow)
     store.update(spec.url or "", lambda rec: {**rec, "expires_at": time.time() - 1})
-    before = _stats(oauth_server)["refresh_token"]
+    before = admin_stats(oauth_server)["refresh_token"]
     config = Config(servers=(spec,), journal=JournalPolicy(url="off"))
     async with Breakwater(config, admission_dir=tmp_path / "admission") as bw:
         assert (await bw.wait_ready(timeout=20)).all_ready
-        assert _stats(oauth_server)["refresh_token"] == before + 1
+        assert admin_stats(oauth_server)["refresh_token"] == before + 1
         # The OAuth client does not serialize requests: three 1.5 s calls in flight at once take ~1.5 s.
         started = time.monotonic()
         async with anyio.create_task_group() as tg:
@@ -188,7 +185,7 @@ async def test_auth_server_metadata_url_and_pinned_scopes(oauth_server: str, con
 
     done = await sign_in(spec, TokenStore(), browser=browser)
     assert done.scopes == "mcp:tools" and done.tools == 2
-    assert _stats(oauth_server)["custom_metadata"] == 1
+    assert admin_stats(oauth_server)["custom_metadata"] == 1
     assert "scope=mcp%3Atools" in seen[0]
 
 
@@ -228,7 +225,7 @@ async def test_an_sse_server_signs_in_refreshes_and_reports_auth_required(
         # The access token expires under the open stream: the next call's POST gets a 401, the client refreshes.
         httpx2.post(f"{oauth_sse_server}/admin/expire")
         assert (await bw.call_tool("remote", "whoami", {})).structured_content == {"result": "signed in"}
-        assert _stats(oauth_sse_server)["refresh_token"] == 1
+        assert admin_stats(oauth_sse_server)["refresh_token"] == 1
         httpx2.post(f"{oauth_sse_server}/admin/revoke")
         await bw.call_tool("remote", "whoami", {})
         await eventually(lambda: bw.status().servers[0].state is ServerState.FAILED, timeout=20)

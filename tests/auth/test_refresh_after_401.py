@@ -17,6 +17,7 @@ import anyio
 import httpx2
 import pytest
 
+from auth.oauth_server import admin_stats, follow
 from breakwater import Breakwater
 from breakwater.auth import TokenStore
 from breakwater.auth._flow import refresh_timeout_s
@@ -27,11 +28,6 @@ from breakwater.testing._fleet import free_port
 from helpers import envelope_of
 
 pytestmark = pytest.mark.anyio
-
-
-async def _follow(url: str) -> None:
-    async with httpx2.AsyncClient(follow_redirects=True, timeout=10) as http:
-        await http.get(url)
 
 
 def _spec(base: str) -> ServerSpec:
@@ -54,7 +50,7 @@ async def test_a_401_whose_refresh_fails_is_a_refusal_not_an_unknown_outcome(
 ) -> None:
     spec = _spec(oauth_server)
     store = TokenStore()
-    await sign_in(spec, store, browser=_follow)
+    await sign_in(spec, store, browser=follow)
     if failure == "refused":  # the sign-in's metadata names a token endpoint where nothing listens
         record = json.loads(store.path.read_text())
         record["servers"][spec.url]["metadata"]["token_endpoint"] = f"http://127.0.0.1:{free_port()}/token"
@@ -102,7 +98,7 @@ async def test_a_call_in_flight_when_the_sign_in_ends_gets_its_answer(
     `subscriptions/listen` stream, meeting the revoked token first, closed it under a call the server was refusing)."""
     spec = _spec(oauth_server)
     spec = replace(spec, connect=replace(spec.connect, protocol=protocol))
-    await sign_in(spec, TokenStore(), browser=_follow)
+    await sign_in(spec, TokenStore(), browser=follow)
     config = Config(servers=(spec,), journal=JournalPolicy(url="off"))
     answers: dict[str, object] = {}
     async with Breakwater(config, admission_dir=tmp_path / "admission") as bw:
@@ -114,7 +110,7 @@ async def test_a_call_in_flight_when_the_sign_in_ends_gets_its_answer(
         async with anyio.create_task_group() as tg:
             tg.start_soon(running)
             with anyio.fail_after(10):  # until the server has begun the call
-                while httpx2.get(f"{oauth_server}/admin/stats").json()["waits_begun"] < 1:
+                while admin_stats(oauth_server)["waits_begun"] < 1:
                     await anyio.sleep(0.05)
             httpx2.post(f"{oauth_server}/admin/revoke")
             started = time.monotonic()

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from auth.oauth_server import M2M_ID, M2M_SECRET
+from auth.oauth_server import M2M_ID, M2M_SECRET, admin_stats
 from breakwater import Breakwater
 from breakwater.auth import TokenStore
 from breakwater.auth._login import sign_in
@@ -54,7 +54,7 @@ async def test_a_machine_entry_at_a_persons_url_uses_its_own_credentials(
         await bw.wait_ready(timeout=20)
         answer = await bw.call_tool("bot", "whoami", {})
     assert answer.structured_content == {"result": "signed in"}
-    assert httpx2.get(f"{oauth_server}/admin/stats").json()["client_credentials"] >= 1  # not the person's tokens
+    assert admin_stats(oauth_server)["client_credentials"] >= 1  # not the person's tokens
 
     assert main(["auth", "status", "--json", "--config", str(path)]) == 0
     rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)["servers"]}

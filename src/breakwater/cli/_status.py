@@ -190,9 +190,10 @@ def _learn(config: Config, bw: Breakwater) -> dict[str, list[str]]:
         upstream = bw.upstream(spec.name)
         if upstream.state is not ServerState.READY:
             continue
-        catalog.remember(spec.name, spec.fingerprint(), upstream.tools)
+        fingerprint = spec.fingerprint()
+        catalog.remember(spec.name, fingerprint, upstream.tools)
         # `accept`: approved as they change, nothing to say.
-        if config.gateway.drift != "accept" and (changed := catalog.drifted(spec.name, spec.fingerprint(), upstream.tools)):
+        if config.gateway.drift != "accept" and (changed := catalog.drifted(spec.name, fingerprint, upstream.tools)):
             drift[spec.name] = changed
     return drift
 

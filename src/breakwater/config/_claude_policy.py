@@ -99,9 +99,9 @@ def read_claude_policy(managed: Iterable[Path], project: Path) -> ClaudePolicy:
     notes: list[str] = []
     managed_files = [(path, _read(path, notes)) for path in managed]
     others: dict[Path, Path] = {}  # by resolved path: the home folder's `.claude/settings.json` is the user's own
-    for path in (Path.home() / ".claude" / "settings.json", project / ".claude" / "settings.json"):
+    folder = project / ".claude"
+    for path in (Path.home() / ".claude" / "settings.json", folder / "settings.json", folder / "settings.local.json"):
         others.setdefault(path.resolve(), path)
-    others.setdefault((project / ".claude" / "settings.local.json").resolve(), project / ".claude" / "settings.local.json")
     only_managed = any(settings.get("allowManagedMcpServersOnly") is True for _, settings in managed_files)
     denied: list[_Entry] = []
     allowed: list[_Entry] | None = None

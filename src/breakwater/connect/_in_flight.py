@@ -76,9 +76,10 @@ class _Closing(httpx2.AsyncByteStream):
         self._inner = inner
         self._on_close = on_close
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._inner:
-            yield chunk
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        # The body's own iterator: no generator of ours between it and each chunk of every answer.
+        chunks: AsyncIterator[bytes] = self._inner.__aiter__()
+        return chunks
 
     async def aclose(self) -> None:
         try:
