@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-newest lint typecheck check docs clean
+.PHONY: demo test test-newest newest-venv lint typecheck check docs clean
 
 # The demo needs breakwater and its three runtime dependencies only: no dev tools to download, and
 # the pip that Python >= 3.11 ships already installs editable projects.
@@ -45,9 +45,17 @@ NEWEST_TESTS := tests/test_codec.py tests/lab/test_golden.py tests/cli/test_cli.
 	tests/test_platform.py tests/gate/test_gate_fake_clock.py tests/connect/test_broken_upstream.py \
 	tests/gateway/test_known_heads.py
 
-test-newest:
+NEWEST_STAMP := $(NEWEST_VENV)/.installed
+
+# The venv alone: .ci/run builds it while the main suite's own venv and checks run.
+newest-venv: $(NEWEST_STAMP)
+
+$(NEWEST_STAMP): pyproject.toml
 	test -x $(NEWEST_VENV)/bin/python || $(NEWEST) -m venv $(NEWEST_VENV)
 	$(NEWEST_VENV)/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $(NEWEST_STAMP)
+
+test-newest: $(NEWEST_STAMP)
 	$(NEWEST_VENV)/bin/python --version
 	$(NEWEST_VENV)/bin/pytest -q -n 3 --dist load -p no:cacheprovider $(NEWEST_TESTS)
 

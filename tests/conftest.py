@@ -71,10 +71,11 @@ def _no_user_home() -> Iterator[None]:
 
 @pytest.fixture(scope="session", autouse=True)
 def _fork_server() -> Iterator[None]:
-    """One testserver fork server per test worker (`breakwater.testing._fork_server`): the suite's ~230
-    testservers start as forks of a process that imported the SDK once, not as 1.2 s imports of their own.
-    A test that needs the plain process deletes `BREAKWATER_TEST_FORK_SERVER` from its environment. Linux
-    only (fork, and Unix sockets that keep message boundaries): elsewhere testservers start as plain processes."""
+    """One fork server per test worker (`breakwater.testing._fork_server`): the suite's ~300 testservers and ~300
+    `python -m breakwater serve` gateways start as forks of a process that imported the SDK once, not as 1 s imports
+    of their own. A test that needs the plain process deletes `BREAKWATER_TEST_FORK_SERVER` (a testserver) or
+    `BREAKWATER_TEST_FORK_SERVE` (a gateway) from its environment. Linux only (fork, and Unix sockets that keep
+    message boundaries): elsewhere they start as plain processes."""
     import subprocess
     import sys
     import time
@@ -98,12 +99,21 @@ def _fork_server() -> Iterator[None]:
     if not path.exists():
         server.kill()
         raise RuntimeError(f"the testserver fork server did not start: {(where / 'log').read_text()}")
-    os.environ[_launcher.ENV] = str(path)
+    os.environ[_launcher.ENV] = os.environ[_launcher.SERVE_ENV] = str(path)
     yield
-    del os.environ[_launcher.ENV]
+    del os.environ[_launcher.ENV], os.environ[_launcher.SERVE_ENV]
     server.terminate()
     server.wait(10)
     shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _plain_gateway(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test marked `plain_gateway` starts `python -m breakwater serve` as a plain process (no fork server)."""
+    if request.node.get_closest_marker("plain_gateway") is not None:
+        from breakwater.testing import _launcher
+
+        monkeypatch.delenv(_launcher.SERVE_ENV, raising=False)
 
 
 @pytest.fixture(scope="session")

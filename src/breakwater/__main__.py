@@ -1,3 +1,15 @@
+"""`python -m breakwater`: the `breakwater` program."""
+
+import os
+import sys
+
+# The test suite's gateways start as forks of a process that imported the SDK once (`breakwater.testing._launcher`
+# says when and why); nothing is imported before this, so a plain start pays nothing for it.
+if sys.argv[1:2] == ["serve"] and (_fork_server := os.environ.get("BREAKWATER_TEST_FORK_SERVE")):
+    from breakwater.testing._launcher import hand_over
+
+    hand_over(_fork_server, sys.argv[1:])
+
 from breakwater.cli import run
 
 run()

@@ -41,7 +41,7 @@ from helpers import (
     share_dir,
 )
 
-pytestmark = [pytest.mark.long_module(86), pytest.mark.anyio]
+pytestmark = [pytest.mark.long_module(86), pytest.mark.anyio, pytest.mark.plain_gateway]
 
 BREAKWATER = [sys.executable, "-m", "breakwater"]
 

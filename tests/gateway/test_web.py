@@ -472,6 +472,7 @@ def test_readyz_turns_ready_when_every_server_is(tmp_path: Path) -> None:
         stop_gateway(gw)
 
 
+@pytest.mark.plain_gateway
 def test_readyz_counts_a_server_off_for_a_variable_not_set_here(tmp_path: Path) -> None:
     """A replica deployed without its secret: the only server is off (`${VAR}` unset), `status` exits 1 for it and the
     page says not ready, but /readyz said ready with no servers, so the balancer sent it traffic. One the config turns

@@ -89,6 +89,7 @@ async def row_of(store: TaskStore, owner: str, timeout: float = 15) -> Any:
 # ---- a graceful stop (SIGTERM of serve --http) --------------------------------------------------------
 
 
+@pytest.mark.plain_gateway
 async def test_sigterm_leaves_gateway_tasks_to_the_restarted_gateway(tmp_path: Path) -> None:
     """SIGTERM while two gateway tasks' upstream tasks run and a plain call holds the drain open: the drain waits
     for the plain call only; polls are answered while it drains (the short task's result from memory once it

@@ -1,16 +1,19 @@
-"""A fork server for testserver processes: the test suite's start-up CPU, not a different server.
+"""A fork server for the suite's testservers and gateways: the test suite's start-up CPU, not different processes.
 
-Why it exists. Every testserver process imports the SDK: 1.2 s of CPU on the 2-core CI host, and
-the suite starts about 230 of them, on a host where the suite is CPU-bound (docs/benchmarks.md,
-"The test suite's own time"). With `BREAKWATER_TEST_FORK_SERVER` set to this server's socket (the
-suite's `tests/conftest.py` starts one per test worker), `launch_command()` gives a launcher instead
-(`breakwater.testing._launcher`), which hands its stdin, stdout and stderr over; this server forks a
-copy of itself, with the SDK already imported, to run `breakwater testserver FLAGS` on them, in the
-launcher's environment and working directory. The server a test talks to is the same code on the
-same pipes, with its own pid and its own exit, which the launcher passes on.
+Why it exists. Every testserver and every `breakwater serve` imports the SDK: 1.0-1.2 s of CPU on
+the 2-core CI host, and the suite starts about 300 of each, on a host where the suite is CPU-bound
+(docs/benchmarks.md, "The test suite's own time"). With `BREAKWATER_TEST_FORK_SERVER` set to this
+server's socket (the suite's `tests/conftest.py` starts one per test worker), `launch_command()` gives
+a launcher instead (`breakwater.testing._launcher`); with `BREAKWATER_TEST_FORK_SERVE` set too,
+`python -m breakwater serve` is one. The launcher hands its stdin, stdout and stderr over; this server
+forks a copy of itself, with the SDK and the gateway already imported, to run `breakwater ARGS` on
+them, in the launcher's environment and working directory. The process a test talks to is the same
+code on the same pipes, with its own pid and its own exit, which the launcher passes on.
 
-What differs, and is why this is for tests only: the server is this process's child, not in the
-launcher's process group, so a group signal reaches it through the launcher.
+What differs, and is why this is for tests only: the process is this server's child, not in the
+launcher's process group, so a group signal reaches it through the launcher (and not its children);
+its interpreter started before the test did (its hash seed, its flags). The tests of those things
+start their gateways as plain processes.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ def serve(path: str) -> NoReturn:
 
     with sdk_imports():
         import breakwater.cli
+        import breakwater.cli._serve
+        import breakwater.gateway._open
+        import breakwater.gateway._start
         import breakwater.testing.server  # noqa: F401 - loaded once here, shared by every fork
     gc.freeze()
     parent = os.getppid()
@@ -108,7 +114,7 @@ def _child(request: dict[str, Any], fds: list[int], inherited: list[int]) -> NoR
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch_launcher, daemon=True).start()
-    sys.argv = ["breakwater", "testserver", *request["flags"]]
+    sys.argv = ["breakwater", *request["argv"]]
     from breakwater.cli import run
 
     try:

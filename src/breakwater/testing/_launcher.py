@@ -1,16 +1,19 @@
-"""The launcher of a forked testserver: a stdlib-only program run by path (`-S -E`), 20 ms to start.
+"""The launcher of a forked `breakwater` process: what the suite starts instead of paying for the SDK's imports.
 
 It hands its own stdin, stdout and stderr to the fork server (`breakwater.testing._fork_server`, which
-says why it exists), which forks a testserver onto them; then it stands for that server towards
-whoever started it:
-- signals sent to it (TERM, INT, HUP, QUIT, USR1, USR2) are passed to the server, and it exits as the
-  server did: with its code, or killed by the same signal;
-- if it is killed outright (SIGKILL, a killed process group), the server is killed too: the server
-  watches a pipe only the launcher holds open;
-- with no fork server listening it becomes the plain testserver (`exec`), so a command outlives its
-  suite safely.
+says why it exists), which forks a `breakwater ARGS` process onto them; then it stands for that process
+towards whoever started it:
+- signals sent to it (TERM, INT, HUP, QUIT, USR1, USR2) are passed to the process (one that arrives
+  before the process exists is passed as soon as it does), and it exits as the process did: with its
+  code, or killed by the same signal;
+- if it is killed outright (SIGKILL, a killed process group), the process is killed too: it watches
+  a pipe only the launcher holds open;
+- with no fork server listening, it is the process itself.
 
-It imports nothing of breakwater's: it runs without the site packages.
+Two ways in. A testserver's command (`launcher_command`) runs this file by path (`-S -E`, stdlib only,
+20 ms to start). A gateway's (`python -m breakwater serve ...`, as the tests start it) is the real
+command: `breakwater.__main__` calls `hand_over` before importing anything else when
+`BREAKWATER_TEST_FORK_SERVE` names the fork server's socket.
 """
 
 from __future__ import annotations
@@ -23,10 +26,13 @@ import socket
 import sys
 from typing import NoReturn
 
-__all__ = ["ENV", "launcher_command"]
+__all__ = ["ENV", "SERVE_ENV", "hand_over", "launcher_command"]
 
 #: The environment variable naming the fork server's socket (unset: testservers start as plain processes).
 ENV = "BREAKWATER_TEST_FORK_SERVER"
+#: The same socket, for `python -m breakwater serve` (unset: every gateway the tests start imports the SDK itself).
+#: A test about the process itself (its process group, its descriptors, a signal during its start) deletes it.
+SERVE_ENV = "BREAKWATER_TEST_FORK_SERVE"
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -35,25 +41,47 @@ def launcher_command(path: str, flags: tuple[str, ...]) -> list[str]:
     return [sys.executable, "-S", "-E", os.path.abspath(__file__), path, *flags]
 
 
-def _launch(path: str, flags: list[str]) -> NoReturn:
+def hand_over(path: str, argv: list[str]) -> None:
+    """Have the fork server at `path` run `breakwater ARGV` on this process's standard streams, and stand for it.
+
+    Returns (having changed nothing) if no fork server listens there, or if a standard stream is closed (which a
+    descriptor cannot carry: the tests of that start the process as it is); otherwise the process ends as the
+    forked one did.
+    """
+    try:
+        for fd in (0, 1, 2):
+            os.fstat(fd)
+    except OSError:
+        return
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         sock.connect(path)
-    except OSError:  # no fork server: be the testserver itself
+    except OSError:
         sock.close()
-        os.execv(sys.executable, [sys.executable, "-m", "breakwater", "testserver", *flags])
-    # The server's end of this pipe reads EOF when this process is gone (the write end is never closed here).
+        return
+    pending: list[int] = []
+    pid = 0
+
+    def on_signal(number: int, _frame: object) -> None:
+        if pid:
+            _pass_on(pid, number)
+        else:
+            pending.append(number)
+
+    for sig in _FORWARDED:
+        signal.signal(sig, on_signal)
+    # The process's end of this pipe reads EOF when this one is gone (the write end is never closed here).
     watch_read, _watch_write = os.pipe()
-    payload = json.dumps({"flags": flags, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+    payload = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
     socket.send_fds(sock, [payload], [0, 1, 2, watch_read])
     os.close(watch_read)
     pid = int(sock.recv(64))
-    # The pipes are the server's now: its exit alone ends them for the reader.
+    # The streams are the process's now: its exit alone ends them for the reader.
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    for sig in _FORWARDED:
-        signal.signal(sig, lambda number, _frame: _pass_on(pid, number))
+    for number in pending:
+        _pass_on(pid, number)
     status = int(sock.recv(64) or b"-1")  # PEP 475: a forwarded signal does not cut the wait short
     if status < 0:
         os._exit(1)
@@ -67,6 +95,12 @@ def _launch(path: str, flags: list[str]) -> NoReturn:
 def _pass_on(pid: int, number: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, number)
+
+
+def _launch(path: str, flags: list[str]) -> NoReturn:
+    hand_over(path, ["testserver", *flags])
+    # No fork server: be the testserver itself.
+    os.execv(sys.executable, [sys.executable, "-m", "breakwater", "testserver", *flags])
 
 
 if __name__ == "__main__":
