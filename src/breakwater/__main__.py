@@ -3,9 +3,12 @@
 import os
 import sys
 
-# The test suite's gateways start as forks of a process that imported the SDK once (`breakwater.testing._launcher`
-# says when and why); nothing is imported before this, so a plain start pays nothing for it.
-if sys.argv[1:2] == ["serve"] and (_fork_server := os.environ.get("BREAKWATER_TEST_FORK_SERVE")):
+# The test suite's gateways (and its other commands that load the SDK) start as forks of a process that imported it
+# once (`breakwater.testing._launcher` says when and why); nothing is imported before this, so a plain start pays
+# nothing for it.
+if sys.argv[1:2] in (["serve"], ["status"], ["call"], ["tools"]) and (
+    _fork_server := os.environ.get("BREAKWATER_TEST_FORK_SERVE")
+):
     from breakwater.testing._launcher import hand_over
 
     hand_over(_fork_server, sys.argv[1:])

@@ -1,11 +1,11 @@
 """A fork server for the suite's testservers and gateways: the test suite's start-up CPU, not different processes.
 
-Why it exists. Every testserver and every `breakwater serve` imports the SDK: 1.0-1.2 s of CPU on
+Why it exists. Every testserver and every `breakwater serve` (`status`, `call`, `tools`) imports the SDK: 1.0-1.2 s of CPU on
 the 2-core CI host, and the suite starts about 300 of each, on a host where the suite is CPU-bound
 (docs/benchmarks.md, "The test suite's own time"). With `BREAKWATER_TEST_FORK_SERVER` set to this
 server's socket (the suite's `tests/conftest.py` starts one per test worker), `launch_command()` gives
 a launcher instead (`breakwater.testing._launcher`); with `BREAKWATER_TEST_FORK_SERVE` set too,
-`python -m breakwater serve` is one. The launcher hands its stdin, stdout and stderr over; this server
+`python -m breakwater serve` (`status`, `call`, `tools`) is one. The launcher hands its stdin, stdout and stderr over; this server
 forks a copy of itself, with the SDK and the gateway already imported, to run `breakwater ARGS` on
 them, in the launcher's environment and working directory. The process a test talks to is the same
 code on the same pipes, with its own pid and its own exit, which the launcher passes on.
@@ -40,11 +40,15 @@ def serve(path: str) -> NoReturn:
 
     with sdk_imports():
         import breakwater.cli
+        import breakwater.cli._call
         import breakwater.cli._serve
+        import breakwater.cli._status
+        import breakwater.cli._tools
         import breakwater.gateway._open
         import breakwater.gateway._start
         import breakwater.testing.server  # noqa: F401 - loaded once here, shared by every fork
     gc.freeze()
+    started_with = _interpreter_settings(dict(os.environ))
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
@@ -62,18 +66,32 @@ def serve(path: str) -> NoReturn:
         if listener.fileno() in ready:
             conn, _ = listener.accept()
             payload, fds, _, _ = socket.recv_fds(conn, _MAX_MESSAGE, 4)
+            request = json.loads(payload)
+            if _interpreter_settings(request["env"]) != started_with:
+                for fd in fds:
+                    os.close(fd)
+                conn.send(b"-")  # this interpreter is not the one that command would get: the launcher starts its own
+                conn.close()
+                continue
             sys.stdout.flush()
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
-                _child(
-                    json.loads(payload), fds, [listener.fileno(), wake_read, wake_write, *(c.fileno() for c in waiting.values())]
-                )
+                _child(request, fds, [listener.fileno(), wake_read, wake_write, *(c.fileno() for c in waiting.values())])
             for fd in fds:
                 os.close(fd)
             conn.send(str(pid).encode())
             waiting[pid] = conn
     os._exit(0)
+
+
+def _interpreter_settings(env: dict[str, str]) -> dict[str, str]:
+    """What of `env` the interpreter reads as it starts (its streams' encoding, its locale, its flags): a fork keeps this
+    process's, so a command started with others (`PYTHONIOENCODING=ascii`, a Latin-1 locale) is not forked."""
+    return {name: value for name, value in env.items() if name.startswith("PYTHON") or name in _LOCALE}
+
+
+_LOCALE = frozenset({"LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE"})
 
 
 def _reap(waiting: dict[int, socket.socket]) -> None:

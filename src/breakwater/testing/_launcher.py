@@ -11,8 +11,8 @@ towards whoever started it:
 - with no fork server listening, it is the process itself.
 
 Two ways in. A testserver's command (`launcher_command`) runs this file by path (`-S -E`, stdlib only,
-20 ms to start). A gateway's (`python -m breakwater serve ...`, as the tests start it) is the real
-command: `breakwater.__main__` calls `hand_over` before importing anything else when
+20 ms to start). A gateway's (`python -m breakwater serve ...`, as the tests start it; `status`, `call` and
+`tools` too) is the real command: `breakwater.__main__` calls `hand_over` before importing anything else when
 `BREAKWATER_TEST_FORK_SERVE` names the fork server's socket.
 """
 
@@ -30,8 +30,8 @@ __all__ = ["ENV", "SERVE_ENV", "hand_over", "launcher_command"]
 
 #: The environment variable naming the fork server's socket (unset: testservers start as plain processes).
 ENV = "BREAKWATER_TEST_FORK_SERVER"
-#: The same socket, for `python -m breakwater serve` (unset: every gateway the tests start imports the SDK itself).
-#: A test about the process itself (its process group, its descriptors, a signal during its start) deletes it.
+#: The same socket, for `python -m breakwater serve`, `status`, `call` and `tools` (unset: each imports the SDK
+#: itself). A test about the process itself (its process group, its descriptors, its pid) deletes it.
 SERVE_ENV = "BREAKWATER_TEST_FORK_SERVE"
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -44,9 +44,9 @@ def launcher_command(path: str, flags: tuple[str, ...]) -> list[str]:
 def hand_over(path: str, argv: list[str]) -> None:
     """Have the fork server at `path` run `breakwater ARGV` on this process's standard streams, and stand for it.
 
-    Returns (having changed nothing) if no fork server listens there, or if a standard stream is closed (which a
-    descriptor cannot carry: the tests of that start the process as it is); otherwise the process ends as the
-    forked one did.
+    Returns (having changed nothing) if no fork server listens there, if it refuses (the command's environment
+    sets the interpreter up otherwise than the fork server's was), or if a standard stream is closed (a descriptor
+    it cannot carry); the caller then runs the command itself. Otherwise the process ends as the forked one did.
     """
     try:
         for fd in (0, 1, 2):
@@ -68,14 +68,22 @@ def hand_over(path: str, argv: list[str]) -> None:
         else:
             pending.append(number)
 
-    for sig in _FORWARDED:
-        signal.signal(sig, on_signal)
-    # The process's end of this pipe reads EOF when this one is gone (the write end is never closed here).
-    watch_read, _watch_write = os.pipe()
+    previous = {sig: signal.signal(sig, on_signal) for sig in _FORWARDED}
+    # The process's end of this pipe reads EOF when this one is gone (the write end is kept open until this one ends).
+    watch_read, watch_write = os.pipe()
     payload = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
     socket.send_fds(sock, [payload], [0, 1, 2, watch_read])
     os.close(watch_read)
-    pid = int(sock.recv(64))
+    answer = sock.recv(64)
+    if answer == b"-":  # refused (another interpreter's settings): this process goes on as the command itself
+        sock.close()
+        os.close(watch_write)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for number in pending:
+            os.kill(os.getpid(), number)
+        return
+    pid = int(answer)
     # The streams are the process's now: its exit alone ends them for the reader.
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
