@@ -12,7 +12,8 @@ code on the same pipes, with its own pid and its own exit, which the launcher pa
 
 What differs, and is why this is for tests only: the process is this server's child, not in the
 launcher's process group, so a group signal reaches it through the launcher (and not its children);
-its interpreter started before the test did (its hash seed, its flags). The tests of those things
+its interpreter started before the test did (its hash seed), and a signal sent while it starts reaches it
+before its command's handlers are in place. The tests of those things
 start their gateways as plain processes.
 """
 

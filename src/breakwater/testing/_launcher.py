@@ -31,7 +31,8 @@ __all__ = ["ENV", "SERVE_ENV", "hand_over", "launcher_command"]
 #: The environment variable naming the fork server's socket (unset: testservers start as plain processes).
 ENV = "BREAKWATER_TEST_FORK_SERVER"
 #: The same socket, for `python -m breakwater serve`, `status`, `call` and `tools` (unset: each imports the SDK
-#: itself). A test about the process itself (its process group, its descriptors, its pid) deletes it.
+#: itself). A test about the process itself (its process group, its descriptors, its pid, a signal while it starts)
+#: deletes it.
 SERVE_ENV = "BREAKWATER_TEST_FORK_SERVE"
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
