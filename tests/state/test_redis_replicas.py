@@ -29,7 +29,9 @@ pytestmark = pytest.mark.anyio
 
 
 BREAKWATER = [sys.executable, "-m", "breakwater"]
-OPEN_S = 2.0
+#: How long a tripped breaker stays open. A's third call must come within it: 2 s was not always enough on a loaded
+#: 2-core host (CI, session 36: the third call found the breaker half-open and probed, TOOL_ERROR).
+OPEN_S = 5.0
 
 
 @asynccontextmanager
