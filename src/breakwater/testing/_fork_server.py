@@ -1,20 +1,21 @@
 """A fork server for the suite's testservers and gateways: the test suite's start-up CPU, not different processes.
 
-Why it exists. Every testserver and every `breakwater serve` (`status`, `call`, `tools`) imports the SDK: 1.0-1.2 s of CPU on
-the 2-core CI host, and the suite starts about 300 of each, on a host where the suite is CPU-bound
-(docs/benchmarks.md, "The test suite's own time"). With `BREAKWATER_TEST_FORK_SERVER` set to this
-server's socket (the suite's `tests/conftest.py` starts one per test worker), `launch_command()` gives
-a launcher instead (`breakwater.testing._launcher`); with `BREAKWATER_TEST_FORK_SERVE` set too,
-`python -m breakwater serve` (`status`, `call`, `tools`) is one. The launcher hands its stdin, stdout and stderr over; this server
-forks a copy of itself, with the SDK and the gateway already imported, to run `breakwater ARGS` on
-them, in the launcher's environment and working directory. The process a test talks to is the same
-code on the same pipes, with its own pid and its own exit, which the launcher passes on.
+Why it exists. Every testserver and every `breakwater serve` (`status`, `call`, `tools`) imports the
+SDK: 1.0-1.2 s of CPU on the 2-core CI host, and the suite starts about 300 of each, on a host where
+the suite is CPU-bound (docs/benchmarks.md, "The test suite's own time"). With
+`BREAKWATER_TEST_FORK_SERVER` set to this server's socket (the suite's `tests/conftest.py` starts one
+per test worker), `launch_command()` gives a launcher instead (`breakwater.testing._launcher`); with
+`BREAKWATER_TEST_FORK_SERVE` set too, `python -m breakwater serve` (`status`, `call`, `tools`) is one.
+The launcher hands its stdin, stdout and stderr over; this server forks a copy of itself, with the
+SDK and the gateway already imported, to run `breakwater ARGS` on them, in the launcher's environment
+and working directory. The process a test talks to is the same code on the same pipes, with its own
+pid and its own exit, which the launcher passes on.
 
 What differs, and is why this is for tests only: the process is this server's child, not in the
 launcher's process group, so a group signal reaches it through the launcher (and not its children);
-its interpreter started before the test did (its hash seed), and a signal sent while it starts reaches it
-before its command's handlers are in place. The tests of those things
-start their gateways as plain processes.
+its interpreter started before the test did (its hash seed); and a signal sent while it starts
+reaches it before its command's handlers are in place. The tests of those things start their
+gateways as plain processes (`@pytest.mark.plain_gateway`).
 """
 
 from __future__ import annotations
