@@ -73,8 +73,8 @@ def _no_user_home() -> Iterator[None]:
 def _fork_server() -> Iterator[None]:
     """One fork server per test worker (`breakwater.testing._fork_server`): the suite's ~300 testservers and ~300
     `python -m breakwater serve` gateways start as forks of a process that imported the SDK once, not as 1 s imports
-    of their own. A test that needs the plain process deletes `BREAKWATER_TEST_FORK_SERVER` (a testserver) or
-    `BREAKWATER_TEST_FORK_SERVE` (a gateway) from its environment. Linux only (fork, and Unix sockets that keep
+    of their own. A test that needs the plain process deletes `BREAKWATER_TEST_FORK_SERVER` from its environment (a
+    testserver) or is marked `plain_gateway` (a gateway: `_plain_gateway` below). Linux only (fork, and Unix sockets that keep
     message boundaries): elsewhere they start as plain processes."""
     import subprocess
     import sys
