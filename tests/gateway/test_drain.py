@@ -232,3 +232,49 @@ async def test_a_session_whose_upstream_ignores_the_end_of_input_ends_before_its
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_a_call_answered_as_the_drain_ends_keeps_its_result_through_the_clients_follow_up_list(
+    tmp_path: Path, mode: str
+) -> None:
+    """The SDK's client lists the tools after a successful call to a tool it has not listed (to check the result
+    against the tool's output schema). When that call was the last one a draining gateway waited for, the list came
+    a moment after the answer, the gateway had stopped, and `call_tool` raised: a call that ran, and the caller told
+    it failed. The gateway now serves a little longer after its last POST; the call returns its result, the gateway
+    still exits 0 soon after."""
+    state = tmp_path / "state"
+    env = dict(
+        os.environ,
+        BREAKWATER_DRAIN_S="20",
+        BREAKWATER_CATALOG_DIR=str(tmp_path / "catalog"),
+        BREAKWATER_CONNECT_STARTUP_JITTER_S="0",
+        BREAKWATER_JOURNAL="off",
+    )
+    async with serve_http("--tool", "quick:latency=1,readonly", "--state-file", str(state)) as upstream:
+        proc, base = await start_gateway(tmp_path, upstream.url, env)
+        try:
+            async with Client(f"{base}/mcp", mode="legacy") as probe:  # another client: the one below never lists
+                while "shop__quick" not in {t.name for t in (await probe.list_tools()).tools}:
+                    await anyio.sleep(0.1)
+            async with Client(f"{base}/mcp", mode=mode) as client:
+                answers: dict[str, Any] = {}
+
+                async def quick() -> None:
+                    answers["quick"] = await client.call_tool("shop__quick", {})
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(quick)
+                    await eventually(lambda: state.exists() and sum(read_state(state)["in_flight"].values()) == 1, 20)
+                    sent_at = time.monotonic()
+                    proc.send_signal(signal.SIGTERM)
+                result = answers["quick"]
+                assert not result.is_error and (result.structured_content or {})["ok"] is True
+            code = await anyio.to_thread.run_sync(lambda: proc.wait(timeout=30))
+            assert code == 0
+            # The call's second, and the short linger after it (and slack for a loaded CI machine).
+            assert time.monotonic() - sent_at < 1 + 1 + 2.5
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -93,7 +93,55 @@ async def test_the_window_waits_for_calls_then_cuts_what_is_left() -> None:
     await clock.run(main)
     assert cut == {"short": False, "long": True}
     assert drain.cut == 1 and drain.cutting
-    assert 10.0 <= took[0] <= 10.0 + 0.5  # the window, then at most the cut's grace for the envelopes
+    # The window, then the linger after the cut call's answer (its POST's end) for what its client sends next.
+    assert took == [10.0 + _drain.LINGER_S]
+
+
+async def test_the_drain_lingers_after_the_last_post_for_what_its_client_sends_next() -> None:
+    """No POST for a while: the drain ends at once. A POST just ended: the gateway serves until `LINGER_S` after it,
+    and a list that came meanwhile is answered before it stops; a second stop signal ends the linger at once."""
+    clock = FakeClock()
+    idle = Drain(clock)
+    idle.request_started()
+    idle.request_done()
+    took: list[float] = []
+
+    async def stop_again(drain: Drain, after: float) -> None:
+        await clock.sleep(after)
+        drain.cut_now()
+
+    async def timed(drain: Drain, *, second_signal: float | None = None) -> None:
+        started = clock.monotonic()
+        async with anyio.create_task_group() as tg:
+            if second_signal is not None:
+                tg.start_soon(stop_again, drain, second_signal)
+            await drain.run(10.0)
+        took.append(round(clock.monotonic() - started, 6))
+
+    async def a_list(drain: Drain, after: float, lasting: float) -> None:
+        await clock.sleep(after)
+        drain.request_started()
+        await clock.sleep(lasting)
+        drain.request_done()
+
+    async def main() -> None:
+        await clock.sleep(_drain.LINGER_S)  # the last POST ended a linger ago: nothing to wait for
+        await timed(idle)
+        lingering = Drain(clock)
+        lingering.request_started()
+        lingering.request_done()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a_list, lingering, 0.3, 0.4)  # the client's list, while the gateway lingers
+            await clock.sleep(0.1)
+            await timed(lingering)
+        hurried = Drain(clock)
+        hurried.request_started()
+        hurried.request_done()
+        await timed(hurried, second_signal=0.1)
+
+    await clock.run(main)
+    # At once; until the list ended (0.1 s into the linger, it came at 0.3 and took 0.4); the second signal's instant.
+    assert took == [0.0, 0.6, 0.1]
 
 
 def _request(request_id: int, method: str, **params: Any) -> bytes:

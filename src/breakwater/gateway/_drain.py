@@ -11,7 +11,9 @@ On SIGTERM (`Drain.run`, started by `cli/_serve.py`):
 4. what is left is cancelled (the gate passes the cancellation upstream) and each caller is answered
    with an envelope: OUTCOME_UNKNOWN with the operation id for a mutating tool (it may have run), a
    retryable UPSTREAM_ERROR for a read-only one;
-5. the open GET streams are ended and the server exits.
+5. for `LINGER_S` after the last POST ended, what a client finishing a call sends next is still answered (the
+   requests step 2 lets through: the SDK's client lists the tools right after a call to a tool it never listed);
+6. the open GET streams are ended and the server exits.
 
 Only POSTs count as in flight: a GET stream of a 2025-11-25 session lives as long as its session.
 
@@ -48,10 +50,15 @@ from breakwater.gateway._tasks import issued_here, keep_resumed
 if TYPE_CHECKING:
     from breakwater._breakwater import Breakwater
 
-__all__ = ["CUT_GRACE_S", "Drain", "DrainGuard", "drain_stdio", "replay_body", "stdio_refusal"]
+__all__ = ["CUT_GRACE_S", "LINGER_S", "Drain", "DrainGuard", "drain_stdio", "replay_body", "stdio_refusal"]
 
 #: After the window, how long the cut calls' envelopes get to be written before the server stops.
 CUT_GRACE_S = 0.5
+#: How long after its last POST ended a draining gateway still serves (what a draining gateway answers: `DrainGuard`).
+#: The SDK's client checks a successful result against the tool's output schema, and lists the tools first when it has
+#: never listed them: when the call was the last one the drain waited for, that list met a gateway just stopped, and the
+#: client raised `ConnectError` for a call that had run (2 runs in 10 of `test_drain.py`'s follow-up test without it).
+LINGER_S = 0.5
 #: A request body read while draining (to tell a request from a notification) is capped like the SDK's.
 _BODY_LIMIT = 4 * 1024 * 1024
 _REFUSAL = (
@@ -112,6 +119,8 @@ class Drain:
         self.cutting = False
         #: POSTs to the MCP endpoint being served.
         self.requests = 0
+        #: When the last POST ended (`clock.monotonic()`): the drain lingers `LINGER_S` after it.
+        self._last_end = -math.inf
         #: Calls cut at the end of the window.
         self.cut = 0
         self._calls: set[_InFlight] = set()
@@ -130,6 +139,7 @@ class Drain:
 
     def request_done(self) -> None:
         self.requests -= 1
+        self._last_end = self.clock.monotonic()
         if self.requests <= 0 and self._idle is not None:
             self._idle.set()
 
@@ -194,8 +204,26 @@ class Drain:
                 self.cut += 1
                 entry.scope.cancel()
             await self._wait_idle(clock.monotonic() + CUT_GRACE_S)
+        if not self.hurried:
+            await self._linger()
         for done in self.on_done:
             done()
+
+    async def _linger(self) -> None:
+        """Serve until `LINGER_S` after the last POST ended, then let the requests that came meanwhile finish (a second
+        stop signal ends it, as it ends the window)."""
+        clock = self.clock
+        until = self._last_end + LINGER_S
+        if until <= clock.monotonic():
+            return
+        self._window = clock.deadline_scope(math.inf)  # for `cut_now` only
+        try:
+            with self._window:
+                await clock.sleep(until - clock.monotonic())
+        finally:
+            self._window = None
+        if not self.hurried:
+            await self._wait_idle(clock.monotonic() + CUT_GRACE_S)
 
     def cut_now(self) -> None:
         """End the window now (a second stop signal): `run` cuts what is in flight at once, envelopes and all."""
