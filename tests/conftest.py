@@ -71,11 +71,12 @@ def _no_user_home() -> Iterator[None]:
 
 @pytest.fixture(scope="session", autouse=True)
 def _fork_server() -> Iterator[None]:
-    """One fork server per test worker (`breakwater.testing._fork_server`): the suite's ~300 testservers and ~300
-    `python -m breakwater serve` gateways start as forks of a process that imported the SDK once, not as 1 s imports
-    of their own. A test that needs the plain process deletes `BREAKWATER_TEST_FORK_SERVER` from its environment (a
-    testserver) or is marked `plain_gateway` (a gateway: `_plain_gateway` below). Linux only (fork, and Unix sockets that keep
-    message boundaries): elsewhere they start as plain processes."""
+    """One fork server per test worker (`breakwater.testing._fork_server`): the suite's ~300 testservers, ~300
+    `python -m breakwater serve` gateways and ~150 SDK server scripts of its own (`helpers.FORKED_SCRIPT`) start as
+    forks of a process that imported the SDK once, not as 1 s imports of their own. A test that needs the plain process
+    deletes `BREAKWATER_TEST_FORK_SERVER` from its environment (a testserver, a script) or is marked `plain_gateway` (a
+    gateway: `_plain_gateway` below). Linux only (fork, and Unix sockets that keep message boundaries): elsewhere they
+    start as plain processes."""
     import subprocess
     import sys
     import time

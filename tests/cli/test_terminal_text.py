@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import FORKED_SCRIPT
+
 pytestmark = pytest.mark.long_module(15)
 
 UPSTREAM = """
@@ -45,7 +47,7 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_names_descriptions_and_results_are_shown_not_obeyed(tmp_path: Path) -> None:
-    (tmp_path / "up.py").write_text(UPSTREAM)
+    (tmp_path / "up.py").write_text(FORKED_SCRIPT + UPSTREAM)
     entry = {"command": sys.executable, "args": [str(tmp_path / "up.py")]}
     (tmp_path / "mcp.json").write_text(json.dumps({"mcpServers": {"m[/]": entry, "n[x]": entry}}))
     status = _run(tmp_path, "status", "--wait", "20")

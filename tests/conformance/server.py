@@ -17,6 +17,11 @@ subscribers of that URI (what the gateway's relay tests need).
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the suite runs it as a fork of a process that imported the SDK already (`fork_script`)
+    from breakwater.testing._launcher import fork_script
+
+    fork_script(__file__)
+
 import argparse
 import base64
 import contextlib

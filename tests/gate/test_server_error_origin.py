@@ -33,7 +33,7 @@ from breakwater.connect._raw_call import ServerReplyError
 from breakwater.errors import ErrorCode
 from breakwater.gate._classify import RetryClass, classify, server_answer
 from breakwater.testing.server import read_ledger, read_state, serve_http
-from helpers import AttemptRows
+from helpers import FORKED_SCRIPT, AttemptRows
 
 pytestmark = pytest.mark.anyio
 
@@ -74,7 +74,7 @@ _LOCAL_MEANINGS = {"TIMEOUT", "OUTCOME_UNKNOWN", "RESULT_TOO_LARGE", "CANCELLED"
 @asynccontextmanager
 async def _gate(tmp_path: Path, code: int, rows: AttemptRows) -> AsyncIterator[Breakwater]:
     script = tmp_path / "answers.py"
-    script.write_text(_SERVER)
+    script.write_text(FORKED_SCRIPT + _SERVER)
     spec = ServerSpec(
         name="s",
         transport="stdio",
@@ -164,7 +164,7 @@ def test_through_the_sdks_path_a_servers_error_answer_is_its_answer_too(tmp_path
     """With the SDK's spans recorded, calls take the SDK's path, which hands every error over as a plain
     `MCPError`: the server's answers over stdio are still told from the SDK's own failures."""
     script = tmp_path / "answers.py"
-    script.write_text(_SERVER)
+    script.write_text(FORKED_SCRIPT + _SERVER)
     # A subprocess: a tracer provider can be set once per process, and it would turn tracing on for every later test.
     args = [sys.executable, "-c", TRACED, str(script), str(tmp_path), *map(str, CODES)]
     out = subprocess.run(args, capture_output=True, text=True, timeout=120)

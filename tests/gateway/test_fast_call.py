@@ -32,6 +32,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
 from breakwater.gateway._fast_call import _plain_surface, serialize_call
+from helpers import FORKED_SCRIPT
 
 pytestmark = [pytest.mark.long_module(80), pytest.mark.anyio]
 
@@ -123,7 +124,7 @@ LINES = [
 
 def script(tmp_path: Path) -> Path:
     path = tmp_path / "server.py"
-    path.write_text(SERVER)
+    path.write_text(FORKED_SCRIPT + SERVER)
     return path
 
 
@@ -291,7 +292,7 @@ HTTP_SERVER = textwrap.dedent(
 @pytest.fixture(params=["json-fast", "json-sdk", "sse-fast", "sse-sdk"])
 async def http_url(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     path = tmp_path / "http_server.py"
-    path.write_text(HTTP_SERVER)
+    path.write_text(FORKED_SCRIPT + HTTP_SERVER)
     port_file = tmp_path / "port"
     proc = subprocess.Popen([sys.executable, str(path), request.param, str(port_file)], stderr=subprocess.PIPE, text=True)
     try:
@@ -451,7 +452,7 @@ def _raw_posts() -> list[tuple[list[tuple[str, str]], bytes]]:
 
 async def _start_modern(tmp_path: Path, mode: str, ping_s: float, answers: str = "sse") -> tuple[str, subprocess.Popen[str]]:
     path = tmp_path / f"modern_{mode}.py"
-    path.write_text(MODERN_SERVER)
+    path.write_text(FORKED_SCRIPT + MODERN_SERVER)
     port_file = tmp_path / f"port_{mode}"
     argv = [sys.executable, str(path), mode, str(port_file), str(ping_s), answers]
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)

@@ -21,6 +21,8 @@ import anyio
 import httpx2
 import pytest
 
+from helpers import FORKED_SCRIPT
+
 pytestmark = pytest.mark.anyio
 
 SERVER = textwrap.dedent(
@@ -124,7 +126,7 @@ async def start(tmp_path: Path) -> AsyncIterator[Any]:
 
     async def start(mode: str, *, keepalive: float = 15.0, resume: bool = False, guard: str = "-") -> Server:
         path = tmp_path / "lazy_server.py"
-        path.write_text(SERVER)
+        path.write_text(FORKED_SCRIPT + SERVER)
         port_file = tmp_path / f"port-{len(procs)}"
         args = [sys.executable, str(path), mode, str(port_file), str(keepalive), "resume" if resume else "-"]
         args.append(guard)  # the loop to log each write on behind the guard, or "-"

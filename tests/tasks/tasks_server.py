@@ -20,6 +20,11 @@ as a server that hiccups does.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the suite runs it as a fork of a process that imported the SDK already (`fork_script`)
+    from breakwater.testing._launcher import fork_script
+
+    fork_script(__file__)
+
 import argparse
 import sys
 from typing import Any

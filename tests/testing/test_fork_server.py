@@ -15,7 +15,7 @@ from mcp import Client
 
 from breakwater.testing import _launcher
 from breakwater.testing.server import launch_command, stdio_params
-from helpers import alive, called_once_up, eventually
+from helpers import FORKED_SCRIPT, alive, called_once_up, eventually
 
 pytestmark = [
     pytest.mark.anyio,
@@ -112,3 +112,39 @@ def test_the_suites_gateways_are_forks_unless_a_fork_would_differ(tmp_path: Path
     # The SDK's import alone is most of a second of CPU; the launcher's start is a few hundredths.
     assert forked_cpu < plain_cpu / 3, (forked_cpu, plain_cpu)
     assert min(gone_cpu, closed_cpu, ascii_cpu) > plain_cpu / 2, (gone_cpu, closed_cpu, ascii_cpu, plain_cpu)
+
+
+_SCRIPT = """
+import json, os, sys
+from pathlib import Path
+
+import mcp.server.mcpserver  # what the fork server imported already
+
+print(json.dumps({"name": __name__, "argv": sys.argv, "pid": os.getpid(), "cwd": os.getcwd(), "path0": sys.path[0],
+                  "env": os.environ.get("MARK"), "sibling": Path(__file__).with_name("data.txt").read_text()}))
+sys.exit(sys.argv[1] if sys.argv[1:] and not sys.argv[1].isdigit() else int(sys.argv[1]) if sys.argv[1:] else None)
+"""
+
+
+@pytest.mark.parametrize("forked", [True, False], ids=["fork server", "no fork server"])
+def test_a_test_server_script_is_run_as_a_program_would_be_whoever_runs_it(tmp_path: Path, forked: bool) -> None:
+    """`python script.py ARGS` of a script that starts with `FORKED_SCRIPT`: through the fork server (another pid), or
+    plain when none listens, it runs as `__main__` with its argv, directory, working directory and environment, and
+    exits as it asked: a code, a message (printed, 1), or its end (0)."""
+    script = tmp_path / "srv.py"
+    script.write_text(FORKED_SCRIPT + _SCRIPT)
+    (tmp_path / "data.txt").write_text("beside it")
+    env = dict(os.environ, MARK="m")
+    if not forked:
+        del env[_launcher.ENV]
+    runs = {}
+    for args in (["3"], ["bye"], []):
+        done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=60, cwd="/", env=env)
+        runs[tuple(args)] = done
+        seen = json.loads(done.stdout)
+        assert seen["name"] == "__main__" and seen["argv"] == [str(script), *args]
+        assert (seen["cwd"], seen["path0"], seen["env"], seen["sibling"]) == ("/", str(tmp_path), "m", "beside it")
+    assert [(d.returncode, d.stderr) for d in runs.values()] == [(3, ""), (1, "bye\n"), (0, "")]
+    stub = subprocess.Popen([sys.executable, str(script), "0"], stdout=subprocess.PIPE, env=env)
+    out, _ = stub.communicate(timeout=60)
+    assert (json.loads(out)["pid"] != stub.pid) is forked

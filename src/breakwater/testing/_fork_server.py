@@ -4,7 +4,8 @@ Why it exists. Every testserver and every `breakwater serve` (`status`, `call`, 
 SDK: 1.0-1.2 s of CPU on the 2-core CI host, and the suite starts about 300 of each, on a host where
 the suite is CPU-bound (docs/benchmarks.md, "The test suite's own time"). With
 `BREAKWATER_TEST_FORK_SERVER` set to this server's socket (the suite's `tests/conftest.py` starts one
-per test worker), `launch_command()` gives a launcher instead (`breakwater.testing._launcher`); with
+per test worker), `launch_command()` gives a launcher instead (`breakwater.testing._launcher`), and a
+test's own server script that calls `fork_script` first hands itself over the same way; with
 `BREAKWATER_TEST_FORK_SERVE` set too, `python -m breakwater serve` (`status`, `call`, `tools`) is one.
 The launcher hands its stdin, stdout and stderr over; this server forks a copy of itself, with the
 SDK and the gateway already imported, to run `breakwater ARGS` on them, in the launcher's environment
@@ -134,19 +135,54 @@ def _child(request: dict[str, Any], fds: list[int], inherited: list[int]) -> NoR
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch_launcher, daemon=True).start()
-    sys.argv = ["breakwater", *request["argv"]]
-    from breakwater.cli import run
-
+    script = request.get("script")
     try:
-        run()
+        if script is None:
+            sys.argv = ["breakwater", *request["argv"]]
+            from breakwater.cli import run
+
+            run()
+        else:
+            _run_script(script, request["argv"])
     except SystemExit as exc:
-        os._exit(exc.code if isinstance(exc.code, int) else 1)
+        code = exc.code
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)  # as the interpreter says `sys.exit("why")`
+        _flush()
+        os._exit(0 if code is None else code if isinstance(code, int) else 1)
     except BaseException:
         import traceback
 
         traceback.print_exc()
-        sys.stderr.flush()
+        _flush()
         os._exit(1)
+    _flush()
+    os._exit(0)
+
+
+def _run_script(script: str, argv: list[str]) -> None:
+    """`python SCRIPT ARGV` in this fork, as the interpreter would run it: its own `__main__`, its directory first on
+    the path, and at its end what an interpreter does before it exits (its non-daemon threads, its `atexit` hooks)."""
+    import atexit
+    import runpy
+    import threading
+
+    from breakwater.testing import _launcher
+
+    _launcher.IN_FORK = True  # the script's own `fork_script` runs it here, not in another fork
+    sys.argv = [script, *argv]
+    sys.path[0] = os.path.dirname(script)
+    runpy.run_path(script, run_name="__main__")
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a stream the reader closed: nothing more to say
+            stream.flush()
 
 
 if __name__ == "__main__":
