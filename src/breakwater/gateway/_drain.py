@@ -57,7 +57,7 @@ CUT_GRACE_S = 0.5
 #: How long after its last POST ended a draining gateway still serves (what a draining gateway answers: `DrainGuard`).
 #: The SDK's client checks a successful result against the tool's output schema, and lists the tools first when it has
 #: never listed them: when the call was the last one the drain waited for, that list met a gateway just stopped, and the
-#: client raised `ConnectError` for a call that had run (2 runs in 10 of `test_drain.py`'s follow-up test without it).
+#: client raised `ConnectError` for a call that had run (3 runs in 20 of `test_drain.py`'s follow-up test without it).
 LINGER_S = 0.5
 #: A request body read while draining (to tell a request from a notification) is capped like the SDK's.
 _BODY_LIMIT = 4 * 1024 * 1024

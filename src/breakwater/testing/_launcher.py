@@ -14,8 +14,8 @@ Three ways in. A testserver's command (`launcher_command`) runs this file by pat
 20 ms to start). A gateway's (`python -m breakwater serve ...`, as the tests start it; `status`, `call` and
 `tools` too) is the real command: `breakwater.__main__` calls `hand_over` before importing anything else when
 `BREAKWATER_TEST_FORK_SERVE` names the fork server's socket. A test's own SDK server script (the conformance
-upstream, the tasks server, the OAuth server: ~110 starts a run, 0.9 s of CPU each) calls `fork_script` first
-thing when run as a program, so however a test or a gateway starts it, the fork server runs it.
+upstream, the tasks and OAuth servers, the scripts tests write out: ~150 starts a run, 0.9 s of CPU each) calls
+`fork_script` first thing when run as a program, so however a test or a gateway starts it, the fork server runs it.
 """
 
 from __future__ import annotations
