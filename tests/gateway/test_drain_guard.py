@@ -140,7 +140,8 @@ async def test_the_drain_lingers_after_the_last_post_for_what_its_client_sends_n
         await timed(hurried, second_signal=0.1)
 
     await clock.run(main)
-    # At once; until the list ended (0.1 s into the linger, it came at 0.3 and took 0.4); the second signal's instant.
+    # At once; until the list ended (the drain began 0.1 s after the last POST, the list came at 0.3 and ended at 0.7,
+    # past the linger's 0.5); at the second signal's instant.
     assert took == [0.0, 0.6, 0.1]
 
 
