@@ -887,6 +887,50 @@ def _backlog(sock: Path) -> int:
     return sum(1 for fields in lines if fields[-1] == str(sock) and fields[3] == "00000000")
 
 
+def test_a_session_that_arrives_as_the_gateway_exits_starts_the_next_one(tmp_path: Path) -> None:
+    """A session queued on the socket as the gateway idles out (or is stopped) was reset with the listener, read that
+    as a gateway that died starting, and served itself unshared ("closed the connection before answering"). The
+    gateway turns it away instead: told it exits, the session finds no gateway, and starts the next one there."""
+    import asyncio
+
+    from breakwater.gateway._attach import connect_gateway
+    from breakwater.gateway._share import bind_socket, pid_path, turn_away
+    from breakwater.gateway._start import attach_now
+
+    sock = tmp_path / "gw-x.sock"
+    listener = bind_socket(sock)
+    assert listener is not None
+    pid_path(sock).write_text(f"{os.getpid()}\n")
+    found: list[object] = []
+
+    def attach() -> None:
+        try:
+            found.append(attach_now(sock, {"breakwater": "attach"}, 10))
+        except Exception as exc:  # before the fix: AttachRefused, "closed the connection before answering"
+            found.append(exc)
+
+    blocking = threading.Thread(target=attach)
+    blocking.start()  # a session's first attach (`attach_now`), then a failover's (`connect_gateway`)
+
+    async def on_the_loop() -> None:
+        queued = asyncio.ensure_future(connect_gateway(sock, {"breakwater": "attach"}))
+        waited = time.monotonic() + 10
+        while _backlog(sock) < 2 and time.monotonic() < waited:
+            await asyncio.sleep(0.01)
+        assert _backlog(sock) == 2, "both sessions should be queued, unaccepted"
+        assert turn_away(listener) == 2
+        listener.close()
+        found.append(await asyncio.wait_for(queued, 10))
+
+    asyncio.run(on_the_loop())
+    blocking.join(10)
+    assert found == [None, None]  # "nothing listens here": each starts the next gateway (`open_attachment`)
+    assert not sock.exists() and not pid_path(sock).exists()
+    after = bind_socket(sock)  # the next gateway binds the path at once
+    assert after is not None
+    after.close()
+
+
 def test_a_forked_gateway_keeps_no_descriptor_the_agent_gave_its_session(
     tmp_path: Path, share: Path, upstream: tuple[str, Path]
 ) -> None:

@@ -27,6 +27,7 @@ from breakwater.gateway._share import (
     ANSWER_LIMIT,
     SPAWN_WAIT_S,
     AttachRefused,
+    GatewayExiting,
     answer_wait,
     check_peer,
     handshake_answer,
@@ -79,7 +80,8 @@ class Attachment:
 
 
 async def connect_gateway(path: Path, hello: dict[str, Any]) -> Attachment | None:
-    """Connect and shake hands; None when nothing listens at `path`, `AttachRefused` when the gateway says no."""
+    """Connect and shake hands; None when nothing listens at `path` (or the gateway there is exiting), `AttachRefused`
+    when the gateway says no."""
     loop = asyncio.get_running_loop()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
@@ -106,7 +108,11 @@ async def connect_gateway(path: Path, hello: dict[str, Any]) -> Attachment | Non
                         received += chunk
             except TimeoutError:
                 raise not_answering(path, waiting) from None
-        attachment.info, attachment.rest = handshake_answer(received, path)
+        try:
+            attachment.info, attachment.rest = handshake_answer(received, path)
+        except GatewayExiting:  # it no longer serves: as if nothing listened (the caller starts the next one)
+            attachment.close()
+            return None
         if attachment.info.get("handoff") is True:
             attachment.bell = hand_over(sock)  # the gateway serves this session on our stdin and stdout from here
         return attachment

@@ -51,7 +51,7 @@ from breakwater.gateway._handed import CLOSE_WAIT_S, HandedOutput, Mirror, Mirro
 from breakwater.gateway._handoff import CAN_HAND_OFF, handable, is_pipe
 from breakwater.gateway._server import Gateway
 from breakwater.gateway._session import session_gateway
-from breakwater.gateway._share import HANDSHAKE_LIMIT, SessionContext, bind_socket, peer_uid, pid_path
+from breakwater.gateway._share import HANDSHAKE_LIMIT, SessionContext, bind_socket, peer_uid, pid_path, turn_away
 from breakwater.gateway._stdio_server import (
     MAX_LINE_BYTES,
     Ending,
@@ -150,7 +150,8 @@ class SharedGateway:
                     self._arriving += 1
                     self._note(0)
                     tg.start_soon(self._connection, conn, name="breakwater shared session")
-            # Nobody is accepted from here on: a session that fails over finds the socket dead and starts the next gateway.
+            # Nobody is accepted from here on: a session that fails over, or arrives now, starts the next gateway.
+            turn_away(listener)
             listener.close()
             await self._until_drained()
             tg.cancel_scope.cancel()

@@ -7,6 +7,7 @@ enter (0700, socket 0600). The first line on a connection is a handshake, one JS
 
     session → gateway  {"breakwater": "attach", "fingerprint": FP, "version": V, "session": {...}}   (or "info", "stop")
     gateway → session  {"breakwater": "gateway", "ok": true, "pid": ..., "sessions": ..., "version": V, ...}
+                       (from a gateway that exits, `"ok": false, "exiting": true`: the session starts the next one)
 
 then MCP's own newline-delimited JSON-RPC, unchanged, for as long as the session lasts. When the
 config has stdio servers each session runs for itself (`per_session`), "session" carries what a
@@ -97,6 +98,10 @@ ANSWER_WAIT_S = 3.0
 
 class AttachRefused(Exception):
     """A gateway answered, but will not take this session (another version, another user, a bad handshake)."""
+
+
+class GatewayExiting(AttachRefused):
+    """The gateway answered that it is exiting (idle, or stopped): the session starts the next one (`turn_away`)."""
 
 
 class GatewayStuck(AttachRefused):
@@ -301,6 +306,37 @@ def bind_socket(path: Path) -> socket.socket | None:
     return listener
 
 
+#: What a gateway that no longer accepts answers the connections that were already queued (`turn_away`).
+_EXITING = json.dumps({"breakwater": "gateway", "ok": False, "exiting": True, "reason": "the gateway is exiting"}).encode()
+
+
+def turn_away(listener: socket.socket) -> int:
+    """Before a gateway closes its listener: its socket file (and pid file) removed, so that no session finds it any
+    more, then every connection already queued answered that it exits (`GatewayExiting`); how many were.
+
+    Why. Closing a listener resets the connections queued on it, unaccepted, and a session read that as a gateway
+    that died starting: it served itself, unshared, telling its user the gateway "closed the connection before
+    answering". Told it exits, the session starts the next gateway, as one that finds no socket does. The files go
+    first: a connection that arrives after them finds nothing, and the next gateway may bind the path at once (the pid
+    file goes before the socket, so it cannot be the next gateway's).
+    """
+    name = listener.getsockname()
+    if isinstance(name, str) and name:
+        path = Path(name)
+        for stale in (pid_path(path), path):
+            with contextlib.suppress(OSError):
+                stale.unlink()
+    turned = 0
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:  # BlockingIOError: the queue is empty
+            return turned
+        with conn, contextlib.suppress(OSError):
+            conn.send(_EXITING + b"\n", socket.MSG_DONTWAIT)  # a line in an empty buffer: never blocks
+        turned += 1
+
+
 def peer_uid(sock: socket.socket) -> int | None:
     """The uid of the process at the other end of a Unix socket (Linux; None where it cannot be asked cheaply)."""
     option = getattr(socket, "SO_PEERCRED", None)
@@ -370,6 +406,8 @@ def handshake_answer(received: bytes, path: Path) -> tuple[dict[str, Any], bytes
         info = None
     if not isinstance(info, dict) or info.get("breakwater") != "gateway":
         raise AttachRefused(f"what listens at {path} is not a breakwater gateway")
+    if info.get("exiting") is True:
+        raise GatewayExiting(str(info.get("reason") or "exiting"))
     if not info.get("ok"):
         raise AttachRefused(str(info.get("reason") or "refused"))
     return info, rest

@@ -24,7 +24,15 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from breakwater.gateway._handoff import hand_over
-from breakwater.gateway._share import ANSWER_LIMIT, answer_wait, bind_socket, check_peer, handshake_answer, not_answering
+from breakwater.gateway._share import (
+    ANSWER_LIMIT,
+    GatewayExiting,
+    answer_wait,
+    bind_socket,
+    check_peer,
+    handshake_answer,
+    not_answering,
+)
 
 __all__ = ["attach_now", "fork_gateway", "relayable", "reserve_standard_fds"]
 
@@ -81,11 +89,12 @@ def attach_now(
 
     Returns the connected socket (non-blocking, for the relay), the gateway's answer, what came
     after it and, when the gateway took this session's stdin and stdout, the bell's read end
-    (`breakwater.gateway._handoff`); None when nothing listens there. Raises `AttachRefused` when the gateway says no,
-    `TimeoutError` when it has not answered within `wait_s` (one that is starting answers once it
-    serves). The first attach of every session runs here, so that a session waiting for a gateway
-    that is starting sleeps in `recv` instead of importing asyncio and its relay meanwhile: at a
-    cold start those imports, 13 sessions' worth, took CPU from the gateway's own imports.
+    (`breakwater.gateway._handoff`); None when nothing listens there (or the gateway there is
+    exiting). Raises `AttachRefused` when the gateway says no, `TimeoutError` when it has not
+    answered within `wait_s` (one that is starting answers once it serves). The first attach of
+    every session runs here, so that a session waiting for a gateway that is starting sleeps in
+    `recv` instead of importing asyncio and its relay meanwhile: at a cold start those imports, 13
+    sessions' worth, took CPU from the gateway's own imports.
     """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -110,7 +119,11 @@ def attach_now(
                 if not chunk:
                     break
                 received += chunk
-        info, rest = handshake_answer(received, path)
+        try:
+            info, rest = handshake_answer(received, path)
+        except GatewayExiting:  # it no longer serves: as if nothing listened (the session starts the next one)
+            sock.close()
+            return None
         # The gateway serves this session on our stdin and stdout from here (`_handoff`).
         bell = hand_over(sock) if info.get("handoff") is True else None
         sock.setblocking(False)
