@@ -272,9 +272,9 @@ class ResourceUpdates:
 def ask_gateway(sock: Path, hello: dict[str, Any]) -> dict[str, Any] | None:
     """One handshake with the shared gateway at `sock`, synchronously (None when nothing answers).
 
-    A gateway that exits (idles out, is stopped) as it is asked answers nothing: the kernel may have queued the
-    connection before the listener closed, and then resets it, or the gateway closes it unanswered. `gateway list`
-    (`cli/_gateway._ask`) reads both as "no gateway there", and so does this.
+    A gateway that exits (idles out, is stopped) as it is asked answers that it exits (`_share.turn_away`), or, going
+    away unannounced, closes the connection unanswered (or the kernel resets it). `gateway list` (`cli/_gateway._ask`)
+    reads each as "no gateway there", and so does this.
     """
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(5)
@@ -290,7 +290,7 @@ def ask_gateway(sock: Path, hello: dict[str, Any]) -> dict[str, Any] | None:
         if not line:
             return None
         answer: dict[str, Any] = json.loads(line)
-        return answer
+        return None if answer.get("exiting") is True else answer
 
 
 def gateway_pids(share: Path) -> list[int]:
