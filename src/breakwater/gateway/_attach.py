@@ -96,11 +96,13 @@ async def connect_gateway(path: Path, hello: dict[str, Any]) -> Attachment | Non
         received = b""
         # A gateway that has run a while answers at once; one still starting gets the callers' own deadline.
         waiting = answer_wait(path, SPAWN_WAIT_S)
-        # Closed before it accepted (or as it did): answered as a close, whether the send or the read finds out.
+        # Closed before it accepted (or as it did): answered as a close, whether the send or the read finds out; what it
+        # wrote before it closed (a gateway that exits says so: `turn_away`) is read even when the send found it closed.
         with contextlib.suppress(ConnectionResetError, BrokenPipeError):
             try:
                 async with asyncio.timeout(waiting):  # a real process's answer, in real time
-                    await loop.sock_sendall(sock, json.dumps(hello).encode() + b"\n")
+                    with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+                        await loop.sock_sendall(sock, json.dumps(hello).encode() + b"\n")
                     while b"\n" not in received and len(received) < ANSWER_LIMIT:
                         chunk = await loop.sock_recv(sock, 65536)
                         if not chunk:
