@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TextIO
@@ -320,7 +320,8 @@ server = MCPServer("where")
 @server.tool()
 def where() -> str:
     return json.dumps({"cwd": os.getcwd(), "path": os.environ.get("PATH"), "marker": os.environ.get("BW_MARKER"),
-                       "entry": os.environ.get("FROM_ENTRY"), "pid": os.getpid()})
+                       "entry": os.environ.get("FROM_ENTRY"), "pid": os.getpid(),
+                       "bulk": sum(len(v) for k, v in os.environ.items() if k.startswith("BW_BULK_"))})
 
 
 server.run("stdio")
@@ -340,7 +341,10 @@ async def test_a_sessions_own_stdio_server_runs_in_its_directory_with_its_enviro
     tmp_path: Path, share: Path, upstream: tuple[str, Path]
 ) -> None:
     """Two agents in two repositories, one config: one gateway (one HTTP connection), and each session's stdio
-    server started where that session runs, found on that session's PATH, as a `serve` of its own would start it."""
+    server started where that session runs, found on that session's PATH, as a `serve` of its own would start it.
+
+    One of them runs in a large environment (a Nix shell's, a CI job's: 400 KB here): its handshake carries it all,
+    and it was cut at 64 KiB; that session served itself, told "not a breakwater session"."""
     url, state = upstream
     script = tmp_path / "where_server.py"
     script.write_text(_WHERE_SERVER)
@@ -350,8 +354,13 @@ async def test_a_sessions_own_stdio_server_runs_in_its_directory_with_its_enviro
     base = env_for(tmp_path, share)
     before = handshakes(state)
 
+    # In pieces: one variable may hold at most 128 KiB (the kernel's MAX_ARG_STRLEN), the environment megabytes.
+    bulk = {f"BW_BULK_{i}": "x" * 100_000 for i in range(4)}
+
     def params(repo: Path) -> StdioServerParameters:
         env = {**base, "PATH": f"{repo / 'bin'}{os.pathsep}{base['PATH']}", "BW_MARKER": repo.name}
+        if repo.name == "repo-b":
+            env |= bulk
         args = [*BREAKWATER[1:], "serve", "--config", str(config)]
         return StdioServerParameters(command=BREAKWATER[0], args=args, env=env, cwd=str(repo))
 
@@ -371,6 +380,7 @@ async def test_a_sessions_own_stdio_server_runs_in_its_directory_with_its_enviro
         assert seen[name]["entry"] == "e"  # the entry's env, over the session's
         # The session's environment, as a `serve --no-share` of its own gives its servers ([connect] inherit_env = "all").
         assert seen[name]["marker"] == name
+    assert (seen["repo-a"]["bulk"], seen["repo-b"]["bulk"]) == (0, 400_000)
     assert seen["repo-a"]["pid"] != seen["repo-b"]["pid"]
     # The sessions' environments went to their servers and nowhere else: not to the gateway's log.
     logged = "".join(log.read_text(errors="replace") for log in share.glob("gw-*.log"))
@@ -929,6 +939,45 @@ def test_a_session_that_arrives_as_the_gateway_exits_starts_the_next_one(tmp_pat
     after = bind_socket(sock)  # the next gateway binds the path at once
     assert after is not None
     after.close()
+
+
+def test_a_session_turned_away_mid_hello_still_reads_that_the_gateway_exits(tmp_path: Path) -> None:
+    """A hello carries the session's environment, which can outgrow the socket's buffer: the gateway turned the session
+    away (answered, closed) while its hello was still being sent, the send failed, and the answer went unread: the
+    session served itself unshared. What the gateway wrote is read whatever the send met."""
+    import asyncio
+
+    from breakwater.gateway._attach import connect_gateway
+    from breakwater.gateway._share import bind_socket, turn_away
+    from breakwater.gateway._start import attach_now
+
+    hello = {"breakwater": "attach", "session": {"cwd": "/", "env": {"BIG": "x" * 1_000_000}}}  # past any socket buffer
+
+    def turned_away(attach: Callable[[Path], object]) -> object:
+        sock = tmp_path / "gw-x.sock"
+        listener = bind_socket(sock)
+        assert listener is not None
+        found: list[object] = []
+
+        def run() -> None:
+            try:
+                found.append(attach(sock))
+            except Exception as exc:  # before the fix: AttachRefused, "closed the connection before answering"
+                found.append(exc)
+
+        session = threading.Thread(target=run)
+        session.start()
+        waited = time.monotonic() + 10
+        while _backlog(sock) == 0 and time.monotonic() < waited:
+            time.sleep(0.01)
+        time.sleep(0.2)  # the session is blocked in its send: the hello filled the queued connection's buffer
+        assert turn_away(listener) == 1
+        listener.close()
+        session.join(10)
+        return found
+
+    assert turned_away(lambda sock: attach_now(sock, hello, 10)) == [None]
+    assert turned_away(lambda sock: asyncio.run(connect_gateway(sock, hello))) == [None]
 
 
 def test_a_forked_gateway_keeps_no_descriptor_the_agent_gave_its_session(

@@ -51,7 +51,7 @@ from breakwater.gateway._handed import CLOSE_WAIT_S, HandedOutput, Mirror, Mirro
 from breakwater.gateway._handoff import CAN_HAND_OFF, handable, is_pipe
 from breakwater.gateway._server import Gateway
 from breakwater.gateway._session import session_gateway
-from breakwater.gateway._share import HANDSHAKE_LIMIT, SessionContext, bind_socket, peer_uid, pid_path, turn_away
+from breakwater.gateway._share import SessionContext, bind_socket, peer_uid, pid_path, turn_away
 from breakwater.gateway._stdio_server import (
     MAX_LINE_BYTES,
     Ending,
@@ -307,10 +307,12 @@ class SharedGateway:
     def _handshake(self, conn: socket.socket, line: bytes) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         """The session's first line (what it wants: "attach", "info", "stop") and the answer; no hello when refused.
 
-        Nothing of it is logged: an attaching session's line carries its environment (`SessionContext`).
+        Nothing of it is logged: an attaching session's line carries its environment (`SessionContext`). That may be
+        megabytes (a Nix shell's, a CI job's): the line is bounded by the reader's limit (`MAX_LINE_BYTES`) alone. Cut
+        at 64 KiB, as it was, every session of an environment past that served itself, told "not a breakwater session".
         """
         try:
-            hello = json.loads(line[:HANDSHAKE_LIMIT]) if line else None
+            hello = json.loads(line) if line else None
         except ValueError:
             hello = None
         uid = peer_uid(conn)

@@ -56,7 +56,6 @@ from breakwater.config import Config, GatewayPolicy, ServerSpec
 __all__ = [
     "ANSWER_LIMIT",
     "ANSWER_WAIT_S",
-    "HANDSHAKE_LIMIT",
     "SPAWN_WAIT_S",
     "AttachRefused",
     "GatewayStuck",
@@ -81,8 +80,6 @@ __all__ = [
     "where_gateway",
 ]
 
-#: The longest handshake line either side reads; anything longer is no handshake.
-HANDSHAKE_LIMIT = 64 * 1024
 #: The longest answer a session or a command reads from a gateway: an `info` carries the servers' states, with their
 #: stderr tails (a cut answer read as "not a breakwater gateway", and `gateway list` removed a live one's socket).
 ANSWER_LIMIT = 4 * 1024 * 1024
