@@ -98,18 +98,18 @@ async def connect_gateway(path: Path, hello: dict[str, Any]) -> Attachment | Non
         waiting = answer_wait(path, SPAWN_WAIT_S)
         # Closed before it accepted (or as it did): answered as a close, whether the send or the read finds out; what it
         # wrote before it closed (a gateway that exits says so: `turn_away`) is read even when the send found it closed.
-        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
-            try:
-                async with asyncio.timeout(waiting):  # a real process's answer, in real time
-                    with contextlib.suppress(ConnectionResetError, BrokenPipeError):
-                        await loop.sock_sendall(sock, json.dumps(hello).encode() + b"\n")
+        try:
+            async with asyncio.timeout(waiting):  # a real process's answer, in real time
+                with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+                    await loop.sock_sendall(sock, json.dumps(hello).encode() + b"\n")
+                with contextlib.suppress(ConnectionResetError, BrokenPipeError):
                     while b"\n" not in received and len(received) < ANSWER_LIMIT:
                         chunk = await loop.sock_recv(sock, 65536)
                         if not chunk:
                             break
                         received += chunk
-            except TimeoutError:
-                raise not_answering(path, waiting) from None
+        except TimeoutError:
+            raise not_answering(path, waiting) from None
         try:
             attachment.info, attachment.rest = handshake_answer(received, path)
         except GatewayExiting:  # it no longer serves: as if nothing listened (the caller starts the next one)

@@ -111,8 +111,8 @@ def attach_now(
         # Closed before it accepted (or as it did): answered as a close, whether the send or the read finds out; what it
         # wrote before it closed (a gateway that exits says so: `turn_away`) is read even when the send found it closed.
         with contextlib.suppress(ConnectionResetError, BrokenPipeError):
-            with contextlib.suppress(ConnectionResetError, BrokenPipeError):
-                sock.sendall(json.dumps(hello).encode() + b"\n")
+            sock.sendall(json.dumps(hello).encode() + b"\n")
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
             while b"\n" not in received and len(received) < ANSWER_LIMIT:
                 try:
                     chunk = sock.recv(65536)
