@@ -97,6 +97,13 @@ def lasting_port(rng: random.Random | None = None) -> int:
     return free_port()
 
 
+#: How long the fleet's clients keep an idle connection to the balancer: well below its `timeout http-keep-alive` (2 s),
+#: so that the balancer never closes one under a new request (a POST sent just as HAProxy closes the connection is
+#: lost, `RemoteProtocolError`, and must not be re-sent blindly). The fleet's own client (`Fleet.http`) kept them for
+#: httpx's default 5 s, and a test's retry through the balancer after ~2 s idle was lost so, once in a CI run.
+_KEEPALIVE_EXPIRY_S = 0.5
+
+
 def haproxy_config(
     *,
     listen_port: int,
@@ -221,7 +228,7 @@ class Fleet:
         self.replicas: list[Replica] = []
         self._haproxy: subprocess.Popen[bytes] | None = None
         self._stack = contextlib.AsyncExitStack()
-        self.http = httpx2.AsyncClient(timeout=30)
+        self.http = httpx2.AsyncClient(timeout=30, limits=httpx2.Limits(keepalive_expiry=_KEEPALIVE_EXPIRY_S))
 
     @property
     def url(self) -> str:
@@ -542,9 +549,7 @@ async def run_load(
         )
         for i in range(modern_clients + legacy_clients)
     ]
-    # An idle connection is dropped before the balancer's idle timeout can close it under a new request
-    # (a POST sent just as HAProxy closes the connection is lost, and must not be re-sent blindly).
-    limits = httpx2.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=0.5)
+    limits = httpx2.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=_KEEPALIVE_EXPIRY_S)
     async with httpx2.AsyncClient(timeout=60, limits=limits) as http, anyio.create_task_group() as tg:
         for client in clients:
             tg.start_soon(client.run, http, stop, rate)
