@@ -11,12 +11,40 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["open_sqlite"]
+__all__ = ["NotSQLiteError", "check_sqlite_path", "open_sqlite"]
 
 #: How long a statement waits for another process's write lock before it fails.
 BUSY_TIMEOUT_S = 30.0
 #: How often opening looks again while another process holds a lock SQLite does not wait for (below).
 _OPEN_RETRY_S = 0.01
+
+#: The first 16 bytes of every SQLite 3 database (sqlite.org/fileformat.html, "The Database Header").
+_HEADER = b"SQLite format 3\x00"
+
+
+class NotSQLiteError(sqlite3.DatabaseError):
+    """The path holds something that is not an SQLite database (a directory, another program's file): breakwater
+    neither reads nor writes it, so nothing of the user's is lost or moved, and the message says to choose another path."""
+
+
+def check_sqlite_path(path: Path) -> None:
+    """Raise `NotSQLiteError` when `path` is a directory or a non-empty file without SQLite's header.
+
+    SQLite itself says "file is not a database" of such a file, as of a damaged journal, and the fix of a damaged one
+    (move it aside) is the wrong one for a user's own file that a setting names by mistake (`BREAKWATER_JOURNAL=~/.bashrc`).
+    A missing or empty file is a new database.
+    """
+    if path.is_dir():
+        raise NotSQLiteError(f"{path} is a directory, not an SQLite database file")
+    try:
+        with path.open("rb") as file:
+            head = file.read(len(_HEADER))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError:
+        return  # unreadable: SQLite says why, in its own words
+    if head and head != _HEADER:
+        raise NotSQLiteError(f"{path} is not an SQLite database (it holds something else: nothing was written to it)")
 
 
 def open_sqlite(
@@ -33,6 +61,7 @@ def open_sqlite(
     never block the writer; `synchronous` is set when given; then each `schema` statement runs
     (`CREATE ... IF NOT EXISTS`, so opening an existing file changes nothing).
     """
+    check_sqlite_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # "When the last connection to a database closes, it takes an exclusive lock for a short time while it
     # cleans up the WAL and shared-memory files", and a connection opened meanwhile gets "database is locked"

@@ -181,6 +181,17 @@ def test_a_database_user_name_is_no_secret_and_its_password_is() -> None:
     assert shown == "cannot reach postgresql://127.0.0.1:5439/test"
 
 
+def test_a_file_path_is_no_url_whose_key_like_segments_are_masked() -> None:
+    """A journal at `/tmp/pytest-7/test_config_check0/j.db` was printed by `config check` as `/tmp/pytest-7/<redacted>/j.db`:
+    a segment of 16 or more letters and digits looks like a key in a web address (Zapier's), not in a file's path."""
+    from breakwater.config._redact import url_secrets
+
+    paths = ("/tmp/pytest-7/test_config_check0/j.db", "sqlite:////srv/a1b2c3d4e5f6a7b8c9d0/j.db", "j2026dec07backup_v1/x.db")
+    for path in paths:
+        assert list(url_secrets(path)) == [], path
+    assert list(url_secrets("https://mcp.example.com/s/a1b2c3d4e5f6a7b8c9d0/sse")) == ["a1b2c3d4e5f6a7b8c9d0"]
+
+
 def test_config_check_shows_the_journal_and_state_urls_without_their_credentials(tmp_path: Path) -> None:
     """`config check` printed `[journal] url` and `[state] url` as written, passwords and query values included."""
     (tmp_path / ".mcp.json").write_text('{"mcpServers": {"a": {"command": "echo"}}}')

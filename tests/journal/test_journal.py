@@ -712,6 +712,61 @@ def test_an_unreachable_store_is_counted_not_raised(tmp_path: Path, caplog: pyte
     assert journal.learned_timeout("s", "t") is None
 
 
+@pytest.mark.parametrize("kind", ["a user's file", "a directory"])
+def test_a_journal_path_that_names_no_journal_is_left_alone_and_another_path_is_the_fix(
+    tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`BREAKWATER_JOURNAL=~/notes.txt` (a slip): SQLite calls it "not a database", as it does a damaged journal, and the
+    fix said was `mv ~/notes.txt ~/notes.txt.damaged`. It names another path now, and the file is left as it was; a
+    damaged journal (SQLite's header, then garbage) is still told to be moved aside."""
+    if kind == "a directory":
+        named = tmp_path / "logs"
+        named.mkdir()
+        (named / "keep.txt").write_text("mine")
+    else:
+        named = tmp_path / "notes.txt"
+        named.write_text("my notes\n" * 100)
+    before = sorted((p.name, p.read_bytes() if p.is_file() else b"") for p in tmp_path.rglob("*"))
+    store = open_journal_store(str(named))
+    assert store is not None
+    journal = Journal(store)
+    assert journal.record(rec(FakeClock(), 0.1))
+    journal.flush()
+    journal.close()
+    trouble = [r.getMessage() for r in caplog.records if "call journal" in r.getMessage()]
+    assert len(trouble) == 1, trouble
+    assert "is not an SQLite database" in trouble[0] or "is a directory" in trouble[0], trouble
+    assert "mv " not in trouble[0] and "BREAKWATER_JOURNAL) to a file of the journal's own" in trouble[0], trouble
+    assert cli_main(["stats", "--journal", str(named)]) == 1
+    said = capsys.readouterr().err
+    assert f"cannot read the journal at {named}: NotSQLiteError" in said and "mv " not in said, said
+    # Nothing written, moved or added (no -wal or -shm beside it).
+    assert sorted((p.name, p.read_bytes() if p.is_file() else b"") for p in tmp_path.rglob("*")) == before
+
+    damaged = tmp_path / "old.sqlite3"
+    damaged.write_bytes(b"SQLite format 3\x00" + b"\xff" * 4096)
+    assert cli_main(["stats", "--journal", str(damaged)]) == 1
+    assert f"mv {damaged} {damaged}.damaged" in capsys.readouterr().err
+
+
+def test_config_check_notes_a_journal_path_that_names_no_journal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The config is valid (calls would go on, unrecorded), so `config check` passes, and says so in a note."""
+    monkeypatch.setenv("COLUMNS", "400")
+    monkeypatch.delenv("BREAKWATER_JOURNAL", raising=False)  # the suite's own "off" would stand over the file's
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    config = tmp_path / "breakwater.toml"
+    config.write_text(f'[journal]\nurl = "{notes}"\n\n[servers.a]\ncommand = "true"\n')
+    assert cli_main(["config", "check", "--config", str(config)]) == 0
+    said = " ".join(capsys.readouterr().out.split())  # as read, whatever the terminal's width wrapped
+    assert f"note: the call journal: {notes} is not an SQLite database" in said, said
+    config.write_text(f'[journal]\nurl = "{tmp_path / "journal.sqlite3"}"\n\n[servers.a]\ncommand = "true"\n')
+    assert cli_main(["config", "check", "--config", str(config)]) == 0
+    assert "note:" not in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------------------- adaptation, measured
 
 

@@ -9,12 +9,14 @@ from typing import Any
 
 from rich.table import Table
 
+from breakwater._sqlite import NotSQLiteError, check_sqlite_path
 from breakwater.cli._common import EXIT_OK, Parser, add_config_flag, counted, load_or_exit, out_console, show
 from breakwater.cli._text import markup
 from breakwater.config import Config, all_knobs
 from breakwater.config._knobs import render_markdown
 from breakwater.config._model import ToolSettings
 from breakwater.config._redact import Redactor
+from breakwater.journal import SQLiteJournalStore, open_journal_store
 
 __all__ = ["config_main"]
 
@@ -50,11 +52,25 @@ def _understood(config: Config) -> dict[str, Any]:
     policies = {section: getattr(config, section) for section in _SECTIONS}
     settings = {section: changed for section, p in policies.items() if (changed := _changed(p, type(p)()))}
     out: dict[str, Any] = {"path": config.path, "connect": vars(config.connect), "settings": settings, "servers": servers}
-    if config.notes:
-        out["notes"] = list(config.notes)
+    notes = [*config.notes, *_journal_notes(config)]
+    if notes:
+        out["notes"] = notes
     # The settings hold the journal's and state store's URLs: their passwords and query values are secrets too.
     scrubbed: dict[str, Any] = Redactor(config.secrets).scrub(out)
     return scrubbed
+
+
+def _journal_notes(config: Config) -> list[str]:
+    """What `serve` would say when it opens the journal, when the file it names is not one (a directory, a user's
+    own file): the config is valid and calls would go on, unrecorded, so it is a note here, not an error."""
+    store = open_journal_store(config.journal.url)
+    if not isinstance(store, SQLiteJournalStore):
+        return []
+    try:
+        check_sqlite_path(store.path)
+    except NotSQLiteError as exc:
+        return [f"the call journal: {exc}; calls would go on unrecorded (fix: {store.fix_for(exc)})"]
+    return []
 
 
 def _parser() -> argparse.ArgumentParser:

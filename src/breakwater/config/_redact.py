@@ -135,7 +135,7 @@ def header_secrets(value: str) -> Iterator[str]:
 
 def url_secrets(url: str) -> Iterator[str]:
     """The user-info (user and password), every query value, the fragment, and each path segment that looks like a
-    key (`_key_like`: Zapier's `/mcp/sk-ak-.../sse`, a UUID in Pipedream's or Composio's URLs) of a URL."""
+    key (`_key_like`: Zapier's `/mcp/sk-ak-.../sse`, a UUID in Pipedream's or Composio's URLs) of a URL with a host."""
     try:
         parts = urlsplit(url)
         username, password = parts.username, parts.password
@@ -151,7 +151,10 @@ def url_secrets(url: str) -> Iterator[str]:
         yield value
     if parts.fragment:
         yield parts.fragment
-    yield from (segment for segment in parts.path.split("/") if _key_like(segment))
+    # Only of a URL that names a host: a file's path (a journal at /tmp/pytest-3/test_a_journal0/j.db, sqlite:///...)
+    # is where a file is, not a key, and masking its directory made `config check` print the path as "<redacted>".
+    if parts.netloc:
+        yield from (segment for segment in parts.path.split("/") if _key_like(segment))
 
 
 def _key_like(segment: str) -> bool:

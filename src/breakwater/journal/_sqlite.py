@@ -17,6 +17,7 @@ from itertools import chain
 from pathlib import Path
 
 from breakwater import _paths
+from breakwater._sqlite import NotSQLiteError, check_sqlite_path
 from breakwater.journal._records import _COLUMNS, AttemptRecord, _as_row
 from breakwater.journal._rollups import _Rollup, _RollupKey
 from breakwater.journal._sql import _ROLLUP_TABLE, _TABLE, Dialect, SQLJournalStore
@@ -87,6 +88,7 @@ class SQLiteJournalStore(SQLJournalStore[sqlite3.Connection]):
         super().__init__(str(self.path))
 
     def _connect(self) -> sqlite3.Connection:
+        check_sqlite_path(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: transactions are the BEGIN/COMMIT written here, nothing implicit.
         conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
@@ -106,6 +108,7 @@ class SQLiteJournalStore(SQLJournalStore[sqlite3.Connection]):
         """
         if not self.path.exists():
             return self._connect()
+        check_sqlite_path(self.path)
         uri = self.path.absolute().as_uri()
         try:
             conn = sqlite3.connect(
@@ -122,6 +125,10 @@ class SQLiteJournalStore(SQLJournalStore[sqlite3.Connection]):
     def fix_for(self, exc: BaseException) -> str | None:
         """A damaged file or a lock another process holds: what to do about it (`SQLJournalStore.fix_for`)."""
         text = str(exc)
+        if isinstance(exc, NotSQLiteError):
+            # The user's own file, named by mistake, is never to be moved: another path is the fix.
+            own = self.path / "journal.sqlite3" if self.path.is_dir() else _paths.data_dir() / "journal.sqlite3"
+            return f"set [journal] url (or BREAKWATER_JOURNAL) to a file of the journal's own, e.g. {own}"
         if isinstance(exc, sqlite3.OperationalError) and "locked" in text:
             return "another process holds the journal locked: wait for it to let go, or stop it"
         if isinstance(exc, sqlite3.DatabaseError) and any(word in text for word in _DAMAGED):
