@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import os
 import re
 import stat
@@ -38,6 +39,7 @@ __all__ = [
     "read_user_file",
     "runtime_dir",
     "runtime_dirs_elsewhere",
+    "say_unusable",
     "write_atomic",
 ]
 
@@ -177,3 +179,23 @@ def file_stem(name: str) -> str:
     if safe == name and name == name.lower() and len(name) <= _STEM_MAX:
         return name
     return f"{safe[: _STEM_MAX - 17]}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:16]}"
+
+
+#: The directories `say_unusable` has spoken of in this process.
+_SAID_UNUSABLE: set[str] = set()
+
+
+def say_unusable(logger: logging.Logger, what: str, directory: Path, exc: OSError, setting: str, costs: str) -> None:
+    """Say once per process and directory that a directory breakwater keeps `what` in cannot be written, what that
+    costs, and that `setting` (the knob, and the value it should take) is the fix.
+
+    Such a directory is an optimisation: breakwater goes on without it, but a user who named a file there, or runs
+    with a read-only home, lost the feature without a word."""
+    key = f"{what}\0{directory}"
+    if key in _SAID_UNUSABLE:
+        return
+    _SAID_UNUSABLE.add(key)
+    reason = exc.strerror or str(exc)
+    if isinstance(exc, (FileExistsError, NotADirectoryError)) or directory.is_file():
+        reason = "a file is where a directory should be"
+    logger.warning("breakwater: cannot keep %s in %s (%s): %s (fix: set %s)", what, directory, reason, costs, setting)

@@ -166,10 +166,22 @@ async def test_a_directory_that_became_unusable_leaves_the_caps_per_process(
     shutil.rmtree(directory)
     directory.write_text("not a directory")
     held = await gate.acquire([Slot("server-x", 1)])
-    assert "connect caps now hold per process" in caplog.text
+    assert f"cannot keep the connect admission locks in {directory} (a file is where a directory should be)" in caplog.text
+    assert "the connect caps hold per process" in caplog.text and "[connect] admission_dir" in caplog.text
     async with anyio.create_task_group() as tg:
         tg.start_soon(gate.acquire, [Slot("server-x", 1)])
         await clock.wait_for_sleepers(1)  # the cap of 1 still holds, in this process
         held.release()
         while clock.sleepers:
             await clock.step()
+
+
+def test_a_directory_that_cannot_be_made_at_start_is_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """At start it was silent: the caps fell back to per process, and nobody knew why a storm of sessions was not
+    capped across them."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for _ in range(2):
+        Admission(clock=FakeClock(), rng=random.Random(1), directory=blocker / "admission")
+    said = [r.getMessage() for r in caplog.records if "admission locks" in r.getMessage()]
+    assert len(said) == 1 and "(fix: set [connect] admission_dir (BREAKWATER_ADMISSION_DIR) to a writable directory)" in said[0]

@@ -131,12 +131,21 @@ def test_an_unreadable_memory_is_no_memory(tmp_path: Path, junk: str) -> None:
     assert memory.recall(spec, 1000.0) is None
 
 
-def test_a_memory_that_cannot_be_written_costs_only_the_probe(tmp_path: Path) -> None:
+def test_a_memory_that_cannot_be_written_costs_only_the_probe_and_says_so_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     memory = ProtocolMemory(blocker / "memory")  # a directory under a file: every write fails
     memory.keep(_dual_era(), _recalled())
+    memory.keep(_dual_era(), _recalled())
     assert memory.recall(_dual_era(), 1000.0) is None
+    said = [r.getMessage() for r in caplog.records if "protocol revisions" in r.getMessage()]
+    assert said == [
+        f"breakwater: cannot keep the servers' protocol revisions in {blocker / 'memory'} (a file is where a directory "
+        "should be): each start asks every server which protocol revision it speaks again (fix: set [connect] "
+        "protocol_memory_dir (BREAKWATER_PROTOCOL_MEMORY_DIR) to a writable directory, or to off)"
+    ]
 
 
 def test_off_keeps_nothing_and_empty_follows_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -149,3 +149,24 @@ async def test_a_tool_renamed_for_a_clash_is_accepted_by_the_name_it_is_listed_u
     assert renamed not in await listed()  # blocked until accepted
     assert f"accepted: {renamed}" in accept(config, env, renamed)
     assert renamed in await listed()
+
+
+def test_a_catalog_that_cannot_be_written_is_said_once_and_an_approval_it_cannot_keep_fails(tmp_path: Path) -> None:
+    """`BREAKWATER_CATALOG_DIR` naming a file (or a read-only home): the last-known tools and the approved definitions
+    were dropped without a word, so drift was never seen (every start pinned afresh) and `tools --accept` printed
+    "accepted" for an approval gone with its process. Now each process says it once, and `--accept` exits 1."""
+    config, flags, env = setup(tmp_path)
+    flags.write_text("--tool lookup:latency=0,readonly --tool other:latency=0")
+    blocker = tmp_path / "catalog"
+    blocker.write_text("not a directory")
+    env["BREAKWATER_DRIFT"] = "block"
+    listed = breakwater(env, "tools", "--config", str(config), "--wait", "20")
+    assert listed.returncode == 0 and "svc__lookup" in listed.stdout, listed.stdout + listed.stderr
+    said = [line for line in listed.stderr.splitlines() if "cannot keep the last-known tools" in line]
+    assert len(said) == 1, listed.stderr  # two servers' worth of writes (tools and pins), one line
+    assert f"in {blocker} (a file is where a directory should be)" in said[0], said
+    assert "(fix: set [gateway] catalog_dir (BREAKWATER_CATALOG_DIR) to a writable directory)" in said[0], said
+    refused = breakwater(env, "tools", "svc__lookup", "--accept", "--config", str(config), "--wait", "20")
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "accepted:" not in refused.stdout and "breakwater: not accepted: svc__lookup: cannot write" in refused.stderr
+    assert blocker.read_text() == "not a directory"

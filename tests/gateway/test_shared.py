@@ -310,6 +310,27 @@ async def test_a_share_dir_too_deep_for_a_socket_serves_the_session_alone_and_sa
     assert "Traceback" not in said and not list(deep.glob("gw-*")), said
 
 
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+async def test_a_share_dir_that_is_no_directory_serves_the_session_alone_and_says_which_knob(
+    tmp_path: Path, share: Path, upstream: tuple[str, Path], where: str
+) -> None:
+    """`BREAKWATER_SHARE_DIR=~/notes.txt` said only "[Errno 17] File exists: '/home/me/notes.txt'"."""
+    url, _state = upstream
+    config = write_config(tmp_path, url)
+    blocker = share / "notes.txt"
+    blocker.write_text("mine")
+    named = blocker if where == "a file" else blocker / "gateways"
+    err = tmp_path / "stderr.txt"
+    with err.open("w") as errlog:
+        async with session(config, env_for(tmp_path, named), errlog=errlog) as alone:
+            assert pid_of(await alone.call_tool("web__echo", {"text": "a"}))
+    said = " ".join(err.read_text().split())
+    why = "it is a file" if where == "a file" else "a part of its path is a file"
+    assert f"serving this session on its own: the shared gateway's directory {named} cannot be used ({why})" in said, said
+    assert "set [gateway] share_dir (BREAKWATER_SHARE_DIR) to a directory of your own" in said, said
+    assert blocker.read_text() == "mine"
+
+
 _WHERE_SERVER = """
 import json, os
 from mcp.server.mcpserver import MCPServer

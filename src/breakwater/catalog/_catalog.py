@@ -77,6 +77,8 @@ class Catalog:
         self.version = 0
         self._changed = anyio.Event()
         self._renamed: set[tuple[str, str]] = set()  # (taken name, the name given instead), each warned of once
+        #: Why the last write of a file of the catalog failed (None once one succeeds): `tools --accept` says it.
+        self.problem: str | None = None
 
     def _path(self, server: str, fingerprint: str) -> Path | None:
         if self._dir is None:
@@ -107,11 +109,8 @@ class Catalog:
         path = self._path(server, fingerprint)
         if path is None:
             return
-        # The cache is an optimisation: a read-only or full disk must never break the gateway.
-        with contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            payload = {"server": server, "tools": [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]}
-            _paths.write_atomic(path, json.dumps(payload))
+        payload = {"server": server, "tools": [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]}
+        self._write(path, json.dumps(payload))
 
     async def wait_changed(self) -> None:
         """Return at the next change of any server's last-known tools."""
@@ -139,9 +138,26 @@ class Catalog:
         path = self._pins_path(server, fingerprint)
         if path is None:
             return
-        with contextlib.suppress(OSError):
+        self._write(path, json.dumps(self._pins[server], sort_keys=True))
+
+    def _write(self, path: Path, text: str) -> None:
+        """One of the catalog's files, written whole; `problem` says why not. The cache is an optimisation: a
+        read-only or full disk must never break the gateway, but is said once (`_paths.say_unusable`)."""
+        try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            _paths.write_atomic(path, json.dumps(self._pins[server], sort_keys=True))
+            _paths.write_atomic(path, text)
+        except OSError as exc:
+            self.problem = f"cannot write {path}: {exc.strerror or exc}"
+            _paths.say_unusable(
+                logger,
+                "the last-known tools and approved tool definitions",
+                path.parent,
+                exc,
+                "[gateway] catalog_dir (BREAKWATER_CATALOG_DIR) to a writable directory",
+                "tools are listed only once their servers connect, and approvals of changed tools last one run",
+            )
+        else:
+            self.problem = None
 
     def drifted(self, server: str, fingerprint: str, tools: Sequence[types.Tool]) -> list[str]:
         """Tools whose definition differs from the approved one. A tool seen for the first time is

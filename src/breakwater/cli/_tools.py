@@ -8,7 +8,17 @@ import json
 import anyio
 
 from breakwater.catalog._catalog import Entry
-from breakwater.cli._common import EXIT_CONFIG, EXIT_OK, Parser, add_config_flag, did_you_mean, fail, load_or_exit, seconds
+from breakwater.cli._common import (
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    EXIT_OK,
+    Parser,
+    add_config_flag,
+    did_you_mean,
+    fail,
+    load_or_exit,
+    seconds,
+)
 from breakwater.cli._text import lines
 from breakwater.config import Config
 
@@ -31,6 +41,11 @@ async def _tools(config: Config, query: str, as_json: bool, wait: float, accept:
             if unknown := _unknown(gateway.live_entries(), names):
                 return fail(unknown, EXIT_CONFIG)
             accepted = gateway.accept(names)
+            if (problem := gateway.catalog.problem) is not None:
+                # Approved in this process only (or pinned afresh in it): the next `serve` cannot know the approval.
+                fix = "set [gateway] catalog_dir (BREAKWATER_CATALOG_DIR) to a writable directory and accept again"
+                which = ", ".join(accepted or names) or "the changed tools"
+                return fail(f"not accepted: {which}: {problem} (fix: {fix})", EXIT_FAILED)
             print("accepted: " + (", ".join(accepted) if accepted else "nothing had changed"))
             return EXIT_OK
         answer = await gateway.search(query, wait_s=0)

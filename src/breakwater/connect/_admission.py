@@ -76,9 +76,9 @@ class Admission:
         if directory is not None:
             try:
                 directory.mkdir(parents=True, exist_ok=True)
-            except OSError:
-                # An unwritable cache dir must not stop breakwater: the caps then hold per process.
-                self._dir = None
+            except OSError as exc:
+                # An unwritable directory must not stop breakwater: the caps then hold per process, and it says so.
+                self._give_up_directory(exc)
 
     @staticmethod
     def key_for(*parts: str) -> str:
@@ -108,7 +108,15 @@ class Admission:
         # must not stop breakwater, or crash a gateway's connect loop as it did: the caps then hold per
         # process, as when the directory could not be made at start.
         if self._dir is not None:
-            logger.warning("connect admission: %s is unusable (%s); the connect caps now hold per process", self._dir, exc)
+            costs = "the connect caps hold per process, not across this user's processes"
+            _paths.say_unusable(
+                logger,
+                "the connect admission locks",
+                self._dir,
+                exc,
+                "[connect] admission_dir (BREAKWATER_ADMISSION_DIR) to a writable directory",
+                costs,
+            )
             self._dir = None
 
     def _try_all(self, slots: list[Slot], locks: dict[str, list[FileLock]]) -> Ticket | None:

@@ -242,8 +242,10 @@ class ProtocolMemory:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             _paths.write_atomic(path, json.dumps(body))
-        except OSError as exc:  # a read-only cache costs the next start a probe, nothing more
-            logger.debug("could not remember %s's protocol revision: %s", spec.name, exc)
+        except OSError as exc:  # a read-only cache costs the next start a probe, nothing more: said once
+            costs = "each start asks every server which protocol revision it speaks again"
+            setting = "[connect] protocol_memory_dir (BREAKWATER_PROTOCOL_MEMORY_DIR) to a writable directory, or to off"
+            _paths.say_unusable(logger, "the servers' protocol revisions", self.directory, exc, setting, costs)
 
     def asked(self, spec: ServerSpec, now: float) -> bool:
         """Remember that `spec`'s server asked a client for input; True when that is news (it was not known)."""

@@ -228,8 +228,19 @@ def config_fingerprint(config: Config, *, cwd: str | None = None) -> str:
 def share_dir(policy: GatewayPolicy) -> Path:
     """The directory of the user's shared-gateway sockets, created 0700 (and refused if it is not the user's)."""
     directory = Path(policy.share_dir) if policy.share_dir else _paths.runtime_dir() / "gateways"
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    info = directory.stat()
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        info = directory.stat()
+    except OSError as exc:
+        # `[Errno 17] File exists: '/home/me/notes.txt'` said neither what the path was for nor what to do.
+        if directory.is_file() or isinstance(exc, FileExistsError):
+            what = "it is a file"
+        else:
+            what = "a part of its path is a file" if isinstance(exc, NotADirectoryError) else exc.strerror or str(exc)
+        raise OSError(
+            f"the shared gateway's directory {directory} cannot be used ({what}): set [gateway] share_dir "
+            "(BREAKWATER_SHARE_DIR) to a directory of your own",
+        ) from exc
     if hasattr(os, "getuid") and info.st_uid != os.getuid():
         raise PermissionError(f"{directory} belongs to uid {info.st_uid}, not to this user: not sharing a gateway there")
     if stat.S_IMODE(info.st_mode) != 0o700:
