@@ -123,7 +123,7 @@ class Breakwater:
         telemetry = self.telemetry
         self._rng = rng or random.Random()
         directory = admission_dir or config.connect.admission_dir or default_admission_dir()
-        self._admission = Admission(clock=self._clock, rng=self._rng, directory=Path(directory))
+        self._admission = Admission(clock=self._clock, rng=self._rng, directory=Path(directory).expanduser())
         self._changed = anyio.Event()
         self._transports = transports
         self._client_hooks = client_hooks

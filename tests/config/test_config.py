@@ -269,3 +269,38 @@ def test_config_check_prints_settings_in_tomls_words(tmp_path: Path) -> None:
     assert "[gateway] share = false" in text, text
     assert "retry overrides: retry_timeouts = true" in text and "tool create_issue: retry_timeouts = true" in text, text
     assert "True" not in text and "False" not in text, text
+
+
+def test_path_knobs_read_home_and_a_relative_path_from_the_config_files_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`catalog_dir = "~/bw"` in a config file made a folder named `~` wherever the agent started breakwater, and
+    `url = "j.db"` a journal in each project an agent was started in; `servers_file` was already read from the
+    file's folder. The environment's relative paths stay the working directory's; off and URLs stay as written."""
+    home, folder, elsewhere = tmp_path / "home", tmp_path / "cfg", tmp_path / "project"
+    for d in (home, folder, elsewhere):
+        d.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(elsewhere)
+    config = folder / "breakwater.toml"
+    config.write_text(
+        '[journal]\nurl = "sqlite:///logs/j.db"\n'
+        '[gateway]\ncatalog_dir = "~/bw-catalog"\nshare_dir = "run"\n'
+        '[connect]\nadmission_dir = "../abs-not/../adm"\nprotocol_memory_dir = "off"\n'
+        '[servers.a]\ncommand = "true"\n'
+    )
+    loaded = load_config(config, environ={})
+    assert loaded.journal.url == f"sqlite:///{folder / 'logs' / 'j.db'}"
+    assert loaded.gateway.catalog_dir == str(home / "bw-catalog")
+    assert loaded.gateway.share_dir == str(folder / "run")
+    assert Path(loaded.connect.admission_dir).resolve() == tmp_path / "adm"
+    assert loaded.connect.protocol_memory_dir == "off"
+    # Spelled relative to here, the file's own folder is still where its paths are read from.
+    assert load_config(Path("../cfg/breakwater.toml"), environ={}).gateway.share_dir == str(folder / "run")
+    from_env = load_config(
+        config, environ={"BREAKWATER_CATALOG_DIR": "cat", "BREAKWATER_JOURNAL": "postgresql://u@127.0.0.1/test"}
+    )
+    assert from_env.gateway.catalog_dir == str(elsewhere / "cat")
+    assert from_env.journal.url == "postgresql://u@127.0.0.1/test"
+    for off in ("off", "OFF", "", "none"):
+        assert load_config(config, environ={"BREAKWATER_JOURNAL": off}).journal.url == off

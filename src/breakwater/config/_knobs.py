@@ -20,11 +20,23 @@ import types
 import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from breakwater.errors import ConfigError
 
-__all__ = ["Knob", "Policy", "build_policy", "check_knobs", "env_layer", "iter_knobs", "knob", "knob_range", "render_markdown"]
+__all__ = [
+    "Knob",
+    "Policy",
+    "as_path",
+    "build_policy",
+    "check_knobs",
+    "env_layer",
+    "iter_knobs",
+    "knob",
+    "knob_range",
+    "render_markdown",
+]
 
 T = TypeVar("T")
 P = TypeVar("P")
@@ -40,6 +52,7 @@ class KnobInfo:
     minimum: float | None
     maximum: float | None
     choices: tuple[str, ...] | None
+    path: bool = False
 
 
 def knob(
@@ -50,13 +63,15 @@ def knob(
     minimum: float | None = None,
     maximum: float | None = None,
     choices: tuple[str, ...] | None = None,
+    path: bool = False,
 ) -> T:
     """Declare a policy field: its default, a one-line description, its env variable and its range.
 
     Every number knob states `minimum` and `maximum` (a test holds every policy to it); a value
-    outside them, or one that is not finite, is refused when the policy is constructed.
+    outside them, or one that is not finite, is refused when the policy is constructed. A `path`
+    knob's value is read as a path where one is written (`as_path`).
     """
-    info = KnobInfo(doc=doc, env=env, minimum=minimum, maximum=maximum, choices=choices)
+    info = KnobInfo(doc=doc, env=env, minimum=minimum, maximum=maximum, choices=choices, path=path)
     field: T = dataclasses.field(default=default, metadata={_META_KEY: info})
     return field
 
@@ -166,6 +181,35 @@ def _coerce(value: Any, tp: Any, *, where: str, path: str | None, name: str, inf
     return value
 
 
+#: What a path knob may hold that names no file: off (`protocol_memory_dir`, the journal's `url`) and its synonyms.
+_NO_PATH = frozenset({"off", "none", "false", "0", "disabled"})
+_SQLITE_URL = "sqlite:///"
+
+
+def as_path(value: str, source: str | None) -> str:
+    """A path knob's value as the user meant it, made absolute: `~` is their home, and a relative path written in a
+    config file is read from that file's folder (as `servers_file` is); from the environment, from the working
+    directory. Empty, off, a URL (`postgresql://`) or a connection string (`host=...`) is left as it is; a
+    `sqlite:///` URL's path is read the same way.
+
+    A config file or an agent's `env` block does not expand `~` (`catalog_dir = "~/bw"` made a folder named `~`
+    wherever the agent started breakwater), and a relative path was read from there too: one journal per project.
+    """
+    text = value.strip()
+    if not text or text.lower() in _NO_PATH:
+        return value
+    prefix = ""
+    if text.startswith(_SQLITE_URL):
+        prefix, text = _SQLITE_URL, text[len(_SQLITE_URL) :]
+    elif "://" in text or text.startswith(("host=", "dbname=")):
+        return value
+    where = Path(text).expanduser()
+    if not where.is_absolute() and source is not None and source != ENV_LAYER:
+        # The file's real folder: one file reached by several spellings (a symlink, `../`) is one config (its fingerprint).
+        where = Path(source).expanduser().resolve().parent / where
+    return prefix + os.path.normpath(where.absolute())
+
+
 def build_policy(
     policy_cls: type[P],
     layers: list[tuple[Mapping[str, Any], str | None, str]],
@@ -193,7 +237,8 @@ def build_policy(
                 if (home := _section_of(key, policy_cls)) is not None:
                     fix = f"{key} is a [{home}] key: move it there"
                 raise ConfigError("unknown key", path=path, key=where, fix=fix)
-            values[key] = _coerce(raw, hints[key], where=where, path=path, name=env or key, info=_info(f))
+            value = _coerce(raw, hints[key], where=where, path=path, name=env or key, info=_info(f))
+            values[key] = as_path(value, path) if _info(f).path and isinstance(value, str) else value
     try:
         return policy_cls(**values)
     except ConfigError as exc:

@@ -102,6 +102,7 @@ class ConnectPolicy(Policy):
         "",
         "Directory of lock files that shares the connect caps across processes; empty = the user cache dir.",
         env="BREAKWATER_ADMISSION_DIR",
+        path=True,
     )
     health_interval_s: float = knob(
         30.0,
@@ -120,6 +121,7 @@ class ConnectPolicy(Policy):
         "",
         "Where each server's protocol revision is kept between starts (with auto); empty = the user cache dir, off = nowhere.",
         env="BREAKWATER_PROTOCOL_MEMORY_DIR",
+        path=True,
     )
     inherit_env: str = knob(
         "all",

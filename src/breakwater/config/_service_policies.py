@@ -52,6 +52,7 @@ class GatewayPolicy(Policy):
         "",
         "Directory of the last-known tool lists; empty = the user cache dir.",
         env="BREAKWATER_CATALOG_DIR",
+        path=True,
     )
     search_tool: str = knob(
         "breakwater_search_tools",
@@ -178,6 +179,7 @@ class GatewayPolicy(Policy):
         "Directory of the shared gateways' sockets (kept 0700); empty = the user runtime dir. A socket's path "
         "must fit in 107 bytes (103 on macOS): a deeper directory serves each session on its own, and says so.",
         env="BREAKWATER_SHARE_DIR",
+        path=True,
     )
     share_startup_jitter_s: float = knob(
         0.1,
@@ -210,6 +212,7 @@ class JournalPolicy(Policy):
         "Where the journal lives: empty = SQLite in the user data dir, a file path or sqlite:///PATH, "
         "postgresql://... for a shared journal, or off.",
         env="BREAKWATER_JOURNAL",
+        path=True,
     )
     retention_days: float = knob(
         14.0,

@@ -112,7 +112,7 @@ def memory_at(setting: str) -> ProtocolMemory | None:
     chosen = setting or os.environ.get(MEMORY_DIR_ENV, "")
     if chosen == "off":
         return None
-    return ProtocolMemory(Path(chosen) if chosen else default_memory_dir())
+    return ProtocolMemory(Path(chosen).expanduser() if chosen else default_memory_dir())
 
 
 def needs_modern(capabilities: types.ServerCapabilities | None, tools: Sequence[types.Tool]) -> list[str]:

@@ -26,7 +26,7 @@ __all__ = ["gateway_catalog", "open_gateway"]
 def gateway_catalog(config: Config) -> Catalog:
     """The on-disk catalog of last-known tools `[gateway]` names (default: the user's cache directory)."""
     policy = config.gateway
-    directory = Path(policy.catalog_dir) if policy.catalog_dir else default_catalog_dir()
+    directory = Path(policy.catalog_dir).expanduser() if policy.catalog_dir else default_catalog_dir()
     return Catalog(template=policy.tool_name_template, directory=directory, name_max=policy.tool_name_max)
 
 

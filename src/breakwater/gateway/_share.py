@@ -227,7 +227,7 @@ def config_fingerprint(config: Config, *, cwd: str | None = None) -> str:
 
 def share_dir(policy: GatewayPolicy) -> Path:
     """The directory of the user's shared-gateway sockets, created 0700 (and refused if it is not the user's)."""
-    directory = Path(policy.share_dir) if policy.share_dir else _paths.runtime_dir() / "gateways"
+    directory = Path(policy.share_dir).expanduser() if policy.share_dir else _paths.runtime_dir() / "gateways"
     try:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         info = directory.stat()
