@@ -141,6 +141,54 @@ def test_serve_refuses_an_allowed_host_no_host_header_can_carry(env: dict[str, s
     assert parse_listen("LOCALHOST:0") == ("localhost", 0)  # refused as "not loopback: needs a token"
 
 
+def test_serve_http_reads_host_and_port_and_refuses_what_it_would_have_to_guess() -> None:
+    """`--http http://127.0.0.1:8080` listened nowhere (refused as the non-loopback host `http://127.0.0.1`), `--http ::1`
+    as host `:` on port 1, and `--http ８０８０` on port 8080; each is refused now with the spelling it needs."""
+    import argparse
+
+    from breakwater.cli._serve import parse_listen
+
+    for given, meant in (
+        ("8080", ("127.0.0.1", 8080)),
+        (":8080", ("127.0.0.1", 8080)),
+        (" 8080 ", ("127.0.0.1", 8080)),
+        ("[::1]:8080", ("::1", 8080)),
+        ("[FD00::7]:0", ("fd00::7", 0)),
+        ("Box.Local:65535", ("box.local", 65535)),
+    ):
+        assert parse_listen(given) == meant, given
+    for given, said in (
+        ("http://127.0.0.1:8080", "got the URL 'http://127.0.0.1:8080': pass its host and port"),
+        ("::1", "an IPv6 address goes in brackets, e.g. [::1]:8080"),
+        ("fd00::7:8080", "an IPv6 address goes in brackets"),
+        ("[::1]", "expected [IPV6]:PORT"),
+        ("[::1]8080", "expected [IPV6]:PORT"),
+        ("\uff18\uff10\uff18\uff10", "expected [HOST:]PORT"),
+        ("65536", "expected [HOST:]PORT"),
+        ("a b:80", "expected [HOST:]PORT"),
+        ("user@host:80", "expected [HOST:]PORT"),
+        ("127.0.0.1:", "expected [HOST:]PORT"),
+    ):
+        with pytest.raises(argparse.ArgumentTypeError, match=re.escape(said)):
+            parse_listen(given)
+
+
+def test_command_line_numbers_are_read_as_a_person_writes_them() -> None:
+    """`--wait ５` waited 5 s and `--port 8_0` listened on 80: Python reads other digits and `_`; the config's knobs
+    already refused both."""
+    import argparse
+
+    from breakwater.cli._common import seconds, whole
+
+    port = whole(0, 65535)
+    assert (seconds("2.5"), seconds("1e1"), seconds(" 3 "), port("8080")) == (2.5, 10.0, 3.0, 8080)
+    for bad in ("\uff15", "1_0", "\u0665", "0x10"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            seconds(bad)
+        with pytest.raises(argparse.ArgumentTypeError):
+            port(bad)
+
+
 def test_serve_refuses_http_flags_over_stdio(env: dict[str, str], tmp_path: Path) -> None:
     """`serve --token T` over stdio started and ignored the token: a user could believe something was protected."""
     config = write_config(tmp_path / "mcp.json", {"shop": stdio_entry()})

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 from breakwater.config import Config, find_config, load_config
 from breakwater.config._expand import OFF_FOR_VALUES
 from breakwater.config._files import load_config_for_server, load_config_serving
-from breakwater.config._knobs import unknown_variables
+from breakwater.config._knobs import plain_number, unknown_variables
 from breakwater.errors import ConfigError
 
 __all__ = [
@@ -64,6 +64,8 @@ def seconds(text: str) -> float:
     """An argparse type: a number of seconds, 0 or more (`inf` waits for ever). "nan" reached the clock as a deadline
     and ended in a traceback; argparse reports this error as `--flag: invalid seconds value` with exit code 2."""
     try:
+        if not plain_number(text):  # "1_0" and "５" read as 10 and 5
+            raise ValueError(text)
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
@@ -78,6 +80,8 @@ def whole(low: int, high: int | None = None) -> Callable[[str], int]:
 
     def parse(text: str) -> int:
         try:
+            if not plain_number(text):
+                raise ValueError(text)
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None

@@ -40,12 +40,32 @@ __all__ = ["parse_listen", "serve_main"]
 
 
 def parse_listen(value: str) -> tuple[str, int]:
-    """`[HOST:]PORT` (IPv6 hosts in brackets) as `(host, port)`; the host defaults to 127.0.0.1."""
-    host, sep, port = value.rpartition(":")
-    if not sep:
-        host, port = "127.0.0.1", value
-    host = host.strip("[]").lower() or "127.0.0.1"  # host names are case-insensitive: LOCALHOST was "not loopback"
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
+    """`[HOST:]PORT` (IPv6 hosts in brackets) as `(host, port)`; the host defaults to 127.0.0.1.
+
+    What could only be read by guessing is refused with the spelling it needs: a URL (`http://127.0.0.1:8080` was
+    taken as a host named `http://127.0.0.1`), a bare IPv6 address (`::1` was a host `:` on port 1), a port in
+    other digits than ASCII's (`８０８０` was port 8080).
+    """
+    text = value.strip()
+    if "://" in text:
+        raise argparse.ArgumentTypeError(
+            f"expected [HOST:]PORT, got the URL {value!r}: pass its host and port, e.g. 127.0.0.1:8080"
+        )
+    if text.startswith("["):
+        inside, bracket, rest = text[1:].partition("]")
+        if not bracket or not inside or not rest.startswith(":"):
+            raise argparse.ArgumentTypeError(f"expected [IPV6]:PORT, got {value!r}, e.g. [::1]:8080")
+        host, port = inside, rest[1:]
+    elif text.count(":") > 1:
+        raise argparse.ArgumentTypeError(
+            f"expected [HOST:]PORT, got {value!r}: an IPv6 address goes in brackets, e.g. [::1]:8080"
+        )
+    else:
+        host, sep, port = text.rpartition(":")
+        if not sep:
+            host, port = "127.0.0.1", text
+    host = host.lower() or "127.0.0.1"  # host names are case-insensitive: LOCALHOST was "not loopback"
+    if not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535 or any(c.isspace() or c in "/@" for c in host):
         raise argparse.ArgumentTypeError(f"expected [HOST:]PORT, got {value!r}")
     return host, int(port)
 

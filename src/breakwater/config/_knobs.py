@@ -155,7 +155,7 @@ def _coerce(value: Any, tp: Any, *, where: str, path: str | None, name: str, inf
         try:
             # A number written as text the way TOML and JSON write one: ASCII digits, no `_` (Python's int() and
             # float() read "1_000" and the Arabic-Indic "٥" too, neither of which a person meant as a number here).
-            if isinstance(value, str) and not _PLAIN_NUMBER.fullmatch(value.strip()):
+            if isinstance(value, str) and not plain_number(value):
                 raise ValueError(value)
             number = tp(value) if isinstance(value, str) else value
         except ValueError:
@@ -315,7 +315,14 @@ def knob_range(policy_cls: type[Any], name: str) -> tuple[float | None, float | 
 
 #: A number as text: what `_coerce` reads from an environment variable or a quoted value (nan and inf too, to refuse them
 #: with their own message).
+#: A number as TOML, JSON and a person write one: ASCII digits, no `_` (Python's int() and float() read "1_000" and
+#: "٥" as well). `plain_number` asks it; the command line's numbers are read the same way (`cli._common`).
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|nan|inf|infinity)", re.IGNORECASE)
+
+
+def plain_number(text: str) -> bool:
+    """Whether `text` is a number as a person writes one (ASCII digits, a sign, a point, an exponent, inf or nan)."""
+    return _PLAIN_NUMBER.fullmatch(text.strip()) is not None
 
 
 def _bad_text(value: str) -> bool:
