@@ -189,6 +189,33 @@ def test_command_line_numbers_are_read_as_a_person_writes_them() -> None:
             port(bad)
 
 
+def test_serve_started_in_a_terminal_says_what_it_is_for_and_piped_says_nothing(env: dict[str, str], tmp_path: Path) -> None:
+    """A person who ran `breakwater serve` by hand waited before a silent terminal, and what they typed got nothing."""
+    import pty
+    import select
+
+    config = write_config(tmp_path / "mcp.json", {"shop": stdio_entry()})
+    argv = [*BREAKWATER, "serve", "--no-share", "--config", str(config)]
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.Popen(argv, stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    finally:
+        os.close(follower)
+    try:
+        assert proc.stderr is not None
+        ready, _, _ = select.select([proc.stderr], [], [], 30)  # a silent serve would leave readline waiting for ever
+        assert ready, "serve said nothing on its stderr in 30 s"
+        first = proc.stderr.readline().decode()
+        assert first.startswith("breakwater: serving MCP on stdin and stdout, for an agent to start"), first
+        assert "breakwater status, breakwater tools, breakwater demo" in first, first
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+        os.close(leader)
+    piped = run(env, "serve", "--no-share", "--config", str(config))  # stdin from /dev/null, as no agent gives it
+    assert piped.returncode == 0 and "for an agent to start" not in piped.stderr, piped.stderr
+
+
 def test_serve_refuses_http_flags_over_stdio(env: dict[str, str], tmp_path: Path) -> None:
     """`serve --token T` over stdio started and ignored the token: a user could believe something was protected."""
     config = write_config(tmp_path / "mcp.json", {"shop": stdio_entry()})

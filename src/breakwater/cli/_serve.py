@@ -39,6 +39,20 @@ if TYPE_CHECKING:
 __all__ = ["parse_listen", "serve_main"]
 
 
+#: What `serve` says when a person starts it in a terminal: it waited in silence for JSON-RPC, and what was typed got nothing.
+_TERMINAL_HINT = (
+    "breakwater: serving MCP on stdin and stdout, for an agent to start (e.g. claude mcp add breakwater -- breakwater serve); "
+    "to look at your servers yourself: breakwater status, breakwater tools, breakwater demo (Ctrl-C ends this)"
+)
+
+
+def _from_a_terminal() -> bool:
+    try:
+        return os.isatty(0)
+    except OSError:
+        return False
+
+
 def parse_listen(value: str) -> tuple[str, int]:
     """`[HOST:]PORT` (IPv6 hosts in brackets) as `(host, port)`; the host defaults to 127.0.0.1.
 
@@ -500,6 +514,8 @@ def _serve_main(argv: list[str]) -> int:
             return fail(f"--state: {exc}", EXIT_CONFIG)
     if args.http is None:
         reserve_standard_fds()  # a closed stdin must not become the event loop's descriptor
+        if _from_a_terminal():
+            print(_TERMINAL_HINT, file=sys.stderr, flush=True)
         if not args.no_share:
             from breakwater.cli._gateway import attach_or_none
 
