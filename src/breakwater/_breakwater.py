@@ -133,7 +133,7 @@ class Breakwater:
         self._tg: TaskGroup | None = None
         self._generation = 0
         #: Where breaker and retry-budget state lives (`[state]`); in-process by default.
-        self.state_store: StateStore = state_store or open_store(config.state, clock=self._clock, rng=self._rng)
+        self.state_store: StateStore = state_store or open_store(config.state, clock=self._clock, rng=self._rng, path=config.path)
         #: Follows, persists and resumes calls that servers turned into tasks (see `breakwater.gate._tasks`).
         self.tasks = TaskRuntime(clock=self._clock, rng=self._rng, store=task_store or TaskStore())
         if telemetry is not None:

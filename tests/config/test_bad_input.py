@@ -478,6 +478,41 @@ def test_cli_refuses_bad_config_with_exit_2(tmp_path: Path, name: str) -> None:
         assert str(path) in lines[0]
 
 
+# What a store's client refuses in its URL, found as the store opens (and by `config check`): reading the config does
+# not load the clients (~0.1 s each, for every command and attaching session).
+STORE_URLS = [
+    ("state", "redis://127.0.0.1:9/0?socket_timeout=abc", "Invalid value for 'socket_timeout'"),  # a traceback out of serve
+    ("state", "redis://127.0.0.1:9/0?foo=bar", "option 'foo' is not one the client reads"),  # degraded for good
+    ("state", "unix:///tmp/r.sock?db=abc", "Invalid value for 'db'"),
+    ("journal", "postgresql://u:Pw9xQ@127.0.0.1:9/db?foo=1", 'invalid URI query parameter: "foo"'),  # unrecorded for good
+]
+
+
+@pytest.mark.parametrize(("section", "url", "said"), STORE_URLS, ids=[u for _, u, _ in STORE_URLS])
+def test_a_store_url_its_client_refuses_is_a_config_error(tmp_path: Path, section: str, url: str, said: str) -> None:
+    """`config check` exits 2 naming the file, the key and the fix; `serve` and `status` too for the state store, which
+    the gateway cannot run without as configured; the journal is optional: calls go on, and its trouble names the fix."""
+    path = tmp_path / "breakwater.toml"
+    path.write_text(f'[{section}]\nurl = "{url}"\n[servers.a]\ncommand = "true"\n')
+    env = {**os.environ, "BREAKWATER_ADMISSION_DIR": str(tmp_path / "adm"), "XDG_CACHE_HOME": str(tmp_path / "c")}
+    env.pop("BREAKWATER_JOURNAL", None)  # the test session turns the journal off; here the file's url must count
+    commands = [["config", "check"]] + ([["status", "--wait", "1"], ["serve", "--no-share"]] if section == "state" else [])
+    for command in commands:
+        result = subprocess.run(
+            [sys.executable, "-m", "breakwater", *command, "--config", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            check=False,
+        )
+        assert result.returncode == 2 and "Traceback" not in result.stderr, (command, result.stderr)
+        first, fix = result.stderr.strip().splitlines()[-2:]
+        assert first.startswith(f"breakwater: config error: {path}: {section}.url") and said in first, (command, first)
+        assert fix.lstrip().startswith("fix:") and "Pw9xQ" not in result.stderr, (command, result.stderr)
+
+
 def test_serve_refuses_weak_token_on_reachable_listener(tmp_path: Path) -> None:
     """A one-character token on 0.0.0.0 is refused before anything listens, exit 2."""
     path = tmp_path / "a.json"

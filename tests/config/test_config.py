@@ -304,3 +304,19 @@ def test_path_knobs_read_home_and_a_relative_path_from_the_config_files_folder(
     assert from_env.journal.url == "postgresql://u@127.0.0.1/test"
     for off in ("off", "OFF", "", "none"):
         assert load_config(config, environ={"BREAKWATER_JOURNAL": off}).journal.url == off
+
+
+def test_store_urls_with_options_their_clients_read_are_taken(tmp_path: Path) -> None:
+    """The URL checks ask the clients' own parsers: what they read passes (the refusals are in test_bad_input)."""
+    config = tmp_path / "breakwater.toml"
+    for state, journal in (
+        (
+            "redis://127.0.0.1:6379/2?socket_timeout=2.5&health_check_interval=10",
+            "postgresql://u@127.0.0.1:5432/db?sslmode=disable",
+        ),
+        ("rediss://:pw@cache.example:6380/0?ssl_cert_reqs=none", "postgres://127.0.0.1/db?connect_timeout=5&application_name=bw"),
+        ("unix:///run/redis.sock?db=3", "sqlite:///j.db"),
+    ):
+        config.write_text(f'[state]\nurl = "{state}"\n[journal]\nurl = "{journal}"\n[servers.a]\ncommand = "true"\n')
+        loaded = load_config(config, environ={})
+        assert loaded.state.url == state and loaded.journal.url.startswith(journal.split("/j.db")[0])

@@ -749,6 +749,19 @@ def test_a_journal_path_that_names_no_journal_is_left_alone_and_another_path_is_
     assert f"mv {damaged} {damaged}.damaged" in capsys.readouterr().err
 
 
+def test_a_postgresql_url_libpq_cannot_read_names_its_fix_as_the_journal_opens() -> None:
+    """`?foo=1`: "set [journal] url or BREAKWATER_JOURNAL to a writable path, or off" said nothing of the URL's option."""
+    store = open_journal_store("postgresql://u:Pw9xQ@127.0.0.1:9/db?foo=1")
+    assert store is not None
+    journal = Journal(store)
+    assert journal.record(rec(FakeClock(), 0.1))
+    journal.flush()
+    journal.close()
+    trouble = journal.trouble() or ""
+    assert 'invalid URI query parameter: "foo"' in trouble and "keep only the options libpq reads" in trouble, trouble
+    assert "Pw9xQ" not in trouble
+
+
 def test_config_check_notes_a_journal_path_that_names_no_journal(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

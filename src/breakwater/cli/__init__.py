@@ -156,6 +156,7 @@ _STOPPABLE = frozenset({"serve", "tools", "call", "status"})
 def _run(command: Callable[[list[str]], int], argv: list[str], *, stoppable: bool = False) -> int:
     """Run one command; Ctrl-C and a closed output pipe end it with one line and their exit code, not a traceback."""
     from breakwater import _platform
+    from breakwater.errors import ConfigError
 
     try:
         with _platform.terminate_as_interrupt() if stoppable else contextlib.nullcontext():
@@ -181,6 +182,12 @@ def _run(command: Callable[[list[str]], int], argv: list[str], *, stoppable: boo
         return _reader_gone()
     except OutputLost as exc:
         return _output_lost(exc)
+    except ConfigError as exc:
+        # Found as something opened (a store URL its client refuses), after the config was read: said as a config error
+        # is, with its key and fix, and its exit code, not a traceback.
+        from breakwater.cli._common import EXIT_CONFIG, fail
+
+        return fail(f"config error: {exc}", EXIT_CONFIG)
     except Exception as exc:
         # Ctrl-C in the middle of an import that wraps what it meets: a dataclass being defined raises
         # RuntimeError("Error calling __set_name__ ...") from the KeyboardInterrupt (an attached `serve`

@@ -10,13 +10,15 @@ from typing import Any
 from rich.table import Table
 
 from breakwater._sqlite import NotSQLiteError, check_sqlite_path
-from breakwater.cli._common import EXIT_OK, Parser, add_config_flag, counted, load_or_exit, out_console, show
+from breakwater.cli._common import EXIT_CONFIG, EXIT_OK, Parser, add_config_flag, counted, fail, load_or_exit, out_console, show
 from breakwater.cli._text import markup
 from breakwater.config import Config, all_knobs
 from breakwater.config._knobs import render_markdown
 from breakwater.config._model import ToolSettings
 from breakwater.config._redact import Redactor
-from breakwater.journal import SQLiteJournalStore, open_journal_store
+from breakwater.errors import ConfigError
+from breakwater.journal import PostgresJournalStore, SQLiteJournalStore, open_journal_store
+from breakwater.journal._postgres import _CONNINFO_FIX, conninfo_problem
 
 __all__ = ["config_main"]
 
@@ -168,5 +170,26 @@ def config_main(argv: list[str]) -> int:
     if args.action == "knobs":
         _print_knobs(args.markdown)
     else:
-        _print_check(load_or_exit(args.config, every_variable=True), args.json)
+        config = load_or_exit(args.config, every_variable=True)
+        if (refused := _store_url_error(config)) is not None:
+            return fail(f"config error: {refused}", EXIT_CONFIG)
+        _print_check(config, args.json)
     return EXIT_OK
+
+
+def _store_url_error(config: Config) -> ConfigError | None:
+    """What the state store's and the journal's clients would refuse in their URLs as they open (asked of them here,
+    not as every command reads the config: importing them costs ~0.1 s each)."""
+    from breakwater.state import check_store_url
+
+    try:
+        check_store_url(config.state, path=config.path)
+    except ConfigError as exc:
+        return exc
+    store = open_journal_store(config.journal.url)
+    problem = conninfo_problem(store.conninfo) if isinstance(store, PostgresJournalStore) and "://" in store.conninfo else None
+    return (
+        None
+        if problem is None
+        else ConfigError(problem, path=config.path, key="journal.url (BREAKWATER_JOURNAL)", fix=_CONNINFO_FIX)
+    )

@@ -24,6 +24,7 @@ __all__ = [
     "LOOPBACK_HOSTS",
     "MAX_TOOL_NAME",
     "MIN_TOKEN_CHARS",
+    "OFF_WORDS",
     "TOOL_NAME_OK",
     "alike_servers",
     "check_header",
@@ -333,16 +334,17 @@ def check_listener_token(host: str, token: str | None) -> str | None:
     return None
 
 
+#: The words that turn a store or directory setting off (`[journal] url`, `protocol_memory_dir`), in any case.
+OFF_WORDS = frozenset({"off", "none", "false", "0", "disabled"})
 # The spellings `open_journal_store` understands (journal/_writer.py); checked here so a typo is a
 # config error before anything runs, not a JournalError when the journal first opens.
-_JOURNAL_OFF = frozenset({"off", "none", "false", "0", "disabled"})
 _JOURNAL_SCHEMES = ("postgresql://", "postgres://", "sqlite:///")
 
 
 def check_journal_url(url: str) -> None:
     """Refuse a `[journal] url` the journal could not open (an unknown scheme such as mysql://, a port out of range)."""
     text = url.strip()
-    if not text or text.lower() in _JOURNAL_OFF or "://" not in text:
+    if not text or text.lower() in OFF_WORDS or "://" not in text:
         return
     if text.startswith(_JOURNAL_SCHEMES):
         check_url_port(text, "url")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from breakwater.config._checks import OFF_WORDS
 from breakwater.errors import ConfigError
 
 __all__ = [
@@ -181,8 +182,6 @@ def _coerce(value: Any, tp: Any, *, where: str, path: str | None, name: str, inf
     return value
 
 
-#: What a path knob may hold that names no file: off (`protocol_memory_dir`, the journal's `url`) and its synonyms.
-_NO_PATH = frozenset({"off", "none", "false", "0", "disabled"})
 _SQLITE_URL = "sqlite:///"
 
 
@@ -196,7 +195,7 @@ def as_path(value: str, source: str | None) -> str:
     wherever the agent started breakwater), and a relative path was read from there too: one journal per project.
     """
     text = value.strip()
-    if not text or text.lower() in _NO_PATH:
+    if not text or text.lower() in OFF_WORDS:  # off, for `protocol_memory_dir` and the journal's `url`
         return value
     prefix = ""
     if text.startswith(_SQLITE_URL):

@@ -20,7 +20,7 @@ from breakwater.journal._sql import Dialect, SQLJournalStore
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["PostgresJournalStore"]
+__all__ = ["PostgresJournalStore", "conninfo_problem"]
 
 _POSTGRES = Dialect(
     mark="%s",
@@ -47,6 +47,23 @@ def _quote(identifier: str) -> str:
     if not identifier.replace("_", "a").isalnum():
         raise JournalError(f"not a plain SQL identifier: {identifier!r}")
     return f'"{identifier}"'
+
+
+_CONNINFO_FIX = "keep only the options libpq reads in [journal] url (postgresql://USER@HOST:PORT/DB?sslmode=...)"
+
+
+def conninfo_problem(url: str) -> str | None:
+    """What psycopg refuses in a PostgreSQL URL before it connects (`?foo=bar`), or None; its password and query values
+    left out. `config check` asks it: the journal then failed to open at every start, calls going on unrecorded."""
+    import psycopg
+
+    from breakwater.config._redact import Redactor, url_secrets
+
+    try:
+        psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        return f"the PostgreSQL URL: {Redactor(url_secrets(url))(str(exc).strip())}"
+    return None
 
 
 class PostgresJournalStore(SQLJournalStore["psycopg.Connection[Any]"]):
@@ -82,8 +99,10 @@ class PostgresJournalStore(SQLJournalStore["psycopg.Connection[Any]"]):
         return not conn.closed
 
     def fix_for(self, exc: BaseException) -> str | None:
-        """Tables of another layout where the journal's should be (`SQLJournalStore.fix_for`)."""
+        """Tables of another layout where the journal's should be, or a URL libpq cannot read (`SQLJournalStore.fix_for`)."""
         sqlstate = getattr(exc, "sqlstate", None) or ""
+        if not sqlstate and type(exc).__name__ == "ProgrammingError":  # psycopg's reading of the URL, before any server
+            return _CONNINFO_FIX
         if sqlstate == "42501":  # insufficient_privilege
             return "grant the role the rights on the journal's tables, or point [journal] url at a database of its own"
         if sqlstate.startswith("42"):  # a column, a type, a table not as ours

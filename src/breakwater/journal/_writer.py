@@ -24,6 +24,7 @@ from typing import Any
 
 from breakwater._clock import Clock, SystemClock
 from breakwater.config import Config, JournalPolicy
+from breakwater.config._checks import OFF_WORDS
 from breakwater.journal._in_flight import InFlight
 from breakwater.journal._postgres import PostgresJournalStore
 from breakwater.journal._records import AttemptRecord, JournalError
@@ -38,9 +39,6 @@ log = logging.getLogger("breakwater.journal")
 _PURGE_INTERVAL_S = 300.0
 _BATCH = 512
 _REOPEN_S = 5.0
-
-
-_OFF = frozenset({"off", "none", "false", "0", "disabled"})
 
 
 def _store_away(exc: Exception) -> bool:
@@ -58,7 +56,7 @@ def open_journal_store(url: str) -> JournalStore | None:
     Nothing is opened yet.
     """
     url = url.strip()
-    if url.lower() in _OFF:
+    if url.lower() in OFF_WORDS:
         return None
     if not url:
         return SQLiteJournalStore()

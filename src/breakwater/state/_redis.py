@@ -48,6 +48,7 @@ import json
 import logging
 import math
 import random
+import re
 from importlib import resources
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -92,6 +93,20 @@ def _redacted(url: str) -> str:
     if parts.port:
         host = f"{host}:{parts.port}"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def redis_url_problem(url: str) -> str | None:
+    """What the Redis client would refuse in `url` as the store starts (an option it does not know, a value it cannot
+    read), asked of the client itself, without connecting: such a URL ended `serve` in a traceback
+    (`?socket_timeout=abc`) or kept the store degraded for good (`?foo=bar`: "subscription lost: TypeError")."""
+    try:
+        redis.ConnectionPool.from_url(url).make_connection()
+    except TypeError as exc:
+        option = re.search(r"argument '([^']+)'", str(exc))
+        return f"the Redis URL's option {option.group(1)!r} is not one the client reads" if option else f"the Redis URL: {exc}"
+    except (ValueError, redis.RedisError) as exc:
+        return f"the Redis URL: {exc}"
+    return None
 
 
 class RedisStore(StateStore):
