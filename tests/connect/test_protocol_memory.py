@@ -149,7 +149,8 @@ def test_a_memory_that_cannot_be_written_costs_only_the_probe_and_says_so_once(
 
 
 def test_off_keeps_nothing_and_empty_follows_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert memory_at("off") is None
+    for off in ("off", "OFF", " none ", "disabled", "false", "0"):  # the journal's off words: "OFF" was a folder named so
+        assert memory_at(off) is None, off
     monkeypatch.setenv("BREAKWATER_PROTOCOL_MEMORY_DIR", str(tmp_path / "from-env"))
     chosen = memory_at("")
     assert chosen is not None and chosen.directory == tmp_path / "from-env"

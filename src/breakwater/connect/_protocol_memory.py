@@ -59,6 +59,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from breakwater import _paths
 from breakwater.config import ServerSpec
+from breakwater.config._checks import OFF_WORDS
 
 __all__ = [
     "MEMORY_DIR_ENV",
@@ -110,7 +111,7 @@ def memory_at(setting: str) -> ProtocolMemory | None:
     `$BREAKWATER_JOURNAL_DB`, so that a config built in code goes where the environment says too.
     """
     chosen = setting or os.environ.get(MEMORY_DIR_ENV, "")
-    if chosen == "off":
+    if chosen.strip().lower() in OFF_WORDS:  # "OFF" or "none" was a folder of that name where the agent started
         return None
     return ProtocolMemory(Path(chosen).expanduser() if chosen else default_memory_dir())
 
