@@ -304,6 +304,15 @@ def test_path_knobs_read_home_and_a_relative_path_from_the_config_files_folder(
     assert from_env.journal.url == "postgresql://u@127.0.0.1/test"
     for off in ("off", "OFF", "", "none"):
         assert load_config(config, environ={"BREAKWATER_JOURNAL": off}).journal.url == off
+        assert load_config(config, environ={"BREAKWATER_PROTOCOL_MEMORY_DIR": off}).connect.protocol_memory_dir == off
+    # A directory that cannot be turned off: "off" made a folder of that name.
+    for knob, variable in (("catalog_dir", "BREAKWATER_CATALOG_DIR"), ("share_dir", "BREAKWATER_SHARE_DIR")):
+        config.write_text('[servers.a]\ncommand = "true"\n')
+        with pytest.raises(ConfigError, match=f"{variable}: 'off' cannot turn this off: it is a directory"):
+            load_config(config, environ={variable: "off"})
+        config.write_text(f'[gateway]\n{knob} = "Disabled"\n[servers.a]\ncommand = "true"\n')
+        with pytest.raises(ConfigError, match=f"gateway.{knob}: 'Disabled' cannot turn this off"):
+            load_config(config, environ={})
 
 
 def test_store_urls_with_options_their_clients_read_are_taken(tmp_path: Path) -> None:

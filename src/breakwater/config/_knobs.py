@@ -54,6 +54,8 @@ class KnobInfo:
     maximum: float | None
     choices: tuple[str, ...] | None
     path: bool = False
+    #: A path knob that `off` (any of `OFF_WORDS`) turns off.
+    off: bool = False
 
 
 def knob(
@@ -65,14 +67,16 @@ def knob(
     maximum: float | None = None,
     choices: tuple[str, ...] | None = None,
     path: bool = False,
+    off: bool = False,
 ) -> T:
     """Declare a policy field: its default, a one-line description, its env variable and its range.
 
     Every number knob states `minimum` and `maximum` (a test holds every policy to it); a value
     outside them, or one that is not finite, is refused when the policy is constructed. A `path`
-    knob's value is read as a path where one is written (`as_path`).
+    knob's value is read as a path where one is written (`as_path`); with `off`, the off words turn it off, and
+    without, they are refused (a folder named `off` was made).
     """
-    info = KnobInfo(doc=doc, env=env, minimum=minimum, maximum=maximum, choices=choices, path=path)
+    info = KnobInfo(doc=doc, env=env, minimum=minimum, maximum=maximum, choices=choices, path=path, off=off)
     field: T = dataclasses.field(default=default, metadata={_META_KEY: info})
     return field
 
@@ -236,8 +240,14 @@ def build_policy(
                 if (home := _section_of(key, policy_cls)) is not None:
                     fix = f"{key} is a [{home}] key: move it there"
                 raise ConfigError("unknown key", path=path, key=where, fix=fix)
-            value = _coerce(raw, hints[key], where=where, path=path, name=env or key, info=_info(f))
-            values[key] = as_path(value, path) if _info(f).path and isinstance(value, str) else value
+            info = _info(f)
+            value = _coerce(raw, hints[key], where=where, path=path, name=env or key, info=info)
+            if info.path and isinstance(value, str):
+                if not info.off and value.strip().lower() in OFF_WORDS:
+                    fix = f"leave {env or key} empty for its default place, or name a directory"
+                    raise ConfigError(f"{value.strip()!r} cannot turn this off: it is a directory", path=path, key=where, fix=fix)
+                value = as_path(value, path)
+            values[key] = value
     try:
         return policy_cls(**values)
     except ConfigError as exc:

@@ -122,6 +122,7 @@ class ConnectPolicy(Policy):
         "Where each server's protocol revision is kept between starts (with auto); empty = the user cache dir, off = nowhere.",
         env="BREAKWATER_PROTOCOL_MEMORY_DIR",
         path=True,
+        off=True,
     )
     inherit_env: str = knob(
         "all",

@@ -213,6 +213,7 @@ class JournalPolicy(Policy):
         "postgresql://... for a shared journal, or off.",
         env="BREAKWATER_JOURNAL",
         path=True,
+        off=True,
     )
     retention_days: float = knob(
         14.0,
