@@ -18,7 +18,7 @@ from breakwater.config._model import ToolSettings
 from breakwater.config._redact import Redactor
 from breakwater.errors import ConfigError
 from breakwater.journal import PostgresJournalStore, SQLiteJournalStore, open_journal_store
-from breakwater.journal._postgres import _CONNINFO_FIX, conninfo_problem
+from breakwater.journal._postgres import CONNINFO_FIX, conninfo_problem
 
 __all__ = ["config_main"]
 
@@ -187,9 +187,8 @@ def _store_url_error(config: Config) -> ConfigError | None:
     except ConfigError as exc:
         return exc
     store = open_journal_store(config.journal.url)
-    problem = conninfo_problem(store.conninfo) if isinstance(store, PostgresJournalStore) and "://" in store.conninfo else None
-    return (
-        None
-        if problem is None
-        else ConfigError(problem, path=config.path, key="journal.url (BREAKWATER_JOURNAL)", fix=_CONNINFO_FIX)
-    )
+    if not isinstance(store, PostgresJournalStore) or "://" not in store.conninfo:
+        return None
+    if (problem := conninfo_problem(store.conninfo)) is None:
+        return None
+    return ConfigError(problem, path=config.path, key="journal.url (BREAKWATER_JOURNAL)", fix=CONNINFO_FIX)

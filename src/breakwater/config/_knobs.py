@@ -322,10 +322,9 @@ def knob_range(policy_cls: type[Any], name: str) -> tuple[float | None, float | 
     return info.minimum, info.maximum
 
 
-#: A number as text: what `_coerce` reads from an environment variable or a quoted value (nan and inf too, to refuse them
-#: with their own message).
-#: A number as TOML, JSON and a person write one: ASCII digits, no `_` (Python's int() and float() read "1_000" and
-#: "٥" as well). `plain_number` asks it; the command line's numbers are read the same way (`cli._common`).
+#: A number as text, as TOML, JSON and a person write one: ASCII digits, no `_` (Python's int() and float() read "1_000"
+#: and "٥" as well); nan and inf too, to refuse them with their own message. What `_coerce` reads from an environment
+#: variable or a quoted value, and the command line's numbers (`cli._common`), through `plain_number`.
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|nan|inf|infinity)", re.IGNORECASE)
 
 

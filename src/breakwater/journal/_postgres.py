@@ -20,7 +20,7 @@ from breakwater.journal._sql import Dialect, SQLJournalStore
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["PostgresJournalStore", "conninfo_problem"]
+__all__ = ["CONNINFO_FIX", "PostgresJournalStore", "conninfo_problem"]
 
 _POSTGRES = Dialect(
     mark="%s",
@@ -49,7 +49,8 @@ def _quote(identifier: str) -> str:
     return f'"{identifier}"'
 
 
-_CONNINFO_FIX = "keep only the options libpq reads in [journal] url (postgresql://USER@HOST:PORT/DB?sslmode=...)"
+#: What to do about a PostgreSQL URL libpq cannot read.
+CONNINFO_FIX = "keep only the options libpq reads in [journal] url (postgresql://USER@HOST:PORT/DB?sslmode=...)"
 
 
 def conninfo_problem(url: str) -> str | None:
@@ -102,7 +103,7 @@ class PostgresJournalStore(SQLJournalStore["psycopg.Connection[Any]"]):
         """Tables of another layout where the journal's should be, or a URL libpq cannot read (`SQLJournalStore.fix_for`)."""
         sqlstate = getattr(exc, "sqlstate", None) or ""
         if not sqlstate and type(exc).__name__ == "ProgrammingError":  # psycopg's reading of the URL, before any server
-            return _CONNINFO_FIX
+            return CONNINFO_FIX
         if sqlstate == "42501":  # insufficient_privilege
             return "grant the role the rights on the journal's tables, or point [journal] url at a database of its own"
         if sqlstate.startswith("42"):  # a column, a type, a table not as ours
