@@ -452,24 +452,29 @@ def test_property_any_config_is_a_clear_error_or_in_range(tmp_path: Path, text: 
 CLI_CASES = ["nan.toml", "mysql.toml", "template-unknown.toml", "latin1.json", "dup.json"]
 
 
+def _breakwater(tmp_path: Path, config: Path, command: list[str]) -> subprocess.CompletedProcess[str]:
+    """`breakwater COMMAND --config CONFIG`, piped, its files in `tmp_path`."""
+    env = {**os.environ, "BREAKWATER_ADMISSION_DIR": str(tmp_path / "adm"), "XDG_CACHE_HOME": str(tmp_path / "c")}
+    env.pop("BREAKWATER_JOURNAL", None)  # the test session turns the journal off; here the file's url must count
+    return subprocess.run(
+        [sys.executable, "-m", "breakwater", *command, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        check=False,
+    )
+
+
 @pytest.mark.parametrize("name", CLI_CASES)
 def test_cli_refuses_bad_config_with_exit_2(tmp_path: Path, name: str) -> None:
     """`config check`, `status` and `serve` refuse the same file the same way: exit 2, the error, no traceback."""
     content = next(c for n, c, _ in BAD_CONFIGS if n == name)
     path = tmp_path / name
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
-    env = {**os.environ, "BREAKWATER_ADMISSION_DIR": str(tmp_path / "adm"), "XDG_CACHE_HOME": str(tmp_path / "c")}
-    env.pop("BREAKWATER_JOURNAL", None)  # the test session turns the journal off; here the file's url must count
     for command in (["config", "check"], ["status", "--wait", "1"], ["serve"]):
-        result = subprocess.run(
-            [sys.executable, "-m", "breakwater", *command, "--config", str(path)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            check=False,
-        )
+        result = _breakwater(tmp_path, path, command)
         assert result.returncode == 2, (command, result.stderr)
         assert "Traceback" not in result.stderr and result.stdout == ""
         lines = result.stderr.strip().splitlines()
@@ -494,19 +499,9 @@ def test_a_store_url_its_client_refuses_is_a_config_error(tmp_path: Path, sectio
     the gateway cannot run without as configured; the journal is optional: calls go on, and its trouble names the fix."""
     path = tmp_path / "breakwater.toml"
     path.write_text(f'[{section}]\nurl = "{url}"\n[servers.a]\ncommand = "true"\n')
-    env = {**os.environ, "BREAKWATER_ADMISSION_DIR": str(tmp_path / "adm"), "XDG_CACHE_HOME": str(tmp_path / "c")}
-    env.pop("BREAKWATER_JOURNAL", None)  # the test session turns the journal off; here the file's url must count
     commands = [["config", "check"]] + ([["status", "--wait", "1"], ["serve", "--no-share"]] if section == "state" else [])
     for command in commands:
-        result = subprocess.run(
-            [sys.executable, "-m", "breakwater", *command, "--config", str(path)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            check=False,
-        )
+        result = _breakwater(tmp_path, path, command)
         assert result.returncode == 2 and "Traceback" not in result.stderr, (command, result.stderr)
         first, fix = result.stderr.strip().splitlines()[-2:]
         assert first.startswith(f"breakwater: config error: {path}: {section}.url") and said in first, (command, first)
