@@ -349,6 +349,36 @@ def test_a_relative_config_that_is_not_there_is_named_with_the_folder_it_was_loo
         assert f"read from the folder breakwater runs in, {tmp_path}" in result.stderr, result.stderr
 
 
+def test_a_config_under_home_written_with_a_tilde_is_found_as_an_agent_starts_serve(env: dict[str, str], tmp_path: Path) -> None:
+    """Agents start servers without a shell, so `"args": ["serve", "--config", "~/bw.json"]` reached breakwater with its
+    `~`: "cannot read the file /project/~/bw.json". A stdio session through a real client answers now."""
+    home, project = tmp_path / "home", tmp_path / "project"
+    project.mkdir()
+    home.mkdir()
+    write_config(home / "bw.json", {"shop": stdio_entry()})
+    env = {**env, "HOME": str(home)}
+    checked = subprocess.run(
+        [*BREAKWATER, "config", "check", "--config", "~/bw.json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=project,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+        check=False,
+    )
+    assert checked.returncode == 0 and f"ok: {home / 'bw.json'}: 1 server" in checked.stdout, checked.stdout + checked.stderr
+
+    async def one_call() -> bool | None:
+        params = StdioServerParameters(
+            command=BREAKWATER[0], args=[*BREAKWATER[1:], "serve", "--no-share", "--config", "~/bw.json"], env=env, cwd=project
+        )
+        async with Client(params) as client:
+            return (await client.call_tool("breakwater_status", {})).is_error
+
+    assert anyio.run(one_call) is False
+
+
 @pytest.mark.anyio
 async def test_an_sse_entry_on_a_streamable_http_server_is_told_to_try_http(env: dict[str, str], tmp_path: Path) -> None:
     """`"type": "sse"` on a URL that speaks streamable HTTP failed as `http_status: HTTP 400 from ...` alone."""

@@ -538,6 +538,9 @@ def load_config_for_server(
 def _load(
     p: Path, env: Mapping[str, str], *, strict: bool, entries_ok: Entries = STRICT, disable_unset: bool = False
 ) -> tuple[Config, list[tuple[str, str]]]:
+    # An agent starts `breakwater serve --config ~/bw.toml` without a shell (Claude Code, Cursor, VS Code), so `~`
+    # reaches it as written: it was "cannot read the file /project/~/bw.toml".
+    p = p.expanduser()
     expand = Expander(env, str(p), strict=strict, disable_unset=disable_unset)
     data = _read_toml(p) if p.suffix == ".toml" else None
     if data is not None and CODEX_TOP in data and (own := sorted(_TOML_TOP_KEYS.intersection(data))):
