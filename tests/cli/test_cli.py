@@ -46,10 +46,17 @@ def env(tmp_path: Path) -> dict[str, str]:
     )
 
 
-def run(env: dict[str, str], *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    """`breakwater ARGS` with stdout and stderr piped (not a terminal), as `breakwater ... | cat` runs it."""
+def run(env: dict[str, str], *args: str, timeout: float = 90, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`breakwater ARGS` with stdout and stderr piped (not a terminal), as `breakwater ... | cat` runs it (in `cwd`)."""
     return subprocess.run(
-        [*BREAKWATER, *args], capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=timeout, check=False
+        [*BREAKWATER, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        timeout=timeout,
+        check=False,
     )
 
 
@@ -334,16 +341,7 @@ def test_a_relative_config_that_is_not_there_is_named_with_the_folder_it_was_loo
     """`servers.json: cannot read the file: No such file or directory` did not say where: an agent starts `serve` in a
     folder of its own choosing, which the user does not see."""
     for command in (["config", "check"], ["status", "--wait", "0"]):
-        result = subprocess.run(
-            [*BREAKWATER, *command, "--config", "servers.json"],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-            stdin=subprocess.DEVNULL,
-            timeout=60,
-            check=False,
-        )
+        result = run(env, *command, "--config", "servers.json", cwd=tmp_path)
         assert result.returncode == 2, result
         assert f"servers.json: cannot read the file {tmp_path / 'servers.json'}: " in result.stderr, result.stderr
         assert f"read from the folder breakwater runs in, {tmp_path}" in result.stderr, result.stderr
@@ -357,16 +355,7 @@ def test_a_config_under_home_written_with_a_tilde_is_found_as_an_agent_starts_se
     home.mkdir()
     write_config(home / "bw.json", {"shop": stdio_entry()})
     env = {**env, "HOME": str(home)}
-    checked = subprocess.run(
-        [*BREAKWATER, "config", "check", "--config", "~/bw.json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=project,
-        stdin=subprocess.DEVNULL,
-        timeout=60,
-        check=False,
-    )
+    checked = run(env, "config", "check", "--config", "~/bw.json", cwd=project)
     assert checked.returncode == 0 and f"ok: {home / 'bw.json'}: 1 server" in checked.stdout, checked.stdout + checked.stderr
 
     async def one_call() -> bool | None:
