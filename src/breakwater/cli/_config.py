@@ -37,7 +37,7 @@ def _changed(policy: Any, default: Any) -> dict[str, Any]:
     return {k: v for k, v in vars(policy).items() if getattr(default, k) != v}
 
 
-def _understood(config: Config) -> dict[str, Any]:
+def _understood(config: Config, notes: list[str]) -> dict[str, Any]:
     servers = []
     for spec in config.servers:
         entry = spec.describe()
@@ -54,25 +54,12 @@ def _understood(config: Config) -> dict[str, Any]:
     policies = {section: getattr(config, section) for section in _SECTIONS}
     settings = {section: changed for section, p in policies.items() if (changed := _changed(p, type(p)()))}
     out: dict[str, Any] = {"path": config.path, "connect": vars(config.connect), "settings": settings, "servers": servers}
-    notes = [*config.notes, *_journal_notes(config)]
+    notes = [*config.notes, *notes]
     if notes:
         out["notes"] = notes
     # The settings hold the journal's and state store's URLs: their passwords and query values are secrets too.
     scrubbed: dict[str, Any] = Redactor(config.secrets).scrub(out)
     return scrubbed
-
-
-def _journal_notes(config: Config) -> list[str]:
-    """What `serve` would say when it opens the journal, when the file it names is not one (a directory, a user's
-    own file): the config is valid and calls would go on, unrecorded, so it is a note here, not an error."""
-    store = open_journal_store(config.journal.url)
-    if not isinstance(store, SQLiteJournalStore):
-        return []
-    try:
-        check_sqlite_path(store.path)
-    except NotSQLiteError as exc:
-        return [f"the call journal: {exc}; calls would go on unrecorded (fix: {store.fix_for(exc)})"]
-    return []
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -128,8 +115,8 @@ def _assignments(values: dict[str, Any]) -> str:
     return ", ".join(f"{k} = {_toml(v)}" for k, v in values.items())
 
 
-def _print_check(config: Config, as_json: bool) -> None:
-    understood = _understood(config)
+def _print_check(config: Config, as_json: bool, notes: list[str]) -> None:
+    understood = _understood(config, notes)
     if as_json:
         print(json.dumps(understood, indent=2))
         return
@@ -171,24 +158,30 @@ def config_main(argv: list[str]) -> int:
         _print_knobs(args.markdown)
     else:
         config = load_or_exit(args.config, every_variable=True)
-        if (refused := _store_url_error(config)) is not None:
+        refused, notes = _stores(config)
+        if refused is not None:
             return fail(f"config error: {refused}", EXIT_CONFIG)
-        _print_check(config, args.json)
+        _print_check(config, args.json, notes)
     return EXIT_OK
 
 
-def _store_url_error(config: Config) -> ConfigError | None:
+def _stores(config: Config) -> tuple[ConfigError | None, list[str]]:
     """What the state store's and the journal's clients would refuse in their URLs as they open (asked of them here,
-    not as every command reads the config: importing them costs ~0.1 s each)."""
+    not as every command reads the config: importing them costs ~0.1 s each), and the notes of a journal file that is
+    not one (a directory, a user's own file: calls would go on, unrecorded, so a note, not an error)."""
     from breakwater.state import check_store_url
 
     try:
         check_store_url(config.state, path=config.path)
     except ConfigError as exc:
-        return exc
+        return exc, []
     store = open_journal_store(config.journal.url)
-    if not isinstance(store, PostgresJournalStore) or "://" not in store.conninfo:
-        return None
-    if (problem := conninfo_problem(store.conninfo)) is None:
-        return None
-    return ConfigError(problem, path=config.path, key="journal.url (BREAKWATER_JOURNAL)", fix=CONNINFO_FIX)
+    if isinstance(store, PostgresJournalStore) and "://" in store.conninfo:
+        if (problem := conninfo_problem(store.conninfo)) is not None:
+            return ConfigError(problem, path=config.path, key="journal.url (BREAKWATER_JOURNAL)", fix=CONNINFO_FIX), []
+    elif isinstance(store, SQLiteJournalStore):
+        try:
+            check_sqlite_path(store.path)
+        except NotSQLiteError as exc:
+            return None, [f"the call journal: {exc}; calls would go on unrecorded (fix: {store.fix_for(exc)})"]
+    return None, []
