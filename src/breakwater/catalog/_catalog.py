@@ -77,7 +77,7 @@ class Catalog:
         self.version = 0
         self._changed = anyio.Event()
         self._renamed: set[tuple[str, str]] = set()  # (taken name, the name given instead), each warned of once
-        #: Why the last write of a file of the catalog failed (None once one succeeds): `tools --accept` says it.
+        #: Why a write of one of the catalog's files failed in this process, or None: `tools --accept` says it.
         self.problem: str | None = None
 
     def _path(self, server: str, fingerprint: str) -> Path | None:
@@ -141,8 +141,9 @@ class Catalog:
         self._write(path, json.dumps(self._pins[server], sort_keys=True))
 
     def _write(self, path: Path, text: str) -> None:
-        """One of the catalog's files, written whole; `problem` says why not. The cache is an optimisation: a
-        read-only or full disk must never break the gateway, but is said once (`_paths.say_unusable`)."""
+        """One of the catalog's files, written whole; `problem` says why not, and stays (a later write of another server's
+        file says nothing of this one's). The cache is an optimisation: a read-only or full disk must never break the
+        gateway, but is said once (`_paths.say_unusable`)."""
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             _paths.write_atomic(path, text)
@@ -156,8 +157,6 @@ class Catalog:
                 "[gateway] catalog_dir (BREAKWATER_CATALOG_DIR) to a writable directory",
                 "tools are listed only once their servers connect, and approvals of changed tools last one run",
             )
-        else:
-            self.problem = None
 
     def drifted(self, server: str, fingerprint: str, tools: Sequence[types.Tool]) -> list[str]:
         """Tools whose definition differs from the approved one. A tool seen for the first time is
